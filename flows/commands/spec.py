@@ -1,0 +1,78 @@
+"""``shardflow spec validate|show``: check a table spec and look at it before planning."""
+
+from __future__ import annotations
+
+import argparse
+
+from flows.text_table import render_table
+from rec.spec import Spec, read_spec
+from rec.topology import Topology, read_topology
+from rec.units import format_bytes
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``spec validate`` and ``spec show``."""
+    parser = subparsers.add_parser("spec", help="validate or show a table spec", description=__doc__)
+    commands = parser.add_subparsers(title="spec commands", metavar="COMMAND", required=True)
+
+    validate = commands.add_parser("validate", help="check every table; print the table count and spec hash")
+    validate.add_argument("spec", metavar="SPEC", help="spec file: .parquet .arrow .feather .ipc .csv .yaml .json")
+    validate.set_defaults(handler=run_validate)
+
+    show = commands.add_parser("show", help="print the tables, their sizes and totals")
+    show.add_argument("spec", metavar="SPEC", help="spec file: .parquet .arrow .feather .ipc .csv .yaml .json")
+    show.add_argument("--topology", metavar="TOPO", help="topology YAML: also compare the spec's size with its memory")
+    show.set_defaults(handler=run_show)
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    spec = read_spec(args.spec)
+    print(f"OK: {len(spec)} tables, hash {spec.spec_hash}")
+    return 0
+
+
+def run_show(args: argparse.Namespace) -> int:
+    spec = read_spec(args.spec)
+    topology = read_topology(args.topology) if args.topology else None
+    print(render_spec(spec))
+    if topology is not None:
+        print(render_fit(spec, topology))
+    return 0
+
+
+def render_spec(spec: Spec) -> str:
+    """One aligned line per table, then the totals and the spec hash."""
+    header = ("name", "rows", "dim", "data_type", "pooling", "pooling_factor", "bytes")
+    rows = [
+        (t.name, f"{t.num_embeddings:,}", t.embedding_dim, t.data_type.value, t.pooling.value,
+         f"{t.pooling_factor:g}", format_bytes(t.bytes))
+        for t in spec.tables
+    ]  # fmt: skip
+    table = render_table(header, rows, right=("rows", "dim", "pooling_factor", "bytes"))
+    total_rows = sum(t.num_embeddings for t in spec.tables)
+    total_bytes = sum(t.bytes for t in spec.tables)
+    return (
+        f"{table}\n\n{len(spec)} tables, {total_rows:,} rows, {format_bytes(total_bytes)} of embedding weights\n"
+        f"spec hash: {spec.spec_hash}"
+    )
+
+
+def render_fit(spec: Spec, topology: Topology) -> str:
+    """How the weights compare with the topology's memory (weights only; optimizer state comes on top)."""
+    t = topology
+    hosts = f"{t.num_hosts} host{'s' if t.num_hosts > 1 else ''} x {t.local_world_size} {t.compute_device.value} ranks"
+    if t.compute_device.value == "cuda":
+        memory, per_rank = "HBM", t.hbm_cap * (1 - t.storage_reservation)
+        reserve = f" ({t.storage_reservation:.0%} of {format_bytes(t.hbm_cap)} kept free)"
+    else:
+        memory, per_rank, reserve = "DDR", float(t.ddr_cap), ""
+    total = per_rank * t.world_size
+    weights = sum(tb.bytes for tb in spec.tables)
+    largest = max(spec.tables, key=lambda tb: tb.bytes)
+    return (
+        f"\ntopology: {hosts}, {format_bytes(per_rank)} usable {memory} per rank{reserve}, "
+        f"{format_bytes(total)} in all\n"
+        f"weights fill {weights / total:.1%} of usable {memory}; largest table {largest.name} is "
+        f"{format_bytes(largest.bytes)} ({largest.bytes / per_rank:.0%} of one rank)\n"
+        f"topology hash: {t.topology_hash}"
+    )

@@ -1,0 +1,52 @@
+"""Kernel and collective bandwidths in bytes/ms, looked up as TorchRec's planner does."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from rec.sharding import ComputeDevice, ComputeKernel
+from rec.topology.types import Topology
+
+# torchrec planner.constants; our Topology has no key for the HBM<->DDR (UVM) link, so TorchRec's
+# default applies, as for a torchrec Topology built without hbm_to_ddr_mem_bw.
+HBM_TO_DDR_MEM_BW = 32 * 1024 * 1024 * 1024 / 1000
+UVM_CACHING_RATIO = 0.2
+BATCHED_COPY_PERF_FACTOR = 2.455
+DP_ELEMENTWISE_KERNELS_PERF_FACTOR = 9.22
+BWD_COMPUTE_MULTIPLIER = 2
+
+
+class Collective(Enum):
+    ALL_TO_ALL = "all_to_all"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_GATHER = "all_gather"
+    ALL_REDUCE = "all_reduce"
+
+
+def kernel_bw(topology: Topology, kernel: ComputeKernel, caching_ratio: float | None) -> float:
+    """``constants.kernel_bw_lookup`` without a prefetch pipeline (the sharder default)."""
+    cr = caching_ratio if caching_ratio is not None else UVM_CACHING_RATIO
+    hbm, ddr = topology.hbm_mem_bw, topology.ddr_mem_bw
+    if topology.compute_device == ComputeDevice.CPU:
+        table = {ComputeKernel.DENSE: 0.5 * ddr, ComputeKernel.FUSED: 1 * ddr}
+    else:
+        table = {
+            ComputeKernel.DENSE: 0.5 * hbm,
+            ComputeKernel.FUSED: 1 * hbm,
+            ComputeKernel.FUSED_UVM: HBM_TO_DDR_MEM_BW / 10,
+            ComputeKernel.FUSED_UVM_CACHING: (cr * hbm + (1 - cr) * HBM_TO_DDR_MEM_BW) / 10,
+        }
+    if kernel not in table:
+        raise ValueError(f"no kernel bandwidth for {kernel.value} on {topology.compute_device.value}")
+    return table[kernel]
+
+
+def comms_bw(
+    topology: Topology, collective: Collective, world_size: int, local_world_size: int
+) -> float:
+    """``BasicCommsBandwidths.get_bw`` for a collective over ``world_size`` ranks."""
+    if collective == Collective.ALL_REDUCE:
+        return topology.inter_host_bw * local_world_size  # one NIC per GPU
+    if world_size <= local_world_size:
+        return topology.intra_host_bw
+    return topology.inter_host_bw

@@ -1,0 +1,100 @@
+"""The spec's tables as numpy columns, modelled the way TorchRec sees an EmbeddingBagCollection.
+
+Each table becomes one ``EmbeddingBagConfig`` plus one ``ParameterConstraints`` with
+``pooling_factors=[pooling_factor] * len(feature_names)`` (TorchRec reads one pooling factor per
+feature; ``num_poolings`` stays the default 1.0), ``cache_params.load_factor=caching_ratio`` and the
+table's allow-lists. ``EmbeddingBagCollection`` allocates FP32 tables as float32 and every other
+data type as float16 (``torchrec.modules.embedding_modules``), so the element size TorchRec's
+estimators see is 4 for FP32 and 2 otherwise, whatever ``DataType.bytes_per_element`` says.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from rec.cost.types import CK_CODE, COMPUTE_KERNELS, SHARDING_TYPES, ST_CODE, CostConfig, Optimizer
+from rec.sharding import DataType
+from rec.spec.types import Spec
+
+
+@dataclass(frozen=True)
+class TableArrays:
+    """Per-table columns (length T) that the estimators read."""
+
+    rows: np.ndarray  # int64 num_embeddings
+    dims: np.ndarray  # int64 embedding_dim
+    elem: np.ndarray  # int64 bytes per weight element as TorchRec allocates it
+    num_features: np.ndarray  # int64
+    pooling_factor: np.ndarray  # float64, per feature
+    batch_inputs: np.ndarray  # float64 ids per rank batch: sum over features of pf * 1.0 * B
+    batch_outputs: np.ndarray  # float64 pooled rows per rank batch: sum of min(1, pf) * 1.0 * B
+    optimizer_multiplier: np.ndarray  # float64 optimizer state per weight byte
+    sharding_allowed: np.ndarray  # (T, len(SHARDING_TYPES)) bool; all True where no allow-list
+    kernel_allowed: np.ndarray  # (T, len(COMPUTE_KERNELS)) bool; all True where no allow-list
+    explicit_sharding: np.ndarray  # bool: the table has a non-empty sharding_types allow-list
+
+
+def table_arrays(spec: Spec, batch_size: int, config: CostConfig) -> TableArrays:
+    """Columns of ``spec`` for a per-rank ``batch_size``."""
+    tables = spec.tables
+    n = len(tables)
+    rows = np.fromiter((t.num_embeddings for t in tables), np.int64, n)
+    dims = np.fromiter((t.embedding_dim for t in tables), np.int64, n)
+    elem = np.fromiter((4 if t.data_type == DataType.FP32 else 2 for t in tables), np.int64, n)
+    nf = np.fromiter((max(len(t.feature_names), 1) for t in tables), np.int64, n)
+    pf = np.fromiter((t.pooling_factor for t in tables), np.float64, n)
+
+    inputs, outputs = _batch_sums(pf, nf, batch_size)
+
+    st_ok = np.ones((n, len(SHARDING_TYPES)), dtype=bool)
+    ck_ok = np.ones((n, len(COMPUTE_KERNELS)), dtype=bool)
+    explicit = np.zeros(n, dtype=bool)
+    for i, t in enumerate(tables):
+        # An empty allow-list is falsy in TorchRec's filters, i.e. no constraint.
+        if t.sharding_types:
+            st_ok[i] = False
+            st_ok[i, [ST_CODE[s] for s in t.sharding_types]] = True
+            explicit[i] = True
+        if t.compute_kernels:
+            ck_ok[i] = False
+            ck_ok[i, [CK_CODE[k] for k in t.compute_kernels]] = True
+
+    return TableArrays(
+        rows=rows,
+        dims=dims,
+        elem=elem,
+        num_features=nf,
+        pooling_factor=pf,
+        batch_inputs=inputs,
+        batch_outputs=outputs,
+        optimizer_multiplier=optimizer_multiplier(config.optimizer, dims),
+        sharding_allowed=st_ok,
+        kernel_allowed=ck_ok,
+        explicit_sharding=explicit,
+    )
+
+
+def _batch_sums(pf: np.ndarray, nf: np.ndarray, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``ShardPerfContext.batch_inputs`` / ``batch_outputs`` with num_poolings 1.0."""
+    inputs = pf * 1.0 * batch_size
+    outputs = np.minimum(1.0, pf) * 1.0 * batch_size
+    # TorchRec sums per-feature terms with Python's sum(); repeat it where there are several
+    # features so that the float rounding (and the ceil() applied later) is identical.
+    for i in np.flatnonzero(nf > 1):
+        k = int(nf[i])
+        inputs[i] = sum([float(pf[i]) * 1.0 * batch_size] * k)
+        outputs[i] = sum([min(1.0, float(pf[i])) * 1.0 * batch_size] * k)
+    return inputs, outputs
+
+
+def optimizer_multiplier(optimizer: Optimizer, dims: np.ndarray) -> np.ndarray:
+    """``shard_estimators._get_optimizer_multipler`` for the optimizer class TorchRec reads."""
+    if optimizer in (Optimizer.NONE, Optimizer.SGD):
+        return np.zeros(len(dims))
+    if optimizer == Optimizer.ADAM:
+        return np.full(len(dims), 2.0)
+    if optimizer == Optimizer.ROWWISE_ADAGRAD:
+        return 1.0 / dims  # one float32 per row: 1 / shape[-1] of the weight bytes
+    return np.ones(len(dims))  # any other optimizer class: one state tensor like the weight

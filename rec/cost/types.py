@@ -1,0 +1,108 @@
+"""The search's hot data: every candidate option of every table, as flat numpy arrays.
+
+An *option* is one (table, sharding type, compute kernel) with its shard layout. Shards of
+option ``o`` are ``shard_start[o]:shard_start[o + 1]`` in the per-shard arrays (CSR layout).
+Where a shard may be placed follows from the sharding type (see ``rec.search.placement``).
+
+Shards are run-length encoded so that 1,024-rank data_parallel / row_wise options stay small: entry
+``s`` stands for ``repeat[s]`` consecutive shards of the same size and cost, the k-th of which
+starts at row ``row_offset[s] + k * row_step[s]`` (DP replicas: step 0; row splits: step = rows).
+Only data_parallel, row_wise, table_row_wise and grid_shard entries have ``repeat > 1``; shard k
+of a data_parallel or row_wise option lives on rank k. ``expand()`` gives one entry per shard.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+import numpy as np
+
+from rec.sharding import ComputeKernel, ShardingType
+
+# Integer codes used in the arrays; the order never changes (codes are persisted nowhere).
+SHARDING_TYPES: tuple[ShardingType, ...] = tuple(ShardingType)
+COMPUTE_KERNELS: tuple[ComputeKernel, ...] = tuple(ComputeKernel)
+ST_CODE = {st: i for i, st in enumerate(SHARDING_TYPES)}
+CK_CODE = {ck: i for i, ck in enumerate(COMPUTE_KERNELS)}
+
+
+class Optimizer(str, Enum):
+    """Optimizer whose state TorchRec's storage estimator adds to each shard."""
+
+    NONE = "none"
+    SGD = "sgd"
+    ADAM = "adam"
+    ROWWISE_ADAGRAD = "rowwise_adagrad"
+    ADAGRAD = "adagrad"
+
+
+@dataclass(frozen=True)
+class CostConfig:
+    """Planner knobs that change estimates; part of the plan_id."""
+
+    optimizer: Optimizer = Optimizer.ROWWISE_ADAGRAD
+    caching_ratio: float = 0.2  # TorchRec's UVM_CACHING_RATIO
+
+
+@dataclass(frozen=True)
+class Options:
+    """All candidate options with per-shard perf (ms, TorchRec ``Perf.total``) and storage."""
+
+    table: np.ndarray  # (O,) int32: index into spec.tables
+    sharding_type: np.ndarray  # (O,) int8: code into SHARDING_TYPES
+    compute_kernel: np.ndarray  # (O,) int8: code into COMPUTE_KERNELS
+    shard_start: np.ndarray  # (O+1,) int64
+    perf: np.ndarray  # (S,) float64
+    hbm: np.ndarray  # (S,) int64 bytes
+    ddr: np.ndarray  # (S,) int64 bytes
+    row_offset: np.ndarray  # (S,) int64
+    col_offset: np.ndarray  # (S,) int64
+    rows: np.ndarray  # (S,) int64
+    cols: np.ndarray  # (S,) int64
+    repeat: np.ndarray | None = None  # (S,) int32 shards per entry; None: all 1
+    row_step: np.ndarray | None = None  # (S,) int64 row offset step within a run; None: all 0
+
+    def __post_init__(self) -> None:
+        n = len(self.perf)
+        if self.repeat is None:
+            object.__setattr__(self, "repeat", np.ones(n, dtype=np.int32))
+        if self.row_step is None:
+            object.__setattr__(self, "row_step", np.zeros(n, dtype=np.int64))
+
+    @property
+    def num_options(self) -> int:
+        return len(self.table)
+
+    def shards(self, option: int) -> slice:
+        """The option's entries (runs of shards) in the per-shard arrays."""
+        return slice(int(self.shard_start[option]), int(self.shard_start[option + 1]))
+
+    def num_entries(self) -> np.ndarray:
+        """Entries (runs) per option."""
+        return np.diff(self.shard_start)
+
+    def num_shards(self) -> np.ndarray:
+        """Shards per option, runs expanded (data_parallel and row_wise: world_size)."""
+        totals = np.concatenate(([0], np.cumsum(self.repeat, dtype=np.int64)))
+        return totals[self.shard_start[1:]] - totals[self.shard_start[:-1]]
+
+    def expand(self) -> Options:
+        """The same options with one entry per shard (repeat all 1); for small topologies."""
+        rep = self.repeat.astype(np.int64)
+        totals = np.concatenate(([0], np.cumsum(rep)))
+        idx = np.repeat(np.arange(len(rep)), rep)
+        k = np.arange(len(idx)) - totals[idx]  # position of each shard within its run
+        return Options(
+            table=self.table,
+            sharding_type=self.sharding_type,
+            compute_kernel=self.compute_kernel,
+            shard_start=totals[self.shard_start],
+            perf=self.perf[idx],
+            hbm=self.hbm[idx],
+            ddr=self.ddr[idx],
+            row_offset=self.row_offset[idx] + k * self.row_step[idx],
+            col_offset=self.col_offset[idx],
+            rows=self.rows[idx],
+            cols=self.cols[idx],
+        )

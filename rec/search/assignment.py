@@ -1,0 +1,53 @@
+"""A (partial) solution: the chosen option of each table and the rank of each chosen shard."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from rec.search.space import SearchSpace
+
+
+@dataclass
+class Assignment:
+    """Mutable working state of the search; ``loads``/``hbm``/``ddr`` are kept in sync."""
+
+    choice: np.ndarray  # (T,) option index per table
+    shard_rank: np.ndarray  # (S,) rank of each shard of a chosen option, -1 otherwise
+    loads: np.ndarray  # (W,) sum of perf per rank
+    hbm: np.ndarray  # (W,) bytes used per rank
+    ddr: np.ndarray  # (W,)
+
+    @property
+    def critical_path(self) -> float:
+        return float(self.loads.max()) if len(self.loads) else 0.0
+
+    def copy(self) -> "Assignment":
+        return Assignment(self.choice.copy(), self.shard_rank.copy(), self.loads.copy(),
+                          self.hbm.copy(), self.ddr.copy())
+
+
+def empty_assignment(space: SearchSpace, choice: np.ndarray) -> Assignment:
+    w = space.world_size
+    return Assignment(choice.astype(np.int64), np.full(len(space.options.perf), -1, np.int32),
+                      np.zeros(w), np.zeros(w, np.int64), np.zeros(w, np.int64))
+
+
+def chosen_shards(space: SearchSpace, choice: np.ndarray) -> np.ndarray:
+    """Indices of all shards of the chosen options, in option order."""
+    starts = space.options.shard_start[choice]
+    counts = space.options.shard_start[choice + 1] - starts
+    offsets = np.repeat(starts - np.concatenate(([0], np.cumsum(counts)[:-1])), counts)
+    return np.arange(counts.sum()) + offsets
+
+
+def recompute_usage(space: SearchSpace, a: Assignment) -> None:
+    """Recompute loads and memory from ``shard_rank`` (used after merges and for checks)."""
+    placed = np.flatnonzero(a.shard_rank >= 0)
+    ranks = a.shard_rank[placed]
+    w = space.world_size
+    opts = space.options
+    a.loads = np.bincount(ranks, weights=opts.perf[placed], minlength=w)
+    a.hbm = np.bincount(ranks, weights=opts.hbm[placed], minlength=w).astype(np.int64)
+    a.ddr = np.bincount(ranks, weights=opts.ddr[placed], minlength=w).astype(np.int64)

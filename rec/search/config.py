@@ -1,0 +1,11 @@
+"""Search knobs; part of the plan_id."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    shard_limits: int = 12  # candidate largest-shard limits tried between the bound and no limit
+    refine_rounds: int = 100_000  # cap on local-search steps per candidate

@@ -1,0 +1,60 @@
+"""Explain, per table, why nothing fits, and by how much."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rec.cost.types import COMPUTE_KERNELS, SHARDING_TYPES
+from rec.errors import InputError, Problem, ProblemList
+from rec.search.space import SearchSpace
+from rec.sharding import ComputeDevice
+from rec.spec.types import Spec
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def check_every_table_fits(space: SearchSpace, spec: Spec, device: ComputeDevice) -> None:
+    """Raise one InputError naming every table none of whose options fits a rank."""
+    opts = space.options
+    has = np.zeros(space.num_tables, dtype=bool)
+    has[opts.table[space.feasible]] = True
+    if has.all():
+        return
+    problems = ProblemList()
+    shard_max_hbm = np.maximum.reduceat(opts.hbm, opts.shard_start[:-1])
+    shard_max_ddr = np.maximum.reduceat(opts.ddr, opts.shard_start[:-1])
+    hbm_cap, ddr_cap = int(space.hbm_cap.max()), int(space.ddr_cap.max())
+    for t in np.flatnonzero(~has):
+        mine = np.flatnonzero(opts.table == t)
+        if not len(mine):
+            problems.add(f"table {spec.tables[t].name}",
+                         "no sharding option is allowed on this topology "
+                         "(check sharding_types / compute_kernels against the compute device)")
+            continue
+        over = np.maximum(shard_max_hbm[mine] - hbm_cap, shard_max_ddr[mine] - ddr_cap)
+        o = mine[int(np.argmin(over))]
+        st = SHARDING_TYPES[opts.sharding_type[o]].value
+        ck = COMPUTE_KERNELS[opts.compute_kernel[o]].value
+        need = shard_max_hbm[o] if shard_max_hbm[o] > hbm_cap else shard_max_ddr[o]
+        kind, cap = ("HBM", hbm_cap) if shard_max_hbm[o] > hbm_cap else ("DDR", ddr_cap)
+        hint = ("allow fused_uvm_caching or row_wise sharding, or add ranks"
+                if device is ComputeDevice.CUDA else "allow column_wise sharding or add ranks")
+        problems.add(f"table {spec.tables[t].name}",
+                     f"does not fit: its best option ({st}/{ck}) needs {_gib(need)} {kind} on one "
+                     f"rank, {_gib(cap)} available (over by {_gib(need - cap)}); {hint}")
+    problems.raise_if_any("The spec does not fit the topology:")
+
+
+def packing_failure(space: SearchSpace, spec: Spec, tables: list[int]) -> InputError:
+    """The error for tables that fit one by one but not together."""
+    names = ", ".join(spec.tables[t].name for t in tables[:10])
+    more = f" and {len(tables) - 10} more" if len(tables) > 10 else ""
+    return InputError(
+        "The tables fit one by one but not all together within the ranks' memory:",
+        [Problem(f"tables {names}{more}",
+                 f"could not be placed; usable HBM {_gib(space.hbm_cap.sum())} and DDR "
+                 f"{_gib(space.ddr_cap.sum())} over all ranks; allow fused_uvm_caching kernels, "
+                 "lower storage_reservation or add ranks")],
+    )

@@ -1,0 +1,141 @@
+"""Greedy placement of the chosen options (longest-processing-time first, memory-aware)."""
+
+from __future__ import annotations
+
+import heapq
+from enum import Enum
+
+import numpy as np
+
+from rec.search.assignment import Assignment, chosen_shards, empty_assignment
+from rec.search.placement import EVERY_RANK, FREE, HOST_FREE, HOST_UNIFORM
+from rec.search.space import SearchSpace
+
+
+class PackOrder(str, Enum):
+    PERF = "perf"  # balance time: biggest shard first onto the least-loaded rank
+    HBM = "hbm"  # when memory is tight: biggest shard in bytes first
+
+
+class PackingError(Exception):
+    """The chosen options cannot be placed within the ranks' memory."""
+
+    def __init__(self, tables: list[int]):
+        self.tables = tables
+        super().__init__(f"{len(tables)} tables could not be placed")
+
+
+def pack(space: SearchSpace, choice: np.ndarray, order: PackOrder = PackOrder.PERF,
+         start: Assignment | None = None) -> Assignment:
+    """Place every shard of the chosen options; ``start`` holds load already on the ranks."""
+    a = empty_assignment(space, choice) if start is None else start
+    a.choice = choice.astype(np.int64)
+    placement = space.placement[choice]
+    tables = np.arange(len(choice))
+    _place_every_rank(space, a, choice[placement == EVERY_RANK])
+    failed: list[int] = []
+    for kind, place in ((HOST_UNIFORM, _place_host_uniform), (HOST_FREE, _place_host_free)):
+        picked = tables[placement == kind]
+        by_work = picked[np.argsort(-space.work[choice[picked]], kind="stable")]
+        for t in by_work:
+            if not place(space, a, int(choice[t])):
+                failed.append(int(t))
+    failed += _place_free(space, a, choice[placement == FREE], order)
+    if failed:
+        raise PackingError(sorted(failed))
+    return a
+
+
+def _place_every_rank(space: SearchSpace, a: Assignment, options: np.ndarray) -> None:
+    if not len(options):
+        return
+    shards = chosen_shards(space, options)
+    counts = space.options.shard_start[options + 1] - space.options.shard_start[options]
+    position = shards - np.repeat(space.options.shard_start[options], counts)
+    _assign(space, a, shards, position.astype(np.int32))
+
+
+def _assign(space: SearchSpace, a: Assignment, shards: np.ndarray, ranks: np.ndarray) -> None:
+    opts = space.options
+    w = space.world_size
+    a.shard_rank[shards] = ranks
+    a.loads += np.bincount(ranks, weights=opts.perf[shards], minlength=w)
+    a.hbm += np.bincount(ranks, weights=opts.hbm[shards], minlength=w).astype(np.int64)
+    a.ddr += np.bincount(ranks, weights=opts.ddr[shards], minlength=w).astype(np.int64)
+
+
+def _place_host_uniform(space: SearchSpace, a: Assignment, option: int) -> bool:
+    """table_row_wise: the host whose ranks end up least loaded, among those with room."""
+    opts = space.options
+    sl = opts.shards(option)
+    lws = space.local_world_size
+    hosts = space.num_hosts
+    perf = opts.perf[sl]
+    loads = a.loads.reshape(hosts, lws) + perf
+    fits = ((a.hbm.reshape(hosts, lws) + opts.hbm[sl] <= space.hbm_cap.reshape(hosts, lws))
+            & (a.ddr.reshape(hosts, lws) + opts.ddr[sl] <= space.ddr_cap.reshape(hosts, lws))
+            ).all(axis=1)
+    if not fits.any():
+        return False
+    peak = np.where(fits, loads.max(axis=1), np.inf)
+    host = int(np.argmin(peak))
+    _assign(space, a, np.arange(sl.start, sl.stop), (host * lws + np.arange(lws)).astype(np.int32))
+    return True
+
+
+def _place_host_free(space: SearchSpace, a: Assignment, option: int) -> bool:
+    """table_column_wise: the least-loaded host that takes all shards, LPT inside it."""
+    lws = space.local_world_size
+    host_load = a.loads.reshape(space.num_hosts, lws).sum(axis=1)
+    opts = space.options
+    shards = np.arange(opts.shard_start[option], opts.shard_start[option + 1])
+    shards = shards[np.argsort(-opts.perf[shards], kind="stable")]
+    for host in np.argsort(host_load, kind="stable"):
+        ranks = _lpt(space, a, shards, np.arange(host * lws, (host + 1) * lws))
+        if (ranks >= 0).all():
+            _assign(space, a, shards, ranks)
+            return True
+    return False
+
+
+def _place_free(space: SearchSpace, a: Assignment, options: np.ndarray,
+                order: PackOrder) -> list[int]:
+    if not len(options):
+        return []
+    shards = chosen_shards(space, options)
+    opts = space.options
+    primary = opts.perf[shards] if order is PackOrder.PERF else opts.hbm[shards]
+    secondary = opts.hbm[shards] if order is PackOrder.PERF else opts.perf[shards]
+    shards = shards[np.lexsort((shards, -secondary, -primary))]
+    ranks = _lpt(space, a, shards, np.arange(space.world_size))
+    ok = ranks >= 0
+    _assign(space, a, shards[ok], ranks[ok])
+    owners = np.searchsorted(opts.shard_start, shards[~ok], side="right") - 1
+    return sorted(set(opts.table[owners].tolist()))
+
+
+def _lpt(space: SearchSpace, a: Assignment, shards: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+    """Rank for each shard (in the given order): the least-loaded of ``ranks`` where it fits,
+    -1 where none has room. ``a`` is not changed."""
+    opts = space.options
+    perf, hbm, ddr = opts.perf[shards].tolist(), opts.hbm[shards].tolist(), opts.ddr[shards].tolist()
+    hbm_free = (space.hbm_cap - a.hbm).tolist()
+    ddr_free = (space.ddr_cap - a.ddr).tolist()
+    heap = [(float(a.loads[r]), int(r)) for r in ranks]
+    heapq.heapify(heap)
+    out = np.full(len(shards), -1, dtype=np.int32)
+    for i in range(len(shards)):
+        h, d = hbm[i], ddr[i]
+        skipped = []
+        while heap:
+            load, r = heap[0]
+            if h <= hbm_free[r] and d <= ddr_free[r]:
+                hbm_free[r] -= h
+                ddr_free[r] -= d
+                out[i] = r
+                heapq.heapreplace(heap, (load + perf[i], r))
+                break
+            skipped.append(heapq.heappop(heap))
+        for item in skipped:
+            heapq.heappush(heap, item)
+    return out

@@ -1,0 +1,45 @@
+"""Choose one option per table: the least total work among options whose largest shard is small
+enough, so that packing can balance the ranks."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rec.search.space import SearchSpace
+
+
+def first_min_per_table(space: SearchSpace, score: np.ndarray) -> np.ndarray:
+    """Index of the lowest-scoring option of each table (lowest index on ties)."""
+    table = space.options.table
+    best = np.full(space.num_tables, np.inf)
+    np.minimum.at(best, table, score)
+    is_best = score == best[table]
+    choice = np.full(space.num_tables, np.iinfo(np.int64).max, dtype=np.int64)
+    index = np.arange(len(score))
+    np.minimum.at(choice, table[is_best], index[is_best])
+    return choice
+
+
+def select_options(space: SearchSpace, max_shard_limit: float,
+                   cost: np.ndarray | None = None) -> np.ndarray:
+    """Per table, the least-``cost`` feasible option whose largest shard is within the limit;
+    tables with no such option take the option with the smallest largest shard."""
+    cost = space.work if cost is None else cost
+    within = space.feasible & (space.max_shard <= max_shard_limit)
+    choice = first_min_per_table(space, np.where(within, cost, np.inf))
+    has_within = np.zeros(space.num_tables, dtype=bool)
+    has_within[space.options.table[within]] = True
+    if not has_within.all():
+        smallest = first_min_per_table(space, np.where(space.feasible, space.max_shard, np.inf))
+        choice[~has_within] = smallest[~has_within]
+    return choice
+
+
+def shard_limits(space: SearchSpace, least: float, count: int) -> list[float]:
+    """Candidate largest-shard limits, geometric from the bound to the unconstrained choice."""
+    unconstrained = select_options(space, np.inf)
+    top = float(space.max_shard[unconstrained].max()) if len(unconstrained) else 0.0
+    if top <= least or least <= 0:
+        return [np.inf]
+    ladder = np.geomspace(least, top, count)
+    return [float(x) for x in ladder] + [np.inf]

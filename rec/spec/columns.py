@@ -1,0 +1,45 @@
+"""The spec's column contract (DESIGN.md): names, which are required, and a table as a plain row."""
+
+from __future__ import annotations
+
+from rec.sharding import DataType, Pooling
+from rec.spec.types import TableSpec
+
+REQUIRED = ("name", "num_embeddings", "embedding_dim")
+OPTIONAL = ("feature_names", "pooling", "data_type", "pooling_factor", "sharding_types", "compute_kernels")
+COLUMNS = REQUIRED + OPTIONAL
+LIST_COLUMNS = ("feature_names", "sharding_types", "compute_kernels")
+LIST_SEPARATOR = ";"  # how list cells are written in CSV
+
+
+def table_to_row(table: TableSpec) -> dict:
+    """Every column of ``table`` as plain JSON values (enums as their values, tuples as lists)."""
+    return {
+        "name": table.name,
+        "num_embeddings": table.num_embeddings,
+        "embedding_dim": table.embedding_dim,
+        "feature_names": list(table.feature_names),
+        "pooling": table.pooling.value,
+        "data_type": table.data_type.value,
+        "pooling_factor": float(table.pooling_factor),
+        "sharding_types": _values(table.sharding_types),
+        "compute_kernels": _values(table.compute_kernels),
+    }
+
+
+def table_to_short_row(table: TableSpec) -> dict:
+    """Like ``table_to_row`` but without the columns that hold their default."""
+    row = table_to_row(table)
+    defaults = {
+        "feature_names": [table.name],
+        "pooling": Pooling.SUM.value,
+        "data_type": DataType.FP32.value,
+        "pooling_factor": 1.0,
+        "sharding_types": None,
+        "compute_kernels": None,
+    }
+    return {k: v for k, v in row.items() if k not in defaults or v != defaults[k]}
+
+
+def _values(members: tuple | None) -> list[str] | None:
+    return None if members is None else [m.value for m in members]

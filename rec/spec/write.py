@@ -1,0 +1,71 @@
+"""``write_spec``: a Spec to any format ``read_spec`` reads, chosen by the file extension."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from rec.spec.columns import COLUMNS, LIST_COLUMNS, LIST_SEPARATOR, table_to_row, table_to_short_row
+from rec.spec.read import spec_format
+from rec.spec.types import Spec
+
+
+def write_spec(spec: Spec, path: str | Path) -> Path:
+    """Write ``spec`` to ``path`` in the format its extension names; returns the path."""
+    path = Path(path)
+    kind = spec_format(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "yaml":
+        rows = [table_to_short_row(t) for t in spec.tables]
+        path.write_text(yaml.dump({"tables": rows}, Dumper=_SpecDumper, sort_keys=False), encoding="utf-8")
+    elif kind == "json":
+        rows = [table_to_short_row(t) for t in spec.tables]
+        path.write_text(json.dumps({"tables": rows}, indent=1) + "\n", encoding="utf-8")
+    else:
+        _write_tabular(spec, path, kind)
+    return path
+
+
+def _write_tabular(spec: Spec, path: Path, kind: str) -> None:
+    import pyarrow as pa
+
+    rows = [table_to_row(t) for t in spec.tables]
+    if kind == "csv":
+        import pyarrow.csv as csv
+
+        for row in rows:
+            for column in LIST_COLUMNS:
+                if row[column] is not None:
+                    row[column] = LIST_SEPARATOR.join(row[column])
+        csv.write_csv(pa.Table.from_pylist(rows, schema=_schema(list_type=pa.string())), path)
+        return
+    table = pa.Table.from_pylist(rows, schema=_schema(list_type=pa.list_(pa.string())))
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        pq.write_table(table, path)
+    else:
+        import pyarrow.feather as feather
+
+        feather.write_feather(table, path)
+
+
+def _schema(list_type):
+    import pyarrow as pa
+
+    types = {"num_embeddings": pa.int64(), "embedding_dim": pa.int64(), "pooling_factor": pa.float64()}
+    return pa.schema([(c, list_type if c in LIST_COLUMNS else types.get(c, pa.string())) for c in COLUMNS])
+
+
+class _SpecDumper(yaml.SafeDumper):
+    """Writes short lists inline (``feature_names: [cat_0]``) so one table stays a few lines."""
+
+
+def _represent_list(dumper: yaml.SafeDumper, data: list) -> yaml.Node:
+    flow = all(not isinstance(item, (list, dict)) for item in data)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+
+
+_SpecDumper.add_representer(list, _represent_list)

@@ -1,0 +1,45 @@
+"""The cluster the plan is for; keys and units follow torchrec's ``Topology``."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from rec.sharding import ComputeDevice
+
+# TorchRec 1.8 defaults (torchrec/distributed/planner/constants.py), used when a key is absent.
+GB = 1024**3
+HBM_CAP = 32 * GB
+DDR_CAP = 128 * GB
+INTRA_NODE_BANDWIDTH = 600 * 1024 * 1024 * 1024 / 1000  # bytes/ms
+CROSS_NODE_BANDWIDTH = 12.5 * 1024 * 1024 * 1024 / 1000
+HBM_MEM_BW = 897 * 1024 * 1024 * 1024 / 1000
+DDR_MEM_BW = 51 * 1024 * 1024 * 1024 / 1000
+BATCH_SIZE = 512
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Validated by ``rec.topology.topology_from_dict``; YAML bandwidths (bytes/s) arrive here in bytes/ms."""
+
+    world_size: int
+    local_world_size: int
+    compute_device: ComputeDevice
+    hbm_cap: int  # bytes per rank (TorchRec gives cpu ranks 0 HBM)
+    ddr_cap: int  # bytes per rank, not per host
+    intra_host_bw: float  # bytes/ms, TorchRec's unit
+    inter_host_bw: float  # bytes/ms
+    hbm_mem_bw: float  # bytes/ms
+    ddr_mem_bw: float  # bytes/ms
+    batch_size: int  # per rank
+    storage_reservation: float  # fraction of HBM kept free, in [0, 1)
+    topology_hash: str = ""
+
+    @property
+    def num_hosts(self) -> int:
+        return self.world_size // self.local_world_size
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["compute_device"] = self.compute_device.value
+        d.pop("topology_hash")
+        return d

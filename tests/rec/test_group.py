@@ -1,0 +1,51 @@
+"""Searching table groups separately and merging them is as good as one search."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rec.search import SearchConfig, search
+from rec.search.bound import lower_bound
+from rec.search.group import search_group, split_groups, subspace
+from rec.search.merge import merge_groups
+from rec.sharding import ShardingType
+
+TW, CW = ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE
+
+
+def mixed_tables(n, seed=0):
+    rng = np.random.default_rng(seed)
+    tables = []
+    for _ in range(n):
+        p = float(rng.lognormal(0, 1))
+        tables.append([(TW, [p], [1]), (CW, [p / 2 * 1.1] * 2, [1, 1])])
+    return tables
+
+
+def test_groups_cover_every_table_once_with_balanced_work(space_of):
+    space = space_of(mixed_tables(103), world=8)
+    groups = split_groups(space, 4)
+    assert sorted(np.concatenate(groups).tolist()) == list(range(103))
+    sizes = [len(g) for g in groups]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_subspace_keeps_each_tables_options_and_costs(space_of):
+    space = space_of(mixed_tables(10), world=4)
+    sub, parent = subspace(space, np.array([2, 5, 7]))
+    assert sub.num_tables == 3
+    assert sub.options.table.tolist() == [0, 0, 1, 1, 2, 2]
+    assert np.allclose(sub.work, space.work[parent])
+    assert np.allclose(sub.options.perf, np.concatenate(
+        [space.options.perf[space.options.shards(o)] for o in parent]))
+
+
+def test_merged_groups_are_within_one_percent_of_a_single_search(space_of):
+    space = space_of(mixed_tables(400, seed=3), world=16)
+    single = search(space).critical_path
+    bound = lower_bound(space).value
+    results = [search_group(space, g, SearchConfig(), bound) for g in split_groups(space, 4)]
+    merged = merge_groups(space, results)
+    assert merged.critical_path <= 1.01 * single
+    assert merged.critical_path >= bound - 1e-9
+

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 
-from flows.text_table import render_table
-from rec.plan import Plan, rows_per_rank, write_plan
-from rec.units import format_bytes
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rec.plan import Plan
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -24,6 +25,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rec.plan import write_plan
     from rec.planning import plan_spec
     from rec.spec import read_spec
     from rec.topology import read_topology
@@ -42,8 +44,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def render_plan(plan: Plan) -> str:
+def render_plan(plan: "Plan") -> str:
     """Per-rank load and memory, then the plan's quality against the lower bound."""
+    from flows.text_table import render_table
+    from rec.plan import rows_per_rank
+    from rec.units import format_bytes
+
     m = plan.metrics
     world = len(m.rank_perf)
     shards = Counter(s.rank for t in plan.tables for s in t.shards)

@@ -72,7 +72,11 @@ def render_fit(spec: Spec, topology: Topology) -> str:
     return (
         f"\ntopology: {hosts}, {format_bytes(per_rank)} usable {memory} per rank{reserve}, "
         f"{format_bytes(total)} in all\n"
-        f"weights fill {weights / total:.1%} of usable {memory}; largest table {largest.name} is "
-        f"{format_bytes(largest.bytes)} ({largest.bytes / per_rank:.0%} of one rank)\n"
+        f"weights fill {_percent(weights / total)} of usable {memory}; largest table {largest.name} is "
+        f"{format_bytes(largest.bytes)} ({_percent(largest.bytes / per_rank)} of one rank)\n"
         f"topology hash: {t.topology_hash}"
     )
+
+
+def _percent(fraction: float) -> str:
+    return "<0.1%" if 0 < fraction < 0.001 else f"{fraction:.1%}"

@@ -37,7 +37,8 @@ def kernel_bw(topology: Topology, kernel: ComputeKernel, caching_ratio: float | 
             ComputeKernel.FUSED_UVM_CACHING: (cr * hbm + (1 - cr) * HBM_TO_DDR_MEM_BW) / 10,
         }
     if kernel not in table:
-        raise ValueError(f"no kernel bandwidth for {kernel.value} on {topology.compute_device.value}")
+        device = topology.compute_device.value
+        raise ValueError(f"no kernel bandwidth for {kernel.value} on {device}")
     return table[kernel]
 
 

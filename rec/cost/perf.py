@@ -4,7 +4,8 @@ Mirrors ``planner/estimator/estimator.py`` with the default ``EmbeddingPerfEstim
 coefficients 1.0, hash-size coefficient 0, backward = 2 x forward) for training, unweighted pooled
 (EBC) features, no qcomm codecs (every comm element is the table's element size), 8-byte indices
 and no cache statistics, so ``prefetch_compute`` is 0. Float operations follow TorchRec's order so
-results agree to the last bit where numpy and Python round alike.
+results agree to the last bit where numpy and Python round alike (the ``1.0 *`` and ``+ 0.0``
+terms are TorchRec's unit coefficients, zero hash-size term and zero prefetch).
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ def shard_perf(
     if st in (ShardingType.TABLE_ROW_WISE, ShardingType.GRID_SHARD):
         return _row_wise(topology, device_bw, cols, elem, batch_inputs, batch_outputs, lw, True)
     if st == ShardingType.DATA_PARALLEL:
-        return _data_parallel(topology, device_bw, cols, table_rows, elem, batch_inputs, batch_outputs)
+        return _data_parallel(
+            topology, device_bw, cols, table_rows, elem, batch_inputs, batch_outputs
+        )
     raise ValueError(f"unsupported sharding type {st}")
 
 

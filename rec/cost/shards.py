@@ -93,9 +93,8 @@ def _column_split(rows: np.ndarray, dims: np.ndarray) -> Layout:
     j = np.arange(len(owner)) - first[owner]
     e = len(owner)
     zeros = np.zeros(e, dtype=np.int64)
-    return Layout(
-        count, owner, rows[owner], block[owner], zeros, block[owner] * j, np.ones(e, np.int64), zeros
-    )
+    width = block[owner]
+    return Layout(count, owner, rows[owner], width, zeros, width * j, np.ones(e, np.int64), zeros)
 
 
 def _row_split(
@@ -114,7 +113,6 @@ def _row_split(
         [last_rank, partial.astype(np.int64), num_devices - last_rank - partial], axis=1
     )
     run_offset = np.stack([np.zeros(n, np.int64), block * last_rank, rows], axis=1)
-    run_step = run_rows * (run_rows > 0)
     keep = run_count > 0
     owner = np.repeat(np.arange(n), 3).reshape(n, 3)[keep]
     return Layout(
@@ -125,5 +123,5 @@ def _row_split(
         run_offset[keep],
         col_offset[owner],
         run_count[keep],
-        run_step[keep],
+        run_rows[keep],  # consecutive shards of a run start `rows` apart
     )

@@ -8,6 +8,7 @@ input/output buffers, which count toward HBM on cuda and toward DDR on cpu.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -17,10 +18,17 @@ from rec.sharding import ComputeDevice, ComputeKernel, ShardingType
 INDEX_BYTES = 8  # BIGINT_DTYPE
 
 
-def shard_storage(
+@dataclass(frozen=True)
+class StorageParts:
+    """Per-run byte counts shared by every kernel of one sharding type."""
+
+    weights: np.ndarray  # the shard's share of the weights, plus optimizer state
+    cached: np.ndarray  # HBM of a fused_uvm_caching shard: cache share, optimizer, aux state
+    io: np.ndarray  # input + output buffers
+
+
+def storage_parts(
     sharding_type: ShardingType,
-    kernel: ComputeKernel,
-    device: ComputeDevice,
     world_size: int,
     local_world_size: int,
     caching_ratio: float | None,
@@ -32,39 +40,40 @@ def shard_storage(
     cols: np.ndarray,
     batch_inputs: np.ndarray,
     batch_outputs: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray]:
-    """(hbm, ddr) bytes of every shard (run), int64."""
-    # The storage estimator falls back to the default for any falsy ratio (0.0 included).
-    cr = caching_ratio if caching_ratio else UVM_CACHING_RATIO
-    tensor_bytes = table_rows * table_dims * elem
-    zero = np.zeros_like(tensor_bytes)
-    # compute_storage_usage (StorageUsageType.BASE): UVM kernels keep weights in DDR.
-    if kernel in (ComputeKernel.FUSED_UVM, ComputeKernel.FUSED_UVM_CACHING):
-        hbm_base, ddr_base = zero, tensor_bytes
-    elif device == ComputeDevice.CUDA:
-        hbm_base, ddr_base = tensor_bytes, zero
-    else:
-        hbm_base, ddr_base = zero, tensor_bytes
-    cached = kernel == ComputeKernel.FUSED_UVM_CACHING
-    if cached:
-        hbm_base = np.rint(ddr_base * cr).astype(np.int64)  # round(): half to even
-
+    with_cache: bool,
+) -> StorageParts:
+    """Weights, cached-weights and io bytes of every shard (run)."""
     dp = sharding_type == ShardingType.DATA_PARALLEL
     shard_elems = rows * cols
     table_elems = table_rows * table_dims
-    hbm = _with_optimizer(hbm_base, shard_elems, table_elems, dp, optimizer_multiplier)
-    ddr = _with_optimizer(ddr_base, shard_elems, table_elems, dp, optimizer_multiplier)
-    if cached:
+    tensor_bytes = table_elems * elem  # get_tensor_size_bytes
+    weights = _with_optimizer(tensor_bytes, shard_elems, table_elems, dp, optimizer_multiplier)
+    cached = weights[:0]
+    if with_cache:
+        # The storage estimator falls back to the default for any falsy ratio (0.0 included).
+        cr = caching_ratio if caching_ratio else UVM_CACHING_RATIO
+        cache_bytes = np.rint(tensor_bytes * cr).astype(np.int64)  # round(): half to even
+        cached = _with_optimizer(cache_bytes, shard_elems, table_elems, dp, optimizer_multiplier)
         # _calculate_cache_aux_state_sizes: 4 B/row index map + 16 B per cached slot.
-        hbm = hbm + np.ceil(rows * (4 + cr * 16)).astype(np.int64)
-
+        cached = cached + np.ceil(rows * (4 + cr * 16)).astype(np.int64)
     inputs, outputs = _io_sizes(
         sharding_type, world_size, local_world_size, table_dims, rows, cols, elem,
         batch_inputs, batch_outputs,
     )
-    if device == ComputeDevice.CUDA:
-        return hbm + inputs + outputs, ddr
-    return np.zeros_like(hbm), inputs + outputs + ddr
+    return StorageParts(weights, cached, inputs + outputs)
+
+
+def kernel_storage(
+    parts: StorageParts, kernel: ComputeKernel, device: ComputeDevice
+) -> tuple[np.ndarray, np.ndarray]:
+    """(hbm, ddr) bytes per run: where ``compute_storage_usage`` puts the weights, plus io."""
+    if device == ComputeDevice.CPU:
+        return np.zeros_like(parts.io), parts.io + parts.weights  # io counts toward DDR on cpu
+    if kernel == ComputeKernel.FUSED_UVM:
+        return parts.io, parts.weights  # weights (and their optimizer state) live in DDR
+    if kernel == ComputeKernel.FUSED_UVM_CACHING:
+        return parts.cached + parts.io, parts.weights
+    return parts.weights + parts.io, np.zeros_like(parts.io)
 
 
 def _with_optimizer(storage, shard_elems, table_elems, dp: bool, multiplier) -> np.ndarray:
@@ -101,17 +110,22 @@ def ceil_true_div(a: np.ndarray, p: np.ndarray, q: np.ndarray) -> np.ndarray:
     the float keeps the remainder iff rem / q' exceeds half an ulp of quo (ties go to the even
     quo, which it always is below 2**52).
     """
-    a, p, q = (np.asarray(x, dtype=np.int64) for x in (a, p, q))
-    a, p, q = np.broadcast_arrays(a, p, q)
+    a, p, q = np.broadcast_arrays(*(np.asarray(x, dtype=np.int64) for x in (a, p, q)))
+    out = np.where(p == q, a, 0)  # whole tables: the quotient is exact
+    sub = np.flatnonzero((p != q) & (p != 0) & (a != 0))
+    if not len(sub):
+        return out
+    a, p, q = a.flat[sub], p.flat[sub], q.flat[sub]
     g = np.gcd(p, q)
-    p, q = p // np.maximum(g, 1), q // np.maximum(g, 1)
+    p, q = p // g, q // g
     hi, lo = np.divmod(a, q)
     risky = lo.astype(np.float64) * p >= 2.0**62
     t = np.where(risky, 0, lo) * p
     quo = hi * p + t // q
     rem = t % q
     keeps = (rem > 0) & (rem / q > np.spacing(quo.astype(np.float64)) / 2)
-    out = quo + keeps
+    part = quo + keeps
     for i in np.flatnonzero(risky):  # products beyond int64: let Python do it
-        out.flat[i] = math.ceil(int(a.flat[i]) * int(p.flat[i]) / int(q.flat[i]))
+        part[i] = math.ceil(int(a[i]) * int(p[i]) / int(q[i]))
+    out.flat[sub] = part
     return out

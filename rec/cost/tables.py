@@ -40,26 +40,28 @@ def table_arrays(spec: Spec, batch_size: int, config: CostConfig) -> TableArrays
     """Columns of ``spec`` for a per-rank ``batch_size``."""
     tables = spec.tables
     n = len(tables)
-    rows = np.fromiter((t.num_embeddings for t in tables), np.int64, n)
-    dims = np.fromiter((t.embedding_dim for t in tables), np.int64, n)
-    elem = np.fromiter((4 if t.data_type == DataType.FP32 else 2 for t in tables), np.int64, n)
-    nf = np.fromiter((max(len(t.feature_names), 1) for t in tables), np.int64, n)
+    ints = np.array(
+        [
+            (t.num_embeddings, t.embedding_dim, t.data_type == DataType.FP32, len(t.feature_names))
+            for t in tables
+        ],
+        dtype=np.int64,
+    ).reshape(n, 4)
+    rows, dims, fp32, nf = (np.ascontiguousarray(c) for c in ints.T)
+    elem = np.where(fp32 == 1, 4, 2).astype(np.int64)
+    nf = np.maximum(nf, 1)
     pf = np.fromiter((t.pooling_factor for t in tables), np.float64, n)
-
     inputs, outputs = _batch_sums(pf, nf, batch_size)
 
     st_ok = np.ones((n, len(SHARDING_TYPES)), dtype=bool)
     ck_ok = np.ones((n, len(COMPUTE_KERNELS)), dtype=bool)
     explicit = np.zeros(n, dtype=bool)
-    for i, t in enumerate(tables):
-        # An empty allow-list is falsy in TorchRec's filters, i.e. no constraint.
-        if t.sharding_types:
-            st_ok[i] = False
-            st_ok[i, [ST_CODE[s] for s in t.sharding_types]] = True
-            explicit[i] = True
-        if t.compute_kernels:
-            ck_ok[i] = False
-            ck_ok[i, [CK_CODE[k] for k in t.compute_kernels]] = True
+    # An empty allow-list is falsy in TorchRec's filters, i.e. no constraint.
+    st_lists = [(i, t.sharding_types) for i, t in enumerate(tables) if t.sharding_types]
+    ck_lists = [(i, t.compute_kernels) for i, t in enumerate(tables) if t.compute_kernels]
+    _apply_allow_lists(st_ok, st_lists, ST_CODE)
+    _apply_allow_lists(ck_ok, ck_lists, CK_CODE)
+    explicit[[i for i, _ in st_lists]] = True
 
     return TableArrays(
         rows=rows,
@@ -76,16 +78,28 @@ def table_arrays(spec: Spec, batch_size: int, config: CostConfig) -> TableArrays
     )
 
 
+def _apply_allow_lists(allowed: np.ndarray, lists: list[tuple[int, tuple]], code: dict) -> None:
+    """Restrict the rows of tables with an allow-list to the codes it names."""
+    if not lists:
+        return
+    allowed[[i for i, _ in lists]] = False
+    pairs = np.array([(i, code[v]) for i, values in lists for v in values])
+    allowed[pairs[:, 0], pairs[:, 1]] = True
+
+
 def _batch_sums(pf: np.ndarray, nf: np.ndarray, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
     """``ShardPerfContext.batch_inputs`` / ``batch_outputs`` with num_poolings 1.0."""
     inputs = pf * 1.0 * batch_size
     outputs = np.minimum(1.0, pf) * 1.0 * batch_size
-    # TorchRec sums per-feature terms with Python's sum(); repeat it where there are several
-    # features so that the float rounding (and the ceil() applied later) is identical.
-    for i in np.flatnonzero(nf > 1):
-        k = int(nf[i])
-        inputs[i] = sum([float(pf[i]) * 1.0 * batch_size] * k)
-        outputs[i] = sum([min(1.0, float(pf[i])) * 1.0 * batch_size] * k)
+    multi = np.flatnonzero(nf > 1)
+    if len(multi):
+        # TorchRec sums per-feature terms with Python's sum(); repeat it where there are several
+        # features so that the float rounding (and the ceil() applied later) is identical.
+        sums: dict[tuple[float, int], float] = {}
+        for i, x, k in zip(multi.tolist(), inputs[multi].tolist(), nf[multi].tolist()):
+            inputs[i] = sums.setdefault((x, k), sum([x] * k))
+        for i, x, k in zip(multi.tolist(), outputs[multi].tolist(), nf[multi].tolist()):
+            outputs[i] = sums.setdefault((x, k), sum([x] * k))
     return inputs, outputs
 
 

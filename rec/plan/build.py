@@ -33,18 +33,20 @@ def build_plan(result: SearchResult, spec: Spec, topology: Topology, cost: CostC
     for t, spec_table in enumerate(spec.tables):
         o = int(a.choice[t])
         sl = opts.shards(o)
-        idx = range(sl.start, sl.stop)
-        shards = tuple(Shard(int(a.shard_rank[s]), (int(opts.row_offset[s]), int(opts.col_offset[s])),
-                             (int(opts.rows[s]), int(opts.cols[s]))) for s in idx)
+        shards = tuple(
+            Shard(int(a.shard_rank[e]) + k,
+                  (int(opts.row_offset[e] + k * opts.row_step[e]), int(opts.col_offset[e])),
+                  (int(opts.rows[e]), int(opts.cols[e])))
+            for e in range(sl.start, sl.stop) for k in range(int(opts.repeat[e])))
         tables.append(TablePlan(
             name=spec_table.name,
             sharding_type=SHARDING_TYPES[opts.sharding_type[o]],
             compute_kernel=COMPUTE_KERNELS[opts.compute_kernel[o]],
             ranks=tuple(s.rank for s in shards),
             shards=shards,
-            perf=float(opts.perf[sl].sum()),
-            hbm=int(opts.hbm[sl].sum()),
-            ddr=int(opts.ddr[sl].sum()),
+            perf=float((opts.perf[sl] * opts.repeat[sl]).sum()),
+            hbm=int((opts.hbm[sl] * opts.repeat[sl]).sum()),
+            ddr=int((opts.ddr[sl] * opts.repeat[sl]).sum()),
         ))
     metrics = PlanMetrics(
         critical_path=result.critical_path,

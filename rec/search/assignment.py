@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rec.search.space import SearchSpace
+from rec.search.space import SearchSpace, add_runs
 
 
 @dataclass
@@ -14,7 +14,7 @@ class Assignment:
     """Mutable working state of the search; ``loads``/``hbm``/``ddr`` are kept in sync."""
 
     choice: np.ndarray  # (T,) option index per table
-    shard_rank: np.ndarray  # (S,) rank of each shard of a chosen option, -1 otherwise
+    shard_rank: np.ndarray  # (E,) first rank of each entry of a chosen option, -1 otherwise
     loads: np.ndarray  # (W,) sum of perf per rank
     hbm: np.ndarray  # (W,) bytes used per rank
     ddr: np.ndarray  # (W,)
@@ -35,7 +35,7 @@ def empty_assignment(space: SearchSpace, choice: np.ndarray) -> Assignment:
 
 
 def chosen_shards(space: SearchSpace, choice: np.ndarray) -> np.ndarray:
-    """Indices of all shards of the chosen options, in option order."""
+    """Indices of all entries of the chosen options, in option order."""
     starts = space.options.shard_start[choice]
     counts = space.options.shard_start[choice + 1] - starts
     offsets = np.repeat(starts - np.concatenate(([0], np.cumsum(counts)[:-1])), counts)
@@ -43,11 +43,11 @@ def chosen_shards(space: SearchSpace, choice: np.ndarray) -> np.ndarray:
 
 
 def recompute_usage(space: SearchSpace, a: Assignment) -> None:
-    """Recompute loads and memory from ``shard_rank`` (used after merges and for checks)."""
+    """Recompute loads and memory from ``shard_rank`` (after merges, and for checks)."""
     placed = np.flatnonzero(a.shard_rank >= 0)
-    ranks = a.shard_rank[placed]
-    w = space.world_size
+    first = a.shard_rank[placed].astype(np.int64)
+    rep = space.options.repeat[placed].astype(np.int64)
     opts = space.options
-    a.loads = np.bincount(ranks, weights=opts.perf[placed], minlength=w)
-    a.hbm = np.bincount(ranks, weights=opts.hbm[placed], minlength=w).astype(np.int64)
-    a.ddr = np.bincount(ranks, weights=opts.ddr[placed], minlength=w).astype(np.int64)
+    a.loads = add_runs(space, opts.perf[placed], first, rep)
+    a.hbm = np.rint(add_runs(space, opts.hbm[placed].astype(float), first, rep)).astype(np.int64)
+    a.ddr = np.rint(add_runs(space, opts.ddr[placed].astype(float), first, rep)).astype(np.int64)

@@ -15,7 +15,7 @@ from rec.search.assignment import Assignment
 from rec.search.bound import per_table_min
 from rec.search.config import SearchConfig
 from rec.search.planner import search
-from rec.search.space import SearchSpace
+from rec.search.space import SearchSpace, entry_layout
 
 
 @dataclass(frozen=True)
@@ -56,11 +56,14 @@ def subspace(space: SearchSpace, tables: np.ndarray) -> tuple[SearchSpace, np.nd
         compute_kernel=opts.compute_kernel[keep],
         shard_start=np.concatenate(([0], np.cumsum(counts))).astype(np.int64),
         **{name: getattr(opts, name)[shard_index]
-           for name in ("perf", "hbm", "ddr", "row_offset", "col_offset", "rows", "cols")},
+           for name in ("perf", "hbm", "ddr", "row_offset", "col_offset", "rows", "cols",
+                        "repeat", "row_step")},
     )
+    owner, position = entry_layout(sub)
     return replace(space, options=sub, num_tables=len(tables), work=space.work[keep],
                    max_shard=space.max_shard[keep], placement=space.placement[keep],
-                   feasible=space.feasible[keep]), keep
+                   feasible=space.feasible[keep], entry_owner=owner,
+                   entry_position=position), keep
 
 
 def search_group(space: SearchSpace, tables: np.ndarray, config: SearchConfig,

@@ -9,7 +9,7 @@ import numpy as np
 
 from rec.search.assignment import Assignment, chosen_shards, empty_assignment
 from rec.search.placement import EVERY_RANK, FREE, HOST_FREE, HOST_UNIFORM
-from rec.search.space import SearchSpace
+from rec.search.space import SearchSpace, add_runs, run_ranks
 
 
 class PackOrder(str, Enum):
@@ -49,37 +49,42 @@ def pack(space: SearchSpace, choice: np.ndarray, order: PackOrder = PackOrder.PE
 def _place_every_rank(space: SearchSpace, a: Assignment, options: np.ndarray) -> None:
     if not len(options):
         return
-    shards = chosen_shards(space, options)
-    counts = space.options.shard_start[options + 1] - space.options.shard_start[options]
-    position = shards - np.repeat(space.options.shard_start[options], counts)
-    _assign(space, a, shards, position.astype(np.int32))
+    entries = chosen_shards(space, options)
+    _assign(space, a, entries, space.entry_position[entries])
 
 
-def _assign(space: SearchSpace, a: Assignment, shards: np.ndarray, ranks: np.ndarray) -> None:
+def _assign(space: SearchSpace, a: Assignment, entries: np.ndarray, first_rank: np.ndarray) -> None:
+    """Put each entry's run of shards on ranks first_rank.. and account for their cost."""
     opts = space.options
-    w = space.world_size
-    a.shard_rank[shards] = ranks
-    a.loads += np.bincount(ranks, weights=opts.perf[shards], minlength=w)
-    a.hbm += np.bincount(ranks, weights=opts.hbm[shards], minlength=w).astype(np.int64)
-    a.ddr += np.bincount(ranks, weights=opts.ddr[shards], minlength=w).astype(np.int64)
+    first = np.asarray(first_rank, dtype=np.int64)
+    rep = opts.repeat[entries].astype(np.int64)
+    a.shard_rank[entries] = first
+    a.loads += add_runs(space, opts.perf[entries], first, rep)
+    a.hbm += np.rint(add_runs(space, opts.hbm[entries].astype(float), first, rep)).astype(np.int64)
+    a.ddr += np.rint(add_runs(space, opts.ddr[entries].astype(float), first, rep)).astype(np.int64)
 
 
 def _place_host_uniform(space: SearchSpace, a: Assignment, option: int) -> bool:
     """table_row_wise: the host whose ranks end up least loaded, among those with room."""
     opts = space.options
-    sl = opts.shards(option)
+    entries = np.arange(opts.shard_start[option], opts.shard_start[option + 1])
     lws = space.local_world_size
     hosts = space.num_hosts
-    perf = opts.perf[sl]
+    local_entries, local_rank = run_ranks(space, entries, space.entry_position[entries])
+    perf = np.zeros(lws)
+    hbm = np.zeros(lws, np.int64)
+    ddr = np.zeros(lws, np.int64)
+    perf[local_rank] = opts.perf[local_entries]
+    hbm[local_rank] = opts.hbm[local_entries]
+    ddr[local_rank] = opts.ddr[local_entries]
     loads = a.loads.reshape(hosts, lws) + perf
-    fits = ((a.hbm.reshape(hosts, lws) + opts.hbm[sl] <= space.hbm_cap.reshape(hosts, lws))
-            & (a.ddr.reshape(hosts, lws) + opts.ddr[sl] <= space.ddr_cap.reshape(hosts, lws))
-            ).all(axis=1)
+    fits = ((a.hbm.reshape(hosts, lws) + hbm <= space.hbm_cap.reshape(hosts, lws))
+            & (a.ddr.reshape(hosts, lws) + ddr <= space.ddr_cap.reshape(hosts, lws))).all(axis=1)
     if not fits.any():
         return False
     peak = np.where(fits, loads.max(axis=1), np.inf)
     host = int(np.argmin(peak))
-    _assign(space, a, np.arange(sl.start, sl.stop), (host * lws + np.arange(lws)).astype(np.int32))
+    _assign(space, a, entries, host * lws + space.entry_position[entries])
     return True
 
 

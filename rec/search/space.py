@@ -1,4 +1,10 @@
-"""The search space: candidate options, their aggregate costs and the ranks' capacities."""
+"""The search space: candidate options, their aggregate costs and the ranks' capacities.
+
+Options arrive run-length encoded (``rec.cost.types.Options``): an *entry* stands for ``repeat``
+consecutive shards of equal cost. Free-placed shards (table_wise, column_wise, table_column_wise)
+are always single entries; fixed-placed runs (data_parallel, row_wise, table_row_wise) cover
+consecutive ranks starting at the run's position, so the search never expands them.
+"""
 
 from __future__ import annotations
 
@@ -24,44 +30,61 @@ class SearchSpace:
     max_shard: np.ndarray  # (O,) largest single shard perf of the option
     placement: np.ndarray  # (O,) placement code
     feasible: np.ndarray  # (O,) bool: every shard fits on a rank it may go to
+    entry_owner: np.ndarray  # (E,) option of each entry
+    entry_position: np.ndarray  # (E,) index of the entry's first shard within its option
 
     @property
     def num_hosts(self) -> int:
         return self.world_size // self.local_world_size
 
 
+def entry_layout(options: Options) -> tuple[np.ndarray, np.ndarray]:
+    """Owner option and first-shard position of every entry."""
+    owner = np.repeat(np.arange(options.num_options), options.num_entries())
+    totals = np.concatenate(([0], np.cumsum(options.repeat, dtype=np.int64)))
+    position = totals[:-1] - totals[options.shard_start[owner]]
+    return owner, position
+
+
 def build_space(options: Options, num_tables: int, world_size: int, local_world_size: int,
                 hbm_cap: np.ndarray, ddr_cap: np.ndarray) -> SearchSpace:
     """Aggregate per-option costs and mark options whose shards cannot fit anywhere."""
     starts = options.shard_start[:-1]
-    work = np.add.reduceat(options.perf, starts) if len(starts) else np.zeros(0)
+    weighted = options.perf * options.repeat
+    work = np.add.reduceat(weighted, starts) if len(starts) else np.zeros(0)
     max_shard = np.maximum.reduceat(options.perf, starts) if len(starts) else np.zeros(0)
     placement = placement_codes(options.sharding_type)
-    feasible = _feasible(options, placement, world_size, local_world_size, hbm_cap, ddr_cap)
-    return SearchSpace(options, num_tables, world_size, local_world_size,
-                       np.asarray(hbm_cap, dtype=np.int64), np.asarray(ddr_cap, dtype=np.int64),
-                       work, max_shard, placement, feasible)
+    owner, position = entry_layout(options)
+    hbm_cap = np.asarray(hbm_cap, dtype=np.int64)
+    ddr_cap = np.asarray(ddr_cap, dtype=np.int64)
+    feasible = _feasible(options, placement[owner], owner, hbm_cap, ddr_cap)
+    return SearchSpace(options, num_tables, world_size, local_world_size, hbm_cap, ddr_cap,
+                       work, max_shard, placement, feasible, owner, position)
 
 
-def _feasible(options: Options, placement: np.ndarray, world_size: int, local_world_size: int,
+def _feasible(options: Options, entry_placement: np.ndarray, owner: np.ndarray,
               hbm_cap: np.ndarray, ddr_cap: np.ndarray) -> np.ndarray:
-    num_shards = options.num_shards()
-    owner = np.repeat(np.arange(options.num_options), num_shards)
-    position = np.arange(len(options.perf)) - np.repeat(options.shard_start[:-1], num_shards)
-    shard_placement = placement[owner]
-    # Fixed-position shards must fit their rank (any host for host-bound ones); free shards the
-    # largest rank.
-    rank = np.where(shard_placement == EVERY_RANK, position % world_size, 0)
-    fixed = shard_placement == EVERY_RANK
-    host_uniform = shard_placement == HOST_UNIFORM
-    hbm_limit = np.where(fixed, hbm_cap[rank], hbm_cap.max())
-    ddr_limit = np.where(fixed, ddr_cap[rank], ddr_cap.max())
-    if host_uniform.any():
-        by_local = np.asarray(hbm_cap).reshape(-1, local_world_size).max(axis=0)
-        ddr_by_local = np.asarray(ddr_cap).reshape(-1, local_world_size).max(axis=0)
-        local = position % local_world_size
-        hbm_limit = np.where(host_uniform, by_local[local], hbm_limit)
-        ddr_limit = np.where(host_uniform, ddr_by_local[local], ddr_limit)
+    # A fixed-position run must fit the smallest rank it may cover; a free shard the largest.
+    fixed = (entry_placement == EVERY_RANK) | (entry_placement == HOST_UNIFORM)
+    hbm_limit = np.where(fixed, hbm_cap.min(), hbm_cap.max())
+    ddr_limit = np.where(fixed, ddr_cap.min(), ddr_cap.max())
     fits = (options.hbm <= hbm_limit) & (options.ddr <= ddr_limit)
     bad = np.bincount(owner[~fits], minlength=options.num_options)
     return bad == 0
+
+
+def run_ranks(space: SearchSpace, entries: np.ndarray, first_rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Expand runs to (entry, rank) pairs: entry e covers ranks first_rank..first_rank+repeat-1."""
+    rep = space.options.repeat[entries].astype(np.int64)
+    idx = np.repeat(np.arange(len(entries)), rep)
+    k = np.arange(len(idx)) - np.repeat(np.cumsum(rep) - rep, rep)
+    return entries[idx], first_rank[idx] + k
+
+
+def add_runs(space: SearchSpace, values: np.ndarray, first_rank: np.ndarray,
+             repeat: np.ndarray) -> np.ndarray:
+    """Per-rank sum of ``values`` added to every rank of each run (difference array: O(E + W))."""
+    w = space.world_size
+    diff = np.bincount(first_rank, weights=values, minlength=w + 1)
+    diff -= np.bincount(first_rank + repeat, weights=values, minlength=w + 1)
+    return np.cumsum(diff)[:w]

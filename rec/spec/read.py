@@ -13,6 +13,7 @@ from rec.spec.columns import COLUMNS
 from rec.spec.types import Spec
 from rec.spec.validate import spec_from_rows
 
+YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's is ~10x faster on big specs
 FORMATS = {
     ".parquet": "parquet",
     ".pq": "parquet",
@@ -60,7 +61,8 @@ def spec_format(path: str | Path) -> str:
 def _read_parquet(path: Path) -> list[dict]:
     import pyarrow.parquet as pq
 
-    return pq.read_table(path).to_pylist()
+    # ParquetFile, not read_table: read_table imports pyarrow.dataset and pandas (0.4 s).
+    return pq.ParquetFile(path).read().to_pylist()
 
 
 def _read_arrow(path: Path) -> list[dict]:
@@ -91,7 +93,7 @@ def _read_csv(path: Path) -> list[dict]:
 
 
 def _read_yaml(path: Path) -> list:
-    return _rows_of(yaml.safe_load(path.read_text(encoding="utf-8")), path)
+    return _rows_of(yaml.load(path.read_text(encoding="utf-8"), Loader=YAML_LOADER), path)
 
 
 def _read_json(path: Path) -> list:

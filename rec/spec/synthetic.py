@@ -40,7 +40,7 @@ def power_law_spec(n_tables: int, seed: int = 0, alpha: float = 0.5) -> Spec:
     low, high = 1e3, 2e8
     u = rng.random(n_tables)
     # Inverse CDF of the bounded Pareto: most tables are small, a few reach 1e7..2e8 rows.
-    rows = (low**-alpha - u * (low**-alpha - high**-alpha)) ** (-1 / alpha)
+    rows = np.clip(np.rint((low**-alpha - u * (low**-alpha - high**-alpha)) ** (-1 / alpha)), low, high)
     dims = rng.choice(POWER_LAW_DIMS, size=n_tables)
     pooling = np.round(rng.uniform(1.0, 50.0, size=n_tables), 1)
     width = len(str(max(n_tables - 1, 0)))
@@ -48,7 +48,7 @@ def power_law_spec(n_tables: int, seed: int = 0, alpha: float = 0.5) -> Spec:
         [
             {
                 "name": f"table_{i:0{width}d}",
-                "num_embeddings": int(np.clip(np.rint(rows[i]), low, high)),
+                "num_embeddings": int(rows[i]),
                 "embedding_dim": int(dims[i]),
                 "feature_names": [f"feature_{i:0{width}d}"],
                 "pooling_factor": float(pooling[i]),

@@ -19,38 +19,42 @@ from rec.spec.hashing import spec_hash
 from rec.spec.types import Spec, TableSpec
 
 
-def spec_from_rows(rows: Sequence[Mapping], source: str = "spec") -> Spec:
-    """Validate table rows (one mapping per table) into a ``Spec``; raise InputError with all problems."""
+def spec_from_rows(rows: Sequence[Mapping], source: str = "") -> Spec:
+    """Validate table rows (one mapping per table) into a ``Spec``; raise InputError with all problems.
+
+    ``source`` (a path, a generator call) only labels the error message.
+    """
+    rows = list(rows)
+    title = f"Invalid spec {source}".rstrip()
     if not rows:
-        raise InputError(f"Invalid spec {source}", [Problem(source, "the spec has no tables")])
+        raise InputError(title, [Problem(source or "spec", "the spec has no tables")])
     problems = ProblemList()
     absent = _check_columns(rows, problems)
-    tables: list[tuple[int, TableSpec]] = []
+    parsed: list[tuple[int, dict]] = []
     for number, row in enumerate(rows, start=1):
         if not isinstance(row, Mapping):
             problems.add(f"row {number}", f"expected a mapping of column to value, got {_show(row)}")
             continue
-        table = _table_from_row(number, row, absent, problems)
-        if table is not None:
-            tables.append((number, table))
-    _check_unique(tables, problems)
+        parsed.append((number, _parse_row(number, row, absent, problems)))
+    # Rows with a bad value still take part, so a duplicate name is reported alongside it.
+    _check_unique(parsed, problems)
     count = len(problems.items)
-    problems.raise_if_any(f"Invalid spec {source}: {count} problem{'s' if count > 1 else ''}")
-    valid = tuple(t for _, t in tables)
-    return Spec(tables=valid, spec_hash=spec_hash(valid))
+    problems.raise_if_any(f"{title}: {count} problem{'s' if count > 1 else ''}")
+    tables = tuple(TableSpec(**values) for _, values in parsed)
+    return Spec(tables=tables, spec_hash=spec_hash(tables))
 
 
 def _check_columns(rows: Sequence[Mapping], problems: ProblemList) -> set[str]:
     """Report unknown columns and required columns absent from every row; return the latter."""
     mappings = [r for r in rows if isinstance(r, Mapping)]
-    seen: dict[str, list[str]] = {}
+    seen: dict[str, list[int]] = {}
     for number, row in enumerate(rows, start=1):
         if isinstance(row, Mapping):
             for key in row:
-                seen.setdefault(str(key), []).append(_where(number, row))
+                seen.setdefault(str(key), []).append(number)
     for key in sorted(set(seen) - set(COLUMNS)):
         hint = difflib.get_close_matches(key, COLUMNS, n=1)
-        where = seen[key]
+        where = [_where(number, rows[number - 1]) for number in seen[key]]
         found = "" if len(where) == len(mappings) else f" in {_list_some(where)}"
         suggestion = f"did you mean '{hint[0]}'? " if hint else ""
         problems.add(f"column '{key}'", f"unknown column{found}; {suggestion}known columns: {', '.join(COLUMNS)}")
@@ -60,41 +64,40 @@ def _check_columns(rows: Sequence[Mapping], problems: ProblemList) -> set[str]:
     return absent
 
 
-def _table_from_row(number: int, row: Mapping, absent: set[str], problems: ProblemList) -> TableSpec | None:
+def _parse_row(number: int, row: Mapping, absent: set[str], problems: ProblemList) -> dict:
+    """The row's valid values by column (TableSpec's keyword arguments when the row has no problem)."""
     where = _where(number, row)
     values: dict[str, object] = {}
-    ok = True
     for column, parse in _PARSERS.items():
         raw = row.get(column)
         if _is_missing(raw):
-            if column in REQUIRED:
-                ok = False
-                if column not in absent:
-                    problems.add(where, f"{column} is required")
+            if column in REQUIRED and column not in absent:
+                problems.add(where, f"{column} is required")
             continue
         try:
             values[column] = parse(raw)
         except ValueError as e:
-            ok = False
             problems.add(where, f"{column}: {e}")
-    if not ok:
-        return None
-    values.setdefault("feature_names", (values["name"],))
-    return TableSpec(**values)
+    if "name" in values and _is_missing(row.get("feature_names")):
+        values["feature_names"] = (values["name"],)
+    return values
 
 
-def _check_unique(tables: list[tuple[int, TableSpec]], problems: ProblemList) -> None:
+def _check_unique(parsed: list[tuple[int, dict]], problems: ProblemList) -> None:
     first_row: dict[str, int] = {}
     feature_owner: dict[str, str] = {}
-    for number, table in tables:
-        if table.name in first_row:
-            problems.add(f"table '{table.name}'", f"duplicate name (rows {first_row[table.name]} and {number})")
+    for number, values in parsed:
+        name = values.get("name")
+        if name is None:
             continue
-        first_row[table.name] = number
-        for feature in table.feature_names:
-            owner = feature_owner.setdefault(feature, table.name)
-            if owner != table.name:
-                problems.add(f"table '{table.name}'", f"feature '{feature}' is also used by table '{owner}'")
+        if name in first_row:
+            problems.add(f"table '{name}'", f"duplicate name (rows {first_row[name]} and {number})")
+            continue
+        first_row[name] = number
+        for feature in values.get("feature_names", ()):
+            owner = feature_owner.setdefault(feature, name)
+            if owner != name:
+                problems.add(f"table '{name}'", f"feature '{feature}' is also used by table '{owner}'")
 
 
 def _where(number: int, row: Mapping) -> str:
@@ -107,6 +110,8 @@ def _where(number: int, row: Mapping) -> str:
 def _is_missing(value: object) -> bool:
     if value is None:
         return True
+    if type(value) is int:
+        return False
     if isinstance(value, float) and math.isnan(value):
         return True
     return isinstance(value, str) and not value.strip()
@@ -140,6 +145,8 @@ def _parse_positive_float(value: object) -> float:
 
 
 def _number(value: object, expected: str) -> int | float:
+    if type(value) in (int, float):  # the common case, before the slower checks below
+        return value
     if isinstance(value, bool):
         raise ValueError(f"expected {expected}, got {_show(value)}")
     if isinstance(value, Integral):

@@ -59,11 +59,11 @@ def _schema(list_type):
     return pa.schema([(c, list_type if c in LIST_COLUMNS else types.get(c, pa.string())) for c in COLUMNS])
 
 
-class _SpecDumper(yaml.SafeDumper):
+class _SpecDumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):
     """Writes short lists inline (``feature_names: [cat_0]``) so one table stays a few lines."""
 
 
-def _represent_list(dumper: yaml.SafeDumper, data: list) -> yaml.Node:
+def _represent_list(dumper: _SpecDumper, data: list) -> yaml.Node:
     flow = all(not isinstance(item, (list, dict)) for item in data)
     return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
 

@@ -7,12 +7,13 @@ bytes/ms, TorchRec's unit (``torchrec/distributed/planner/constants.py``), so th
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from numbers import Integral, Real
 
-from rec.errors import InputError, ProblemList
+from rec.errors import ProblemList
 from rec.hashing import content_hash
 from rec.sharding import ComputeDevice
 from rec.topology.types import (
@@ -63,7 +64,9 @@ def topology_from_dict(d: Mapping, source: str = "topology") -> Topology:
         problems.add(source, f"expected a mapping of keys ({', '.join(KEYS)}), got {type(d).__name__}")
         problems.raise_if_any(title)
     for key in sorted(set(map(str, d)) - set(KEYS)):
-        problems.add(key, f"unknown key; known keys: {', '.join(KEYS)}")
+        hint = difflib.get_close_matches(key, KEYS, n=1)
+        suggestion = f"did you mean '{hint[0]}'? " if hint else ""
+        problems.add(key, f"unknown key; {suggestion}known keys: {', '.join(KEYS)}")
     for key in REQUIRED:
         if d.get(key) is None:
             problems.add(key, "is required")

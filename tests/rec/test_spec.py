@@ -186,17 +186,18 @@ def test_a_missing_required_value_names_the_table():
 def test_all_problems_are_reported_together():
     rows = [
         {"name": "a", "num_embeddings": 10, "embedding_dim": 4},
-        {"name": "a", "num_embeddings": 20, "embedding_dim": 4},
+        {"name": "a", "num_embeddings": 20, "embedding_dim": "wide"},
         {"name": "b", "num_embeddings": -1, "embedding_dim": 4},
         {"name": "c", "num_embeddings": 10, "embedding_dim": 4, "feature_names": ["a"]},
     ]
     error = problems_of(rows)
     text = error.render()
     assert "table 'a': duplicate name (rows 1 and 2)" in text
+    assert "table 'a': embedding_dim: expected a positive integer, got 'wide'" in text
     assert "table 'b': num_embeddings: must be > 0, got -1" in text
     assert "table 'c': feature 'a' is also used by table 'a'" in text
-    assert len(error.problems) == 3
-    assert text.startswith("Invalid spec spec: 3 problems")
+    assert len(error.problems) == 4
+    assert text.startswith("Invalid spec: 4 problems")
 
 
 def test_unknown_columns_are_errors_with_a_suggestion():

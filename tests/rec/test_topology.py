@@ -153,6 +153,12 @@ def test_all_problems_are_reported_together():
     assert len(problems) == 8
 
 
+def test_a_misspelt_key_gets_a_suggestion():
+    assert problems_of({**MINIMAL, "hbm_capacity": "80GiB"})[0].startswith(
+        "hbm_capacity: unknown key; did you mean 'hbm_cap'?"
+    )
+
+
 def test_required_keys_and_types_are_checked():
     assert problems_of({"local_world_size": 8}) == ["world_size: is required", "compute_device: is required"]
     assert problems_of({"world_size": "8", "compute_device": "cuda"}) == [

@@ -1,0 +1,16 @@
+"""Vectorized cost model faithful to TorchRec 1.8's enumerator and shard estimators."""
+
+from __future__ import annotations
+
+from rec.cost.enumerator import enumerate_options, sharder_options
+from rec.cost.reservation import rank_capacity
+from rec.cost.types import CostConfig, Optimizer, Options
+
+__all__ = [
+    "CostConfig",
+    "Optimizer",
+    "Options",
+    "enumerate_options",
+    "rank_capacity",
+    "sharder_options",
+]

@@ -1,0 +1,212 @@
+"""Every option TorchRec's ``EmbeddingEnumerator`` would produce, with its shard estimates.
+
+The reference is TorchRec 1.8's ``EmbeddingEnumerator(topology, batch_size, constraints,
+estimator=[EmbeddingPerfEstimator, EmbeddingStorageEstimator])`` enumerating an
+``EmbeddingBagCollection`` of the spec's tables with the default ``EmbeddingBagCollectionSharder()``
+(see ``rec.cost.tables`` for how a table maps to TorchRec's config and constraints).
+
+What the sharder offers (``BaseEmbeddingSharder.sharding_types`` / ``compute_kernels``):
+
+* cpu: data_parallel (dense) and table_wise, column_wise, table_column_wise (fused).
+* cuda: data_parallel (dense) and table_wise, column_wise, table_column_wise, row_wise,
+  table_row_wise (fused, fused_uvm, fused_uvm_caching).
+* grid_shard (cuda only) is enumerated only for tables whose ``sharding_types`` allow-list names
+  it, as TorchRec's ``_filter_sharding_types`` does.
+* key_value is never enumerated: TorchRec guards it unless allow-listed and then drops it when no
+  rank has SSD; shardflow's Topology has no SSD tier (= a torchrec Topology with ``ssd_cap=0``).
+
+Deliberate deviations (asserted in tests/rec/test_cost.py):
+
+* Where TorchRec raises RuntimeError because a table's allow-lists leave no option, this raises
+  ``InputError`` naming every such table.
+* Options are ordered by table, then sharding-type code, then kernel code (TorchRec: module order,
+  then the sharder's order); the set of options is the same.
+* Shards are run-length encoded (``Options.expand()`` gives TorchRec's per-shard list).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from rec.cost.bandwidth import kernel_bw
+from rec.cost.perf import shard_perf
+from rec.cost.shards import layout
+from rec.cost.storage import kernel_storage, storage_parts
+from rec.cost.tables import TableArrays, table_arrays
+from rec.cost.types import CK_CODE, ST_CODE, CostConfig, Options
+from rec.errors import ProblemList
+from rec.sharding import ComputeDevice, ComputeKernel, ShardingType
+from rec.spec.types import Spec
+from rec.topology.types import Topology
+
+_MODEL_PARALLEL = (
+    ShardingType.TABLE_WISE,
+    ShardingType.COLUMN_WISE,
+    ShardingType.TABLE_COLUMN_WISE,
+)
+_CUDA_ONLY = (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE, ShardingType.GRID_SHARD)
+_FUSED_KERNELS = (ComputeKernel.FUSED, ComputeKernel.FUSED_UVM, ComputeKernel.FUSED_UVM_CACHING)
+
+
+def sharder_options(device: ComputeDevice) -> dict[ShardingType, tuple[ComputeKernel, ...]]:
+    """Sharding types and kernels ``EmbeddingBagCollectionSharder`` offers on ``device``."""
+    types = (ShardingType.DATA_PARALLEL, *_MODEL_PARALLEL)
+    kernels = (ComputeKernel.FUSED,)
+    if device == ComputeDevice.CUDA:
+        types += _CUDA_ONLY
+        kernels = _FUSED_KERNELS  # key_value is offered too but dropped: no SSD (see above)
+    dense = (ComputeKernel.DENSE,)
+    return {st: dense if st == ShardingType.DATA_PARALLEL else kernels for st in types}
+
+
+def enumerate_options(
+    spec: Spec, topology: Topology, config: CostConfig = CostConfig()
+) -> Options:
+    """All options of all tables with per-shard ``Perf.total``, HBM and DDR, as TorchRec's."""
+    cols = table_arrays(spec, topology.batch_size, config)
+    blocks: list[_Block] = []
+    for st, kernels in sharder_options(topology.compute_device).items():
+        st_ok = cols.sharding_allowed[:, ST_CODE[st]]
+        if st == ShardingType.GRID_SHARD:
+            st_ok = st_ok & cols.explicit_sharding  # only when the user asked for it
+        ck_ok = st_ok[:, None] & cols.kernel_allowed[:, [CK_CODE[ck] for ck in kernels]]
+        tab = np.flatnonzero(ck_ok.any(axis=1))
+        if len(tab):
+            blocks += _blocks(st, kernels, tab, ck_ok[tab], cols, topology, config)
+    _check_every_table_has_options(spec, blocks)
+    return _assemble(blocks)
+
+
+@dataclass(frozen=True)
+class _Block:
+    """Options of one (sharding type, kernel): one per table in ``table``, runs grouped by it."""
+
+    table: np.ndarray
+    st: int
+    ck: int
+    count: np.ndarray  # runs per option
+    runs: dict[str, np.ndarray]  # the per-run fields of Options
+
+
+def _blocks(
+    st: ShardingType,
+    kernels: tuple[ComputeKernel, ...],
+    tab: np.ndarray,
+    kernel_ok: np.ndarray,
+    cols: TableArrays,
+    topology: Topology,
+    config: CostConfig,
+) -> list[_Block]:
+    """Options of one sharding type, one block per kernel, for the tables ``tab``."""
+    lay = layout(st, cols.rows[tab], cols.dims[tab], topology.world_size, topology.local_world_size)
+    t = tab[lay.owner]  # table of every run
+    parts = storage_parts(
+        st,
+        topology.world_size,
+        topology.local_world_size,
+        config.caching_ratio,
+        cols.rows[t],
+        cols.dims[t],
+        cols.elem[t],
+        cols.optimizer_multiplier[t],
+        lay.rows,
+        lay.cols,
+        cols.batch_inputs[t],
+        cols.batch_outputs[t],
+        with_cache=ComputeKernel.FUSED_UVM_CACHING in kernels,
+    )
+    blocks = []
+    for j, ck in enumerate(kernels):
+        # The perf estimator passes the cache load factor through as is (0.0 stays 0.0).
+        perf = shard_perf(
+            st,
+            topology,
+            kernel_bw(topology, ck, config.caching_ratio),
+            lay.cols,
+            cols.rows[t],
+            cols.elem[t],
+            cols.batch_inputs[t],
+            cols.batch_outputs[t],
+        )
+        hbm, ddr = kernel_storage(parts, ck, topology.compute_device)
+        runs = {
+            "perf": perf,
+            "hbm": hbm,
+            "ddr": ddr,
+            "row_offset": lay.row_offset,
+            "col_offset": lay.col_offset,
+            "rows": lay.rows,
+            "cols": lay.cols,
+            "repeat": lay.repeat,
+            "row_step": lay.row_step,
+        }
+        ok = kernel_ok[:, j]
+        count = lay.count
+        if not ok.all():  # a kernel allow-list excludes this kernel for some tables
+            keep = ok[lay.owner]
+            runs = {k: v[keep] for k, v in runs.items()}
+            count = count[ok]
+        if len(count):
+            blocks.append(_Block(tab[ok], ST_CODE[st], CK_CODE[ck], count, runs))
+    return blocks
+
+
+def _check_every_table_has_options(spec: Spec, blocks: list[_Block]) -> None:
+    """TorchRec raises RuntimeError for the first such table; report them all as user errors."""
+    covered = np.zeros(len(spec.tables), dtype=bool)
+    for b in blocks:
+        covered[b.table] = True
+    problems = ProblemList()
+    for i in np.flatnonzero(~covered):
+        t = spec.tables[i]
+        problems.add(
+            f"table {t.name}",
+            "no sharding type and compute kernel left after its allow-lists (sharding_types="
+            f"{_names(t.sharding_types)}, compute_kernels={_names(t.compute_kernels)})",
+        )
+    problems.raise_if_any("Some tables have no sharding option on this topology")
+
+
+def _names(values) -> str:
+    return "any" if not values else ",".join(v.value for v in values)
+
+
+_RUN_DTYPES = {
+    "perf": np.float64,
+    "hbm": np.int64,
+    "ddr": np.int64,
+    "row_offset": np.int64,
+    "col_offset": np.int64,
+    "rows": np.int64,
+    "cols": np.int64,
+    "repeat": np.int32,
+    "row_step": np.int64,
+}
+
+
+def _assemble(blocks: list[_Block]) -> Options:
+    """Concatenate blocks and order options by (table, sharding type, kernel), runs along."""
+    def cat(arrays: list, dtype) -> np.ndarray:
+        return np.concatenate(arrays or [[]]).astype(dtype)
+
+    table = cat([b.table for b in blocks], np.int32)
+    st = cat([np.full(len(b.table), b.st) for b in blocks], np.int8)
+    ck = cat([np.full(len(b.table), b.ck) for b in blocks], np.int8)
+    count = cat([b.count for b in blocks], np.int64)
+    order = np.lexsort((ck, st, table))
+
+    old_start = np.cumsum(count) - count
+    new_count = count[order]
+    new_start = np.concatenate(([0], np.cumsum(new_count))).astype(np.int64)
+    # Run k of new option i is run old_start[order[i]] + k of the concatenated blocks.
+    run = np.repeat(old_start[order] - new_start[:-1], new_count) + np.arange(new_start[-1])
+    fields = {f: cat([b.runs[f] for b in blocks], dtype)[run] for f, dtype in _RUN_DTYPES.items()}
+    return Options(
+        table=table[order],
+        sharding_type=st[order],
+        compute_kernel=ck[order],
+        shard_start=new_start,
+        **fields,
+    )

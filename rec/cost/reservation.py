@@ -1,0 +1,44 @@
+"""Per-rank capacity left for embedding shards, as TorchRec's ``HeuristicalStorageReservation``."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from rec.sharding import ComputeDevice
+from rec.spec.types import Spec
+from rec.topology.types import Topology
+
+INDEX_BYTES = 8  # BIGINT_DTYPE
+KJT_COPIES = 20  # 2 pipelined batches x 10 internal copies of the input KJT
+
+
+def kjt_bytes(spec: Spec, batch_size: int) -> int:
+    """``_get_kjt_storage``: ceil(sum of per-feature pf * batch_size * 8) * 20."""
+    n = len(spec.tables)
+    pf = np.fromiter((t.pooling_factor for t in spec.tables), np.float64, n)
+    nf = np.fromiter((max(len(t.feature_names), 1) for t in spec.tables), np.int64, n)
+    # One term per feature in module order, summed with Python's sum() like TorchRec.
+    batch_inputs = (np.repeat(pf, nf) * batch_size).tolist()
+    return math.ceil(sum(batch_inputs) * float(INDEX_BYTES)) * KJT_COPIES
+
+
+def rank_capacity(spec: Spec, topology: Topology) -> tuple[np.ndarray, np.ndarray]:
+    """(hbm, ddr) bytes per rank after ``HeuristicalStorageReservation(storage_reservation)``.
+
+    The percentage applies to HBM only; the dense-parameter reservation is 0 for a bare
+    EmbeddingBagCollection; the input KJT reservation comes off HBM on cuda and off DDR on cpu
+    (where TorchRec's topology has no HBM at all). HBM may come out negative where TorchRec
+    raises PlannerError(INSUFFICIENT_STORAGE); no plan can then fit.
+    """
+    cuda = topology.compute_device == ComputeDevice.CUDA
+    hbm = int((1 - topology.storage_reservation) * (topology.hbm_cap if cuda else 0))
+    ddr = int(topology.ddr_cap)
+    kjt = kjt_bytes(spec, topology.batch_size)
+    if cuda:
+        hbm -= kjt
+    else:
+        ddr -= kjt
+    w = topology.world_size
+    return np.full(w, hbm, dtype=np.int64), np.full(w, ddr, dtype=np.int64)

@@ -1,0 +1,1 @@
+"""Thin adapters from ``rec`` to Ray, MLflow, Prefect tasks and subprocess launches."""

@@ -7,7 +7,7 @@ import numpy as np
 from rec.cost.types import COMPUTE_KERNELS, SHARDING_TYPES
 from rec.errors import InputError, Problem, ProblemList
 from rec.search.space import SearchSpace
-from rec.sharding import ComputeDevice
+from rec.sharding import ComputeDevice, ComputeKernel, ShardingType
 from rec.spec.types import Spec
 
 
@@ -37,14 +37,37 @@ def check_every_table_fits(space: SearchSpace, spec: Spec, device: ComputeDevice
         o = mine[int(np.argmin(over))]
         st = SHARDING_TYPES[opts.sharding_type[o]].value
         ck = COMPUTE_KERNELS[opts.compute_kernel[o]].value
-        need = shard_max_hbm[o] if shard_max_hbm[o] > hbm_cap else shard_max_ddr[o]
-        kind, cap = ("HBM", hbm_cap) if shard_max_hbm[o] > hbm_cap else ("DDR", ddr_cap)
-        hint = ("allow fused_uvm_caching or row_wise sharding, or add ranks"
-                if device is ComputeDevice.CUDA else "allow column_wise sharding or add ranks")
+        kind, need, cap = (("HBM", shard_max_hbm[o], hbm_cap) if shard_max_hbm[o] > hbm_cap
+                           else ("DDR", shard_max_ddr[o], ddr_cap))
         problems.add(f"table {spec.tables[t].name}",
                      f"does not fit: its best option ({st}/{ck}) needs {_gib(need)} {kind} on one "
-                     f"rank, {_gib(cap)} available (over by {_gib(need - cap)}); {hint}")
+                     f"rank, {_gib(cap)} available (over by {_gib(need - cap)}); "
+                     + _hint(space, spec.tables[t], mine, device))
     problems.raise_if_any("The spec does not fit the topology:")
+
+
+def _hint(space: SearchSpace, table, mine: np.ndarray, device: ComputeDevice) -> str:
+    """What would make the table fit: options its allow-lists exclude, and how many ranks."""
+    opts = space.options
+    hbm_cap, ddr_cap = max(int(space.hbm_cap.max()), 1), max(int(space.ddr_cap.max()), 1)
+
+    def ranks_needed(o: int) -> int:
+        sl = opts.shards(o)
+        hbm = float((opts.hbm[sl] * opts.repeat[sl]).sum())
+        ddr = float((opts.ddr[sl] * opts.repeat[sl]).sum())
+        return int(np.ceil(max(hbm / hbm_cap, ddr / ddr_cap)))
+
+    ranks = min(ranks_needed(o) for o in mine)
+    helps = []
+    if device is ComputeDevice.CUDA:
+        if table.compute_kernels and ComputeKernel.FUSED_UVM_CACHING not in table.compute_kernels:
+            helps.append("allow the fused_uvm_caching kernel")
+        if table.sharding_types and ShardingType.ROW_WISE not in table.sharding_types:
+            helps.append("allow row_wise sharding")
+    elif table.sharding_types and ShardingType.COLUMN_WISE not in table.sharding_types:
+        helps.append("allow column_wise sharding")
+    helps.append(f"use at least {max(ranks, space.world_size + 1)} ranks of this size")
+    return " or ".join(helps)
 
 
 def packing_failure(space: SearchSpace, spec: Spec, tables: list[int]) -> InputError:

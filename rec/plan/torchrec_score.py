@@ -1,0 +1,223 @@
+"""Score plans with TorchRec itself: the independent check that shardflow's plans are as good as claimed.
+
+``torchrec_inputs`` builds exactly what TorchRec would plan for the spec (the EmbeddingBagCollection,
+ParameterConstraints, Topology and sharders ``rec.cost`` stands for); ``run_torchrec_planner`` runs
+TorchRec's EmbeddingShardingPlanner on them; ``score_plan`` rates a shardflow Plan with TorchRec's
+enumerator, estimators and ``NoopPerfModel``. torch/torchrec are imported inside the functions:
+only the benchmarks and tests load them.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+
+from rec.cost.types import CostConfig, Optimizer
+from rec.plan.types import Plan
+from rec.spec.types import Spec
+from rec.topology.types import Topology
+
+
+@dataclass(frozen=True)
+class TorchrecRun:
+    """One run of TorchRec's EmbeddingShardingPlanner; critical_path is NoopPerfModel's rating (ms)."""
+
+    proposer: str
+    seconds: float
+    critical_path: float
+    num_proposals: int
+    num_plans: int
+    sharding_types: dict[str, int]
+
+
+@dataclass(frozen=True)
+class TorchrecScore:
+    """A shardflow plan as TorchRec rates it: per-rank perf and storage against its reserved capacity."""
+
+    critical_path: float
+    rank_perf: tuple[float, ...]
+    rank_hbm: tuple[int, ...]
+    rank_ddr: tuple[int, ...]
+    rank_hbm_cap: tuple[int, ...]  # after HeuristicalStorageReservation
+    rank_ddr_cap: tuple[int, ...]
+
+    @property
+    def over_capacity(self) -> tuple[int, ...]:
+        """Ranks whose HBM or DDR exceeds what TorchRec's storage reservation leaves."""
+        return tuple(r for r in range(len(self.rank_perf))
+                     if self.rank_hbm[r] > self.rank_hbm_cap[r] or self.rank_ddr[r] > self.rank_ddr_cap[r])
+
+
+def _optimizer_class(optimizer: Optimizer):
+    import torch
+    import torchrec.optim as trec_optim
+
+    return {
+        Optimizer.NONE: None,
+        Optimizer.SGD: torch.optim.SGD,
+        Optimizer.ADAM: torch.optim.Adam,
+        Optimizer.ROWWISE_ADAGRAD: trec_optim.RowWiseAdagrad,
+        Optimizer.ADAGRAD: torch.optim.Adagrad,
+    }[optimizer]
+
+
+def torchrec_topology(topology: Topology):
+    """TorchRec's ``Topology`` as ``rec.cost`` models it (ssd_cap=0: no SSD tier, so no key_value)."""
+    from torchrec.distributed.planner.types import Topology as TorchrecTopology
+
+    return TorchrecTopology(
+        world_size=topology.world_size,
+        compute_device=topology.compute_device.value,
+        hbm_cap=topology.hbm_cap,
+        ddr_cap=topology.ddr_cap,
+        ssd_cap=0,
+        local_world_size=topology.local_world_size,
+        hbm_mem_bw=topology.hbm_mem_bw,
+        ddr_mem_bw=topology.ddr_mem_bw,
+        intra_host_bw=topology.intra_host_bw,
+        inter_host_bw=topology.inter_host_bw,
+    )
+
+
+def torchrec_inputs(spec: Spec, topology: Topology, cost: CostConfig = CostConfig()):
+    """(EBC on the meta device, constraints by table, TorchRec Topology, sharders): what shardflow plans."""
+    import torch
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner.types import ParameterConstraints
+    from torchrec.distributed.types import CacheParams
+    from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig, PoolingType
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    configs = [
+        EmbeddingBagConfig(
+            name=t.name,
+            num_embeddings=t.num_embeddings,
+            embedding_dim=t.embedding_dim,
+            feature_names=list(t.feature_names),
+            pooling=PoolingType[t.pooling.value],
+            data_type=DataType[t.data_type.value],
+        )
+        for t in spec.tables
+    ]
+    ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+    optimizer_class = _optimizer_class(cost.optimizer)
+    if optimizer_class is not None:
+        for p in ebc.parameters():
+            p._optimizer_classes = [optimizer_class]  # what apply_optimizer_in_backward sets
+    constraints = {
+        t.name: ParameterConstraints(
+            sharding_types=[s.value for s in t.sharding_types] if t.sharding_types else None,
+            compute_kernels=[k.value for k in t.compute_kernels] if t.compute_kernels else None,
+            pooling_factors=[t.pooling_factor] * len(t.feature_names),
+            cache_params=CacheParams(load_factor=cost.caching_ratio),
+        )
+        for t in spec.tables
+    }
+    return ebc, constraints, torchrec_topology(topology), [EmbeddingBagCollectionSharder()]
+
+
+def _storage_reservation(topology: Topology):
+    from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
+
+    return HeuristicalStorageReservation(percentage=topology.storage_reservation)
+
+
+def run_torchrec_planner(spec: Spec, topology: Topology, cost: CostConfig = CostConfig(),
+                         proposer=None, timeout_s: int | None = None) -> TorchrecRun:
+    """Run TorchRec's EmbeddingShardingPlanner (``proposer`` None: its four default proposers)."""
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+    from torchrec.distributed.planner.perf_models import NoopPerfModel
+
+    ebc, constraints, trec_topology, sharders = torchrec_inputs(spec, topology, cost)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        started = time.perf_counter()
+        planner = EmbeddingShardingPlanner(
+            topology=trec_topology,
+            batch_size=topology.batch_size,
+            constraints=constraints,
+            storage_reservation=_storage_reservation(topology),
+            proposer=proposer,
+            timeout_seconds=timeout_s,
+        )
+        planner.plan(ebc, sharders)
+        seconds = time.perf_counter() - started
+    best = planner._best_plan
+    names = ",".join(type(p).__name__ for p in planner._proposers)
+    return TorchrecRun(
+        proposer=names,
+        seconds=seconds,
+        critical_path=float(NoopPerfModel(trec_topology).rate(best)),
+        num_proposals=planner._num_proposals,
+        num_plans=planner._num_plans,
+        sharding_types=dict(sorted(Counter(o.sharding_type for o in best).items())),
+    )
+
+
+def torchrec_score(plan: Plan, spec: Spec, topology: Topology, cost: CostConfig = CostConfig()) -> TorchrecScore:
+    """Rate ``plan`` with TorchRec: its enumerator's shards and estimates, the plan's ranks, NoopPerfModel."""
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+    from torchrec.distributed.planner.perf_models import NoopPerfModel
+    from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
+
+    ebc, constraints, trec_topology, sharders = torchrec_inputs(spec, topology, cost)
+    enumerator = EmbeddingEnumerator(
+        topology=trec_topology,
+        batch_size=topology.batch_size,
+        constraints=constraints,
+        estimator=[EmbeddingPerfEstimator(trec_topology, constraints),
+                   EmbeddingStorageEstimator(trec_topology, constraints)],
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        options = enumerator.enumerate(ebc, sharders)
+        reserved = _storage_reservation(topology).reserve(
+            trec_topology, topology.batch_size, ebc, sharders, constraints)
+    by_key = {(o.name, o.sharding_type, o.compute_kernel): o for o in options}
+
+    chosen = []
+    for t in plan.tables:
+        key = (t.name, t.sharding_type.value, t.compute_kernel.value)
+        if key not in by_key:
+            raise ValueError(f"TorchRec enumerates no {key[1]}/{key[2]} option for table {t.name}")
+        option = by_key[key]
+        # Shards are matched by (offsets, sizes); repeated keys (data_parallel replicas, empty
+        # row_wise shards) take the plan's ranks in order, as TorchRec's partitioner does.
+        ranks = defaultdict(list)
+        for s in t.shards:
+            ranks[(tuple(s.offsets), tuple(s.sizes))].append(s.rank)
+        if len(t.shards) != len(option.shards):
+            raise ValueError(f"table {t.name}: plan has {len(t.shards)} shards, TorchRec {len(option.shards)}")
+        for shard in option.shards:
+            queue = ranks.get((tuple(shard.offset), tuple(shard.size)))
+            if not queue:
+                raise ValueError(f"table {t.name}: no plan shard at offset {shard.offset} size {shard.size}")
+            shard.rank = queue.pop(0)
+        chosen.append(option)
+
+    world = topology.world_size
+    perf, hbm, ddr = [0.0] * world, [0] * world, [0] * world
+    for option in chosen:
+        for shard in option.shards:
+            perf[shard.rank] += shard.perf.total
+            hbm[shard.rank] += shard.storage.hbm
+            ddr[shard.rank] += shard.storage.ddr
+    return TorchrecScore(
+        critical_path=float(NoopPerfModel(trec_topology).rate(chosen)),
+        rank_perf=tuple(perf),
+        rank_hbm=tuple(hbm),
+        rank_ddr=tuple(ddr),
+        rank_hbm_cap=tuple(int(d.storage.hbm) for d in reserved.devices),
+        rank_ddr_cap=tuple(int(d.storage.ddr) for d in reserved.devices),
+    )
+
+
+def score_plan(plan: Plan, spec: Spec, topology: Topology, cost: CostConfig = CostConfig()) -> float:
+    """The plan's critical path (ms) as TorchRec rates it; warns if a rank exceeds TorchRec's capacity."""
+    score = torchrec_score(plan, spec, topology, cost)
+    if score.over_capacity:
+        warnings.warn(f"plan {plan.plan_id} exceeds TorchRec's reserved HBM/DDR on ranks "
+                      f"{list(score.over_capacity)}", RuntimeWarning, stacklevel=2)
+    return score.critical_path

@@ -1,0 +1,4 @@
+"""The training job: model from the spec, DMP with the plan's ShardingPlan, pipelined training.
+
+Everything here imports torch/torchrec; nothing on the planning path imports this package.
+"""

@@ -1,0 +1,80 @@
+"""``shardflow plan``: a plan for good input; a one-screen error and exit 2 for bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SPECS = ROOT / "examples" / "specs"
+TOPOLOGIES = ROOT / "examples" / "topologies"
+SHARDFLOW = Path(sys.executable).parent / "shardflow"
+
+
+def shardflow(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(SHARDFLOW), *args], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_plan_writes_the_artifact_and_reports_quality(tmp_path):
+    out = tmp_path / "plan"
+    r = shardflow("plan", str(SPECS / "criteo_1tb.yaml"), "--topology",
+                  str(TOPOLOGIES / "h100_2x8.yaml"), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    plan = json.loads((out / "plan.json").read_text())
+    assert len(plan["tables"]) == 26
+    assert (out / "shards.parquet").exists()
+    for label in ("critical path:", "lower bound:", "gap", "planning time:", plan["plan_id"]):
+        assert label in r.stdout
+    assert len([line for line in r.stdout.splitlines() if line.split()[:1] == ["15"]]) == 1  # 16 rank rows
+
+
+def test_bad_spec_exits_2_naming_every_bad_table_and_writes_nothing(tmp_path):
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("- {name: dup, num_embeddings: 10, embedding_dim: 4}\n"
+                    "- {name: dup, num_embeddings: 10, embedding_dim: 4}\n"
+                    "- {name: negative, num_embeddings: -5, embedding_dim: 4}\n")
+    out = tmp_path / "plan"
+    r = shardflow("plan", str(spec), "--topology", str(TOPOLOGIES / "h100_1x8.yaml"), "--out", str(out))
+    assert r.returncode == 2
+    assert "dup" in r.stderr and "negative" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert len(r.stderr.splitlines()) < 25
+    assert not out.exists()
+
+
+def test_a_table_that_fits_nowhere_says_which_by_how_much_and_what_helps(tmp_path):
+    spec = tmp_path / "huge.yaml"
+    spec.write_text("- {name: ok, num_embeddings: 1000, embedding_dim: 64}\n"
+                    "- {name: enormous, num_embeddings: 4000000000, embedding_dim: 512,"
+                    " sharding_types: [table_wise], compute_kernels: [fused]}\n")
+    r = shardflow("plan", str(spec), "--topology", str(TOPOLOGIES / "h100_1x8.yaml"),
+                  "--out", str(tmp_path / "plan"))
+    assert r.returncode == 2
+    assert "table enormous" in r.stderr and "over by" in r.stderr
+    assert "fused_uvm_caching" in r.stderr
+    assert "table ok" not in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_unknown_topology_file_is_a_user_error(tmp_path):
+    r = shardflow("plan", str(SPECS / "cpu_demo.yaml"), "--topology", str(tmp_path / "nope.yaml"),
+                  "--out", str(tmp_path / "plan"))
+    assert r.returncode == 2
+    assert "nope.yaml" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_planning_never_imports_torch(tmp_path):
+    code = (
+        "import sys\n"
+        "from flows.cli import main\n"
+        f"rc = main(['plan', {str(SPECS / 'cpu_demo.yaml')!r}, '--topology', "
+        f"{str(TOPOLOGIES / 'cpu_2proc.yaml')!r}, '--out', {str(tmp_path / 'p')!r}])\n"
+        "heavy = [m for m in ('torch', 'torchrec', 'fbgemm_gpu', 'ray', 'prefect', 'mlflow') if m in sys.modules]\n"
+        "print(rc, heavy)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert r.stdout.split("\n")[-2] == "0 []", r.stderr

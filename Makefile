@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.shardflow-installed
 
-.PHONY: install test test-fast run bench clean
+.PHONY: install test run bench clean
 
 install: $(STAMP)
 

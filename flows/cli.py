@@ -10,10 +10,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from flows.commands import plan, spec
+from flows.commands import plan, spec, train
 from rec.errors import InputError
 
-COMMANDS = (spec, plan)
+COMMANDS = (spec, plan, train)
 EXIT_BAD_INPUT = 2
 
 

@@ -1,0 +1,80 @@
+"""``shardflow train --plan DIR/plan.json --nproc-per-node M``: run the TorchRec job on a plan.
+
+The job loads the plan and never plans. torchrun starts one process per rank (gloo on cpu, NCCL
+on cuda); for several nodes run the same command on each with ``--node-rank`` and a shared
+``--rdzv-endpoint``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("train", help="train with a plan (torchrun; never re-plans)",
+                              description=__doc__)
+    p.add_argument("--plan", required=True, metavar="PLAN", help="plan.json or its directory")
+    p.add_argument("--out", default="out/train", metavar="DIR",
+                   help="train_metrics.json, iterations.parquet and logs go here")
+    p.add_argument("--nproc-per-node", type=int, default=None,
+                   help="processes on this node (default: the plan's local_world_size)")
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--node-rank", type=int, default=0)
+    p.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT")
+    p.add_argument("--max-restarts", type=int, default=0,
+                   help="torchrun restarts after a rank dies; training resumes from the last checkpoint")
+    p.add_argument("--iterations", type=int, default=100)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--batch-size", type=int, default=None, help="per rank (default: the plan's)")
+    p.add_argument("--pipeline", choices=("sparse_dist", "naive"), default="sparse_dist")
+    p.add_argument("--model", choices=("auto", "dlrm", "dlrm_dcn", "concat"), default="auto")
+    p.add_argument("--data", default=None, help="Parquet training data (default: synthetic)")
+    p.add_argument("--checkpoint-every", type=int, default=0)
+    p.add_argument("--checkpoint-dir", default=None, help="default: DIR/checkpoints when checkpointing")
+    p.add_argument("--resume", action="store_true", help="resume from the last checkpoint")
+    p.set_defaults(handler=run)
+
+
+def job_args(args: argparse.Namespace, checkpoint_dir: str | None) -> tuple[str, ...]:
+    out = ["--iterations", str(args.iterations), "--warmup", str(args.warmup),
+           "--pipeline", args.pipeline, "--model", args.model]
+    if args.batch_size:
+        out += ["--batch-size", str(args.batch_size)]
+    if args.data:
+        out += ["--data", args.data]
+    if checkpoint_dir:
+        out += ["--checkpoint-dir", checkpoint_dir, "--checkpoint-every", str(args.checkpoint_every)]
+    if args.resume:
+        out.append("--resume")
+    return tuple(out)
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from rec.plan import read_plan
+    from tasks.launch import Launch, check_launch, run_training
+
+    plan = read_plan(args.plan)
+    plan_path = str(Path(args.plan) / "plan.json" if Path(args.plan).is_dir() else Path(args.plan))
+    nproc = args.nproc_per_node or int(plan.topology["local_world_size"])
+    checkpoint_dir = args.checkpoint_dir or (
+        str(Path(args.out) / "checkpoints") if args.checkpoint_every or args.resume else None)
+    launch = Launch(plan_path=plan_path, out_dir=args.out, nproc_per_node=nproc, nnodes=args.nnodes,
+                    node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
+                    rdzv_id=plan.plan_id, max_restarts=args.max_restarts,
+                    job_args=job_args(args, checkpoint_dir))
+    check_launch(plan, launch)
+    code = run_training(launch)
+    if code != 0:
+        print(f"shardflow train: the training job failed (torchrun exit {code})")
+        return code
+    metrics_file = Path(args.out) / "train_metrics.json"
+    if metrics_file.exists():
+        m = json.loads(metrics_file.read_text())
+        lat = m["iteration_latency_ms"]
+        print(f"plan {m['plan_id']} on {m['world_size']} ranks: iteration latency p50 "
+              f"{lat['p50']:.2f} ms, p90 {lat['p90']:.2f} ms, {m['samples_per_s']:,.0f} samples/s")
+        print(f"wrote {metrics_file} and {Path(args.out) / 'iterations.parquet'}")
+    return 0

@@ -1,0 +1,206 @@
+"""The training job, one process per rank under torchrun: load the plan, never plan, shard the
+model with exactly that plan, train, and report iteration latency.
+
+    torchrun --nproc-per-node 2 -m rec.train.job --plan out/plan/plan.json --out out/train
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import replace
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.planner import EmbeddingShardingPlanner
+from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+from torchrec.optim.optimizers import in_backward_optimizer_filter
+from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
+
+from rec.errors import InputError
+from rec.plan import Plan, read_plan
+from rec.plan.torchrec_plan import to_sharding_plan
+from rec.spec import spec_from_rows
+from rec.train import checkpoint
+from rec.train.config import ModelKind, PipelineKind, TrainConfig
+from rec.train.data import parquet_batches, synthetic_batches
+from rec.train.metrics import TrainMetrics, latency_stats, write_metrics
+from rec.train.model import EBC_PATH, build_model, resolve_model_kind
+
+FAIL_AT_ENV = "SHARDFLOW_FAIL_AT_ITERATION"  # fault injection for tests: "ITER:RANK"
+
+
+def _refuse_to_plan(*_args, **_kwargs):
+    raise RuntimeError("shardflow's training job never plans: it was given a plan artifact")
+
+
+def check_world_size(plan: Plan, world_size: int) -> None:
+    planned = int(plan.topology["world_size"])
+    if planned != world_size:
+        raise InputError("The plan does not match this job:", [
+            _problem(f"plan {plan.plan_id}", f"was made for world_size {planned}, the job has "
+                                             f"{world_size} processes; replan or change --nnodes/--nproc-per-node")])
+
+
+def _problem(where: str, reason: str):
+    from rec.errors import Problem
+
+    return Problem(where, reason)
+
+
+def applied_sharding(model: torch.nn.Module) -> dict[str, str]:
+    """Sharding type per table as the sharded module reports it (not as the plan says)."""
+    from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
+
+    for module in model.modules():
+        if isinstance(module, ShardedEmbeddingBagCollection):
+            return {name: ps.sharding_type for name, ps in module.module_sharding_plan.items()}
+    return {}
+
+
+def train(plan: Plan, config: TrainConfig, out_dir: str) -> TrainMetrics | None:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    check_world_size(plan, world)
+    cuda = plan.topology["compute_device"] == "cuda"
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    spec = spec_from_rows(list(plan.spec_tables))
+    batch_size = config.batch_size or int(plan.topology["batch_size"])
+    torch.manual_seed(config.seed)
+
+    model = build_model(spec, config, device)
+    apply_optimizer_in_backward(RowWiseAdagrad, model.model.sparse_arch.parameters(),
+                                {"lr": config.embedding_lr})
+    dmp = DistributedModelParallel(model, device=device, plan=to_sharding_plan(plan, EBC_PATH),
+                                   sharders=[EmbeddingBagCollectionSharder()])
+    dense = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(dmp.named_parameters())),
+                                  lambda params: torch.optim.Adagrad(params, lr=config.dense_lr))
+    optimizer = CombinedOptimizer([dmp.fused_optimizer, dense])
+
+    start = 0
+    if config.checkpoint_dir and (config.resume or _restarted()):
+        step = checkpoint.latest_step(config.checkpoint_dir)
+        if step is not None:
+            checkpoint.load(config.checkpoint_dir, step, dmp, optimizer)
+            start = step
+
+    batches = (parquet_batches(config.data, spec, batch_size, config.dense_in_features, rank, world, cuda)
+               if config.data else
+               synthetic_batches(spec, batch_size, config.dense_in_features, config.seed + rank,
+                                 config.synthetic_batches, cuda))
+    step_fn = _pipeline_step(dmp, optimizer, device, batches, config.pipeline)
+    fail_at = _fail_at(rank)
+    latencies = []
+    for i in range(start, config.iterations):
+        if i == fail_at:
+            os._exit(17)  # a crashed rank, for the restart test
+        began = time.perf_counter()
+        step_fn()
+        if cuda:
+            torch.cuda.synchronize(device)
+        latencies.append((time.perf_counter() - began) * 1e3)
+        done = i + 1
+        if config.checkpoint_every and config.checkpoint_dir and done % config.checkpoint_every == 0:
+            checkpoint.save(config.checkpoint_dir, done, dmp, optimizer)
+
+    # An iteration takes as long as its slowest rank.
+    local = torch.tensor(latencies, dtype=torch.float64)
+    dist.all_reduce(local, op=dist.ReduceOp.MAX)
+    if rank != 0:
+        return None
+    iterations = np.arange(start, config.iterations)
+    all_ms = local.numpy()
+    measured = all_ms[iterations >= config.warmup]
+    if not len(measured):
+        measured = all_ms
+    stats = latency_stats(measured)
+    metrics = TrainMetrics(
+        plan_id=plan.plan_id, world_size=world, iterations=config.iterations,
+        warmup=config.warmup, batch_size=batch_size, pipeline=config.pipeline.value,
+        model=resolve_model_kind(spec, config.model).value, iteration_latency_ms=stats,
+        samples_per_s=world * batch_size / (stats.mean / 1e3),
+        applied_sharding=applied_sharding(dmp), resumed_from=start,
+    )
+    write_metrics(out_dir, metrics, iterations, all_ms, config.warmup)
+    return metrics
+
+
+def _pipeline_step(dmp, optimizer, device, batches, kind: PipelineKind):
+    if kind is PipelineKind.SPARSE_DIST:
+        pipeline = TrainPipelineSparseDist(dmp, optimizer, device)
+        return lambda: pipeline.progress(batches)
+
+    def naive() -> None:
+        batch = next(batches).to(device, non_blocking=True)
+        optimizer.zero_grad()
+        loss, _ = dmp(batch)
+        loss.backward()
+        optimizer.step()
+
+    return naive
+
+
+def _restarted() -> bool:
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+
+
+def _fail_at(rank: int) -> int | None:
+    spec = os.environ.get(FAIL_AT_ENV)
+    if not spec or _restarted():
+        return None
+    iteration, _, fail_rank = spec.partition(":")
+    return int(iteration) if int(fail_rank or 0) == rank else None
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, TrainConfig]:
+    p = argparse.ArgumentParser(prog="rec.train.job", description=__doc__)
+    p.add_argument("--plan", required=True)
+    p.add_argument("--out", required=True)
+    d = TrainConfig()
+    p.add_argument("--iterations", type=int, default=d.iterations)
+    p.add_argument("--warmup", type=int, default=d.warmup)
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--model", choices=[k.value for k in ModelKind], default=d.model.value)
+    p.add_argument("--pipeline", choices=[k.value for k in PipelineKind], default=d.pipeline.value)
+    p.add_argument("--data", default=d.data)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
+    p.add_argument("--checkpoint-dir", default=d.checkpoint_dir)
+    p.add_argument("--resume", action="store_true")
+    a = p.parse_args(argv)
+    config = replace(d, iterations=a.iterations, warmup=a.warmup, batch_size=a.batch_size,
+                     model=ModelKind(a.model), pipeline=PipelineKind(a.pipeline), data=a.data,
+                     seed=a.seed, checkpoint_every=a.checkpoint_every,
+                     checkpoint_dir=a.checkpoint_dir, resume=a.resume)
+    return a, config
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, config = parse_args(argv)
+    try:
+        plan = read_plan(args.plan)
+    except InputError as e:
+        print(f"shardflow train: {e.render()}", file=sys.stderr)
+        return 2
+    EmbeddingShardingPlanner.plan = _refuse_to_plan
+    EmbeddingShardingPlanner.collective_plan = _refuse_to_plan
+    backend = "nccl" if plan.topology["compute_device"] == "cuda" else "gloo"
+    dist.init_process_group(backend)
+    try:
+        train(plan, config, args.out)
+    except InputError as e:
+        print(f"shardflow train: {e.render()}", file=sys.stderr)
+        return 2
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

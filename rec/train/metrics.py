@@ -1,0 +1,57 @@
+"""Iteration latency statistics and the files rank 0 writes: train_metrics.json, iterations.parquet."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+METRICS_FILE = "train_metrics.json"
+ITERATIONS_FILE = "iterations.parquet"
+
+
+@dataclass(frozen=True)
+class LatencyStats:
+    p50: float
+    p90: float
+    p99: float
+    mean: float
+
+
+def latency_stats(latencies_ms: np.ndarray) -> LatencyStats:
+    p50, p90, p99 = np.percentile(latencies_ms, [50, 90, 99])
+    return LatencyStats(float(p50), float(p90), float(p99), float(np.mean(latencies_ms)))
+
+
+@dataclass(frozen=True)
+class TrainMetrics:
+    plan_id: str
+    world_size: int
+    iterations: int
+    warmup: int
+    batch_size: int  # per rank
+    pipeline: str
+    model: str
+    iteration_latency_ms: LatencyStats
+    samples_per_s: float
+    applied_sharding: dict[str, str]
+    resumed_from: int  # iteration the run resumed at (0: fresh start)
+    planned_in_job: bool = False  # shardflow never plans inside the job; kept for auditors
+
+
+def write_metrics(out_dir: str | Path, metrics: TrainMetrics, iterations: np.ndarray,
+                  latencies_ms: np.ndarray, warmup: int) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / METRICS_FILE).write_text(json.dumps(asdict(metrics), indent=2) + "\n")
+    table = pa.table({
+        "iteration": pa.array(iterations, pa.int64()),
+        "latency_ms": pa.array(latencies_ms, pa.float64()),
+        "warmup": pa.array(iterations < warmup, pa.bool_()),
+    })
+    pq.write_table(table, out / ITERATIONS_FILE)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import platform
 import statistics
 import subprocess
@@ -108,7 +109,8 @@ def bench_workload(w: Workload, args: argparse.Namespace, tmp: Path) -> dict:
     spec_path = write_spec(spec, tmp / f"{w.name}.parquet")
     out = tmp / w.name
     result: dict = {"workload": w.name, "tables": len(spec.tables), "world_size": topology.world_size,
-                    "local_world_size": topology.local_world_size, "topology": w.topology}
+                    "local_world_size": topology.local_world_size, "topology": w.topology,
+                    "loadavg_1m_at_start": os.getloadavg()[0]}  # other work on the machine skews timings
 
     cli_s = time_cli(spec_path, topology_path, out, args.repeat)
     cli_plan = read_plan(out / "plan.json")
@@ -219,8 +221,6 @@ def environment() -> dict:
 
 
 def _cpus() -> int:
-    import os
-
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 

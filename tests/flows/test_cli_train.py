@@ -1,0 +1,101 @@
+"""``shardflow train`` on CPU: real torchrun, gloo, DMP with the plan, no planning in the job."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from flows.cli import main
+from rec.plan import read_plan
+from rec.spec import read_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+SHARDFLOW = Path(sys.executable).parent / "shardflow"
+DEMO = ROOT / "examples" / "specs" / "cpu_demo.yaml"
+CPU_2PROC = ROOT / "examples" / "topologies" / "cpu_2proc.yaml"
+
+
+@pytest.fixture(scope="module")
+def plan_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("plan")
+    assert main(["plan", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(out)]) == 0
+    return out
+
+
+def train(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(SHARDFLOW), "train", *args], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, **(env or {})}, timeout=600)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_process_gloo_run_applies_the_plan_and_reports_latency(plan_dir, tmp_path):
+    r = train("--plan", str(plan_dir), "--out", str(tmp_path), "--iterations", "12", "--warmup", "2",
+              "--batch-size", "64")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    m = json.loads((tmp_path / "train_metrics.json").read_text())
+    plan = read_plan(plan_dir)
+    assert m["plan_id"] == plan.plan_id and m["world_size"] == 2 and m["iterations"] == 12
+    assert m["applied_sharding"] == {t.name: t.sharding_type.value for t in plan.tables}
+    lat = m["iteration_latency_ms"]
+    assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"]
+    assert m["samples_per_s"] == pytest.approx(2 * 64 / (lat["mean"] / 1e3))
+    rows = pq.read_table(tmp_path / "iterations.parquet").to_pylist()
+    assert [r["iteration"] for r in rows] == list(range(12))
+    assert m["planned_in_job"] is False
+
+
+def test_a_world_size_that_does_not_match_the_plan_exits_2(plan_dir, tmp_path):
+    r = train("--plan", str(plan_dir), "--out", str(tmp_path), "--nproc-per-node", "3")
+    assert r.returncode == 2
+    assert "3 processes" in r.stderr and "2 ranks" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_a_killed_rank_is_restarted_and_resumes_from_the_last_checkpoint(plan_dir, tmp_path):
+    r = train("--plan", str(plan_dir), "--out", str(tmp_path), "--iterations", "10", "--warmup", "1",
+              "--batch-size", "32", "--checkpoint-every", "3", "--max-restarts", "1",
+              env={"SHARDFLOW_FAIL_AT_ITERATION": "7:1"})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    m = json.loads((tmp_path / "train_metrics.json").read_text())
+    assert m["resumed_from"] == 6
+    assert (tmp_path / "checkpoints" / "LATEST").read_text() == "step_00000009"
+
+
+def write_training_parquet(path: Path, spec, rows: int, dense: int) -> None:
+    rng = np.random.default_rng(0)
+    columns = {"label": rng.integers(0, 2, rows).tolist(),
+               "dense": rng.random((rows, dense)).astype(np.float32).tolist()}
+    for t in spec.tables:
+        for f in t.feature_names:
+            columns[f] = [rng.integers(0, t.num_embeddings, rng.integers(0, 4)).tolist() for _ in range(rows)]
+    pq.write_table(pa.table(columns), path)
+
+
+def test_two_nodes_on_loopback_train_from_parquet(plan_dir, tmp_path):
+    data = tmp_path / "train.parquet"
+    write_training_parquet(data, read_spec(DEMO), rows=256, dense=13)
+    endpoint = f"127.0.0.1:{free_port()}"
+    common = ["--plan", str(plan_dir), "--out", str(tmp_path / "out"), "--iterations", "6",
+              "--warmup", "1", "--batch-size", "32", "--data", str(data), "--nnodes", "2",
+              "--nproc-per-node", "1", "--rdzv-endpoint", endpoint]
+    node0 = subprocess.Popen([str(SHARDFLOW), "train", *common, "--node-rank", "0"], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    node1 = train(*common, "--node-rank", "1")
+    out0, _ = node0.communicate(timeout=600)
+    assert node0.returncode == 0 and node1.returncode == 0, out0[-3000:] + node1.stderr[-3000:]
+    m = json.loads((tmp_path / "out" / "train_metrics.json").read_text())
+    assert m["world_size"] == 2 and m["iterations"] == 6

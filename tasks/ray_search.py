@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from collections import deque
 
 import numpy as np
@@ -112,6 +113,7 @@ def connect(address: str | None) -> bool:
         return False
     try:
         if address:
+            _check_reachable(address)
             ray.init(address=address, log_to_driver=False, configure_logging=False)
             return False
         ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
@@ -119,6 +121,18 @@ def connect(address: str | None) -> bool:
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise InputError("Cannot reach the Ray cluster:",
                          [Problem(f"RAY_ADDRESS={address}" if address else "local Ray", str(e))]) from None
+
+
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast: ray.init retries an unreachable GCS for minutes before giving up."""
+    if address == "auto":
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s):
+            pass
+    except (OSError, ValueError) as e:
+        raise ConnectionError(f"nothing answers at {address} ({e})") from None
 
 
 class AutoSearcher:

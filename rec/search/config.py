@@ -9,3 +9,4 @@ from dataclasses import dataclass
 class SearchConfig:
     shard_limits: int = 12  # candidate largest-shard limits tried between the bound and no limit
     refine_rounds: int = 100_000  # cap on local-search steps per candidate
+    refine_top: int = 3  # candidates (best after packing) that get the local search

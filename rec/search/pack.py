@@ -34,12 +34,13 @@ def pack(space: SearchSpace, choice: np.ndarray, order: PackOrder = PackOrder.PE
     tables = np.arange(len(choice))
     _place_every_rank(space, a, choice[placement == EVERY_RANK])
     failed: list[int] = []
-    for kind, place in ((HOST_UNIFORM, _place_host_uniform), (HOST_FREE, _place_host_free)):
-        picked = tables[placement == kind]
-        by_work = picked[np.argsort(-space.work[choice[picked]], kind="stable")]
-        for t in by_work:
-            if not place(space, a, int(choice[t])):
-                failed.append(int(t))
+    uniform = tables[placement == HOST_UNIFORM]
+    uniform = uniform[np.argsort(-space.work[choice[uniform]], kind="stable")]
+    failed += _place_host_uniform(space, a, choice[uniform], uniform)
+    host_free = tables[placement == HOST_FREE]
+    for t in host_free[np.argsort(-space.work[choice[host_free]], kind="stable")]:
+        if not _place_host_free(space, a, int(choice[t])):
+            failed.append(int(t))
     failed += _place_free(space, a, choice[placement == FREE], order)
     if failed:
         raise PackingError(sorted(failed))
@@ -64,28 +65,41 @@ def _assign(space: SearchSpace, a: Assignment, entries: np.ndarray, first_rank: 
     a.ddr += np.rint(add_runs(space, opts.ddr[entries].astype(float), first, rep)).astype(np.int64)
 
 
-def _place_host_uniform(space: SearchSpace, a: Assignment, option: int) -> bool:
-    """table_row_wise: the host whose ranks end up least loaded, among those with room."""
+def _place_host_uniform(space: SearchSpace, a: Assignment, options: np.ndarray,
+                        tables: np.ndarray) -> list[int]:
+    """table_row_wise, in the given order: each on the host whose ranks end up least loaded,
+    among those with room. Returns the tables that fit no host."""
+    if not len(options):
+        return []
     opts = space.options
-    entries = np.arange(opts.shard_start[option], opts.shard_start[option + 1])
-    lws = space.local_world_size
-    hosts = space.num_hosts
-    local_entries, local_rank = run_ranks(space, entries, space.entry_position[entries])
-    perf = np.zeros(lws)
-    hbm = np.zeros(lws, np.int64)
-    ddr = np.zeros(lws, np.int64)
-    perf[local_rank] = opts.perf[local_entries]
-    hbm[local_rank] = opts.hbm[local_entries]
-    ddr[local_rank] = opts.ddr[local_entries]
-    loads = a.loads.reshape(hosts, lws) + perf
-    fits = ((a.hbm.reshape(hosts, lws) + hbm <= space.hbm_cap.reshape(hosts, lws))
-            & (a.ddr.reshape(hosts, lws) + ddr <= space.ddr_cap.reshape(hosts, lws))).all(axis=1)
-    if not fits.any():
-        return False
-    peak = np.where(fits, loads.max(axis=1), np.inf)
-    host = int(np.argmin(peak))
-    _assign(space, a, entries, host * lws + space.entry_position[entries])
-    return True
+    lws, hosts = space.local_world_size, space.num_hosts
+    entries = chosen_shards(space, options)
+    owner_row = np.repeat(np.arange(len(options)),
+                          opts.shard_start[options + 1] - opts.shard_start[options])
+    run_entry, local = run_ranks(space, entries, space.entry_position[entries])
+    row = np.repeat(owner_row, opts.repeat[entries])
+    perf = np.zeros((len(options), lws))
+    hbm = np.zeros((len(options), lws), np.int64)
+    ddr = np.zeros((len(options), lws), np.int64)
+    perf[row, local] = opts.perf[run_entry]
+    hbm[row, local] = opts.hbm[run_entry]
+    ddr[row, local] = opts.ddr[run_entry]
+    loads, used_hbm, used_ddr = (x.reshape(hosts, lws) for x in (a.loads, a.hbm, a.ddr))
+    hbm_cap, ddr_cap = space.hbm_cap.reshape(hosts, lws), space.ddr_cap.reshape(hosts, lws)
+    first_entry = opts.shard_start[options]
+    failed = []
+    for k in range(len(options)):
+        fits = ((used_hbm + hbm[k] <= hbm_cap) & (used_ddr + ddr[k] <= ddr_cap)).all(axis=1)
+        if not fits.any():
+            failed.append(int(tables[k]))
+            continue
+        host = int(np.argmin(np.where(fits, (loads + perf[k]).max(axis=1), np.inf)))
+        loads[host] += perf[k]
+        used_hbm[host] += hbm[k]
+        used_ddr[host] += ddr[k]
+        mine = np.arange(first_entry[k], opts.shard_start[options[k] + 1])
+        a.shard_rank[mine] = host * lws + space.entry_position[mine]
+    return failed
 
 
 def _place_host_free(space: SearchSpace, a: Assignment, option: int) -> bool:

@@ -42,7 +42,7 @@ def search(space: SearchSpace, config: SearchConfig = SearchConfig(),
     limits = shard_limits(space, least, config.shard_limits)
     candidates = [select_options(space, limit) for limit in limits]
     candidates.append(select_options(space, np.inf, cost=_total_hbm(space)))
-    best: Assignment | None = None
+    packed: list[Assignment] = []
     seen: set[bytes] = set()
     failure = PackingError([])
     for choice in candidates:
@@ -52,17 +52,16 @@ def search(space: SearchSpace, config: SearchConfig = SearchConfig(),
         seen.add(key)
         for order in PackOrder:
             try:
-                a = pack(space, choice, order, start=None if start is None else start.copy())
+                packed.append(pack(space, choice, order, start=None if start is None else start.copy()))
+                break
             except PackingError as e:
                 failure = e
-                continue
-            refine(space, a, config.refine_rounds)
-            if best is None or a.critical_path < best.critical_path:
-                best = a
-            break
-    if best is None:
+    if not packed:
         raise failure
-    return best
+    # Local search is the expensive part: spend it on the candidates that packed best.
+    packed.sort(key=lambda a: a.critical_path)
+    refined = [refine(space, a, config.refine_rounds) for a in packed[:config.refine_top]]
+    return min(refined, key=lambda a: a.critical_path)
 
 
 def _total_hbm(space: SearchSpace) -> np.ndarray:

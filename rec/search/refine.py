@@ -8,7 +8,9 @@ from rec.search.assignment import Assignment, chosen_shards
 from rec.search.placement import FREE, HOST_FREE
 from rec.search.space import SearchSpace
 
-SWAP_PARTNER_RANKS = 16  # swaps look at shards on this many least-loaded ranks
+SWAP_PARTNER_RANKS = 8  # swaps look at shards on this many least-loaded ranks
+SWAP_PAIR_BUDGET = 10_000  # compare all pairs of two ranks' shards up to this many pairs
+SWAP_WINDOW = 16  # otherwise: this many nearest candidates per shard
 EPS = 1e-12
 
 
@@ -32,10 +34,10 @@ def refine(space: SearchSpace, a: Assignment, max_rounds: int = 100_000) -> Assi
         on_r = np.flatnonzero(rank == r)
         if not len(on_r):
             break
-        move = _best_move(space, a, r, on_r, perf, hbm, ddr, host_bound, lws)
-        swap = _best_swap(space, a, r, on_r, rank, perf, hbm, ddr, host_bound)
-        best = min((m for m in (move, swap) if m is not None), default=None,
-                   key=lambda m: m[0])
+        # Moves are cheap to find; swaps only when no move helps.
+        best = _best_move(space, a, r, on_r, perf, hbm, ddr, host_bound, lws)
+        if best is None or best[0] >= cp - EPS * max(cp, 1.0):
+            best = _best_swap(space, a, r, on_r, rank, perf, hbm, ddr, host_bound)
         if best is None or best[0] >= cp - EPS * max(cp, 1.0):
             break
         _, i, q, j = best
@@ -75,25 +77,40 @@ def _best_move(space, a, r, on_r, perf, hbm, ddr, host_bound, lws):
 
 
 def _best_swap(space, a, r, on_r, rank, perf, hbm, ddr, host_bound):
-    """Best exchange of a shard on ``r`` with a smaller one on a lightly loaded rank."""
+    """Best exchange of a shard on ``r`` with a smaller one on a lightly loaded rank.
+
+    For partner rank q with slack g = load[r] - load[q], swapping sizes p_i > p_j lowers the pair's
+    peak most when p_i - p_j is near g / 2. Small ranks compare all pairs; on big ones each shard
+    of r looks only at the ``SWAP_WINDOW`` shards of q nearest p_i - g / 2 (binary search)."""
     free_r = on_r[~host_bound[on_r]]
     if not len(free_r):
         return None
-    light = np.argsort(a.loads, kind="stable")[:SWAP_PARTNER_RANKS + 1]
-    light = light[light != r]
-    partners = np.flatnonzero(np.isin(rank, light) & ~host_bound)
-    if not len(partners):
-        return None
-    q = rank[partners]
-    d = perf[free_r][:, None] - perf[partners][None, :]
-    dh = hbm[free_r][:, None] - hbm[partners][None, :]
-    dd = ddr[free_r][:, None] - ddr[partners][None, :]
-    fits = ((a.hbm[r] - dh <= space.hbm_cap[r]) & (a.hbm[q][None, :] + dh <= space.hbm_cap[q][None, :])
-            & (a.ddr[r] - dd <= space.ddr_cap[r]) & (a.ddr[q][None, :] + dd <= space.ddr_cap[q][None, :])
-            & (d > 0))
-    peak = np.where(fits, np.maximum(a.loads[r] - d, a.loads[q][None, :] + d), np.inf)
-    flat = int(np.argmin(peak))
-    i, j = divmod(flat, len(partners))
-    if not np.isfinite(peak[i, j]):
-        return None
-    return float(peak[i, j]), int(free_r[i]), int(q[j]), int(partners[j])
+    cp = a.loads[r]
+    best = None
+    p_r = perf[free_r]
+    for q in np.argsort(a.loads, kind="stable")[:SWAP_PARTNER_RANKS + 1]:
+        q = int(q)
+        slack = cp - a.loads[q]
+        on_q = np.flatnonzero((rank == q) & ~host_bound) if q != r else on_r[:0]
+        if slack <= 0 or not len(on_q):
+            continue
+        order = on_q[np.argsort(perf[on_q], kind="stable")]
+        if len(free_r) * len(order) <= SWAP_PAIR_BUDGET:
+            j = np.broadcast_to(order, (len(free_r), len(order)))
+        else:
+            at = np.searchsorted(perf[order], p_r - slack / 2)
+            window = np.arange(-SWAP_WINDOW // 2, SWAP_WINDOW // 2)
+            j = order[np.clip(at[:, None] + window, 0, len(order) - 1)]
+        d = p_r[:, None] - perf[j]
+        dh = hbm[free_r][:, None] - hbm[j]
+        dd = ddr[free_r][:, None] - ddr[j]
+        ok = ((d > 0) & (a.hbm[r] - dh <= space.hbm_cap[r]) & (a.hbm[q] + dh <= space.hbm_cap[q])
+              & (a.ddr[r] - dd <= space.ddr_cap[r]) & (a.ddr[q] + dd <= space.ddr_cap[q]))
+        if not ok.any():
+            continue
+        peak = np.where(ok, np.maximum(cp - d, a.loads[q] + d), np.inf)
+        k = int(np.argmin(peak))
+        i, col = divmod(k, j.shape[1])
+        if best is None or peak[i, col] < best[0]:
+            best = (float(peak[i, col]), int(free_r[i]), q, int(j[i, col]))
+    return best

@@ -54,7 +54,6 @@ class RaySearcher:
         self.groups, self.actors = groups, actors
         self.address = address if address is not None else os.environ.get("RAY_ADDRESS")
         self.max_group_retries = max_group_retries
-        self.on_actors_started = None  # test hook: called with the actor handles
 
     def search(self, space: SearchSpace, config: SearchConfig) -> SearchResult:
         import ray
@@ -72,24 +71,29 @@ class RaySearcher:
         assignment = merge_groups(space, results, config)
         return SearchResult(space, assignment, bound, info={"backend": "ray", "groups": groups})
 
+    def after_first_wave(self, actors: list) -> None:
+        """Called once every actor has a group in flight (fault-injection point for tests)."""
+
     def _run_groups(self, space, config, bound, groups, n_actors) -> list[GroupResult]:
         import ray
 
         actor_cls = ray.remote(num_cpus=1)(GroupSearcher)
         space_ref = ray.put(space)
         actors = [actor_cls.remote(space_ref, config, bound) for _ in range(n_actors)]
-        if self.on_actors_started:
-            self.on_actors_started(actors)
         todo = deque(range(len(groups)))
         attempts = [0] * len(groups)
         pending: dict = {}
         results: list[GroupResult | None] = [None] * len(groups)
         idle = deque(actors)
+        first_wave = True
         while todo or pending:
             while todo and idle:
                 g = todo.popleft()
                 actor = idle.popleft()
                 pending[actor.search.remote(groups[g])] = (g, actor)
+            if first_wave:
+                self.after_first_wave(actors)
+                first_wave = False
             done, _ = ray.wait(list(pending), num_returns=1)
             g, actor = pending.pop(done[0])
             try:
@@ -138,13 +142,13 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
 class AutoSearcher:
     """Local search for small specs; Ray for large ones, falling back to local if Ray fails."""
 
-    def __init__(self, groups: int | None = None):
-        self.groups = groups
+    def __init__(self, groups: int | None = None, min_tables: int = AUTO_RAY_MIN_TABLES):
+        self.groups, self.min_tables = groups, min_tables
 
     def search(self, space: SearchSpace, config: SearchConfig) -> SearchResult:
         from rec.planning import LocalSearcher
 
-        if space.num_tables < AUTO_RAY_MIN_TABLES:
+        if space.num_tables < self.min_tables:
             return LocalSearcher().search(space, config)
         try:
             return RaySearcher(self.groups).search(space, config)

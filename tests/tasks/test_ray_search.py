@@ -1,0 +1,71 @@
+"""Plan search on a real local Ray: as good as local, deterministic, survives a dead actor."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from rec.planning import plan_spec
+from rec.spec.synthetic import power_law_spec
+from rec.topology import topology_from_dict
+from tasks.ray_search import GroupSearcher, RaySearcher
+
+ray = pytest.importorskip("ray")
+TOPO = topology_from_dict(dict(world_size=32, local_world_size=8, compute_device="cuda",
+                               hbm_cap="80GiB", ddr_cap="128GiB"))
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return power_law_spec(1200, seed=4)
+
+
+@pytest.fixture(scope="module")
+def local_plan(spec):
+    return plan_spec(spec, TOPO)
+
+
+def test_ray_plan_is_as_good_as_the_local_search(local_ray, spec, local_plan):
+    plan = plan_spec(spec, TOPO, searcher=RaySearcher(groups=4))
+    assert plan.planner["backend"] == "ray" and plan.planner["groups"] == 4
+    assert plan.metrics.critical_path <= 1.01 * local_plan.metrics.critical_path
+    assert {t.name for t in plan.tables} == {t.name for t in local_plan.tables}
+
+
+def test_same_inputs_and_groups_give_the_same_plan_id(local_ray, spec):
+    a = plan_spec(spec, TOPO, searcher=RaySearcher(groups=3))
+    b = plan_spec(spec, TOPO, searcher=RaySearcher(groups=3))
+    assert a.plan_id == b.plan_id and a.tables == b.tables
+
+
+class KillFirstActor(RaySearcher):
+    def after_first_wave(self, actors):
+        ray.kill(actors[0])
+
+
+def test_a_group_whose_actor_dies_is_searched_again_and_the_plan_is_unchanged(local_ray, spec, caplog):
+    undisturbed = plan_spec(spec, TOPO, searcher=RaySearcher(groups=4, actors=2))
+    with caplog.at_level(logging.WARNING, logger="tasks.ray_search"):
+        disturbed = plan_spec(spec, TOPO, searcher=KillFirstActor(groups=4, actors=2))
+    assert "actor died" in caplog.text
+    assert disturbed.plan_id == undisturbed.plan_id and disturbed.tables == undisturbed.tables
+
+
+def test_the_actor_body_is_an_ordinary_class(spec):
+    from rec.search import build_search_space
+    from rec.search.bound import lower_bound
+    from rec.search.config import SearchConfig
+    from rec.search.group import split_groups
+
+    space = build_search_space(spec, TOPO)
+    group = split_groups(space, 4)[0]
+    result = GroupSearcher(space, SearchConfig(), lower_bound(space).value).search(group)
+    assert list(result.tables) == list(group) and len(result.choice) == len(group)

@@ -217,7 +217,17 @@ def environment() -> dict:
 
     return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "python": platform.python_version(),
             "torch": torch.__version__, "torchrec": torchrec.__version__, "machine": platform.machine(),
-            "processor": platform.processor(), "cpus": _cpus(), "command": " ".join(sys.argv)}
+            "processor": platform.processor(), "cpus": _cpus(), "command": " ".join(sys.argv), **_git()}
+
+
+def _git() -> dict:
+    """The commit benchmarked and the uncommitted files of the library and CLI, if any."""
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    dirty = git("status", "--porcelain", "--", "rec", "flows")
+    return {"commit": git("rev-parse", "HEAD"), "uncommitted": dirty.splitlines()}
 
 
 def _cpus() -> int:

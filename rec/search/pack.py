@@ -84,22 +84,80 @@ def _place_host_uniform(space: SearchSpace, a: Assignment, options: np.ndarray,
     perf[row, local] = opts.perf[run_entry]
     hbm[row, local] = opts.hbm[run_entry]
     ddr[row, local] = opts.ddr[run_entry]
-    loads, used_hbm, used_ddr = (x.reshape(hosts, lws) for x in (a.loads, a.hbm, a.ddr))
-    hbm_cap, ddr_cap = space.hbm_cap.reshape(hosts, lws), space.ddr_cap.reshape(hosts, lws)
-    first_entry = opts.shard_start[options]
-    failed = []
-    for k in range(len(options)):
-        fits = ((used_hbm + hbm[k] <= hbm_cap) & (used_ddr + ddr[k] <= ddr_cap)).all(axis=1)
+    placer = _HostPlacer(space, a, perf, hbm, ddr)
+    host_of_row = np.array([placer.place(k) for k in range(len(options))], dtype=np.int64)
+    placer.flush()
+    placed = host_of_row[owner_row] >= 0
+    a.shard_rank[entries[placed]] = (host_of_row[owner_row] * lws + space.entry_position[entries])[placed]
+    return [int(t) for t in tables[host_of_row < 0]]
+
+
+class _HostPlacer:
+    """Greedy host choice for row-wise tables with scalar bookkeeping per host.
+
+    Row-wise shards of one table cost the same on every rank (rows do not enter TorchRec's
+    perf), so for such a table the best host is the one whose busiest rank is least busy, and a
+    conservative per-host memory bound (busiest rank + largest shard <= smallest capacity) settles
+    most memory checks. Per-rank arrays are updated in bulk; only tables that fail the bound or
+    have unequal shards take the exact per-rank path."""
+
+    def __init__(self, space: SearchSpace, a: Assignment, perf, hbm, ddr):
+        lws, hosts = space.local_world_size, space.num_hosts
+        self.perf, self.hbm, self.ddr = perf, hbm, ddr
+        self.loads, self.used_hbm, self.used_ddr = (x.reshape(hosts, lws) for x in (a.loads, a.hbm, a.ddr))
+        self.hbm_cap = space.hbm_cap.reshape(hosts, lws)
+        self.ddr_cap = space.ddr_cap.reshape(hosts, lws)
+        self.cap_hbm = self.hbm_cap.min(axis=1).tolist()
+        self.cap_ddr = self.ddr_cap.min(axis=1).tolist()
+        self.flat = (perf.max(axis=1) == perf.min(axis=1)).tolist()
+        self.cost = perf[:, 0].tolist()
+        self.hbm_need, self.ddr_need = hbm.max(axis=1).tolist(), ddr.max(axis=1).tolist()
+        self.pending_rows: list[int] = []
+        self.pending_hosts: list[int] = []
+        self.peak, self.top_hbm, self.top_ddr = [0.0] * hosts, [0] * hosts, [0] * hosts
+        self._refresh(range(hosts))
+
+    def _refresh(self, hosts) -> None:
+        """Exact per-host scalars from the per-rank arrays."""
+        for h in hosts:
+            self.peak[h] = float(self.loads[h].max())
+            self.top_hbm[h] = int(self.used_hbm[h].max())
+            self.top_ddr[h] = int(self.used_ddr[h].max())
+
+    def flush(self) -> None:
+        if self.pending_rows:
+            rows, where = np.array(self.pending_rows), np.array(self.pending_hosts)
+            np.add.at(self.loads, where, self.perf[rows])
+            np.add.at(self.used_hbm, where, self.hbm[rows])
+            np.add.at(self.used_ddr, where, self.ddr[rows])
+            self.pending_rows, self.pending_hosts = [], []
+
+    def place(self, k: int) -> int:
+        if self.flat[k]:
+            host = self.peak.index(min(self.peak))
+            if (self.top_hbm[host] + self.hbm_need[k] <= self.cap_hbm[host]
+                    and self.top_ddr[host] + self.ddr_need[k] <= self.cap_ddr[host]):
+                self.pending_rows.append(k)
+                self.pending_hosts.append(host)
+                self.peak[host] += self.cost[k]
+                self.top_hbm[host] += self.hbm_need[k]  # an upper bound, hence safe
+                self.top_ddr[host] += self.ddr_need[k]
+                return host
+        return self._place_exactly(k)
+
+    def _place_exactly(self, k: int) -> int:
+        self.flush()
+        fits = ((self.used_hbm + self.hbm[k] <= self.hbm_cap)
+                & (self.used_ddr + self.ddr[k] <= self.ddr_cap)).all(axis=1)
         if not fits.any():
-            failed.append(int(tables[k]))
-            continue
-        host = int(np.argmin(np.where(fits, (loads + perf[k]).max(axis=1), np.inf)))
-        loads[host] += perf[k]
-        used_hbm[host] += hbm[k]
-        used_ddr[host] += ddr[k]
-        mine = np.arange(first_entry[k], opts.shard_start[options[k] + 1])
-        a.shard_rank[mine] = host * lws + space.entry_position[mine]
-    return failed
+            return -1
+        peak = np.where(fits, (self.loads + self.perf[k]).max(axis=1), np.inf)
+        host = int(np.argmin(peak))
+        self.loads[host] += self.perf[k]
+        self.used_hbm[host] += self.hbm[k]
+        self.used_ddr[host] += self.ddr[k]
+        self._refresh([host])
+        return host
 
 
 def _place_host_free(space: SearchSpace, a: Assignment, option: int) -> bool:

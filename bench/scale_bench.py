@@ -1,0 +1,141 @@
+"""Scale of the plan search: big power-law specs, local vs Ray, speed-up per actor, two Ray nodes.
+
+Every row runs the real `shardflow plan` process (Ray start-up included where Ray is used) and
+reports wall time, peak memory (max RSS of the CLI process, from /usr/bin/time) and plan quality.
+
+    .venv/bin/python bench/scale_bench.py            # 10k/128 and 100k/1024 + actors + 2 nodes
+    .venv/bin/python bench/scale_bench.py --quick    # 2k tables only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+sys.path.insert(0, str(ROOT))
+
+from rec.spec import write_spec  # noqa: E402
+from rec.spec.synthetic import power_law_spec  # noqa: E402
+
+
+def topology_file(directory: Path, world: int) -> Path:
+    path = directory / f"h100_{world}.yaml"
+    path.write_text(f"world_size: {world}\nlocal_world_size: 8\ncompute_device: cuda\n"
+                    "hbm_cap: 80GiB\nddr_cap: 128GiB\n")
+    return path
+
+
+def run_plan(spec: Path, topo: Path, out: Path, backend: str, groups: int | None = None,
+             env: dict | None = None) -> dict:
+    cmd = ["/usr/bin/time", "-f", "MAXRSS_KB=%M", str(BIN / "shardflow"), "plan", str(spec),
+           "--topology", str(topo), "--out", str(out), "--backend", backend]
+    if groups:
+        cmd += ["--groups", str(groups)]
+    began = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    wall = time.perf_counter() - began
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stderr[-3000:]}")
+    plan = json.loads((out / "plan.json").read_text())
+    rss = int(re.search(r"MAXRSS_KB=(\d+)", r.stderr).group(1))
+    m = plan["metrics"]
+    return {"backend": backend, "groups": plan["planner"].get("groups"), "wall_s": round(wall, 2),
+            "planning_s": m["planning_s"], "max_rss_mib": round(rss / 1024),
+            "critical_path": m["critical_path"], "lower_bound": m["lower_bound"],
+            "gap_pct": round(100 * m["gap"], 2), "plan_id": plan["plan_id"]}
+
+
+def actor_speedup(spec_tables: int, world: int, groups: int) -> list[dict]:
+    """Search time with 1 and 2 actors on the same groups, Ray already running (no start-up)."""
+    import ray
+
+    from rec.planning import plan_spec
+    from rec.topology import topology_from_dict
+    from tasks.ray_search import RaySearcher
+
+    spec = power_law_spec(spec_tables, seed=0)
+    topo = topology_from_dict(dict(world_size=world, local_world_size=8, compute_device="cuda",
+                                   hbm_cap="80GiB", ddr_cap="128GiB"))
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+    rows = []
+    try:
+        for actors in range(1, (os.cpu_count() or 1) + 1):
+            began = time.perf_counter()
+            plan = plan_spec(spec, topo, searcher=RaySearcher(groups=groups, actors=actors))
+            rows.append({"actors": actors, "groups": groups, "seconds": round(time.perf_counter() - began, 2),
+                         "critical_path": plan.metrics.critical_path})
+    finally:
+        ray.shutdown()
+    base = rows[0]["seconds"]
+    for row in rows:
+        row["speedup"] = round(base / row["seconds"], 2)
+    return rows
+
+
+def two_node_cluster(spec: Path, topo: Path, out: Path) -> dict:
+    """`ray start --head` plus a second `ray start --address` on loopback: two Ray nodes."""
+    port = 6390
+    ray_bin = str(BIN / "ray")
+    subprocess.run([ray_bin, "stop", "--force"], capture_output=True)
+    subprocess.run([ray_bin, "start", "--head", f"--port={port}", "--num-cpus=1",
+                    "--include-dashboard=false"], check=True, capture_output=True)
+    try:
+        subprocess.run([ray_bin, "start", f"--address=127.0.0.1:{port}", "--num-cpus=1"],
+                       check=True, capture_output=True)
+        import ray
+
+        ray.init(address=f"127.0.0.1:{port}", log_to_driver=False)
+        nodes = len([n for n in ray.nodes() if n["Alive"]])
+        ray.shutdown()
+        row = run_plan(spec, topo, out, "ray", groups=4, env={"RAY_ADDRESS": f"127.0.0.1:{port}"})
+        row["ray_nodes"] = nodes
+        return row
+    finally:
+        subprocess.run([ray_bin, "stop", "--force"], capture_output=True)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--skip-100k", action="store_true")
+    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "scale_bench.json"))
+    args = p.parse_args()
+    results: dict = {"machine_cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d")}
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        cases = [(2_000, 32)] if args.quick else [(10_000, 128)] + ([] if args.skip_100k else [(100_000, 1024)])
+        results["scale"] = []
+        for tables, world in cases:
+            spec = d / f"power_law_{tables}.parquet"
+            write_spec(power_law_spec(tables, seed=0), spec)
+            topo = topology_file(d, world)
+            for backend in ("local", "ray"):
+                row = run_plan(spec, topo, d / f"out_{tables}_{backend}", backend)
+                row.update(tables=tables, world_size=world)
+                results["scale"].append(row)
+                print(json.dumps(row), flush=True)
+        small = (2_000, 32) if args.quick else (10_000, 128)
+        results["actors"] = actor_speedup(*small, groups=8)
+        for row in results["actors"]:
+            print(json.dumps(row), flush=True)
+        spec = d / "two_node.parquet"
+        write_spec(power_law_spec(small[0], seed=0), spec)
+        results["two_node"] = two_node_cluster(spec, topology_file(d, small[1]), d / "out_two_node")
+        print(json.dumps(results["two_node"]), flush=True)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,5 +1,6 @@
 # shardflow: `make install` sets up .venv, `make test` runs the tests, `make run` runs the pipeline
-# on the bundled example. GPU users: see README ("GPU install").
+# (plan, then train; Prefect and MLflow on embedded defaults) on the bundled example.
+# GPU users: see README ("GPU install").
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
@@ -24,10 +25,10 @@ test: install
 	$(BIN)/python -m pytest
 
 run: install
-	$(BIN)/shardflow plan examples/specs/cpu_demo.yaml --topology examples/topologies/cpu_2proc.yaml --out out/plan
+	$(BIN)/shardflow run examples/specs/cpu_demo.yaml --topology examples/topologies/cpu_2proc.yaml --train-iterations 20 --batch-size 64
 
 bench: install
 	$(BIN)/python bench/plan_bench.py
 
 clean:
-	rm -rf $(VENV) out mlruns mlflow.db
+	rm -rf $(VENV) out mlruns mlflow.db .shardflow

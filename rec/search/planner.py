@@ -10,9 +10,11 @@ from rec.search.bound import lower_bound
 from rec.search.config import SearchConfig
 from rec.search.feasibility import check_every_table_fits, packing_failure
 from rec.search.pack import PackingError, PackOrder, pack
+from rec.search.placement import FREE, HOST_FREE
 from rec.search.refine import refine
 from rec.search.result import SearchResult
 from rec.search.select import select_options, shard_limits
+from rec.search.switch import switch_options
 from rec.search.space import SearchSpace, build_space
 from rec.spec.types import Spec
 from rec.topology.types import Topology
@@ -40,7 +42,11 @@ def search(space: SearchSpace, config: SearchConfig = SearchConfig(),
     bound = lower_bound(space)
     least = ladder_bound if ladder_bound is not None else (bound.largest_shard or bound.value)
     limits = shard_limits(space, least, config.shard_limits)
-    candidates = [select_options(space, limit) for limit in limits]
+    # With few tables, whole shards placed freely can balance better than options that load
+    # every rank (replicas, row splits), even at more total work.
+    whole = (space.placement == FREE) | (space.placement == HOST_FREE)
+    candidates = [select_options(space, limit, allowed=allowed)
+                  for allowed in (None, whole) for limit in limits]
     candidates.append(select_options(space, np.inf, cost=_total_hbm(space)))
     packed: list[Assignment] = []
     seen: set[bytes] = set()
@@ -61,7 +67,11 @@ def search(space: SearchSpace, config: SearchConfig = SearchConfig(),
     # Local search is the expensive part: spend it on the candidates that packed best.
     packed.sort(key=lambda a: a.critical_path)
     refined = [refine(space, a, config.refine_rounds) for a in packed[:config.refine_top]]
-    return min(refined, key=lambda a: a.critical_path)
+    best = min(refined, key=lambda a: a.critical_path)
+    if best.critical_path > (1 + config.switch_above_gap) * bound.value:
+        while switch_options(space, best, config.switch_steps):
+            refine(space, best, config.refine_rounds)
+    return best
 
 
 def _total_hbm(space: SearchSpace) -> np.ndarray:

@@ -21,11 +21,16 @@ def first_min_per_table(space: SearchSpace, score: np.ndarray) -> np.ndarray:
 
 
 def select_options(space: SearchSpace, max_shard_limit: float,
-                   cost: np.ndarray | None = None) -> np.ndarray:
-    """Per table, the least-``cost`` feasible option whose largest shard is within the limit;
-    tables with no such option take the option with the smallest largest shard."""
+                   cost: np.ndarray | None = None, allowed: np.ndarray | None = None) -> np.ndarray:
+    """Per table, the least-``cost`` feasible (and ``allowed``, where the table has such an
+    option) option whose largest shard is within the limit; tables with no such option take the
+    option with the smallest largest shard."""
     cost = space.work if cost is None else cost
-    within = space.feasible & (space.max_shard <= max_shard_limit)
+    if allowed is not None:
+        has_allowed = np.zeros(space.num_tables, dtype=bool)
+        has_allowed[space.options.table[allowed & space.feasible]] = True
+        cost = np.where(allowed | ~has_allowed[space.options.table], cost, np.inf)
+    within = space.feasible & (space.max_shard <= max_shard_limit) & np.isfinite(cost)
     choice = first_min_per_table(space, np.where(within, cost, np.inf))
     has_within = np.zeros(space.num_tables, dtype=bool)
     has_within[space.options.table[within]] = True

@@ -56,16 +56,8 @@ def test_torchrec_rates_mixed_plan_on_two_hosts_at_shardflows_critical_path_with
     assert {t.sharding_type.value for t in plan.tables} - {"data_parallel", "table_wise"}  # not trivial
 
 
-# Strict xfails: known cases where the search loses to TorchRec (all table_wise, evenly paired);
-# they start failing once the search finds TorchRec's plan, so the marker gets removed then.
-@pytest.mark.parametrize("n_tables, world", [
-    (6, 4),
-    (10, 4),
-    pytest.param(8, 4, marks=pytest.mark.xfail(
-        strict=True, reason="search 0.004731 ms (data_parallel + row_wise); TorchRec all table_wise 0.004368")),
-    pytest.param(16, 8, marks=pytest.mark.xfail(
-        strict=True, reason="search 0.010839 ms (table_wise + 5 data_parallel); TorchRec all table_wise 0.009157")),
-])
+# Few tables: balance hinges on granularity (TorchRec's answer is all table_wise, evenly paired).
+@pytest.mark.parametrize("n_tables, world", [(6, 4), (8, 4), (10, 4), (16, 8)])
 def test_shardflow_critical_path_is_no_worse_than_torchrec_planner(n_tables, world):
     spec, topology = issue2282_spec(n_tables), cuda(world, world)
     plan = plan_spec(spec, topology)

@@ -1,0 +1,72 @@
+"""``shardflow compare``: plans and their training runs side by side, from MLflow.
+
+One row per training of a plan (plans never trained get one row with ``-``), newest plans first:
+the plan's quality in TorchRec's cost model next to the latency measured when training with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from datetime import datetime
+
+from flows.commands.run import add_tracking_arguments
+
+HEADER = ("plan_id", "spec_hash", "tables", "world", "backend", "critical_path", "lower_bound",
+          "gap", "trained", "p50_ms", "p90_ms", "samples_s")
+NUMBERS = ("tables", "world", "critical_path", "lower_bound", "gap", "p50_ms", "p90_ms", "samples_s")
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("compare", help="plans and training runs side by side (from MLflow)",
+                              description=__doc__)
+    p.add_argument("--spec-hash", default=None, help="only plans of this spec hash")
+    p.add_argument("--plan-id", default=None, help="only this plan")
+    p.add_argument("--last", type=int, default=20, metavar="N", help="the N newest plans (default 20)")
+    add_tracking_arguments(p)
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from flows.text_table import render_table
+    from rec.errors import InputError, Problem
+    from tasks.outbox import Outbox
+    from tasks.tracking import TrackingUnavailable, connect, find_runs, tracking_for
+
+    if args.last < 1:
+        raise InputError("Cannot compare:", [Problem("--last", f"must be at least 1, got {args.last}")])
+    tracking = tracking_for(args.tracking_uri, args.experiment, args.state_dir)
+    try:
+        client, experiment_id = connect(tracking)
+    except TrackingUnavailable as e:
+        raise InputError("Cannot read MLflow:", [Problem(tracking.uri, str(e))]) from None
+    filters = {k: v for k, v in (("spec_hash", args.spec_hash), ("plan_id", args.plan_id)) if v}
+    plans = find_runs(client, [experiment_id], step="plan", finished=True, max_results=args.last,
+                      **filters)
+    rows = []
+    for plan in plans:
+        plan_id = plan.data.tags["shardflow.plan_id"]
+        trains = find_runs(client, [experiment_id], step="train", finished=True, plan_id=plan_id)
+        rows += [plan_row(plan, train) for train in trains] or [plan_row(plan, None)]
+    if rows:
+        print(render_table(HEADER, rows, right=NUMBERS))
+    else:
+        print(f"no plan runs in experiment {tracking.experiment!r} at {tracking.uri}"
+              + (" matching the filters" if filters else ""))
+    waiting = len(Outbox(tracking.outbox_dir).entries())
+    if waiting:
+        print(f"\n{waiting} record(s) wait in {tracking.outbox_dir} for MLflow (not shown)")
+    return 0
+
+
+def plan_row(plan, train) -> tuple:
+    """Plan columns, then the training's (``-`` without one)."""
+    p, params = plan.data.metrics, plan.data.params
+    row = (plan.data.tags["shardflow.plan_id"], plan.data.tags.get("shardflow.spec_hash", "-"),
+           params.get("tables", "-"), params.get("world_size", "-"), params.get("backend", "-"),
+           f"{p['critical_path']:.4f}", f"{p['lower_bound']:.4f}", f"{100 * p.get('gap', 0):.2f}%")
+    if train is None:
+        return row + ("-",) * 4
+    t = train.data.metrics
+    started = datetime.fromtimestamp(train.info.start_time / 1000).strftime("%Y-%m-%d %H:%M")
+    return row + (started, f"{t['iteration_latency_ms_p50']:.2f}", f"{t['iteration_latency_ms_p90']:.2f}",
+                  f"{t['samples_per_s']:,.0f}")

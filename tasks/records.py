@@ -1,0 +1,153 @@
+"""What shardflow records in MLflow: one ``RunRecord`` per run, built from a plan or a training.
+
+A record is complete and plain JSON, so it can wait in the outbox while MLflow is away and be
+delivered later exactly as it would have been logged at once. ``EndRecord`` finishes a parent run
+(pipeline, replan) that was recorded as RUNNING when it began.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rec.plan import Plan
+    from tasks.ingest import Inputs
+    from tasks.training import Trained
+
+# Every run carries STEP and PLAN_ID; RECORD makes delivery idempotent.
+STEP = "shardflow.step"  # plan | train | pipeline | replan
+PLAN_ID = "shardflow.plan_id"
+RECORD = "shardflow.record"
+SPEC_HASH = "shardflow.spec_hash"
+SPEC_PATH = "shardflow.spec_path"
+TOPOLOGY_HASH = "shardflow.topology_hash"
+TOPOLOGY_PATH = "shardflow.topology_path"
+REPLAN = "shardflow.replan"  # replan runs: unchanged | replanned
+ATTEMPTS = "shardflow.attempts"  # train runs: Prefect attempts the training took
+PARENT = "mlflow.parentRunId"  # what makes MLflow show a run nested under another
+
+PLAN_ARTIFACTS = ("plan.json", "shards.parquet", "rank_load.png")
+TRAIN_ARTIFACTS = ("train_metrics.json", "iterations.parquet")
+LATENCY_SERIES = "iteration_latency_ms"
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One MLflow run, complete: tags, params, metrics, per-step series and artifact file names."""
+
+    key: str
+    step: str
+    name: str
+    tags: dict[str, str]
+    params: dict[str, str] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    series: dict[str, list[list[float]]] = field(default_factory=dict)  # name -> [[step, value]]
+    artifacts: tuple[str, ...] = ()  # files stored next to the record until delivered
+    parent_key: str | None = None
+    status: str = "FINISHED"  # RUNNING: a parent run that an EndRecord finishes later
+    start_ms: int = 0
+    end_ms: int | None = None
+    # A plan run is skipped when MLflow already has a finished run of the same plan_id.
+    unique_plan: bool = False
+
+
+@dataclass(frozen=True)
+class EndRecord:
+    """Finishes the run of record ``key`` with ``status``, adding ``tags``."""
+
+    key: str
+    status: str
+    end_ms: int
+    tags: dict[str, str] = field(default_factory=dict)
+
+
+def new_key() -> str:
+    return uuid.uuid4().hex
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def dumps_record(record: RunRecord | EndRecord) -> str:
+    op = "run" if isinstance(record, RunRecord) else "end"
+    return json.dumps({"op": op, **asdict(record)}, indent=1, sort_keys=True)
+
+
+def loads_record(text: str) -> RunRecord | EndRecord:
+    d = json.loads(text)
+    op = d.pop("op")
+    if op == "end":
+        return EndRecord(**d)
+    d["artifacts"] = tuple(d["artifacts"])
+    return RunRecord(**d)
+
+
+def source_tags(inputs: Inputs) -> dict[str, str]:
+    """Which spec file on which topology: what replan_flow looks runs up by."""
+    return {SPEC_HASH: inputs.spec.spec_hash, SPEC_PATH: inputs.spec_path,
+            TOPOLOGY_HASH: inputs.topology.topology_hash, TOPOLOGY_PATH: inputs.topology_path}
+
+
+def plan_record(plan: Plan, inputs: Inputs, parent_key: str | None = None) -> RunRecord:
+    m = plan.metrics
+    planner = plan.planner
+    return RunRecord(
+        key=new_key(), step="plan", name=f"plan-{plan.plan_id}", parent_key=parent_key,
+        tags={STEP: "plan", PLAN_ID: plan.plan_id, **source_tags(inputs)},
+        params={"tables": str(len(plan.tables)), "world_size": str(plan.topology["world_size"]),
+                "backend": planner.get("backend", "local"), "groups": str(planner.get("groups", 1)),
+                "compute_device": str(plan.topology["compute_device"]),
+                "optimizer": str(planner["cost"]["optimizer"])},
+        metrics={"planning_s": m.planning_s, "critical_path": m.critical_path,
+                 "lower_bound": m.lower_bound, "gap": m.gap,
+                 "max_hbm_gib": max(m.rank_hbm) / GIB, "max_ddr_gib": max(m.rank_ddr) / GIB},
+        artifacts=PLAN_ARTIFACTS, start_ms=now_ms(), end_ms=now_ms(), unique_plan=True,
+    )
+
+
+def train_record(trained: Trained, parent_key: str | None = None) -> RunRecord:
+    """The train run; its per-step latency series comes from iterations.parquet."""
+    import pyarrow.parquet as pq
+
+    m, s = trained.metrics, trained.settings
+    lat = m["iteration_latency_ms"]
+    rows = pq.read_table(Path(trained.out_dir) / "iterations.parquet").to_pydict()
+    return RunRecord(
+        key=new_key(), step="train", name=f"train-{trained.plan_id}", parent_key=parent_key,
+        tags={STEP: "train", PLAN_ID: trained.plan_id, ATTEMPTS: str(trained.attempts)},
+        params={"world_size": str(m["world_size"]), "nnodes": str(s.nnodes),
+                "nproc_per_node": str(trained.nproc_per_node), "iterations": str(m["iterations"]),
+                "warmup": str(m["warmup"]), "batch_size": str(m["batch_size"]),
+                "pipeline": m["pipeline"], "model": m["model"], "resumed_from": str(m["resumed_from"])},
+        metrics={"iteration_latency_ms_p50": lat["p50"], "iteration_latency_ms_p90": lat["p90"],
+                 "iteration_latency_ms_p99": lat["p99"], "iteration_latency_ms_mean": lat["mean"],
+                 "samples_per_s": m["samples_per_s"]},
+        series={LATENCY_SERIES: [[int(i), float(v)] for i, v in
+                                 zip(rows["iteration"], rows["latency_ms"])]},
+        artifacts=TRAIN_ARTIFACTS, start_ms=trained.started_ms, end_ms=now_ms(),
+    )
+
+
+def parent_record(step: str, name: str, plan_id: str, inputs: Inputs,
+                  params: dict[str, str], extra_tags: dict[str, str] | None = None) -> RunRecord:
+    """A pipeline or replan run, RUNNING until its EndRecord; plan and train runs nest under it."""
+    return RunRecord(
+        key=new_key(), step=step, name=name, status="RUNNING", start_ms=now_ms(), params=params,
+        tags={STEP: step, PLAN_ID: plan_id, **source_tags(inputs), **(extra_tags or {})},
+    )
+
+
+def unchanged_record(inputs: Inputs, plan_id: str) -> RunRecord:
+    """replan_flow found the spec unchanged: a small finished run says so."""
+    return RunRecord(
+        key=new_key(), step="replan", name=f"replan-{Path(inputs.spec_path).stem}",
+        tags={STEP: "replan", PLAN_ID: plan_id, REPLAN: "unchanged", **source_tags(inputs)},
+        start_ms=now_ms(), end_ms=now_ms(),
+    )

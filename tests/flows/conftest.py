@@ -1,0 +1,24 @@
+"""One Prefect test harness (a temporary Prefect server) for every flow test: it is slow to start."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def prefect_api():
+    from prefect.testing.utilities import prefect_test_harness
+
+    # The server's telemetry write races its own start-up on SQLite ("database is locked").
+    previous = os.environ.get("PREFECT_SERVER_ANALYTICS_ENABLED")
+    os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+    try:
+        with prefect_test_harness(server_startup_timeout=180):
+            yield
+    finally:
+        if previous is None:
+            os.environ.pop("PREFECT_SERVER_ANALYTICS_ENABLED", None)
+        else:
+            os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = previous

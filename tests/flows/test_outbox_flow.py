@@ -1,0 +1,55 @@
+"""MLflow away: plans wait in the outbox on local disk and reach MLflow when it is back."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "examples" / "specs" / "cpu_demo.yaml"
+CPU_2PROC = ROOT / "examples" / "topologies" / "cpu_2proc.yaml"
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # SQLAlchemy, from MLflow+Prefect
+
+
+def unused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_plan_waits_in_the_outbox_while_mlflow_is_away_and_is_logged_when_it_returns(
+        prefect_api, tmp_path):
+    from mlflow import MlflowClient
+
+    from flows.plan import plan_flow
+    from rec.plan import read_plan
+    from tasks.outbox import Outbox
+    from tasks.plan_fetch import fetch_plan
+    from tasks.tracking import tracking_for
+
+    state, out = str(tmp_path / "state"), str(tmp_path / "out")
+    away = f"http://127.0.0.1:{unused_port()}"  # nothing listens there
+    first = plan_flow(str(DEMO), str(CPU_2PROC), out_dir=out, tracking_uri=away, state_dir=state)
+    assert first.logged.run_id is None and first.logged.pending == 1
+    outbox = Outbox(Path(state, "outbox"))
+    (entry,) = outbox.entries()
+    assert {p.name for p in entry.iterdir()} == {"record.json", "plan.json", "shards.parquet",
+                                                 "rank_load.png"}
+    # Still usable meanwhile: --plan-id finds the plan in the outbox.
+    fetched = fetch_plan(tracking_for(away, state_dir=state), first.plan_id, tmp_path / "fetched")
+    assert read_plan(fetched).plan_id == first.plan_id
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"  # MLflow is back
+    second = plan_flow(str(DEMO), str(CPU_2PROC), out_dir=out, tracking_uri=uri, state_dir=state)
+    assert second.cached and second.plan_id == first.plan_id
+    assert outbox.entries() == []
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("shardflow").experiment_id
+    (run,) = client.search_runs([experiment])
+    assert run.info.run_id == second.logged.run_id
+    assert run.data.tags["shardflow.step"] == "plan" and run.data.tags["shardflow.plan_id"] == first.plan_id
+    assert run.data.params["tables"] == "8" and "critical_path" in run.data.metrics
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} == \
+        {"plan.json", "shards.parquet", "rank_load.png"}

@@ -1,0 +1,181 @@
+"""The pipeline on real Prefect (test harness), MLflow (SQLite) and torchrun (2 gloo processes)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from flows.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "examples" / "specs" / "cpu_demo.yaml"
+CPU_2PROC = ROOT / "examples" / "topologies" / "cpu_2proc.yaml"
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # SQLAlchemy, from MLflow+Prefect
+TINY_TRAINING = ["--train-iterations", "6", "--warmup", "1", "--batch-size", "32"]
+
+
+@dataclass(frozen=True)
+class Store:
+    root: Path
+
+    @property
+    def uri(self) -> str:
+        return f"sqlite:///{self.root / 'mlflow.db'}"
+
+    @property
+    def state(self) -> str:
+        return str(self.root / "state")
+
+    @property
+    def out(self) -> str:
+        return str(self.root / "out")
+
+    def args(self) -> list[str]:
+        return ["--tracking-uri", self.uri, "--state-dir", self.state]
+
+    def runs(self, step: str | None = None) -> list:
+        from mlflow import MlflowClient
+
+        client = MlflowClient(self.uri)
+        experiment = client.get_experiment_by_name("shardflow")
+        runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
+        return [r for r in runs if step is None or r.data.tags["shardflow.step"] == step]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Store:
+    return Store(tmp_path_factory.mktemp("pipeline"))
+
+
+@pytest.fixture(scope="module")
+def first_run(prefect_api, store) -> str:
+    """``shardflow run`` once; its stdout."""
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        code = main(["run", str(DEMO), "--topology", str(CPU_2PROC), *TINY_TRAINING,
+                     "--out", store.out, *store.args()])
+    assert code == 0, stdout.getvalue()
+    return stdout.getvalue()
+
+
+def plan_id_of(store: Store) -> str:
+    return json.loads(Path(store.out, "plan", "plan.json").read_text())["plan_id"]
+
+
+def test_run_records_a_pipeline_run_with_nested_plan_and_train_runs(first_run, store):
+    from mlflow import MlflowClient
+
+    plan_id = plan_id_of(store)
+    (pipeline,), (plan,), (train,) = store.runs("pipeline"), store.runs("plan"), store.runs("train")
+    for run in (pipeline, plan, train):
+        assert run.info.status == "FINISHED"
+        assert run.data.tags["shardflow.plan_id"] == plan_id
+    assert plan.data.tags["mlflow.parentRunId"] == pipeline.info.run_id
+    assert train.data.tags["mlflow.parentRunId"] == pipeline.info.run_id
+
+    assert {k: plan.data.params[k] for k in ("tables", "world_size", "backend", "groups")} == \
+        {"tables": "8", "world_size": "2", "backend": "local", "groups": "1"}
+    assert {"planning_s", "critical_path", "lower_bound", "max_hbm_gib"} <= set(plan.data.metrics)
+    client = MlflowClient(store.uri)
+    assert {a.path for a in client.list_artifacts(plan.info.run_id)} == \
+        {"plan.json", "shards.parquet", "rank_load.png"}
+    png = Path(client.download_artifacts(plan.info.run_id, "rank_load.png", str(store.root / "dl")))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    metrics = json.loads(Path(store.out, "train", "train_metrics.json").read_text())
+    assert train.data.metrics["iteration_latency_ms_p50"] == metrics["iteration_latency_ms"]["p50"]
+    assert {"iteration_latency_ms_p90", "samples_per_s"} <= set(train.data.metrics)
+    series = client.get_metric_history(train.info.run_id, "iteration_latency_ms")
+    assert sorted(m.step for m in series) == list(range(6))
+
+    for where in ("plan.json", plan_id, "train_metrics.json", "mlflow ui --backend-store-uri",
+                  pipeline.info.run_id):
+        assert where in first_run
+
+
+def test_rerunning_an_unchanged_plan_searches_nothing_and_adds_no_plan_run(first_run, store):
+    from flows.plan import plan_flow
+
+    outcome = plan_flow(str(DEMO), str(CPU_2PROC), out_dir=store.out, tracking_uri=store.uri,
+                        state_dir=store.state)
+    (plan_run,) = store.runs("plan")
+    assert outcome.cached
+    assert outcome.plan_id == plan_id_of(store)
+    assert outcome.logged.run_id == plan_run.info.run_id
+
+
+def test_a_failed_training_is_retried_by_prefect_without_replanning(first_run, store, monkeypatch):
+    from flows.pipeline import pipeline_flow
+
+    plan_runs = len(store.runs("plan"))
+    monkeypatch.setenv("SHARDFLOW_FAIL_AT_ITERATION", "2:1")  # rank 1 dies at iteration 2
+    outcome = pipeline_flow(str(DEMO), str(CPU_2PROC), train_iterations=6, warmup=1, batch_size=32,
+                            max_restarts=0, train_retries=1, train_retry_delay_s=0,
+                            out_dir=store.out, tracking_uri=store.uri, state_dir=store.state)
+    assert outcome.trained.attempts == 2
+    assert outcome.cached  # the retry, and this whole re-run, searched nothing
+    assert len(store.runs("plan")) == plan_runs
+    pipeline = store.runs("pipeline")[-1]
+    train = store.runs("train")[-1]
+    assert train.data.tags["shardflow.attempts"] == "2"
+    assert train.data.tags["shardflow.plan_id"] == outcome.plan_id == plan_id_of(store)
+    assert train.data.tags["mlflow.parentRunId"] == pipeline.info.run_id
+    nested = [r for r in store.runs() if r.data.tags.get("mlflow.parentRunId") == pipeline.info.run_id]
+    assert [r.data.tags["shardflow.step"] for r in nested] == ["train"]
+
+
+def test_train_plan_id_fetches_the_plan_from_its_mlflow_run(first_run, store, tmp_path, capfd):
+    plan_id = plan_id_of(store)
+    # 3 processes for a 2-rank plan: the plan is fetched and checked, then refused (no training).
+    code = main(["train", "--plan-id", plan_id, "--out", str(tmp_path), "--nproc-per-node", "3",
+                 *store.args()])
+    out, err = capfd.readouterr()
+    assert code == 2
+    assert f"fetched plan {plan_id}" in out and "2 ranks" in err
+    fetched = tmp_path / "plan" / "plan.json"
+    assert json.loads(fetched.read_text())["plan_id"] == plan_id
+
+    code = main(["train", "--plan-id", "0123456789abcdef", "--out", str(tmp_path), *store.args()])
+    err = capfd.readouterr().err
+    assert code == 2 and "Cannot find plan 0123456789abcdef" in err and "Traceback" not in err
+
+
+def test_compare_shows_each_plan_next_to_its_training_latency(first_run, store, capsys):
+    plan_id = plan_id_of(store)
+    assert main(["compare", *store.args()]) == 0
+    out = capsys.readouterr().out
+    header, rule, *rows = out.strip().splitlines()
+    for column in ("plan_id", "tables", "world", "critical_path", "lower_bound", "gap", "p50_ms", "p90_ms"):
+        assert column in header
+    trains = store.runs("train")
+    assert len(rows) == len(trains) and all(row.startswith(plan_id) for row in rows)
+    p50s = {f"{t.data.metrics['iteration_latency_ms_p50']:.2f}" for t in trains}
+    assert p50s <= {row.split()[-3] for row in rows}
+
+    assert main(["compare", "--spec-hash", "ffffffffffffffff", *store.args()]) == 0
+    assert "no plan runs" in capsys.readouterr().out
+    assert main(["compare", "--last", "0", *store.args()]) == 2
+
+
+def test_bad_input_to_run_exits_2_with_a_one_screen_message(prefect_api, tmp_path, capfd):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- {name: dup, num_embeddings: 10, embedding_dim: 4}\n"
+                   "- {name: dup, num_embeddings: 10, embedding_dim: 4}\n")
+    args = ["--out", str(tmp_path / "out"), "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}",
+            "--state-dir", str(tmp_path / "state")]
+    assert main(["run", str(bad), "--topology", str(CPU_2PROC), *args]) == 2
+    err = capfd.readouterr().err
+    assert "dup" in err and "Traceback" not in err and len(err.splitlines()) < 25
+
+    # Found inside the flow (the search): still one message, no traceback.
+    tiny = tmp_path / "tiny.yaml"
+    tiny.write_text(CPU_2PROC.read_text().replace("ddr_cap: 16GiB", "ddr_cap: 1MiB"))
+    assert main(["run", str(DEMO), "--topology", str(tiny), *args]) == 2
+    err = capfd.readouterr().err
+    assert "user_id" in err and "Traceback" not in err and len(err.splitlines()) < 30

@@ -1,0 +1,67 @@
+"""The outbox delivers records to a real MLflow (SQLite) in order, nested, exactly once."""
+
+from __future__ import annotations
+
+import pytest
+
+from tasks.outbox import Outbox
+from tasks.records import EndRecord, RunRecord, new_key, now_ms
+from tasks.tracking import Tracking
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # SQLAlchemy, from MLflow
+
+
+def run_record(step: str, plan_id: str = "p1", **kw) -> RunRecord:
+    kw = {"start_ms": now_ms(), "end_ms": now_ms(), **kw}
+    return RunRecord(key=new_key(), step=step, name=f"{step}-test",
+                     tags={"shardflow.step": step, "shardflow.plan_id": plan_id}, **kw)
+
+
+@pytest.fixture(scope="module")
+def mlflow_db(tmp_path_factory):
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
+def runs(uri: str, experiment: str) -> list:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    return [] if exp is None else client.search_runs([exp.experiment_id],
+                                                     order_by=["attributes.start_time ASC"])
+
+
+def test_records_wait_while_mlflow_is_away_then_arrive_in_order_and_nested(mlflow_db, tmp_path):
+    outbox = Outbox(tmp_path / "outbox")
+    away = Tracking("http://127.0.0.1:9", "nested", str(outbox.root))
+    parent = run_record("pipeline", status="RUNNING", end_ms=None)
+    child = run_record("train", parent_key=parent.key, metrics={"samples_per_s": 5.0},
+                       series={"iteration_latency_ms": [[0, 2.0], [1, 1.5]]})
+    for record in (parent, child, EndRecord(parent.key, "FINISHED", now_ms(), {"shardflow.plan_id": "p2"})):
+        outbox.put(record)
+        assert outbox.deliver(away).pending > 0
+    assert len(outbox.entries()) == 3
+
+    delivery = outbox.deliver(Tracking(mlflow_db, "nested", str(outbox.root)))
+    assert delivery.pending == 0 and outbox.entries() == []
+    steps = {r.data.tags["shardflow.step"]: r for r in runs(mlflow_db, "nested")}
+    pipeline, train = steps["pipeline"], steps["train"]
+    assert pipeline.info.status == train.info.status == "FINISHED"
+    assert pipeline.data.tags["shardflow.plan_id"] == "p2"  # the EndRecord's tags
+    assert train.data.tags["mlflow.parentRunId"] == pipeline.info.run_id
+    assert train.data.metrics["samples_per_s"] == 5.0
+
+
+def test_a_record_delivered_twice_makes_one_run_and_a_plan_is_logged_once(mlflow_db, tmp_path):
+    outbox = Outbox(tmp_path / "outbox")
+    tracking = Tracking(mlflow_db, "once", str(outbox.root))
+    record = run_record("train")
+    outbox.put(record)
+    outbox.put(record)  # as if the process died after MLflow took it, before removing the entry
+    first = run_record("plan", plan_id="same", unique_plan=True)
+    outbox.put(first)
+    outbox.put(run_record("plan", plan_id="same", unique_plan=True))  # the same plan, planned again
+    delivery = outbox.deliver(tracking)
+    assert delivery.pending == 0
+    assert sorted(r.data.tags["shardflow.step"] for r in runs(mlflow_db, "once")) == ["plan", "train"]
+    assert len(set(delivery.run_ids.values())) == 2

@@ -18,8 +18,8 @@ from rec.plan import Plan
 from tasks import records
 from tasks.ingest import Inputs
 from tasks.outbox import Delivery, Outbox
-from tasks.records import EndRecord, RunRecord
 from tasks.plan_fetch import fetch_plan
+from tasks.records import EndRecord, RunRecord
 from tasks.tracking import Tracking, TrackingUnavailable, connect, last_planning
 from tasks.training import Trained
 
@@ -61,6 +61,9 @@ def deliver_outbox(tracking: Tracking) -> Delivery:
     delivery = Outbox(tracking.outbox_dir).deliver(tracking)
     if delivery.run_ids:
         get_run_logger().info("delivered %d waiting record(s) to MLflow", len(delivery.run_ids))
+    if delivery.pending:
+        get_run_logger().warning("MLflow unavailable (%s): %d record(s) still wait in %s",
+                                 delivery.error, delivery.pending, tracking.outbox_dir)
     return delivery
 
 

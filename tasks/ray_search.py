@@ -19,28 +19,28 @@ from rec.search import SearchConfig, SearchResult
 from rec.search.bound import lower_bound
 from rec.search.group import GroupResult, search_group, split_groups
 from rec.search.merge import merge_groups
+from rec.search.planner import candidate_limits
 from rec.search.space import SearchSpace
 
 log = logging.getLogger(__name__)
 
 AUTO_RAY_MIN_TABLES = 5_000  # below this, Ray's start-up costs more than it saves
-TABLES_PER_GROUP = 1_000
+MIN_TABLES_PER_GROUP = 500
 
 
 def default_groups(num_tables: int, cpus: int) -> int:
-    """About a thousand tables a group, and at least one group per CPU for big specs."""
-    by_size = -(-num_tables // TABLES_PER_GROUP)
-    return max(1, min(num_tables, max(by_size, cpus if num_tables >= 2 * TABLES_PER_GROUP else 1)))
+    """Two groups per CPU (so a slow group does not idle the others), none under 500 tables."""
+    return max(1, min(2 * cpus, num_tables // MIN_TABLES_PER_GROUP))
 
 
 class GroupSearcher:
     """The actor body: an ordinary class, so tests can call it without Ray."""
 
-    def __init__(self, space: SearchSpace, config: SearchConfig, bound: float):
-        self.space, self.config, self.bound = space, config, bound
+    def __init__(self, space: SearchSpace, limits: list[float]):
+        self.space, self.limits = space, limits
 
     def search(self, tables: np.ndarray) -> GroupResult:
-        return search_group(self.space, tables, self.config, self.bound)
+        return search_group(self.space, tables, self.limits)
 
     def pid(self) -> int:
         return os.getpid()
@@ -62,24 +62,25 @@ class RaySearcher:
         try:
             cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
             groups = self.groups or default_groups(space.num_tables, cpus)
-            bound = lower_bound(space)
-            results = self._run_groups(space, config, bound.value, split_groups(space, groups),
+            limits = candidate_limits(space, config)
+            results = self._run_groups(space, limits, split_groups(space, groups),
                                        self.actors or min(groups, cpus))
         finally:
             if started_here:
                 ray.shutdown()
         assignment = merge_groups(space, results, config)
-        return SearchResult(space, assignment, bound, info={"backend": "ray", "groups": groups})
+        return SearchResult(space, assignment, lower_bound(space),
+                            info={"backend": "ray", "groups": groups})
 
     def after_first_wave(self, actors: list) -> None:
         """Called once every actor has a group in flight (fault-injection point for tests)."""
 
-    def _run_groups(self, space, config, bound, groups, n_actors) -> list[GroupResult]:
+    def _run_groups(self, space, limits, groups, n_actors) -> list[GroupResult]:
         import ray
 
         actor_cls = ray.remote(num_cpus=1)(GroupSearcher)
         space_ref = ray.put(space)
-        actors = [actor_cls.remote(space_ref, config, bound) for _ in range(n_actors)]
+        actors = [actor_cls.remote(space_ref, limits) for _ in range(n_actors)]
         todo = deque(range(len(groups)))
         attempts = [0] * len(groups)
         pending: dict = {}
@@ -105,7 +106,7 @@ class RaySearcher:
                     raise RuntimeError(f"group {g} failed {attempts[g]} times on Ray actors") from e
                 log.warning("Ray actor died while searching group %d; searching it again", g)
                 todo.appendleft(g)
-                idle.append(actor_cls.remote(space_ref, config, bound))
+                idle.append(actor_cls.remote(space_ref, limits))
         return [r for r in results if r is not None]
 
 

@@ -72,11 +72,11 @@ def reachable(uri: str, timeout_s: float = 3.0) -> bool:
 
 def connect(tracking: Tracking) -> tuple[MlflowClient, str]:
     """A client and the experiment id (created if missing); TrackingUnavailable if unreachable."""
+    if not reachable(tracking.uri):
+        raise TrackingUnavailable(f"nothing answers at {tracking.uri}")
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    if not reachable(tracking.uri):
-        raise TrackingUnavailable(f"nothing answers at {tracking.uri}")
     client = MlflowClient(tracking.uri)
     try:
         experiment = client.get_experiment_by_name(tracking.experiment)

@@ -1,7 +1,9 @@
-"""Split the tables into groups of similar cost and search one group on its own.
+"""Split the tables into groups of similar cost and rate the candidates on one group alone.
 
-Groups are what Ray actors search in parallel (``tasks.ray_search``); ``rec.search.merge``
-combines their choices into one plan for all ranks.
+Groups are what Ray actors search in parallel (``tasks.ray_search``). Every group builds the same
+candidates (same families, same largest-shard limits) for its own tables and packs each on top of
+a background load standing for the other groups, which rates the candidates; ``rec.search.merge``
+assembles the global candidates, packs the best-rated ones on all ranks and refines them.
 """
 
 from __future__ import annotations
@@ -13,18 +15,19 @@ import numpy as np
 from rec.cost.types import Options
 from rec.search.assignment import Assignment
 from rec.search.bound import per_table_min
-from rec.search.config import SearchConfig
-from rec.search.planner import search
+from rec.search.candidates import candidates, pack_any_order
+from rec.search.pack import PackingError
 from rec.search.space import SearchSpace, entry_layout
 
 
 @dataclass(frozen=True)
 class GroupResult:
-    """A group's chosen option per table, in the parent space's option indices."""
+    """A group's candidate choices (parent option indices) and how well each packed."""
 
     tables: np.ndarray  # (k,) table indices in the parent space
-    choice: np.ndarray  # (k,) option indices in the parent space
-    critical_path: float  # of the group alone, on top of its background load
+    families: np.ndarray  # (C,) family of each candidate
+    choices: np.ndarray  # (C, k) option per table and candidate, in the parent's option indices
+    packed: np.ndarray  # (C,) critical path of the group over its background; inf: did not fit
 
 
 def split_groups(space: SearchSpace, groups: int) -> list[np.ndarray]:
@@ -33,8 +36,7 @@ def split_groups(space: SearchSpace, groups: int) -> list[np.ndarray]:
     work = per_table_min(space, space.work)
     order = np.lexsort((np.arange(space.num_tables), -work))
     # Snake order (0..g-1, g-1..0, ...) balances like LPT for many tables, without a heap.
-    n = len(order)
-    lane = np.arange(n) % (2 * groups)
+    lane = np.arange(len(order)) % (2 * groups)
     lane = np.where(lane < groups, lane, 2 * groups - 1 - lane)
     return [np.sort(order[lane == g]) for g in range(groups)]
 
@@ -66,29 +68,33 @@ def subspace(space: SearchSpace, tables: np.ndarray) -> tuple[SearchSpace, np.nd
                    entry_position=position), keep
 
 
-def search_group(space: SearchSpace, tables: np.ndarray, config: SearchConfig,
-                 global_bound: float) -> GroupResult:
-    """Choose options for one group as if the rest of the tables were already spread evenly.
-
-    The group packs on top of a uniform background load and memory use for everything else,
-    so its choices are made at the load level of the full plan."""
-    sub, parent_option = subspace(space, tables)
+def background(space: SearchSpace, sub: SearchSpace, tables: np.ndarray) -> Assignment:
+    """The other groups as an even load and memory use on every rank."""
     least_work = per_table_min(space, space.work)
-    background = (least_work.sum() - least_work[tables].sum()) / space.world_size
-    share = 1.0 - len(tables) / max(space.num_tables, 1)
-    start = Assignment(
+    load = (least_work.sum() - least_work[tables].sum()) / space.world_size
+    total_hbm = np.add.reduceat(space.options.hbm * space.options.repeat,
+                                space.options.shard_start[:-1]).astype(float)
+    need = per_table_min(space, total_hbm)
+    other_hbm = (need.sum() - need[tables].sum()) / space.world_size
+    return Assignment(
         choice=np.zeros(len(tables), np.int64),
         shard_rank=np.full(len(sub.options.perf), -1, np.int32),
-        loads=np.full(space.world_size, background),
-        hbm=(space.hbm_cap * share * _memory_pressure(space)).astype(np.int64),
+        loads=np.full(space.world_size, load),
+        hbm=np.minimum(np.full(space.world_size, int(other_hbm)), space.hbm_cap).astype(np.int64),
         ddr=np.zeros(space.world_size, np.int64),
     )
-    a = search(sub, config, start=start, ladder_bound=global_bound)
-    return GroupResult(tables, parent_option[a.choice], a.critical_path)
 
 
-def _memory_pressure(space: SearchSpace) -> float:
-    """Fraction of HBM the smallest-HBM choice of every table would fill."""
-    total_hbm = np.add.reduceat(space.options.hbm, space.options.shard_start[:-1]).astype(float)
-    need = per_table_min(space, total_hbm).sum()
-    return float(min(1.0, need / max(space.hbm_cap.sum(), 1)))
+def search_group(space: SearchSpace, tables: np.ndarray, limits: list[float]) -> GroupResult:
+    """Build and rate the candidates of one group (``limits``: the global ladder)."""
+    sub, parent_option = subspace(space, tables)
+    start = background(space, sub, tables)
+    cands = candidates(sub, limits)
+    packed = np.full(len(cands), np.inf)
+    for i, c in enumerate(cands):
+        try:
+            packed[i] = pack_any_order(sub, c.choice, start).critical_path
+        except PackingError:
+            pass
+    return GroupResult(tables, np.array([c.family for c in cands]),
+                       parent_option[np.stack([c.choice for c in cands])], packed)

@@ -1,31 +1,30 @@
-"""Merge the groups' choices into one plan for all ranks: pack globally, then refine."""
+"""Merge the groups into one plan for all ranks: assemble the global candidates, pack the ones
+the groups rated best, refine and polish."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from rec.search.assignment import Assignment
+from rec.search.bound import lower_bound
+from rec.search.candidates import Candidate, best_of
 from rec.search.config import SearchConfig
 from rec.search.group import GroupResult
-from rec.search.pack import PackingError, PackOrder, pack
-from rec.search.refine import refine
+from rec.search.planner import polish
 from rec.search.space import SearchSpace
 
 
 def merge_groups(space: SearchSpace, groups: list[GroupResult],
                  config: SearchConfig = SearchConfig()) -> Assignment:
-    """One assignment for every table from the per-group option choices."""
-    choice = np.full(space.num_tables, -1, dtype=np.int64)
+    """One assignment for every table from the groups' candidates."""
+    count = len(groups[0].packed)
+    choice = np.full((count, space.num_tables), -1, dtype=np.int64)
     for g in groups:
-        choice[g.tables] = g.choice
+        choice[:, g.tables] = g.choices
     if (choice < 0).any():
-        raise ValueError(f"groups leave {int((choice < 0).sum())} tables without a choice")
-    failure = PackingError([])
-    for order in PackOrder:
-        try:
-            a = pack(space, choice, order)
-        except PackingError as e:
-            failure = e
-            continue
-        return refine(space, a, config.refine_rounds)
-    raise failure
+        raise ValueError("the groups leave tables without a choice")
+    # A candidate is as good as its worst group.
+    ranking = np.max([g.packed for g in groups], axis=0)
+    cands = [Candidate(int(f), choice[i]) for i, f in enumerate(groups[0].families)]
+    best = best_of(space, cands, config.refine_top, config.refine_rounds, ranking=ranking)
+    return polish(space, best, config, lower_bound(space).value)

@@ -8,6 +8,7 @@ from rec.search import SearchConfig, search
 from rec.search.bound import lower_bound
 from rec.search.group import search_group, split_groups, subspace
 from rec.search.merge import merge_groups
+from rec.search.planner import candidate_limits
 from rec.sharding import ShardingType
 
 TW, CW = ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE
@@ -44,7 +45,8 @@ def test_merged_groups_are_within_one_percent_of_a_single_search(space_of):
     space = space_of(mixed_tables(400, seed=3), world=16)
     single = search(space).critical_path
     bound = lower_bound(space).value
-    results = [search_group(space, g, SearchConfig(), bound) for g in split_groups(space, 4)]
+    limits = candidate_limits(space, SearchConfig())
+    results = [search_group(space, g, limits) for g in split_groups(space, 4)]
     merged = merge_groups(space, results)
     assert merged.critical_path <= 1.01 * single
     assert merged.critical_path >= bound - 1e-9

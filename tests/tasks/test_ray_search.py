@@ -61,11 +61,12 @@ def test_a_group_whose_actor_dies_is_searched_again_and_the_plan_is_unchanged(lo
 
 def test_the_actor_body_is_an_ordinary_class(spec):
     from rec.search import build_search_space
-    from rec.search.bound import lower_bound
     from rec.search.config import SearchConfig
     from rec.search.group import split_groups
+    from rec.search.planner import candidate_limits
 
     space = build_search_space(spec, TOPO)
     group = split_groups(space, 4)[0]
-    result = GroupSearcher(space, SearchConfig(), lower_bound(space).value).search(group)
-    assert list(result.tables) == list(group) and len(result.choice) == len(group)
+    result = GroupSearcher(space, candidate_limits(space, SearchConfig())).search(group)
+    assert list(result.tables) == list(group) and result.choices.shape[1] == len(group)
+    assert (space.options.table[result.choices] == group).all()  # every choice is its table's

@@ -158,6 +158,21 @@ def _fail_at(rank: int) -> int | None:
     return int(iteration) if int(fail_rank or 0) == rank else None
 
 
+def init_process_group(backend: str) -> None:
+    """The default process group on a store prefixed by torchrun's restart count.
+
+    After a rank dies and torchrun restarts the workers, env:// can hand the new workers the dead
+    workers' gloo addresses (stale keys in the reused store) and the restart fails to connect; a
+    prefix per attempt gives every restart fresh keys."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          is_master=not agent_hosts_store and rank == 0, multi_tenant=True)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    dist.init_process_group(backend, store=dist.PrefixStore(f"shardflow/attempt_{attempt}", store),
+                            rank=rank, world_size=world)
+
+
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, TrainConfig]:
     p = argparse.ArgumentParser(prog="rec.train.job", description=__doc__)
     p.add_argument("--plan", required=True)
@@ -191,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     EmbeddingShardingPlanner.plan = _refuse_to_plan
     EmbeddingShardingPlanner.collective_plan = _refuse_to_plan
     backend = "nccl" if plan.topology["compute_device"] == "cuda" else "gloo"
-    dist.init_process_group(backend)
+    init_process_group(backend)
     try:
         train(plan, config, args.out)
     except InputError as e:

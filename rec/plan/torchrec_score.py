@@ -87,21 +87,11 @@ def torchrec_inputs(spec: Spec, topology: Topology, cost: CostConfig = CostConfi
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner.types import ParameterConstraints
     from torchrec.distributed.types import CacheParams
-    from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig, PoolingType
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-    configs = [
-        EmbeddingBagConfig(
-            name=t.name,
-            num_embeddings=t.num_embeddings,
-            embedding_dim=t.embedding_dim,
-            feature_names=list(t.feature_names),
-            pooling=PoolingType[t.pooling.value],
-            data_type=DataType[t.data_type.value],
-        )
-        for t in spec.tables
-    ]
-    ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+    from rec.train.tables import embedding_bag_configs
+
+    ebc = EmbeddingBagCollection(tables=embedding_bag_configs(spec), device=torch.device("meta"))
     optimizer_class = _optimizer_class(cost.optimizer)
     if optimizer_class is not None:
         for p in ebc.parameters():

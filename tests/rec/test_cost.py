@@ -15,6 +15,7 @@ from rec.cost import CostConfig, Optimizer, enumerate_options, rank_capacity, sh
 from rec.cost.storage import ceil_true_div
 from rec.cost.types import CK_CODE, COMPUTE_KERNELS, SHARDING_TYPES, ST_CODE
 from rec.errors import InputError
+from rec.plan.torchrec_score import torchrec_inputs, torchrec_topology
 from rec.sharding import ComputeDevice, ComputeKernel, DataType, Pooling, ShardingType
 from rec.spec.types import Spec, TableSpec
 from rec.topology import types as topo_defaults
@@ -32,21 +33,8 @@ from torchrec.distributed.planner.shard_estimators import (  # noqa: E402
 from torchrec.distributed.planner.storage_reservations import (  # noqa: E402
     HeuristicalStorageReservation,
 )
-from torchrec.distributed.planner.types import ParameterConstraints, PlannerError  # noqa: E402
-from torchrec.distributed.planner.types import Topology as TorchrecTopology  # noqa: E402
-from torchrec.distributed.types import CacheParams  # noqa: E402
-import torchrec.optim as trec_optim  # noqa: E402
-from torchrec.modules.embedding_configs import DataType as TrecDataType  # noqa: E402
-from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType  # noqa: E402
-from torchrec.modules.embedding_modules import EmbeddingBagCollection  # noqa: E402
+from torchrec.distributed.planner.types import PlannerError  # noqa: E402
 
-OPTIMIZER_CLASSES = {
-    Optimizer.NONE: None,
-    Optimizer.SGD: torch.optim.SGD,
-    Optimizer.ADAM: torch.optim.Adam,
-    Optimizer.ROWWISE_ADAGRAD: trec_optim.RowWiseAdagrad,
-    Optimizer.ADAGRAD: torch.optim.Adagrad,
-}
 DIMS = [4, 8, 12, 16, 36, 48, 64, 100, 124, 128, 132, 192, 200, 256, 260, 384, 516, 640, 1000, 1024]
 
 
@@ -85,49 +73,9 @@ def table(name: str = "t", rows: int = 1000, dim: int = 64, **kw) -> TableSpec:
     return TableSpec(name=name, num_embeddings=rows, embedding_dim=dim, feature_names=(name,), **kw)
 
 
-def torchrec_topology(t: Topology) -> TorchrecTopology:
-    # ssd_cap=0: shardflow models no SSD tier (TorchRec then drops key_value).
-    return TorchrecTopology(
-        world_size=t.world_size,
-        compute_device=t.compute_device.value,
-        hbm_cap=t.hbm_cap,
-        ddr_cap=t.ddr_cap,
-        ssd_cap=0,
-        local_world_size=t.local_world_size,
-        hbm_mem_bw=t.hbm_mem_bw,
-        ddr_mem_bw=t.ddr_mem_bw,
-        intra_host_bw=t.intra_host_bw,
-        inter_host_bw=t.inter_host_bw,
-    )
-
-
 def torchrec_model(spec: Spec, config: CostConfig):
     """The EBC on the meta device and the ParameterConstraints shardflow's model stands for."""
-    configs = [
-        EmbeddingBagConfig(
-            name=t.name,
-            num_embeddings=t.num_embeddings,
-            embedding_dim=t.embedding_dim,
-            feature_names=list(t.feature_names),
-            pooling=PoolingType[t.pooling.value],
-            data_type=TrecDataType[t.data_type.value],
-        )
-        for t in spec.tables
-    ]
-    ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
-    optimizer_class = OPTIMIZER_CLASSES[config.optimizer]
-    if optimizer_class is not None:
-        for p in ebc.parameters():
-            p._optimizer_classes = [optimizer_class]  # what apply_optimizer_in_backward sets
-    constraints = {
-        t.name: ParameterConstraints(
-            sharding_types=[s.value for s in t.sharding_types] if t.sharding_types else None,
-            compute_kernels=[k.value for k in t.compute_kernels] if t.compute_kernels else None,
-            pooling_factors=[t.pooling_factor] * len(t.feature_names),
-            cache_params=CacheParams(load_factor=config.caching_ratio),
-        )
-        for t in spec.tables
-    }
+    ebc, constraints, _, _ = torchrec_inputs(spec, make_topology(), config)
     return ebc, constraints
 
 

@@ -8,6 +8,7 @@ import numpy as np
 
 from rec.cost.types import COMPUTE_KERNELS, SHARDING_TYPES, CostConfig
 from rec.plan.identity import plan_id
+from rec.search.assignment import chosen_shards
 from rec.plan.types import Plan, PlanMetrics, Shard, TablePlan
 from rec.search.config import SearchConfig
 from rec.search.result import SearchResult
@@ -29,24 +30,37 @@ def build_plan(result: SearchResult, spec: Spec, topology: Topology, cost: CostC
     """``extra_planner`` (e.g. the number of search groups) joins the plan_id too."""
     space, a = result.space, result.assignment
     opts = space.options
-    tables = []
+    choice = a.choice
+    entries = chosen_shards(space, choice)
+    per_table = opts.shard_start[choice + 1] - opts.shard_start[choice]
+    # Expand runs to one row per shard, then build the Python objects from plain lists.
+    rep = opts.repeat[entries].astype(np.int64)
+    run = np.repeat(np.arange(len(entries)), rep)
+    k = np.arange(len(run)) - np.repeat(np.cumsum(rep) - rep, rep)
+    e = entries[run]
+    rank = (a.shard_rank[e] + k).tolist()
+    row_off = (opts.row_offset[e] + k * opts.row_step[e]).tolist()
+    col_off, rows, cols = opts.col_offset[e].tolist(), opts.rows[e].tolist(), opts.cols[e].tolist()
+    shards_per_table = np.add.reduceat(rep, np.concatenate(([0], np.cumsum(per_table)[:-1]))).tolist()
+    starts = np.concatenate(([0], np.cumsum(per_table)[:-1]))
+    perf = np.add.reduceat(opts.perf[entries] * rep, starts).tolist()
+    hbm = np.add.reduceat(opts.hbm[entries] * rep, starts).tolist()
+    ddr = np.add.reduceat(opts.ddr[entries] * rep, starts).tolist()
+    tables, i = [], 0
     for t, spec_table in enumerate(spec.tables):
-        o = int(a.choice[t])
-        sl = opts.shards(o)
-        shards = tuple(
-            Shard(int(a.shard_rank[e]) + k,
-                  (int(opts.row_offset[e] + k * opts.row_step[e]), int(opts.col_offset[e])),
-                  (int(opts.rows[e]), int(opts.cols[e])))
-            for e in range(sl.start, sl.stop) for k in range(int(opts.repeat[e])))
+        n = shards_per_table[t]
+        shards = tuple(Shard(rank[j], (row_off[j], col_off[j]), (rows[j], cols[j])) for j in range(i, i + n))
+        i += n
+        o = choice[t]
         tables.append(TablePlan(
             name=spec_table.name,
             sharding_type=SHARDING_TYPES[opts.sharding_type[o]],
             compute_kernel=COMPUTE_KERNELS[opts.compute_kernel[o]],
-            ranks=tuple(s.rank for s in shards),
+            ranks=tuple(rank[i - n:i]),
             shards=shards,
-            perf=float((opts.perf[sl] * opts.repeat[sl]).sum()),
-            hbm=int((opts.hbm[sl] * opts.repeat[sl]).sum()),
-            ddr=int((opts.ddr[sl] * opts.repeat[sl]).sum()),
+            perf=perf[t],
+            hbm=int(hbm[t]),
+            ddr=int(ddr[t]),
         ))
     metrics = PlanMetrics(
         critical_path=result.critical_path,

@@ -52,16 +52,19 @@ def pack_any_order(space: SearchSpace, choice: np.ndarray, start: Assignment | N
 
 
 def best_of(space: SearchSpace, cands: list[Candidate], refine_top: int, refine_rounds: int,
-            start: Assignment | None = None, ranking: np.ndarray | None = None) -> Assignment:
+            good_enough: float = 0.0, ranking: np.ndarray | None = None) -> Assignment:
     """Pack candidates and refine each family's ``refine_top`` best; the best result.
 
     Packed quality predicts refined quality within a family, not across families, and local
-    search is the expensive part. ``ranking`` (lower is better) picks which candidates to pack
-    at all, when someone (the groups) already rated them."""
+    search is the expensive part. Families after the first are skipped once a result is
+    ``good_enough`` (a critical path). ``ranking`` (lower is better) picks which candidates to
+    pack at all, when someone (the groups) already rated them."""
     seen: set[bytes] = set()
     failure = PackingError([])
     refined: list[Assignment] = []
     for family in (ANY, WHOLE):
+        if refined and min(a.critical_path for a in refined) <= good_enough:
+            break
         mine = [i for i, c in enumerate(cands) if c.family == family]
         if ranking is not None:
             mine = [i for i in sorted(mine, key=lambda i: ranking[i]) if np.isfinite(ranking[i])]
@@ -72,7 +75,7 @@ def best_of(space: SearchSpace, cands: list[Candidate], refine_top: int, refine_
                 continue
             seen.add(key)
             try:
-                packed.append(pack_any_order(space, cands[i].choice, start))
+                packed.append(pack_any_order(space, cands[i].choice))
             except PackingError as e:
                 failure = e
                 continue

@@ -26,5 +26,7 @@ def merge_groups(space: SearchSpace, groups: list[GroupResult],
     # A candidate is as good as its worst group.
     ranking = np.max([g.packed for g in groups], axis=0)
     cands = [Candidate(int(f), choice[i]) for i, f in enumerate(groups[0].families)]
-    best = best_of(space, cands, config.refine_top, config.refine_rounds, ranking=ranking)
-    return polish(space, best, config, lower_bound(space).value)
+    bound = lower_bound(space).value
+    best = best_of(space, cands, config.refine_top, config.refine_rounds,
+                   good_enough=(1 + config.switch_above_gap) * bound, ranking=ranking)
+    return polish(space, best, config, bound)

@@ -41,9 +41,11 @@ def candidate_limits(space: SearchSpace, config: SearchConfig) -> list[float]:
 
 def search(space: SearchSpace, config: SearchConfig = SearchConfig()) -> Assignment:
     """Best assignment over the candidate selections; PackingError if none could be packed."""
+    bound = lower_bound(space).value
     cands = candidates(space, candidate_limits(space, config))
-    best = best_of(space, cands, config.refine_top, config.refine_rounds)
-    return polish(space, best, config, lower_bound(space).value)
+    best = best_of(space, cands, config.refine_top, config.refine_rounds,
+                   good_enough=(1 + config.switch_above_gap) * bound)
+    return polish(space, best, config, bound)
 
 
 def polish(space: SearchSpace, a: Assignment, config: SearchConfig, bound: float) -> Assignment:

@@ -27,10 +27,15 @@ from rec.spec import write_spec  # noqa: E402
 from rec.spec.synthetic import power_law_spec  # noqa: E402
 
 
-def topology_file(directory: Path, world: int) -> Path:
-    path = directory / f"h100_{world}.yaml"
+# TorchRec reserves HBM for every feature's input batch: at batch 512, 100,000 power-law tables
+# (pooling factors up to 50) would need 195 GiB per rank before any table, so that case uses 64.
+BATCH = {10_000: 512, 100_000: 64, 2_000: 512}
+
+
+def topology_file(directory: Path, world: int, batch: int = 512) -> Path:
+    path = directory / f"h100_{world}_b{batch}.yaml"
     path.write_text(f"world_size: {world}\nlocal_world_size: 8\ncompute_device: cuda\n"
-                    "hbm_cap: 80GiB\nddr_cap: 128GiB\n")
+                    f"hbm_cap: 80GiB\nddr_cap: 128GiB\nbatch_size: {batch}\n")
     return path
 
 
@@ -117,10 +122,10 @@ def main() -> int:
         for tables, world in cases:
             spec = d / f"power_law_{tables}.parquet"
             write_spec(power_law_spec(tables, seed=0), spec)
-            topo = topology_file(d, world)
+            topo = topology_file(d, world, BATCH[tables])
             for backend in ("local", "ray"):
                 row = run_plan(spec, topo, d / f"out_{tables}_{backend}", backend)
-                row.update(tables=tables, world_size=world)
+                row.update(tables=tables, world_size=world, batch_size=BATCH[tables])
                 results["scale"].append(row)
                 print(json.dumps(row), flush=True)
         small = (2_000, 32) if args.quick else (10_000, 128)

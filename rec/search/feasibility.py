@@ -15,6 +15,21 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
+def check_capacity_left(space: SearchSpace, topology) -> None:
+    """TorchRec reserves memory for every feature's input batch before any table; when that
+    leaves a rank nothing, say so once rather than failing every table."""
+    kind, cap = (("HBM", space.hbm_cap) if topology.compute_device is ComputeDevice.CUDA
+                 else ("DDR", space.ddr_cap))
+    if cap.max() > 0:
+        return
+    raise InputError("The topology has no memory left for embedding tables:", [Problem(
+        "topology", f"after the storage reservation ({topology.storage_reservation:.0%} of HBM) and "
+                    f"the input buffers of {space.num_tables:,} tables at batch_size "
+                    f"{topology.batch_size} (TorchRec's HeuristicalStorageReservation), each rank "
+                    f"has {_gib(cap.max())} {kind}; lower batch_size or pooling factors, or use "
+                    "ranks with more memory")])
+
+
 def check_every_table_fits(space: SearchSpace, spec: Spec, device: ComputeDevice) -> None:
     """Raise one InputError naming every table none of whose options fits a rank."""
     opts = space.options

@@ -8,7 +8,7 @@ from rec.cost.types import CostConfig
 from rec.search.assignment import Assignment
 from rec.search.bound import lower_bound
 from rec.search.config import SearchConfig
-from rec.search.feasibility import check_every_table_fits, packing_failure
+from rec.search.feasibility import check_capacity_left, check_every_table_fits, packing_failure
 from rec.search.candidates import best_of, candidates
 from rec.search.pack import PackingError
 from rec.search.refine import refine
@@ -29,6 +29,7 @@ def build_search_space(spec: Spec, topology: Topology,
     hbm_cap, ddr_cap = rank_capacity(spec, topology)
     space = build_space(options, len(spec.tables), topology.world_size,
                         topology.local_world_size, hbm_cap, ddr_cap)
+    check_capacity_left(space, topology)
     check_every_table_fits(space, spec, topology.compute_device)
     return space
 

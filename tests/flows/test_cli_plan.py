@@ -78,3 +78,12 @@ def test_planning_never_imports_torch(tmp_path):
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert r.stdout.split("\n")[-2] == "0 []", r.stderr
+
+
+def test_a_topology_whose_reservation_leaves_no_memory_gets_one_clear_error(tmp_path):
+    topo = tmp_path / "tiny.yaml"
+    topo.write_text("world_size: 2\ncompute_device: cuda\nhbm_cap: 1MiB\nbatch_size: 100000\n")
+    r = shardflow("plan", str(SPECS / "criteo_1tb.yaml"), "--topology", str(topo), "--out", str(tmp_path / "p"))
+    assert r.returncode == 2
+    assert "no memory left" in r.stderr and "lower batch_size" in r.stderr
+    assert "table " not in r.stderr and len(r.stderr.splitlines()) < 5

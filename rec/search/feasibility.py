@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from rec.cost.types import COMPUTE_KERNELS, SHARDING_TYPES
+from rec.units import format_bytes
 from rec.errors import InputError, Problem, ProblemList
 from rec.search.space import SearchSpace
 from rec.sharding import ComputeDevice, ComputeKernel, ShardingType
@@ -12,7 +13,7 @@ from rec.spec.types import Spec
 
 
 def _gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB"
+    return format_bytes(n)
 
 
 def check_capacity_left(space: SearchSpace, topology) -> None:

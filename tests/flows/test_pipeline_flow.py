@@ -175,7 +175,7 @@ def test_bad_input_to_run_exits_2_with_a_one_screen_message(prefect_api, tmp_pat
 
     # Found inside the flow (the search): still one message, no traceback.
     tiny = tmp_path / "tiny.yaml"
-    tiny.write_text(CPU_2PROC.read_text().replace("ddr_cap: 16GiB", "ddr_cap: 1MiB"))
+    tiny.write_text(CPU_2PROC.read_text().replace("ddr_cap: 16GiB", "ddr_cap: 20MiB"))
     assert main(["run", str(DEMO), "--topology", str(tiny), *args]) == 2
     err = capfd.readouterr().err
     assert "user_id" in err and "Traceback" not in err and len(err.splitlines()) < 30

@@ -51,6 +51,11 @@ def run(args: argparse.Namespace) -> int:
     read_spec(args.spec)
     read_topology(args.topology)
 
+    import os
+
+    # The embedded Prefect server's telemetry cannot reach the internet from closed networks and
+    # would print an ERROR line; a user's own setting wins.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from flows.logs import input_errors_without_traceback
     from flows.pipeline import pipeline_flow
     from tasks.tracking import tracking_for

@@ -42,6 +42,35 @@ def check_launch(plan: Plan, launch: Launch) -> None:
         raise InputError("Cannot launch training with this plan:", problems)
 
 
+def job_flags(iterations: int, warmup: int, pipeline: str, model: str, batch_size: int | None = None,
+              data: str | None = None, checkpoint_dir: str | None = None, checkpoint_every: int = 0,
+              resume: bool = False) -> tuple[str, ...]:
+    """The ``rec.train.job`` flags for these settings (defaults left out)."""
+    flags = ["--iterations", str(iterations), "--warmup", str(warmup), "--pipeline", pipeline,
+             "--model", model]
+    if batch_size:
+        flags += ["--batch-size", str(batch_size)]
+    if data:
+        flags += ["--data", data]
+    if checkpoint_dir:
+        flags += ["--checkpoint-dir", checkpoint_dir, "--checkpoint-every", str(checkpoint_every)]
+    if resume:
+        flags.append("--resume")
+    return tuple(flags)
+
+
+def plan_launch(plan: Plan, plan_path: str, out_dir: str, job_args: tuple[str, ...],
+                nproc_per_node: int | None = None, nnodes: int = 1, node_rank: int = 0,
+                rdzv_endpoint: str | None = None, max_restarts: int = 0) -> Launch:
+    """The checked launch of ``plan`` (one process per local rank unless told otherwise)."""
+    launch = Launch(plan_path=plan_path, out_dir=out_dir,
+                    nproc_per_node=nproc_per_node or int(plan.topology["local_world_size"]),
+                    nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
+                    rdzv_id=plan.plan_id, max_restarts=max_restarts, job_args=job_args)
+    check_launch(plan, launch)
+    return launch
+
+
 def torchrun_command(launch: Launch) -> list[str]:
     cmd = [sys.executable, "-m", "torch.distributed.run",
            f"--nproc-per-node={launch.nproc_per_node}", f"--max-restarts={launch.max_restarts}"]

@@ -17,7 +17,7 @@ from prefect.tasks import exponential_backoff
 
 from rec.plan import read_plan
 from rec.train.metrics import METRICS_FILE
-from tasks.launch import Launch, check_launch, run_training
+from tasks.launch import Launch, job_flags, plan_launch, run_training
 from tasks.records import now_ms
 from tasks.retry import unless_input_error
 
@@ -42,13 +42,8 @@ class TrainSettings:
     data: str | None = None  # Parquet training data; None: synthetic
 
     def job_args(self) -> tuple[str, ...]:
-        args = ["--iterations", str(self.iterations), "--warmup", str(self.warmup),
-                "--pipeline", self.pipeline, "--model", self.model]
-        if self.batch_size:
-            args += ["--batch-size", str(self.batch_size)]
-        if self.data:
-            args += ["--data", self.data]
-        return tuple(args)
+        return job_flags(self.iterations, self.warmup, self.pipeline, self.model,
+                         self.batch_size, self.data)
 
 
 @dataclass(frozen=True)
@@ -71,12 +66,9 @@ class TrainingFailed(RuntimeError):
 def launch_for(plan_path: str, settings: TrainSettings, out_dir: str) -> tuple[str, Launch]:
     """The plan's id and the torchrun launch for it; InputError if the world size does not match."""
     plan = read_plan(plan_path)
-    launch = Launch(plan_path=plan_path, out_dir=out_dir,
-                    nproc_per_node=settings.nproc_per_node or int(plan.topology["local_world_size"]),
-                    nnodes=settings.nnodes, node_rank=settings.node_rank,
-                    rdzv_endpoint=settings.rdzv_endpoint, rdzv_id=plan.plan_id,
-                    max_restarts=settings.max_restarts, job_args=settings.job_args())
-    check_launch(plan, launch)
+    launch = plan_launch(plan, plan_path, out_dir, settings.job_args(), settings.nproc_per_node,
+                         settings.nnodes, settings.node_rank, settings.rdzv_endpoint,
+                         settings.max_restarts)
     return plan.plan_id, launch
 
 

@@ -41,39 +41,23 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run)
 
 
-def job_args(args: argparse.Namespace, checkpoint_dir: str | None) -> tuple[str, ...]:
-    out = ["--iterations", str(args.iterations), "--warmup", str(args.warmup),
-           "--pipeline", args.pipeline, "--model", args.model]
-    if args.batch_size:
-        out += ["--batch-size", str(args.batch_size)]
-    if args.data:
-        out += ["--data", args.data]
-    if checkpoint_dir:
-        out += ["--checkpoint-dir", checkpoint_dir, "--checkpoint-every", str(args.checkpoint_every)]
-    if args.resume:
-        out.append("--resume")
-    return tuple(out)
-
-
 def run(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
     from rec.plan import read_plan
-    from tasks.launch import Launch, check_launch, run_training
+    from tasks.launch import job_flags, plan_launch, run_training
 
     if args.plan_id:
         args.plan = fetch_plan_by_id(args)
     plan = read_plan(args.plan)
     plan_path = str(Path(args.plan) / "plan.json" if Path(args.plan).is_dir() else Path(args.plan))
-    nproc = args.nproc_per_node or int(plan.topology["local_world_size"])
     checkpoint_dir = args.checkpoint_dir or (
         str(Path(args.out) / "checkpoints") if args.checkpoint_every or args.resume else None)
-    launch = Launch(plan_path=plan_path, out_dir=args.out, nproc_per_node=nproc, nnodes=args.nnodes,
-                    node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
-                    rdzv_id=plan.plan_id, max_restarts=args.max_restarts,
-                    job_args=job_args(args, checkpoint_dir))
-    check_launch(plan, launch)
+    flags = job_flags(args.iterations, args.warmup, args.pipeline, args.model, args.batch_size,
+                      args.data, checkpoint_dir, args.checkpoint_every, args.resume)
+    launch = plan_launch(plan, plan_path, args.out, flags, args.nproc_per_node, args.nnodes,
+                         args.node_rank, args.rdzv_endpoint, args.max_restarts)
     code = run_training(launch)
     if code != 0:
         print(f"shardflow train: the training job failed (torchrun exit {code})")

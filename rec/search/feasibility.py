@@ -5,15 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 from rec.cost.types import COMPUTE_KERNELS, SHARDING_TYPES
-from rec.units import format_bytes
 from rec.errors import InputError, Problem, ProblemList
 from rec.search.space import SearchSpace
 from rec.sharding import ComputeDevice, ComputeKernel, ShardingType
 from rec.spec.types import Spec
-
-
-def _gib(n: float) -> str:
-    return format_bytes(n)
+from rec.units import format_bytes
 
 
 def check_capacity_left(space: SearchSpace, topology) -> None:
@@ -27,7 +23,7 @@ def check_capacity_left(space: SearchSpace, topology) -> None:
         "topology", f"after the storage reservation ({topology.storage_reservation:.0%} of HBM) and "
                     f"the input buffers of {space.num_tables:,} tables at batch_size "
                     f"{topology.batch_size} (TorchRec's HeuristicalStorageReservation), each rank "
-                    f"has {_gib(cap.max())} {kind}; lower batch_size or pooling factors, or use "
+                    f"has {format_bytes(cap.max())} {kind}; lower batch_size or pooling factors, or use "
                     "ranks with more memory")])
 
 
@@ -56,8 +52,8 @@ def check_every_table_fits(space: SearchSpace, spec: Spec, device: ComputeDevice
         kind, need, cap = (("HBM", shard_max_hbm[o], hbm_cap) if shard_max_hbm[o] > hbm_cap
                            else ("DDR", shard_max_ddr[o], ddr_cap))
         problems.add(f"table {spec.tables[t].name}",
-                     f"does not fit: its best option ({st}/{ck}) needs {_gib(need)} {kind} on one "
-                     f"rank, {_gib(cap)} available (over by {_gib(need - cap)}); "
+                     f"does not fit: its best option ({st}/{ck}) needs {format_bytes(need)} {kind} on one "
+                     f"rank, {format_bytes(cap)} available (over by {format_bytes(need - cap)}); "
                      + _hint(space, spec.tables[t], mine, device))
     problems.raise_if_any("The spec does not fit the topology:")
 
@@ -93,7 +89,7 @@ def packing_failure(space: SearchSpace, spec: Spec, tables: list[int]) -> InputE
     return InputError(
         "The tables fit one by one but not all together within the ranks' memory:",
         [Problem(f"tables {names}{more}",
-                 f"could not be placed; usable HBM {_gib(space.hbm_cap.sum())} and DDR "
-                 f"{_gib(space.ddr_cap.sum())} over all ranks; allow fused_uvm_caching kernels, "
+                 f"could not be placed; usable HBM {format_bytes(space.hbm_cap.sum())} and DDR "
+                 f"{format_bytes(space.ddr_cap.sum())} over all ranks; allow fused_uvm_caching kernels, "
                  "lower storage_reservation or add ranks")],
     )

@@ -24,7 +24,7 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
-from rec.errors import InputError
+from rec.errors import InputError, Problem
 from rec.plan import Plan, read_plan
 from rec.plan.torchrec_plan import to_sharding_plan
 from rec.spec import spec_from_rows
@@ -45,14 +45,9 @@ def check_world_size(plan: Plan, world_size: int) -> None:
     planned = int(plan.topology["world_size"])
     if planned != world_size:
         raise InputError("The plan does not match this job:", [
-            _problem(f"plan {plan.plan_id}", f"was made for world_size {planned}, the job has "
-                                             f"{world_size} processes; replan or change --nnodes/--nproc-per-node")])
-
-
-def _problem(where: str, reason: str):
-    from rec.errors import Problem
-
-    return Problem(where, reason)
+            Problem(f"plan {plan.plan_id}",
+                    f"was made for world_size {planned}, the job has {world_size} processes; "
+                    "replan or change --nnodes/--nproc-per-node")])
 
 
 def applied_sharding(model: torch.nn.Module) -> dict[str, str]:

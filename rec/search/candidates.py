@@ -18,6 +18,10 @@ from rec.search.select import select_options
 from rec.search.space import SearchSpace
 
 ANY, WHOLE = 0, 1  # families: any option / whole shards placed freely (no replicas, no row splits)
+# Shards above this share of a rank's usable memory make packing fail once replicas and the other
+# big shards are down (100,000 tables on 1,024 ranks: 43 GiB shards next to 1 GiB of replicas);
+# every selection is tried a second time with each table's shards kept below it, where it can be.
+SHARD_MEMORY_CEILING = 0.5
 
 
 @dataclass(frozen=True)
@@ -32,12 +36,35 @@ def candidates(space: SearchSpace, limits: list[float]) -> list[Candidate]:
     With few tables, whole shards placed freely can balance better than options that load every
     rank (replicas, row splits), even at more total work."""
     whole = (space.placement == FREE) | (space.placement == HOST_FREE)
+    small = small_shards(space)
     out = [Candidate(ANY, select_options(space, limit)) for limit in limits]
     total_hbm = np.add.reduceat(space.options.hbm * space.options.repeat,
                                 space.options.shard_start[:-1]).astype(float)
     out.append(Candidate(ANY, select_options(space, np.inf, cost=total_hbm)))
     out += [Candidate(WHOLE, select_options(space, limit, allowed=whole)) for limit in limits]
+    out += [Candidate(ANY, select_options(space, limit, allowed=small)) for limit in limits]
+    out += [Candidate(WHOLE, select_options(space, limit, allowed=whole & small)) for limit in limits]
     return out
+
+
+def small_shards(space: SearchSpace) -> np.ndarray:
+    """(O,) options whose every shard stays within ``SHARD_MEMORY_CEILING`` of the smallest
+    rank's usable HBM and DDR."""
+    opts = space.options
+    starts = opts.shard_start[:-1]
+    if not len(starts):
+        return np.zeros(0, dtype=bool)
+    hbm = np.maximum.reduceat(opts.hbm, starts)
+    ddr = np.maximum.reduceat(opts.ddr, starts)
+    return ((hbm <= SHARD_MEMORY_CEILING * space.hbm_cap.min())
+            & (ddr <= SHARD_MEMORY_CEILING * space.ddr_cap.min()))
+
+
+def least_critical_path(space: SearchSpace, choice: np.ndarray) -> float:
+    """No packing of ``choice`` has a shorter critical path: the average work, the largest shard."""
+    if not len(choice):
+        return 0.0
+    return max(float(space.work[choice].sum()) / space.world_size, float(space.max_shard[choice].max()))
 
 
 def pack_any_order(space: SearchSpace, choice: np.ndarray, start: Assignment | None = None) -> Assignment:
@@ -68,12 +95,19 @@ def best_of(space: SearchSpace, cands: list[Candidate], refine_top: int, refine_
         mine = [i for i, c in enumerate(cands) if c.family == family]
         if ranking is not None:
             mine = [i for i in sorted(mine, key=lambda i: ranking[i]) if np.isfinite(ranking[i])]
+        else:
+            least = {i: least_critical_path(space, cands[i].choice) for i in mine}
+            mine.sort(key=lambda i: (least[i], i))
         packed = []
         for i in mine:
             key = cands[i].choice.tobytes()
             if key in seen:
                 continue
             seen.add(key)
+            # Refining never goes below a selection's own bound: one already beaten is skipped.
+            if ranking is None and least[i] >= min((a.critical_path for a in packed + refined),
+                                                   default=np.inf):
+                continue
             try:
                 packed.append(pack_any_order(space, cands[i].choice))
             except PackingError as e:

@@ -181,13 +181,23 @@ def _place_free(space: SearchSpace, a: Assignment, options: np.ndarray,
         return []
     shards = chosen_shards(space, options)
     opts = space.options
+    # Shards no rank has room for even now: fail at once instead of after placing the rest.
+    hopeless = ((opts.hbm[shards] > (space.hbm_cap - a.hbm).max())
+                | (opts.ddr[shards] > (space.ddr_cap - a.ddr).max()))
+    if hopeless.any():
+        return _tables_of(space, shards[hopeless])
     primary = opts.perf[shards] if order is PackOrder.PERF else opts.hbm[shards]
     secondary = opts.hbm[shards] if order is PackOrder.PERF else opts.perf[shards]
     shards = shards[np.lexsort((shards, -secondary, -primary))]
     ranks = _lpt(space, a, shards, np.arange(space.world_size))
     ok = ranks >= 0
     _assign(space, a, shards[ok], ranks[ok])
-    owners = np.searchsorted(opts.shard_start, shards[~ok], side="right") - 1
+    return _tables_of(space, shards[~ok])
+
+
+def _tables_of(space: SearchSpace, shards: np.ndarray) -> list[int]:
+    opts = space.options
+    owners = np.searchsorted(opts.shard_start, shards, side="right") - 1
     return sorted(set(opts.table[owners].tolist()))
 
 

@@ -92,3 +92,16 @@ def test_bound_is_tight_when_many_equal_tables_divide_evenly(space_of):
     space = space_of(tw_tables([1.5] * 64), world=8)
     a = search(space, SearchConfig())
     assert a.critical_path == pytest.approx(lower_bound(space).value)
+
+
+def test_big_shards_that_leave_no_room_next_to_replicas_are_split(space_of):
+    # The least-work choice puts each 650-byte table whole on a rank, but every rank already holds
+    # a 400-byte replica: 1,050 > 1,000. Splitting costs more work and has no smaller largest
+    # shard, so only the memory ceiling finds the plan where both halves fit.
+    big = [(TW, [4.0], [650]), (CW, [4.0, 4.0], [325, 325])]
+    tables = [big, big, [(DP, [0.5] * 4, [400] * 4)]] + tw_tables([1.0] * 4, hbm=10)
+    space = space_of(tables, world=4, hbm_cap=1000)
+    a = search(space)
+    assert (a.hbm <= 1000).all()
+    assert {space.options.sharding_type[a.choice[t]] for t in (0, 1)} == {space.options.sharding_type[1]}
+    assert a.critical_path == 5.5  # the optimum: a half, a replica and a small table per rank

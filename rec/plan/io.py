@@ -105,18 +105,12 @@ def read_plan(path: str | Path) -> Plan:
 
 def shard_rows(plan: Plan) -> dict[str, list]:
     """One row per shard, as columns (``shards.parquet``)."""
-    cols: dict[str, list] = {k: [] for k in (
-        "plan_id", "table", "sharding_type", "compute_kernel", "shard", "rank",
-        "row_offset", "col_offset", "rows", "cols")}
-    for t in plan.tables:
-        for i, s in enumerate(t.shards):
-            for k, v in (("plan_id", plan.plan_id), ("table", t.name),
-                         ("sharding_type", t.sharding_type.value),
-                         ("compute_kernel", t.compute_kernel.value), ("shard", i), ("rank", s.rank),
-                         ("row_offset", s.offsets[0]), ("col_offset", s.offsets[1]),
-                         ("rows", s.sizes[0]), ("cols", s.sizes[1])):
-                cols[k].append(v)
-    return cols
+    rows = [(t.name, t.sharding_type.value, t.compute_kernel.value, i, s.rank, *s.offsets[:2], *s.sizes[:2])
+            for t in plan.tables for i, s in enumerate(t.shards)]
+    names = ("table", "sharding_type", "compute_kernel", "shard", "rank",
+             "row_offset", "col_offset", "rows", "cols")
+    columns = [list(c) for c in zip(*rows)] if rows else [[] for _ in names]
+    return {"plan_id": [plan.plan_id] * len(rows), **dict(zip(names, columns))}
 
 
 def write_plan(plan: Plan, out_dir: str | Path) -> Path:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rec.search.space import SearchSpace
+from rec.search.space import SearchSpace, table_starts
 
 
 @dataclass(frozen=True)
@@ -18,8 +18,11 @@ class LowerBound:
 
 def per_table_min(space: SearchSpace, values: np.ndarray) -> np.ndarray:
     """For each table, the least of ``values`` over its feasible options (inf if none)."""
-    out = np.full(space.num_tables, np.inf)
     mask = space.feasible
+    starts = table_starts(space)
+    if starts is not None:
+        return np.minimum.reduceat(np.where(mask, values, np.inf), starts).astype(float)
+    out = np.full(space.num_tables, np.inf)
     np.minimum.at(out, space.options.table[mask], values[mask])
     return out
 

@@ -8,6 +8,7 @@ from rec.search.assignment import Assignment, chosen_shards
 from rec.search.placement import FREE, HOST_FREE
 from rec.search.space import SearchSpace
 
+MOVE_TARGET_RANKS = 64  # moves try this many least-loaded ranks first
 SWAP_PARTNER_RANKS = 8  # swaps look at shards on this many least-loaded ranks
 SWAP_PAIR_BUDGET = 10_000  # compare all pairs of two ranks' shards up to this many pairs
 SWAP_WINDOW = 16  # otherwise: this many nearest candidates per shard
@@ -27,28 +28,45 @@ def refine(space: SearchSpace, a: Assignment, max_rounds: int = 100_000) -> Assi
         return a
     perf, hbm, ddr = opts.perf[shards], opts.hbm[shards], opts.ddr[shards]
     rank = a.shard_rank[shards].astype(np.int64)
+    members = _Members(rank, space.world_size)
     lws = space.local_world_size
     for _ in range(max_rounds):
         r = int(np.argmax(a.loads))
         cp = a.loads[r]
-        on_r = np.flatnonzero(rank == r)
+        on_r = members.on(r)
         if not len(on_r):
             break
         # Moves are cheap to find; swaps only when no move helps.
         best = _best_move(space, a, r, on_r, perf, hbm, ddr, host_bound, lws)
         if best is None or best[0] >= cp - EPS * max(cp, 1.0):
-            best = _best_swap(space, a, r, on_r, rank, perf, hbm, ddr, host_bound)
+            best = _best_swap(space, a, r, on_r, members, perf, hbm, ddr, host_bound)
         if best is None or best[0] >= cp - EPS * max(cp, 1.0):
             break
         _, i, q, j = best
-        _relocate(a, i, r, q, perf, hbm, ddr, rank)
+        _relocate(a, i, r, q, perf, hbm, ddr, rank, members)
         if j >= 0:
-            _relocate(a, j, q, r, perf, hbm, ddr, rank)
+            _relocate(a, j, q, r, perf, hbm, ddr, rank, members)
     a.shard_rank[shards] = rank
     return a
 
 
-def _relocate(a, i, src, dst, perf, hbm, ddr, rank) -> None:
+class _Members:
+    """The shards on each rank, kept up to date as shards move (no scan of all shards)."""
+
+    def __init__(self, rank: np.ndarray, world_size: int):
+        order = np.argsort(rank, kind="stable")
+        bounds = np.searchsorted(rank[order], np.arange(world_size + 1))
+        self.lists = [order[bounds[q]:bounds[q + 1]].tolist() for q in range(world_size)]
+
+    def on(self, q: int) -> np.ndarray:
+        return np.sort(np.array(self.lists[q], dtype=np.int64))
+
+    def move(self, i: int, src: int, dst: int) -> None:
+        self.lists[src].remove(i)
+        self.lists[dst].append(i)
+
+
+def _relocate(a, i, src, dst, perf, hbm, ddr, rank, members) -> None:
     a.loads[src] -= perf[i]
     a.loads[dst] += perf[i]
     a.hbm[src] -= hbm[i]
@@ -56,27 +74,58 @@ def _relocate(a, i, src, dst, perf, hbm, ddr, rank) -> None:
     a.ddr[src] -= ddr[i]
     a.ddr[dst] += ddr[i]
     rank[i] = dst
+    members.move(i, src, dst)
 
 
 def _best_move(space, a, r, on_r, perf, hbm, ddr, host_bound, lws):
-    """(new pair peak, shard, target rank, -1) of the best single-shard move, or None."""
-    p = perf[on_r][:, None]
-    fits = ((a.hbm[None, :] + hbm[on_r][:, None] <= space.hbm_cap[None, :])
-            & (a.ddr[None, :] + ddr[on_r][:, None] <= space.ddr_cap[None, :]))
-    fits[:, r] = False
-    if host_bound[on_r].any():
-        same_host = (np.arange(space.world_size)[None, :] // lws) == r // lws
-        fits &= ~host_bound[on_r][:, None] | same_host
-    peak = np.maximum(a.loads[r] - p, a.loads[None, :] + p)
-    peak = np.where(fits, peak, np.inf)
+    """(new pair peak, shard, target rank, -1) of the best single-shard move, or None.
+
+    A shard's best target is the least-loaded rank with room for it, so only the
+    ``MOVE_TARGET_RANKS`` least-loaded ranks are tried, and all ranks for the shards that fit none
+    of them: the same peaks as trying every rank."""
+    targets = _least_loaded(a.loads, MOVE_TARGET_RANKS)
+    peak, fits = _move_peaks(space, a, r, on_r, targets, perf, hbm, ddr, host_bound, lws)
+    stuck = ~fits.any(axis=1)
+    if stuck.any() and len(targets) < space.world_size:
+        everywhere = np.arange(space.world_size)
+        full, _ = _move_peaks(space, a, r, on_r[stuck], everywhere, perf, hbm, ddr, host_bound, lws)
+        column = np.argmin(full, axis=1)
+        rows = np.flatnonzero(stuck)
+        # Widen the matrix by the stuck shards' own best targets.
+        extra = np.full((len(on_r), len(rows)), np.inf)
+        extra[rows, np.arange(len(rows))] = full[np.arange(len(rows)), column]
+        peak = np.hstack([peak, extra])
+        targets = np.concatenate([targets, column])
     flat = int(np.argmin(peak))
-    i, q = divmod(flat, space.world_size)
-    if not np.isfinite(peak[i, q]):
+    i, k = divmod(flat, peak.shape[1])
+    if not np.isfinite(peak[i, k]):
         return None
-    return float(peak[i, q]), int(on_r[i]), int(q), -1
+    return float(peak[i, k]), int(on_r[i]), int(targets[k]), -1
 
 
-def _best_swap(space, a, r, on_r, rank, perf, hbm, ddr, host_bound):
+def _move_peaks(space, a, r, on_r, targets, perf, hbm, ddr, host_bound, lws):
+    """Pair peak of moving each shard of ``on_r`` to each target (inf where it does not fit)."""
+    p = perf[on_r][:, None]
+    fits = ((a.hbm[targets][None, :] + hbm[on_r][:, None] <= space.hbm_cap[targets][None, :])
+            & (a.ddr[targets][None, :] + ddr[on_r][:, None] <= space.ddr_cap[targets][None, :]))
+    fits &= (targets != r)[None, :]
+    if host_bound[on_r].any():
+        same_host = (targets[None, :] // lws) == r // lws
+        fits &= ~host_bound[on_r][:, None] | same_host
+    peak = np.maximum(a.loads[r] - p, a.loads[targets][None, :] + p)
+    return np.where(fits, peak, np.inf), fits
+
+
+def _least_loaded(loads: np.ndarray, count: int) -> np.ndarray:
+    """The ``count`` least-loaded ranks, least first (ties: lower rank first)."""
+    if count >= len(loads):
+        return np.argsort(loads, kind="stable")
+    part = np.argpartition(loads, count)[:count + 1]
+    order = part[np.lexsort((part, loads[part]))]
+    return order[:count]
+
+
+def _best_swap(space, a, r, on_r, members, perf, hbm, ddr, host_bound):
     """Best exchange of a shard on ``r`` with a smaller one on a lightly loaded rank.
 
     For partner rank q with slack g = load[r] - load[q], swapping sizes p_i > p_j lowers the pair's
@@ -88,10 +137,11 @@ def _best_swap(space, a, r, on_r, rank, perf, hbm, ddr, host_bound):
     cp = a.loads[r]
     best = None
     p_r = perf[free_r]
-    for q in np.argsort(a.loads, kind="stable")[:SWAP_PARTNER_RANKS + 1]:
+    for q in _least_loaded(a.loads, SWAP_PARTNER_RANKS + 1):
         q = int(q)
         slack = cp - a.loads[q]
-        on_q = np.flatnonzero((rank == q) & ~host_bound) if q != r else on_r[:0]
+        on_q = members.on(q) if q != r else on_r[:0]
+        on_q = on_q[~host_bound[on_q]]
         if slack <= 0 or not len(on_q):
             continue
         order = on_q[np.argsort(perf[on_q], kind="stable")]

@@ -88,3 +88,14 @@ def add_runs(space: SearchSpace, values: np.ndarray, first_rank: np.ndarray,
     diff = np.bincount(first_rank, weights=values, minlength=w + 1)
     diff -= np.bincount(first_rank + repeat, weights=values, minlength=w + 1)
     return np.cumsum(diff)[:w]
+
+
+def table_starts(space: SearchSpace) -> np.ndarray | None:
+    """Index of each table's first option when options come grouped by table and every table
+    has one (the enumerator's layout; per-table reductions then run as ``reduceat``), else None."""
+    table = space.options.table
+    if not len(table) or (np.diff(table) < 0).any():
+        return None
+    starts = np.searchsorted(table, np.arange(space.num_tables))
+    stops = np.append(starts[1:], len(table))
+    return starts if (stops > starts).all() else None

@@ -7,6 +7,7 @@ strings. A missing cell, null, NaN or empty string means "use the default".
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from enum import Enum
@@ -204,11 +205,18 @@ def _enum_list_parser(enum: type[Enum], noun: str):
 
 
 def _member(enum: type[Enum], noun: str, text: str) -> Enum:
-    key = text.strip().lower()
-    for member in enum:
-        if key in (member.value.lower(), member.name.lower()):
-            return member
-    raise ValueError(f"unknown {noun} {text!r} (known: {_known(enum)})")
+    member = _spellings(enum).get(text.strip().lower())
+    if member is None:
+        raise ValueError(f"unknown {noun} {text!r} (known: {_known(enum)})")
+    return member
+
+
+@functools.cache
+def _spellings(enum: type[Enum]) -> dict[str, Enum]:
+    """Lower-case value and name of every member (values win where the two collide)."""
+    out = {m.name.lower(): m for m in reversed(list(enum))}
+    out.update({m.value.lower(): m for m in reversed(list(enum))})
+    return out
 
 
 def _known(enum: type[Enum]) -> str:

@@ -31,7 +31,8 @@ class Candidate:
 
 
 def candidates(space: SearchSpace, limits: list[float]) -> list[Candidate]:
-    """Least-work options under each limit, for both families, plus the least-memory choice.
+    """Least-work options under each limit, for both families, plus the least-memory choice;
+    then both families again with every shard kept under ``SHARD_MEMORY_CEILING``.
 
     With few tables, whole shards placed freely can balance better than options that load every
     rank (replicas, row splits), even at more total work."""

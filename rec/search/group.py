@@ -91,10 +91,14 @@ def search_group(space: SearchSpace, tables: np.ndarray, limits: list[float]) ->
     start = background(space, sub, tables)
     cands = candidates(sub, limits)
     packed = np.full(len(cands), np.inf)
+    rated: dict[bytes, float] = {}  # a group's selections often coincide (e.g. no shard is big)
     for i, c in enumerate(cands):
-        try:
-            packed[i] = pack_any_order(sub, c.choice, start).critical_path
-        except PackingError:
-            pass
+        key = c.choice.tobytes()
+        if key not in rated:
+            try:
+                rated[key] = pack_any_order(sub, c.choice, start).critical_path
+            except PackingError:
+                rated[key] = np.inf
+        packed[i] = rated[key]
     return GroupResult(tables, np.array([c.family for c in cands]),
                        parent_option[np.stack([c.choice for c in cands])], packed)

@@ -84,9 +84,12 @@ def best_of(space: SearchSpace, cands: list[Candidate], refine_top: int, refine_
     """Pack candidates and refine each family's ``refine_top`` best; the best result.
 
     Packed quality predicts refined quality within a family, not across families, and local
-    search is the expensive part. Families after the first are skipped once a result is
-    ``good_enough`` (a critical path). ``ranking`` (lower is better) picks which candidates to
-    pack at all, when someone (the groups) already rated them."""
+    search is the expensive part. Candidates are packed in the order of their own bound
+    (``least_critical_path``), skipping those another packing already beats. Families after the
+    first are skipped once a result is ``good_enough`` (a critical path). ``ranking`` (lower is
+    better: the groups' ratings) limits packing to ``refine_top`` best-rated and ``refine_top``
+    best-bound candidates per family; a group alone misjudges selections whose big shards only
+    balance across all tables, so the bound order is kept as well."""
     seen: set[bytes] = set()
     failure = PackingError([])
     refined: list[Assignment] = []
@@ -94,28 +97,28 @@ def best_of(space: SearchSpace, cands: list[Candidate], refine_top: int, refine_
         if refined and min(a.critical_path for a in refined) <= good_enough:
             break
         mine = [i for i, c in enumerate(cands) if c.family == family]
+        least = {i: least_critical_path(space, cands[i].choice) for i in mine}
+        orders = [sorted(mine, key=lambda i: (least[i], i))]
         if ranking is not None:
-            mine = [i for i in sorted(mine, key=lambda i: ranking[i]) if np.isfinite(ranking[i])]
-        else:
-            least = {i: least_critical_path(space, cands[i].choice) for i in mine}
-            mine.sort(key=lambda i: (least[i], i))
-        packed = []
-        for i in mine:
-            key = cands[i].choice.tobytes()
-            if key in seen:
-                continue
-            seen.add(key)
-            # Refining never goes below a selection's own bound: one already beaten is skipped.
-            if ranking is None and least[i] >= min((a.critical_path for a in packed + refined),
-                                                   default=np.inf):
-                continue
-            try:
-                packed.append(pack_any_order(space, cands[i].choice))
-            except PackingError as e:
-                failure = e
-                continue
-            if ranking is not None and len(packed) == refine_top:
-                break
+            orders.insert(0, [i for i in sorted(mine, key=lambda i: (ranking[i], i))
+                              if np.isfinite(ranking[i])])
+        packed: list[Assignment] = []
+        for order in orders:
+            quota = len(packed) + refine_top if ranking is not None else len(order)
+            for i in order:
+                if len(packed) >= quota:
+                    break
+                key = cands[i].choice.tobytes()
+                if key in seen:
+                    continue
+                seen.add(key)
+                # Refining never goes below a selection's own bound: one already beaten is skipped.
+                if least[i] >= min((a.critical_path for a in packed + refined), default=np.inf):
+                    continue
+                try:
+                    packed.append(pack_any_order(space, cands[i].choice))
+                except PackingError as e:
+                    failure = e
         packed.sort(key=lambda a: a.critical_path)
         refined += [refine(space, a, refine_rounds) for a in packed[:refine_top]]
     if not refined:

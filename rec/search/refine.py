@@ -84,23 +84,22 @@ def _best_move(space, a, r, on_r, perf, hbm, ddr, host_bound, lws):
     ``MOVE_TARGET_RANKS`` least-loaded ranks are tried, and all ranks for the shards that fit none
     of them: the same peaks as trying every rank."""
     targets = _least_loaded(a.loads, MOVE_TARGET_RANKS)
-    peak, fits = _move_peaks(space, a, r, on_r, targets, perf, hbm, ddr, host_bound, lws)
-    stuck = ~fits.any(axis=1)
+    peak, target = _best_targets(space, a, r, on_r, targets, perf, hbm, ddr, host_bound, lws)
+    stuck = ~np.isfinite(peak)
     if stuck.any() and len(targets) < space.world_size:
-        everywhere = np.arange(space.world_size)
-        full, _ = _move_peaks(space, a, r, on_r[stuck], everywhere, perf, hbm, ddr, host_bound, lws)
-        column = np.argmin(full, axis=1)
-        rows = np.flatnonzero(stuck)
-        # Widen the matrix by the stuck shards' own best targets.
-        extra = np.full((len(on_r), len(rows)), np.inf)
-        extra[rows, np.arange(len(rows))] = full[np.arange(len(rows)), column]
-        peak = np.hstack([peak, extra])
-        targets = np.concatenate([targets, column])
-    flat = int(np.argmin(peak))
-    i, k = divmod(flat, peak.shape[1])
-    if not np.isfinite(peak[i, k]):
+        peak[stuck], target[stuck] = _best_targets(space, a, r, on_r[stuck], np.arange(space.world_size),
+                                                   perf, hbm, ddr, host_bound, lws)
+    i = int(np.argmin(peak))
+    if not np.isfinite(peak[i]):
         return None
-    return float(peak[i, k]), int(on_r[i]), int(targets[k]), -1
+    return float(peak[i]), int(on_r[i]), int(target[i]), -1
+
+
+def _best_targets(space, a, r, on_r, targets, perf, hbm, ddr, host_bound, lws):
+    """Per shard of ``on_r``: the pair peak of its best move among ``targets``, and that target."""
+    peak = _move_peaks(space, a, r, on_r, targets, perf, hbm, ddr, host_bound, lws)
+    column = np.argmin(peak, axis=1)
+    return peak[np.arange(len(on_r)), column], targets[column]
 
 
 def _move_peaks(space, a, r, on_r, targets, perf, hbm, ddr, host_bound, lws):
@@ -113,7 +112,7 @@ def _move_peaks(space, a, r, on_r, targets, perf, hbm, ddr, host_bound, lws):
         same_host = (targets[None, :] // lws) == r // lws
         fits &= ~host_bound[on_r][:, None] | same_host
     peak = np.maximum(a.loads[r] - p, a.loads[targets][None, :] + p)
-    return np.where(fits, peak, np.inf), fits
+    return np.where(fits, peak, np.inf)
 
 
 def _least_loaded(loads: np.ndarray, count: int) -> np.ndarray:

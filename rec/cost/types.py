@@ -82,6 +82,18 @@ class Options:
         """Entries (runs) per option."""
         return np.diff(self.shard_start)
 
+    def largest(self, values: np.ndarray) -> np.ndarray:
+        """(O,) the largest of a per-entry array over each option's shards."""
+        if not self.num_options:
+            return values[:0]
+        return np.maximum.reduceat(values, self.shard_start[:-1])
+
+    def total(self, values: np.ndarray) -> np.ndarray:
+        """(O,) the sum of a per-shard quantity over each option's shards (runs expanded)."""
+        if not self.num_options:
+            return values[:0]
+        return np.add.reduceat(values * self.repeat, self.shard_start[:-1])
+
     def num_shards(self) -> np.ndarray:
         """Shards per option, runs expanded (data_parallel and row_wise: world_size)."""
         totals = np.concatenate(([0], np.cumsum(self.repeat, dtype=np.int64)))

@@ -39,8 +39,7 @@ def candidates(space: SearchSpace, limits: list[float]) -> list[Candidate]:
     whole = (space.placement == FREE) | (space.placement == HOST_FREE)
     small = small_shards(space)
     out = [Candidate(ANY, select_options(space, limit)) for limit in limits]
-    total_hbm = np.add.reduceat(space.options.hbm * space.options.repeat,
-                                space.options.shard_start[:-1]).astype(float)
+    total_hbm = space.options.total(space.options.hbm).astype(float)
     out.append(Candidate(ANY, select_options(space, np.inf, cost=total_hbm)))
     out += [Candidate(WHOLE, select_options(space, limit, allowed=whole)) for limit in limits]
     out += [Candidate(ANY, select_options(space, limit, allowed=small)) for limit in limits]
@@ -52,13 +51,8 @@ def small_shards(space: SearchSpace) -> np.ndarray:
     """(O,) options whose every shard stays within ``SHARD_MEMORY_CEILING`` of the smallest
     rank's usable HBM and DDR."""
     opts = space.options
-    starts = opts.shard_start[:-1]
-    if not len(starts):
-        return np.zeros(0, dtype=bool)
-    hbm = np.maximum.reduceat(opts.hbm, starts)
-    ddr = np.maximum.reduceat(opts.ddr, starts)
-    return ((hbm <= SHARD_MEMORY_CEILING * space.hbm_cap.min())
-            & (ddr <= SHARD_MEMORY_CEILING * space.ddr_cap.min()))
+    return ((opts.largest(opts.hbm) <= SHARD_MEMORY_CEILING * space.hbm_cap.min())
+            & (opts.largest(opts.ddr) <= SHARD_MEMORY_CEILING * space.ddr_cap.min()))
 
 
 def least_critical_path(space: SearchSpace, choice: np.ndarray) -> float:

@@ -35,8 +35,8 @@ def check_every_table_fits(space: SearchSpace, spec: Spec, device: ComputeDevice
     if has.all():
         return
     problems = ProblemList()
-    shard_max_hbm = np.maximum.reduceat(opts.hbm, opts.shard_start[:-1])
-    shard_max_ddr = np.maximum.reduceat(opts.ddr, opts.shard_start[:-1])
+    shard_max_hbm = opts.largest(opts.hbm)
+    shard_max_ddr = opts.largest(opts.ddr)
     hbm_cap, ddr_cap = int(space.hbm_cap.max()), int(space.ddr_cap.max())
     for t in np.flatnonzero(~has):
         mine = np.flatnonzero(opts.table == t)

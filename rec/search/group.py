@@ -72,8 +72,7 @@ def background(space: SearchSpace, sub: SearchSpace, tables: np.ndarray) -> Assi
     """The other groups as an even load and memory use on every rank."""
     least_work = per_table_min(space, space.work)
     load = (least_work.sum() - least_work[tables].sum()) / space.world_size
-    total_hbm = np.add.reduceat(space.options.hbm * space.options.repeat,
-                                space.options.shard_start[:-1]).astype(float)
+    total_hbm = space.options.total(space.options.hbm).astype(float)
     need = per_table_min(space, total_hbm)
     other_hbm = (need.sum() - need[tables].sum()) / space.world_size
     return Assignment(

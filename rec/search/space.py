@@ -49,10 +49,8 @@ def entry_layout(options: Options) -> tuple[np.ndarray, np.ndarray]:
 def build_space(options: Options, num_tables: int, world_size: int, local_world_size: int,
                 hbm_cap: np.ndarray, ddr_cap: np.ndarray) -> SearchSpace:
     """Aggregate per-option costs and mark options whose shards cannot fit anywhere."""
-    starts = options.shard_start[:-1]
-    weighted = options.perf * options.repeat
-    work = np.add.reduceat(weighted, starts) if len(starts) else np.zeros(0)
-    max_shard = np.maximum.reduceat(options.perf, starts) if len(starts) else np.zeros(0)
+    work = options.total(options.perf)
+    max_shard = options.largest(options.perf)
     placement = placement_codes(options.sharding_type)
     owner, position = entry_layout(options)
     hbm_cap = np.asarray(hbm_cap, dtype=np.int64)

@@ -24,8 +24,8 @@ def distinct_options(space: SearchSpace) -> dict[int, np.ndarray]:
     """Per table, its feasible options minus those another option beats on time, largest
     shard and memory within the same placement (e.g. fused_uvm next to fused)."""
     opts = space.options
-    total_hbm = np.add.reduceat(opts.hbm * opts.repeat, opts.shard_start[:-1])
-    total_ddr = np.add.reduceat(opts.ddr * opts.repeat, opts.shard_start[:-1])
+    total_hbm = opts.total(opts.hbm)
+    total_ddr = opts.total(opts.ddr)
     out: dict[int, list[int]] = {}
     for o in np.flatnonzero(space.feasible):
         out.setdefault(int(opts.table[o]), []).append(int(o))

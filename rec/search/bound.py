@@ -18,13 +18,7 @@ class LowerBound:
 
 def per_table_min(space: SearchSpace, values: np.ndarray) -> np.ndarray:
     """For each table, the least of ``values`` over its feasible options (inf if none)."""
-    mask = space.feasible
-    starts = table_starts(space)
-    if starts is not None:
-        return np.minimum.reduceat(np.where(mask, values, np.inf), starts).astype(float)
-    out = np.full(space.num_tables, np.inf)
-    np.minimum.at(out, space.options.table[mask], values[mask])
-    return out
+    return np.minimum.reduceat(np.where(space.feasible, values, np.inf), table_starts(space)).astype(float)
 
 
 def lower_bound(space: SearchSpace) -> LowerBound:

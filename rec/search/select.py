@@ -11,20 +11,11 @@ from rec.search.space import SearchSpace, table_starts
 def first_min_per_table(space: SearchSpace, score: np.ndarray) -> np.ndarray:
     """Index of the lowest-scoring option of each table (lowest index on ties)."""
     table = space.options.table
-    starts = table_starts(space)
-    if starts is not None:
-        best = np.minimum.reduceat(score, starts)
-        hits = np.flatnonzero(score == best[table])
-        first = hits[np.concatenate(([True], table[hits[1:]] != table[hits[:-1]]))]
-        choice = np.empty(space.num_tables, dtype=np.int64)
-        choice[table[first]] = first
-        return choice
-    best = np.full(space.num_tables, np.inf)
-    np.minimum.at(best, table, score)
-    is_best = score == best[table]
-    choice = np.full(space.num_tables, np.iinfo(np.int64).max, dtype=np.int64)
-    index = np.arange(len(score))
-    np.minimum.at(choice, table[is_best], index[is_best])
+    best = np.minimum.reduceat(score, table_starts(space))
+    hits = np.flatnonzero(score == best[table])
+    first = hits[np.concatenate(([True], table[hits[1:]] != table[hits[:-1]]))]
+    choice = np.empty(space.num_tables, dtype=np.int64)
+    choice[table[first]] = first
     return choice
 
 

@@ -88,12 +88,13 @@ def add_runs(space: SearchSpace, values: np.ndarray, first_rank: np.ndarray,
     return np.cumsum(diff)[:w]
 
 
-def table_starts(space: SearchSpace) -> np.ndarray | None:
-    """Index of each table's first option when options come grouped by table and every table
-    has one (the enumerator's layout; per-table reductions then run as ``reduceat``), else None."""
+def table_starts(space: SearchSpace) -> np.ndarray:
+    """Index of each table's first option, for per-table ``reduceat``. Options come grouped by
+    table (the enumerator's order, kept by group subspaces) and a searched table has at least one
+    (``check_every_table_fits``); anything else is a bug."""
     table = space.options.table
-    if not len(table) or (np.diff(table) < 0).any():
-        return None
     starts = np.searchsorted(table, np.arange(space.num_tables))
     stops = np.append(starts[1:], len(table))
-    return starts if (stops > starts).all() else None
+    if (np.diff(table) < 0).any() or not (stops > starts).all():
+        raise ValueError("options must be grouped by table, with at least one per table")
+    return starts

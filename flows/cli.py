@@ -10,10 +10,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from flows.commands import compare, plan, run, serve, spec, train
+from flows.commands import compare, plan, replan, run, serve, spec, train
 from rec.errors import InputError
 
-COMMANDS = (spec, plan, train, run, compare, serve)
+COMMANDS = (spec, plan, train, run, replan, compare, serve)
 EXIT_BAD_INPUT = 2
 
 

@@ -8,6 +8,7 @@ one-screen message itself, so those log lines are cut to their first line, witho
 from __future__ import annotations
 
 import logging
+import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +28,13 @@ class _ShortInputErrors(logging.Filter):
             record.msg, record.args = f"{first} ...", ()
             record.exc_info = record.exc_text = None
         return True
+
+
+def quiet_prefect_defaults() -> None:
+    """Environment defaults for flows started from the CLI (a user's own settings win)."""
+    # The embedded Prefect server's telemetry cannot reach the internet from closed networks and
+    # would print an ERROR line.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 
 @contextmanager

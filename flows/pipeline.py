@@ -11,16 +11,18 @@ from pathlib import Path
 
 from prefect import flow
 
-from flows.plan import DEFAULT_OUT, Backend
-from flows.train import Model, TrainPipeline, train_with_retries
+from flows.parameters import TRAIN_RETRIES, TRAIN_RETRY_DELAY_S, search_settings, train_settings
+from flows.train import train_with_retries
 from rec.cost.types import CostConfig
 from rec.search import SearchConfig
-from tasks.artifact import write_plan_artifact
-from tasks.ingest import ingest_spec
+from rec.train.config import ModelKind, PipelineKind, TrainConfig
 from tasks.mlflow_log import Logged, ParentRun, deliver_outbox, log_plan, log_training, parent_run
-from tasks.search import PlannerSettings, cached_search, plan_key
-from tasks.tracking import DEFAULT_EXPERIMENT, DEFAULT_STATE_DIR, tracking_for
-from tasks.training import Trained, TrainSettings
+from tasks.paths import DEFAULT_OUT, DEFAULT_STATE_DIR, PLAN_SUBDIR, TRAIN_SUBDIR, plan_cache_dir
+from tasks.search import Backend, SearchSettings, plan_key
+from tasks.steps import ingest_task, search_task, write_task
+from tasks.tracking import DEFAULT_EXPERIMENT, tracking_for
+from tasks.train import Trained, TrainSettings
+from tasks.write import WriteSettings
 
 
 @dataclass(frozen=True)
@@ -38,22 +40,34 @@ class PipelineOutcome:
 def pipeline_flow(
     spec_path: str,
     topology_path: str,
-    backend: Backend = "local",
-    groups: int | None = None,
+    backend: Backend = SearchSettings.backend,
+    groups: int | None = SearchSettings.groups,
     cost: CostConfig = CostConfig(),
     search: SearchConfig = SearchConfig(),
-    train_iterations: int = 100,
-    warmup: int = 10,
-    batch_size: int | None = None,
-    nproc_per_node: int | None = None,
-    nnodes: int = 1,
-    rdzv_endpoint: str | None = None,
-    max_restarts: int = 0,
-    train_pipeline: TrainPipeline = "sparse_dist",
-    model: Model = "auto",
-    data: str | None = None,
-    train_retries: int = 2,
-    train_retry_delay_s: float = 10.0,
+    chart: bool = WriteSettings.chart,
+    train_iterations: int = TrainConfig.iterations,
+    warmup: int = TrainConfig.warmup,
+    batch_size: int | None = TrainConfig.batch_size,
+    model: ModelKind = TrainConfig.model,
+    train_pipeline: PipelineKind = TrainConfig.pipeline,
+    data: str | None = TrainConfig.data,
+    seed: int = TrainConfig.seed,
+    dense_in_features: int = TrainConfig.dense_in_features,
+    dense_arch_layer_sizes: tuple[int, ...] = TrainConfig.dense_arch_layer_sizes,
+    over_arch_layer_sizes: tuple[int, ...] = TrainConfig.over_arch_layer_sizes,
+    dense_lr: float = TrainConfig.dense_lr,
+    embedding_lr: float = TrainConfig.embedding_lr,
+    synthetic_batches: int = TrainConfig.synthetic_batches,
+    checkpoint_every: int = TrainConfig.checkpoint_every,
+    checkpoint_dir: str | None = TrainConfig.checkpoint_dir,
+    keep_checkpoints: int = TrainConfig.keep_checkpoints,
+    resume: bool = TrainConfig.resume,
+    nproc_per_node: int | None = TrainSettings.nproc_per_node,
+    nnodes: int = TrainSettings.nnodes,
+    rdzv_endpoint: str | None = TrainSettings.rdzv_endpoint,
+    max_restarts: int = TrainSettings.max_restarts,
+    train_retries: int = TRAIN_RETRIES,
+    train_retry_delay_s: float = TRAIN_RETRY_DELAY_S,
     out_dir: str = DEFAULT_OUT,
     tracking_uri: str | None = None,
     experiment: str = DEFAULT_EXPERIMENT,
@@ -63,22 +77,21 @@ def pipeline_flow(
 
     The flow runs on node 0; with ``nnodes > 1`` the other nodes join the rendezvous with
     ``shardflow train --plan-id ID --node-rank K`` (see deploy/)."""
+    searching, training = search_settings(locals()), train_settings(locals())
     tracking = tracking_for(tracking_uri, experiment, state_dir)
-    planner = PlannerSettings(backend, groups, cost, search)
-    settings = TrainSettings(train_iterations, warmup, batch_size, nproc_per_node, nnodes, 0,
-                             rdzv_endpoint, max_restarts, train_pipeline, model, data)
-    plan_dir, train_dir = str(Path(out_dir, "plan")), str(Path(out_dir, "train"))
     deliver_outbox(tracking)
 
-    inputs = ingest_spec(spec_path, topology_path)                             # 1. ingest
-    with parent_run(tracking, "pipeline", inputs, plan_key(inputs, planner),
-                    params={"backend": backend, "train_iterations": str(train_iterations)}) as run:
-        found = cached_search(inputs, planner, state_dir)                      # 2. search
-        plan_path = write_plan_artifact(found.plan, plan_dir)                  # 3. validate, write
+    inputs = ingest_task(spec_path, topology_path)                                 # 1. ingest
+    with parent_run(tracking, "pipeline", inputs, plan_key(inputs, searching),
+                    params={"backend": searching.backend.value,
+                            "train_iterations": str(train_iterations)}) as run:
+        found = search_task(inputs, searching, plan_cache_dir(state_dir))          # 2. search
+        written = write_task(found.plan, str(Path(out_dir, PLAN_SUBDIR)),          # 3. write
+                             WriteSettings(chart))
         run.plan_id = found.plan.plan_id
-        plan_run = log_plan(tracking, found.plan, plan_path, inputs, run)
-        trained = train_with_retries(plan_path, settings, train_dir,           # 4. train
-                                     train_retries, train_retry_delay_s)
+        plan_run = log_plan(tracking, found.plan, written.plan_path, inputs, run, found.seconds)
+        trained = train_with_retries(written.plan_path, str(Path(out_dir, TRAIN_SUBDIR)),  # 4. train
+                                     training, train_retries, train_retry_delay_s)
         train_run = log_training(tracking, trained, run)
-    return PipelineOutcome(found.plan.plan_id, plan_path, found.cached, trained, run, plan_run,
-                           train_run)
+    return PipelineOutcome(found.plan.plan_id, written.plan_path, found.cached, trained, run,
+                           plan_run, train_run)

@@ -4,20 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from prefect import flow
 
+from flows.parameters import search_settings
 from rec.cost.types import CostConfig
 from rec.search import SearchConfig
-from tasks.artifact import write_plan_artifact
-from tasks.ingest import ingest_spec
 from tasks.mlflow_log import Logged, deliver_outbox, log_plan
-from tasks.search import PlannerSettings, cached_search
-from tasks.tracking import DEFAULT_EXPERIMENT, DEFAULT_STATE_DIR, tracking_for
-
-Backend = Literal["local", "ray", "auto"]
-DEFAULT_OUT = "out"
+from tasks.paths import DEFAULT_OUT, DEFAULT_STATE_DIR, PLAN_SUBDIR, plan_cache_dir
+from tasks.search import Backend, SearchSettings
+from tasks.steps import ingest_task, search_task, write_task
+from tasks.tracking import DEFAULT_EXPERIMENT, tracking_for
+from tasks.write import WriteSettings
 
 
 @dataclass(frozen=True)
@@ -32,10 +30,11 @@ class PlanOutcome:
 def plan_flow(
     spec_path: str,
     topology_path: str,
-    backend: Backend = "local",
-    groups: int | None = None,
+    backend: Backend = SearchSettings.backend,
+    groups: int | None = SearchSettings.groups,
     cost: CostConfig = CostConfig(),
     search: SearchConfig = SearchConfig(),
+    chart: bool = WriteSettings.chart,
     out_dir: str = DEFAULT_OUT,
     tracking_uri: str | None = None,
     experiment: str = DEFAULT_EXPERIMENT,
@@ -43,11 +42,10 @@ def plan_flow(
 ) -> PlanOutcome:
     """Plan ``spec_path`` for ``topology_path``; the plan goes to OUT_DIR/plan and to MLflow."""
     tracking = tracking_for(tracking_uri, experiment, state_dir)
-    planner = PlannerSettings(backend, groups, cost, search)
     deliver_outbox(tracking)
 
-    inputs = ingest_spec(spec_path, topology_path)
-    found = cached_search(inputs, planner, state_dir)
-    plan_path = write_plan_artifact(found.plan, str(Path(out_dir, "plan")))
-    logged = log_plan(tracking, found.plan, plan_path, inputs)
-    return PlanOutcome(found.plan.plan_id, plan_path, found.cached, logged)
+    inputs = ingest_task(spec_path, topology_path)
+    found = search_task(inputs, search_settings(locals()), plan_cache_dir(state_dir))
+    written = write_task(found.plan, str(Path(out_dir, PLAN_SUBDIR)), WriteSettings(chart))
+    logged = log_plan(tracking, found.plan, written.plan_path, inputs, planning_s=found.seconds)
+    return PlanOutcome(found.plan.plan_id, written.plan_path, found.cached, logged)

@@ -15,16 +15,17 @@ from typing import Literal
 
 from prefect import flow
 
-from flows.plan import DEFAULT_OUT, Backend
+from flows.parameters import search_settings
 from rec.cost.types import CostConfig
 from rec.search import SearchConfig
-from tasks.artifact import write_plan_artifact
-from tasks.ingest import ingest_spec
 from tasks.mlflow_log import (deliver_outbox, find_last_planning, log_plan, parent_run,
                               record_unchanged)
+from tasks.paths import DEFAULT_OUT, DEFAULT_STATE_DIR, PLAN_SUBDIR, plan_cache_dir
 from tasks.records import REPLAN
-from tasks.search import PlannerSettings, cached_search, plan_key
-from tasks.tracking import DEFAULT_EXPERIMENT, DEFAULT_STATE_DIR, tracking_for
+from tasks.search import Backend, SearchSettings, plan_key
+from tasks.steps import ingest_task, search_task, write_task
+from tasks.tracking import DEFAULT_EXPERIMENT, tracking_for
+from tasks.write import WriteSettings
 
 
 @dataclass(frozen=True)
@@ -40,32 +41,33 @@ class ReplanOutcome:
 def replan_flow(
     spec_path: str,
     topology_path: str,
-    backend: Backend = "local",
-    groups: int | None = None,
+    backend: Backend = SearchSettings.backend,
+    groups: int | None = SearchSettings.groups,
     cost: CostConfig = CostConfig(),
     search: SearchConfig = SearchConfig(),
+    chart: bool = WriteSettings.chart,
     out_dir: str = DEFAULT_OUT,
     tracking_uri: str | None = None,
     experiment: str = DEFAULT_EXPERIMENT,
     state_dir: str = DEFAULT_STATE_DIR,
 ) -> ReplanOutcome:
     """Replan ``spec_path`` if its spec hash differs from the last successful planning of it."""
+    searching = search_settings(locals())
     tracking = tracking_for(tracking_uri, experiment, state_dir)
-    planner = PlannerSettings(backend, groups, cost, search)
     deliver_outbox(tracking)
 
-    inputs = ingest_spec(spec_path, topology_path)
+    inputs = ingest_task(spec_path, topology_path)
     spec_hash = inputs.spec.spec_hash
     last = find_last_planning(tracking, inputs)
     if last is not None and last.spec_hash == spec_hash:
         record_unchanged(tracking, inputs, last.plan_id)
         return ReplanOutcome("unchanged", last.plan_id, spec_hash, last.spec_hash, None)
 
-    with parent_run(tracking, "replan", inputs, plan_key(inputs, planner),
+    with parent_run(tracking, "replan", inputs, plan_key(inputs, searching),
                     tags={REPLAN: "replanned"}) as run:
-        found = cached_search(inputs, planner, state_dir)
-        plan_path = write_plan_artifact(found.plan, str(Path(out_dir, "plan")))
+        found = search_task(inputs, searching, plan_cache_dir(state_dir))
+        written = write_task(found.plan, str(Path(out_dir, PLAN_SUBDIR)), WriteSettings(chart))
         run.plan_id = found.plan.plan_id
-        log_plan(tracking, found.plan, plan_path, inputs, run)
+        log_plan(tracking, found.plan, written.plan_path, inputs, run, found.seconds)
     return ReplanOutcome("replanned", found.plan.plan_id, spec_hash,
-                         last.spec_hash if last else None, plan_path)
+                         last.spec_hash if last else None, written.plan_path)

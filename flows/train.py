@@ -4,19 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 from prefect import flow
 from prefect.tasks import exponential_backoff
 
+from flows.parameters import TRAIN_RETRIES, TRAIN_RETRY_DELAY_S, train_settings
 from rec.errors import InputError, Problem
+from rec.train.config import ModelKind, PipelineKind, TrainConfig
 from tasks.mlflow_log import Logged, deliver_outbox, fetch_plan_task, log_training
-from tasks.tracking import DEFAULT_EXPERIMENT, DEFAULT_STATE_DIR, tracking_for
-from tasks.training import Trained, TrainSettings, launch_training
-
-DEFAULT_OUT = "out"
-TrainPipeline = Literal["sparse_dist", "naive"]
-Model = Literal["auto", "dlrm", "dlrm_dcn", "concat"]
+from tasks.paths import DEFAULT_OUT, DEFAULT_STATE_DIR, PLAN_SUBDIR, TRAIN_SUBDIR
+from tasks.steps import train_task
+from tasks.tracking import DEFAULT_EXPERIMENT, tracking_for
+from tasks.train import Trained, TrainSettings
 
 
 @dataclass(frozen=True)
@@ -27,31 +26,42 @@ class TrainOutcome:
     logged: Logged | None  # None on nodes other than node 0: rank 0 reports
 
 
-def train_with_retries(plan_path: str, settings: TrainSettings, out_dir: str, retries: int,
+def train_with_retries(plan_path: str, out_dir: str, settings: TrainSettings, retries: int,
                        retry_delay_s: float) -> Trained:
-    """``launch_training`` with the flow's retry policy: exponential backoff from retry_delay_s."""
-    launch = launch_training.with_options(
+    """``train_task`` with the flow's retry policy: exponential backoff from retry_delay_s."""
+    launch = train_task.with_options(
         retries=retries, retry_delay_seconds=exponential_backoff(backoff_factor=retry_delay_s))
-    return launch(plan_path, settings, out_dir)
+    return launch(plan_path, out_dir, settings)
 
 
 @flow(name="shardflow-train")
 def train_flow(
     plan_path: str | None = None,
     plan_id: str | None = None,
-    train_iterations: int = 100,
-    warmup: int = 10,
-    batch_size: int | None = None,
-    nproc_per_node: int | None = None,
-    nnodes: int = 1,
-    node_rank: int = 0,
-    rdzv_endpoint: str | None = None,
-    max_restarts: int = 0,
-    train_pipeline: TrainPipeline = "sparse_dist",
-    model: Model = "auto",
-    data: str | None = None,
-    train_retries: int = 2,
-    train_retry_delay_s: float = 10.0,
+    train_iterations: int = TrainConfig.iterations,
+    warmup: int = TrainConfig.warmup,
+    batch_size: int | None = TrainConfig.batch_size,
+    model: ModelKind = TrainConfig.model,
+    train_pipeline: PipelineKind = TrainConfig.pipeline,
+    data: str | None = TrainConfig.data,
+    seed: int = TrainConfig.seed,
+    dense_in_features: int = TrainConfig.dense_in_features,
+    dense_arch_layer_sizes: tuple[int, ...] = TrainConfig.dense_arch_layer_sizes,
+    over_arch_layer_sizes: tuple[int, ...] = TrainConfig.over_arch_layer_sizes,
+    dense_lr: float = TrainConfig.dense_lr,
+    embedding_lr: float = TrainConfig.embedding_lr,
+    synthetic_batches: int = TrainConfig.synthetic_batches,
+    checkpoint_every: int = TrainConfig.checkpoint_every,
+    checkpoint_dir: str | None = TrainConfig.checkpoint_dir,
+    keep_checkpoints: int = TrainConfig.keep_checkpoints,
+    resume: bool = TrainConfig.resume,
+    nproc_per_node: int | None = TrainSettings.nproc_per_node,
+    nnodes: int = TrainSettings.nnodes,
+    node_rank: int = TrainSettings.node_rank,
+    rdzv_endpoint: str | None = TrainSettings.rdzv_endpoint,
+    max_restarts: int = TrainSettings.max_restarts,
+    train_retries: int = TRAIN_RETRIES,
+    train_retry_delay_s: float = TRAIN_RETRY_DELAY_S,
     out_dir: str = DEFAULT_OUT,
     tracking_uri: str | None = None,
     experiment: str = DEFAULT_EXPERIMENT,
@@ -60,14 +70,14 @@ def train_flow(
     """Train with ``plan_path``, or with the plan ``plan_id`` fetched from MLflow; never plans."""
     if (plan_path is None) == (plan_id is None):
         raise InputError("train_flow needs a plan:", [Problem("plan_path / plan_id", "give exactly one")])
+    settings = train_settings(locals())
     tracking = tracking_for(tracking_uri, experiment, state_dir)
-    settings = TrainSettings(train_iterations, warmup, batch_size, nproc_per_node, nnodes, node_rank,
-                             rdzv_endpoint, max_restarts, train_pipeline, model, data)
-    train_dir = str(Path(out_dir, "train"))
+    train_dir = str(Path(out_dir, TRAIN_SUBDIR))
     deliver_outbox(tracking)
 
     if plan_id is not None:
-        plan_path = fetch_plan_task(tracking, plan_id, str(Path(train_dir, "plan")))
-    trained = train_with_retries(plan_path, settings, train_dir, train_retries, train_retry_delay_s)
+        plan_path = fetch_plan_task(tracking, plan_id, str(Path(train_dir, PLAN_SUBDIR)))
+    assert plan_path is not None
+    trained = train_with_retries(plan_path, train_dir, settings, train_retries, train_retry_delay_s)
     logged = log_training(tracking, trained) if node_rank == 0 else None
     return TrainOutcome(trained.plan_id, plan_path, trained, logged)

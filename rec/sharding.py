@@ -32,6 +32,40 @@ class ComputeDevice(str, Enum):
     CUDA = "cuda"
 
 
+FUSED_KERNELS = (ComputeKernel.FUSED, ComputeKernel.FUSED_UVM, ComputeKernel.FUSED_UVM_CACHING)
+_MODEL_PARALLEL = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE)
+_CUDA_ONLY = (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE)
+
+# TorchRec names shardflow knows but never plans, and why (spec validation refuses them).
+NOT_PLANNED: dict[ShardingType | ComputeKernel, str] = {
+    ShardingType.GRID_SHARD: "grid_shard is not planned by shardflow; use table_row_wise, "
+                             "column_wise or table_column_wise",
+    ComputeKernel.KEY_VALUE: "key_value needs an SSD tier, which shardflow's topology does not "
+                             "model; use fused_uvm_caching or fused_uvm",
+}
+
+
+def sharder_options(device: ComputeDevice) -> dict[ShardingType, tuple[ComputeKernel, ...]]:
+    """Sharding types and kernels shardflow plans on ``device``: what TorchRec 1.8's
+    ``EmbeddingBagCollectionSharder`` offers for training, minus ``NOT_PLANNED``.
+
+    cpu: data_parallel (dense); table_wise, column_wise, table_column_wise (fused).
+    cuda: data_parallel (dense); those three plus row_wise and table_row_wise (fused, fused_uvm,
+    fused_uvm_caching)."""
+    types = (ShardingType.DATA_PARALLEL, *_MODEL_PARALLEL)
+    kernels: tuple[ComputeKernel, ...] = (ComputeKernel.FUSED,)
+    if device == ComputeDevice.CUDA:
+        types += _CUDA_ONLY
+        kernels = FUSED_KERNELS
+    dense = (ComputeKernel.DENSE,)
+    return {st: dense if st == ShardingType.DATA_PARALLEL else kernels for st in types}
+
+
+def is_available(device: ComputeDevice, sharding_type: ShardingType, kernel: ComputeKernel) -> bool:
+    """Whether shardflow plans (and TorchRec trains) ``sharding_type``/``kernel`` on ``device``."""
+    return kernel in sharder_options(device).get(sharding_type, ())
+
+
 class Pooling(str, Enum):
     SUM = "SUM"
     MEAN = "MEAN"
@@ -46,15 +80,7 @@ class DataType(str, Enum):
     INT2 = "INT2"
 
     @property
-    def bytes_per_element(self) -> float:
-        return _BYTES[self]
-
-
-_BYTES = {
-    DataType.FP32: 4.0,
-    DataType.FP16: 2.0,
-    DataType.BF16: 2.0,
-    DataType.INT8: 1.0,
-    DataType.INT4: 0.5,
-    DataType.INT2: 0.25,
-}
+    def bytes_per_element(self) -> int:
+        """Bytes per weight as TorchRec trains the table: ``EmbeddingBagCollection`` allocates FP32
+        tables as float32 and every other data type as float16, and its estimators size them so."""
+        return 4 if self is DataType.FP32 else 2

@@ -1,12 +1,12 @@
-"""Step 1, spec ingestion: read and validate the spec and the topology, hash both."""
+"""Step 1, spec ingestion: read and validate the spec and the topology, hash both.
+
+Ingestion has no knobs: what it reads is its whole input (``shardflow spec validate`` and every
+flow call ``ingest``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 
 from rec.spec import Spec, read_spec
 from rec.topology import Topology, read_topology
@@ -22,8 +22,23 @@ class Inputs:
     topology_path: str
 
 
-@task(name="ingest-spec", cache_policy=NO_CACHE)
-def ingest_spec(spec_path: str, topology_path: str) -> Inputs:
-    """Read and validate both files; InputError names every problem (never retried)."""
-    return Inputs(read_spec(spec_path), read_topology(topology_path),
-                  str(Path(spec_path).resolve()), str(Path(topology_path).resolve()))
+def ingest(spec_path: str, topology_path: str) -> Inputs:
+    """Read and validate both files; InputError names every problem of both at once."""
+    from rec.errors import InputError
+
+    errors: list[InputError] = []
+    spec = topology = None
+    try:
+        spec = read_spec(spec_path)
+    except InputError as e:
+        errors.append(e)
+    try:
+        topology = read_topology(topology_path)
+    except InputError as e:
+        errors.append(e)
+    if errors:
+        if len(errors) == 1:
+            raise errors[0]
+        raise InputError("Invalid input:", [p for e in errors for p in e.problems])
+    assert spec is not None and topology is not None
+    return Inputs(spec, topology, str(Path(spec_path).resolve()), str(Path(topology_path).resolve()))

@@ -8,13 +8,13 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rec.errors import InputError, Problem
-from rec.plan import Plan
+from rec.settings import to_flags
+from rec.train.config import TrainConfig
 
 
 @dataclass(frozen=True)
 class Launch:
-    """How to start the job on this node; ``job_args`` go to ``rec.train.job`` unchanged."""
+    """How to start the job on this node; ``job`` goes to ``rec.train.job`` as its flags."""
 
     plan_path: str
     out_dir: str
@@ -24,51 +24,7 @@ class Launch:
     rdzv_endpoint: str | None = None  # HOST:PORT; required for more than one node
     rdzv_id: str = "shardflow"
     max_restarts: int = 0
-    job_args: tuple[str, ...] = field(default_factory=tuple)
-
-
-def check_launch(plan: Plan, launch: Launch) -> None:
-    """World size and rendezvous problems are the user's to fix: InputError before launching."""
-    problems = []
-    world = launch.nnodes * launch.nproc_per_node
-    planned = int(plan.topology["world_size"])
-    if world != planned:
-        problems.append(Problem(
-            "world size", f"--nnodes {launch.nnodes} x --nproc-per-node {launch.nproc_per_node} = "
-                          f"{world} processes, but plan {plan.plan_id} is for {planned} ranks"))
-    if launch.nnodes > 1 and not launch.rdzv_endpoint:
-        problems.append(Problem("--rdzv-endpoint", "is required with --nnodes > 1 (HOST:PORT of node 0)"))
-    if problems:
-        raise InputError("Cannot launch training with this plan:", problems)
-
-
-def job_flags(iterations: int, warmup: int, pipeline: str, model: str, batch_size: int | None = None,
-              data: str | None = None, checkpoint_dir: str | None = None, checkpoint_every: int = 0,
-              resume: bool = False) -> tuple[str, ...]:
-    """The ``rec.train.job`` flags for these settings (defaults left out)."""
-    flags = ["--iterations", str(iterations), "--warmup", str(warmup), "--pipeline", pipeline,
-             "--model", model]
-    if batch_size:
-        flags += ["--batch-size", str(batch_size)]
-    if data:
-        flags += ["--data", data]
-    if checkpoint_dir:
-        flags += ["--checkpoint-dir", checkpoint_dir, "--checkpoint-every", str(checkpoint_every)]
-    if resume:
-        flags.append("--resume")
-    return tuple(flags)
-
-
-def plan_launch(plan: Plan, plan_path: str, out_dir: str, job_args: tuple[str, ...],
-                nproc_per_node: int | None = None, nnodes: int = 1, node_rank: int = 0,
-                rdzv_endpoint: str | None = None, max_restarts: int = 0) -> Launch:
-    """The checked launch of ``plan`` (one process per local rank unless told otherwise)."""
-    launch = Launch(plan_path=plan_path, out_dir=out_dir,
-                    nproc_per_node=nproc_per_node or int(plan.topology["local_world_size"]),
-                    nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
-                    rdzv_id=plan.plan_id, max_restarts=max_restarts, job_args=job_args)
-    check_launch(plan, launch)
-    return launch
+    job: TrainConfig = field(default_factory=TrainConfig)
 
 
 def torchrun_command(launch: Launch) -> list[str]:
@@ -81,7 +37,7 @@ def torchrun_command(launch: Launch) -> list[str]:
                 "--rdzv-backend=c10d", f"--rdzv-endpoint={launch.rdzv_endpoint}",
                 f"--rdzv-id={launch.rdzv_id}"]
     return cmd + ["-m", "rec.train.job", "--plan", launch.plan_path, "--out", launch.out_dir,
-                  *launch.job_args]
+                  *to_flags(launch.job)]
 
 
 def job_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -96,11 +52,15 @@ def job_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def torchrun_log(launch: Launch) -> Path:
+    return Path(launch.out_dir) / f"torchrun_node{launch.node_rank}.log"
+
+
 def run_training(launch: Launch, env: dict[str, str] | None = None, quiet: bool = False) -> int:
-    """Run torchrun to completion on this node; its exit code (non-zero: a rank failed for good)."""
+    """Run torchrun to completion on this node; its exit code (non-zero: a rank failed for good).
+    ``quiet``: its output goes to the node's log file instead of the terminal."""
     Path(launch.out_dir).mkdir(parents=True, exist_ok=True)
-    log = Path(launch.out_dir) / f"torchrun_node{launch.node_rank}.log"
-    with open(log, "w") as sink:
+    with open(torchrun_log(launch), "w") as sink:
         proc = subprocess.run(torchrun_command(launch), env=job_environment(env),
                               stdout=sink if quiet else None, stderr=subprocess.STDOUT if quiet else None)
     return proc.returncode

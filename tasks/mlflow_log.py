@@ -21,7 +21,7 @@ from tasks.outbox import Delivery, Outbox
 from tasks.plan_fetch import fetch_plan
 from tasks.records import EndRecord, RunRecord
 from tasks.tracking import Tracking, TrackingUnavailable, connect, last_planning
-from tasks.training import Trained
+from tasks.train import Trained
 
 
 @dataclass(frozen=True)
@@ -69,10 +69,10 @@ def deliver_outbox(tracking: Tracking) -> Delivery:
 
 @task(name="log-plan", cache_policy=NO_CACHE)
 def log_plan(tracking: Tracking, plan: Plan, plan_path: str, inputs: Inputs,
-             parent: ParentRun | None = None) -> Logged:
+             parent: ParentRun | None = None, planning_s: float | None = None) -> Logged:
     """A plan run with params, metrics, plan.json, shards.parquet and the chart; none if MLflow
     already has a finished run of this plan_id."""
-    record = records.plan_record(plan, inputs, parent.key if parent else None)
+    record = records.plan_record(plan, inputs, parent.key if parent else None, planning_s)
     plan_dir = Path(plan_path).parent
     return _record(tracking, record, {name: plan_dir / name for name in record.artifacts})
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rec.plan import Plan
     from tasks.ingest import Inputs
-    from tasks.training import Trained
+    from tasks.train import Trained
 
 # Every run carries STEP and PLAN_ID; RECORD makes delivery idempotent.
 STEP = "shardflow.step"  # plan | train | pipeline | replan
@@ -95,18 +95,20 @@ def source_tags(inputs: Inputs) -> dict[str, str]:
             TOPOLOGY_HASH: inputs.topology.topology_hash, TOPOLOGY_PATH: inputs.topology_path}
 
 
-def plan_record(plan: Plan, inputs: Inputs, parent_key: str | None = None) -> RunRecord:
+def plan_record(plan: Plan, inputs: Inputs, parent_key: str | None = None,
+                planning_s: float | None = None) -> RunRecord:
     m = plan.metrics
     planner = plan.planner
+    measured = {} if planning_s is None else {"planning_s": round(planning_s, 4)}
     return RunRecord(
         key=new_key(), step="plan", name=f"plan-{plan.plan_id}", parent_key=parent_key,
         tags={STEP: "plan", PLAN_ID: plan.plan_id, **source_tags(inputs)},
         params={"tables": str(len(plan.tables)), "world_size": str(plan.topology["world_size"]),
                 "backend": planner.get("backend", "local"), "groups": str(planner.get("groups", 1)),
                 "compute_device": str(plan.topology["compute_device"]),
-                "optimizer": str(planner["cost"]["optimizer"])},
-        metrics={"planning_s": m.planning_s, "critical_path": m.critical_path,
-                 "lower_bound": m.lower_bound, "gap": m.gap,
+                "optimizer": str(planner["cost"]["optimizer"]), "bound_method": m.bound_method},
+        metrics={**measured, "critical_path": m.critical_path,
+                 "lower_bound": m.lower_bound, "gap": m.gap, "optimal": float(m.optimal),
                  "max_hbm_gib": max(m.rank_hbm) / GIB, "max_ddr_gib": max(m.rank_ddr) / GIB},
         artifacts=PLAN_ARTIFACTS, start_ms=now_ms(), end_ms=now_ms(), unique_plan=True,
     )

@@ -1,11 +1,11 @@
-"""Step 2, plan search (local or on Ray actors), cached by what is planned.
+"""Step 2, plan search (with the merge): local or on Ray actors, cached by what is planned.
 
 The cache key is the plan_id the inputs will produce (spec hash, topology hash, planner
-configuration), computed before searching. Prefect keeps the cached plan under
-``STATE_DIR/plan-cache``: an unchanged re-run, or a pipeline whose training is retried, gets the
-plan back without searching again. For ``backend: ray|auto`` the key covers the backend and the
-``groups`` asked for (``None``: chosen at run time from the cluster's CPUs), so it is not the
-plan_id itself; for ``local`` it is.
+configuration), computed before searching. A cached plan is a plain ``plan.json`` (with its
+``shards.parquet``) under ``CACHE_DIR/<key>/``, read back through the same validation as any plan
+a user hands over: nothing is unpickled. For the ``ray``/``auto`` backends the key covers the
+backend and the ``groups`` asked for (``None``: chosen at run time from the cluster's CPUs), so
+it is not the plan_id itself; for ``local`` it is.
 
 The searcher also merges: Ray's driver merges the group results and rebalances across ranks
 (``rec.search.merge``), and ``plan_spec`` builds and validates the global plan.
@@ -13,71 +13,94 @@ The searcher also merges: Ray's driver merges the group results and rebalances a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+import time
+from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
-from typing import Any
-
-from prefect import task
-from prefect.tasks import exponential_backoff
 
 from rec.cost.types import CostConfig
-from rec.hashing import content_hash
-from rec.plan import Plan, PlanMetrics, Shard, TablePlan
-from rec.plan.build import planner_config
-from rec.plan.identity import plan_id
-from rec.planning import plan_spec
+from rec.errors import InputError
+from rec.plan import Plan, check_plan, read_plan, write_plan
+from rec.plan.identity import plan_id, planner_config
+from rec.planning import Searcher, plan_spec
 from rec.search import SearchConfig
+from rec.settings import check, knob
 from tasks.ingest import Inputs
-from tasks.retry import unless_input_error
 
-PLAN_CACHE = "plan-cache"
-# Cached plans are pickles: a change to the Plan types must not bring old objects back.
-PLAN_SHAPE = content_hash([[f.name for f in fields(t)] for t in (Plan, PlanMetrics, TablePlan, Shard)])[:8]
+MAX_GROUPS = 100_000
+
+
+class Backend(str, Enum):
+    LOCAL = "local"  # search in this process
+    RAY = "ray"  # table groups on Ray actors (RAY_ADDRESS, or a local Ray started on demand)
+    AUTO = "auto"  # Ray from AUTO_RAY_MIN_TABLES tables on, local below or when Ray is away
 
 
 @dataclass(frozen=True)
-class PlannerSettings:
-    """How to search: the backend and the configuration the plan_id covers."""
+class SearchSettings:
+    """How to search; everything but ``backend``/``groups`` also goes into the plan_id."""
 
-    backend: str = "local"  # local | ray | auto
-    groups: int | None = None  # Ray table groups; None: from the table count and cluster CPUs
+    backend: Backend = field(default=Backend.LOCAL, metadata=knob(
+        "search in this process, on Ray actors, or pick by spec size"))
+    groups: int | None = field(default=None, metadata=knob(
+        "table groups for the Ray backend; none: from the table count and cluster CPUs",
+        minimum=1, maximum=MAX_GROUPS))
     cost: CostConfig = field(default_factory=CostConfig)
-    search: SearchConfig = field(default_factory=SearchConfig)
+    config: SearchConfig = field(default_factory=SearchConfig)
+
+    def searcher(self, num_tables: int) -> Searcher | None:
+        """The searcher for ``backend`` (None: the library's local default)."""
+        if self.backend is Backend.LOCAL:
+            return None
+        from tasks.ray_search import searcher_for_backend
+
+        return searcher_for_backend(self.backend.value, num_tables, self.groups)
+
+    def request(self) -> dict:
+        """What the plan cache key adds for a non-local backend."""
+        if self.backend is Backend.LOCAL:
+            return {}
+        return {"backend": self.backend.value, "groups": self.groups}
 
 
 @dataclass(frozen=True)
 class Found:
     plan: Plan
-    cached: bool  # True: Prefect's cache gave the plan back, nothing was searched
+    cached: bool  # True: the plan cache gave the plan back, nothing was searched
+    seconds: float  # wall time of this step (the search, or reading the cached plan)
 
 
-def plan_key(inputs: Inputs, planner: PlannerSettings) -> str:
+def plan_key(inputs: Inputs, settings: SearchSettings) -> str:
     """The plan_id these inputs will get (local), or that of the request (ray/auto)."""
-    request = {} if planner.backend == "local" else {"backend": planner.backend,
-                                                      "groups": planner.groups}
     return plan_id(inputs.spec.spec_hash, inputs.topology.topology_hash,
-                   {**planner_config(planner.cost, planner.search), **request})
+                   planner_config(settings.cost, settings.config, settings.request()))
 
 
-def _cache_key(context: Any, parameters: dict[str, Any]) -> str:
-    return f"shardflow-plan-{plan_key(parameters['inputs'], parameters['planner'])}-{PLAN_SHAPE}"
+def search_plan(inputs: Inputs, settings: SearchSettings = SearchSettings(),
+                cache_dir: str | None = None) -> Found:
+    """The validated plan for ``inputs``: from ``cache_dir`` when planned before, else searched
+    (and then cached). InputError when the tables cannot fit."""
+    check(settings, "Cannot plan with these settings:")
+    started = time.perf_counter()
+    key = plan_key(inputs, settings)
+    cached = _cached(Path(cache_dir, key)) if cache_dir else None
+    if cached is not None:
+        return Found(cached, True, time.perf_counter() - started)
+    plan = plan_spec(inputs.spec, inputs.topology, settings.cost, settings.config,
+                     settings.searcher(len(inputs.spec)))
+    seconds = time.perf_counter() - started
+    if cache_dir:
+        write_plan(plan, Path(cache_dir, key))
+    return Found(plan, False, seconds)
 
 
-@task(name="search-plan", cache_key_fn=_cache_key, retries=2,
-      retry_delay_seconds=exponential_backoff(backoff_factor=2), retry_condition_fn=unless_input_error)
-def search_plan(inputs: Inputs, planner: PlannerSettings) -> Plan:
-    """Search, merge and validate a plan; retried with backoff (a lost Ray cluster, a dead
-    driver), but not for an InputError such as tables that fit no rank."""
-    searcher = None
-    if planner.backend != "local":
-        from tasks.ray_search import searcher_for_backend
-
-        searcher = searcher_for_backend(planner.backend, len(inputs.spec), planner.groups)
-    return plan_spec(inputs.spec, inputs.topology, planner.cost, planner.search, searcher)
-
-
-def cached_search(inputs: Inputs, planner: PlannerSettings, state_dir: str) -> Found:
-    """Run ``search_plan`` with its cache under ``state_dir``; say whether the cache answered."""
-    cache = Path(state_dir, PLAN_CACHE).resolve()
-    state = search_plan.with_options(result_storage=cache)(inputs, planner, return_state=True)
-    return Found(state.result(), cached=state.name == "Cached")
+def _cached(entry: Path) -> Plan | None:
+    """The plan cached in ``entry``; None if absent, unreadable or no longer valid (replanned)."""
+    if not (entry / "plan.json").is_file():
+        return None
+    try:
+        plan = read_plan(entry)
+        check_plan(plan)
+    except InputError:
+        return None
+    return plan

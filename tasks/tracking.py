@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 from rec.errors import InputError, Problem
+from rec.settings import knob
+from tasks.paths import DEFAULT_STATE_DIR, OUTBOX, outbox_dir
 from tasks.records import (PARENT, PLAN_ID, RECORD, SPEC_PATH, STEP, TOPOLOGY_HASH, EndRecord,
                            RunRecord)
 
@@ -24,7 +26,6 @@ if TYPE_CHECKING:
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 DEFAULT_EXPERIMENT = "shardflow"
-DEFAULT_STATE_DIR = ".shardflow"  # the outbox and the plan cache live here
 MAX_METRICS_PER_BATCH = 1000  # MLflow's log_batch limit
 
 
@@ -38,13 +39,27 @@ class Tracking:
 
     uri: str
     experiment: str = DEFAULT_EXPERIMENT
-    outbox_dir: str = f"{DEFAULT_STATE_DIR}/outbox"
+    outbox_dir: str = str(Path(DEFAULT_STATE_DIR, OUTBOX))
+
+
+@dataclass(frozen=True)
+class TrackingSettings:
+    """Where runs and shardflow's own state go (the flags of every command that talks to MLflow)."""
+
+    tracking_uri: str | None = field(default=None, metadata=knob(
+        f"MLflow tracking URI; none: $MLFLOW_TRACKING_URI or {DEFAULT_TRACKING_URI}", metavar="URI"))
+    experiment: str = field(default=DEFAULT_EXPERIMENT, metadata=knob("MLflow experiment", metavar="NAME"))
+    state_dir: str = field(default=DEFAULT_STATE_DIR, metadata=knob(
+        "shardflow's own state: the outbox for MLflow and the plan cache", metavar="DIR"))
+
+    def resolve(self) -> Tracking:
+        return tracking_for(self.tracking_uri, self.experiment, self.state_dir)
 
 
 def tracking_for(uri: str | None = None, experiment: str = DEFAULT_EXPERIMENT,
                  state_dir: str = DEFAULT_STATE_DIR) -> Tracking:
     """``uri`` or ``MLFLOW_TRACKING_URI`` or SQLite in the working directory; paths made absolute."""
-    return Tracking(resolve_uri(uri), experiment, str(Path(state_dir, "outbox").resolve()))
+    return Tracking(resolve_uri(uri), experiment, outbox_dir(state_dir))
 
 
 def resolve_uri(uri: str | None) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from datetime import datetime
 
-from flows.commands.run import add_tracking_arguments
+from rec.settings import add_flags
 
 HEADER = ("plan_id", "spec_hash", "tables", "world", "backend", "critical_path", "lower_bound",
           "gap", "trained", "p50_ms", "p90_ms", "samples_s")
@@ -22,7 +22,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--spec-hash", default=None, help="only plans of this spec hash")
     p.add_argument("--plan-id", default=None, help="only this plan")
     p.add_argument("--last", type=int, default=20, metavar="N", help="the N newest plans (default 20)")
-    add_tracking_arguments(p)
+    from tasks.tracking import TrackingSettings
+
+    add_flags(p, TrackingSettings)
     p.set_defaults(handler=run)
 
 
@@ -30,11 +32,12 @@ def run(args: argparse.Namespace) -> int:
     from flows.text_table import render_table
     from rec.errors import InputError, Problem
     from tasks.outbox import Outbox
-    from tasks.tracking import TrackingUnavailable, connect, find_runs, tracking_for
+    from rec.settings import from_flags
+    from tasks.tracking import TrackingSettings, TrackingUnavailable, connect, find_runs
 
     if args.last < 1:
         raise InputError("Cannot compare:", [Problem("--last", f"must be at least 1, got {args.last}")])
-    tracking = tracking_for(args.tracking_uri, args.experiment, args.state_dir)
+    tracking = from_flags(TrackingSettings, args).resolve()
     try:
         client, experiment_id = connect(tracking)
     except TrackingUnavailable as e:

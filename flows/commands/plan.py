@@ -1,59 +1,67 @@
-"""``shardflow plan SPEC --topology TOPO --out DIR``: search a sharding plan and write it."""
+"""``shardflow plan SPEC --topology TOPO --out DIR``: search a sharding plan and write it.
+
+The same three steps as the Prefect ``plan`` flow (ingest, search, write: plan.json,
+shards.parquet, rank_load.png), without Prefect or MLflow; ``shardflow run --plan-only`` runs them
+as the flow, with the plan cache and an MLflow plan run.
+"""
 
 from __future__ import annotations
 
 import argparse
 from collections import Counter
-
 from typing import TYPE_CHECKING
+
+from rec.settings import add_flags
 
 if TYPE_CHECKING:
     from rec.plan import Plan
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    from tasks.search import SearchSettings
+    from tasks.write import WriteSettings
+
     parser = subparsers.add_parser("plan", help="search a sharding plan and write plan.json",
                                    description=__doc__)
-    parser.add_argument("spec", metavar="SPEC", help="table spec: .parquet .arrow .feather .csv .yaml .json")
-    parser.add_argument("--topology", metavar="TOPO", required=True, help="topology YAML")
-    parser.add_argument("--out", metavar="DIR", required=True, help="where plan.json and shards.parquet go")
-    parser.add_argument("--backend", choices=("local", "ray", "auto"), default="local",
-                        help="search in this process, on Ray actors, or pick by spec size (default: local)")
-    parser.add_argument("--groups", type=int, default=None,
-                        help="table groups for the Ray backend (default: from table count and CPUs)")
+    add_input_arguments(parser)
+    parser.add_argument("--out", metavar="DIR", required=True,
+                        help="where plan.json, shards.parquet and rank_load.png go")
+    add_flags(parser.add_argument_group("search"), SearchSettings)
+    add_flags(parser.add_argument_group("artifact"), WriteSettings)
     parser.set_defaults(handler=run)
 
 
+def add_input_arguments(parser: argparse.ArgumentParser) -> None:
+    """SPEC and --topology, for every command that plans."""
+    parser.add_argument("spec", metavar="SPEC", help="table spec: .parquet .arrow .feather .csv .yaml .json")
+    parser.add_argument("--topology", metavar="TOPO", required=True, help="topology YAML")
+
+
 def run(args: argparse.Namespace) -> int:
-    from rec.plan import write_plan
-    from rec.planning import plan_spec
-    from rec.spec import read_spec
-    from rec.topology import read_topology
+    from rec.settings import check, from_flags
+    from tasks.ingest import ingest
+    from tasks.search import SearchSettings, search_plan
+    from tasks.write import WriteSettings, write_plan_artifact
 
-    spec = read_spec(args.spec)
-    topology = read_topology(args.topology)
-    searcher = None
-    if args.backend != "local":
-        from tasks.ray_search import searcher_for_backend
-
-        searcher = searcher_for_backend(args.backend, len(spec), args.groups)
-    plan = plan_spec(spec, topology, searcher=searcher)
-    path = write_plan(plan, args.out)
-    print(render_plan(plan))
-    print(f"\nwrote {path} and {path.parent / 'shards.parquet'}")
+    searching = from_flags(SearchSettings, args)
+    check(searching, "Cannot plan with these settings:")
+    inputs = ingest(args.spec, args.topology)
+    found = search_plan(inputs, searching)
+    written = write_plan_artifact(found.plan, args.out, from_flags(WriteSettings, args))
+    print(render_plan(found.plan, found.seconds))
+    print(f"\nwrote {', '.join(written.files)}")
     return 0
 
 
-def render_plan(plan: "Plan") -> str:
+def render_plan(plan: Plan, planning_s: float) -> str:
     """Per-rank load and memory, then the plan's quality against the lower bound."""
     from flows.text_table import render_table
-    from rec.plan import rows_per_rank
     from rec.units import format_bytes
 
     m = plan.metrics
     world = len(m.rank_perf)
     shards = Counter(s.rank for t in plan.tables for s in t.shards)
-    rows = rows_per_rank(plan, world)
+    rows = plan.rows_per_rank()
     table = render_table(
         ("rank", "perf_ms", "hbm", "hbm_cap", "ddr", "shards", "rows"),
         [(r, f"{m.rank_perf[r]:.4f}", format_bytes(m.rank_hbm[r]), format_bytes(m.rank_hbm_cap[r]),
@@ -66,7 +74,8 @@ def render_plan(plan: "Plan") -> str:
         f"{table}\n\n"
         f"tables:        {len(plan.tables)} ({kinds_text})\n"
         f"critical path: {m.critical_path:.4f} ms (TorchRec cost model)\n"
-        f"lower bound:   {m.lower_bound:.4f} ms  gap {100 * m.gap:.2f}%\n"
-        f"planning time: {m.planning_s:.3f} s\n"
+        f"lower bound:   {m.lower_bound:.4f} ms  gap {100 * m.gap:.2f}% ({m.bound_method} bound"
+        f"{'; proven optimal' if m.optimal else ''})\n"
+        f"planning time: {planning_s:.3f} s\n"
         f"plan_id:       {plan.plan_id}  spec_hash {plan.spec_hash}"
     )

@@ -11,70 +11,101 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
+from flows.commands.plan import add_input_arguments
+from rec.settings import add_flags
+
 if TYPE_CHECKING:
     from flows.pipeline import PipelineOutcome
+    from flows.plan import PlanOutcome
     from tasks.tracking import Tracking
+
+TRAIN_FLAGS = {"iterations": "train-iterations"}  # flag names kept from shardflow's first CLI
+TRAIN_WHERE = {"iterations": "--train-iterations"}
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    from flows.parameters import TRAIN_RETRIES
+    from rec.train.config import TrainConfig
+    from tasks.paths import DEFAULT_OUT
+    from tasks.search import SearchSettings
+    from tasks.tracking import TrackingSettings
+    from tasks.train import TrainSettings
+    from tasks.write import WriteSettings
+
     p = subparsers.add_parser("run", help="plan, then train with the plan (Prefect pipeline, MLflow runs)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("spec", metavar="SPEC", help="table spec: .parquet .arrow .feather .csv .yaml .json")
-    p.add_argument("--topology", metavar="TOPO", required=True, help="topology YAML")
-    p.add_argument("--backend", choices=("local", "ray", "auto"), default="local")
-    p.add_argument("--groups", type=int, default=None, help="table groups for the Ray backend")
-    p.add_argument("--train-iterations", type=int, default=100)
-    p.add_argument("--warmup", type=int, default=10, help="iterations left out of the latency statistics")
-    p.add_argument("--batch-size", type=int, default=None, help="per rank (default: the topology's)")
-    p.add_argument("--nproc-per-node", type=int, default=None)
-    p.add_argument("--max-restarts", type=int, default=0, help="torchrun restarts before Prefect retries")
-    p.add_argument("--train-retries", type=int, default=2, help="Prefect retries of a failed training")
-    p.add_argument("--out", default="out", metavar="DIR", help="OUT/plan and OUT/train (default: out)")
-    add_tracking_arguments(p)
+    add_input_arguments(p)
+    p.add_argument("--plan-only", action="store_true",
+                   help="run the plan flow: ingest, search, write and log the plan; no training")
+    p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
+                   help=f"OUT/plan and OUT/train (default: {DEFAULT_OUT})")
+    add_flags(p.add_argument_group("search"), SearchSettings)
+    add_flags(p.add_argument_group("artifact"), WriteSettings)
+    add_flags(p.add_argument_group("training job"), TrainConfig, rename=TRAIN_FLAGS,
+              aliases={"iterations": ("iterations",)})
+    add_flags(p.add_argument_group("processes"), TrainSettings, skip=("job", "node_rank"))
+    p.add_argument("--train-retries", type=int, default=TRAIN_RETRIES,
+                   help=f"Prefect retries of a failed training (default: {TRAIN_RETRIES})")
+    add_flags(p.add_argument_group("tracking"), TrackingSettings)
     p.set_defaults(handler=run)
 
 
-def add_tracking_arguments(p: argparse.ArgumentParser) -> None:
-    """Where runs go; shared by the commands that talk to MLflow."""
-    p.add_argument("--tracking-uri", default=None,
-                   help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
-    p.add_argument("--experiment", default="shardflow", help="MLflow experiment (default: shardflow)")
-    p.add_argument("--state-dir", default=".shardflow",
-                   help="outbox and plan cache (default: .shardflow)")
-
-
 def run(args: argparse.Namespace) -> int:
-    from rec.spec import read_spec
-    from rec.topology import read_topology
+    from rec.settings import check, from_flags, to_dict
+    from tasks.ingest import ingest
+    from tasks.search import SearchSettings
+    from tasks.tracking import TrackingSettings
+    from tasks.train import TrainingFailed, TrainSettings
+    from tasks.write import WriteSettings
 
+    searching, training = from_flags(SearchSettings, args), from_flags(TrainSettings, args)
+    tracking = from_flags(TrackingSettings, args)
     # Bad input exits 2 here, before Prefect starts.
-    read_spec(args.spec)
-    read_topology(args.topology)
+    check(searching, "Cannot plan with these settings:")
+    if not args.plan_only:
+        check(training, "Cannot train with these settings:", where=TRAIN_WHERE)
+    if args.train_retries < 0:
+        from rec.errors import InputError, Problem
 
-    import os
+        raise InputError("Cannot run:", [Problem("--train-retries", "must be at least 0")])
+    ingest(args.spec, args.topology)
 
-    # The embedded Prefect server's telemetry cannot reach the internet from closed networks and
-    # would print an ERROR line; a user's own setting wins.
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    from flows.logs import input_errors_without_traceback
-    from flows.pipeline import pipeline_flow
-    from tasks.tracking import tracking_for
-    from tasks.training import TrainingFailed
+    from flows.logs import input_errors_without_traceback, quiet_prefect_defaults
+    from flows.parameters import search_parameters, train_parameters
 
-    try:
-        with input_errors_without_traceback():
-            outcome = pipeline_flow(
-                args.spec, args.topology, backend=args.backend, groups=args.groups,
-                train_iterations=args.train_iterations, warmup=args.warmup, batch_size=args.batch_size,
-                nproc_per_node=args.nproc_per_node, max_restarts=args.max_restarts,
-                train_retries=args.train_retries, out_dir=args.out, tracking_uri=args.tracking_uri,
-                experiment=args.experiment, state_dir=args.state_dir)
-    except TrainingFailed as e:
-        print(f"shardflow run: training failed after {args.train_retries + 1} attempts; the plan is in "
-              f"{args.out}/plan and in MLflow.\n{e}", file=sys.stderr)
-        return 1
-    print(render_outcome(outcome, tracking_for(args.tracking_uri, args.experiment, args.state_dir)))
+    quiet_prefect_defaults()
+    common = {**search_parameters(searching), "chart": from_flags(WriteSettings, args).chart,
+              "out_dir": args.out, **to_dict(tracking)}
+    with input_errors_without_traceback():
+        if args.plan_only:
+            from flows.plan import plan_flow
+
+            outcome = plan_flow(args.spec, args.topology, **common)
+            print(render_plan_outcome(outcome, tracking.resolve()))
+            return 0
+        from flows.pipeline import pipeline_flow
+
+        params = {k: v for k, v in train_parameters(training).items() if k != "node_rank"}
+        try:
+            outcome = pipeline_flow(args.spec, args.topology, **common, **params,
+                                    train_retries=args.train_retries)
+        except TrainingFailed as e:
+            print(f"shardflow run: training failed after {args.train_retries + 1} attempts; the plan is in "
+                  f"{args.out}/plan and in MLflow.\n{e}", file=sys.stderr)
+            return 1
+    print(render_outcome(outcome, tracking.resolve()))
     return 0
+
+
+def render_plan_outcome(o: PlanOutcome, tracking: Tracking) -> str:
+    how = "from the cache, not searched again" if o.cached else "searched"
+    lines = [f"plan      {o.plan_path}  (plan_id {o.plan_id}, {how})"]
+    if o.logged.pending:
+        lines.append(f"MLflow    unreachable at {tracking.uri}: {o.logged.pending} record(s) wait in "
+                     f"{tracking.outbox_dir}")
+    else:
+        lines.append(f"MLflow    plan run {o.logged.run_id} in experiment {tracking.experiment!r}")
+    return "\n".join(lines)
 
 
 def render_outcome(o: PipelineOutcome, tracking: Tracking) -> str:

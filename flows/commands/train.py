@@ -1,43 +1,33 @@
-"""``shardflow train --plan DIR/plan.json --nproc-per-node M``: run the TorchRec job on a plan.
+"""``shardflow train --plan DIR/plan.json``: run the TorchRec job on a plan; it never plans.
 
-The job loads the plan and never plans. torchrun starts one process per rank (gloo on cpu, NCCL
-on cuda); for several nodes run the same command on each with ``--node-rank`` and a shared
-``--rdzv-endpoint``. ``--plan-id ID`` fetches the plan from its MLflow plan run instead (or from
-the outbox while MLflow is away) into OUT/plan.
+torchrun starts one process per rank (gloo on cpu, NCCL on cuda); for several nodes run the same
+command on each with ``--node-rank`` and a shared ``--rdzv-endpoint``. ``--plan-id ID`` fetches the
+plan from its MLflow plan run instead (or from the outbox while MLflow is away) into OUT/plan.
+The plan is checked (sound, unedited, for this many processes) before any process starts.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from flows.commands.run import add_tracking_arguments
+from rec.settings import add_flags
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    from rec.train.config import TrainConfig
+    from tasks.tracking import TrackingSettings
+    from tasks.train import TrainSettings
+
     p = subparsers.add_parser("train", help="train with a plan (torchrun; never re-plans)",
                               description=__doc__)
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--plan", metavar="PLAN", help="plan.json or its directory")
     source.add_argument("--plan-id", metavar="ID", help="the plan of this plan_id, from MLflow")
     p.add_argument("--out", default="out/train", metavar="DIR",
-                   help="train_metrics.json, iterations.parquet and logs go here")
-    p.add_argument("--nproc-per-node", type=int, default=None,
-                   help="processes on this node (default: the plan's local_world_size)")
-    p.add_argument("--nnodes", type=int, default=1)
-    p.add_argument("--node-rank", type=int, default=0)
-    p.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT")
-    p.add_argument("--max-restarts", type=int, default=0,
-                   help="torchrun restarts after a rank dies; training resumes from the last checkpoint")
-    p.add_argument("--iterations", type=int, default=100)
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--batch-size", type=int, default=None, help="per rank (default: the plan's)")
-    p.add_argument("--pipeline", choices=("sparse_dist", "naive"), default="sparse_dist")
-    p.add_argument("--model", choices=("auto", "dlrm", "dlrm_dcn", "concat"), default="auto")
-    p.add_argument("--data", default=None, help="Parquet training data (default: synthetic)")
-    p.add_argument("--checkpoint-every", type=int, default=0)
-    p.add_argument("--checkpoint-dir", default=None, help="default: DIR/checkpoints when checkpointing")
-    p.add_argument("--resume", action="store_true", help="resume from the last checkpoint")
-    add_tracking_arguments(p)
+                   help="train_metrics.json, iterations.parquet and logs go here (default: out/train)")
+    add_flags(p.add_argument_group("training job"), TrainConfig)
+    add_flags(p.add_argument_group("processes"), TrainSettings, skip=("job",))
+    add_flags(p.add_argument_group("tracking (for --plan-id)"), TrackingSettings)
     p.set_defaults(handler=run)
 
 
@@ -45,23 +35,17 @@ def run(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from rec.plan import read_plan
-    from tasks.launch import job_flags, plan_launch, run_training
+    from rec.settings import from_flags
+    from tasks.train import TrainingFailed, TrainSettings, train
 
+    settings = from_flags(TrainSettings, args)
     if args.plan_id:
         args.plan = fetch_plan_by_id(args)
-    plan = read_plan(args.plan)
-    plan_path = str(Path(args.plan) / "plan.json" if Path(args.plan).is_dir() else Path(args.plan))
-    checkpoint_dir = args.checkpoint_dir or (
-        str(Path(args.out) / "checkpoints") if args.checkpoint_every or args.resume else None)
-    flags = job_flags(args.iterations, args.warmup, args.pipeline, args.model, args.batch_size,
-                      args.data, checkpoint_dir, args.checkpoint_every, args.resume)
-    launch = plan_launch(plan, plan_path, args.out, flags, args.nproc_per_node, args.nnodes,
-                         args.node_rank, args.rdzv_endpoint, args.max_restarts)
-    code = run_training(launch)
-    if code != 0:
-        print(f"shardflow train: the training job failed (torchrun exit {code})")
-        return code
+    try:
+        train(args.plan, args.out, settings)
+    except TrainingFailed as e:
+        print(f"shardflow train: the training job failed: {str(e).splitlines()[0]}")
+        return 1
     metrics_file = Path(args.out) / "train_metrics.json"
     if metrics_file.exists():
         m = json.loads(metrics_file.read_text())
@@ -79,12 +63,14 @@ def fetch_plan_by_id(args: argparse.Namespace) -> str:
 
     from rec.errors import InputError, Problem
     from rec.plan import read_plan
+    from rec.settings import from_flags
+    from tasks.paths import PLAN_SUBDIR
     from tasks.plan_fetch import fetch_plan
-    from tasks.tracking import tracking_for
+    from tasks.tracking import TrackingSettings
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # two small files
-    tracking = tracking_for(args.tracking_uri, args.experiment, args.state_dir)
-    path = fetch_plan(tracking, args.plan_id, Path(args.out) / "plan")
+    tracking = from_flags(TrackingSettings, args).resolve()
+    path = fetch_plan(tracking, args.plan_id, Path(args.out) / PLAN_SUBDIR)
     fetched = read_plan(path).plan_id
     if fetched != args.plan_id:
         raise InputError("MLflow returned another plan:", [Problem(path, f"plan_id {fetched}")])

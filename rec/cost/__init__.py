@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rec.cost.enumerator import enumerate_options, sharder_options
+from rec.cost.enumerator import enumerate_options
 from rec.cost.reservation import rank_capacity
 from rec.cost.types import CostConfig, Optimizer, Options
 
@@ -12,5 +12,4 @@ __all__ = [
     "Options",
     "enumerate_options",
     "rank_capacity",
-    "sharder_options",
 ]

@@ -4,16 +4,9 @@ from __future__ import annotations
 
 from enum import Enum
 
+from rec.cost.constants import HBM_TO_DDR_MEM_BW, UVM_CACHING_RATIO
 from rec.sharding import ComputeDevice, ComputeKernel
 from rec.topology.types import Topology
-
-# torchrec planner.constants; our Topology has no key for the HBM<->DDR (UVM) link, so TorchRec's
-# default applies, as for a torchrec Topology built without hbm_to_ddr_mem_bw.
-HBM_TO_DDR_MEM_BW = 32 * 1024 * 1024 * 1024 / 1000
-UVM_CACHING_RATIO = 0.2
-BATCHED_COPY_PERF_FACTOR = 2.455
-DP_ELEMENTWISE_KERNELS_PERF_FACTOR = 9.22
-BWD_COMPUTE_MULTIPLIER = 2
 
 
 class Collective(Enum):

@@ -10,10 +10,9 @@ What the sharder offers (``BaseEmbeddingSharder.sharding_types`` / ``compute_ker
 * cpu: data_parallel (dense) and table_wise, column_wise, table_column_wise (fused).
 * cuda: data_parallel (dense) and table_wise, column_wise, table_column_wise, row_wise,
   table_row_wise (fused, fused_uvm, fused_uvm_caching).
-* grid_shard (cuda only) is enumerated only for tables whose ``sharding_types`` allow-list names
-  it, as TorchRec's ``_filter_sharding_types`` does.
-* key_value is never enumerated: TorchRec guards it unless allow-listed and then drops it when no
-  rank has SSD; shardflow's Topology has no SSD tier (= a torchrec Topology with ``ssd_cap=0``).
+* grid_shard and key_value are never enumerated (``rec.sharding.NOT_PLANNED``; spec validation
+  refuses them): TorchRec enumerates grid_shard only when allow-listed, and drops key_value when no
+  rank has SSD, which shardflow's Topology never has (= a torchrec Topology with ``ssd_cap=0``).
 
 Deliberate deviations (asserted in tests/rec/test_cost.py):
 
@@ -37,29 +36,9 @@ from rec.cost.storage import kernel_storage, storage_parts
 from rec.cost.tables import TableArrays, table_arrays
 from rec.cost.types import CK_CODE, ST_CODE, CostConfig, Options
 from rec.errors import ProblemList
-from rec.sharding import ComputeDevice, ComputeKernel, ShardingType
+from rec.sharding import ComputeKernel, ShardingType, sharder_options
 from rec.spec.types import Spec
 from rec.topology.types import Topology
-
-_MODEL_PARALLEL = (
-    ShardingType.TABLE_WISE,
-    ShardingType.COLUMN_WISE,
-    ShardingType.TABLE_COLUMN_WISE,
-)
-_CUDA_ONLY = (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE, ShardingType.GRID_SHARD)
-_FUSED_KERNELS = (ComputeKernel.FUSED, ComputeKernel.FUSED_UVM, ComputeKernel.FUSED_UVM_CACHING)
-
-
-def sharder_options(device: ComputeDevice) -> dict[ShardingType, tuple[ComputeKernel, ...]]:
-    """Sharding types and kernels ``EmbeddingBagCollectionSharder`` offers on ``device``."""
-    types = (ShardingType.DATA_PARALLEL, *_MODEL_PARALLEL)
-    kernels = (ComputeKernel.FUSED,)
-    if device == ComputeDevice.CUDA:
-        types += _CUDA_ONLY
-        kernels = _FUSED_KERNELS  # key_value is offered too but dropped: no SSD (see above)
-    dense = (ComputeKernel.DENSE,)
-    return {st: dense if st == ShardingType.DATA_PARALLEL else kernels for st in types}
-
 
 def enumerate_options(
     spec: Spec, topology: Topology, config: CostConfig = CostConfig()
@@ -69,8 +48,6 @@ def enumerate_options(
     blocks: list[_Block] = []
     for st, kernels in sharder_options(topology.compute_device).items():
         st_ok = cols.sharding_allowed[:, ST_CODE[st]]
-        if st == ShardingType.GRID_SHARD:
-            st_ok = st_ok & cols.explicit_sharding  # only when the user asked for it
         ck_ok = st_ok[:, None] & cols.kernel_allowed[:, [CK_CODE[ck] for ck in kernels]]
         tab = np.flatnonzero(ck_ok.any(axis=1))
         if len(tab):

@@ -12,20 +12,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from rec.cost.bandwidth import (
+from rec.cost.bandwidth import Collective, comms_bw
+from rec.cost.constants import (
     BATCHED_COPY_PERF_FACTOR,
     BWD_COMPUTE_MULTIPLIER,
     DP_ELEMENTWISE_KERNELS_PERF_FACTOR,
-    Collective,
-    comms_bw,
+    FULL_BLOCK_EMB_DIM,
+    HALF_BLOCK_PENALTY,
+    INDEX_BYTES,
+    QUARTER_BLOCK_PENALTY,
 )
 from rec.sharding import ShardingType
 from rec.topology.types import Topology
-
-INDEX_BYTES = 8  # BIGINT_DTYPE: TBE converts indices to int64
-FULL_BLOCK_EMB_DIM = 128
-HALF_BLOCK_PENALTY = 1.15
-QUARTER_BLOCK_PENALTY = 1.75
 
 
 def shard_perf(
@@ -45,7 +43,7 @@ def shard_perf(
         return _table_wise(topology, device_bw, cols, elem, batch_inputs, batch_outputs)
     if st == ShardingType.ROW_WISE:
         return _row_wise(topology, device_bw, cols, elem, batch_inputs, batch_outputs, w, False)
-    if st in (ShardingType.TABLE_ROW_WISE, ShardingType.GRID_SHARD):
+    if st == ShardingType.TABLE_ROW_WISE:
         return _row_wise(topology, device_bw, cols, elem, batch_inputs, batch_outputs, lw, True)
     if st == ShardingType.DATA_PARALLEL:
         return _data_parallel(

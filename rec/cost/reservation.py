@@ -6,12 +6,11 @@ import math
 
 import numpy as np
 
+from rec.cost.constants import INDEX_BYTES, KJT_COPIES
 from rec.sharding import ComputeDevice
 from rec.spec.types import Spec
 from rec.topology.types import Topology
 
-INDEX_BYTES = 8  # BIGINT_DTYPE
-KJT_COPIES = 20  # 2 pipelined batches x 10 internal copies of the input KJT
 
 
 def kjt_bytes(spec: Spec, batch_size: int) -> int:

@@ -11,9 +11,9 @@ from functools import lru_cache
 
 import numpy as np
 
+from rec.cost.constants import MIN_CW_DIM
 from rec.sharding import ShardingType
 
-MIN_CW_DIM = 128  # torchrec planner.constants.MIN_CW_DIM
 
 
 @dataclass(frozen=True)
@@ -66,21 +66,6 @@ def layout(
         return _row_split(rows, dims, zeros, world_size)
     if sharding_type == ShardingType.TABLE_ROW_WISE:
         return _row_split(rows, dims, zeros, local_world_size)
-    if sharding_type == ShardingType.GRID_SHARD:
-        # _calculate_grid_shard_sizes_and_offsets: column blocks, each split by rows over a host.
-        cw = _column_split(rows, dims)
-        rw = _row_split(cw.rows, cw.cols, cw.col_offset, local_world_size)
-        owner = cw.owner[rw.owner]
-        return Layout(
-            np.bincount(owner, minlength=n),
-            owner,
-            rw.rows,
-            rw.cols,
-            rw.row_offset,
-            rw.col_offset,
-            rw.repeat,
-            rw.row_step,
-        )
     raise ValueError(f"unsupported sharding type {sharding_type}")
 
 

@@ -12,10 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rec.cost.bandwidth import UVM_CACHING_RATIO
+from rec.cost.constants import INDEX_BYTES, UVM_CACHING_RATIO
 from rec.sharding import ComputeDevice, ComputeKernel, ShardingType
 
-INDEX_BYTES = 8  # BIGINT_DTYPE
 
 
 @dataclass(frozen=True)
@@ -91,7 +90,7 @@ def _io_sizes(st, w, lw, dims, rows, cols, elem, bi, bo) -> tuple[np.ndarray, np
         return _ceil(bi * w * INDEX_BYTES), _ceil(bo * w * dims * elem)
     if st in (ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE):
         return _ceil(bi * w * INDEX_BYTES), _ceil(bo * w * cols * elem)
-    group = w if st == ShardingType.ROW_WISE else lw  # grid_shard sizes its io like TWRW
+    group = w if st == ShardingType.ROW_WISE else lw
     nonempty = rows * cols != 0  # empty row shards get no io buffers
     inputs = np.where(nonempty, _ceil(bi / group * w * INDEX_BYTES), 0)
     outputs = np.where(nonempty, _ceil(bo * w * cols * elem), 0)

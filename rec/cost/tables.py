@@ -3,9 +3,8 @@
 Each table becomes one ``EmbeddingBagConfig`` plus one ``ParameterConstraints`` with
 ``pooling_factors=[pooling_factor] * len(feature_names)`` (TorchRec reads one pooling factor per
 feature; ``num_poolings`` stays the default 1.0), ``cache_params.load_factor=caching_ratio`` and the
-table's allow-lists. ``EmbeddingBagCollection`` allocates FP32 tables as float32 and every other
-data type as float16 (``torchrec.modules.embedding_modules``), so the element size TorchRec's
-estimators see is 4 for FP32 and 2 otherwise, whatever ``DataType.bytes_per_element`` says.
+table's allow-lists. The element size is ``DataType.bytes_per_element``: 4 for FP32 and 2
+otherwise, as ``EmbeddingBagCollection`` allocates tables for training.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from rec.cost.types import CK_CODE, COMPUTE_KERNELS, SHARDING_TYPES, ST_CODE, CostConfig, Optimizer
-from rec.sharding import DataType
 from rec.spec.types import Spec
 
 
@@ -33,7 +31,6 @@ class TableArrays:
     optimizer_multiplier: np.ndarray  # float64 optimizer state per weight byte
     sharding_allowed: np.ndarray  # (T, len(SHARDING_TYPES)) bool; all True where no allow-list
     kernel_allowed: np.ndarray  # (T, len(COMPUTE_KERNELS)) bool; all True where no allow-list
-    explicit_sharding: np.ndarray  # bool: the table has a non-empty sharding_types allow-list
 
 
 def table_arrays(spec: Spec, batch_size: int, config: CostConfig) -> TableArrays:
@@ -42,26 +39,23 @@ def table_arrays(spec: Spec, batch_size: int, config: CostConfig) -> TableArrays
     n = len(tables)
     ints = np.array(
         [
-            (t.num_embeddings, t.embedding_dim, t.data_type == DataType.FP32, len(t.feature_names))
+            (t.num_embeddings, t.embedding_dim, t.data_type.bytes_per_element, len(t.feature_names))
             for t in tables
         ],
         dtype=np.int64,
     ).reshape(n, 4)
-    rows, dims, fp32, nf = (np.ascontiguousarray(c) for c in ints.T)
-    elem = np.where(fp32 == 1, 4, 2).astype(np.int64)
+    rows, dims, elem, nf = (np.ascontiguousarray(c) for c in ints.T)
     nf = np.maximum(nf, 1)
     pf = np.fromiter((t.pooling_factor for t in tables), np.float64, n)
     inputs, outputs = _batch_sums(pf, nf, batch_size)
 
     st_ok = np.ones((n, len(SHARDING_TYPES)), dtype=bool)
     ck_ok = np.ones((n, len(COMPUTE_KERNELS)), dtype=bool)
-    explicit = np.zeros(n, dtype=bool)
     # An empty allow-list is falsy in TorchRec's filters, i.e. no constraint.
     st_lists = [(i, t.sharding_types) for i, t in enumerate(tables) if t.sharding_types]
     ck_lists = [(i, t.compute_kernels) for i, t in enumerate(tables) if t.compute_kernels]
     _apply_allow_lists(st_ok, st_lists, ST_CODE)
     _apply_allow_lists(ck_ok, ck_lists, CK_CODE)
-    explicit[[i for i, _ in st_lists]] = True
 
     return TableArrays(
         rows=rows,
@@ -74,7 +68,6 @@ def table_arrays(spec: Spec, batch_size: int, config: CostConfig) -> TableArrays
         optimizer_multiplier=optimizer_multiplier(config.optimizer, dims),
         sharding_allowed=st_ok,
         kernel_allowed=ck_ok,
-        explicit_sharding=explicit,
     )
 
 

@@ -7,17 +7,19 @@ Where a shard may be placed follows from the sharding type (see ``rec.search.pla
 Shards are run-length encoded so that 1,024-rank data_parallel / row_wise options stay small: entry
 ``s`` stands for ``repeat[s]`` consecutive shards of the same size and cost, the k-th of which
 starts at row ``row_offset[s] + k * row_step[s]`` (DP replicas: step 0; row splits: step = rows).
-Only data_parallel, row_wise, table_row_wise and grid_shard entries have ``repeat > 1``; shard k
+Only data_parallel, row_wise and table_row_wise entries have ``repeat > 1``; shard k
 of a data_parallel or row_wise option lives on rank k. ``expand()`` gives one entry per shard.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 import numpy as np
 
+from rec.cost.constants import UVM_CACHING_RATIO
+from rec.settings import knob
 from rec.sharding import ComputeKernel, ShardingType
 
 # Integer codes used in the arrays; the order never changes (codes are persisted nowhere).
@@ -41,8 +43,10 @@ class Optimizer(str, Enum):
 class CostConfig:
     """Planner knobs that change estimates; part of the plan_id."""
 
-    optimizer: Optimizer = Optimizer.ROWWISE_ADAGRAD
-    caching_ratio: float = 0.2  # TorchRec's UVM_CACHING_RATIO
+    optimizer: Optimizer = field(default=Optimizer.ROWWISE_ADAGRAD, metadata=knob(
+        "optimizer whose state the storage estimate adds to every shard"))
+    caching_ratio: float = field(default=UVM_CACHING_RATIO, metadata=knob(
+        "share of a fused_uvm_caching table cached in HBM", minimum=0.0, maximum=1.0))
 
 
 @dataclass(frozen=True)

@@ -1,23 +1,33 @@
-"""``plan.json`` and ``shards.parquet``: deterministic, so identical plans give identical bytes.
+"""``plan.json`` and ``shards.parquet`` (docs/plan-format.md): identical plans give identical bytes.
 
-``metrics.planning_s`` is the one measured value in ``plan.json``; every other byte depends only
-on the inputs.
+Writing is atomic with plan.json as the commit point: every file is written in a private temporary
+directory, moved into place, plan.json last. A reader that finds plan.json finds the shards.parquet
+of the same plan (its ``plan_id`` column says so), or a newer one if a writer crashed in between.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
-from dataclasses import asdict
+import secrets
+import shutil
+import socket
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, fields
 from pathlib import Path
 
+import numpy as np
+
 from rec.errors import InputError, Problem
-from rec.plan.types import PLAN_FORMAT, Plan, PlanMetrics, Shard, TablePlan
+from rec.plan.types import PLAN_FORMAT, PLAN_FORMATS, Plan, PlanMetrics, Replicas, Shard, TablePlan
 from rec.sharding import ComputeKernel, ShardingType
 
 PLAN_FILE = "plan.json"
 SHARDS_FILE = "shards.parquet"
+TMP_PREFIX = ".tmp-plan-"
+SHARD_COLUMNS = ("plan_id", "table", "sharding_type", "compute_kernel", "shard", "rank",
+                 "row_offset", "col_offset", "rows", "cols")
+ROWS_PER_GROUP = 1 << 22  # shards.parquet is written in row groups of at most this many shards
 
 
 def plan_to_dict(plan: Plan) -> dict:
@@ -34,40 +44,104 @@ def plan_to_dict(plan: Plan) -> dict:
 
 
 def _table_to_dict(t: TablePlan) -> dict:
-    return {
-        "name": t.name,
-        "sharding_type": t.sharding_type.value,
-        "compute_kernel": t.compute_kernel.value,
-        "ranks": list(t.ranks),
-        "shards": [{"rank": s.rank, "offsets": list(s.offsets), "sizes": list(s.sizes)}
-                   for s in t.shards],
-        "est": {"perf": t.perf, "storage": {"hbm": t.hbm, "ddr": t.ddr}},
-    }
+    d: dict = {"name": t.name, "sharding_type": t.sharding_type.value,
+               "compute_kernel": t.compute_kernel.value}
+    if isinstance(t.shards, Replicas):  # v2: one replica stands for one on every rank
+        r = t.shards.replica
+        d.update(replicated=True, shards=[{"offsets": list(r.offsets), "sizes": list(r.sizes)}])
+    else:
+        d.update(ranks=list(t.ranks), shards=[{"rank": s.rank, "offsets": list(s.offsets),
+                                               "sizes": list(s.sizes)} for s in t.shards])
+    d["est"] = {"perf": t.perf, "storage": {"hbm": t.hbm, "ddr": t.ddr}}
+    return d
 
 
-def plan_from_dict(d: dict, source: str = "plan") -> Plan:
+def plan_from_dict(d: object, source: str = "plan") -> Plan:
     """Parse a plan.json payload; a malformed one is an InputError naming what is wrong."""
-    if d.get("format") != PLAN_FORMAT:
+    if not isinstance(d, dict) or d.get("format") not in PLAN_FORMATS:
+        got = d.get("format") if isinstance(d, dict) else f"a JSON {type(d).__name__}"
         raise InputError(f"{source} is not a shardflow plan:",
-                         [Problem("format", f"expected {PLAN_FORMAT!r}, got {d.get('format')!r}")])
+                         [Problem("format", f"expected one of {', '.join(PLAN_FORMATS)}, got {got!r}")])
     try:
-        tables = tuple(TablePlan(
-            name=t["name"],
-            sharding_type=ShardingType(t["sharding_type"]),
-            compute_kernel=ComputeKernel(t["compute_kernel"]),
-            ranks=tuple(t["ranks"]),
-            shards=tuple(Shard(s["rank"], tuple(s["offsets"]), tuple(s["sizes"])) for s in t["shards"]),
-            perf=float(t["est"]["perf"]),
-            hbm=int(t["est"]["storage"]["hbm"]),
-            ddr=int(t["est"]["storage"]["ddr"]),
-        ) for t in d["tables"])
+        if not isinstance(d["topology"], dict):
+            raise TypeError("topology must be a mapping")
+        world = _int(d["topology"]["world_size"])
+        tables = tuple(_table_from_dict(t, world) for t in _list(d["tables"]))
         m = d["metrics"]
-        metrics = PlanMetrics(**{k: tuple(v) if isinstance(v, list) else v for k, v in m.items()})
-        return Plan(d["plan_id"], d["spec_hash"], d["topology"], d.get("planner", {}), tables,
-                    metrics, tuple(d.get("spec", ())))
-    except (KeyError, TypeError, ValueError) as e:
-        raise InputError(f"{source} is not a valid shardflow plan:",
-                         [Problem(type(e).__name__, str(e))]) from None
+        if not isinstance(m, dict):
+            raise TypeError("metrics must be a mapping")
+        known = {f.name for f in fields(PlanMetrics)}  # newer plans may carry more metrics
+        metrics = PlanMetrics(**{k: tuple(v) if isinstance(v, list) else v for k, v in m.items()
+                                 if k in known})
+        spec = tuple(_list(d.get("spec", [])))
+        if not all(isinstance(row, dict) for row in spec):
+            raise TypeError("spec rows must be mappings")
+        return Plan(_text(d["plan_id"]), _text(d["spec_hash"]), d["topology"], d.get("planner", {}),
+                    tables, metrics, spec)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        what = f"missing key {e}" if isinstance(e, KeyError) else str(e)
+        raise InputError(f"{source} is not a valid shardflow plan:", [Problem(source, what)]) from None
+
+
+def _table_from_dict(t: dict, world: int) -> TablePlan:
+    if not isinstance(t, dict):
+        raise TypeError(f"a table entry must be a mapping, got {t!r:.60}")
+    shards: tuple[Shard, ...] | Replicas
+    if t.get("replicated") is True:
+        (only,) = _list(t["shards"])
+        shards = Replicas(Shard(0, _pair(only["offsets"]), _pair(only["sizes"])), world)
+        ranks: tuple[int, ...] | range = range(world)
+    else:
+        shards = tuple(Shard(_int(s["rank"]), _pair(s["offsets"]), _pair(s["sizes"]))
+                       for s in _list(t["shards"]))
+        ranks = tuple(_int(r) for r in _list(t["ranks"]))
+        if ShardingType(t["sharding_type"]) is ShardingType.DATA_PARALLEL:
+            shards, ranks = _as_replicas(shards, ranks, world)  # v1 listed every replica
+    return TablePlan(
+        name=_text(t["name"]),
+        sharding_type=ShardingType(t["sharding_type"]),
+        compute_kernel=ComputeKernel(t["compute_kernel"]),
+        ranks=ranks,
+        shards=shards,
+        perf=float(t["est"]["perf"]),
+        hbm=_int(t["est"]["storage"]["hbm"]),
+        ddr=_int(t["est"]["storage"]["ddr"]),
+    )
+
+
+def _as_replicas(shards: tuple[Shard, ...], ranks: tuple[int, ...], world: int):
+    """v1's explicit replicas as ``Replicas`` when they are exactly one per rank (else as they are,
+    for validation to name what is wrong)."""
+    if shards and len(shards) == world and ranks == tuple(range(world)) \
+            and all(s.rank == k and s.offsets == shards[0].offsets and s.sizes == shards[0].sizes
+                    for k, s in enumerate(shards)):
+        return Replicas(shards[0], world), range(world)
+    return shards, ranks
+
+
+def _list(value: object) -> list:
+    if not isinstance(value, list):
+        raise TypeError(f"expected a list, got {value!r:.60}")
+    return value
+
+
+def _int(value: object) -> int:
+    if type(value) is not int:
+        raise TypeError(f"expected an integer, got {value!r:.60}")
+    return value
+
+
+def _text(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected text, got {value!r:.60}")
+    return value
+
+
+def _pair(value: object) -> tuple[int, int]:
+    items = _list(value)
+    if len(items) != 2:
+        raise ValueError(f"expected [row, col], got {value!r:.60}")
+    return (_int(items[0]), _int(items[1]))
 
 
 def dumps_plan(plan: Plan) -> str:
@@ -95,55 +169,124 @@ def read_plan(path: str | Path) -> Plan:
     if path.is_dir():
         path = path / PLAN_FILE
     try:
-        payload = json.loads(path.read_text())
+        payload = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise InputError("Cannot read the plan:", [Problem(str(path), "no such file")]) from None
+    except UnicodeDecodeError as e:
+        raise InputError("Cannot read the plan:", [Problem(str(path), f"not UTF-8 text ({e.reason} "
+                                                                      f"at byte {e.start})")]) from None
     except (OSError, json.JSONDecodeError) as e:
-        raise InputError("Cannot read the plan:", [Problem(str(path), str(e))]) from None
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise InputError("Cannot read the plan:", [Problem(str(path), reason)]) from None
     return plan_from_dict(payload, str(path))
 
 
-def shard_rows(plan: Plan) -> dict[str, list]:
-    """One row per shard, as columns (``shards.parquet``)."""
-    rows = [(t.name, t.sharding_type.value, t.compute_kernel.value, i, s.rank, *s.offsets[:2], *s.sizes[:2])
-            for t in plan.tables for i, s in enumerate(t.shards)]
-    names = ("table", "sharding_type", "compute_kernel", "shard", "rank",
-             "row_offset", "col_offset", "rows", "cols")
-    columns = [list(c) for c in zip(*rows)] if rows else [[] for _ in names]
-    return {"plan_id": [plan.plan_id] * len(rows), **dict(zip(names, columns))}
-
-
-def write_plan(plan: Plan, out_dir: str | Path) -> Path:
-    """Write plan.json and shards.parquet atomically: a reader never sees a partial artifact."""
+def shard_tables(plan: Plan, rows_per_group: int = ROWS_PER_GROUP) -> Iterator:
+    """``shards.parquet``'s rows as Arrow tables of at most ``rows_per_group`` shards (more for
+    one table with more shards): one row per shard, replicas expanded, in table and shard order."""
     import pyarrow as pa
+
+    tables = plan.tables
+    n = len(tables)
+    counts = np.fromiter((len(t.shards) for t in tables), np.int64, n)
+    replicated = np.fromiter((isinstance(t.shards, Replicas) for t in tables), bool, n)
+    # Shards of the other tables, flat; replicas by their one template.
+    listed = [s for t in tables if not isinstance(t.shards, Replicas) for s in t.shards]
+    flat = np.array([(s.rank, *s.offsets, *s.sizes) for s in listed], dtype=np.int64).reshape(-1, 5)
+    first = np.cumsum(np.where(replicated, 0, counts)) - np.where(replicated, 0, counts)
+    template = np.array([(0, *t.shards.replica.offsets, *t.shards.replica.sizes)
+                         if isinstance(t.shards, Replicas) else (0, 0, 0, 0, 0) for t in tables],
+                        dtype=np.int64).reshape(-1, 5)
+    names = _strings([t.name for t in tables])
+    st_values = _strings([m.value for m in ShardingType])
+    ck_values = _strings([m.value for m in ComputeKernel])
+    st_code = np.fromiter((list(ShardingType).index(t.sharding_type) for t in tables), np.int32, n)
+    ck_code = np.fromiter((list(ComputeKernel).index(t.compute_kernel) for t in tables), np.int32, n)
+    plan_id = _strings([plan.plan_id])
+    ends = np.cumsum(counts)
+    start = 0
+    while start < n or (n == 0 and start == 0):
+        stop = max(int(np.searchsorted(ends, (ends[start - 1] if start else 0) + rows_per_group,
+                                       side="right")), start + 1) if n else 0
+        t = np.repeat(np.arange(start, stop), counts[start:stop])
+        k = np.arange(len(t)) - np.repeat(ends[start:stop] - counts[start:stop], counts[start:stop]) \
+            + (ends[start - 1] if start else 0)
+        pos = np.where(replicated[t], 0, first[t] + k)
+        values = np.where(replicated[t][:, None], template[t], flat[pos] if len(flat) else 0)
+        values[:, 0] = np.where(replicated[t], k, values[:, 0])
+        yield pa.Table.from_arrays([
+            pa.DictionaryArray.from_arrays(_ints(np.zeros(len(t), np.int32)), plan_id),
+            pa.DictionaryArray.from_arrays(_ints(t.astype(np.int32)), names),
+            pa.DictionaryArray.from_arrays(_ints(st_code[t]), st_values),
+            pa.DictionaryArray.from_arrays(_ints(ck_code[t]), ck_values),
+            _ints(k), *(_ints(values[:, j]) for j in range(5)),
+        ], names=list(SHARD_COLUMNS))
+        if n == 0:
+            return
+        start = stop
+
+
+def write_plan(plan: Plan, out_dir: str | Path,
+               extra: Callable[[Path], None] | None = None) -> Path:
+    """Write plan.json and shards.parquet (and what ``extra(tmp_dir)`` writes) atomically, plan.json
+    last; returns the path of plan.json."""
     import pyarrow.parquet as pq
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out, prefix=".tmp-plan-") as tmp:
-        tmp_plan = Path(tmp) / PLAN_FILE
-        tmp_plan.write_text(dumps_plan(plan))
-        tmp_shards = Path(tmp) / SHARDS_FILE
-        columns = shard_rows(plan)
-        table = pa.Table.from_arrays([_arrow_column(v) for v in columns.values()],
-                                     names=list(columns))
-        pq.write_table(table, tmp_shards, compression="zstd", write_statistics=False)
-        os.replace(tmp_shards, out / SHARDS_FILE)
-        os.replace(tmp_plan, out / PLAN_FILE)
+    _remove_abandoned(out)
+    tmp = out / f"{TMP_PREFIX}{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp.mkdir()
+    try:
+        writer = None
+        for table in shard_tables(plan):
+            # store_schema=False: readers see plain string columns, as shardflow always wrote them.
+            writer = writer or pq.ParquetWriter(tmp / SHARDS_FILE, table.schema, compression="zstd",
+                                                write_statistics=False, store_schema=False)
+            writer.write_table(table)
+        if writer is not None:
+            writer.close()
+        if extra is not None:
+            extra(tmp)
+        (tmp / PLAN_FILE).write_text(dumps_plan(plan), encoding="utf-8")
+        for name in sorted(os.listdir(tmp), key=lambda f: f == PLAN_FILE):  # plan.json last
+            os.replace(tmp / name, out / name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return out / PLAN_FILE
 
 
-def _arrow_column(values: list):
-    """An Arrow array built from raw buffers: ``pa.array`` would import pandas (0.4 s) just to
-    check whether ``values`` is a pandas object, which dominates planning 500 tables."""
-    import numpy as np
+def _remove_abandoned(out: Path) -> None:
+    """Temporary directories of writers on this host that died (SIGKILL) before cleaning up."""
+    host = socket.gethostname()
+    for tmp in out.glob(f"{TMP_PREFIX}{host}-*"):
+        try:
+            pid = int(tmp.name.removeprefix(f"{TMP_PREFIX}{host}-").split("-")[0])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(tmp, ignore_errors=True)
+        except (ValueError, PermissionError):
+            continue
+
+
+# Arrow arrays from raw buffers: ``pa.array`` would import pandas (0.3 s) just to check whether its
+# argument is a pandas object, which would dominate planning 500 tables.
+
+
+def _strings(values: list[str]):
     import pyarrow as pa
 
-    if values and isinstance(values[0], str):
-        encoded = [v.encode() for v in values]
-        offsets = np.zeros(len(encoded) + 1, dtype=np.int32)
-        np.cumsum([len(e) for e in encoded], out=offsets[1:])
-        buffers = [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))]
-        return pa.Array.from_buffers(pa.string(), len(values), buffers)
-    ints = np.asarray(values, dtype=np.int64)
-    return pa.Array.from_buffers(pa.int64(), len(ints), [None, pa.py_buffer(ints)])
+    encoded = [v.encode() for v in values]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int32)
+    np.cumsum([len(e) for e in encoded], out=offsets[1:])
+    buffers = [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))]
+    return pa.Array.from_buffers(pa.string(), len(values), buffers)
+
+
+def _ints(values: np.ndarray):
+    import pyarrow as pa
+
+    wide = values.dtype != np.int32
+    values = np.ascontiguousarray(values, dtype=np.int64 if wide else np.int32)
+    kind = pa.int64() if wide else pa.int32()
+    return pa.Array.from_buffers(kind, len(values), [None, pa.py_buffer(values)])

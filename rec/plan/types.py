@@ -1,12 +1,20 @@
-"""The Plan type: what every table becomes and what it costs (``plan.json``, format v1)."""
+"""The Plan type: what every table becomes and what it costs (``plan.json``, see docs/plan-format.md).
+
+A data_parallel table has one full replica on every rank; it is held as ``Replicas`` (one shard
+and the world size) and ``range(world_size)`` ranks, so 100,000 replicated tables on 1,024 ranks
+stay small. Both still read as the full sequences of shards and ranks.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import overload
 
 from rec.sharding import ComputeKernel, ShardingType
 
-PLAN_FORMAT = "shardflow.plan/v1"
+PLAN_FORMAT = "shardflow.plan/v2"
+PLAN_FORMATS = ("shardflow.plan/v1", PLAN_FORMAT)  # what readers accept
 
 
 @dataclass(frozen=True)
@@ -17,15 +25,43 @@ class Shard:
 
 
 @dataclass(frozen=True)
+class Replicas(Sequence[Shard]):
+    """``world_size`` copies of ``replica``, the k-th on rank k (a data_parallel table)."""
+
+    replica: Shard  # its rank is ignored
+    world_size: int
+
+    def __len__(self) -> int:
+        return self.world_size
+
+    @overload
+    def __getitem__(self, i: int) -> Shard: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Shard]: ...
+    def __getitem__(self, i: int | slice) -> Shard | Sequence[Shard]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(self.world_size))]
+        k = range(self.world_size)[i]
+        return Shard(k, self.replica.offsets, self.replica.sizes)
+
+    def __iter__(self) -> Iterator[Shard]:
+        return (Shard(k, self.replica.offsets, self.replica.sizes) for k in range(self.world_size))
+
+
+@dataclass(frozen=True)
 class TablePlan:
     name: str
     sharding_type: ShardingType
     compute_kernel: ComputeKernel
-    ranks: tuple[int, ...]
-    shards: tuple[Shard, ...]
+    ranks: Sequence[int]  # of the shards, in order; range(world_size) for data_parallel
+    shards: Sequence[Shard]  # a tuple, or Replicas for data_parallel
     perf: float  # estimated ms per iteration, summed over shards (TorchRec Perf.total)
     hbm: int  # estimated bytes, summed over shards
     ddr: int
+
+    @property
+    def replicated(self) -> bool:
+        return isinstance(self.shards, Replicas)
 
 
 @dataclass(frozen=True)
@@ -38,7 +74,8 @@ class PlanMetrics:
     rank_ddr: tuple[int, ...]
     rank_hbm_cap: tuple[int, ...]
     rank_ddr_cap: tuple[int, ...]
-    planning_s: float
+    bound_method: str = "unknown"  # how lower_bound was proven (v1 plans do not say)
+    optimal: bool = False  # proven optimal: the critical path equals a proven lower bound
 
 
 @dataclass(frozen=True)
@@ -54,3 +91,19 @@ class Plan:
 
     def table(self, name: str) -> TablePlan:
         return next(t for t in self.tables if t.name == name)
+
+    @property
+    def world_size(self) -> int:
+        return int(self.topology["world_size"])
+
+    def rows_per_rank(self) -> list[int]:
+        """Embedding rows each rank holds (data_parallel counts every replica)."""
+        rows = [0] * self.world_size
+        everywhere = 0
+        for t in self.tables:
+            if isinstance(t.shards, Replicas):
+                everywhere += t.shards.replica.sizes[0]
+                continue
+            for s in t.shards:
+                rows[s.rank] += s.sizes[0]
+        return [r + everywhere for r in rows]

@@ -4,24 +4,9 @@ hosts as the sharding type requires, memory within capacity, allow-lists honoure
 from __future__ import annotations
 
 from rec.errors import ProblemList
-from rec.plan.types import Plan, TablePlan
-from rec.sharding import ComputeDevice, ComputeKernel, ShardingType
-
-# What TorchRec's EmbeddingBagCollectionSharder offers on each device (training).
-ALLOWED = {
-    ComputeDevice.CPU: {
-        ShardingType.DATA_PARALLEL: {ComputeKernel.DENSE},
-        ShardingType.TABLE_WISE: {ComputeKernel.FUSED},
-        ShardingType.COLUMN_WISE: {ComputeKernel.FUSED},
-        ShardingType.TABLE_COLUMN_WISE: {ComputeKernel.FUSED},
-    },
-    ComputeDevice.CUDA: {
-        ShardingType.DATA_PARALLEL: {ComputeKernel.DENSE},
-        **{st: {ComputeKernel.FUSED, ComputeKernel.FUSED_UVM, ComputeKernel.FUSED_UVM_CACHING}
-           for st in (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.ROW_WISE,
-                      ShardingType.TABLE_ROW_WISE, ShardingType.TABLE_COLUMN_WISE)},
-    },
-}
+from rec.plan.identity import identity_problems
+from rec.plan.types import Plan, Replicas, TablePlan
+from rec.sharding import ComputeDevice, ShardingType, is_available
 
 
 def validate_plan(plan: Plan) -> ProblemList:
@@ -49,10 +34,17 @@ def validate_plan(plan: Plan) -> ProblemList:
     return problems
 
 
+def check_plan(plan: Plan, source: str | None = None) -> None:
+    """InputError naming every problem if ``plan`` is unsound or was edited after planning: what
+    a plan handed to training or read from a cache must pass."""
+    problems = validate_plan(plan)
+    problems.items += identity_problems(plan)
+    problems.raise_if_any(f"{source or 'plan ' + plan.plan_id} cannot be used:")
+
+
 def _check_kind(t: TablePlan, row: dict, device: ComputeDevice, problems: ProblemList) -> None:
     where = f"table {t.name}"
-    kernels = ALLOWED[device].get(t.sharding_type)
-    if kernels is None or t.compute_kernel not in kernels:
+    if not is_available(device, t.sharding_type, t.compute_kernel):
         problems.add(where, f"{t.sharding_type.value}/{t.compute_kernel.value} is not available "
                             f"on {device.value}")
     if row.get("sharding_types") and t.sharding_type.value not in row["sharding_types"]:
@@ -66,18 +58,20 @@ def _check_kind(t: TablePlan, row: dict, device: ComputeDevice, problems: Proble
 def _check_shards(t: TablePlan, row: dict, world: int, local: int, problems: ProblemList) -> None:
     where = f"table {t.name}"
     rows, dim = int(row["num_embeddings"]), int(row["embedding_dim"])
+    st = t.sharding_type
+    if isinstance(t.shards, Replicas) or st is ShardingType.DATA_PARALLEL:
+        r = t.shards.replica if isinstance(t.shards, Replicas) else None
+        if st is not ShardingType.DATA_PARALLEL or r is None or r.offsets != (0, 0) \
+                or r.sizes != (rows, dim) or t.shards.world_size != world:
+            problems.add(where, "data_parallel needs one full replica on every rank (and only "
+                                "data_parallel is replicated)")
+        return
     ranks = [s.rank for s in t.shards]
     if any(not 0 <= r < world for r in ranks):
         problems.add(where, f"rank out of range 0..{world - 1}: {sorted(set(ranks))}")
         return
     if list(t.ranks) != ranks:
         problems.add(where, "ranks do not match the shards' ranks")
-    st = t.sharding_type
-    if st is ShardingType.DATA_PARALLEL:
-        full = all(s.offsets == (0, 0) and s.sizes == (rows, dim) for s in t.shards)
-        if sorted(ranks) != list(range(world)) or not full:
-            problems.add(where, "data_parallel needs one full replica on every rank")
-        return
     if not _tiles(t, rows, dim):
         problems.add(where, f"shards do not tile the {rows}x{dim} table exactly")
     hosts = {r // local for r in ranks}

@@ -1,4 +1,5 @@
 """The training job: model from the spec, DMP with the plan's ShardingPlan, pipelined training.
 
-Everything here imports torch/torchrec; nothing on the planning path imports this package.
+Everything here but ``config`` imports torch/torchrec; nothing on the planning path imports this
+package.
 """

@@ -2,37 +2,56 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 LATEST = "LATEST"
+STEP_PREFIX = "step_"
 
 
-def save(directory: str | Path, step: int, model, optimizer) -> None:
-    """Write step ``step``; LATEST names it only once every rank has finished writing."""
+def save(directory: str | Path, step: int, model, optimizer, keep: int) -> None:
+    """Write step ``step``; LATEST names it only once every rank has finished writing; then all
+    but the ``keep`` newest steps are deleted (rank 0; the filesystem is shared by the ranks of
+    a host, and every node prunes its own)."""
     root = Path(directory)
-    path = root / f"step_{step:08d}"
+    path = root / f"{STEP_PREFIX}{step:08d}"
     dcp.save({"model": model.state_dict(), "optim": optimizer.state_dict()}, checkpoint_id=str(path))
     dist.barrier()
     if dist.get_rank() == 0:
         tmp = root / f".{LATEST}.tmp"
         tmp.write_text(path.name)
         tmp.replace(root / LATEST)
+        prune(root, keep)
     dist.barrier()
+
+
+def steps(directory: str | Path) -> list[Path]:
+    """The checkpoint directories, oldest first."""
+    root = Path(directory)
+    return sorted(p for p in root.glob(f"{STEP_PREFIX}*") if p.is_dir()) if root.is_dir() else []
+
+
+def prune(directory: str | Path, keep: int) -> None:
+    """Delete all but the ``keep`` newest checkpoints (never the one LATEST names)."""
+    latest = (Path(directory) / LATEST).read_text().strip()
+    for old in steps(directory)[:-keep]:
+        if old.name != latest:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def latest_step(directory: str | Path) -> int | None:
     marker = Path(directory) / LATEST
     if not marker.exists():
         return None
-    return int(marker.read_text().strip().removeprefix("step_"))
+    return int(marker.read_text().strip().removeprefix(STEP_PREFIX))
 
 
 def load(directory: str | Path, step: int, model, optimizer) -> None:
     """Load step ``step`` in place into the (already sharded) model and optimizer."""
     state = {"model": model.state_dict(), "optim": optimizer.state_dict()}
-    dcp.load(state, checkpoint_id=str(Path(directory) / f"step_{step:08d}"))
+    dcp.load(state, checkpoint_id=str(Path(directory) / f"{STEP_PREFIX}{step:08d}"))
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optim"])

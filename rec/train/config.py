@@ -1,9 +1,20 @@
-"""Training configuration: one dataclass, every knob with a default."""
+"""The training job's settings: one frozen dataclass, every knob with its default and bounds.
+
+The ``shardflow train``/``run`` flags, the Prefect flows' parameters and the job's own command line
+(``python -m rec.train.job``) are all derived from ``TrainConfig`` (``rec.settings``).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
+
+from rec.errors import Problem
+from rec.settings import knob
+
+FAIL_AT_ENV = "SHARDFLOW_FAIL_AT_ITERATION"  # fault injection for tests: "ITER:RANK"
+MAX_ITERATIONS = 10**9
+MAX_BATCH_SIZE = 1 << 20  # per rank; far beyond what fits a GPU, well inside int32 offsets
 
 
 class ModelKind(str, Enum):
@@ -20,19 +31,49 @@ class PipelineKind(str, Enum):
 
 @dataclass(frozen=True)
 class TrainConfig:
-    iterations: int = 100
-    warmup: int = 10  # iterations left out of the latency statistics
-    batch_size: int | None = None  # per rank; None: the plan topology's batch_size
-    dense_in_features: int = 13
-    dense_arch_layer_sizes: tuple[int, ...] = (64, 32)
-    over_arch_layer_sizes: tuple[int, ...] = (64, 1)
-    model: ModelKind = ModelKind.AUTO
-    pipeline: PipelineKind = PipelineKind.SPARSE_DIST
-    dense_lr: float = 0.01
-    embedding_lr: float = 0.05  # fused row-wise Adagrad on the sharded tables
-    seed: int = 0
-    data: str | None = None  # Parquet file or directory; None: synthetic batches
-    synthetic_batches: int = 16  # distinct synthetic batches, cycled
-    checkpoint_every: int = 0  # 0: never
-    checkpoint_dir: str | None = None
-    resume: bool = False
+    iterations: int = field(default=100, metadata=knob(
+        "training iterations", minimum=1, maximum=MAX_ITERATIONS))
+    warmup: int = field(default=10, metadata=knob(
+        "first iterations left out of the latency statistics", minimum=0, maximum=MAX_ITERATIONS))
+    batch_size: int | None = field(default=None, metadata=knob(
+        "samples per rank and iteration; none: the plan topology's batch_size",
+        minimum=1, maximum=MAX_BATCH_SIZE))
+    model: ModelKind = field(default=ModelKind.AUTO, metadata=knob(
+        "auto: dlrm when all tables share one dim, concat otherwise"))
+    pipeline: PipelineKind = field(default=PipelineKind.SPARSE_DIST, metadata=knob(
+        "sparse_dist: TorchRec's TrainPipelineSparseDist; naive: plain loop"))
+    data: str | None = field(default=None, metadata=knob(
+        "Parquet training data (file or directory); none: synthetic batches", metavar="PATH"))
+    seed: int = field(default=0, metadata=knob("random seed of the model and synthetic data"))
+    dense_in_features: int = field(default=13, metadata=knob(
+        "dense features per sample", minimum=1, maximum=1 << 16))
+    dense_arch_layer_sizes: tuple[int, ...] = field(default=(64, 32), metadata=knob(
+        "dense arch layer sizes"))
+    over_arch_layer_sizes: tuple[int, ...] = field(default=(64, 1), metadata=knob(
+        "over arch layer sizes (the last is 1: one logit)"))
+    dense_lr: float = field(default=0.01, metadata=knob(
+        "Adagrad learning rate of the dense part", minimum=0.0))
+    embedding_lr: float = field(default=0.05, metadata=knob(
+        "fused row-wise Adagrad learning rate of the sharded tables", minimum=0.0))
+    synthetic_batches: int = field(default=16, metadata=knob(
+        "distinct synthetic batches, cycled", minimum=1, maximum=1 << 16))
+    checkpoint_every: int = field(default=0, metadata=knob(
+        "write a sharded checkpoint every N iterations; 0: never", minimum=0))
+    checkpoint_dir: str | None = field(default=None, metadata=knob(
+        "where checkpoints go; none: OUT/checkpoints", metavar="DIR"))
+    keep_checkpoints: int = field(default=3, metadata=knob(
+        "checkpoints kept; older ones are deleted", minimum=1))
+    resume: bool = field(default=False, metadata=knob(
+        "resume from the newest checkpoint in the checkpoint directory"))
+
+    def problems(self) -> list[Problem]:
+        """What the bounds alone do not catch."""
+        out = []
+        if self.warmup >= self.iterations:
+            out.append(Problem("--warmup", f"{self.warmup} leaves no measured iteration of "
+                                           f"{self.iterations}; use fewer warm-up iterations or more iterations"))
+        if self.over_arch_layer_sizes[-1:] != (1,):
+            out.append(Problem("--over-arch-layer-sizes", "must end with 1 (the model predicts one logit)"))
+        if any(s < 1 for s in self.dense_arch_layer_sizes + self.over_arch_layer_sizes):
+            out.append(Problem("--dense-arch-layer-sizes/--over-arch-layer-sizes", "sizes must be >= 1"))
+        return out

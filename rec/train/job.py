@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 import time
-from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -30,12 +30,12 @@ from rec.plan import Plan, read_plan
 from rec.plan.torchrec_plan import to_sharding_plan
 from rec.spec import spec_from_rows
 from rec.train import checkpoint
-from rec.train.config import ModelKind, PipelineKind, TrainConfig
+from rec.settings import add_flags, from_flags
+from rec.train.config import FAIL_AT_ENV, PipelineKind, TrainConfig
 from rec.train.data import parquet_batches, synthetic_batches
 from rec.train.metrics import TrainMetrics, latency_stats, write_metrics
 from rec.train.model import EBC_PATH, build_model, resolve_model_kind
 
-FAIL_AT_ENV = "SHARDFLOW_FAIL_AT_ITERATION"  # fault injection for tests: "ITER:RANK"
 
 
 def _refuse_to_plan(*_args, **_kwargs):
@@ -61,6 +61,15 @@ def applied_sharding(model: torch.nn.Module) -> dict[str, str]:
     return {}
 
 
+def checkpoint_dir(config: TrainConfig, out_dir: str) -> str | None:
+    """Where checkpoints are written and read; None when the job neither writes nor resumes."""
+    if config.checkpoint_dir:
+        return config.checkpoint_dir
+    if config.checkpoint_every or config.resume:
+        return str(Path(out_dir) / "checkpoints")
+    return None
+
+
 def train(plan: Plan, config: TrainConfig, out_dir: str) -> TrainMetrics | None:
     rank, world = dist.get_rank(), dist.get_world_size()
     check_world_size(plan, world)
@@ -80,10 +89,11 @@ def train(plan: Plan, config: TrainConfig, out_dir: str) -> TrainMetrics | None:
     optimizer = CombinedOptimizer([dmp.fused_optimizer, dense])
 
     start = 0
-    if config.checkpoint_dir and (config.resume or _restarted()):
-        step = checkpoint.latest_step(config.checkpoint_dir)
+    checkpoints = checkpoint_dir(config, out_dir)
+    if checkpoints and (config.resume or _restarted()):
+        step = checkpoint.latest_step(checkpoints)
         if step is not None:
-            checkpoint.load(config.checkpoint_dir, step, dmp, optimizer)
+            checkpoint.load(checkpoints, step, dmp, optimizer)
             start = step
 
     batches = (parquet_batches(config.data, spec, batch_size, config.dense_in_features, rank, world, cuda)
@@ -102,8 +112,8 @@ def train(plan: Plan, config: TrainConfig, out_dir: str) -> TrainMetrics | None:
             torch.cuda.synchronize(device)
         latencies.append((time.perf_counter() - began) * 1e3)
         done = i + 1
-        if config.checkpoint_every and config.checkpoint_dir and done % config.checkpoint_every == 0:
-            checkpoint.save(config.checkpoint_dir, done, dmp, optimizer)
+        if checkpoints and config.checkpoint_every and done % config.checkpoint_every == 0:
+            checkpoint.save(checkpoints, done, dmp, optimizer, keep=config.keep_checkpoints)
 
     # An iteration takes as long as its slowest rank.
     local = torch.tensor(latencies, dtype=torch.float64)
@@ -113,7 +123,7 @@ def train(plan: Plan, config: TrainConfig, out_dir: str) -> TrainMetrics | None:
     iterations = np.arange(start, config.iterations)
     all_ms = local.numpy()
     measured = all_ms[iterations >= config.warmup]
-    if not len(measured):
+    if not len(measured):  # resumed after the warm-up window: every iteration here counts
         measured = all_ms
     stats = latency_stats(measured)
     metrics = TrainMetrics(
@@ -173,23 +183,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Train
     p = argparse.ArgumentParser(prog="rec.train.job", description=__doc__)
     p.add_argument("--plan", required=True)
     p.add_argument("--out", required=True)
-    d = TrainConfig()
-    p.add_argument("--iterations", type=int, default=d.iterations)
-    p.add_argument("--warmup", type=int, default=d.warmup)
-    p.add_argument("--batch-size", type=int, default=d.batch_size)
-    p.add_argument("--model", choices=[k.value for k in ModelKind], default=d.model.value)
-    p.add_argument("--pipeline", choices=[k.value for k in PipelineKind], default=d.pipeline.value)
-    p.add_argument("--data", default=d.data)
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
-    p.add_argument("--checkpoint-dir", default=d.checkpoint_dir)
-    p.add_argument("--resume", action="store_true")
+    add_flags(p, TrainConfig)
     a = p.parse_args(argv)
-    config = replace(d, iterations=a.iterations, warmup=a.warmup, batch_size=a.batch_size,
-                     model=ModelKind(a.model), pipeline=PipelineKind(a.pipeline), data=a.data,
-                     seed=a.seed, checkpoint_every=a.checkpoint_every,
-                     checkpoint_dir=a.checkpoint_dir, resume=a.resume)
-    return a, config
+    return a, from_flags(TrainConfig, a)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -55,7 +55,6 @@ def test_two_process_gloo_run_applies_the_plan_and_reports_latency(plan_dir, tmp
     assert m["samples_per_s"] == pytest.approx(2 * 64 / (lat["mean"] / 1e3))
     rows = pq.read_table(tmp_path / "iterations.parquet").to_pylist()
     assert [r["iteration"] for r in rows] == list(range(12))
-    assert m["planned_in_job"] is False
 
 
 def test_a_world_size_that_does_not_match_the_plan_exits_2(plan_dir, tmp_path):

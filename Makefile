@@ -1,25 +1,48 @@
-# shardflow: `make install` sets up .venv, `make test` runs the tests, `make run` runs the pipeline
-# (plan, then train; Prefect and MLflow on embedded defaults) on the bundled example.
+# shardflow: `make install` sets up .venv from the lock file, `make test` runs the tests, `make lint`
+# runs ruff and mypy, `make run` runs the pipeline (plan, then train; Prefect and MLflow on embedded
+# defaults) on the bundled example. `make lock` re-resolves requirements/cpu.txt into the lock
+# (`make lock LOCK_FLAGS=--upgrade` to move every pin to the newest allowed version).
 # GPU users: see README ("GPU install").
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
+UV := $(BIN)/uv
 STAMP := $(VENV)/.shardflow-installed
+LOCK := requirements/cpu.lock
+# uv does not read pip's configuration: the CPU torch wheel (torch-2.13.0+cpu) is looked up here.
+# Where it is not, e.g. `UV_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu make install`.
+FIND_LINKS ?= /opt/wheels
+UV_FIND_LINKS := $(addprefix --find-links ,$(wildcard $(FIND_LINKS)))
+LOCK_FLAGS ?=
 
-.PHONY: install test run bench clean
+.PHONY: install lock lint test run bench clean
 
 install: $(STAMP)
 
-# Re-installs only when a requirements file or pyproject.toml changes.
-$(STAMP): requirements/cpu.txt requirements/common.txt requirements/torchrec.txt pyproject.toml
+# The uv pinned in the lock, bootstrapped with pip; `uv pip sync` keeps it at the lock's version.
+$(UV):
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -r requirements/cpu.txt
-	$(BIN)/pip install -q --no-deps -r requirements/torchrec.txt
+	$(BIN)/pip install -q "$$(grep -m1 '^uv==' $(LOCK) || echo uv)"
+
+# Re-installs only when the lock or pyproject.toml changes. `uv pip sync` installs exactly the lock
+# (removing anything else) and resolves no dependencies, so torchrec comes in as --no-deps.
+$(STAMP): $(LOCK) pyproject.toml | $(UV)
+	$(UV) pip sync -q --python $(BIN)/python $(UV_FIND_LINKS) $(LOCK)
 	# compat mode: a plain path entry; the default editable finder adds ~20 ms to every start.
-	$(BIN)/pip install -q --no-deps --no-build-isolation --config-settings editable_mode=compat -e .
-	$(BIN)/python -c "import torchrec, prefect, ray, mlflow, pyarrow"
+	$(UV) pip install -q --python $(BIN)/python --no-deps --no-build-isolation -C editable_mode=compat -e .
+	$(BIN)/python -c "import torchrec, prefect, ray, mlflow, pyarrow, highspy"
 	touch $(STAMP)
+
+# The CPU lock, and common.lock: its versions for what the GPU set shares (requirements/gpu.txt).
+lock: | $(UV)
+	$(UV) pip compile -q --python $(BIN)/python $(UV_FIND_LINKS) --custom-compile-command "make lock" \
+		$(LOCK_FLAGS) --override requirements/overrides.txt requirements/cpu.txt -o $(LOCK)
+	$(UV) pip compile -q --python $(BIN)/python $(UV_FIND_LINKS) --custom-compile-command "make lock" \
+		--no-emit-package torch --no-annotate -c $(LOCK) requirements/common.txt requirements/dev.txt -o requirements/common.lock
+
+# Both tools run, whichever finds something.
+lint: install
+	status=0; $(BIN)/ruff check . || status=1; $(BIN)/mypy || status=1; exit $$status
 
 test: install
 	$(BIN)/python -m pytest

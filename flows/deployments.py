@@ -1,31 +1,35 @@
 """The deployments of ``deploy/prefect.yaml`` as Prefect ``RunnerDeployment``s, for ``shardflow
-serve``: one file declares them for both ``prefect deploy`` and serving."""
+serve``: one file declares them for both ``prefect deploy`` and serving. Serving may override
+parameters (``--set``) and replace the replan cron with an interval (``--replan-every``)."""
 
 from __future__ import annotations
 
 import importlib
+import inspect
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from rec.errors import InputError, Problem
 
 if TYPE_CHECKING:
+    from prefect import Flow
     from prefect.deployments.runner import RunnerDeployment
 
 ROOT = Path(__file__).resolve().parents[1]
 PREFECT_FILE = ROOT / "deploy" / "prefect.yaml"
 
 
-def read_deployments(prefect_file: str | Path = PREFECT_FILE) -> list[dict]:
+def read_deployments(prefect_file: str | Path = PREFECT_FILE) -> list[dict[str, Any]]:
     """The ``deployments`` entries of a prefect.yaml; InputError naming what is wrong."""
     path = Path(prefect_file)
     try:
         doc = yaml.safe_load(path.read_text()) or {}
     except (OSError, yaml.YAMLError) as e:
         raise InputError("Cannot read the Prefect deployments:", [Problem(str(path), str(e))]) from None
-    entries = doc.get("deployments") or []
+    entries: list[dict[str, Any]] = doc.get("deployments") or []
     problems = [Problem(f"{path}: deployment {i}", f"needs {key!r}")
                 for i, d in enumerate(entries) for key in ("name", "entrypoint") if key not in d]
     if not entries:
@@ -35,26 +39,90 @@ def read_deployments(prefect_file: str | Path = PREFECT_FILE) -> list[dict]:
     return entries
 
 
-def load_flow(entrypoint: str):
+def load_flow(entrypoint: str) -> Flow[..., Any]:
     """``flows/plan.py:plan_flow`` -> the flow object, imported as ``flows.plan``."""
     file, _, name = entrypoint.partition(":")
     module = importlib.import_module(file.removesuffix(".py").replace("/", "."))
-    return getattr(module, name)
+    flow: Flow[..., Any] = getattr(module, name)
+    return flow
 
 
-def runner_deployments(prefect_file: str | Path = PREFECT_FILE) -> list[RunnerDeployment]:
+def parse_overrides(pairs: Iterable[str]) -> dict[str, Any]:
+    """``["out_dir=/tmp/out", "train_iterations=5"]`` -> parameters; values are YAML, as in
+    prefect.yaml (``5`` is an int, ``null`` is None)."""
+    out: dict[str, Any] = {}
+    problems = []
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key.strip():
+            problems.append(Problem(repr(pair), "expected KEY=VALUE"))
+            continue
+        try:
+            out[key.strip()] = yaml.safe_load(text) if text else ""
+        except yaml.YAMLError as e:
+            problems.append(Problem(repr(pair), f"VALUE is not YAML: {e}"))
+    if problems:
+        raise InputError("Cannot use the parameter overrides:", problems)
+    return out
+
+
+def flow_parameters(flow: Flow[..., Any]) -> set[str]:
+    return set(inspect.signature(flow.fn).parameters)
+
+
+def runner_deployments(prefect_file: str | Path = PREFECT_FILE, *,
+                       overrides: Mapping[str, Any] | None = None,
+                       replan_every: float | None = None) -> list[RunnerDeployment]:
     """Each deployment with its parameters, tags and cron/interval schedules (work pools are for
-    workers; serving runs the flows in this process's subprocesses)."""
-    from prefect.schedules import Cron, Interval
+    workers; serving runs the flows in this process's subprocesses).
+
+    ``overrides`` replace parameters of every deployment whose flow has them; ``replan_every``
+    (seconds) replaces the schedules of the deployments that run ``replan_flow``."""
+    from prefect.deployments.runner import RunnerDeployment
+    from prefect.schedules import Cron, Interval, Schedule
     from prefect.types.entrypoint import EntrypointType
 
+    from flows.replan import replan_flow
+
+    overrides = dict(overrides or {})
+    entries = [(d, load_flow(d["entrypoint"])) for d in read_deployments(prefect_file)]
+    accepted = set().union(*(flow_parameters(flow) for _, flow in entries))
+    problems = [Problem(f"--set {key}", f"no served flow has this parameter; they have {sorted(accepted)}")
+                for key in overrides if key not in accepted]
+    if replan_every is not None:
+        if not replan_every > 0:
+            problems.append(Problem("--replan-every", f"needs a positive number of seconds, not {replan_every:g}"))
+        if not any(flow is replan_flow for _, flow in entries):
+            problems.append(Problem("--replan-every", f"{prefect_file} has no deployment of replan_flow"))
+    if problems:
+        raise InputError("Cannot serve the deployments:", problems)
+
     out = []
-    for d in read_deployments(prefect_file):
-        schedules = [Cron(s["cron"], timezone=s.get("timezone"), active=s.get("active", True))
-                     if "cron" in s else Interval(s["interval"], timezone=s.get("timezone"))
-                     for s in d.get("schedules") or []]
-        out.append(load_flow(d["entrypoint"]).to_deployment(
+    for d, flow in entries:
+        own = flow_parameters(flow)
+        parameters = {**(d.get("parameters") or {}),
+                      **{key: value for key, value in overrides.items() if key in own}}
+        schedules: list[Schedule] = [
+            Cron(s["cron"], timezone=s.get("timezone"), active=s.get("active", True))
+            if "cron" in s else Interval(s["interval"], timezone=s.get("timezone"))
+            for s in d.get("schedules") or []]
+        if replan_every is not None and flow is replan_flow:
+            schedules = [Interval(replan_every)]
+        deployment = flow.to_deployment(
             name=d["name"], description=d.get("description"), tags=d.get("tags"),
-            parameters=d.get("parameters") or {}, schedules=schedules,
-            entrypoint_type=EntrypointType.MODULE_PATH))
+            parameters=parameters, schedules=schedules, entrypoint_type=EntrypointType.MODULE_PATH)
+        assert isinstance(deployment, RunnerDeployment)  # called outside an event loop: not a coroutine
+        out.append(deployment)
     return out
+
+
+def describe_schedules(deployment: RunnerDeployment) -> str:
+    """``cron '*/15 * * * *'``, ``every 5 s`` or ``on demand``."""
+    described = []
+    for s in deployment.schedules or []:
+        schedule = s.schedule
+        if cron := getattr(schedule, "cron", None):
+            described.append(f"cron {cron!r}")
+        elif interval := getattr(schedule, "interval", None):
+            described.append(f"every {interval.total_seconds():g} s")
+    return ", ".join(described) or "on demand"

@@ -7,7 +7,6 @@ plan_id, so an unchanged re-run, or training retried after a failure, never sear
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from prefect import flow
 
@@ -17,7 +16,8 @@ from rec.cost.types import CostConfig
 from rec.search import SearchConfig
 from rec.train.config import ModelKind, PipelineKind, TrainConfig
 from tasks.mlflow_log import Logged, ParentRun, deliver_outbox, log_plan, log_training, parent_run
-from tasks.paths import DEFAULT_OUT, DEFAULT_STATE_DIR, PLAN_SUBDIR, TRAIN_SUBDIR, plan_cache_dir
+from tasks.paths import DEFAULT_STATE_DIR, plan_cache_dir
+from tasks.run_dirs import RunDirs
 from tasks.search import Backend, SearchSettings, plan_key
 from tasks.steps import ingest_task, search_task, write_task
 from tasks.tracking import DEFAULT_EXPERIMENT, tracking_for
@@ -68,30 +68,35 @@ def pipeline_flow(
     max_restarts: int = TrainSettings.max_restarts,
     train_retries: int = TRAIN_RETRIES,
     train_retry_delay_s: float = TRAIN_RETRY_DELAY_S,
-    out_dir: str = DEFAULT_OUT,
+    out_dir: str | None = None,
     tracking_uri: str | None = None,
     experiment: str = DEFAULT_EXPERIMENT,
     state_dir: str = DEFAULT_STATE_DIR,
 ) -> PipelineOutcome:
-    """Plan ``spec_path`` for ``topology_path`` and train with the plan; OUT_DIR/plan, OUT_DIR/train.
+    """Plan ``spec_path`` for ``topology_path`` and train with the plan. Output: OUT_DIR/plan and
+    OUT_DIR/train (OUT_DIR locked for the run), or without ``out_dir`` out/<plan_id>/plan and a
+    new out/<plan_id>/train-<time>.
 
     The flow runs on node 0; with ``nnodes > 1`` the other nodes join the rendezvous with
     ``shardflow train --plan-id ID --node-rank K`` (see deploy/)."""
     searching, training = search_settings(locals()), train_settings(locals())
+    dirs = RunDirs.of(out_dir)
     tracking = tracking_for(tracking_uri, experiment, state_dir)
     deliver_outbox(tracking)
 
     inputs = ingest_task(spec_path, topology_path)                                 # 1. ingest
-    with parent_run(tracking, "pipeline", inputs, plan_key(inputs, searching),
-                    params={"backend": searching.backend.value,
-                            "train_iterations": str(train_iterations)}) as run:
+    with dirs.locked(), parent_run(tracking, "pipeline", inputs, plan_key(inputs, searching),
+                                   params={"backend": searching.backend.value,
+                                           "train_iterations": str(train_iterations)}) as run:
         found = search_task(inputs, searching, plan_cache_dir(state_dir))          # 2. search
-        written = write_task(found.plan, str(Path(out_dir, PLAN_SUBDIR)),          # 3. write
-                             WriteSettings(chart))
-        run.plan_id = found.plan.plan_id
+        plan_id = found.plan.plan_id
+        written = write_task(found.plan, dirs.plan_dir(plan_id), WriteSettings(chart))  # 3. write
+        run.plan_id = plan_id
         plan_run = log_plan(tracking, found.plan, written.plan_path, inputs, run, found.seconds)
-        trained = train_with_retries(written.plan_path, str(Path(out_dir, TRAIN_SUBDIR)),  # 4. train
-                                     training, train_retries, train_retry_delay_s)
+        train_dir = dirs.train_dir(plan_id)
+        trained = train_with_retries(written.plan_path, train_dir, training,      # 4. train
+                                     train_retries, train_retry_delay_s)
+        dirs.mark_latest(train_dir)
         train_run = log_training(tracking, trained, run)
     return PipelineOutcome(found.plan.plan_id, written.plan_path, found.cached, trained, run,
                            plan_run, train_run)

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-
 from prefect import flow
 
 from flows.parameters import search_settings
 from rec.cost.types import CostConfig
 from rec.search import SearchConfig
 from tasks.mlflow_log import Logged, deliver_outbox, log_plan
-from tasks.paths import DEFAULT_OUT, DEFAULT_STATE_DIR, PLAN_SUBDIR, plan_cache_dir
+from tasks.paths import DEFAULT_STATE_DIR, plan_cache_dir
+from tasks.run_dirs import RunDirs
 from tasks.search import Backend, SearchSettings
 from tasks.steps import ingest_task, search_task, write_task
 from tasks.tracking import DEFAULT_EXPERIMENT, tracking_for
@@ -35,17 +34,19 @@ def plan_flow(
     cost: CostConfig = CostConfig(),
     search: SearchConfig = SearchConfig(),
     chart: bool = WriteSettings.chart,
-    out_dir: str = DEFAULT_OUT,
+    out_dir: str | None = None,
     tracking_uri: str | None = None,
     experiment: str = DEFAULT_EXPERIMENT,
     state_dir: str = DEFAULT_STATE_DIR,
 ) -> PlanOutcome:
-    """Plan ``spec_path`` for ``topology_path``; the plan goes to OUT_DIR/plan and to MLflow."""
+    """Plan ``spec_path`` for ``topology_path``; the plan goes to OUT_DIR/plan (default:
+    out/<plan_id>/plan) and to MLflow."""
+    dirs = RunDirs.of(out_dir)
     tracking = tracking_for(tracking_uri, experiment, state_dir)
     deliver_outbox(tracking)
 
     inputs = ingest_task(spec_path, topology_path)
     found = search_task(inputs, search_settings(locals()), plan_cache_dir(state_dir))
-    written = write_task(found.plan, str(Path(out_dir, PLAN_SUBDIR)), WriteSettings(chart))
+    written = write_task(found.plan, dirs.plan_dir(found.plan.plan_id), WriteSettings(chart))
     logged = log_plan(tracking, found.plan, written.plan_path, inputs, planning_s=found.seconds)
     return PlanOutcome(found.plan.plan_id, written.plan_path, found.cached, logged)

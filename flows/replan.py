@@ -10,7 +10,6 @@ too, so a spec changed A -> B -> A is compared with the last check, not an older
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 from prefect import flow
@@ -20,7 +19,8 @@ from rec.cost.types import CostConfig
 from rec.search import SearchConfig
 from tasks.mlflow_log import (deliver_outbox, find_last_planning, log_plan, parent_run,
                               record_unchanged)
-from tasks.paths import DEFAULT_OUT, DEFAULT_STATE_DIR, PLAN_SUBDIR, plan_cache_dir
+from tasks.paths import DEFAULT_STATE_DIR, plan_cache_dir
+from tasks.run_dirs import RunDirs
 from tasks.records import REPLAN
 from tasks.search import Backend, SearchSettings, plan_key
 from tasks.steps import ingest_task, search_task, write_task
@@ -46,7 +46,7 @@ def replan_flow(
     cost: CostConfig = CostConfig(),
     search: SearchConfig = SearchConfig(),
     chart: bool = WriteSettings.chart,
-    out_dir: str = DEFAULT_OUT,
+    out_dir: str | None = None,
     tracking_uri: str | None = None,
     experiment: str = DEFAULT_EXPERIMENT,
     state_dir: str = DEFAULT_STATE_DIR,
@@ -66,7 +66,8 @@ def replan_flow(
     with parent_run(tracking, "replan", inputs, plan_key(inputs, searching),
                     tags={REPLAN: "replanned"}) as run:
         found = search_task(inputs, searching, plan_cache_dir(state_dir))
-        written = write_task(found.plan, str(Path(out_dir, PLAN_SUBDIR)), WriteSettings(chart))
+        written = write_task(found.plan, RunDirs.of(out_dir).plan_dir(found.plan.plan_id),
+                             WriteSettings(chart))
         run.plan_id = found.plan.plan_id
         log_plan(tracking, found.plan, written.plan_path, inputs, run, found.seconds)
     return ReplanOutcome("replanned", found.plan.plan_id, spec_hash,

@@ -12,7 +12,9 @@ from flows.parameters import TRAIN_RETRIES, TRAIN_RETRY_DELAY_S, train_settings
 from rec.errors import InputError, Problem
 from rec.train.config import ModelKind, PipelineKind, TrainConfig
 from tasks.mlflow_log import Logged, deliver_outbox, fetch_plan_task, log_training
-from tasks.paths import DEFAULT_OUT, DEFAULT_STATE_DIR, PLAN_SUBDIR, TRAIN_SUBDIR
+from rec.plan import read_plan
+from tasks.paths import DEFAULT_STATE_DIR, PLAN_SUBDIR
+from tasks.run_dirs import RunDirs
 from tasks.steps import train_task
 from tasks.tracking import DEFAULT_EXPERIMENT, tracking_for
 from tasks.train import Trained, TrainSettings
@@ -62,22 +64,28 @@ def train_flow(
     max_restarts: int = TrainSettings.max_restarts,
     train_retries: int = TRAIN_RETRIES,
     train_retry_delay_s: float = TRAIN_RETRY_DELAY_S,
-    out_dir: str = DEFAULT_OUT,
+    out_dir: str | None = None,
     tracking_uri: str | None = None,
     experiment: str = DEFAULT_EXPERIMENT,
     state_dir: str = DEFAULT_STATE_DIR,
 ) -> TrainOutcome:
-    """Train with ``plan_path``, or with the plan ``plan_id`` fetched from MLflow; never plans."""
+    """Train with ``plan_path``, or with the plan ``plan_id`` fetched from MLflow; never plans.
+    Output: OUT_DIR/train, or a new out/<plan_id>/train-<time> without ``out_dir``."""
     if (plan_path is None) == (plan_id is None):
         raise InputError("train_flow needs a plan:", [Problem("plan_path / plan_id", "give exactly one")])
     settings = train_settings(locals())
+    dirs = RunDirs.of(out_dir)
     tracking = tracking_for(tracking_uri, experiment, state_dir)
-    train_dir = str(Path(out_dir, TRAIN_SUBDIR))
     deliver_outbox(tracking)
 
-    if plan_id is not None:
-        plan_path = fetch_plan_task(tracking, plan_id, str(Path(train_dir, PLAN_SUBDIR)))
-    assert plan_path is not None
-    trained = train_with_retries(plan_path, train_dir, settings, train_retries, train_retry_delay_s)
-    logged = log_training(tracking, trained) if node_rank == 0 else None
+    with dirs.locked(node_rank):
+        if plan_path is None:
+            assert plan_id is not None
+            train_dir = dirs.train_dir(plan_id)
+            plan_path = fetch_plan_task(tracking, plan_id, str(Path(train_dir, PLAN_SUBDIR)))
+        else:
+            train_dir = dirs.train_dir(read_plan(plan_path).plan_id)
+        trained = train_with_retries(plan_path, train_dir, settings, train_retries, train_retry_delay_s)
+        dirs.mark_latest(train_dir)
+        logged = log_training(tracking, trained) if node_rank == 0 else None
     return TrainOutcome(trained.plan_id, plan_path, trained, logged)

@@ -23,8 +23,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("replan", help="replan a spec if it changed since its last plan (Prefect flow)",
                               description=__doc__)
     add_input_arguments(p)
-    p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
-                   help=f"a new plan goes to OUT/plan (default: {DEFAULT_OUT})")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help=f"a new plan goes to DIR/plan (default: {DEFAULT_OUT}/<plan_id>/plan)")
     add_flags(p.add_argument_group("search"), SearchSettings)
     add_flags(p.add_argument_group("artifact"), WriteSettings)
     add_flags(p.add_argument_group("tracking"), TrackingSettings)

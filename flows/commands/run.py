@@ -37,8 +37,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_input_arguments(p)
     p.add_argument("--plan-only", action="store_true",
                    help="run the plan flow: ingest, search, write and log the plan; no training")
-    p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
-                   help=f"OUT/plan and OUT/train (default: {DEFAULT_OUT})")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help=f"write DIR/plan and DIR/train, DIR locked for the run (default: a new "
+                        f"{DEFAULT_OUT}/<plan_id>/train-<time> per run, {DEFAULT_OUT}/latest the newest)")
     add_flags(p.add_argument_group("search"), SearchSettings)
     add_flags(p.add_argument_group("artifact"), WriteSettings)
     add_flags(p.add_argument_group("training job"), TrainConfig, rename=TRAIN_FLAGS,
@@ -90,8 +91,8 @@ def run(args: argparse.Namespace) -> int:
             outcome = pipeline_flow(args.spec, args.topology, **common, **params,
                                     train_retries=args.train_retries)
         except TrainingFailed as e:
-            print(f"shardflow run: training failed after {args.train_retries + 1} attempts; the plan is in "
-                  f"{args.out}/plan and in MLflow.\n{e}", file=sys.stderr)
+            print(f"shardflow run: training failed after {args.train_retries + 1} attempts; the plan is "
+                  f"written and in MLflow.\n{e}", file=sys.stderr)
             return 1
     print(render_outcome(outcome, tracking.resolve()))
     return 0

@@ -23,8 +23,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--plan", metavar="PLAN", help="plan.json or its directory")
     source.add_argument("--plan-id", metavar="ID", help="the plan of this plan_id, from MLflow")
-    p.add_argument("--out", default="out/train", metavar="DIR",
-                   help="train_metrics.json, iterations.parquet and logs go here (default: out/train)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="train_metrics.json, iterations.parquet and logs go here, DIR locked for the run "
+                        "(default: a new out/<plan_id>/train-<time>, out/latest the newest)")
     add_flags(p.add_argument_group("training job"), TrainConfig)
     add_flags(p.add_argument_group("processes"), TrainSettings, skip=("job",))
     add_flags(p.add_argument_group("tracking (for --plan-id)"), TrackingSettings)
@@ -35,28 +36,36 @@ def run(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
+    from rec.plan import read_plan
     from rec.settings import from_flags
+    from tasks.run_dirs import RunDirs
     from tasks.train import TrainingFailed, TrainSettings, train
 
     settings = from_flags(TrainSettings, args)
-    if args.plan_id:
-        args.plan = fetch_plan_by_id(args)
-    try:
-        train(args.plan, args.out, settings)
-    except TrainingFailed as e:
-        print(f"shardflow train: the training job failed: {str(e).splitlines()[0]}")
-        return 1
-    metrics_file = Path(args.out) / "train_metrics.json"
+    dirs = RunDirs.of(args.out)
+    with dirs.locked(settings.node_rank):
+        if args.plan_id:
+            out = dirs.train_dir(args.plan_id, nested=False)
+            args.plan = fetch_plan_by_id(args, out)
+        else:
+            out = dirs.train_dir(read_plan(args.plan).plan_id, nested=False)
+        try:
+            train(args.plan, out, settings)
+        except TrainingFailed as e:
+            print(f"shardflow train: the training job failed: {str(e).splitlines()[0]}")
+            return 1
+        dirs.mark_latest(out)
+    metrics_file = Path(out) / "train_metrics.json"
     if metrics_file.exists():
         m = json.loads(metrics_file.read_text())
         lat = m["iteration_latency_ms"]
         print(f"plan {m['plan_id']} on {m['world_size']} ranks: iteration latency p50 "
               f"{lat['p50']:.2f} ms, p90 {lat['p90']:.2f} ms, {m['samples_per_s']:,.0f} samples/s")
-        print(f"wrote {metrics_file} and {Path(args.out) / 'iterations.parquet'}")
+        print(f"wrote {metrics_file} and {Path(out) / 'iterations.parquet'}")
     return 0
 
 
-def fetch_plan_by_id(args: argparse.Namespace) -> str:
+def fetch_plan_by_id(args: argparse.Namespace, out: str) -> str:
     """OUT/plan/plan.json of ``--plan-id``; InputError if MLflow (and the outbox) lack it."""
     import os
     from pathlib import Path
@@ -70,7 +79,7 @@ def fetch_plan_by_id(args: argparse.Namespace) -> str:
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # two small files
     tracking = from_flags(TrackingSettings, args).resolve()
-    path = fetch_plan(tracking, args.plan_id, Path(args.out) / PLAN_SUBDIR)
+    path = fetch_plan(tracking, args.plan_id, Path(out) / PLAN_SUBDIR)
     fetched = read_plan(path).plan_id
     if fetched != args.plan_id:
         raise InputError("MLflow returned another plan:", [Problem(path, f"plan_id {fetched}")])

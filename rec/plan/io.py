@@ -7,6 +7,7 @@ of the same plan (its ``plan_id`` column says so), or a newer one if a writer cr
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import secrets
@@ -25,6 +26,7 @@ from rec.sharding import ComputeKernel, ShardingType
 PLAN_FILE = "plan.json"
 SHARDS_FILE = "shards.parquet"
 TMP_PREFIX = ".tmp-plan-"
+WRITE_LOCK = ".plan-write.lock"
 SHARD_COLUMNS = ("plan_id", "table", "sharding_type", "compute_kernel", "shard", "rank",
                  "row_offset", "col_offset", "rows", "cols")
 ROWS_PER_GROUP = 1 << 22  # shards.parquet is written in row groups of at most this many shards
@@ -230,10 +232,19 @@ def write_plan(plan: Plan, out_dir: str | Path,
                extra: Callable[[Path], None] | None = None) -> Path:
     """Write plan.json and shards.parquet (and what ``extra(tmp_dir)`` writes) atomically, plan.json
     last; returns the path of plan.json."""
-    import pyarrow.parquet as pq
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    with open(out / WRITE_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent writers into one directory take turns
+        try:
+            return _write_plan_files(plan, out, extra)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _write_plan_files(plan: Plan, out: Path, extra: Callable[[Path], None] | None) -> Path:
+    import pyarrow.parquet as pq
+
     _remove_abandoned(out)
     tmp = out / f"{TMP_PREFIX}{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
     tmp.mkdir()

@@ -1,0 +1,52 @@
+"""The CLI and the Prefect flows are two ways into the same step functions: same artifacts,
+same options."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+from pathlib import Path
+
+import pytest
+
+from flows.cli import main
+from flows.parameters import parameter
+from rec.train.config import TrainConfig
+from tasks.train import TrainSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "examples" / "specs" / "cpu_demo.yaml"
+CPU_2PROC = ROOT / "examples" / "topologies" / "cpu_2proc.yaml"
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # SQLAlchemy, from MLflow+Prefect
+
+
+def test_cli_plan_and_prefect_plan_flow_write_identical_artifacts(prefect_api, tmp_path, capsys):
+    from flows.plan import plan_flow
+
+    assert main(["plan", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "cli")]) == 0
+    outcome = plan_flow(str(DEMO), str(CPU_2PROC), out_dir=str(tmp_path / "flow"),
+                        tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", state_dir=str(tmp_path / "state"))
+    cli, flow = tmp_path / "cli", Path(outcome.plan_path).parent
+    names = sorted(p.name for p in cli.iterdir() if not p.name.startswith("."))
+    assert names == ["plan.json", "rank_load.png", "shards.parquet"]
+    assert sorted(p.name for p in flow.iterdir() if not p.name.startswith(".")) == names
+    for name in names:
+        assert (cli / name).read_bytes() == (flow / name).read_bytes(), name
+    assert json.loads((cli / "plan.json").read_text())["plan_id"] in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flow_name", ["pipeline_flow", "train_flow"])
+def test_every_training_option_of_the_cli_is_a_flow_parameter(flow_name):
+    import flows.pipeline
+    import flows.train
+
+    flow = getattr(flows.pipeline if flow_name == "pipeline_flow" else flows.train, flow_name)
+    params = inspect.signature(flow.fn).parameters
+    expected = [parameter(f.name) for f in dataclasses.fields(TrainConfig)]
+    expected += [f.name for f in dataclasses.fields(TrainSettings) if f.name != "job"]
+    if flow_name == "pipeline_flow":
+        expected.remove("node_rank")  # the pipeline runs on node 0
+    assert [p for p in expected if p not in params] == []
+    for field in dataclasses.fields(TrainConfig):
+        assert params[parameter(field.name)].default == field.default, field.name

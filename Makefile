@@ -15,7 +15,7 @@ FIND_LINKS ?= /opt/wheels
 UV_FIND_LINKS := $(addprefix --find-links ,$(wildcard $(FIND_LINKS)))
 LOCK_FLAGS ?=
 
-.PHONY: install lock lint test run bench clean
+.PHONY: install lock lint test run bench docs clean
 
 install: $(STAMP)
 
@@ -49,6 +49,10 @@ test: install
 
 run: install
 	$(BIN)/shardflow run examples/specs/cpu_demo.yaml --topology examples/topologies/cpu_2proc.yaml --train-iterations 20 --batch-size 64
+
+# docs/cli.md is generated from the parser (tests/test_docs.py checks it is up to date).
+docs: install
+	$(BIN)/python -m flows.cli_reference > docs/cli.md
 
 bench: install
 	$(BIN)/python bench/plan_bench.py

@@ -1,0 +1,65 @@
+"""docs/cli.md from the parser itself, so the reference cannot drift from the flags.
+
+    .venv/bin/python -m flows.cli_reference > docs/cli.md     (make docs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+HEADER = """# `shardflow` command line
+
+Generated from the parser by `make docs` (`python -m flows.cli_reference`); a test checks it is up
+to date. Every flag's default comes from the settings dataclass it belongs to.
+
+Exit codes: 0 success; 2 bad input (a one-screen message naming every problem, nothing written);
+1 a training that failed for good; 130 interrupted.
+"""
+
+
+def render(parser: argparse.ArgumentParser | None = None) -> str:
+    from flows.cli import build_parser
+
+    os.environ["COLUMNS"] = "100"  # argparse wraps usage to the terminal: make it the same everywhere
+    parser = parser or build_parser()
+    out = [HEADER]
+    for name, sub in _subcommands(parser):
+        out.append(_command(f"shardflow {name}", sub))
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _subcommands(parser: argparse.ArgumentParser):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                nested = list(_subcommands(sub))
+                if nested:
+                    yield from ((f"{name} {child}", p) for child, p in nested)
+                else:
+                    yield name, sub
+
+
+def _command(title: str, parser: argparse.ArgumentParser) -> str:
+    lines = [f"## `{title}`", ""]
+    description = (parser.description or "").strip()
+    if description:
+        lines += [description, ""]
+    lines += ["```", parser.format_usage().strip().removeprefix("usage: "), "```", ""]
+    for group in parser._action_groups:
+        actions = [a for a in group._group_actions if a.help != argparse.SUPPRESS and a.dest != "help"]
+        if not actions:
+            continue
+        lines += [f"**{group.title}**", "", "| argument | meaning |", "|---|---|"]
+        for a in actions:
+            names = ", ".join(f"`{s}`" for s in a.option_strings) or f"`{a.metavar or a.dest}`"
+            if a.choices and not isinstance(a, argparse._SubParsersAction):
+                names += " {" + ", ".join(map(str, a.choices)) + "}"
+            lines.append(f"| {names} | {(a.help or '').replace('|', '/')} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render())

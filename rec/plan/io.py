@@ -33,14 +33,19 @@ ROWS_PER_GROUP = 1 << 22  # shards.parquet is written in row groups of at most t
 
 
 def plan_to_dict(plan: Plan) -> dict:
+    metrics = asdict(plan.metrics)
+    if metrics["movement"] is None:
+        del metrics["movement"]
+    previous = {"previous_plan_id": plan.previous_plan_id} if plan.previous_plan_id else {}
     return {
         "format": PLAN_FORMAT,
         "plan_id": plan.plan_id,
         "spec_hash": plan.spec_hash,
+        **previous,
         "topology": plan.topology,
         "planner": plan.planner,
         "tables": [_table_to_dict(t) for t in plan.tables],
-        "metrics": asdict(plan.metrics),
+        "metrics": metrics,
         "spec": list(plan.spec_tables),
     }
 
@@ -78,8 +83,9 @@ def plan_from_dict(d: object, source: str = "plan") -> Plan:
         spec = tuple(_list(d.get("spec", [])))
         if not all(isinstance(row, dict) for row in spec):
             raise TypeError("spec rows must be mappings")
+        previous = d.get("previous_plan_id")
         return Plan(_text(d["plan_id"]), _text(d["spec_hash"]), d["topology"], d.get("planner", {}),
-                    tables, metrics, spec)
+                    tables, metrics, spec, None if previous is None else _text(previous))
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         what = f"missing key {e}" if isinstance(e, KeyError) else str(e)
         raise InputError(f"{source} is not a valid shardflow plan:", [Problem(source, what)]) from None

@@ -76,6 +76,7 @@ class PlanMetrics:
     rank_ddr_cap: tuple[int, ...]
     bound_method: str = "unknown"  # how lower_bound was proven (v1 plans do not say)
     optimal: bool = False  # proven optimal: the critical path equals a proven lower bound
+    movement: dict | None = None  # replanned with a previous plan: rec.plan.movement.Movement.summary()
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ class Plan:
     metrics: PlanMetrics
     # The spec rows the plan was made for, so a training job needs nothing else.
     spec_tables: tuple[dict, ...] = ()
+    previous_plan_id: str | None = None  # the plan this one was replanned from (minimal movement)
 
     def table(self, name: str) -> TablePlan:
         return next(t for t in self.tables if t.name == name)

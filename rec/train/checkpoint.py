@@ -8,8 +8,18 @@ from pathlib import Path
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-LATEST = "LATEST"
-STEP_PREFIX = "step_"
+from rec.train.resume import LATEST, PLAN_COPY, STEP_PREFIX
+
+
+def record_plan(directory: str | Path, plan_path: str | Path) -> None:
+    """Keep a copy of the plan the checkpoints are written under (rank 0), so that a training
+    with another plan can resume from them (``rec.train.resume``)."""
+    root = Path(directory)
+    if dist.get_rank() == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = root / f".{PLAN_COPY}.tmp"
+        tmp.write_bytes(Path(plan_path).read_bytes())
+        tmp.replace(root / PLAN_COPY)
 
 
 def save(directory: str | Path, step: int, model, optimizer, keep: int) -> None:

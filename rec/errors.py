@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import reprlib
 from dataclasses import dataclass
+
+MAX_LINE = 300  # characters of one problem line: a user's 1 MB table name must not flood the screen
+MAX_PROBLEMS_SHOWN = 30
 
 
 @dataclass(frozen=True)
@@ -24,13 +28,43 @@ class InputError(Exception):
         self.problems = tuple(problems)
         super().__init__(self.render())
 
-    def render(self, limit: int = 30) -> str:
-        lines = [self.title]
-        shown = self.problems[:limit]
-        lines += [f"  - {p}" for p in shown]
-        if len(self.problems) > limit:
-            lines.append(f"  ... and {len(self.problems) - limit} more problems")
+    def render(self, limit: int = MAX_PROBLEMS_SHOWN) -> str:
+        """The title and up to ``limit`` lines of problems, safe to print on a terminal.
+
+        Problems with the same reason share a line ("table 'a', table 'b' and 998 more: ..."), so
+        a thousand tables with one mistake fit on one screen.
+        """
+        groups: dict[str, list[str]] = {}
+        for p in self.problems:
+            groups.setdefault(p.reason, []).append(p.where)
+        lines = [printable(self.title)]
+        shown = 0
+        for reason, wheres in list(groups.items())[:limit]:
+            more = f" and {len(wheres) - 3} more" if len(wheres) > 3 else ""
+            lines.append(f"  - {printable(', '.join(wheres[:3]) + more + ': ' + reason)}")
+            shown += len(wheres)
+        if shown < len(self.problems):
+            lines.append(f"  ... and {len(self.problems) - shown} more problems")
         return "\n".join(lines)
+
+
+def printable(text: str, limit: int = MAX_LINE) -> str:
+    """``text`` cut to ``limit`` characters, with control characters (newlines, terminal escapes) escaped."""
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def show(value: object, limit: int = 60) -> str:
+    """A user's value for a message: its repr, cut to ``limit`` characters (bounded work for any value)."""
+    text = _REPR.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_REPR = reprlib.Repr()  # reprlib stops at a depth and length, so a huge or deeply nested value is cheap
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxlong, _REPR.maxother = 3, 70, 40, 70
 
 
 class ProblemList:

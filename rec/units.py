@@ -1,4 +1,4 @@
-"""Byte sizes and bandwidths as people write them ("80GiB", "512 GB", "600GB/s") and read them."""
+"""Byte sizes and bandwidths as people write them ("80GiB", "512 GB", "600GB/s"), and numbers as they read them."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ UNITS = {
 }
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 _UNIT_NAMES = "B, KB, MB, GB, TB, KiB, MiB, GiB, TiB"
-_FORMAT_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+_FORMAT_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+MAX_BYTES = 2**80  # the largest byte count parse_bytes reads from text; bounds are checked by callers
 
 
 def parse_bytes(value: object) -> int:
@@ -32,15 +33,22 @@ def parse_bytes(value: object) -> int:
     if isinstance(value, Integral):
         return int(value)
     if isinstance(value, Real):
-        if not math.isfinite(value) or value != int(value):
+        number = float(value)
+        if not math.isfinite(number) or number != int(number):
             raise ValueError(f"expected a whole number of bytes, got {value!r}")
-        return int(value)
+        return int(number)
     if isinstance(value, str):
         match = _SIZE.match(value)
         unit = match.group(2).upper() if match else ""
         if match and (unit or "B") in UNITS:
+            scale = UNITS[unit or "B"]
+            approx = float(match.group(1)) * scale  # first, so "1e999999999" is not built exactly
+            if approx > MAX_BYTES:
+                raise ValueError(f"{value!r} is more bytes than any memory holds (at most 2^80)")
+            if approx < 1:
+                return 0
             # Fraction keeps "1.5TiB" exact; a fractional byte left over is rounded down.
-            return int(Fraction(match.group(1)) * UNITS[unit or "B"])
+            return int(Fraction(match.group(1)) * scale)
         raise ValueError(
             f"cannot read {value!r} as a byte size (e.g. 80GiB, 512 GB, 1.5TiB; units {_UNIT_NAMES})"
         )
@@ -57,6 +65,8 @@ def parse_bytes_per_second(value: object) -> float:
         return float(value)
     try:
         return float(parse_bytes(value))
+    except OverflowError:  # an int beyond float
+        raise ValueError(f"expected a finite bandwidth in bytes/s, got {value!r}") from None
     except ValueError:
         raise ValueError(f"cannot read {value!r} as a bandwidth in bytes/s (e.g. 600GB/s, 12.5e9)") from None
 
@@ -69,3 +79,14 @@ def format_bytes(n: float) -> str:
             return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     raise AssertionError("unreachable")
+
+
+def format_count(n: int) -> str:
+    """A whole number for a message: digit groups, or its magnitude when it is too long to read."""
+    digits = len(str(abs(n)))
+    return f"{n:,}" if digits <= 21 else f"{'-' if n < 0 else ''}about 10^{digits - 1}"
+
+
+def power_of_two(n: int) -> str:
+    """"2^k" for a bound n = 2^k, as messages name the bounds."""
+    return f"2^{n.bit_length() - 1}"

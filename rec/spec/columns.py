@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from rec.sharding import DataType, Pooling
+from enum import Enum
+
+from rec.sharding import ComputeKernel, DataType, Pooling, ShardingType
 from rec.spec.types import TableSpec
 
 REQUIRED = ("name", "num_embeddings", "embedding_dim")
@@ -12,22 +14,22 @@ LIST_COLUMNS = ("feature_names", "sharding_types", "compute_kernels")
 LIST_SEPARATOR = ";"  # how list cells are written in CSV
 
 
-def table_to_row(table: TableSpec) -> dict:
+def table_to_row(table: TableSpec) -> dict[str, object]:
     """Every column of ``table`` as plain JSON values (enums as their values, tuples as lists)."""
     return {
         "name": table.name,
         "num_embeddings": table.num_embeddings,
         "embedding_dim": table.embedding_dim,
         "feature_names": list(table.feature_names),
-        "pooling": table.pooling.value,
-        "data_type": table.data_type.value,
+        "pooling": VALUE[table.pooling],
+        "data_type": VALUE[table.data_type],
         "pooling_factor": float(table.pooling_factor),
         "sharding_types": _values(table.sharding_types),
         "compute_kernels": _values(table.compute_kernels),
     }
 
 
-def table_to_short_row(table: TableSpec) -> dict:
+def table_to_short_row(table: TableSpec) -> dict[str, object]:
     """Like ``table_to_row`` but without the columns that hold their default."""
     row = table_to_row(table)
     defaults = {
@@ -41,5 +43,9 @@ def table_to_short_row(table: TableSpec) -> dict:
     return {k: v for k, v in row.items() if k not in defaults or v != defaults[k]}
 
 
-def _values(members: tuple | None) -> list[str] | None:
-    return None if members is None else [m.value for m in members]
+def _values(members: tuple[Enum, ...] | None) -> list[str] | None:
+    return None if members is None else [VALUE[m] for m in members]
+
+
+# Enum .value is a descriptor call: a spec hash reads it 200,000 times for 100,000 tables.
+VALUE: dict[Enum, str] = {m: m.value for enum in (Pooling, DataType, ShardingType, ComputeKernel) for m in enum}

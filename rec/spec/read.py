@@ -1,19 +1,27 @@
-"""Spec files -> raw row dicts, one reader per format; ``read_spec`` then validates them."""
+"""Spec files -> a validated ``Spec``; one reader per format, each bounded and strict.
+
+Parquet and Arrow files are validated column by column (``rec.spec.columnar``); the other formats,
+and typed files with any problem, row by row (``rec.spec.validate``), which names every problem.
+"""
 
 from __future__ import annotations
 
-import json
+import io
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-
-import yaml
+from typing import Any
 
 from rec.errors import InputError, Problem
+from rec.spec.columnar import spec_from_arrow
 from rec.spec.columns import COLUMNS
+from rec.spec.documents import DocumentError, load_json, load_yaml
+from rec.spec.files import MAX_SPEC_FILE_BYTES, decode_utf8, read_bytes
+from rec.spec.limits import MAX_TABLES, too_many_tables
 from rec.spec.types import Spec
 from rec.spec.validate import spec_from_rows
+from rec.units import format_bytes
 
-YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's is ~10x faster on big specs
 FORMATS = {
     ".parquet": "parquet",
     ".pq": "parquet",
@@ -25,28 +33,18 @@ FORMATS = {
     ".yml": "yaml",
     ".json": "json",
 }
+WHAT = "spec"
+_DISPLAY = {"parquet": "Parquet", "arrow": "Arrow", "csv": "CSV", "yaml": "YAML", "json": "JSON"}
 
 
 def read_spec(path: str | Path) -> Spec:
     """Read and validate a spec file (Parquet, Arrow IPC/Feather, CSV, YAML or JSON)."""
-    return spec_from_rows(read_rows(path), source=str(path))
-
-
-def read_rows(path: str | Path) -> list:
-    """The spec file's rows as they are written, unvalidated; InputError if it cannot be read."""
     path = Path(path)
     kind = spec_format(path)
-    if not path.is_file():
-        reason = "is a directory, not a file" if path.is_dir() else "no such file"
-        raise InputError(f"Cannot read spec {path}", [Problem(str(path), reason)])
-    try:
-        return _READERS[kind](path)
-    except InputError:
-        raise
-    except OSError as e:
-        raise InputError(f"Cannot read spec {path}", [Problem(str(path), e.strerror or str(e))]) from e
-    except Exception as e:  # pyarrow, yaml and json each raise their own types for a malformed file
-        raise InputError(f"Cannot read spec {path}", [Problem(str(path), f"not valid {kind}: {_first_line(e)}")]) from e
+    content = _read(path, kind)
+    if isinstance(content, list):
+        return spec_from_rows(content, source=str(path))
+    return spec_from_arrow(content, source=str(path))
 
 
 def spec_format(path: str | Path) -> str:
@@ -54,66 +52,144 @@ def spec_format(path: str | Path) -> str:
     kind = FORMATS.get(Path(path).suffix.lower())
     if kind is None:
         known = ", ".join(sorted(FORMATS))
-        raise InputError(f"Unsupported spec file {path}", [Problem(str(path), f"unsupported extension (use one of {known})")])
+        reason = f"unsupported extension (use one of {known})"
+        raise InputError(f"Unsupported spec file {path}", [Problem(str(path), reason)])
     return kind
 
 
-def _read_parquet(path: Path) -> list[dict]:
+def _read(path: Path, kind: str) -> Any:
+    """A list of rows (YAML, JSON) or a pyarrow Table (the other formats)."""
+    data = read_bytes(path, WHAT, MAX_SPEC_FILE_BYTES)
+    if not data or data.isspace():
+        raise InputError(f"Invalid spec {path}", [Problem(str(path), "the file is empty: the spec has no tables")])
+    try:
+        content = _READERS[kind](data, path)
+    except (InputError, MemoryError):
+        raise
+    except DocumentError as e:
+        raise InputError(f"Cannot read spec {path}", [Problem(str(path), str(e))]) from None
+    except Exception as e:  # pyarrow raises its own types for a malformed file
+        reason = f"not valid {_DISPLAY[kind]}: {_first_line(e)}"
+        raise InputError(f"Cannot read spec {path}", [Problem(str(path), reason)]) from None
+    if not isinstance(content, list):
+        _check_arrow_table(content, path)
+    return content
+
+
+def _read_parquet(data: bytes, path: Path) -> Any:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     # ParquetFile, not read_table: read_table imports pyarrow.dataset and pandas (0.4 s).
-    return pq.ParquetFile(path).read().to_pylist()
+    file = pq.ParquetFile(pa.BufferReader(data))
+    meta = file.metadata
+    _check_count(meta.num_rows, path)
+    unpacked = sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+    if unpacked > MAX_SPEC_FILE_BYTES:  # a small file can decompress to gigabytes
+        raise InputError(f"Cannot read spec {path}", [Problem(str(path), _too_big_unpacked(unpacked))])
+    return file.read()
 
 
-def _read_arrow(path: Path) -> list[dict]:
+def _read_arrow(data: bytes, path: Path) -> Any:
     import pyarrow as pa
 
-    with pa.memory_map(str(path)) as source:
+    try:
+        reader = pa.ipc.open_file(pa.BufferReader(data))
+        batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+    except pa.ArrowInvalid:  # not the IPC file format: an IPC stream, or Feather v1
         try:
-            return pa.ipc.open_file(source).read_all().to_pylist()
-        except pa.ArrowInvalid:  # not the file format: an IPC stream, or Feather v1
-            pass
-    with pa.memory_map(str(path)) as source:
-        try:
-            return pa.ipc.open_stream(source).read_all().to_pylist()
+            reader = pa.ipc.open_stream(pa.BufferReader(data))
+            batches = iter(reader)
         except pa.ArrowInvalid:
-            pass
-    import pyarrow.feather as feather
+            import pyarrow.feather as feather
 
-    return feather.read_table(str(path)).to_pylist()
+            return feather.read_table(pa.BufferReader(data))
+    kept, size = [], 0
+    for batch in batches:  # one at a time: compressed batches can unpack to gigabytes
+        size += batch.nbytes
+        if size > MAX_SPEC_FILE_BYTES:
+            raise InputError(f"Cannot read spec {path}", [Problem(str(path), _too_big_unpacked(size))])
+        kept.append(batch)
+    return pa.Table.from_batches(kept, schema=reader.schema)
 
 
-def _read_csv(path: Path) -> list[dict]:
+def _read_csv(data: bytes, path: Path) -> Any:
     import pyarrow as pa
     import pyarrow.csv as csv
 
+    decode_utf8(data, path, WHAT)  # names the first bad byte; pyarrow would only say "invalid UTF8"
     # Every known column as text: the validator parses it, so "abc" or "1.5" gets a clear message.
-    options = csv.ConvertOptions(column_types={c: pa.string() for c in COLUMNS}, strings_can_be_null=True)
-    return csv.read_csv(path, convert_options=options).to_pylist()
+    # Only an empty cell is missing: pyarrow would also read "NaN", "NA" or "null" as a missing value.
+    options = csv.ConvertOptions(column_types={c: pa.string() for c in COLUMNS}, strings_can_be_null=True,
+                                 null_values=[""])
+    return csv.read_csv(io.BytesIO(data), convert_options=options)
 
 
-def _read_yaml(path: Path) -> list:
-    return _rows_of(yaml.load(path.read_text(encoding="utf-8"), Loader=YAML_LOADER), path)
+def _read_yaml(data: bytes, path: Path) -> list[object]:
+    return _rows_of(load_yaml(decode_utf8(data, path, WHAT)), path)
 
 
-def _read_json(path: Path) -> list:
-    return _rows_of(json.loads(path.read_text(encoding="utf-8")), path)
+def _read_json(data: bytes, path: Path) -> list[object]:
+    return _rows_of(load_json(decode_utf8(data, path, WHAT)), path)
 
 
-def _rows_of(document: object, path: Path) -> list:
+def _rows_of(document: object, path: Path) -> list[object]:
     """A YAML/JSON spec is a list of table mappings, or a mapping whose only key is ``tables``."""
     if isinstance(document, dict) and set(document) == {"tables"}:
         document = document["tables"]
     elif isinstance(document, dict):
         extra = ", ".join(sorted(str(k) for k in set(document) - {"tables"}))
-        reason = f"unknown top-level keys: {extra}" if "tables" in document else "expected a list of tables or a 'tables:' key"
+        reason = (f"unknown top-level keys: {extra}" if "tables" in document
+                  else "expected a list of tables or a 'tables:' key")
         raise InputError(f"Cannot read spec {path}", [Problem(str(path), reason)])
     if document is None:
         return []
     if not isinstance(document, list):
         reason = f"expected a list of tables or a 'tables:' key, got {type(document).__name__}"
         raise InputError(f"Cannot read spec {path}", [Problem(str(path), reason)])
+    _check_count(len(document), path)
     return document
+
+
+def _check_arrow_table(table: Any, path: Path) -> None:
+    """Columns named twice would silently lose one of them in a row; too many rows fill memory."""
+    _check_count(table.num_rows, path)
+    twice = sorted(str(n) for n, k in Counter(table.column_names).items() if k > 1)
+    if twice:
+        problems = [Problem(f"column {n!r}", "appears more than once in the file") for n in twice]
+        raise InputError(f"Invalid spec {path}", problems)
+    size = sum(_unpacked_bytes(column) for column in table.columns)
+    if size > MAX_SPEC_FILE_BYTES:
+        raise InputError(f"Cannot read spec {path}", [Problem(str(path), _too_big_unpacked(size))])
+
+
+def _unpacked_bytes(column: Any) -> int:
+    """Bytes of a column once each cell is its own value: a dictionary stores a repeated one once."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not pa.types.is_dictionary(column.type):
+        return int(column.nbytes)
+    total = 0
+    for chunk in column.chunks:
+        values = chunk.dictionary
+        if pa.types.is_string(values.type) or pa.types.is_binary(values.type) or \
+                pa.types.is_large_string(values.type) or pa.types.is_large_binary(values.type):
+            lengths = pc.binary_length(values)
+        else:
+            lengths = pa.array([values.nbytes // max(len(values), 1)] * len(values), pa.int64())
+        total += (pc.sum(pc.take(lengths, chunk.indices)).as_py() or 0) + chunk.indices.nbytes
+    return total
+
+
+def _too_big_unpacked(size: int) -> str:
+    return (f"holds {format_bytes(size)} of data once unpacked, more than the "
+            f"{format_bytes(MAX_SPEC_FILE_BYTES)} shardflow reads for a spec (is this the right file?)")
+
+
+def _check_count(count: int, path: Path) -> None:
+    if count > MAX_TABLES:
+        raise InputError(f"Cannot read spec {path}", [Problem(str(path), too_many_tables(count))])
 
 
 def _first_line(error: Exception) -> str:
@@ -121,7 +197,7 @@ def _first_line(error: Exception) -> str:
     return " ".join(text.splitlines()[:3])
 
 
-_READERS: dict[str, Callable[[Path], list]] = {
+_READERS: dict[str, Callable[[bytes, Path], Any]] = {
     "parquet": _read_parquet,
     "arrow": _read_arrow,
     "csv": _read_csv,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -37,8 +38,9 @@ def _write_tabular(spec: Spec, path: Path, kind: str) -> None:
 
         for row in rows:
             for column in LIST_COLUMNS:
-                if row[column] is not None:
-                    row[column] = LIST_SEPARATOR.join(row[column])
+                items = row[column]
+                if isinstance(items, list):
+                    row[column] = LIST_SEPARATOR.join(items)
         csv.write_csv(pa.Table.from_pylist(rows, schema=_schema(list_type=pa.string())), path)
         return
     table = pa.Table.from_pylist(rows, schema=_schema(list_type=pa.list_(pa.string())))
@@ -52,20 +54,24 @@ def _write_tabular(spec: Spec, path: Path, kind: str) -> None:
         feather.write_feather(table, path)
 
 
-def _schema(list_type):
+def _schema(list_type: Any) -> Any:
     import pyarrow as pa
 
     types = {"num_embeddings": pa.int64(), "embedding_dim": pa.int64(), "pooling_factor": pa.float64()}
     return pa.schema([(c, list_type if c in LIST_COLUMNS else types.get(c, pa.string())) for c in COLUMNS])
 
 
-class _SpecDumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):
+_DUMPER: type[yaml.SafeDumper] = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's when built
+
+
+class _SpecDumper(_DUMPER):  # type: ignore[valid-type,misc]
     """Writes short lists inline (``feature_names: [cat_0]``) so one table stays a few lines."""
 
 
-def _represent_list(dumper: _SpecDumper, data: list) -> yaml.Node:
+def _represent_list(dumper: _SpecDumper, data: list[object]) -> yaml.Node:
     flow = all(not isinstance(item, (list, dict)) for item in data)
-    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+    node: yaml.Node = dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+    return node
 
 
 _SpecDumper.add_representer(list, _represent_list)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
 from rec.errors import InputError, Problem
+from rec.spec.documents import DocumentError, load_yaml
+from rec.spec.files import MAX_TOPOLOGY_FILE_BYTES, read_text
 from rec.topology.types import Topology
 from rec.topology.validate import topology_from_dict
 
@@ -19,12 +19,12 @@ def read_topology(path: str | Path) -> Topology:
     title = f"Cannot read topology {path}"
     if path.suffix.lower() not in EXTENSIONS:
         raise InputError(title, [Problem(str(path), f"unsupported extension (use one of {', '.join(EXTENSIONS)})")])
-    if not path.is_file():
-        raise InputError(title, [Problem(str(path), "is a directory, not a file" if path.is_dir() else "no such file")])
+    text = read_text(path, "topology", MAX_TOPOLOGY_FILE_BYTES)
     try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise InputError(title, [Problem(str(path), e.strerror or str(e))]) from e
-    except yaml.YAMLError as e:
-        raise InputError(title, [Problem(str(path), f"not valid YAML: {' '.join(str(e).split())}")]) from e
-    return topology_from_dict(document if document is not None else {}, source=str(path))
+        document = load_yaml(text)
+    except DocumentError as e:
+        raise InputError(title, [Problem(str(path), str(e))]) from None
+    if document is None:
+        reason = "the file is empty (a topology needs world_size and compute_device)"
+        raise InputError(title, [Problem(str(path), reason)])
+    return topology_from_dict(document, source=str(path))

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 import random
 from pathlib import Path
 
@@ -10,8 +11,11 @@ import pytest
 from rec.errors import InputError
 from rec.sharding import ComputeKernel, DataType, Pooling, ShardingType
 from rec.spec import Spec, read_spec, spec_from_rows, write_spec
+from rec.spec.columnar import columnar_spec
+from rec.spec.documents import DocumentError, load_json, load_yaml
 from rec.spec.synthetic import mixed_spec
 
+ROOT = Path(__file__).resolve().parents[2]
 EXTENSIONS = [".parquet", ".pq", ".arrow", ".feather", ".ipc", ".csv", ".yaml", ".yml", ".json"]
 
 ROWS = [
@@ -86,13 +90,14 @@ def test_hash_ignores_row_order_but_not_content():
     shuffled = ROWS[:]
     random.Random(1).shuffle(shuffled)
     assert spec_from_rows(shuffled).spec_hash == spec_from_rows(ROWS).spec_hash
-    changed = [dict(ROWS[0], embedding_dim=17), *ROWS[1:]]
+    changed = [dict(ROWS[0], embedding_dim=20), *ROWS[1:]]
     assert spec_from_rows(changed).spec_hash != spec_from_rows(ROWS).spec_hash
 
 
 def test_hash_ignores_how_a_value_was_spelled():
     spelled = [
-        dict(ROWS[1], sharding_types="TABLE_WISE;row_wise", pooling="mean", data_type="fp16", compute_kernels=["FUSED"]),
+        dict(ROWS[1], sharding_types="TABLE_WISE;row_wise", pooling="mean", data_type="fp16",
+             compute_kernels=["FUSED"]),
         dict(ROWS[0], num_embeddings="1000", feature_names=["users"], pooling_factor=1),
         ROWS[2],
     ]
@@ -259,10 +264,10 @@ def test_an_unsupported_extension_is_an_input_error(tmp_path):
 @pytest.mark.parametrize(
     ("name", "text", "expected"),
     [
-        ("bad.yaml", "tables: [\n", "not valid yaml"),
-        ("bad.json", "{", "not valid json"),
-        ("bad.parquet", "not parquet", "not valid parquet"),
-        ("bad.feather", "not arrow", "not valid arrow"),
+        ("bad.yaml", "tables: [\n", "not valid YAML"),
+        ("bad.json", "{", "not valid JSON"),
+        ("bad.parquet", "not parquet", "not valid Parquet"),
+        ("bad.feather", "not arrow", "not valid Arrow"),
         ("odd.yaml", "tables: []\nowner: me\n", "unknown top-level keys: owner"),
         ("odd.json", "42", "expected a list of tables or a 'tables:' key, got int"),
     ],
@@ -276,4 +281,262 @@ def test_spec_is_a_frozen_value():
     spec = spec_from_rows(ROWS)
     assert isinstance(spec, Spec) and len(spec) == 3
     with pytest.raises(AttributeError):
-        spec.tables[0].num_embeddings = 1  # type: ignore[misc]
+        spec.tables[0].num_embeddings = 1
+
+
+# -- what TorchRec can build and the cost model can count (rec.spec.limits) --------------------
+
+
+def one_table(**cells) -> list[dict]:
+    return [{"name": "t", "num_embeddings": 10, "embedding_dim": 16, **cells}]
+
+
+@pytest.mark.parametrize(
+    ("cells", "ok"),
+    [
+        ({"num_embeddings": 2**38, "embedding_dim": 16}, True),  # exactly 2^42 weights
+        ({"num_embeddings": 2**38 + 1, "embedding_dim": 16}, False),
+        ({"embedding_dim": 65_536}, True),
+        ({"embedding_dim": 65_540}, False),
+        ({"embedding_dim": 12}, True),
+        ({"embedding_dim": 14}, False),
+        ({"embedding_dim": 14, "sharding_types": ["data_parallel"]}, True),
+        ({"embedding_dim": 14, "compute_kernels": ["dense"]}, True),
+        ({"embedding_dim": 14, "sharding_types": ["data_parallel", "table_wise"]}, False),
+        ({"name": "a" * 128}, True),
+        ({"name": "a" * 129}, False),
+        ({"name": "_x-1"}, True),
+        ({"name": "x/y"}, False),
+        ({"name": "é"}, False),
+    ],
+)
+def test_table_bounds_are_exact(cells, ok):
+    if ok:
+        assert spec_from_rows(one_table(**cells))
+    else:
+        with pytest.raises(InputError):
+            spec_from_rows(one_table(**cells))
+
+
+def test_spec_totals_are_bounded_without_repeating_a_table_problem():
+    rows = [{"name": f"t{i}", "num_embeddings": 2**36, "embedding_dim": 64} for i in range(65)]
+    assert [p.where for p in problems_of(rows).problems] == ["spec"]  # 65 x 2^42 > 2^48 weights
+    assert spec_from_rows(rows[:64])
+    error = problems_of(one_table(num_embeddings=2**62))
+    assert len(error.problems) == 1 and "more than 2^42" in error.problems[0].reason
+
+
+def test_nan_is_an_error_not_a_default_but_null_and_empty_cells_are_defaults():
+    assert "NaN (not a number)" in str(problems_of(one_table(pooling_factor=float("nan"))))
+    assert "NaN (not a number)" in str(problems_of(one_table(num_embeddings="nan")))
+    assert spec_from_rows(one_table(pooling_factor=None, pooling="  ")).tables[0].pooling_factor == 1.0
+
+
+def test_grid_shard_and_key_value_are_refused_with_the_alternatives():
+    text = str(problems_of(one_table(embedding_dim=256, sharding_types=["table_wise", "grid_shard"])))
+    assert "grid_shard is not planned by shardflow; use table_row_wise, column_wise" in text
+    assert "fused_uvm_caching or fused_uvm" in str(problems_of(one_table(compute_kernels="key_value")))
+
+
+def test_spec_validation_refuses_what_torchrec_refuses_and_accepts_what_it_builds(tmp_path):
+    """The oracle is TorchRec: build each table with DistributedModelParallel on one cpu process."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("torchrec")
+    import torch.distributed as dist
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    def torchrec_builds(name: str, dim: int, sharding_type: str) -> bool:
+        try:
+            config = EmbeddingBagConfig(name=name, num_embeddings=10, embedding_dim=dim, feature_names=["f"])
+            ebc = EmbeddingBagCollection(tables=[config], device=torch.device("meta"))
+            planner = EmbeddingShardingPlanner(
+                topology=Topology(world_size=1, compute_device="cpu"),
+                constraints={name: ParameterConstraints(sharding_types=[sharding_type])},
+            )
+            sharders = [EmbeddingBagCollectionSharder()]
+            plan = planner.collective_plan(ebc, sharders, dist.GroupMember.WORLD)
+            model = DistributedModelParallel(ebc, device=torch.device("cpu"), plan=plan, sharders=sharders)
+            kjt = KeyedJaggedTensor.from_lengths_sync(keys=["f"], values=torch.tensor([1, 2]),
+                                                      lengths=torch.tensor([1, 1]))
+            model(kjt).to_dict()["f"].sum().backward()
+            return True
+        except (AssertionError, KeyError):  # "local_cols=13 not divisible by 4", "module name can't contain '.'"
+            return False
+
+    def shardflow_accepts(name: str, dim: int, sharding_type: str) -> bool:
+        try:
+            spec_from_rows(one_table(name=name, embedding_dim=dim, sharding_types=[sharding_type]))
+            return True
+        except InputError:
+            return False
+
+    cases = [("t", 13, "table_wise"), ("t", 13, "data_parallel"), ("t", 12, "table_wise"), ("t", 13, "column_wise"),
+             ("a.b", 8, "table_wise"), ("a-b", 8, "table_wise"), ("../x", 8, "data_parallel")]
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdzv'}", rank=0, world_size=1)
+    try:
+        for case in cases:
+            assert shardflow_accepts(*case) == torchrec_builds(*case), case
+    finally:
+        dist.destroy_process_group()
+
+
+# -- Parquet/Arrow: column by column, exactly as row by row -------------------------------------
+
+
+def test_a_clean_typed_spec_is_validated_without_going_row_by_row(tmp_path, monkeypatch):
+    import rec.spec.columnar as columnar
+
+    spec = mixed_spec()
+    path = write_spec(spec, tmp_path / "spec.parquet")
+    monkeypatch.setattr(columnar, "spec_from_rows", lambda *a, **k: pytest.fail("went row by row"))
+    assert read_spec(path) == spec
+
+
+def _outcome(validate):
+    try:
+        return "ok", validate()
+    except InputError as e:
+        return "error", e.render()
+
+
+MUTATIONS = {
+    "num_embeddings": [0, -1, 2**38, 2**38 + 1, 7],
+    "embedding_dim": [13, 65_540, 65_536, 2, 256],
+    "name": [" padded ", "a.b", "", None, "t1", "x" * 129, "é", "ok-name"],
+    "feature_names": [None, [], [" f "], ["g", "g"], ["f2"], ["a\tb"], ["café", "x.y"], [None]],
+    "pooling_factor": [None, float("nan"), float("inf"), 0.0, 2.5, 1e300],
+    "pooling": [None, "", " sum ", "MAX", "mean"],
+    "data_type": ["fp16", "bogus", None, "INT8"],
+    "sharding_types": [None, [], ["data_parallel"], ["grid_shard"], ["TABLE_WISE", "row_wise"], ["x"]],
+    "compute_kernels": [None, ["dense"], ["key_value"], ["fused"], ["FUSED", "fused_uvm"]],
+}
+COLUMN_TYPES = {
+    "num_embeddings": [pa.int64(), pa.int32(), pa.float64(), pa.string(), pa.uint64()],
+    "pooling_factor": [pa.float64(), pa.float32(), pa.int64()],
+}
+
+
+def test_column_by_column_agrees_with_row_by_row_on_random_specs():
+    """Whenever the column path accepts a spec, the row path builds the same Spec (same hash)."""
+    rng = random.Random(7)
+    accepted = 0
+    for _ in range(300):
+        n = rng.randint(1, 6)
+        columns = {
+            "name": [f"t{i}" for i in range(n)],
+            "num_embeddings": [rng.randint(1, 10**6) for _ in range(n)],
+            "embedding_dim": [rng.choice([4, 8, 64, 128]) for _ in range(n)],
+            "feature_names": [[f"f{i}"] if rng.random() < 0.5 else None for i in range(n)],
+            "pooling_factor": [rng.choice([None, 1.0, 3.5]) for _ in range(n)],
+            "pooling": [rng.choice([None, "SUM", "MEAN"]) for _ in range(n)],
+            "data_type": [rng.choice([None, "FP32", "FP16"]) for _ in range(n)],
+            "sharding_types": [None] * n,
+            "compute_kernels": [None] * n,
+        }
+        for _ in range(rng.randint(0, 2)):
+            column = rng.choice(list(MUTATIONS))
+            columns[column][rng.randrange(n)] = rng.choice(MUTATIONS[column])
+        schema = {c: rng.choice(COLUMN_TYPES[c]) for c in COLUMN_TYPES}
+        for column in rng.sample(["feature_names", "pooling", "data_type", "sharding_types", "compute_kernels"], 2):
+            del columns[column]  # absent columns take their defaults
+        try:
+            table = pa.table({c: pa.array(v, type=schema.get(c)) for c, v in columns.items()})
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            continue  # a cell the column type cannot hold: no such file can exist
+        fast = _outcome(functools.partial(columnar_spec, table))
+        if fast == ("ok", None):
+            continue  # the row validator decides alone
+        accepted += fast[0] == "ok"
+        assert fast == _outcome(functools.partial(spec_from_rows, table.to_pylist())), table.to_pylist()
+    assert accepted > 50
+
+
+# -- YAML and JSON documents (rec.spec.documents) ----------------------------------------------
+
+TRICKY_YAML = """\
+ints: [0x1F, 1_000, 1:30, -017, +5, 0b101]
+floats: [.inf, -.Inf, 1.5e3, 6.8523015e+5, 190:20:30.15]
+others: [~, null, yes, No, on, 2001-12-14, 2001-12-14t21:59:43.10-05:00, "quoted", '01', !!str 5, !!float 3]
+base: &base {x: 1, y: [a, b]}
+merged: {<<: *base, y: 3}
+merged_list: {<<: [*base, {x: 9, z: 0}], w: 1}
+shared: [*base, *base]
+binary: !!binary aGVsbG8=
+"""
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "examples").rglob("*.yaml")), ids=lambda p: p.name)
+def test_yaml_documents_load_as_pyyaml_safe_load_does(path):
+    import yaml
+
+    text = path.read_text()
+    assert load_yaml(text) == yaml.safe_load(text)
+
+
+def test_yaml_scalars_and_merge_keys_load_as_pyyaml_safe_load_does():
+    import yaml
+
+    assert load_yaml(TRICKY_YAML) == yaml.safe_load(TRICKY_YAML)
+    assert load_yaml("") is None and load_yaml("# only a comment\n") is None
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("a: 1\nb: 2\na: 3\n", "the key 'a' is written twice in the mapping that starts at line 1"),
+        ("- {x: 1, x: 1}\n", "the key 'x' is written twice"),
+        ("? [a]\n: 1\n", "a mapping key must be a plain value"),
+        ("a: *nowhere\n", "has no anchor"),
+        ("a: !!set {x}\n", "unsupported YAML tag"),
+        ("a: {<<: 5}\n", "'<<' merges a mapping"),
+    ],
+)
+def test_yaml_documents_refuse_what_pyyaml_would_silently_accept_or_crash_on(text, expected):
+    with pytest.raises(DocumentError, match=expected):
+        load_yaml(text)
+
+
+def test_yaml_anchors_may_be_reused_but_not_to_blow_up_a_document():
+    many = "x: &x [a, b, c]\ny: [" + ", ".join(["*x"] * 1000) + "]\n"
+    assert len(load_yaml(many)["y"]) == 1000  # 3,000 values from 1,000 aliases: fine
+    nested = "a0: &a0 [" + ", ".join(["z"] * 10) + "]\n"
+    nested += "".join(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]\n" for i in range(1, 6))
+    with pytest.raises(DocumentError, match="alias bomb"):
+        load_yaml(nested)  # 10^6 values from 60 written
+
+
+def test_json_documents_refuse_a_key_written_twice_and_deep_nesting():
+    assert load_json('{"a": [1, NaN]}')["a"][0] == 1
+    with pytest.raises(DocumentError, match="the key 'a' is written twice"):
+        load_json('{"a": 1, "a": 2}')
+    with pytest.raises(DocumentError, match="nested too deeply"):
+        load_json("[" * 100_000 + "]" * 100_000)
+
+
+def _hash_by_definition(spec: Spec) -> str:
+    from rec.hashing import content_hash
+    from rec.spec.columns import table_to_row
+    from rec.spec.hashing import SPEC_HASH_FORMAT
+
+    rows = sorted((table_to_row(t) for t in spec.tables), key=lambda row: str(row["name"]))
+    return content_hash({"format": SPEC_HASH_FORMAT, "tables": rows})
+
+
+def test_spec_hash_is_canonical_json_of_the_sorted_rows():
+    from rec.spec.synthetic import issue2282_spec, power_law_spec
+
+    odd = spec_from_rows([
+        {"name": "b", "num_embeddings": 7, "embedding_dim": 4, "feature_names": ["café", "ü€x", "\"q\"", "a\\b"],
+         "pooling_factor": 1e-7, "sharding_types": ["row_wise", "data_parallel"],
+         "compute_kernels": ["dense", "fused"]},
+        {"name": "a", "num_embeddings": 2**41, "embedding_dim": 2, "sharding_types": ["data_parallel"],
+         "pooling_factor": 1.25e7, "data_type": "int4", "pooling": "mean"},
+        {"name": "c", "num_embeddings": 3, "embedding_dim": 8, "pooling_factor": 0.1 + 0.2},
+    ])
+    for spec in (odd, spec_from_rows(ROWS), mixed_spec(3), issue2282_spec(300), power_law_spec(300)):
+        assert spec.spec_hash == _hash_by_definition(spec)

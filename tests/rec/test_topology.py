@@ -63,7 +63,8 @@ def test_bandwidths_read_with_or_without_per_second():
 
 
 def test_format_bytes_is_human_readable():
-    assert [format_bytes(n) for n in (512, 1536, 80 * GiB, 1.5 * 1024**4)] == ["512 B", "1.5 KiB", "80.0 GiB", "1.5 TiB"]
+    sizes = (512, 1536, 80 * GiB, 1.5 * 1024**4, 2**60)
+    assert [format_bytes(n) for n in sizes] == ["512 B", "1.5 KiB", "80.0 GiB", "1.5 TiB", "1.0 EiB"]
 
 
 def test_absent_keys_take_torchrec_defaults():
@@ -181,7 +182,7 @@ def test_a_topology_must_be_a_mapping(tmp_path):
         ("missing.yaml", None, "no such file"),
         ("t.toml", "", "unsupported extension"),
         ("bad.yaml", "world_size: [\n", "not valid YAML"),
-        ("empty.yaml", "", "world_size: is required"),
+        ("empty.yaml", "", "the file is empty"),
     ],
 )
 def test_unreadable_topology_files_are_input_errors(tmp_path, name, text, expected):
@@ -199,3 +200,44 @@ def test_rec_imports_no_torch_or_orchestration():
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize(
+    ("keys", "ok"),
+    [
+        ({"world_size": 65_536, "local_world_size": 8}, True),
+        ({"world_size": 65_537, "local_world_size": 1}, False),
+        ({"world_size": 1024, "local_world_size": 8, "batch_size": 2**20}, True),  # 2^30 samples per step
+        ({"world_size": 1024, "local_world_size": 8, "batch_size": 2**20 + 1}, False),
+        ({"hbm_cap": "1PiB"}, True),
+        ({"hbm_cap": 2**50 + 1}, False),
+        ({"world_size": 1024, "local_world_size": 8, "ddr_cap": "1PiB"}, True),  # 2^60 bytes in all
+        ({"world_size": 1025, "local_world_size": 5, "ddr_cap": "1PiB"}, False),
+        ({"hbm_mem_bw": 1}, True),
+        ({"hbm_mem_bw": 0.5}, False),
+        ({"hbm_mem_bw": 1e18}, True),
+        ({"hbm_mem_bw": "1e400GB/s"}, False),
+        ({"world_size": float("nan")}, False),
+        ({"hbm_cap": "1e999999999GB"}, False),  # refused at once, not computed exactly
+    ],
+)
+def test_topology_bounds_are_exact(keys, ok):
+    if ok:
+        assert topology_from_dict({**MINIMAL, **keys})
+    else:
+        assert problems_of({**MINIMAL, **keys})
+
+
+def test_duplicate_keys_non_utf8_and_odd_paths_are_input_errors(tmp_path):
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("world_size: 8\ncompute_device: cuda\nworld_size: 16\n")
+    with pytest.raises(InputError, match="the key 'world_size' is written twice"):
+        read_topology(dup)
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(b"world_size: 8\ncompute_device: cuda # caf\xe9\n")
+    with pytest.raises(InputError, match=r"not UTF-8 text \(byte 0xe9 at offset 40, line 2\)"):
+        read_topology(latin)
+    loop = tmp_path / "loop.yaml"
+    loop.symlink_to(loop)
+    with pytest.raises(InputError, match="symbolic link loop"):
+        read_topology(loop)

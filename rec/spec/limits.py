@@ -1,0 +1,118 @@
+"""What a spec may hold, and why: what TorchRec can build, and what the cost model computes exactly.
+
+The cost model (``rec.cost``) counts bytes in int64 and adds them up in float64. Its largest
+numbers are a data_parallel table's bytes summed over every rank (table bytes x up to 3 for Adam's
+state x world_size) and a rank's input/output buffers (ids or pooled values per sample x
+world_size x batch_size x 8 bytes). With the topology's bounds (``rec.topology.types``: at most
+2^16 ranks and 2^30 samples per step) the bounds below keep each of them under 2^62, and a rank's
+total under 2^53 bytes (exact in float64), instead of wrapping around to a wrong plan.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+
+from rec.errors import Problem
+from rec.sharding import ComputeKernel, ShardingType
+from rec.topology.types import MAX_SAMPLES_PER_STEP, MAX_WORLD_SIZE
+from rec.units import format_bytes, format_count, power_of_two
+
+MAX_TABLES = 1_000_000
+MAX_EMBEDDING_DIM = 65_536
+MAX_TABLE_WEIGHTS = 2**42  # x 4 B x 3 (Adam) x 2^16 ranks < 2^62
+MAX_SPEC_WEIGHTS = 2**48  # x 4 B x 3 on one rank < 2^53
+MAX_IDS_PER_SAMPLE = 2**27  # x 2^30 samples x 8 B < 2^61
+MAX_POOLED_WIDTH = 2**27  # x 2^30 samples x 4 B < 2^60
+DIM_MULTIPLE = 4  # FBGEMM's fused (TBE) kernels: "local_cols ... not divisible by 4"
+MAX_NAME_LENGTH = 128
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*")
+NAME_RULE = (
+    f"use letters, digits, '_' and '-' (at most {MAX_NAME_LENGTH}, not starting with '-'): TorchRec makes "
+    "each table a module, whose name cannot contain '.', and a table name must be safe as a file name"
+)
+DIM_RULE = (
+    "FBGEMM's CUDA kernels stop at 2,048 and wider tables split into thousands of column-wise shards"
+)
+
+
+def too_many_tables(count: int) -> str:
+    """The reason a spec of ``count`` tables is refused (only when ``count > MAX_TABLES``)."""
+    return (f"the spec has {count:,} tables, more than {MAX_TABLES:,}: shardflow is built for up to 100,000, "
+            "and so many rows more likely mean a wrong file than a spec")
+
+
+def is_table_name(name: str) -> bool:
+    """A name TorchRec can use as a module name and that is safe as a file name."""
+    return len(name) <= MAX_NAME_LENGTH and _NAME.fullmatch(name) is not None
+
+
+def dense_only(
+    sharding_types: tuple[ShardingType, ...] | None, compute_kernels: tuple[ComputeKernel, ...] | None
+) -> bool:
+    """The allow-lists leave only data_parallel, whose dense kernel takes any embedding_dim on cpu.
+
+    (On cuda FBGEMM's dense kernel wants the dims of a kernel group to add up to a multiple of 4:
+    that depends on the device, which the spec does not know; see the planner's device rules.)
+    """
+    return sharding_types == (ShardingType.DATA_PARALLEL,) or compute_kernels == (ComputeKernel.DENSE,)
+
+
+def table_problems(
+    rows: int,
+    dim: int,
+    sharding_types: tuple[ShardingType, ...] | None,
+    compute_kernels: tuple[ComputeKernel, ...] | None,
+) -> list[str]:
+    """Why a table with valid cells cannot be planned or built (empty if it can)."""
+    reasons = []
+    if rows * dim > MAX_TABLE_WEIGHTS:
+        reasons.append(
+            f"num_embeddings x embedding_dim is {format_count(rows * dim)} weights, more than "
+            f"{power_of_two(MAX_TABLE_WEIGHTS)} ({_fp32(MAX_TABLE_WEIGHTS)}): shardflow's cost model counts a "
+            f"table's bytes with optimizer state on each of up to {MAX_WORLD_SIZE:,} ranks in 64-bit integers, "
+            "which this would overflow"
+        )
+    if dim % DIM_MULTIPLE and not dense_only(sharding_types, compute_kernels):
+        below = dim - dim % DIM_MULTIPLE
+        choices = f"{below} or {below + DIM_MULTIPLE}" if below else f"{DIM_MULTIPLE}"
+        reasons.append(
+            f"embedding_dim {dim} is not a multiple of {DIM_MULTIPLE}, which FBGEMM's fused kernels need "
+            f"(TorchRec: 'local_cols={dim} not divisible by {DIM_MULTIPLE}'); TorchRec uses them for every "
+            f"sharding type but data_parallel: use {choices}, or sharding_types: [data_parallel] (dense kernel, "
+            "cpu only)"
+        )
+    return reasons
+
+
+def spec_problems(weights: Iterable[int], ids: Iterable[float], widths: Iterable[int]) -> list[Problem]:
+    """Bounds on the whole spec, from each table's weights, ids per sample and pooled width."""
+    problems = []
+    samples = f"{power_of_two(MAX_SAMPLES_PER_STEP)} samples per step (world_size x batch_size)"
+    total = int(sum(weights))
+    if total > MAX_SPEC_WEIGHTS:
+        problems.append(Problem("spec", (
+            f"the tables hold {format_count(total)} weights in all (num_embeddings x embedding_dim), more than "
+            f"{power_of_two(MAX_SPEC_WEIGHTS)} ({_fp32(MAX_SPEC_WEIGHTS)}): the cost model adds up a rank's bytes "
+            "in float64, exact only below 2^53"
+        )))
+    total_ids = math.fsum(ids)
+    if total_ids > MAX_IDS_PER_SAMPLE:
+        problems.append(Problem("spec", (
+            f"the tables read {total_ids:.3g} ids per sample in all (pooling_factor x features), more than "
+            f"{power_of_two(MAX_IDS_PER_SAMPLE)}: with up to {samples} the cost model's 64-bit byte counts of "
+            "input buffers overflow"
+        )))
+    width = int(sum(widths))
+    if width > MAX_POOLED_WIDTH:
+        problems.append(Problem("spec", (
+            f"one sample's pooled embeddings are {format_count(width)} values wide (embedding_dim x features), "
+            f"more than {power_of_two(MAX_POOLED_WIDTH)}: with up to {samples} the cost model's 64-bit byte "
+            "counts of output buffers overflow"
+        )))
+    return problems
+
+
+def _fp32(weights: int) -> str:
+    return f"{format_bytes(4 * weights)} in FP32"

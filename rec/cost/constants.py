@@ -15,4 +15,8 @@ MIN_CW_DIM = 128
 FULL_BLOCK_EMB_DIM = 128
 HALF_BLOCK_PENALTY = 1.15
 QUARTER_BLOCK_PENALTY = 1.75
+# FBGEMM's CUDA kernels (embedding_forward_split_template.cu): every table's width a multiple of 4
+# (the dense kernel too), and at most 2,048 columns per shard.
+CUDA_DIM_MULTIPLE = 4
+CUDA_MAX_SHARD_DIM = 2048
 KJT_COPIES = 20  # HeuristicalStorageReservation: 2 pipelined batches x 10 copies of the input KJT

@@ -21,6 +21,9 @@ Deliberate deviations (asserted in tests/rec/test_cost.py):
 * Options are ordered by table, then sharding-type code, then kernel code (TorchRec: module order,
   then the sharder's order); the set of options is the same.
 * Shards are run-length encoded (``Options.expand()`` gives TorchRec's per-shard list).
+* On cuda, options FBGEMM's kernels refuse at training time are left out: shards wider than
+  ``CUDA_MAX_SHARD_DIM`` columns, and data_parallel (the dense kernel) for a dim that is not a
+  multiple of ``CUDA_DIM_MULTIPLE``; TorchRec enumerates them and the job then fails.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ from rec.cost.storage import kernel_storage, storage_parts
 from rec.cost.tables import TableArrays, table_arrays
 from rec.cost.types import CK_CODE, ST_CODE, CostConfig, Options
 from rec.errors import ProblemList
-from rec.sharding import ComputeKernel, ShardingType, sharder_options
+from rec.cost.constants import CUDA_DIM_MULTIPLE, CUDA_MAX_SHARD_DIM
+from rec.sharding import ComputeDevice, ComputeKernel, ShardingType, sharder_options
 from rec.spec.types import Spec
 from rec.topology.types import Topology
 
@@ -78,6 +82,11 @@ def _blocks(
 ) -> list[_Block]:
     """Options of one sharding type, one block per kernel, for the tables ``tab``."""
     lay = layout(st, cols.rows[tab], cols.dims[tab], topology.world_size, topology.local_world_size)
+    if topology.compute_device is ComputeDevice.CUDA:
+        usable = np.maximum.reduceat(lay.cols, np.cumsum(lay.count) - lay.count) <= CUDA_MAX_SHARD_DIM
+        if st is ShardingType.DATA_PARALLEL:
+            usable &= cols.dims[tab] % CUDA_DIM_MULTIPLE == 0
+        kernel_ok = kernel_ok & usable[:, None]
     t = tab[lay.owner]  # table of every run
     parts = storage_parts(
         st,

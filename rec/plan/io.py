@@ -173,19 +173,18 @@ def _compact(value: object) -> str:
 
 
 def read_plan(path: str | Path) -> Plan:
+    """The plan in ``path`` (plan.json or its directory); InputError for anything that is not one."""
+    from rec.documents import DocumentError, load_json
+    from rec.input_files import MAX_SPEC_FILE_BYTES, read_text
+
     path = Path(path)
     if path.is_dir():
         path = path / PLAN_FILE
+    text = read_text(path, "the plan", MAX_SPEC_FILE_BYTES)
     try:
-        payload = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError("Cannot read the plan:", [Problem(str(path), "no such file")]) from None
-    except UnicodeDecodeError as e:
-        raise InputError("Cannot read the plan:", [Problem(str(path), f"not UTF-8 text ({e.reason} "
-                                                                      f"at byte {e.start})")]) from None
-    except (OSError, json.JSONDecodeError) as e:
-        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-        raise InputError("Cannot read the plan:", [Problem(str(path), reason)]) from None
+        payload = load_json(text)
+    except DocumentError as e:
+        raise InputError(f"Cannot read the plan {path}", [Problem(str(path), f"not valid JSON: {e}")]) from None
     return plan_from_dict(payload, str(path))
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from rec.errors import InputError, Problem
-from rec.spec.documents import DocumentError, load_yaml
-from rec.spec.files import MAX_TOPOLOGY_FILE_BYTES, read_text
+from rec.documents import DocumentError, load_yaml
+from rec.input_files import MAX_TOPOLOGY_FILE_BYTES, read_text
 from rec.topology.types import Topology
 from rec.topology.validate import topology_from_dict
 

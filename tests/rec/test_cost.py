@@ -373,3 +373,15 @@ def test_ceil_true_div_matches_python_on_large_operands():
     p[:1000] = q[:1000]  # whole tables
     expected = [math.ceil(int(x) * int(y) / int(z)) for x, y, z in zip(a, p, q)]
     assert ceil_true_div(a, p, q).tolist() == expected
+
+
+def test_cuda_leaves_out_what_fbgemm_refuses_wide_shards_and_dense_dims_not_multiple_of_4():
+    wide = enumerate_options(make_spec(table("wide", rows=1000, dim=4096)), make_topology())
+    kinds = {SHARDING_TYPES[c] for c in wide.sharding_type}
+    assert ShardingType.TABLE_WISE not in kinds and ShardingType.DATA_PARALLEL not in kinds
+    assert ShardingType.COLUMN_WISE in kinds and int(wide.cols.max()) <= 2048
+    odd = table("odd", rows=100, dim=13, sharding_types=(ShardingType.DATA_PARALLEL,))
+    with pytest.raises(InputError, match="odd"):
+        enumerate_options(make_spec(odd), make_topology())
+    cpu = enumerate_options(make_spec(odd), make_topology(device=ComputeDevice.CPU))
+    assert cpu.num_options == 1  # the dense kernel takes any dim on cpu

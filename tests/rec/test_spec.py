@@ -12,7 +12,7 @@ from rec.errors import InputError
 from rec.sharding import ComputeKernel, DataType, Pooling, ShardingType
 from rec.spec import Spec, read_spec, spec_from_rows, write_spec
 from rec.spec.columnar import columnar_spec
-from rec.spec.documents import DocumentError, load_json, load_yaml
+from rec.documents import DocumentError, load_json, load_yaml
 from rec.spec.synthetic import mixed_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -456,7 +456,7 @@ def test_column_by_column_agrees_with_row_by_row_on_random_specs():
     assert accepted > 50
 
 
-# -- YAML and JSON documents (rec.spec.documents) ----------------------------------------------
+# -- YAML and JSON documents (rec.documents) ----------------------------------------------
 
 TRICKY_YAML = """\
 ints: [0x1F, 1_000, 1:30, -017, +5, 0b101]

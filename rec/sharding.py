@@ -6,6 +6,7 @@ written by shardflow convert one to one into torchrec objects.
 
 from __future__ import annotations
 
+import functools
 from enum import Enum
 
 
@@ -45,6 +46,7 @@ NOT_PLANNED: dict[ShardingType | ComputeKernel, str] = {
 }
 
 
+@functools.cache
 def sharder_options(device: ComputeDevice) -> dict[ShardingType, tuple[ComputeKernel, ...]]:
     """Sharding types and kernels shardflow plans on ``device``: what TorchRec 1.8's
     ``EmbeddingBagCollectionSharder`` offers for training, minus ``NOT_PLANNED``.

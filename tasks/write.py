@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rec.plan import SHARDS_FILE, Plan, check_plan, write_plan
+from rec.plan import SHARDS_FILE, Plan, validate_plan, write_plan
 from rec.plan.chart import CHART_FILE, rank_load_chart
 from rec.settings import knob
 
@@ -24,9 +24,12 @@ class Written:
 
 
 def write_plan_artifact(plan: Plan, out_dir: str, settings: WriteSettings = WriteSettings()) -> Written:
-    """Check the plan (a cached one like a fresh one), then write it; a bad plan is a bug here,
-    since the search built it, but the check costs little and guards the artifact."""
-    check_plan(plan)
+    """Validate the plan, then write it; a bad plan is a bug here, since the search built it, but
+    the check costs little and guards the artifact. (Plans read back, from the cache or for
+    training, are also checked against their plan_id: ``check_plan``.)"""
+    problems = validate_plan(plan)
+    if problems:
+        raise AssertionError(f"shardflow built an invalid plan (a bug): {problems.items[:5]}")
 
     def chart(tmp: Path) -> None:
         rank_load_chart(plan, tmp / CHART_FILE)

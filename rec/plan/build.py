@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 
-from rec.cost.types import COMPUTE_KERNELS, SHARDING_TYPES, ST_CODE, CostConfig
+from rec.cost.types import ST_CODE, CostConfig
 from rec.plan.identity import plan_id, planner_config
 from rec.search.assignment import chosen_shards
-from rec.plan.types import Plan, PlanMetrics, Replicas, Shard, TablePlan
+from rec.plan.columns import TableColumns
+from rec.plan.types import Plan, PlanMetrics
 from rec.search.config import SearchConfig
 from rec.search.result import SearchResult
 from rec.sharding import ShardingType
@@ -30,32 +29,28 @@ def build_plan(result: SearchResult, spec: Spec, topology: Topology, cost: CostC
     per_table = opts.shard_start[choice + 1] - opts.shard_start[choice]
     starts = np.concatenate(([0], np.cumsum(per_table)[:-1]))
     rep = opts.repeat[entries].astype(np.int64)
-    perf = np.add.reduceat(opts.perf[entries] * rep, starts).tolist()
-    hbm = np.add.reduceat(opts.hbm[entries] * rep, starts).tolist()
-    ddr = np.add.reduceat(opts.ddr[entries] * rep, starts).tolist()
     replicated = opts.sharding_type[choice] == ST_CODE[ShardingType.DATA_PARALLEL]
-    # Expand the runs of the other tables to one row per shard; replicas stay one entry.
+    # Expand the runs of the other tables to one entry per shard; a replica run stays one entry.
     expand = np.where(np.repeat(replicated, per_table), 1, rep)
     run = np.repeat(np.arange(len(entries)), expand)
     k = np.arange(len(run)) - np.repeat(np.cumsum(expand) - expand, expand)
     e = entries[run]
-    rank = (a.shard_rank[e] + k).tolist()
-    row_off = (opts.row_offset[e] + k * opts.row_step[e]).tolist()
-    col_off, rows, cols = opts.col_offset[e].tolist(), opts.rows[e].tolist(), opts.cols[e].tolist()
-    shards_per_table = np.add.reduceat(expand, starts).tolist()
-    st_of, ck_of = opts.sharding_type[choice].tolist(), opts.compute_kernel[choice].tolist()
-    every_rank = range(world)
-    tables, i = [], 0
-    for t, spec_table in enumerate(spec.tables):
-        n = shards_per_table[t]
-        shards: Sequence[Shard] = tuple(Shard(rank[j], (row_off[j], col_off[j]), (rows[j], cols[j]))
-                                        for j in range(i, i + n))
-        ranks: Sequence[int] = tuple(rank[i:i + n])
-        if replicated[t]:
-            shards, ranks = Replicas(shards[0], world), every_rank
-        i += n
-        tables.append(TablePlan(spec_table.name, SHARDING_TYPES[st_of[t]], COMPUTE_KERNELS[ck_of[t]],
-                                ranks, shards, perf[t], int(hbm[t]), int(ddr[t])))
+    tables = TableColumns(
+        names=tuple(t.name for t in spec.tables),
+        sharding_type=opts.sharding_type[choice].astype(np.int8),
+        compute_kernel=opts.compute_kernel[choice].astype(np.int8),
+        perf=np.add.reduceat(opts.perf[entries] * rep, starts).astype(np.float64),
+        hbm=np.add.reduceat(opts.hbm[entries] * rep, starts).astype(np.int64),
+        ddr=np.add.reduceat(opts.ddr[entries] * rep, starts).astype(np.int64),
+        replicated=replicated,
+        shard_start=np.concatenate(([0], np.cumsum(np.add.reduceat(expand, starts)))).astype(np.int64),
+        rank=(a.shard_rank[e] + k).astype(np.int64),
+        row_offset=(opts.row_offset[e] + k * opts.row_step[e]).astype(np.int64),
+        col_offset=opts.col_offset[e].astype(np.int64),
+        rows=opts.rows[e].astype(np.int64),
+        cols=opts.cols[e].astype(np.int64),
+        world_size=world,
+    )
     metrics = PlanMetrics(
         critical_path=result.critical_path,
         lower_bound=result.bound.value,
@@ -74,7 +69,7 @@ def build_plan(result: SearchResult, spec: Spec, topology: Topology, cost: CostC
         spec_hash=spec.spec_hash,
         topology=topology_to_dict(topology),
         planner=planner,
-        tables=tuple(tables),
+        tables=tables,
         metrics=metrics,
         spec_tables=tuple(table_to_row(t) for t in spec.tables),
     )

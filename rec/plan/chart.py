@@ -11,11 +11,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from rec.plan.types import Plan
 from rec.units import format_bytes
+
+if TYPE_CHECKING:
+    from PIL.ImageDraw import ImageDraw
+    from PIL.ImageFont import FreeTypeFont, ImageFont
 
 CHART_FILE = "rank_load.png"
 WIDTH, PANEL_HEIGHT, HEADER, MARGIN_LEFT, MARGIN_RIGHT = 1200, 230, 64, 78, 24
@@ -81,52 +86,52 @@ def _panels(plan: Plan) -> list[_Panel]:
     return panels
 
 
-def _draw_panel(draw, font, panel: _Panel, top: int, world: int, local: int, last: bool) -> None:
+def _draw_panel(draw: ImageDraw, font: FreeTypeFont | ImageFont, panel: _Panel, top: int, world: int,
+                local: int, last: bool) -> None:
     left, right = MARGIN_LEFT, WIDTH - MARGIN_RIGHT
-    plot_top, plot_bottom = top + 24, top + PANEL_HEIGHT - 30
+    plot_top, plot_bottom = top + 30, top + PANEL_HEIGHT - 30
     draw.text((left, top + 4), panel.title, fill=INK, font=font)
     used_max = float(panel.values.max()) if len(panel.values) else 0.0
     line_max = max((v for v, _, _ in panel.lines), default=0.0)
-    # Scale to the lines too, unless the usage is small against them (then say so in text).
-    scale = max(used_max, line_max) if used_max >= SMALL_USE * line_max else used_max
-    scale = (scale or 1.0) * 1.08
+    # Scale to the lines too, unless the usage is small against them (then say so in the legend).
+    wanted = max(used_max, line_max) if used_max >= SMALL_USE * line_max else used_max
+    ticks = _ticks(wanted * 1.04 or 1.0, panel.unit)
+    scale = ticks[-1]
     height = plot_bottom - plot_top
 
     def y(value: float) -> float:
         return plot_bottom - height * min(value, scale) / scale
 
-    for k in range(5):
-        value = scale * k / 4
+    for value in ticks:
         draw.line([(left, y(value)), (right, y(value))], fill="#eeeeee")
-        draw.text((4, y(value) - 7), _short(value, panel.unit), fill=GRAY, font=font)
+        label = _short(value, panel.unit)
+        draw.text((left - 6 - draw.textlength(label, font=font), y(value) - 7), label, fill=GRAY, font=font)
     width = (right - left) / max(world, 1)
     if world <= 64 and world > local:  # host boundaries, when there are few enough to see
         for h in range(1, world // local):
             x = left + h * local * width
             draw.line([(x, plot_top), (x, plot_bottom)], fill="#cccccc")
+    gap = max(1.0, 0.15 * width) if width >= 4 else 0.0
     for r, value in enumerate(panel.values):
-        gap = max(1.0, 0.15 * width) if width >= 4 else 0.0
         x0 = left + r * width + gap / 2
         x1 = max(x0 + width - gap, x0 + 1)
         color = RED if r == panel.highlight else panel.color
         draw.rectangle([x0, y(float(value)), x1, plot_bottom], fill=color)
-    label_rows: list[float] = []
-    for value, label, color in panel.lines:
-        if value > scale:
-            draw.text((right - 8 - draw.textlength(f"{label} (off scale)", font=font), plot_top - 18),
-                      f"{label} (off scale)", fill=color, font=font)
-            continue
-        ly = y(value)
-        _dashed(draw, left, right, ly, color)
-        # Labels of nearby lines would overlap: push each below the previous one.
-        text_y = ly - 16
-        for used in label_rows:
-            if abs(text_y - used) < 15:
-                text_y = used + 15
-        label_rows.append(text_y)
-        x = right - 8 - draw.textlength(label, font=font)
-        draw.rectangle([x - 3, text_y, right - 5, text_y + 15], fill="white")
-        draw.text((x, text_y), label, fill=color, font=font)
+    if panel.highlight is not None and len(panel.values):  # a marker: one bar of 1,024 is 1 px wide
+        x = left + (panel.highlight + 0.5) * width
+        ty = y(float(panel.values[panel.highlight])) - 3
+        draw.polygon([(x - 5, ty - 8), (x + 5, ty - 8), (x, ty)], fill=RED)
+    # The lines' legend goes in the title row, right-aligned, never over the bars.
+    x = right
+    for value, label, color in reversed(panel.lines):
+        text = label + (" (off scale)" if value > scale else "")
+        x -= draw.textlength(text, font=font)
+        draw.text((x, top + 4), text, fill=color, font=font)
+        x -= 26
+        _legend_sample(draw, x, top + 12, color, dashed=color != RED)
+        x -= 18
+        if value <= scale:
+            _line(draw, left, right, y(value), color, dashed=color != RED)
     draw.line([(left, plot_bottom), (right, plot_bottom)], fill=INK)
     step = max(1, int(np.ceil(world / 16)))
     for r in range(0, world, step):
@@ -137,7 +142,36 @@ def _draw_panel(draw, font, panel: _Panel, top: int, world: int, local: int, las
         draw.text((right - 40, plot_bottom + 4), "rank", fill=INK, font=font)
 
 
-def _dashed(draw, left: float, right: float, y: float, color: str) -> None:
+def _ticks(top: float, unit: str) -> list[float]:
+    """0 and 3 to 6 round steps up to at least ``top`` (steps of 1, 2, 2.5 or 5 x 10^k; bytes in
+    the unit format_bytes shows)."""
+    base = 1.0
+    if unit == "bytes":
+        while top >= 1024 * base and base < 1024**5:
+            base *= 1024
+    raw = top / base / 4
+    magnitude = 10 ** np.floor(np.log10(raw)) if raw > 0 else 1.0
+    step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw) * base
+    count = int(np.ceil(top / step - 1e-9))
+    return [k * step for k in range(count + 1)]
+
+
+def _legend_sample(draw: ImageDraw, x: float, y: float, color: str, dashed: bool) -> None:
+    if dashed:
+        for start in (x, x + 11):
+            draw.line([(start, y), (start + 7, y)], fill=color, width=2)
+    else:
+        draw.line([(x, y), (x + 18, y)], fill=color, width=2)
+
+
+def _line(draw: ImageDraw, left: float, right: float, y: float, color: str, dashed: bool) -> None:
+    if not dashed:
+        draw.line([(left, y), (right, y)], fill=color, width=1)
+        return
+    _dashed(draw, left, right, y, color)
+
+
+def _dashed(draw: ImageDraw, left: float, right: float, y: float, color: str) -> None:
     x = left
     while x < right:
         draw.line([(x, y), (min(x + 8, right), y)], fill=color, width=2)
@@ -147,4 +181,4 @@ def _dashed(draw, left: float, right: float, y: float, color: str) -> None:
 def _short(value: float, unit: str) -> str:
     if unit == "bytes":
         return format_bytes(value).replace(".0 ", " ")
-    return f"{value:.3g}"
+    return f"{value:g}"

@@ -36,20 +36,20 @@ def plan_id(spec_hash: str, topology_hash: str, planner: dict) -> str:
 
 def identity_problems(plan: Plan) -> list[Problem]:
     """Problems if the plan's spec rows, topology or planner do not give its spec_hash and plan_id."""
-    from rec.spec import spec_from_rows
+    from rec.spec.hashing import rows_hash
     from rec.topology import topology_from_dict
 
     where = f"plan {plan.plan_id}"
     try:
-        spec = spec_from_rows(list(plan.spec_tables), source="in the plan")
         topology = topology_from_dict(plan.topology, source="in the plan")
-    except InputError as e:
-        return [Problem(where, f"carries an invalid spec or topology: {p}") for p in e.problems]
+        spec_hash = rows_hash(plan.spec_tables)
+    except (InputError, TypeError, ValueError) as e:
+        return [Problem(where, f"carries an invalid topology or spec: {e}")]
     problems = []
-    if spec.spec_hash != plan.spec_hash:
-        problems.append(Problem(where, f"its spec rows hash to {spec.spec_hash}, not its spec_hash "
+    if spec_hash != plan.spec_hash:
+        problems.append(Problem(where, f"its spec rows hash to {spec_hash}, not its spec_hash "
                                        f"{plan.spec_hash}: the plan was edited"))
-    expected = plan_id(spec.spec_hash, topology.topology_hash, plan.planner)
+    expected = plan_id(plan.spec_hash, topology.topology_hash, plan.planner)
     if expected != plan.plan_id:
         problems.append(Problem(where, f"its content gives plan_id {expected}: the plan (spec, "
                                        "topology or planner) was edited after planning; replan"))

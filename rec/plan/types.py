@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import overload
+from typing import TYPE_CHECKING, overload
 
 from rec.sharding import ComputeKernel, ShardingType
+
+if TYPE_CHECKING:
+    from rec.plan.columns import TableColumns
 
 PLAN_FORMAT = "shardflow.plan/v2"
 PLAN_FORMATS = ("shardflow.plan/v1", PLAN_FORMAT)  # what readers accept
@@ -85,27 +88,32 @@ class Plan:
     spec_hash: str
     topology: dict  # the normalized topology (DESIGN.md keys)
     planner: dict  # cost and search configuration the plan_id covers
-    tables: tuple[TablePlan, ...]
+    tables: Sequence[TablePlan]  # a tuple, or rec.plan.columns.TableColumns (built plans)
     metrics: PlanMetrics
     # The spec rows the plan was made for, so a training job needs nothing else.
     spec_tables: tuple[dict, ...] = ()
     previous_plan_id: str | None = None  # the plan this one was replanned from (minimal movement)
 
     def table(self, name: str) -> TablePlan:
-        return next(t for t in self.tables if t.name == name)
+        return self.tables[self.columns.names.index(name)]
 
     @property
     def world_size(self) -> int:
         return int(self.topology["world_size"])
 
+    @property
+    def columns(self) -> TableColumns:
+        """The tables as columns (``rec.plan.columns``)."""
+        from rec.plan.columns import columns_of
+
+        return columns_of(self.tables, self.world_size)
+
     def rows_per_rank(self) -> list[int]:
         """Embedding rows each rank holds (data_parallel counts every replica)."""
-        rows = [0] * self.world_size
-        everywhere = 0
-        for t in self.tables:
-            if isinstance(t.shards, Replicas):
-                everywhere += t.shards.replica.sizes[0]
-                continue
-            for s in t.shards:
-                rows[s.rank] += s.sizes[0]
-        return [r + everywhere for r in rows]
+        import numpy as np
+
+        c = self.columns
+        every = c.table_of_entry
+        replica = c.replicated[every]
+        rows = np.bincount(c.rank[~replica], weights=c.rows[~replica], minlength=self.world_size)
+        return [int(x) for x in rows + c.rows[replica].sum()]

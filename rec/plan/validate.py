@@ -1,12 +1,24 @@
 """Check a plan before anyone trusts it: every table once, shards tile each table, ranks and
-hosts as the sharding type requires, memory within capacity, allow-lists honoured."""
+hosts as the sharding type requires, memory within capacity, allow-lists honoured.
+
+The checks run on the plan's columns (``rec.plan.columns``), vectorized over all shards: a
+100,000-table plan validates in a fraction of a second. Messages name each bad table.
+"""
 
 from __future__ import annotations
 
+from collections import Counter
+
+import numpy as np
+
+from rec.cost.types import COMPUTE_KERNELS, SHARDING_TYPES, ST_CODE
 from rec.errors import ProblemList
+from rec.plan.columns import TableColumns
 from rec.plan.identity import identity_problems
-from rec.plan.types import Plan, Replicas, TablePlan
+from rec.plan.types import Plan, Replicas
 from rec.sharding import ComputeDevice, ShardingType, is_available
+
+_ST = {st: ST_CODE[st] for st in ShardingType}
 
 
 def validate_plan(plan: Plan) -> ProblemList:
@@ -16,20 +28,19 @@ def validate_plan(plan: Plan) -> ProblemList:
     world, local = int(topo["world_size"]), int(topo["local_world_size"])
     device = ComputeDevice(topo["compute_device"])
     spec = {row["name"]: row for row in plan.spec_tables}
-    seen: set[str] = set()
-    for t in plan.tables:
-        where = f"table {t.name}"
-        if t.name in seen:
-            problems.add(where, "planned more than once")
-        seen.add(t.name)
-        row = spec.get(t.name)
-        if row is None:
-            problems.add(where, "is not in the spec")
-            continue
-        _check_kind(t, row, device, problems)
-        _check_shards(t, row, world, local, problems)
-    for name in spec.keys() - seen:
+    c = plan.columns
+    for name, n in Counter(c.names).items():
+        if n > 1:
+            problems.add(f"table {name}", "planned more than once")
+    known = np.fromiter((name in spec for name in c.names), bool, len(c))
+    for i in np.flatnonzero(~known):
+        problems.add(f"table {c.names[i]}", "is not in the spec")
+    for name in spec.keys() - set(c.names):
         problems.add(f"table {name}", "is missing from the plan")
+    rows = np.array([int(spec[n]["num_embeddings"]) if n in spec else 0 for n in c.names], np.int64)
+    dims = np.array([int(spec[n]["embedding_dim"]) if n in spec else 0 for n in c.names], np.int64)
+    _check_kinds(c, spec, known, device, problems)
+    _check_tables(plan, c, known, rows, dims, world, local, problems)
     _check_memory(plan, problems)
     return problems
 
@@ -42,65 +53,119 @@ def check_plan(plan: Plan, source: str | None = None) -> None:
     problems.raise_if_any(f"{source or 'plan ' + plan.plan_id} cannot be used:")
 
 
-def _check_kind(t: TablePlan, row: dict, device: ComputeDevice, problems: ProblemList) -> None:
-    where = f"table {t.name}"
-    if not is_available(device, t.sharding_type, t.compute_kernel):
-        problems.add(where, f"{t.sharding_type.value}/{t.compute_kernel.value} is not available "
-                            f"on {device.value}")
-    if row.get("sharding_types") and t.sharding_type.value not in row["sharding_types"]:
-        problems.add(where, f"sharding type {t.sharding_type.value} is not in its allow-list "
-                            f"{row['sharding_types']}")
-    if row.get("compute_kernels") and t.compute_kernel.value not in row["compute_kernels"]:
-        problems.add(where, f"compute kernel {t.compute_kernel.value} is not in its allow-list "
-                            f"{row['compute_kernels']}")
+def _check_kinds(c: TableColumns, spec: dict, known: np.ndarray, device: ComputeDevice,
+                 problems: ProblemList) -> None:
+    available = np.array([[is_available(device, st, ck) for ck in COMPUTE_KERNELS] for st in SHARDING_TYPES])
+    for i in np.flatnonzero(known & ~available[c.sharding_type, c.compute_kernel]):
+        st, ck = SHARDING_TYPES[c.sharding_type[i]], COMPUTE_KERNELS[c.compute_kernel[i]]
+        problems.add(f"table {c.names[i]}", f"{st.value}/{ck.value} is not available on {device.value}")
+    for i in np.flatnonzero(known):
+        row = spec[c.names[i]]
+        if not (row.get("sharding_types") or row.get("compute_kernels")):
+            continue
+        st, ck = SHARDING_TYPES[c.sharding_type[i]].value, COMPUTE_KERNELS[c.compute_kernel[i]].value
+        if row.get("sharding_types") and st not in row["sharding_types"]:
+            problems.add(f"table {c.names[i]}", f"sharding type {st} is not in its allow-list {row['sharding_types']}")
+        if row.get("compute_kernels") and ck not in row["compute_kernels"]:
+            problems.add(f"table {c.names[i]}", f"compute kernel {ck} is not in its allow-list {row['compute_kernels']}")
 
 
-def _check_shards(t: TablePlan, row: dict, world: int, local: int, problems: ProblemList) -> None:
-    where = f"table {t.name}"
-    rows, dim = int(row["num_embeddings"]), int(row["embedding_dim"])
-    st = t.sharding_type
-    if isinstance(t.shards, Replicas) or st is ShardingType.DATA_PARALLEL:
-        r = t.shards.replica if isinstance(t.shards, Replicas) else None
-        if st is not ShardingType.DATA_PARALLEL or r is None or r.offsets != (0, 0) \
-                or r.sizes != (rows, dim) or t.shards.world_size != world:
-            problems.add(where, "data_parallel needs one full replica on every rank (and only "
-                                "data_parallel is replicated)")
-        return
-    ranks = [s.rank for s in t.shards]
-    if any(not 0 <= r < world for r in ranks):
-        problems.add(where, f"rank out of range 0..{world - 1}: {sorted(set(ranks))}")
-        return
-    if list(t.ranks) != ranks:
-        problems.add(where, "ranks do not match the shards' ranks")
-    if not _tiles(t, rows, dim):
-        problems.add(where, f"shards do not tile the {rows}x{dim} table exactly")
-    hosts = {r // local for r in ranks}
-    if st is ShardingType.ROW_WISE and ranks != list(range(world)):
-        problems.add(where, "row_wise shard i must be on rank i")
-    if st in (ShardingType.TABLE_ROW_WISE, ShardingType.TABLE_COLUMN_WISE) and len(hosts) != 1:
-        problems.add(where, f"{st.value} shards must stay on one host, found hosts {sorted(hosts)}")
-    if st is ShardingType.TABLE_ROW_WISE and [r % local for r in ranks] != list(range(local)):
-        problems.add(where, "table_row_wise shard j must be on local rank j of its host")
+def _check_tables(plan: Plan, c: TableColumns, known: np.ndarray, rows: np.ndarray, dims: np.ndarray,
+                  world: int, local: int, problems: ProblemList) -> None:
+    st = c.sharding_type
+    count = np.diff(c.shard_start)
+    t = c.table_of_entry
+    first = c.shard_start[:-1]
+    dp = st == _ST[ShardingType.DATA_PARALLEL]
+    # Replicas: data_parallel, and only it, has one full replica on every rank.
+    full = (c.row_offset[first] == 0) & (c.col_offset[first] == 0) & (c.rows[first] == rows) & (c.cols[first] == dims)
+    bad_dp = known & (dp | c.replicated) & ~(dp & c.replicated & (count == 1) & full)
+    for i in np.flatnonzero(bad_dp):
+        problems.add(f"table {c.names[i]}", "data_parallel needs one full replica on every rank (and only "
+                                            "data_parallel is replicated)")
+    sharded = known & ~dp & ~c.replicated
+    on = sharded[t]
+    out_of_range = np.zeros(len(c), bool)
+    np.logical_or.at(out_of_range, t, on & ((c.rank < 0) | (c.rank >= world)))
+    for i in np.flatnonzero(out_of_range):
+        ranks = sorted(set(c.rank[c.shard_start[i]:c.shard_start[i + 1]].tolist()))
+        problems.add(f"table {c.names[i]}", f"rank out of range 0..{world - 1}: {ranks}")
+    sharded &= ~out_of_range
+    _check_listed_ranks(plan, sharded, problems)
+    for i in np.flatnonzero(sharded & ~_tiles(c, rows, dims, sharded)):
+        problems.add(f"table {c.names[i]}", f"shards do not tile the {rows[i]}x{dims[i]} table exactly")
+    _check_placement(c, sharded, world, local, problems)
 
 
-def _tiles(t: TablePlan, rows: int, dim: int) -> bool:
-    """Shards lie inside the table, do not overlap and cover it (area check + interval check)."""
-    boxes = [(s.offsets[0], s.offsets[1], s.sizes[0], s.sizes[1]) for s in t.shards]
-    if any(r0 < 0 or c0 < 0 or r0 + h > rows or c0 + w > dim for r0, c0, h, w in boxes):
-        return False
-    if sum(h * w for _, _, h, w in boxes) != rows * dim:
-        return False
-    if all(c0 == 0 and w == dim for _, c0, _, w in boxes):
-        return _disjoint(sorted((r0, r0 + h) for r0, _, h, _ in boxes if h))
-    if all(r0 == 0 and h == rows for r0, _, h, _ in boxes):
-        return _disjoint(sorted((c0, c0 + w) for _, c0, _, w in boxes if w))
-    return all(not (a[0] < b[0] + b[2] and b[0] < a[0] + a[2] and a[1] < b[1] + b[3]
-                    and b[1] < a[1] + a[3])
-               for i, a in enumerate(boxes) for b in boxes[i + 1:])
+def _check_listed_ranks(plan: Plan, sharded: np.ndarray, problems: ProblemList) -> None:
+    """A plan read or edited as objects lists ``ranks`` apart from its shards' ranks."""
+    if isinstance(plan.tables, TableColumns):
+        return  # columns hold each rank once
+    for i, table in enumerate(plan.tables):
+        if sharded[i] and not isinstance(table.shards, Replicas) and \
+                list(table.ranks) != [s.rank for s in table.shards]:
+            problems.add(f"table {table.name}", "ranks do not match the shards' ranks")
 
 
-def _disjoint(intervals: list[tuple[int, int]]) -> bool:
-    return all(prev[1] <= cur[0] for prev, cur in zip(intervals, intervals[1:]))
+def _tiles(c: TableColumns, rows: np.ndarray, dims: np.ndarray, sharded: np.ndarray) -> np.ndarray:
+    """(T,) shards lie inside the table, do not overlap and cover it: inside and areas summing to
+    the table's, and, for row (column) splits, consecutive intervals that do not overlap."""
+    t = c.table_of_entry
+    r0, c0, nr, nc = c.row_offset, c.col_offset, c.rows, c.cols
+    inside = (r0 >= 0) & (c0 >= 0) & (nr >= 0) & (nc >= 0) & (r0 + nr <= rows[t]) & (c0 + nc <= dims[t])
+    ok = np.ones(len(c), bool)
+    np.logical_and.at(ok, t, inside)
+    area = np.bincount(t, weights=(nr * nc).astype(np.float64), minlength=len(c))
+    ok &= area == (rows * dims).astype(np.float64)
+    full_width = np.ones(len(c), bool)
+    np.logical_and.at(full_width, t, (c0 == 0) & (nc == dims[t]))
+    full_height = np.ones(len(c), bool)
+    np.logical_and.at(full_height, t, (r0 == 0) & (nr == rows[t]))
+    ok &= _disjoint(t, r0, nr, full_width & sharded) & _disjoint(t, c0, nc, full_height & ~full_width & sharded)
+    for i in np.flatnonzero(sharded & ok & ~full_width & ~full_height):  # neither split: pairwise
+        lo, hi = c.shard_start[i], c.shard_start[i + 1]
+        boxes = list(zip(r0[lo:hi].tolist(), c0[lo:hi].tolist(), nr[lo:hi].tolist(), nc[lo:hi].tolist()))
+        ok[i] = all(not (a[0] < b[0] + b[2] and b[0] < a[0] + a[2] and a[1] < b[1] + b[3] and b[1] < a[1] + a[3])
+                    for j, a in enumerate(boxes) for b in boxes[j + 1:])
+    return ok
+
+
+def _disjoint(t: np.ndarray, start: np.ndarray, length: np.ndarray, tables: np.ndarray) -> np.ndarray:
+    """(T,) the non-empty intervals [start, start + length) of each table in ``tables`` do not overlap."""
+    ok = np.ones(len(tables), bool)
+    use = np.flatnonzero(tables[t] & (length > 0))
+    if len(use) < 2:
+        return ok
+    order = use[np.lexsort((start[use], t[use]))]
+    same = t[order[1:]] == t[order[:-1]]
+    overlap = same & (start[order[1:]] < start[order[:-1]] + length[order[:-1]])
+    ok[t[order[1:]][overlap]] = False
+    return ok
+
+
+def _check_placement(c: TableColumns, sharded: np.ndarray, world: int, local: int, problems: ProblemList) -> None:
+    st = c.sharding_type
+    count = np.diff(c.shard_start)
+    t = c.table_of_entry
+    position = np.arange(len(t)) - c.shard_start[t]
+    host = c.rank // local
+    lo_host = np.full(len(c), np.iinfo(np.int64).max)
+    hi_host = np.full(len(c), -1)
+    np.minimum.at(lo_host, t, host)
+    np.maximum.at(hi_host, t, host)
+    row_wise = sharded & (st == _ST[ShardingType.ROW_WISE])
+    wrong = np.zeros(len(c), bool)
+    np.logical_or.at(wrong, t, c.rank != position)
+    for i in np.flatnonzero(row_wise & (wrong | (count != world))):
+        problems.add(f"table {c.names[i]}", "row_wise shard i must be on rank i")
+    for kind in (ShardingType.TABLE_ROW_WISE, ShardingType.TABLE_COLUMN_WISE):
+        for i in np.flatnonzero(sharded & (st == _ST[kind]) & (lo_host != hi_host)):
+            hosts = sorted(set((c.rank[c.shard_start[i]:c.shard_start[i + 1]] // local).tolist()))
+            problems.add(f"table {c.names[i]}", f"{kind.value} shards must stay on one host, found hosts {hosts}")
+    local_wrong = np.zeros(len(c), bool)
+    np.logical_or.at(local_wrong, t, c.rank % local != position)
+    for i in np.flatnonzero(sharded & (st == _ST[ShardingType.TABLE_ROW_WISE]) & (local_wrong | (count != local))):
+        problems.add(f"table {c.names[i]}", "table_row_wise shard j must be on local rank j of its host")
 
 
 def _check_memory(plan: Plan, problems: ProblemList) -> None:

@@ -28,6 +28,14 @@ def spec_hash(tables: Iterable[TableSpec]) -> str:
     return hashlib.sha256(text.encode("ascii")).hexdigest()[:HASH_CHARS]
 
 
+def rows_hash(rows: Iterable[dict]) -> str:
+    """``spec_hash`` of spec rows as ``columns.table_to_row`` writes them (a plan's ``spec``),
+    without validating them again: rows that are not canonical hash differently."""
+    from rec.hashing import content_hash
+
+    return content_hash({"format": SPEC_HASH_FORMAT, "tables": sorted(rows, key=lambda r: str(r.get("name")))})
+
+
 def _row_json(t: TableSpec) -> str:
     """``canonical_json(table_to_row(t))``: keys sorted; ints and floats as json writes them (repr)."""
     pooling_factor = float(t.pooling_factor)

@@ -1,20 +1,24 @@
 """The ``shardflow`` command line: builds the parser from ``flows.commands`` and runs one command.
 
 To add a subcommand, write ``flows/commands/NAME.py`` with ``add_parser(subparsers)`` and list the
-module in ``COMMANDS``.
+module in ``COMMANDS``. Every command takes ``-v/--verbose`` (the libraries' own output, see
+``flows.logs``); long work shows progress on stderr (``flows.progress``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-from flows.commands import compare, plan, replan, run, serve, spec, train
+from flows.commands import compare, plan, replan, run, serve, show, spec, train
 from rec.errors import InputError
 
-COMMANDS = (spec, plan, train, run, replan, compare, serve)
+COMMANDS = (spec, plan, show, train, run, replan, compare, serve)
 EXIT_BAD_INPUT = 2
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports `shardflow ... | head`
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,16 +26,31 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="shardflow", description="Plan how embedding tables are sharded across GPUs, and train with the plan."
     )
+    verbose: dict[str, Any] = {"action": "store_true", "help": "show what Prefect, MLflow, torchrun and warnings print"}
+    parser.add_argument("-v", "--verbose", **verbose)
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
     for command in COMMANDS:
         command.add_parser(subparsers)
+    _add_to_commands(subparsers, verbose)
     return parser
+
+
+def _add_to_commands(subparsers: argparse._SubParsersAction, verbose: dict[str, Any]) -> None:
+    """``-v`` after the command too (``shardflow run ... -v``, ``shardflow spec show ... -v``)."""
+    for sub in subparsers.choices.values():
+        sub.add_argument("-v", "--verbose", **verbose, default=argparse.SUPPRESS)
+        for action in sub._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                _add_to_commands(action, verbose)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``shardflow`` with ``argv``; returns the exit code (2 for any user mistake)."""
     try:
         args = build_parser().parse_args(argv)
+        from flows.logs import set_up
+
+        set_up(args.verbose)
         return args.handler(args)
     except SystemExit as e:  # argparse: usage errors exit 2, --help exits 0
         if e.code is None or isinstance(e.code, int):
@@ -41,6 +60,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InputError as e:
         print(f"shardflow: {e.render()}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly; Python would complain again at exit
+        # while flushing stdout, so point stdout at nothing first.
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):  # stdout is no file (a test's StringIO)
+            pass
+        return EXIT_BROKEN_PIPE
     except OSError as e:
         if e.filename is None:
             raise

@@ -14,8 +14,9 @@ HEADER = """# `shardflow` command line
 Generated from the parser by `make docs` (`python -m flows.cli_reference`); a test checks it is up
 to date. Every flag's default comes from the settings dataclass it belongs to.
 
-Exit codes: 0 success; 2 bad input (a one-screen message naming every problem, nothing written);
-1 a training that failed for good; 130 interrupted.
+Exit codes: 0 success; 2 bad input (a one-screen message naming every problem, nothing written),
+including a training failure that would repeat (a rank found bad input, CUDA or NCCL missing); 1 a
+training that failed for good otherwise; 130 interrupted; 141 the reader of the output went away.
 """
 
 

@@ -1,51 +1,74 @@
-"""Prefect's run logs for CLI users: a user's mistake is reported once, on one screen.
+"""What the CLI lets third-party libraries print: only what a user needs, unless ``--verbose``.
 
-Prefect logs a failed task or flow run with its traceback and the exception's full text, three
-times over (task state, flow exception, flow state). For an InputError the CLI prints the
-one-screen message itself, so those log lines are cut to their first line, without traceback.
+Quiet by default: Prefect logs warnings and errors only (not its temporary server's start and
+stop, nor every task's state), MLflow and its database migrations only warnings, the embedded
+Prefect server sends no telemetry (it cannot reach the internet from closed networks and would log
+an ERROR), Python warnings from libraries are hidden, and a training's torchrun output stays in
+its log files. A failure the CLI explains itself (an InputError, a TrainingFailed) is not logged
+again by Prefect, three times over with tracebacks: the CLI prints its one-line cause once.
+``--verbose`` restores the libraries' own output (and ``SHARDFLOW_VERBOSE=1`` shows torchrun's).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from rec.errors import InputError
 
 RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
-_LINE_BREAK = re.compile(r"\n|\\n")  # state messages carry the exception's repr: escaped newlines
+KNOWN_FAILURES = ("InputError", "TrainingFailed")  # the CLI reports these itself
+QUIET_ENV = {
+    "PREFECT_LOGGING_LEVEL": "WARNING",
+    "MLFLOW_LOGGING_LEVEL": "WARNING",
+    # Prefect's embedded server: no telemetry (an ERROR line without internet), no banner.
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+}
 
 
-class _ShortInputErrors(logging.Filter):
+def set_up(verbose: bool) -> None:
+    """Environment defaults for the libraries the CLI starts (a user's own settings win)."""
+    from tasks.launch import VERBOSE_ENV
+
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    if verbose:
+        os.environ[VERBOSE_ENV] = "1"
+        return
+    for key, value in QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # MLflow's database migrations
+
+
+class _KnownFailures(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         raised = record.exc_info[1] if record.exc_info else None
+        if isinstance(raised, InputError) or type(raised).__name__ in KNOWN_FAILURES:
+            return False
         message = record.getMessage()
-        if isinstance(raised, InputError) or "InputError" in message:
-            first = _LINE_BREAK.split(message, maxsplit=1)[0]
-            record.msg, record.args = f"{first} ...", ()
-            record.exc_info = record.exc_text = None
-        return True
-
-
-def quiet_prefect_defaults() -> None:
-    """Environment defaults for flows started from the CLI (a user's own settings win)."""
-    # The embedded Prefect server's telemetry cannot reach the internet from closed networks and
-    # would print an ERROR line.
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+        return not any(name in message for name in KNOWN_FAILURES)
 
 
 @contextmanager
 def input_errors_without_traceback() -> Iterator[None]:
-    """Short run-log lines for InputErrors while the block runs."""
-    short = _ShortInputErrors()
+    """While the block runs, Prefect does not log the failures the CLI reports itself (unless
+    ``--verbose``)."""
+    from tasks.launch import VERBOSE_ENV
+
+    if os.environ.get(VERBOSE_ENV) == "1":
+        yield
+        return
+    known = _KnownFailures()
     loggers = [logging.getLogger(name) for name in RUN_LOGGERS]
     for logger in loggers:
-        logger.addFilter(short)
+        logger.addFilter(known)
     try:
         yield
     finally:
         for logger in loggers:
-            logger.removeFilter(short)
+            logger.removeFilter(known)

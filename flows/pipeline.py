@@ -1,7 +1,9 @@
 """``pipeline_flow``: the four steps — ingest the spec, search a plan, write it, train with it.
 
 One MLflow pipeline run holds the plan and train runs nested under it. The plan is cached by
-plan_id, so an unchanged re-run, or training retried after a failure, never searches again.
+plan_id, so an unchanged re-run, or training retried after a failure, never searches again. A
+pipeline that fails ends FAILED with the cause (``shardflow.error``); a failed training also
+leaves a FAILED train run with the ranks' logs.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from dataclasses import dataclass
 from prefect import flow
 
 from flows.parameters import TRAIN_RETRIES, TRAIN_RETRY_DELAY_S, search_settings, train_settings
+from flows.progress import progress_in_run_log
 from flows.train import train_with_retries
 from rec.cost.types import CostConfig
 from rec.search import SearchConfig
@@ -84,19 +87,20 @@ def pipeline_flow(
     tracking = tracking_for(tracking_uri, experiment, state_dir)
     deliver_outbox(tracking)
 
-    inputs = ingest_task(spec_path, topology_path)                                 # 1. ingest
-    with dirs.locked(), parent_run(tracking, "pipeline", inputs, plan_key(inputs, searching),
-                                   params={"backend": searching.backend.value,
-                                           "train_iterations": str(train_iterations)}) as run:
-        found = search_task(inputs, searching, plan_cache_dir(state_dir))          # 2. search
-        plan_id = found.plan.plan_id
-        written = write_task(found.plan, dirs.plan_dir(plan_id), WriteSettings(chart))  # 3. write
-        run.plan_id = plan_id
-        plan_run = log_plan(tracking, found.plan, written.plan_path, inputs, run, found.seconds)
-        train_dir = dirs.train_dir(plan_id)
-        trained = train_with_retries(written.plan_path, train_dir, training,      # 4. train
-                                     train_retries, train_retry_delay_s)
-        dirs.mark_latest(train_dir)
-        train_run = log_training(tracking, trained, run)
+    with progress_in_run_log():
+        inputs = ingest_task(spec_path, topology_path)                             # 1. ingest
+        with dirs.locked(), parent_run(tracking, "pipeline", inputs, plan_key(inputs, searching),
+                                       params={"backend": searching.backend.value,
+                                               "train_iterations": str(train_iterations)}) as run:
+            found = search_task(inputs, searching, plan_cache_dir(state_dir))      # 2. search
+            plan_id = found.plan.plan_id
+            written = write_task(found.plan, dirs.plan_dir(plan_id), WriteSettings(chart))  # 3. write
+            run.plan_id = plan_id
+            plan_run = log_plan(tracking, found.plan, written.plan_path, inputs, run, found.seconds)
+            train_dir = dirs.train_dir(plan_id)
+            trained = train_with_retries(plan_id, written.plan_path, train_dir,    # 4. train
+                                         training, train_retries, train_retry_delay_s, tracking, run)
+            dirs.mark_latest(train_dir)
+            train_run = log_training(tracking, trained, run)
     return PipelineOutcome(found.plan.plan_id, written.plan_path, found.cached, trained, run,
                            plan_run, train_run)

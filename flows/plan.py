@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 from prefect import flow
 
 from flows.parameters import search_settings
+from flows.progress import progress_in_run_log
 from rec.cost.types import CostConfig
 from rec.search import SearchConfig
 from tasks.mlflow_log import Logged, deliver_outbox, log_plan
@@ -45,8 +47,10 @@ def plan_flow(
     tracking = tracking_for(tracking_uri, experiment, state_dir)
     deliver_outbox(tracking)
 
-    inputs = ingest_task(spec_path, topology_path)
-    found = search_task(inputs, search_settings(locals()), plan_cache_dir(state_dir))
-    written = write_task(found.plan, dirs.plan_dir(found.plan.plan_id), WriteSettings(chart))
-    logged = log_plan(tracking, found.plan, written.plan_path, inputs, planning_s=found.seconds)
+    searching = search_settings(locals())
+    with progress_in_run_log():
+        inputs = ingest_task(spec_path, topology_path)
+        found = search_task(inputs, searching, plan_cache_dir(state_dir))
+        written = write_task(found.plan, dirs.plan_dir(found.plan.plan_id), WriteSettings(chart))
+        logged = log_plan(tracking, found.plan, written.plan_path, inputs, planning_s=found.seconds)
     return PlanOutcome(found.plan.plan_id, written.plan_path, found.cached, logged)

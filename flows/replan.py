@@ -15,13 +15,13 @@ from typing import Literal
 from prefect import flow
 
 from flows.parameters import search_settings
+from flows.progress import progress_in_run_log
 from rec.cost.types import CostConfig
 from rec.search import SearchConfig
-from tasks.mlflow_log import (deliver_outbox, find_last_planning, log_plan, parent_run,
-                              record_unchanged)
+from tasks.mlflow_log import deliver_outbox, find_last_planning, log_plan, parent_run, record_unchanged
 from tasks.paths import DEFAULT_STATE_DIR, plan_cache_dir
-from tasks.run_dirs import RunDirs
 from tasks.records import REPLAN
+from tasks.run_dirs import RunDirs
 from tasks.search import Backend, SearchSettings, plan_key
 from tasks.steps import ingest_task, search_task, write_task
 from tasks.tracking import DEFAULT_EXPERIMENT, tracking_for
@@ -56,19 +56,20 @@ def replan_flow(
     tracking = tracking_for(tracking_uri, experiment, state_dir)
     deliver_outbox(tracking)
 
-    inputs = ingest_task(spec_path, topology_path)
-    spec_hash = inputs.spec.spec_hash
-    last = find_last_planning(tracking, inputs)
-    if last is not None and last.spec_hash == spec_hash:
-        record_unchanged(tracking, inputs, last.plan_id)
-        return ReplanOutcome("unchanged", last.plan_id, spec_hash, last.spec_hash, None)
+    with progress_in_run_log():
+        inputs = ingest_task(spec_path, topology_path)
+        spec_hash = inputs.spec.spec_hash
+        last = find_last_planning(tracking, inputs)
+        if last is not None and last.spec_hash == spec_hash:
+            record_unchanged(tracking, inputs, last.plan_id)
+            return ReplanOutcome("unchanged", last.plan_id, spec_hash, last.spec_hash, None)
 
-    with parent_run(tracking, "replan", inputs, plan_key(inputs, searching),
-                    tags={REPLAN: "replanned"}) as run:
-        found = search_task(inputs, searching, plan_cache_dir(state_dir))
-        written = write_task(found.plan, RunDirs.of(out_dir).plan_dir(found.plan.plan_id),
-                             WriteSettings(chart))
-        run.plan_id = found.plan.plan_id
-        log_plan(tracking, found.plan, written.plan_path, inputs, run, found.seconds)
+        with parent_run(tracking, "replan", inputs, plan_key(inputs, searching),
+                        tags={REPLAN: "replanned"}) as run:
+            found = search_task(inputs, searching, plan_cache_dir(state_dir))
+            written = write_task(found.plan, RunDirs.of(out_dir).plan_dir(found.plan.plan_id),
+                                 WriteSettings(chart))
+            run.plan_id = found.plan.plan_id
+            log_plan(tracking, found.plan, written.plan_path, inputs, run, found.seconds)
     return ReplanOutcome("replanned", found.plan.plan_id, spec_hash,
                          last.spec_hash if last else None, written.plan_path)

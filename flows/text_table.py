@@ -10,7 +10,8 @@ def render_table(header: Sequence[str], rows: Sequence[Sequence[object]], right:
     cells = [list(map(str, header))] + [[str(c) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     aligned = [
-        "  ".join(cell.rjust(w) if name in right else cell.ljust(w) for cell, w, name in zip(row, widths, header))
+        "  ".join(cell.rjust(w) if name in right else cell.ljust(w)
+                  for cell, w, name in zip(row, widths, header, strict=True))
         for row in cells
     ]
     rule = "  ".join("-" * w for w in widths)

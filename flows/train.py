@@ -1,4 +1,7 @@
-"""``train_flow``: step 4 alone — train with an existing plan (a path, or a plan_id from MLflow)."""
+"""``train_flow``: step 4 alone — train with an existing plan (a path, or a plan_id from MLflow).
+
+A training that fails for good (after torchrun's restarts and Prefect's retries) leaves a FAILED
+MLflow train run with the cause (``shardflow.error``) and the ranks' logs."""
 
 from __future__ import annotations
 
@@ -9,15 +12,17 @@ from prefect import flow
 from prefect.tasks import exponential_backoff
 
 from flows.parameters import TRAIN_RETRIES, TRAIN_RETRY_DELAY_S, train_settings
+from flows.progress import progress_in_run_log
 from rec.errors import InputError, Problem
-from rec.train.config import ModelKind, PipelineKind, TrainConfig
-from tasks.mlflow_log import Logged, deliver_outbox, fetch_plan_task, log_training
 from rec.plan import read_plan
+from rec.train.config import ModelKind, PipelineKind, TrainConfig
+from tasks.mlflow_log import Logged, ParentRun, deliver_outbox, fetch_plan_task, log_failed_training, log_training
 from tasks.paths import DEFAULT_STATE_DIR, PLAN_SUBDIR
+from tasks.records import error_tag, now_ms
 from tasks.run_dirs import RunDirs
 from tasks.steps import train_task
-from tasks.tracking import DEFAULT_EXPERIMENT, tracking_for
-from tasks.train import Trained, TrainSettings
+from tasks.tracking import DEFAULT_EXPERIMENT, Tracking, tracking_for
+from tasks.train import Trained, TrainingFailed, TrainSettings
 
 
 @dataclass(frozen=True)
@@ -28,12 +33,19 @@ class TrainOutcome:
     logged: Logged | None  # None on nodes other than node 0: rank 0 reports
 
 
-def train_with_retries(plan_path: str, out_dir: str, settings: TrainSettings, retries: int,
-                       retry_delay_s: float) -> Trained:
-    """``train_task`` with the flow's retry policy: exponential backoff from retry_delay_s."""
+def train_with_retries(plan_id: str, plan_path: str, out_dir: str, settings: TrainSettings, retries: int,
+                       retry_delay_s: float, tracking: Tracking, parent: ParentRun | None = None) -> Trained:
+    """``train_task`` with the flow's retry policy (exponential backoff from retry_delay_s); a
+    training that fails for good is recorded as a FAILED train run (by node 0) before it raises."""
     launch = train_task.with_options(
         retries=retries, retry_delay_seconds=exponential_backoff(backoff_factor=retry_delay_s))
-    return launch(plan_path, out_dir, settings)
+    started = now_ms()
+    try:
+        return launch(plan_path, out_dir, settings)
+    except TrainingFailed as e:
+        if settings.node_rank == 0:
+            log_failed_training(tracking, plan_id, settings, out_dir, error_tag(e), e.attempt, started, parent)
+        raise
 
 
 @flow(name="shardflow-train")
@@ -78,14 +90,16 @@ def train_flow(
     tracking = tracking_for(tracking_uri, experiment, state_dir)
     deliver_outbox(tracking)
 
-    with dirs.locked(node_rank):
+    with progress_in_run_log(), dirs.locked(node_rank):
         if plan_path is None:
             assert plan_id is not None
             train_dir = dirs.train_dir(plan_id)
             plan_path = fetch_plan_task(tracking, plan_id, str(Path(train_dir, PLAN_SUBDIR)))
         else:
-            train_dir = dirs.train_dir(read_plan(plan_path).plan_id)
-        trained = train_with_retries(plan_path, train_dir, settings, train_retries, train_retry_delay_s)
+            plan_id = read_plan(plan_path).plan_id
+            train_dir = dirs.train_dir(plan_id)
+        trained = train_with_retries(plan_id, plan_path, train_dir, settings, train_retries,
+                                     train_retry_delay_s, tracking)
         dirs.mark_latest(train_dir)
         logged = log_training(tracking, trained) if node_rank == 0 else None
     return TrainOutcome(trained.plan_id, plan_path, trained, logged)

@@ -1,7 +1,9 @@
-"""Prefect tasks that record plans and trainings in MLflow, through the outbox.
+"""Prefect tasks that record plans and trainings in MLflow, through the outbox (``tasks.recorder``).
 
 Each task writes its record to the outbox and delivers what is waiting there: with MLflow up, the
 run appears at once; with MLflow away, the record waits on disk and a later delivery sends it.
+Runs recorded by a flow carry the Prefect flow run's id (``shardflow.prefect_flow_run``), and a
+plan run's per-rank table becomes a markdown artifact of the flow run naming the MLflow run.
 """
 
 from __future__ import annotations
@@ -19,18 +21,23 @@ from tasks import records
 from tasks.ingest import Inputs
 from tasks.outbox import Delivery, Outbox
 from tasks.plan_fetch import fetch_plan
+from tasks.recorder import Logged, record, record_failed_training, record_training
 from tasks.records import EndRecord, RunRecord
 from tasks.tracking import Tracking, TrackingUnavailable, connect, last_planning
-from tasks.train import Trained
+from tasks.train import Trained, TrainSettings
 
-
-@dataclass(frozen=True)
-class Logged:
-    """A record and, once MLflow has it, its run id (None while it waits in the outbox)."""
-
-    key: str
-    run_id: str | None
-    pending: int  # records still waiting in the outbox after this one
+__all__ = [
+    "Logged",
+    "ParentRun",
+    "deliver_outbox",
+    "fetch_plan_task",
+    "find_last_planning",
+    "log_failed_training",
+    "log_plan",
+    "log_training",
+    "parent_run",
+    "record_unchanged",
+]
 
 
 @dataclass
@@ -44,73 +51,115 @@ class ParentRun:
     pending: int = 0
 
 
-def _record(tracking: Tracking, record: RunRecord | EndRecord,
-            files: dict[str, Path] | None = None) -> Logged:
-    outbox = Outbox(tracking.outbox_dir)
-    outbox.put(record, files)
-    delivery = outbox.deliver(tracking)
-    if delivery.pending:
+def _flow_run_tags() -> dict[str, str]:
+    from prefect.runtime import flow_run
+
+    run_id = flow_run.id
+    return {records.PREFECT_FLOW_RUN: str(run_id)} if run_id else {}
+
+
+def _record(tracking: Tracking, rec: RunRecord | EndRecord, files: dict[str, Path] | None = None) -> Logged:
+    logged = record(tracking, rec, files)
+    if logged.pending:
         get_run_logger().warning("MLflow unavailable (%s): %d record(s) wait in %s",
-                                 delivery.error, delivery.pending, outbox.root)
-    return Logged(record.key, delivery.run_ids.get(record.key), delivery.pending)
+                                 logged.error, logged.pending, tracking.outbox_dir)
+    return logged
 
 
 @task(name="deliver-outbox", cache_policy=NO_CACHE)
 def deliver_outbox(tracking: Tracking) -> Delivery:
-    """Send records that waited while MLflow was away (every flow starts with this)."""
+    """Send records that waited while MLflow was away, each to where it was meant to go (every
+    flow starts with this)."""
     delivery = Outbox(tracking.outbox_dir).deliver(tracking)
     if delivery.run_ids:
         get_run_logger().info("delivered %d waiting record(s) to MLflow", len(delivery.run_ids))
-    if delivery.pending:
-        get_run_logger().warning("MLflow unavailable (%s): %d record(s) still wait in %s",
-                                 delivery.error, delivery.pending, tracking.outbox_dir)
+    for uri, waiting in delivery.waiting.items():
+        get_run_logger().warning("MLflow unavailable (%s): %d record(s) for %s still wait in %s",
+                                 delivery.errors.get(uri), waiting, uri, tracking.outbox_dir)
     return delivery
 
 
 @task(name="log-plan", cache_policy=NO_CACHE)
 def log_plan(tracking: Tracking, plan: Plan, plan_path: str, inputs: Inputs,
              parent: ParentRun | None = None, planning_s: float | None = None) -> Logged:
-    """A plan run with params, metrics, plan.json, shards.parquet and the chart; none if MLflow
-    already has a finished run of this plan_id."""
-    record = records.plan_record(plan, inputs, parent.key if parent else None, planning_s)
+    """A plan run with params, metrics, plan.json, shards.parquet and the chart (none if MLflow
+    already has a finished run of this plan_id), and the per-rank table as a Prefect artifact."""
+    rec = records.plan_record(plan, inputs, parent.key if parent else None, planning_s, _flow_run_tags())
     plan_dir = Path(plan_path).parent
-    return _record(tracking, record, {name: plan_dir / name for name in record.artifacts})
+    logged = _record(tracking, rec, {name: plan_dir / name for name in rec.artifacts})
+    _publish_rank_table(plan, tracking, logged)
+    return logged
+
+
+def _publish_rank_table(plan: Plan, tracking: Tracking, logged: Logged) -> None:
+    from prefect.artifacts import create_markdown_artifact
+
+    from rec.plan.report import markdown, rank_table
+
+    m = plan.metrics
+    if logged.run_id is None:
+        where = f"waiting in the outbox for MLflow at `{tracking.uri}`"
+    elif tracking.uri.startswith(("http://", "https://")):
+        where = f"[{logged.run_id}]({tracking.uri.rstrip('/')}/#/runs/{logged.run_id})"
+    else:
+        where = f"`{logged.run_id}` in experiment `{tracking.experiment}` at `{tracking.uri}`"
+    text = (f"### Plan `{plan.plan_id}`: {len(plan.tables):,} tables on {plan.world_size:,} ranks\n\n"
+            f"critical path {m.critical_path:.4f} ms, lower bound {m.lower_bound:.4f} ms, gap "
+            f"{100 * m.gap:.2f}% (TorchRec cost model)\n\nMLflow plan run: {where}\n\n"
+            f"{markdown(rank_table(plan))}\n")
+    create_markdown_artifact(markdown=text, key=f"plan-{plan.plan_id}",
+                             description=f"per-rank load of plan {plan.plan_id}")
 
 
 @task(name="log-training", cache_policy=NO_CACHE)
 def log_training(tracking: Tracking, trained: Trained, parent: ParentRun | None = None) -> Logged:
-    """A train run: latency percentiles, samples/s and the per-iteration latency series."""
-    record = records.train_record(trained, parent.key if parent else None)
-    out = Path(trained.out_dir)
-    return _record(tracking, record, {name: out / name for name in record.artifacts})
+    """A train run: latency percentiles, samples/s, loss, and the per-iteration series."""
+    logged = record_training(tracking, trained, parent.key if parent else None, _flow_run_tags())
+    if logged.pending:
+        get_run_logger().warning("MLflow unavailable (%s): %d record(s) wait in %s",
+                                 logged.error, logged.pending, tracking.outbox_dir)
+    return logged
+
+
+@task(name="log-failed-training", cache_policy=NO_CACHE)
+def log_failed_training(tracking: Tracking, plan_id: str, settings: TrainSettings, out_dir: str,
+                        error: str, attempts: int, started_ms: int,
+                        parent: ParentRun | None = None) -> Logged:
+    """A FAILED train run with the cause (``records.error_tag``) and the logs."""
+    return record_failed_training(tracking, plan_id, settings, out_dir, error, attempts, started_ms,
+                                  parent.key if parent else None, _flow_run_tags())
 
 
 @task(name="start-run", cache_policy=NO_CACHE)
-def start_run(tracking: Tracking, record: RunRecord) -> Logged:
-    return _record(tracking, record)
+def start_run(tracking: Tracking, rec: RunRecord) -> Logged:
+    return _record(tracking, rec)
 
 
 @task(name="end-run", cache_policy=NO_CACHE)
-def end_run(tracking: Tracking, record: EndRecord) -> Logged:
-    return _record(tracking, record)
+def end_run(tracking: Tracking, rec: EndRecord) -> Logged:
+    return _record(tracking, rec)
 
 
 @contextmanager
 def parent_run(tracking: Tracking, step: str, inputs: Inputs, plan_id: str,
                params: dict[str, str] | None = None,
                tags: dict[str, str] | None = None) -> Iterator[ParentRun]:
-    """A RUNNING pipeline/replan run for the block; FINISHED after it, FAILED if it raises."""
+    """A RUNNING pipeline/replan run for the block; FINISHED after it, FAILED with the cause in
+    ``shardflow.error`` if it raises."""
     name = f"{step}-{Path(inputs.spec_path).stem}"
-    record = records.parent_record(step, name, plan_id, inputs, params or {}, tags)
-    run = ParentRun(record.key, plan_id)
-    start_run(tracking, record)
-    status = "FAILED"
+    rec = records.parent_record(step, name, plan_id, inputs, params or {}, {**_flow_run_tags(), **(tags or {})})
+    run = ParentRun(rec.key, plan_id)
+    start_run(tracking, rec)
+    status, error = "FAILED", None
     try:
         yield run
         status = "FINISHED"
+    except BaseException as e:
+        error = records.error_tag(e)
+        raise
     finally:
-        ended = end_run(tracking, EndRecord(run.key, status, records.now_ms(),
-                                            {records.PLAN_ID: run.plan_id}))
+        end_tags = {records.PLAN_ID: run.plan_id, **({records.ERROR: error} if error else {})}
+        ended = end_run(tracking, EndRecord(run.key, status, records.now_ms(), end_tags))
         run.run_id, run.pending = ended.run_id, ended.pending
 
 

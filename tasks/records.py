@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rec.plan import Plan
     from tasks.ingest import Inputs
-    from tasks.train import Trained
+    from tasks.train import Trained, TrainSettings
 
 # Every run carries STEP and PLAN_ID; RECORD makes delivery idempotent.
 STEP = "shardflow.step"  # plan | train | pipeline | replan
@@ -29,12 +29,16 @@ TOPOLOGY_HASH = "shardflow.topology_hash"
 TOPOLOGY_PATH = "shardflow.topology_path"
 REPLAN = "shardflow.replan"  # replan runs: unchanged | replanned
 ATTEMPTS = "shardflow.attempts"  # train runs: Prefect attempts the training took
+ERROR = "shardflow.error"  # FAILED runs: the cause, in one line
+PREFECT_FLOW_RUN = "shardflow.prefect_flow_run"  # the Prefect flow run that recorded the run
 PARENT = "mlflow.parentRunId"  # what makes MLflow show a run nested under another
 
 PLAN_ARTIFACTS = ("plan.json", "shards.parquet", "rank_load.png")
 TRAIN_ARTIFACTS = ("train_metrics.json", "iterations.parquet")
 LATENCY_SERIES = "iteration_latency_ms"
+LOSS_SERIES = "loss"
 GIB = 1024**3
+MAX_ERROR = 500  # characters of the error tag
 
 
 @dataclass(frozen=True)
@@ -96,13 +100,13 @@ def source_tags(inputs: Inputs) -> dict[str, str]:
 
 
 def plan_record(plan: Plan, inputs: Inputs, parent_key: str | None = None,
-                planning_s: float | None = None) -> RunRecord:
+                planning_s: float | None = None, tags: dict[str, str] | None = None) -> RunRecord:
     m = plan.metrics
     planner = plan.planner
     measured = {} if planning_s is None else {"planning_s": round(planning_s, 4)}
     return RunRecord(
         key=new_key(), step="plan", name=f"plan-{plan.plan_id}", parent_key=parent_key,
-        tags={STEP: "plan", PLAN_ID: plan.plan_id, **source_tags(inputs)},
+        tags={STEP: "plan", PLAN_ID: plan.plan_id, **source_tags(inputs), **(tags or {})},
         params={"tables": str(len(plan.tables)), "world_size": str(plan.topology["world_size"]),
                 "backend": planner.get("backend", "local"), "groups": str(planner.get("groups", 1)),
                 "compute_device": str(plan.topology["compute_device"]),
@@ -114,27 +118,60 @@ def plan_record(plan: Plan, inputs: Inputs, parent_key: str | None = None,
     )
 
 
-def train_record(trained: Trained, parent_key: str | None = None) -> RunRecord:
-    """The train run; its per-step latency series comes from iterations.parquet."""
+def train_record(trained: Trained, parent_key: str | None = None,
+                 tags: dict[str, str] | None = None) -> RunRecord:
+    """The train run; its per-step latency and loss series come from iterations.parquet."""
     import pyarrow.parquet as pq
 
-    m, s = trained.metrics, trained.settings
+    m = trained.metrics
     lat = m["iteration_latency_ms"]
     rows = pq.read_table(Path(trained.out_dir) / "iterations.parquet").to_pydict()
+    series = {name: [[int(i), float(v)] for i, v in zip(rows["iteration"], rows[column], strict=True)]
+              for name, column in ((LATENCY_SERIES, "latency_ms"), (LOSS_SERIES, "loss")) if column in rows}
+    loss = {f"loss_{k}": v for k, v in (m.get("loss") or {}).items()}
     return RunRecord(
         key=new_key(), step="train", name=f"train-{trained.plan_id}", parent_key=parent_key,
-        tags={STEP: "train", PLAN_ID: trained.plan_id, ATTEMPTS: str(trained.attempts)},
-        params={"world_size": str(m["world_size"]), "nnodes": str(s.nnodes),
-                "nproc_per_node": str(trained.nproc_per_node), "iterations": str(m["iterations"]),
-                "warmup": str(m["warmup"]), "batch_size": str(m["batch_size"]),
-                "pipeline": m["pipeline"], "model": m["model"], "resumed_from": str(m["resumed_from"])},
+        tags={STEP: "train", PLAN_ID: trained.plan_id, ATTEMPTS: str(trained.attempts), **(tags or {})},
+        params={**_train_params(trained.settings, trained.nproc_per_node),
+                "world_size": str(m["world_size"]), "batch_size": str(m["batch_size"]),
+                "model": m["model"], "resumed_from": str(m["resumed_from"])},
         metrics={"iteration_latency_ms_p50": lat["p50"], "iteration_latency_ms_p90": lat["p90"],
                  "iteration_latency_ms_p99": lat["p99"], "iteration_latency_ms_mean": lat["mean"],
-                 "samples_per_s": m["samples_per_s"]},
-        series={LATENCY_SERIES: [[int(i), float(v)] for i, v in
-                                 zip(rows["iteration"], rows["latency_ms"])]},
-        artifacts=TRAIN_ARTIFACTS, start_ms=trained.started_ms, end_ms=now_ms(),
+                 "samples_per_s": m["samples_per_s"], **loss},
+        series=series, artifacts=TRAIN_ARTIFACTS, start_ms=trained.started_ms, end_ms=now_ms(),
     )
+
+
+def _train_params(settings: TrainSettings, nproc_per_node: int | None) -> dict[str, str]:
+    job = settings.job
+    return {"nnodes": str(settings.nnodes), "nproc_per_node": str(nproc_per_node or "plan"),
+            "iterations": str(job.iterations), "warmup": str(job.warmup), "pipeline": job.pipeline.value}
+
+
+def failed_train_record(plan_id: str, settings: TrainSettings, error: str, attempts: int,
+                        started_ms: int, logs: tuple[str, ...], parent_key: str | None = None,
+                        tags: dict[str, str] | None = None) -> RunRecord:
+    """A FAILED train run: the cause in the ERROR tag, the logs (names under ``logs/``) as artifacts."""
+    return RunRecord(
+        key=new_key(), step="train", name=f"train-{plan_id}", parent_key=parent_key,
+        tags={STEP: "train", PLAN_ID: plan_id, ATTEMPTS: str(attempts), ERROR: error_tag(error),
+              **(tags or {})},
+        params=_train_params(settings, settings.nproc_per_node), artifacts=logs, status="FAILED",
+        start_ms=started_ms, end_ms=now_ms(),
+    )
+
+
+def error_tag(error: str | BaseException) -> str:
+    """The cause of a failure in one line, for the ERROR tag."""
+    if isinstance(error, BaseException):
+        cause = getattr(error, "cause", None)
+        if cause is None:
+            from rec.train.rank_log import one_line
+
+            cause = one_line(error)
+        error = cause
+    line = " ".join(str(error).split())
+    return line if len(line) <= MAX_ERROR else line[: MAX_ERROR - 3] + "..."
 
 
 def parent_record(step: str, name: str, plan_id: str, inputs: Inputs,

@@ -1,4 +1,5 @@
-"""When a Prefect task is worth retrying: a user's mistake fails the same way every time."""
+"""When a Prefect task is worth retrying: a user's mistake, or a machine that lacks what the plan
+needs, fails the same way every time."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ from typing import Any
 from rec.errors import InputError
 
 
-def unless_input_error(task: Any, task_run: Any, state: Any) -> bool:
+def worth_retrying(task: Any, task_run: Any, state: Any) -> bool:
     """``retry_condition_fn``: retry anything but an InputError (a bad spec, a plan that cannot
-    fit, a world size that does not match). Prefect hands the exception over as the state's data."""
-    return not isinstance(getattr(state, "data", None), InputError)
+    fit, a world size that does not match, a cuda plan without CUDA) or a failure the ranks
+    reported as deterministic (``TrainingFailed.deterministic``). Prefect hands the exception
+    over as the state's data."""
+    error = getattr(state, "data", None)
+    return not isinstance(error, InputError) and not getattr(error, "deterministic", False)

@@ -11,14 +11,13 @@ import os
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from rec.errors import InputError, Problem
 from rec.settings import knob
 from tasks.paths import DEFAULT_STATE_DIR, OUTBOX, outbox_dir
-from tasks.records import (PARENT, PLAN_ID, RECORD, SPEC_PATH, STEP, TOPOLOGY_HASH, EndRecord,
-                           RunRecord)
+from tasks.records import PARENT, PLAN_ID, RECORD, SPEC_PATH, STEP, TOPOLOGY_HASH, EndRecord, RunRecord
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -51,9 +50,16 @@ class TrackingSettings:
     experiment: str = field(default=DEFAULT_EXPERIMENT, metadata=knob("MLflow experiment", metavar="NAME"))
     state_dir: str = field(default=DEFAULT_STATE_DIR, metadata=knob(
         "shardflow's own state: the outbox for MLflow and the plan cache", metavar="DIR"))
+    # Only ``shardflow train`` offers --no-track; the flows always record.
+    track: bool = field(default=True, metadata=knob(
+        "record the run in MLflow (through the outbox when MLflow is away); --no-track: files only"))
 
     def resolve(self) -> Tracking:
         return tracking_for(self.tracking_uri, self.experiment, self.state_dir)
+
+    def flow_parameters(self) -> dict[str, Any]:
+        """The flows' parameters for these settings."""
+        return {"tracking_uri": self.tracking_uri, "experiment": self.experiment, "state_dir": self.state_dir}
 
 
 def tracking_for(uri: str | None = None, experiment: str = DEFAULT_EXPERIMENT,
@@ -92,8 +98,8 @@ def connect(tracking: Tracking) -> tuple[MlflowClient, str]:
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    client = MlflowClient(tracking.uri)
     try:
+        client = MlflowClient(tracking.uri)  # a SQLite store opens (and may fail) right here
         experiment = client.get_experiment_by_name(tracking.experiment)
         if experiment is not None:
             return client, experiment.experiment_id
@@ -136,7 +142,8 @@ def deliver(client: MlflowClient, experiment_id: str, record: RunRecord | EndRec
                series=record.series, timestamp=record.end_ms or record.start_ms)
     for name in record.artifacts:
         if (files / name).exists():
-            client.log_artifact(run_id, str(files / name))
+            folder = str(Path(name).parent)
+            client.log_artifact(run_id, str(files / name), None if folder == "." else folder)
     if record.status != "RUNNING":
         client.set_terminated(run_id, record.status, end_time=record.end_ms)
     return run_id

@@ -1,22 +1,29 @@
 """Step 4, the training job: torchrun on a plan artifact. It never plans: the plan is its input.
 
-``train`` checks the plan (sound, unedited, for this many processes) and the settings before any
-process starts, then runs torchrun on this node to completion. The CLI calls it directly; the
-Prefect task in ``tasks.steps`` wraps it with retries.
+``train`` runs ``preflight`` first: in seconds, before any process starts, everything that would
+fail the job for certain (bad settings, an unsound or edited plan, a world size that does not fit,
+a cuda plan on a machine without CUDA or NCCL, a bad rendezvous endpoint, missing data) is one
+InputError. Then torchrun runs on this node to completion; a failure is a ``TrainingFailed`` with
+its cause in one line. The CLI calls ``train`` directly; the Prefect task in ``tasks.steps`` wraps
+it with retries, which skip InputErrors and failures that would repeat.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from rec import progress
 from rec.errors import InputError, Problem
 from rec.plan import check_plan, read_plan
 from rec.settings import check, knob
 from rec.train.config import FAIL_AT_ENV, TrainConfig
 from rec.train.metrics import METRICS_FILE
-from tasks.launch import Launch, run_training, torchrun_log
+from rec.train.rank_log import log_dir
+from tasks.launch import Launch, failure_cause, run_training
 
 MAX_PROCESSES = 1 << 16
 
@@ -59,31 +66,99 @@ class Trained:
 
 
 class TrainingFailed(RuntimeError):
-    """torchrun exited non-zero: a rank failed for good (after torchrun's own restarts)."""
+    """torchrun exited non-zero: a rank failed for good (after torchrun's own restarts).
+    ``cause`` is one line; ``deterministic``: a retry would fail the same way."""
+
+    def __init__(self, cause: str, deterministic: bool, logs: str, attempt: int):
+        super().__init__(f"{cause} (attempt {attempt}; logs in {logs})")
+        self.cause, self.deterministic, self.logs, self.attempt = cause, deterministic, logs, attempt
+
+    def __reduce__(self) -> tuple[Any, ...]:  # Prefect may copy the exception of a failed state
+        return type(self), (self.cause, self.deterministic, self.logs, self.attempt)
+
+
+def preflight(settings: TrainSettings, topology: Mapping[str, Any],
+              feature_names: Sequence[str] = ()) -> int:
+    """Check, before any process starts, what would fail the job for certain on this machine;
+    InputError naming every problem. ``topology``: the plan's (plan.json keys); ``feature_names``
+    are checked against ``--data``. Returns the processes to start on this node."""
+    problems: list[Problem] = []
+    try:
+        check(settings, "")
+    except InputError as e:
+        problems += e.problems
+    nproc = settings.nproc_per_node or int(topology["local_world_size"])
+    world, planned = settings.nnodes * nproc, int(topology["world_size"])
+    if world != planned:
+        problems.append(Problem("world size", f"--nnodes {settings.nnodes} x --nproc-per-node {nproc} = "
+                                              f"{world} processes, but the plan is for {planned} ranks"))
+    problems += _device_problems(str(topology["compute_device"]), nproc)
+    if settings.rdzv_endpoint:
+        problems += _endpoint_problems(settings.rdzv_endpoint)
+    if settings.job.data:
+        from rec.train.data import data_problems
+
+        problems += data_problems(settings.job.data, feature_names)
+    if problems:
+        raise InputError("Cannot train with this plan here:", problems)
+    return nproc
+
+
+def _device_problems(device: str, nproc: int) -> list[Problem]:
+    """The device and the torch.distributed backend the plan needs: CUDA and NCCL, or gloo."""
+    import torch
+    import torch.distributed as dist
+
+    where = f"compute_device {device}"
+    if not dist.is_available():
+        return [Problem(where, f"this torch ({torch.__version__}) has no torch.distributed")]
+    if device != "cuda":
+        return [] if dist.is_gloo_available() else [Problem(where, "this torch has no gloo backend")]
+    out = []
+    if not torch.cuda.is_available():
+        why = ("this torch is built without CUDA" if torch.version.cuda is None
+               else "no CUDA device is visible (CUDA_VISIBLE_DEVICES, drivers)")
+        out.append(Problem(where, f"the plan is for GPUs, but {why} (torch {torch.__version__}); train "
+                                  "it on a machine with GPUs, or plan with compute_device: cpu"))
+    elif torch.cuda.device_count() < nproc:
+        out.append(Problem("--nproc-per-node", f"{nproc} processes need {nproc} GPUs; this machine has "
+                                               f"{torch.cuda.device_count()}"))
+    if not dist.is_nccl_available():
+        out.append(Problem(where, "this torch has no NCCL, the backend cuda plans train with"))
+    return out
+
+
+def _endpoint_problems(endpoint: str) -> list[Problem]:
+    import socket
+
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return [Problem("--rdzv-endpoint", f"expected HOST:PORT with a port from 1 to 65535, got {endpoint!r}")]
+    try:
+        socket.getaddrinfo(host.strip("[]"), int(port))
+    except (socket.gaierror, UnicodeError) as e:
+        return [Problem("--rdzv-endpoint", f"cannot resolve {host!r}: {getattr(e, 'strerror', None) or e}")]
+    return []
 
 
 def prepare(plan_path: str, out_dir: str, settings: TrainSettings) -> tuple[str, Launch]:
     """The plan's id and the checked torchrun launch; InputError for anything that would fail
-    the job for certain (bad settings, an unsound or edited plan, a world size that does not fit)."""
+    the job for certain (see ``preflight``), the plan's soundness included."""
     check(settings, "Cannot train with these settings:")
-    plan = read_plan(plan_path)
-    check_plan(plan)
+    with progress.step("check", "the plan, and what it needs of this machine"):
+        plan = read_plan(plan_path)
+        check_plan(plan)
+        features = [f for row in plan.spec_tables for f in row["feature_names"]] if settings.job.data else ()
+        nproc = preflight(settings, plan.topology, features)
     path = Path(plan_path)
     launch = Launch(plan_path=str(path / "plan.json" if path.is_dir() else path), out_dir=out_dir,
-                    nproc_per_node=settings.nproc_per_node or int(plan.topology["local_world_size"]),
-                    nnodes=settings.nnodes, node_rank=settings.node_rank,
+                    nproc_per_node=nproc, nnodes=settings.nnodes, node_rank=settings.node_rank,
                     rdzv_endpoint=settings.rdzv_endpoint, rdzv_id=plan.plan_id,
                     max_restarts=settings.max_restarts, job=settings.job)
-    world = launch.nnodes * launch.nproc_per_node
-    if world != plan.world_size:
-        raise InputError("Cannot launch training with this plan:", [Problem(
-            "world size", f"--nnodes {launch.nnodes} x --nproc-per-node {launch.nproc_per_node} = "
-                          f"{world} processes, but plan {plan.plan_id} is for {plan.world_size} ranks")])
     return plan.plan_id, launch
 
 
-def train(plan_path: str, out_dir: str, settings: TrainSettings = TrainSettings(), attempt: int = 1,
-          quiet: bool = False) -> Trained:
+def train(plan_path: str, out_dir: str, settings: TrainSettings = TrainSettings(), attempt: int = 1) -> Trained:
     """Train with the plan at ``plan_path``; TrainingFailed if a rank failed for good."""
     from tasks.records import now_ms
 
@@ -92,11 +167,11 @@ def train(plan_path: str, out_dir: str, settings: TrainSettings = TrainSettings(
     # Fault injection means "the first attempt", as inside the job; but a retry is a new torchrun
     # whose restart count starts at 0 again, so retries switch it off explicitly.
     env = {FAIL_AT_ENV: ""} if attempt > 1 else None
-    code = run_training(launch, env=env, quiet=quiet)
-    if code != 0:
-        log = torchrun_log(launch)
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:]) if log.exists() else ""
-        raise TrainingFailed(f"torchrun exited {code} (attempt {attempt}); log {log}:\n{tail}")
-    metrics_file = Path(out_dir) / METRICS_FILE
-    metrics = json.loads(metrics_file.read_text()) if launch.node_rank == 0 else {}
+    ranks = launch.nnodes * launch.nproc_per_node
+    with progress.step("train", f"starting {ranks} ranks" + (f" (attempt {attempt})" if attempt > 1 else "")):
+        code = run_training(launch, env=env)
+        if code != 0:
+            cause = failure_cause(launch, code)
+            raise TrainingFailed(cause.text, cause.deterministic, str(log_dir(out_dir)), attempt)
+    metrics = json.loads((Path(out_dir) / METRICS_FILE).read_text()) if launch.node_rank == 0 else {}
     return Trained(plan_id, out_dir, metrics, settings, launch.nproc_per_node, attempt, started)

@@ -2,6 +2,7 @@
 
 One row per training of a plan (plans never trained get one row with ``-``), newest plans first:
 the plan's quality in TorchRec's cost model next to the latency measured when training with it.
+A training that failed shows FAILED, with its cause under the table.
 """
 
 from __future__ import annotations
@@ -24,15 +25,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--last", type=int, default=20, metavar="N", help="the N newest plans (default 20)")
     from tasks.tracking import TrackingSettings
 
-    add_flags(p, TrackingSettings)
+    add_flags(p, TrackingSettings, skip=("track",))
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from flows.text_table import render_table
     from rec.errors import InputError, Problem
-    from tasks.outbox import Outbox
     from rec.settings import from_flags
+    from tasks.outbox import Outbox
+    from tasks.records import ERROR
     from tasks.tracking import TrackingSettings, TrackingUnavailable, connect, find_runs
 
     if args.last < 1:
@@ -45,13 +47,18 @@ def run(args: argparse.Namespace) -> int:
     filters = {k: v for k, v in (("spec_hash", args.spec_hash), ("plan_id", args.plan_id)) if v}
     plans = find_runs(client, [experiment_id], step="plan", finished=True, max_results=args.last,
                       **filters)
-    rows = []
+    rows, failed = [], []
     for plan in plans:
         plan_id = plan.data.tags["shardflow.plan_id"]
-        trains = find_runs(client, [experiment_id], step="train", finished=True, plan_id=plan_id)
+        trains = [t for t in find_runs(client, [experiment_id], step="train", plan_id=plan_id)
+                  if t.info.status in ("FINISHED", "FAILED")]
         rows += [plan_row(plan, train) for train in trains] or [plan_row(plan, None)]
+        failed += [t for t in trains if t.info.status == "FAILED"]
     if rows:
         print(render_table(HEADER, rows, right=NUMBERS))
+        for t in failed:
+            print(f"\nFAILED training of plan {t.data.tags['shardflow.plan_id']} on {_started(t)}: "
+                  f"{t.data.tags.get(ERROR, 'no cause recorded')}")
     else:
         print(f"no plan runs in experiment {tracking.experiment!r} at {tracking.uri}"
               + (" matching the filters" if filters else ""))
@@ -69,7 +76,12 @@ def plan_row(plan, train) -> tuple:
            f"{p['critical_path']:.4f}", f"{p['lower_bound']:.4f}", f"{100 * p.get('gap', 0):.2f}%")
     if train is None:
         return row + ("-",) * 4
+    if train.info.status == "FAILED":
+        return (*row, _started(train), "FAILED", "-", "-")
     t = train.data.metrics
-    started = datetime.fromtimestamp(train.info.start_time / 1000).strftime("%Y-%m-%d %H:%M")
-    return row + (started, f"{t['iteration_latency_ms_p50']:.2f}", f"{t['iteration_latency_ms_p90']:.2f}",
-                  f"{t['samples_per_s']:,.0f}")
+    return (*row, _started(train), f"{t['iteration_latency_ms_p50']:.2f}", f"{t['iteration_latency_ms_p90']:.2f}",
+            f"{t['samples_per_s']:,.0f}")
+
+
+def _started(run) -> str:
+    return datetime.fromtimestamp(run.info.start_time / 1000).strftime("%Y-%m-%d %H:%M")

@@ -2,19 +2,26 @@
 
 The same three steps as the Prefect ``plan`` flow (ingest, search, write: plan.json,
 shards.parquet, rank_load.png), without Prefect or MLflow; ``shardflow run --plan-only`` runs them
-as the flow, with the plan cache and an MLflow plan run.
+as the flow, with the plan cache and an MLflow plan run. Prints the per-rank table (the critical
+rank marked; a summary beyond 32 ranks), the plan's quality, the topology's defaults in use and
+the wall time of each step. ``shardflow show DIR`` tells which tables sit where.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections import Counter
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
-from rec.settings import add_flags
+from rec.settings import add_flags, knob
 
-if TYPE_CHECKING:
-    from rec.plan import Plan
+
+@dataclass(frozen=True)
+class ReportSettings:
+    """How much of a plan the CLI prints."""
+
+    all_ranks: bool = field(default=False, metadata=knob(
+        "a row for every rank, also beyond 32 ranks (where the table otherwise shows min, median and max "
+        "of each column and the busiest ranks)"))
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -28,6 +35,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="where plan.json, shards.parquet and rank_load.png go")
     add_flags(parser.add_argument_group("search"), SearchSettings)
     add_flags(parser.add_argument_group("artifact"), WriteSettings)
+    add_flags(parser.add_argument_group("report"), ReportSettings)
     parser.set_defaults(handler=run)
 
 
@@ -38,44 +46,28 @@ def add_input_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import time
+
+    from flows.progress import on_terminal
+    from flows.reports import render_plan, render_topology_line
     from rec.settings import check, from_flags
     from tasks.ingest import ingest
     from tasks.search import SearchSettings, search_plan
+    from tasks.step_progress import ingesting, searching, writing
     from tasks.write import WriteSettings, write_plan_artifact
 
-    searching = from_flags(SearchSettings, args)
-    check(searching, "Cannot plan with these settings:")
-    inputs = ingest(args.spec, args.topology)
-    found = search_plan(inputs, searching)
-    written = write_plan_artifact(found.plan, args.out, from_flags(WriteSettings, args))
-    print(render_plan(found.plan, found.seconds))
+    started = time.perf_counter()
+    search_settings = from_flags(SearchSettings, args)
+    check(search_settings, "Cannot plan with these settings:")
+    with on_terminal() as shown:
+        with ingesting(args.spec):
+            inputs = ingest(args.spec, args.topology)
+        with searching(inputs, search_settings):
+            found = search_plan(inputs, search_settings)
+        with writing(args.out):
+            written = write_plan_artifact(found.plan, args.out, from_flags(WriteSettings, args))
+    print(render_plan(found.plan, from_flags(ReportSettings, args).all_ranks))
+    print(render_topology_line(inputs.topology, args.topology))
+    print(f"time:          {shown.summary(time.perf_counter() - started)}")
     print(f"\nwrote {', '.join(written.files)}")
     return 0
-
-
-def render_plan(plan: Plan, planning_s: float) -> str:
-    """Per-rank load and memory, then the plan's quality against the lower bound."""
-    from flows.text_table import render_table
-    from rec.units import format_bytes
-
-    m = plan.metrics
-    world = len(m.rank_perf)
-    shards = Counter(s.rank for t in plan.tables for s in t.shards)
-    rows = plan.rows_per_rank()
-    table = render_table(
-        ("rank", "perf_ms", "hbm", "hbm_cap", "ddr", "shards", "rows"),
-        [(r, f"{m.rank_perf[r]:.4f}", format_bytes(m.rank_hbm[r]), format_bytes(m.rank_hbm_cap[r]),
-          format_bytes(m.rank_ddr[r]), shards[r], f"{rows[r]:,}") for r in range(world)],
-        right=("rank", "perf_ms", "hbm", "hbm_cap", "ddr", "shards", "rows"),
-    )
-    kinds = Counter(t.sharding_type.value for t in plan.tables)
-    kinds_text = ", ".join(f"{k} {n}" for k, n in sorted(kinds.items()))
-    return (
-        f"{table}\n\n"
-        f"tables:        {len(plan.tables)} ({kinds_text})\n"
-        f"critical path: {m.critical_path:.4f} ms (TorchRec cost model)\n"
-        f"lower bound:   {m.lower_bound:.4f} ms  gap {100 * m.gap:.2f}% ({m.bound_method} bound"
-        f"{'; proven optimal' if m.optimal else ''})\n"
-        f"planning time: {planning_s:.3f} s\n"
-        f"plan_id:       {plan.plan_id}  spec_hash {plan.spec_hash}"
-    )

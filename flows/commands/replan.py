@@ -27,14 +27,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help=f"a new plan goes to DIR/plan (default: {DEFAULT_OUT}/<plan_id>/plan)")
     add_flags(p.add_argument_group("search"), SearchSettings)
     add_flags(p.add_argument_group("artifact"), WriteSettings)
-    add_flags(p.add_argument_group("tracking"), TrackingSettings)
+    add_flags(p.add_argument_group("tracking"), TrackingSettings, skip=("track",))
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from flows.logs import input_errors_without_traceback, quiet_prefect_defaults
+    from flows.logs import input_errors_without_traceback
     from flows.parameters import search_parameters
-    from rec.settings import check, from_flags, to_dict
+    from flows.progress import on_terminal
+    from rec.settings import check, from_flags
     from tasks.ingest import ingest
     from tasks.search import SearchSettings
     from tasks.tracking import TrackingSettings
@@ -43,13 +44,12 @@ def run(args: argparse.Namespace) -> int:
     searching = from_flags(SearchSettings, args)
     check(searching, "Cannot plan with these settings:")
     ingest(args.spec, args.topology)  # bad input exits 2 here, before Prefect starts
-    quiet_prefect_defaults()
     from flows.replan import replan_flow
 
-    with input_errors_without_traceback():
+    with on_terminal(), input_errors_without_traceback():
         outcome = replan_flow(args.spec, args.topology, **search_parameters(searching),
                               chart=from_flags(WriteSettings, args).chart, out_dir=args.out,
-                              **to_dict(from_flags(TrackingSettings, args)))
+                              **from_flags(TrackingSettings, args).flow_parameters())
     if outcome.outcome == "unchanged":
         print(f"unchanged: spec hash {outcome.spec_hash} was last planned as plan {outcome.plan_id}; "
               "nothing replanned")

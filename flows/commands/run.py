@@ -2,7 +2,12 @@
 
 Embedded defaults: Prefect's ephemeral API (``PREFECT_API_URL`` for a server), a local Ray only
 with ``--backend ray|auto`` (``RAY_ADDRESS`` for a cluster), MLflow in ./mlflow.db with artifacts
-in ./mlruns (``MLFLOW_TRACKING_URI`` for a server). Output goes to OUT/plan and OUT/train.
+in ./mlruns (``MLFLOW_TRACKING_URI`` for a server). Output goes to a new out/<plan_id>/train-<time>
+per run (out/latest the newest), or to OUT/plan and OUT/train with ``--out OUT``.
+
+Everything that would fail for certain (bad input, settings, a machine without what the plan
+needs) exits 2 before Prefect starts; a training that fails anyway is recorded as a FAILED MLflow
+run with its cause, shown once here.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ if TYPE_CHECKING:
     from flows.plan import PlanOutcome
     from tasks.tracking import Tracking
 
+EXIT_BAD_INPUT = 2  # as flows.cli: a failure that would repeat is the user's (or the machine's) to fix
 TRAIN_FLAGS = {"iterations": "train-iterations"}  # flag names kept from shardflow's first CLI
 TRAIN_WHERE = {"iterations": "--train-iterations"}
 
@@ -46,56 +52,71 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
               aliases={"iterations": ("iterations",)})
     add_flags(p.add_argument_group("processes"), TrainSettings, skip=("job", "node_rank"))
     p.add_argument("--train-retries", type=int, default=TRAIN_RETRIES,
-                   help=f"Prefect retries of a failed training (default: {TRAIN_RETRIES})")
-    add_flags(p.add_argument_group("tracking"), TrackingSettings)
+                   help=f"Prefect retries of a failed training that may pass on retry (default: {TRAIN_RETRIES})")
+    add_flags(p.add_argument_group("tracking"), TrackingSettings, skip=("track",))
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from rec.settings import check, from_flags, to_dict
+    import time
+
+    from flows.logs import input_errors_without_traceback
+    from flows.parameters import search_parameters, train_parameters
+    from flows.progress import on_terminal
+    from rec.errors import InputError, Problem
+    from rec.settings import check, from_flags
     from tasks.ingest import ingest
     from tasks.search import SearchSettings
     from tasks.tracking import TrackingSettings
-    from tasks.train import TrainingFailed, TrainSettings
+    from tasks.train import TrainingFailed, TrainSettings, preflight
     from tasks.write import WriteSettings
 
+    started = time.perf_counter()
     searching, training = from_flags(SearchSettings, args), from_flags(TrainSettings, args)
     tracking = from_flags(TrackingSettings, args)
-    # Bad input exits 2 here, before Prefect starts.
+    # What would fail for certain exits 2 here, in seconds, before Prefect starts.
     check(searching, "Cannot plan with these settings:")
     if not args.plan_only:
         check(training, "Cannot train with these settings:", where=TRAIN_WHERE)
     if args.train_retries < 0:
-        from rec.errors import InputError, Problem
-
         raise InputError("Cannot run:", [Problem("--train-retries", "must be at least 0")])
-    ingest(args.spec, args.topology)
+    inputs = ingest(args.spec, args.topology)
+    if not args.plan_only:
+        features = [f for t in inputs.spec.tables for f in t.feature_names] if training.job.data else ()
+        preflight(training, inputs.topology.to_dict(), features)
 
-    from flows.logs import input_errors_without_traceback, quiet_prefect_defaults
-    from flows.parameters import search_parameters, train_parameters
-
-    quiet_prefect_defaults()
     common = {**search_parameters(searching), "chart": from_flags(WriteSettings, args).chart,
-              "out_dir": args.out, **to_dict(tracking)}
-    with input_errors_without_traceback():
+              "out_dir": args.out, **tracking.flow_parameters()}
+    with on_terminal() as shown, input_errors_without_traceback():
         if args.plan_only:
             from flows.plan import plan_flow
 
-            outcome = plan_flow(args.spec, args.topology, **common)
-            print(render_plan_outcome(outcome, tracking.resolve()))
-            return 0
-        from flows.pipeline import pipeline_flow
+            plan_outcome = plan_flow(args.spec, args.topology, **common)
+        else:
+            from flows.pipeline import pipeline_flow
 
-        params = {k: v for k, v in train_parameters(training).items() if k != "node_rank"}
-        try:
-            outcome = pipeline_flow(args.spec, args.topology, **common, **params,
-                                    train_retries=args.train_retries)
-        except TrainingFailed as e:
-            print(f"shardflow run: training failed after {args.train_retries + 1} attempts; the plan is "
-                  f"written and in MLflow.\n{e}", file=sys.stderr)
-            return 1
-    print(render_outcome(outcome, tracking.resolve()))
+            params = {k: v for k, v in train_parameters(training).items() if k != "node_rank"}
+            try:
+                outcome = pipeline_flow(args.spec, args.topology, **common, **params,
+                                        train_retries=args.train_retries)
+            except TrainingFailed as e:
+                print(render_failure(e, tracking.resolve()), file=sys.stderr)
+                return EXIT_BAD_INPUT if e.deterministic else 1
+    total = time.perf_counter() - started
+    if args.plan_only:
+        print(render_plan_outcome(plan_outcome, tracking.resolve()))
+    else:
+        print(render_outcome(outcome, tracking.resolve()))
+    print(f"time      {shown.summary(total, other='Prefect and start-up')}")
     return 0
+
+
+def render_failure(e, tracking: Tracking) -> str:
+    retried = "" if e.deterministic else f" after {e.attempt} attempt{'s' if e.attempt > 1 else ''}"
+    return (f"shardflow run: the training failed{retried}: {e.cause}\n"
+            f"  logs:   {e.logs}\n"
+            f"  MLflow: a FAILED train run with this cause (shardflow.error) and the logs, in experiment "
+            f"{tracking.experiment!r} at {tracking.uri}; the plan is written and logged")
 
 
 def render_plan_outcome(o: PlanOutcome, tracking: Tracking) -> str:
@@ -106,41 +127,51 @@ def render_plan_outcome(o: PlanOutcome, tracking: Tracking) -> str:
                      f"{tracking.outbox_dir}")
     else:
         lines.append(f"MLflow    plan run {o.logged.run_id} in experiment {tracking.experiment!r}")
-    return "\n".join(lines)
+    return "\n".join(lines + hints(tracking, o.plan_path))
 
 
 def render_outcome(o: PipelineOutcome, tracking: Tracking) -> str:
     """Where to look: the plan, the training metrics, the MLflow runs and how to browse them."""
     from pathlib import Path
 
-    from tasks.tracking import resolve_uri, sqlite_path
-
     m = o.trained.metrics
-    lat = m["iteration_latency_ms"]
+    lat, loss = m["iteration_latency_ms"], m.get("loss") or {}
     how = "from the cache, not searched again" if o.cached else "searched"
     plan_dir = Path(o.plan_path).parent
     lines = [
         f"plan      {o.plan_path}  (plan_id {o.plan_id}, {how}); chart {plan_dir / 'rank_load.png'}",
         f"training  {Path(o.trained.out_dir) / 'train_metrics.json'}: p50 {lat['p50']:.2f} ms, "
         f"p90 {lat['p90']:.2f} ms, {m['samples_per_s']:,.0f} samples/s on {m['world_size']} ranks"
+        + (f", loss {loss['first']:.4f} -> {loss['last']:.4f}" if loss else "")
         + (f" ({o.trained.attempts} attempts)" if o.trained.attempts > 1 else ""),
     ]
     if o.pipeline_run.pending:
         lines.append(f"MLflow    unreachable at {tracking.uri}: {o.pipeline_run.pending} record(s) wait in "
-                     f"{tracking.outbox_dir}; the next shardflow flow that reaches MLflow logs them")
-        return "\n".join(lines)
-    lines.append(f"MLflow    pipeline run {o.pipeline_run.run_id} (plan run {o.plan_run.run_id}, train run "
-                 f"{o.train_run.run_id}) in experiment {tracking.experiment!r}")
+                     f"{tracking.outbox_dir}; the next shardflow command that reaches MLflow logs them")
+    else:
+        lines.append(f"MLflow    pipeline run {o.pipeline_run.run_id} (plan run {o.plan_run.run_id}, train run "
+                     f"{o.train_run.run_id}) in experiment {tracking.experiment!r}")
+    return "\n".join(lines + hints(tracking, o.plan_path))
+
+
+def hints(tracking: Tracking, plan_path: str) -> list[str]:
+    """Commands to look further, as they work when typed from here."""
+    from pathlib import Path
+
+    from flows.reports import command
+    from tasks.tracking import DEFAULT_EXPERIMENT, resolve_uri, sqlite_path
+
+    out = [f"show      {command('shardflow')} show {Path(plan_path).parent}"]
     db = sqlite_path(tracking.uri)
     if db is not None:
         try:
             shown = f"sqlite:///{db.relative_to(Path.cwd())}"
         except ValueError:
             shown = tracking.uri
-        lines.append(f"browse    mlflow ui --backend-store-uri {shown}")
+        out.append(f"browse    {command('mlflow')} ui --backend-store-uri {shown}")
     else:
-        lines.append(f"browse    {tracking.uri}")
-    default = tracking.uri == resolve_uri(None) and tracking.experiment == "shardflow"
-    lines.append("compare   shardflow compare" + ("" if default else
-                                                  f" --tracking-uri {tracking.uri} --experiment {tracking.experiment}"))
-    return "\n".join(lines)
+        out.append(f"browse    {tracking.uri}")
+    default = tracking.uri == resolve_uri(None) and tracking.experiment == DEFAULT_EXPERIMENT
+    out.append(f"compare   {command('shardflow')} compare" + ("" if default else
+               f" --tracking-uri {tracking.uri} --experiment {tracking.experiment}"))
+    return out

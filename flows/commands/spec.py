@@ -19,9 +19,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     validate.add_argument("spec", metavar="SPEC", help="spec file: .parquet .arrow .feather .ipc .csv .yaml .json")
     validate.set_defaults(handler=run_validate)
 
-    show = commands.add_parser("show", help="print the tables, their sizes and totals")
+    show = commands.add_parser("show", help="print the tables, their sizes and totals (and the topology)")
     show.add_argument("spec", metavar="SPEC", help="spec file: .parquet .arrow .feather .ipc .csv .yaml .json")
-    show.add_argument("--topology", metavar="TOPO", help="topology YAML: also compare the spec's size with its memory")
+    show.add_argument("--topology", metavar="TOPO", help="topology YAML: also compare the spec's size with its "
+                                                         "memory, and list every key with its value or default")
     show.set_defaults(handler=run_show)
 
 
@@ -36,7 +37,10 @@ def run_show(args: argparse.Namespace) -> int:
     topology = read_topology(args.topology) if args.topology else None
     print(render_spec(spec))
     if topology is not None:
+        from flows.reports import render_topology
+
         print(render_fit(spec, topology))
+        print(f"\n{render_topology(topology, args.topology)}")
     return 0
 
 

@@ -3,14 +3,22 @@
 torchrun starts one process per rank (gloo on cpu, NCCL on cuda); for several nodes run the same
 command on each with ``--node-rank`` and a shared ``--rdzv-endpoint``. ``--plan-id ID`` fetches the
 plan from its MLflow plan run instead (or from the outbox while MLflow is away) into OUT/plan.
-The plan is checked (sound, unedited, for this many processes) before any process starts.
+Before any process starts, the plan and this machine are checked (sound, unedited, for this many
+processes, the device and backend it needs, the data): a problem exits 2 in seconds.
+
+The run is recorded in MLflow (node 0; ``--no-track`` to keep only the files), a failed one as a
+FAILED run with its cause and the ranks' logs. Each rank logs to OUT/logs/rank-<RANK>.log.
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from rec.settings import add_flags
+
+if TYPE_CHECKING:
+    from tasks.recorder import Logged
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -24,45 +32,87 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     source.add_argument("--plan", metavar="PLAN", help="plan.json or its directory")
     source.add_argument("--plan-id", metavar="ID", help="the plan of this plan_id, from MLflow")
     p.add_argument("--out", default=None, metavar="DIR",
-                   help="train_metrics.json, iterations.parquet and logs go here, DIR locked for the run "
+                   help="train_metrics.json, iterations.parquet and logs/ go here, DIR locked for the run "
                         "(default: a new out/<plan_id>/train-<time>, out/latest the newest)")
     add_flags(p.add_argument_group("training job"), TrainConfig)
     add_flags(p.add_argument_group("processes"), TrainSettings, skip=("job",))
-    add_flags(p.add_argument_group("tracking (for --plan-id)"), TrackingSettings)
+    add_flags(p.add_argument_group("tracking"), TrackingSettings)
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
-    from pathlib import Path
+    import sys
+    import time
 
+    from flows.progress import on_terminal
     from rec.plan import read_plan
-    from rec.settings import from_flags
+    from rec.settings import check, from_flags
+    from tasks.records import now_ms
     from tasks.run_dirs import RunDirs
+    from tasks.tracking import TrackingSettings
     from tasks.train import TrainingFailed, TrainSettings, train
 
+    started, started_ms = time.perf_counter(), now_ms()
     settings = from_flags(TrainSettings, args)
+    check(settings, "Cannot train with these settings:")
+    tracking = from_flags(TrackingSettings, args)
+    records_run = tracking.track and settings.node_rank == 0
     dirs = RunDirs.of(args.out)
-    with dirs.locked(settings.node_rank):
+    with on_terminal() as shown, dirs.locked(settings.node_rank):
         if args.plan_id:
-            out = dirs.train_dir(args.plan_id, nested=False)
+            plan_id = args.plan_id
+            out = dirs.train_dir(plan_id, nested=False)
             args.plan = fetch_plan_by_id(args, out)
         else:
-            out = dirs.train_dir(read_plan(args.plan).plan_id, nested=False)
+            plan_id = read_plan(args.plan).plan_id
+            out = dirs.train_dir(plan_id, nested=False)
         try:
-            train(args.plan, out, settings)
+            trained = train(args.plan, out, settings)
         except TrainingFailed as e:
-            print(f"shardflow train: the training job failed: {str(e).splitlines()[0]}")
-            return 1
+            print(f"shardflow train: the training failed: {e.cause}\n  logs: {e.logs}", file=sys.stderr)
+            if records_run:
+                from tasks.recorder import record_failed_training
+
+                failed = record_failed_training(tracking.resolve(), plan_id, settings, out, e, e.attempt,
+                                                started_ms)
+                print(render_logged(failed, tracking, "FAILED train run"), file=sys.stderr)
+            return 2 if e.deterministic else 1  # a failure that would repeat is bad input
         dirs.mark_latest(out)
-    metrics_file = Path(out) / "train_metrics.json"
-    if metrics_file.exists():
-        m = json.loads(metrics_file.read_text())
-        lat = m["iteration_latency_ms"]
-        print(f"plan {m['plan_id']} on {m['world_size']} ranks: iteration latency p50 "
-              f"{lat['p50']:.2f} ms, p90 {lat['p90']:.2f} ms, {m['samples_per_s']:,.0f} samples/s")
-        print(f"wrote {metrics_file} and {Path(out) / 'iterations.parquet'}")
+        logged: Logged | None = None
+        if records_run:
+            from tasks.recorder import record_training
+
+            logged = record_training(tracking.resolve(), trained)
+    print(render_trained(trained))
+    if logged is not None:
+        print(render_logged(logged, tracking, "train run"))
+    print(f"time      {shown.summary(time.perf_counter() - started)}")
     return 0
+
+
+def render_trained(trained) -> str:
+    from pathlib import Path
+
+    from rec.train.rank_log import LOG_DIR
+
+    out = Path(trained.out_dir)
+    if not trained.metrics:  # another node's share: rank 0 reports
+        return (f"training  done on node {trained.settings.node_rank}; node 0 writes the metrics "
+                f"(logs in {out / LOG_DIR})")
+    m = trained.metrics
+    lat, loss = m["iteration_latency_ms"], m.get("loss") or {}
+    loss_text = f"; loss {loss['first']:.4f} -> {loss['last']:.4f}" if loss else ""
+    return (f"training  plan {m['plan_id']} on {m['world_size']} ranks: iteration latency p50 {lat['p50']:.2f} ms, "
+            f"p90 {lat['p90']:.2f} ms, {m['samples_per_s']:,.0f} samples/s{loss_text}\n"
+            f"wrote     {out / 'train_metrics.json'}, {out / 'iterations.parquet'} (logs in {out / LOG_DIR})")
+
+
+def render_logged(logged, tracking, what: str) -> str:
+    resolved = tracking.resolve()
+    if logged.run_id is None:
+        return (f"MLflow    unreachable at {resolved.uri}: the {what} waits in {resolved.outbox_dir} "
+                f"({logged.pending} record(s)); the next shardflow command that reaches it delivers them")
+    return f"MLflow    {what} {logged.run_id} in experiment {resolved.experiment!r}"
 
 
 def fetch_plan_by_id(args: argparse.Namespace, out: str) -> str:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rec.plan.types import Plan, Replicas
+from rec.plan.types import Plan
 from rec.units import format_bytes
 
 SUMMARY_ABOVE = 32
@@ -28,18 +28,18 @@ class RankTable:
 
 def shards_per_rank(plan: Plan) -> np.ndarray:
     """Shards on each rank (a data_parallel table has one on every rank)."""
-    world = plan.world_size
-    counts = np.zeros(world, dtype=np.int64)
-    replicated = 0
-    ranks: list[int] = []
-    for t in plan.tables:
-        if isinstance(t.shards, Replicas):
-            replicated += 1
-        else:
-            ranks.extend(s.rank for s in t.shards)
-    if ranks:
-        counts += np.bincount(np.asarray(ranks, dtype=np.int64), minlength=world)
-    return counts + replicated
+    c = plan.columns
+    replica = np.repeat(c.replicated, np.diff(c.shard_start))  # per entry
+    counts: np.ndarray = np.bincount(c.rank[~replica], minlength=plan.world_size)
+    return counts + int(c.replicated.sum())
+
+
+def sharding_types(plan: Plan) -> dict[str, int]:
+    """Tables per sharding type, e.g. ``{"table_wise": 349, "data_parallel": 151}``."""
+    from rec.cost.types import SHARDING_TYPES
+
+    counts = np.bincount(plan.columns.sharding_type, minlength=len(SHARDING_TYPES))
+    return {st.value: int(n) for st, n in zip(SHARDING_TYPES, counts, strict=True) if n}
 
 
 def rank_table(plan: Plan, all_ranks: bool = False) -> RankTable:

@@ -3,19 +3,26 @@ Parquet files.
 
 Parquet columns: ``label`` (0/1), ``dense`` (list<float>, ``dense_in_features`` long) and one
 ``list<int64>`` column per feature name holding that sample's ids. Rank r reads rows r, r+W, ...
+Data that cannot work is an InputError: the launcher checks the columns before any process starts
+(``data_problems``, no torch), and a rank that finds a problem does not get retried.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from itertools import cycle
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from torchrec.datasets.utils import Batch
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from rec.errors import InputError, Problem
 from rec.spec.types import Spec
+
+if TYPE_CHECKING:
+    from torchrec.datasets.utils import Batch
+
+DATA_COLUMNS = ("label", "dense")  # besides one column per feature name
 
 ID_SKEW = 3.0  # ids = rows * u**ID_SKEW: a few hot rows, a long tail, as in click logs
 
@@ -25,9 +32,30 @@ def feature_tables(spec: Spec) -> list[tuple[str, int, float]]:
     return [(f, t.num_embeddings, t.pooling_factor) for t in spec.tables for f in t.feature_names]
 
 
+def data_problems(path: str, feature_names: Sequence[str]) -> list[Problem]:
+    """What makes ``path`` unusable as training data, from its schema alone."""
+    if not Path(path).exists():
+        return [Problem(f"--data {path}", "no such file or directory")]
+    import pyarrow.dataset as ds
+
+    try:
+        columns = set(ds.dataset(path, format="parquet").schema.names)
+    except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+        return [Problem(f"--data {path}", f"cannot read it as Parquet: {e}")]
+    missing = [c for c in (*DATA_COLUMNS, *feature_names) if c not in columns]
+    if missing:
+        return [Problem(f"--data {path}", f"missing columns {', '.join(missing)} (needs label, dense and "
+                                          "one list<int64> column per feature name)")]
+    return []
+
+
 def synthetic_batch(spec: Spec, batch_size: int, dense_in_features: int,
                     rng: np.random.Generator) -> Batch:
     """One batch: Poisson(pooling_factor) ids per sample and feature, skewed toward hot rows."""
+    import torch
+    from torchrec.datasets.utils import Batch
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
     features = feature_tables(spec)
     lengths, values = [], []
     for _, rows, pooling_factor in features:
@@ -61,23 +89,30 @@ def parquet_batches(path: str, spec: Spec, batch_size: int, dense_in_features: i
                     world_size: int, pin_memory: bool = False) -> Iterator[Batch]:
     """Batches from Parquet rows (this rank's share), cycled so any iteration count works."""
     import pyarrow.dataset as ds
+    import torch
+    from torchrec.datasets.utils import Batch
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    table = ds.dataset(path, format="parquet").to_table()
     features = [f for f, _, _ in feature_tables(spec)]
-    missing = [c for c in ["label", "dense", *features] if c not in table.column_names]
-    if missing:
-        raise ValueError(f"{path}: missing columns {missing}")
+    problems = data_problems(path, features)
+    if problems:
+        raise InputError("Cannot train on this data:", problems)
+    table = ds.dataset(path, format="parquet").to_table()
     rows = np.arange(rank, table.num_rows, world_size)
     usable = len(rows) // batch_size * batch_size
     if usable == 0:
-        raise ValueError(f"{path}: {table.num_rows} rows give rank {rank} no full batch of {batch_size}")
+        raise InputError("Cannot train on this data:", [Problem(
+            f"--data {path}", f"{table.num_rows} rows give rank {rank} of {world_size} no full batch of "
+                              f"{batch_size}; use a smaller --batch-size or more rows")])
     table = table.take(rows[:usable])
     made = []
     for start in range(0, usable, batch_size):
         chunk = table.slice(start, batch_size)
         dense = np.asarray(chunk.column("dense").to_pylist(), dtype=np.float32)
         if dense.shape[1] != dense_in_features:
-            raise ValueError(f"{path}: dense has {dense.shape[1]} values, expected {dense_in_features}")
+            raise InputError("Cannot train on this data:", [Problem(
+                f"--data {path}", f"dense has {dense.shape[1]} values per sample, --dense-in-features "
+                                  f"is {dense_in_features}")])
         ids = [chunk.column(f).to_pylist() for f in features]
         kjt = KeyedJaggedTensor.from_lengths_sync(
             keys=features,

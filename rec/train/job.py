@@ -1,7 +1,11 @@
 """The training job, one process per rank under torchrun: load the plan, never plan, shard the
-model with exactly that plan, train, and report iteration latency.
+model with exactly that plan, train, and report iteration latency and loss.
 
     torchrun --nproc-per-node 2 -m rec.train.job --plan out/plan/plan.json --out out/train
+
+Each rank writes its output to OUT/logs/rank-<RANK>.log and, if it fails, the cause to
+OUT/logs/rank-<RANK>.error.json; the first rank of each node reports progress on its stdout
+(``rec.train.rank_log``).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import logging
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -28,14 +33,14 @@ from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 from rec.errors import InputError, Problem
 from rec.plan import Plan, read_plan
 from rec.plan.torchrec_plan import to_sharding_plan
+from rec.settings import add_flags, from_flags
 from rec.spec import spec_from_rows
 from rec.train import checkpoint
-from rec.settings import add_flags, from_flags
 from rec.train.config import FAIL_AT_ENV, PipelineKind, TrainConfig
 from rec.train.data import parquet_batches, synthetic_batches
-from rec.train.metrics import TrainMetrics, latency_stats, write_metrics
+from rec.train.metrics import TrainMetrics, latency_stats, loss_stats, write_metrics
 from rec.train.model import EBC_PATH, build_model, resolve_model_kind
-
+from rec.train.rank_log import RankOutput
 
 
 def _refuse_to_plan(*_args, **_kwargs):
@@ -70,7 +75,7 @@ def checkpoint_dir(config: TrainConfig, out_dir: str) -> str | None:
     return None
 
 
-def train(plan: Plan, config: TrainConfig, out_dir: str) -> TrainMetrics | None:
+def train(plan: Plan, config: TrainConfig, out_dir: str, output: RankOutput) -> TrainMetrics | None:
     rank, world = dist.get_rank(), dist.get_world_size()
     check_world_size(plan, world)
     cuda = plan.topology["compute_device"] == "cuda"
@@ -79,9 +84,11 @@ def train(plan: Plan, config: TrainConfig, out_dir: str) -> TrainMetrics | None:
     batch_size = config.batch_size or int(plan.topology["batch_size"])
     torch.manual_seed(config.seed)
 
+    output.progress("building the model")
     model = build_model(spec, config, device)
     apply_optimizer_in_backward(RowWiseAdagrad, model.model.sparse_arch.parameters(),
                                 {"lr": config.embedding_lr})
+    output.progress(f"sharding {len(plan.tables):,} tables on {world} ranks with the plan")
     dmp = DistributedModelParallel(model, device=device, plan=to_sharding_plan(plan, EBC_PATH),
                                    sharders=[EmbeddingBagCollectionSharder()])
     dense = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(dmp.named_parameters())),
@@ -92,7 +99,12 @@ def train(plan: Plan, config: TrainConfig, out_dir: str) -> TrainMetrics | None:
     checkpoints = checkpoint_dir(config, out_dir)
     if checkpoints and (config.resume or _restarted()):
         step = checkpoint.latest_step(checkpoints)
+        if step is not None and step >= config.iterations:
+            raise InputError("Nothing left to train:", [Problem(
+                checkpoints, f"the newest checkpoint is of iteration {step}; --iterations "
+                             f"{config.iterations} must be above it to train on")])
         if step is not None:
+            output.progress(f"resuming from the checkpoint of iteration {step}")
             checkpoint.load(checkpoints, step, dmp, optimizer)
             start = step
 
@@ -102,26 +114,33 @@ def train(plan: Plan, config: TrainConfig, out_dir: str) -> TrainMetrics | None:
                                  config.synthetic_batches, cuda))
     step_fn = _pipeline_step(dmp, optimizer, device, batches, config.pipeline)
     fail_at = _fail_at(rank)
-    latencies = []
+    latencies, losses = [], []
+    output.progress("training", start, config.iterations)
     for i in range(start, config.iterations):
-        if i == fail_at:
-            os._exit(17)  # a crashed rank, for the restart test
+        if fail_at is not None and i == fail_at[0]:
+            _fail(i, rank, fail_at[1])
         began = time.perf_counter()
-        step_fn()
+        loss = step_fn()
         if cuda:
             torch.cuda.synchronize(device)
         latencies.append((time.perf_counter() - began) * 1e3)
+        losses.append(loss)
         done = i + 1
+        if output.due(done, config.iterations):  # the loss's .item() syncs: only when shown
+            output.progress(f"iteration {done}/{config.iterations}, {latencies[-1]:.1f} ms, "
+                            f"loss {loss.item():.4f}", done, config.iterations)
         if checkpoints and config.checkpoint_every and done % config.checkpoint_every == 0:
             checkpoint.save(checkpoints, done, dmp, optimizer, keep=config.keep_checkpoints)
 
-    # An iteration takes as long as its slowest rank.
+    # An iteration takes as long as its slowest rank; its loss is the mean over the ranks.
     local = torch.tensor(latencies, dtype=torch.float64)
     dist.all_reduce(local, op=dist.ReduceOp.MAX)
+    mean_loss = torch.stack(losses).to(torch.float64) if losses else torch.zeros(0, dtype=torch.float64)
+    dist.all_reduce(mean_loss, op=dist.ReduceOp.SUM)
     if rank != 0:
         return None
     iterations = np.arange(start, config.iterations)
-    all_ms = local.numpy()
+    all_ms, all_loss = local.numpy(), mean_loss.cpu().numpy() / world
     measured = all_ms[iterations >= config.warmup]
     if not len(measured):  # resumed after the warm-up window: every iteration here counts
         measured = all_ms
@@ -130,24 +149,27 @@ def train(plan: Plan, config: TrainConfig, out_dir: str) -> TrainMetrics | None:
         plan_id=plan.plan_id, world_size=world, iterations=config.iterations,
         warmup=config.warmup, batch_size=batch_size, pipeline=config.pipeline.value,
         model=resolve_model_kind(spec, config.model).value, iteration_latency_ms=stats,
-        samples_per_s=world * batch_size / (stats.mean / 1e3),
+        loss=loss_stats(all_loss), samples_per_s=world * batch_size / (stats.mean / 1e3),
         applied_sharding=applied_sharding(dmp), resumed_from=start,
     )
-    write_metrics(out_dir, metrics, iterations, all_ms, config.warmup)
+    write_metrics(out_dir, metrics, iterations, all_ms, all_loss, config.warmup)
     return metrics
 
 
 def _pipeline_step(dmp, optimizer, device, batches, kind: PipelineKind):
+    """One training iteration as a function returning its (detached) loss."""
     if kind is PipelineKind.SPARSE_DIST:
         pipeline = TrainPipelineSparseDist(dmp, optimizer, device)
-        return lambda: pipeline.progress(batches)
+        return lambda: pipeline.progress(batches)[0]  # DLRMTrain's output: (loss, logits, labels)
 
-    def naive() -> None:
+    def naive() -> torch.Tensor:
         batch = next(batches).to(device, non_blocking=True)
         optimizer.zero_grad()
         loss, _ = dmp(batch)
         loss.backward()
         optimizer.step()
+        detached: torch.Tensor = loss.detach()
+        return detached
 
     return naive
 
@@ -156,12 +178,21 @@ def _restarted() -> bool:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
 
 
-def _fail_at(rank: int) -> int | None:
+def _fail_at(rank: int) -> tuple[int, str] | None:
+    """Fault injection (tests): ``ITER:RANK`` kills the rank at that iteration, ``ITER:RANK:raise``
+    raises there instead."""
     spec = os.environ.get(FAIL_AT_ENV)
     if not spec or _restarted():
         return None
-    iteration, _, fail_rank = spec.partition(":")
-    return int(iteration) if int(fail_rank or 0) == rank else None
+    iteration, _, rest = spec.partition(":")
+    fail_rank, _, how = rest.partition(":")
+    return (int(iteration), how) if int(fail_rank or 0) == rank else None
+
+
+def _fail(iteration: int, rank: int, how: str) -> None:
+    if how == "raise":
+        raise RuntimeError(f"injected failure at iteration {iteration} on rank {rank}")
+    os._exit(17)  # a crashed rank, for the restart test
 
 
 def init_process_group(backend: str) -> None:
@@ -190,22 +221,26 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Train
 
 def main(argv: list[str] | None = None) -> int:
     args, config = parse_args(argv)
+    output = RankOutput(args.out, int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)),
+                        os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     try:
+        output.progress("loading the plan")
         plan = read_plan(args.plan)
+        EmbeddingShardingPlanner.plan = _refuse_to_plan
+        EmbeddingShardingPlanner.collective_plan = _refuse_to_plan
+        init_process_group("nccl" if plan.topology["compute_device"] == "cuda" else "gloo")
+        try:
+            train(plan, config, args.out, output)
+        finally:
+            dist.destroy_process_group()
     except InputError as e:
+        output.failed(e)
         print(f"shardflow train: {e.render()}", file=sys.stderr)
         return 2
-    EmbeddingShardingPlanner.plan = _refuse_to_plan
-    EmbeddingShardingPlanner.collective_plan = _refuse_to_plan
-    backend = "nccl" if plan.topology["compute_device"] == "cuda" else "gloo"
-    init_process_group(backend)
-    try:
-        train(plan, config, args.out)
-    except InputError as e:
-        print(f"shardflow train: {e.render()}", file=sys.stderr)
-        return 2
-    finally:
-        dist.destroy_process_group()
+    except Exception as e:
+        output.failed(e)
+        traceback.print_exc()
+        return 1
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Iteration latency statistics and the files rank 0 writes: train_metrics.json, iterations.parquet."""
+"""Iteration latency and loss statistics, and the files rank 0 writes: train_metrics.json,
+iterations.parquet (one row per iteration: latency of the slowest rank, mean loss over the ranks)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,20 @@ def latency_stats(latencies_ms: np.ndarray) -> LatencyStats:
 
 
 @dataclass(frozen=True)
+class LossStats:
+    """The training loss (mean over the ranks) of the run's first and last iteration, and its
+    mean over every iteration of the run, warm-up included."""
+
+    first: float
+    last: float
+    mean: float
+
+
+def loss_stats(losses: np.ndarray) -> LossStats:
+    return LossStats(float(losses[0]), float(losses[-1]), float(np.mean(losses)))
+
+
+@dataclass(frozen=True)
 class TrainMetrics:
     plan_id: str
     world_size: int
@@ -35,6 +50,7 @@ class TrainMetrics:
     pipeline: str
     model: str
     iteration_latency_ms: LatencyStats
+    loss: LossStats
     samples_per_s: float
     applied_sharding: dict[str, str]
     resumed_from: int  # iteration the run resumed at (0: fresh start)
@@ -42,7 +58,7 @@ class TrainMetrics:
 
 
 def write_metrics(out_dir: str | Path, metrics: TrainMetrics, iterations: np.ndarray,
-                  latencies_ms: np.ndarray, warmup: int) -> None:
+                  latencies_ms: np.ndarray, losses: np.ndarray, warmup: int) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -52,6 +68,7 @@ def write_metrics(out_dir: str | Path, metrics: TrainMetrics, iterations: np.nda
     table = pa.table({
         "iteration": pa.array(iterations, pa.int64()),
         "latency_ms": pa.array(latencies_ms, pa.float64()),
+        "loss": pa.array(losses, pa.float64()),
         "warmup": pa.array(iterations < warmup, pa.bool_()),
     })
     pq.write_table(table, out / ITERATIONS_FILE)

@@ -11,6 +11,7 @@ from torch import nn
 from torchrec.models.dlrm import DLRM, DLRM_DCN, DenseArch, DLRMTrain, OverArch, SparseArch
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
+from rec.errors import InputError, Problem
 from rec.spec.types import Spec
 from rec.train.config import ModelKind, TrainConfig
 from rec.train.tables import embedding_bag_configs
@@ -23,7 +24,10 @@ def resolve_model_kind(spec: Spec, kind: ModelKind) -> ModelKind:
     if kind is ModelKind.AUTO:
         return ModelKind.DLRM if same_dim else ModelKind.CONCAT
     if kind in (ModelKind.DLRM, ModelKind.DLRM_DCN) and not same_dim:
-        raise ValueError(f"{kind.value} needs one embedding_dim for every table; use concat")
+        dims = sorted({t.embedding_dim for t in spec.tables})
+        raise InputError("Cannot build the model:", [Problem(
+            f"--model {kind.value}", f"needs one embedding_dim for every table, the plan's tables have "
+                                     f"{', '.join(map(str, dims))}; use --model concat or auto")])
     return kind
 
 
@@ -37,7 +41,7 @@ def build_model(spec: Spec, config: TrainConfig, dense_device: torch.device) -> 
         module: nn.Module = ConcatDLRM(ebc, config.dense_in_features, dense, over, dense_device)
     else:
         dim = spec.tables[0].embedding_dim
-        dense = dense[:-1] + [dim]  # DLRM projects dense features to the embedding dim
+        dense = [*dense[:-1], dim]  # DLRM projects dense features to the embedding dim
         if kind is ModelKind.DLRM:
             module = DLRM(ebc, config.dense_in_features, dense, over, dense_device)
         else:

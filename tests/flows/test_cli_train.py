@@ -32,8 +32,9 @@ def plan_dir(tmp_path_factory):
 
 
 def train(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([str(SHARDFLOW), "train", *args], capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, **(env or {})}, timeout=600)
+    """``shardflow train`` without MLflow (the tests that record use their own store)."""
+    return subprocess.run([str(SHARDFLOW), "train", "--no-track", *args], capture_output=True, text=True,
+                          cwd=ROOT, env={**os.environ, **(env or {})}, timeout=600)
 
 
 def free_port() -> int:
@@ -91,7 +92,7 @@ def test_two_nodes_on_loopback_train_from_parquet(plan_dir, tmp_path):
     common = ["--plan", str(plan_dir), "--out", str(tmp_path / "out"), "--iterations", "6",
               "--warmup", "1", "--batch-size", "32", "--data", str(data), "--nnodes", "2",
               "--nproc-per-node", "1", "--rdzv-endpoint", endpoint]
-    node0 = subprocess.Popen([str(SHARDFLOW), "train", *common, "--node-rank", "0"], cwd=ROOT,
+    node0 = subprocess.Popen([str(SHARDFLOW), "train", "--no-track", *common, "--node-rank", "0"], cwd=ROOT,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     node1 = train(*common, "--node-rank", "1")
     out0, _ = node0.communicate(timeout=600)

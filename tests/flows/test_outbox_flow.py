@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
@@ -11,12 +10,6 @@ ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "examples" / "specs" / "cpu_demo.yaml"
 CPU_2PROC = ROOT / "examples" / "topologies" / "cpu_2proc.yaml"
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # SQLAlchemy, from MLflow+Prefect
-
-
-def unused_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_a_plan_waits_in_the_outbox_while_mlflow_is_away_and_is_logged_when_it_returns(
@@ -30,18 +23,24 @@ def test_a_plan_waits_in_the_outbox_while_mlflow_is_away_and_is_logged_when_it_r
     from tasks.tracking import tracking_for
 
     state, out = str(tmp_path / "state"), str(tmp_path / "out")
-    away = f"http://127.0.0.1:{unused_port()}"  # nothing listens there
-    first = plan_flow(str(DEMO), str(CPU_2PROC), out_dir=out, tracking_uri=away, state_dir=state)
+    blocker = tmp_path / "store"
+    blocker.write_text("")  # the store's directory cannot exist while this file is in the way
+    uri = f"sqlite:///{blocker / 'mlflow.db'}"
+    first = plan_flow(str(DEMO), str(CPU_2PROC), out_dir=out, tracking_uri=uri, state_dir=state)
     assert first.logged.run_id is None and first.logged.pending == 1
     outbox = Outbox(Path(state, "outbox"))
     (entry,) = outbox.entries()
-    assert {p.name for p in entry.iterdir()} == {"record.json", "plan.json", "shards.parquet",
+    assert {p.name for p in entry.iterdir()} == {"record.json", "to.json", "plan.json", "shards.parquet",
                                                  "rank_load.png"}
+    # Another store in the meantime takes nothing meant for this one.
+    elsewhere = f"sqlite:///{tmp_path / 'other.db'}"
+    plan_flow(str(DEMO), str(CPU_2PROC), out_dir=out, tracking_uri=elsewhere, state_dir=state)
+    assert len(outbox.entries()) == 1
     # Still usable meanwhile: --plan-id finds the plan in the outbox.
-    fetched = fetch_plan(tracking_for(away, state_dir=state), first.plan_id, tmp_path / "fetched")
+    fetched = fetch_plan(tracking_for(uri, state_dir=state), first.plan_id, tmp_path / "fetched")
     assert read_plan(fetched).plan_id == first.plan_id
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"  # MLflow is back
+    blocker.unlink()  # the store is back
     second = plan_flow(str(DEMO), str(CPU_2PROC), out_dir=out, tracking_uri=uri, state_dir=state)
     assert second.cached and second.plan_id == first.plan_id
     assert outbox.entries() == []

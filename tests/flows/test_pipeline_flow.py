@@ -5,6 +5,10 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
+import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +17,7 @@ import pytest
 from flows.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
+SHARDFLOW = Path(sys.executable).parent / "shardflow"
 DEMO = ROOT / "examples" / "specs" / "cpu_demo.yaml"
 CPU_2PROC = ROOT / "examples" / "topologies" / "cpu_2proc.yaml"
 
@@ -53,15 +58,21 @@ def store(tmp_path_factory) -> Store:
     return Store(tmp_path_factory.mktemp("pipeline"))
 
 
+@dataclass(frozen=True)
+class Output:
+    out: str
+    err: str
+
+
 @pytest.fixture(scope="module")
-def first_run(prefect_api, store) -> str:
-    """``shardflow run`` once; its stdout."""
-    stdout = io.StringIO()
-    with contextlib.redirect_stdout(stdout):
+def first_run(prefect_api, store) -> Output:
+    """``shardflow run`` once, its output captured as a pipe would (not a terminal)."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         code = main(["run", str(DEMO), "--topology", str(CPU_2PROC), *TINY_TRAINING,
                      "--out", store.out, *store.args()])
-    assert code == 0, stdout.getvalue()
-    return stdout.getvalue()
+    assert code == 0, stdout.getvalue() + stderr.getvalue()
+    return Output(stdout.getvalue(), stderr.getvalue())
 
 
 def plan_id_of(store: Store) -> str:
@@ -96,7 +107,36 @@ def test_run_records_a_pipeline_run_with_nested_plan_and_train_runs(first_run, s
 
     for where in ("plan.json", plan_id, "train_metrics.json", "mlflow ui --backend-store-uri",
                   pipeline.info.run_id):
-        assert where in first_run
+        assert where in first_run.out
+
+
+def test_a_run_without_a_terminal_shows_progress_lines_and_the_time_of_each_step(first_run, store):
+    from mlflow import MlflowClient
+    from prefect.artifacts import Artifact
+
+    lines = first_run.err.splitlines()
+    assert any(line.startswith("train: ") and "[" in line for line in lines), first_run.err
+    assert any(line.startswith("train: done in") for line in lines)
+    assert "Traceback" not in first_run.err and "Starting temporary server" not in first_run.err
+    (time_line,) = [line for line in first_run.out.splitlines() if line.startswith("time")]
+    for step in ("ingest", "search", "write", "train", "MLflow", "total"):
+        assert step in time_line
+    hints = [line.split()[1] for line in first_run.out.splitlines()
+             if line.split()[:1] in (["show"], ["browse"], ["compare"])]
+    assert len(hints) == 3 and all(shutil.which(hint) for hint in hints)  # they work as typed from here
+
+    # The loss is recorded: first/last/mean in train_metrics.json, a series in MLflow.
+    metrics = json.loads(Path(store.out, "train", "train_metrics.json").read_text())
+    assert set(metrics["loss"]) == {"first", "last", "mean"}
+    (train,) = store.runs("train")
+    assert train.data.metrics["loss_last"] == metrics["loss"]["last"]
+    assert len(MlflowClient(store.uri).get_metric_history(train.info.run_id, "loss")) == 6
+    # The per-rank table is a Prefect artifact naming the plan's MLflow run, which names the flow run.
+    (plan_run,) = store.runs("plan")
+    artifact = Artifact.get(f"plan-{plan_id_of(store)}")
+    assert artifact is not None and plan_run.info.run_id in str(artifact.data)
+    assert "<- critical path" in str(artifact.data)
+    assert plan_run.data.tags["shardflow.prefect_flow_run"] == str(artifact.flow_run_id)
 
 
 def test_rerunning_an_unchanged_plan_searches_nothing_and_adds_no_plan_run(first_run, store):
@@ -150,12 +190,12 @@ def test_compare_shows_each_plan_next_to_its_training_latency(first_run, store, 
     plan_id = plan_id_of(store)
     assert main(["compare", *store.args()]) == 0
     out = capsys.readouterr().out
-    header, rule, *rows = out.strip().splitlines()
+    header, _rule, *rows = out.strip().splitlines()
     for column in ("plan_id", "tables", "world", "critical_path", "lower_bound", "gap", "p50_ms", "p90_ms"):
         assert column in header
-    trains = store.runs("train")
+    trains = [t for t in store.runs("train") if t.info.status in ("FINISHED", "FAILED")]
     assert len(rows) == len(trains) and all(row.startswith(plan_id) for row in rows)
-    p50s = {f"{t.data.metrics['iteration_latency_ms_p50']:.2f}" for t in trains}
+    p50s = {f"{t.data.metrics['iteration_latency_ms_p50']:.2f}" for t in trains if t.info.status == "FINISHED"}
     assert p50s <= {row.split()[-3] for row in rows}
 
     assert main(["compare", "--spec-hash", "ffffffffffffffff", *store.args()]) == 0
@@ -179,3 +219,44 @@ def test_bad_input_to_run_exits_2_with_a_one_screen_message(prefect_api, tmp_pat
     assert main(["run", str(DEMO), "--topology", str(tiny), *args]) == 2
     err = capfd.readouterr().err
     assert "user_id" in err and "Traceback" not in err and len(err.splitlines()) < 30
+
+
+def test_a_failing_training_leaves_failed_mlflow_runs_with_the_cause_and_is_not_retried_in_vain(
+        first_run, store, tmp_path, capfd):
+    from mlflow import MlflowClient
+
+    # --model dlrm needs one embedding dim; the demo has three: every rank fails the same way.
+    code = main(["run", str(DEMO), "--topology", str(CPU_2PROC), *TINY_TRAINING, "--model", "dlrm",
+                 "--train-retries", "2", "--out", str(tmp_path / "out"), *store.args()])
+    err = capfd.readouterr().err
+    assert code == 2  # a certain failure: the user's to fix
+    assert err.count("needs one embedding_dim") == 1 and "Traceback" not in err
+    train, pipeline = store.runs("train")[-1], store.runs("pipeline")[-1]
+    for run in (train, pipeline):
+        assert run.info.status == "FAILED"
+        assert "needs one embedding_dim" in run.data.tags["shardflow.error"]
+    assert train.data.tags["shardflow.attempts"] == "1"  # not retried
+    assert train.data.tags["mlflow.parentRunId"] == pipeline.info.run_id
+    logs = {a.path for a in MlflowClient(store.uri).list_artifacts(train.info.run_id, "logs")}
+    assert {"logs/rank-0.log", "logs/rank-1.log", "logs/torchrun-node0.log"} <= logs
+
+    assert main(["compare", *store.args()]) == 0
+    assert "FAILED" in capfd.readouterr().out
+
+
+def test_two_trainings_of_one_plan_id_write_their_own_directories(first_run, store, tmp_path):
+    plan_id = plan_id_of(store)
+    command = [str(SHARDFLOW), "train", "--plan-id", plan_id, "--iterations", "4", "--warmup", "1",
+               "--batch-size", "32", *store.args()]
+    runs = [subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env=os.environ) for _ in range(2)]
+    outputs = [r.communicate(timeout=600)[0] for r in runs]
+    assert [r.returncode for r in runs] == [0, 0], outputs
+    dirs = sorted(p.parent for p in (tmp_path / "out" / plan_id).glob("train-*/train_metrics.json"))
+    assert len(dirs) == 2
+    for d in dirs:
+        assert json.loads((d / "plan" / "plan.json").read_text())["plan_id"] == plan_id
+        assert (d / "logs" / "rank-0.log").exists()
+    assert (tmp_path / "out" / "latest").resolve() in dirs
+    recorded = [t for t in store.runs("train") if t.info.status == "FINISHED" and t.data.params["iterations"] == "4"]
+    assert len(recorded) == 2  # standalone training is recorded in MLflow too

@@ -34,3 +34,23 @@ def test_prefect_training_checkpoints_and_a_later_run_resumes_from_it(prefect_ap
     assert second.trained.metrics["resumed_from"] == metrics["resumed_from"] == 6
     assert (checkpoints / "LATEST").read_text() == "step_00000009"
     assert second.logged is not None and second.logged.run_id
+
+
+def test_a_certain_failure_is_not_retried_by_prefect(prefect_api, tmp_path):
+    import time
+
+    import torch
+
+    from flows.train import train_flow
+    from rec.errors import InputError
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    H100 = ROOT / "examples" / "topologies" / "h100_1x8.yaml"
+    assert main(["plan", str(DEMO), "--topology", str(H100), "--out", str(tmp_path / "plan"), "--no-chart"]) == 0
+    started = time.monotonic()
+    with pytest.raises(InputError, match=r"without CUDA|no CUDA device"):
+        train_flow(plan_path=str(tmp_path / "plan" / "plan.json"), train_retries=2, train_retry_delay_s=10,
+                   out_dir=str(tmp_path / "out"), tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+                   state_dir=str(tmp_path / "state"))
+    assert time.monotonic() - started < 10  # a retry would wait 10 s first

@@ -1,0 +1,135 @@
+"""What the CLI prints about plans and topologies: the per-rank table, the plan's quality, the
+topology with the defaults it relies on, and commands that work as typed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from flows.text_table import render_table
+
+if TYPE_CHECKING:
+    from rec.plan import Plan
+    from rec.topology import Topology
+
+# What each topology key means (the defaults themselves live in rec.topology.validate).
+TOPOLOGY_KEYS = {
+    "world_size": "ranks (processes) in all",
+    "local_world_size": "ranks per host",
+    "compute_device": "cuda or cpu",
+    "hbm_cap": "GPU memory per rank",
+    "ddr_cap": "host memory per rank; what binds on cpu",
+    "intra_host_bw": "between ranks of one host",
+    "inter_host_bw": "between hosts",
+    "hbm_mem_bw": "GPU memory bandwidth",
+    "ddr_mem_bw": "host memory bandwidth",
+    "batch_size": "samples per rank and iteration",
+    "storage_reservation": "share of HBM kept free for dense parts and activations",
+}
+
+
+def render_plan(plan: Plan, all_ranks: bool = False) -> str:
+    """Per-rank load and memory (critical rank marked), then the plan's quality."""
+    from rec.plan.report import rank_table, sharding_types
+
+    m = plan.metrics
+    table = rank_table(plan, all_ranks)
+    kinds_text = ", ".join(f"{k} {n:,}" for k, n in sorted(sharding_types(plan).items()))
+    note = f"\n{table.note}" if table.note else ""
+    return (
+        f"{render_table(table.header, table.rows, right=table.right)}{note}\n\n"
+        f"tables:        {len(plan.tables):,} ({kinds_text})\n"
+        f"critical path: {m.critical_path:.4f} ms (TorchRec cost model)\n"
+        f"lower bound:   {m.lower_bound:.4f} ms  gap {100 * m.gap:.2f}% ({m.bound_method} bound"
+        f"{'; proven optimal' if m.optimal else ''})\n"
+        f"plan_id:       {plan.plan_id}  spec_hash {plan.spec_hash}"
+    )
+
+
+def _topology_values(topology: Topology) -> dict[str, str]:
+    from rec.topology.validate import topology_to_dict
+    from rec.units import format_bytes
+
+    d = topology_to_dict(topology)
+    shown = {}
+    for key, value in d.items():
+        if key.endswith("_cap"):
+            shown[key] = format_bytes(value)
+        elif key.endswith("_bw"):
+            shown[key] = f"{format_bytes(value)}/s"
+        elif key == "storage_reservation":
+            shown[key] = f"{value:g}"
+        else:
+            shown[key] = str(value)
+    return shown
+
+
+def defaulted_keys(topology_path: str) -> list[str]:
+    """The topology keys that the file leaves out (their defaults apply)."""
+    import yaml
+
+    from rec.topology.validate import KEYS
+
+    try:
+        document = yaml.safe_load(Path(topology_path).read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return []
+    return [k for k in KEYS if k not in document] if isinstance(document, dict) else []
+
+
+def render_topology_line(topology: Topology, topology_path: str) -> str:
+    """Two lines for ``plan``: the cluster, and the defaults the file relies on."""
+    values = _topology_values(topology)
+    t = topology
+    memory = "hbm_cap" if t.compute_device.value == "cuda" else "ddr_cap"
+    line = (f"topology:      {t.world_size:,} {t.compute_device.value} ranks ({t.num_hosts:,} "
+            f"host{'s' if t.num_hosts > 1 else ''} x {t.local_world_size}), {memory} {values[memory]} "
+            f"per rank, batch_size {t.batch_size} per rank")
+    items = [f"{k} {values[k]}" for k in defaulted_keys(topology_path)]
+    if items:
+        rows = [" " * 15 + "defaults: " + items[0]]
+        for item in items[1:]:  # wrapped between items, never inside one
+            if len(rows[-1]) + len(item) + 2 > 100:
+                rows[-1] += ","
+                rows.append(" " * 25 + item)
+            else:
+                rows[-1] += f", {item}"
+        line += "\n" + "\n".join(rows)
+    return line
+
+
+def render_topology(topology: Topology, topology_path: str) -> str:
+    """Every topology key: its value, where it came from, what it means."""
+    values = _topology_values(topology)
+    absent = set(defaulted_keys(topology_path))
+    cpu = topology.compute_device.value == "cpu"
+
+    def source(key: str) -> str:
+        if key not in absent:
+            return "file"
+        if key == "local_world_size":
+            return "default: world_size (one host)"
+        if key == "hbm_cap" and cpu:
+            return "default: cpu ranks have no HBM"
+        return "default (TorchRec)"
+
+    rows = [(key, values[key], source(key), meaning) for key, meaning in TOPOLOGY_KEYS.items() if key in values]
+    return render_table(("key", "value", "from", "meaning"), rows, right=("value",))
+
+
+def command(name: str) -> str:
+    """How to type the installed command ``name`` from here: bare when the shell finds this very
+    program on PATH, else its path (``.venv/bin/shardflow`` from the repository root)."""
+    import shutil
+    import sys
+
+    own = Path(sys.executable).parent / name
+    found = shutil.which(name)
+    if found and own.exists() and Path(found).resolve() == own.resolve():
+        return name
+    if not own.exists():
+        return name
+    try:
+        return str(own.relative_to(Path.cwd()))
+    except ValueError:
+        return str(own)

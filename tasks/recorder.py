@@ -1,0 +1,53 @@
+"""Recording runs without Prefect: each record goes to the outbox first, then everything waiting
+is delivered. The Prefect tasks in ``tasks.mlflow_log`` and ``shardflow train`` both use this."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from rec import progress
+from rec.train.rank_log import log_dir
+from tasks import records
+from tasks.outbox import Outbox
+from tasks.records import EndRecord, RunRecord
+from tasks.tracking import Tracking
+from tasks.train import Trained, TrainSettings
+
+
+@dataclass(frozen=True)
+class Logged:
+    """A record and, once MLflow has it, its run id (None while it waits in the outbox)."""
+
+    key: str
+    run_id: str | None
+    pending: int  # records still waiting in the outbox for this record's destination
+    error: str | None = None  # why they wait
+
+
+def record(tracking: Tracking, record: RunRecord | EndRecord, files: dict[str, Path] | None = None) -> Logged:
+    """Put ``record`` (with its artifact ``files``) in the outbox for ``tracking``, then deliver."""
+    outbox = Outbox(tracking.outbox_dir)
+    with progress.step("mlflow", f"recording the {getattr(record, 'step', 'finished')} run"):
+        outbox.put(record, files, to=tracking)
+        delivery = outbox.deliver(tracking)
+    return Logged(record.key, delivery.run_ids.get(record.key), delivery.pending_for(tracking),
+                  delivery.errors.get(tracking.uri))
+
+
+def record_training(tracking: Tracking, trained: Trained, parent_key: str | None = None,
+                    tags: dict[str, str] | None = None) -> Logged:
+    """A train run: latency percentiles, samples/s, loss, and the per-iteration series."""
+    rec = records.train_record(trained, parent_key, tags)
+    out = Path(trained.out_dir)
+    return record(tracking, rec, {name: out / name for name in rec.artifacts})
+
+
+def record_failed_training(tracking: Tracking, plan_id: str, settings: TrainSettings, out_dir: str,
+                           error: str | BaseException, attempts: int, started_ms: int,
+                           parent_key: str | None = None, tags: dict[str, str] | None = None) -> Logged:
+    """A FAILED train run with the cause (``shardflow.error``) and the logs under ``logs/``."""
+    logs = {f"logs/{p.name}": p for p in sorted(log_dir(out_dir).glob("*.log"))}
+    rec = records.failed_train_record(plan_id, settings, records.error_tag(error), attempts, started_ms,
+                                      tuple(logs), parent_key, tags)
+    return record(tracking, rec, logs)

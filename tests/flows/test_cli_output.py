@@ -1,0 +1,86 @@
+"""What the CLI prints: topology defaults, which table sits where, preflight refusals in seconds,
+and no traceback when the reader of its output goes away."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from flows.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+SHARDFLOW = Path(sys.executable).parent / "shardflow"
+DEMO = ROOT / "examples" / "specs" / "cpu_demo.yaml"
+CPU_2PROC = ROOT / "examples" / "topologies" / "cpu_2proc.yaml"
+H100 = ROOT / "examples" / "topologies" / "h100_1x8.yaml"
+
+
+@pytest.fixture(scope="module")
+def cuda_plan(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("cuda")
+    assert main(["plan", str(DEMO), "--topology", str(H100), "--out", str(out), "--no-chart"]) == 0
+    return out
+
+
+def test_plan_and_spec_show_name_the_topology_defaults_they_use(tmp_path, capsys):
+    topology = tmp_path / "bare.yaml"
+    topology.write_text("world_size: 4\ncompute_device: cuda\n")
+    assert main(["plan", str(DEMO), "--topology", str(topology), "--out", str(tmp_path / "p"), "--no-chart"]) == 0
+    out = capsys.readouterr().out
+    defaults = out[out.index("defaults:"):]
+    for key, value in (("ddr_cap", "128.0 GiB"), ("hbm_cap", "32.0 GiB"), ("batch_size", "512"),
+                       ("storage_reservation", "0.15"), ("inter_host_bw", "12.5 GiB/s")):
+        assert f"{key} {value}" in " ".join(defaults.split()), key
+
+    assert main(["spec", "show", str(DEMO), "--topology", str(topology)]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.strip()}
+    assert "file" in rows["world_size"] and "default" in rows["ddr_cap"] and "128.0 GiB" in rows["ddr_cap"]
+
+
+def test_show_tells_which_tables_sit_on_a_rank_and_its_compute_and_communication(cuda_plan, capsys):
+    import json
+
+    plan = json.loads((cuda_plan / "plan.json").read_text())
+    sharded = next(t for t in plan["tables"] if not t.get("replicated"))
+    rank = sharded["shards"][0]["rank"]
+    assert main(["show", str(cuda_plan), "--rank", str(rank)]) == 0
+    out = capsys.readouterr().out
+    assert sharded["name"] in out and f"rank {rank}:" in out and "communication" in out
+    assert main(["show", str(cuda_plan), "--table", sharded["name"]]) == 0
+    assert f"table {sharded['name']}: {sharded['sharding_type']}" in capsys.readouterr().out
+    assert main(["show", str(cuda_plan)]) == 0
+    header = capsys.readouterr().out.splitlines()[0].split()
+    assert header[:5] == ["rank", "perf_ms", "compute_ms", "comm_ms", "comm"]
+    assert main(["show", str(cuda_plan), "--table", "no_such_*"]) == 2
+
+
+def test_a_cuda_plan_on_a_machine_without_cuda_is_refused_in_seconds_with_one_message(cuda_plan, tmp_path):
+    pytest.importorskip("torch")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    for args in (["train", "--plan", str(cuda_plan), "--out", str(tmp_path / "train")],
+                 ["run", str(DEMO), "--topology", str(H100), "--out", str(tmp_path / "run"),
+                  "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}", "--state-dir", str(tmp_path / "s")]):
+        started = time.monotonic()
+        r = subprocess.run([str(SHARDFLOW), *args], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+        assert r.returncode == 2, r.stderr
+        assert time.monotonic() - started < 10
+        assert r.stderr.count("without CUDA") == 1 and "NCCL" in r.stderr
+        assert "Traceback" not in r.stderr and len(r.stderr.splitlines()) < 6
+        assert not list(tmp_path.rglob("torchrun-node*.log"))  # nothing was launched, so nothing retried
+    assert not (tmp_path / "m.db").exists()  # refused before Prefect and MLflow started
+
+
+def test_a_closed_pipe_ends_the_output_quietly(tmp_path):
+    spec = tmp_path / "many.yaml"
+    spec.write_text("".join(f"- {{name: t{i}, num_embeddings: 10, embedding_dim: 4}}\n" for i in range(3000)))
+    r = subprocess.run(f"'{SHARDFLOW}' spec show '{spec}' | head -2", shell=True, capture_output=True,
+                       text=True, timeout=60)
+    assert len(r.stdout.splitlines()) == 2
+    assert r.stderr == ""

@@ -21,17 +21,18 @@ install: $(STAMP)
 
 # The uv pinned in the lock, bootstrapped with pip; `uv pip sync` keeps it at the lock's version.
 $(UV):
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q "$$(grep -m1 '^uv==' $(LOCK) || echo uv)"
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/pip install -q "$$(grep -m1 '^uv==' $(LOCK) || echo uv)"
 
 # Re-installs only when the lock or pyproject.toml changes. `uv pip sync` installs exactly the lock
 # (removing anything else) and resolves no dependencies, so torchrec comes in as --no-deps.
+# The editable install uses compat mode: a plain path entry; the default finder adds ~20 ms to every start.
 $(STAMP): $(LOCK) pyproject.toml | $(UV)
-	$(UV) pip sync -q --python $(BIN)/python $(UV_FIND_LINKS) $(LOCK)
-	# compat mode: a plain path entry; the default editable finder adds ~20 ms to every start.
-	$(UV) pip install -q --python $(BIN)/python --no-deps --no-build-isolation -C editable_mode=compat -e .
-	$(BIN)/python -c "import torchrec, prefect, ray, mlflow, pyarrow, highspy"
-	touch $(STAMP)
+	@echo "installing .venv from $(LOCK) (only when the lock changed)"
+	@$(UV) pip sync -q --python $(BIN)/python $(UV_FIND_LINKS) $(LOCK)
+	@$(UV) pip install -q --python $(BIN)/python --no-deps --no-build-isolation -C editable_mode=compat -e .
+	@$(BIN)/python -c "import torchrec, prefect, ray, mlflow, pyarrow, highspy"
+	@touch $(STAMP)
 
 # The CPU lock, and common.lock: its versions for what the GPU set shares (requirements/gpu.txt).
 lock: | $(UV)

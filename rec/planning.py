@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from rec import progress
 from rec.cost.types import CostConfig
 from rec.plan.build import build_plan
 from rec.plan.types import Plan
@@ -35,9 +36,12 @@ def plan_spec(spec: Spec, topology: Topology, cost: CostConfig = CostConfig(),
     """The plan for ``spec`` on ``topology`` (search and merge); InputError if it cannot fit.
     ``rec.plan.check_plan`` validates it (the write step does, before writing)."""
     searcher = searcher or LocalSearcher()
+    progress.update(f"cost model: the options of {len(spec):,} tables on {topology.world_size:,} ranks")
     space = build_search_space(spec, topology, cost)
+    progress.update("searching")
     try:
         result = searcher.search(space, config)
     except PackingError as e:
         raise packing_failure(space, spec, e.tables) from None
+    progress.update("building the plan")
     return build_plan(result, spec, topology, cost, config, result.info)

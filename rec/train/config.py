@@ -12,7 +12,8 @@ from enum import Enum
 from rec.errors import Problem
 from rec.settings import knob
 
-FAIL_AT_ENV = "SHARDFLOW_FAIL_AT_ITERATION"  # fault injection for tests: "ITER:RANK"
+# Fault injection for tests: "ITER:RANK" (the rank exits) or "ITER:RANK:raise" (it raises).
+FAIL_AT_ENV = "SHARDFLOW_FAIL_AT_ITERATION"
 MAX_ITERATIONS = 10**9
 MAX_BATCH_SIZE = 1 << 20  # per rank; far beyond what fits a GPU, well inside int32 offsets
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from rec import progress
 from rec.errors import InputError, Problem
-from rec.plan import check_plan, read_plan
+from rec.plan import Plan, check_plan, read_plan
 from rec.settings import check, knob
 from rec.train.config import FAIL_AT_ENV, TrainConfig
 from rec.train.metrics import METRICS_FILE
@@ -104,6 +104,19 @@ def preflight(settings: TrainSettings, topology: Mapping[str, Any],
     return nproc
 
 
+def check_resume_from(job: TrainConfig, plan: Plan) -> None:
+    """The checkpoint ``--resume-from`` names exists, belongs to a plan the new one can start
+    from, and leaves iterations to train; InputError otherwise."""
+    from rec.train.resume import check_resume, resume_source
+
+    assert job.resume_from is not None
+    source = resume_source(job.resume_from)
+    check_resume(source, plan)
+    if source.step >= job.iterations:
+        raise InputError("Nothing left to train:", [Problem(
+            "--iterations", f"{job.iterations} is not above the checkpoint's iteration {source.step}")])
+
+
 def _device_problems(device: str, nproc: int) -> list[Problem]:
     """The device and the torch.distributed backend the plan needs: CUDA and NCCL, or gloo."""
     import torch
@@ -150,6 +163,8 @@ def prepare(plan_path: str, out_dir: str, settings: TrainSettings) -> tuple[str,
         check_plan(plan)
         features = [f for row in plan.spec_tables for f in row["feature_names"]] if settings.job.data else ()
         nproc = preflight(settings, plan.topology, features)
+        if settings.job.resume_from:
+            check_resume_from(settings.job, plan)
     path = Path(plan_path)
     launch = Launch(plan_path=str(path / "plan.json" if path.is_dir() else path), out_dir=out_dir,
                     nproc_per_node=nproc, nnodes=settings.nnodes, node_rank=settings.node_rank,

@@ -23,6 +23,7 @@ from rec.spec.limits import (
     MAX_NAME_LENGTH,
     MAX_TABLE_WEIGHTS,
     dense_only,
+    is_reserved,
     spec_problems,
 )
 from rec.spec.types import Spec, TableSpec
@@ -101,6 +102,8 @@ def _names(column: Any, n: int) -> list[str]:
     if pc.count_distinct(column).as_py() != n:
         raise _Decline
     names: list[str] = column.to_pylist()
+    if any(map(is_reserved, names)):
+        raise _Decline
     return names
 
 

@@ -32,6 +32,30 @@ NAME_RULE = (
     f"use letters, digits, '_' and '-' (at most {MAX_NAME_LENGTH}, not starting with '-'): TorchRec makes "
     "each table a module, whose name cannot contain '.', and a table name must be safe as a file name"
 )
+# The attributes of torch.nn.ModuleDict (torch 2.13, dunders aside), which holds TorchRec's tables: a
+# table named like one fails with "attribute 'items' already exists" (tests compare with the installed torch).
+MODULE_DICT_NAMES = frozenset((
+    "_apply", "_backward_hooks", "_backward_pre_hooks", "_buffers", "_call_impl", "_compiled_call_impl",
+    "_forward_hooks", "_forward_hooks_always_called", "_forward_hooks_with_kwargs", "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs", "_get_backward_hooks", "_get_backward_pre_hooks", "_get_name",
+    "_is_full_backward_hook", "_load_from_state_dict", "_load_state_dict_post_hooks",
+    "_load_state_dict_pre_hooks", "_maybe_warn_non_full_backward_hook", "_modules", "_named_members",
+    "_non_persistent_buffers_set", "_parameters", "_register_load_state_dict_pre_hook",
+    "_register_state_dict_hook", "_replicate_for_data_parallel", "_save_to_state_dict", "_slow_forward",
+    "_state_dict_hooks", "_state_dict_pre_hooks", "_version", "_wrapped_call_impl",
+    "T_destination", "add_module", "apply", "bfloat16", "buffers", "call_super_init", "children", "clear",
+    "compile", "cpu", "cuda", "double", "dump_patches", "eval", "extra_repr", "float", "forward", "get_buffer",
+    "get_extra_state", "get_parameter", "get_submodule", "half", "ipu", "items", "keys", "load_state_dict",
+    "modules", "mtia", "named_buffers", "named_children", "named_modules", "named_parameters", "parameters",
+    "pop", "register_backward_hook", "register_buffer", "register_forward_hook", "register_forward_pre_hook",
+    "register_full_backward_hook", "register_full_backward_pre_hook", "register_load_state_dict_post_hook",
+    "register_load_state_dict_pre_hook", "register_module", "register_parameter",
+    "register_state_dict_post_hook", "register_state_dict_pre_hook", "requires_grad_", "set_extra_state",
+    "set_submodule", "share_memory", "state_dict", "to", "to_empty", "train", "training", "type", "update",
+    "values", "xpu", "zero_grad",
+))
+RESERVED_RULE = ("is the name of a method of PyTorch's nn.ModuleDict, which holds TorchRec's tables "
+                 "(\"attribute already exists\"); rename the table")
 DIM_RULE = (
     "FBGEMM's CUDA kernels stop at 2,048 and wider tables split into thousands of column-wise shards"
 )
@@ -45,7 +69,12 @@ def too_many_tables(count: int) -> str:
 
 def is_table_name(name: str) -> bool:
     """A name TorchRec can use as a module name and that is safe as a file name."""
-    return len(name) <= MAX_NAME_LENGTH and _NAME.fullmatch(name) is not None
+    return len(name) <= MAX_NAME_LENGTH and _NAME.fullmatch(name) is not None and not is_reserved(name)
+
+
+def is_reserved(name: str) -> bool:
+    """A name an nn.ModuleDict (or nn.Module) already uses for itself."""
+    return name in MODULE_DICT_NAMES or (name.startswith("__") and name.endswith("__"))
 
 
 def dense_only(

@@ -27,6 +27,8 @@ from rec.spec.limits import (
     MAX_TABLE_WEIGHTS,
     MAX_TABLES,
     NAME_RULE,
+    RESERVED_RULE,
+    is_reserved,
     is_table_name,
     spec_problems,
     table_problems,
@@ -165,7 +167,8 @@ def _parse_name(value: object) -> str:
         raise ValueError(f"expected text, got {show(value)}")
     name = value.strip()
     if not is_table_name(name):
-        raise ValueError(f"{show(name)} cannot be a table name: {NAME_RULE}")
+        rule = RESERVED_RULE if is_reserved(name) else NAME_RULE
+        raise ValueError(f"{show(name)} cannot be a table name: {rule}")
     return name
 
 

@@ -18,7 +18,8 @@ def record_plan(directory: str | Path, plan_path: str | Path) -> None:
     if dist.get_rank() == 0:
         root.mkdir(parents=True, exist_ok=True)
         tmp = root / f".{PLAN_COPY}.tmp"
-        tmp.write_bytes(Path(plan_path).read_bytes())
+        source = Path(plan_path)
+        tmp.write_bytes((source / PLAN_COPY if source.is_dir() else source).read_bytes())
         tmp.replace(root / PLAN_COPY)
 
 

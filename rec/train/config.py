@@ -66,6 +66,10 @@ class TrainConfig:
         "checkpoints kept; older ones are deleted", minimum=1))
     resume: bool = field(default=False, metadata=knob(
         "resume from the newest checkpoint in the checkpoint directory"))
+    resume_from: str | None = field(default=None, metadata=knob(
+        "start from the newest checkpoint of a training with another plan (its output directory): "
+        "tables are matched by name, a resized table keeps its old rows, added ones are initialized; "
+        "none: start fresh", metavar="DIR"))
 
     def problems(self) -> list[Problem]:
         """What the bounds alone do not catch."""
@@ -75,6 +79,9 @@ class TrainConfig:
                                            f"{self.iterations}; use fewer warm-up iterations or more iterations"))
         if self.over_arch_layer_sizes[-1:] != (1,):
             out.append(Problem("--over-arch-layer-sizes", "must end with 1 (the model predicts one logit)"))
+        if self.resume and self.resume_from:
+            out.append(Problem("--resume-from", "give --resume (this plan's own checkpoints) or "
+                                                "--resume-from (another plan's), not both"))
         if any(s < 1 for s in self.dense_arch_layer_sizes + self.over_arch_layer_sizes):
             out.append(Problem("--dense-arch-layer-sizes/--over-arch-layer-sizes", "sizes must be >= 1"))
         return out

@@ -75,7 +75,8 @@ def checkpoint_dir(config: TrainConfig, out_dir: str) -> str | None:
     return None
 
 
-def train(plan: Plan, config: TrainConfig, out_dir: str, output: RankOutput) -> TrainMetrics | None:
+def train(plan: Plan, config: TrainConfig, out_dir: str, output: RankOutput,
+          plan_path: str | None = None) -> TrainMetrics | None:
     rank, world = dist.get_rank(), dist.get_world_size()
     check_world_size(plan, world)
     cuda = plan.topology["compute_device"] == "cuda"
@@ -95,18 +96,23 @@ def train(plan: Plan, config: TrainConfig, out_dir: str, output: RankOutput) -> 
                                   lambda params: torch.optim.Adagrad(params, lr=config.dense_lr))
     optimizer = CombinedOptimizer([dmp.fused_optimizer, dense])
 
-    start = 0
+    start, resume = 0, None
     checkpoints = checkpoint_dir(config, out_dir)
-    if checkpoints and (config.resume or _restarted()):
-        step = checkpoint.latest_step(checkpoints)
-        if step is not None and step >= config.iterations:
+    own = checkpoint.latest_step(checkpoints) if checkpoints else None
+    if checkpoints and own is not None and (config.resume or _restarted() or config.resume_from):
+        if own >= config.iterations:
             raise InputError("Nothing left to train:", [Problem(
-                checkpoints, f"the newest checkpoint is of iteration {step}; --iterations "
+                checkpoints, f"the newest checkpoint is of iteration {own}; --iterations "
                              f"{config.iterations} must be above it to train on")])
-        if step is not None:
-            output.progress(f"resuming from the checkpoint of iteration {step}")
-            checkpoint.load(checkpoints, step, dmp, optimizer)
-            start = step
+        output.progress(f"resuming from the checkpoint of iteration {own}")
+        checkpoint.load(checkpoints, own, dmp, optimizer)
+        start = own
+    elif config.resume_from:
+        start, resume = _resume_from_other_plan(config.resume_from, plan, dmp, optimizer, output)
+        if checkpoints:  # the old checkpoint in this plan's layout, for restarts
+            checkpoint.save(checkpoints, start, dmp, optimizer, keep=config.keep_checkpoints)
+    if checkpoints and plan_path:
+        checkpoint.record_plan(checkpoints, plan_path)
 
     batches = (parquet_batches(config.data, spec, batch_size, config.dense_in_features, rank, world, cuda)
                if config.data else
@@ -150,10 +156,34 @@ def train(plan: Plan, config: TrainConfig, out_dir: str, output: RankOutput) -> 
         warmup=config.warmup, batch_size=batch_size, pipeline=config.pipeline.value,
         model=resolve_model_kind(spec, config.model).value, iteration_latency_ms=stats,
         loss=loss_stats(all_loss), samples_per_s=world * batch_size / (stats.mean / 1e3),
-        applied_sharding=applied_sharding(dmp), resumed_from=start,
+        applied_sharding=applied_sharding(dmp), resumed_from=start, resume=resume,
     )
     write_metrics(out_dir, metrics, iterations, all_ms, all_loss, config.warmup)
     return metrics
+
+
+def _resume_from_other_plan(path: str, plan: Plan, dmp, optimizer, output: RankOutput) -> tuple[int, dict]:
+    """Load the newest checkpoint of a training with another plan into this plan's layout."""
+    from rec.train.reshard import load_resharded
+    from rec.train.resume import STEP_PREFIX, check_resume, resume_source, table_changes
+
+    source = resume_source(path)
+    check_resume(source, plan)
+    changes = table_changes(source.plan, plan)
+    output.progress(f"resuming plan {plan.plan_id} from plan {source.plan.plan_id}'s checkpoint of "
+                    f"iteration {source.step}")
+    report = load_resharded(Path(source.checkpoint_dir, f"{STEP_PREFIX}{source.step:08d}"), dmp, optimizer,
+                            changes.resized)
+    dense = sorted(k.removeprefix("model.") for k in report.initialized
+                   if "embedding_bags" not in k and not k.startswith("optim."))
+    if changes.reinitialized or dense:
+        output.progress(f"re-initialized (shape changed): tables {list(changes.reinitialized)}, dense {dense}")
+    return source.step, {
+        "from_plan_id": source.plan.plan_id, "step": source.step,
+        "tables_restored": len(changes.restored), "tables_resized": len(changes.resized),
+        "tables_initialized": len(changes.added) + len(changes.reinitialized),
+        "reinitialized": list(changes.reinitialized), "dense_reinitialized": dense,
+    }
 
 
 def _pipeline_step(dmp, optimizer, device, batches, kind: PipelineKind):
@@ -230,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         EmbeddingShardingPlanner.collective_plan = _refuse_to_plan
         init_process_group("nccl" if plan.topology["compute_device"] == "cuda" else "gloo")
         try:
-            train(plan, config, args.out, output)
+            train(plan, config, args.out, output, args.plan)
         finally:
             dist.destroy_process_group()
     except InputError as e:

@@ -55,6 +55,9 @@ class TrainMetrics:
     applied_sharding: dict[str, str]
     resumed_from: int  # iteration the run resumed at (0: fresh start)
     planned_in_job: bool = False  # shardflow never plans inside the job; kept for auditors
+    # --resume-from another plan: from_plan_id, step, tables_restored, tables_resized,
+    # tables_initialized, reinitialized (names of tables whose dim or data type changed)
+    resume: dict | None = None
 
 
 def write_metrics(out_dir: str | Path, metrics: TrainMetrics, iterations: np.ndarray,

@@ -21,7 +21,7 @@ EXTENSIONS = [".parquet", ".pq", ".arrow", ".feather", ".ipc", ".csv", ".yaml", 
 ROWS = [
     {"name": "users", "num_embeddings": 1000, "embedding_dim": 16},
     {
-        "name": "items",
+        "name": "item_ids",
         "num_embeddings": 5000,
         "embedding_dim": 32,
         "feature_names": ["item", "clicked_item"],
@@ -70,7 +70,7 @@ def test_values_are_typed_and_allow_lists_kept():
 
 
 def test_tables_keep_the_order_they_were_written_in():
-    assert spec_from_rows(ROWS).names == ["users", "items", "country"]
+    assert spec_from_rows(ROWS).names == ["users", "item_ids", "country"]
 
 
 @pytest.mark.parametrize("ext", EXTENSIONS)
@@ -540,3 +540,18 @@ def test_spec_hash_is_canonical_json_of_the_sorted_rows():
     ])
     for spec in (odd, spec_from_rows(ROWS), mixed_spec(3), issue2282_spec(300), power_law_spec(300)):
         assert spec.spec_hash == _hash_by_definition(spec)
+
+
+@pytest.mark.parametrize("name", ["items", "keys", "update", "_modules", "__dict__"])
+def test_a_table_named_like_a_method_of_the_module_dict_holding_the_tables_is_refused(name):
+    with pytest.raises(InputError, match="nn.ModuleDict"):
+        spec_from_rows([{"name": name, "num_embeddings": 10, "embedding_dim": 4}])
+
+
+def test_the_reserved_names_are_those_of_the_installed_torch():
+    import torch
+
+    from rec.spec.limits import MODULE_DICT_NAMES
+
+    names = {n for n in dir(torch.nn.ModuleDict()) if not n.startswith("__")}
+    assert names == MODULE_DICT_NAMES

@@ -69,6 +69,7 @@ def train_flow(
     checkpoint_dir: str | None = TrainConfig.checkpoint_dir,
     keep_checkpoints: int = TrainConfig.keep_checkpoints,
     resume: bool = TrainConfig.resume,
+    resume_from: str | None = TrainConfig.resume_from,
     nproc_per_node: int | None = TrainSettings.nproc_per_node,
     nnodes: int = TrainSettings.nnodes,
     node_rank: int = TrainSettings.node_rank,

@@ -38,6 +38,7 @@ def train_settings(params: Mapping[str, Any]) -> TrainSettings:
 
 def search_settings(params: Mapping[str, Any]) -> SearchSettings:
     return SearchSettings(backend=params["backend"], groups=params.get("groups"),
+                          max_regress=params.get("max_regress", SearchSettings.max_regress),
                           cost=params.get("cost") or CostConfig(),
                           config=params.get("search") or SearchConfig())
 
@@ -50,6 +51,6 @@ def train_parameters(settings: TrainSettings) -> dict[str, Any]:
 
 
 def search_parameters(settings: SearchSettings) -> dict[str, Any]:
-    return {"backend": settings.backend, "groups": settings.groups, "cost": settings.cost,
-            "search": settings.config}
+    return {"backend": settings.backend, "groups": settings.groups, "max_regress": settings.max_regress,
+            "cost": settings.cost, "search": settings.config}
 

@@ -33,6 +33,7 @@ def plan_flow(
     topology_path: str,
     backend: Backend = SearchSettings.backend,
     groups: int | None = SearchSettings.groups,
+    max_regress: float = SearchSettings.max_regress,
     cost: CostConfig = CostConfig(),
     search: SearchConfig = SearchConfig(),
     chart: bool = WriteSettings.chart,

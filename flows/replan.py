@@ -18,9 +18,16 @@ from flows.parameters import search_settings
 from flows.progress import progress_in_run_log
 from rec.cost.types import CostConfig
 from rec.search import SearchConfig
-from tasks.mlflow_log import deliver_outbox, find_last_planning, log_plan, parent_run, record_unchanged
+from tasks.mlflow_log import (
+    deliver_outbox,
+    find_last_planning,
+    log_plan,
+    parent_run,
+    previous_plan_task,
+    record_unchanged,
+)
 from tasks.paths import DEFAULT_STATE_DIR, plan_cache_dir
-from tasks.records import REPLAN
+from tasks.records import PREVIOUS_PLAN_ID, REPLAN
 from tasks.run_dirs import RunDirs
 from tasks.search import Backend, SearchSettings, plan_key
 from tasks.steps import ingest_task, search_task, write_task
@@ -43,6 +50,7 @@ def replan_flow(
     topology_path: str,
     backend: Backend = SearchSettings.backend,
     groups: int | None = SearchSettings.groups,
+    max_regress: float = SearchSettings.max_regress,
     cost: CostConfig = CostConfig(),
     search: SearchConfig = SearchConfig(),
     chart: bool = WriteSettings.chart,
@@ -51,7 +59,8 @@ def replan_flow(
     experiment: str = DEFAULT_EXPERIMENT,
     state_dir: str = DEFAULT_STATE_DIR,
 ) -> ReplanOutcome:
-    """Replan ``spec_path`` if its spec hash differs from the last successful planning of it."""
+    """Replan ``spec_path`` if its spec hash differs from the last successful planning of it; the
+    new plan starts from that planning's plan and moves as little of it as ``max_regress`` allows."""
     searching = search_settings(locals())
     tracking = tracking_for(tracking_uri, experiment, state_dir)
     deliver_outbox(tracking)
@@ -64,9 +73,11 @@ def replan_flow(
             record_unchanged(tracking, inputs, last.plan_id)
             return ReplanOutcome("unchanged", last.plan_id, spec_hash, last.spec_hash, None)
 
-        with parent_run(tracking, "replan", inputs, plan_key(inputs, searching),
-                        tags={REPLAN: "replanned"}) as run:
-            found = search_task(inputs, searching, plan_cache_dir(state_dir))
+        previous = previous_plan_task(tracking, last.plan_id) if last is not None else None
+        with parent_run(tracking, "replan", inputs, plan_key(inputs, searching, previous),
+                        tags={REPLAN: "replanned",
+                              **({PREVIOUS_PLAN_ID: previous.plan_id} if previous else {})}) as run:
+            found = search_task(inputs, searching, plan_cache_dir(state_dir), previous)
             written = write_task(found.plan, RunDirs.of(out_dir).plan_dir(found.plan.plan_id),
                                  WriteSettings(chart))
             run.plan_id = found.plan.plan_id

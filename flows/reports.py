@@ -42,8 +42,25 @@ def render_plan(plan: Plan, all_ranks: bool = False) -> str:
         f"critical path: {m.critical_path:.4f} ms (TorchRec cost model)\n"
         f"lower bound:   {m.lower_bound:.4f} ms  gap {100 * m.gap:.2f}% ({m.bound_method} bound"
         f"{'; proven optimal' if m.optimal else ''})\n"
+        f"{render_movement(plan)}"
         f"plan_id:       {plan.plan_id}  spec_hash {plan.spec_hash}"
     )
+
+
+def render_movement(plan: Plan) -> str:
+    """What a replanned plan moves, against the previous plan and a plan from scratch; empty otherwise."""
+    from rec.units import format_bytes
+
+    m = plan.metrics.movement
+    if not m:
+        return ""
+    fraction = m["moved_bytes"] / m["total_bytes"] if m["total_bytes"] else 0.0
+    fresh = m.get("fresh_critical_path")
+    versus = f", critical path {plan.metrics.critical_path / fresh:.4f}x a plan from scratch" if fresh else ""
+    return (f"moved:         {format_bytes(m['moved_bytes'])} of {format_bytes(m['total_bytes'])} "
+            f"({fraction:.2%}) from plan {plan.previous_plan_id}{versus}\n"
+            f"tables:        {m['kept_tables']} kept, {m['moved_tables']} moved, {m['resized_tables']} resized, "
+            f"{m['added_tables']} added, {m['removed_tables']} removed, {m['reinitialized_tables']} re-initialized\n")
 
 
 def _topology_values(topology: Topology) -> dict[str, str]:

@@ -6,16 +6,20 @@ The search strategy is pluggable (a one-method protocol): the default searches i
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from rec import progress
 from rec.cost.types import CostConfig
+from rec.errors import InputError, Problem
 from rec.plan.build import build_plan
+from rec.plan.movement import Movement, movement
 from rec.plan.types import Plan
 from rec.search import SearchConfig, SearchResult, build_search_space, search_result
 from rec.search.feasibility import packing_failure
 from rec.search.pack import PackingError
 from rec.search.space import SearchSpace
+from rec.search.warm import MAX_REGRESS, previous_placement, warm_starts
 from rec.spec.types import Spec
 from rec.topology.types import Topology
 
@@ -45,3 +49,49 @@ def plan_spec(spec: Spec, topology: Topology, cost: CostConfig = CostConfig(),
         raise packing_failure(space, spec, e.tables) from None
     progress.update("building the plan")
     return build_plan(result, spec, topology, cost, config, result.info)
+
+
+@dataclass(frozen=True)
+class Replanned:
+    plan: Plan  # replanned from the previous plan: previous_plan_id and metrics.movement set
+    fresh: Plan  # searched from scratch in the same run, for comparison
+    movement: Movement
+
+
+def replan_spec(spec: Spec, topology: Topology, previous: Plan, max_regress: float = MAX_REGRESS,
+                cost: CostConfig = CostConfig(), config: SearchConfig = SearchConfig(),
+                searcher: Searcher | None = None) -> Replanned:
+    """The plan for ``spec`` that moves least of ``previous``'s data while its critical path stays
+    within ``(1 + max_regress)`` x that of a plan searched from scratch (``rec.search.warm``)."""
+    from rec.plan import check_plan
+    from rec.topology import topology_from_dict
+
+    check_plan(previous, source=f"the previous plan {previous.plan_id}")
+    if topology_from_dict(previous.topology, source="the previous plan").topology_hash != topology.topology_hash:
+        raise InputError("Cannot replan from this previous plan:", [Problem(
+            f"plan {previous.plan_id}", "was made for another topology; replan from a plan of the same "
+                                        "topology, or plan from scratch (without --previous)")])
+    searcher = searcher or LocalSearcher()
+    space = build_search_space(spec, topology, cost)
+    progress.update("searching from scratch")
+    try:
+        result = searcher.search(space, config)
+    except PackingError as e:
+        raise packing_failure(space, spec, e.tables) from None
+    fresh = build_plan(result, spec, topology, cost, config, result.info)
+    progress.update(f"keeping shards of plan {previous.plan_id} in place")
+    candidates = warm_starts(space, result.assignment, previous_placement(space, spec, previous, cost),
+                             (1 + max_regress) * result.critical_path)
+    extra = {**result.info, "previous_plan_id": previous.plan_id, "max_regress": max_regress}
+    best: tuple[tuple[int, float], Plan, Movement] | None = None
+    for assignment in [*candidates, result.assignment]:  # the fresh plan itself is within the budget
+        plan = build_plan(replace(result, assignment=assignment), spec, topology, cost, config, extra)
+        moved = movement(previous, plan, fresh.metrics.critical_path)
+        key = (moved.moved_bytes, plan.metrics.critical_path)
+        if best is None or key < best[0]:
+            best = (key, plan, moved)
+    assert best is not None
+    _, plan, moved = best
+    plan = replace(plan, previous_plan_id=previous.plan_id,
+                   metrics=replace(plan.metrics, movement=moved.summary()))
+    return Replanned(plan, fresh, moved)

@@ -36,6 +36,7 @@ __all__ = [
     "log_plan",
     "log_training",
     "parent_run",
+    "previous_plan_task",
     "record_unchanged",
 ]
 
@@ -192,3 +193,22 @@ def find_last_planning(tracking: Tracking, inputs: Inputs) -> LastPlanning | Non
 
 
 fetch_plan_task = task(name="fetch-plan", cache_policy=NO_CACHE)(fetch_plan)  # for train_flow
+
+
+@task(name="fetch-previous-plan", cache_policy=NO_CACHE)
+def previous_plan_task(tracking: Tracking, plan_id: str) -> Plan | None:
+    """The plan ``plan_id`` (from MLflow or the outbox), checked, to replan from; None, with a
+    warning, when it cannot be had: the replan then starts from scratch."""
+    import tempfile
+
+    from rec.errors import InputError
+    from rec.plan import check_plan, read_plan
+
+    with tempfile.TemporaryDirectory(prefix="shardflow-previous-") as tmp:
+        try:
+            plan = read_plan(fetch_plan(tracking, plan_id, tmp))
+            check_plan(plan, source=f"the previous plan {plan_id}")
+        except InputError as e:
+            get_run_logger().warning("replanning from scratch: %s", e.render().replace("\n", " "))
+            return None
+    return plan

@@ -28,12 +28,13 @@ SPEC_PATH = "shardflow.spec_path"
 TOPOLOGY_HASH = "shardflow.topology_hash"
 TOPOLOGY_PATH = "shardflow.topology_path"
 REPLAN = "shardflow.replan"  # replan runs: unchanged | replanned
+PREVIOUS_PLAN_ID = "shardflow.previous_plan_id"  # plan runs replanned from a previous plan
 ATTEMPTS = "shardflow.attempts"  # train runs: Prefect attempts the training took
 ERROR = "shardflow.error"  # FAILED runs: the cause, in one line
 PREFECT_FLOW_RUN = "shardflow.prefect_flow_run"  # the Prefect flow run that recorded the run
 PARENT = "mlflow.parentRunId"  # what makes MLflow show a run nested under another
 
-PLAN_ARTIFACTS = ("plan.json", "shards.parquet", "rank_load.png")
+PLAN_ARTIFACTS = ("plan.json", "shards.parquet", "rank_load.png", "movement.parquet")  # the last: replans
 TRAIN_ARTIFACTS = ("train_metrics.json", "iterations.parquet")
 LATENCY_SERIES = "iteration_latency_ms"
 LOSS_SERIES = "loss"
@@ -104,9 +105,14 @@ def plan_record(plan: Plan, inputs: Inputs, parent_key: str | None = None,
     m = plan.metrics
     planner = plan.planner
     measured = {} if planning_s is None else {"planning_s": round(planning_s, 4)}
+    moved = m.movement or {}
+    if moved:
+        measured.update(moved_bytes=float(moved["moved_bytes"]),
+                        moved_fraction=moved["moved_bytes"] / moved["total_bytes"] if moved["total_bytes"] else 0.0)
+    previous = {PREVIOUS_PLAN_ID: plan.previous_plan_id} if plan.previous_plan_id else {}
     return RunRecord(
         key=new_key(), step="plan", name=f"plan-{plan.plan_id}", parent_key=parent_key,
-        tags={STEP: "plan", PLAN_ID: plan.plan_id, **source_tags(inputs), **(tags or {})},
+        tags={STEP: "plan", PLAN_ID: plan.plan_id, **source_tags(inputs), **previous, **(tags or {})},
         params={"tables": str(len(plan.tables)), "world_size": str(plan.topology["world_size"]),
                 "backend": planner.get("backend", "local"), "groups": str(planner.get("groups", 1)),
                 "compute_device": str(plan.topology["compute_device"]),

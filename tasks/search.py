@@ -22,8 +22,9 @@ from rec.cost.types import CostConfig
 from rec.errors import InputError
 from rec.plan import Plan, check_plan, read_plan, write_plan
 from rec.plan.identity import plan_id, planner_config
-from rec.planning import Searcher, plan_spec
+from rec.planning import Searcher, plan_spec, replan_spec
 from rec.search import SearchConfig
+from rec.search.warm import MAX_REGRESS
 from rec.settings import check, knob
 from tasks.ingest import Inputs
 
@@ -45,6 +46,10 @@ class SearchSettings:
     groups: int | None = field(default=None, metadata=knob(
         "table groups for the Ray backend; none: from the table count and cluster CPUs",
         minimum=1, maximum=MAX_GROUPS))
+    max_regress: float = field(default=MAX_REGRESS, metadata=knob(
+        "with a previous plan: the critical path may be this much above a plan searched from scratch "
+        "(0.02: 2 percent), and within it the fewest bytes move; 0: as good as from scratch", minimum=0.0,
+        maximum=1.0))
     cost: CostConfig = field(default_factory=CostConfig)
     config: SearchConfig = field(default_factory=SearchConfig)
 
@@ -56,11 +61,12 @@ class SearchSettings:
 
         return searcher_for_backend(self.backend.value, num_tables, self.groups)
 
-    def request(self) -> dict:
-        """What the plan cache key adds for a non-local backend."""
-        if self.backend is Backend.LOCAL:
-            return {}
-        return {"backend": self.backend.value, "groups": self.groups}
+    def request(self, previous: Plan | None = None) -> dict:
+        """What the plan cache key adds: a non-local backend, a previous plan to replan from."""
+        out: dict = {} if self.backend is Backend.LOCAL else {"backend": self.backend.value, "groups": self.groups}
+        if previous is not None:
+            out.update(previous_plan_id=previous.plan_id, max_regress=self.max_regress)
+        return out
 
 
 @dataclass(frozen=True)
@@ -70,24 +76,29 @@ class Found:
     seconds: float  # wall time of this step (the search, or reading the cached plan)
 
 
-def plan_key(inputs: Inputs, settings: SearchSettings) -> str:
+def plan_key(inputs: Inputs, settings: SearchSettings, previous: Plan | None = None) -> str:
     """The plan_id these inputs will get (local), or that of the request (ray/auto)."""
     return plan_id(inputs.spec.spec_hash, inputs.topology.topology_hash,
-                   planner_config(settings.cost, settings.config, settings.request()))
+                   planner_config(settings.cost, settings.config, settings.request(previous)))
 
 
 def search_plan(inputs: Inputs, settings: SearchSettings = SearchSettings(),
-                cache_dir: str | None = None) -> Found:
-    """The validated plan for ``inputs``: from ``cache_dir`` when planned before, else searched
-    (and then cached). InputError when the tables cannot fit."""
+                cache_dir: str | None = None, previous: Plan | None = None) -> Found:
+    """The plan for ``inputs``: from ``cache_dir`` when planned before, else searched (and then
+    cached). With ``previous``, the plan that moves least of it within ``settings.max_regress``
+    (``rec.planning.replan_spec``). InputError when the tables cannot fit."""
     check(settings, "Cannot plan with these settings:")
     started = time.perf_counter()
-    key = plan_key(inputs, settings)
+    key = plan_key(inputs, settings, previous)
     cached = _cached(Path(cache_dir, key)) if cache_dir else None
     if cached is not None:
         return Found(cached, True, time.perf_counter() - started)
-    plan = plan_spec(inputs.spec, inputs.topology, settings.cost, settings.config,
-                     settings.searcher(len(inputs.spec)))
+    searcher = settings.searcher(len(inputs.spec))
+    if previous is None:
+        plan = plan_spec(inputs.spec, inputs.topology, settings.cost, settings.config, searcher)
+    else:
+        plan = replan_spec(inputs.spec, inputs.topology, previous, settings.max_regress, settings.cost,
+                           settings.config, searcher).plan
     seconds = time.perf_counter() - started
     if cache_dir:
         write_plan(plan, Path(cache_dir, key))

@@ -29,11 +29,13 @@ def ingest_task(spec_path: str, topology_path: str) -> Inputs:
 
 @task(name="search-plan", cache_policy=NO_CACHE, retries=2,
       retry_delay_seconds=exponential_backoff(backoff_factor=2), retry_condition_fn=worth_retrying)
-def search_task(inputs: Inputs, settings: SearchSettings, cache_dir: str | None) -> Found:
-    """Search (or take from the plan cache) and merge; retried with backoff (a lost Ray cluster,
-    a dead driver), but not for an InputError such as tables that fit no rank."""
+def search_task(inputs: Inputs, settings: SearchSettings, cache_dir: str | None,
+                previous: Plan | None = None) -> Found:
+    """Search (or take from the plan cache) and merge, from ``previous`` when given; retried with
+    backoff (a lost Ray cluster, a dead driver), but not for an InputError such as tables that fit
+    no rank."""
     with searching(inputs, settings):
-        return search_plan(inputs, settings, cache_dir)
+        return search_plan(inputs, settings, cache_dir, previous)
 
 
 @task(name="write-plan", cache_policy=NO_CACHE)

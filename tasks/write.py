@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rec.plan import SHARDS_FILE, Plan, validate_plan, write_plan
+from rec.plan.io import MOVEMENT_FILE
 from rec.plan.chart import CHART_FILE, rank_load_chart
 from rec.settings import knob
 
@@ -36,4 +37,5 @@ def write_plan_artifact(plan: Plan, out_dir: str, settings: WriteSettings = Writ
 
     path = write_plan(plan, out_dir, extra=chart if settings.chart else None)
     files = [path, path.parent / SHARDS_FILE] + ([path.parent / CHART_FILE] if settings.chart else [])
+    files += [path.parent / MOVEMENT_FILE] if plan.metrics.movement else []
     return Written(str(path), tuple(str(f) for f in files))

@@ -13,8 +13,8 @@ from datetime import datetime
 from rec.settings import add_flags
 
 HEADER = ("plan_id", "spec_hash", "tables", "world", "backend", "critical_path", "lower_bound",
-          "gap", "trained", "p50_ms", "p90_ms", "samples_s")
-NUMBERS = ("tables", "world", "critical_path", "lower_bound", "gap", "p50_ms", "p90_ms", "samples_s")
+          "gap", "previous", "moved", "trained", "p50_ms", "p90_ms", "samples_s")
+NUMBERS = ("tables", "world", "critical_path", "lower_bound", "gap", "moved", "p50_ms", "p90_ms", "samples_s")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -73,7 +73,9 @@ def plan_row(plan, train) -> tuple:
     p, params = plan.data.metrics, plan.data.params
     row = (plan.data.tags["shardflow.plan_id"], plan.data.tags.get("shardflow.spec_hash", "-"),
            params.get("tables", "-"), params.get("world_size", "-"), params.get("backend", "-"),
-           f"{p['critical_path']:.4f}", f"{p['lower_bound']:.4f}", f"{100 * p.get('gap', 0):.2f}%")
+           f"{p['critical_path']:.4f}", f"{p['lower_bound']:.4f}", f"{100 * p.get('gap', 0):.2f}%",
+           plan.data.tags.get("shardflow.previous_plan_id", "-"),
+           f"{100 * p['moved_fraction']:.2f}%" if "moved_fraction" in p else "-")
     if train is None:
         return row + ("-",) * 4
     if train.info.status == "FAILED":

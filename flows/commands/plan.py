@@ -34,9 +34,43 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", metavar="DIR", required=True,
                         help="where plan.json, shards.parquet and rank_load.png go")
     add_flags(parser.add_argument_group("search"), SearchSettings)
+    add_previous_arguments(parser)
     add_flags(parser.add_argument_group("artifact"), WriteSettings)
     add_flags(parser.add_argument_group("report"), ReportSettings)
     parser.set_defaults(handler=run)
+
+
+def add_previous_arguments(parser: argparse.ArgumentParser) -> None:
+    """--previous / --previous-plan-id: replan from a plan, moving as little of it as --max-regress allows."""
+    from tasks.tracking import TrackingSettings
+
+    group = parser.add_argument_group("replan from a previous plan (moves as little as --max-regress allows)")
+    source = group.add_mutually_exclusive_group()
+    source.add_argument("--previous", metavar="PLAN", help="the previous plan.json (or its directory)")
+    source.add_argument("--previous-plan-id", metavar="ID",
+                        help="the previous plan by its plan_id, from MLflow (or the outbox)")
+    add_flags(group, TrackingSettings, skip=("track",))
+
+
+def previous_plan(args: argparse.Namespace):
+    """The plan ``--previous`` or ``--previous-plan-id`` names, checked; None without either."""
+    import tempfile
+
+    from rec.plan import check_plan, read_plan
+    from rec.settings import from_flags
+    from tasks.plan_fetch import fetch_plan
+    from tasks.tracking import TrackingSettings
+
+    if args.previous:
+        plan = read_plan(args.previous)
+    elif args.previous_plan_id:
+        tracking = from_flags(TrackingSettings, args).resolve()
+        with tempfile.TemporaryDirectory(prefix="shardflow-previous-") as tmp:
+            plan = read_plan(fetch_plan(tracking, args.previous_plan_id, tmp))
+    else:
+        return None
+    check_plan(plan, source=f"the previous plan {plan.plan_id}")
+    return plan
 
 
 def add_input_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,8 +96,9 @@ def run(args: argparse.Namespace) -> int:
     with on_terminal() as shown:
         with ingesting(args.spec):
             inputs = ingest(args.spec, args.topology)
+        previous = previous_plan(args)
         with searching(inputs, search_settings):
-            found = search_plan(inputs, search_settings)
+            found = search_plan(inputs, search_settings, previous=previous)
         with writing(args.out):
             written = write_plan_artifact(found.plan, args.out, from_flags(WriteSettings, args))
     print(render_plan(found.plan, from_flags(ReportSettings, args).all_ranks))

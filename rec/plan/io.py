@@ -26,6 +26,7 @@ from rec.sharding import ComputeKernel, ShardingType
 
 PLAN_FILE = "plan.json"
 SHARDS_FILE = "shards.parquet"
+MOVEMENT_FILE = "movement.parquet"  # replanned plans: bytes moving into and out of each rank
 TMP_PREFIX = ".tmp-plan-"
 WRITE_LOCK = ".plan-write.lock"
 SHARD_COLUMNS = ("plan_id", "table", "sharding_type", "compute_kernel", "shard", "rank",
@@ -272,6 +273,8 @@ def _write_plan_files(plan: Plan, out: Path, extra: Callable[[Path], None] | Non
             writer.write_table(table)
         if writer is not None:
             writer.close()
+        if plan.metrics.movement:
+            _write_movement(plan.metrics.movement, tmp / MOVEMENT_FILE)
         if extra is not None:
             extra(tmp)
         (tmp / PLAN_FILE).write_text(dumps_plan(plan), encoding="utf-8")
@@ -280,6 +283,18 @@ def _write_plan_files(plan: Plan, out: Path, extra: Callable[[Path], None] | Non
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out / PLAN_FILE
+
+
+def _write_movement(movement: dict, path: Path) -> None:
+    """One row per rank: ``rank``, ``bytes_in``, ``bytes_out`` (moved parameter + optimizer bytes)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    incoming = np.asarray(movement["bytes_in"], np.int64)
+    table = pa.Table.from_arrays([_ints(np.arange(len(incoming), dtype=np.int64)), _ints(incoming),
+                                  _ints(np.asarray(movement["bytes_out"], np.int64))],
+                                 names=["rank", "bytes_in", "bytes_out"])
+    pq.write_table(table, path, compression="zstd", store_schema=False)
 
 
 def _remove_abandoned(out: Path) -> None:

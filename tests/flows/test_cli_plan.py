@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 SPECS = ROOT / "examples" / "specs"
 TOPOLOGIES = ROOT / "examples" / "topologies"
@@ -85,3 +87,39 @@ def test_a_topology_whose_reservation_leaves_no_memory_gets_one_clear_error(tmp_
     assert r.returncode == 2
     assert "no memory left" in r.stderr and "lower batch_size" in r.stderr
     assert "table " not in r.stderr and len(r.stderr.splitlines()) < 5
+
+
+def test_plan_with_previous_moves_little_and_says_so(tmp_path):
+    spec = SPECS / "criteo_1tb.yaml"
+    topology = str(TOPOLOGIES / "h100_2x8.yaml")
+    assert shardflow("plan", str(spec), "--topology", topology, "--out", str(tmp_path / "a")).returncode == 0
+    grown = tmp_path / "grown.yaml"
+    grown.write_text(spec.read_text() + "- {name: added, num_embeddings: 5000, embedding_dim: 128}\n")
+    r = shardflow("plan", str(grown), "--topology", topology, "--out", str(tmp_path / "b"),
+                  "--previous", str(tmp_path / "a"))
+    assert r.returncode == 0, r.stderr
+    previous = json.loads((tmp_path / "a" / "plan.json").read_text())
+    plan = json.loads((tmp_path / "b" / "plan.json").read_text())
+    assert plan["previous_plan_id"] == previous["plan_id"] and plan["plan_id"] != previous["plan_id"]
+    assert plan["metrics"]["movement"]["added_tables"] == 1
+    assert "moved:" in r.stdout and f"from plan {previous['plan_id']}" in r.stdout
+    assert (tmp_path / "b" / "movement.parquet").exists()
+
+
+@pytest.mark.parametrize("case", ["other topology", "corrupt previous", "negative max-regress"])
+def test_bad_previous_plans_and_knobs_exit_2(tmp_path, case):
+    spec = str(SPECS / "criteo_1tb.yaml")
+    assert shardflow("plan", spec, "--topology", str(TOPOLOGIES / "h100_1x8.yaml"), "--out",
+                     str(tmp_path / "a")).returncode == 0
+    args = ["--previous", str(tmp_path / "a")]
+    if case == "corrupt previous":
+        (tmp_path / "a" / "plan.json").write_text('{"format": "shardflow.plan/v2", "tables": [')
+    if case == "negative max-regress":
+        args += ["--max-regress", "-1"]
+    topology = "h100_2x8.yaml" if case == "other topology" else "h100_1x8.yaml"
+    r = shardflow("plan", spec, "--topology", str(TOPOLOGIES / topology), "--out", str(tmp_path / "b"), *args)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.splitlines()) < 25
+    assert {"other topology": "another topology", "corrupt previous": "not valid JSON",
+            "negative max-regress": "--max-regress"}[case] in r.stderr
+    assert not (tmp_path / "b").exists()

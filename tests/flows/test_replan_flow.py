@@ -49,3 +49,14 @@ def test_replan_records_unchanged_then_replans_after_a_schema_change(prefect_api
     assert [p.data.tags["mlflow.parentRunId"] for p in by_step["plan"]] == \
         [r.info.run_id for r in replanned]
     assert [p.data.tags["shardflow.plan_id"] for p in by_step["plan"]] == [first.plan_id, third.plan_id]
+    # The schema change was replanned from the first plan: linked, and moving little of it.
+    second_plan = by_step["plan"][1]
+    assert second_plan.data.tags["shardflow.previous_plan_id"] == first.plan_id
+    assert replanned[1].data.tags["shardflow.previous_plan_id"] == first.plan_id
+    assert second_plan.data.metrics["moved_fraction"] <= 0.10
+    import json
+
+    plan = json.loads(Path(third.plan_path).read_text())
+    assert plan["previous_plan_id"] == first.plan_id
+    assert plan["metrics"]["movement"]["added_tables"] == 1
+    assert (Path(third.plan_path).parent / "movement.parquet").exists()

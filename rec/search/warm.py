@@ -1,0 +1,338 @@
+"""Replanning from a previous plan: keep every shard where it is unless moving it buys enough.
+
+Given a target critical path (``(1 + max_regress)`` x that of a plan searched from scratch in the
+same run), two plans within it are built and the one that moves fewer bytes wins:
+
+* *keep*: every kept or resized table keeps its previous sharding type, kernel and ranks; added
+  tables (and tables whose previous option is gone) are placed greedily on top; a rank over its
+  memory sheds the shards whose move costs least; then, while the busiest rank is above the
+  target, the move off it that costs the fewest moved bytes per millisecond gained is made;
+* *pull back*: start from the fresh plan with its ranks relabelled to overlap the previous plan
+  most (a permutation of interchangeable ranks changes no load: an assignment problem over the
+  bytes each rank would keep), give tables their previous option and ranks back, then single
+  shards their previous rank, whenever the target and memory still hold.
+
+If neither reaches the target, the fresh plan is the answer. Moved bytes are estimated here per
+shard (the data of the previous plan a shard holds, if it leaves the rank that held it);
+``rec.plan.movement`` measures the chosen plan exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from rec.cost.tables import optimizer_multiplier
+from rec.cost.types import COMPUTE_KERNELS, SHARDING_TYPES, ST_CODE, CostConfig
+from rec.sharding import ShardingType
+from rec.plan.types import Plan, Replicas
+from rec.search.assignment import Assignment, usage
+from rec.search.placement import Placement, movable
+from rec.search.space import SearchSpace
+from rec.search.refine import refine
+from rec.search.switch import CANDIDATE_TABLES, distinct_options, switch_options
+from rec.search.switch import _place as place_option  # renamed when the search settles
+from rec.search.switch import _tables_on as tables_on
+from rec.search.switch import _without as without
+from rec.spec.types import Spec
+
+DATA_PARALLEL = ST_CODE[ShardingType.DATA_PARALLEL]
+MAX_REGRESS = 0.02  # default: the critical path may be 2% above a plan searched from scratch
+EPS = 1e-12
+MAX_REPAIR_STEPS = 20_000
+MAX_RELABEL_RANKS = 4096  # the assignment problem is ranks x ranks
+
+
+@dataclass(frozen=True)
+class Previous:
+    """The previous plan in the new search space's terms."""
+
+    option: np.ndarray  # (T,) the option with the previous sharding type and kernel, -1 if none
+    first_rank: np.ndarray  # (E,) previous first rank of each entry of those options, -1 if unknown
+    kept_bytes: np.ndarray  # (E,) previous data an entry holds: what moving it off its rank moves
+    table_bytes: np.ndarray  # (T,) previous data of each table (one copy)
+    replicated: np.ndarray  # (T,) bool: the previous plan held a replica of the table on every rank
+
+    def switch_bytes(self, space: SearchSpace, t: int, o: int) -> float:
+        """Estimated previous data that table ``t`` moves with option ``o`` instead of its previous
+        one (0 for the previous option: its shards' ranks are counted apart)."""
+        if o == self.option[t] or self.replicated[t]:
+            return 0.0  # a replicated table is already on every rank, whatever comes next
+        copies = space.world_size - 1 if space.options.sharding_type[o] == DATA_PARALLEL else 1
+        return copies * float(self.table_bytes[t])
+
+
+def previous_placement(space: SearchSpace, spec: Spec, old: Plan, cost: CostConfig) -> Previous:
+    opts = space.options
+    t_count = space.num_tables
+    option = np.full(t_count, -1, np.int64)
+    first_rank = np.full(len(opts.perf), -1, np.int64)
+    kept = np.zeros(len(opts.perf))
+    table_bytes = np.zeros(t_count)
+    replicated = np.zeros(t_count, bool)
+    old_tables = {t.name: t for t in old.tables}
+    old_rows = {r["name"]: r for r in old.spec_tables}
+    dims = np.array([t.embedding_dim for t in spec.tables], np.int64)
+    per_cell = np.array([t.data_type.bytes_per_element for t in spec.tables], float) * \
+        (1.0 + optimizer_multiplier(cost.optimizer, dims))
+    codes = {(s, k): (i, j) for i, s in enumerate(SHARDING_TYPES) for j, k in enumerate(COMPUTE_KERNELS)}
+    lws = space.local_world_size
+    for t, table in enumerate(spec.tables):
+        before, row = old_tables.get(table.name), old_rows.get(table.name)
+        if before is None or row is None or row["embedding_dim"] != table.embedding_dim \
+                or row["data_type"] != table.data_type.value:
+            continue  # added, or re-initialized: nothing of it is on any rank
+        rows_before = int(row["num_embeddings"])
+        table_bytes[t] = rows_before * table.embedding_dim * per_cell[t]
+        replicated[t] = isinstance(before.shards, Replicas)
+        st, ck = codes[(before.sharding_type, before.compute_kernel)]
+        mine = np.flatnonzero((opts.table == t) & (opts.sharding_type == st) & (opts.compute_kernel == ck)
+                              & space.feasible)
+        if not len(mine):
+            continue
+        o = int(mine[0])
+        option[t] = o
+        entries = np.arange(opts.shard_start[o], opts.shard_start[o + 1])
+        visible = np.clip(np.minimum(opts.rows[entries], rows_before - opts.row_offset[entries]), 0, None)
+        kept[entries] = visible * opts.cols[entries] * per_cell[t]
+        kind = space.placement[o]
+        if kind == Placement.EVERY_RANK:
+            first_rank[entries] = space.entry_position[entries]
+        elif kind == Placement.HOST_UNIFORM and not isinstance(before.shards, Replicas) and before.shards:
+            first_rank[entries] = (before.shards[0].rank // lws) * lws + space.entry_position[entries]
+        elif not isinstance(before.shards, Replicas):
+            by_column = {s.offsets[1]: s.rank for s in before.shards if s.offsets[0] == 0}
+            first_rank[entries] = [by_column.get(int(c), -1) for c in opts.col_offset[entries]]
+    return Previous(option, first_rank, kept, table_bytes, replicated)
+
+
+def moved_bytes(space: SearchSpace, a: Assignment, prev: Previous) -> float:
+    """The previous data ``a`` moves, as ``Previous`` estimates it."""
+    same = a.choice == prev.option
+    changed = sum(prev.switch_bytes(space, int(t), int(a.choice[t])) for t in np.flatnonzero(~same))
+    entries = np.concatenate([np.arange(space.options.shard_start[o], space.options.shard_start[o + 1])
+                              for o in a.choice[same]]) if same.any() else np.zeros(0, np.int64)
+    away = (prev.first_rank[entries] >= 0) & (a.shard_rank[entries] != prev.first_rank[entries])
+    return changed + float(prev.kept_bytes[entries][away].sum())
+
+
+def warm_starts(space: SearchSpace, fresh: Assignment, prev: Previous, target: float) -> list[Assignment]:
+    """Plans within ``target`` that keep much of the previous plan's data in place (see the
+    module), fewest estimated moved bytes first; the caller measures them exactly."""
+    kept = _keep(space, fresh, prev, target)
+    starts = [kept, _relabel(space, fresh, prev)]
+    if kept is not None and kept.critical_path > target * (1 + EPS):
+        # The repair got stuck: balance from the kept plan with the full local search, then
+        # bring back what that moved where the target allows.
+        starts.append(_balanced(space, kept))
+    found = [_pull_back(space, a, prev, target) for a in starts if a is not None]
+    found = [a for a in found if a.critical_path <= target * (1 + EPS)]
+    return sorted(found, key=lambda a: (moved_bytes(space, a, prev), a.critical_path))
+
+
+def _entries(space: SearchSpace, o: int) -> np.ndarray:
+    return np.arange(space.options.shard_start[o], space.options.shard_start[o + 1])
+
+
+def _keep(space: SearchSpace, fresh: Assignment, prev: Previous, target: float) -> Assignment | None:
+    choice = np.where(prev.option >= 0, prev.option, fresh.choice)
+    shard_rank = np.full(len(space.options.perf), -1, np.int32)
+    pending = []
+    for t, o in enumerate(choice):
+        entries = _entries(space, int(o))
+        if prev.option[t] == o and (prev.first_rank[entries] >= 0).all():
+            shard_rank[entries] = prev.first_rank[entries]
+        else:
+            pending.append(t)
+    a = usage(space, choice, shard_rank)
+    for t in sorted(pending, key=lambda t: -space.work[choice[t]]):
+        placed = place_option(space, (a.loads, a.hbm, a.ddr), int(choice[t]))
+        if placed is None:
+            return None
+        a.loads, a.hbm, a.ddr, first = placed
+        a.shard_rank[_entries(space, int(choice[t]))] = first
+    if not _shed_memory(space, a, prev):
+        return None
+    _repair(space, a, prev, target)
+    return a
+
+
+def _balanced(space: SearchSpace, a: Assignment) -> Assignment:
+    a = refine(space, a.copy())
+    while switch_options(space, a):
+        refine(space, a)
+    return a
+
+
+def _movable_entries(space: SearchSpace, a: Assignment) -> np.ndarray:
+    placed = np.flatnonzero(a.shard_rank >= 0)
+    return placed[movable(space.placement[space.entry_owner[placed]])]
+
+
+def _cost(prev: Previous, e: np.ndarray, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """Change of moved bytes when entries ``e`` go from ``src`` to ``dst``."""
+    home = prev.first_rank[e]
+    return np.where(src == home, prev.kept_bytes[e], 0.0) - np.where(dst == home, prev.kept_bytes[e], 0.0)
+
+
+def _shed_memory(space: SearchSpace, a: Assignment, prev: Previous) -> bool:
+    """Move shards off ranks over their memory (grown tables kept in place), cheapest first."""
+    opts = space.options
+    for _ in range(MAX_REPAIR_STEPS):
+        over = np.flatnonzero((a.hbm > space.hbm_cap) | (a.ddr > space.ddr_cap))
+        if not len(over):
+            return True
+        r = int(over[0])
+        mine = _movable_entries(space, a)
+        mine = mine[a.shard_rank[mine] == r]
+        if not len(mine):
+            return False
+        e = int(mine[np.argmin(_cost(prev, mine, np.full(len(mine), r), np.full(len(mine), -1)))])
+        q = _target_rank(space, a, e, r)
+        if q is None:
+            return False
+        _move(space, a, e, r, q)
+    return False
+
+
+def _target_rank(space: SearchSpace, a: Assignment, e: int, r: int) -> int | None:
+    """The least-loaded rank (of r's host, for host-bound shards) other than r with room for e."""
+    opts = space.options
+    ranks = np.arange(space.world_size)
+    if space.placement[space.entry_owner[e]] == Placement.HOST_FREE:
+        lws = space.local_world_size
+        ranks = (r // lws) * lws + np.arange(lws)
+    room = ((a.hbm[ranks] + opts.hbm[e] <= space.hbm_cap[ranks])
+            & (a.ddr[ranks] + opts.ddr[e] <= space.ddr_cap[ranks]) & (ranks != r))
+    if not room.any():
+        return None
+    return int(ranks[np.argmin(np.where(room, a.loads[ranks], np.inf))])
+
+
+def _move(space: SearchSpace, a: Assignment, e: int, src: int, dst: int) -> None:
+    opts = space.options
+    a.loads[src] -= opts.perf[e]
+    a.loads[dst] += opts.perf[e]
+    a.hbm[src] -= opts.hbm[e]
+    a.hbm[dst] += opts.hbm[e]
+    a.ddr[src] -= opts.ddr[e]
+    a.ddr[dst] += opts.ddr[e]
+    a.shard_rank[e] = dst
+
+
+def _repair(space: SearchSpace, a: Assignment, prev: Previous, target: float) -> None:
+    """While the busiest rank is above ``target``: the change with the fewest moved bytes per
+    millisecond it takes off the busiest rank: a shard moved to the least-loaded rank with room,
+    or a table of the busiest rank given another of its options."""
+    opts = space.options
+    alternatives = distinct_options(space)
+    for _ in range(MAX_REPAIR_STEPS):
+        r = int(np.argmax(a.loads))
+        cp = float(a.loads[r])
+        if cp <= target * (1 + EPS):
+            return
+        best = None
+        mine = _movable_entries(space, a)
+        for e in mine[a.shard_rank[mine] == r]:
+            q = _target_rank(space, a, int(e), r)
+            if q is None:
+                continue
+            p = opts.perf[e]
+            gain = cp - max(cp - p, a.loads[q] + p)
+            if gain > EPS * cp:
+                cost = float(_cost(prev, np.array([e]), np.array([r]), np.array([q]))[0])
+                if best is None or (cost / gain, -gain) < best[0]:
+                    best = ((cost / gain, -gain), ("move", int(e), q))
+        for t in tables_on(space, a, r)[:CANDIDATE_TABLES]:
+            base = without(space, a, int(t))
+            for o in alternatives.get(int(t), ()):
+                if o == a.choice[t]:
+                    continue
+                placed = place_option(space, base, int(o))
+                if placed is None or placed[0].max() > cp * (1 + EPS):
+                    continue
+                gain = cp - float(placed[0][r])  # several ranks may tie at the top: lower this one
+                if gain > EPS * cp:
+                    cost = prev.switch_bytes(space, int(t), int(o)) - prev.switch_bytes(space, int(t), int(a.choice[t]))
+                    if best is None or (cost / gain, -gain) < best[0]:
+                        best = ((cost / gain, -gain), ("switch", int(t), int(o), placed))
+        if best is None:
+            return
+        change = best[1]
+        if change[0] == "move":
+            _move(space, a, change[1], r, change[2])
+        else:
+            _, t, o, (loads, hbm, ddr, first) = change
+            a.shard_rank[_entries(space, int(a.choice[t]))] = -1
+            a.shard_rank[_entries(space, o)] = first
+            a.choice[t] = o
+            a.loads, a.hbm, a.ddr = loads, hbm, ddr
+
+
+def _relabel(space: SearchSpace, a: Assignment, prev: Previous) -> Assignment:
+    """``a`` with its freely placed shards moved as whole ranks onto the interchangeable rank
+    that held most of them before. Ranks are interchangeable when their fixed-position shards
+    (replicas, row-wise slices) cost and hold the same; with host-bound shards in the plan, only
+    within a host."""
+    from scipy.optimize import linear_sum_assignment
+
+    world = space.world_size
+    free = _movable_entries(space, a)
+    if not len(free) or world > MAX_RELABEL_RANKS:
+        return a
+    opts = space.options
+    fixed = usage(space, a.choice, np.where(np.isin(np.arange(len(a.shard_rank)), free), -1, a.shard_rank))
+    profile = np.stack([np.round(fixed.loads, 9), fixed.hbm, fixed.ddr], axis=1)
+    same = (profile[:, None, :] == profile[None, :, :]).all(axis=2)
+    if (space.placement[space.entry_owner[free]] == Placement.HOST_FREE).any():
+        host = np.arange(world) // space.local_world_size
+        same &= host[:, None] == host[None, :]
+    src = a.shard_rank[free].astype(np.int64)
+    home = prev.first_rank[free]
+    owner = space.entry_owner[free]
+    known = (home >= 0) & (prev.option[opts.table[owner]] == owner)
+    weight = np.zeros((world, world))
+    np.add.at(weight, (src[known], home[known]), prev.kept_bytes[free][known])
+    rows, cols = linear_sum_assignment(np.where(same, -weight, np.inf))
+    to = np.empty(world, np.int64)
+    to[rows] = cols
+    if (to == np.arange(world)).all():
+        return a
+    shard_rank = a.shard_rank.copy()
+    shard_rank[free] = to[src]
+    return usage(space, a.choice, shard_rank)
+
+
+def _pull_back(space: SearchSpace, fresh: Assignment, prev: Previous, target: float) -> Assignment:
+    """The fresh plan with tables, then shards, put back where they were while ``target`` holds."""
+    a = fresh.copy()
+    limit = target * (1 + EPS)
+    for t in np.argsort(-prev.table_bytes, kind="stable"):
+        o = int(prev.option[t])
+        if o < 0 or a.choice[t] == o:
+            continue
+        entries = _entries(space, o)
+        if (prev.first_rank[entries] < 0).any():
+            continue
+        old = _entries(space, int(a.choice[t]))
+        trial_rank = a.shard_rank.copy()
+        trial_rank[old] = -1
+        trial_rank[entries] = prev.first_rank[entries]
+        choice = a.choice.copy()
+        choice[t] = o
+        trial = usage(space, choice, trial_rank)
+        if trial.critical_path <= limit and (trial.hbm <= space.hbm_cap).all() and (trial.ddr <= space.ddr_cap).all():
+            a = trial
+    opts = space.options
+    away = _movable_entries(space, a)
+    away = away[space.placement[space.entry_owner[away]] == Placement.FREE]  # host-bound shards move with their table
+    home = prev.first_rank[away]
+    same = prev.option[opts.table[space.entry_owner[away]]] == space.entry_owner[away]
+    away = away[same & (home >= 0) & (a.shard_rank[away] != home)]
+    for e in away[np.argsort(-prev.kept_bytes[away], kind="stable")]:
+        src, dst = int(a.shard_rank[e]), int(prev.first_rank[e])
+        if (a.loads[dst] + opts.perf[e] <= limit and a.hbm[dst] + opts.hbm[e] <= space.hbm_cap[dst]
+                and a.ddr[dst] + opts.ddr[e] <= space.ddr_cap[dst]):
+            _move(space, a, int(e), src, dst)
+    return a

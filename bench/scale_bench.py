@@ -26,7 +26,6 @@ sys.path.insert(0, str(ROOT))
 from rec.spec import write_spec  # noqa: E402
 from rec.spec.synthetic import issue2282_spec, power_law_spec  # noqa: E402
 
-
 # TorchRec reserves HBM for every feature's input batch: at batch 512, 100,000 power-law tables
 # (pooling factors up to 50) would need 195 GiB per rank before any table, so that case uses 64.
 BATCH = {10_000: 512, 100_000: 64, 2_000: 512}
@@ -51,7 +50,9 @@ def run_plan(spec: Path, topo: Path, out: Path, backend: str, groups: int | None
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stderr[-3000:]}")
     plan = json.loads((out / "plan.json").read_text())
-    rss = int(re.search(r"MAXRSS_KB=(\d+)", r.stderr).group(1))
+    maxrss = re.search(r"MAXRSS_KB=(\d+)", r.stderr)
+    assert maxrss is not None, "/usr/bin/time reported no MAXRSS_KB"
+    rss = int(maxrss.group(1))
     searched = re.search(r"planning time:\s*([\d.]+)", r.stdout)  # plan.json keeps no measured time
     m = plan["metrics"]
     return {"backend": backend, "groups": plan["planner"].get("groups"), "wall_s": round(wall, 2),

@@ -33,7 +33,7 @@ def knob(help: str, *, flag: str | None = None, minimum: float | None = None,
             "metavar": metavar, "cli": cli}
 
 
-def _fields(cls: type) -> Iterator[tuple[dataclasses.Field, Any]]:
+def _fields(cls: type) -> Iterator[tuple[dataclasses.Field[Any], Any]]:
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         yield f, hints[f.name]
@@ -48,7 +48,7 @@ def _optional(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
-def _default(f: dataclasses.Field) -> Any:
+def _default(f: dataclasses.Field[Any]) -> Any:
     if f.default is not dataclasses.MISSING:
         return f.default
     if f.default_factory is not dataclasses.MISSING:
@@ -56,7 +56,7 @@ def _default(f: dataclasses.Field) -> Any:
     return dataclasses.MISSING
 
 
-def flag_name(f: dataclasses.Field, rename: Mapping[str, str] | None = None) -> str:
+def flag_name(f: dataclasses.Field[Any], rename: Mapping[str, str] | None = None) -> str:
     """The flag of field ``f`` without dashes, e.g. ``checkpoint-every``."""
     if rename and f.name in rename:
         return rename[f.name]
@@ -72,8 +72,8 @@ def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: ty
     for f, tp in _fields(cls):
         if f.name in skip or not f.metadata.get("cli", True):
             continue
-        tp, optional = _optional(tp)
-        if dataclasses.is_dataclass(tp):
+        tp, _ = _optional(tp)
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             add_flags(parser, tp, rename, skip, aliases)
             continue
         default = _default(f)

@@ -7,10 +7,10 @@ written by shardflow convert one to one into torchrec objects.
 from __future__ import annotations
 
 import functools
-from enum import Enum
+from enum import StrEnum
 
 
-class ShardingType(str, Enum):
+class ShardingType(StrEnum):
     DATA_PARALLEL = "data_parallel"
     TABLE_WISE = "table_wise"
     COLUMN_WISE = "column_wise"
@@ -20,7 +20,7 @@ class ShardingType(str, Enum):
     GRID_SHARD = "grid_shard"
 
 
-class ComputeKernel(str, Enum):
+class ComputeKernel(StrEnum):
     DENSE = "dense"
     FUSED = "fused"
     FUSED_UVM = "fused_uvm"
@@ -28,7 +28,7 @@ class ComputeKernel(str, Enum):
     KEY_VALUE = "key_value"
 
 
-class ComputeDevice(str, Enum):
+class ComputeDevice(StrEnum):
     CPU = "cpu"
     CUDA = "cuda"
 
@@ -54,7 +54,7 @@ def sharder_options(device: ComputeDevice) -> dict[ShardingType, tuple[ComputeKe
     cpu: data_parallel (dense); table_wise, column_wise, table_column_wise (fused).
     cuda: data_parallel (dense); those three plus row_wise and table_row_wise (fused, fused_uvm,
     fused_uvm_caching)."""
-    types = (ShardingType.DATA_PARALLEL, *_MODEL_PARALLEL)
+    types: tuple[ShardingType, ...] = (ShardingType.DATA_PARALLEL, *_MODEL_PARALLEL)
     kernels: tuple[ComputeKernel, ...] = (ComputeKernel.FUSED,)
     if device == ComputeDevice.CUDA:
         types += _CUDA_ONLY
@@ -68,12 +68,12 @@ def is_available(device: ComputeDevice, sharding_type: ShardingType, kernel: Com
     return kernel in sharder_options(device).get(sharding_type, ())
 
 
-class Pooling(str, Enum):
+class Pooling(StrEnum):
     SUM = "SUM"
     MEAN = "MEAN"
 
 
-class DataType(str, Enum):
+class DataType(StrEnum):
     FP32 = "FP32"
     FP16 = "FP16"
     BF16 = "BF16"

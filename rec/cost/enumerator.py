@@ -29,20 +29,23 @@ Deliberate deviations (asserted in tests/rec/test_cost.py):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 import numpy as np
+import numpy.typing as npt
 
 from rec.cost.bandwidth import kernel_bw
+from rec.cost.constants import CUDA_DIM_MULTIPLE, CUDA_MAX_SHARD_DIM
 from rec.cost.perf import shard_perf
 from rec.cost.shards import layout
 from rec.cost.storage import kernel_storage, storage_parts
 from rec.cost.tables import TableArrays, table_arrays
 from rec.cost.types import CK_CODE, ST_CODE, CostConfig, Options
 from rec.errors import ProblemList
-from rec.cost.constants import CUDA_DIM_MULTIPLE, CUDA_MAX_SHARD_DIM
 from rec.sharding import ComputeDevice, ComputeKernel, ShardingType, sharder_options
 from rec.spec.types import Spec
 from rec.topology.types import Topology
+
 
 def enumerate_options(
     spec: Spec, topology: Topology, config: CostConfig = CostConfig()
@@ -155,7 +158,7 @@ def _check_every_table_has_options(spec: Spec, blocks: list[_Block]) -> None:
     problems.raise_if_any("Some tables have no sharding option on this topology")
 
 
-def _names(values) -> str:
+def _names(values: tuple[StrEnum, ...] | None) -> str:
     return "any" if not values else ",".join(v.value for v in values)
 
 
@@ -174,7 +177,7 @@ _RUN_DTYPES = {
 
 def _assemble(blocks: list[_Block]) -> Options:
     """Concatenate blocks and order options by (table, sharding type, kernel), runs along."""
-    def cat(arrays: list, dtype) -> np.ndarray:
+    def cat(arrays: list[npt.ArrayLike], dtype: npt.DTypeLike) -> np.ndarray:
         return np.concatenate(arrays or [[]]).astype(dtype)
 
     table = cat([b.table for b in blocks], np.int32)

@@ -61,7 +61,9 @@ def block_usage_penalty(dims: np.ndarray) -> np.ndarray:
     )
 
 
-def _table_wise(topology, bw, d, e, bi, bo) -> np.ndarray:
+def _table_wise(
+    topology: Topology, bw: float, d: np.ndarray, e: np.ndarray, bi: np.ndarray, bo: np.ndarray
+) -> np.ndarray:
     """``TableWiseEvaluator`` (also column_wise and table_column_wise)."""
     w = topology.world_size
     input_read = np.ceil(bi * w * INDEX_BYTES)
@@ -72,10 +74,14 @@ def _table_wise(topology, bw, d, e, bi, bo) -> np.ndarray:
     a2a = comms_bw(topology, Collective.ALL_TO_ALL, w, topology.local_world_size)
     fwd_comms = output / a2a
     bwd_comms = output / a2a
-    return fwd + bwd + fwd_comms + bwd_comms + 0.0
+    total: np.ndarray = fwd + bwd + fwd_comms + bwd_comms + 0.0
+    return total
 
 
-def _row_wise(topology, bw, d, e, bi, bo, group: int, by_host: bool) -> np.ndarray:
+def _row_wise(
+    topology: Topology, bw: float, d: np.ndarray, e: np.ndarray, bi: np.ndarray, bo: np.ndarray,
+    group: int, by_host: bool,
+) -> np.ndarray:
     """``RowWiseEvaluator`` (group = world) and ``TableRowWiseEvaluator`` (group = host)."""
     w, lw = topology.world_size, topology.local_world_size
     input_read = np.ceil(bi / group * w * INDEX_BYTES)
@@ -87,7 +93,8 @@ def _row_wise(topology, bw, d, e, bi, bo, group: int, by_host: bool) -> np.ndarr
     if not by_host:
         fwd_comms = output / comms_bw(topology, Collective.REDUCE_SCATTER, w, lw)
         bwd_comms = output / comms_bw(topology, Collective.ALL_GATHER, w, lw) + batched_copy
-        return fwd + bwd + fwd_comms + bwd_comms + 0.0
+        total: np.ndarray = fwd + bwd + fwd_comms + bwd_comms + 0.0
+        return total
     # Reduce-scatter / all-gather inside the host group, all-to-all across groups.
     intra_fwd = output / comms_bw(topology, Collective.REDUCE_SCATTER, group, min(group, lw))
     intra_bwd = output / comms_bw(topology, Collective.ALL_GATHER, group, min(group, lw))
@@ -97,10 +104,14 @@ def _row_wise(topology, bw, d, e, bi, bo, group: int, by_host: bool) -> np.ndarr
         inter = bo * groups * d * e / comms_bw(topology, Collective.ALL_TO_ALL, groups, 1)
     fwd_comms = intra_fwd + inter
     bwd_comms = inter + intra_bwd + batched_copy
-    return fwd + bwd + fwd_comms + bwd_comms + 0.0
+    total = fwd + bwd + fwd_comms + bwd_comms + 0.0
+    return total
 
 
-def _data_parallel(topology, bw, d, rows, e, bi, bo) -> np.ndarray:
+def _data_parallel(
+    topology: Topology, bw: float, d: np.ndarray, rows: np.ndarray, e: np.ndarray, bi: np.ndarray,
+    bo: np.ndarray,
+) -> np.ndarray:
     """``DataParallelEvaluator``: local lookups, gradient all-reduce plus optimizer kernels."""
     w, lw = topology.world_size, topology.local_world_size
     input_read = np.ceil(bi * INDEX_BYTES)
@@ -116,4 +127,5 @@ def _data_parallel(topology, bw, d, rows, e, bi, bo) -> np.ndarray:
     if w > 2 * lw:
         all_reduce = all_reduce * 2
     optimizer_kernels = table_size * DP_ELEMENTWISE_KERNELS_PERF_FACTOR / bw
-    return fwd + bwd + 0 + (all_reduce + optimizer_kernels) + 0.0
+    total: np.ndarray = fwd + bwd + 0 + (all_reduce + optimizer_kernels) + 0.0
+    return total

@@ -12,7 +12,6 @@ from rec.spec.types import Spec
 from rec.topology.types import Topology
 
 
-
 def kjt_bytes(spec: Spec, batch_size: int) -> int:
     """``_get_kjt_storage``: ceil(sum of per-feature pf * batch_size * 8) * 20."""
     n = len(spec.tables)

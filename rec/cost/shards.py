@@ -15,7 +15,6 @@ from rec.cost.constants import MIN_CW_DIM
 from rec.sharding import ShardingType
 
 
-
 @dataclass(frozen=True)
 class Layout:
     """Shard runs of one sharding type for n tables; the runs of one table are contiguous."""

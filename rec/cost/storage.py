@@ -16,7 +16,6 @@ from rec.cost.constants import INDEX_BYTES, UVM_CACHING_RATIO
 from rec.sharding import ComputeDevice, ComputeKernel, ShardingType
 
 
-
 @dataclass(frozen=True)
 class StorageParts:
     """Per-run byte counts shared by every kernel of one sharding type."""
@@ -75,14 +74,20 @@ def kernel_storage(
     return parts.weights + parts.io, np.zeros_like(parts.io)
 
 
-def _with_optimizer(storage, shard_elems, table_elems, dp: bool, multiplier) -> np.ndarray:
+def _with_optimizer(
+    storage: np.ndarray, shard_elems: np.ndarray, table_elems: np.ndarray, dp: bool, multiplier: np.ndarray
+) -> np.ndarray:
     """``_calculate_tensor_sizes`` + ``_calculate_optimizer_sizes`` for one storage tier."""
     tensor = storage if dp else ceil_true_div(storage, shard_elems, table_elems)
     optimizer = np.ceil(tensor * multiplier).astype(np.int64)
-    return tensor + optimizer
+    total: np.ndarray = tensor + optimizer
+    return total
 
 
-def _io_sizes(st, w, lw, dims, rows, cols, elem, bi, bo) -> tuple[np.ndarray, np.ndarray]:
+def _io_sizes(
+    st: ShardingType, w: int, lw: int, dims: np.ndarray, rows: np.ndarray, cols: np.ndarray,
+    elem: np.ndarray, bi: np.ndarray, bo: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
     """``_calculate_shard_io_sizes`` for pooled outputs of the table's element size."""
     if st == ShardingType.DATA_PARALLEL:
         return _ceil(bi * INDEX_BYTES), _ceil(bo * dims * elem)
@@ -98,7 +103,8 @@ def _io_sizes(st, w, lw, dims, rows, cols, elem, bi, bo) -> tuple[np.ndarray, np
 
 
 def _ceil(x: np.ndarray) -> np.ndarray:
-    return np.ceil(x).astype(np.int64)
+    out: np.ndarray = np.ceil(x).astype(np.int64)
+    return out
 
 
 def ceil_true_div(a: np.ndarray, p: np.ndarray, q: np.ndarray) -> np.ndarray:

@@ -10,11 +10,14 @@ otherwise, as ``EmbeddingBagCollection`` allocates tables for training.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
 from rec.cost.types import CK_CODE, COMPUTE_KERNELS, SHARDING_TYPES, ST_CODE, CostConfig, Optimizer
 from rec.spec.types import Spec
+
+K = TypeVar("K")  # ShardingType or ComputeKernel
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,7 @@ def table_arrays(spec: Spec, batch_size: int, config: CostConfig) -> TableArrays
     )
 
 
-def _apply_allow_lists(allowed: np.ndarray, lists: list[tuple[int, tuple]], code: dict) -> None:
+def _apply_allow_lists(allowed: np.ndarray, lists: list[tuple[int, tuple[K, ...]]], code: dict[K, int]) -> None:
     """Restrict the rows of tables with an allow-list to the codes it names."""
     if not lists:
         return
@@ -89,9 +92,9 @@ def _batch_sums(pf: np.ndarray, nf: np.ndarray, batch_size: int) -> tuple[np.nda
         # TorchRec sums per-feature terms with Python's sum(); repeat it where there are several
         # features so that the float rounding (and the ceil() applied later) is identical.
         sums: dict[tuple[float, int], float] = {}
-        for i, x, k in zip(multi.tolist(), inputs[multi].tolist(), nf[multi].tolist()):
+        for i, x, k in zip(multi.tolist(), inputs[multi].tolist(), nf[multi].tolist(), strict=True):
             inputs[i] = sums.setdefault((x, k), sum([x] * k))
-        for i, x, k in zip(multi.tolist(), outputs[multi].tolist(), nf[multi].tolist()):
+        for i, x, k in zip(multi.tolist(), outputs[multi].tolist(), nf[multi].tolist(), strict=True):
             outputs[i] = sums.setdefault((x, k), sum([x] * k))
     return inputs, outputs
 

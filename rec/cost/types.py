@@ -14,7 +14,7 @@ of a data_parallel or row_wise option lives on rank k. ``expand()`` gives one en
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 import numpy as np
 
@@ -29,7 +29,7 @@ ST_CODE = {st: i for i, st in enumerate(SHARDING_TYPES)}
 CK_CODE = {ck: i for i, ck in enumerate(COMPUTE_KERNELS)}
 
 
-class Optimizer(str, Enum):
+class Optimizer(StrEnum):
     """Optimizer whose state TorchRec's storage estimator adds to each shard."""
 
     NONE = "none"
@@ -64,15 +64,8 @@ class Options:
     col_offset: np.ndarray  # (S,) int64
     rows: np.ndarray  # (S,) int64
     cols: np.ndarray  # (S,) int64
-    repeat: np.ndarray | None = None  # (S,) int32 shards per entry; None: all 1
-    row_step: np.ndarray | None = None  # (S,) int64 row offset step within a run; None: all 0
-
-    def __post_init__(self) -> None:
-        n = len(self.perf)
-        if self.repeat is None:
-            object.__setattr__(self, "repeat", np.ones(n, dtype=np.int32))
-        if self.row_step is None:
-            object.__setattr__(self, "row_step", np.zeros(n, dtype=np.int64))
+    repeat: np.ndarray  # (S,) int32 shards per entry
+    row_step: np.ndarray  # (S,) int64 row offset step within a run
 
     @property
     def num_options(self) -> int:
@@ -96,12 +89,14 @@ class Options:
         """(O,) the sum of a per-shard quantity over each option's shards (runs expanded)."""
         if not self.num_options:
             return values[:0]
-        return np.add.reduceat(values * self.repeat, self.shard_start[:-1])
+        expanded: np.ndarray = values * self.repeat
+        return np.add.reduceat(expanded, self.shard_start[:-1])
 
     def num_shards(self) -> np.ndarray:
         """Shards per option, runs expanded (data_parallel and row_wise: world_size)."""
         totals = np.concatenate(([0], np.cumsum(self.repeat, dtype=np.int64)))
-        return totals[self.shard_start[1:]] - totals[self.shard_start[:-1]]
+        shards: np.ndarray = totals[self.shard_start[1:]] - totals[self.shard_start[:-1]]
+        return shards
 
     def expand(self) -> Options:
         """The same options with one entry per shard (repeat all 1); for small topologies."""
@@ -121,4 +116,6 @@ class Options:
             col_offset=self.col_offset[idx],
             rows=self.rows[idx],
             cols=self.cols[idx],
+            repeat=np.ones(len(idx), dtype=np.int32),
+            row_step=np.zeros(len(idx), dtype=np.int64),
         )

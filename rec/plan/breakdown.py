@@ -104,7 +104,6 @@ def _option_keys(options: Options) -> dict[tuple[int, int, int], int]:
 def _entries_by_offset(options: Options, sl: slice) -> dict[tuple[int, int], int]:
     """(row offset, col offset) of every shard of one option -> its entry (run) index."""
     out = {}
-    assert options.repeat is not None and options.row_step is not None
     for e in range(sl.start, sl.stop):
         for k in range(int(options.repeat[e])):
             out[(int(options.row_offset[e] + k * options.row_step[e]), int(options.col_offset[e]))] = e

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from rec.cost.types import ST_CODE, CostConfig
-from rec.plan.identity import plan_id, planner_config
-from rec.search.assignment import chosen_shards
 from rec.plan.columns import TableColumns
+from rec.plan.identity import plan_id, planner_config
 from rec.plan.types import Plan, PlanMetrics
+from rec.search.assignment import chosen_shards
 from rec.search.config import SearchConfig
 from rec.search.result import SearchResult
 from rec.sharding import ShardingType
@@ -19,7 +21,7 @@ from rec.topology.types import Topology
 
 
 def build_plan(result: SearchResult, spec: Spec, topology: Topology, cost: CostConfig,
-               search: SearchConfig, extra_planner: dict | None = None) -> Plan:
+               search: SearchConfig, extra_planner: dict[str, Any] | None = None) -> Plan:
     """``extra_planner`` (e.g. the number of search groups) joins the plan_id too."""
     space, a = result.space, result.assignment
     opts = space.options

@@ -53,7 +53,8 @@ class TableColumns(Sequence[TablePlan]):
         i = range(len(self))[i]
         lo, hi = int(self.shard_start[i]), int(self.shard_start[i + 1])
         shards = tuple(Shard(int(r), (int(a), int(b)), (int(c), int(d))) for r, a, b, c, d in zip(
-            self.rank[lo:hi], self.row_offset[lo:hi], self.col_offset[lo:hi], self.rows[lo:hi], self.cols[lo:hi]))
+            self.rank[lo:hi], self.row_offset[lo:hi], self.col_offset[lo:hi], self.rows[lo:hi], self.cols[lo:hi],
+            strict=True))
         seq_shards: Sequence[Shard] = shards
         ranks: Sequence[int] = tuple(s.rank for s in shards)
         if self.replicated[i]:

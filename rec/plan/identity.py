@@ -6,7 +6,7 @@ when the plan is read back (``identity_problems``), so an edited plan.json is ca
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rec.errors import InputError, Problem
 from rec.hashing import content_hash
@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 PLAN_ID_FORMAT = "shardflow.plan/v1"
 
 
-def planner_config(cost: CostConfig, search: SearchConfig, extra: dict | None = None) -> dict:
+def planner_config(cost: CostConfig, search: SearchConfig,
+                   extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The planner configuration a plan_id covers; ``extra`` is what the searcher adds (e.g. the
     Ray backend and its groups)."""
     c = asdict(cost)
@@ -28,7 +29,7 @@ def planner_config(cost: CostConfig, search: SearchConfig, extra: dict | None = 
     return {"cost": c, "search": asdict(search), **(extra or {})}
 
 
-def plan_id(spec_hash: str, topology_hash: str, planner: dict) -> str:
+def plan_id(spec_hash: str, topology_hash: str, planner: dict[str, Any]) -> str:
     """The one formula for plan ids."""
     return content_hash({"format": PLAN_ID_FORMAT, "spec": spec_hash, "topology": topology_hash,
                          "planner": planner})

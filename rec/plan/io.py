@@ -16,11 +16,12 @@ import socket
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, fields
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from rec.errors import InputError, Problem
 from rec.cost.types import COMPUTE_KERNELS, SHARDING_TYPES
+from rec.errors import InputError, Problem
 from rec.plan.types import PLAN_FORMAT, PLAN_FORMATS, Plan, PlanMetrics, Replicas, Shard, TablePlan
 from rec.sharding import ComputeKernel, ShardingType
 
@@ -34,14 +35,15 @@ SHARD_COLUMNS = ("plan_id", "table", "sharding_type", "compute_kernel", "shard",
 ROWS_PER_GROUP = 1 << 22  # shards.parquet is written in row groups of at most this many shards
 
 
-def plan_to_dict(plan: Plan) -> dict:
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
     """The plan as plan.json holds it (for inspection; ``dumps_plan`` writes the text)."""
     import orjson
 
-    return orjson.loads(dumps_plan(plan))
+    payload: dict[str, Any] = orjson.loads(dumps_plan(plan))
+    return payload
 
 
-def _header(plan: Plan) -> dict:
+def _header(plan: Plan) -> dict[str, Any]:
     metrics = asdict(plan.metrics)
     if metrics["movement"] is None:
         del metrics["movement"]
@@ -94,8 +96,8 @@ def plan_from_dict(d: object, source: str = "plan") -> Plan:
         if not isinstance(m, dict):
             raise TypeError("metrics must be a mapping")
         known = {f.name for f in fields(PlanMetrics)}  # newer plans may carry more metrics
-        metrics = PlanMetrics(**{k: tuple(v) if isinstance(v, list) else v for k, v in m.items()
-                                 if k in known})
+        values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in m.items() if k in known}
+        metrics = PlanMetrics(**values)
         spec = tuple(_list(d.get("spec", [])))
         if not all(isinstance(row, dict) for row in spec):
             raise TypeError("spec rows must be mappings")
@@ -107,7 +109,7 @@ def plan_from_dict(d: object, source: str = "plan") -> Plan:
         raise InputError(f"{source} is not a valid shardflow plan:", [Problem(source, what)]) from None
 
 
-def _table_from_dict(t: dict, world: int) -> TablePlan:
+def _table_from_dict(t: object, world: int) -> TablePlan:
     if not isinstance(t, dict):
         raise TypeError(f"a table entry must be a mapping, got {t!r:.60}")
     shards: tuple[Shard, ...] | Replicas
@@ -133,7 +135,8 @@ def _table_from_dict(t: dict, world: int) -> TablePlan:
     )
 
 
-def _as_replicas(shards: tuple[Shard, ...], ranks: tuple[int, ...], world: int):
+def _as_replicas(shards: tuple[Shard, ...], ranks: tuple[int, ...],
+                 world: int) -> tuple[tuple[Shard, ...] | Replicas, tuple[int, ...] | range]:
     """v1's explicit replicas as ``Replicas`` when they are exactly one per rank (else as they are,
     for validation to name what is wrong)."""
     if shards and len(shards) == world and ranks == tuple(range(world)) \
@@ -143,7 +146,7 @@ def _as_replicas(shards: tuple[Shard, ...], ranks: tuple[int, ...], world: int):
     return shards, ranks
 
 
-def _list(value: object) -> list:
+def _list(value: object) -> list[Any]:
     if not isinstance(value, list):
         raise TypeError(f"expected a list, got {value!r:.60}")
     return value
@@ -206,7 +209,7 @@ def read_plan(path: str | Path) -> Plan:
     return plan_from_dict(payload, str(path))
 
 
-def shard_tables(plan: Plan, rows_per_group: int = ROWS_PER_GROUP) -> Iterator:
+def shard_tables(plan: Plan, rows_per_group: int = ROWS_PER_GROUP) -> Iterator[Any]:
     """``shards.parquet``'s rows as Arrow tables of at most ``rows_per_group`` shards (more for
     one table with more shards): one row per shard, replicas expanded, in table and shard order."""
     import pyarrow as pa
@@ -285,7 +288,7 @@ def _write_plan_files(plan: Plan, out: Path, extra: Callable[[Path], None] | Non
     return out / PLAN_FILE
 
 
-def _write_movement(movement: dict, path: Path) -> None:
+def _write_movement(movement: dict[str, Any], path: Path) -> None:
     """One row per rank: ``rank``, ``bytes_in``, ``bytes_out`` (moved parameter + optimizer bytes)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -314,7 +317,7 @@ def _remove_abandoned(out: Path) -> None:
 # argument is a pandas object, which would dominate planning 500 tables.
 
 
-def _strings(values: list[str]):
+def _strings(values: list[str]) -> Any:
     import pyarrow as pa
 
     encoded = [v.encode() for v in values]
@@ -324,7 +327,7 @@ def _strings(values: list[str]):
     return pa.Array.from_buffers(pa.string(), len(values), buffers)
 
 
-def _ints(values: np.ndarray):
+def _ints(values: np.ndarray) -> Any:
     import pyarrow as pa
 
     wide = values.dtype != np.int32

@@ -12,6 +12,7 @@ on rank R, its overlap with the old table minus its overlap with the old shards 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -39,10 +40,10 @@ class Movement:
     def moved_fraction(self) -> float:
         return self.moved_bytes / self.total_bytes if self.total_bytes else 0.0
 
-    def summary(self) -> dict:
-        """What plan.json's ``metrics.movement`` holds (the per-rank bytes go to movement.parquet)."""
+    def summary(self) -> dict[str, Any]:
+        """What plan.json's ``metrics.movement`` holds (the per-rank bytes also go to movement.parquet)."""
         d = asdict(self)
-        d.pop("bytes_in"), d.pop("bytes_out")
+        d["bytes_in"], d["bytes_out"] = list(self.bytes_in), list(self.bytes_out)
         return d
 
 
@@ -55,9 +56,9 @@ def movement(old: Plan, new: Plan, fresh_critical_path: float | None = None) -> 
     moved, total = 0, 0
     bytes_in, bytes_out = np.zeros(world, np.int64), np.zeros(world, np.int64)
     counts = {"kept": 0, "resized": 0, "reinitialized": 0, "added": 0, "moved": 0}
-    for row, table in zip(new.spec_tables, new.tables):
+    for row, table in zip(new.spec_tables, new.tables, strict=True):
         per_cell = _bytes_per_cell(row, optimizer)
-        total += int(round(per_cell * _cells(table)))
+        total += round(per_cell * _cells(table))
         before = old_rows.get(row["name"])
         kind = _kind(before, row)
         counts[kind] += 1
@@ -66,7 +67,7 @@ def movement(old: Plan, new: Plan, fresh_critical_path: float | None = None) -> 
         assert before is not None
         cells_in, cells_out = _moved_cells(old_tables[row["name"]], table, int(before["num_embeddings"]),
                                            int(row["embedding_dim"]), world)
-        table_moved = int(round(cells_in.sum() * per_cell))
+        table_moved = round(float(cells_in.sum()) * per_cell)
         moved += table_moved
         counts["moved"] += table_moved > 0
         bytes_in += np.rint(cells_in * per_cell).astype(np.int64)
@@ -77,7 +78,7 @@ def movement(old: Plan, new: Plan, fresh_critical_path: float | None = None) -> 
                     tuple(int(x) for x in bytes_in), tuple(int(x) for x in bytes_out))
 
 
-def _kind(before: dict | None, row: dict) -> str:
+def _kind(before: dict[str, Any] | None, row: dict[str, Any]) -> str:
     if before is None:
         return "added"
     if before["embedding_dim"] != row["embedding_dim"] or before["data_type"] != row["data_type"]:
@@ -85,7 +86,7 @@ def _kind(before: dict | None, row: dict) -> str:
     return "kept" if before["num_embeddings"] == row["num_embeddings"] else "resized"
 
 
-def _bytes_per_cell(row: dict, optimizer: Optimizer) -> float:
+def _bytes_per_cell(row: dict[str, Any], optimizer: Optimizer) -> float:
     """Weight plus optimizer-state bytes per weight of the table (``rec.cost.storage``'s rule)."""
     dim = int(row["embedding_dim"])
     mult = float(optimizer_multiplier(optimizer, np.array([dim]))[0])
@@ -117,7 +118,8 @@ def _overlap(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         - np.maximum(a[:, None, 0], b[None, :, 0])
     cols = np.minimum(a[:, None, 1] + a[:, None, 3], b[None, :, 1] + b[None, :, 3]) \
         - np.maximum(a[:, None, 1], b[None, :, 1])
-    return np.maximum(rows, 0) * np.maximum(cols, 0)
+    area: np.ndarray = np.maximum(rows, 0) * np.maximum(cols, 0)
+    return area
 
 
 def _moved_cells(old: TablePlan, new: TablePlan, old_rows: int, dim: int,

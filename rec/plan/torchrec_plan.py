@@ -5,11 +5,16 @@ Imports torch/torchrec; only the training job and the benchmarks load this modul
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rec.plan.types import Plan
 from rec.sharding import ShardingType
 
+if TYPE_CHECKING:
+    from torchrec.distributed.types import EmbeddingModuleShardingPlan, ShardingPlan
 
-def module_sharding_plan(plan: Plan):
+
+def module_sharding_plan(plan: Plan) -> EmbeddingModuleShardingPlan:
     """The ``EmbeddingModuleShardingPlan`` for one EmbeddingBagCollection holding every table."""
     from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata
     from torchrec.distributed.planner.utils import placement
@@ -35,7 +40,7 @@ def module_sharding_plan(plan: Plan):
     return module_plan
 
 
-def to_sharding_plan(plan: Plan, module_path: str = ""):
+def to_sharding_plan(plan: Plan, module_path: str = "") -> ShardingPlan:
     """A ``ShardingPlan`` with the EmbeddingBagCollection at ``module_path`` in the model."""
     from torchrec.distributed.types import ShardingPlan
 

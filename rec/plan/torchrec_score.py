@@ -13,11 +13,16 @@ import time
 import warnings
 from collections import Counter, defaultdict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from rec.cost.types import CostConfig, Optimizer
 from rec.plan.types import Plan
 from rec.spec.types import Spec
 from rec.topology.types import Topology
+
+if TYPE_CHECKING:
+    from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
+    from torchrec.distributed.planner.types import Topology as TorchrecTopology
 
 
 @dataclass(frozen=True)
@@ -50,20 +55,21 @@ class TorchrecScore:
                      if self.rank_hbm[r] > self.rank_hbm_cap[r] or self.rank_ddr[r] > self.rank_ddr_cap[r])
 
 
-def _optimizer_class(optimizer: Optimizer):
+def _optimizer_class(optimizer: Optimizer) -> type[Any] | None:
     import torch
     import torchrec.optim as trec_optim
 
-    return {
+    classes: dict[Optimizer, type[Any] | None] = {
         Optimizer.NONE: None,
         Optimizer.SGD: torch.optim.SGD,
         Optimizer.ADAM: torch.optim.Adam,
         Optimizer.ROWWISE_ADAGRAD: trec_optim.RowWiseAdagrad,
         Optimizer.ADAGRAD: torch.optim.Adagrad,
-    }[optimizer]
+    }
+    return classes[optimizer]
 
 
-def torchrec_topology(topology: Topology):
+def torchrec_topology(topology: Topology) -> TorchrecTopology:
     """TorchRec's ``Topology`` as ``rec.cost`` models it (ssd_cap=0: no SSD tier, so no key_value)."""
     from torchrec.distributed.planner.types import Topology as TorchrecTopology
 
@@ -81,7 +87,8 @@ def torchrec_topology(topology: Topology):
     )
 
 
-def torchrec_inputs(spec: Spec, topology: Topology, cost: CostConfig = CostConfig()):
+def torchrec_inputs(spec: Spec, topology: Topology,
+                    cost: CostConfig = CostConfig()) -> tuple[Any, dict[str, Any], TorchrecTopology, list[Any]]:
     """(EBC on the meta device, constraints by table, TorchRec Topology, sharders): what shardflow plans."""
     import torch
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
@@ -108,14 +115,14 @@ def torchrec_inputs(spec: Spec, topology: Topology, cost: CostConfig = CostConfi
     return ebc, constraints, torchrec_topology(topology), [EmbeddingBagCollectionSharder()]
 
 
-def _storage_reservation(topology: Topology):
+def _storage_reservation(topology: Topology) -> HeuristicalStorageReservation:
     from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
 
     return HeuristicalStorageReservation(percentage=topology.storage_reservation)
 
 
 def run_torchrec_planner(spec: Spec, topology: Topology, cost: CostConfig = CostConfig(),
-                         proposer=None, timeout_s: int | None = None) -> TorchrecRun:
+                         proposer: Any = None, timeout_s: int | None = None) -> TorchrecRun:
     """Run TorchRec's EmbeddingShardingPlanner (``proposer`` None: its four default proposers)."""
     from torchrec.distributed.planner import EmbeddingShardingPlanner
     from torchrec.distributed.planner.perf_models import NoopPerfModel

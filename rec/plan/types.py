@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, overload
+from typing import TYPE_CHECKING, Any, overload
 
 from rec.sharding import ComputeKernel, ShardingType
 
@@ -79,19 +79,19 @@ class PlanMetrics:
     rank_ddr_cap: tuple[int, ...]
     bound_method: str = "unknown"  # how lower_bound was proven (v1 plans do not say)
     optimal: bool = False  # proven optimal: the critical path equals a proven lower bound
-    movement: dict | None = None  # replanned with a previous plan: rec.plan.movement.Movement.summary()
+    movement: dict[str, Any] | None = None  # replanned with a previous plan: rec.plan.movement.Movement.summary()
 
 
 @dataclass(frozen=True)
 class Plan:
     plan_id: str
     spec_hash: str
-    topology: dict  # the normalized topology (DESIGN.md keys)
-    planner: dict  # cost and search configuration the plan_id covers
+    topology: dict[str, Any]  # the normalized topology (DESIGN.md keys)
+    planner: dict[str, Any]  # cost and search configuration the plan_id covers
     tables: Sequence[TablePlan]  # a tuple, or rec.plan.columns.TableColumns (built plans)
     metrics: PlanMetrics
     # The spec rows the plan was made for, so a training job needs nothing else.
-    spec_tables: tuple[dict, ...] = ()
+    spec_tables: tuple[dict[str, Any], ...] = ()
     previous_plan_id: str | None = None  # the plan this one was replanned from (minimal movement)
 
     def table(self, name: str) -> TablePlan:

@@ -8,6 +8,7 @@ The checks run on the plan's columns (``rec.plan.columns``), vectorized over all
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import numpy as np
 
@@ -53,7 +54,7 @@ def check_plan(plan: Plan, source: str | None = None) -> None:
     problems.raise_if_any(f"{source or 'plan ' + plan.plan_id} cannot be used:")
 
 
-def _check_kinds(c: TableColumns, spec: dict, known: np.ndarray, device: ComputeDevice,
+def _check_kinds(c: TableColumns, spec: dict[str, dict[str, Any]], known: np.ndarray, device: ComputeDevice,
                  problems: ProblemList) -> None:
     available = np.array([[is_available(device, st, ck) for ck in COMPUTE_KERNELS] for st in SHARDING_TYPES])
     for i in np.flatnonzero(known & ~available[c.sharding_type, c.compute_kernel]):
@@ -67,7 +68,8 @@ def _check_kinds(c: TableColumns, spec: dict, known: np.ndarray, device: Compute
         if row.get("sharding_types") and st not in row["sharding_types"]:
             problems.add(f"table {c.names[i]}", f"sharding type {st} is not in its allow-list {row['sharding_types']}")
         if row.get("compute_kernels") and ck not in row["compute_kernels"]:
-            problems.add(f"table {c.names[i]}", f"compute kernel {ck} is not in its allow-list {row['compute_kernels']}")
+            problems.add(f"table {c.names[i]}",
+                         f"compute kernel {ck} is not in its allow-list {row['compute_kernels']}")
 
 
 def _check_tables(plan: Plan, c: TableColumns, known: np.ndarray, rows: np.ndarray, dims: np.ndarray,
@@ -124,7 +126,8 @@ def _tiles(c: TableColumns, rows: np.ndarray, dims: np.ndarray, sharded: np.ndar
     ok &= _disjoint(t, r0, nr, full_width & sharded) & _disjoint(t, c0, nc, full_height & ~full_width & sharded)
     for i in np.flatnonzero(sharded & ok & ~full_width & ~full_height):  # neither split: pairwise
         lo, hi = c.shard_start[i], c.shard_start[i + 1]
-        boxes = list(zip(r0[lo:hi].tolist(), c0[lo:hi].tolist(), nr[lo:hi].tolist(), nc[lo:hi].tolist()))
+        boxes = list(zip(r0[lo:hi].tolist(), c0[lo:hi].tolist(), nr[lo:hi].tolist(), nc[lo:hi].tolist(),
+                         strict=True))
         ok[i] = all(not (a[0] < b[0] + b[2] and b[0] < a[0] + a[2] and a[1] < b[1] + b[3] and b[1] < a[1] + a[3])
                     for j, a in enumerate(boxes) for b in boxes[j + 1:])
     return ok
@@ -171,6 +174,6 @@ def _check_placement(c: TableColumns, sharded: np.ndarray, world: int, local: in
 def _check_memory(plan: Plan, problems: ProblemList) -> None:
     m = plan.metrics
     for kind, used, cap in (("HBM", m.rank_hbm, m.rank_hbm_cap), ("DDR", m.rank_ddr, m.rank_ddr_cap)):
-        for r, (u, c) in enumerate(zip(used, cap)):
+        for r, (u, c) in enumerate(zip(used, cap, strict=True)):
             if u > c:
                 problems.add(f"rank {r}", f"{kind} {u} bytes exceeds its capacity {c} bytes")

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from enum import Enum
 from json.encoder import encode_basestring_ascii as _text  # what json.dumps(ensure_ascii=True) uses
 from operator import attrgetter
+from typing import Any
 
 from rec.hashing import HASH_CHARS
 from rec.spec.columns import VALUE
@@ -28,12 +29,13 @@ def spec_hash(tables: Iterable[TableSpec]) -> str:
     return hashlib.sha256(text.encode("ascii")).hexdigest()[:HASH_CHARS]
 
 
-def rows_hash(rows: Iterable[dict]) -> str:
+def rows_hash(rows: Iterable[dict[str, Any]]) -> str:
     """``spec_hash`` of spec rows as ``columns.table_to_row`` writes them (a plan's ``spec``),
     without validating them again: rows that are not canonical hash differently."""
     from rec.hashing import content_hash
 
-    return content_hash({"format": SPEC_HASH_FORMAT, "tables": sorted(rows, key=lambda r: str(r.get("name")))})
+    tables = sorted(rows, key=lambda r: str(r.get("name")))
+    return content_hash({"format": SPEC_HASH_FORMAT, "tables": tables})
 
 
 def _row_json(t: TableSpec) -> str:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rec.errors import InputError, Problem
 from rec.documents import DocumentError, load_yaml
+from rec.errors import InputError, Problem
 from rec.input_files import MAX_TOPOLOGY_FILE_BYTES, read_text
 from rec.topology.types import Topology
 from rec.topology.validate import topology_from_dict

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rec.topology.types import Topology
 
@@ -34,7 +34,7 @@ def to_torchrec(topology: Topology) -> TorchrecTopology:
     )
 
 
-def torchrec_planner_kwargs(topology: Topology) -> dict:
+def torchrec_planner_kwargs(topology: Topology) -> dict[str, Any]:
     """Keyword arguments for ``EmbeddingShardingPlanner``: topology, batch size and storage reservation."""
     from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
 

@@ -192,10 +192,12 @@ def _bandwidth(value: object) -> float:
 
 
 def _compute_device(value: object) -> ComputeDevice:
-    try:
-        return ComputeDevice(value.strip().lower()) if isinstance(value, str) else ComputeDevice(None)
-    except ValueError:
-        raise ValueError(f"expected one of {', '.join(d.value for d in ComputeDevice)}, got {show(value)}") from None
+    if isinstance(value, str):
+        try:
+            return ComputeDevice(value.strip().lower())
+        except ValueError:
+            pass
+    raise ValueError(f"expected one of {', '.join(d.value for d in ComputeDevice)}, got {show(value)}")
 
 
 def _reservation(value: object) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
@@ -23,7 +24,8 @@ def record_plan(directory: str | Path, plan_path: str | Path) -> None:
         tmp.replace(root / PLAN_COPY)
 
 
-def save(directory: str | Path, step: int, model, optimizer, keep: int) -> None:
+def save(directory: str | Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+         keep: int) -> None:
     """Write step ``step``; LATEST names it only once every rank has finished writing; then all
     but the ``keep`` newest steps are deleted (rank 0; the filesystem is shared by the ranks of
     a host, and every node prunes its own)."""
@@ -60,7 +62,7 @@ def latest_step(directory: str | Path) -> int | None:
     return int(marker.read_text().strip().removeprefix(STEP_PREFIX))
 
 
-def load(directory: str | Path, step: int, model, optimizer) -> None:
+def load(directory: str | Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Load step ``step`` in place into the (already sharded) model and optimizer."""
     state = {"model": model.state_dict(), "optim": optimizer.state_dict()}
     dcp.load(state, checkpoint_id=str(Path(directory) / f"{STEP_PREFIX}{step:08d}"))

@@ -7,7 +7,7 @@ The ``shardflow train``/``run`` flags, the Prefect flows' parameters and the job
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 from rec.errors import Problem
 from rec.settings import knob
@@ -18,14 +18,14 @@ MAX_ITERATIONS = 10**9
 MAX_BATCH_SIZE = 1 << 20  # per rank; far beyond what fits a GPU, well inside int32 offsets
 
 
-class ModelKind(str, Enum):
+class ModelKind(StrEnum):
     AUTO = "auto"  # dlrm when every table has the same dim, concat otherwise
     DLRM = "dlrm"  # torchrec.models.dlrm.DLRM (all dims equal)
     DLRM_DCN = "dlrm_dcn"  # torchrec.models.dlrm.DLRM_DCN (all dims equal)
     CONCAT = "concat"  # dense arch + concatenated pooled embeddings + over arch (any dims)
 
 
-class PipelineKind(str, Enum):
+class PipelineKind(StrEnum):
     SPARSE_DIST = "sparse_dist"  # TrainPipelineSparseDist: input dist overlapped with compute
     NAIVE = "naive"  # plain loop: forward, backward, step
 

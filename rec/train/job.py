@@ -16,7 +16,9 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 import torch
@@ -42,8 +44,11 @@ from rec.train.metrics import TrainMetrics, latency_stats, loss_stats, write_met
 from rec.train.model import EBC_PATH, build_model, resolve_model_kind
 from rec.train.rank_log import RankOutput
 
+if TYPE_CHECKING:
+    from torchrec.datasets.utils import Batch
 
-def _refuse_to_plan(*_args, **_kwargs):
+
+def _refuse_to_plan(*_args: object, **_kwargs: object) -> NoReturn:
     raise RuntimeError("shardflow's training job never plans: it was given a plan artifact")
 
 
@@ -162,7 +167,8 @@ def train(plan: Plan, config: TrainConfig, out_dir: str, output: RankOutput,
     return metrics
 
 
-def _resume_from_other_plan(path: str, plan: Plan, dmp, optimizer, output: RankOutput) -> tuple[int, dict]:
+def _resume_from_other_plan(path: str, plan: Plan, dmp: DistributedModelParallel, optimizer: CombinedOptimizer,
+                            output: RankOutput) -> tuple[int, dict[str, Any]]:
     """Load the newest checkpoint of a training with another plan into this plan's layout."""
     from rec.train.reshard import load_resharded
     from rec.train.resume import STEP_PREFIX, check_resume, resume_source, table_changes
@@ -186,7 +192,8 @@ def _resume_from_other_plan(path: str, plan: Plan, dmp, optimizer, output: RankO
     }
 
 
-def _pipeline_step(dmp, optimizer, device, batches, kind: PipelineKind):
+def _pipeline_step(dmp: DistributedModelParallel, optimizer: CombinedOptimizer, device: torch.device,
+                   batches: Iterator[Batch], kind: PipelineKind) -> Callable[[], torch.Tensor]:
     """One training iteration as a function returning its (detached) loss."""
     if kind is PipelineKind.SPARSE_DIST:
         pipeline = TrainPipelineSparseDist(dmp, optimizer, device)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -57,7 +58,7 @@ class TrainMetrics:
     planned_in_job: bool = False  # shardflow never plans inside the job; kept for auditors
     # --resume-from another plan: from_plan_id, step, tables_restored, tables_resized,
     # tables_initialized, reinitialized (names of tables whose dim or data type changed)
-    resume: dict | None = None
+    resume: dict[str, Any] | None = None
 
 
 def write_metrics(out_dir: str | Path, metrics: TrainMetrics, iterations: np.ndarray,

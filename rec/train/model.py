@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from torchrec.models.dlrm import DLRM, DLRM_DCN, DenseArch, DLRMTrain, OverArch, SparseArch
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from rec.errors import InputError, Problem
 from rec.spec.types import Spec
@@ -62,6 +63,7 @@ class ConcatDLRM(nn.Module):
         pooled = sum(c.embedding_dim * len(c.feature_names) for c in ebc.embedding_bag_configs())
         self.over_arch = OverArch(dense_sizes[-1] + pooled, over_sizes, dense_device)
 
-    def forward(self, dense_features: torch.Tensor, sparse_features) -> torch.Tensor:
+    def forward(self, dense_features: torch.Tensor, sparse_features: KeyedJaggedTensor) -> torch.Tensor:
         embedded = self.sparse_arch.embedding_bag_collection(sparse_features).values()
-        return self.over_arch(torch.cat([self.dense_arch(dense_features), embedded], dim=1))
+        logits: torch.Tensor = self.over_arch(torch.cat([self.dense_arch(dense_features), embedded], dim=1))
+        return logits

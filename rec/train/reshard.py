@@ -15,12 +15,13 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, create_default_local_load_plan
-from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, TensorStorageMetadata
+from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
@@ -53,10 +54,11 @@ class ReshardingLoadPlanner(DefaultLoadPlanner):
         super().__init__(allow_partial_load=True)
         self.resized = resized
         self.report = LoadReport()
-        self._targets: dict[tuple[str, int], torch.Tensor] = {}
+        self._targets: dict[tuple[str, int | None], torch.Tensor] = {}
         self._chunks: dict[str, list[ChunkStorageMetadata]] = {}
 
-    def set_up_planner(self, state_dict, metadata=None, is_coordinator=False) -> None:
+    def set_up_planner(self, state_dict: dict[str, Any], metadata: Metadata | None = None,
+                       is_coordinator: bool = False) -> None:
         super().set_up_planner(state_dict, metadata, is_coordinator)
         assert self.metadata is not None
         stored = self.metadata.state_dict_metadata
@@ -95,14 +97,15 @@ class ReshardingLoadPlanner(DefaultLoadPlanner):
             extra += create_read_items_for_chunk_list(fqn, md, chunks)
         return LoadPlan(plan.items + extra, plan.storage_data, plan.planner_data)
 
-    def resolve_tensor(self, read_item: ReadItem):
+    def resolve_tensor(self, read_item: ReadItem) -> torch.Tensor:
         index = read_item.dest_index
         if index.fqn in self._chunks:
             target = self._targets[(index.fqn, index.index)]
-            for dim, (start, length) in enumerate(zip(read_item.dest_offsets, read_item.lengths)):
+            for dim, (start, length) in enumerate(zip(read_item.dest_offsets, read_item.lengths, strict=True)):
                 target = target.narrow(dim, start, length)
             return target
-        return super().resolve_tensor(read_item)
+        tensor: torch.Tensor = super().resolve_tensor(read_item)  # torch leaves it unannotated
+        return tensor
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         obj = torch.load(value, weights_only=True)
@@ -110,7 +113,7 @@ class ReshardingLoadPlanner(DefaultLoadPlanner):
 
         set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
 
-    def _rows(self, fqn: str, old_size: tuple, new_size: tuple) -> Rows | None:
+    def _rows(self, fqn: str, old_size: tuple[int, ...], new_size: tuple[int, ...]) -> Rows | None:
         for name, (old, new) in self.resized.items():
             if fqn.endswith(f".{name}{WEIGHT_SUFFIX}") and len(old_size) == 2 \
                     and old_size == (old, new_size[1]) and new_size[0] == new:
@@ -121,7 +124,7 @@ class ReshardingLoadPlanner(DefaultLoadPlanner):
                 return Rows(old, new, old_size[0] // old)
         return None
 
-    def _translate(self, fqn: str, obj, rows: Rows) -> list[ChunkStorageMetadata]:
+    def _translate(self, fqn: str, obj: torch.Tensor | ShardedTensor, rows: Rows) -> list[ChunkStorageMetadata]:
         """Chunks in the old tensor's coordinates for the rows each local shard keeps; their
         destination views are remembered by chunk index."""
         chunks: list[ChunkStorageMetadata] = []
@@ -142,13 +145,13 @@ class ReshardingLoadPlanner(DefaultLoadPlanner):
         return chunks
 
 
-def _local_pieces(obj) -> list[tuple[tuple[int, ...], torch.Tensor]]:
+def _local_pieces(obj: torch.Tensor | ShardedTensor) -> list[tuple[tuple[int, ...], torch.Tensor]]:
     if isinstance(obj, ShardedTensor):
         return [(tuple(s.metadata.shard_offsets), s.tensor) for s in obj.local_shards()]
     return [(tuple(0 for _ in obj.shape), obj)]
 
 
-def load_resharded(directory: str | Path, model, optimizer,
+def load_resharded(directory: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                    resized: dict[str, tuple[int, int]]) -> LoadReport:
     """Load the checkpoint at ``directory`` (written under another plan) into the sharded
     ``model`` and ``optimizer``; ``resized``: table -> (old rows, new rows)."""

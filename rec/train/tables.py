@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rec.spec.types import Spec
 
 
-def embedding_bag_configs(spec: Spec) -> list:
+def embedding_bag_configs(spec: Spec) -> list[Any]:
     from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig, PoolingType
 
     return [

@@ -49,6 +49,7 @@ class Store:
 
         client = MlflowClient(self.uri)
         experiment = client.get_experiment_by_name("shardflow")
+        assert experiment is not None
         runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
         return [r for r in runs if step is None or r.data.tags["shardflow.step"] == step]
 

@@ -26,7 +26,8 @@ def make_options(tables: list[list[tuple[ShardingType, list[float], list[int]]]]
     zeros = np.zeros(n, dtype=np.int64)
     return Options(np.array(table, np.int32), np.array(st, np.int8), np.array(ck, np.int8),
                    np.array(start, np.int64), np.array(perf, float), np.array(hbm, np.int64),
-                   zeros, zeros, zeros, np.ones(n, np.int64), np.ones(n, np.int64))
+                   zeros, zeros, zeros, np.ones(n, np.int64), np.ones(n, np.int64),
+                   np.ones(n, np.int32), zeros)
 
 
 @pytest.fixture

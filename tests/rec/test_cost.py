@@ -7,6 +7,7 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -54,9 +55,9 @@ def make_topology(
     local_world_size: int = 8,
     device: ComputeDevice = ComputeDevice.CUDA,
     batch_size: int = 512,
-    **overrides,
+    **overrides: Any,
 ) -> Topology:
-    values = dict(
+    values: dict[str, Any] = dict(
         world_size=world_size,
         local_world_size=local_world_size,
         compute_device=device,
@@ -125,7 +126,7 @@ def our_options(spec: Spec, topology: Topology, config: CostConfig) -> dict:
         columns = (o.rows, o.cols, o.row_offset, o.col_offset, o.perf, o.hbm, o.ddr)
         out[key] = [
             ([int(r), int(c)], [int(ro), int(co)], float(p), int(h), int(d))
-            for r, c, ro, co, p, h, d in zip(*(x[s] for x in columns))
+            for r, c, ro, co, p, h, d in zip(*(x[s] for x in columns), strict=True)
         ]
     return out
 
@@ -371,7 +372,7 @@ def test_ceil_true_div_matches_python_on_large_operands():
     q = rng.integers(1, 2**34, 20000)
     p = (q * rng.random(20000)).astype(np.int64)
     p[:1000] = q[:1000]  # whole tables
-    expected = [math.ceil(int(x) * int(y) / int(z)) for x, y, z in zip(a, p, q)]
+    expected = [math.ceil(int(x) * int(y) / int(z)) for x, y, z in zip(a, p, q, strict=True)]
     assert ceil_true_div(a, p, q).tolist() == expected
 
 

@@ -19,22 +19,24 @@ shard (the data of the previous plan a shard holds, if it leaves the rank that h
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
 from rec.cost.tables import optimizer_multiplier
 from rec.cost.types import COMPUTE_KERNELS, SHARDING_TYPES, ST_CODE, CostConfig
-from rec.sharding import ShardingType
 from rec.plan.types import Plan, Replicas
 from rec.search.assignment import Assignment, usage
 from rec.search.placement import Placement, movable
-from rec.search.space import SearchSpace
 from rec.search.refine import refine
+from rec.search.space import SearchSpace
 from rec.search.switch import CANDIDATE_TABLES, distinct_options, switch_options
 from rec.search.switch import _place as place_option  # renamed when the search settles
 from rec.search.switch import _tables_on as tables_on
 from rec.search.switch import _without as without
+from rec.sharding import ShardingType
 from rec.spec.types import Spec
 
 DATA_PARALLEL = ST_CODE[ShardingType.DATA_PARALLEL]
@@ -166,8 +168,9 @@ def _balanced(space: SearchSpace, a: Assignment) -> Assignment:
 
 
 def _movable_entries(space: SearchSpace, a: Assignment) -> np.ndarray:
-    placed = np.flatnonzero(a.shard_rank >= 0)
-    return placed[movable(space.placement[space.entry_owner[placed]])]
+    placed: np.ndarray = np.flatnonzero(a.shard_rank >= 0)
+    chosen: np.ndarray = placed[movable(space.placement[space.entry_owner[placed]])]
+    return chosen
 
 
 def _cost(prev: Previous, e: np.ndarray, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
@@ -178,7 +181,6 @@ def _cost(prev: Previous, e: np.ndarray, src: np.ndarray, dst: np.ndarray) -> np
 
 def _shed_memory(space: SearchSpace, a: Assignment, prev: Previous) -> bool:
     """Move shards off ranks over their memory (grown tables kept in place), cheapest first."""
-    opts = space.options
     for _ in range(MAX_REPAIR_STEPS):
         over = np.flatnonzero((a.hbm > space.hbm_cap) | (a.ddr > space.ddr_cap))
         if not len(over):
@@ -232,18 +234,18 @@ def _repair(space: SearchSpace, a: Assignment, prev: Previous, target: float) ->
         cp = float(a.loads[r])
         if cp <= target * (1 + EPS):
             return
-        best = None
+        best: tuple[tuple[float, float], Callable[[], None]] | None = None
         mine = _movable_entries(space, a)
         for e in mine[a.shard_rank[mine] == r]:
             q = _target_rank(space, a, int(e), r)
             if q is None:
                 continue
-            p = opts.perf[e]
-            gain = cp - max(cp - p, a.loads[q] + p)
+            p = float(opts.perf[e])
+            gain = cp - max(cp - p, float(a.loads[q]) + p)
             if gain > EPS * cp:
                 cost = float(_cost(prev, np.array([e]), np.array([r]), np.array([q]))[0])
                 if best is None or (cost / gain, -gain) < best[0]:
-                    best = ((cost / gain, -gain), ("move", int(e), q))
+                    best = ((cost / gain, -gain), partial(_move, space, a, int(e), r, q))
         for t in tables_on(space, a, r)[:CANDIDATE_TABLES]:
             base = without(space, a, int(t))
             for o in alternatives.get(int(t), ()):
@@ -256,18 +258,19 @@ def _repair(space: SearchSpace, a: Assignment, prev: Previous, target: float) ->
                 if gain > EPS * cp:
                     cost = prev.switch_bytes(space, int(t), int(o)) - prev.switch_bytes(space, int(t), int(a.choice[t]))
                     if best is None or (cost / gain, -gain) < best[0]:
-                        best = ((cost / gain, -gain), ("switch", int(t), int(o), placed))
+                        best = ((cost / gain, -gain), partial(_switch, space, a, int(t), int(o), placed))
         if best is None:
             return
-        change = best[1]
-        if change[0] == "move":
-            _move(space, a, change[1], r, change[2])
-        else:
-            _, t, o, (loads, hbm, ddr, first) = change
-            a.shard_rank[_entries(space, int(a.choice[t]))] = -1
-            a.shard_rank[_entries(space, o)] = first
-            a.choice[t] = o
-            a.loads, a.hbm, a.ddr = loads, hbm, ddr
+        best[1]()
+
+
+def _switch(space: SearchSpace, a: Assignment, t: int, o: int, placed: tuple[np.ndarray, ...]) -> None:
+    """Give table ``t`` option ``o``, placed as ``switch.place_option`` found."""
+    loads, hbm, ddr, first = placed
+    a.shard_rank[_entries(space, int(a.choice[t]))] = -1
+    a.shard_rank[_entries(space, o)] = first
+    a.choice[t] = o
+    a.loads, a.hbm, a.ddr = loads, hbm, ddr
 
 
 def _relabel(space: SearchSpace, a: Assignment, prev: Previous) -> Assignment:

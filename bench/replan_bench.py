@@ -62,14 +62,14 @@ def change(rows: list[dict], kind: str, step: int, rng: np.random.Generator) -> 
     rows = [dict(r) for r in rows]
     n = len(rows)
     if kind == "add":
-        k = max(1, int(round(n * rng.uniform(0.01, 0.10))))
+        k = max(1, round(n * rng.uniform(0.01, 0.10)))
         for i in range(k):
             like = rows[int(rng.integers(n))]
             name = f"added_{step}_{i}"
             rows.append({**like, "name": name, "feature_names": [name]})
         return rows, k
     if kind == "grow":
-        k = max(1, int(round(n * 0.03)))
+        k = max(1, round(n * 0.03))
         for i in rng.choice(n, size=k, replace=False):
             rows[i]["num_embeddings"] *= 2
         return rows, k

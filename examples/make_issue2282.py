@@ -17,7 +17,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tables", type=int, required=True, metavar="N", help="number of tables")
     parser.add_argument("--seed", type=int, default=0, metavar="S", help="random seed (default 0)")
-    parser.add_argument("--out", required=True, metavar="PATH", help="output file: .parquet .arrow .feather .csv .yaml .json")
+    parser.add_argument("--out", required=True, metavar="PATH",
+                        help="output file: .parquet .arrow .feather .csv .yaml .json")
     args = parser.parse_args(argv)
     if args.tables < 1:
         parser.error("--tables must be at least 1")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 
 from rec.cost.types import CostConfig
@@ -31,7 +31,7 @@ from tasks.ingest import Inputs
 MAX_GROUPS = 100_000
 
 
-class Backend(str, Enum):
+class Backend(StrEnum):
     LOCAL = "local"  # search in this process
     RAY = "ray"  # table groups on Ray actors (RAY_ADDRESS, or a local Ray started on demand)
     AUTO = "auto"  # Ray from AUTO_RAY_MIN_TABLES tables on, local below or when Ray is away

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rec.plan import SHARDS_FILE, Plan, validate_plan, write_plan
-from rec.plan.io import MOVEMENT_FILE
 from rec.plan.chart import CHART_FILE, rank_load_chart
+from rec.plan.io import MOVEMENT_FILE
 from rec.settings import knob
 
 

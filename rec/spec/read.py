@@ -12,11 +12,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rec.documents import DocumentError, load_json, load_yaml
 from rec.errors import InputError, Problem
+from rec.input_files import MAX_SPEC_FILE_BYTES, decode_utf8, read_bytes
 from rec.spec.columnar import spec_from_arrow
 from rec.spec.columns import COLUMNS
-from rec.documents import DocumentError, load_json, load_yaml
-from rec.input_files import MAX_SPEC_FILE_BYTES, decode_utf8, read_bytes
 from rec.spec.limits import MAX_TABLES, too_many_tables
 from rec.spec.types import Spec
 from rec.spec.validate import spec_from_rows

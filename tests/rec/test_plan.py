@@ -107,7 +107,7 @@ def test_validation_catches_out_of_range_ranks_and_allow_list_violations(plan):
 
 def test_validation_catches_memory_over_capacity(plan):
     m = plan.metrics
-    over = replace(m, rank_hbm=(m.rank_hbm_cap[0] + 1,) + m.rank_hbm[1:])
+    over = replace(m, rank_hbm=(m.rank_hbm_cap[0] + 1, *m.rank_hbm[1:]))
     assert any("exceeds its capacity" in p.reason for p in validate_plan(replace(plan, metrics=over)).items)
 
 
@@ -136,5 +136,5 @@ def test_huge_tables_on_two_hosts_can_go_row_wise_across_all_ranks_when_allowed(
 def test_criteo_plan_fits_and_is_close_to_the_bound():
     plan = plan_spec(criteo_1tb_spec(), topology_from_dict(dict(H100_2X8)))
     m = plan.metrics
-    assert all(h <= c for h, c in zip(m.rank_hbm, m.rank_hbm_cap))
+    assert all(h <= c for h, c in zip(m.rank_hbm, m.rank_hbm_cap, strict=True))
     assert m.gap < 0.05

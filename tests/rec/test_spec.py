@@ -8,11 +8,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from rec.documents import DocumentError, load_json, load_yaml
 from rec.errors import InputError
 from rec.sharding import ComputeKernel, DataType, Pooling, ShardingType
 from rec.spec import Spec, read_spec, spec_from_rows, write_spec
 from rec.spec.columnar import columnar_spec
-from rec.documents import DocumentError, load_json, load_yaml
 from rec.spec.synthetic import mixed_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -544,7 +544,7 @@ def test_spec_hash_is_canonical_json_of_the_sorted_rows():
 
 @pytest.mark.parametrize("name", ["items", "keys", "update", "_modules", "__dict__"])
 def test_a_table_named_like_a_method_of_the_module_dict_holding_the_tables_is_refused(name):
-    with pytest.raises(InputError, match="nn.ModuleDict"):
+    with pytest.raises(InputError, match=r"nn\.ModuleDict"):
         spec_from_rows([{"name": name, "num_embeddings": 10, "embedding_dim": 4}])
 
 

@@ -15,7 +15,7 @@ from rec.topology import read_topology, topology_from_dict
 
 pytest.importorskip("torchrec")
 
-from rec.plan.torchrec_score import run_torchrec_planner, score_plan, torchrec_score  # noqa: E402
+from rec.plan.torchrec_score import run_torchrec_planner, score_plan, torchrec_score
 
 
 @pytest.fixture(autouse=True)

@@ -26,7 +26,7 @@ from functools import partial
 import numpy as np
 
 from rec.cost.tables import optimizer_multiplier
-from rec.cost.types import COMPUTE_KERNELS, SHARDING_TYPES, ST_CODE, CostConfig
+from rec.cost.types import COMPUTE_KERNELS, SHARDING_TYPES, ST_CODE, CostConfig, Options
 from rec.plan.types import Plan, Replicas
 from rec.search.assignment import Assignment, usage
 from rec.search.placement import Placement, movable
@@ -96,8 +96,7 @@ def previous_placement(space: SearchSpace, spec: Spec, old: Plan, cost: CostConf
         o = int(mine[0])
         option[t] = o
         entries = np.arange(opts.shard_start[o], opts.shard_start[o + 1])
-        visible = np.clip(np.minimum(opts.rows[entries], rows_before - opts.row_offset[entries]), 0, None)
-        kept[entries] = visible * opts.cols[entries] * per_cell[t]
+        kept[entries] = _visible_rows(opts, entries, rows_before) * opts.cols[entries] * per_cell[t]
         kind = space.placement[o]
         if kind == Placement.EVERY_RANK:
             first_rank[entries] = space.entry_position[entries]
@@ -107,6 +106,15 @@ def previous_placement(space: SearchSpace, spec: Spec, old: Plan, cost: CostConf
             by_column = {s.offsets[1]: s.rank for s in before.shards if s.offsets[0] == 0}
             first_rank[entries] = [by_column.get(int(c), -1) for c in opts.col_offset[entries]]
     return Previous(option, first_rank, kept, table_bytes, replicated)
+
+
+def _visible_rows(opts: Options, entries: np.ndarray, rows_before: int) -> np.ndarray:
+    """Per entry, the rows of all its shards (a run of ``repeat``) that existed before."""
+    out = np.zeros(len(entries))
+    for i, e in enumerate(entries):
+        starts = opts.row_offset[e] + opts.row_step[e] * np.arange(opts.repeat[e])
+        out[i] = np.clip(np.minimum(opts.rows[e], rows_before - starts), 0, None).sum()
+    return out
 
 
 def moved_bytes(space: SearchSpace, a: Assignment, prev: Previous) -> float:
@@ -274,6 +282,44 @@ def _switch(space: SearchSpace, a: Assignment, t: int, o: int, placed: tuple[np.
 
 
 def _relabel(space: SearchSpace, a: Assignment, prev: Previous) -> Assignment:
+    """``a`` with whole hosts, then freely placed shards of whole ranks, moved onto the
+    interchangeable host or rank that held most of their data before (``_relabel_hosts``,
+    ``_relabel_ranks``)."""
+    return _relabel_ranks(space, _relabel_hosts(space, a, prev), prev)
+
+
+def _relabel_hosts(space: SearchSpace, a: Assignment, prev: Previous) -> Assignment:
+    """Hosts renumbered (every shard keeping its local rank) so that each sits where most of its
+    host-bound and freely placed data was. The shards placed on every rank stay: they cost the same
+    on every host, and a renumbering that changes any load or overflows memory is not taken."""
+    from scipy.optimize import linear_sum_assignment
+
+    hosts, lws = space.num_hosts, space.local_world_size
+    if hosts < 2 or hosts > MAX_RELABEL_RANKS:
+        return a
+    opts = space.options
+    placed = np.flatnonzero(a.shard_rank >= 0)
+    owner = space.entry_owner[placed]
+    moving = placed[space.placement[owner] != Placement.EVERY_RANK]
+    home = prev.first_rank[moving]
+    known = (home >= 0) & (prev.option[opts.table[space.entry_owner[moving]]] == space.entry_owner[moving])
+    weight = np.zeros((hosts, hosts))
+    src = a.shard_rank[moving].astype(np.int64)
+    np.add.at(weight, (src[known] // lws, home[known] // lws), prev.kept_bytes[moving][known])
+    rows, cols = linear_sum_assignment(-weight)
+    to = np.empty(hosts, np.int64)
+    to[rows] = cols
+    if (to == np.arange(hosts)).all():
+        return a
+    shard_rank = a.shard_rank.copy()
+    shard_rank[moving] = to[src // lws] * lws + src % lws
+    b = usage(space, a.choice, shard_rank)
+    same_loads = np.allclose(np.sort(b.loads), np.sort(a.loads), rtol=1e-12, atol=0.0)
+    fits = (b.hbm <= space.hbm_cap).all() and (b.ddr <= space.ddr_cap).all()
+    return b if same_loads and fits and b.critical_path <= a.critical_path * (1 + EPS) else a
+
+
+def _relabel_ranks(space: SearchSpace, a: Assignment, prev: Previous) -> Assignment:
     """``a`` with its freely placed shards moved as whole ranks onto the interchangeable rank
     that held most of them before. Ranks are interchangeable when their fixed-position shards
     (replicas, row-wise slices) cost and hold the same; with host-bound shards in the plan, only

@@ -1,8 +1,11 @@
-"""Search table groups in parallel on Ray actors, then merge and refine in the driver.
+"""Search table groups in parallel on Ray actors, merge and refine in the driver, then race the
+exact stage's strategies (whole MILP, MILP neighbourhoods) on the actors and keep the best.
 
 Each actor receives the search space once (through Ray's object store) and serves several
-groups. A group whose actor dies is searched again on another actor; the result does not change,
-because a group's search is a pure function of its inputs.
+groups, then exact-stage tasks. A task whose actor dies is run again on another actor; the result
+does not change, because every task is a pure function of its inputs (the exact stage's budgets
+are deterministic, see ``rec.search.exact``). The local search runs the same tasks one after the
+other, so both backends find the same plan.
 """
 
 from __future__ import annotations
@@ -16,10 +19,14 @@ import numpy as np
 
 from rec.errors import InputError, Problem
 from rec.search import SearchConfig, SearchResult
-from rec.search.bound import lower_bound
+from rec.search.assignment import Assignment
+from rec.search.bound import LowerBound
+from rec.search.candidates import Ladder
+from rec.search.exact import ExactOutcome, ExactTask, combine, exact_tasks, run_task
 from rec.search.group import GroupResult, search_group, split_groups
 from rec.search.merge import merge_groups
-from rec.search.planner import candidate_limits
+from rec.search.pack import PackingError
+from rec.search.planner import first_plan, prepare, rescued
 from rec.search.space import SearchSpace
 
 log = logging.getLogger(__name__)
@@ -36,11 +43,17 @@ def default_groups(num_tables: int, cpus: int) -> int:
 class GroupSearcher:
     """The actor body: an ordinary class, so tests can call it without Ray."""
 
-    def __init__(self, space: SearchSpace, limits: list[float]):
-        self.space, self.limits = space, limits
+    def __init__(self, space: SearchSpace, ladder: Ladder):
+        self.space, self.ladder = space, ladder
 
     def search(self, tables: np.ndarray) -> GroupResult:
-        return search_group(self.space, tables, self.limits)
+        return search_group(self.space, tables, self.ladder)
+
+    def first_plan(self, config: SearchConfig, bound: LowerBound) -> Assignment:
+        return first_plan(self.space, config, bound, self.ladder)
+
+    def exact(self, incumbent: Assignment, bound: LowerBound, task: ExactTask) -> ExactOutcome:
+        return run_task(self.space, incumbent, bound, task)
 
     def pid(self) -> int:
         return os.getpid()
@@ -62,52 +75,75 @@ class RaySearcher:
         try:
             cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
             groups = self.groups or default_groups(space.num_tables, cpus)
-            limits = candidate_limits(space, config)
-            results = self._run_groups(space, limits, split_groups(space, groups),
-                                       self.actors or min(groups, cpus))
+            bound, ladder = prepare(space, config)
+            pool = _Pool(space, ladder, self.actors or min(groups, cpus), self.max_group_retries)
+            if groups == 1:  # nothing to merge: the local heuristic, on an actor
+                assignment = pool.map("first_plan", [(config, bound)], self.after_first_wave)[0]
+            else:
+                results = pool.map("search", split_groups(space, groups), self.after_first_wave)
+                try:
+                    assignment = merge_groups(space, results, bound, config)
+                except PackingError as e:
+                    assignment = rescued(space, config, bound, e)
+            tasks = exact_tasks(space, assignment, bound, config)
+            outcomes = pool.map("exact", [(assignment, bound, t) for t in tasks])
         finally:
             if started_here:
                 ray.shutdown()
-        assignment = merge_groups(space, results, config)
-        return SearchResult(space, assignment, lower_bound(space),
-                            info={"backend": "ray", "groups": groups})
+        assignment, bound, stats = combine(assignment, bound, outcomes)
+        return SearchResult(space, assignment, bound, info={"backend": "ray", "groups": groups},
+                            stats=stats)
 
     def after_first_wave(self, actors: list) -> None:
         """Called once every actor has a group in flight (fault-injection point for tests)."""
 
-    def _run_groups(self, space, limits, groups, n_actors) -> list[GroupResult]:
+
+class _Pool:
+    """Actors holding the search space; runs calls on them, again elsewhere if an actor dies."""
+
+    def __init__(self, space: SearchSpace, ladder: Ladder, n_actors: int, max_retries: int):
         import ray
 
-        actor_cls = ray.remote(num_cpus=1)(GroupSearcher)
-        space_ref = ray.put(space)
-        actors = [actor_cls.remote(space_ref, limits) for _ in range(n_actors)]
-        todo = deque(range(len(groups)))
-        attempts = [0] * len(groups)
+        self.actor_cls = ray.remote(num_cpus=1)(GroupSearcher)
+        self.space_ref = ray.put(space)
+        self.ladder = ladder
+        self.actors = [self.actor_cls.remote(self.space_ref, ladder) for _ in range(n_actors)]
+        self.max_retries = max_retries
+
+    def map(self, method: str, items: list, after_first_wave=None) -> list:
+        """``actor.method(item)`` for every item (tuples are spread as arguments), in order."""
+        import ray
+
+        todo = deque(range(len(items)))
+        attempts = [0] * len(items)
         pending: dict = {}
-        results: list[GroupResult | None] = [None] * len(groups)
-        idle = deque(actors)
+        results: list = [None] * len(items)
+        idle = deque(self.actors)
         first_wave = True
         while todo or pending:
             while todo and idle:
-                g = todo.popleft()
+                i = todo.popleft()
                 actor = idle.popleft()
-                pending[actor.search.remote(groups[g])] = (g, actor)
-            if first_wave:
-                self.after_first_wave(actors)
-                first_wave = False
+                args = items[i] if isinstance(items[i], tuple) else (items[i],)
+                pending[getattr(actor, method).remote(*args)] = (i, actor)
+            if first_wave and after_first_wave is not None:
+                after_first_wave(self.actors)
+            first_wave = False
             done, _ = ray.wait(list(pending), num_returns=1)
-            g, actor = pending.pop(done[0])
+            i, actor = pending.pop(done[0])
             try:
-                results[g] = ray.get(done[0])
+                results[i] = ray.get(done[0])
                 idle.append(actor)
             except ray.exceptions.RayActorError as e:
-                attempts[g] += 1
-                if attempts[g] > self.max_group_retries:
-                    raise RuntimeError(f"group {g} failed {attempts[g]} times on Ray actors") from e
-                log.warning("Ray actor died while searching group %d; searching it again", g)
-                todo.appendleft(g)
-                idle.append(actor_cls.remote(space_ref, limits))
-        return [r for r in results if r is not None]
+                attempts[i] += 1
+                if attempts[i] > self.max_retries:
+                    raise RuntimeError(f"{method} {i} failed {attempts[i]} times on Ray actors") from e
+                log.warning("Ray actor died while running %s %d; running it again", method, i)
+                todo.appendleft(i)
+                replacement = self.actor_cls.remote(self.space_ref, self.ladder)
+                self.actors[self.actors.index(actor)] = replacement
+                idle.append(replacement)
+        return results
 
 
 def connect(address: str | None) -> bool:

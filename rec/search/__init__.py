@@ -1,7 +1,7 @@
 """Plan search: choose an option per table and a rank per shard, minimising the critical path."""
 
 from rec.search.config import SearchConfig
-from rec.search.planner import build_search_space, plan_tables, search, search_result
+from rec.search.planner import build_search_space, search, search_result
 from rec.search.result import SearchResult
 
-__all__ = ["SearchConfig", "SearchResult", "build_search_space", "plan_tables", "search", "search_result"]
+__all__ = ["SearchConfig", "SearchResult", "build_search_space", "search", "search_result"]

@@ -23,7 +23,7 @@ class Assignment:
     def critical_path(self) -> float:
         return float(self.loads.max()) if len(self.loads) else 0.0
 
-    def copy(self) -> "Assignment":
+    def copy(self) -> Assignment:
         return Assignment(self.choice.copy(), self.shard_rank.copy(), self.loads.copy(),
                           self.hbm.copy(), self.ddr.copy())
 
@@ -39,15 +39,16 @@ def chosen_shards(space: SearchSpace, choice: np.ndarray) -> np.ndarray:
     starts = space.options.shard_start[choice]
     counts = space.options.shard_start[choice + 1] - starts
     offsets = np.repeat(starts - np.concatenate(([0], np.cumsum(counts)[:-1])), counts)
-    return np.arange(counts.sum()) + offsets
+    return np.asarray(np.arange(counts.sum()) + offsets)
 
 
-def recompute_usage(space: SearchSpace, a: Assignment) -> None:
-    """Recompute loads and memory from ``shard_rank`` (after merges, and for checks)."""
-    placed = np.flatnonzero(a.shard_rank >= 0)
-    first = a.shard_rank[placed].astype(np.int64)
+def usage(space: SearchSpace, choice: np.ndarray, shard_rank: np.ndarray) -> Assignment:
+    """The assignment of ``choice`` with its shards on ``shard_rank``, loads and memory summed."""
+    placed = np.flatnonzero(shard_rank >= 0)
+    first = shard_rank[placed].astype(np.int64)
     rep = space.options.repeat[placed].astype(np.int64)
     opts = space.options
-    a.loads = add_runs(space, opts.perf[placed], first, rep)
-    a.hbm = np.rint(add_runs(space, opts.hbm[placed].astype(float), first, rep)).astype(np.int64)
-    a.ddr = np.rint(add_runs(space, opts.ddr[placed].astype(float), first, rep)).astype(np.int64)
+    loads = add_runs(space, opts.perf[placed], first, rep)
+    hbm = np.rint(add_runs(space, opts.hbm[placed].astype(float), first, rep)).astype(np.int64)
+    ddr = np.rint(add_runs(space, opts.ddr[placed].astype(float), first, rep)).astype(np.int64)
+    return Assignment(choice.astype(np.int64), shard_rank.astype(np.int32), loads, hbm, ddr)

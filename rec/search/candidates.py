@@ -1,49 +1,102 @@
-"""Candidate selections: one option per table for each (family, largest-shard limit).
+"""Candidate selections: one option per table for each (family, largest-shard limit, prices).
 
 Selection is per table, so a candidate restricted to a group of tables is that group's own
-candidate for the same family and limit: groups searched apart line up index by index.
+candidate for the same family and ladder step: groups searched apart line up index by index.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 import numpy as np
 
 from rec.search.assignment import Assignment
+from rec.search.bound import LowerBound
 from rec.search.pack import PackingError, PackOrder, pack
-from rec.search.placement import FREE, HOST_FREE
+from rec.search.placement import movable
+from rec.search.pricing import PricedTables, Prices
 from rec.search.refine import refine
-from rec.search.select import select_options
+from rec.search.select import first_min_per_table, select_options
 from rec.search.space import SearchSpace
 
-ANY, WHOLE = 0, 1  # families: any option / whole shards placed freely (no replicas, no row splits)
+
+class Family(StrEnum):
+    """How a candidate selection was made; packing and refinement rank candidates per family."""
+
+    ANY = "any"  # least work under a largest-shard limit
+    WHOLE = "whole"  # the same, whole shards placed freely (no replicas, no row splits)
+    PRICED = "priced"  # least work + priced memory: the bound's memory prices, rounded to fit
+
+
 # Shards above this share of a rank's usable memory make packing fail once replicas and the other
 # big shards are down (100,000 tables on 1,024 ranks: 43 GiB shards next to 1 GiB of replicas);
 # every selection is tried a second time with each table's shards kept below it, where it can be.
 SHARD_MEMORY_CEILING = 0.5
+# Priced selections: largest-shard limits as multiples of the priced bound, and the share of the
+# ranks' total memory a selection may fill (below 1 leaves packing room on every rank).
+PRICED_LIMITS = (0.7, 0.85, 1.0, 1.2, 1.5)
+PRICED_BUDGETS = (1.0, 0.98, 0.95, 0.9)
+NO_PRICES = Prices()
+REPAIR_ROUNDS = 8  # packing attempts of a priced selection, moving failing tables to smaller shards
 
 
 @dataclass(frozen=True)
 class Candidate:
-    family: int
+    family: Family
     choice: np.ndarray  # (T,) option per table
+    prices: Prices = NO_PRICES  # PRICED: the memory prices it was selected with
 
 
-def candidates(space: SearchSpace, limits: list[float]) -> list[Candidate]:
+@dataclass(frozen=True)
+class Ladder:
+    """The global parameters of every candidate selection, computed once for all tables and
+    shipped to the groups: largest-shard limits and (memory prices, limit) pairs."""
+
+    limits: tuple[float, ...]
+    priced: tuple[tuple[Prices, float], ...] = ()
+
+
+def priced_steps(priced: PricedTables, bound: LowerBound) -> tuple[tuple[Prices, float], ...]:
+    """Where memory binds: for each limit and budget, the least price of the binding resource
+    whose selection fits the budget (the other resource at the bound's price)."""
+    if bound.prices == NO_PRICES:
+        return ()
+    axis = 0 if bound.prices.hbm > 0 else 1
+    out: list[tuple[Prices, float]] = []
+    for m in PRICED_LIMITS:
+        limit = m * bound.lagrangian
+        for share in PRICED_BUDGETS:
+            p = priced.price_for(axis, share, limit, bound.prices)
+            if np.isfinite(p):
+                prices = Prices(p, bound.prices.ddr) if axis == 0 else Prices(bound.prices.hbm, p)
+                if (prices, limit) not in out:
+                    out.append((prices, limit))
+    return tuple(out)
+
+
+def candidates(space: SearchSpace, ladder: Ladder) -> list[Candidate]:
     """Least-work options under each limit, for both families, plus the least-memory choice;
-    then both families again with every shard kept under ``SHARD_MEMORY_CEILING``.
+    then both families again with every shard kept under ``SHARD_MEMORY_CEILING``; then the
+    priced selections.
 
     With few tables, whole shards placed freely can balance better than options that load every
     rank (replicas, row splits), even at more total work."""
-    whole = (space.placement == FREE) | (space.placement == HOST_FREE)
+    limits = ladder.limits
+    whole = movable(space.placement)
     small = small_shards(space)
-    out = [Candidate(ANY, select_options(space, limit)) for limit in limits]
-    total_hbm = space.options.total(space.options.hbm).astype(float)
-    out.append(Candidate(ANY, select_options(space, np.inf, cost=total_hbm)))
-    out += [Candidate(WHOLE, select_options(space, limit, allowed=whole)) for limit in limits]
-    out += [Candidate(ANY, select_options(space, limit, allowed=small)) for limit in limits]
-    out += [Candidate(WHOLE, select_options(space, limit, allowed=whole & small)) for limit in limits]
+    out = [Candidate(Family.ANY, select_options(space, limit)) for limit in limits]
+    opts = space.options
+    total_hbm = opts.total(opts.hbm).astype(float)
+    out.append(Candidate(Family.ANY, select_options(space, np.inf, cost=total_hbm)))
+    out += [Candidate(Family.WHOLE, select_options(space, limit, allowed=whole)) for limit in limits]
+    out += [Candidate(Family.ANY, select_options(space, limit, allowed=small)) for limit in limits]
+    out += [Candidate(Family.WHOLE, select_options(space, limit, allowed=whole & small)) for limit in limits]
+    if ladder.priced:
+        total_ddr = opts.total(opts.ddr).astype(float)
+        out += [Candidate(Family.PRICED, select_options(space, limit, cost=space.work + p.hbm * total_hbm
+                                                        + p.ddr * total_ddr), p)
+                for p, limit in ladder.priced]
     return out
 
 
@@ -51,8 +104,8 @@ def small_shards(space: SearchSpace) -> np.ndarray:
     """(O,) options whose every shard stays within ``SHARD_MEMORY_CEILING`` of the smallest
     rank's usable HBM and DDR."""
     opts = space.options
-    return ((opts.largest(opts.hbm) <= SHARD_MEMORY_CEILING * space.hbm_cap.min())
-            & (opts.largest(opts.ddr) <= SHARD_MEMORY_CEILING * space.ddr_cap.min()))
+    return np.asarray((opts.largest(opts.hbm) <= SHARD_MEMORY_CEILING * space.hbm_cap.min())
+                      & (opts.largest(opts.ddr) <= SHARD_MEMORY_CEILING * space.ddr_cap.min()))
 
 
 def least_critical_path(space: SearchSpace, choice: np.ndarray) -> float:
@@ -73,6 +126,36 @@ def pack_any_order(space: SearchSpace, choice: np.ndarray, start: Assignment | N
     raise failure
 
 
+def pack_candidate(space: SearchSpace, cand: Candidate, start: Assignment | None = None) -> Assignment:
+    """Pack a candidate. Priced selections fill the ranks' memory in total, so the last tables
+    placed may find no rank with room: those tables' memory prices are doubled (repeatedly, at
+    most ``REPAIR_ROUNDS`` times) and they take the option that is then cheapest among those
+    using less memory."""
+    if cand.family is not Family.PRICED:
+        return pack_any_order(space, cand.choice, start)
+    choice = cand.choice.copy()
+    opts = space.options
+    hbm, ddr = opts.total(opts.hbm).astype(float), opts.total(opts.ddr).astype(float)
+    weight = np.ones(space.num_tables)
+    for _ in range(REPAIR_ROUNDS):
+        try:
+            return pack_any_order(space, choice, start)
+        except PackingError as e:
+            failed = np.asarray(e.tables, dtype=np.int64)
+            weight[failed] *= 2
+            w = weight[opts.table]
+            memory = cand.prices.hbm * hbm + cand.prices.ddr * ddr
+            smaller = memory < memory[choice][opts.table]
+            cost = np.where(space.feasible & smaller & np.isin(opts.table, failed),
+                            space.work + w * memory, np.inf)
+            best = first_min_per_table(space, cost)
+            can = np.isfinite(cost[best])[failed]
+            if not can.any():
+                raise
+            choice[failed[can]] = best[failed[can]]
+    return pack_any_order(space, choice, start)
+
+
 def best_of(space: SearchSpace, cands: list[Candidate], refine_top: int, refine_rounds: int,
             good_enough: float = 0.0, ranking: np.ndarray | None = None) -> Assignment:
     """Pack candidates and refine each family's ``refine_top`` best; the best result.
@@ -87,7 +170,7 @@ def best_of(space: SearchSpace, cands: list[Candidate], refine_top: int, refine_
     seen: set[bytes] = set()
     failure = PackingError([])
     refined: list[Assignment] = []
-    for family in (ANY, WHOLE):
+    for family in Family:
         if refined and min(a.critical_path for a in refined) <= good_enough:
             break
         mine = [i for i, c in enumerate(cands) if c.family == family]
@@ -98,7 +181,10 @@ def best_of(space: SearchSpace, cands: list[Candidate], refine_top: int, refine_
                               if np.isfinite(ranking[i])])
         packed: list[Assignment] = []
         for order in orders:
-            quota = len(packed) + refine_top if ranking is not None else len(order)
+            # Groups misjudge priced selections most (their background holds no memory prices):
+            # those few are all packed, as in the search of all tables at once.
+            rated = ranking is not None and family is not Family.PRICED
+            quota = len(packed) + refine_top if rated else len(order)
             for i in order:
                 if len(packed) >= quota:
                     break
@@ -110,7 +196,7 @@ def best_of(space: SearchSpace, cands: list[Candidate], refine_top: int, refine_
                 if least[i] >= min((a.critical_path for a in packed + refined), default=np.inf):
                     continue
                 try:
-                    packed.append(pack_any_order(space, cands[i].choice))
+                    packed.append(pack_candidate(space, cands[i]))
                 except PackingError as e:
                     failure = e
         packed.sort(key=lambda a: a.critical_path)

@@ -8,11 +8,12 @@ from rec.cost.types import COMPUTE_KERNELS, SHARDING_TYPES
 from rec.errors import InputError, Problem, ProblemList
 from rec.search.space import SearchSpace
 from rec.sharding import ComputeDevice, ComputeKernel, ShardingType
-from rec.spec.types import Spec
+from rec.spec.types import Spec, TableSpec
+from rec.topology.types import Topology
 from rec.units import format_bytes
 
 
-def check_capacity_left(space: SearchSpace, topology) -> None:
+def check_capacity_left(space: SearchSpace, topology: Topology) -> None:
     """TorchRec reserves memory for every feature's input batch before any table; when that
     leaves a rank nothing, say so once rather than failing every table."""
     kind, cap = (("HBM", space.hbm_cap) if topology.compute_device is ComputeDevice.CUDA
@@ -58,7 +59,7 @@ def check_every_table_fits(space: SearchSpace, spec: Spec, device: ComputeDevice
     problems.raise_if_any("The spec does not fit the topology:")
 
 
-def _hint(space: SearchSpace, table, mine: np.ndarray, device: ComputeDevice) -> str:
+def _hint(space: SearchSpace, table: TableSpec, mine: np.ndarray, device: ComputeDevice) -> str:
     """What would make the table fit: options its allow-lists exclude, and how many ranks."""
     opts = space.options
     hbm_cap, ddr_cap = max(int(space.hbm_cap.max()), 1), max(int(space.ddr_cap.max()), 1)

@@ -15,8 +15,9 @@ import numpy as np
 from rec.cost.types import Options
 from rec.search.assignment import Assignment
 from rec.search.bound import per_table_min
-from rec.search.candidates import candidates, pack_any_order
+from rec.search.candidates import Ladder, candidates, pack_candidate
 from rec.search.pack import PackingError
+from rec.search.pricing import Prices
 from rec.search.space import SearchSpace, entry_layout
 
 
@@ -25,9 +26,10 @@ class GroupResult:
     """A group's candidate choices (parent option indices) and how well each packed."""
 
     tables: np.ndarray  # (k,) table indices in the parent space
-    families: np.ndarray  # (C,) family of each candidate
+    families: np.ndarray  # (C,) family (``Family`` value) of each candidate
     choices: np.ndarray  # (C, k) option per table and candidate, in the parent's option indices
     packed: np.ndarray  # (C,) critical path of the group over its background; inf: did not fit
+    prices: tuple[Prices, ...] = ()  # (C,) memory prices of each candidate (priced ones)
 
 
 def split_groups(space: SearchSpace, groups: int) -> list[np.ndarray]:
@@ -84,20 +86,21 @@ def background(space: SearchSpace, sub: SearchSpace, tables: np.ndarray) -> Assi
     )
 
 
-def search_group(space: SearchSpace, tables: np.ndarray, limits: list[float]) -> GroupResult:
-    """Build and rate the candidates of one group (``limits``: the global ladder)."""
+def search_group(space: SearchSpace, tables: np.ndarray, ladder: Ladder) -> GroupResult:
+    """Build and rate the candidates of one group (``ladder``: the global one)."""
     sub, parent_option = subspace(space, tables)
     start = background(space, sub, tables)
-    cands = candidates(sub, limits)
+    cands = candidates(sub, ladder)
     packed = np.full(len(cands), np.inf)
     rated: dict[bytes, float] = {}  # a group's selections often coincide (e.g. no shard is big)
     for i, c in enumerate(cands):
         key = c.choice.tobytes()
         if key not in rated:
             try:
-                rated[key] = pack_any_order(sub, c.choice, start).critical_path
+                rated[key] = pack_candidate(sub, c, start).critical_path
             except PackingError:
                 rated[key] = np.inf
         packed[i] = rated[key]
-    return GroupResult(tables, np.array([c.family for c in cands]),
-                       parent_option[np.stack([c.choice for c in cands])], packed)
+    return GroupResult(tables, np.array([c.family.value for c in cands]),
+                       parent_option[np.stack([c.choice for c in cands])], packed,
+                       tuple(c.prices for c in cands))

@@ -6,17 +6,17 @@ from __future__ import annotations
 import numpy as np
 
 from rec.search.assignment import Assignment
-from rec.search.bound import lower_bound
-from rec.search.candidates import Candidate, best_of
+from rec.search.bound import LowerBound
+from rec.search.candidates import Candidate, Family, best_of
 from rec.search.config import SearchConfig
 from rec.search.group import GroupResult
 from rec.search.planner import polish
 from rec.search.space import SearchSpace
 
 
-def merge_groups(space: SearchSpace, groups: list[GroupResult],
+def merge_groups(space: SearchSpace, groups: list[GroupResult], bound: LowerBound,
                  config: SearchConfig = SearchConfig()) -> Assignment:
-    """One assignment for every table from the groups' candidates."""
+    """One assignment for every table from the groups' candidates (``bound``: all tables')."""
     count = len(groups[0].packed)
     choice = np.full((count, space.num_tables), -1, dtype=np.int64)
     for g in groups:
@@ -25,8 +25,8 @@ def merge_groups(space: SearchSpace, groups: list[GroupResult],
         raise ValueError("the groups leave tables without a choice")
     # A candidate is as good as its worst group.
     ranking = np.max([g.packed for g in groups], axis=0)
-    cands = [Candidate(int(f), choice[i]) for i, f in enumerate(groups[0].families)]
-    bound = lower_bound(space).value
+    cands = [Candidate(Family(f), choice[i], p)
+             for i, (f, p) in enumerate(zip(groups[0].families, groups[0].prices, strict=True))]
     best = best_of(space, cands, config.refine_top, config.refine_rounds,
-                   good_enough=(1 + config.switch_above_gap) * bound, ranking=ranking)
-    return polish(space, best, config, bound)
+                   good_enough=(1 + config.switch_above_gap) * bound.value, ranking=ranking)
+    return polish(space, best, config, bound.value)

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import heapq
-from enum import Enum
+from collections.abc import Iterable
+from enum import StrEnum
 
 import numpy as np
 
 from rec.search.assignment import Assignment, chosen_shards, empty_assignment
-from rec.search.placement import EVERY_RANK, FREE, HOST_FREE, HOST_UNIFORM
+from rec.search.placement import Placement
 from rec.search.space import SearchSpace, add_runs, run_ranks
 
 
-class PackOrder(str, Enum):
+class PackOrder(StrEnum):
     PERF = "perf"  # balance time: biggest shard first onto the least-loaded rank
     HBM = "hbm"  # when memory is tight: biggest shard in bytes first
 
@@ -32,16 +33,17 @@ def pack(space: SearchSpace, choice: np.ndarray, order: PackOrder = PackOrder.PE
     a.choice = choice.astype(np.int64)
     placement = space.placement[choice]
     tables = np.arange(len(choice))
-    _place_every_rank(space, a, choice[placement == EVERY_RANK])
-    failed: list[int] = []
-    uniform = tables[placement == HOST_UNIFORM]
+    every_rank = tables[placement == Placement.EVERY_RANK]
+    _place_every_rank(space, a, choice[every_rank])
+    failed: list[int] = _overflowing(space, a, choice, every_rank)
+    uniform = tables[placement == Placement.HOST_UNIFORM]
     uniform = uniform[np.argsort(-space.work[choice[uniform]], kind="stable")]
     failed += _place_host_uniform(space, a, choice[uniform], uniform)
-    host_free = tables[placement == HOST_FREE]
+    host_free = tables[placement == Placement.HOST_FREE]
     for t in host_free[np.argsort(-space.work[choice[host_free]], kind="stable")]:
         if not _place_host_free(space, a, int(choice[t])):
             failed.append(int(t))
-    failed += _place_free(space, a, choice[placement == FREE], order)
+    failed += _place_free(space, a, choice[placement == Placement.FREE], order)
     if failed:
         raise PackingError(sorted(failed))
     return a
@@ -52,6 +54,21 @@ def _place_every_rank(space: SearchSpace, a: Assignment, options: np.ndarray) ->
         return
     entries = chosen_shards(space, options)
     _assign(space, a, entries, space.entry_position[entries])
+
+
+def _overflowing(space: SearchSpace, a: Assignment, choice: np.ndarray, tables: np.ndarray) -> list[int]:
+    """Where the fixed-position options alone overflow a rank: the fewest of them, biggest per
+    rank first, whose removal would make room."""
+    over = np.maximum(np.max(a.hbm - space.hbm_cap, initial=0) / max(float(space.hbm_cap.min()), 1.0),
+                      np.max(a.ddr - space.ddr_cap, initial=0) / max(float(space.ddr_cap.min()), 1.0))
+    if over <= 0:
+        return []
+    opts = space.options
+    size = np.maximum(opts.largest(opts.hbm)[choice[tables]] / max(float(space.hbm_cap.min()), 1.0),
+                      opts.largest(opts.ddr)[choice[tables]] / max(float(space.ddr_cap.min()), 1.0))
+    order = np.argsort(-size, kind="stable")
+    enough = int(np.searchsorted(np.cumsum(size[order]), over)) + 1
+    return [int(t) for t in tables[order[:enough]]]
 
 
 def _assign(space: SearchSpace, a: Assignment, entries: np.ndarray, first_rank: np.ndarray) -> None:
@@ -72,7 +89,7 @@ def _place_host_uniform(space: SearchSpace, a: Assignment, options: np.ndarray,
     if not len(options):
         return []
     opts = space.options
-    lws, hosts = space.local_world_size, space.num_hosts
+    lws = space.local_world_size
     entries = chosen_shards(space, options)
     owner_row = np.repeat(np.arange(len(options)),
                           opts.shard_start[options + 1] - opts.shard_start[options])
@@ -101,7 +118,7 @@ class _HostPlacer:
     most memory checks. Per-rank arrays are updated in bulk; only tables that fail the bound or
     have unequal shards take the exact per-rank path."""
 
-    def __init__(self, space: SearchSpace, a: Assignment, perf, hbm, ddr):
+    def __init__(self, space: SearchSpace, a: Assignment, perf: np.ndarray, hbm: np.ndarray, ddr: np.ndarray):
         lws, hosts = space.local_world_size, space.num_hosts
         self.perf, self.hbm, self.ddr = perf, hbm, ddr
         self.loads, self.used_hbm, self.used_ddr = (x.reshape(hosts, lws) for x in (a.loads, a.hbm, a.ddr))
@@ -117,7 +134,7 @@ class _HostPlacer:
         self.peak, self.top_hbm, self.top_ddr = [0.0] * hosts, [0] * hosts, [0] * hosts
         self._refresh(range(hosts))
 
-    def _refresh(self, hosts) -> None:
+    def _refresh(self, hosts: Iterable[int]) -> None:
         """Exact per-host scalars from the per-rank arrays."""
         for h in hosts:
             self.peak[h] = float(self.loads[h].max())

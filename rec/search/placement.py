@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import IntEnum
 
 import numpy as np
 
@@ -10,11 +10,13 @@ from rec.cost.types import SHARDING_TYPES
 from rec.sharding import ShardingType
 
 
-class Placement(Enum):
-    EVERY_RANK = "every_rank"  # data_parallel, row_wise: shard i on rank i ("uniform")
-    HOST_UNIFORM = "host_uniform"  # table_row_wise: shard j on rank j of one host
-    HOST_FREE = "host_free"  # table_column_wise: every shard on some rank of one host
-    FREE = "free"  # table_wise, column_wise: every shard on any rank ("device")
+class Placement(IntEnum):
+    """Placement rule of an option's shards; the values are the codes in ``SearchSpace.placement``."""
+
+    EVERY_RANK = 0  # data_parallel, row_wise: shard i on rank i ("uniform")
+    HOST_UNIFORM = 1  # table_row_wise, grid_shard: shard j on rank j of one host
+    HOST_FREE = 2  # table_column_wise: every shard on some rank of one host
+    FREE = 3  # table_wise, column_wise: every shard on any rank ("device")
 
 
 PLACEMENT = {
@@ -27,13 +29,14 @@ PLACEMENT = {
     ShardingType.COLUMN_WISE: Placement.FREE,
 }
 
-# Placement per sharding-type code, for vectorized lookups.
-PLACEMENT_BY_CODE = np.array([list(Placement).index(PLACEMENT[st]) for st in SHARDING_TYPES])
+_BY_CODE = np.array([PLACEMENT[st] for st in SHARDING_TYPES], dtype=np.int8)
 
 
 def placement_codes(sharding_type_codes: np.ndarray) -> np.ndarray:
-    """Placement index (position in ``list(Placement)``) for each sharding-type code."""
-    return PLACEMENT_BY_CODE[sharding_type_codes]
+    """``Placement`` value for each sharding-type code."""
+    return np.asarray(_BY_CODE[sharding_type_codes])
 
 
-EVERY_RANK, HOST_UNIFORM, HOST_FREE, FREE = range(4)
+def movable(placement: np.ndarray) -> np.ndarray:
+    """Whether shards of these placements may go to a rank of the search's choosing."""
+    return np.asarray((placement == Placement.FREE) | (placement == Placement.HOST_FREE))

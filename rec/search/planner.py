@@ -1,21 +1,22 @@
-"""The default search, chosen in one place: select options per shard limit, pack, refine."""
+"""The default search, chosen in one place: bound, candidate selections, packing, refinement,
+then the exact stage."""
 
 from __future__ import annotations
 
-import numpy as np
-
 from rec.cost.types import CostConfig
 from rec.search.assignment import Assignment
-from rec.search.bound import lower_bound
+from rec.search.bound import LowerBound, lower_bound
+from rec.search.candidates import Ladder, best_of, candidates, priced_steps
 from rec.search.config import SearchConfig
-from rec.search.feasibility import check_capacity_left, check_every_table_fits, packing_failure
-from rec.search.candidates import best_of, candidates
+from rec.search.exact import improve, rescue
+from rec.search.feasibility import check_capacity_left, check_every_table_fits
 from rec.search.pack import PackingError
+from rec.search.pricing import PricedTables
 from rec.search.refine import refine
 from rec.search.result import SearchResult
 from rec.search.select import shard_limits
-from rec.search.switch import switch_options
 from rec.search.space import SearchSpace, build_space
+from rec.search.switch import switch_options
 from rec.spec.types import Spec
 from rec.topology.types import Topology
 
@@ -34,19 +35,35 @@ def build_search_space(spec: Spec, topology: Topology,
     return space
 
 
-def candidate_limits(space: SearchSpace, config: SearchConfig) -> list[float]:
-    """The ladder of largest-shard limits, from the bound up to the unconstrained choice."""
-    bound = lower_bound(space)
-    return shard_limits(space, bound.largest_shard or bound.value, config.shard_limits)
+def prepare(space: SearchSpace, config: SearchConfig) -> tuple[LowerBound, Ladder]:
+    """The bound and the ladder of candidate selections, computed once for all tables."""
+    priced = PricedTables(space)
+    bound = lower_bound(space, priced)
+    limits = shard_limits(space, bound.largest_shard or bound.value, config.shard_limits)
+    return bound, Ladder(tuple(limits), priced_steps(priced, bound))
 
 
-def search(space: SearchSpace, config: SearchConfig = SearchConfig()) -> Assignment:
+def heuristic(space: SearchSpace, config: SearchConfig, bound: LowerBound, ladder: Ladder) -> Assignment:
     """Best assignment over the candidate selections; PackingError if none could be packed."""
-    bound = lower_bound(space).value
-    cands = candidates(space, candidate_limits(space, config))
-    best = best_of(space, cands, config.refine_top, config.refine_rounds,
-                   good_enough=(1 + config.switch_above_gap) * bound)
-    return polish(space, best, config, bound)
+    best = best_of(space, candidates(space, ladder), config.refine_top, config.refine_rounds,
+                   good_enough=(1 + config.switch_above_gap) * bound.value)
+    return polish(space, best, config, bound.value)
+
+
+def first_plan(space: SearchSpace, config: SearchConfig, bound: LowerBound, ladder: Ladder) -> Assignment:
+    """The heuristic's plan, or the MILP's when no candidate packs; PackingError if neither."""
+    try:
+        return heuristic(space, config, bound, ladder)
+    except PackingError as e:
+        return rescued(space, config, bound, e)
+
+
+def rescued(space: SearchSpace, config: SearchConfig, bound: LowerBound, failure: PackingError) -> Assignment:
+    """When no candidate packs: the MILP's first plan, refined; ``failure`` again if it has none."""
+    a = rescue(space, bound, config)
+    if a is None:
+        raise failure
+    return polish(space, refine(space, a, config.refine_rounds), config, bound.value)
 
 
 def polish(space: SearchSpace, a: Assignment, config: SearchConfig, bound: float) -> Assignment:
@@ -58,15 +75,13 @@ def polish(space: SearchSpace, a: Assignment, config: SearchConfig, bound: float
 
 
 def search_result(space: SearchSpace, config: SearchConfig = SearchConfig()) -> SearchResult:
-    """Search every table of ``space`` in this process."""
-    return SearchResult(space, search(space, config), lower_bound(space))
+    """Search every table of ``space`` in this process: heuristic, then the exact stage."""
+    bound, ladder = prepare(space, config)
+    a = first_plan(space, config, bound, ladder)
+    a, bound, stats = improve(space, a, bound, config)
+    return SearchResult(space, a, bound, stats=stats)
 
 
-def plan_tables(spec: Spec, topology: Topology, cost: CostConfig = CostConfig(),
-                config: SearchConfig = SearchConfig()) -> SearchResult:
-    """Plan every table of ``spec`` on ``topology`` in this process."""
-    space = build_search_space(spec, topology, cost)
-    try:
-        return search_result(space, config)
-    except PackingError as e:
-        raise packing_failure(space, spec, e.tables) from None
+def search(space: SearchSpace, config: SearchConfig = SearchConfig()) -> Assignment:
+    """The assignment ``search_result`` finds."""
+    return search_result(space, config).assignment

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from rec.search.assignment import Assignment, chosen_shards
-from rec.search.placement import FREE, HOST_FREE
+from rec.search.placement import Placement, movable
 from rec.search.space import SearchSpace
 
 MOVE_TARGET_RANKS = 64  # moves try this many least-loaded ranks first
@@ -22,8 +22,8 @@ def refine(space: SearchSpace, a: Assignment, max_rounds: int = 100_000) -> Assi
     shards = chosen_shards(space, a.choice)
     owner_placement = space.placement[np.repeat(a.choice, opts.shard_start[a.choice + 1]
                                                 - opts.shard_start[a.choice])]
-    movable = (owner_placement == FREE) | (owner_placement == HOST_FREE)
-    shards, host_bound = shards[movable], owner_placement[movable] == HOST_FREE
+    free = movable(owner_placement)
+    shards, host_bound = shards[free], owner_placement[free] == Placement.HOST_FREE
     if not len(shards):
         return a
     perf, hbm, ddr = opts.perf[shards], opts.hbm[shards], opts.ddr[shards]
@@ -66,7 +66,8 @@ class _Members:
         self.lists[dst].append(i)
 
 
-def _relocate(a, i, src, dst, perf, hbm, ddr, rank, members) -> None:
+def _relocate(a: Assignment, i: int, src: int, dst: int, perf: np.ndarray, hbm: np.ndarray, ddr: np.ndarray,
+              rank: np.ndarray, members: _Members) -> None:
     a.loads[src] -= perf[i]
     a.loads[dst] += perf[i]
     a.hbm[src] -= hbm[i]
@@ -77,7 +78,11 @@ def _relocate(a, i, src, dst, perf, hbm, ddr, rank, members) -> None:
     members.move(i, src, dst)
 
 
-def _best_move(space, a, r, on_r, perf, hbm, ddr, host_bound, lws):
+Step = tuple[float, int, int, int]  # (new pair peak, shard, target rank, swapped shard or -1)
+
+
+def _best_move(space: SearchSpace, a: Assignment, r: int, on_r: np.ndarray, perf: np.ndarray, hbm: np.ndarray,
+               ddr: np.ndarray, host_bound: np.ndarray, lws: int) -> Step | None:
     """(new pair peak, shard, target rank, -1) of the best single-shard move, or None.
 
     A shard's best target is the least-loaded rank with room for it, so only the
@@ -95,14 +100,17 @@ def _best_move(space, a, r, on_r, perf, hbm, ddr, host_bound, lws):
     return float(peak[i]), int(on_r[i]), int(target[i]), -1
 
 
-def _best_targets(space, a, r, on_r, targets, perf, hbm, ddr, host_bound, lws):
+def _best_targets(space: SearchSpace, a: Assignment, r: int, on_r: np.ndarray, targets: np.ndarray,
+                  perf: np.ndarray, hbm: np.ndarray, ddr: np.ndarray, host_bound: np.ndarray,
+                  lws: int) -> tuple[np.ndarray, np.ndarray]:
     """Per shard of ``on_r``: the pair peak of its best move among ``targets``, and that target."""
     peak = _move_peaks(space, a, r, on_r, targets, perf, hbm, ddr, host_bound, lws)
     column = np.argmin(peak, axis=1)
     return peak[np.arange(len(on_r)), column], targets[column]
 
 
-def _move_peaks(space, a, r, on_r, targets, perf, hbm, ddr, host_bound, lws):
+def _move_peaks(space: SearchSpace, a: Assignment, r: int, on_r: np.ndarray, targets: np.ndarray,
+                perf: np.ndarray, hbm: np.ndarray, ddr: np.ndarray, host_bound: np.ndarray, lws: int) -> np.ndarray:
     """Pair peak of moving each shard of ``on_r`` to each target (inf where it does not fit)."""
     p = perf[on_r][:, None]
     fits = ((a.hbm[targets][None, :] + hbm[on_r][:, None] <= space.hbm_cap[targets][None, :])
@@ -124,7 +132,8 @@ def _least_loaded(loads: np.ndarray, count: int) -> np.ndarray:
     return order[:count]
 
 
-def _best_swap(space, a, r, on_r, members, perf, hbm, ddr, host_bound):
+def _best_swap(space: SearchSpace, a: Assignment, r: int, on_r: np.ndarray, members: _Members, perf: np.ndarray,
+               hbm: np.ndarray, ddr: np.ndarray, host_bound: np.ndarray) -> Step | None:
     """Best exchange of a shard on ``r`` with a smaller one on a lightly loaded rank.
 
     For partner rank q with slack g = load[r] - load[q], swapping sizes p_i > p_j lowers the pair's

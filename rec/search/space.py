@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rec.cost.types import Options
-from rec.search.placement import EVERY_RANK, HOST_UNIFORM, placement_codes
+from rec.search.placement import Placement, placement_codes
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ class SearchSpace:
 def entry_layout(options: Options) -> tuple[np.ndarray, np.ndarray]:
     """Owner option and first-shard position of every entry."""
     owner = np.repeat(np.arange(options.num_options), options.num_entries())
-    totals = np.concatenate(([0], np.cumsum(options.repeat, dtype=np.int64)))
+    totals = np.concatenate((np.zeros(1, np.int64), np.cumsum(options.repeat, dtype=np.int64)))
     position = totals[:-1] - totals[options.shard_start[owner]]
     return owner, position
 
@@ -63,12 +63,12 @@ def build_space(options: Options, num_tables: int, world_size: int, local_world_
 def _feasible(options: Options, entry_placement: np.ndarray, owner: np.ndarray,
               hbm_cap: np.ndarray, ddr_cap: np.ndarray) -> np.ndarray:
     # A fixed-position run must fit the smallest rank it may cover; a free shard the largest.
-    fixed = (entry_placement == EVERY_RANK) | (entry_placement == HOST_UNIFORM)
+    fixed = (entry_placement == Placement.EVERY_RANK) | (entry_placement == Placement.HOST_UNIFORM)
     hbm_limit = np.where(fixed, hbm_cap.min(), hbm_cap.max())
     ddr_limit = np.where(fixed, ddr_cap.min(), ddr_cap.max())
     fits = (options.hbm <= hbm_limit) & (options.ddr <= ddr_limit)
     bad = np.bincount(owner[~fits], minlength=options.num_options)
-    return bad == 0
+    return np.asarray(bad == 0)
 
 
 def run_ranks(space: SearchSpace, entries: np.ndarray, first_rank: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

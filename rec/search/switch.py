@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from rec.search.assignment import Assignment
-from rec.search.placement import EVERY_RANK, FREE, HOST_FREE, HOST_UNIFORM
-from rec.search.space import SearchSpace, add_runs, run_ranks
+from rec.search.placement import Placement
+from rec.search.space import SearchSpace, add_runs
 
 CANDIDATE_TABLES = 48  # tables (most load on the busiest rank first) tried per step
 EPS = 1e-12
@@ -27,9 +27,9 @@ def distinct_options(space: SearchSpace) -> dict[int, np.ndarray]:
     total_hbm = opts.total(opts.hbm)
     total_ddr = opts.total(opts.ddr)
     out: dict[int, list[int]] = {}
-    for o in np.flatnonzero(space.feasible):
-        out.setdefault(int(opts.table[o]), []).append(int(o))
-    keep = {}
+    for i in np.flatnonzero(space.feasible):
+        out.setdefault(int(opts.table[i]), []).append(int(i))
+    keep: dict[int, np.ndarray] = {}
     for t, mine in out.items():
         kept = []
         for o in mine:
@@ -91,7 +91,10 @@ def _tables_on(space: SearchSpace, a: Assignment, rank: int) -> np.ndarray:
     return tables[np.argsort(-load[tables], kind="stable")]
 
 
-def _usage(space: SearchSpace, entries: np.ndarray, first: np.ndarray):
+Usage = tuple[np.ndarray, np.ndarray, np.ndarray]  # loads, HBM, DDR per rank
+
+
+def _usage(space: SearchSpace, entries: np.ndarray, first: np.ndarray) -> Usage:
     opts = space.options
     rep = opts.repeat[entries].astype(np.int64)
     return (add_runs(space, opts.perf[entries], first, rep),
@@ -99,7 +102,7 @@ def _usage(space: SearchSpace, entries: np.ndarray, first: np.ndarray):
             np.rint(add_runs(space, opts.ddr[entries].astype(float), first, rep)).astype(np.int64))
 
 
-def _without(space: SearchSpace, a: Assignment, t: int):
+def _without(space: SearchSpace, a: Assignment, t: int) -> Usage:
     """Loads and memory with table ``t`` taken out."""
     o = a.choice[t]
     entries = np.arange(space.options.shard_start[o], space.options.shard_start[o + 1])
@@ -107,7 +110,8 @@ def _without(space: SearchSpace, a: Assignment, t: int):
     return a.loads - perf, a.hbm - hbm, a.ddr - ddr
 
 
-def _place(space: SearchSpace, base, o: int):
+def _place(space: SearchSpace, base: Usage,
+           o: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
     """Greedy placement of option ``o`` on top of ``base``: (loads, hbm, ddr, first rank per
     entry), or None if it does not fit."""
     loads, hbm, ddr = (x.copy() for x in base)
@@ -116,9 +120,9 @@ def _place(space: SearchSpace, base, o: int):
     kind = space.placement[o]
     position = space.entry_position[entries]
     lws = space.local_world_size
-    if kind == EVERY_RANK:
+    if kind == Placement.EVERY_RANK:
         first = position.astype(np.int64)
-    elif kind == HOST_UNIFORM:
+    elif kind == Placement.HOST_UNIFORM:
         best = None
         for host in range(space.num_hosts):
             trial = host * lws + position
@@ -132,13 +136,14 @@ def _place(space: SearchSpace, base, o: int):
         first = best[1]
     else:
         ranks = np.arange(space.world_size)
-        if kind == HOST_FREE:
+        if kind == Placement.HOST_FREE:
             host_load = loads.reshape(space.num_hosts, lws).sum(axis=1)
             ranks = int(np.argmin(host_load)) * lws + np.arange(lws)
         first = np.empty(len(entries), dtype=np.int64)
         for i in np.argsort(-opts.perf[entries], kind="stable"):
             e = entries[i]
-            room = (hbm[ranks] + opts.hbm[e] <= space.hbm_cap[ranks]) & (ddr[ranks] + opts.ddr[e] <= space.ddr_cap[ranks])
+            room = ((hbm[ranks] + opts.hbm[e] <= space.hbm_cap[ranks])
+                    & (ddr[ranks] + opts.ddr[e] <= space.ddr_cap[ranks]))
             if not room.any():
                 return None
             r = int(ranks[np.argmin(np.where(room, loads[ranks], np.inf))])

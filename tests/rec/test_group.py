@@ -5,10 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from rec.search import SearchConfig, search
-from rec.search.bound import lower_bound
 from rec.search.group import search_group, split_groups, subspace
 from rec.search.merge import merge_groups
-from rec.search.planner import candidate_limits
+from rec.search.planner import prepare
 from rec.sharding import ShardingType
 
 TW, CW = ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE
@@ -44,13 +43,11 @@ def test_subspace_keeps_each_tables_options_and_costs(space_of):
 def test_merged_groups_are_within_one_percent_of_a_single_search(space_of):
     space = space_of(mixed_tables(400, seed=3), world=16)
     single = search(space).critical_path
-    bound = lower_bound(space).value
-    limits = candidate_limits(space, SearchConfig())
-    results = [search_group(space, g, limits) for g in split_groups(space, 4)]
-    merged = merge_groups(space, results)
+    bound, ladder = prepare(space, SearchConfig())
+    results = [search_group(space, g, ladder) for g in split_groups(space, 4)]
+    merged = merge_groups(space, results, bound)
     assert merged.critical_path <= 1.01 * single
-    assert merged.critical_path >= bound - 1e-9
-
+    assert merged.critical_path >= bound.value - 1e-9
 
 
 def test_groups_keep_the_plan_when_big_tables_only_balance_across_all_of_them():
@@ -65,7 +62,34 @@ def test_groups_keep_the_plan_when_big_tables_only_balance_across_all_of_them():
                                    "hbm_cap": "80GiB", "ddr_cap": "128GiB", "batch_size": 512})
     space = build_search_space(mixed_spec(), topology)
     single = search(space).critical_path
-    limits = candidate_limits(space, SearchConfig())
+    bound, ladder = prepare(space, SearchConfig())
     for groups in (2, 4):
-        merged = merge_groups(space, [search_group(space, g, limits) for g in split_groups(space, groups)])
+        merged = merge_groups(space, [search_group(space, g, ladder) for g in split_groups(space, groups)], bound)
         assert merged.critical_path <= 1.01 * single
+
+
+def test_groups_rate_memory_priced_candidates_that_line_up_across_groups():
+    # Tables ~5x the HBM: the ladder carries memory prices; every group selects with the same
+    # prices, so candidate i of every group belongs to the same global candidate.
+    from rec.search.candidates import Family
+    from rec.search.planner import build_search_space, heuristic
+    from rec.spec.validate import spec_from_rows
+    from rec.topology import topology_from_dict
+
+    rng = np.random.default_rng(1)
+    spec = spec_from_rows([{"name": f"t{i}", "num_embeddings": int(10 ** rng.uniform(5.5, 6.8)),
+                            "embedding_dim": int(rng.choice((32, 64, 128))),
+                            "pooling_factor": float(np.round(rng.uniform(1, 30), 1))} for i in range(24)],
+                          source="tight")
+    topology = topology_from_dict({"world_size": 8, "local_world_size": 8, "compute_device": "cuda",
+                                   "hbm_cap": "2GiB", "ddr_cap": "128GiB", "batch_size": 1024})
+    space = build_search_space(spec, topology)
+    config = SearchConfig(time_limit_s=0)
+    bound, ladder = prepare(space, config)
+    assert ladder.priced
+    results = [search_group(space, g, ladder) for g in split_groups(space, 2)]
+    assert (results[0].families == results[1].families).all()
+    assert Family.PRICED.value in results[0].families
+    merged = merge_groups(space, results, bound, config)
+    assert (merged.hbm <= space.hbm_cap).all()
+    assert merged.critical_path <= 1.05 * heuristic(space, config, bound, ladder).critical_path

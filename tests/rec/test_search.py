@@ -7,8 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
-from rec.search import SearchConfig, search
-from rec.search.bound import lower_bound
+from rec.search import SearchConfig, search, search_result
+from rec.search.bound import BoundMethod, lower_bound
 from rec.search.pack import PackingError, PackOrder, pack
 from rec.search.select import select_options
 from rec.sharding import ShardingType
@@ -49,7 +49,7 @@ def test_search_is_near_optimal_and_never_below_the_bound(space_of, seed):
 
 def test_the_cheaper_option_is_chosen_when_it_balances_as_well(space_of):
     # Row-wise spreads 4.0 over 4 ranks (1 each) but costs 4; table-wise costs 2 on one rank.
-    tables = [[(TW, [2.0], [1]), (RW, [1.0] * 4, [1] * 4)]] + tw_tables([2.0, 2.0, 2.0])
+    tables = [[(TW, [2.0], [1]), (RW, [1.0] * 4, [1] * 4)], *tw_tables([2.0, 2.0, 2.0])]
     space = space_of(tables, world=4)
     a = search(space)
     assert a.critical_path == 2.0
@@ -57,7 +57,7 @@ def test_the_cheaper_option_is_chosen_when_it_balances_as_well(space_of):
 
 
 def test_a_table_too_big_for_one_rank_takes_the_option_that_splits_it(space_of):
-    tables = [[(TW, [4.0], [800]), (CW, [2.0, 2.0], [400, 400])]] + tw_tables([1.0, 1.0], hbm=100)
+    tables = [[(TW, [4.0], [800]), (CW, [2.0, 2.0], [400, 400])], *tw_tables([1.0, 1.0], hbm=100)]
     space = space_of(tables, world=2, hbm_cap=500)
     a = search(space)
     assert (a.hbm <= 500).all()
@@ -99,9 +99,33 @@ def test_big_shards_that_leave_no_room_next_to_replicas_are_split(space_of):
     # a 400-byte replica: 1,050 > 1,000. Splitting costs more work and has no smaller largest
     # shard, so only the memory ceiling finds the plan where both halves fit.
     big = [(TW, [4.0], [650]), (CW, [4.0, 4.0], [325, 325])]
-    tables = [big, big, [(DP, [0.5] * 4, [400] * 4)]] + tw_tables([1.0] * 4, hbm=10)
+    tables = [big, big, [(DP, [0.5] * 4, [400] * 4)], *tw_tables([1.0] * 4, hbm=10)]
     space = space_of(tables, world=4, hbm_cap=1000)
     a = search(space)
     assert (a.hbm <= 1000).all()
     assert {space.options.sharding_type[a.choice[t]] for t in (0, 1)} == {space.options.sharding_type[1]}
     assert a.critical_path == 5.5  # the optimum: a half, a replica and a small table per rank
+
+
+def test_fixed_position_options_that_overflow_a_rank_fail_packing(space_of):
+    # Two replicas of 600 bytes on every 1,000-byte rank: each fits alone, not together.
+    tables = [[(DP, [1.0, 1.0], [600, 600])], [(DP, [1.0, 1.0], [600, 600])]]
+    space = space_of(tables, world=2, hbm_cap=1000)
+    with pytest.raises(PackingError) as e:
+        pack(space, select_options(space, np.inf))
+    assert e.value.tables == [0]
+
+
+def test_hbm_goes_to_the_tables_that_gain_most_from_it(space_of):
+    # Each table: in HBM (1 ms, 600 bytes) or out of it (slow, no HBM); a rank holds one in HBM.
+    # Gains 9, 2, 7, 1 ms: the optimum keeps tables 0 and 2 in HBM, each next to a slow one (4 ms).
+    slow = [10.0, 3.0, 8.0, 2.0]
+    tables = [[(TW, [1.0], [600]), (TW, [s], [0])] for s in slow]
+    space = space_of(tables, world=2, hbm_cap=700)
+    result = search_result(space, SearchConfig(time_limit_s=0))  # the heuristic alone
+    in_hbm = [t for t in range(4) if space.options.hbm[space.options.shard_start[result.assignment.choice[t]]] > 0]
+    assert in_hbm == [0, 2] and result.critical_path == 4.0
+    # The bound prices HBM: the LP keeps tables 0, 2 and a third of table 1 in HBM.
+    assert result.bound.method is BoundMethod.LAGRANGIAN
+    assert result.bound.value == pytest.approx((1 + 1 + (1 / 3 + 2 / 3 * 3) + 2) / 2)
+    assert lower_bound(space).average_work == pytest.approx(2.0)  # what a memory-blind bound says

@@ -7,6 +7,7 @@ import logging
 import pytest
 
 from rec.planning import plan_spec
+from rec.search import SearchConfig
 from rec.spec.synthetic import power_law_spec
 from rec.topology import topology_from_dict
 from tasks.ray_search import GroupSearcher, RaySearcher
@@ -46,6 +47,29 @@ def test_same_inputs_and_groups_give_the_same_plan_id(local_ray, spec):
     assert a.plan_id == b.plan_id and a.tables == b.tables
 
 
+def test_ray_races_the_exact_stage_and_finds_the_local_plan(local_ray):
+    # Memory-tight (tables ~5x the HBM) on two hosts: the exact stage runs both strategies, on
+    # two actors at once under Ray, one after the other locally; the driver keeps the same plan.
+    import numpy as np
+
+    from rec.spec.validate import spec_from_rows
+
+    rng = np.random.default_rng(1)
+    spec = spec_from_rows([{"name": f"t{i}", "num_embeddings": int(10 ** rng.uniform(5.5, 6.8)),
+                            "embedding_dim": int(rng.choice((32, 64, 128))),
+                            "pooling_factor": float(np.round(rng.uniform(1, 30), 1))} for i in range(24)],
+                          source="tight")
+    topology = topology_from_dict(dict(world_size=8, local_world_size=4, compute_device="cuda",
+                                       hbm_cap="2GiB", ddr_cap="128GiB", batch_size=1024))
+    config = SearchConfig(time_limit_s=3)
+    local = plan_spec(spec, topology, config=config)
+    on_ray = plan_spec(spec, topology, config=config, searcher=RaySearcher())
+    assert on_ray.planner["groups"] == 1
+    assert on_ray.metrics.critical_path == local.metrics.critical_path
+    assert on_ray.metrics.lower_bound == local.metrics.lower_bound
+    assert on_ray.tables == local.tables
+
+
 class KillFirstActor(RaySearcher):
     def after_first_wave(self, actors):
         ray.kill(actors[0])
@@ -61,12 +85,12 @@ def test_a_group_whose_actor_dies_is_searched_again_and_the_plan_is_unchanged(lo
 
 def test_the_actor_body_is_an_ordinary_class(spec):
     from rec.search import build_search_space
-    from rec.search.config import SearchConfig
     from rec.search.group import split_groups
-    from rec.search.planner import candidate_limits
+    from rec.search.planner import prepare
 
     space = build_search_space(spec, TOPO)
     group = split_groups(space, 4)[0]
-    result = GroupSearcher(space, candidate_limits(space, SearchConfig())).search(group)
+    _, ladder = prepare(space, SearchConfig())
+    result = GroupSearcher(space, ladder).search(group)
     assert list(result.tables) == list(group) and result.choices.shape[1] == len(group)
     assert (space.options.table[result.choices] == group).all()  # every choice is its table's

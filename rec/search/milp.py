@@ -1,0 +1,370 @@
+"""The plan problem as a mixed-integer program over the search space, solved with HiGHS.
+
+Columns: ``z`` (the critical path, minimised); ``x[o]`` binary, one option per table; for
+free-placed options (table_wise, column_wise) an integer count ``n[c, r]`` of the option's
+identical shards of class ``c`` on rank ``r``; for host-bound options (table_row_wise,
+table_column_wise, grid_shard) a binary host ``y[o, h]`` (table_column_wise also counts its
+shards per rank within the host); data_parallel and row_wise put fixed loads on every rank.
+Rows: per rank, time <= z and HBM/DDR within capacity; per table, one option and its largest shard
+<= z (a cut the LP relaxation needs); per option, its shards all placed.
+
+Times are scaled by a reference time and memory by the largest rank capacity so that HiGHS's
+tolerances mean the same at any size. A solution is turned back into an ``Assignment`` and its
+loads recomputed exactly; one that overflows a rank by HiGHS's tolerance is rejected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from rec.search.assignment import Assignment, usage
+from rec.search.placement import Placement
+from rec.search.space import SearchSpace, run_ranks
+
+
+@dataclass(frozen=True)
+class MilpModel:
+    """The model's arrays (column-wise sparse matrix) and what each column stands for."""
+
+    num_cols: int
+    num_rows: int
+    cost: np.ndarray
+    col_lower: np.ndarray
+    col_upper: np.ndarray
+    integer: np.ndarray  # (cols,) bool
+    row_lower: np.ndarray
+    row_upper: np.ndarray
+    start: np.ndarray  # CSC
+    index: np.ndarray
+    value: np.ndarray
+    time_scale: float  # ms per unit of z
+    options: np.ndarray  # (K,) the options in the model
+    x_col: np.ndarray  # (K,) column of x[o]
+    host_col: np.ndarray  # (K,) first of num_hosts y columns, -1 if none
+    class_option: np.ndarray  # (C,) model option (index into options) of each shard class
+    class_entries: list[np.ndarray]  # (C,) entries of each class
+    class_col: np.ndarray  # (C,) first of len(free_ranks) n columns
+    free_ranks: np.ndarray  # ranks free-placed shards may go to, one n column each
+
+    @property
+    def nonzeros(self) -> int:
+        return len(self.value)
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.cols = 0
+        self.rows = 0
+        self.col_parts: dict[str, list[np.ndarray]] = {k: [] for k in ("cost", "lo", "up", "int")}
+        self.row_parts: dict[str, list[np.ndarray]] = {k: [] for k in ("lo", "up")}
+        self.entries: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def add_cols(self, n: int, lo: ArrayLike = 0.0, up: ArrayLike = 1.0, integer: bool = True,
+                 cost: ArrayLike = 0.0) -> int:
+        first = self.cols
+        self.cols += n
+        self.col_parts["cost"].append(np.broadcast_to(np.asarray(cost, float), (n,)))
+        self.col_parts["lo"].append(np.broadcast_to(np.asarray(lo, float), (n,)))
+        self.col_parts["up"].append(np.broadcast_to(np.asarray(up, float), (n,)))
+        self.col_parts["int"].append(np.full(n, integer))
+        return first
+
+    def add_rows(self, n: int, lo: ArrayLike, up: ArrayLike) -> int:
+        first = self.rows
+        self.rows += n
+        self.row_parts["lo"].append(np.broadcast_to(np.asarray(lo, float), (n,)))
+        self.row_parts["up"].append(np.broadcast_to(np.asarray(up, float), (n,)))
+        return first
+
+    def add(self, rows: ArrayLike, cols: ArrayLike, values: ArrayLike) -> None:
+        rows, cols, values = np.broadcast_arrays(np.asarray(rows, np.int64), np.asarray(cols, np.int64),
+                                                 np.asarray(values, float))
+        keep = values != 0
+        self.entries.append((rows[keep].ravel(), cols[keep].ravel(), values[keep].ravel()))
+
+    def matrix(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        rows = np.concatenate([e[0] for e in self.entries])
+        cols = np.concatenate([e[1] for e in self.entries])
+        vals = np.concatenate([e[2] for e in self.entries])
+        order = np.lexsort((rows, cols))
+        rows, cols, vals = rows[order], cols[order], vals[order]
+        first = np.concatenate(([True], (rows[1:] != rows[:-1]) | (cols[1:] != cols[:-1])))
+        vals = np.add.reduceat(vals, np.flatnonzero(first)) if len(vals) else vals
+        rows, cols = rows[first], cols[first]
+        start = np.searchsorted(cols, np.arange(self.cols + 1))
+        return start, rows, vals
+
+
+def build_model(space: SearchSpace, options: np.ndarray, time_scale: float,
+                z_bounds: tuple[float, float], background: Assignment | None = None,
+                free_ranks: np.ndarray | None = None) -> MilpModel:
+    """The MILP over ``options`` (the allowed options of the tables it places, grouped by
+    table) on top of the load and memory of ``background`` (the other tables, held in place),
+    with free-placed shards restricted to ``free_ranks`` (default: every rank)."""
+    opts = space.options
+    w, lws, hosts = space.world_size, space.local_world_size, space.num_hosts
+    free_ranks = np.arange(w) if free_ranks is None else np.asarray(free_ranks, np.int64)
+    f = len(free_ranks)
+    mem_scale = float(max(space.hbm_cap.max(), space.ddr_cap.max(), 1))
+    b = _Builder()
+    z = b.add_cols(1, lo=z_bounds[0] / time_scale, up=z_bounds[1] / time_scale, integer=False, cost=1.0)
+    bg_load, bg_hbm, bg_ddr = ((background.loads, background.hbm, background.ddr) if background is not None
+                               else (np.zeros(w), np.zeros(w), np.zeros(w)))
+    load_row = b.add_rows(w, -np.inf, -bg_load / time_scale)
+    hbm_row = b.add_rows(w, -np.inf, (space.hbm_cap - bg_hbm) / mem_scale)
+    ddr_row = b.add_rows(w, -np.inf, (space.ddr_cap - bg_ddr) / mem_scale)
+    b.add(load_row + np.arange(w), z, -1.0)
+    tables = opts.table[options]
+    first_of_table = np.concatenate(([True], tables[1:] != tables[:-1]))
+    table_no = np.cumsum(first_of_table) - 1
+    n_tables = int(table_no[-1]) + 1 if len(options) else 0
+    one_row = b.add_rows(n_tables, 1.0, 1.0)
+    cut_row = b.add_rows(n_tables, -np.inf, 0.0)
+    b.add(cut_row + np.arange(n_tables), z, -1.0)
+    x_col = b.add_cols(len(options)) + np.arange(len(options))
+    b.add(one_row + table_no, x_col, 1.0)
+    b.add(cut_row + table_no, x_col, space.max_shard[options] / time_scale)
+
+    kind = space.placement[options]
+    if hosts == 1:  # one host: host-bound placements are fixed / free ones
+        kind = np.where(kind == Placement.HOST_UNIFORM, Placement.EVERY_RANK, kind)
+        kind = np.where(kind == Placement.HOST_FREE, Placement.FREE, kind)
+
+    def put(ranks: np.ndarray, cols: np.ndarray, entries: np.ndarray) -> None:
+        b.add(load_row + ranks, cols, opts.perf[entries] / time_scale)
+        b.add(hbm_row + ranks, cols, opts.hbm[entries] / mem_scale)
+        b.add(ddr_row + ranks, cols, opts.ddr[entries] / mem_scale)
+
+    # Fixed loads: entry e of option o covers ranks position..position+repeat-1.
+    fixed = np.flatnonzero(kind == Placement.EVERY_RANK)
+    ent, owner = _entries(space, options[fixed])
+    e, rank = run_ranks(space, ent, space.entry_position[ent])
+    put(rank, x_col[fixed][np.repeat(owner, opts.repeat[ent])], e)
+
+    host_col = np.full(len(options), -1, dtype=np.int64)
+    bound_to_host = np.flatnonzero((kind == Placement.HOST_UNIFORM) | (kind == Placement.HOST_FREE))
+    if len(bound_to_host):
+        first = b.add_cols(len(bound_to_host) * hosts)
+        host_col[bound_to_host] = first + hosts * np.arange(len(bound_to_host))
+        link = b.add_rows(len(bound_to_host), 0.0, 0.0) + np.arange(len(bound_to_host))
+        b.add(link[:, None], host_col[bound_to_host][:, None] + np.arange(hosts), 1.0)
+        b.add(link, x_col[bound_to_host], -1.0)
+    uniform = np.flatnonzero(kind == Placement.HOST_UNIFORM)
+    ent, owner = _entries(space, options[uniform])
+    e, local = run_ranks(space, ent, space.entry_position[ent])
+    col = host_col[uniform][np.repeat(owner, opts.repeat[ent])]
+    for h in range(hosts if len(uniform) else 0):
+        put(h * lws + local, col + h, e)
+
+    # Free shards: classes of identical shards, counted per allowed rank.
+    free = np.flatnonzero((kind == Placement.FREE) | (kind == Placement.HOST_FREE))
+    ent, owner = _entries(space, options[free])
+    classes, class_of = _classes(space, ent, owner)
+    class_option = free[owner[classes]]
+    counts = np.bincount(class_of, minlength=len(classes))
+    class_col = b.add_cols(len(classes) * f, up=np.repeat(counts, f)) + f * np.arange(len(classes))
+    cols = class_col[:, None] + np.arange(f)
+    put(np.broadcast_to(free_ranks, cols.shape).ravel(), cols.ravel(), np.repeat(ent[classes], f))
+    host_free = kind[class_option] == Placement.HOST_FREE
+    mine = np.flatnonzero(~host_free)
+    placed = b.add_rows(len(mine), 0.0, 0.0) + np.arange(len(mine))
+    b.add(placed[:, None], cols[mine], 1.0)
+    b.add(placed, x_col[class_option[mine]], -counts[mine])
+    mine = np.flatnonzero(host_free)
+    for h in range(hosts if len(mine) else 0):
+        at = np.flatnonzero(free_ranks // lws == h)
+        placed = b.add_rows(len(mine), 0.0, 0.0) + np.arange(len(mine))
+        b.add(placed[:, None], cols[mine][:, at], 1.0)
+        b.add(placed, host_col[class_option[mine]] + h, -counts[mine])
+
+    start, index, value = b.matrix()
+    cat = {k: np.concatenate(v) for k, v in b.col_parts.items()}
+    entries = [ent[class_of == c] for c in range(len(classes))]
+    return MilpModel(b.cols, b.rows, cat["cost"], cat["lo"], cat["up"], cat["int"].astype(bool),
+                     np.concatenate(b.row_parts["lo"]), np.concatenate(b.row_parts["up"]),
+                     start, index, value, time_scale, options, x_col, host_col, class_option,
+                     entries, class_col, free_ranks)
+
+
+def _entries(space: SearchSpace, options: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """All entries of ``options`` and the position in ``options`` of each one's owner."""
+    starts = space.options.shard_start[options]
+    counts = space.options.shard_start[options + 1] - starts
+    owner = np.repeat(np.arange(len(options)), counts)
+    return np.arange(counts.sum()) + np.repeat(starts - (np.cumsum(counts) - counts), counts), owner
+
+
+def _classes(space: SearchSpace, ent: np.ndarray, owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Group entries of the same option with equal cost: (first entry of each class, class of
+    every entry)."""
+    opts = space.options
+    if not len(ent):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    order = np.lexsort((ent, opts.ddr[ent], opts.hbm[ent], opts.perf[ent], owner))
+    o, p, h, d = owner[order], opts.perf[ent][order], opts.hbm[ent][order], opts.ddr[ent][order]
+    new = np.concatenate(([True], (o[1:] != o[:-1]) | (p[1:] != p[:-1]) | (h[1:] != h[:-1]) | (d[1:] != d[:-1])))
+    class_sorted = np.cumsum(new) - 1
+    class_of = np.empty(len(ent), np.int64)
+    class_of[order] = class_sorted
+    return order[new], class_of
+
+
+def start_vector(model: MilpModel, space: SearchSpace, a: Assignment) -> np.ndarray | None:
+    """The column values of assignment ``a`` (None if the model cannot express it)."""
+    v = np.zeros(model.num_cols)
+    where = {int(o): k for k, o in enumerate(model.options)}
+    tables = np.unique(space.options.table[model.options])
+    picked = [where.get(int(o), -1) for o in a.choice[tables]]
+    if min(picked, default=0) < 0:
+        return None
+    k = np.array(picked, dtype=np.int64)
+    v[0] = a.critical_path / model.time_scale
+    v[model.x_col[k]] = 1.0
+    lws = space.local_world_size
+    for kk in k[model.host_col[k] >= 0]:
+        first = a.shard_rank[space.options.shard_start[model.options[kk]]]
+        v[model.host_col[kk] + first // lws] = 1.0
+    column = np.full(space.world_size, -1, np.int64)
+    column[model.free_ranks] = np.arange(len(model.free_ranks))
+    chosen = np.zeros(len(model.options), bool)
+    chosen[k] = True
+    for c in np.flatnonzero(chosen[model.class_option]):
+        j = column[a.shard_rank[model.class_entries[c]]]
+        if (j < 0).any():
+            return None
+        v[model.class_col[c] + j] += 1.0
+    return v
+
+
+def decode(model: MilpModel, space: SearchSpace, values: np.ndarray, base: Assignment) -> Assignment | None:
+    """``base`` with the model's tables as the solution ``values`` has them; None if the
+    solution is incomplete or overflows a rank once loads are recomputed exactly."""
+    opts = space.options
+    x = values[model.x_col] > 0.5
+    tables = opts.table[model.options[x]]
+    if len(np.unique(tables)) != len(tables) or len(tables) != len(np.unique(opts.table[model.options])):
+        return None
+    choice, shard_rank = base.choice.copy(), base.shard_rank.copy()
+    for o in choice[tables]:
+        shard_rank[opts.shards(o)] = -1
+    choice[tables] = model.options[x]
+    lws, hosts = space.local_world_size, space.num_hosts
+    for k in np.flatnonzero(x):
+        sl = opts.shards(model.options[k])
+        host = 0
+        if model.host_col[k] >= 0:
+            host = int(np.argmax(values[model.host_col[k]:model.host_col[k] + hosts]))
+        shard_rank[sl] = host * lws + space.entry_position[sl]
+    f = len(model.free_ranks)
+    for c in np.flatnonzero(x[model.class_option]):
+        counts = np.rint(values[model.class_col[c]:model.class_col[c] + f]).astype(np.int64)
+        entries = model.class_entries[c]
+        if counts.sum() != len(entries) or (counts < 0).any():
+            return None
+        shard_rank[entries] = np.repeat(model.free_ranks, counts)
+    a = usage(space, choice, shard_rank)
+    if (a.hbm > space.hbm_cap).any() or (a.ddr > space.ddr_cap).any():
+        return None
+    return a
+
+
+def distinct(space: SearchSpace, options: np.ndarray) -> np.ndarray:
+    """``options`` without those that repeat an earlier option of the same table in the MILP's
+    terms: the same shards with the same costs, placed alike (column_wise with one column block
+    is table_wise; on one host table_row_wise is row_wise)."""
+    opts = space.options
+    kind = space.placement[options].astype(np.int64)
+    if space.num_hosts == 1:
+        kind = np.where(kind == Placement.HOST_UNIFORM, Placement.EVERY_RANK, kind)
+        kind = np.where(kind == Placement.HOST_FREE, Placement.FREE, kind)
+    single = opts.num_shards()[options] == 1
+    kind = np.where(single & (kind == Placement.HOST_FREE), Placement.FREE, kind)
+    seen, keep = set(), []
+    for i, o in enumerate(options):
+        sl = opts.shards(int(o))
+        key = (int(opts.table[o]), int(kind[i]), opts.perf[sl].tobytes(), opts.hbm[sl].tobytes(),
+               opts.ddr[sl].tobytes(), opts.repeat[sl].tobytes(), space.entry_position[sl].tobytes())
+        if key not in seen:
+            seen.add(key)
+            keep.append(int(o))
+    return np.array(keep, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class MilpLimits:
+    """What stops HiGHS: branch-and-bound nodes (deterministic) or wall-clock seconds (a cap)."""
+
+    nodes: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class MilpOutcome:
+    values: np.ndarray | None  # the best solution's columns, None if none
+    objective: float  # its critical path (ms); inf if none
+    dual_bound: float  # ms; proven lower bound on the model's optimum (HiGHS's, shaved by its gap)
+    status: str
+    nodes: int
+    iterations: int  # simplex iterations: HiGHS's deterministic measure of work done
+    seconds: float
+
+
+def solve(model: MilpModel, limits: MilpLimits, start: np.ndarray | None = None,
+          options: dict[str, Any] | None = None) -> MilpOutcome:
+    """Solve with HiGHS on one thread with a fixed seed (deterministic until the wall-clock cap);
+    ``options``: more HiGHS options."""
+    import time
+
+    import highspy
+
+    h = _highs(highspy)
+    for name, value in (("output_flag", False), ("threads", 1), ("random_seed", 0),
+                        ("mip_max_nodes", int(limits.nodes)), ("time_limit", float(limits.seconds)),
+                        ("mip_rel_gap", MIP_REL_GAP), ("mip_abs_gap", 0.0),
+                        ("mip_feasibility_tolerance", 1e-9), ("primal_feasibility_tolerance", 1e-9),
+                        *(options or {}).items()):
+        h.setOptionValue(name, value)
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = model.num_cols, model.num_rows
+    lp.col_cost_, lp.col_lower_, lp.col_upper_ = model.cost, model.col_lower, model.col_upper
+    lp.row_lower_, lp.row_upper_ = model.row_lower, model.row_upper
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = model.start, model.index, model.value
+    lp.integrality_ = [highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous
+                       for i in model.integer]
+    h.passModel(lp)
+    if start is not None:
+        sol = highspy.HighsSolution()
+        sol.col_value = start.tolist()
+        sol.value_valid = True
+        h.setSolution(sol)
+    began = time.perf_counter()
+    h.run()
+    seconds = time.perf_counter() - began
+    info = h.getInfo()
+    status = h.modelStatusToString(h.getModelStatus())
+    has = info.primal_solution_status == 2  # kSolutionStatusFeasible
+    values = np.array(h.getSolution().col_value) if has else None
+    scale = model.time_scale
+    # HiGHS prunes nodes within MIP_REL_GAP of its best solution and may then report that
+    # solution's value as the bound: only the shaved value is proven.
+    dual = info.mip_dual_bound * scale * (1 - MIP_REL_GAP) if np.isfinite(info.mip_dual_bound) else 0.0
+    return MilpOutcome(values, info.objective_function_value * scale if has else np.inf,
+                       dual, status, int(info.mip_node_count), int(info.simplex_iteration_count), seconds)
+
+
+MIP_REL_GAP = 1e-6  # HiGHS stops once within this of its bound
+TIME_LIMIT = "Time limit reached"  # HiGHS's status text when the wall-clock cap stopped it
+
+
+def _highs(highspy: Any) -> Any:
+    """A HiGHS instance that prints nothing: ``highspy.Highs()`` enables its Python callbacks in
+    the constructor, which logs the version banner to stdout before any option can be set."""
+    core = getattr(getattr(highspy, "_core", None), "_Highs", None)
+    h = core() if core is not None else highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    return h

@@ -1,0 +1,159 @@
+"""The exact stage: the MILP is the plan problem (brute force agrees), its plans are real plans
+(TorchRec rates them as shardflow does), it improves plans and proves optimality, deterministically."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from search_instances import milp_optimum, random_space
+
+from rec.search import SearchConfig, build_search_space, search_result
+from rec.search.bound import BoundMethod
+from rec.search.exact import exact_tasks, model_options
+from rec.search.placement import Placement
+from rec.search.planner import heuristic, prepare
+from rec.search.space import SearchSpace
+from rec.spec.synthetic import criteo_1tb_spec
+from rec.spec.validate import spec_from_rows
+from rec.topology import topology_from_dict
+
+
+def placements(space: SearchSpace, o: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Every way to place option ``o``'s shards: (loads, hbm, ddr) per rank."""
+    opts = space.options
+    w, lws = space.world_size, space.local_world_size
+    sl = opts.shards(o)
+    perf, hbm, ddr, rep = opts.perf[sl], opts.hbm[sl], opts.ddr[sl], opts.repeat[sl]
+    position = space.entry_position[sl]
+
+    def at(ranks: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        load, h, d = np.zeros(w), np.zeros(w), np.zeros(w)
+        for e, r in enumerate(ranks):
+            for k in range(rep[e]):
+                load[r + k] += perf[e]
+                h[r + k] += hbm[e]
+                d[r + k] += ddr[e]
+        return load, h, d
+
+    kind = space.placement[o]
+    if kind == Placement.EVERY_RANK:
+        return [at(list(position))]
+    if kind == Placement.HOST_UNIFORM:
+        return [at([h * lws + p for p in position]) for h in range(space.num_hosts)]
+    if kind == Placement.FREE:
+        return [at(list(r)) for r in itertools.product(range(w), repeat=len(position))]
+    return [at(list(r)) for h in range(space.num_hosts)
+            for r in itertools.product(range(h * lws, (h + 1) * lws), repeat=len(position))]
+
+
+def brute_force(space: SearchSpace) -> float:
+    """The least critical path over every option and every placement of every table."""
+    per_table = []
+    for t in range(space.num_tables):
+        mine = np.flatnonzero((space.options.table == t) & space.feasible)
+        per_table.append([p for o in mine for p in placements(space, int(o))])
+    best = np.inf
+    for combo in itertools.product(*per_table):
+        load = sum(c[0] for c in combo)
+        if (sum(c[1] for c in combo) <= space.hbm_cap).all() and (sum(c[2] for c in combo) <= space.ddr_cap).all():
+            best = min(best, float(load.max()))
+    return best
+
+
+def tiny_space(seed: int) -> SearchSpace:
+    rng = np.random.default_rng(seed)
+    cuda, hosts = seed % 2 == 0, 1 + (seed // 2) % 2
+    rows = rng.integers(10_000, 3_000_000, 2)
+    spec = spec_from_rows([{"name": f"t{i}", "num_embeddings": int(rows[i]), "embedding_dim": int(d),
+                            "pooling_factor": float(rng.uniform(1, 10))}
+                           for i, d in enumerate(rng.choice((32, 128, 256), 2))], source="tiny")
+    need = int((rows.max() * 256 * 4 + rows.max() * 4) * rng.uniform(0.6, 1.5))
+    caps = {"hbm_cap": need, "ddr_cap": "64GiB"} if cuda else {"hbm_cap": 0, "ddr_cap": 2 * need}
+    topology = topology_from_dict({"world_size": 2 * hosts, "local_world_size": 2, "batch_size": 256,
+                                   "compute_device": "cuda" if cuda else "cpu", **caps})
+    return build_search_space(spec, topology)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_milp_optimum_is_the_brute_force_optimum_on_tiny_problems(seed):
+    space = tiny_space(seed)
+    assert milp_optimum(space) == pytest.approx(brute_force(space), rel=1e-6)
+
+
+def cuda(world: int, local: int, hbm: str, batch: int = 512):
+    return topology_from_dict({"world_size": world, "local_world_size": local, "compute_device": "cuda",
+                               "hbm_cap": hbm, "ddr_cap": "128GiB", "batch_size": batch})
+
+
+def test_exact_stage_improves_criteo_1tb_on_8_ranks_and_proves_it_optimal():
+    space = build_search_space(criteo_1tb_spec(), cuda(8, 8, "80GiB"))
+    bound, ladder = prepare(space, SearchConfig())
+    greedy = heuristic(space, SearchConfig(), bound, ladder).critical_path
+    result = search_result(space)
+    assert result.critical_path < 0.9 * greedy  # 0.0657 ms vs the heuristic's 0.0787
+    assert result.optimal and result.bound.method is BoundMethod.MILP
+    assert result.critical_path == pytest.approx(milp_optimum(space), rel=3e-6)
+    assert result.bound.value > bound.value
+
+
+def tight_spec(n: int, seed: int):
+    """``n`` tables holding about 5x the HBM of the topologies below."""
+    rng = np.random.default_rng(seed)
+    return spec_from_rows([{"name": f"t{i}", "num_embeddings": int(10 ** rng.uniform(5.5, 6.8)),
+                            "embedding_dim": int(rng.choice((32, 64, 128))),
+                            "pooling_factor": float(np.round(rng.uniform(1, 30), 1))} for i in range(n)],
+                          source=f"tight_spec({n}, {seed})")
+
+
+def test_exact_stage_plans_are_deterministic_and_no_worse_than_the_heuristic():
+    space = build_search_space(tight_spec(24, 1), cuda(8, 4, "2GiB", 1024))
+    config = SearchConfig(time_limit_s=3)  # a small budget keeps the test quick
+    bound, ladder = prepare(space, config)
+    greedy = heuristic(space, config, bound, ladder)
+    assert exact_tasks(space, greedy, bound, config)  # the stage runs here
+    a, b = search_result(space, config), search_result(space, config)
+    assert a.critical_path <= greedy.critical_path
+    assert (a.assignment.hbm <= space.hbm_cap).all() and (a.assignment.ddr <= space.ddr_cap).all()
+    if not (a.stats["exact_capped"] or b.stats["exact_capped"]):  # a loaded machine may hit the cap
+        assert (a.assignment.choice == b.assignment.choice).all()
+        assert (a.assignment.shard_rank == b.assignment.shard_rank).all()
+
+
+def test_time_limit_zero_keeps_the_heuristic_plan():
+    space = build_search_space(criteo_1tb_spec(), cuda(8, 8, "80GiB"))
+    result = search_result(space, SearchConfig(time_limit_s=0))
+    bound, ladder = prepare(space, SearchConfig())
+    assert result.critical_path == heuristic(space, SearchConfig(), bound, ladder).critical_path
+    assert result.bound.method is not BoundMethod.MILP and not result.optimal
+
+
+def test_milp_model_skips_options_whose_largest_shard_cannot_improve_the_plan():
+    space = random_space(2)
+    cut = float(np.median(space.max_shard))
+    kept = model_options(space, cut)
+    assert (space.max_shard[kept] <= cut).all() and len(kept) < space.feasible.sum()
+
+
+torchrec = pytest.importorskip("torchrec")
+
+
+@pytest.mark.parametrize("spec, topology", [
+    (criteo_1tb_spec(), cuda(8, 8, "80GiB")),  # whole MILP, proven optimal
+    (tight_spec(24, 1), cuda(8, 4, "2GiB", 1024)),  # two hosts, memory-tight: neighbourhoods too
+])
+def test_torchrec_rates_exact_stage_plans_as_shardflow_does(spec, topology):
+    import logging
+
+    from rec.plan.torchrec_score import torchrec_score
+    from rec.planning import plan_spec
+
+    logging.disable(logging.WARNING)
+    try:
+        plan = plan_spec(spec, topology)
+        score = torchrec_score(plan, spec, topology)
+    finally:
+        logging.disable(logging.NOTSET)
+    assert score.critical_path == pytest.approx(plan.metrics.critical_path, rel=1e-9)
+    assert score.over_capacity == ()

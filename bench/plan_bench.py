@@ -33,7 +33,9 @@ import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import yaml
@@ -93,12 +95,15 @@ def memory_tight_spec(n_tables: int, table_bytes: float, seed: int) -> Spec:
 def _tight(name: str, n: int, hosts: int, local: int, hbm: int, batch: int, times_hbm: float, seed: int,
            quick: bool = False) -> Workload:
     total = times_hbm * hosts * local * hbm * GiB
-    return Workload(name, lambda: memory_tight_spec(n, total, seed), f"gpu_{hosts}x{local}_{hbm}_{batch}",
-                    quick=quick, memory_tight=True)
+
+    def spec() -> Spec:
+        return memory_tight_spec(n, total, seed)
+
+    return Workload(name, spec, f"gpu_{hosts}x{local}_{hbm}_{batch}", quick=quick, memory_tight=True)
 
 
 WORKLOADS = [
-    *(Workload(f"issue2282-{n}", lambda n=n: issue2282_spec(n), "h100_1x8.yaml", quick=n == 100)
+    *(Workload(f"issue2282-{n}", partial(issue2282_spec, n), "h100_1x8.yaml", quick=n == 100)
       for n in (100, 200, 500, 1000)),
     Workload("criteo-1tb-8", criteo_1tb_spec, "h100_1x8.yaml", quick=True),
     Workload("criteo-1tb-16", criteo_1tb_spec, "h100_2x8.yaml"),
@@ -339,7 +344,7 @@ def _git() -> dict:
 
 
 def _cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -364,15 +369,16 @@ def main(argv: list[str] | None = None) -> int:
     logging.disable(logging.WARNING)  # TorchRec warns per topology, reservation and unsharded table
     warnings.simplefilter("ignore")
     workloads = [w for w in WORKLOADS if (w.quick or not args.quick) and (not args.only or w.name in args.only)]
-    report = {"environment": environment(), "results": []}
+    results: list[dict[str, Any]] = []
+    report: dict[str, Any] = {"environment": environment(), "results": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="plan_bench_") as tmp:
         for w in workloads:
-            report["results"].append(bench_workload(w, args, Path(tmp)))
+            results.append(bench_workload(w, args, Path(tmp)))
             report["total_s"] = time.perf_counter() - started
             args.out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")  # partial results survive
-    print(render(report["results"]))
+    print(render(results))
     print(f"\ntotal {report['total_s']:.0f} s; wrote {args.out}")
     return 0
 

@@ -56,7 +56,7 @@ def brute_force(space: SearchSpace) -> float:
         per_table.append([p for o in mine for p in placements(space, int(o))])
     best = np.inf
     for combo in itertools.product(*per_table):
-        load = sum(c[0] for c in combo)
+        load = np.sum([c[0] for c in combo], axis=0)
         if (sum(c[1] for c in combo) <= space.hbm_cap).all() and (sum(c[2] for c in combo) <= space.ddr_cap).all():
             best = min(best, float(load.max()))
     return best

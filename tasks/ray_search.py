@@ -14,9 +14,12 @@ import logging
 import os
 import socket
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 
+from rec import progress
 from rec.errors import InputError, Problem
 from rec.search import SearchConfig, SearchResult
 from rec.search.assignment import Assignment
@@ -131,6 +134,8 @@ class _Pool:
             first_wave = False
             done, _ = ray.wait(list(pending), num_returns=1)
             i, actor = pending.pop(done[0])
+            progress.update(f"Ray: {method} {len(items) - len(todo) - len(pending)}/{len(items)}",
+                            len(items) - len(todo) - len(pending), len(items))
             try:
                 results[i] = ray.get(done[0])
                 idle.append(actor)
@@ -146,8 +151,14 @@ class _Pool:
         return results
 
 
+# Ray's single-machine mode (what it uses on macOS and Windows): every Ray server of a local Ray
+# listens on loopback only, instead of on all interfaces as a cluster node does.
+SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
 def connect(address: str | None) -> bool:
-    """Join the cluster at ``address`` or start a local Ray; True if this call started it."""
+    """Join the cluster at ``address`` or start a local Ray, reachable on loopback only; True if
+    this call started it."""
     import ray
 
     if ray.is_initialized():
@@ -157,11 +168,32 @@ def connect(address: str | None) -> bool:
             _check_reachable(address)
             ray.init(address=address, log_to_driver=False, configure_logging=False)
             return False
-        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+        progress.update("starting a local Ray")
+        with _single_machine():
+            ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
         return True
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise InputError("Cannot reach the Ray cluster:",
                          [Problem(f"RAY_ADDRESS={address}" if address else "local Ray", str(e))]) from None
+
+
+@contextmanager
+def _single_machine() -> Iterator[None]:
+    """Start the local Ray (its processes inherit the environment) in single-machine mode; the
+    driver's own setting is restored after, so that a later ``RAY_ADDRESS`` cluster works."""
+    from ray._private import ray_constants
+
+    previous_env, previous = os.environ.get(SINGLE_MACHINE_ENV), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[SINGLE_MACHINE_ENV] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False  # read at import: ray may be imported already
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = previous
+        if previous_env is None:
+            os.environ.pop(SINGLE_MACHINE_ENV, None)
+        else:
+            os.environ[SINGLE_MACHINE_ENV] = previous_env
 
 
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:

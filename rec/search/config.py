@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from rec.settings import knob
+
+MAX_TIME_LIMIT_S = 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -13,9 +17,17 @@ class SearchConfig:
     ``rec.search.exact``). The stage is skipped anyway when the heuristic plan is within 1% of
     the bound, so small and easy specs plan as fast as without it."""
 
-    shard_limits: int = 12  # candidate largest-shard limits tried between the bound and no limit
-    refine_rounds: int = 100_000  # cap on local-search steps per candidate
-    refine_top: int = 2  # candidates per family (best after packing) that get the local search
-    switch_above_gap: float = 0.002  # search other options per table while further off the bound
-    switch_steps: int = 200  # cap on option changes per pass
-    time_limit_s: float = 10.0  # wall-clock cap on the exact stage
+    shard_limits: int = field(default=12, metadata=knob(
+        "candidate largest-shard limits tried between the bound and no limit", minimum=1, maximum=1000))
+    refine_rounds: int = field(default=100_000, metadata=knob(
+        "cap on local-search steps per candidate", minimum=0, maximum=10**9))
+    refine_top: int = field(default=2, metadata=knob(
+        "candidates per family (best after packing) that get the local search", minimum=1, maximum=1000))
+    switch_above_gap: float = field(default=0.002, metadata=knob(
+        "search other options per table while further than this off the bound", minimum=0.0, maximum=1.0))
+    switch_steps: int = field(default=200, metadata=knob(
+        "cap on option changes per pass", minimum=0, maximum=10**6))
+    time_limit_s: float = field(default=10.0, metadata=knob(
+        "seconds the exact stage (HiGHS MILP) may take to improve the plan and prove its bound; "
+        "0: heuristic only (like TorchRec's timeout_seconds, a cap, not a target)",
+        flag="time-limit", minimum=0.0, maximum=MAX_TIME_LIMIT_S, metavar="SECONDS"))

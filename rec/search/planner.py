@@ -3,6 +3,7 @@ then the exact stage."""
 
 from __future__ import annotations
 
+from rec import progress
 from rec.cost.types import CostConfig
 from rec.search.assignment import Assignment
 from rec.search.bound import LowerBound, lower_bound
@@ -77,7 +78,9 @@ def polish(space: SearchSpace, a: Assignment, config: SearchConfig, bound: float
 def search_result(space: SearchSpace, config: SearchConfig = SearchConfig()) -> SearchResult:
     """Search every table of ``space`` in this process: heuristic, then the exact stage."""
     bound, ladder = prepare(space, config)
+    progress.update(f"heuristic: {len(ladder.limits)} shard limits, bound {bound.value:.4g} ms")
     a = first_plan(space, config, bound, ladder)
+    progress.update(f"exact stage: best {a.critical_path:.4g} ms, bound {bound.value:.4g} ms")
     a, bound, stats = improve(space, a, bound, config)
     return SearchResult(space, a, bound, stats=stats)
 

@@ -54,12 +54,12 @@ def switch_options(space: SearchSpace, a: Assignment, max_steps: int = 200) -> b
         r = int(np.argmax(a.loads))
         cp = a.loads[r]
         best = None
-        for t in _tables_on(space, a, r)[:CANDIDATE_TABLES]:
-            base = _without(space, a, t)
+        for t in tables_on(space, a, r)[:CANDIDATE_TABLES]:
+            base = without(space, a, t)
             for o in alternatives.get(int(t), ()):
                 if o == a.choice[t]:
                     continue
-                placed = _place(space, base, int(o))
+                placed = place_option(space, base, int(o))
                 if placed is None:
                     continue
                 peak = float(placed[0].max())
@@ -78,7 +78,7 @@ def switch_options(space: SearchSpace, a: Assignment, max_steps: int = 200) -> b
     return changed
 
 
-def _tables_on(space: SearchSpace, a: Assignment, rank: int) -> np.ndarray:
+def tables_on(space: SearchSpace, a: Assignment, rank: int) -> np.ndarray:
     """Tables with load on ``rank``, most load first."""
     opts = space.options
     entries = np.flatnonzero(a.shard_rank >= 0)
@@ -102,7 +102,7 @@ def _usage(space: SearchSpace, entries: np.ndarray, first: np.ndarray) -> Usage:
             np.rint(add_runs(space, opts.ddr[entries].astype(float), first, rep)).astype(np.int64))
 
 
-def _without(space: SearchSpace, a: Assignment, t: int) -> Usage:
+def without(space: SearchSpace, a: Assignment, t: int) -> Usage:
     """Loads and memory with table ``t`` taken out."""
     o = a.choice[t]
     entries = np.arange(space.options.shard_start[o], space.options.shard_start[o + 1])
@@ -110,7 +110,7 @@ def _without(space: SearchSpace, a: Assignment, t: int) -> Usage:
     return a.loads - perf, a.hbm - hbm, a.ddr - ddr
 
 
-def _place(space: SearchSpace, base: Usage,
+def place_option(space: SearchSpace, base: Usage,
            o: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
     """Greedy placement of option ``o`` on top of ``base``: (loads, hbm, ddr, first rank per
     entry), or None if it does not fit."""

@@ -32,10 +32,7 @@ from rec.search.assignment import Assignment, usage
 from rec.search.placement import Placement, movable
 from rec.search.refine import refine
 from rec.search.space import SearchSpace
-from rec.search.switch import CANDIDATE_TABLES, distinct_options, switch_options
-from rec.search.switch import _place as place_option  # renamed when the search settles
-from rec.search.switch import _tables_on as tables_on
-from rec.search.switch import _without as without
+from rec.search.switch import CANDIDATE_TABLES, distinct_options, place_option, switch_options, tables_on, without
 from rec.sharding import ShardingType
 from rec.spec.types import Spec
 

@@ -45,7 +45,8 @@ lock: | $(UV)
 lint: install
 	status=0; $(BIN)/ruff check . || status=1; $(BIN)/mypy || status=1; exit $$status
 
-test: install
+# Lint first: a static finding fails CI before minutes of tests.
+test: install lint
 	$(BIN)/python -m pytest
 
 run: install

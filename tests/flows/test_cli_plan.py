@@ -106,7 +106,8 @@ def test_plan_with_previous_moves_little_and_says_so(tmp_path):
     assert (tmp_path / "b" / "movement.parquet").exists()
 
 
-@pytest.mark.parametrize("case", ["other topology", "corrupt previous", "negative max-regress"])
+@pytest.mark.parametrize("case", ["other topology", "corrupt previous", "negative max-regress",
+                                  "negative time limit", "absurd time limit"])
 def test_bad_previous_plans_and_knobs_exit_2(tmp_path, case):
     spec = str(SPECS / "criteo_1tb.yaml")
     assert shardflow("plan", spec, "--topology", str(TOPOLOGIES / "h100_1x8.yaml"), "--out",
@@ -116,10 +117,13 @@ def test_bad_previous_plans_and_knobs_exit_2(tmp_path, case):
         (tmp_path / "a" / "plan.json").write_text('{"format": "shardflow.plan/v2", "tables": [')
     if case == "negative max-regress":
         args += ["--max-regress", "-1"]
+    if case.endswith("time limit"):
+        args = ["--time-limit", "-5" if case.startswith("negative") else "1e9"]
     topology = "h100_2x8.yaml" if case == "other topology" else "h100_1x8.yaml"
     r = shardflow("plan", spec, "--topology", str(TOPOLOGIES / topology), "--out", str(tmp_path / "b"), *args)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.splitlines()) < 25
     assert {"other topology": "another topology", "corrupt previous": "not valid JSON",
-            "negative max-regress": "--max-regress"}[case] in r.stderr
+            "negative max-regress": "--max-regress", "negative time limit": "--time-limit: must be at least 0",
+            "absurd time limit": "--time-limit: must be at most 86400"}[case] in r.stderr
     assert not (tmp_path / "b").exists()

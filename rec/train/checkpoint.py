@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import io
 import shutil
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.planner import ReadItem
 
 from rec.train.resume import LATEST, PLAN_COPY, STEP_PREFIX
 
@@ -62,9 +65,23 @@ def latest_step(directory: str | Path) -> int | None:
     return int(marker.read_text().strip().removeprefix(STEP_PREFIX))
 
 
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """DCP's loader, but the non-tensor values of a checkpoint (optimizer step counts, learning
+    rates) are read with ``weights_only=True``: a checkpoint someone else wrote cannot run code."""
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        from torch.distributed.checkpoint._nested_dict import set_element
+
+        obj = torch.load(value, weights_only=True)
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = obj
+
+
 def load(directory: str | Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Load step ``step`` in place into the (already sharded) model and optimizer."""
     state = {"model": model.state_dict(), "optim": optimizer.state_dict()}
-    dcp.load(state, checkpoint_id=str(Path(directory) / f"{STEP_PREFIX}{step:08d}"))
+    dcp.load(state, checkpoint_id=str(Path(directory) / f"{STEP_PREFIX}{step:08d}"), planner=SafeLoadPlanner())
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optim"])

@@ -12,7 +12,6 @@ reported. Non-tensor values are read with ``weights_only=True``: no arbitrary un
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,10 +19,12 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed._shard.sharded_tensor import ShardedTensor
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, create_default_local_load_plan
+from torch.distributed.checkpoint.default_planner import create_default_local_load_plan
 from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+
+from rec.train.checkpoint import SafeLoadPlanner
 
 WEIGHT_SUFFIX = ".weight"
 MOMENTUM_SUFFIX = ".momentum1"
@@ -48,7 +49,7 @@ class Rows:
     segments: int = 1
 
 
-class ReshardingLoadPlanner(DefaultLoadPlanner):
+class ReshardingLoadPlanner(SafeLoadPlanner):
     def __init__(self, resized: dict[str, tuple[int, int]]):
         """``resized``: table name -> (old rows, new rows) for the tables whose rows changed."""
         super().__init__(allow_partial_load=True)
@@ -106,12 +107,6 @@ class ReshardingLoadPlanner(DefaultLoadPlanner):
             return target
         tensor: torch.Tensor = super().resolve_tensor(read_item)  # torch leaves it unannotated
         return tensor
-
-    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
-        obj = torch.load(value, weights_only=True)
-        from torch.distributed.checkpoint._nested_dict import set_element
-
-        set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
 
     def _rows(self, fqn: str, old_size: tuple[int, ...], new_size: tuple[int, ...]) -> Rows | None:
         for name, (old, new) in self.resized.items():

@@ -1,0 +1,35 @@
+"""Runs never mix their outputs: an explicit --out is locked for the run, defaults are per run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flows.cli import main
+from tasks.run_dirs import RunDirs, lock_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "examples" / "specs" / "cpu_demo.yaml"
+CPU_2PROC = ROOT / "examples" / "topologies" / "cpu_2proc.yaml"
+
+
+def test_a_second_run_into_a_directory_in_use_is_refused_at_once(tmp_path, capfd):
+    assert main(["plan", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "plan"),
+                 "--no-chart"]) == 0
+    out = tmp_path / "busy"
+    with lock_dir(str(out)):  # another run holds it
+        code = main(["train", "--plan", str(tmp_path / "plan"), "--out", str(out), "--iterations", "3",
+                     "--warmup", "1", "--no-track"])
+    err = capfd.readouterr().err
+    assert code == 2 and "in use by another shardflow run" in err and "Traceback" not in err
+    assert not (out / "train_metrics.json").exists()
+
+
+def test_default_directories_differ_per_run_and_latest_points_at_the_newest(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    dirs = RunDirs.of(None)
+    first, second = dirs.train_dir("abc"), dirs.train_dir("abc")
+    assert first != second and Path(first).parent == Path(second).parent == Path("out", "abc")
+    for d in (first, second):
+        Path(d).mkdir(parents=True)
+        dirs.mark_latest(d)
+    assert Path("out", "latest").resolve() == Path(second).resolve()

@@ -2,7 +2,7 @@
 
 For each workload: (a) the whole ``shardflow plan`` process (python start, reading a Parquet spec,
 writing plan.json) and in-process ``plan_spec`` with the default settings; (b) in-process
-``plan_spec`` with a longer exact stage (``--time-limit``, default 30 s); (c) TorchRec's default
+``plan_spec`` with a longer exact stage (``--time-limit``, default 60 s, twice the default); (c) TorchRec's default
 EmbeddingShardingPlanner; (d) TorchRec with DynamicProgrammingProposer; (e) the MILP over the same
 options (``rec.search.milp``) solved by HiGHS from scratch, no warm start, for ``--milp-seconds``:
 its best plan and its dual bound. Critical paths are TorchRec's own ratings: ``torchrec_score``
@@ -357,8 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--torchrec-timeout", type=int, default=None,
                         help="timeout_seconds for TorchRec's planners (default: none)")
     parser.add_argument("--repeat", type=int, default=3, help="shardflow runs per workload; median reported")
-    parser.add_argument("--time-limit", type=float, default=30.0,
-                        help="the second shardflow run's exact-stage time limit, seconds (default 30)")
+    parser.add_argument("--time-limit", type=float, default=60.0,
+                        help="the second shardflow run's exact-stage time limit, seconds (default 60)")
     parser.add_argument("--milp-seconds", type=float, default=60.0,
                         help="time limit of the reference MILP run from scratch (default 60)")
     parser.add_argument("--milp-max-columns", type=int, default=200_000,

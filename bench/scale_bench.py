@@ -53,7 +53,8 @@ def run_plan(spec: Path, topo: Path, out: Path, backend: str, groups: int | None
     maxrss = re.search(r"MAXRSS_KB=(\d+)", r.stderr)
     assert maxrss is not None, "/usr/bin/time reported no MAXRSS_KB"
     rss = int(maxrss.group(1))
-    searched = re.search(r"planning time:\s*([\d.]+)", r.stdout)  # plan.json keeps no measured time
+    # plan.json keeps no measured time; the CLI's "time:" line does ("..., search 3.21 s, ...")
+    searched = re.search(r"^time:.*?\bsearch ([\d.]+) s", r.stdout, re.MULTILINE)
     m = plan["metrics"]
     return {"backend": backend, "groups": plan["planner"].get("groups"), "wall_s": round(wall, 2),
             "planning_s": float(searched.group(1)) if searched else None, "max_rss_mib": round(rss / 1024),

@@ -17,9 +17,10 @@ from rec.plan.movement import Movement, movement
 from rec.plan.types import Plan
 from rec.search import SearchConfig, SearchResult, build_search_space, search_result
 from rec.search.feasibility import packing_failure
+from rec.search.least_moved import least_moved
 from rec.search.pack import PackingError
 from rec.search.space import SearchSpace
-from rec.search.warm import MAX_REGRESS, previous_placement, warm_starts
+from rec.search.warm import MAX_REGRESS, moved_bytes, previous_placement, warm_starts
 from rec.spec.types import Spec
 from rec.topology.types import Topology
 
@@ -80,8 +81,14 @@ def replan_spec(spec: Spec, topology: Topology, previous: Plan, max_regress: flo
         raise packing_failure(space, spec, e.tables) from None
     fresh = build_plan(result, spec, topology, cost, config, result.info)
     progress.update(f"keeping shards of plan {previous.plan_id} in place")
-    candidates = warm_starts(space, result.assignment, previous_placement(space, spec, previous, cost),
-                             (1 + max_regress) * result.critical_path)
+    prev = previous_placement(space, spec, previous, cost)
+    target = (1 + max_regress) * result.critical_path
+    candidates = warm_starts(space, result.assignment, prev, target)
+    incumbent = candidates[0] if candidates else result.assignment
+    if moved_bytes(space, incumbent, prev) > 0:
+        progress.update("least movement: MILP")
+        exact = least_moved(space, prev, incumbent, target, config.time_limit_s)
+        candidates += [exact] if exact is not None else []
     extra = {**result.info, "previous_plan_id": previous.plan_id, "max_regress": max_regress}
     best: tuple[tuple[int, float], Plan, Movement] | None = None
     for assignment in [*candidates, result.assignment]:  # the fresh plan itself is within the budget

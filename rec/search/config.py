@@ -27,7 +27,7 @@ class SearchConfig:
         "search other options per table while further than this off the bound", minimum=0.0, maximum=1.0))
     switch_steps: int = field(default=200, metadata=knob(
         "cap on option changes per pass", minimum=0, maximum=10**6))
-    time_limit_s: float = field(default=10.0, metadata=knob(
+    time_limit_s: float = field(default=30.0, metadata=knob(
         "seconds the exact stage (HiGHS MILP) may take to improve the plan and prove its bound; "
         "0: heuristic only (like TorchRec's timeout_seconds, a cap, not a target)",
         flag="time-limit", minimum=0.0, maximum=MAX_TIME_LIMIT_S, metavar="SECONDS"))

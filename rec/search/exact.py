@@ -245,16 +245,16 @@ def _neighbourhood_step(space: SearchSpace, a: Assignment, step: int,
     offset = (step // len(NEIGHBOURHOOD_PARTNERS)) * partners_n % len(order)
     partners = np.roll(order, -offset)[:partners_n]
     ranks = np.sort(np.concatenate((busiest, partners)))
-    tables = _tables_within(space, a, ranks)
+    tables = tables_within(space, a, ranks)
     if not len(tables):
         return None, None
-    model = build_model(space, model_options(space, cp, tables), cp, (0.0, cp), _without(space, a, tables), ranks)
+    model = build_model(space, model_options(space, cp, tables), cp, (0.0, cp), without_tables(space, a, tables), ranks)
     out = solve(model, MilpLimits(NEIGHBOURHOOD_NODES, seconds), start_vector(model, space, a))
     found = decode(model, space, out.values, a) if out.values is not None else None
     return found, out
 
 
-def _tables_within(space: SearchSpace, a: Assignment, ranks: np.ndarray) -> np.ndarray:
+def tables_within(space: SearchSpace, a: Assignment, ranks: np.ndarray) -> np.ndarray:
     """Up to ``NEIGHBOURHOOD_TABLES`` tables whose movable shards all lie on ``ranks`` and that
     load them, most load there first."""
     opts = space.options
@@ -279,7 +279,7 @@ def _tables_within(space: SearchSpace, a: Assignment, ranks: np.ndarray) -> np.n
     return np.sort(tables[:NEIGHBOURHOOD_TABLES])
 
 
-def _without(space: SearchSpace, a: Assignment, tables: np.ndarray) -> Assignment:
+def without_tables(space: SearchSpace, a: Assignment, tables: np.ndarray) -> Assignment:
     """``a`` with ``tables`` taken out (their shards unplaced)."""
     shard_rank = a.shard_rank.copy()
     for o in a.choice[tables]:

@@ -15,7 +15,7 @@ loads recomputed exactly; one that overflows a rank by HiGHS's tolerance is reje
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -368,3 +368,26 @@ def _highs(highspy: Any) -> Any:
     h = core() if core is not None else highspy.Highs()
     h.setOptionValue("output_flag", False)
     return h
+
+
+def extended(model: MilpModel, cost: np.ndarray, col_lower: np.ndarray, col_upper: np.ndarray,
+             row_lower: np.ndarray, row_upper: np.ndarray,
+             entries: tuple[np.ndarray, np.ndarray, np.ndarray]) -> MilpModel:
+    """``model`` with another objective (``cost`` over old and new columns), continuous columns
+    and rows appended; ``entries`` = (rows, cols, values) of the new coefficients, in the new
+    numbering (rows and columns of ``model`` keep theirs)."""
+    new_cols, new_rows = len(col_lower), len(row_lower)
+    old_cols = np.repeat(np.arange(model.num_cols), np.diff(model.start))
+    rows = np.concatenate((model.index, entries[0]))
+    cols = np.concatenate((old_cols, entries[1]))
+    vals = np.concatenate((model.value, entries[2]))
+    order = np.lexsort((rows, cols))
+    num_cols = model.num_cols + new_cols
+    start = np.searchsorted(cols[order], np.arange(num_cols + 1))
+    return replace(model, num_cols=num_cols, num_rows=model.num_rows + new_rows, cost=cost,
+                   col_lower=np.concatenate((model.col_lower, col_lower)),
+                   col_upper=np.concatenate((model.col_upper, col_upper)),
+                   integer=np.concatenate((model.integer, np.zeros(new_cols, bool))),
+                   row_lower=np.concatenate((model.row_lower, row_lower)),
+                   row_upper=np.concatenate((model.row_upper, row_upper)),
+                   start=start, index=rows[order], value=vals[order])

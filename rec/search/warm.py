@@ -12,14 +12,15 @@ same run), two plans within it are built and the one that moves fewer bytes wins
   bytes each rank would keep), give tables their previous option and ranks back, then single
   shards their previous rank, whenever the target and memory still hold.
 
-If neither reaches the target, the fresh plan is the answer. Moved bytes are estimated here per
+If neither reaches the target, the fresh plan is the answer. ``rec.search.least_moved`` then
+improves the best of them exactly (a MILP minimising moved bytes within the target). Moved bytes are estimated here per
 shard (the data of the previous plan a shard holds, if it leaves the rank that held it);
 ``rec.plan.movement`` measures the chosen plan exactly.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -27,7 +28,7 @@ import numpy as np
 
 from rec.cost.tables import optimizer_multiplier
 from rec.cost.types import COMPUTE_KERNELS, SHARDING_TYPES, ST_CODE, CostConfig, Options
-from rec.plan.types import Plan, Replicas
+from rec.plan.types import Plan, Replicas, Shard
 from rec.search.assignment import Assignment, usage
 from rec.search.placement import Placement, movable
 from rec.search.refine import refine
@@ -49,7 +50,9 @@ class Previous:
 
     option: np.ndarray  # (T,) the option with the previous sharding type and kernel, -1 if none
     first_rank: np.ndarray  # (E,) previous first rank of each entry of those options, -1 if unknown
-    kept_bytes: np.ndarray  # (E,) previous data an entry holds: what moving it off its rank moves
+    present_bytes: np.ndarray  # (E,) previous data within an entry's shards, wherever it is now
+    kept_bytes: np.ndarray  # (E,) of that, the data already on the entry's home ranks: what
+    # moving it off them moves (less than present when a resized table's row split shifts)
     table_bytes: np.ndarray  # (T,) previous data of each table (one copy)
     replicated: np.ndarray  # (T,) bool: the previous plan held a replica of the table on every rank
 
@@ -67,6 +70,7 @@ def previous_placement(space: SearchSpace, spec: Spec, old: Plan, cost: CostConf
     t_count = space.num_tables
     option = np.full(t_count, -1, np.int64)
     first_rank = np.full(len(opts.perf), -1, np.int64)
+    present = np.zeros(len(opts.perf))
     kept = np.zeros(len(opts.perf))
     table_bytes = np.zeros(t_count)
     replicated = np.zeros(t_count, bool)
@@ -93,7 +97,7 @@ def previous_placement(space: SearchSpace, spec: Spec, old: Plan, cost: CostConf
         o = int(mine[0])
         option[t] = o
         entries = np.arange(opts.shard_start[o], opts.shard_start[o + 1])
-        kept[entries] = _visible_rows(opts, entries, rows_before) * opts.cols[entries] * per_cell[t]
+        present[entries] = _visible_rows(opts, entries, rows_before) * opts.cols[entries] * per_cell[t]
         kind = space.placement[o]
         if kind == Placement.EVERY_RANK:
             first_rank[entries] = space.entry_position[entries]
@@ -102,7 +106,9 @@ def previous_placement(space: SearchSpace, spec: Spec, old: Plan, cost: CostConf
         elif not isinstance(before.shards, Replicas):
             by_column = {s.offsets[1]: s.rank for s in before.shards if s.offsets[0] == 0}
             first_rank[entries] = [by_column.get(int(c), -1) for c in opts.col_offset[entries]]
-    return Previous(option, first_rank, kept, table_bytes, replicated)
+        kept[entries] = present[entries] if replicated[t] else \
+            _cells_at_home(opts, entries, first_rank[entries], before.shards) * per_cell[t]
+    return Previous(option, first_rank, present, kept, table_bytes, replicated)
 
 
 def _visible_rows(opts: Options, entries: np.ndarray, rows_before: int) -> np.ndarray:
@@ -114,14 +120,34 @@ def _visible_rows(opts: Options, entries: np.ndarray, rows_before: int) -> np.nd
     return out
 
 
+def _cells_at_home(opts: Options, entries: np.ndarray, home: np.ndarray, old_shards: Sequence[Shard]) -> np.ndarray:
+    """Per entry, the cells of its shards that the previous plan held on the same ranks, with the
+    entry at ``home`` (its run's shard k on rank home + k)."""
+    by_rank: dict[int, list[tuple[int, int, int, int]]] = {}
+    for s in old_shards:
+        by_rank.setdefault(s.rank, []).append((*s.offsets, *s.sizes))
+    out = np.zeros(len(entries))
+    for i, (e, h) in enumerate(zip(entries, home, strict=True)):
+        if h < 0:
+            continue
+        for k in range(int(opts.repeat[e])):
+            r0 = int(opts.row_offset[e] + k * opts.row_step[e])
+            c0, rows, cols = int(opts.col_offset[e]), int(opts.rows[e]), int(opts.cols[e])
+            for o_r, o_c, o_rows, o_cols in by_rank.get(int(h) + k, ()):
+                dr = min(r0 + rows, o_r + o_rows) - max(r0, o_r)
+                dc = min(c0 + cols, o_c + o_cols) - max(c0, o_c)
+                out[i] += max(dr, 0) * max(dc, 0)
+    return out
+
+
 def moved_bytes(space: SearchSpace, a: Assignment, prev: Previous) -> float:
     """The previous data ``a`` moves, as ``Previous`` estimates it."""
     same = a.choice == prev.option
     changed = sum(prev.switch_bytes(space, int(t), int(a.choice[t])) for t in np.flatnonzero(~same))
     entries = np.concatenate([np.arange(space.options.shard_start[o], space.options.shard_start[o + 1])
                               for o in a.choice[same]]) if same.any() else np.zeros(0, np.int64)
-    away = (prev.first_rank[entries] >= 0) & (a.shard_rank[entries] != prev.first_rank[entries])
-    return changed + float(prev.kept_bytes[entries][away].sum())
+    home = (prev.first_rank[entries] >= 0) & (a.shard_rank[entries] == prev.first_rank[entries])
+    return changed + float(prev.present_bytes[entries].sum() - prev.kept_bytes[entries][home].sum())
 
 
 def warm_starts(space: SearchSpace, fresh: Assignment, prev: Previous, target: float) -> list[Assignment]:

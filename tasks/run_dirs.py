@@ -15,7 +15,7 @@ import os
 import secrets
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,8 +73,23 @@ def lock_dir(directory: str, node_rank: int = 0) -> Iterator[None]:
     """An exclusive lock on ``directory`` for the block (per node of a multi-node training);
     InputError at once if another process holds it."""
     path = Path(directory)
+    created = not path.exists()
     path.mkdir(parents=True, exist_ok=True)
-    with open(path / LOCK_FILE.format(node=node_rank), "a+") as handle:
+    lock = path / LOCK_FILE.format(node=node_rank)
+    try:
+        with _held(lock, directory):
+            yield
+    finally:
+        if created:  # a run that wrote nothing leaves nothing behind
+            with suppress(OSError):
+                if [p.name for p in path.iterdir()] == [lock.name]:
+                    lock.unlink()
+                    path.rmdir()
+
+
+@contextmanager
+def _held(lock: Path, directory: str) -> Iterator[None]:
+    with open(lock, "a+") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -107,14 +107,30 @@ def preflight(settings: TrainSettings, topology: Mapping[str, Any],
 def check_resume_from(job: TrainConfig, plan: Plan) -> None:
     """The checkpoint ``--resume-from`` names exists, belongs to a plan the new one can start
     from, and leaves iterations to train; InputError otherwise."""
-    from rec.train.resume import check_resume, resume_source
+    from rec.train.resume import STEP_PREFIX, check_resume, resume_source
 
     assert job.resume_from is not None
     source = resume_source(job.resume_from)
     check_resume(source, plan)
+    check_index(Path(source.checkpoint_dir) / f"{STEP_PREFIX}{source.step:08d}")
     if source.step >= job.iterations:
         raise InputError("Nothing left to train:", [Problem(
             "--iterations", f"{job.iterations} is not above the checkpoint's iteration {source.step}")])
+
+
+def check_index(step_dir: Path) -> None:
+    """The checkpoint's index (DCP pickles it) holds only what DCP writes; InputError otherwise,
+    before any rank unpickles it."""
+    import pickle
+
+    from rec.train.checkpoint import CheckpointMetadataError, read_index
+
+    try:
+        read_index(step_dir)
+    except (CheckpointMetadataError, pickle.UnpicklingError, EOFError, OSError, AttributeError,
+            TypeError, ValueError) as exc:
+        raise InputError("Cannot resume from this checkpoint:", [Problem(
+            str(step_dir / ".metadata"), f"is not a checkpoint index shardflow can read safely ({exc})")]) from None
 
 
 def _device_problems(device: str, nproc: int) -> list[Problem]:

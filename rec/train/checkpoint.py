@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import io
+import pickle
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
 from rec.train.resume import LATEST, PLAN_COPY, STEP_PREFIX
@@ -79,9 +82,58 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = obj
 
 
+class CheckpointMetadataError(ValueError):
+    """A checkpoint's ``.metadata`` names something a DCP index never contains."""
+
+
+# What torch.distributed.checkpoint pickles into a checkpoint's ``.metadata`` (its index).
+_METADATA_MODULES = ("torch.distributed.checkpoint.metadata",)
+_METADATA_GLOBALS = {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+    ("collections", "OrderedDict"),
+}
+
+
+class _IndexUnpickler(pickle.Unpickler):
+    """Resolves only the classes of a DCP index and torch dtypes: a crafted ``.metadata``
+    cannot name a function to call (Python's "restricting globals")."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module in _METADATA_MODULES or (module, name) in _METADATA_GLOBALS:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise CheckpointMetadataError(f"checkpoint index names {module}.{name}, which a "
+                                      "torch.distributed.checkpoint index never contains")
+
+
+class SafeFileSystemReader(dcp.FileSystemReader):
+    """DCP's file reader, but the index is unpickled with ``_IndexUnpickler``."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        with self.fs.create_stream(self._get_metadata_path(kwargs.get("rank")), "rb") as file:
+            metadata = _IndexUnpickler(file).load()
+        if not isinstance(metadata, Metadata):
+            raise CheckpointMetadataError("checkpoint index is not a torch.distributed.checkpoint Metadata")
+        storage_meta = getattr(metadata, "storage_meta", None) or StorageMeta()
+        storage_meta.load_id = self.load_id
+        metadata.storage_meta = storage_meta
+        return metadata
+
+
+def read_index(path: str | Path) -> Metadata:
+    """The index of the checkpoint at ``path``, read safely (no torch.distributed needed)."""
+    return SafeFileSystemReader(str(path)).read_metadata()
+
+
 def load(directory: str | Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Load step ``step`` in place into the (already sharded) model and optimizer."""
     state = {"model": model.state_dict(), "optim": optimizer.state_dict()}
-    dcp.load(state, checkpoint_id=str(Path(directory) / f"{STEP_PREFIX}{step:08d}"), planner=SafeLoadPlanner())
+    path = Path(directory) / f"{STEP_PREFIX}{step:08d}"
+    dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=SafeLoadPlanner())
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optim"])

@@ -7,7 +7,8 @@ spec: a table whose rows grew or shrank gets its overlapping old rows (weights, 
 optimizer state, which TorchRec lays out as one segment of ``rows`` per column shard). Tensors the
 checkpoint does not have (added tables) keep their initialization; tensors whose shape changed
 otherwise (another dim, a dense layer sized by the number of features) are re-initialized and
-reported. Non-tensor values are read with ``weights_only=True``: no arbitrary unpickling.
+reported. The index is unpickled with an allow-list and non-tensor values with
+``weights_only=True``: no arbitrary unpickling.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
-from rec.train.checkpoint import SafeLoadPlanner
+from rec.train.checkpoint import SafeFileSystemReader, SafeLoadPlanner
 
 WEIGHT_SUFFIX = ".weight"
 MOMENTUM_SUFFIX = ".momentum1"
@@ -152,7 +153,7 @@ def load_resharded(directory: str | Path, model: torch.nn.Module, optimizer: tor
     ``model`` and ``optimizer``; ``resized``: table -> (old rows, new rows)."""
     state = {"model": model.state_dict(), "optim": optimizer.state_dict()}
     planner = ReshardingLoadPlanner(resized)
-    dcp.load(state, checkpoint_id=str(directory), planner=planner)
+    dcp.load(state, storage_reader=SafeFileSystemReader(str(directory)), planner=planner)
     model.load_state_dict(state["model"], strict=False)
     optimizer.load_state_dict(state["optim"])
     return planner.report

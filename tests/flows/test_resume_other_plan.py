@@ -107,3 +107,30 @@ def test_a_checkpoint_that_is_not_there_or_of_the_wrong_plan_is_refused_before_l
                         "--iterations", "3", "--warmup", "1", "--resume-from", str(tmp / "train_a"),
                         "--no-track"], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 2 and "not above the checkpoint's iteration 4" in r.stderr
+
+
+class _Payload:
+    """Unpickling this runs a command: what a crafted checkpoint index would do."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (subprocess.call, (["touch", str(self.marker)],))
+
+
+def test_a_checkpoint_whose_index_would_run_code_is_refused_unopened(trained, tmp_path):
+    import pickle
+    import shutil
+
+    crafted = tmp_path / "crafted"
+    shutil.copytree(trained / "train_a" / "checkpoints", crafted)
+    marker = tmp_path / "pwned"
+    step = next(crafted.glob("step_*"))
+    (step / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
+    r = subprocess.run([str(SHARDFLOW), "train", "--plan", str(trained / "plan_b"), "--out", str(tmp_path / "z"),
+                        "--iterations", "6", "--warmup", "1", "--resume-from", str(crafted), "--no-track"],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "subprocess.call" in r.stderr and "Traceback" not in r.stderr
+    assert not marker.exists() and not (tmp_path / "z").exists()

@@ -40,16 +40,20 @@ def plan_spec(spec: Spec, topology: Topology, cost: CostConfig = CostConfig(),
               config: SearchConfig = SearchConfig(), searcher: Searcher | None = None) -> Plan:
     """The plan for ``spec`` on ``topology`` (search and merge); InputError if it cannot fit.
     ``rec.plan.check_plan`` validates it (the write step does, before writing)."""
-    searcher = searcher or LocalSearcher()
     progress.update(f"cost model: the options of {len(spec):,} tables on {topology.world_size:,} ranks")
     space = build_search_space(spec, topology, cost)
     progress.update("searching")
-    try:
-        result = searcher.search(space, config)
-    except PackingError as e:
-        raise packing_failure(space, spec, e.tables) from None
+    result = _search(space, spec, config, searcher)
     progress.update("building the plan")
     return build_plan(result, spec, topology, cost, config, result.info)
+
+
+def _search(space: SearchSpace, spec: Spec, config: SearchConfig, searcher: Searcher | None) -> SearchResult:
+    """The searcher's result (local by default); InputError naming the tables that cannot fit."""
+    try:
+        return (searcher or LocalSearcher()).search(space, config)
+    except PackingError as e:
+        raise packing_failure(space, spec, e.tables) from None
 
 
 @dataclass(frozen=True)
@@ -72,13 +76,9 @@ def replan_spec(spec: Spec, topology: Topology, previous: Plan, max_regress: flo
         raise InputError("Cannot replan from this previous plan:", [Problem(
             f"plan {previous.plan_id}", "was made for another topology; replan from a plan of the same "
                                         "topology, or plan from scratch (without --previous)")])
-    searcher = searcher or LocalSearcher()
     space = build_search_space(spec, topology, cost)
     progress.update("searching from scratch")
-    try:
-        result = searcher.search(space, config)
-    except PackingError as e:
-        raise packing_failure(space, spec, e.tables) from None
+    result = _search(space, spec, config, searcher)
     fresh = build_plan(result, spec, topology, cost, config, result.info)
     progress.update(f"keeping shards of plan {previous.plan_id} in place")
     prev = previous_placement(space, spec, previous, cost)

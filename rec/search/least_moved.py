@@ -30,7 +30,7 @@ from rec.search.exact import (
 )
 from rec.search.milp import MilpLimits, MilpModel, build_model, decode, extended, solve, start_vector
 from rec.search.space import SearchSpace
-from rec.search.warm import Previous, moved_bytes
+from rec.search.warm import Previous, moved_bytes, moved_per_table
 
 CRITICAL_PATH_WEIGHT = 1e-4  # per unit of critical path / target, against moved bytes / all bytes
 GAP = {"mip_rel_gap": 1e-3, "mip_abs_gap": 1e-5}  # of the moved fraction: stop when this close
@@ -59,7 +59,7 @@ def least_moved(space: SearchSpace, prev: Previous, incumbent: Assignment, targe
 def _neighbourhoods(space: SearchSpace, prev: Previous, incumbent: Assignment, target: float,
                     seconds: float) -> Assignment | None:
     deadline = time.perf_counter() + seconds
-    a, moved = incumbent, _moved_per_table(space, incumbent, prev)
+    a, moved = incumbent, moved_per_table(space, incumbent, prev)
     tried: set[int] = set()
     stale = 0
     while stale < PATIENCE:
@@ -79,7 +79,7 @@ def _neighbourhoods(space: SearchSpace, prev: Previous, incumbent: Assignment, t
         found = _solve(space, prev, a, target, options, without_tables(space, a, tables), ranks,
                        MilpLimits(nodes, left))
         if found is not None:
-            now = _moved_per_table(space, found, prev)
+            now = moved_per_table(space, found, prev)
             if now.sum() < moved.sum() * (1 - 1e-9):
                 a, moved, stale = found, now, 0
                 tried.clear()
@@ -114,20 +114,6 @@ def _solve(space: SearchSpace, prev: Previous, a: Assignment, target: float, opt
     if found is None or found.critical_path > target * (1 + 1e-9):
         return None
     return found if start is None or moved_bytes(space, found, prev) < moved_bytes(space, a, prev) else None
-
-
-def _moved_per_table(space: SearchSpace, a: Assignment, prev: Previous) -> np.ndarray:
-    """Per table, the previous data ``a`` moves (``warm.moved_bytes`` table by table)."""
-    out = np.zeros(space.num_tables)
-    for t in range(space.num_tables):
-        o = int(a.choice[t])
-        if o != prev.option[t]:
-            out[t] = prev.switch_bytes(space, t, o)
-            continue
-        entries = space.options.shards(o)
-        home = (prev.first_rank[entries] >= 0) & (a.shard_rank[entries] == prev.first_rank[entries])
-        out[t] = float(prev.present_bytes[entries].sum() - prev.kept_bytes[entries][home].sum())
-    return out
 
 
 def _ranks_of(space: SearchSpace, a: Assignment, prev: Previous, t: int) -> np.ndarray:
@@ -185,6 +171,7 @@ def _with_movement(model: MilpModel, space: SearchSpace, prev: Previous,
     return extended(model, np.concatenate((cost, kept_cost)), np.zeros(m), np.array(kept_upper),
                     np.full(m, -np.inf), np.zeros(m), links), np.array(n_cols, np.int64)
 
+
 def movement_floor(space: SearchSpace, prev: Previous) -> float:
     """Bytes any plan moves, as ``Previous`` estimates them (memory and time ignored): per table,
     the least of keeping its previous option with every shard at home (a resized table whose rows
@@ -196,7 +183,6 @@ def movement_floor(space: SearchSpace, prev: Previous) -> float:
         best = min((prev.switch_bytes(space, t, int(o)) for o in mine if o != prev.option[t]), default=np.inf)
         if prev.option[t] >= 0 and space.feasible[prev.option[t]]:
             entries = opts.shards(int(prev.option[t]))
-            known = prev.first_rank[entries] >= 0
-            best = min(best, float(prev.present_bytes[entries].sum() - prev.kept_bytes[entries][known].sum()))
+            best = min(best, float(prev.moved_in_place(entries, prev.first_rank[entries]).sum()))
         floor += 0.0 if not np.isfinite(best) else best
     return floor

@@ -64,6 +64,13 @@ class Previous:
         copies = space.world_size - 1 if space.options.sharding_type[o] == DATA_PARALLEL else 1
         return copies * float(self.table_bytes[t])
 
+    def moved_in_place(self, entries: np.ndarray | slice, ranks: np.ndarray) -> np.ndarray:
+        """Per entry of a table's previous option placed on ``ranks``: the previous data that
+        moves (all of it off its home ranks, the shifted rows of a resized split at home)."""
+        home = (self.first_rank[entries] >= 0) & (ranks == self.first_rank[entries])
+        moved: np.ndarray = self.present_bytes[entries] - np.where(home, self.kept_bytes[entries], 0.0)
+        return moved
+
 
 def previous_placement(space: SearchSpace, spec: Spec, old: Plan, cost: CostConfig) -> Previous:
     opts = space.options
@@ -96,7 +103,7 @@ def previous_placement(space: SearchSpace, spec: Spec, old: Plan, cost: CostConf
             continue
         o = int(mine[0])
         option[t] = o
-        entries = np.arange(opts.shard_start[o], opts.shard_start[o + 1])
+        entries = _entries(space, o)
         present[entries] = _visible_rows(opts, entries, rows_before) * opts.cols[entries] * per_cell[t]
         kind = space.placement[o]
         if kind == Placement.EVERY_RANK:
@@ -142,12 +149,22 @@ def _cells_at_home(opts: Options, entries: np.ndarray, home: np.ndarray, old_sha
 
 def moved_bytes(space: SearchSpace, a: Assignment, prev: Previous) -> float:
     """The previous data ``a`` moves, as ``Previous`` estimates it."""
+    return float(moved_per_table(space, a, prev).sum())
+
+
+def moved_per_table(space: SearchSpace, a: Assignment, prev: Previous) -> np.ndarray:
+    """(T,) the previous data ``a`` moves, table by table."""
+    out = np.zeros(space.num_tables)
     same = a.choice == prev.option
-    changed = sum(prev.switch_bytes(space, int(t), int(a.choice[t])) for t in np.flatnonzero(~same))
-    entries = np.concatenate([np.arange(space.options.shard_start[o], space.options.shard_start[o + 1])
-                              for o in a.choice[same]]) if same.any() else np.zeros(0, np.int64)
-    home = (prev.first_rank[entries] >= 0) & (a.shard_rank[entries] == prev.first_rank[entries])
-    return changed + float(prev.present_bytes[entries].sum() - prev.kept_bytes[entries][home].sum())
+    for t in np.flatnonzero(~same):
+        out[t] = prev.switch_bytes(space, int(t), int(a.choice[t]))
+    kept = np.flatnonzero(same)
+    if len(kept):
+        entries = np.concatenate([_entries(space, int(a.choice[t])) for t in kept])
+        counts = space.options.shard_start[a.choice[kept] + 1] - space.options.shard_start[a.choice[kept]]
+        out += np.bincount(np.repeat(kept, counts), prev.moved_in_place(entries, a.shard_rank[entries]),
+                           space.num_tables)
+    return out
 
 
 def warm_starts(space: SearchSpace, fresh: Assignment, prev: Previous, target: float) -> list[Assignment]:

@@ -27,9 +27,11 @@ $(UV):
 # Re-installs only when the lock or pyproject.toml changes. `uv pip sync` installs exactly the lock
 # (removing anything else) and resolves no dependencies, so torchrec comes in as --no-deps.
 # The editable install uses compat mode: a plain path entry; the default finder adds ~20 ms to every start.
+# Bytecode is compiled here, once: where PYTHONDONTWRITEBYTECODE is set (as on this project's machines), every process
+# would otherwise recompile torch and torchrec from source (import torchrec: ~9 s instead of ~4 s).
 $(STAMP): $(LOCK) pyproject.toml | $(UV)
 	@echo "installing .venv from $(LOCK) (only when the lock changed)"
-	@$(UV) pip sync -q --python $(BIN)/python $(UV_FIND_LINKS) $(LOCK)
+	@$(UV) pip sync -q --compile-bytecode --python $(BIN)/python $(UV_FIND_LINKS) $(LOCK)
 	@$(UV) pip install -q --python $(BIN)/python --no-deps --no-build-isolation -C editable_mode=compat -e .
 	@$(BIN)/python -c "import torchrec, prefect, ray, mlflow, pyarrow, highspy"
 	@touch $(STAMP)

@@ -62,4 +62,4 @@ bench: install
 	$(BIN)/python bench/plan_bench.py
 
 clean:
-	rm -rf $(VENV) out mlruns mlflow.db .shardflow
+	rm -rf $(VENV) out mlruns mlflow.db mlflow.db.lock .shardflow

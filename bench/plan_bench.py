@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from rec.plan import read_plan
+from rec.plan import PLAN_FILE, read_plan
 from rec.planning import plan_spec
 from rec.search import SearchConfig
 from rec.spec import write_spec
@@ -165,7 +165,7 @@ def bench_workload(w: Workload, args: argparse.Namespace, tmp: Path) -> dict:
                     "loadavg_1m_at_start": os.getloadavg()[0]}  # other work on the machine skews timings
 
     cli_s = time_cli(spec_path, topology_path, out, args.repeat)
-    cli_plan = read_plan(out / "plan.json")
+    cli_plan = read_plan(out / PLAN_FILE)
     in_process_s = []
     for _ in range(args.repeat):
         started = time.perf_counter()

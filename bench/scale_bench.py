@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(ROOT))
 
+from rec.plan.io import PLAN_FILE  # noqa: E402
 from rec.spec import write_spec  # noqa: E402
 from rec.spec.synthetic import issue2282_spec, power_law_spec  # noqa: E402
 
@@ -49,7 +50,7 @@ def run_plan(spec: Path, topo: Path, out: Path, backend: str, groups: int | None
     wall = time.perf_counter() - began
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stderr[-3000:]}")
-    plan = json.loads((out / "plan.json").read_text())
+    plan = json.loads((out / PLAN_FILE).read_text())
     maxrss = re.search(r"MAXRSS_KB=(\d+)", r.stderr)
     assert maxrss is not None, "/usr/bin/time reported no MAXRSS_KB"
     rss = int(maxrss.group(1))
@@ -58,7 +59,7 @@ def run_plan(spec: Path, topo: Path, out: Path, backend: str, groups: int | None
     m = plan["metrics"]
     return {"backend": backend, "groups": plan["planner"].get("groups"), "wall_s": round(wall, 2),
             "planning_s": float(searched.group(1)) if searched else None, "max_rss_mib": round(rss / 1024),
-            "plan_json_mib": round((out / "plan.json").stat().st_size / 2**20, 1),
+            "plan_json_mib": round((out / PLAN_FILE).stat().st_size / 2**20, 1),
             "critical_path": m["critical_path"], "lower_bound": m["lower_bound"],
             "gap_pct": round(100 * m["gap"], 2), "bound_method": m.get("bound_method"),
             "plan_id": plan["plan_id"]}

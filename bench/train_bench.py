@@ -20,6 +20,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARDFLOW = Path(sys.executable).parent / "shardflow"
+sys.path.insert(0, str(ROOT))
+
+from rec.train.metrics import METRICS_FILE  # noqa: E402
 
 
 def shardflow(*args: str) -> None:
@@ -54,7 +57,7 @@ def main() -> int:
                     cmd += ["--batch-size", str(args.batch_size)]
                 began = time.perf_counter()
                 shardflow(*cmd)
-                m = json.loads((out / "train_metrics.json").read_text())
+                m = json.loads((out / METRICS_FILE).read_text())
                 row = {"pipeline": pipeline, "repeat": repeat, "wall_s": round(time.perf_counter() - began, 1),
                        "world_size": m["world_size"], "batch_size": m["batch_size"], "model": m["model"],
                        **{f"{k}_ms": round(v, 3) for k, v in m["iteration_latency_ms"].items()},

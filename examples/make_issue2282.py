@@ -9,6 +9,7 @@ import argparse
 import sys
 
 from rec.errors import InputError
+from rec.exit_codes import ExitCode
 from rec.spec import write_spec
 from rec.spec.synthetic import issue2282_spec
 
@@ -27,9 +28,9 @@ def main(argv: list[str] | None = None) -> int:
         path = write_spec(spec, args.out)
     except (InputError, OSError) as e:
         print(f"make_issue2282: {e}", file=sys.stderr)
-        return 2
+        return ExitCode.BAD_INPUT
     print(f"wrote {len(spec)} tables to {path} (spec hash {spec.spec_hash})")
-    return 0
+    return ExitCode.OK
 
 
 if __name__ == "__main__":

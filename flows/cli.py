@@ -13,12 +13,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from flows.commands import compare, plan, replan, run, serve, show, spec, train
+from flows.commands import calibrate, compare, measure, outbox, plan, replan, run, serve, show, spec, train
 from rec.errors import InputError
+from rec.exit_codes import ExitCode
 
-COMMANDS = (spec, plan, show, train, run, replan, compare, serve)
-EXIT_BAD_INPUT = 2
-EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, as a shell reports `shardflow ... | head`
+COMMANDS = (spec, plan, show, train, measure, calibrate, run, replan, compare, outbox, serve)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,12 +53,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.handler(args)
     except SystemExit as e:  # argparse: usage errors exit 2, --help exits 0
         if e.code is None or isinstance(e.code, int):
-            return e.code or 0
+            return e.code or ExitCode.OK
         print(f"shardflow: {e.code}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return ExitCode.BAD_INPUT
     except InputError as e:
         print(f"shardflow: {e.render()}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return ExitCode.BAD_INPUT
     except BrokenPipeError:
         # The reader went away (`| head`): stop quietly; Python would complain again at exit
         # while flushing stdout, so point stdout at nothing first.
@@ -67,15 +66,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         except (OSError, ValueError):  # stdout is no file (a test's StringIO)
             pass
-        return EXIT_BROKEN_PIPE
+        return ExitCode.BROKEN_PIPE
     except OSError as e:
         if e.filename is None:
             raise
         print(f"shardflow: cannot use {e.filename}: {e.strerror or e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return ExitCode.BAD_INPUT
     except KeyboardInterrupt:
         print("shardflow: interrupted", file=sys.stderr)
-        return 130
+        return ExitCode.INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -9,15 +9,19 @@ import argparse
 import os
 import sys
 
-HEADER = """# `shardflow` command line
+from rec.exit_codes import ExitCode
 
-Generated from the parser by `make docs` (`python -m flows.cli_reference`); a test checks it is up
-to date. Every flag's default comes from the settings dataclass it belongs to.
-
-Exit codes: 0 success; 2 bad input (a one-screen message naming every problem, nothing written),
-including a training failure that would repeat (a rank found bad input, CUDA or NCCL missing); 1 a
-training that failed for good otherwise; 130 interrupted; 141 the reader of the output went away.
-"""
+HEADER = (
+    "# `shardflow` command line\n\n"
+    "Generated from the parser by `make docs` (`python -m flows.cli_reference`); a test checks it is up\n"
+    "to date. Every flag's default comes from the settings dataclass it belongs to.\n\n"
+    f"Exit codes: {ExitCode.OK} success; {ExitCode.BAD_INPUT} bad input (a one-screen message naming every "
+    "problem, nothing written),\n"
+    "including a training failure that would repeat (a rank found bad input, CUDA or NCCL missing); "
+    f"{ExitCode.FAILED} a\n"
+    f"training that failed for good otherwise; {ExitCode.INTERRUPTED} interrupted; {ExitCode.BROKEN_PIPE} "
+    "the reader of the output went away.\n"
+)
 
 
 def render(parser: argparse.ArgumentParser | None = None) -> str:

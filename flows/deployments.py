@@ -1,11 +1,16 @@
 """The deployments of ``deploy/prefect.yaml`` as Prefect ``RunnerDeployment``s, for ``shardflow
 serve``: one file declares them for both ``prefect deploy`` and serving. Serving may override
-parameters (``--set``) and replace the replan cron with an interval (``--replan-every``)."""
+parameters (``--set``) and replace the replan cron with an interval (``--replan-every``).
+
+A relative path in a deployment file (an entry point, a path parameter) is relative to the file's
+directory, as for ``prefect deploy`` run there; one given with ``--set``, to the working
+directory. Serving makes both absolute, so a flow run does not depend on where serve started."""
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -13,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from rec.errors import InputError, Problem
+from tasks.tracking import sqlite_path
 
 if TYPE_CHECKING:
     from prefect import Flow
@@ -20,6 +26,11 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parents[1]
 PREFECT_FILE = ROOT / "deploy" / "prefect.yaml"
+# Flow parameters naming a file or directory (tests/flows/test_serve_watch.py keeps this complete),
+# and those of them every run reads first: serving refuses to start when they are missing.
+PATH_PARAMETERS = frozenset({"spec_path", "topology_path", "profile_path", "plan_path", "data", "checkpoint_dir",
+                             "resume_from", "out_dir", "state_dir"})
+INPUT_FILES = ("spec_path", "topology_path", "profile_path")
 
 
 def read_deployments(prefect_file: str | Path = PREFECT_FILE) -> list[dict[str, Any]]:
@@ -39,12 +50,47 @@ def read_deployments(prefect_file: str | Path = PREFECT_FILE) -> list[dict[str, 
     return entries
 
 
-def load_flow(entrypoint: str) -> Flow[..., Any]:
-    """``flows/plan.py:plan_flow`` -> the flow object, imported as ``flows.plan``."""
-    file, _, name = entrypoint.partition(":")
-    module = importlib.import_module(file.removesuffix(".py").replace("/", "."))
-    flow: Flow[..., Any] = getattr(module, name)
+def load_flow(entrypoint: str, base: Path = ROOT) -> Flow[..., Any]:
+    """``../flows/plan.py:plan_flow`` (a file of shardflow, relative to ``base``) or the module path
+    ``flows.plan.plan_flow`` -> the flow object, imported as ``flows.plan``; InputError if none."""
+    from prefect import Flow
+
+    if ":" in entrypoint:
+        file, _, name = entrypoint.rpartition(":")
+        path = Path(os.path.abspath(base / file))
+        if not path.is_file():
+            raise InputError("Cannot load the flow:", [Problem(entrypoint, f"no such file: {path}")])
+        if not path.is_relative_to(ROOT):
+            raise InputError("Cannot load the flow:", [Problem(entrypoint, f"{path} is not in shardflow ({ROOT})")])
+        module_name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    else:
+        module_name, _, name = entrypoint.rpartition(".")
+    if not module_name:
+        raise InputError("Cannot load the flow:", [Problem(entrypoint, "expected FILE.py:FLOW or MODULE.FLOW")])
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name is None or not f"{module_name}.".startswith(f"{e.name}."):
+            raise  # shardflow's own import failed: a bug, not a wrong entry point
+        raise InputError("Cannot load the flow:", [Problem(entrypoint, f"no module {module_name}")]) from None
+    flow = getattr(module, name, None)
+    if not isinstance(flow, Flow):
+        raise InputError("Cannot load the flow:", [Problem(entrypoint, f"{module_name} has no flow {name!r}")])
     return flow
+
+
+def absolute_paths(parameters: Mapping[str, Any], base: Path) -> dict[str, Any]:
+    """``parameters`` with each relative path (``PATH_PARAMETERS``, a SQLite ``tracking_uri``)
+    made absolute against ``base``."""
+    out = dict(parameters)
+    for key, value in parameters.items():
+        if not isinstance(value, str) or not value:
+            continue
+        if key in PATH_PARAMETERS:
+            out[key] = os.path.abspath(base / Path(value).expanduser())
+        elif key == "tracking_uri" and (db := sqlite_path(value)) is not None and not db.is_absolute():
+            out[key] = f"sqlite:///{os.path.abspath(base / db)}"
+    return out
 
 
 def parse_overrides(pairs: Iterable[str]) -> dict[str, Any]:
@@ -84,24 +130,34 @@ def runner_deployments(prefect_file: str | Path = PREFECT_FILE, *,
 
     from flows.replan import replan_flow
 
-    overrides = dict(overrides or {})
-    entries = [(d, load_flow(d["entrypoint"])) for d in read_deployments(prefect_file)]
+    base = Path(os.path.abspath(prefect_file)).parent
+    overrides = absolute_paths(overrides or {}, Path.cwd())
+    problems: list[Problem] = []
+    entries = []
+    for d in read_deployments(prefect_file):
+        try:
+            entries.append((d, load_flow(d["entrypoint"], base)))
+        except InputError as e:
+            problems += [Problem(f"{prefect_file}: {d['name']}: {p.where}", p.reason) for p in e.problems]
     accepted = set().union(*(flow_parameters(flow) for _, flow in entries))
-    problems = [Problem(f"--set {key}", f"no served flow has this parameter; they have {sorted(accepted)}")
-                for key in overrides if key not in accepted]
+    problems += [Problem(f"--set {key}", f"no served flow has this parameter; they have {sorted(accepted)}")
+                 for key in overrides if key not in accepted]
     if replan_every is not None:
         if not replan_every > 0:
             problems.append(Problem("--replan-every", f"needs a positive number of seconds, not {replan_every:g}"))
         if not any(flow is replan_flow for _, flow in entries):
             problems.append(Problem("--replan-every", f"{prefect_file} has no deployment of replan_flow"))
+    parameters = [{**absolute_paths(d.get("parameters") or {}, base),
+                   **{key: value for key, value in overrides.items() if key in flow_parameters(flow)}}
+                  for d, flow in entries]
+    missing = {(key, params[key]) for params in parameters for key in INPUT_FILES
+               if isinstance(params.get(key), str) and not Path(params[key]).is_file()}
+    problems += [Problem(key, f"no such file: {path}") for key, path in sorted(missing)]
     if problems:
         raise InputError("Cannot serve the deployments:", problems)
 
     out = []
-    for d, flow in entries:
-        own = flow_parameters(flow)
-        parameters = {**(d.get("parameters") or {}),
-                      **{key: value for key, value in overrides.items() if key in own}}
+    for (d, flow), params in zip(entries, parameters, strict=True):
         schedules: list[Schedule] = [
             Cron(s["cron"], timezone=s.get("timezone"), active=s.get("active", True))
             if "cron" in s else Interval(s["interval"], timezone=s.get("timezone"))
@@ -110,7 +166,7 @@ def runner_deployments(prefect_file: str | Path = PREFECT_FILE, *,
             schedules = [Interval(replan_every)]
         deployment = flow.to_deployment(
             name=d["name"], description=d.get("description"), tags=d.get("tags"),
-            parameters=parameters, schedules=schedules, entrypoint_type=EntrypointType.MODULE_PATH)
+            parameters=params, schedules=schedules, entrypoint_type=EntrypointType.MODULE_PATH)
         assert isinstance(deployment, RunnerDeployment)  # called outside an event loop: not a coroutine
         out.append(deployment)
     return out

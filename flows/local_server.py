@@ -1,55 +1,221 @@
-"""A Prefect server for ``shardflow serve`` when none is configured: schedules need its scheduler,
-which Prefect's ephemeral API does not run."""
+"""The Prefect server of ``shardflow serve``: a local one when none is configured (schedules need
+its scheduler, which Prefect's ephemeral API does not run), and a watch on whichever it uses.
+
+The local server binds 127.0.0.1 and runs in its own session, so a Ctrl-C at the terminal reaches
+serve alone, which stops its runner first and the server after it; should serve itself be killed,
+the kernel stops the server too (a parent-death signal). Unless ``--verbose``, the server's output
+goes to PREFECT_HOME/shardflow-server.log (under load its SQLite database logs "database is
+locked" tracebacks, and retries), and serve shows none of Prefect's records of failed calls to a
+lost server (the watch says it in one line) or of the tasks it cancels when serving stops.
+"""
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 
 from rec.errors import InputError, Problem
+from rec.train.lifetime import parent_death_signal
 
 STARTUP_TIMEOUT_S = 120
+WATCH_EVERY_S = 2.0  # health checks; the exit of a local server is seen at once
+HEALTH_TIMEOUT_S = 10.0
+# A server that answers no health check for this many of the runner's polls is lost: Prefect's
+# runner stops polling for good after three failed polls in a row, and no schedule fires after it.
+UNANSWERED_POLLS = 2
+STOP_TIMEOUT_S = 10.0
+LOGGING_SETTINGS = "shardflow-serve-logging.yml"  # in PREFECT_HOME, for the flow runs of serve
+SERVER_LOG = "shardflow-server.log"  # in PREFECT_HOME, beside the server's database
+SETTINGS_ENV = "PREFECT_LOGGING_SETTINGS_PATH"
+
+
+@dataclass(frozen=True)
+class PrefectApi:
+    url: str  # http://HOST:PORT/api
+    server: subprocess.Popen[bytes] | None  # the local server serve started; None: PREFECT_API_URL's
+    log: Path | None = None  # the local server's output (none: on the terminal, with --verbose)
+
+
+def answers(url: str, *, healthy: bool = True) -> bool:
+    """Whether the API answers its health check (with ``healthy=False``: answers at all, without a
+    server error; as Prefect's runner counts a failed poll, so a cloud workspace that requires
+    authentication for ``/health`` is not taken for lost)."""
+    import httpx
+
+    try:
+        status = httpx.get(f"{url}/health", timeout=HEALTH_TIMEOUT_S).status_code
+    except httpx.HTTPError:
+        return False
+    return status == 200 if healthy else status < 500
 
 
 @contextmanager
-def prefect_api(port: int) -> Iterator[str]:
+def prefect_api(port: int) -> Iterator[PrefectApi]:
     """The configured ``PREFECT_API_URL``, or a local server started on ``port`` for the block."""
-    import httpx
-    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, get_current_settings, temporary_settings
+
+    from tasks.launch import verbose
 
     configured = get_current_settings().api.url
     if configured:
-        yield configured
+        if not answers(configured, healthy=False):
+            raise InputError("Cannot serve:", [Problem(f"PREFECT_API_URL={configured}", "no Prefect server answers")])
+        yield PrefectApi(configured, None)
         return
     url = f"http://127.0.0.1:{port}/api"
-    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start",
-                               "--host", "127.0.0.1", "--port", str(port)])
+    log = None if verbose() else Path(PREFECT_HOME.value()) / SERVER_LOG
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log or os.devnull, "wb") as output:
+        server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start",
+                                   "--host", "127.0.0.1", "--port", str(port)],
+                                  stdout=None if log is None else output, stderr=subprocess.STDOUT,
+                                  start_new_session=True, preexec_fn=parent_death_signal())
     try:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
+        while not answers(url):
             if server.poll() is not None:
                 raise InputError("Cannot start a local Prefect server:", [
-                    Problem(f"127.0.0.1:{port}", f"prefect server start exited {server.returncode}; "
-                                                 "is the port taken? try --port or set PREFECT_API_URL")])
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
+                    Problem(f"127.0.0.1:{port}", f"prefect server start exited {server.returncode}"
+                                                 f"{_see(log)}; is the port taken? try --port or set "
+                                                 "PREFECT_API_URL")])
             if time.monotonic() > deadline:
                 raise InputError("Cannot start a local Prefect server:",
                                  [Problem(url, f"no answer after {STARTUP_TIMEOUT_S} s")])
             time.sleep(0.5)
-        print(f"Prefect server at {url.removesuffix('/api')} (UI); stopped when serving stops")
+        print(f"Prefect server at {url.removesuffix('/api')} (UI); stopped when serving stops", flush=True)
         with temporary_settings(updates={PREFECT_API_URL: url}):
-            yield url
+            yield PrefectApi(url, server, log)
     finally:
         server.terminate()
         try:
-            server.wait(timeout=10)
+            server.wait(timeout=STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+
+def lost(api: PrefectApi, stopping: threading.Event) -> str | None:
+    """Blocks until the server is lost (returns why: the local server ended, or it answered no
+    health check for ``UNANSWERED_POLLS`` polls) or ``stopping`` is set (returns None)."""
+    from prefect.settings import get_current_settings
+
+    unanswered_s = max(UNANSWERED_POLLS * get_current_settings().runner.poll_frequency, WATCH_EVERY_S)
+    unanswered_since: float | None = None
+    while not stopping.is_set():
+        if api.server is None:
+            stopping.wait(WATCH_EVERY_S)
+        else:
+            try:
+                code = api.server.wait(timeout=WATCH_EVERY_S)
+            except subprocess.TimeoutExpired:
+                pass
+            else:
+                return None if stopping.is_set() else \
+                    f"the Prefect server it started at {api.url.removesuffix('/api')} {_ended(code)}{_see(api.log)}"
+        if stopping.is_set():
+            return None
+        if answers(api.url, healthy=False):
+            unanswered_since = None
+        elif unanswered_since is None:
+            unanswered_since = time.monotonic()
+        elif time.monotonic() - unanswered_since >= unanswered_s:
+            return f"the Prefect server at {api.url.removesuffix('/api')} has not answered for {unanswered_s:g} s"
+    return None
+
+
+@contextmanager
+def watched(api: PrefectApi, on_lost: Callable[[str], object]) -> Iterator[None]:
+    """Calls ``on_lost(why)`` from a watching thread if the server is lost while the block runs;
+    meanwhile (unless ``--verbose``) neither this process nor the flow runs it starts show records
+    of interruptions (``HideInterruptions``): a flow run in progress would log the lost server
+    before the watch could stop it, and Prefect's runner logs the tasks it cancels as it stops."""
+    from tasks.launch import verbose
+
+    stopping = threading.Event()
+    handlers = [] if verbose() else logging.getLogger().handlers
+    quiet = HideInterruptions()
+    for handler in handlers:
+        handler.addFilter(quiet)
+    previous = os.environ.get(SETTINGS_ENV)
+    if not verbose():
+        os.environ[SETTINGS_ENV] = str(_logging_settings_for_flow_runs())
+
+    def watch() -> None:
+        why = lost(api, stopping)
+        if why is not None:
+            on_lost(why)
+
+    thread = threading.Thread(target=watch, name="prefect-server-watch", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stopping.set()
+        for handler in handlers:
+            handler.removeFilter(quiet)
+        if previous is None:
+            os.environ.pop(SETTINGS_ENV, None)
+        else:
+            os.environ[SETTINGS_ENV] = previous
+
+
+class HideInterruptions(logging.Filter):
+    """Drops the records of an interruption (their exception, or one it was raised from): a failed
+    connection (the server is lost, which the watch says in one line) or a cancelled task (serving
+    is stopping)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        import asyncio
+
+        import httpx
+        from websockets.exceptions import WebSocketException
+
+        interruptions = (ConnectionError, EOFError, httpx.TransportError, WebSocketException, asyncio.CancelledError)
+        error = record.exc_info[1] if record.exc_info else None
+        while error is not None:
+            if isinstance(error, interruptions):
+                return False
+            error = error.__cause__ or error.__context__
+        return True
+
+
+def _logging_settings_for_flow_runs() -> Path:
+    """Prefect's logging settings (the user's, or Prefect's own) with ``HideInterruptions`` on
+    its console handler, written to PREFECT_HOME for the flow-run processes to read."""
+    import yaml
+    from prefect.logging.configuration import DEFAULT_LOGGING_SETTINGS_PATH
+    from prefect.settings import PREFECT_HOME, PREFECT_LOGGING_SETTINGS_PATH
+
+    own = PREFECT_LOGGING_SETTINGS_PATH.value()
+    settings = yaml.safe_load((own if own.exists() else DEFAULT_LOGGING_SETTINGS_PATH).read_text())
+    settings.setdefault("filters", {})["hide_interruptions"] = {
+        "()": f"{HideInterruptions.__module__}.{HideInterruptions.__name__}"}
+    console = settings.get("handlers", {}).get("console")
+    if console is not None:
+        console["filters"] = [*console.get("filters", []), "hide_interruptions"]
+    path = Path(PREFECT_HOME.value()) / LOGGING_SETTINGS
+    path.parent.mkdir(parents=True, exist_ok=True)
+    written = path.with_name(f".{path.name}.{os.getpid()}")
+    written.write_text(yaml.safe_dump(settings, sort_keys=False))
+    written.replace(path)
+    return path
+
+
+def _see(log: Path | None) -> str:
+    return "" if log is None else f" (its output: {log})"
+
+
+def _ended(code: int) -> str:
+    if code < 0:
+        return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"

@@ -1,11 +1,13 @@
 """What the CLI lets third-party libraries print: only what a user needs, unless ``--verbose``.
 
 Quiet by default: Prefect logs warnings and errors only (not its temporary server's start and
-stop, nor every task's state), MLflow and its database migrations only warnings, the embedded
-Prefect server sends no telemetry (it cannot reach the internet from closed networks and would log
-an ERROR), Python warnings from libraries are hidden, and a training's torchrun output stays in
-its log files. A failure the CLI explains itself (an InputError, a TrainingFailed) is not logged
-again by Prefect, three times over with tracebacks: the CLI prints its one-line cause once.
+stop, nor every task's state); MLflow and its database migrations log nothing (shardflow reports
+every MLflow failure itself, in one line, where MLflow would log a traceback per call), show no
+progress bars and print no "View run" links; the embedded Prefect server sends no telemetry (it
+cannot reach the internet from closed networks and would log an ERROR); Python warnings from
+libraries are hidden, and a training's torchrun output stays in its log files. A failure the CLI
+explains itself (an InputError, a TrainingFailed, MLflow unavailable) is not logged again by
+Prefect, three times over with tracebacks: the CLI prints its one-line cause once.
 ``--verbose`` restores the libraries' own output (and ``SHARDFLOW_VERBOSE=1`` shows torchrun's).
 """
 
@@ -18,12 +20,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from rec.errors import InputError
+from tasks.tracking import MLFLOW_QUIET_ENV
 
 RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
 KNOWN_FAILURES = ("InputError", "TrainingFailed")  # the CLI reports these itself
 QUIET_ENV = {
     "PREFECT_LOGGING_LEVEL": "WARNING",
-    "MLFLOW_LOGGING_LEVEL": "WARNING",
+    "MLFLOW_LOGGING_LEVEL": "CRITICAL",
+    **MLFLOW_QUIET_ENV,  # also set wherever shardflow opens MLflow: flow runs of a worker too
     # Prefect's embedded server: no telemetry (an ERROR line without internet), no banner.
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
 }
@@ -42,11 +46,15 @@ def set_up(verbose: bool) -> None:
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
-    logging.getLogger("alembic").setLevel(logging.WARNING)  # MLflow's database migrations
+    logging.getLogger("alembic").setLevel(logging.CRITICAL)  # MLflow's database migrations
 
 
 class _KnownFailures(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
+        from tasks.tracking import TRACKING_WARNING
+
+        if getattr(record, TRACKING_WARNING, False):
+            return False
         raised = record.exc_info[1] if record.exc_info else None
         if isinstance(raised, InputError) or type(raised).__name__ in KNOWN_FAILURES:
             return False

@@ -1,6 +1,7 @@
 """``pipeline_flow``: the four steps — ingest the spec, search a plan, write it, train with it.
 
-One MLflow pipeline run holds the plan and train runs nested under it. The plan is cached by
+One MLflow pipeline run holds the plan and train runs nested under it, and carries their headline
+(the plan's params and metrics, the training's latency and samples/s). The plan is cached by
 plan_id, so an unchanged re-run, or training retried after a failure, never searches again. A
 pipeline that fails ends FAILED with the cause (``shardflow.error``); a failed training also
 leaves a FAILED train run with the ranks' logs.
@@ -12,19 +13,21 @@ from dataclasses import dataclass
 
 from prefect import flow
 
-from flows.parameters import TRAIN_RETRIES, TRAIN_RETRY_DELAY_S, search_settings, train_settings
+from flows.parameters import search_settings, train_settings
 from flows.progress import progress_in_run_log
 from flows.train import train_with_retries
 from rec.cost.types import CostConfig
 from rec.search import SearchConfig
-from rec.train.config import ModelKind, PipelineKind, TrainConfig
+from rec.train.config import PipelineKind, TrainConfig
+from tasks.ingest import IngestSettings
 from tasks.mlflow_log import Logged, ParentRun, deliver_outbox, log_plan, log_training, parent_run
 from tasks.paths import DEFAULT_STATE_DIR, plan_cache_dir
+from tasks.records import RunStep
 from tasks.run_dirs import RunDirs
 from tasks.search import Backend, SearchSettings, plan_key
 from tasks.steps import ingest_task, search_task, write_task
 from tasks.tracking import DEFAULT_EXPERIMENT, tracking_for
-from tasks.train import Trained, TrainSettings
+from tasks.train import TRAIN_RETRIES, TRAIN_RETRY_DELAY_S, Trained, TrainSettings
 from tasks.write import WriteSettings
 
 
@@ -43,6 +46,7 @@ class PipelineOutcome:
 def pipeline_flow(
     spec_path: str,
     topology_path: str,
+    profile_path: str | None = None,
     backend: Backend = SearchSettings.backend,
     groups: int | None = SearchSettings.groups,
     max_regress: float = SearchSettings.max_regress,
@@ -52,7 +56,7 @@ def pipeline_flow(
     train_iterations: int = TrainConfig.iterations,
     warmup: int = TrainConfig.warmup,
     batch_size: int | None = TrainConfig.batch_size,
-    model: ModelKind = TrainConfig.model,
+    model: str = TrainConfig.model,
     train_pipeline: PipelineKind = TrainConfig.pipeline,
     data: str | None = TrainConfig.data,
     seed: int = TrainConfig.seed,
@@ -84,25 +88,35 @@ def pipeline_flow(
 
     The flow runs on node 0; with ``nnodes > 1`` the other nodes join the rendezvous with
     ``shardflow train --plan-id ID --node-rank K`` (see deploy/)."""
-    searching, training = search_settings(locals()), train_settings(locals())
+    searching = search_settings(backend=backend, groups=groups, max_regress=max_regress, cost=cost, search=search,
+                                profile_path=profile_path)
+    training = train_settings(
+        train_iterations=train_iterations, warmup=warmup, batch_size=batch_size, model=model,
+        train_pipeline=train_pipeline, data=data, seed=seed, dense_in_features=dense_in_features,
+        dense_arch_layer_sizes=dense_arch_layer_sizes, over_arch_layer_sizes=over_arch_layer_sizes,
+        dense_lr=dense_lr, embedding_lr=embedding_lr, synthetic_batches=synthetic_batches,
+        checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir, keep_checkpoints=keep_checkpoints,
+        resume=resume, resume_from=resume_from, nproc_per_node=nproc_per_node, nnodes=nnodes,
+        node_rank=TrainSettings.node_rank, rdzv_endpoint=rdzv_endpoint, max_restarts=max_restarts)
     dirs = RunDirs.of(out_dir)
     tracking = tracking_for(tracking_uri, experiment, state_dir)
     deliver_outbox(tracking)
 
     with progress_in_run_log():
-        inputs = ingest_task(spec_path, topology_path)                             # 1. ingest
-        with dirs.locked(), parent_run(tracking, "pipeline", inputs, plan_key(inputs, searching),
+        inputs = ingest_task(spec_path, topology_path, IngestSettings())            # 1. ingest
+        with dirs.locked(), parent_run(tracking, RunStep.PIPELINE, inputs, plan_key(inputs, searching),
                                        params={"backend": searching.backend.value,
                                                "train_iterations": str(train_iterations)}) as run:
             found = search_task(inputs, searching, plan_cache_dir(state_dir))      # 2. search
             plan_id = found.plan.plan_id
             written = write_task(found.plan, dirs.plan_dir(plan_id), WriteSettings(chart))  # 3. write
-            run.plan_id = plan_id
+            run.add_plan(found.plan)
             plan_run = log_plan(tracking, found.plan, written.plan_path, inputs, run, found.seconds)
             train_dir = dirs.train_dir(plan_id)
             trained = train_with_retries(plan_id, written.plan_path, train_dir,    # 4. train
                                          training, train_retries, train_retry_delay_s, tracking, run)
             dirs.mark_latest(train_dir)
-            train_run = log_training(tracking, trained, run)
+            run.add_training(trained)
+            train_run = log_training(tracking, trained, run, inputs)
     return PipelineOutcome(found.plan.plan_id, written.plan_path, found.cached, trained, run,
                            plan_run, train_run)

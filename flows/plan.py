@@ -10,6 +10,7 @@ from flows.parameters import search_settings
 from flows.progress import progress_in_run_log
 from rec.cost.types import CostConfig
 from rec.search import SearchConfig
+from tasks.ingest import IngestSettings
 from tasks.mlflow_log import Logged, deliver_outbox, log_plan
 from tasks.paths import DEFAULT_STATE_DIR, plan_cache_dir
 from tasks.run_dirs import RunDirs
@@ -31,6 +32,7 @@ class PlanOutcome:
 def plan_flow(
     spec_path: str,
     topology_path: str,
+    profile_path: str | None = None,
     backend: Backend = SearchSettings.backend,
     groups: int | None = SearchSettings.groups,
     max_regress: float = SearchSettings.max_regress,
@@ -44,13 +46,14 @@ def plan_flow(
 ) -> PlanOutcome:
     """Plan ``spec_path`` for ``topology_path``; the plan goes to OUT_DIR/plan (default:
     out/<plan_id>/plan) and to MLflow."""
+    searching = search_settings(backend=backend, groups=groups, max_regress=max_regress, cost=cost, search=search,
+                                profile_path=profile_path)
     dirs = RunDirs.of(out_dir)
     tracking = tracking_for(tracking_uri, experiment, state_dir)
     deliver_outbox(tracking)
 
-    searching = search_settings(locals())
     with progress_in_run_log():
-        inputs = ingest_task(spec_path, topology_path)
+        inputs = ingest_task(spec_path, topology_path, IngestSettings())
         found = search_task(inputs, searching, plan_cache_dir(state_dir))
         written = write_task(found.plan, dirs.plan_dir(found.plan.plan_id), WriteSettings(chart))
         logged = log_plan(tracking, found.plan, written.plan_path, inputs, planning_s=found.seconds)

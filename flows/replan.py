@@ -1,10 +1,11 @@
 """``replan_flow``: replan a spec file only when its schema changed (the cron deployment).
 
 It hashes the spec and compares the hash with the newest successful planning of the same spec
-file on the same topology in MLflow. Same hash: a small ``shardflow.step=replan`` run tagged
-``shardflow.replan=unchanged`` records the check. Different hash (or no earlier planning): a replan
-run tagged ``replanned`` with the new plan run nested under it. Replan runs carry the spec hash
-too, so a spec changed A -> B -> A is compared with the last check, not an older plan.
+file on the same topology in MLflow. Same hash: nothing is recorded in MLflow — the check is the
+flow run itself, in Prefect's run history, its log ending with the line the CLI prints. Different
+hash (or no earlier planning): a replan run tagged ``shardflow.replan=replanned`` with the new plan
+run nested under it. Replan runs carry the spec hash too, so a spec changed A -> B -> A is
+compared with the last planning (B), not an older plan.
 """
 
 from __future__ import annotations
@@ -12,22 +13,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from prefect import flow
+from prefect import flow, get_run_logger
 
 from flows.parameters import search_settings
 from flows.progress import progress_in_run_log
 from rec.cost.types import CostConfig
 from rec.search import SearchConfig
+from tasks.ingest import IngestSettings
 from tasks.mlflow_log import (
     deliver_outbox,
     find_last_planning,
     log_plan,
     parent_run,
     previous_plan_task,
-    record_unchanged,
 )
 from tasks.paths import DEFAULT_STATE_DIR, plan_cache_dir
-from tasks.records import PREVIOUS_PLAN_ID, REPLAN
+from tasks.records import PREVIOUS_PLAN_ID, REPLAN, RunStep
 from tasks.run_dirs import RunDirs
 from tasks.search import Backend, SearchSettings, plan_key
 from tasks.steps import ingest_task, search_task, write_task
@@ -42,12 +43,25 @@ class ReplanOutcome:
     spec_hash: str
     previous_spec_hash: str | None
     plan_path: str | None  # None when unchanged: nothing was written
+    pending: int = 0  # records of this replan kept in the outbox (MLflow unavailable)
+    tracking_error: str | None = None  # why, in one line
+    compared: bool = True  # False: MLflow could not tell the last planning; replanned to be safe
+
+    def summary(self) -> str:
+        """The one line the CLI prints and the flow run's log ends with."""
+        if self.outcome == "unchanged":
+            return (f"unchanged: spec hash {self.spec_hash} was last planned as plan {self.plan_id}; "
+                    "nothing replanned")
+        before = (f" (was {self.previous_spec_hash})" if self.previous_spec_hash else
+                  " (first plan)" if self.compared else " (not compared: MLflow unavailable)")
+        return f"replanned: spec hash {self.spec_hash}{before} -> plan {self.plan_id} in {self.plan_path}"
 
 
 @flow(name="shardflow-replan")
 def replan_flow(
     spec_path: str,
     topology_path: str,
+    profile_path: str | None = None,
     backend: Backend = SearchSettings.backend,
     groups: int | None = SearchSettings.groups,
     max_regress: float = SearchSettings.max_regress,
@@ -61,26 +75,31 @@ def replan_flow(
 ) -> ReplanOutcome:
     """Replan ``spec_path`` if its spec hash differs from the last successful planning of it; the
     new plan starts from that planning's plan and moves as little of it as ``max_regress`` allows."""
-    searching = search_settings(locals())
+    searching = search_settings(backend=backend, groups=groups, max_regress=max_regress, cost=cost, search=search,
+                                profile_path=profile_path)
     tracking = tracking_for(tracking_uri, experiment, state_dir)
-    deliver_outbox(tracking)
+    delivery = deliver_outbox(tracking)
 
     with progress_in_run_log():
-        inputs = ingest_task(spec_path, topology_path)
+        inputs = ingest_task(spec_path, topology_path, IngestSettings())
         spec_hash = inputs.spec.spec_hash
-        last = find_last_planning(tracking, inputs)
+        lookup = find_last_planning(tracking, inputs)
+        last = lookup.last
         if last is not None and last.spec_hash == spec_hash:
-            record_unchanged(tracking, inputs, last.plan_id)
-            return ReplanOutcome("unchanged", last.plan_id, spec_hash, last.spec_hash, None)
-
-        previous = previous_plan_task(tracking, last.plan_id) if last is not None else None
-        with parent_run(tracking, "replan", inputs, plan_key(inputs, searching, previous),
-                        tags={REPLAN: "replanned",
-                              **({PREVIOUS_PLAN_ID: previous.plan_id} if previous else {})}) as run:
-            found = search_task(inputs, searching, plan_cache_dir(state_dir), previous)
-            written = write_task(found.plan, RunDirs.of(out_dir).plan_dir(found.plan.plan_id),
-                                 WriteSettings(chart))
-            run.plan_id = found.plan.plan_id
-            log_plan(tracking, found.plan, written.plan_path, inputs, run, found.seconds)
-    return ReplanOutcome("replanned", found.plan.plan_id, spec_hash,
-                         last.spec_hash if last else None, written.plan_path)
+            outcome = ReplanOutcome("unchanged", last.plan_id, spec_hash, last.spec_hash, None,
+                                    delivery.pending_for(tracking), delivery.errors.get(tracking.uri))
+        else:
+            previous = previous_plan_task(tracking, last.plan_id) if last is not None else None
+            with parent_run(tracking, RunStep.REPLAN, inputs, plan_key(inputs, searching, previous),
+                            tags={REPLAN: "replanned",
+                                  **({PREVIOUS_PLAN_ID: previous.plan_id} if previous else {})}) as run:
+                found = search_task(inputs, searching, plan_cache_dir(state_dir), previous)
+                written = write_task(found.plan, RunDirs.of(out_dir).plan_dir(found.plan.plan_id),
+                                     WriteSettings(chart))
+                run.add_plan(found.plan)
+                log_plan(tracking, found.plan, written.plan_path, inputs, run, found.seconds)
+            outcome = ReplanOutcome("replanned", found.plan.plan_id, spec_hash,
+                                    last.spec_hash if last else None, written.plan_path, run.pending,
+                                    run.error or lookup.error, lookup.error is None)
+    get_run_logger().info(outcome.summary())
+    return outcome

@@ -11,18 +11,19 @@ from pathlib import Path
 from prefect import flow
 from prefect.tasks import exponential_backoff
 
-from flows.parameters import TRAIN_RETRIES, TRAIN_RETRY_DELAY_S, train_settings
+from flows.parameters import train_settings
 from flows.progress import progress_in_run_log
 from rec.errors import InputError, Problem
 from rec.plan import read_plan
-from rec.train.config import ModelKind, PipelineKind, TrainConfig
+from rec.train.config import PipelineKind, TrainConfig
 from tasks.mlflow_log import Logged, ParentRun, deliver_outbox, fetch_plan_task, log_failed_training, log_training
 from tasks.paths import DEFAULT_STATE_DIR, PLAN_SUBDIR
+from tasks.plan_fetch import check_plan_id
 from tasks.records import error_tag, now_ms
 from tasks.run_dirs import RunDirs
 from tasks.steps import train_task
 from tasks.tracking import DEFAULT_EXPERIMENT, Tracking, tracking_for
-from tasks.train import Trained, TrainingFailed, TrainSettings
+from tasks.train import TRAIN_RETRIES, TRAIN_RETRY_DELAY_S, Trained, TrainingFailed, TrainSettings
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ def train_flow(
     train_iterations: int = TrainConfig.iterations,
     warmup: int = TrainConfig.warmup,
     batch_size: int | None = TrainConfig.batch_size,
-    model: ModelKind = TrainConfig.model,
+    model: str = TrainConfig.model,
     train_pipeline: PipelineKind = TrainConfig.pipeline,
     data: str | None = TrainConfig.data,
     seed: int = TrainConfig.seed,
@@ -86,7 +87,16 @@ def train_flow(
     Output: OUT_DIR/train, or a new out/<plan_id>/train-<time> without ``out_dir``."""
     if (plan_path is None) == (plan_id is None):
         raise InputError("train_flow needs a plan:", [Problem("plan_path / plan_id", "give exactly one")])
-    settings = train_settings(locals())
+    if plan_id is not None:
+        check_plan_id(plan_id)  # it names the output directory
+    settings = train_settings(
+        train_iterations=train_iterations, warmup=warmup, batch_size=batch_size, model=model,
+        train_pipeline=train_pipeline, data=data, seed=seed, dense_in_features=dense_in_features,
+        dense_arch_layer_sizes=dense_arch_layer_sizes, over_arch_layer_sizes=over_arch_layer_sizes,
+        dense_lr=dense_lr, embedding_lr=embedding_lr, synthetic_batches=synthetic_batches,
+        checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir, keep_checkpoints=keep_checkpoints,
+        resume=resume, resume_from=resume_from, nproc_per_node=nproc_per_node, nnodes=nnodes,
+        node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, max_restarts=max_restarts)
     dirs = RunDirs.of(out_dir)
     tracking = tracking_for(tracking_uri, experiment, state_dir)
     deliver_outbox(tracking)

@@ -1,4 +1,5 @@
-"""A user's input file (spec or topology): what is wrong with the path, its bytes, its UTF-8 text.
+"""A user's input file (spec, topology, profile): what is wrong with the path, its bytes, its UTF-8
+text, and for the YAML files (topology, profile) the one document it holds.
 
 Each failure is an ``InputError`` that says what the path is (a directory, a device, a broken
 symbolic link, a link loop ...) rather than the operating system's bare error.
@@ -18,6 +19,7 @@ from rec.units import format_bytes
 # wrong file (a disk image, a log) fails at once instead of filling memory.
 MAX_SPEC_FILE_BYTES = 1 << 30
 MAX_TOPOLOGY_FILE_BYTES = 1 << 20
+YAML_EXTENSIONS = (".yaml", ".yml", ".json")  # JSON is YAML too
 
 
 def read_bytes(path: Path, what: str, limit: int) -> bytes:
@@ -60,6 +62,25 @@ def decode_utf8(data: bytes, path: Path, what: str) -> str:
 def read_text(path: Path, what: str, limit: int) -> str:
     """The file's UTF-8 text (see ``read_bytes`` and ``decode_utf8``)."""
     return decode_utf8(read_bytes(path, what, limit), path, what)
+
+
+def read_yaml_file(path: str | Path, what: str, limit: int, when_empty: str) -> object:
+    """The one YAML (or JSON) document in ``path``; InputError for another extension, a file
+    ``read_text`` refuses, text that is no document, or an empty file (``when_empty`` says what to write)."""
+    from rec.documents import DocumentError, load_yaml
+
+    path = Path(path)
+    title = f"Cannot read {what} {path}"
+    if path.suffix.lower() not in YAML_EXTENSIONS:
+        reason = f"unsupported extension (use one of {', '.join(YAML_EXTENSIONS)})"
+        raise InputError(title, [Problem(str(path), reason)])
+    try:
+        document = load_yaml(read_text(path, what, limit))
+    except DocumentError as e:
+        raise InputError(title, [Problem(str(path), str(e))]) from None
+    if document is None:
+        raise InputError(title, [Problem(str(path), f"the file is empty ({when_empty})")])
+    return document
 
 
 def path_failure(path: Path, error: OSError) -> str:

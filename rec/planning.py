@@ -1,7 +1,8 @@
 """Plan a spec end to end in the library: build the search space, search (and merge), build the Plan.
 
 The search strategy is pluggable (a one-method protocol): the default searches in this process;
-``tasks.ray_search`` provides one that searches table groups on Ray actors.
+``tasks.ray_search`` provides one that runs the same search pipeline (``rec.search.planner``) with
+its tasks on Ray actors.
 """
 
 from __future__ import annotations
@@ -13,13 +14,16 @@ from rec import progress
 from rec.cost.types import CostConfig
 from rec.errors import InputError, Problem
 from rec.plan.build import build_plan
+from rec.plan.identity import replan_keys
 from rec.plan.movement import Movement, movement
 from rec.plan.types import Plan
+from rec.profile import check_profile_for
 from rec.search import SearchConfig, SearchResult, build_search_space, search_result
 from rec.search.feasibility import packing_failure
 from rec.search.least_moved import least_moved
 from rec.search.pack import PackingError
 from rec.search.space import SearchSpace
+from rec.search.type_costs import with_fewer_types
 from rec.search.warm import MAX_REGRESS, moved_bytes, previous_placement, warm_starts
 from rec.spec.types import Spec
 from rec.topology.types import Topology
@@ -39,11 +43,14 @@ class LocalSearcher:
 def plan_spec(spec: Spec, topology: Topology, cost: CostConfig = CostConfig(),
               config: SearchConfig = SearchConfig(), searcher: Searcher | None = None) -> Plan:
     """The plan for ``spec`` on ``topology`` (search and merge); InputError if it cannot fit.
-    ``rec.plan.check_plan`` validates it (the write step does, before writing)."""
+    ``rec.plan.check_plan`` validates it (the write step does, before writing). InputError too if
+    ``cost.profile`` was measured on another kind of device than ``topology``'s."""
+    check_profile_for(cost.profile, topology)
     progress.update(f"cost model: the options of {len(spec):,} tables on {topology.world_size:,} ranks")
     space = build_search_space(spec, topology, cost)
     progress.update("searching")
     result = _search(space, spec, config, searcher)
+    result = with_fewer_types(result, cost.profile, lambda s: _search(s, spec, config, searcher))
     progress.update("building the plan")
     return build_plan(result, spec, topology, cost, config, result.info)
 
@@ -71,6 +78,7 @@ def replan_spec(spec: Spec, topology: Topology, previous: Plan, max_regress: flo
     from rec.plan import check_plan
     from rec.topology import topology_from_dict
 
+    check_profile_for(cost.profile, topology)
     check_plan(previous, source=f"the previous plan {previous.plan_id}")
     if topology_from_dict(previous.topology, source="the previous plan").topology_hash != topology.topology_hash:
         raise InputError("Cannot replan from this previous plan:", [Problem(
@@ -89,7 +97,7 @@ def replan_spec(spec: Spec, topology: Topology, previous: Plan, max_regress: flo
         progress.update("least movement: MILP")
         exact = least_moved(space, prev, incumbent, target, config.time_limit_s)
         candidates += [exact] if exact is not None else []
-    extra = {**result.info, "previous_plan_id": previous.plan_id, "max_regress": max_regress}
+    extra = {**result.info, **replan_keys(previous, max_regress)}
     best: tuple[tuple[int, float], Plan, Movement] | None = None
     for assignment in [*candidates, result.assignment]:  # the fresh plan itself is within the budget
         plan = build_plan(replace(result, assignment=assignment), spec, topology, cost, config, extra)

@@ -122,6 +122,8 @@ def from_flags(cls: type[T], args: argparse.Namespace, **overrides: Any) -> T:
         if f.name in overrides:
             values[f.name] = overrides[f.name]
             continue
+        if not f.metadata.get("cli", True):
+            continue  # no flag (add_flags skipped it): the default
         inner, _ = _optional(tp)
         if dataclasses.is_dataclass(inner):
             values[f.name] = from_flags(inner, args)  # type: ignore[arg-type]
@@ -207,11 +209,13 @@ def to_flags(settings: Any, rename: Mapping[str, str] | None = None) -> list[str
     out: list[str] = []
     for f, tp in _fields(type(settings)):
         value = getattr(settings, f.name)
+        if not f.metadata.get("cli", True):
+            continue  # no flag to give it
         inner, _ = _optional(tp)
         if dataclasses.is_dataclass(inner) and value is not None:
             out += to_flags(value, rename)
             continue
-        if not f.metadata.get("cli", True) or value == _default(f):
+        if value == _default(f):
             continue
         name = f"--{flag_name(f, rename)}"
         if inner is bool:

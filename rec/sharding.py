@@ -46,31 +46,71 @@ NOT_PLANNED: dict[ShardingType | ComputeKernel, str] = {
 }
 
 
-@functools.cache
-def sharder_options(device: ComputeDevice) -> dict[ShardingType, tuple[ComputeKernel, ...]]:
-    """Sharding types and kernels shardflow plans on ``device``: what TorchRec 1.8's
-    ``EmbeddingBagCollectionSharder`` offers for training, minus ``NOT_PLANNED``.
+class ModuleKind(StrEnum):
+    """The TorchRec module that holds a table, named by its class: it decides the sharder."""
 
-    cpu: data_parallel (dense); table_wise, column_wise, table_column_wise (fused).
-    cuda: data_parallel (dense); those three plus row_wise and table_row_wise (fused, fused_uvm,
-    fused_uvm_caching)."""
+    EMBEDDING_BAG_COLLECTION = "EmbeddingBagCollection"  # pooled (SUM/MEAN): one vector per bag
+    EMBEDDING_COLLECTION = "EmbeddingCollection"  # unpooled (pooling NONE): one vector per id
+
+    @property
+    def sharder(self) -> str:
+        """TorchRec's sharder class for the module (``EmbeddingBagCollectionSharder``, ...)."""
+        return f"{self.value}Sharder"
+
+
+_EC_TYPES = (ShardingType.DATA_PARALLEL, ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.ROW_WISE)
+
+
+@functools.cache
+def sharder_options(device: ComputeDevice, kind: ModuleKind = ModuleKind.EMBEDDING_BAG_COLLECTION
+                    ) -> dict[ShardingType, tuple[ComputeKernel, ...]]:
+    """Sharding types and kernels shardflow plans on ``device`` for a ``kind`` module: what TorchRec
+    1.8's sharder of that module offers for training, minus ``NOT_PLANNED``.
+
+    EmbeddingBagCollectionSharder, cpu: data_parallel (dense); table_wise, column_wise,
+    table_column_wise (fused). cuda: data_parallel (dense); those three plus row_wise and
+    table_row_wise (fused, fused_uvm, fused_uvm_caching).
+    EmbeddingCollectionSharder, cuda: data_parallel (dense); table_wise, column_wise and row_wise
+    (fused, fused_uvm, fused_uvm_caching). cpu: table_wise, column_wise and row_wise (fused); not
+    data_parallel, which TorchRec offers but cannot train there."""
     types: tuple[ShardingType, ...] = (ShardingType.DATA_PARALLEL, *_MODEL_PARALLEL)
     kernels: tuple[ComputeKernel, ...] = (ComputeKernel.FUSED,)
     if device == ComputeDevice.CUDA:
         types += _CUDA_ONLY
         kernels = FUSED_KERNELS
+    if kind is ModuleKind.EMBEDDING_COLLECTION:
+        # TorchRec offers data_parallel on cpu too, but there its dense kernel returns one row per bag,
+        # not per id, and the job fails ("split_with_sizes expects ...", TorchRec issue 1255).
+        types = _EC_TYPES if device == ComputeDevice.CUDA else _EC_TYPES[1:]
     dense = (ComputeKernel.DENSE,)
     return {st: dense if st == ShardingType.DATA_PARALLEL else kernels for st in types}
 
 
-def is_available(device: ComputeDevice, sharding_type: ShardingType, kernel: ComputeKernel) -> bool:
-    """Whether shardflow plans (and TorchRec trains) ``sharding_type``/``kernel`` on ``device``."""
-    return kernel in sharder_options(device).get(sharding_type, ())
+@functools.cache
+def offered(kind: ModuleKind) -> tuple[frozenset[ShardingType], frozenset[ComputeKernel]]:
+    """The sharding types and kernels ``kind``'s sharder offers on some device (what a spec may
+    allow-list for a table of that module)."""
+    options = [sharder_options(device, kind) for device in ComputeDevice]
+    return (frozenset(st for o in options for st in o),
+            frozenset(ck for o in options for kernels in o.values() for ck in kernels))
+
+
+def is_available(device: ComputeDevice, sharding_type: ShardingType, kernel: ComputeKernel,
+                 kind: ModuleKind = ModuleKind.EMBEDDING_BAG_COLLECTION) -> bool:
+    """Whether shardflow plans (and TorchRec trains) ``sharding_type``/``kernel`` on ``device`` for
+    a table of a ``kind`` module."""
+    return kernel in sharder_options(device, kind).get(sharding_type, ())
 
 
 class Pooling(StrEnum):
     SUM = "SUM"
     MEAN = "MEAN"
+    NONE = "NONE"  # unpooled: the table of an EmbeddingCollection
+
+    @property
+    def module_kind(self) -> ModuleKind:
+        """The module a table of this pooling lives in."""
+        return ModuleKind.EMBEDDING_COLLECTION if self is Pooling.NONE else ModuleKind.EMBEDDING_BAG_COLLECTION
 
 
 class DataType(StrEnum):

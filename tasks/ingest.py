@@ -1,7 +1,8 @@
 """Step 1, spec ingestion: read and validate the spec and the topology, hash both.
 
-Ingestion has no knobs: what it reads is its whole input (``shardflow spec validate`` and every
-flow call ``ingest``)."""
+Like every step it takes one settings dataclass, ``IngestSettings``; it has no knobs yet: what it
+reads is its whole input. The CLI and the flows pass it all the same, so a knob added to it becomes
+a flag of every command that ingests and a flow parameter, as those of the other steps do."""
 
 from __future__ import annotations
 
@@ -10,6 +11,11 @@ from pathlib import Path
 
 from rec.spec import Spec, read_spec
 from rec.topology import Topology, read_topology
+
+
+@dataclass(frozen=True)
+class IngestSettings:
+    """How to ingest: no knobs yet (see the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -22,7 +28,7 @@ class Inputs:
     topology_path: str
 
 
-def ingest(spec_path: str, topology_path: str) -> Inputs:
+def ingest(spec_path: str, topology_path: str, settings: IngestSettings = IngestSettings()) -> Inputs:
     """Read and validate both files; InputError names every problem of both at once."""
     from rec.errors import InputError
 

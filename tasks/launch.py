@@ -1,10 +1,12 @@
-"""Launch the training job with torchrun: one process per rank, NCCL on cuda, gloo on cpu.
+"""Launch the training job (or the measuring job) with torchrun: one process per rank, NCCL on
+cuda, gloo on cpu.
 
 torchrun's own output (its agent, and whatever a rank prints before its log file is open) goes to
 OUT/logs/torchrun-node<K>.log; each rank logs to OUT/logs/rank-<RANK>.log (``rec.train.rank_log``).
 The progress lines of the node's first rank are passed on to ``rec.progress``; with ``--verbose``
 (``SHARDFLOW_VERBOSE=1``) the rest is shown too. When torchrun fails, ``failure_cause`` finds the
-cause once, in one line, from the ranks' error files and torchrun's summary.
+cause once, in one line, from the ranks' error files (or the records they sent) and torchrun's
+summary. torchrun and its ranks never outlive the launcher (``run_training``, ``rec.train.lifetime``).
 """
 
 from __future__ import annotations
@@ -14,27 +16,40 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 from rec import progress
+from rec.disk_full import DiskFull, is_disk_full
 from rec.settings import to_flags
 from rec.train.config import TrainConfig
-from rec.train.rank_log import LOG_DIR, RANK_LOG, clear_errors, log_dir, read_errors
+from rec.train.lifetime import TORCHRUN_MODULE, parent_death_signal
+from rec.train.measure_config import MeasureConfig
+from rec.train.rank_log import LOG_DIR, RANK_LOG, RankError, clear_errors, error_from_line, log_dir, read_errors
 
 VERBOSE_ENV = "SHARDFLOW_VERBOSE"  # "1" (``--verbose``): torchrun's output on the terminal as well
 NODE_LOG = "torchrun-node{node}.log"
 LAUNCH_HEADER = "== torchrun started"  # one line per launch: the node log is appended to
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # stop torchrun and its ranks, then exit
+STOP_GRACE_S = 10.0  # torchrun's time to stop its ranks before it is killed
 _SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 _SUMMARY_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 _FAILURE_WORDS = re.compile(r"(?i)error|exception|killed|out of memory|abort|fault|terminat")
 _ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception|Timeout)\b.*?: \S")
 
 
+TRAIN_JOB = "rec.train.job"
+MEASURE_JOB = "rec.train.measure_job"
+
+
 @dataclass(frozen=True)
 class Launch:
-    """How to start the job on this node; ``job`` goes to ``rec.train.job`` as its flags."""
+    """How to start the job on this node; ``job`` goes to the job's ``module`` as its flags."""
 
     plan_path: str
     out_dir: str
@@ -44,19 +59,23 @@ class Launch:
     rdzv_endpoint: str | None = None  # HOST:PORT; required for more than one node
     rdzv_id: str = "shardflow"
     max_restarts: int = 0
-    job: TrainConfig = field(default_factory=TrainConfig)
+    job: TrainConfig | MeasureConfig = field(default_factory=TrainConfig)
+    module: str = TRAIN_JOB  # the job torchrun starts (``python -m``): training, or measuring
+    more_plans: tuple[str, ...] = ()  # plans after ``plan_path``, for a job that takes several (measuring)
 
 
 def torchrun_command(launch: Launch) -> list[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run",
-           f"--nproc-per-node={launch.nproc_per_node}", f"--max-restarts={launch.max_restarts}"]
+    # --log-dir /dev/null: torchrun keeps no per-rank directories (a /tmp/torchelastic_* per run);
+    # each rank logs to OUT/logs itself, and torchrun's own output comes to the launcher.
+    cmd = [sys.executable, "-m", TORCHRUN_MODULE, f"--nproc-per-node={launch.nproc_per_node}",
+           f"--max-restarts={launch.max_restarts}", f"--log-dir={os.devnull}"]
     if launch.nnodes == 1 and not launch.rdzv_endpoint:
         cmd.append("--standalone")
     else:
         cmd += [f"--nnodes={launch.nnodes}", f"--node-rank={launch.node_rank}",
                 "--rdzv-backend=c10d", f"--rdzv-endpoint={launch.rdzv_endpoint}",
                 f"--rdzv-id={launch.rdzv_id}"]
-    return [*cmd, "-m", "rec.train.job", "--plan", launch.plan_path, "--out", launch.out_dir,
+    return [*cmd, "-m", launch.module, "--plan", launch.plan_path, *launch.more_plans, "--out", launch.out_dir,
             *to_flags(launch.job)]
 
 
@@ -81,18 +100,43 @@ def verbose() -> bool:
     return os.environ.get(VERBOSE_ENV) == "1"
 
 
-def run_training(launch: Launch, env: dict[str, str] | None = None) -> int:
-    """Run torchrun to completion on this node; its exit code (non-zero: a rank failed for good).
-    Its output goes to the node's log, progress lines to ``rec.progress``, and with ``verbose()``
-    everything to stderr as well."""
+@dataclass(frozen=True)
+class Finished:
+    """How torchrun ended on this node: its exit code, and the failures ranks sent on the pipe."""
+
+    code: int
+    sent: tuple[RankError, ...] = ()
+
+
+class Stopped(KeyboardInterrupt):
+    """The launcher was asked to stop (SIGTERM, SIGINT, SIGHUP): torchrun and every rank are gone."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+
+def run_training(launch: Launch, env: dict[str, str] | None = None) -> Finished:
+    """Run torchrun to completion on this node. Its output goes to the node's log, progress lines
+    to ``rec.progress``, and with ``verbose()`` everything to stderr as well.
+
+    torchrun runs in its own session and dies with the launcher (``rec.train.lifetime``). SIGTERM,
+    SIGINT or SIGHUP to the launcher (in the main thread), an exception or a cancelled Prefect
+    task stop torchrun, which stops its ranks, before the launcher goes on: ``Stopped`` for a
+    signal."""
     echo = verbose()
     log_dir(launch.out_dir).mkdir(parents=True, exist_ok=True)
     clear_errors(launch.out_dir)
-    with open(node_log(launch), "a") as sink:
+    sent: list[RankError] = []
+    with NodeLog(node_log(launch)) as sink, _signals_stop():
         sink.write(f"{LAUNCH_HEADER} {time.strftime('%Y-%m-%d %H:%M:%S')} ==\n")
-        sink.flush()
         proc = subprocess.Popen(torchrun_command(launch), env=job_environment(env), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1)
+                                stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1,
+                                start_new_session=True, preexec_fn=parent_death_signal())
         assert proc.stdout is not None
         try:
             for line in proc.stdout:
@@ -100,15 +144,92 @@ def run_training(launch: Launch, env: dict[str, str] | None = None) -> int:
                 if update is not None:
                     progress.update(**update)
                     continue
+                error = error_from_line(line)
+                if error is not None:
+                    sent.append(error)
+                    continue
                 sink.write(line)
-                sink.flush()
                 if echo:
                     sys.stderr.write(line)
-        except BaseException:  # Ctrl-C, a cancelled Prefect task: no ranks left behind
-            proc.terminate()
-            proc.wait()
+            code = proc.wait()
+        except BaseException:  # a signal, Ctrl-C, a cancelled Prefect task: no ranks left behind
+            stop(proc)
             raise
-        return proc.wait()
+    return Finished(code, tuple(sent))
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    """Stop torchrun: SIGTERM to its process group (torchrun then stops its ranks, which run in
+    sessions of their own, and waits for them); SIGKILL after ``STOP_GRACE_S``, or at once on a
+    second interrupt (the ranks then get their parent-death signal)."""
+    if proc.poll() is not None:
+        return
+    with suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=STOP_GRACE_S)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):
+        with suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@contextmanager
+def _signals_stop() -> Iterator[None]:
+    """SIGTERM, SIGINT and SIGHUP raise ``Stopped`` in the block (main thread only: elsewhere
+    they keep their handlers, and torchrun still dies with this process)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_stopped(signum: int, _frame: object) -> None:
+        raise Stopped(signum)
+
+    previous = {s: signal.signal(s, raise_stopped) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+class NodeLog:
+    """The node's torchrun log, appended to; a full disk ends the log (one line on stderr says so)
+    instead of the training: the cause of a failure reaches the launcher on the pipe as well."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._file: TextIO | None = None
+
+    def __enter__(self) -> NodeLog:
+        try:
+            self._file = open(self.path, "a")
+        except OSError as e:
+            self._lost(e)
+        return self
+
+    def write(self, line: str) -> None:
+        if self._file is None:
+            return
+        try:
+            self._file.write(line)
+            self._file.flush()
+        except OSError as e:
+            self._lost(e)
+
+    def _lost(self, error: OSError) -> None:
+        if not is_disk_full(error):
+            raise error
+        print(f"shardflow: {DiskFull(self.path, error)}; torchrun's output is not logged", file=sys.stderr)
+        if self._file is not None:
+            with suppress(OSError):
+                self._file.close()
+        self._file = None
+
+    def __exit__(self, *exc: object) -> None:
+        if self._file is not None:
+            with suppress(OSError):
+                self._file.close()
 
 
 @dataclass(frozen=True)
@@ -117,12 +238,13 @@ class Cause:
     deterministic: bool  # the same failure on every retry
 
 
-def failure_cause(launch: Launch, exit_code: int) -> Cause:
+def failure_cause(launch: Launch, finished: Finished) -> Cause:
     """Why torchrun failed, in one line. A rank that died without a Python error (a crash, out of
     memory, killed) and not by torchrun's own SIGTERM is the cause; else the earliest error a rank
-    reported (the other ranks mostly fail because of it: a peer went away); else torchrun's own
-    last error line."""
-    errors = read_errors(launch.out_dir)
+    reported (the other ranks mostly fail because of it: a peer went away), an output that could
+    not be written (a full disk) before any other; else torchrun's own last error line."""
+    exit_code = finished.code
+    errors = read_errors(launch.out_dir, finished.sent)
     lines = node_log(launch).read_text(errors="replace").splitlines() if node_log(launch).exists() else []
     starts = [i for i, line in enumerate(lines) if line.startswith(LAUNCH_HEADER)]
     lines = lines[starts[-1] + 1:] if starts else lines  # this launch's lines only
@@ -135,8 +257,8 @@ def failure_cause(launch: Launch, exit_code: int) -> Cause:
         return Cause(f"rank {rank} exited with {_exit(code)} without a Python error"
                      + (f"; its log ends: {last}" if last else "") + followed, False)
     if errors:
-        first = errors[0]
-        same = [e.rank for e in errors if e.cause == first.cause]
+        first = next((e for e in errors if e.disk_full), errors[0])  # a full disk explains the rest
+        same = sorted(e.rank for e in errors if e.cause == first.cause)
         others = len(errors) - len(same)
         text = f"{_ranks(same)}: {first.cause}" + (f" (then {others} more rank{'s' if others > 1 else ''} "
                                                    "failed)" if others else "")

@@ -4,13 +4,16 @@ Each task writes its record to the outbox and delivers what is waiting there: wi
 run appears at once; with MLflow away, the record waits on disk and a later delivery sends it.
 Runs recorded by a flow carry the Prefect flow run's id (``shardflow.prefect_flow_run``), and a
 plan run's per-rank table becomes a markdown artifact of the flow run naming the MLflow run.
+
+MLflow trouble never fails a task: the records wait, and the flow run's log says so once per
+destination (marked ``TRACKING_WARNING``: the CLI, which says it itself at the end, hides it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from prefect import get_run_logger, task
@@ -19,16 +22,25 @@ from prefect.cache_policies import NO_CACHE
 from rec.plan import Plan
 from tasks import records
 from tasks.ingest import Inputs
-from tasks.outbox import Delivery, Outbox
+from tasks.outbox import Delivery, Outbox, kept_message, unavailable
 from tasks.plan_fetch import fetch_plan
 from tasks.recorder import Logged, record, record_failed_training, record_training
-from tasks.records import EndRecord, RunRecord
-from tasks.tracking import Tracking, TrackingUnavailable, connect, last_planning
+from tasks.records import EndRecord, RunRecord, RunStatus, RunStep
+from tasks.tracking import (
+    TRACKING_WARNING,
+    Tracking,
+    TrackingUnavailable,
+    connect,
+    last_planning,
+    tracking_failure,
+)
 from tasks.train import Trained, TrainSettings
 
 __all__ = [
+    "LastPlanning",
     "Logged",
     "ParentRun",
+    "PlanningLookup",
     "deliver_outbox",
     "fetch_plan_task",
     "find_last_planning",
@@ -37,19 +49,32 @@ __all__ = [
     "log_training",
     "parent_run",
     "previous_plan_task",
-    "record_unchanged",
 ]
 
 
 @dataclass
 class ParentRun:
-    """A pipeline/replan run: the flow sets ``plan_id`` once the plan is known; ``run_id`` and
-    ``pending`` say, after the block, whether MLflow has it."""
+    """A pipeline/replan run: the flow tells it the plan (``add_plan``) and the training
+    (``add_training``) once known, and its end carries their headline params and metrics;
+    ``run_id``, ``pending`` and ``error`` say, after the block, whether MLflow has it (and why not)."""
 
     key: str
     plan_id: str
     run_id: str | None = None
     pending: int = 0
+    error: str | None = None
+    params: dict[str, str] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def add_plan(self, plan: Plan) -> None:
+        self.plan_id = plan.plan_id
+        self.params.update(records.plan_params(plan))
+        self.metrics.update(records.plan_metrics(plan))
+
+    def add_training(self, trained: Trained) -> None:
+        if trained.metrics:  # node 0's
+            self.params["batch_size"] = str(trained.metrics["batch_size"])
+            self.metrics.update(records.train_metrics(trained.metrics))
 
 
 def _flow_run_tags() -> dict[str, str]:
@@ -59,11 +84,25 @@ def _flow_run_tags() -> dict[str, str]:
     return {records.PREFECT_FLOW_RUN: str(run_id)} if run_id else {}
 
 
+_warned: set[tuple[str, str]] = set()  # (flow run, tracking URI): said once per flow run
+
+
+def _warn_kept(tracking: Tracking, pending: int, error: str | None, reported_by_cli: bool = True) -> None:
+    """One warning per flow run and destination that records wait (``kept_message``)."""
+    from prefect.runtime import flow_run
+
+    seen = (str(flow_run.id), tracking.uri)
+    if seen in _warned:
+        return
+    _warned.add(seen)
+    get_run_logger().warning(kept_message(tracking, pending, error),
+                             extra={TRACKING_WARNING: True} if reported_by_cli else None)
+
+
 def _record(tracking: Tracking, rec: RunRecord | EndRecord, files: dict[str, Path] | None = None) -> Logged:
     logged = record(tracking, rec, files)
     if logged.pending:
-        get_run_logger().warning("MLflow unavailable (%s): %d record(s) wait in %s",
-                                 logged.error, logged.pending, tracking.outbox_dir)
+        _warn_kept(tracking, logged.pending, logged.error)
     return logged
 
 
@@ -75,8 +114,9 @@ def deliver_outbox(tracking: Tracking) -> Delivery:
     if delivery.run_ids:
         get_run_logger().info("delivered %d waiting record(s) to MLflow", len(delivery.run_ids))
     for uri, waiting in delivery.waiting.items():
-        get_run_logger().warning("MLflow unavailable (%s): %d record(s) for %s still wait in %s",
-                                 delivery.errors.get(uri), waiting, uri, tracking.outbox_dir)
+        # The CLI reports its own destination at the end; records for another one only here.
+        _warn_kept(Tracking(uri, tracking.experiment, tracking.outbox_dir), waiting,
+                   delivery.errors.get(uri), reported_by_cli=uri == tracking.uri)
     return delivery
 
 
@@ -113,12 +153,13 @@ def _publish_rank_table(plan: Plan, tracking: Tracking, logged: Logged) -> None:
 
 
 @task(name="log-training", cache_policy=NO_CACHE)
-def log_training(tracking: Tracking, trained: Trained, parent: ParentRun | None = None) -> Logged:
-    """A train run: latency percentiles, samples/s, loss, and the per-iteration series."""
-    logged = record_training(tracking, trained, parent.key if parent else None, _flow_run_tags())
+def log_training(tracking: Tracking, trained: Trained, parent: ParentRun | None = None,
+                 inputs: Inputs | None = None) -> Logged:
+    """A train run: latency percentiles beside the plan's predicted critical path, samples/s,
+    loss, the per-iteration series, and what the plan was made for (``inputs``: by name too)."""
+    logged = record_training(tracking, trained, parent.key if parent else None, _flow_run_tags(), inputs)
     if logged.pending:
-        get_run_logger().warning("MLflow unavailable (%s): %d record(s) wait in %s",
-                                 logged.error, logged.pending, tracking.outbox_dir)
+        _warn_kept(tracking, logged.pending, logged.error)
     return logged
 
 
@@ -127,8 +168,11 @@ def log_failed_training(tracking: Tracking, plan_id: str, settings: TrainSetting
                         error: str, attempts: int, started_ms: int,
                         parent: ParentRun | None = None) -> Logged:
     """A FAILED train run with the cause (``records.error_tag``) and the logs."""
-    return record_failed_training(tracking, plan_id, settings, out_dir, error, attempts, started_ms,
-                                  parent.key if parent else None, _flow_run_tags())
+    logged = record_failed_training(tracking, plan_id, settings, out_dir, error, attempts, started_ms,
+                                    parent.key if parent else None, _flow_run_tags())
+    if logged.pending:
+        _warn_kept(tracking, logged.pending, logged.error)
+    return logged
 
 
 @task(name="start-run", cache_policy=NO_CACHE)
@@ -142,7 +186,7 @@ def end_run(tracking: Tracking, rec: EndRecord) -> Logged:
 
 
 @contextmanager
-def parent_run(tracking: Tracking, step: str, inputs: Inputs, plan_id: str,
+def parent_run(tracking: Tracking, step: RunStep, inputs: Inputs, plan_id: str,
                params: dict[str, str] | None = None,
                tags: dict[str, str] | None = None) -> Iterator[ParentRun]:
     """A RUNNING pipeline/replan run for the block; FINISHED after it, FAILED with the cause in
@@ -151,22 +195,17 @@ def parent_run(tracking: Tracking, step: str, inputs: Inputs, plan_id: str,
     rec = records.parent_record(step, name, plan_id, inputs, params or {}, {**_flow_run_tags(), **(tags or {})})
     run = ParentRun(rec.key, plan_id)
     start_run(tracking, rec)
-    status, error = "FAILED", None
+    status, error = RunStatus.FAILED, None
     try:
         yield run
-        status = "FINISHED"
+        status = RunStatus.FINISHED
     except BaseException as e:
         error = records.error_tag(e)
         raise
     finally:
         end_tags = {records.PLAN_ID: run.plan_id, **({records.ERROR: error} if error else {})}
-        ended = end_run(tracking, EndRecord(run.key, status, records.now_ms(), end_tags))
-        run.run_id, run.pending = ended.run_id, ended.pending
-
-
-@task(name="record-unchanged", cache_policy=NO_CACHE)
-def record_unchanged(tracking: Tracking, inputs: Inputs, plan_id: str) -> Logged:
-    return _record(tracking, records.unchanged_record(inputs, plan_id))
+        ended = end_run(tracking, EndRecord(run.key, status, records.now_ms(), end_tags, run.params, run.metrics))
+        run.run_id, run.pending, run.error = ended.run_id, ended.pending, ended.error
 
 
 @dataclass(frozen=True)
@@ -176,20 +215,32 @@ class LastPlanning:
     run_id: str
 
 
+@dataclass(frozen=True)
+class PlanningLookup:
+    """What ``find_last_planning`` found: the planning (None if none), or why MLflow could not say."""
+
+    last: LastPlanning | None
+    error: str | None = None  # MLflow unavailable: nothing was compared
+
+
 @task(name="find-last-planning", cache_policy=NO_CACHE)
-def find_last_planning(tracking: Tracking, inputs: Inputs) -> LastPlanning | None:
-    """The newest successful planning of this spec file on this topology; None if there is none
-    or MLflow cannot be reached (then replanning is the safe answer, and cheap when cached)."""
+def find_last_planning(tracking: Tracking, inputs: Inputs) -> PlanningLookup:
+    """The newest successful planning of this spec file on this topology; none if there is none
+    or MLflow cannot be used (then replanning is the safe answer, and cheap when cached)."""
     try:
         client, experiment_id = connect(tracking)
-    except TrackingUnavailable as e:
-        get_run_logger().warning("MLflow unavailable (%s): cannot compare with the last plan", e)
-        return None
-    run = last_planning(client, experiment_id, inputs.spec_path, inputs.topology.topology_hash)
+        run = last_planning(client, experiment_id, inputs.spec_path, inputs.topology.topology_hash)
+    except Exception as e:
+        why = str(e) if isinstance(e, TrackingUnavailable) else tracking_failure(e)
+        if why is None:
+            raise
+        get_run_logger().warning("%s: cannot compare with the last plan; replanning", unavailable(tracking, why),
+                                 extra={TRACKING_WARNING: True})
+        return PlanningLookup(None, unavailable(tracking, why))
     if run is None:
-        return None
+        return PlanningLookup(None)
     tags = run.data.tags
-    return LastPlanning(tags[records.SPEC_HASH], tags[records.PLAN_ID], run.info.run_id)
+    return PlanningLookup(LastPlanning(tags[records.SPEC_HASH], tags[records.PLAN_ID], run.info.run_id))
 
 
 fetch_plan_task = task(name="fetch-plan", cache_policy=NO_CACHE)(fetch_plan)  # for train_flow

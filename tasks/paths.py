@@ -1,7 +1,10 @@
-"""Where shardflow puts things by default: one name for each place."""
+"""Where shardflow puts things by default: one name for each place, and the check for names that
+become part of a path."""
 
 from __future__ import annotations
 
+import hashlib
+import re
 from pathlib import Path
 
 DEFAULT_OUT = "out"  # flows write OUT/plan and OUT/train
@@ -10,6 +13,8 @@ TRAIN_SUBDIR = "train"
 DEFAULT_STATE_DIR = ".shardflow"  # shardflow's own state: the outbox and the plan cache
 OUTBOX = "outbox"
 PLAN_CACHE = "plan-cache"
+MAX_NAME_BYTES = 255  # a file name's limit on common file systems
+PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # kept as it is in a directory name
 
 
 def outbox_dir(state_dir: str) -> str:
@@ -18,3 +23,35 @@ def outbox_dir(state_dir: str) -> str:
 
 def plan_cache_dir(state_dir: str) -> str:
     return str(Path(state_dir, PLAN_CACHE).resolve())
+
+
+def name_problems(name: object) -> list[str]:
+    """Why ``name`` (a user's name for something, e.g. an MLflow experiment) cannot be one
+    directory name; empty if it can."""
+    if not isinstance(name, str):
+        return [f"must be text, got {type(name).__name__}"]
+    if not name.strip():
+        return ["is empty"]
+    problems = []
+    if "\0" in name:
+        problems.append("contains a NUL character")
+    elif not name.isprintable():
+        problems.append("contains control characters")
+    if "/" in name or "\\" in name:
+        problems.append("contains a path separator ('/' or '\\'): give a name, not a path")
+    if name in (".", ".."):
+        problems.append(f"is {name!r}: a name for a directory, not a name")
+    if name != name.strip():
+        problems.append("starts or ends with white space")
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        problems.append(f"is longer than {MAX_NAME_BYTES} bytes")
+    return problems
+
+
+def safe_dir_name(name: str) -> str:
+    """One directory name for ``name`` that stays where it is put, whatever ``name`` holds: plain
+    names as they are, others as their plain characters and a hash of the whole name."""
+    if PLAIN_NAME.fullmatch(name):
+        return name
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._-")[:60] or "name"
+    return f"{slug}-{hashlib.sha256(name.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rec import progress
 from rec.train.rank_log import log_dir
@@ -13,6 +14,9 @@ from tasks.outbox import Outbox
 from tasks.records import EndRecord, RunRecord
 from tasks.tracking import Tracking
 from tasks.train import Trained, TrainSettings
+
+if TYPE_CHECKING:
+    from tasks.ingest import Inputs
 
 
 @dataclass(frozen=True)
@@ -36,9 +40,10 @@ def record(tracking: Tracking, record: RunRecord | EndRecord, files: dict[str, P
 
 
 def record_training(tracking: Tracking, trained: Trained, parent_key: str | None = None,
-                    tags: dict[str, str] | None = None) -> Logged:
-    """A train run: latency percentiles, samples/s, loss, and the per-iteration series."""
-    rec = records.train_record(trained, parent_key, tags)
+                    tags: dict[str, str] | None = None, inputs: Inputs | None = None) -> Logged:
+    """A train run: latency percentiles beside the plan's predicted critical path, samples/s,
+    loss, the per-iteration series, and the plan's params (``inputs``: the spec's and topology's names)."""
+    rec = records.train_record(trained, parent_key, tags, inputs)
     out = Path(trained.out_dir)
     return record(tracking, rec, {name: out / name for name in rec.artifacts})
 

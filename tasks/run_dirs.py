@@ -5,7 +5,8 @@ Without ``--out``, every run gets its own directories under ``out/``: the plan i
 ``out/<plan_id>/train-<UTC time>-<random>``; ``out/latest`` points at the newest run's directory.
 With an explicit ``--out DIR`` the files go directly where they always went (``DIR/plan``,
 ``DIR/train`` for the pipeline; ``DIR`` for ``shardflow train``), and the directory is locked for
-the run: a second run into it is refused at once with a message, instead of mixing the two.
+the run, ranks included (``rec.train.lifetime``): a second run into it is refused at once with a
+message, instead of mixing the two.
 """
 
 from __future__ import annotations
@@ -18,12 +19,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
+from rec.disk_full import writing
 from rec.errors import InputError, Problem
+from rec.train.lifetime import OUT_LOCK_ENV
 from tasks.paths import DEFAULT_OUT, PLAN_SUBDIR, TRAIN_SUBDIR
 
 LOCK_FILE = ".shardflow-node{node}.lock"  # the nodes of one multi-node training share a directory
 LATEST = "latest"
+RELEASE_WAIT_S = 5.0  # how long a finishing run waits for its ranks to let go of the lock
 
 
 @dataclass(frozen=True)
@@ -40,13 +45,14 @@ class RunDirs:
     def plan_dir(self, plan_id: str) -> str:
         return str(Path(self.base, PLAN_SUBDIR) if self.explicit else Path(self.base, plan_id, PLAN_SUBDIR))
 
-    def train_dir(self, plan_id: str, nested: bool = True) -> str:
+    def train_dir(self, plan_id: str, nested: bool = True, kind: str = TRAIN_SUBDIR) -> str:
         """A new training directory (explicit: ``base/train``, or ``base`` itself when not
-        ``nested``, as ``shardflow train --out DIR`` writes)."""
+        ``nested``, as ``shardflow train --out DIR`` writes). ``kind`` names another run of the
+        plan the same way (``measure``: ``out/<plan_id>/measure-<UTC time>-<random>``)."""
         if self.explicit:
-            return str(Path(self.base, TRAIN_SUBDIR) if nested else Path(self.base))
+            return str(Path(self.base, kind) if nested else Path(self.base))
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-        return str(Path(self.base, plan_id, f"{TRAIN_SUBDIR}-{stamp}-{secrets.token_hex(2)}"))
+        return str(Path(self.base, plan_id, f"{kind}-{stamp}-{secrets.token_hex(2)}"))
 
     def mark_latest(self, target: str) -> None:
         """Point ``base/latest`` at ``target`` (default layout only), atomically."""
@@ -70,8 +76,10 @@ class RunDirs:
 
 @contextmanager
 def lock_dir(directory: str, node_rank: int = 0) -> Iterator[None]:
-    """An exclusive lock on ``directory`` for the block (per node of a multi-node training);
-    InputError at once if another process holds it."""
+    """Hold ``directory`` for the block (per node of a multi-node training); InputError at once if
+    any process of another run holds it. The lock is taken exclusively (no one else holds it), then
+    shared with the training ranks (``OUT_LOCK_ENV`` names the file for them: they hold it too, so
+    the directory stays taken while any rank lives, even after this process died)."""
     path = Path(directory)
     created = not path.exists()
     path.mkdir(parents=True, exist_ok=True)
@@ -94,17 +102,63 @@ def _held(lock: Path, directory: str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.seek(0)
-            holder = handle.read().strip() or "another process"
             raise InputError(f"{directory} is in use by another shardflow run:", [Problem(
-                directory, f"locked by {holder}; wait for it to finish, or use another --out "
-                           "(without --out every run gets its own directory)")]) from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-        handle.flush()
+                directory, f"locked by {_holder(handle.read())}; wait for it to finish, or use another "
+                           "--out (without --out every run gets its own directory)")]) from None
+        with writing(lock):
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+            handle.flush()
+        fcntl.flock(handle, fcntl.LOCK_SH)  # from exclusive: no other process could take it meanwhile
+        previous = os.environ.get(OUT_LOCK_ENV)
+        os.environ[OUT_LOCK_ENV] = str(lock.resolve())
         try:
             yield
         finally:
-            handle.seek(0)
-            handle.truncate()
+            _restore(OUT_LOCK_ENV, previous)
+            if _alone(handle):  # every rank has let go: the directory is free again
+                handle.seek(0)
+                handle.truncate()
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _alone(handle: IO[str], wait_s: float = RELEASE_WAIT_S) -> bool:
+    """Whether this process is (within ``wait_s``) the lock's only holder: the ranks it started
+    let go as they exit. Then it holds the lock exclusively."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
+
+
+def _holder(text: str) -> str:
+    """Who holds the lock, from what its launcher wrote ("pid N since ..."), saying so when that
+    launcher is gone and only processes it started hold it."""
+    text = text.strip()
+    words = text.split()
+    if len(words) >= 2 and words[0] == "pid" and words[1].isdigit() and not _alive(int(words[1])):
+        return f"the training processes of {text} (that launcher is gone; they stop within seconds)"
+    return text or "another process"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _restore(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value

@@ -2,10 +2,11 @@
 
 The cache key is the plan_id the inputs will produce (spec hash, topology hash, planner
 configuration), computed before searching. A cached plan is a plain ``plan.json`` (with its
-``shards.parquet``) under ``CACHE_DIR/<key>/``, read back through the same validation as any plan
-a user hands over: nothing is unpickled. For the ``ray``/``auto`` backends the key covers the
-backend and the ``groups`` asked for (``None``: chosen at run time from the cluster's CPUs), so
-it is not the plan_id itself; for ``local`` it is.
+``shards.parquet`` and a signed digest of both) under ``CACHE_DIR/<key>/`` (``tasks.plan_cache``):
+it is used only if it is exactly what the search wrote for these inputs and passes every check of
+a plan read back; otherwise it is searched again, with one line saying so. For the ``ray``/``auto``
+backends the key covers the backend and the ``groups`` asked for (``None``: chosen at run time
+from the cluster's CPUs), so it is not the plan_id itself; for ``local`` it is.
 
 The searcher also merges: Ray's driver merges the group results and rebalances across ranks
 (``rec.search.merge``), and ``plan_spec`` builds and validates the global plan.
@@ -13,20 +14,23 @@ The searcher also merges: Ray's driver merges the group results and rebalances a
 
 from __future__ import annotations
 
+import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from pathlib import Path
 
 from rec.cost.types import CostConfig
-from rec.errors import InputError
-from rec.plan import Plan, check_plan, read_plan, write_plan
-from rec.plan.identity import plan_id, planner_config
+from rec.hashing import canonical_json
+from rec.plan import Plan
+from rec.plan.identity import SEARCHER_KEYS, plan_id, planner_config, replan_keys, searcher_keys
 from rec.planning import Searcher, plan_spec, replan_spec
 from rec.search import SearchConfig
 from rec.search.warm import MAX_REGRESS
 from rec.settings import check, knob
 from tasks.ingest import Inputs
+from tasks.plan_cache import read_entry, write_entry
+
+log = logging.getLogger(__name__)
 
 MAX_GROUPS = 100_000
 
@@ -59,14 +63,18 @@ class SearchSettings:
             return None
         from tasks.ray_search import searcher_for_backend
 
-        return searcher_for_backend(self.backend.value, num_tables, self.groups)
+        return searcher_for_backend(self.backend, num_tables, self.groups)
 
     def request(self, previous: Plan | None = None) -> dict:
         """What the plan cache key adds: a non-local backend, a previous plan to replan from."""
-        out: dict = {} if self.backend is Backend.LOCAL else {"backend": self.backend.value, "groups": self.groups}
+        out: dict = {} if self.backend is Backend.LOCAL else searcher_keys(self.backend.value, self.groups)
         if previous is not None:
-            out.update(previous_plan_id=previous.plan_id, max_regress=self.max_regress)
+            out.update(replan_keys(previous, self.max_regress))
         return out
+
+    def planner(self, previous: Plan | None = None) -> dict:
+        """The planner configuration of the request: a local search's plan has exactly this one."""
+        return planner_config(self.cost, self.config, self.request(previous))
 
 
 @dataclass(frozen=True)
@@ -78,8 +86,7 @@ class Found:
 
 def plan_key(inputs: Inputs, settings: SearchSettings, previous: Plan | None = None) -> str:
     """The plan_id these inputs will get (local), or that of the request (ray/auto)."""
-    return plan_id(inputs.spec.spec_hash, inputs.topology.topology_hash,
-                   planner_config(settings.cost, settings.config, settings.request(previous)))
+    return plan_id(inputs.spec.spec_hash, inputs.topology.topology_hash, settings.planner(previous))
 
 
 def search_plan(inputs: Inputs, settings: SearchSettings = SearchSettings(),
@@ -90,9 +97,12 @@ def search_plan(inputs: Inputs, settings: SearchSettings = SearchSettings(),
     check(settings, "Cannot plan with these settings:")
     started = time.perf_counter()
     key = plan_key(inputs, settings, previous)
-    cached = _cached(Path(cache_dir, key)) if cache_dir else None
-    if cached is not None:
-        return Found(cached, True, time.perf_counter() - started)
+    if cache_dir:
+        found = read_entry(cache_dir, key, lambda plan: _not_requested(plan, inputs, settings, previous))
+        if found.plan is not None:
+            return Found(found.plan, True, time.perf_counter() - started)
+        if found.refused is not None:
+            log.warning("plan cache: entry %s does not match its inputs (%s); searched again", key, found.refused)
     searcher = settings.searcher(len(inputs.spec))
     if previous is None:
         plan = plan_spec(inputs.spec, inputs.topology, settings.cost, settings.config, searcher)
@@ -101,17 +111,32 @@ def search_plan(inputs: Inputs, settings: SearchSettings = SearchSettings(),
                            settings.config, searcher).plan
     seconds = time.perf_counter() - started
     if cache_dir:
-        write_plan(plan, Path(cache_dir, key))
+        write_entry(cache_dir, key, plan)
     return Found(plan, False, seconds)
 
 
-def _cached(entry: Path) -> Plan | None:
-    """The plan cached in ``entry``; None if absent, unreadable or no longer valid (replanned)."""
-    if not (entry / "plan.json").is_file():
-        return None
-    try:
-        plan = read_plan(entry)
-        check_plan(plan)
-    except InputError:
-        return None
-    return plan
+def _not_requested(plan: Plan, inputs: Inputs, settings: SearchSettings, previous: Plan | None) -> str | None:
+    """Why ``plan`` is not one a search of these inputs and settings gives; None if it is."""
+    from rec.topology import topology_from_dict
+
+    if plan.spec_hash != inputs.spec.spec_hash:
+        return f"its plan is for spec {plan.spec_hash}, not {inputs.spec.spec_hash}"
+    if topology_from_dict(plan.topology, source="the cached plan").topology_hash != inputs.topology.topology_hash:
+        return "its plan is for another topology"
+    if plan.previous_plan_id != (previous.plan_id if previous else None):
+        return f"its plan was replanned from {plan.previous_plan_id or 'no plan'}"
+    asked = settings.planner(previous)
+    if canonical_json({k: v for k, v in plan.planner.items() if k not in SEARCHER_KEYS}) != \
+            canonical_json({k: v for k, v in asked.items() if k not in SEARCHER_KEYS}):
+        return "its plan was made with other planner settings"
+    return None
+
+
+def with_profile(settings: SearchSettings, profile_path: str | None) -> SearchSettings:
+    """``settings`` planning under the profile in ``profile_path`` (docs/profile.md); None: unchanged.
+    InputError naming every problem of the file."""
+    if profile_path is None:
+        return settings
+    from rec.profile import read_profile
+
+    return replace(settings, cost=replace(settings.cost, profile=read_profile(profile_path)))

@@ -12,19 +12,19 @@ from prefect.runtime import task_run
 from prefect.tasks import exponential_backoff
 
 from rec.plan import Plan
-from tasks.ingest import Inputs, ingest
+from tasks.ingest import IngestSettings, Inputs, ingest
 from tasks.retry import worth_retrying
 from tasks.search import Found, SearchSettings, search_plan
 from tasks.step_progress import ingesting, searching, writing
-from tasks.train import Trained, TrainSettings, train
+from tasks.train import TRAIN_RETRIES, TRAIN_RETRY_DELAY_S, Trained, TrainSettings, train
 from tasks.write import WriteSettings, Written, write_plan_artifact
 
 
 @task(name="ingest-spec", cache_policy=NO_CACHE)
-def ingest_task(spec_path: str, topology_path: str) -> Inputs:
+def ingest_task(spec_path: str, topology_path: str, settings: IngestSettings) -> Inputs:
     """Read, validate and hash the spec and the topology (an InputError is never retried)."""
     with ingesting(spec_path):
-        return ingest(spec_path, topology_path)
+        return ingest(spec_path, topology_path, settings)
 
 
 @task(name="search-plan", cache_policy=NO_CACHE, retries=2,
@@ -45,8 +45,8 @@ def write_task(plan: Plan, out_dir: str, settings: WriteSettings) -> Written:
         return write_plan_artifact(plan, out_dir, settings)
 
 
-@task(name="launch-training", cache_policy=NO_CACHE, retries=2,
-      retry_delay_seconds=exponential_backoff(backoff_factor=10), retry_condition_fn=worth_retrying)
+@task(name="launch-training", cache_policy=NO_CACHE, retries=TRAIN_RETRIES,
+      retry_delay_seconds=exponential_backoff(backoff_factor=TRAIN_RETRY_DELAY_S), retry_condition_fn=worth_retrying)
 def train_task(plan_path: str, out_dir: str, settings: TrainSettings) -> Trained:
     """Run torchrun on this node to completion; a failed rank is retried with the same plan,
     unless the failure would repeat (bad input, a machine without what the plan needs)."""

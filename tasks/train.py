@@ -18,14 +18,20 @@ from typing import Any
 
 from rec import progress
 from rec.errors import InputError, Problem
-from rec.plan import Plan, check_plan, read_plan
+from rec.plan import Plan, check_plan, plan_file, read_plan
 from rec.settings import check, knob
+from rec.spec import spec_from_rows
+from rec.spec.types import Spec
 from rec.train.config import FAIL_AT_ENV, TrainConfig
 from rec.train.metrics import METRICS_FILE
 from rec.train.rank_log import log_dir
 from tasks.launch import Launch, failure_cause, run_training
 
 MAX_PROCESSES = 1 << 16
+# Prefect's retries of a failed training (``train_task``; flow parameter and --train-retries), the
+# first after TRAIN_RETRY_DELAY_S seconds, then with exponential backoff.
+TRAIN_RETRIES = 2
+TRAIN_RETRY_DELAY_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,7 @@ class Trained:
     nproc_per_node: int
     attempts: int  # attempts it took, 1 when the first one succeeded
     started_ms: int
+    plan_path: str = ""  # the plan.json it trained with
 
 
 class TrainingFailed(RuntimeError):
@@ -78,10 +85,11 @@ class TrainingFailed(RuntimeError):
 
 
 def preflight(settings: TrainSettings, topology: Mapping[str, Any],
-              feature_names: Sequence[str] = ()) -> int:
+              feature_names: Sequence[str] = (), spec: Spec | None = None) -> int:
     """Check, before any process starts, what would fail the job for certain on this machine;
     InputError naming every problem. ``topology``: the plan's (plan.json keys); ``feature_names``
-    are checked against ``--data``. Returns the processes to start on this node."""
+    are checked against ``--data``, the model of ``--model TARGET`` against ``spec``'s tables.
+    Returns the processes to start on this node."""
     problems: list[Problem] = []
     try:
         check(settings, "")
@@ -99,6 +107,10 @@ def preflight(settings: TrainSettings, topology: Mapping[str, Any],
         from rec.train.data import data_problems
 
         problems += data_problems(settings.job.data, feature_names)
+    if settings.job.model_target and spec is not None:
+        from rec.train.user_model import user_model_problems
+
+        problems += user_model_problems(settings.job.model_target, spec)
     if problems:
         raise InputError("Cannot train with this plan here:", problems)
     return nproc
@@ -106,31 +118,29 @@ def preflight(settings: TrainSettings, topology: Mapping[str, Any],
 
 def check_resume_from(job: TrainConfig, plan: Plan) -> None:
     """The checkpoint ``--resume-from`` names exists, belongs to a plan the new one can start
-    from, and leaves iterations to train; InputError otherwise."""
-    from rec.train.resume import STEP_PREFIX, check_resume, resume_source
+    from, has an index shardflow reads safely, and leaves iterations to train; InputError otherwise."""
+    from rec.train.checkpoint import check_index
+    from rec.train.resume import check_resume, resume_source, step_dir
 
     assert job.resume_from is not None
     source = resume_source(job.resume_from)
     check_resume(source, plan)
-    check_index(Path(source.checkpoint_dir) / f"{STEP_PREFIX}{source.step:08d}")
+    check_index(step_dir(source.checkpoint_dir, source.step))
     if source.step >= job.iterations:
         raise InputError("Nothing left to train:", [Problem(
             "--iterations", f"{job.iterations} is not above the checkpoint's iteration {source.step}")])
 
 
-def check_index(step_dir: Path) -> None:
-    """The checkpoint's index (DCP pickles it) holds only what DCP writes; InputError otherwise,
-    before any rank unpickles it."""
-    import pickle
+def check_own_checkpoint(job: TrainConfig, out_dir: str) -> None:
+    """For ``--resume``: the newest checkpoint of this training, if there is one, has an index
+    shardflow reads safely; InputError otherwise (the ranks would refuse it too, later)."""
+    from rec.train.checkpoint import check_index
+    from rec.train.resume import checkpoint_dir, latest, step_dir
 
-    from rec.train.checkpoint import CheckpointMetadataError, read_index
-
-    try:
-        read_index(step_dir)
-    except (CheckpointMetadataError, pickle.UnpicklingError, EOFError, OSError, AttributeError,
-            TypeError, ValueError) as exc:
-        raise InputError("Cannot resume from this checkpoint:", [Problem(
-            str(step_dir / ".metadata"), f"is not a checkpoint index shardflow can read safely ({exc})")]) from None
+    directory = checkpoint_dir(job, out_dir)
+    step = latest(directory) if directory else None
+    if directory and step is not None:
+        check_index(step_dir(directory, step))
 
 
 def _device_problems(device: str, nproc: int) -> list[Problem]:
@@ -178,11 +188,13 @@ def prepare(plan_path: str, out_dir: str, settings: TrainSettings) -> tuple[str,
         plan = read_plan(plan_path)
         check_plan(plan)
         features = [f for row in plan.spec_tables for f in row["feature_names"]] if settings.job.data else ()
-        nproc = preflight(settings, plan.topology, features)
+        spec = spec_from_rows(list(plan.spec_tables)) if settings.job.model_target else None
+        nproc = preflight(settings, plan.topology, features, spec)
         if settings.job.resume_from:
             check_resume_from(settings.job, plan)
-    path = Path(plan_path)
-    launch = Launch(plan_path=str(path / "plan.json" if path.is_dir() else path), out_dir=out_dir,
+        if settings.job.resume:
+            check_own_checkpoint(settings.job, out_dir)
+    launch = Launch(plan_path=str(plan_file(plan_path)), out_dir=out_dir,
                     nproc_per_node=nproc, nnodes=settings.nnodes, node_rank=settings.node_rank,
                     rdzv_endpoint=settings.rdzv_endpoint, rdzv_id=plan.plan_id,
                     max_restarts=settings.max_restarts, job=settings.job)
@@ -200,9 +212,10 @@ def train(plan_path: str, out_dir: str, settings: TrainSettings = TrainSettings(
     env = {FAIL_AT_ENV: ""} if attempt > 1 else None
     ranks = launch.nnodes * launch.nproc_per_node
     with progress.step("train", f"starting {ranks} ranks" + (f" (attempt {attempt})" if attempt > 1 else "")):
-        code = run_training(launch, env=env)
-        if code != 0:
-            cause = failure_cause(launch, code)
+        finished = run_training(launch, env=env)
+        if finished.code != 0:
+            cause = failure_cause(launch, finished)
             raise TrainingFailed(cause.text, cause.deterministic, str(log_dir(out_dir)), attempt)
     metrics = json.loads((Path(out_dir) / METRICS_FILE).read_text()) if launch.node_rank == 0 else {}
-    return Trained(plan_id, out_dir, metrics, settings, launch.nproc_per_node, attempt, started)
+    return Trained(plan_id, out_dir, metrics, settings, launch.nproc_per_node, attempt, started,
+                   launch.plan_path)

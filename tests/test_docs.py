@@ -40,15 +40,125 @@ def test_every_plan_json_key_and_metric_is_documented():
     assert [k for k in keys if f"`{k}`" not in text] == []
 
 
-def test_every_mlflow_tag_param_metric_and_artifact_is_documented():
-    from rec.planning import plan_spec
+def test_every_mlflow_tag_param_metric_series_and_artifact_is_documented(tmp_path):
+    """Names from the records themselves: a plan run, a replanned plan's run, a train run with its
+    series, and the headline a pipeline run ends with."""
+    import numpy as np
+
+    from rec.plan.io import write_plan
+    from rec.planning import plan_spec, replan_spec
+    from rec.train.metrics import Iterations, LatencyStats, LossStats, TrainMetrics, write_metrics
     from tasks import records
     from tasks.ingest import ingest
+    from tasks.mlflow_log import ParentRun
+    from tasks.train import Trained, TrainSettings
 
     text = doc("mlflow.md")
     tags = [v for k, v in vars(records).items() if k.isupper() and isinstance(v, str) and v.startswith("shardflow.")]
     names = tags + list(records.PLAN_ARTIFACTS) + list(records.TRAIN_ARTIFACTS)
     inputs = ingest(str(ROOT / "examples/specs/cpu_demo.yaml"), str(ROOT / "examples/topologies/cpu_2proc.yaml"))
-    record = records.plan_record(plan_spec(inputs.spec, inputs.topology), inputs, planning_s=0.1)
-    names += list(record.params) + list(record.metrics)
-    assert [n for n in names if f"`{n}`" not in text] == []
+    plan = plan_spec(inputs.spec, inputs.topology)
+    replanned = replan_spec(inputs.spec, inputs.topology, plan).plan
+    for p in (plan, replanned):
+        record = records.plan_record(p, inputs, planning_s=0.1)
+        names += list(record.params) + list(record.metrics)
+
+    plan_path = write_plan(plan, tmp_path / "plan")
+    stats = LatencyStats(2.0, 3.0, 4.0, 2.5)
+    metrics = TrainMetrics(plan.plan_id, 2, 4, 1, 32, "sparse_dist", "concat", stats, LossStats(0.7, 0.5, 0.6),
+                           1000.0, {}, 0, predicted_critical_path_ms=plan.metrics.critical_path)
+    write_metrics(tmp_path / "train", metrics, Iterations.of_run(0, np.ones(4), np.ones(4), 1))
+    import json
+
+    trained = Trained(plan.plan_id, str(tmp_path / "train"),
+                      json.loads((tmp_path / "train" / "train_metrics.json").read_text()), TrainSettings(), 2, 1, 0,
+                      str(plan_path))
+    record = records.train_record(trained, inputs=inputs)
+    assert record.metrics["predicted_critical_path_ms"] == plan.metrics.critical_path
+    assert [step for step, _ in record.series[records.MEASURED_SERIES]] == [1, 2, 3]  # after the warm-up
+    names += list(record.params) + list(record.metrics) + list(record.series)
+    parent = ParentRun("0" * 32, plan.plan_id)
+    parent.add_plan(plan)
+    parent.add_training(trained)
+    names += list(parent.params) + list(parent.metrics)
+    assert sorted({n for n in names if f"`{n}`" not in text}) == []
+
+
+def _enum_docs() -> list[tuple[str, str, str, set[str], set[str]]]:
+    """(what, doc, where the values are listed: a regex whose groups hold them, the values the code
+    has, other names allowed there) for every enum whose values reach a file, a flag or MLflow."""
+    from rec.cost.types import Optimizer
+    from rec.search.bound import BoundMethod
+    from rec.sharding import (
+        NOT_PLANNED,
+        ComputeDevice,
+        ComputeKernel,
+        DataType,
+        ModuleKind,
+        Pooling,
+        ShardingType,
+        offered,
+    )
+    from rec.train.config import ModelKind, PipelineKind
+    from rec.train.timings import Status
+    from tasks.records import RunStatus, RunStep
+    from tasks.search import Backend
+
+    def values(enum, leave_out=()) -> set[str]:
+        return {m.value for m in enum if m not in leave_out}
+
+    sharding, kernels = values(ShardingType, NOT_PLANNED), values(ComputeKernel, NOT_PLANNED)
+    ec_sharding = {st.value for st in offered(ModuleKind.EMBEDDING_COLLECTION)[0]}
+    return [
+        ("metrics.bound_method", "plan-format.md", r"\| `bound_method` \|(.*)", values(BoundMethod),
+         {"lower_bound", "unknown"}),
+        ("sharding_type", "plan-format.md", r"\| `sharding_type` \|(.*)", sharding, set()),
+        ("compute_kernel", "plan-format.md", r"\| `compute_kernel` \|(.*)", kernels, set()),
+        ("planner.cost.optimizer", "plan-format.md", r"\| `planner.cost.optimizer` \|(.*)", values(Optimizer), set()),
+        ("planner.backend", "plan-format.md", r"\| `planner.backend` \|(.*)", values(Backend, {Backend.LOCAL}),
+         {"backend"}),
+        ("spec pooling", "spec.md", r"\| `pooling` \|(.*)", values(Pooling),
+         {"EmbeddingCollection", "EmbeddingBagCollection"}),
+        ("spec data_type", "spec.md", r"\| `data_type` \|(.*)", values(DataType), set()),
+        ("spec sharding_types", "spec.md", r"\| `sharding_types` \|(.*)", sharding, set()),
+        ("spec compute_kernels", "spec.md", r"\| `compute_kernels` \|(.*)", kernels, set()),
+        ("an EmbeddingCollection's sharding types", "spec.md", r"\(`EmbeddingCollectionSharder`: ([^)]*)\)",
+         ec_sharding, set()),
+        ("module kinds", "spec.md", r"A module's tables decide its kind: ([^.]*)\.", values(ModuleKind),
+         values(Pooling)),
+        ("topology compute_device", "topology.md", r"\| `compute_device` \|(.*)", values(ComputeDevice), set()),
+        ("profile device", "profile.md", r"\| `device` \|(.*)", values(ComputeDevice), set()),
+        ("--model", "training.md", r"^(`--model [a-z_|]*`)", values(ModelKind), {"--model"}),
+        ("train_metrics.json pipeline", "training.md", r"^`pipeline` \(([^)]*)\)", values(PipelineKind), set()),
+        ("timings.json status", "measure.md", r"`status` \((`[^`]*`, or `[^`]*`)", values(Status), set()),
+        ("MLflow shardflow.step", "mlflow.md", r"^\| \w+ \| (`\w+`) \|", values(RunStep), set()),
+        ("MLflow run statuses", "mlflow.md", r"^Run statuses \(MLflow's\): (.*)", values(RunStatus), set()),
+        ("MLflow plan run backend", "mlflow.md", r"`backend` \(([^)]*)\)", values(Backend), set()),
+        ("MLflow plan run optimizer", "mlflow.md", r"`optimizer` \(([^)]*)\)", values(Optimizer), set()),
+        ("MLflow plan run bound_method", "mlflow.md", r"`bound_method` \(([^)]*)\)", values(BoundMethod), set()),
+        ("MLflow plan run compute_device", "mlflow.md", r"`compute_device` \(([^)]*)\)", values(ComputeDevice),
+         set()),
+        ("MLflow train run pipeline", "mlflow.md", r"`pipeline` \(([^)]*)\)", values(PipelineKind), set()),
+    ]
+
+
+def _listed(text: str, pattern: str) -> set[str]:
+    """The names in backquotes (split at ``|`` and spaces) inside every match of ``pattern``'s groups."""
+    import re
+
+    found = [g for m in re.finditer(pattern, text, re.MULTILINE) for g in m.groups()]
+    assert found, f"no match for {pattern!r}"
+    return {name for group in found for span in re.findall(r"`([^`]*)`", group)
+            for name in re.split(r"[|\s]+", span) if name}
+
+
+def test_every_enum_valued_field_documents_exactly_the_values_of_the_code():
+    """A value the code writes but the docs leave out, or one the docs list that the code never
+    writes (`lp` for `lagrangian`), fails here; flags' choices are in docs/cli.md, generated."""
+    wrong = []
+    for what, name, pattern, code, others in _enum_docs():
+        listed = _listed(doc(name), pattern) - others
+        if listed != code:
+            wrong.append(f"{name}, {what}: documents {sorted(listed - code)} not in the code, "
+                         f"leaves out {sorted(code - listed)}")
+    assert wrong == []

@@ -12,7 +12,9 @@ case "${1:-}" in
   server) exec "$PREFECT" server start --host 0.0.0.0 --port "${PORT:-4200}" ;;
   deploy)
     "$PREFECT" work-pool inspect "$POOL" >/dev/null 2>&1 || "$PREFECT" work-pool create "$POOL" --type process
-    "$PREFECT" deploy --all --prefect-file deploy/prefect.yaml ;;
+    # From deploy/: the paths in prefect.yaml are relative to it, and prefect deploy records it as
+    # the workers' working directory.
+    (cd deploy && "../$PREFECT" deploy --all) ;;
   worker) exec "$PREFECT" worker start --pool "$POOL" ;;
   *) echo "usage: $0 server | deploy | worker" >&2; exit 2 ;;
 esac

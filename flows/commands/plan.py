@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
+from rec.exit_codes import ExitCode
 from rec.settings import add_flags, knob
 
 
@@ -31,6 +32,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("plan", help="search a sharding plan and write plan.json",
                                    description=__doc__)
     add_input_arguments(parser)
+    parser.add_argument("--profile", metavar="FILE", default=None,
+                        help="hardware profile YAML: the cost model's bandwidths and coefficients (docs/profile.md); "
+                             "default: TorchRec's")
     parser.add_argument("--out", metavar="DIR", required=True,
                         help="where plan.json, shards.parquet and rank_load.png go")
     add_flags(parser.add_argument_group("search"), SearchSettings)
@@ -74,35 +78,50 @@ def previous_plan(args: argparse.Namespace):
 
 
 def add_input_arguments(parser: argparse.ArgumentParser) -> None:
-    """SPEC and --topology, for every command that plans."""
+    """SPEC, --topology and ingestion's settings, for every command that plans."""
+    from tasks.ingest import IngestSettings
+
     parser.add_argument("spec", metavar="SPEC", help="table spec: .parquet .arrow .feather .csv .yaml .json")
     parser.add_argument("--topology", metavar="TOPO", required=True, help="topology YAML")
+    add_flags(parser, IngestSettings)
 
 
 def run(args: argparse.Namespace) -> int:
+    import sys
     import time
 
     from flows.progress import on_terminal
     from flows.reports import render_plan, render_topology_line
+    from rec.plan.io import DISK_FULL_ERRNOS
+    from rec.profile import describe_profile
     from rec.settings import check, from_flags
-    from tasks.ingest import ingest
-    from tasks.search import SearchSettings, search_plan
+    from tasks.ingest import IngestSettings, ingest
+    from tasks.search import SearchSettings, search_plan, with_profile
     from tasks.step_progress import ingesting, searching, writing
     from tasks.write import WriteSettings, write_plan_artifact
 
     started = time.perf_counter()
-    search_settings = from_flags(SearchSettings, args)
+    search_settings = with_profile(from_flags(SearchSettings, args), args.profile)
     check(search_settings, "Cannot plan with these settings:")
     with on_terminal() as shown:
         with ingesting(args.spec):
-            inputs = ingest(args.spec, args.topology)
+            inputs = ingest(args.spec, args.topology, from_flags(IngestSettings, args))
         previous = previous_plan(args)
         with searching(inputs, search_settings):
             found = search_plan(inputs, search_settings, previous=previous)
-        with writing(args.out):
-            written = write_plan_artifact(found.plan, args.out, from_flags(WriteSettings, args))
+        try:
+            with writing(args.out):
+                written = write_plan_artifact(found.plan, args.out, from_flags(WriteSettings, args))
+        except OSError as e:
+            if e.errno not in DISK_FULL_ERRNOS:
+                raise
+            print(f"shardflow plan: cannot write {e.filename or args.out}: {e.strerror}; nothing in {args.out} "
+                  "was replaced", file=sys.stderr)
+            return ExitCode.FAILED
     print(render_plan(found.plan, from_flags(ReportSettings, args).all_ranks))
     print(render_topology_line(inputs.topology, args.topology))
+    if args.profile:
+        print(f"profile:       {describe_profile(search_settings.cost.profile)}")
     print(f"time:          {shown.summary(time.perf_counter() - started)}")
     print(f"\nwrote {', '.join(written.files)}")
-    return 0
+    return ExitCode.OK

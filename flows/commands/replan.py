@@ -2,8 +2,9 @@
 
 Runs the Prefect ``replan`` flow once (the ``replan-on-schema-change`` deployment runs it on a
 schedule): it hashes the spec and compares the hash with the newest successful planning of the
-same spec file on the same topology in MLflow. Unchanged: a small MLflow run records the check.
-Changed, or never planned: a new plan is searched, written to OUT/plan and logged.
+same spec file on the same topology in MLflow. Unchanged: nothing is recorded in MLflow (the check
+is the Prefect flow run). Changed, or never planned: a new plan is searched, written to OUT/plan
+and logged.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 
 from flows.commands.plan import add_input_arguments
+from rec.exit_codes import ExitCode
 from rec.settings import add_flags
 
 
@@ -36,25 +38,23 @@ def run(args: argparse.Namespace) -> int:
     from flows.parameters import search_parameters
     from flows.progress import on_terminal
     from rec.settings import check, from_flags
-    from tasks.ingest import ingest
+    from tasks.ingest import IngestSettings, ingest
+    from tasks.outbox import kept_message
     from tasks.search import SearchSettings
     from tasks.tracking import TrackingSettings
     from tasks.write import WriteSettings
 
     searching = from_flags(SearchSettings, args)
     check(searching, "Cannot plan with these settings:")
-    ingest(args.spec, args.topology)  # bad input exits 2 here, before Prefect starts
+    tracking = from_flags(TrackingSettings, args)  # a name that cannot be used exits 2 here
+    ingest(args.spec, args.topology, from_flags(IngestSettings, args))  # bad input exits 2 here, before Prefect
     from flows.replan import replan_flow
 
     with on_terminal(), input_errors_without_traceback():
         outcome = replan_flow(args.spec, args.topology, **search_parameters(searching),
                               chart=from_flags(WriteSettings, args).chart, out_dir=args.out,
-                              **from_flags(TrackingSettings, args).flow_parameters())
-    if outcome.outcome == "unchanged":
-        print(f"unchanged: spec hash {outcome.spec_hash} was last planned as plan {outcome.plan_id}; "
-              "nothing replanned")
-    else:
-        before = f" (was {outcome.previous_spec_hash})" if outcome.previous_spec_hash else " (first plan)"
-        print(f"replanned: spec hash {outcome.spec_hash}{before} -> plan {outcome.plan_id} in "
-              f"{outcome.plan_path}")
-    return 0
+                              **tracking.flow_parameters())
+    print(outcome.summary())
+    if outcome.pending:
+        print(kept_message(tracking.resolve(), outcome.pending, outcome.tracking_error))
+    return ExitCode.OK

@@ -17,6 +17,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from flows.commands.plan import add_input_arguments
+from rec.exit_codes import ExitCode
 from rec.settings import add_flags
 
 if TYPE_CHECKING:
@@ -24,18 +25,16 @@ if TYPE_CHECKING:
     from flows.plan import PlanOutcome
     from tasks.tracking import Tracking
 
-EXIT_BAD_INPUT = 2  # as flows.cli: a failure that would repeat is the user's (or the machine's) to fix
 TRAIN_FLAGS = {"iterations": "train-iterations"}  # flag names kept from shardflow's first CLI
 TRAIN_WHERE = {"iterations": "--train-iterations"}
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    from flows.parameters import TRAIN_RETRIES
     from rec.train.config import TrainConfig
     from tasks.paths import DEFAULT_OUT
     from tasks.search import SearchSettings
     from tasks.tracking import TrackingSettings
-    from tasks.train import TrainSettings
+    from tasks.train import TRAIN_RETRIES, TrainSettings
     from tasks.write import WriteSettings
 
     p = subparsers.add_parser("run", help="plan, then train with the plan (Prefect pipeline, MLflow runs)",
@@ -65,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from flows.progress import on_terminal
     from rec.errors import InputError, Problem
     from rec.settings import check, from_flags
-    from tasks.ingest import ingest
+    from tasks.ingest import IngestSettings, ingest
     from tasks.search import SearchSettings
     from tasks.tracking import TrackingSettings
     from tasks.train import TrainingFailed, TrainSettings, preflight
@@ -80,10 +79,10 @@ def run(args: argparse.Namespace) -> int:
         check(training, "Cannot train with these settings:", where=TRAIN_WHERE)
     if args.train_retries < 0:
         raise InputError("Cannot run:", [Problem("--train-retries", "must be at least 0")])
-    inputs = ingest(args.spec, args.topology)
+    inputs = ingest(args.spec, args.topology, from_flags(IngestSettings, args))
     if not args.plan_only:
         features = [f for t in inputs.spec.tables for f in t.feature_names] if training.job.data else ()
-        preflight(training, inputs.topology.to_dict(), features)
+        preflight(training, inputs.topology.to_dict(), features, inputs.spec)
 
     common = {**search_parameters(searching), "chart": from_flags(WriteSettings, args).chart,
               "out_dir": args.out, **tracking.flow_parameters()}
@@ -101,14 +100,14 @@ def run(args: argparse.Namespace) -> int:
                                         train_retries=args.train_retries)
             except TrainingFailed as e:
                 print(render_failure(e, tracking.resolve()), file=sys.stderr)
-                return EXIT_BAD_INPUT if e.deterministic else 1
+                return ExitCode.of_failure(e.deterministic)
     total = time.perf_counter() - started
     if args.plan_only:
         print(render_plan_outcome(plan_outcome, tracking.resolve()))
     else:
         print(render_outcome(outcome, tracking.resolve()))
     print(f"time      {shown.summary(total, other='Prefect and start-up')}")
-    return 0
+    return ExitCode.OK
 
 
 def render_failure(e, tracking: Tracking) -> str:
@@ -123,8 +122,9 @@ def render_plan_outcome(o: PlanOutcome, tracking: Tracking) -> str:
     how = "from the cache, not searched again" if o.cached else "searched"
     lines = [f"plan      {o.plan_path}  (plan_id {o.plan_id}, {how})"]
     if o.logged.pending:
-        lines.append(f"MLflow    unreachable at {tracking.uri}: {o.logged.pending} record(s) wait in "
-                     f"{tracking.outbox_dir}")
+        from tasks.outbox import kept_message
+
+        lines.append(kept_message(tracking, o.logged.pending, o.logged.error))
     else:
         lines.append(f"MLflow    plan run {o.logged.run_id} in experiment {tracking.experiment!r}")
     return "\n".join(lines + hints(tracking, o.plan_path))
@@ -134,20 +134,24 @@ def render_outcome(o: PipelineOutcome, tracking: Tracking) -> str:
     """Where to look: the plan, the training metrics, the MLflow runs and how to browse them."""
     from pathlib import Path
 
+    from rec.plan.chart import CHART_FILE
+    from rec.train.metrics import METRICS_FILE
+
     m = o.trained.metrics
     lat, loss = m["iteration_latency_ms"], m.get("loss") or {}
     how = "from the cache, not searched again" if o.cached else "searched"
     plan_dir = Path(o.plan_path).parent
     lines = [
-        f"plan      {o.plan_path}  (plan_id {o.plan_id}, {how}); chart {plan_dir / 'rank_load.png'}",
-        f"training  {Path(o.trained.out_dir) / 'train_metrics.json'}: p50 {lat['p50']:.2f} ms, "
+        f"plan      {o.plan_path}  (plan_id {o.plan_id}, {how}); chart {plan_dir / CHART_FILE}",
+        f"training  {Path(o.trained.out_dir) / METRICS_FILE}: p50 {lat['p50']:.2f} ms, "
         f"p90 {lat['p90']:.2f} ms, {m['samples_per_s']:,.0f} samples/s on {m['world_size']} ranks"
         + (f", loss {loss['first']:.4f} -> {loss['last']:.4f}" if loss else "")
         + (f" ({o.trained.attempts} attempts)" if o.trained.attempts > 1 else ""),
     ]
     if o.pipeline_run.pending:
-        lines.append(f"MLflow    unreachable at {tracking.uri}: {o.pipeline_run.pending} record(s) wait in "
-                     f"{tracking.outbox_dir}; the next shardflow command that reaches MLflow logs them")
+        from tasks.outbox import kept_message
+
+        lines.append(kept_message(tracking, o.pipeline_run.pending, o.pipeline_run.error))
     else:
         lines.append(f"MLflow    pipeline run {o.pipeline_run.run_id} (plan run {o.plan_run.run_id}, train run "
                      f"{o.train_run.run_id}) in experiment {tracking.experiment!r}")

@@ -5,14 +5,28 @@ replan-on-schema-change) from this process, with Prefect's ``serve``.
 and the outputs go); ``--replan-every SECONDS`` replans on that interval instead of the cron, for
 tests and demos.
 
+Relative paths in the deployment file are relative to its directory; those given with ``--set``,
+to the working directory.
+
 Schedules need a Prefect server: Prefect's ephemeral API has no scheduler. With
 ``PREFECT_API_URL`` set, that server is used; otherwise a local one is started (``prefect server
-start`` on 127.0.0.1, its database in ~/.prefect) and stopped on exit.
+start`` on 127.0.0.1, its database and its output, shardflow-server.log, in ~/.prefect) and
+stopped when serving stops (Ctrl-C, SIGTERM or SIGHUP: exit code 0). Serving stops, with exit code
+1 and one line saying why, when the local server ends or a server answers no health check for two
+of the runner's polls (20 s by default): without its server no schedule fires and no flow run can
+report (and Prefect's runner gives up polling after three failed polls).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import signal
+import sys
+from types import FrameType
+from typing import NoReturn
+
+from rec.exit_codes import ExitCode
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -40,12 +54,42 @@ def run(args: argparse.Namespace) -> int:
     if args.list:
         for d in deployments:
             print(f"{d.flow_name}/{d.name}  {d.entrypoint}  {d.parameters}  {describe_schedules(d)}")
-        return 0
+        return ExitCode.OK
 
     from prefect import serve
 
-    from flows.local_server import prefect_api
+    from flows.local_server import prefect_api, watched
 
-    with prefect_api(args.port):
-        serve(*deployments, limit=args.limit)
-    return 0
+    # Prefect's runner sets its own SIGTERM handler once it runs
+    previous = {stop: signal.signal(stop, as_ctrl_c) for stop in (signal.SIGHUP, signal.SIGTERM)}
+    try:
+        with prefect_api(args.port) as api, watched(api, on_lost=stop_serving):
+            serve(*deployments, limit=args.limit)
+    finally:
+        for stop, handler in previous.items():
+            signal.signal(stop, handler)
+    return ExitCode.OK
+
+
+def as_ctrl_c(signum: int, frame: FrameType | None) -> None:
+    """A closed terminal, or SIGTERM while the server starts, stops serving as Ctrl-C does (once
+    serving, Prefect's runner stops itself on SIGTERM)."""
+    signal.raise_signal(signal.SIGINT)
+
+
+def stop_serving(why: str) -> NoReturn:
+    """The server is gone: say so in one line, end the flow runs in progress and exit now. Without
+    its server Prefect's runner only logs failing calls (and no longer stops on SIGINT or SIGTERM);
+    a flow run can neither finish its state nor stop cleanly, so it is killed."""
+    import psutil
+
+    print(f"shardflow: {why}; serving stopped", file=sys.stderr, flush=True)
+    quiet = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(quiet, sys.stdout.fileno())
+    os.dup2(quiet, sys.stderr.fileno())
+    for process in psutil.Process().children(recursive=True):
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    os._exit(ExitCode.FAILED)

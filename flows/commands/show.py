@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from rec.exit_codes import ExitCode
 from rec.settings import add_flags
 
 if TYPE_CHECKING:
@@ -50,10 +51,11 @@ def run(args: argparse.Namespace) -> int:
     import fnmatch
 
     from rec.errors import InputError, Problem
-    from rec.plan import read_plan
+    from rec.plan import check_plan, read_plan
     from rec.plan.breakdown import breakdown
 
     plan = read_plan(args.plan)
+    check_plan(plan, source=f"the plan {args.plan}")  # what it shows must be what its shards give
     if args.rank is not None and not 0 <= args.rank < plan.world_size:
         raise InputError("Cannot show this rank:", [Problem(f"--rank {args.rank}", f"plan {plan.plan_id} has "
                                                              f"ranks 0 to {plan.world_size - 1}")])
@@ -69,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         print(("\n" if args.table else "") + render_rank(plan, parts, args.rank))
     if not args.table and args.rank is None:
         print(render_ranks(plan, parts, args.all_ranks))
-    return 0
+    return ExitCode.OK
 
 
 def render_ranks(plan: Plan, parts: Breakdown, all_ranks: bool) -> str:

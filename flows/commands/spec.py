@@ -1,11 +1,14 @@
-"""``shardflow spec validate|show``: check a table spec and look at it before planning."""
+"""``shardflow spec validate|show|from-model``: check a table spec and look at it before planning, or
+write the spec of a TorchRec model's embedding modules."""
 
 from __future__ import annotations
 
 import argparse
 
 from flows.text_table import render_table
+from rec.exit_codes import ExitCode
 from rec.spec import Spec, read_spec
+from rec.spec.types import DEFAULT_MODULE
 from rec.topology import Topology, read_topology
 from rec.units import format_bytes
 
@@ -25,11 +28,44 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                                                          "memory, and list every key with its value or default")
     show.set_defaults(handler=run_show)
 
+    from_model = commands.add_parser(
+        "from-model", help="write the spec of a TorchRec model: every EmbeddingBagCollection and EmbeddingCollection",
+        description="Import TARGET, call it, and write a spec with one row per table of every EmbeddingBagCollection "
+                    "and EmbeddingCollection in the model it returns, each with its module path. TARGET is "
+                    "package.module:function or path/to/file.py:function; the function takes no arguments and "
+                    "returns the model (built on the meta device, or any device), or a pair (model, constraints) "
+                    "with TorchRec ParameterConstraints by table name (pooling factors, allowed sharding types and "
+                    "kernels). Modules shardflow does not plan (feature-processed, managed-collision, quantized, "
+                    "weighted) are listed, one line each, and left out.")
+    from_model.add_argument("target", metavar="TARGET", help="package.module:function or path/to/file.py:function")
+    from_model.add_argument("--out", metavar="SPEC", required=True,
+                            help="spec file to write: .parquet .arrow .feather .ipc .csv .yaml .json")
+    from_model.set_defaults(handler=run_from_model)
+
 
 def run_validate(args: argparse.Namespace) -> int:
     spec = read_spec(args.spec)
     print(f"OK: {len(spec)} tables, hash {spec.spec_hash}")
-    return 0
+    return ExitCode.OK
+
+
+def run_from_model(args: argparse.Namespace) -> int:
+    from rec.spec import write_spec
+    from rec.spec.from_model import spec_from_model
+    from rec.spec.read import spec_format
+
+    spec_format(args.out)  # an extension shardflow cannot write fails before the model is imported
+    found = spec_from_model(args.target)
+    path = write_spec(found.spec, args.out)
+    modules = found.spec.modules
+    print(f"wrote {path}: {len(found.spec)} tables in {len(modules)} module{'s' if len(modules) > 1 else ''}, "
+          f"hash {found.spec.spec_hash}")
+    print(render_modules(found.spec), end="")
+    if found.left_out:
+        print("left out:")
+        for problem in found.left_out:
+            print(f"  - {problem}")
+    return ExitCode.OK
 
 
 def run_show(args: argparse.Namespace) -> int:
@@ -41,24 +77,38 @@ def run_show(args: argparse.Namespace) -> int:
 
         print(render_fit(spec, topology))
         print(f"\n{render_topology(topology, args.topology)}")
-    return 0
+    return ExitCode.OK
 
 
 def render_spec(spec: Spec) -> str:
-    """One aligned line per table, then the totals and the spec hash."""
-    header = ("name", "rows", "dim", "data_type", "pooling", "pooling_factor", "bytes")
-    rows = [
+    """One aligned line per table, then the modules (a spec naming any), the totals and the spec hash."""
+    header: tuple[str, ...] = ("name", "rows", "dim", "data_type", "pooling", "pooling_factor", "bytes")
+    rows: list[tuple[object, ...]] = [
         (t.name, f"{t.num_embeddings:,}", t.embedding_dim, t.data_type.value, t.pooling.value,
          f"{t.pooling_factor:g}", format_bytes(t.bytes))
         for t in spec.tables
     ]  # fmt: skip
+    modules = "" if list(spec.modules) == [DEFAULT_MODULE] else render_modules(spec)
+    if modules:
+        header += ("module",)
+        rows = [(*row, t.module) for row, t in zip(rows, spec.tables, strict=True)]
     table = render_table(header, rows, right=("rows", "dim", "pooling_factor", "bytes"))
     total_rows = sum(t.num_embeddings for t in spec.tables)
     total_bytes = sum(t.bytes for t in spec.tables)
     return (
-        f"{table}\n\n{len(spec)} tables, {total_rows:,} rows, {format_bytes(total_bytes)} of embedding weights\n"
-        f"spec hash: {spec.spec_hash}"
+        f"{table}\n\n{modules}{len(spec)} tables, {total_rows:,} rows, {format_bytes(total_bytes)} of embedding "
+        f"weights\nspec hash: {spec.spec_hash}"
     )
+
+
+def render_modules(spec: Spec) -> str:
+    """One line per embedding module: its path, kind and table count, in model order."""
+    counts: dict[str, int] = {}
+    for t in spec.tables:
+        counts[t.module] = counts.get(t.module, 0) + 1
+    lines = [f"module {path}: {kind.value}, {counts[path]} table{'s' if counts[path] > 1 else ''}"
+             for path, kind in spec.modules.items()]
+    return "\n".join(lines) + "\n"
 
 
 def render_fit(spec: Spec, topology: Topology) -> str:

@@ -8,6 +8,8 @@ processes, the device and backend it needs, the data): a problem exits 2 in seco
 
 The run is recorded in MLflow (node 0; ``--no-track`` to keep only the files), a failed one as a
 FAILED run with its cause and the ranks' logs. Each rank logs to OUT/logs/rank-<RANK>.log.
+SIGTERM, SIGINT or SIGHUP stop torchrun and every rank before the command exits (128 + the
+signal); the ranks die with the command even when it is killed.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from rec.exit_codes import ExitCode, stopped_by
 from rec.settings import add_flags
 
 if TYPE_CHECKING:
@@ -45,8 +48,10 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     from flows.progress import on_terminal
+    from rec.disk_full import DiskFull, is_disk_full
     from rec.plan import read_plan
     from rec.settings import check, from_flags
+    from tasks.launch import Stopped
     from tasks.records import now_ms
     from tasks.run_dirs import RunDirs
     from tasks.tracking import TrackingSettings
@@ -58,41 +63,69 @@ def run(args: argparse.Namespace) -> int:
     tracking = from_flags(TrackingSettings, args)
     records_run = tracking.track and settings.node_rank == 0
     dirs = RunDirs.of(args.out)
-    with on_terminal() as shown, dirs.locked(settings.node_rank):
-        if args.plan_id:
-            plan_id = args.plan_id
-            out = dirs.train_dir(plan_id, nested=False)
-            args.plan = fetch_plan_by_id(args, out)
-        else:
-            plan_id = read_plan(args.plan).plan_id
-            out = dirs.train_dir(plan_id, nested=False)
-        try:
-            trained = train(args.plan, out, settings)
-        except TrainingFailed as e:
-            print(f"shardflow train: the training failed: {e.cause}\n  logs: {e.logs}", file=sys.stderr)
+    out = args.out
+    try:
+        with on_terminal() as shown, dirs.locked(settings.node_rank):
+            if args.plan_id:
+                plan_id = args.plan_id
+                out = dirs.train_dir(plan_id, nested=False)
+                args.plan = fetch_plan_by_id(args, out)
+            else:
+                plan_id = read_plan(args.plan).plan_id
+                out = dirs.train_dir(plan_id, nested=False)
+            try:
+                trained = train(args.plan, out, settings)
+            except TrainingFailed as e:
+                print(f"shardflow train: the training failed: {e.cause}\n  logs: {e.logs}", file=sys.stderr)
+                if records_run:
+                    from tasks.recorder import record_failed_training
+
+                    failed = record_failed_training(tracking.resolve(), plan_id, settings, out, e, e.attempt,
+                                                    started_ms)
+                    print(render_logged(failed, tracking, "FAILED train run"), file=sys.stderr)
+                return ExitCode.of_failure(e.deterministic)
+            dirs.mark_latest(out)
+            logged: Logged | None = None
             if records_run:
-                from tasks.recorder import record_failed_training
+                from tasks.recorder import record_training
 
-                failed = record_failed_training(tracking.resolve(), plan_id, settings, out, e, e.attempt,
-                                                started_ms)
-                print(render_logged(failed, tracking, "FAILED train run"), file=sys.stderr)
-            return 2 if e.deterministic else 1  # a failure that would repeat is bad input
-        dirs.mark_latest(out)
-        logged: Logged | None = None
-        if records_run:
-            from tasks.recorder import record_training
-
-            logged = record_training(tracking.resolve(), trained)
+                logged = record_training(tracking.resolve(), trained)
+    except Stopped as e:
+        print(f"shardflow train: stopped by {e.name}: torchrun and every rank have exited"
+              f"{newest_checkpoint(settings, out)}", file=sys.stderr)
+        return stopped_by(e.signum)
+    except (DiskFull, OSError) as e:
+        if isinstance(e, OSError) and not is_disk_full(e):
+            raise
+        full = e if isinstance(e, DiskFull) else DiskFull(e.filename or out or ".", e)
+        print(f"shardflow train: {full}", file=sys.stderr)
+        return ExitCode.FAILED
     print(render_trained(trained))
     if logged is not None:
         print(render_logged(logged, tracking, "train run"))
     print(f"time      {shown.summary(time.perf_counter() - started)}")
-    return 0
+    return ExitCode.OK
+
+
+def newest_checkpoint(settings, out: str | None) -> str:
+    """``; newest complete checkpoint: DIR`` (--resume continues from it), or nothing."""
+    from rec.errors import InputError
+    from rec.train.resume import checkpoint_dir, latest, step_dir
+
+    directory = checkpoint_dir(settings.job, out) if out else None
+    try:
+        step = latest(directory) if directory else None
+    except InputError:
+        step = None
+    if directory is None or step is None:
+        return ""
+    return f"; newest complete checkpoint: {step_dir(directory, step)} (--resume continues from it)"
 
 
 def render_trained(trained) -> str:
     from pathlib import Path
 
+    from rec.train.metrics import ITERATIONS_FILE, METRICS_FILE
     from rec.train.rank_log import LOG_DIR
 
     out = Path(trained.out_dir)
@@ -104,14 +137,15 @@ def render_trained(trained) -> str:
     loss_text = f"; loss {loss['first']:.4f} -> {loss['last']:.4f}" if loss else ""
     return (f"training  plan {m['plan_id']} on {m['world_size']} ranks: iteration latency p50 {lat['p50']:.2f} ms, "
             f"p90 {lat['p90']:.2f} ms, {m['samples_per_s']:,.0f} samples/s{loss_text}\n"
-            f"wrote     {out / 'train_metrics.json'}, {out / 'iterations.parquet'} (logs in {out / LOG_DIR})")
+            f"wrote     {out / METRICS_FILE}, {out / ITERATIONS_FILE} (logs in {out / LOG_DIR})")
 
 
 def render_logged(logged, tracking, what: str) -> str:
     resolved = tracking.resolve()
     if logged.run_id is None:
-        return (f"MLflow    unreachable at {resolved.uri}: the {what} waits in {resolved.outbox_dir} "
-                f"({logged.pending} record(s)); the next shardflow command that reaches it delivers them")
+        from tasks.outbox import kept_message
+
+        return kept_message(resolved, logged.pending, logged.error)
     return f"MLflow    {what} {logged.run_id} in experiment {resolved.experiment!r}"
 
 

@@ -1,12 +1,22 @@
-"""Kernel and collective bandwidths in bytes/ms, looked up as TorchRec's planner does."""
+"""Kernel and collective bandwidths in bytes/ms, looked up as TorchRec's planner does.
+
+A profile (``rec.profile``) may set any bandwidth; where it sets none the topology's applies, as
+TorchRec reads bandwidths from its ``Topology``. Collectives also take the profile's per-link
+latency (an extension; 0 by default, so the time is TorchRec's bytes / bandwidth).
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum
 
+import numpy as np
+
 from rec.cost.constants import HBM_TO_DDR_MEM_BW, UVM_CACHING_RATIO
+from rec.profile.types import Profile
 from rec.sharding import ComputeDevice, ComputeKernel
 from rec.topology.types import Topology
+from rec.topology.validate import MS_PER_S
 
 
 class Collective(Enum):
@@ -16,31 +26,70 @@ class Collective(Enum):
     ALL_REDUCE = "all_reduce"
 
 
-def kernel_bw(topology: Topology, kernel: ComputeKernel, caching_ratio: float | None) -> float:
-    """``constants.kernel_bw_lookup`` without a prefetch pipeline (the sharder default)."""
+@dataclass(frozen=True)
+class Links:
+    """What the estimators read of the hardware: bandwidths in bytes/ms, latencies in ms."""
+
+    device: ComputeDevice
+    hbm: float
+    ddr: float
+    hbm_to_ddr: float
+    intra_host: float
+    inter_host: float
+    intra_host_latency_ms: float = 0.0
+    inter_host_latency_ms: float = 0.0
+
+
+def links(topology: Topology, profile: Profile) -> Links:
+    """The topology's bandwidths with the profile's where it sets them (bytes/s -> bytes/ms)."""
+    b = profile.bandwidths
+
+    def pick(per_second: float | None, default: float) -> float:
+        return default if per_second is None else per_second / MS_PER_S  # as topology_from_dict
+
+    return Links(
+        device=topology.compute_device,
+        hbm=pick(b.hbm_mem_bw, topology.hbm_mem_bw),
+        ddr=pick(b.ddr_mem_bw, topology.ddr_mem_bw),
+        hbm_to_ddr=pick(b.hbm_to_ddr_mem_bw, HBM_TO_DDR_MEM_BW),
+        intra_host=pick(b.intra_host_bw, topology.intra_host_bw),
+        inter_host=pick(b.inter_host_bw, topology.inter_host_bw),
+        intra_host_latency_ms=profile.extensions.intra_host_latency_ms,
+        inter_host_latency_ms=profile.extensions.inter_host_latency_ms,
+    )
+
+
+def kernel_bw(hw: Links, profile: Profile, kernel: ComputeKernel, caching_ratio: float | None) -> float:
+    """``HardwarePerfConfig.get_device_bw`` without a prefetch pipeline (the sharder default): the
+    profile's kernel bandwidth, else ``constants.kernel_bw_lookup``."""
+    override = profile.kernel_bandwidths.of(kernel)
+    if override is not None:
+        return override / MS_PER_S
     cr = caching_ratio if caching_ratio is not None else UVM_CACHING_RATIO
-    hbm, ddr = topology.hbm_mem_bw, topology.ddr_mem_bw
-    if topology.compute_device == ComputeDevice.CPU:
+    hbm, ddr = hw.hbm, hw.ddr
+    if hw.device == ComputeDevice.CPU:
         table = {ComputeKernel.DENSE: 0.5 * ddr, ComputeKernel.FUSED: 1 * ddr}
     else:
         table = {
             ComputeKernel.DENSE: 0.5 * hbm,
             ComputeKernel.FUSED: 1 * hbm,
-            ComputeKernel.FUSED_UVM: HBM_TO_DDR_MEM_BW / 10,
-            ComputeKernel.FUSED_UVM_CACHING: (cr * hbm + (1 - cr) * HBM_TO_DDR_MEM_BW) / 10,
+            ComputeKernel.FUSED_UVM: hw.hbm_to_ddr / 10,
+            ComputeKernel.FUSED_UVM_CACHING: (cr * hbm + (1 - cr) * hw.hbm_to_ddr) / 10,
         }
     if kernel not in table:
-        device = topology.compute_device.value
-        raise ValueError(f"no kernel bandwidth for {kernel.value} on {device}")
+        raise ValueError(f"no kernel bandwidth for {kernel.value} on {hw.device.value}")
     return table[kernel]
 
 
-def comms_bw(
-    topology: Topology, collective: Collective, world_size: int, local_world_size: int
-) -> float:
-    """``BasicCommsBandwidths.get_bw`` for a collective over ``world_size`` ranks."""
+def comms_ms(hw: Links, collective: Collective, size: np.ndarray | float, world_size: int,
+             local_world_size: int) -> np.ndarray:
+    """Time of a collective moving ``size`` bytes over ``world_size`` ranks: the link's latency plus
+    ``size`` over ``BasicCommsBandwidths.get_bw``."""
     if collective == Collective.ALL_REDUCE:
-        return topology.inter_host_bw * local_world_size  # one NIC per GPU
-    if world_size <= local_world_size:
-        return topology.intra_host_bw
-    return topology.inter_host_bw
+        bw, latency = hw.inter_host * local_world_size, hw.inter_host_latency_ms  # one NIC per GPU
+    elif world_size <= local_world_size:
+        bw, latency = hw.intra_host, hw.intra_host_latency_ms
+    else:
+        bw, latency = hw.inter_host, hw.inter_host_latency_ms
+    out: np.ndarray = latency + np.divide(size, bw)
+    return out

@@ -4,13 +4,12 @@ and the estimators' module constants), one home each."""
 from __future__ import annotations
 
 INDEX_BYTES = 8  # BIGINT_DTYPE: TBE converts indices to int64
-# Our Topology has no key for the HBM<->DDR (UVM) link, so TorchRec's default applies, as for a
-# torchrec Topology built without hbm_to_ddr_mem_bw (bytes/ms).
+# Our Topology has no key for the HBM<->DDR (UVM) link, so TorchRec's default applies unless a
+# profile sets it, as for a torchrec Topology built without hbm_to_ddr_mem_bw (bytes/ms).
 HBM_TO_DDR_MEM_BW = 32 * 1024 * 1024 * 1024 / 1000
 UVM_CACHING_RATIO = 0.2
-BATCHED_COPY_PERF_FACTOR = 2.455
-DP_ELEMENTWISE_KERNELS_PERF_FACTOR = 9.22
-BWD_COMPUTE_MULTIPLIER = 2
+# TorchRec's empirical perf factors (backward multiplier, batched copy, data_parallel optimizer
+# kernels) are a profile's defaults: rec.profile.types.
 MIN_CW_DIM = 128
 FULL_BLOCK_EMB_DIM = 128
 HALF_BLOCK_PENALTY = 1.15

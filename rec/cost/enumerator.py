@@ -2,25 +2,34 @@
 
 The reference is TorchRec 1.8's ``EmbeddingEnumerator(topology, batch_size, constraints,
 estimator=[EmbeddingPerfEstimator, EmbeddingStorageEstimator])`` enumerating an
-``EmbeddingBagCollection`` of the spec's tables with the default ``EmbeddingBagCollectionSharder()``
-(see ``rec.cost.tables`` for how a table maps to TorchRec's config and constraints).
+model holding the spec's modules (an ``EmbeddingBagCollection`` per pooled module, an
+``EmbeddingCollection`` per unpooled one, at their paths) with the default
+``EmbeddingBagCollectionSharder()`` and ``EmbeddingCollectionSharder()`` (see ``rec.cost.tables`` for
+how a table maps to TorchRec's config and constraints). Every module's tables are rated on the same
+ranks; a table's module only decides what its sharder offers and whether its outputs are pooled.
 
-What the sharder offers (``BaseEmbeddingSharder.sharding_types`` / ``compute_kernels``):
+What the sharders offer (``sharding_types`` / ``compute_kernels``; ``rec.sharding.sharder_options``):
 
-* cpu: data_parallel (dense) and table_wise, column_wise, table_column_wise (fused).
-* cuda: data_parallel (dense) and table_wise, column_wise, table_column_wise, row_wise,
-  table_row_wise (fused, fused_uvm, fused_uvm_caching).
+* EmbeddingBagCollectionSharder, cpu: data_parallel (dense) and table_wise, column_wise,
+  table_column_wise (fused); cuda: data_parallel (dense) and table_wise, column_wise,
+  table_column_wise, row_wise, table_row_wise (fused, fused_uvm, fused_uvm_caching).
+* EmbeddingCollectionSharder, cpu and cuda: data_parallel (dense) and table_wise, column_wise,
+  row_wise (fused; on cuda also fused_uvm, fused_uvm_caching); on cpu without data_parallel
+  (a deviation, below).
 * grid_shard and key_value are never enumerated (``rec.sharding.NOT_PLANNED``; spec validation
   refuses them): TorchRec enumerates grid_shard only when allow-listed, and drops key_value when no
   rank has SSD, which shardflow's Topology never has (= a torchrec Topology with ``ssd_cap=0``).
 
-Deliberate deviations (asserted in tests/rec/test_cost.py):
+Deliberate deviations (asserted in tests/rec/test_cost.py and test_cost_ec.py):
 
 * Where TorchRec raises RuntimeError because a table's allow-lists leave no option, this raises
   ``InputError`` naming every such table.
 * Options are ordered by table, then sharding-type code, then kernel code (TorchRec: module order,
   then the sharder's order); the set of options is the same.
 * Shards are run-length encoded (``Options.expand()`` gives TorchRec's per-shard list).
+* On cpu, an EmbeddingCollection's data_parallel option is left out: TorchRec enumerates it, but
+  its dense kernel there returns one row per bag instead of one per id and training fails
+  (TorchRec issue 1255).
 * On cuda, options FBGEMM's kernels refuse at training time are left out: shards wider than
   ``CUDA_MAX_SHARD_DIM`` columns, and data_parallel (the dense kernel) for a dim that is not a
   multiple of ``CUDA_DIM_MULTIPLE``; TorchRec enumerates them and the job then fails.
@@ -34,7 +43,7 @@ from enum import StrEnum
 import numpy as np
 import numpy.typing as npt
 
-from rec.cost.bandwidth import kernel_bw
+from rec.cost.bandwidth import kernel_bw, links
 from rec.cost.constants import CUDA_DIM_MULTIPLE, CUDA_MAX_SHARD_DIM
 from rec.cost.perf import shard_perf
 from rec.cost.shards import layout
@@ -42,7 +51,7 @@ from rec.cost.storage import kernel_storage, storage_parts
 from rec.cost.tables import TableArrays, table_arrays
 from rec.cost.types import CK_CODE, ST_CODE, CostConfig, Options
 from rec.errors import ProblemList
-from rec.sharding import ComputeDevice, ComputeKernel, ShardingType, sharder_options
+from rec.sharding import ComputeDevice, ComputeKernel, ModuleKind, ShardingType, sharder_options
 from rec.spec.types import Spec
 from rec.topology.types import Topology
 
@@ -52,15 +61,27 @@ def enumerate_options(
 ) -> Options:
     """All options of all tables with per-shard ``Perf.total``, HBM and DDR, as TorchRec's."""
     cols = table_arrays(spec, topology.batch_size, config)
+    offered = cols.offered(topology.compute_device)
     blocks: list[_Block] = []
-    for st, kernels in sharder_options(topology.compute_device).items():
+    for st, kernels in _union(cols.kinds, topology.compute_device).items():
+        codes = [CK_CODE[ck] for ck in kernels]
         st_ok = cols.sharding_allowed[:, ST_CODE[st]]
-        ck_ok = st_ok[:, None] & cols.kernel_allowed[:, [CK_CODE[ck] for ck in kernels]]
+        ck_ok = st_ok[:, None] & cols.kernel_allowed[:, codes] & offered[:, ST_CODE[st]][:, codes]
         tab = np.flatnonzero(ck_ok.any(axis=1))
         if len(tab):
             blocks += _blocks(st, kernels, tab, ck_ok[tab], cols, topology, config)
-    _check_every_table_has_options(spec, blocks)
+    _check_every_table_has_options(spec, blocks, topology.compute_device)
     return _assemble(blocks)
+
+
+def _union(kinds: tuple[ModuleKind, ...], device: ComputeDevice) -> dict[ShardingType, tuple[ComputeKernel, ...]]:
+    """What any of the sharders of ``kinds`` offers on ``device`` (each table is then held to its own's)."""
+    union: dict[ShardingType, tuple[ComputeKernel, ...]] = {}
+    for kind in kinds:
+        for st, kernels in sharder_options(device, kind).items():
+            known = set(union.get(st, ())) | set(kernels)
+            union[st] = tuple(ck for ck in ComputeKernel if ck in known)
+    return union
 
 
 @dataclass(frozen=True)
@@ -105,20 +126,26 @@ def _blocks(
         cols.batch_inputs[t],
         cols.batch_outputs[t],
         with_cache=ComputeKernel.FUSED_UVM_CACHING in kernels,
+        pooled=cols.pooled[t],
     )
     blocks = []
+    hw = links(topology, config.profile)
     for j, ck in enumerate(kernels):
         # The perf estimator passes the cache load factor through as is (0.0 stays 0.0).
         perf = shard_perf(
             st,
+            ck,
             topology,
-            kernel_bw(topology, ck, config.caching_ratio),
+            config.profile,
+            hw,
+            kernel_bw(hw, config.profile, ck, config.caching_ratio),
+            lay.rows,
             lay.cols,
-            cols.rows[t],
             cols.elem[t],
             cols.batch_inputs[t],
             cols.batch_outputs[t],
-        )
+            pooled=cols.pooled[t],
+        ).total
         hbm, ddr = kernel_storage(parts, ck, topology.compute_device)
         runs = {
             "perf": perf,
@@ -142,7 +169,7 @@ def _blocks(
     return blocks
 
 
-def _check_every_table_has_options(spec: Spec, blocks: list[_Block]) -> None:
+def _check_every_table_has_options(spec: Spec, blocks: list[_Block], device: ComputeDevice) -> None:
     """TorchRec raises RuntimeError for the first such table; report them all as user errors."""
     covered = np.zeros(len(spec.tables), dtype=bool)
     for b in blocks:
@@ -150,12 +177,18 @@ def _check_every_table_has_options(spec: Spec, blocks: list[_Block]) -> None:
     problems = ProblemList()
     for i in np.flatnonzero(~covered):
         t = spec.tables[i]
+        offers = sharder_options(device, t.pooling.module_kind)
         problems.add(
-            f"table {t.name}",
+            f"table {t.key}",
             "no sharding type and compute kernel left after its allow-lists (sharding_types="
-            f"{_names(t.sharding_types)}, compute_kernels={_names(t.compute_kernels)})",
+            f"{_names(t.sharding_types)}, compute_kernels={_names(t.compute_kernels)}); "
+            f"on {device.value} a table of an {t.pooling.module_kind.value} can be {_offers(offers)}",
         )
     problems.raise_if_any("Some tables have no sharding option on this topology")
+
+
+def _offers(options: dict[ShardingType, tuple[ComputeKernel, ...]]) -> str:
+    return "; ".join(f"{st.value} ({', '.join(ck.value for ck in kernels)})" for st, kernels in options.items())
 
 
 def _names(values: tuple[StrEnum, ...] | None) -> str:

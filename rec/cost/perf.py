@@ -1,55 +1,121 @@
-"""Per-shard ``Perf.total`` (ms) of TorchRec's evaluator-based ``EmbeddingPerfEstimator``.
+"""Per-shard ``Perf`` (ms) of TorchRec's evaluator-based ``EmbeddingPerfEstimator``.
 
-Mirrors ``planner/estimator/estimator.py`` with the default ``EmbeddingPerfEstimatorConfig`` (all
-coefficients 1.0, hash-size coefficient 0, backward = 2 x forward) for training, unweighted pooled
-(EBC) features, no qcomm codecs (every comm element is the table's element size), 8-byte indices
+Mirrors ``planner/estimator/estimator.py`` under a ``HardwarePerfConfig`` given by a profile
+(``rec.profile``; ``Profile()`` is TorchRec's default ``EmbeddingPerfEstimatorConfig``: all
+coefficients 1.0, hash-size coefficient 0, backward = 2 x forward) for training, unweighted features
+of pooled (EmbeddingBagCollection) and unpooled (EmbeddingCollection, ``is_pooled=False``) tables,
+no qcomm codecs (every comm element is the table's element size), 8-byte indices
 and no cache statistics, so ``prefetch_compute`` is 0. Float operations follow TorchRec's order so
-results agree to the last bit where numpy and Python round alike (the ``1.0 *`` and ``+ 0.0``
-terms are TorchRec's unit coefficients, zero hash-size term and zero prefetch).
+results agree to the last bit where numpy and Python round alike; the profile's extensions
+(``fixed_ms``, collective latencies) are added as separate terms, so at their default 0 they change
+no bit.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from rec.cost.bandwidth import Collective, comms_bw
-from rec.cost.constants import (
-    BATCHED_COPY_PERF_FACTOR,
-    BWD_COMPUTE_MULTIPLIER,
-    DP_ELEMENTWISE_KERNELS_PERF_FACTOR,
-    FULL_BLOCK_EMB_DIM,
-    HALF_BLOCK_PENALTY,
-    INDEX_BYTES,
-    QUARTER_BLOCK_PENALTY,
-)
-from rec.sharding import ShardingType
+from rec.cost.bandwidth import Collective, Links, comms_ms
+from rec.cost.constants import FULL_BLOCK_EMB_DIM, HALF_BLOCK_PENALTY, INDEX_BYTES, QUARTER_BLOCK_PENALTY
+from rec.profile.types import PerfCoefficient, Profile
+from rec.sharding import ComputeKernel, ShardingType
 from rec.topology.types import Topology
+
+
+@dataclass(frozen=True)
+class ShardPerf:
+    """TorchRec's ``Perf`` of every shard (run), ms; ``input_dist_comms`` is left out, as from ``total``."""
+
+    fwd_compute: np.ndarray
+    fwd_comms: np.ndarray
+    bwd_compute: np.ndarray
+    bwd_comms: np.ndarray
+    prefetch_compute: np.ndarray
+
+    @property
+    def total(self) -> np.ndarray:
+        """``Perf.total``, summed in TorchRec's order."""
+        total: np.ndarray = (self.fwd_compute + self.bwd_compute + self.fwd_comms + self.bwd_comms
+                             + self.prefetch_compute)
+        return total
+
+
+@dataclass(frozen=True)
+class _Sizes:
+    """Byte counts of one sharding type's lookups (``EmbeddingShardingPerfEvaluator._get_*_size``)."""
+
+    input_read: np.ndarray
+    lookup_fwd: np.ndarray
+    lookup_bwd: np.ndarray  # table_wise reads max(dim, 32) columns forward, dim backward
+    output: np.ndarray
+    penalty: np.ndarray | float  # block usage penalty, forward only
 
 
 def shard_perf(
     sharding_type: ShardingType,
+    kernel: ComputeKernel,
     topology: Topology,
+    profile: Profile,
+    hw: Links,
     device_bw: float,
+    rows: np.ndarray,
     cols: np.ndarray,
-    table_rows: np.ndarray,
     elem: np.ndarray,
     batch_inputs: np.ndarray,
     batch_outputs: np.ndarray,
-) -> np.ndarray:
-    """``Perf.total`` of every shard (run) given its width and its table's columns."""
+    pooled: np.ndarray | None = None,
+) -> ShardPerf:
+    """``Perf`` of every shard (run) given its size (``rows`` x ``cols``) and its table's columns;
+    ``pooled`` (default: all) says which tables' outputs are pooled."""
     w, lw = topology.world_size, topology.local_world_size
-    st = sharding_type
+    st, d, e, bi, bo = sharding_type, cols, elem, batch_inputs, batch_outputs
     if st in (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE):
-        return _table_wise(topology, device_bw, cols, elem, batch_inputs, batch_outputs)
-    if st == ShardingType.ROW_WISE:
-        return _row_wise(topology, device_bw, cols, elem, batch_inputs, batch_outputs, w, False)
-    if st == ShardingType.TABLE_ROW_WISE:
-        return _row_wise(topology, device_bw, cols, elem, batch_inputs, batch_outputs, lw, True)
+        output = bo * w * d * e
+        sizes = _Sizes(np.ceil(bi * w * INDEX_BYTES), bi * w * np.maximum(d, 32) * e, bi * w * d * e, output,
+                       block_usage_penalty(d))
+    elif st in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE):
+        group = w if st == ShardingType.ROW_WISE else lw
+        lookup = bi / group * w * d * e
+        output = bo * w * d * e  # pooled: batch_outputs is not divided by the group
+        if pooled is not None and not pooled.all():  # unpooled: each rank outputs its share of the ids
+            output = np.where(pooled, output, bo / group * w * d * e)
+        sizes = _Sizes(np.ceil(bi / group * w * INDEX_BYTES), lookup, lookup, output, 1.0)
+    elif st == ShardingType.DATA_PARALLEL:
+        lookup = bi * d * e
+        sizes = _Sizes(np.ceil(bi * INDEX_BYTES), lookup, lookup, bo * d * e, 1.0)
+    else:
+        raise ValueError(f"unsupported sharding type {st}")
+
+    coefficients = profile.coefficients.of(st, kernel)
+    fwd = _compute(coefficients.fwd, sizes.input_read, sizes.lookup_fwd, sizes.output, rows, sizes.penalty,
+                   device_bw)
+    if coefficients.bwd is None:
+        fwd = _add_unique(fwd, coefficients.fwd, st, w, lw, bi, rows, d, e, device_bw)
+        bwd = fwd * profile.coefficients.bwd_compute_multiplier
+    else:
+        bwd = _compute(coefficients.bwd, sizes.input_read, sizes.lookup_bwd, sizes.output, rows, None, device_bw)
+        fwd = _add_unique(fwd, coefficients.fwd, st, w, lw, bi, rows, d, e, device_bw)
+        bwd = _add_unique(bwd, coefficients.bwd, st, w, lw, bi, rows, d, e, device_bw)
+
+    x = profile.extensions
+    fwd_comms: np.ndarray | float
+    bwd_comms: np.ndarray
     if st == ShardingType.DATA_PARALLEL:
-        return _data_parallel(
-            topology, device_bw, cols, table_rows, elem, batch_inputs, batch_outputs
-        )
-    raise ValueError(f"unsupported sharding type {st}")
+        fwd_comms, bwd_comms = _data_parallel_comms(hw, w, lw, rows, d, e, device_bw, x.dp_optimizer_factor)
+    elif st == ShardingType.ROW_WISE:
+        batched_copy = sizes.output * x.batched_copy_factor / device_bw
+        fwd_comms = comms_ms(hw, Collective.REDUCE_SCATTER, sizes.output, w, lw)
+        bwd_comms = comms_ms(hw, Collective.ALL_GATHER, sizes.output, w, lw) + batched_copy
+    elif st == ShardingType.TABLE_ROW_WISE:
+        fwd_comms, bwd_comms = _table_row_wise_comms(hw, w, lw, sizes.output, bo, d, e, device_bw,
+                                                     x.batched_copy_factor)
+    else:
+        fwd_comms = comms_ms(hw, Collective.ALL_TO_ALL, sizes.output, w, lw)
+        bwd_comms = comms_ms(hw, Collective.ALL_TO_ALL, sizes.output, w, lw)
+    zeros = np.zeros(len(rows))
+    return ShardPerf(fwd, fwd_comms + zeros, bwd, bwd_comms + zeros, zeros)
 
 
 def block_usage_penalty(dims: np.ndarray) -> np.ndarray:
@@ -61,71 +127,57 @@ def block_usage_penalty(dims: np.ndarray) -> np.ndarray:
     )
 
 
-def _table_wise(
-    topology: Topology, bw: float, d: np.ndarray, e: np.ndarray, bi: np.ndarray, bo: np.ndarray
-) -> np.ndarray:
-    """``TableWiseEvaluator`` (also column_wise and table_column_wise)."""
-    w = topology.world_size
-    input_read = np.ceil(bi * w * INDEX_BYTES)
-    lookup = bi * w * np.maximum(d, 32) * e  # use_min_dim_for_lookup
-    output = bo * w * d * e
-    fwd = (1.0 * input_read + 1.0 * lookup + 1.0 * output + 0.0) * block_usage_penalty(d) / bw
-    bwd = fwd * BWD_COMPUTE_MULTIPLIER
-    a2a = comms_bw(topology, Collective.ALL_TO_ALL, w, topology.local_world_size)
-    fwd_comms = output / a2a
-    bwd_comms = output / a2a
-    total: np.ndarray = fwd + bwd + fwd_comms + bwd_comms + 0.0
-    return total
+def _compute(c: PerfCoefficient, input_read: np.ndarray, lookup: np.ndarray, output: np.ndarray,
+             rows: np.ndarray, penalty: np.ndarray | float | None, bw: float) -> np.ndarray:
+    """``_default_fwd_comp`` (with the penalty) or the coefficient branch of ``_default_bwd_comp``
+    (without), plus the profile's ``fixed_ms``."""
+    size = (c.input_read_size_multiplier * input_read + c.lookup_size_multiplier * lookup
+            + c.embedding_output_multiplier * output + c.hash_size_multiplier * rows)
+    time: np.ndarray = (size / bw if penalty is None else size * penalty / bw) + c.fixed_ms
+    return time
 
 
-def _row_wise(
-    topology: Topology, bw: float, d: np.ndarray, e: np.ndarray, bi: np.ndarray, bo: np.ndarray,
-    group: int, by_host: bool,
-) -> np.ndarray:
-    """``RowWiseEvaluator`` (group = world) and ``TableRowWiseEvaluator`` (group = host)."""
-    w, lw = topology.world_size, topology.local_world_size
-    input_read = np.ceil(bi / group * w * INDEX_BYTES)
-    lookup = bi / group * w * d * e
-    output = bo * w * d * e  # pooled: batch_outputs is not divided by the group
-    fwd = (1.0 * input_read + 1.0 * lookup + 1.0 * output + 0.0) * 1.0 / bw
-    bwd = fwd * BWD_COMPUTE_MULTIPLIER
-    batched_copy = output * BATCHED_COPY_PERF_FACTOR / bw
-    if not by_host:
-        fwd_comms = output / comms_bw(topology, Collective.REDUCE_SCATTER, w, lw)
-        bwd_comms = output / comms_bw(topology, Collective.ALL_GATHER, w, lw) + batched_copy
-        total: np.ndarray = fwd + bwd + fwd_comms + bwd_comms + 0.0
-        return total
-    # Reduce-scatter / all-gather inside the host group, all-to-all across groups.
-    intra_fwd = output / comms_bw(topology, Collective.REDUCE_SCATTER, group, min(group, lw))
-    intra_bwd = output / comms_bw(topology, Collective.ALL_GATHER, group, min(group, lw))
+def _add_unique(time: np.ndarray, c: PerfCoefficient, st: ShardingType, w: int, lw: int, bi: np.ndarray,
+                rows: np.ndarray, d: np.ndarray, e: np.ndarray, bw: float) -> np.ndarray:
+    """``time`` plus the profile's distinct-row terms (an extension, ``rec.cost.unique``): the
+    shard's ids as the sizes above count them (all ranks' for table_wise-like, a share of them
+    row-wise, the local batch data-parallel), the distinct rows they hit. Nothing at their default 0."""
+    if not (c.unique_read_size_multiplier or c.unique_lookup_size_multiplier):
+        return time
+    from rec.cost.unique import expected_distinct
+
+    if st in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE):
+        ids = bi / (w if st == ShardingType.ROW_WISE else lw) * w
+    else:
+        ids = bi if st == ShardingType.DATA_PARALLEL else bi * w
+    distinct = expected_distinct(ids, rows)
+    extra: np.ndarray = time + (c.unique_read_size_multiplier * distinct * INDEX_BYTES
+                                + c.unique_lookup_size_multiplier * distinct * d * e) / bw
+    return extra
+
+
+def _table_row_wise_comms(hw: Links, w: int, lw: int, output: np.ndarray, bo: np.ndarray, d: np.ndarray,
+                          e: np.ndarray, bw: float, copy_factor: float) -> tuple[np.ndarray, np.ndarray]:
+    """``TableRowWiseEvaluator``: reduce-scatter / all-gather inside the host group, all-to-all across
+    groups (the group is a host: shardflow's topology has no pods)."""
+    group = lw
+    intra_fwd = comms_ms(hw, Collective.REDUCE_SCATTER, output, group, min(group, lw))
+    intra_bwd = comms_ms(hw, Collective.ALL_GATHER, output, group, min(group, lw))
     groups = max(1, w // group)
-    inter = 0.0
+    inter: np.ndarray | float = 0.0
     if groups > 1:
-        inter = bo * groups * d * e / comms_bw(topology, Collective.ALL_TO_ALL, groups, 1)
-    fwd_comms = intra_fwd + inter
-    bwd_comms = inter + intra_bwd + batched_copy
-    total = fwd + bwd + fwd_comms + bwd_comms + 0.0
-    return total
+        inter = comms_ms(hw, Collective.ALL_TO_ALL, bo * groups * d * e, groups, 1)
+    batched_copy = output * copy_factor / bw
+    return intra_fwd + inter, inter + intra_bwd + batched_copy
 
 
-def _data_parallel(
-    topology: Topology, bw: float, d: np.ndarray, rows: np.ndarray, e: np.ndarray, bi: np.ndarray,
-    bo: np.ndarray,
-) -> np.ndarray:
-    """``DataParallelEvaluator``: local lookups, gradient all-reduce plus optimizer kernels."""
-    w, lw = topology.world_size, topology.local_world_size
-    input_read = np.ceil(bi * INDEX_BYTES)
-    lookup = bi * d * e
-    output = bo * d * e
-    fwd = (1.0 * input_read + 1.0 * lookup + 1.0 * output + 0.0) * 1.0 / bw
-    bwd = fwd * BWD_COMPUTE_MULTIPLIER
+def _data_parallel_comms(hw: Links, w: int, lw: int, rows: np.ndarray, d: np.ndarray, e: np.ndarray,
+                         bw: float, optimizer_factor: float) -> tuple[float, np.ndarray]:
+    """``DataParallelEvaluator``: no forward comms; the gradient all-reduce plus optimizer kernels."""
     table_size = rows * d * e
     num_nodes = min(w / lw, 2)
-    all_reduce = table_size * (2 * num_nodes - 1) / num_nodes / comms_bw(
-        topology, Collective.ALL_REDUCE, w, lw
-    )
+    all_reduce = comms_ms(hw, Collective.ALL_REDUCE, table_size * (2 * num_nodes - 1) / num_nodes, w, lw)
     if w > 2 * lw:
         all_reduce = all_reduce * 2
-    optimizer_kernels = table_size * DP_ELEMENTWISE_KERNELS_PERF_FACTOR / bw
-    total: np.ndarray = fwd + bwd + 0 + (all_reduce + optimizer_kernels) + 0.0
-    return total
+    optimizer_kernels = table_size * optimizer_factor / bw
+    return 0, all_reduce + optimizer_kernels

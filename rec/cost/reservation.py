@@ -13,10 +13,14 @@ from rec.topology.types import Topology
 
 
 def kjt_bytes(spec: Spec, batch_size: int) -> int:
-    """``_get_kjt_storage``: ceil(sum of per-feature pf * batch_size * 8) * 20."""
-    n = len(spec.tables)
-    pf = np.fromiter((t.pooling_factor for t in spec.tables), np.float64, n)
-    nf = np.fromiter((max(len(t.feature_names), 1) for t in spec.tables), np.int64, n)
+    """``_get_kjt_storage``: ceil(sum of per-feature pf * batch_size * 8) * 20, over every module."""
+    # TorchRec walks the model's modules in order, each module's tables in order: the spec's modules in
+    # order of first appearance, as a model built from the spec holds them.
+    position = {module: k for k, module in enumerate(spec.modules)}
+    tables = sorted(spec.tables, key=lambda t: position[t.module]) if len(position) > 1 else spec.tables
+    n = len(tables)
+    pf = np.fromiter((t.pooling_factor for t in tables), np.float64, n)
+    nf = np.fromiter((max(len(t.feature_names), 1) for t in tables), np.int64, n)
     # One term per feature in module order, summed with Python's sum() like TorchRec.
     batch_inputs = (np.repeat(pf, nf) * batch_size).tolist()
     return math.ceil(sum(batch_inputs) * float(INDEX_BYTES)) * KJT_COPIES

@@ -2,7 +2,8 @@
 
 Mirrors ``shard_estimators.calculate_shard_storages`` for training with the default sharder: the
 weights (plus optimizer state, plus UVM-cache bookkeeping in HBM when cached) and the shard's
-input/output buffers, which count toward HBM on cuda and toward DDR on cpu.
+input/output buffers, which count toward HBM on cuda and toward DDR on cpu. An unpooled table's
+(an EmbeddingCollection's) output buffer holds one vector per id (``is_pooled=False``).
 """
 
 from __future__ import annotations
@@ -39,8 +40,10 @@ def storage_parts(
     batch_inputs: np.ndarray,
     batch_outputs: np.ndarray,
     with_cache: bool,
+    pooled: np.ndarray | None = None,
 ) -> StorageParts:
-    """Weights, cached-weights and io bytes of every shard (run)."""
+    """Weights, cached-weights and io bytes of every shard (run); ``pooled`` (default: all) says which
+    tables' outputs are pooled (unpooled tables' ``batch_outputs`` are their ``batch_inputs``)."""
     dp = sharding_type == ShardingType.DATA_PARALLEL
     shard_elems = rows * cols
     table_elems = table_rows * table_dims
@@ -56,7 +59,7 @@ def storage_parts(
         cached = cached + np.ceil(rows * (4 + cr * 16)).astype(np.int64)
     inputs, outputs = _io_sizes(
         sharding_type, world_size, local_world_size, table_dims, rows, cols, elem,
-        batch_inputs, batch_outputs,
+        batch_inputs, batch_outputs, pooled,
     )
     return StorageParts(weights, cached, inputs + outputs)
 
@@ -86,9 +89,9 @@ def _with_optimizer(
 
 def _io_sizes(
     st: ShardingType, w: int, lw: int, dims: np.ndarray, rows: np.ndarray, cols: np.ndarray,
-    elem: np.ndarray, bi: np.ndarray, bo: np.ndarray,
+    elem: np.ndarray, bi: np.ndarray, bo: np.ndarray, pooled: np.ndarray | None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``_calculate_shard_io_sizes`` for pooled outputs of the table's element size."""
+    """``_calculate_shard_io_sizes`` for outputs of the table's element size."""
     if st == ShardingType.DATA_PARALLEL:
         return _ceil(bi * INDEX_BYTES), _ceil(bo * dims * elem)
     if st == ShardingType.TABLE_WISE:
@@ -98,7 +101,8 @@ def _io_sizes(
     group = w if st == ShardingType.ROW_WISE else lw
     nonempty = rows * cols != 0  # empty row shards get no io buffers
     inputs = np.where(nonempty, _ceil(bi / group * w * INDEX_BYTES), 0)
-    outputs = np.where(nonempty, _ceil(bo * w * cols * elem), 0)
+    per_rank = bo if pooled is None else np.where(pooled, bo, bo / group)  # unpooled: a share of the ids
+    outputs = np.where(nonempty, _ceil(per_rank * w * cols * elem), 0)
     return inputs, outputs
 
 

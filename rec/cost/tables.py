@@ -1,10 +1,13 @@
-"""The spec's tables as numpy columns, modelled the way TorchRec sees an EmbeddingBagCollection.
+"""The spec's tables as numpy columns, modelled the way TorchRec sees its embedding modules.
 
-Each table becomes one ``EmbeddingBagConfig`` plus one ``ParameterConstraints`` with
+Each table becomes one ``EmbeddingBagConfig`` (an ``EmbeddingConfig`` of an ``EmbeddingCollection``
+where pooling is NONE) plus one ``ParameterConstraints`` with
 ``pooling_factors=[pooling_factor] * len(feature_names)`` (TorchRec reads one pooling factor per
 feature; ``num_poolings`` stays the default 1.0), ``cache_params.load_factor=caching_ratio`` and the
 table's allow-lists. The element size is ``DataType.bytes_per_element``: 4 for FP32 and 2
-otherwise, as ``EmbeddingBagCollection`` allocates tables for training.
+otherwise, as ``EmbeddingBagCollection`` and ``EmbeddingCollection`` allocate tables for training.
+An unpooled table outputs one vector per id, so its ``batch_outputs`` are its ``batch_inputs``
+(TorchRec's ``is_pooled=False``).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import TypeVar
 import numpy as np
 
 from rec.cost.types import CK_CODE, COMPUTE_KERNELS, SHARDING_TYPES, ST_CODE, CostConfig, Optimizer
+from rec.sharding import ComputeDevice, ModuleKind, Pooling, sharder_options
 from rec.spec.types import Spec
 
 K = TypeVar("K")  # ShardingType or ComputeKernel
@@ -30,10 +34,23 @@ class TableArrays:
     num_features: np.ndarray  # int64
     pooling_factor: np.ndarray  # float64, per feature
     batch_inputs: np.ndarray  # float64 ids per rank batch: sum over features of pf * 1.0 * B
-    batch_outputs: np.ndarray  # float64 pooled rows per rank batch: sum of min(1, pf) * 1.0 * B
+    batch_outputs: np.ndarray  # float64 output rows per rank batch: pooled, sum of min(1, pf) * 1.0 * B;
+    # unpooled, batch_inputs
+    pooled: np.ndarray  # bool: the table's module pools (an EmbeddingBagCollection)
     optimizer_multiplier: np.ndarray  # float64 optimizer state per weight byte
     sharding_allowed: np.ndarray  # (T, len(SHARDING_TYPES)) bool; all True where no allow-list
     kernel_allowed: np.ndarray  # (T, len(COMPUTE_KERNELS)) bool; all True where no allow-list
+    kinds: tuple[ModuleKind, ...]  # the module kinds in the spec, in ModuleKind order
+
+    def offered(self, device: ComputeDevice) -> np.ndarray:
+        """(T, len(SHARDING_TYPES), len(COMPUTE_KERNELS)) bool: what each table's sharder offers."""
+        out = np.zeros((len(self.rows), len(SHARDING_TYPES), len(COMPUTE_KERNELS)), bool)
+        for kind in self.kinds:
+            mine = self.pooled == (kind is ModuleKind.EMBEDDING_BAG_COLLECTION)
+            for st, kernels in sharder_options(device, kind).items():
+                for ck in kernels:
+                    out[mine, ST_CODE[st], CK_CODE[ck]] = True
+        return out
 
 
 def table_arrays(spec: Spec, batch_size: int, config: CostConfig) -> TableArrays:
@@ -51,6 +68,8 @@ def table_arrays(spec: Spec, batch_size: int, config: CostConfig) -> TableArrays
     nf = np.maximum(nf, 1)
     pf = np.fromiter((t.pooling_factor for t in tables), np.float64, n)
     inputs, outputs = _batch_sums(pf, nf, batch_size)
+    pooled = np.fromiter((t.pooling is not Pooling.NONE for t in tables), bool, n)
+    outputs = np.where(pooled, outputs, inputs)
 
     st_ok = np.ones((n, len(SHARDING_TYPES)), dtype=bool)
     ck_ok = np.ones((n, len(COMPUTE_KERNELS)), dtype=bool)
@@ -68,9 +87,11 @@ def table_arrays(spec: Spec, batch_size: int, config: CostConfig) -> TableArrays
         pooling_factor=pf,
         batch_inputs=inputs,
         batch_outputs=outputs,
+        pooled=pooled,
         optimizer_multiplier=optimizer_multiplier(config.optimizer, dims),
         sharding_allowed=st_ok,
         kernel_allowed=ck_ok,
+        kinds=tuple(k for k in ModuleKind if k in set(spec.modules.values())),
     )
 
 

@@ -19,6 +19,7 @@ from enum import StrEnum
 import numpy as np
 
 from rec.cost.constants import UVM_CACHING_RATIO
+from rec.profile.types import DEFAULT_PROFILE, Profile
 from rec.settings import knob
 from rec.sharding import ComputeKernel, ShardingType
 
@@ -47,6 +48,9 @@ class CostConfig:
         "optimizer whose state the storage estimate adds to every shard"))
     caching_ratio: float = field(default=UVM_CACHING_RATIO, metadata=knob(
         "share of a fused_uvm_caching table cached in HBM", minimum=0.0, maximum=1.0))
+    # Read from a file (--profile, docs/profile.md); in the plan_id only when not the default.
+    profile: Profile = field(default=DEFAULT_PROFILE, metadata=knob(
+        "hardware profile: the cost model's bandwidths and coefficients", cli=False))
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import numpy as np
 from rec.cost.enumerator import enumerate_options
 from rec.cost.types import CK_CODE, ST_CODE, CostConfig, Options
 from rec.errors import InputError, Problem
+from rec.plan.identity import plan_profile
 from rec.plan.types import Plan, Replicas
 from rec.settings import from_dict
 from rec.spec import spec_from_rows
@@ -58,17 +59,18 @@ def breakdown(plan: Plan) -> Breakdown:
     """Every shard's compute and communication time under the plan's own cost model."""
     spec = spec_from_rows(list(plan.spec_tables))
     topology = topology_from_dict(plan.topology, source=f"plan {plan.plan_id}")
-    cost = from_dict(CostConfig, plan.planner.get("cost", {}), "planner.cost")
+    cost = replace(from_dict(CostConfig, plan.planner.get("cost", {}), "planner.cost"), profile=plan_profile(plan))
     total = enumerate_options(spec, topology, cost)
-    free = enumerate_options(spec, replace(topology, intra_host_bw=math.inf, inter_host_bw=math.inf), cost)
-    index = {t.name: i for i, t in enumerate(spec.tables)}
+    free = enumerate_options(spec, replace(topology, intra_host_bw=math.inf, inter_host_bw=math.inf),
+                             replace(cost, profile=cost.profile.without_network()))
+    index = {t.key: i for i, t in enumerate(spec.tables)}
     keys = _option_keys(total)
     cols: dict[str, list[float]] = {k: [] for k in ("table", "rank", "shard", "compute", "comm", "hbm", "ddr")}
     problems = []
     for ti, t in enumerate(plan.tables):
-        o = keys.get((index[t.name], ST_CODE[t.sharding_type], CK_CODE[t.compute_kernel]))
+        o = keys.get((index[t.key], ST_CODE[t.sharding_type], CK_CODE[t.compute_kernel]))
         if o is None:
-            problems.append(Problem(f"table {t.name}", "its sharding type and kernel are no option of the cost model"))
+            problems.append(Problem(f"table {t.key}", "its sharding type and kernel are no option of the cost model"))
             continue
         sl = total.shards(o)
         if isinstance(t.shards, Replicas):
@@ -77,7 +79,7 @@ def breakdown(plan: Plan) -> Breakdown:
             entry = _entries_by_offset(total, sl)
             placed = [(s.rank, k, entry.get((s.offsets[0], s.offsets[1]), -1)) for k, s in enumerate(t.shards)]
             if any(e < 0 for _, _, e in placed):
-                problems.append(Problem(f"table {t.name}", "its shards are not those the cost model lays out"))
+                problems.append(Problem(f"table {t.key}", "its shards are not those the cost model lays out"))
                 continue
         for rank, k, e in placed:
             compute = float(free.perf[e])

@@ -52,6 +52,7 @@ def build_plan(result: SearchResult, spec: Spec, topology: Topology, cost: CostC
         rows=opts.rows[e].astype(np.int64),
         cols=opts.cols[e].astype(np.int64),
         world_size=world,
+        modules=tuple(t.module for t in spec.tables),
     )
     metrics = PlanMetrics(
         critical_path=result.critical_path,

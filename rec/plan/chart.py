@@ -145,6 +145,8 @@ def _draw_panel(draw: ImageDraw, font: FreeTypeFont | ImageFont, panel: _Panel, 
 def _ticks(top: float, unit: str) -> list[float]:
     """0 and 3 to 6 round steps up to at least ``top`` (steps of 1, 2, 2.5 or 5 x 10^k; bytes in
     the unit format_bytes shows)."""
+    from rec.search.tolerance import TIME_NOISE  # here: importing rec.search loads the whole search
+
     base = 1.0
     if unit == "bytes":
         while top >= 1024 * base and base < 1024**5:
@@ -152,7 +154,7 @@ def _ticks(top: float, unit: str) -> list[float]:
     raw = top / base / 4
     magnitude = 10 ** np.floor(np.log10(raw)) if raw > 0 else 1.0
     step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw) * base
-    count = int(np.ceil(top / step - 1e-9))
+    count = int(np.ceil(top / step - TIME_NOISE))  # a ratio whole up to float noise: no extra tick
     return [k * step for k in range(count + 1)]
 
 

@@ -9,6 +9,7 @@ replica, standing for one on every rank.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import overload
@@ -18,6 +19,7 @@ import numpy as np
 from rec.cost.types import COMPUTE_KERNELS, SHARDING_TYPES, ST_CODE
 from rec.plan.types import Replicas, Shard, TablePlan
 from rec.sharding import ShardingType
+from rec.spec.types import DEFAULT_MODULE, table_key
 
 DATA_PARALLEL = ST_CODE[ShardingType.DATA_PARALLEL]
 SHARD_FIELDS = ("rank", "row_offset", "col_offset", "rows", "cols")
@@ -39,6 +41,16 @@ class TableColumns(Sequence[TablePlan]):
     rows: np.ndarray
     cols: np.ndarray
     world_size: int
+    modules: tuple[str, ...] = ()  # each table's module; left empty: every table in DEFAULT_MODULE
+
+    def __post_init__(self) -> None:
+        if not self.modules:
+            object.__setattr__(self, "modules", (DEFAULT_MODULE,) * len(self.names))
+
+    @functools.cached_property
+    def keys(self) -> tuple[str, ...]:
+        """Every table's key (``rec.spec.types.table_key``): unique in a sound plan."""
+        return tuple(map(table_key, self.modules, self.names))
 
     def __len__(self) -> int:
         return len(self.names)
@@ -60,15 +72,15 @@ class TableColumns(Sequence[TablePlan]):
         if self.replicated[i]:
             seq_shards, ranks = Replicas(shards[0], self.world_size), range(self.world_size)
         return TablePlan(self.names[i], SHARDING_TYPES[self.sharding_type[i]], COMPUTE_KERNELS[self.compute_kernel[i]],
-                         ranks, seq_shards, float(self.perf[i]), int(self.hbm[i]), int(self.ddr[i]))
+                         ranks, seq_shards, float(self.perf[i]), int(self.hbm[i]), int(self.ddr[i]), self.modules[i])
 
     def __iter__(self) -> Iterator[TablePlan]:
         return (self[i] for i in range(len(self)))
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, TableColumns):
-            return self.names == other.names and self.world_size == other.world_size and all(
-                np.array_equal(getattr(self, f), getattr(other, f)) for f in _ARRAYS)
+            same = (self.names, self.modules, self.world_size) == (other.names, other.modules, other.world_size)
+            return same and all(np.array_equal(getattr(self, f), getattr(other, f)) for f in _ARRAYS)
         if isinstance(other, Sequence):
             return list(self) == list(other)
         return NotImplemented
@@ -111,5 +123,6 @@ def columns_of(tables: Sequence[TablePlan], world_size: int) -> TableColumns:
         shard_start=np.concatenate(([0], np.cumsum(counts))).astype(np.int64),
         **{f: np.ascontiguousarray(flat[:, j]) for j, f in enumerate(SHARD_FIELDS)},
         world_size=world_size,
+        modules=tuple(t.module for t in tables),
     )
 

@@ -5,11 +5,12 @@ when the plan is read back (``identity_problems``), so an edited plan.json is ca
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from typing import TYPE_CHECKING, Any
 
 from rec.errors import InputError, Problem
 from rec.hashing import content_hash
+from rec.profile import DEFAULT_PROFILE, Profile, profile_from_record, profile_record
 
 if TYPE_CHECKING:
     from rec.cost.types import CostConfig
@@ -18,15 +19,42 @@ if TYPE_CHECKING:
 
 # Part of every plan_id: fixed, so that a new plan.json format keeps the ids of old plans.
 PLAN_ID_FORMAT = "shardflow.plan/v1"
+# What a searcher other than the local one adds to the planner configuration (``searcher_keys``).
+SEARCHER_KEYS = ("backend", "groups")
 
 
 def planner_config(cost: CostConfig, search: SearchConfig,
                    extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The planner configuration a plan_id covers; ``extra`` is what the searcher adds (e.g. the
-    Ray backend and its groups)."""
-    c = asdict(cost)
+    """The planner configuration a plan_id covers; ``extra`` is what the searcher and a replan
+    add (``searcher_keys``, ``replan_keys``). A profile other than the default adds ``profile``
+    (its hash and content, ``rec.profile.profile_record``): the default leaves plans and plan_ids
+    as they were."""
+    c = {f.name: getattr(cost, f.name) for f in fields(cost) if f.name != "profile"}
     c["optimizer"] = cost.optimizer.value
-    return {"cost": c, "search": asdict(search), **(extra or {})}
+    planner = {"cost": c, "search": asdict(search), **(extra or {})}
+    if not cost.profile.is_default:
+        planner["profile"] = profile_record(cost.profile)
+    return planner
+
+
+def searcher_keys(backend: str, groups: int | None) -> dict[str, Any]:
+    """What searching on ``backend`` (not the local search) in ``groups`` table groups adds to the
+    planner configuration; None groups: to be chosen when searching (a request's key)."""
+    return dict(zip(SEARCHER_KEYS, (backend, groups), strict=True))
+
+
+def replan_keys(previous: Plan, max_regress: float) -> dict[str, Any]:
+    """What replanning from ``previous`` within ``max_regress`` adds to the planner configuration."""
+    return {"previous_plan_id": previous.plan_id, "max_regress": max_regress}
+
+
+def plan_profile(plan: Plan) -> Profile:
+    """The profile a plan was made under (the default when it records none); InputError if its
+    record is invalid or was edited."""
+    record = plan.planner.get("profile")
+    if record is None:
+        return DEFAULT_PROFILE
+    return profile_from_record(record, f"of plan {plan.plan_id}")
 
 
 def plan_id(spec_hash: str, topology_hash: str, planner: dict[str, Any]) -> str:
@@ -46,6 +74,10 @@ def identity_problems(plan: Plan) -> list[Problem]:
         spec_hash = rows_hash(plan.spec_tables)
     except (InputError, TypeError, ValueError) as e:
         return [Problem(where, f"carries an invalid topology or spec: {e}")]
+    try:
+        plan_profile(plan)
+    except InputError as e:
+        return [Problem(where, f"carries an invalid profile: {'; '.join(str(p) for p in e.problems)}")]
     problems = []
     if spec_hash != plan.spec_hash:
         problems.append(Problem(where, f"its spec rows hash to {spec_hash}, not its spec_hash "

@@ -1,12 +1,16 @@
 """``plan.json`` and ``shards.parquet`` (docs/plan-format.md): identical plans give identical bytes.
 
 Writing is atomic with plan.json as the commit point: every file is written in a private temporary
-directory, moved into place, plan.json last. A reader that finds plan.json finds the shards.parquet
-of the same plan (its ``plan_id`` column says so), or a newer one if a writer crashed in between.
+directory, files of an earlier plan that the new one does not have are removed, and the new files
+are moved into place, plan.json last. A reader that finds plan.json finds the shards.parquet of the
+same plan, or a newer one if a writer crashed in between: reading a plan directory checks its
+shards.parquet against plan.json (``shards_problems``). A write that fails (a full disk) leaves
+the directory as it was.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -14,7 +18,7 @@ import secrets
 import shutil
 import socket
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,16 +26,27 @@ import numpy as np
 
 from rec.cost.types import COMPUTE_KERNELS, SHARDING_TYPES
 from rec.errors import InputError, Problem
-from rec.plan.types import PLAN_FORMAT, PLAN_FORMATS, Plan, PlanMetrics, Replicas, Shard, TablePlan
+from rec.plan.chart import CHART_FILE
+from rec.plan.types import PLAN_FORMATS, Plan, PlanMetrics, Replicas, Shard, TablePlan
 from rec.sharding import ComputeKernel, ShardingType
+from rec.spec.types import DEFAULT_MODULE
 
 PLAN_FILE = "plan.json"
 SHARDS_FILE = "shards.parquet"
 MOVEMENT_FILE = "movement.parquet"  # replanned plans: bytes moving into and out of each rank
+PLAN_FILES = (PLAN_FILE, SHARDS_FILE)  # what a plan is read from (``read_plan`` of its directory)
+CACHE_DIGEST_FILE = "cache-digest.json"  # plan cache entries only (tasks.plan_cache)
+# Every file a plan directory may hold: a write removes those the new plan does not have.
+PLAN_DIR_FILES = (PLAN_FILE, SHARDS_FILE, CHART_FILE, MOVEMENT_FILE, CACHE_DIGEST_FILE)
+# A write that fails for want of space (a full disk, a quota, a file size limit) is reported as such.
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 TMP_PREFIX = ".tmp-plan-"
 WRITE_LOCK = ".plan-write.lock"
 SHARD_COLUMNS = ("plan_id", "table", "sharding_type", "compute_kernel", "shard", "rank",
                  "row_offset", "col_offset", "rows", "cols")
+# A plan with tables outside the default module (plan.json v3) also has a module column after table.
+SHARD_COLUMNS_MODULES = (*SHARD_COLUMNS[:2], "module", *SHARD_COLUMNS[2:])
+TEXT_COLUMNS = (*SHARD_COLUMNS[:4], "module")  # the rest are integers
 ROWS_PER_GROUP = 1 << 22  # shards.parquet is written in row groups of at most this many shards
 
 
@@ -48,7 +63,7 @@ def _header(plan: Plan) -> dict[str, Any]:
     if metrics["movement"] is None:
         del metrics["movement"]
     previous = {"previous_plan_id": plan.previous_plan_id} if plan.previous_plan_id else {}
-    return {"format": PLAN_FORMAT, "plan_id": plan.plan_id, "spec_hash": plan.spec_hash, **previous,
+    return {"format": plan.format, "plan_id": plan.plan_id, "spec_hash": plan.spec_hash, **previous,
             "topology": plan.topology, "planner": plan.planner, "tables": None, "metrics": metrics,
             "spec": None}
 
@@ -56,7 +71,8 @@ def _header(plan: Plan) -> dict[str, Any]:
 def table_lines(plan: Plan) -> list[str]:
     """One JSON object per table, written from the columns (100,000 tables in well under a second)."""
     c = plan.columns
-    names = [json.dumps(n) for n in c.names]
+    names = [json.dumps(n) if m == DEFAULT_MODULE else f'{json.dumps(n)},"module":{json.dumps(m)}'
+             for n, m in zip(c.names, c.modules, strict=True)]  # v3: the module after the name
     st = [SHARDING_VALUES[x] for x in c.sharding_type.tolist()]
     ck = [KERNEL_VALUES[x] for x in c.compute_kernel.tolist()]
     perf, hbm, ddr = map(list, (c.perf.tolist(), c.hbm.tolist(), c.ddr.tolist()))
@@ -124,6 +140,7 @@ def _table_from_dict(t: object, world: int) -> TablePlan:
         if ShardingType(t["sharding_type"]) is ShardingType.DATA_PARALLEL:
             shards, ranks = _as_replicas(shards, ranks, world)  # v1 listed every replica
     return TablePlan(
+        module=_text(t.get("module", DEFAULT_MODULE)),
         name=_text(t["name"]),
         sharding_type=ShardingType(t["sharding_type"]),
         compute_kernel=ComputeKernel(t["compute_kernel"]),
@@ -190,16 +207,33 @@ def dumps_plan(plan: Plan) -> str:
     return "\n".join(lines) + "\n}\n"
 
 
-def read_plan(path: str | Path) -> Plan:
-    """The plan in ``path`` (plan.json or its directory); InputError for anything that is not one."""
-    import orjson
+def plan_file(path: str | Path) -> Path:
+    """The plan.json that ``path`` names: the file itself, or the one in the directory."""
+    path = Path(path)
+    return path / PLAN_FILE if path.is_dir() else path
 
+
+def read_plan(path: str | Path) -> Plan:
+    """The plan in ``path`` (plan.json or its directory); InputError for anything that is not one.
+    The shards.parquet beside plan.json is checked against it: a directory must have one, a
+    plan.json named on its own is complete without it."""
     from rec.input_files import MAX_SPEC_FILE_BYTES, read_text
 
-    path = Path(path)
-    if path.is_dir():
-        path = path / PLAN_FILE
-    text = read_text(path, "the plan", MAX_SPEC_FILE_BYTES)
+    directory = Path(path).is_dir()
+    path = plan_file(path)
+    plan = parse_plan(read_text(path, "the plan", MAX_SPEC_FILE_BYTES), path)
+    shards = path.parent / SHARDS_FILE
+    if directory or os.path.lexists(shards):
+        problems = shards_problems(plan, shards)
+        if problems:
+            raise InputError(f"Cannot use the plan in {path.parent}:", problems)
+    return plan
+
+
+def parse_plan(text: str | bytes, path: str | Path) -> Plan:
+    """The plan in plan.json's ``text`` (read from ``path``); InputError if it is not one."""
+    import orjson
+
     try:
         # orjson: strict (no NaN, UTF-8, bounded nesting) and fast; a key written twice keeps the
         # last value, and what it changes is caught by validation and the plan_id check.
@@ -207,6 +241,58 @@ def read_plan(path: str | Path) -> Plan:
     except orjson.JSONDecodeError as e:
         raise InputError(f"Cannot read the plan {path}", [Problem(str(path), f"not valid JSON: {e}")]) from None
     return plan_from_dict(payload, str(path))
+
+
+def shards_problems(plan: Plan, path: str | Path, data: bytes | None = None) -> list[Problem]:
+    """Why ``path`` (or ``data``, its bytes as read) is not the shards.parquet of ``plan`` (missing,
+    truncated, of another plan, edited); empty when it lists exactly the plan's shards."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    where = str(path)
+    plan = replace(plan, tables=plan.columns)  # columns once, for the count and the rows
+    if data is None and not path.is_file():
+        return [Problem(where, f"is missing (or not a file): a plan directory holds the {PLAN_FILE} and "
+                               f"{SHARDS_FILE} of one plan; write the plan again")]
+    expected = int(np.where(plan.columns.replicated, plan.world_size, np.diff(plan.columns.shard_start)).sum())
+    try:
+        f = pq.ParquetFile(path if data is None else pa.BufferReader(data))
+        names = f.schema_arrow.names
+        columns = shard_columns(plan)
+        if names != list(columns):
+            return [Problem(where, f"has the columns {', '.join(names[:12])}, not those of a {SHARDS_FILE} "
+                                   f"({', '.join(columns)})")]
+        kinds = [pa.types.is_string(t) if name in TEXT_COLUMNS else pa.types.is_integer(t)
+                 for name, t in zip(names, f.schema_arrow.types, strict=True)]
+        if not all(kinds):
+            found = ", ".join(f"{n} {t}" for n, t in zip(names, f.schema_arrow.types, strict=True))
+            return [Problem(where, f"has columns of other types ({found}): text for {', '.join(TEXT_COLUMNS)}, "
+                                   "integers for the rest")]
+        ids = [str(v) for v in pc.unique(f.read(columns=["plan_id"])["plan_id"]).to_pylist()]
+        if ids != [plan.plan_id]:
+            return [Problem(where, f"belongs to plan {', '.join(ids[:3]) or '(none)'}, not to plan {plan.plan_id} "
+                                   f"of its {PLAN_FILE}; write the plan again")]
+        if f.metadata.num_rows != expected:
+            return [Problem(where, f"has {f.metadata.num_rows:,} rows, but plan {plan.plan_id} has {expected:,} "
+                                   "shards: truncated or edited; write the plan again")]
+        table = f.read()
+        offset = 0
+        for batch in shard_tables(plan):
+            want = batch.cast(table.schema)
+            if not table.slice(offset, len(want)).equals(want):
+                return [Problem(where, f"does not list the shards of its {PLAN_FILE} (plan {plan.plan_id}): one of "
+                                       "the two was edited; write the plan again")]
+            offset += len(want)
+    except (OSError, ValueError, pa.ArrowException):  # pyarrow's own words say no more than this
+        return [Problem(where, "is not a readable Parquet file (truncated or corrupt); write the plan again")]
+    return []
+
+
+def shard_columns(plan: Plan) -> tuple[str, ...]:
+    """shards.parquet's columns for ``plan``: with ``module`` where a table is outside the default module."""
+    return SHARD_COLUMNS if all(m == DEFAULT_MODULE for m in plan.columns.modules) else SHARD_COLUMNS_MODULES
 
 
 def shard_tables(plan: Plan, rows_per_group: int = ROWS_PER_GROUP) -> Iterator[Any]:
@@ -221,6 +307,8 @@ def shard_tables(plan: Plan, rows_per_group: int = ROWS_PER_GROUP) -> Iterator[A
     flat = np.stack([c.rank, c.row_offset, c.col_offset, c.rows, c.cols], axis=1)
     first = c.shard_start[:-1]
     names = _strings(list(c.names))
+    columns = shard_columns(plan)
+    modules = _strings(list(c.modules)) if "module" in columns else None
     st_values = _strings(SHARDING_VALUES)
     ck_values = _strings(KERNEL_VALUES)
     st_code, ck_code = c.sharding_type.astype(np.int32), c.compute_kernel.astype(np.int32)
@@ -235,13 +323,16 @@ def shard_tables(plan: Plan, rows_per_group: int = ROWS_PER_GROUP) -> Iterator[A
             + (ends[start - 1] if start else 0)
         values = flat[first[t] + np.where(replicated[t], 0, k)]
         values[:, 0] = np.where(replicated[t], k, values[:, 0])  # replica k lives on rank k
+        by_table = [pa.DictionaryArray.from_arrays(_ints(t.astype(np.int32)), names)]
+        if modules is not None:
+            by_table.append(pa.DictionaryArray.from_arrays(_ints(t.astype(np.int32)), modules))
         yield pa.Table.from_arrays([
             pa.DictionaryArray.from_arrays(_ints(np.zeros(len(t), np.int32)), plan_id),
-            pa.DictionaryArray.from_arrays(_ints(t.astype(np.int32)), names),
+            *by_table,
             pa.DictionaryArray.from_arrays(_ints(st_code[t]), st_values),
             pa.DictionaryArray.from_arrays(_ints(ck_code[t]), ck_values),
             _ints(k), *(_ints(values[:, j]) for j in range(5)),
-        ], names=list(SHARD_COLUMNS))
+        ], names=list(columns))
         if n == 0:
             return
         start = stop
@@ -249,8 +340,17 @@ def shard_tables(plan: Plan, rows_per_group: int = ROWS_PER_GROUP) -> Iterator[A
 
 def write_plan(plan: Plan, out_dir: str | Path,
                extra: Callable[[Path], None] | None = None) -> Path:
-    """Write plan.json and shards.parquet (and what ``extra(tmp_dir)`` writes) atomically, plan.json
-    last; returns the path of plan.json."""
+    """Write the plan (``write_plan_files``); returns the path of plan.json."""
+    return write_plan_files(plan, out_dir, extra)[0]
+
+
+def write_plan_files(plan: Plan, out_dir: str | Path,
+                     extra: Callable[[Path], None] | None = None) -> tuple[Path, ...]:
+    """Write plan.json and shards.parquet (movement.parquet for a replanned plan, and what
+    ``extra(tmp_dir)`` adds once those are in ``tmp_dir``) as one unit: the files of an earlier
+    plan in ``out_dir`` that this one does not have are removed, plan.json is replaced last.
+    Returns the files written, plan.json first. A failed write leaves ``out_dir`` as it was; out
+    of space, it raises OSError naming the file (``DISK_FULL_ERRNOS``)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / WRITE_LOCK, "a") as lock:
@@ -261,31 +361,60 @@ def write_plan(plan: Plan, out_dir: str | Path,
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _write_plan_files(plan: Plan, out: Path, extra: Callable[[Path], None] | None) -> Path:
-    import pyarrow.parquet as pq
-
+def _write_plan_files(plan: Plan, out: Path, extra: Callable[[Path], None] | None) -> tuple[Path, ...]:
     _remove_abandoned(out)
     tmp = out / f"{TMP_PREFIX}{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
-    tmp.mkdir()
+    writing = out
     try:
-        writer = None
+        tmp.mkdir()
+        writing = out / SHARDS_FILE
+        _write_shards(plan, tmp / SHARDS_FILE)
+        if plan.metrics.movement:
+            writing = out / MOVEMENT_FILE
+            _write_movement(plan.metrics.movement, tmp / MOVEMENT_FILE)
+        writing = out / PLAN_FILE
+        (tmp / PLAN_FILE).write_text(dumps_plan(plan), encoding="utf-8")
+        if extra is not None:
+            writing = out
+            extra(tmp)
+        names = sorted(os.listdir(tmp), key=_listed_order)  # plan.json first
+        for name in set(PLAN_DIR_FILES) - set(names):  # an earlier plan's, e.g. a chart or movement
+            if (out / name).is_file() or (out / name).is_symlink():
+                (out / name).unlink()
+        for name in sorted(names, key=lambda n: n == PLAN_FILE):  # plan.json last: the commit point
+            os.replace(tmp / name, out / name)
+    except OSError as e:
+        if e.errno in DISK_FULL_ERRNOS:
+            raise OSError(e.errno, os.strerror(e.errno), str(writing)) from None
+        raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return tuple(out / name for name in names)
+
+
+def _listed_order(name: str) -> tuple[int, str]:
+    return (PLAN_DIR_FILES.index(name) if name in PLAN_DIR_FILES else len(PLAN_DIR_FILES), name)
+
+
+def _write_shards(plan: Plan, path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    writer: Any = None
+    try:
         for table in shard_tables(plan):
             # store_schema=False: readers see plain string columns, as shardflow always wrote them.
-            writer = writer or pq.ParquetWriter(tmp / SHARDS_FILE, table.schema, compression="zstd",
+            writer = writer or pq.ParquetWriter(path, table.schema, compression="zstd",
                                                 write_statistics=False, store_schema=False)
             writer.write_table(table)
         if writer is not None:
-            writer.close()
-        if plan.metrics.movement:
-            _write_movement(plan.metrics.movement, tmp / MOVEMENT_FILE)
-        if extra is not None:
-            extra(tmp)
-        (tmp / PLAN_FILE).write_text(dumps_plan(plan), encoding="utf-8")
-        for name in sorted(os.listdir(tmp), key=lambda f: f == PLAN_FILE):  # plan.json last
-            os.replace(tmp / name, out / name)
+            closing, writer = writer, None
+            closing.close()
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out / PLAN_FILE
+        if writer is not None:  # a write failed: that error is the one to report, not the close's
+            try:
+                writer.close()
+            except OSError:
+                pass
 
 
 def _write_movement(movement: dict[str, Any], path: Path) -> None:

@@ -20,6 +20,7 @@ from rec.cost.tables import optimizer_multiplier
 from rec.cost.types import Optimizer
 from rec.plan.types import Plan, Replicas, TablePlan
 from rec.sharding import DataType
+from rec.spec.types import row_key
 
 
 @dataclass(frozen=True)
@@ -51,28 +52,28 @@ def movement(old: Plan, new: Plan, fresh_critical_path: float | None = None) -> 
     """The movement from ``old`` to ``new`` (plans for the same topology)."""
     world = new.world_size
     optimizer = Optimizer(new.planner.get("cost", {}).get("optimizer", Optimizer.ROWWISE_ADAGRAD.value))
-    old_rows = {row["name"]: row for row in old.spec_tables}
-    old_tables = {t.name: t for t in old.tables}
+    old_rows = {row_key(row): row for row in old.spec_tables}  # tables by name and module
+    old_tables = {t.key: t for t in old.tables}
     moved, total = 0, 0
     bytes_in, bytes_out = np.zeros(world, np.int64), np.zeros(world, np.int64)
     counts = {"kept": 0, "resized": 0, "reinitialized": 0, "added": 0, "moved": 0}
     for row, table in zip(new.spec_tables, new.tables, strict=True):
         per_cell = _bytes_per_cell(row, optimizer)
         total += round(per_cell * _cells(table))
-        before = old_rows.get(row["name"])
+        before = old_rows.get(row_key(row))
         kind = _kind(before, row)
         counts[kind] += 1
         if kind not in ("kept", "resized"):
             continue
         assert before is not None
-        cells_in, cells_out = _moved_cells(old_tables[row["name"]], table, int(before["num_embeddings"]),
+        cells_in, cells_out = _moved_cells(old_tables[row_key(row)], table, int(before["num_embeddings"]),
                                            int(row["embedding_dim"]), world)
         table_moved = round(float(cells_in.sum()) * per_cell)
         moved += table_moved
         counts["moved"] += table_moved > 0
         bytes_in += np.rint(cells_in * per_cell).astype(np.int64)
         bytes_out += np.rint(cells_out * per_cell).astype(np.int64)
-    removed = len(set(old_rows) - {row["name"] for row in new.spec_tables})
+    removed = len(set(old_rows) - {row_key(row) for row in new.spec_tables})
     return Movement(moved, total, counts["moved"], counts["kept"], counts["added"], removed,
                     counts["resized"], counts["reinitialized"], fresh_critical_path,
                     tuple(int(x) for x in bytes_in), tuple(int(x) for x in bytes_out))

@@ -1,9 +1,11 @@
 """Score plans with TorchRec itself: the independent check that shardflow's plans are as good as claimed.
 
-``torchrec_inputs`` builds exactly what TorchRec would plan for the spec (the EmbeddingBagCollection,
+``torchrec_inputs`` builds exactly what TorchRec would plan for the spec (a model holding the spec's
+embedding modules at their paths — EmbeddingBagCollections and EmbeddingCollections — and the
 ParameterConstraints, Topology and sharders ``rec.cost`` stands for); ``run_torchrec_planner`` runs
-TorchRec's EmbeddingShardingPlanner on them; ``score_plan`` rates a shardflow Plan with TorchRec's
-enumerator, estimators and ``NoopPerfModel``. torch/torchrec are imported inside the functions:
+TorchRec's EmbeddingShardingPlanner on them (``planner.plan(model, sharders)``, as for any model);
+``score_plan`` rates a shardflow Plan with TorchRec's enumerator, estimators and ``NoopPerfModel``,
+matching each option to a table by (module path, name). torch/torchrec are imported inside the functions:
 only the benchmarks and tests load them.
 """
 
@@ -89,30 +91,29 @@ def torchrec_topology(topology: Topology) -> TorchrecTopology:
 
 def torchrec_inputs(spec: Spec, topology: Topology,
                     cost: CostConfig = CostConfig()) -> tuple[Any, dict[str, Any], TorchrecTopology, list[Any]]:
-    """(EBC on the meta device, constraints by table, TorchRec Topology, sharders): what shardflow plans."""
-    import torch
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    """(the spec's modules at their paths on the meta device, constraints by table name, TorchRec
+    Topology, sharders): what shardflow plans. TorchRec keys constraints by table name alone: tables
+    sharing a name in several modules get the first one's."""
     from torchrec.distributed.planner.types import ParameterConstraints
     from torchrec.distributed.types import CacheParams
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-    from rec.train.tables import embedding_bag_configs
+    from rec.plan.torchrec_plan import module_sharders
+    from rec.spec.torchrec_modules import spec_model
 
-    ebc = EmbeddingBagCollection(tables=embedding_bag_configs(spec), device=torch.device("meta"))
+    model = spec_model(spec)
     optimizer_class = _optimizer_class(cost.optimizer)
     if optimizer_class is not None:
-        for p in ebc.parameters():
-            p._optimizer_classes = [optimizer_class]  # what apply_optimizer_in_backward sets
-    constraints = {
-        t.name: ParameterConstraints(
+        for p in model.parameters():
+            p._optimizer_classes = [optimizer_class]  # type: ignore[attr-defined]  # as apply_optimizer_in_backward
+    constraints: dict[str, Any] = {}
+    for t in spec.tables:
+        constraints.setdefault(t.name, ParameterConstraints(
             sharding_types=[s.value for s in t.sharding_types] if t.sharding_types else None,
             compute_kernels=[k.value for k in t.compute_kernels] if t.compute_kernels else None,
             pooling_factors=[t.pooling_factor] * len(t.feature_names),
             cache_params=CacheParams(load_factor=cost.caching_ratio),
-        )
-        for t in spec.tables
-    }
-    return ebc, constraints, torchrec_topology(topology), [EmbeddingBagCollectionSharder()]
+        ))
+    return model, constraints, torchrec_topology(topology), module_sharders(set(spec.modules.values()))
 
 
 def _storage_reservation(topology: Topology) -> HeuristicalStorageReservation:
@@ -127,7 +128,7 @@ def run_torchrec_planner(spec: Spec, topology: Topology, cost: CostConfig = Cost
     from torchrec.distributed.planner import EmbeddingShardingPlanner
     from torchrec.distributed.planner.perf_models import NoopPerfModel
 
-    ebc, constraints, trec_topology, sharders = torchrec_inputs(spec, topology, cost)
+    model, constraints, trec_topology, sharders = torchrec_inputs(spec, topology, cost)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         started = time.perf_counter()
@@ -139,7 +140,7 @@ def run_torchrec_planner(spec: Spec, topology: Topology, cost: CostConfig = Cost
             proposer=proposer,
             timeout_seconds=timeout_s,
         )
-        planner.plan(ebc, sharders)
+        planner.plan(model, sharders)
         seconds = time.perf_counter() - started
     best = planner._best_plan
     names = ",".join(type(p).__name__ for p in planner._proposers)
@@ -159,7 +160,7 @@ def torchrec_score(plan: Plan, spec: Spec, topology: Topology, cost: CostConfig 
     from torchrec.distributed.planner.perf_models import NoopPerfModel
     from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
 
-    ebc, constraints, trec_topology, sharders = torchrec_inputs(spec, topology, cost)
+    model, constraints, trec_topology, sharders = torchrec_inputs(spec, topology, cost)
     enumerator = EmbeddingEnumerator(
         topology=trec_topology,
         batch_size=topology.batch_size,
@@ -169,16 +170,16 @@ def torchrec_score(plan: Plan, spec: Spec, topology: Topology, cost: CostConfig 
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        options = enumerator.enumerate(ebc, sharders)
+        options = enumerator.enumerate(model, sharders)
         reserved = _storage_reservation(topology).reserve(
-            trec_topology, topology.batch_size, ebc, sharders, constraints)
-    by_key = {(o.name, o.sharding_type, o.compute_kernel): o for o in options}
+            trec_topology, topology.batch_size, model, sharders, constraints)
+    by_key = {(o.path, o.name, o.sharding_type, o.compute_kernel): o for o in options}
 
     chosen = []
     for t in plan.tables:
-        key = (t.name, t.sharding_type.value, t.compute_kernel.value)
+        key = (t.module, t.name, t.sharding_type.value, t.compute_kernel.value)
         if key not in by_key:
-            raise ValueError(f"TorchRec enumerates no {key[1]}/{key[2]} option for table {t.name}")
+            raise ValueError(f"TorchRec enumerates no {key[2]}/{key[3]} option for table {t.key}")
         option = by_key[key]
         # Shards are matched by (offsets, sizes); repeated keys (data_parallel replicas, empty
         # row_wise shards) take the plan's ranks in order, as TorchRec's partitioner does.
@@ -186,11 +187,11 @@ def torchrec_score(plan: Plan, spec: Spec, topology: Topology, cost: CostConfig 
         for s in t.shards:
             ranks[(tuple(s.offsets), tuple(s.sizes))].append(s.rank)
         if len(t.shards) != len(option.shards):
-            raise ValueError(f"table {t.name}: plan has {len(t.shards)} shards, TorchRec {len(option.shards)}")
+            raise ValueError(f"table {t.key}: plan has {len(t.shards)} shards, TorchRec {len(option.shards)}")
         for shard in option.shards:
             queue = ranks.get((tuple(shard.offset), tuple(shard.size)))
             if not queue:
-                raise ValueError(f"table {t.name}: no plan shard at offset {shard.offset} size {shard.size}")
+                raise ValueError(f"table {t.key}: no plan shard at offset {shard.offset} size {shard.size}")
             shard.rank = queue.pop(0)
         chosen.append(option)
 

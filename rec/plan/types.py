@@ -12,12 +12,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
 
 from rec.sharding import ComputeKernel, ShardingType
+from rec.spec.types import DEFAULT_MODULE, table_key
 
 if TYPE_CHECKING:
     from rec.plan.columns import TableColumns
 
 PLAN_FORMAT = "shardflow.plan/v2"
-PLAN_FORMATS = ("shardflow.plan/v1", PLAN_FORMAT)  # what readers accept
+# A plan with a table outside DEFAULT_MODULE: table entries carry ``module``. Only such plans are
+# v3, so plans of specs without modules stay byte-identical and older readers refuse what they would
+# misread.
+PLAN_FORMAT_MODULES = "shardflow.plan/v3"
+PLAN_FORMATS = ("shardflow.plan/v1", PLAN_FORMAT, PLAN_FORMAT_MODULES)  # what readers accept
 
 
 @dataclass(frozen=True)
@@ -61,10 +66,16 @@ class TablePlan:
     perf: float  # estimated ms per iteration, summed over shards (TorchRec Perf.total)
     hbm: int  # estimated bytes, summed over shards
     ddr: int
+    module: str = DEFAULT_MODULE  # the embedding module holding the table (its fully qualified name)
 
     @property
     def replicated(self) -> bool:
         return isinstance(self.shards, Replicas)
+
+    @property
+    def key(self) -> str:
+        """The table's identity in the plan (``rec.spec.types.table_key``)."""
+        return table_key(self.module, self.name)
 
 
 @dataclass(frozen=True)
@@ -86,7 +97,7 @@ class PlanMetrics:
 class Plan:
     plan_id: str
     spec_hash: str
-    topology: dict[str, Any]  # the normalized topology (DESIGN.md keys)
+    topology: dict[str, Any]  # the normalized topology (docs/topology.md keys)
     planner: dict[str, Any]  # cost and search configuration the plan_id covers
     tables: Sequence[TablePlan]  # a tuple, or rec.plan.columns.TableColumns (built plans)
     metrics: PlanMetrics
@@ -94,8 +105,15 @@ class Plan:
     spec_tables: tuple[dict[str, Any], ...] = ()
     previous_plan_id: str | None = None  # the plan this one was replanned from (minimal movement)
 
-    def table(self, name: str) -> TablePlan:
-        return self.tables[self.columns.names.index(name)]
+    def table(self, key: str) -> TablePlan:
+        """The table of ``key``: its name in the default module, ``module.name`` in another."""
+        return self.tables[self.columns.keys.index(key)]
+
+    @property
+    def format(self) -> str:
+        """The plan.json format this plan is written in."""
+        default = all(m == DEFAULT_MODULE for m in self.columns.modules)
+        return PLAN_FORMAT if default else PLAN_FORMAT_MODULES
 
     @property
     def world_size(self) -> int:

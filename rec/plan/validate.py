@@ -17,7 +17,8 @@ from rec.errors import ProblemList
 from rec.plan.columns import TableColumns
 from rec.plan.identity import identity_problems
 from rec.plan.types import Plan, Replicas
-from rec.sharding import ComputeDevice, ShardingType, is_available
+from rec.sharding import ComputeDevice, ModuleKind, Pooling, ShardingType, is_available
+from rec.spec.types import row_key
 
 _ST = {st: ST_CODE[st] for st in ShardingType}
 
@@ -28,18 +29,18 @@ def validate_plan(plan: Plan) -> ProblemList:
     topo = plan.topology
     world, local = int(topo["world_size"]), int(topo["local_world_size"])
     device = ComputeDevice(topo["compute_device"])
-    spec = {row["name"]: row for row in plan.spec_tables}
+    spec = {row_key(row): row for row in plan.spec_tables}  # a table's key: its name, with its module
     c = plan.columns
-    for name, n in Counter(c.names).items():
+    for name, n in Counter(c.keys).items():
         if n > 1:
             problems.add(f"table {name}", "planned more than once")
-    known = np.fromiter((name in spec for name in c.names), bool, len(c))
+    known = np.fromiter((name in spec for name in c.keys), bool, len(c))
     for i in np.flatnonzero(~known):
-        problems.add(f"table {c.names[i]}", "is not in the spec")
-    for name in spec.keys() - set(c.names):
+        problems.add(f"table {c.keys[i]}", "is not in the spec")
+    for name in spec.keys() - set(c.keys):
         problems.add(f"table {name}", "is missing from the plan")
-    rows = np.array([int(spec[n]["num_embeddings"]) if n in spec else 0 for n in c.names], np.int64)
-    dims = np.array([int(spec[n]["embedding_dim"]) if n in spec else 0 for n in c.names], np.int64)
+    rows = np.array([int(spec[n]["num_embeddings"]) if n in spec else 0 for n in c.keys], np.int64)
+    dims = np.array([int(spec[n]["embedding_dim"]) if n in spec else 0 for n in c.keys], np.int64)
     _check_kinds(c, spec, known, device, problems)
     _check_tables(plan, c, known, rows, dims, world, local, problems)
     _check_memory(plan, problems)
@@ -47,28 +48,38 @@ def validate_plan(plan: Plan) -> ProblemList:
 
 
 def check_plan(plan: Plan, source: str | None = None) -> None:
-    """InputError naming every problem if ``plan`` is unsound or was edited after planning: what
-    a plan handed to training or read from a cache must pass."""
+    """InputError naming every problem if ``plan`` is unsound, was edited after planning, or claims
+    metrics its shards do not give (``rec.plan.recompute``): what a plan read back (handed to
+    training, replanned from, read from the cache or MLflow) must pass."""
+    from rec.plan.recompute import metrics_problems
+
     problems = validate_plan(plan)
     problems.items += identity_problems(plan)
+    if not problems:  # the estimates need a sound plan of its own spec and topology
+        problems.items += metrics_problems(plan)
     problems.raise_if_any(f"{source or 'plan ' + plan.plan_id} cannot be used:")
 
 
 def _check_kinds(c: TableColumns, spec: dict[str, dict[str, Any]], known: np.ndarray, device: ComputeDevice,
                  problems: ProblemList) -> None:
-    available = np.array([[is_available(device, st, ck) for ck in COMPUTE_KERNELS] for st in SHARDING_TYPES])
-    for i in np.flatnonzero(known & ~available[c.sharding_type, c.compute_kernel]):
+    available = np.array([[[is_available(device, st, ck, kind) for ck in COMPUTE_KERNELS] for st in SHARDING_TYPES]
+                          for kind in ModuleKind])  # by the table's module: its sharder
+    unpooled = list(ModuleKind).index(Pooling.NONE.module_kind)
+    kind = np.array([unpooled if k in spec and spec[k].get("pooling") == Pooling.NONE.value else 0 for k in c.keys],
+                    np.int64)
+    for i in np.flatnonzero(known & ~available[kind, c.sharding_type, c.compute_kernel]):
         st, ck = SHARDING_TYPES[c.sharding_type[i]], COMPUTE_KERNELS[c.compute_kernel[i]]
-        problems.add(f"table {c.names[i]}", f"{st.value}/{ck.value} is not available on {device.value}")
+        sharder = f" for TorchRec's {list(ModuleKind)[kind[i]].sharder}" if kind[i] == unpooled else ""
+        problems.add(f"table {c.keys[i]}", f"{st.value}/{ck.value} is not available on {device.value}{sharder}")
     for i in np.flatnonzero(known):
-        row = spec[c.names[i]]
+        row = spec[c.keys[i]]
         if not (row.get("sharding_types") or row.get("compute_kernels")):
             continue
         st, ck = SHARDING_TYPES[c.sharding_type[i]].value, COMPUTE_KERNELS[c.compute_kernel[i]].value
         if row.get("sharding_types") and st not in row["sharding_types"]:
-            problems.add(f"table {c.names[i]}", f"sharding type {st} is not in its allow-list {row['sharding_types']}")
+            problems.add(f"table {c.keys[i]}", f"sharding type {st} is not in its allow-list {row['sharding_types']}")
         if row.get("compute_kernels") and ck not in row["compute_kernels"]:
-            problems.add(f"table {c.names[i]}",
+            problems.add(f"table {c.keys[i]}",
                          f"compute kernel {ck} is not in its allow-list {row['compute_kernels']}")
 
 
@@ -83,7 +94,7 @@ def _check_tables(plan: Plan, c: TableColumns, known: np.ndarray, rows: np.ndarr
     full = (c.row_offset[first] == 0) & (c.col_offset[first] == 0) & (c.rows[first] == rows) & (c.cols[first] == dims)
     bad_dp = known & (dp | c.replicated) & ~(dp & c.replicated & (count == 1) & full)
     for i in np.flatnonzero(bad_dp):
-        problems.add(f"table {c.names[i]}", "data_parallel needs one full replica on every rank (and only "
+        problems.add(f"table {c.keys[i]}", "data_parallel needs one full replica on every rank (and only "
                                             "data_parallel is replicated)")
     sharded = known & ~dp & ~c.replicated
     on = sharded[t]
@@ -91,11 +102,11 @@ def _check_tables(plan: Plan, c: TableColumns, known: np.ndarray, rows: np.ndarr
     np.logical_or.at(out_of_range, t, on & ((c.rank < 0) | (c.rank >= world)))
     for i in np.flatnonzero(out_of_range):
         ranks = sorted(set(c.rank[c.shard_start[i]:c.shard_start[i + 1]].tolist()))
-        problems.add(f"table {c.names[i]}", f"rank out of range 0..{world - 1}: {ranks}")
+        problems.add(f"table {c.keys[i]}", f"rank out of range 0..{world - 1}: {ranks}")
     sharded &= ~out_of_range
     _check_listed_ranks(plan, sharded, problems)
     for i in np.flatnonzero(sharded & ~_tiles(c, rows, dims, sharded)):
-        problems.add(f"table {c.names[i]}", f"shards do not tile the {rows[i]}x{dims[i]} table exactly")
+        problems.add(f"table {c.keys[i]}", f"shards do not tile the {rows[i]}x{dims[i]} table exactly")
     _check_placement(c, sharded, world, local, problems)
 
 
@@ -106,7 +117,7 @@ def _check_listed_ranks(plan: Plan, sharded: np.ndarray, problems: ProblemList) 
     for i, table in enumerate(plan.tables):
         if sharded[i] and not isinstance(table.shards, Replicas) and \
                 list(table.ranks) != [s.rank for s in table.shards]:
-            problems.add(f"table {table.name}", "ranks do not match the shards' ranks")
+            problems.add(f"table {table.key}", "ranks do not match the shards' ranks")
 
 
 def _tiles(c: TableColumns, rows: np.ndarray, dims: np.ndarray, sharded: np.ndarray) -> np.ndarray:
@@ -160,15 +171,15 @@ def _check_placement(c: TableColumns, sharded: np.ndarray, world: int, local: in
     wrong = np.zeros(len(c), bool)
     np.logical_or.at(wrong, t, c.rank != position)
     for i in np.flatnonzero(row_wise & (wrong | (count != world))):
-        problems.add(f"table {c.names[i]}", "row_wise shard i must be on rank i")
+        problems.add(f"table {c.keys[i]}", "row_wise shard i must be on rank i")
     for kind in (ShardingType.TABLE_ROW_WISE, ShardingType.TABLE_COLUMN_WISE):
         for i in np.flatnonzero(sharded & (st == _ST[kind]) & (lo_host != hi_host)):
             hosts = sorted(set((c.rank[c.shard_start[i]:c.shard_start[i + 1]] // local).tolist()))
-            problems.add(f"table {c.names[i]}", f"{kind.value} shards must stay on one host, found hosts {hosts}")
+            problems.add(f"table {c.keys[i]}", f"{kind.value} shards must stay on one host, found hosts {hosts}")
     local_wrong = np.zeros(len(c), bool)
     np.logical_or.at(local_wrong, t, c.rank % local != position)
     for i in np.flatnonzero(sharded & (st == _ST[ShardingType.TABLE_ROW_WISE]) & (local_wrong | (count != local))):
-        problems.add(f"table {c.names[i]}", "table_row_wise shard j must be on local rank j of its host")
+        problems.add(f"table {c.keys[i]}", "table_row_wise shard j must be on local rank j of its host")
 
 
 def _check_memory(plan: Plan, problems: ProblemList) -> None:

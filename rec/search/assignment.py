@@ -1,12 +1,29 @@
-"""A (partial) solution: the chosen option of each table and the rank of each chosen shard."""
+"""A (partial) solution: the chosen option of each table and the rank of each chosen shard.
+
+One convention for change: the local-search steps (``refine``, ``switch_options``, ``polish`` and
+the methods below) change the assignment they are given and return nothing (or whether they
+changed anything); every other function that returns an assignment (``pack``, ``usage``,
+``decode``, ``search`` ...) builds a new one and leaves its inputs as they were.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from rec.search.space import SearchSpace, add_runs
+
+
+class Placed(NamedTuple):
+    """One option placed on top of the other tables (``rec.search.switch.place_option``): the
+    ranks' loads and memory with it, and the first rank of each of its entries."""
+
+    loads: np.ndarray
+    hbm: np.ndarray
+    ddr: np.ndarray
+    first: np.ndarray
 
 
 @dataclass
@@ -26,6 +43,25 @@ class Assignment:
     def copy(self) -> Assignment:
         return Assignment(self.choice.copy(), self.shard_rank.copy(), self.loads.copy(),
                           self.hbm.copy(), self.ddr.copy())
+
+    def move(self, space: SearchSpace, entry: int, src: int, dst: int) -> None:
+        """Move a freely placed shard (``entry``) from rank ``src`` to rank ``dst``."""
+        opts = space.options
+        self.loads[src] -= opts.perf[entry]
+        self.loads[dst] += opts.perf[entry]
+        self.hbm[src] -= opts.hbm[entry]
+        self.hbm[dst] += opts.hbm[entry]
+        self.ddr[src] -= opts.ddr[entry]
+        self.ddr[dst] += opts.ddr[entry]
+        self.shard_rank[entry] = dst
+
+    def take_option(self, space: SearchSpace, table: int, option: int, placed: Placed) -> None:
+        """Give ``table`` ``option``, placed as ``placed`` says (its totals already count the change)."""
+        opts = space.options
+        self.shard_rank[opts.shards(int(self.choice[table]))] = -1
+        self.shard_rank[opts.shards(option)] = placed.first
+        self.choice[table] = option
+        self.loads, self.hbm, self.ddr = placed.loads, placed.hbm, placed.ddr
 
 
 def empty_assignment(space: SearchSpace, choice: np.ndarray) -> Assignment:

@@ -17,8 +17,9 @@ from enum import StrEnum
 
 import numpy as np
 
-from rec.search.pricing import PRICE_STEPS, PricedTables, Prices
+from rec.search.pricing import PricedTables, Prices, Resource, least_price
 from rec.search.space import SearchSpace, table_starts
+from rec.search.tolerance import TIME_NOISE
 
 # Rounds of alternating HBM and DDR price searches when both resources bind.
 PRICE_ROUNDS = 3
@@ -59,7 +60,7 @@ def lower_bound(space: SearchSpace, priced: PricedTables | None = None) -> Lower
     z, prices = memory_bound(priced)
     value, method = largest, BoundMethod.LARGEST_SHARD
     for v, m in ((average, BoundMethod.AVERAGE_WORK), (z, BoundMethod.LAGRANGIAN)):
-        if v > value * (1 + 1e-12):
+        if v > value * (1 + TIME_NOISE):
             value, method = v, m
     return LowerBound(value, method, average, largest, z, prices)
 
@@ -74,10 +75,10 @@ def memory_bound(priced: PricedTables) -> tuple[float, Prices]:
     best = (priced.least_z(prices), prices)
     for _ in range(PRICE_ROUNDS):
         searched = False
-        for axis in (0, 1):
+        for resource in Resource:
             over = priced.over(prices, priced.least_z(prices))
-            if over[axis] > 0 or (over[1 - axis] > 0 and _price(prices, axis) > 0):
-                prices, z = _best_price(priced, axis, prices)
+            if over[resource] > 0 or (over[resource.other] > 0 and prices.of(resource) > 0):
+                prices, z = _best_price(priced, resource, prices)
                 searched = True
                 if z > best[0]:
                     best = (z, prices)
@@ -86,36 +87,19 @@ def memory_bound(priced: PricedTables) -> tuple[float, Prices]:
     return best
 
 
-def _price(prices: Prices, axis: int) -> float:
-    return prices.hbm if axis == 0 else prices.ddr
+def _best_price(priced: PricedTables, resource: Resource, prices: Prices) -> tuple[Prices, float]:
+    """Search the price of ``resource``, the other held: raise it while the selection at the
+    price's own bound overuses that resource; the prices and bound of the best price tried."""
+    best = (priced.least_z(prices.with_price(resource, 0.0)), 0.0)
 
+    def too_low(p: float) -> bool:
+        nonlocal best
+        at = prices.with_price(resource, p)
+        z = priced.least_z(at)
+        if z > best[0]:
+            best = (z, p)
+        return priced.over(at, z)[resource] > 0
 
-def _best_price(priced: PricedTables, axis: int, prices: Prices) -> tuple[Prices, float]:
-    """Bisect the price of HBM (axis 0) or DDR (axis 1), the other held: raise it while the
-    selection at the price's own bound overuses that resource."""
-
-    def at(p: float) -> Prices:
-        return Prices(p, prices.ddr) if axis == 0 else Prices(prices.hbm, p)
-
-    def probe(p: float) -> tuple[float, bool]:
-        z = priced.least_z(at(p))
-        return z, priced.over(at(p), z)[axis] > 0
-
-    best_z, best_p = probe(0.0)[0], 0.0
-    lo, hi = 0.0, priced.price_scale(axis)
-    while True:
-        z, over = probe(hi)
-        if z > best_z:
-            best_z, best_p = z, hi
-        if not over or hi > 1e30:
-            break
-        lo, hi = hi, hi * 16
-    lo = lo or hi * 1e-12
-    for _ in range(PRICE_STEPS):
-        mid = float(np.sqrt(lo * hi))
-        z, over = probe(mid)
-        if z > best_z:
-            best_z, best_p = z, mid
-        lo, hi = (mid, hi) if over else (lo, mid)
-    return at(best_p), best_z
+    least_price(too_low, priced.price_scale(resource))
+    return prices.with_price(resource, best[1]), best[0]
 

@@ -15,7 +15,7 @@ from rec.search.assignment import Assignment
 from rec.search.bound import LowerBound
 from rec.search.pack import PackingError, PackOrder, pack
 from rec.search.placement import movable
-from rec.search.pricing import PricedTables, Prices
+from rec.search.pricing import PricedTables, Prices, Resource
 from rec.search.refine import refine
 from rec.search.select import first_min_per_table, select_options
 from rec.search.space import SearchSpace
@@ -62,14 +62,14 @@ def priced_steps(priced: PricedTables, bound: LowerBound) -> tuple[tuple[Prices,
     whose selection fits the budget (the other resource at the bound's price)."""
     if bound.prices == NO_PRICES:
         return ()
-    axis = 0 if bound.prices.hbm > 0 else 1
+    resource = Resource.HBM if bound.prices.hbm > 0 else Resource.DDR
     out: list[tuple[Prices, float]] = []
     for m in PRICED_LIMITS:
         limit = m * bound.lagrangian
         for share in PRICED_BUDGETS:
-            p = priced.price_for(axis, share, limit, bound.prices)
+            p = priced.price_for(resource, share, limit, bound.prices)
             if np.isfinite(p):
-                prices = Prices(p, bound.prices.ddr) if axis == 0 else Prices(bound.prices.hbm, p)
+                prices = bound.prices.with_price(resource, p)
                 if (prices, limit) not in out:
                     out.append((prices, limit))
     return tuple(out)
@@ -120,7 +120,7 @@ def pack_any_order(space: SearchSpace, choice: np.ndarray, start: Assignment | N
     failure = PackingError([])
     for order in PackOrder:
         try:
-            return pack(space, choice, order, start=None if start is None else start.copy())
+            return pack(space, choice, order, start)
         except PackingError as e:
             failure = e
     raise failure
@@ -200,7 +200,9 @@ def best_of(space: SearchSpace, cands: list[Candidate], refine_top: int, refine_
                 except PackingError as e:
                     failure = e
         packed.sort(key=lambda a: a.critical_path)
-        refined += [refine(space, a, refine_rounds) for a in packed[:refine_top]]
+        for a in packed[:refine_top]:
+            refine(space, a, refine_rounds)
+        refined += packed[:refine_top]
     if not refined:
         raise failure
     return min(refined, key=lambda a: a.critical_path)

@@ -1,7 +1,8 @@
 """The exact stage: improve the heuristic plan and its bound with HiGHS, under a budget.
 
 Two strategies, independent of each other given the heuristic plan (so Ray actors can race them
-and the driver keeps the best; locally they run one after the other):
+and the driver keeps the best; in this process they run one after the other, and a plan proven
+optimal by the first skips the second):
 
 * ``full``: the whole MILP (``rec.search.milp``), warm-started from the plan, when it is small
   enough. Its dual bound is a proven lower bound; closing the gap proves the plan optimal.
@@ -20,7 +21,8 @@ not reached (``info["exact_capped"]`` says whether it was).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -31,7 +33,6 @@ from rec.search.bound import BoundMethod, LowerBound
 from rec.search.config import SearchConfig
 from rec.search.milp import (
     MIP_REL_GAP,
-    TIME_LIMIT,
     MilpLimits,
     MilpOutcome,
     build_model,
@@ -43,6 +44,7 @@ from rec.search.milp import (
 from rec.search.placement import Placement
 from rec.search.refine import refine
 from rec.search.space import SearchSpace
+from rec.search.tolerance import SOLVER_TOLERANCE, TIME_NOISE
 
 # Skip the stage when the heuristic is already this close to the bound.
 SKIP_GAP = 0.01
@@ -68,6 +70,8 @@ FULL_SHARE = 0.8
 # A plan within this (relative) of its bound counts as proven optimal: HiGHS stops within
 # MIP_REL_GAP of its bound, and the bound it reports is shaved by as much again.
 OPTIMALITY_TOLERANCE = 3 * MIP_REL_GAP
+# The rescue's time scale when no shard takes any time (ms): anything above zero.
+MIN_TIME_SCALE = 1e-12
 
 
 class Strategy(StrEnum):
@@ -107,20 +111,34 @@ def exact_tasks(space: SearchSpace, incumbent: Assignment, bound: LowerBound,
             ExactTask(Strategy.NEIGHBOURHOODS, max(1, int(ITERATIONS_PER_S * (1 - FULL_SHARE) * t)), t)]
 
 
-def run_task(space: SearchSpace, incumbent: Assignment, bound: LowerBound, task: ExactTask) -> ExactOutcome:
+def within(tasks: list[ExactTask], seconds: float) -> Iterator[ExactTask]:
+    """``tasks``, each capped at what is left of ``seconds`` when it is taken: run one after the
+    other as they are taken, they all stay within the cap; taken at once (to run side by side),
+    each gets all of it."""
+    deadline = time.perf_counter() + seconds
+    for task in tasks:
+        yield replace(task, seconds=min(task.seconds, max(deadline - time.perf_counter(), 0.0)))
+
+
+def run_task(space: SearchSpace, task: ExactTask, incumbent: Assignment, bound: LowerBound) -> ExactOutcome:
     """Run one task from the incumbent (a pure function of its inputs until the cap)."""
+    if task.seconds <= 0:
+        return ExactOutcome(None, capped=True)
     if task.strategy is Strategy.FULL:
         return _full(space, incumbent, bound, task)
     return _neighbourhoods(space, incumbent, bound, task)
 
 
 def combine(incumbent: Assignment, bound: LowerBound,
-            outcomes: list[ExactOutcome]) -> tuple[Assignment, LowerBound, dict[str, Any]]:
-    """The best assignment (first on ties) and the best bound, never above the plan; outcomes
-    after the plan is proven optimal are ignored (``improve`` does not run those tasks)."""
+            outcomes: Iterable[ExactOutcome]) -> tuple[Assignment, LowerBound, dict[str, Any]]:
+    """The best assignment (first on ties) and the best bound, never above the plan. Once the
+    plan is proven optimal no further outcome is taken: from a lazy iterable (tasks run as they
+    are taken) those tasks do not run at all."""
     best, info = incumbent, {"exact_capped": False}
-    for o in outcomes:
-        if best.critical_path <= bound.value * (1 + OPTIMALITY_TOLERANCE):
+    remaining = iter(outcomes)
+    while best.critical_path > bound.value * (1 + OPTIMALITY_TOLERANCE):
+        o = next(remaining, None)
+        if o is None:
             break
         if o.assignment is not None and o.assignment.critical_path < best.critical_path:
             best = o.assignment
@@ -128,24 +146,6 @@ def combine(incumbent: Assignment, bound: LowerBound,
         info["exact_capped"] |= o.capped
         info.update(o.info)
     return best, bound, info
-
-
-def improve(space: SearchSpace, incumbent: Assignment, bound: LowerBound,
-            config: SearchConfig) -> tuple[Assignment, LowerBound, dict[str, Any]]:
-    """The exact stage in this process: every task, one after the other, within the cap."""
-    deadline = time.perf_counter() + config.time_limit_s
-    outcomes: list[ExactOutcome] = []
-    for task in exact_tasks(space, incumbent, bound, config):
-        best, proven, _ = combine(incumbent, bound, outcomes)
-        if best.critical_path <= proven.value * (1 + OPTIMALITY_TOLERANCE):
-            break  # proven optimal: Ray runs the other tasks anyway, and ``combine`` ignores them
-        left = deadline - time.perf_counter()
-        if left <= 0:
-            outcomes.append(ExactOutcome(None, capped=True))
-            break
-        capped_task = ExactTask(task.strategy, task.budget, min(task.seconds, left))
-        outcomes.append(run_task(space, incumbent, bound, capped_task))
-    return combine(incumbent, bound, outcomes)
 
 
 def rescue(space: SearchSpace, bound: LowerBound, config: SearchConfig) -> Assignment | None:
@@ -156,7 +156,7 @@ def rescue(space: SearchSpace, bound: LowerBound, config: SearchConfig) -> Assig
     if t <= 0 or columns > FULL_COLUMNS_PER_S * t:
         return None
     options = model_options(space, np.inf)
-    scale = bound.value if bound.value > 0 else max(float(space.max_shard[options].max()), 1e-12)
+    scale = bound.value if bound.value > 0 else max(float(space.max_shard[options].max()), MIN_TIME_SCALE)
     model = build_model(space, options, scale, (bound.value, np.inf))
     nodes = max(1, int(FULL_COLUMNS_PER_NODE_S * t / max(columns, 1)))
     out = solve(model, MilpLimits(nodes, t))
@@ -201,8 +201,7 @@ def _full(space: SearchSpace, incumbent: Assignment, bound: LowerBound, task: Ex
     out = solve(model, MilpLimits(task.budget, task.seconds), start_vector(model, space, incumbent))
     found = decode(model, space, out.values, incumbent) if out.values is not None else None
     better = found if found is not None and found.critical_path < cp else None
-    capped = out.status == TIME_LIMIT
-    return ExactOutcome(better, out.dual_bound, capped,
+    return ExactOutcome(better, out.dual_bound, out.capped,
                         {"milp_status": out.status, "milp_nodes": out.nodes, "milp_s": round(out.seconds, 3)})
 
 
@@ -223,9 +222,10 @@ def _neighbourhoods(space: SearchSpace, incumbent: Assignment, bound: LowerBound
             stale += 1
             continue
         spent += out.iterations
-        capped |= out.status == TIME_LIMIT
-        if found is not None and found.critical_path < a.critical_path * (1 - 1e-12):
-            a, stale = refine(space, found), 0
+        capped |= out.capped
+        if found is not None and found.critical_path < a.critical_path * (1 - TIME_NOISE):
+            refine(space, found)
+            a, stale = found, 0
         else:
             stale += 1
     better = a if a.critical_path < incumbent.critical_path else None
@@ -236,7 +236,7 @@ def _neighbourhood_step(space: SearchSpace, a: Assignment, step: int,
                         seconds: float) -> tuple[Assignment | None, MilpOutcome | None]:
     """Free the tables on the busiest ranks and ``step``'s partners; solve that MILP."""
     cp = a.critical_path
-    busiest = np.flatnonzero(a.loads >= cp * (1 - 1e-9))
+    busiest = np.flatnonzero(a.loads >= cp * (1 - SOLVER_TOLERANCE))
     partners_n = NEIGHBOURHOOD_PARTNERS[step % len(NEIGHBOURHOOD_PARTNERS)]
     order = np.argsort(a.loads, kind="stable")
     order = order[~np.isin(order, busiest)]

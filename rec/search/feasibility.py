@@ -42,7 +42,7 @@ def check_every_table_fits(space: SearchSpace, spec: Spec, device: ComputeDevice
     for t in np.flatnonzero(~has):
         mine = np.flatnonzero(opts.table == t)
         if not len(mine):
-            problems.add(f"table {spec.tables[t].name}",
+            problems.add(f"table {spec.tables[t].key}",
                          "no sharding option is allowed on this topology "
                          "(check sharding_types / compute_kernels against the compute device)")
             continue
@@ -52,7 +52,7 @@ def check_every_table_fits(space: SearchSpace, spec: Spec, device: ComputeDevice
         ck = COMPUTE_KERNELS[opts.compute_kernel[o]].value
         kind, need, cap = (("HBM", shard_max_hbm[o], hbm_cap) if shard_max_hbm[o] > hbm_cap
                            else ("DDR", shard_max_ddr[o], ddr_cap))
-        problems.add(f"table {spec.tables[t].name}",
+        problems.add(f"table {spec.tables[t].key}",
                      f"does not fit: its best option ({st}/{ck}) needs {format_bytes(need)} {kind} on one "
                      f"rank, {format_bytes(cap)} available (over by {format_bytes(need - cap)}); "
                      + _hint(space, spec.tables[t], mine, device))
@@ -85,7 +85,7 @@ def _hint(space: SearchSpace, table: TableSpec, mine: np.ndarray, device: Comput
 
 def packing_failure(space: SearchSpace, spec: Spec, tables: list[int]) -> InputError:
     """The error for tables that fit one by one but not together."""
-    names = ", ".join(spec.tables[t].name for t in tables[:10])
+    names = ", ".join(spec.tables[t].key for t in tables[:10])
     more = f" and {len(tables) - 10} more" if len(tables) > 10 else ""
     return InputError(
         "The tables fit one by one but not all together within the ranks' memory:",

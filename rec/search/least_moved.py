@@ -30,6 +30,7 @@ from rec.search.exact import (
 )
 from rec.search.milp import MilpLimits, MilpModel, build_model, decode, extended, solve, start_vector
 from rec.search.space import SearchSpace
+from rec.search.tolerance import SOLVER_TOLERANCE
 from rec.search.warm import Previous, moved_bytes, moved_per_table
 
 CRITICAL_PATH_WEIGHT = 1e-4  # per unit of critical path / target, against moved bytes / all bytes
@@ -80,7 +81,7 @@ def _neighbourhoods(space: SearchSpace, prev: Previous, incumbent: Assignment, t
                        MilpLimits(nodes, left))
         if found is not None:
             now = moved_per_table(space, found, prev)
-            if now.sum() < moved.sum() * (1 - 1e-9):
+            if now.sum() < moved.sum() * (1 - SOLVER_TOLERANCE):
                 a, moved, stale = found, now, 0
                 tried.clear()
                 continue
@@ -111,7 +112,7 @@ def _solve(space: SearchSpace, prev: Previous, a: Assignment, target: float, opt
     if out.values is None:
         return None
     found = decode(model, space, out.values[:model.num_cols], a)
-    if found is None or found.critical_path > target * (1 + 1e-9):
+    if found is None or found.critical_path > target * (1 + SOLVER_TOLERANCE):
         return None
     return found if start is None or moved_bytes(space, found, prev) < moved_bytes(space, a, prev) else None
 

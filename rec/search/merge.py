@@ -10,7 +10,7 @@ from rec.search.bound import LowerBound
 from rec.search.candidates import Candidate, Family, best_of
 from rec.search.config import SearchConfig
 from rec.search.group import GroupResult
-from rec.search.planner import polish
+from rec.search.heuristic import polish
 from rec.search.space import SearchSpace
 
 
@@ -29,4 +29,5 @@ def merge_groups(space: SearchSpace, groups: list[GroupResult], bound: LowerBoun
              for i, (f, p) in enumerate(zip(groups[0].families, groups[0].prices, strict=True))]
     best = best_of(space, cands, config.refine_top, config.refine_rounds,
                    good_enough=(1 + config.switch_above_gap) * bound.value, ranking=ranking)
-    return polish(space, best, config, bound.value)
+    polish(space, best, config, bound.value)
+    return best

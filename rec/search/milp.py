@@ -21,9 +21,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
+from rec.cost.types import Options
 from rec.search.assignment import Assignment, usage
+from rec.search.highs import quiet_highs, run_status
 from rec.search.placement import Placement
 from rec.search.space import SearchSpace, run_ranks
+from rec.search.tolerance import SOLVER_TOLERANCE
 
 
 @dataclass(frozen=True)
@@ -105,46 +108,95 @@ def build_model(space: SearchSpace, options: np.ndarray, time_scale: float,
     """The MILP over ``options`` (the allowed options of the tables it places, grouped by
     table) on top of the load and memory of ``background`` (the other tables, held in place),
     with free-placed shards restricted to ``free_ranks`` (default: every rank)."""
-    opts = space.options
-    w, lws, hosts = space.world_size, space.local_world_size, space.num_hosts
-    free_ranks = np.arange(w) if free_ranks is None else np.asarray(free_ranks, np.int64)
-    f = len(free_ranks)
-    mem_scale = float(max(space.hbm_cap.max(), space.ddr_cap.max(), 1))
+    free_ranks = np.arange(space.world_size) if free_ranks is None else np.asarray(free_ranks, np.int64)
     b = _Builder()
     z = b.add_cols(1, lo=z_bounds[0] / time_scale, up=z_bounds[1] / time_scale, integer=False, cost=1.0)
-    bg_load, bg_hbm, bg_ddr = ((background.loads, background.hbm, background.ddr) if background is not None
-                               else (np.zeros(w), np.zeros(w), np.zeros(w)))
-    load_row = b.add_rows(w, -np.inf, -bg_load / time_scale)
-    hbm_row = b.add_rows(w, -np.inf, (space.hbm_cap - bg_hbm) / mem_scale)
-    ddr_row = b.add_rows(w, -np.inf, (space.ddr_cap - bg_ddr) / mem_scale)
-    b.add(load_row + np.arange(w), z, -1.0)
-    tables = opts.table[options]
+    ranks = _RankRows.add(b, space, z, time_scale, background)
+    x_col = _one_option_per_table(b, space, options, z, time_scale)
+    kind = _placements(space, options)
+    _put_fixed(ranks, space, options, kind, x_col)
+    host_col = _put_host_bound(b, ranks, space, options, kind, x_col)
+    classes = _put_free(b, ranks, space, options, kind, x_col, host_col, free_ranks)
+    start, index, value = b.matrix()
+    cat = {k: np.concatenate(v) for k, v in b.col_parts.items()}
+    return MilpModel(b.cols, b.rows, cat["cost"], cat["lo"], cat["up"], cat["int"].astype(bool),
+                     np.concatenate(b.row_parts["lo"]), np.concatenate(b.row_parts["up"]),
+                     start, index, value, time_scale, options, x_col, host_col, classes.option,
+                     classes.entries, classes.col, free_ranks)
+
+
+@dataclass(frozen=True)
+class _RankRows:
+    """Per rank: time <= z, HBM and DDR within what ``background`` leaves; and how a shard
+    placed on a rank enters them."""
+
+    builder: _Builder
+    options: Options
+    load: int  # first row of each kind
+    hbm: int
+    ddr: int
+    time_scale: float
+    mem_scale: float
+
+    @staticmethod
+    def add(b: _Builder, space: SearchSpace, z: int, time_scale: float, background: Assignment | None) -> _RankRows:
+        w = space.world_size
+        mem_scale = float(max(space.hbm_cap.max(), space.ddr_cap.max(), 1))
+        bg_load, bg_hbm, bg_ddr = ((background.loads, background.hbm, background.ddr) if background is not None
+                                   else (np.zeros(w), np.zeros(w), np.zeros(w)))
+        load = b.add_rows(w, -np.inf, -bg_load / time_scale)
+        hbm = b.add_rows(w, -np.inf, (space.hbm_cap - bg_hbm) / mem_scale)
+        ddr = b.add_rows(w, -np.inf, (space.ddr_cap - bg_ddr) / mem_scale)
+        b.add(load + np.arange(w), z, -1.0)
+        return _RankRows(b, space.options, load, hbm, ddr, time_scale, mem_scale)
+
+    def put(self, ranks: np.ndarray, cols: np.ndarray, entries: np.ndarray) -> None:
+        """Column ``cols[i]`` puts one shard of entry ``entries[i]`` on rank ``ranks[i]``."""
+        opts = self.options
+        self.builder.add(self.load + ranks, cols, opts.perf[entries] / self.time_scale)
+        self.builder.add(self.hbm + ranks, cols, opts.hbm[entries] / self.mem_scale)
+        self.builder.add(self.ddr + ranks, cols, opts.ddr[entries] / self.mem_scale)
+
+
+def _one_option_per_table(b: _Builder, space: SearchSpace, options: np.ndarray, z: int,
+                          time_scale: float) -> np.ndarray:
+    """The ``x`` columns, one option per table, and each table's largest shard <= z; ``x``'s columns."""
+    tables = space.options.table[options]
     first_of_table = np.concatenate(([True], tables[1:] != tables[:-1]))
     table_no = np.cumsum(first_of_table) - 1
     n_tables = int(table_no[-1]) + 1 if len(options) else 0
     one_row = b.add_rows(n_tables, 1.0, 1.0)
     cut_row = b.add_rows(n_tables, -np.inf, 0.0)
     b.add(cut_row + np.arange(n_tables), z, -1.0)
-    x_col = b.add_cols(len(options)) + np.arange(len(options))
+    x_col: np.ndarray = b.add_cols(len(options)) + np.arange(len(options))
     b.add(one_row + table_no, x_col, 1.0)
     b.add(cut_row + table_no, x_col, space.max_shard[options] / time_scale)
+    return x_col
 
-    kind = space.placement[options]
-    if hosts == 1:  # one host: host-bound placements are fixed / free ones
+
+def _placements(space: SearchSpace, options: np.ndarray) -> np.ndarray:
+    """Each option's placement; on one host, host-bound placements are fixed or free ones."""
+    kind: np.ndarray = space.placement[options]
+    if space.num_hosts == 1:
         kind = np.where(kind == Placement.HOST_UNIFORM, Placement.EVERY_RANK, kind)
         kind = np.where(kind == Placement.HOST_FREE, Placement.FREE, kind)
+    return kind
 
-    def put(ranks: np.ndarray, cols: np.ndarray, entries: np.ndarray) -> None:
-        b.add(load_row + ranks, cols, opts.perf[entries] / time_scale)
-        b.add(hbm_row + ranks, cols, opts.hbm[entries] / mem_scale)
-        b.add(ddr_row + ranks, cols, opts.ddr[entries] / mem_scale)
 
-    # Fixed loads: entry e of option o covers ranks position..position+repeat-1.
+def _put_fixed(ranks: _RankRows, space: SearchSpace, options: np.ndarray, kind: np.ndarray,
+               x_col: np.ndarray) -> None:
+    """Fixed loads: entry e of option o covers ranks position..position+repeat-1."""
     fixed = np.flatnonzero(kind == Placement.EVERY_RANK)
     ent, owner = _entries(space, options[fixed])
     e, rank = run_ranks(space, ent, space.entry_position[ent])
-    put(rank, x_col[fixed][np.repeat(owner, opts.repeat[ent])], e)
+    ranks.put(rank, x_col[fixed][np.repeat(owner, space.options.repeat[ent])], e)
 
+
+def _put_host_bound(b: _Builder, ranks: _RankRows, space: SearchSpace, options: np.ndarray,
+                    kind: np.ndarray, x_col: np.ndarray) -> np.ndarray:
+    """A binary host per host-bound option (one host iff chosen); host-uniform options' loads on
+    the host's ranks. The first host column of each option, -1 if none."""
+    hosts, lws = space.num_hosts, space.local_world_size
     host_col = np.full(len(options), -1, dtype=np.int64)
     bound_to_host = np.flatnonzero((kind == Placement.HOST_UNIFORM) | (kind == Placement.HOST_FREE))
     if len(bound_to_host):
@@ -156,11 +208,24 @@ def build_model(space: SearchSpace, options: np.ndarray, time_scale: float,
     uniform = np.flatnonzero(kind == Placement.HOST_UNIFORM)
     ent, owner = _entries(space, options[uniform])
     e, local = run_ranks(space, ent, space.entry_position[ent])
-    col = host_col[uniform][np.repeat(owner, opts.repeat[ent])]
+    col = host_col[uniform][np.repeat(owner, space.options.repeat[ent])]
     for h in range(hosts if len(uniform) else 0):
-        put(h * lws + local, col + h, e)
+        ranks.put(h * lws + local, col + h, e)
+    return host_col
 
-    # Free shards: classes of identical shards, counted per allowed rank.
+
+@dataclass(frozen=True)
+class _Classes:
+    option: np.ndarray  # (C,) model option (index into options) of each shard class
+    entries: list[np.ndarray]  # (C,) entries of each class
+    col: np.ndarray  # (C,) first of len(free_ranks) n columns
+
+
+def _put_free(b: _Builder, ranks: _RankRows, space: SearchSpace, options: np.ndarray, kind: np.ndarray,
+              x_col: np.ndarray, host_col: np.ndarray, free_ranks: np.ndarray) -> _Classes:
+    """Free shards: classes of identical shards, counted per allowed rank; every shard of a chosen
+    option placed (on its chosen host's ranks, for host-free ones)."""
+    lws, f = space.local_world_size, len(free_ranks)
     free = np.flatnonzero((kind == Placement.FREE) | (kind == Placement.HOST_FREE))
     ent, owner = _entries(space, options[free])
     classes, class_of = _classes(space, ent, owner)
@@ -168,26 +233,19 @@ def build_model(space: SearchSpace, options: np.ndarray, time_scale: float,
     counts = np.bincount(class_of, minlength=len(classes))
     class_col = b.add_cols(len(classes) * f, up=np.repeat(counts, f)) + f * np.arange(len(classes))
     cols = class_col[:, None] + np.arange(f)
-    put(np.broadcast_to(free_ranks, cols.shape).ravel(), cols.ravel(), np.repeat(ent[classes], f))
+    ranks.put(np.broadcast_to(free_ranks, cols.shape).ravel(), cols.ravel(), np.repeat(ent[classes], f))
     host_free = kind[class_option] == Placement.HOST_FREE
     mine = np.flatnonzero(~host_free)
     placed = b.add_rows(len(mine), 0.0, 0.0) + np.arange(len(mine))
     b.add(placed[:, None], cols[mine], 1.0)
     b.add(placed, x_col[class_option[mine]], -counts[mine])
     mine = np.flatnonzero(host_free)
-    for h in range(hosts if len(mine) else 0):
+    for h in range(space.num_hosts if len(mine) else 0):
         at = np.flatnonzero(free_ranks // lws == h)
         placed = b.add_rows(len(mine), 0.0, 0.0) + np.arange(len(mine))
         b.add(placed[:, None], cols[mine][:, at], 1.0)
         b.add(placed, host_col[class_option[mine]] + h, -counts[mine])
-
-    start, index, value = b.matrix()
-    cat = {k: np.concatenate(v) for k, v in b.col_parts.items()}
-    entries = [ent[class_of == c] for c in range(len(classes))]
-    return MilpModel(b.cols, b.rows, cat["cost"], cat["lo"], cat["up"], cat["int"].astype(bool),
-                     np.concatenate(b.row_parts["lo"]), np.concatenate(b.row_parts["up"]),
-                     start, index, value, time_scale, options, x_col, host_col, class_option,
-                     entries, class_col, free_ranks)
+    return _Classes(class_option, [ent[class_of == c] for c in range(len(classes))], class_col)
 
 
 def _entries(space: SearchSpace, options: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -277,10 +335,7 @@ def distinct(space: SearchSpace, options: np.ndarray) -> np.ndarray:
     terms: the same shards with the same costs, placed alike (column_wise with one column block
     is table_wise; on one host table_row_wise is row_wise)."""
     opts = space.options
-    kind = space.placement[options].astype(np.int64)
-    if space.num_hosts == 1:
-        kind = np.where(kind == Placement.HOST_UNIFORM, Placement.EVERY_RANK, kind)
-        kind = np.where(kind == Placement.HOST_FREE, Placement.FREE, kind)
+    kind = _placements(space, options).astype(np.int64)
     single = opts.num_shards()[options] == 1
     kind = np.where(single & (kind == Placement.HOST_FREE), Placement.FREE, kind)
     seen, keep = set(), []
@@ -307,10 +362,15 @@ class MilpOutcome:
     values: np.ndarray | None  # the best solution's columns, None if none
     objective: float  # its critical path (ms); inf if none
     dual_bound: float  # ms; proven lower bound on the model's optimum (HiGHS's, shaved by its gap)
-    status: str
+    status: str  # HiGHS's wording, for people (``optimal`` and ``capped`` are what code reads)
     nodes: int
     iterations: int  # simplex iterations: HiGHS's deterministic measure of work done
     seconds: float
+    optimal: bool  # proven optimal (within MIP_REL_GAP)
+    capped: bool  # stopped by the wall-clock cap: the result may depend on machine load
+
+
+MIP_REL_GAP = 1e-6  # HiGHS stops once within this of its bound
 
 
 def solve(model: MilpModel, limits: MilpLimits, start: np.ndarray | None = None,
@@ -321,12 +381,12 @@ def solve(model: MilpModel, limits: MilpLimits, start: np.ndarray | None = None,
 
     import highspy
 
-    h = _highs(highspy)
-    for name, value in (("output_flag", False), ("threads", 1), ("random_seed", 0),
+    h = quiet_highs()
+    for name, value in (("threads", 1), ("random_seed", 0),
                         ("mip_max_nodes", int(limits.nodes)), ("time_limit", float(limits.seconds)),
                         ("mip_rel_gap", MIP_REL_GAP), ("mip_abs_gap", 0.0),
-                        ("mip_feasibility_tolerance", 1e-9), ("primal_feasibility_tolerance", 1e-9),
-                        *(options or {}).items()):
+                        ("mip_feasibility_tolerance", SOLVER_TOLERANCE),
+                        ("primal_feasibility_tolerance", SOLVER_TOLERANCE), *(options or {}).items()):
         h.setOptionValue(name, value)
     lp = highspy.HighsLp()
     lp.num_col_, lp.num_row_ = model.num_cols, model.num_rows
@@ -346,28 +406,15 @@ def solve(model: MilpModel, limits: MilpLimits, start: np.ndarray | None = None,
     h.run()
     seconds = time.perf_counter() - began
     info = h.getInfo()
-    status = h.modelStatusToString(h.getModelStatus())
-    has = info.primal_solution_status == 2  # kSolutionStatusFeasible
-    values = np.array(h.getSolution().col_value) if has else None
+    status = run_status(h)
+    values = np.array(h.getSolution().col_value) if status.has_solution else None
     scale = model.time_scale
     # HiGHS prunes nodes within MIP_REL_GAP of its best solution and may then report that
     # solution's value as the bound: only the shaved value is proven.
     dual = info.mip_dual_bound * scale * (1 - MIP_REL_GAP) if np.isfinite(info.mip_dual_bound) else 0.0
-    return MilpOutcome(values, info.objective_function_value * scale if has else np.inf,
-                       dual, status, int(info.mip_node_count), int(info.simplex_iteration_count), seconds)
-
-
-MIP_REL_GAP = 1e-6  # HiGHS stops once within this of its bound
-TIME_LIMIT = "Time limit reached"  # HiGHS's status text when the wall-clock cap stopped it
-
-
-def _highs(highspy: Any) -> Any:
-    """A HiGHS instance that prints nothing: ``highspy.Highs()`` enables its Python callbacks in
-    the constructor, which logs the version banner to stdout before any option can be set."""
-    core = getattr(getattr(highspy, "_core", None), "_Highs", None)
-    h = core() if core is not None else highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    return h
+    return MilpOutcome(values, info.objective_function_value * scale if status.has_solution else np.inf,
+                       dual, status.text, int(info.mip_node_count), int(info.simplex_iteration_count), seconds,
+                       status.optimal, status.timed_out)
 
 
 def extended(model: MilpModel, cost: np.ndarray, col_lower: np.ndarray, col_upper: np.ndarray,

@@ -28,8 +28,9 @@ class PackingError(Exception):
 
 def pack(space: SearchSpace, choice: np.ndarray, order: PackOrder = PackOrder.PERF,
          start: Assignment | None = None) -> Assignment:
-    """Place every shard of the chosen options; ``start`` holds load already on the ranks."""
-    a = empty_assignment(space, choice) if start is None else start
+    """Place every shard of the chosen options on top of ``start`` (load already on the ranks,
+    left as it is); a new assignment."""
+    a = empty_assignment(space, choice) if start is None else start.copy()
     a.choice = choice.astype(np.int64)
     placement = space.placement[choice]
     tables = np.arange(len(choice))

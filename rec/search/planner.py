@@ -1,25 +1,35 @@
-"""The default search, chosen in one place: bound, candidate selections, packing, refinement,
-then the exact stage."""
+"""The search, one pipeline for every backend: the bound and the ladder of candidate selections,
+a first plan (the heuristic over all tables, or table groups searched apart and merged), then the
+exact stage.
+
+Where the tasks run is the mapper's choice (``rec.search.mapper``): in this process by default,
+on Ray actors with ``tasks.ray_search``. Every task is a pure function of the search space and its
+item, so every mapper finds the same plan.
+"""
 
 from __future__ import annotations
+
+from functools import partial
 
 from rec import progress
 from rec.cost.types import CostConfig
 from rec.search.assignment import Assignment
-from rec.search.bound import LowerBound, lower_bound
-from rec.search.candidates import Ladder, best_of, candidates, priced_steps
+from rec.search.bound import LowerBound
+from rec.search.candidates import Ladder
 from rec.search.config import SearchConfig
-from rec.search.exact import improve, rescue
+from rec.search.exact import combine, exact_tasks, run_task, within
 from rec.search.feasibility import check_capacity_left, check_every_table_fits
+from rec.search.group import search_group, split_groups
+from rec.search.heuristic import first_plan, prepare, rescued
+from rec.search.mapper import InProcess, Mapper
+from rec.search.merge import merge_groups
 from rec.search.pack import PackingError
-from rec.search.pricing import PricedTables
-from rec.search.refine import refine
 from rec.search.result import SearchResult
-from rec.search.select import shard_limits
 from rec.search.space import SearchSpace, build_space
-from rec.search.switch import switch_options
 from rec.spec.types import Spec
 from rec.topology.types import Topology
+
+__all__ = ["build_search_space", "prepare", "search", "search_result"]
 
 
 def build_search_space(spec: Spec, topology: Topology,
@@ -36,53 +46,33 @@ def build_search_space(spec: Spec, topology: Topology,
     return space
 
 
-def prepare(space: SearchSpace, config: SearchConfig) -> tuple[LowerBound, Ladder]:
-    """The bound and the ladder of candidate selections, computed once for all tables."""
-    priced = PricedTables(space)
-    bound = lower_bound(space, priced)
-    limits = shard_limits(space, bound.largest_shard or bound.value, config.shard_limits)
-    return bound, Ladder(tuple(limits), priced_steps(priced, bound))
-
-
-def heuristic(space: SearchSpace, config: SearchConfig, bound: LowerBound, ladder: Ladder) -> Assignment:
-    """Best assignment over the candidate selections; PackingError if none could be packed."""
-    best = best_of(space, candidates(space, ladder), config.refine_top, config.refine_rounds,
-                   good_enough=(1 + config.switch_above_gap) * bound.value)
-    return polish(space, best, config, bound.value)
-
-
-def first_plan(space: SearchSpace, config: SearchConfig, bound: LowerBound, ladder: Ladder) -> Assignment:
-    """The heuristic's plan, or the MILP's when no candidate packs; PackingError if neither."""
-    try:
-        return heuristic(space, config, bound, ladder)
-    except PackingError as e:
-        return rescued(space, config, bound, e)
-
-
-def rescued(space: SearchSpace, config: SearchConfig, bound: LowerBound, failure: PackingError) -> Assignment:
-    """When no candidate packs: the MILP's first plan, refined; ``failure`` again if it has none."""
-    a = rescue(space, bound, config)
-    if a is None:
-        raise failure
-    return polish(space, refine(space, a, config.refine_rounds), config, bound.value)
-
-
-def polish(space: SearchSpace, a: Assignment, config: SearchConfig, bound: float) -> Assignment:
-    """While far enough from the bound, change tables' options and re-refine."""
-    if a.critical_path > (1 + config.switch_above_gap) * bound:
-        while switch_options(space, a, config.switch_steps):
-            refine(space, a, config.refine_rounds)
-    return a
-
-
-def search_result(space: SearchSpace, config: SearchConfig = SearchConfig()) -> SearchResult:
-    """Search every table of ``space`` in this process: heuristic, then the exact stage."""
+def search_result(space: SearchSpace, config: SearchConfig = SearchConfig(), mapper: Mapper | None = None,
+                  groups: int = 1) -> SearchResult:
+    """Search every table of ``space``: a first plan (``groups`` > 1: from that many table groups
+    searched apart, then merged), then the exact stage. ``mapper`` runs the tasks (default: in
+    this process, one after the other)."""
+    mapper = mapper or InProcess(space)
     bound, ladder = prepare(space, config)
     progress.update(f"heuristic: {len(ladder.limits)} shard limits, bound {bound.value:.4g} ms")
-    a = first_plan(space, config, bound, ladder)
+    a = _first_plan(space, config, bound, ladder, mapper, groups)
     progress.update(f"exact stage: best {a.critical_path:.4g} ms, bound {bound.value:.4g} ms")
-    a, bound, stats = improve(space, a, bound, config)
+    # One after the other, the tasks share the time limit and stop once one proves the plan
+    # optimal; side by side, each has all of it and the outcomes after that proof are not taken.
+    tasks = within(exact_tasks(space, a, bound, config), config.time_limit_s)
+    a, bound, stats = combine(a, bound, mapper.map(partial(run_task, incumbent=a, bound=bound), tasks))
     return SearchResult(space, a, bound, stats=stats)
+
+
+def _first_plan(space: SearchSpace, config: SearchConfig, bound: LowerBound, ladder: Ladder, mapper: Mapper,
+                groups: int) -> Assignment:
+    if groups == 1:  # nothing to merge: the heuristic (and its rescue) over all tables, as one task
+        [a] = mapper.map(partial(first_plan, config=config, bound=bound), [ladder])
+        return a
+    results = list(mapper.map(partial(search_group, ladder=ladder), split_groups(space, groups)))
+    try:
+        return merge_groups(space, results, bound, config)
+    except PackingError as e:
+        return rescued(space, config, bound, e)
 
 
 def search(space: SearchSpace, config: SearchConfig = SearchConfig()) -> Assignment:

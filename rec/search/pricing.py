@@ -18,20 +18,63 @@ all ``z`` at once in O(options).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from enum import IntEnum
 
 import numpy as np
 
 from rec.search.space import SearchSpace, table_starts
 
-# Bisection steps on a price (relative precision 2**-40 of the bracket, in log space).
+# The search for a price: from ``price_scale`` up by PRICE_GROWTH until the price is high enough
+# (none above MAX_PRICE, ms per byte), then PRICE_STEPS bisection steps in log space (relative
+# precision 2**-40 of the bracket). When the first price tried is already high enough, the
+# bisection starts BISECT_RANGE below it.
+PRICE_GROWTH = 16
+MAX_PRICE = 1e30
 PRICE_STEPS = 40
+BISECT_RANGE = 1e-12
+MIN_PRICE_SCALE = 1e-30
+
+
+class Resource(IntEnum):
+    """The memory a price is for; the values index the (HBM, DDR) pairs below."""
+
+    HBM = 0
+    DDR = 1
+
+    @property
+    def other(self) -> Resource:
+        return Resource.DDR if self is Resource.HBM else Resource.HBM
 
 
 @dataclass(frozen=True)
 class Prices:
     hbm: float = 0.0  # ms per byte
     ddr: float = 0.0
+
+    def of(self, resource: Resource) -> float:
+        return self.hbm if resource is Resource.HBM else self.ddr
+
+    def with_price(self, resource: Resource, price: float) -> Prices:
+        """These prices with ``resource``'s set to ``price``."""
+        return replace(self, hbm=price) if resource is Resource.HBM else replace(self, ddr=price)
+
+
+def least_price(too_low: Callable[[float], bool], scale: float) -> float:
+    """The least price at which ``too_low`` turns false (it must be true below some price and
+    false above), to PRICE_STEPS bisection steps; inf when even MAX_PRICE is too low. ``scale``:
+    the first price tried."""
+    lo, hi = 0.0, scale
+    while too_low(hi):
+        lo, hi = hi, hi * PRICE_GROWTH
+        if hi > MAX_PRICE:
+            return np.inf
+    lo = lo or hi * BISECT_RANGE
+    for _ in range(PRICE_STEPS):
+        mid = float(np.sqrt(lo * hi))
+        lo, hi = (mid, hi) if too_low(mid) else (lo, mid)
+    return hi
 
 
 class PricedTables:
@@ -98,7 +141,7 @@ class PricedTables:
         return np.asarray(self.option[np.arange(len(k)), k])
 
     def usage(self, choice_k: np.ndarray) -> tuple[float, float]:
-        """Total HBM and DDR of a selection given as (table, column) positions."""
+        """Total HBM and DDR of a selection given as (table, column) positions (index it by ``Resource``)."""
         rows = np.arange(len(choice_k))
         return float(self.hbm[rows, choice_k].sum()), float(self.ddr[rows, choice_k].sum())
 
@@ -109,36 +152,26 @@ class PricedTables:
         return np.asarray(k)
 
     def over(self, prices: Prices, limit: float) -> tuple[float, float]:
-        """How far the priced selection within ``limit`` exceeds the total HBM and DDR (bytes)."""
+        """How far the priced selection within ``limit`` exceeds the total HBM and DDR (bytes;
+        index it by ``Resource``)."""
         hbm, ddr = self.usage(self._select_k(prices, limit))
         return hbm - self.hbm_cap, ddr - self.ddr_cap
 
-    def price_for(self, axis: int, share: float, limit: float, other: Prices = Prices()) -> float:
-        """The least price of HBM (axis 0) or DDR (axis 1) whose selection within ``limit``
-        uses at most ``share`` of the ranks' total of it (the other price as in ``other``);
-        inf if none does."""
-        budget = share * (self.hbm_cap if axis == 0 else self.ddr_cap)
+    def price_for(self, resource: Resource, share: float, limit: float, other: Prices = Prices()) -> float:
+        """The least price of ``resource`` whose selection within ``limit`` uses at most ``share``
+        of the ranks' total of it (the other price as in ``other``); inf if none does."""
+        budget = share * (self.hbm_cap, self.ddr_cap)[resource]
 
-        def used(p: float) -> float:
-            prices = Prices(p, other.ddr) if axis == 0 else Prices(other.hbm, p)
-            return self.usage(self._select_k(prices, limit))[axis]
+        def too_low(p: float) -> bool:
+            return self.usage(self._select_k(other.with_price(resource, p), limit))[resource] > budget
 
-        if used(0.0) <= budget:
+        if not too_low(0.0):
             return 0.0
-        lo, hi = 0.0, self.price_scale(axis)
-        while used(hi) > budget:
-            lo, hi = hi, hi * 16
-            if hi > 1e30:
-                return np.inf
-        lo = lo or hi * 1e-12
-        for _ in range(PRICE_STEPS):
-            mid = float(np.sqrt(lo * hi))
-            lo, hi = (lo, mid) if used(mid) <= budget else (mid, hi)
-        return hi
+        return least_price(too_low, self.price_scale(resource))
 
-    def price_scale(self, axis: int) -> float:
+    def price_scale(self, resource: Resource) -> float:
         """A price where one byte costs about as much time as the average byte's share of work."""
-        mem = self.hbm if axis == 0 else self.ddr
+        mem = (self.hbm, self.ddr)[resource]
         work = np.where(np.isfinite(self.work), self.work, 0.0)
         total = float(mem[:, 0].sum())
-        return max(float(work[:, 0].sum()) / total, 1e-30) if total > 0 else 1.0
+        return max(float(work[:, 0].sum()) / total, MIN_PRICE_SCALE) if total > 0 else 1.0

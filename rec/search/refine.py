@@ -7,15 +7,15 @@ import numpy as np
 from rec.search.assignment import Assignment, chosen_shards
 from rec.search.placement import Placement, movable
 from rec.search.space import SearchSpace
+from rec.search.tolerance import lowers
 
 MOVE_TARGET_RANKS = 64  # moves try this many least-loaded ranks first
 SWAP_PARTNER_RANKS = 8  # swaps look at shards on this many least-loaded ranks
 SWAP_PAIR_BUDGET = 10_000  # compare all pairs of two ranks' shards up to this many pairs
 SWAP_WINDOW = 16  # otherwise: this many nearest candidates per shard
-EPS = 1e-12
 
 
-def refine(space: SearchSpace, a: Assignment, max_rounds: int = 100_000) -> Assignment:
+def refine(space: SearchSpace, a: Assignment, max_rounds: int = 100_000) -> None:
     """Improve ``a`` in place; each accepted step lowers the busiest rank without creating a
     rank as busy, so the critical path never grows and the loop terminates."""
     opts = space.options
@@ -25,10 +25,9 @@ def refine(space: SearchSpace, a: Assignment, max_rounds: int = 100_000) -> Assi
     free = movable(owner_placement)
     shards, host_bound = shards[free], owner_placement[free] == Placement.HOST_FREE
     if not len(shards):
-        return a
+        return
     perf, hbm, ddr = opts.perf[shards], opts.hbm[shards], opts.ddr[shards]
-    rank = a.shard_rank[shards].astype(np.int64)
-    members = _Members(rank, space.world_size)
+    members = _Members(a.shard_rank[shards].astype(np.int64), space.world_size)
     lws = space.local_world_size
     for _ in range(max_rounds):
         r = int(np.argmax(a.loads))
@@ -38,16 +37,16 @@ def refine(space: SearchSpace, a: Assignment, max_rounds: int = 100_000) -> Assi
             break
         # Moves are cheap to find; swaps only when no move helps.
         best = _best_move(space, a, r, on_r, perf, hbm, ddr, host_bound, lws)
-        if best is None or best[0] >= cp - EPS * max(cp, 1.0):
+        if best is None or not lowers(best[0], cp):
             best = _best_swap(space, a, r, on_r, members, perf, hbm, ddr, host_bound)
-        if best is None or best[0] >= cp - EPS * max(cp, 1.0):
+        if best is None or not lowers(best[0], cp):
             break
         _, i, q, j = best
-        _relocate(a, i, r, q, perf, hbm, ddr, rank, members)
+        a.move(space, int(shards[i]), r, q)
+        members.move(i, r, q)
         if j >= 0:
-            _relocate(a, j, q, r, perf, hbm, ddr, rank, members)
-    a.shard_rank[shards] = rank
-    return a
+            a.move(space, int(shards[j]), q, r)
+            members.move(j, q, r)
 
 
 class _Members:
@@ -64,18 +63,6 @@ class _Members:
     def move(self, i: int, src: int, dst: int) -> None:
         self.lists[src].remove(i)
         self.lists[dst].append(i)
-
-
-def _relocate(a: Assignment, i: int, src: int, dst: int, perf: np.ndarray, hbm: np.ndarray, ddr: np.ndarray,
-              rank: np.ndarray, members: _Members) -> None:
-    a.loads[src] -= perf[i]
-    a.loads[dst] += perf[i]
-    a.hbm[src] -= hbm[i]
-    a.hbm[dst] += hbm[i]
-    a.ddr[src] -= ddr[i]
-    a.ddr[dst] += ddr[i]
-    rank[i] = dst
-    members.move(i, src, dst)
 
 
 Step = tuple[float, int, int, int]  # (new pair peak, shard, target rank, swapped shard or -1)

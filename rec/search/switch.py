@@ -10,14 +10,16 @@ the best change if it lowers the busiest rank.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 
-from rec.search.assignment import Assignment
+from rec.search.assignment import Assignment, Placed
 from rec.search.placement import Placement
 from rec.search.space import SearchSpace, add_runs
+from rec.search.tolerance import lowers
 
 CANDIDATE_TABLES = 48  # tables (most load on the busiest rank first) tried per step
-EPS = 1e-12
 
 
 def distinct_options(space: SearchSpace) -> dict[int, np.ndarray]:
@@ -53,29 +55,31 @@ def switch_options(space: SearchSpace, a: Assignment, max_steps: int = 200) -> b
     for _ in range(max_steps):
         r = int(np.argmax(a.loads))
         cp = a.loads[r]
-        best = None
-        for t in tables_on(space, a, r)[:CANDIDATE_TABLES]:
-            base = without(space, a, t)
-            for o in alternatives.get(int(t), ()):
-                if o == a.choice[t]:
-                    continue
-                placed = place_option(space, base, int(o))
-                if placed is None:
-                    continue
-                peak = float(placed[0].max())
-                if best is None or peak < best[0]:
-                    best = (peak, int(t), int(o), placed)
-        if best is None or best[0] >= cp - EPS * max(cp, 1.0):
+        best: tuple[float, int, int, Placed] | None = None
+        for t, o, placed in option_changes(space, a, r, alternatives):
+            peak = float(placed.loads.max())
+            if best is None or peak < best[0]:
+                best = (peak, t, o, placed)
+        if best is None or not lowers(best[0], cp):
             break
-        _, t, o, (loads, hbm, ddr, first_ranks) = best
-        opts = space.options
-        old = a.choice[t]
-        a.shard_rank[opts.shard_start[old]:opts.shard_start[old + 1]] = -1
-        a.shard_rank[opts.shard_start[o]:opts.shard_start[o + 1]] = first_ranks
-        a.choice[t] = o
-        a.loads, a.hbm, a.ddr = loads, hbm, ddr
+        _, t, o, placed = best
+        a.take_option(space, t, o, placed)
         changed = True
     return changed
+
+
+def option_changes(space: SearchSpace, a: Assignment, rank: int,
+                   alternatives: dict[int, np.ndarray]) -> Iterator[tuple[int, int, Placed]]:
+    """(table, option, placement) for each other option (of ``alternatives``) of the tables with
+    most load on ``rank`` that fits, placed greedily on top of the other tables."""
+    for t in tables_on(space, a, rank)[:CANDIDATE_TABLES]:
+        base = without(space, a, int(t))
+        for o in alternatives.get(int(t), ()):
+            if o == a.choice[t]:
+                continue
+            placed = place_option(space, base, int(o))
+            if placed is not None:
+                yield int(t), int(o), placed
 
 
 def tables_on(space: SearchSpace, a: Assignment, rank: int) -> np.ndarray:
@@ -110,10 +114,8 @@ def without(space: SearchSpace, a: Assignment, t: int) -> Usage:
     return a.loads - perf, a.hbm - hbm, a.ddr - ddr
 
 
-def place_option(space: SearchSpace, base: Usage,
-           o: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
-    """Greedy placement of option ``o`` on top of ``base``: (loads, hbm, ddr, first rank per
-    entry), or None if it does not fit."""
+def place_option(space: SearchSpace, base: Usage, o: int) -> Placed | None:
+    """Greedy placement of option ``o`` on top of ``base``; None if it does not fit."""
     loads, hbm, ddr = (x.copy() for x in base)
     opts = space.options
     entries = np.arange(opts.shard_start[o], opts.shard_start[o + 1])
@@ -151,9 +153,9 @@ def place_option(space: SearchSpace, base: Usage,
             loads[r] += opts.perf[e]
             hbm[r] += opts.hbm[e]
             ddr[r] += opts.ddr[e]
-        return loads, hbm, ddr, first
+        return Placed(loads, hbm, ddr, first)
     p, h, d = _usage(space, entries, first)
     loads, hbm, ddr = loads + p, hbm + h, ddr + d
     if (hbm > space.hbm_cap).any() or (ddr > space.ddr_cap).any():
         return None
-    return loads, hbm, ddr, first
+    return Placed(loads, hbm, ddr, first)

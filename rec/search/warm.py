@@ -33,15 +33,18 @@ from rec.search.assignment import Assignment, usage
 from rec.search.placement import Placement, movable
 from rec.search.refine import refine
 from rec.search.space import SearchSpace
-from rec.search.switch import CANDIDATE_TABLES, distinct_options, place_option, switch_options, tables_on, without
+from rec.search.switch import distinct_options, option_changes, place_option, switch_options
+from rec.search.tolerance import TIME_NOISE
 from rec.sharding import ShardingType
-from rec.spec.types import Spec
+from rec.spec.types import Spec, row_key
 
 DATA_PARALLEL = ST_CODE[ShardingType.DATA_PARALLEL]
 MAX_REGRESS = 0.02  # default: the critical path may be 2% above a plan searched from scratch
-EPS = 1e-12
 MAX_REPAIR_STEPS = 20_000
 MAX_RELABEL_RANKS = 4096  # the assignment problem is ranks x ranks
+# Ranks whose fixed-position shards cost the same to this many decimals of a millisecond (and hold
+# the same bytes) are interchangeable.
+SAME_LOAD_DECIMALS = 9
 
 
 @dataclass(frozen=True)
@@ -81,15 +84,15 @@ def previous_placement(space: SearchSpace, spec: Spec, old: Plan, cost: CostConf
     kept = np.zeros(len(opts.perf))
     table_bytes = np.zeros(t_count)
     replicated = np.zeros(t_count, bool)
-    old_tables = {t.name: t for t in old.tables}
-    old_rows = {r["name"]: r for r in old.spec_tables}
+    old_tables = {t.key: t for t in old.tables}  # tables by name and module
+    old_rows = {row_key(r): r for r in old.spec_tables}
     dims = np.array([t.embedding_dim for t in spec.tables], np.int64)
     per_cell = np.array([t.data_type.bytes_per_element for t in spec.tables], float) * \
         (1.0 + optimizer_multiplier(cost.optimizer, dims))
     codes = {(s, k): (i, j) for i, s in enumerate(SHARDING_TYPES) for j, k in enumerate(COMPUTE_KERNELS)}
     lws = space.local_world_size
     for t, table in enumerate(spec.tables):
-        before, row = old_tables.get(table.name), old_rows.get(table.name)
+        before, row = old_tables.get(table.key), old_rows.get(table.key)
         if before is None or row is None or row["embedding_dim"] != table.embedding_dim \
                 or row["data_type"] != table.data_type.value:
             continue  # added, or re-initialized: nothing of it is on any rank
@@ -172,12 +175,12 @@ def warm_starts(space: SearchSpace, fresh: Assignment, prev: Previous, target: f
     module), fewest estimated moved bytes first; the caller measures them exactly."""
     kept = _keep(space, fresh, prev, target)
     starts = [kept, _relabel(space, fresh, prev)]
-    if kept is not None and kept.critical_path > target * (1 + EPS):
+    if kept is not None and kept.critical_path > target * (1 + TIME_NOISE):
         # The repair got stuck: balance from the kept plan with the full local search, then
         # bring back what that moved where the target allows.
         starts.append(_balanced(space, kept))
     found = [_pull_back(space, a, prev, target) for a in starts if a is not None]
-    found = [a for a in found if a.critical_path <= target * (1 + EPS)]
+    found = [a for a in found if a.critical_path <= target * (1 + TIME_NOISE)]
     return sorted(found, key=lambda a: (moved_bytes(space, a, prev), a.critical_path))
 
 
@@ -200,8 +203,7 @@ def _keep(space: SearchSpace, fresh: Assignment, prev: Previous, target: float) 
         placed = place_option(space, (a.loads, a.hbm, a.ddr), int(choice[t]))
         if placed is None:
             return None
-        a.loads, a.hbm, a.ddr, first = placed
-        a.shard_rank[_entries(space, int(choice[t]))] = first
+        a.take_option(space, t, int(choice[t]), placed)
     if not _shed_memory(space, a, prev):
         return None
     _repair(space, a, prev, target)
@@ -209,7 +211,8 @@ def _keep(space: SearchSpace, fresh: Assignment, prev: Previous, target: float) 
 
 
 def _balanced(space: SearchSpace, a: Assignment) -> Assignment:
-    a = refine(space, a.copy())
+    a = a.copy()
+    refine(space, a)
     while switch_options(space, a):
         refine(space, a)
     return a
@@ -242,7 +245,7 @@ def _shed_memory(space: SearchSpace, a: Assignment, prev: Previous) -> bool:
         q = _target_rank(space, a, e, r)
         if q is None:
             return False
-        _move(space, a, e, r, q)
+        a.move(space, e, r, q)
     return False
 
 
@@ -260,17 +263,6 @@ def _target_rank(space: SearchSpace, a: Assignment, e: int, r: int) -> int | Non
     return int(ranks[np.argmin(np.where(room, a.loads[ranks], np.inf))])
 
 
-def _move(space: SearchSpace, a: Assignment, e: int, src: int, dst: int) -> None:
-    opts = space.options
-    a.loads[src] -= opts.perf[e]
-    a.loads[dst] += opts.perf[e]
-    a.hbm[src] -= opts.hbm[e]
-    a.hbm[dst] += opts.hbm[e]
-    a.ddr[src] -= opts.ddr[e]
-    a.ddr[dst] += opts.ddr[e]
-    a.shard_rank[e] = dst
-
-
 def _repair(space: SearchSpace, a: Assignment, prev: Previous, target: float) -> None:
     """While the busiest rank is above ``target``: the change with the fewest moved bytes per
     millisecond it takes off the busiest rank: a shard moved to the least-loaded rank with room,
@@ -280,7 +272,7 @@ def _repair(space: SearchSpace, a: Assignment, prev: Previous, target: float) ->
     for _ in range(MAX_REPAIR_STEPS):
         r = int(np.argmax(a.loads))
         cp = float(a.loads[r])
-        if cp <= target * (1 + EPS):
+        if cp <= target * (1 + TIME_NOISE):
             return
         best: tuple[tuple[float, float], Callable[[], None]] | None = None
         mine = _movable_entries(space, a)
@@ -290,35 +282,21 @@ def _repair(space: SearchSpace, a: Assignment, prev: Previous, target: float) ->
                 continue
             p = float(opts.perf[e])
             gain = cp - max(cp - p, float(a.loads[q]) + p)
-            if gain > EPS * cp:
+            if gain > TIME_NOISE * cp:
                 cost = float(_cost(prev, np.array([e]), np.array([r]), np.array([q]))[0])
                 if best is None or (cost / gain, -gain) < best[0]:
-                    best = ((cost / gain, -gain), partial(_move, space, a, int(e), r, q))
-        for t in tables_on(space, a, r)[:CANDIDATE_TABLES]:
-            base = without(space, a, int(t))
-            for o in alternatives.get(int(t), ()):
-                if o == a.choice[t]:
-                    continue
-                placed = place_option(space, base, int(o))
-                if placed is None or placed[0].max() > cp * (1 + EPS):
-                    continue
-                gain = cp - float(placed[0][r])  # several ranks may tie at the top: lower this one
-                if gain > EPS * cp:
-                    cost = prev.switch_bytes(space, int(t), int(o)) - prev.switch_bytes(space, int(t), int(a.choice[t]))
-                    if best is None or (cost / gain, -gain) < best[0]:
-                        best = ((cost / gain, -gain), partial(_switch, space, a, int(t), int(o), placed))
+                    best = ((cost / gain, -gain), partial(a.move, space, int(e), r, q))
+        for t, o, placed in option_changes(space, a, r, alternatives):
+            if placed.loads.max() > cp * (1 + TIME_NOISE):
+                continue
+            gain = cp - float(placed.loads[r])  # several ranks may tie at the top: lower this one
+            if gain > TIME_NOISE * cp:
+                cost = prev.switch_bytes(space, t, o) - prev.switch_bytes(space, t, int(a.choice[t]))
+                if best is None or (cost / gain, -gain) < best[0]:
+                    best = ((cost / gain, -gain), partial(a.take_option, space, t, o, placed))
         if best is None:
             return
         best[1]()
-
-
-def _switch(space: SearchSpace, a: Assignment, t: int, o: int, placed: tuple[np.ndarray, ...]) -> None:
-    """Give table ``t`` option ``o``, placed as ``switch.place_option`` found."""
-    loads, hbm, ddr, first = placed
-    a.shard_rank[_entries(space, int(a.choice[t]))] = -1
-    a.shard_rank[_entries(space, o)] = first
-    a.choice[t] = o
-    a.loads, a.hbm, a.ddr = loads, hbm, ddr
 
 
 def _relabel(space: SearchSpace, a: Assignment, prev: Previous) -> Assignment:
@@ -332,8 +310,6 @@ def _relabel_hosts(space: SearchSpace, a: Assignment, prev: Previous) -> Assignm
     """Hosts renumbered (every shard keeping its local rank) so that each sits where most of its
     host-bound and freely placed data was. The shards placed on every rank stay: they cost the same
     on every host, and a renumbering that changes any load or overflows memory is not taken."""
-    from scipy.optimize import linear_sum_assignment
-
     hosts, lws = space.num_hosts, space.local_world_size
     if hosts < 2 or hosts > MAX_RELABEL_RANKS:
         return a
@@ -346,17 +322,15 @@ def _relabel_hosts(space: SearchSpace, a: Assignment, prev: Previous) -> Assignm
     weight = np.zeros((hosts, hosts))
     src = a.shard_rank[moving].astype(np.int64)
     np.add.at(weight, (src[known] // lws, home[known] // lws), prev.kept_bytes[moving][known])
-    rows, cols = linear_sum_assignment(-weight)
-    to = np.empty(hosts, np.int64)
-    to[rows] = cols
-    if (to == np.arange(hosts)).all():
+    to = _relabelling(-weight)
+    if to is None:
         return a
     shard_rank = a.shard_rank.copy()
     shard_rank[moving] = to[src // lws] * lws + src % lws
     b = usage(space, a.choice, shard_rank)
-    same_loads = np.allclose(np.sort(b.loads), np.sort(a.loads), rtol=1e-12, atol=0.0)
+    same_loads = np.allclose(np.sort(b.loads), np.sort(a.loads), rtol=TIME_NOISE, atol=0.0)
     fits = (b.hbm <= space.hbm_cap).all() and (b.ddr <= space.ddr_cap).all()
-    return b if same_loads and fits and b.critical_path <= a.critical_path * (1 + EPS) else a
+    return b if same_loads and fits and b.critical_path <= a.critical_path * (1 + TIME_NOISE) else a
 
 
 def _relabel_ranks(space: SearchSpace, a: Assignment, prev: Previous) -> Assignment:
@@ -364,15 +338,13 @@ def _relabel_ranks(space: SearchSpace, a: Assignment, prev: Previous) -> Assignm
     that held most of them before. Ranks are interchangeable when their fixed-position shards
     (replicas, row-wise slices) cost and hold the same; with host-bound shards in the plan, only
     within a host."""
-    from scipy.optimize import linear_sum_assignment
-
     world = space.world_size
     free = _movable_entries(space, a)
     if not len(free) or world > MAX_RELABEL_RANKS:
         return a
     opts = space.options
     fixed = usage(space, a.choice, np.where(np.isin(np.arange(len(a.shard_rank)), free), -1, a.shard_rank))
-    profile = np.stack([np.round(fixed.loads, 9), fixed.hbm, fixed.ddr], axis=1)
+    profile = np.stack([np.round(fixed.loads, SAME_LOAD_DECIMALS), fixed.hbm, fixed.ddr], axis=1)
     same = (profile[:, None, :] == profile[None, :, :]).all(axis=2)
     if (space.placement[space.entry_owner[free]] == Placement.HOST_FREE).any():
         host = np.arange(world) // space.local_world_size
@@ -383,20 +355,29 @@ def _relabel_ranks(space: SearchSpace, a: Assignment, prev: Previous) -> Assignm
     known = (home >= 0) & (prev.option[opts.table[owner]] == owner)
     weight = np.zeros((world, world))
     np.add.at(weight, (src[known], home[known]), prev.kept_bytes[free][known])
-    rows, cols = linear_sum_assignment(np.where(same, -weight, np.inf))
-    to = np.empty(world, np.int64)
-    to[rows] = cols
-    if (to == np.arange(world)).all():
+    to = _relabelling(np.where(same, -weight, np.inf))
+    if to is None:
         return a
     shard_rank = a.shard_rank.copy()
     shard_rank[free] = to[src]
     return usage(space, a.choice, shard_rank)
 
 
+def _relabelling(cost: np.ndarray) -> np.ndarray | None:
+    """The new label of each old one (hosts or ranks) at least total ``cost[old, new]``; None
+    when every label stays."""
+    from scipy.optimize import linear_sum_assignment
+
+    rows, cols = linear_sum_assignment(cost)
+    to = np.empty(len(cost), np.int64)
+    to[rows] = cols
+    return None if (to == np.arange(len(cost))).all() else to
+
+
 def _pull_back(space: SearchSpace, fresh: Assignment, prev: Previous, target: float) -> Assignment:
     """The fresh plan with tables, then shards, put back where they were while ``target`` holds."""
     a = fresh.copy()
-    limit = target * (1 + EPS)
+    limit = target * (1 + TIME_NOISE)
     for t in np.argsort(-prev.table_bytes, kind="stable"):
         o = int(prev.option[t])
         if o < 0 or a.choice[t] == o:
@@ -423,5 +404,5 @@ def _pull_back(space: SearchSpace, fresh: Assignment, prev: Previous, target: fl
         src, dst = int(a.shard_rank[e]), int(prev.first_rank[e])
         if (a.loads[dst] + opts.perf[e] <= limit and a.hbm[dst] + opts.hbm[e] <= space.hbm_cap[dst]
                 and a.ddr[dst] + opts.ddr[e] <= space.ddr_cap[dst]):
-            _move(space, a, int(e), src, dst)
+            a.move(space, int(e), src, dst)
     return a

@@ -26,8 +26,8 @@ from rec.spec.limits import (
     is_reserved,
     spec_problems,
 )
-from rec.spec.types import Spec, TableSpec
-from rec.spec.validate import CELL_PARSERS, is_missing, raise_problems, spec_from_rows
+from rec.spec.types import DEFAULT_MODULE, Spec, TableSpec
+from rec.spec.validate import CELL_PARSERS, is_missing, module_problems, raise_problems, spec_from_rows
 
 # RE2 (pyarrow) forms of the row validator's rules, for ASCII text: a table name, and a feature
 # name that is printable with no blank at either end (so Python's strip() leaves it as it is).
@@ -63,12 +63,16 @@ def _columnar(table: Any, source: str) -> Spec:
     if not n or len(set(names)) != len(names) or not set(REQUIRED) <= set(names) <= set(COLUMNS):
         raise _Decline
     columns = {name: table.column(name).combine_chunks() for name in names}
-    table_names = _names(columns["name"], n)
+    modules = _cells(columns.get("module"), "module", DEFAULT_MODULE, n)
+    one_module = all(m == DEFAULT_MODULE for m in modules)
+    table_names = _names(columns["name"], n, unique=one_module)
+    if not one_module and len(set(zip(modules, table_names, strict=True))) != n:
+        raise _Decline
     rows = _ints(columns["num_embeddings"], MAX_TABLE_WEIGHTS)
     dims = _ints(columns["embedding_dim"], MAX_EMBEDDING_DIM)
     if np.any(rows > MAX_TABLE_WEIGHTS // dims):  # rows * dims > the bound, without overflow
         raise _Decline
-    features = _features(columns.get("feature_names"), table_names)
+    features = _features(columns.get("feature_names"), table_names, None if one_module else modules)
     pooling_factor = _pooling_factors(columns.get("pooling_factor"), n)
     pooling = _cells(columns.get("pooling"), "pooling", Pooling.SUM, n)
     data_type = _cells(columns.get("data_type"), "data_type", DataType.FP32, n)
@@ -78,19 +82,23 @@ def _columnar(table: Any, source: str) -> Spec:
         if not dense_only(sharding_types[i], compute_kernels[i]):
             raise _Decline
 
+    unpooled = np.fromiter((p is Pooling.NONE for p in pooling), bool, n)
+    tables = tuple(
+        map(TableSpec, table_names, rows.tolist(), dims.tolist(), features, pooling, data_type,
+            pooling_factor.tolist(), sharding_types, compute_kernels, modules)
+    )
+    if (not one_module or unpooled.any()) and module_problems([vars(t) for t in tables]):
+        raise _Decline
     feature_count = np.fromiter(map(len, features), np.int64, n)
     raise_problems(
         f"Invalid spec {source}".rstrip(),
-        spec_problems(rows * dims, pooling_factor * feature_count, dims * feature_count),
-    )
-    tables = tuple(
-        map(TableSpec, table_names, rows.tolist(), dims.tolist(), features, pooling, data_type,
-            pooling_factor.tolist(), sharding_types, compute_kernels)
+        spec_problems(rows * dims, pooling_factor * feature_count,
+                      dims * feature_count * np.where(unpooled, pooling_factor, 1.0)),
     )
     return Spec(tables=tables, spec_hash=spec_hash(tables))
 
 
-def _names(column: Any, n: int) -> list[str]:
+def _names(column: Any, n: int, unique: bool) -> list[str]:
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -99,7 +107,7 @@ def _names(column: Any, n: int) -> list[str]:
     ok = pc.all(pc.match_substring_regex(column, _NAME_RE)).as_py()
     if not ok or pc.max(pc.binary_length(column)).as_py() > MAX_NAME_LENGTH:
         raise _Decline
-    if pc.count_distinct(column).as_py() != n:
+    if unique and pc.count_distinct(column).as_py() != n:
         raise _Decline
     names: list[str] = column.to_pylist()
     if any(map(is_reserved, names)):
@@ -149,8 +157,9 @@ def _mask(booleans: Any) -> np.ndarray:
 _NUMPY_TYPES = {"double": "float64", "float": "float32", "halffloat": "float16"}
 
 
-def _features(column: Any, table_names: list[str]) -> list[tuple[str, ...]]:
-    """Each table's feature names: the list as written, or its own name where the cell is null."""
+def _features(column: Any, table_names: list[str], modules: list[str] | None) -> list[tuple[str, ...]]:
+    """Each table's feature names: the list as written, or its own name where the cell is null.
+    Unique in the spec (``modules`` None: every table in the default module) or in each module."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -175,8 +184,10 @@ def _features(column: Any, table_names: list[str]) -> list[tuple[str, ...]]:
             tuple(items[bounds[i]:bounds[i + 1]]) if valid else (name,)
             for i, (name, valid) in enumerate(zip(table_names, given.tolist(), strict=True))
         ]
-    every = [f for names in features for f in names]
-    if len(set(every)) != len(every):  # a feature twice, in one table or across tables
+    every: list[object] = [f for names in features for f in names]
+    if modules is not None:
+        every = [(m, f) for m, names in zip(modules, features, strict=True) for f in names]
+    if len(set(every)) != len(every):  # a feature twice, in one table or across tables of a module
         raise _Decline
     return features
 

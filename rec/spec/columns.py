@@ -1,22 +1,25 @@
-"""The spec's column contract (DESIGN.md): names, which are required, and a table as a plain row."""
+"""The spec's column contract (docs/spec.md): names, which are required, and a table as a plain row."""
 
 from __future__ import annotations
 
 from enum import Enum
 
 from rec.sharding import ComputeKernel, DataType, Pooling, ShardingType
-from rec.spec.types import TableSpec
+from rec.spec.types import DEFAULT_MODULE, TableSpec
 
 REQUIRED = ("name", "num_embeddings", "embedding_dim")
-OPTIONAL = ("feature_names", "pooling", "data_type", "pooling_factor", "sharding_types", "compute_kernels")
+OPTIONAL = ("feature_names", "pooling", "data_type", "pooling_factor", "sharding_types", "compute_kernels",
+            "module")
 COLUMNS = REQUIRED + OPTIONAL
 LIST_COLUMNS = ("feature_names", "sharding_types", "compute_kernels")
 LIST_SEPARATOR = ";"  # how list cells are written in CSV
 
 
 def table_to_row(table: TableSpec) -> dict[str, object]:
-    """Every column of ``table`` as plain JSON values (enums as their values, tuples as lists)."""
-    return {
+    """Every column of ``table`` as plain JSON values (enums as their values, tuples as lists);
+    ``module`` only when it is not ``DEFAULT_MODULE``, so rows (and hashes) of specs without modules
+    stay what they were."""
+    row: dict[str, object] = {
         "name": table.name,
         "num_embeddings": table.num_embeddings,
         "embedding_dim": table.embedding_dim,
@@ -27,6 +30,9 @@ def table_to_row(table: TableSpec) -> dict[str, object]:
         "sharding_types": _values(table.sharding_types),
         "compute_kernels": _values(table.compute_kernels),
     }
+    if table.module != DEFAULT_MODULE:
+        row["module"] = table.module
+    return row
 
 
 def table_to_short_row(table: TableSpec) -> dict[str, object]:

@@ -27,7 +27,16 @@ MAX_IDS_PER_SAMPLE = 2**27  # x 2^30 samples x 8 B < 2^61
 MAX_POOLED_WIDTH = 2**27  # x 2^30 samples x 4 B < 2^60
 DIM_MULTIPLE = 4  # FBGEMM's fused (TBE) kernels: "local_cols ... not divisible by 4"
 MAX_NAME_LENGTH = 128
+MAX_MODULE_LENGTH = 512
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*")
+# A submodule's fully qualified name as torch's named_modules() gives it: attribute names, and the
+# indices of an nn.ModuleList or nn.Sequential, joined by '.'.
+_MODULE = re.compile(r"(?:[A-Za-z_][A-Za-z0-9_]*|[0-9]+)(?:\.(?:[A-Za-z_][A-Za-z0-9_]*|[0-9]+))*")
+MODULE_RULE = (
+    "a module's fully qualified name in the model, as named_modules() gives it: attribute names (letters, digits, "
+    f"'_', not starting with a digit) or list indices joined by '.', at most {MAX_MODULE_LENGTH} characters, "
+    "e.g. 'towers.0.user_ebc'"
+)
 NAME_RULE = (
     f"use letters, digits, '_' and '-' (at most {MAX_NAME_LENGTH}, not starting with '-'): TorchRec makes "
     "each table a module, whose name cannot contain '.', and a table name must be safe as a file name"
@@ -70,6 +79,11 @@ def too_many_tables(count: int) -> str:
 def is_table_name(name: str) -> bool:
     """A name TorchRec can use as a module name and that is safe as a file name."""
     return len(name) <= MAX_NAME_LENGTH and _NAME.fullmatch(name) is not None and not is_reserved(name)
+
+
+def is_module_path(path: str) -> bool:
+    """A dotted module name (``MODULE_RULE``)."""
+    return len(path) <= MAX_MODULE_LENGTH and _MODULE.fullmatch(path) is not None
 
 
 def is_reserved(name: str) -> bool:
@@ -115,8 +129,9 @@ def table_problems(
     return reasons
 
 
-def spec_problems(weights: Iterable[int], ids: Iterable[float], widths: Iterable[int]) -> list[Problem]:
-    """Bounds on the whole spec, from each table's weights, ids per sample and pooled width."""
+def spec_problems(weights: Iterable[int], ids: Iterable[float], widths: Iterable[float]) -> list[Problem]:
+    """Bounds on the whole spec, from each table's weights, ids per sample and output width (an
+    unpooled table's is embedding_dim x features x pooling_factor: one vector per id)."""
     problems = []
     samples = f"{power_of_two(MAX_SAMPLES_PER_STEP)} samples per step (world_size x batch_size)"
     total = int(sum(weights))
@@ -136,7 +151,8 @@ def spec_problems(weights: Iterable[int], ids: Iterable[float], widths: Iterable
     width = int(sum(widths))
     if width > MAX_POOLED_WIDTH:
         problems.append(Problem("spec", (
-            f"one sample's pooled embeddings are {format_count(width)} values wide (embedding_dim x features), "
+            f"one sample's embedding outputs are {format_count(width)} values wide (embedding_dim x features, "
+            "x pooling_factor where pooling is NONE), "
             f"more than {power_of_two(MAX_POOLED_WIDTH)}: with up to {samples} the cost model's 64-bit byte "
             "counts of output buffers overflow"
         )))

@@ -22,19 +22,7 @@ def issue2282_spec(n_tables: int, seed: int = 0) -> Spec:
     rng = np.random.default_rng(seed)
     dims = rng.integers(1, 4, size=n_tables, endpoint=True) * 4
     rows = rng.integers(2, 1000, size=n_tables, endpoint=True)
-    width = len(str(max(n_tables - 1, 0)))
-    return spec_from_rows(
-        [
-            {
-                "name": f"table_{i:0{width}d}",
-                "num_embeddings": int(rows[i]),
-                "embedding_dim": int(dims[i]),
-                "feature_names": [f"feature_{i:0{width}d}"],
-            }
-            for i in range(n_tables)
-        ],
-        source=f"issue2282_spec({n_tables}, seed={seed})",
-    )
+    return _numbered_spec(rows, dims, None, f"issue2282_spec({n_tables}, seed={seed})")
 
 
 def power_law_spec(n_tables: int, seed: int = 0, alpha: float = 0.5) -> Spec:
@@ -46,20 +34,21 @@ def power_law_spec(n_tables: int, seed: int = 0, alpha: float = 0.5) -> Spec:
     rows = np.clip(np.rint((low**-alpha - u * (low**-alpha - high**-alpha)) ** (-1 / alpha)), low, high)
     dims = rng.choice(POWER_LAW_DIMS, size=n_tables)
     pooling = np.round(rng.uniform(1.0, 50.0, size=n_tables), 1)
-    width = len(str(max(n_tables - 1, 0)))
-    return spec_from_rows(
-        [
-            {
-                "name": f"table_{i:0{width}d}",
-                "num_embeddings": int(rows[i]),
-                "embedding_dim": int(dims[i]),
-                "feature_names": [f"feature_{i:0{width}d}"],
-                "pooling_factor": float(pooling[i]),
-            }
-            for i in range(n_tables)
-        ],
-        source=f"power_law_spec({n_tables}, seed={seed})",
-    )
+    return _numbered_spec(rows, dims, pooling, f"power_law_spec({n_tables}, seed={seed})")
+
+
+def _numbered_spec(rows: np.ndarray, dims: np.ndarray, pooling_factors: np.ndarray | None, source: str) -> Spec:
+    """Tables ``table_<i>`` with one feature ``feature_<i>`` each (``i`` zero-padded to one width)."""
+    width = len(str(max(len(rows) - 1, 0)))
+    tables: list[dict[str, object]] = [
+        {"name": f"table_{i:0{width}d}", "num_embeddings": int(rows[i]), "embedding_dim": int(dims[i]),
+         "feature_names": [f"feature_{i:0{width}d}"]}
+        for i in range(len(rows))
+    ]
+    if pooling_factors is not None:
+        for table, pooling_factor in zip(tables, pooling_factors.tolist(), strict=True):
+            table["pooling_factor"] = float(pooling_factor)
+    return spec_from_rows(tables, source=source)
 
 
 def criteo_1tb_spec() -> Spec:

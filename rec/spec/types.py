@@ -2,9 +2,26 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
-from rec.sharding import ComputeKernel, DataType, Pooling, ShardingType
+from rec.sharding import ComputeKernel, DataType, ModuleKind, Pooling, ShardingType
+
+# The module a table without ``module`` belongs to: the EmbeddingBagCollection of shardflow's own
+# training model (DLRMTrain -> DLRM -> SparseArch), so every spec written before modules existed
+# means what it meant.
+DEFAULT_MODULE = "model.sparse_arch.embedding_bag_collection"
+
+
+def table_key(module: str, name: str) -> str:
+    """A table's identity in a spec and a plan: its name in ``DEFAULT_MODULE``, ``module.name`` in
+    any other module. Table names hold no '.', so the key splits back at its last '.'."""
+    return name if module == DEFAULT_MODULE else f"{module}.{name}"
+
+
+def row_key(row: dict[str, object]) -> str:
+    """``table_key`` of a spec row as ``columns.table_to_row`` writes it (a plan's ``spec``)."""
+    return table_key(str(row.get("module") or DEFAULT_MODULE), str(row.get("name")))
 
 
 @dataclass(frozen=True)
@@ -18,11 +35,21 @@ class TableSpec:
     pooling_factor: float = 1.0
     sharding_types: tuple[ShardingType, ...] | None = None
     compute_kernels: tuple[ComputeKernel, ...] | None = None
+    module: str = DEFAULT_MODULE  # fully qualified name of the embedding module in the model
 
     @property
     def bytes(self) -> float:
         """Size of the embedding weights alone."""
         return self.num_embeddings * self.embedding_dim * self.data_type.bytes_per_element
+
+    @property
+    def key(self) -> str:
+        """The table's identity (``table_key``): unique in a spec."""
+        return table_key(self.module, self.name)
+
+    @property
+    def pooled(self) -> bool:
+        return self.pooling is not Pooling.NONE
 
 
 @dataclass(frozen=True)
@@ -38,3 +65,28 @@ class Spec:
     @property
     def names(self) -> list[str]:
         return [t.name for t in self.tables]
+
+    @property
+    def keys(self) -> list[str]:
+        """Every table's ``key``, in spec order."""
+        return [t.key for t in self.tables]
+
+    @functools.cached_property
+    def modules(self) -> dict[str, ModuleKind]:
+        """Each embedding module's path and kind, in model order: the order TorchRec walks a model
+        whose submodules were created in the order the spec first names them (``model_order``)."""
+        kinds: dict[str, ModuleKind] = {}
+        for t in self.tables:
+            kinds.setdefault(t.module, t.pooling.module_kind)
+        return {path: kinds[path] for path in model_order(list(kinds))}
+
+
+def model_order(paths: list[str]) -> list[str]:
+    """``paths`` as ``named_modules()`` lists them in a model built by creating each path's
+    submodules in the order of ``paths``: depth first, siblings in order of creation."""
+    created: dict[tuple[str, ...], int] = {}
+    keys = []
+    for path in paths:
+        parts = tuple(path.split("."))
+        keys.append([created.setdefault(parts[:i + 1], len(created)) for i in range(len(parts))])
+    return [path for _, path in sorted(zip(keys, paths, strict=True))]

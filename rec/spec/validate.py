@@ -18,7 +18,7 @@ from numbers import Integral, Real
 from typing import Any
 
 from rec.errors import InputError, Problem, ProblemList, show
-from rec.sharding import NOT_PLANNED, ComputeKernel, DataType, Pooling, ShardingType
+from rec.sharding import NOT_PLANNED, ComputeKernel, DataType, ModuleKind, Pooling, ShardingType, offered
 from rec.spec.columns import COLUMNS, LIST_SEPARATOR, REQUIRED
 from rec.spec.hashing import spec_hash
 from rec.spec.limits import (
@@ -26,15 +26,17 @@ from rec.spec.limits import (
     MAX_EMBEDDING_DIM,
     MAX_TABLE_WEIGHTS,
     MAX_TABLES,
+    MODULE_RULE,
     NAME_RULE,
     RESERVED_RULE,
+    is_module_path,
     is_reserved,
     is_table_name,
     spec_problems,
     table_problems,
     too_many_tables,
 )
-from rec.spec.types import Spec, TableSpec
+from rec.spec.types import DEFAULT_MODULE, Spec, TableSpec
 from rec.units import format_count
 
 
@@ -59,6 +61,7 @@ def spec_from_rows(rows: Sequence[object], source: str = "") -> Spec:
         parsed.append((number, _parse_row(number, row, absent, problems)))
     # Rows with a bad value still take part, so a duplicate name is reported alongside it.
     _check_unique(parsed, problems)
+    problems.items += module_problems([values for _, values in parsed])
     _check_sizes(parsed, problems)
     raise_problems(title, problems.items)
     tables = tuple(TableSpec(**values) for _, values in parsed)
@@ -123,27 +126,98 @@ def _check_sizes(parsed: list[tuple[int, dict[str, Any]]], problems: ProblemList
         if rows is None or dim is None or rows * dim > MAX_TABLE_WEIGHTS:  # too big: reported per table
             continue
         features = len(values.get("feature_names") or (None,))
+        pooling_factor = values.get("pooling_factor", 1.0)
         weights.append(rows * dim)
-        ids.append(values.get("pooling_factor", 1.0) * features)
-        widths.append(dim * features)
+        ids.append(pooling_factor * features)
+        widths.append(dim * features * (pooling_factor if values.get("pooling") is Pooling.NONE else 1))
     problems.items += spec_problems(weights, ids, widths)
 
 
 def _check_unique(parsed: list[tuple[int, dict[str, Any]]], problems: ProblemList) -> None:
-    first_row: dict[str, int] = {}
-    feature_owner: dict[str, str] = {}
+    """Table names and feature names are unique within a module (as TorchRec's modules require);
+    tables of different modules may share both (TorchRec addresses them by module path)."""
+    first_row: dict[tuple[str, str], int] = {}
+    feature_owner: dict[tuple[str, str], str] = {}
     for number, values in parsed:
         name = values.get("name")
         if name is None:
             continue
-        if name in first_row:
-            problems.add(f"table '{name}'", f"duplicate name (rows {first_row[name]} and {number})")
+        module = values.get("module", DEFAULT_MODULE)
+        where = _label(name, module)
+        if (module, name) in first_row:
+            problems.add(where, f"duplicate name (rows {first_row[module, name]} and {number})")
             continue
-        first_row[name] = number
+        first_row[module, name] = number
         for feature in values.get("feature_names", ()):
-            owner = feature_owner.setdefault(feature, name)
+            owner = feature_owner.setdefault((module, feature), name)
             if owner != name:
-                problems.add(f"table '{name}'", f"feature '{feature}' is also used by table '{owner}'")
+                problems.add(where, f"feature '{feature}' is also used by table '{owner}'")
+
+
+def module_problems(tables: Sequence[Mapping[str, Any]]) -> list[Problem]:
+    """What TorchRec refuses in one module, given each table's parsed values (``TableSpec`` fields):
+    pooling NONE (an EmbeddingCollection) beside SUM/MEAN (an EmbeddingBagCollection), an
+    EmbeddingCollection's tables of different dims, allow-lists naming what the module's sharder
+    never offers."""
+    problems = []
+    by_module: dict[str, list[Mapping[str, Any]]] = {}
+    for values in tables:
+        if "name" in values:
+            by_module.setdefault(values.get("module", DEFAULT_MODULE), []).append(values)
+    for inner in by_module:
+        parts = inner.split(".")
+        outer = next((o for i in range(1, len(parts)) if (o := ".".join(parts[:i])) in by_module), None)
+        if outer is not None:
+            problems.append(Problem(f"module '{inner}'", (
+                f"lies inside module '{outer}': an embedding module holds tables, not other embedding modules "
+                "(TorchRec shards the outer one and never looks inside)")))
+    for module, members in by_module.items():
+        poolings = [values.get("pooling", Pooling.SUM) for values in members]
+        unpooled = list(dict.fromkeys(v["name"] for v, p in zip(members, poolings, strict=True) if p is Pooling.NONE))
+        pooled = list(dict.fromkeys(v["name"] for v, p in zip(members, poolings, strict=True) if p is not Pooling.NONE))
+        if unpooled and pooled:
+            problems.append(Problem(f"module '{module}'", (
+                f"mixes pooling NONE (an EmbeddingCollection: {_list_some(unpooled)}) with SUM/MEAN (an "
+                f"EmbeddingBagCollection: {_list_some(pooled)}); a module is one or the other: give them "
+                "different modules")))
+        elif unpooled:
+            dims = Counter(v["embedding_dim"] for v in members if "embedding_dim" in v)
+            if len(dims) > 1:
+                found = ", ".join(f"{dim} ({_list_some([v['name'] for v in members if v.get('embedding_dim') == dim])})"
+                                  for dim in sorted(dims))
+                problems.append(Problem(f"module '{module}'", (
+                    "an EmbeddingCollection's tables must share one embedding_dim (TorchRec: 'All tables in a "
+                    f"EmbeddingCollection are required to have same embedding dimension'); found {found}")))
+        for values in members:
+            problems += _sharder_problems(values, module)
+    return problems
+
+
+def _sharder_problems(values: Mapping[str, Any], module: str) -> list[Problem]:
+    """Allow-listed sharding types and kernels the table's sharder never offers."""
+    kind = values.get("pooling", Pooling.SUM).module_kind
+    types, kernels = offered(kind)
+    out = []
+    lists: tuple[tuple[str, type[Enum], Any, frozenset[Any]], ...] = (
+        ("sharding_types", ShardingType, values.get("sharding_types"), types),
+        ("compute_kernels", ComputeKernel, values.get("compute_kernels"), kernels))
+    for column, enum, listed, known in lists:
+        refused = [m.value for m in listed or () if m not in known]
+        if refused:
+            offers = ", ".join(m.value for m in enum if m in known)
+            out.append(Problem(_label(values["name"], module), (
+                f"{column}: {_list_some(refused)} {'is' if len(refused) == 1 else 'are'} not offered by TorchRec's "
+                f"{kind.sharder} ({_kind_reason(kind)}), which offers {offers}")))
+    return out
+
+
+def _kind_reason(kind: ModuleKind) -> str:
+    return "pooling NONE: an EmbeddingCollection" if kind is ModuleKind.EMBEDDING_COLLECTION else "pooled tables"
+
+
+def _label(name: str, module: str) -> str:
+    """How a problem names a table: by name in the default module, with its module in any other."""
+    return f"table '{name}'" if module == DEFAULT_MODULE else f"table '{name}' in module '{module}'"
 
 
 def _where(number: int, row: Mapping[Any, Any]) -> str:
@@ -170,6 +244,17 @@ def _parse_name(value: object) -> str:
         rule = RESERVED_RULE if is_reserved(name) else NAME_RULE
         raise ValueError(f"{show(name)} cannot be a table name: {rule}")
     return name
+
+
+def _parse_module(value: object) -> str:
+    if isinstance(value, Integral) and not isinstance(value, bool):  # YAML reads the path "0" as a number
+        value = str(int(value))
+    if not isinstance(value, str):
+        raise ValueError(f"expected text, got {show(value)}")
+    path = value.strip()
+    if not is_module_path(path):
+        raise ValueError(f"{show(path)} is not a module path: {MODULE_RULE}")
+    return path
 
 
 def _parse_positive_int(value: object) -> int:
@@ -260,20 +345,37 @@ def _enum_parser(enum: type[Enum], noun: str) -> Callable[[object], Enum]:
 
 def _enum_list_parser(enum: type[Enum], noun: str) -> Callable[[object], tuple[Enum, ...]]:
     def parse(value: object) -> tuple[Enum, ...]:
-        chosen = {_member(enum, noun, item) for item in _text_list(value)}
+        items = _text_list(value)
+        unknown = [item for item in items if _lookup(enum, item) is None and _refused(item) is None]
+        refused = list(dict.fromkeys(r for item in items if (r := _refused(item)) is not None))
+        if unknown or refused:
+            named = _list_some([repr(u) for u in unknown], limit=10)
+            plural = "s" if len(unknown) > 1 else ""
+            reasons = [f"unknown {noun}{plural} {named} (known: {_known(enum)})"] if unknown else []
+            raise ValueError("; ".join(reasons + refused))
+        chosen = {_lookup(enum, item) for item in items}
         return tuple(m for m in enum if m in chosen)  # declaration order, so the hash ignores list order
 
     return parse
 
 
 def _member(enum: type[Enum], noun: str, text: str) -> Enum:
-    refused = _NOT_PLANNED.get(text.strip().lower())
+    refused = _refused(text)
     if refused is not None:
         raise ValueError(refused)
-    member = _spellings(enum).get(text.strip().lower())
+    member = _lookup(enum, text)
     if member is None:
         raise ValueError(f"unknown {noun} {text!r} (known: {_known(enum)})")
     return member
+
+
+def _refused(text: str) -> str | None:
+    """Why shardflow refuses a TorchRec name it never plans (``rec.sharding.NOT_PLANNED``), or None."""
+    return _NOT_PLANNED.get(text.strip().lower())
+
+
+def _lookup(enum: type[Enum], text: str) -> Enum | None:
+    return _spellings(enum).get(text.strip().lower())
 
 
 @functools.cache
@@ -285,7 +387,8 @@ def _spellings(enum: type[Enum]) -> dict[str, Enum]:
 
 
 def _known(enum: type[Enum]) -> str:
-    return ", ".join(m.value for m in enum)
+    """The values a spec may use: every member but those shardflow refuses."""
+    return ", ".join(m.value for m in enum if m not in NOT_PLANNED)
 
 
 
@@ -310,4 +413,5 @@ CELL_PARSERS = {
     "pooling_factor": _parse_positive_float,
     "sharding_types": _enum_list_parser(ShardingType, "sharding type"),
     "compute_kernels": _enum_list_parser(ComputeKernel, "compute kernel"),
+    "module": _parse_module,
 }

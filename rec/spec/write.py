@@ -10,7 +10,7 @@ import yaml
 
 from rec.spec.columns import COLUMNS, LIST_COLUMNS, LIST_SEPARATOR, table_to_row, table_to_short_row
 from rec.spec.read import spec_format
-from rec.spec.types import Spec
+from rec.spec.types import DEFAULT_MODULE, Spec
 
 
 def write_spec(spec: Spec, path: str | Path) -> Path:
@@ -33,6 +33,9 @@ def _write_tabular(spec: Spec, path: Path, kind: str) -> None:
     import pyarrow as pa
 
     rows = [table_to_row(t) for t in spec.tables]
+    # The module column only where a table has one: specs without modules are written as before.
+    with_module = any(t.module != DEFAULT_MODULE for t in spec.tables)
+    columns = COLUMNS if with_module else tuple(c for c in COLUMNS if c != "module")
     if kind == "csv":
         import pyarrow.csv as csv
 
@@ -41,9 +44,9 @@ def _write_tabular(spec: Spec, path: Path, kind: str) -> None:
                 items = row[column]
                 if isinstance(items, list):
                     row[column] = LIST_SEPARATOR.join(items)
-        csv.write_csv(pa.Table.from_pylist(rows, schema=_schema(list_type=pa.string())), path)
+        csv.write_csv(pa.Table.from_pylist(rows, schema=_schema(columns, list_type=pa.string())), path)
         return
-    table = pa.Table.from_pylist(rows, schema=_schema(list_type=pa.list_(pa.string())))
+    table = pa.Table.from_pylist(rows, schema=_schema(columns, list_type=pa.list_(pa.string())))
     if kind == "parquet":
         import pyarrow.parquet as pq
 
@@ -54,11 +57,11 @@ def _write_tabular(spec: Spec, path: Path, kind: str) -> None:
         feather.write_feather(table, path)
 
 
-def _schema(list_type: Any) -> Any:
+def _schema(columns: tuple[str, ...], list_type: Any) -> Any:
     import pyarrow as pa
 
     types = {"num_embeddings": pa.int64(), "embedding_dim": pa.int64(), "pooling_factor": pa.float64()}
-    return pa.schema([(c, list_type if c in LIST_COLUMNS else types.get(c, pa.string())) for c in COLUMNS])
+    return pa.schema([(c, list_type if c in LIST_COLUMNS else types.get(c, pa.string())) for c in columns])
 
 
 _DUMPER: type[yaml.SafeDumper] = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml's when built

@@ -1,6 +1,6 @@
 """A topology mapping (as written in YAML) -> a validated ``Topology``, or InputError with every problem.
 
-Units: capacities are bytes per rank. Bandwidths are written in bytes/s (DESIGN.md) and stored in
+Units: capacities are bytes per rank. Bandwidths are written in bytes/s (docs/topology.md) and stored in
 bytes/ms, TorchRec's unit (``torchrec/distributed/planner/constants.py``), so the cost model and
 ``to_torchrec`` use them as they are.
 """

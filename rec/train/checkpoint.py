@@ -1,71 +1,139 @@
-"""Sharded checkpoints with torch.distributed.checkpoint: every rank writes its own shards."""
+"""Sharded checkpoints with torch.distributed.checkpoint: every rank writes its own shards.
+
+A checkpoint is read without running anything from it. DCP pickles its index (``.metadata``):
+``parse_index`` unpickles it with ``rec.train.restricted_pickle`` and exactly DCP's own classes as
+the globals it may name, then checks it against the step's files; the other non-tensor values are
+read with ``torch.load(weights_only=True)`` (``SafeLoadPlanner``).
+"""
 
 from __future__ import annotations
 
+import collections
+import functools
 import io
-import pickle
+import os
+import pathlib
 import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.filesystem import FileSystem, _StorageInfo
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    StorageMeta,
+    TensorStorageMetadata,
+)
 from torch.distributed.checkpoint.planner import ReadItem
 
-from rec.train.resume import LATEST, PLAN_COPY, STEP_PREFIX
+from rec.disk_full import DiskFull, is_disk_full, write_whole, writing
+from rec.errors import InputError, Problem
+from rec.plan.io import plan_file
+from rec.train import restricted_pickle
+from rec.train.restricted_pickle import RefusedPickle
+from rec.train.resume import INDEX_FILE, LATEST, PLAN_COPY, latest, step_dir, step_name, step_of
 
 
 def record_plan(directory: str | Path, plan_path: str | Path) -> None:
     """Keep a copy of the plan the checkpoints are written under (rank 0), so that a training
     with another plan can resume from them (``rec.train.resume``)."""
-    root = Path(directory)
     if dist.get_rank() == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = root / f".{PLAN_COPY}.tmp"
-        source = Path(plan_path)
-        tmp.write_bytes((source / PLAN_COPY if source.is_dir() else source).read_bytes())
-        tmp.replace(root / PLAN_COPY)
+        write_whole(Path(directory) / PLAN_COPY, plan_file(plan_path).read_bytes())
 
 
 def save(directory: str | Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-         keep: int) -> None:
-    """Write step ``step``; LATEST names it only once every rank has finished writing; then all
-    but the ``keep`` newest steps are deleted (rank 0; the filesystem is shared by the ranks of
-    a host, and every node prunes its own)."""
+         keep: int, before_latest: Callable[[], None] | None = None) -> None:
+    """Write step ``step``; LATEST names it only once every rank has finished writing (and
+    ``before_latest``, called on every rank, has returned); then all but the ``keep`` newest steps
+    are deleted (rank 0; the filesystem is shared by the ranks of a host, and every node prunes
+    its own). A full disk raises ``DiskFull`` naming the step; LATEST keeps naming the previous one."""
     root = Path(directory)
-    path = root / f"{STEP_PREFIX}{step:08d}"
-    dcp.save({"model": model.state_dict(), "optim": optimizer.state_dict()}, checkpoint_id=str(path))
+    path = step_dir(root, step)
+    writer = dcp.FileSystemWriter(str(path))
+    writer.fs = recording = _RecordingFileSystem()
+    try:
+        with writing(path):
+            dcp.save({"model": model.state_dict(), "optim": optimizer.state_dict()}, storage_writer=writer)
+    except BaseException as e:  # DCP's CheckpointException is a BaseException
+        full = next((error for error in recording.errors if is_disk_full(error)), None)
+        if full is None or isinstance(e, DiskFull):
+            raise
+        raise DiskFull(full.filename or path, full) from e
     dist.barrier()
+    if before_latest is not None:
+        before_latest()
     if dist.get_rank() == 0:
-        tmp = root / f".{LATEST}.tmp"
-        tmp.write_text(path.name)
-        tmp.replace(root / LATEST)
+        write_whole(root / LATEST, step_name(step))
         prune(root, keep)
     dist.barrier()
+
+
+class _RecordingFileSystem(FileSystem):
+    """DCP's file system, remembering the OS errors of the writes to its files: torch.save's zip
+    writer turns them into RuntimeErrors ("unexpected pos") that no longer say the disk is full."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.errors: list[OSError] = []
+
+    @contextmanager
+    def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[io.IOBase]:
+        with super().create_stream(path, mode) as stream:
+            yield stream if "r" in mode else cast(io.IOBase, _RecordingStream(stream, str(path), self.errors))
+
+
+class _RecordingStream:
+    def __init__(self, stream: io.IOBase, path: str, errors: list[OSError]):
+        self._stream, self._path, self._errors = stream, path, errors
+
+    def write(self, data: Any) -> int:
+        try:
+            return int(self._stream.write(data))
+        except OSError as e:
+            self._record(e)
+            raise
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as e:
+            self._record(e)
+            raise
+
+    def _record(self, error: OSError) -> None:
+        if error.filename is None:
+            error.filename = self._path
+        self._errors.append(error)
+
+    def __getattr__(self, name: str) -> Any:  # tell, fileno, ...
+        return getattr(self._stream, name)
 
 
 def steps(directory: str | Path) -> list[Path]:
     """The checkpoint directories, oldest first."""
     root = Path(directory)
-    return sorted(p for p in root.glob(f"{STEP_PREFIX}*") if p.is_dir()) if root.is_dir() else []
+    found = [p for p in root.iterdir() if step_of(p.name) is not None and p.is_dir()] if root.is_dir() else []
+    return sorted(found, key=lambda p: step_of(p.name) or 0)
 
 
 def prune(directory: str | Path, keep: int) -> None:
     """Delete all but the ``keep`` newest checkpoints (never the one LATEST names)."""
-    latest = (Path(directory) / LATEST).read_text().strip()
+    newest = (Path(directory) / LATEST).read_text().strip()
     for old in steps(directory)[:-keep]:
-        if old.name != latest:
+        if old.name != newest:
             shutil.rmtree(old, ignore_errors=True)
 
 
 def latest_step(directory: str | Path) -> int | None:
-    marker = Path(directory) / LATEST
-    if not marker.exists():
-        return None
-    return int(marker.read_text().strip().removeprefix(STEP_PREFIX))
+    """The step LATEST names (None: no complete checkpoint); InputError if it names none."""
+    return latest(directory)
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):
@@ -83,42 +151,95 @@ class SafeLoadPlanner(DefaultLoadPlanner):
 
 
 class CheckpointMetadataError(ValueError):
-    """A checkpoint's ``.metadata`` names something a DCP index never contains."""
+    """A checkpoint's ``.metadata`` (its index) is refused: it needs more than DCP's own classes,
+    is malformed, or points at data the checkpoint does not have. Nothing in it was run."""
 
 
-# What torch.distributed.checkpoint pickles into a checkpoint's ``.metadata`` (its index).
-_METADATA_MODULES = ("torch.distributed.checkpoint.metadata",)
-_METADATA_GLOBALS = {
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    ("torch", "Size"),
-    ("torch.serialization", "_get_layout"),
-    ("pathlib", "PosixPath"),
-    ("pathlib", "PurePosixPath"),
-    ("collections", "OrderedDict"),
-}
+MAX_INDEX_BYTES = 1 << 30  # far above the index of any real checkpoint; a bound on what is read
 
 
-class _IndexUnpickler(pickle.Unpickler):
-    """Resolves only the classes of a DCP index and torch dtypes: a crafted ``.metadata``
-    cannot name a function to call (Python's "restricting globals")."""
+@functools.cache
+def index_globals() -> dict[tuple[str, str], Any]:
+    """Exactly what torch.distributed.checkpoint pickles into an index, by the (module, qualname)
+    pair pickle writes for each: DCP's metadata classes, the filesystem writer's per-item storage
+    info, and the torch values they hold (sizes, dtypes, the layout)."""
+    from torch.distributed.checkpoint import metadata
 
-    def find_class(self, module: str, name: str) -> Any:
-        if module in _METADATA_MODULES or (module, name) in _METADATA_GLOBALS:
-            return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
-        raise CheckpointMetadataError(f"checkpoint index names {module}.{name}, which a "
-                                      "torch.distributed.checkpoint index never contains")
+    classes: list[type] = [
+        metadata.Metadata, metadata.StorageMeta, metadata.MetadataIndex, metadata.TensorStorageMetadata,
+        metadata.BytesStorageMetadata, metadata.ChunkStorageMetadata, metadata.TensorProperties,
+        metadata._MEM_FORMAT_ENCODING, _StorageInfo, torch.Size, collections.OrderedDict,
+        pathlib.PurePosixPath, pathlib.PosixPath,
+    ]
+    allowed: dict[tuple[str, str], Any] = {(c.__module__, c.__qualname__): c for c in classes}
+    allowed.update({("pathlib", c.__name__): c for c in (pathlib.PurePosixPath, pathlib.PosixPath)})
+    allowed[("torch.serialization", "_get_layout")] = torch.serialization._get_layout
+    allowed.update({("torch", str(v).removeprefix("torch.")): v for v in vars(torch).values()
+                    if isinstance(v, torch.dtype)})
+    return allowed
+
+
+def parse_index(data: bytes, step_dir: Path) -> Metadata:
+    """The index ``data`` of the checkpoint in ``step_dir``, unpickled with ``index_globals`` only
+    and checked against the step's files; CheckpointMetadataError otherwise."""
+    try:
+        metadata = restricted_pickle.load(data, index_globals())
+    except RefusedPickle as e:
+        raise CheckpointMetadataError(f"not a checkpoint index shardflow reads: it {e}; nothing in it "
+                                      "was run") from None
+    if not isinstance(metadata, Metadata):
+        raise CheckpointMetadataError(f"not a checkpoint index: it holds a {type(metadata).__name__}")
+    try:
+        problem = _incomplete(step_dir, metadata)
+    except (AttributeError, TypeError, ValueError) as e:  # fields missing or of other types
+        problem = f"it is malformed ({type(e).__name__}: {str(e)[:100]})"
+    if problem:
+        raise CheckpointMetadataError(f"the checkpoint is incomplete or malformed: {problem}")
+    return metadata
+
+
+def _incomplete(step_dir: Path, metadata: Metadata) -> str | None:
+    """What the index promises that the step directory lacks (None: nothing)."""
+    storage = metadata.storage_data
+    if not isinstance(storage, dict) or not isinstance(metadata.state_dict_metadata, dict):
+        return "it has no storage entries"
+    needed: dict[str, int] = {}
+    for key, info in storage.items():
+        if not (isinstance(key, MetadataIndex) and isinstance(info, _StorageInfo)
+                and isinstance(info.relative_path, str) and type(info.offset) is int
+                and type(info.length) is int and info.offset >= 0 and info.length >= 0):
+            return "a storage entry is malformed"
+        name = info.relative_path
+        if name in ("", ".", "..") or Path(name).name != name:
+            return f"it points outside its directory ({name[:100]!r})"
+        needed[name] = max(needed.get(name, 0), info.offset + info.length)
+    for fqn, entry in metadata.state_dict_metadata.items():
+        if isinstance(entry, TensorStorageMetadata):
+            keys = [MetadataIndex(fqn, chunk.offsets) for chunk in entry.chunks]
+        elif isinstance(entry, BytesStorageMetadata):
+            keys = [MetadataIndex(fqn)]
+        else:
+            return f"entry {str(fqn)[:100]!r} is malformed"
+        if any(k not in storage for k in keys):
+            return f"it has no data for {str(fqn)[:100]!r}"
+    for name, size in sorted(needed.items()):
+        path = step_dir / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size < size:
+            return f"{name} has {path.stat().st_size} bytes, the index needs {size}"
+    return None
 
 
 class SafeFileSystemReader(dcp.FileSystemReader):
-    """DCP's file reader, but the index is unpickled with ``_IndexUnpickler``."""
+    """DCP's file reader, but the index is read with ``parse_index``: no code from it runs."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         with self.fs.create_stream(self._get_metadata_path(kwargs.get("rank")), "rb") as file:
-            metadata = _IndexUnpickler(file).load()
-        if not isinstance(metadata, Metadata):
-            raise CheckpointMetadataError("checkpoint index is not a torch.distributed.checkpoint Metadata")
+            data = file.read(MAX_INDEX_BYTES + 1)
+        if len(data) > MAX_INDEX_BYTES:
+            raise CheckpointMetadataError(f"not a checkpoint index: it is larger than {MAX_INDEX_BYTES} bytes")
+        metadata = parse_index(data, Path(str(self.path)))
         storage_meta = getattr(metadata, "storage_meta", None) or StorageMeta()
         storage_meta.load_id = self.load_id
         metadata.storage_meta = storage_meta
@@ -130,10 +251,24 @@ def read_index(path: str | Path) -> Metadata:
     return SafeFileSystemReader(str(path)).read_metadata()
 
 
+def check_index(step: str | Path) -> Metadata:
+    """The index of the checkpoint in ``step``, read safely; InputError naming it when it is
+    refused or unreadable (bad input: exit 2, and no retry would help). Called before DCP reads
+    it: DCP would only log a refusal and fall back to per-rank indexes."""
+    try:
+        return read_index(step)
+    except (CheckpointMetadataError, OSError) as e:
+        reason = f"cannot be read ({e.strerror or e})" if isinstance(e, OSError) else str(e)
+        raise InputError("Cannot resume from this checkpoint:", [
+            Problem(str(Path(step) / INDEX_FILE), reason)]) from None
+
+
 def load(directory: str | Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Load step ``step`` in place into the (already sharded) model and optimizer."""
+    """Load step ``step`` in place into the (already sharded) model and optimizer; InputError if
+    its index is refused."""
     state = {"model": model.state_dict(), "optim": optimizer.state_dict()}
-    path = Path(directory) / f"{STEP_PREFIX}{step:08d}"
+    path = step_dir(directory, step)
+    check_index(path)
     dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=SafeLoadPlanner())
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optim"])

@@ -19,10 +19,15 @@ MAX_BATCH_SIZE = 1 << 20  # per rank; far beyond what fits a GPU, well inside in
 
 
 class ModelKind(StrEnum):
+    """shardflow's own models (``--model``); a value with ':' is a model factory TARGET instead."""
+
     AUTO = "auto"  # dlrm when every table has the same dim, concat otherwise
-    DLRM = "dlrm"  # torchrec.models.dlrm.DLRM (all dims equal)
-    DLRM_DCN = "dlrm_dcn"  # torchrec.models.dlrm.DLRM_DCN (all dims equal)
+    DLRM = "dlrm"  # TorchRec's DLRM interaction (all dims equal)
+    DLRM_DCN = "dlrm_dcn"  # TorchRec's DLRM_DCN interaction (all dims equal)
     CONCAT = "concat"  # dense arch + concatenated pooled embeddings + over arch (any dims)
+
+
+TARGET_SEPARATOR = ":"  # package.module:function, path/to/file.py:function
 
 
 class PipelineKind(StrEnum):
@@ -39,8 +44,10 @@ class TrainConfig:
     batch_size: int | None = field(default=None, metadata=knob(
         "samples per rank and iteration; none: the plan topology's batch_size",
         minimum=1, maximum=MAX_BATCH_SIZE))
-    model: ModelKind = field(default=ModelKind.AUTO, metadata=knob(
-        "auto: dlrm when all tables share one dim, concat otherwise"))
+    model: str = field(default=ModelKind.AUTO.value, metadata=knob(
+        f"shardflow's model: {', '.join(ModelKind)} (auto: dlrm when all tables share one dim, concat "
+        "otherwise); or your own, TARGET: package.module:function or path/to/file.py:function returning "
+        "(model, batches), sharded with the plan (docs/training.md)", metavar="KIND|TARGET"))
     pipeline: PipelineKind = field(default=PipelineKind.SPARSE_DIST, metadata=knob(
         "sparse_dist: TorchRec's TrainPipelineSparseDist; naive: plain loop"))
     data: str | None = field(default=None, metadata=knob(
@@ -71,9 +78,26 @@ class TrainConfig:
         "tables are matched by name, a resized table keeps its old rows, added ones are initialized; "
         "none: start fresh", metavar="DIR"))
 
+    @property
+    def model_target(self) -> str | None:
+        """The user's model factory ``--model`` names, or None for one of shardflow's models."""
+        return self.model if TARGET_SEPARATOR in self.model else None
+
+    @property
+    def model_kind(self) -> ModelKind:
+        """shardflow's model ``--model`` names (``model_target`` None)."""
+        return ModelKind(self.model)
+
     def problems(self) -> list[Problem]:
         """What the bounds alone do not catch."""
         out = []
+        if self.model_target is None and self.model not in set(ModelKind):
+            out.append(Problem("--model", f"{self.model!r} is neither one of shardflow's models "
+                                          f"({', '.join(ModelKind)}) nor a TARGET (package.module:function "
+                                          "or path/to/file.py:function)"))
+        if self.model_target is not None and self.data:
+            out.append(Problem("--data", f"feeds shardflow's own model; the model factory {self.model_target} "
+                                         "gives its own batches"))
         if self.warmup >= self.iterations:
             out.append(Problem("--warmup", f"{self.warmup} leaves no measured iteration of "
                                            f"{self.iterations}; use fewer warm-up iterations or more iterations"))

@@ -1,6 +1,9 @@
 """The training job, one process per rank under torchrun: load the plan, never plan, shard the
 model with exactly that plan, train, and report iteration latency and loss.
 
+The model is shardflow's own, built from the plan's spec rows (``rec.train.model``: every embedding
+module of the spec at its path), or the user's (``--model TARGET``, ``rec.train.user_model``).
+
     torchrun --nproc-per-node 2 -m rec.train.job --plan out/plan/plan.json --out out/train
 
 Each rank writes its output to OUT/logs/rank-<RANK>.log and, if it fails, the cause to
@@ -17,13 +20,11 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-import numpy as np
 import torch
 import torch.distributed as dist
-from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torch.distributed.checkpoint.api import CheckpointException
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
@@ -34,18 +35,32 @@ from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
 from rec.errors import InputError, Problem
 from rec.plan import Plan, read_plan
-from rec.plan.torchrec_plan import to_sharding_plan
+from rec.plan.torchrec_plan import plan_modules, sharders_for, to_sharding_plan
 from rec.settings import add_flags, from_flags
 from rec.spec import spec_from_rows
+from rec.spec.types import Spec
 from rec.train import checkpoint
+from rec.train.applied import applied_sharding
 from rec.train.config import FAIL_AT_ENV, PipelineKind, TrainConfig
 from rec.train.data import parquet_batches, synthetic_batches
-from rec.train.metrics import TrainMetrics, latency_stats, loss_stats, write_metrics
-from rec.train.model import EBC_PATH, build_model, resolve_model_kind
+from rec.train.lifetime import RunLockTaken, die_with_torchrun, join_run_lock
+from rec.train.metrics import (
+    Iterations,
+    TrainMetrics,
+    earlier_iterations,
+    latency_stats,
+    loss_stats,
+    write_iterations,
+    write_metrics,
+)
+from rec.train.model import build_model, resolve_model_kind
 from rec.train.rank_log import RankOutput
+from rec.train.resume import checkpoint_dir, step_dir
 
 if TYPE_CHECKING:
     from torchrec.datasets.utils import Batch
+
+    from rec.train.batch import ModuleBatch
 
 
 def _refuse_to_plan(*_args: object, **_kwargs: object) -> NoReturn:
@@ -61,25 +76,6 @@ def check_world_size(plan: Plan, world_size: int) -> None:
                     "replan or change --nnodes/--nproc-per-node")])
 
 
-def applied_sharding(model: torch.nn.Module) -> dict[str, str]:
-    """Sharding type per table as the sharded module reports it (not as the plan says)."""
-    from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
-
-    for module in model.modules():
-        if isinstance(module, ShardedEmbeddingBagCollection):
-            return {name: ps.sharding_type for name, ps in module.module_sharding_plan.items()}
-    return {}
-
-
-def checkpoint_dir(config: TrainConfig, out_dir: str) -> str | None:
-    """Where checkpoints are written and read; None when the job neither writes nor resumes."""
-    if config.checkpoint_dir:
-        return config.checkpoint_dir
-    if config.checkpoint_every or config.resume:
-        return str(Path(out_dir) / "checkpoints")
-    return None
-
-
 def train(plan: Plan, config: TrainConfig, out_dir: str, output: RankOutput,
           plan_path: str | None = None) -> TrainMetrics | None:
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -91,20 +87,23 @@ def train(plan: Plan, config: TrainConfig, out_dir: str, output: RankOutput,
     torch.manual_seed(config.seed)
 
     output.progress("building the model")
-    model = build_model(spec, config, device)
-    apply_optimizer_in_backward(RowWiseAdagrad, model.model.sparse_arch.parameters(),
-                                {"lr": config.embedding_lr})
+    model, batch_source = _model_and_batches(plan, spec, config, device)
+    _fuse_embedding_optimizer(model, plan, config.embedding_lr)
     output.progress(f"sharding {len(plan.tables):,} tables on {world} ranks with the plan")
-    dmp = DistributedModelParallel(model, device=device, plan=to_sharding_plan(plan, EBC_PATH),
-                                   sharders=[EmbeddingBagCollectionSharder()])
-    dense = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(dmp.named_parameters())),
-                                  lambda params: torch.optim.Adagrad(params, lr=config.dense_lr))
-    optimizer = CombinedOptimizer([dmp.fused_optimizer, dense])
+    dmp = DistributedModelParallel(model, device=device, plan=to_sharding_plan(plan), sharders=sharders_for(plan))
+    optimizers: list[Any] = [dmp.fused_optimizer]
+    dense_params = dict(in_backward_optimizer_filter(dmp.named_parameters()))
+    if dense_params:
+        optimizers.append(KeyedOptimizerWrapper(dense_params,
+                                                lambda params: torch.optim.Adagrad(params, lr=config.dense_lr)))
+    optimizer = CombinedOptimizer(optimizers)
 
     start, resume = 0, None
     checkpoints = checkpoint_dir(config, out_dir)
     own = checkpoint.latest_step(checkpoints) if checkpoints else None
+    resumes_own = False
     if checkpoints and own is not None and (config.resume or _restarted() or config.resume_from):
+        resumes_own = True
         if own >= config.iterations:
             raise InputError("Nothing left to train:", [Problem(
                 checkpoints, f"the newest checkpoint is of iteration {own}; --iterations "
@@ -118,14 +117,28 @@ def train(plan: Plan, config: TrainConfig, out_dir: str, output: RankOutput,
             checkpoint.save(checkpoints, start, dmp, optimizer, keep=config.keep_checkpoints)
     if checkpoints and plan_path:
         checkpoint.record_plan(checkpoints, plan_path)
+    earlier = Iterations.empty()
+    if resumes_own and rank == 0:  # this training's rows before the checkpoint: keep them
+        earlier, lost = earlier_iterations(out_dir, start)
+        if lost:
+            output.progress(lost)
 
-    batches = (parquet_batches(config.data, spec, batch_size, config.dense_in_features, rank, world, cuda)
-               if config.data else
-               synthetic_batches(spec, batch_size, config.dense_in_features, config.seed + rank,
-                                 config.synthetic_batches, cuda))
+    batches = batch_source(rank, world, batch_size)
     step_fn = _pipeline_step(dmp, optimizer, device, batches, config.pipeline)
     fail_at = _fail_at(rank)
-    latencies, losses = [], []
+    latencies: list[float] = []
+    losses: list[torch.Tensor] = []
+
+    def so_far() -> Iterations | None:
+        """Every iteration up to now (rank 0; None on the others): a collective, all ranks call it."""
+        mine = _reduced(start, latencies, losses, config.warmup)
+        return earlier.then(mine) if mine is not None else None
+
+    def keep_iterations() -> None:  # with a checkpoint: a resume from it keeps the rows before it
+        rows = so_far()
+        if rows is not None:
+            write_iterations(out_dir, rows)
+
     output.progress("training", start, config.iterations)
     for i in range(start, config.iterations):
         if fail_at is not None and i == fail_at[0]:
@@ -141,47 +154,81 @@ def train(plan: Plan, config: TrainConfig, out_dir: str, output: RankOutput,
             output.progress(f"iteration {done}/{config.iterations}, {latencies[-1]:.1f} ms, "
                             f"loss {loss.item():.4f}", done, config.iterations)
         if checkpoints and config.checkpoint_every and done % config.checkpoint_every == 0:
-            checkpoint.save(checkpoints, done, dmp, optimizer, keep=config.keep_checkpoints)
+            checkpoint.save(checkpoints, done, dmp, optimizer, keep=config.keep_checkpoints,
+                            before_latest=keep_iterations)
 
-    # An iteration takes as long as its slowest rank; its loss is the mean over the ranks.
-    local = torch.tensor(latencies, dtype=torch.float64)
-    dist.all_reduce(local, op=dist.ReduceOp.MAX)
-    mean_loss = torch.stack(losses).to(torch.float64) if losses else torch.zeros(0, dtype=torch.float64)
-    dist.all_reduce(mean_loss, op=dist.ReduceOp.SUM)
-    if rank != 0:
+    rows = so_far()
+    if rows is None:
         return None
-    iterations = np.arange(start, config.iterations)
-    all_ms, all_loss = local.numpy(), mean_loss.cpu().numpy() / world
-    measured = all_ms[iterations >= config.warmup]
-    if not len(measured):  # resumed after the warm-up window: every iteration here counts
-        measured = all_ms
-    stats = latency_stats(measured)
+    stats = latency_stats(rows.measured_ms())
     metrics = TrainMetrics(
         plan_id=plan.plan_id, world_size=world, iterations=config.iterations,
         warmup=config.warmup, batch_size=batch_size, pipeline=config.pipeline.value,
-        model=resolve_model_kind(spec, config.model).value, iteration_latency_ms=stats,
-        loss=loss_stats(all_loss), samples_per_s=world * batch_size / (stats.mean / 1e3),
+        model=config.model_target or resolve_model_kind(spec, config.model_kind).value, iteration_latency_ms=stats,
+        loss=loss_stats(rows.loss), samples_per_s=world * batch_size / (stats.mean / 1e3),
         applied_sharding=applied_sharding(dmp), resumed_from=start, resume=resume,
+        predicted_critical_path_ms=plan.metrics.critical_path,
     )
-    write_metrics(out_dir, metrics, iterations, all_ms, all_loss, config.warmup)
+    write_metrics(out_dir, metrics, rows)
     return metrics
+
+
+def _model_and_batches(plan: Plan, spec: Spec, config: TrainConfig, device: torch.device) -> tuple[
+        torch.nn.Module, Callable[[int, int, int], Iterator[Batch | ModuleBatch]]]:
+    """The model to shard (embedding modules on meta) and where this rank's batches come from."""
+    cuda = device.type == "cuda"
+    if config.model_target:
+        from rec.train.user_model import check_user_model
+
+        user = check_user_model(config.model_target, spec)
+        return user.model, lambda rank, world, batch_size: iter(user.batches(rank, world, batch_size, device))
+    model = build_model(spec, config, device)
+    if config.data:
+        data = config.data
+        return model, lambda rank, world, batch_size: parquet_batches(
+            data, spec, batch_size, config.dense_in_features, rank, world, cuda)
+    return model, lambda rank, world, batch_size: synthetic_batches(
+        spec, batch_size, config.dense_in_features, config.seed + rank, config.synthetic_batches, cuda)
+
+
+def _fuse_embedding_optimizer(model: torch.nn.Module, plan: Plan, lr: float) -> None:
+    """Fused row-wise Adagrad on every planned embedding module's tables (applied in backward, as
+    the sharded kernels run it), unless the model's own code already chose an optimizer for them."""
+    for path in plan_modules(plan):
+        params = [p for p in model.get_submodule(path).parameters() if not hasattr(p, "_optimizer_classes")]
+        if params:
+            apply_optimizer_in_backward(RowWiseAdagrad, params, {"lr": lr})
+
+
+def _reduced(start: int, latencies: list[float], losses: list[torch.Tensor], warmup: int) -> Iterations | None:
+    """This run's iterations over all ranks (a collective): an iteration takes as long as its
+    slowest rank, its loss is the mean over the ranks. Rank 0 gets them, the others None."""
+    local = torch.tensor(latencies, dtype=torch.float64)
+    dist.all_reduce(local, op=dist.ReduceOp.MAX)
+    total = torch.stack(losses).to(torch.float64) if losses else torch.zeros(0, dtype=torch.float64)
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    if dist.get_rank() != 0:
+        return None
+    return Iterations.of_run(start, local.numpy(), total.cpu().numpy() / dist.get_world_size(), warmup)
 
 
 def _resume_from_other_plan(path: str, plan: Plan, dmp: DistributedModelParallel, optimizer: CombinedOptimizer,
                             output: RankOutput) -> tuple[int, dict[str, Any]]:
     """Load the newest checkpoint of a training with another plan into this plan's layout."""
-    from rec.train.reshard import load_resharded
-    from rec.train.resume import STEP_PREFIX, check_resume, resume_source, table_changes
+    from rec.train.reshard import is_table_tensor, load_resharded
+    from rec.train.resume import check_resume, resume_source, table_changes
 
     source = resume_source(path)
     check_resume(source, plan)
     changes = table_changes(source.plan, plan)
     output.progress(f"resuming plan {plan.plan_id} from plan {source.plan.plan_id}'s checkpoint of "
                     f"iteration {source.step}")
-    report = load_resharded(Path(source.checkpoint_dir, f"{STEP_PREFIX}{source.step:08d}"), dmp, optimizer,
-                            changes.resized)
+    step = step_dir(source.checkpoint_dir, source.step)
+    checkpoint.check_index(step)  # refused: InputError, before DCP reads it
+    report = load_resharded(step, dmp, optimizer, changes.resized)
+    tables = [t.key for t in plan.tables]
     dense = sorted(k.removeprefix("model.") for k in report.initialized
-                   if "embedding_bags" not in k and not k.startswith("optim."))
+                   if not k.startswith("optim.") and not is_table_tensor(k, tables))
     if changes.reinitialized or dense:
         output.progress(f"re-initialized (shape changed): tables {list(changes.reinitialized)}, dense {dense}")
     return source.step, {
@@ -193,22 +240,50 @@ def _resume_from_other_plan(path: str, plan: Plan, dmp: DistributedModelParallel
 
 
 def _pipeline_step(dmp: DistributedModelParallel, optimizer: CombinedOptimizer, device: torch.device,
-                   batches: Iterator[Batch], kind: PipelineKind) -> Callable[[], torch.Tensor]:
-    """One training iteration as a function returning its (detached) loss."""
+                   batches: Iterator[Batch | ModuleBatch], kind: PipelineKind) -> Callable[[], torch.Tensor]:
+    """One training iteration as a function returning its (detached) loss. The model's forward
+    returns ``(losses, output)``, TorchRec's convention (``DLRMTrain``): backward runs on the sum
+    of ``losses``, which is the loss reported."""
+    loss = torch.zeros(())
+
+    def forward(batch: Batch | ModuleBatch) -> Any:
+        nonlocal loss
+        output = dmp(batch)
+        loss = _losses(output).detach().sum()
+        return output
+
     if kind is PipelineKind.SPARSE_DIST:
-        pipeline = TrainPipelineSparseDist(dmp, optimizer, device)
-        return lambda: pipeline.progress(batches)[0]  # DLRMTrain's output: (loss, logits, labels)
+        pipeline = TrainPipelineSparseDist(dmp, optimizer, device, custom_model_fwd=forward)
+
+        def pipelined() -> torch.Tensor:
+            pipeline.progress(batches)  # returns the forward's output; the loss is kept by forward
+            return loss
+
+        return pipelined
 
     def naive() -> torch.Tensor:
         batch = next(batches).to(device, non_blocking=True)
         optimizer.zero_grad()
-        loss, _ = dmp(batch)
-        loss.backward()
+        losses, _ = forward(batch)
+        torch.autograd.backward(torch.sum(losses, dim=0))
         optimizer.step()
-        detached: torch.Tensor = loss.detach()
-        return detached
+        return loss
 
     return naive
+
+
+def _losses(output: Any) -> torch.Tensor:
+    """The ``losses`` of a forward's ``(losses, output)``; InputError for anything else."""
+    losses = output[0] if isinstance(output, (tuple, list)) and len(output) == 2 else None
+    if not isinstance(losses, torch.Tensor) or losses.dim() > 1:
+        raise InputError("The model's forward does not return (loss, output):", [Problem(
+            "forward(batch)", f"returned {type(output).__name__}{_shape(losses)}; return (loss, output), as "
+                              "TorchRec's DLRMTrain and train pipelines do")])
+    return losses
+
+
+def _shape(value: Any) -> str:
+    return f" with a loss of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else ""
 
 
 def _restarted() -> bool:
@@ -258,6 +333,14 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Train
 
 def main(argv: list[str] | None = None) -> int:
     args, config = parse_args(argv)
+    if not die_with_torchrun():
+        print("shardflow train: torchrun, this rank's parent, is gone; not starting", file=sys.stderr)
+        return 1
+    try:
+        join_run_lock()  # held until this process ends
+    except RunLockTaken as e:
+        print(f"shardflow train: {e}; not starting", file=sys.stderr)
+        return 1
     output = RankOutput(args.out, int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)),
                         os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     try:
@@ -274,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         output.failed(e)
         print(f"shardflow train: {e.render()}", file=sys.stderr)
         return 2
-    except Exception as e:
+    except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
         output.failed(e)
         traceback.print_exc()
         return 1

@@ -1,23 +1,43 @@
-"""The model built from the spec: an EmbeddingBagCollection on the meta device under a
-DLRM-style model, wrapped for training (``DLRMTrain``: BCE loss, pipeline-compatible forward).
+"""The model built from the spec, with its embedding modules on the meta device (DMP materialises
+their shards), wrapped for training: ``forward(batch)`` returns ``(loss, (loss, logits, labels))``
+with a BCE loss, as TorchRec's ``DLRMTrain``, which the sparse-dist pipeline accepts.
 
-The EBC always sits at ``EBC_PATH`` so the plan's ShardingPlan addresses it the same way.
+A spec of one EmbeddingBagCollection at ``EBC_PATH`` (every spec without ``module``) gets TorchRec's
+``DLRMTrain`` around its DLRM (or DLRM_DCN, or ``ConcatDLRM`` for tables of several dims), as
+always. Any other spec — several modules, any nesting, EmbeddingCollections — gets ``ModulesDLRM``:
+each module at its path, and each EmbeddingCollection feature's per-id outputs averaged over the
+sequence, so that every feature gives one vector per sample to the same interactions.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
-from torchrec.models.dlrm import DLRM, DLRM_DCN, DenseArch, DLRMTrain, OverArch, SparseArch
+from torchrec.models.dlrm import (
+    DLRM,
+    DLRM_DCN,
+    DenseArch,
+    DLRMTrain,
+    InteractionArch,
+    InteractionDCNArch,
+    OverArch,
+    SparseArch,
+    choose,
+)
+from torchrec.modules.crossnet import LowRankCrossNet
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
 from rec.errors import InputError, Problem
-from rec.spec.types import Spec
+from rec.sharding import ModuleKind
+from rec.spec.torchrec_modules import embedding_modules, place
+from rec.spec.types import DEFAULT_MODULE, Spec
+from rec.train.batch import ModuleBatch
 from rec.train.config import ModelKind, TrainConfig
-from rec.train.tables import embedding_bag_configs
+from rec.train.tables import embedding_bag_configs, one_default_ebc
 
-EBC_PATH = "model.sparse_arch.embedding_bag_collection"
+EBC_PATH = DEFAULT_MODULE  # where DLRMTrain(DLRM(ebc)) holds its EmbeddingBagCollection
+DCN_LAYERS = 2
 
 
 def resolve_model_kind(spec: Spec, kind: ModelKind) -> ModelKind:
@@ -32,12 +52,14 @@ def resolve_model_kind(spec: Spec, kind: ModelKind) -> ModelKind:
     return kind
 
 
-def build_model(spec: Spec, config: TrainConfig, dense_device: torch.device) -> DLRMTrain:
-    """``DLRMTrain`` around the chosen model; embeddings on meta (DMP materialises its shards)."""
-    ebc = EmbeddingBagCollection(tables=embedding_bag_configs(spec), device=torch.device("meta"))
-    kind = resolve_model_kind(spec, config.model)
+def build_model(spec: Spec, config: TrainConfig, dense_device: torch.device) -> nn.Module:
+    """The training model of ``spec``: embeddings on meta, dense layers on ``dense_device``."""
+    kind = resolve_model_kind(spec, config.model_kind)
     dense = list(config.dense_arch_layer_sizes)
     over = list(config.over_arch_layer_sizes)
+    if not one_default_ebc(spec):
+        return ModulesDLRM(spec, kind, config.dense_in_features, dense, over, dense_device)
+    ebc = EmbeddingBagCollection(tables=embedding_bag_configs(spec), device=torch.device("meta"))
     if kind is ModelKind.CONCAT:
         module: nn.Module = ConcatDLRM(ebc, config.dense_in_features, dense, over, dense_device)
     else:
@@ -46,9 +68,10 @@ def build_model(spec: Spec, config: TrainConfig, dense_device: torch.device) -> 
         if kind is ModelKind.DLRM:
             module = DLRM(ebc, config.dense_in_features, dense, over, dense_device)
         else:
-            module = DLRM_DCN(ebc, config.dense_in_features, dense, over, dcn_num_layers=2,
+            module = DLRM_DCN(ebc, config.dense_in_features, dense, over, dcn_num_layers=DCN_LAYERS,
                               dcn_low_rank_dim=min(dim, 16), dense_device=dense_device)
-    return DLRMTrain(module)
+    trained: nn.Module = DLRMTrain(module)
+    return trained
 
 
 class ConcatDLRM(nn.Module):
@@ -67,3 +90,86 @@ class ConcatDLRM(nn.Module):
         embedded = self.sparse_arch.embedding_bag_collection(sparse_features).values()
         logits: torch.Tensor = self.over_arch(torch.cat([self.dense_arch(dense_features), embedded], dim=1))
         return logits
+
+
+class ModulesDLRM(nn.Module):
+    """The spec's embedding modules at their paths, beside a DLRM-style dense part (``DenseArches``,
+    under one child whose name no module path starts with)."""
+
+    def __init__(self, spec: Spec, kind: ModelKind, dense_in_features: int, dense_sizes: list[int],
+                 over_sizes: list[int], dense_device: torch.device):
+        super().__init__()
+        place(self, embedding_modules(spec, "meta"))
+        self._inputs = [(path, module_kind is ModuleKind.EMBEDDING_COLLECTION,
+                         [f for t in spec.tables if t.module == path for f in t.feature_names])
+                        for path, module_kind in spec.modules.items()]
+        dims = [t.embedding_dim for t in spec.tables for _ in t.feature_names]
+        self._arches = _free_name("dense", {path.split(".")[0] for path in spec.modules})
+        self.add_module(self._arches, DenseArches(kind, dims, dense_in_features, dense_sizes, over_sizes,
+                                                  dense_device))
+
+    def forward(self, batch: ModuleBatch) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        vectors: list[torch.Tensor] = []  # one (batch, dim) tensor per feature, in spec order
+        for path, unpooled, features in self._inputs:
+            out = self.get_submodule(path)(batch.sparse_features[path])
+            if unpooled:  # EmbeddingCollection: {feature: JaggedTensor of per-id embeddings}
+                vectors += [sequence_mean(out[f]) for f in features]
+            else:  # EmbeddingBagCollection: a KeyedTensor of pooled embeddings
+                pooled = out.to_dict()
+                vectors += [pooled[f] for f in features]
+        arches = self.get_submodule(self._arches)
+        assert isinstance(arches, DenseArches)
+        logits = arches(batch.dense_features, vectors).squeeze(-1)
+        loss = nn.functional.binary_cross_entropy_with_logits(logits, batch.labels.float())
+        return loss, (loss.detach(), logits.detach(), batch.labels.detach())
+
+
+class DenseArches(nn.Module):
+    """Dense arch, interaction and over arch of a DLRM over features of dims ``dims``: concatenation
+    (any dims), or TorchRec's DLRM or DLRM_DCN interaction (one dim; the dense arch ends in it)."""
+
+    def __init__(self, kind: ModelKind, dims: list[int], dense_in_features: int, dense_sizes: list[int],
+                 over_sizes: list[int], dense_device: torch.device):
+        super().__init__()
+        features = len(dims)
+        self.inter_arch: nn.Module | None = None
+        if kind is ModelKind.CONCAT:
+            self.dense_arch = DenseArch(dense_in_features, dense_sizes, dense_device)
+            over_in = dense_sizes[-1] + sum(dims)
+        else:
+            dim = dims[0]
+            self.dense_arch = DenseArch(dense_in_features, [*dense_sizes[:-1], dim], dense_device)
+            if kind is ModelKind.DLRM:
+                self.inter_arch = InteractionArch(features)
+                over_in = dim + choose(features, 2) + features
+            else:
+                crossnet = LowRankCrossNet((features + 1) * dim, DCN_LAYERS, min(dim, 16))
+                self.inter_arch = InteractionDCNArch(features, crossnet)
+                over_in = (features + 1) * dim
+        self.over_arch = OverArch(over_in, over_sizes, dense_device)
+
+    def forward(self, dense_features: torch.Tensor, vectors: list[torch.Tensor]) -> torch.Tensor:
+        dense = self.dense_arch(dense_features)
+        if self.inter_arch is None:
+            combined = torch.cat([dense, *vectors], dim=1)
+        else:
+            combined = self.inter_arch(dense, torch.stack(vectors, dim=1))
+        logits: torch.Tensor = self.over_arch(combined)
+        return logits
+
+
+def sequence_mean(sequence: JaggedTensor) -> torch.Tensor:
+    """Each sample's per-id embeddings averaged over its sequence: (samples, dim); zeros for an
+    empty sequence. Traceable by torch.fx, as the sparse-dist pipeline needs."""
+    values, lengths = sequence.values(), sequence.lengths()
+    sample = torch.repeat_interleave(lengths)
+    summed = values.new_zeros((lengths.size(0), values.size(1))).index_add(0, sample, values)
+    mean: torch.Tensor = summed / lengths.clamp(min=1).unsqueeze(1).to(values.dtype)
+    return mean
+
+
+def _free_name(base: str, taken: set[str]) -> str:
+    name = base
+    while name in taken:
+        name += "_"
+    return name

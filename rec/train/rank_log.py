@@ -5,7 +5,10 @@ goes to ``OUT/logs/rank-<RANK>.log``, appended to across attempts with a header 
 nothing of a failed attempt is lost and the terminal stays clear of eight ranks' warnings. The
 first rank of each node (LOCAL_RANK 0) keeps its original stdout for ``rec.progress`` lines, which
 the launcher shows. A rank that raises leaves ``OUT/logs/rank-<RANK>.error.json``: the exception on
-one line and whether it fails the same way every time (then retrying is pointless).
+one line and whether it fails the same way every time (then retrying is pointless); it also sends
+that record to the launcher on its original stdout (``@shardflow-error {json}``), which reaches the
+launcher when the disk is too full for the file. A full disk cuts the log short instead of failing
+the rank: the output whose write fails reports it, naming its path (``rec.disk_full``).
 
 No torch here: the launcher reads these files too.
 """
@@ -17,10 +20,12 @@ import os
 import re
 import sys
 import time
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO, cast
 
+from rec.disk_full import DiskFull, is_disk_full
 from rec.errors import InputError
 from rec.progress import to_line
 
@@ -29,6 +34,7 @@ RANK_LOG = "rank-{rank}.log"
 ERROR_FILE = "rank-{rank}.error.json"
 PROGRESS_EVERY_S = 0.5
 MAX_CAUSE = 300  # characters of a one-line cause
+ERROR_LINE_PREFIX = "@shardflow-error "  # marks a rank's failure record among its output
 _SOURCE_PREFIX = re.compile(r"^\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*")  # "[.../pair.cc:537] " of C++ errors
 # Failures that no retry can fix: the machine lacks what the plan needs.
 DETERMINISTIC_MARKERS = (
@@ -45,13 +51,23 @@ def log_dir(out_dir: str | Path) -> Path:
 
 
 def one_line(error: BaseException) -> str:
-    """``Type: first line of the message``, cut to ``MAX_CAUSE`` characters."""
-    text = str(error.title if isinstance(error, InputError) else error).strip()
-    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
-    if isinstance(error, InputError) and error.problems:
-        first = f"{first} {error.problems[0]}"
-    first = _SOURCE_PREFIX.sub("", first)
-    cause = f"{type(error).__name__}: {first}" if first else type(error).__name__
+    """``Type: first line of the message`` (a full disk: ``cannot write PATH: reason``), cut to
+    ``MAX_CAUSE`` characters."""
+    failures = getattr(error, "failures", None)  # DCP's CheckpointException: the ranks' own errors
+    if isinstance(error, DiskFull):
+        cause = str(error)
+    elif isinstance(failures, dict) and failures:
+        ranks, first = sorted(failures), failures[min(failures)]
+        inner = first[0] if isinstance(first, tuple) and first else first
+        detail = one_line(inner) if isinstance(inner, BaseException) else str(inner)
+        cause = f"{type(error).__name__} on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {detail}"
+    else:
+        text = str(error.title if isinstance(error, InputError) else error).strip()
+        first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+        if isinstance(error, InputError) and error.problems:
+            first = f"{first} {error.problems[0]}"
+        first = _SOURCE_PREFIX.sub("", first)
+        cause = f"{type(error).__name__}: {first}" if first else type(error).__name__
     return cause if len(cause) <= MAX_CAUSE else cause[: MAX_CAUSE - 3] + "..."
 
 
@@ -66,18 +82,42 @@ class RankError:
     cause: str  # one line
     deterministic: bool
     time: float  # when the rank failed (time.time()): the first failure is the cause, the rest follow
+    disk_full: bool = False  # an output could not be written: the cause, whatever failed first
 
 
-def read_errors(out_dir: str | Path) -> list[RankError]:
-    """The error files the ranks left in ``out_dir``, the earliest failure first."""
-    found = []
+def _record(error: RankError) -> str:
+    return json.dumps({"rank": error.rank, "cause": error.cause, "deterministic": error.deterministic,
+                       "time": error.time, "disk_full": error.disk_full})
+
+
+def _parse(text: str) -> RankError | None:
+    try:
+        d = json.loads(text)
+        return RankError(int(d["rank"]), str(d["cause"])[:MAX_CAUSE], bool(d["deterministic"]), float(d["time"]),
+                         bool(d.get("disk_full", False)))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def error_from_line(line: str) -> RankError | None:
+    """The failure record of an ``@shardflow-error`` line; None for any other line."""
+    return _parse(line[len(ERROR_LINE_PREFIX):]) if line.startswith(ERROR_LINE_PREFIX) else None
+
+
+def read_errors(out_dir: str | Path, sent: tuple[RankError, ...] = ()) -> list[RankError]:
+    """The error files the ranks left in ``out_dir``, and the records they ``sent`` to the
+    launcher for ranks without a file, the earliest failure first."""
+    found: dict[int, RankError] = {}
     for path in sorted(log_dir(out_dir).glob(ERROR_FILE.format(rank="*"))):
         try:
-            d = json.loads(path.read_text())
-            found.append(RankError(int(d["rank"]), str(d["cause"]), bool(d["deterministic"]), float(d["time"])))
-        except (OSError, ValueError, KeyError, TypeError):
+            error = _parse(path.read_text())
+        except OSError:
             continue
-    return sorted(found, key=lambda e: (e.time, e.rank))
+        if error is not None:
+            found[error.rank] = error
+    for error in sent:
+        found.setdefault(error.rank, error)
+    return sorted(found.values(), key=lambda e: (e.time, e.rank))
 
 
 def clear_errors(out_dir: str | Path) -> None:
@@ -93,18 +133,19 @@ class RankOutput:
         self.out_dir = Path(out_dir)
         self.rank = rank
         self._last = 0.0
-        self._progress: TextIO | None = None
         directory = log_dir(out_dir)
         directory.mkdir(parents=True, exist_ok=True)
         sys.stdout.flush()
         sys.stderr.flush()
-        if local_rank == 0:
-            self._progress = os.fdopen(os.dup(1), "w", buffering=1)
+        self._launcher: TextIO | None = os.fdopen(os.dup(1), "w", buffering=1)
+        self._shows_progress = local_rank == 0
         fd = os.open(directory / RANK_LOG.format(rank=rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)
         sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        sys.stdout = cast(TextIO, _LogStream(sys.stdout))
+        sys.stderr = cast(TextIO, _LogStream(sys.stderr))
         print(f"== rank {rank}, torchrun restart {attempt}, pid {os.getpid()}, "
               f"{time.strftime('%Y-%m-%d %H:%M:%S')} ==", flush=True)
 
@@ -112,28 +153,70 @@ class RankOutput:
                  force: bool = True) -> None:
         """A progress line for the launcher (first rank of the node only); unless ``force``, at
         most one every ``PROGRESS_EVERY_S``."""
-        if self._progress is None:
+        if not self._shows_progress:
             return
         now = time.monotonic()
         if not force and now - self._last < PROGRESS_EVERY_S:
             return
         self._last = now
+        self._send(to_line(message, done, total))
+
+    def _send(self, line: str) -> None:
+        if self._launcher is None:
+            return
         try:
-            self._progress.write(to_line(message, done, total) + "\n")
+            self._launcher.write(line + "\n")
         except OSError:  # the launcher is gone; the rank's own work goes on
-            self._progress = None
+            self._launcher = None
 
     def due(self, done: int, total: int) -> bool:
         """Whether an iteration's progress line would be written now (so its values are worth
         computing: the loss costs a device sync)."""
-        return self._progress is not None and (
+        return self._shows_progress and self._launcher is not None and (
             done in (1, total) or time.monotonic() - self._last >= PROGRESS_EVERY_S)
 
     def failed(self, error: BaseException) -> None:
-        """Leave the cause for the launcher (and print it to the log)."""
-        record = {"rank": self.rank, "cause": one_line(error), "deterministic": is_deterministic(error),
-                  "time": time.time()}
+        """Leave the cause for the launcher: in the error file, and on the launcher's pipe (which
+        works when the disk is full)."""
+        record = RankError(self.rank, one_line(error), is_deterministic(error), time.time(),
+                           isinstance(error, DiskFull))
         path = log_dir(self.out_dir) / ERROR_FILE.format(rank=self.rank)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record) + "\n")
-        tmp.replace(path)
+        try:
+            tmp.write_text(_record(record) + "\n")
+            tmp.replace(path)
+        except OSError:  # the launcher reads the line below
+            with suppress(OSError):
+                tmp.unlink(missing_ok=True)
+        self._send(ERROR_LINE_PREFIX + _record(record))
+
+
+class _LogStream:
+    """``sys.stdout``/``sys.stderr`` of a rank, on its log file: once the disk is full, what is
+    printed is dropped instead of raising in whatever code printed it."""
+
+    def __init__(self, stream: TextIO):
+        self._stream = stream
+        self.cut = False
+
+    def write(self, text: str) -> int:
+        if not self.cut:
+            try:
+                return self._stream.write(text)
+            except OSError as e:
+                if not is_disk_full(e):
+                    raise
+                self.cut = True
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.cut:
+            try:
+                self._stream.flush()
+            except OSError as e:
+                if not is_disk_full(e):
+                    raise
+                self.cut = True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)

@@ -4,7 +4,9 @@
 reads every saved chunk that overlaps a rank's local shards, whatever the old and new layouts and
 world sizes. ``ReshardingLoadPlanner`` adds what changes shape between two plans of a changed
 spec: a table whose rows grew or shrank gets its overlapping old rows (weights, and the row-wise
-optimizer state, which TorchRec lays out as one segment of ``rows`` per column shard). Tensors the
+optimizer state, which TorchRec lays out as one segment of ``rows`` per column shard). Tables are
+named by key (``rec.spec.types.table_key``): their module's path is part of every tensor's name, so
+tables of one name in two modules stay apart. Tensors the
 checkpoint does not have (added tables) keep their initialization; tensors whose shape changed
 otherwise (another dim, a dense layer sized by the number of features) are re-initialized and
 reported. The index is unpickled with an allow-list and non-tensor values with
@@ -25,10 +27,27 @@ from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
+from rec.spec.types import DEFAULT_MODULE
 from rec.train.checkpoint import SafeFileSystemReader, SafeLoadPlanner
 
 WEIGHT_SUFFIX = ".weight"
 MOMENTUM_SUFFIX = ".momentum1"
+TABLE_CONTAINERS = ("embedding_bags", "embeddings")  # an EmbeddingBagCollection's, an EmbeddingCollection's
+
+
+def table_tensor_names(key: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The endings of a table's weight and of its row-wise optimizer state in a checkpoint's
+    flattened names (``model.<module>.<container>.<name>.weight``,
+    ``optim.state.<module>.<container>.<name>.weight.<name>.momentum1``), for either container."""
+    module, _, name = key.rpartition(".")  # table names hold no '.'
+    module = module or DEFAULT_MODULE
+    weights = tuple(f".{module}.{c}.{name}{WEIGHT_SUFFIX}" for c in TABLE_CONTAINERS)
+    return weights, tuple(f"{w}.{name}{MOMENTUM_SUFFIX}" for w in weights)
+
+
+def is_table_tensor(fqn: str, keys: list[str] | tuple[str, ...]) -> bool:
+    """Whether ``fqn`` is the weight or optimizer state of one of the tables ``keys``."""
+    return any(fqn.endswith(end) for key in keys for names in table_tensor_names(key) for end in names)
 
 
 @dataclass
@@ -52,7 +71,7 @@ class Rows:
 
 class ReshardingLoadPlanner(SafeLoadPlanner):
     def __init__(self, resized: dict[str, tuple[int, int]]):
-        """``resized``: table name -> (old rows, new rows) for the tables whose rows changed."""
+        """``resized``: table key -> (old rows, new rows) for the tables whose rows changed."""
         super().__init__(allow_partial_load=True)
         self.resized = resized
         self.report = LoadReport()
@@ -110,11 +129,12 @@ class ReshardingLoadPlanner(SafeLoadPlanner):
         return tensor
 
     def _rows(self, fqn: str, old_size: tuple[int, ...], new_size: tuple[int, ...]) -> Rows | None:
-        for name, (old, new) in self.resized.items():
-            if fqn.endswith(f".{name}{WEIGHT_SUFFIX}") and len(old_size) == 2 \
+        for key, (old, new) in self.resized.items():
+            weights, momenta = table_tensor_names(key)
+            if fqn.endswith(weights) and len(old_size) == 2 \
                     and old_size == (old, new_size[1]) and new_size[0] == new:
                 return Rows(old, new)
-            if fqn.endswith(f".{name}{MOMENTUM_SUFFIX}") and len(old_size) == 1 \
+            if fqn.endswith(momenta) and len(old_size) == 1 \
                     and old_size[0] % old == 0 and new_size[0] % new == 0 \
                     and old_size[0] // old == new_size[0] // new:
                 return Rows(old, new, old_size[0] // old)
@@ -150,7 +170,7 @@ def _local_pieces(obj: torch.Tensor | ShardedTensor) -> list[tuple[tuple[int, ..
 def load_resharded(directory: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                    resized: dict[str, tuple[int, int]]) -> LoadReport:
     """Load the checkpoint at ``directory`` (written under another plan) into the sharded
-    ``model`` and ``optimizer``; ``resized``: table -> (old rows, new rows)."""
+    ``model`` and ``optimizer``; ``resized``: table key -> (old rows, new rows)."""
     state = {"model": model.state_dict(), "optim": optimizer.state_dict()}
     planner = ReshardingLoadPlanner(resized)
     dcp.load(state, storage_reader=SafeFileSystemReader(str(directory)), planner=planner)

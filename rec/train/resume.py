@@ -2,7 +2,8 @@
 
 Torch-free, so the launcher can check a ``--resume-from`` before starting any process. Every
 checkpoint directory keeps a copy of the plan it was written under (``plan.json``), which says
-which tables it holds and with how many rows.
+which tables it holds and with how many rows. Tables are matched by key (``table_key``: the name in
+the default module, ``module.name`` in another), as tables of two modules may share a name.
 """
 
 from __future__ import annotations
@@ -11,12 +12,54 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rec.errors import InputError, Problem
-from rec.plan import Plan, read_plan
+from rec.plan import PLAN_FILE, Plan, read_plan
+from rec.sharding import Pooling
+from rec.spec.types import row_key
+from rec.train.config import TrainConfig
 
 CHECKPOINTS = "checkpoints"
 LATEST = "LATEST"
 STEP_PREFIX = "step_"
-PLAN_COPY = "plan.json"
+PLAN_COPY = PLAN_FILE  # the checkpoint directory's copy of its plan
+INDEX_FILE = ".metadata"  # torch.distributed.checkpoint's name for a checkpoint's index
+
+
+def checkpoint_dir(config: TrainConfig, out_dir: str | Path) -> str | None:
+    """Where a training's checkpoints are written and read; None when it neither writes nor resumes."""
+    if config.checkpoint_dir:
+        return config.checkpoint_dir
+    if config.checkpoint_every or config.resume:
+        return str(Path(out_dir) / CHECKPOINTS)
+    return None
+
+
+def step_name(step: int) -> str:
+    """The name of step ``step``'s checkpoint directory (``step_00000009``), as LATEST holds it."""
+    return f"{STEP_PREFIX}{step:08d}"
+
+
+def step_of(name: str) -> int | None:
+    """The step a checkpoint directory's name says; None for a name that is no step's."""
+    number = name.removeprefix(STEP_PREFIX)
+    return int(number) if name.startswith(STEP_PREFIX) and number.isdigit() else None
+
+
+def step_dir(directory: str | Path, step: int) -> Path:
+    return Path(directory) / step_name(step)
+
+
+def latest(directory: str | Path) -> int | None:
+    """The step that ``directory``'s LATEST names (None: no LATEST, no complete checkpoint);
+    InputError if it names no checkpoint there."""
+    marker = Path(directory) / LATEST
+    if not marker.is_file():
+        return None
+    name = marker.read_text(encoding="utf-8", errors="replace").strip()
+    step = step_of(name)
+    if step is None or not (Path(directory) / name).is_dir():
+        raise InputError(f"Cannot resume from {directory}:", [
+            Problem(str(marker), f"names {name[:100]!r}, which is not a checkpoint here")])
+    return step
 
 
 @dataclass(frozen=True)
@@ -34,18 +77,15 @@ def resume_source(path: str | Path) -> ResumeSource:
     title = f"Cannot resume from {path}:"
     if not directory.is_dir():
         raise InputError(title, [Problem(str(path), "no such directory")])
-    marker = directory / LATEST
-    if not marker.is_file():
+    step = latest(directory)
+    if step is None:
         raise InputError(title, [Problem(str(directory), "holds no complete checkpoint (no LATEST file); "
                                                          "train with --checkpoint-every N first")])
-    name = marker.read_text(encoding="utf-8", errors="replace").strip()
-    if not name.startswith(STEP_PREFIX) or not name[len(STEP_PREFIX):].isdigit() or not (directory / name).is_dir():
-        raise InputError(title, [Problem(str(marker), f"names {name!r}, which is not a checkpoint here")])
     if not (directory / PLAN_COPY).is_file():
         raise InputError(title, [Problem(str(directory), f"has no {PLAN_COPY}: the checkpoint was written "
                                                          "before shardflow recorded its plan; resume with "
                                                          "the same plan (--resume) instead")])
-    return ResumeSource(str(directory), int(name[len(STEP_PREFIX):]), read_plan(directory / PLAN_COPY))
+    return ResumeSource(str(directory), step, read_plan(directory / PLAN_COPY))
 
 
 def check_resume(source: ResumeSource, new: Plan) -> None:
@@ -57,7 +97,7 @@ def check_resume(source: ResumeSource, new: Plan) -> None:
             f"plan {new.previous_plan_id}: resume from a training of that plan")))
     if source.plan.topology.get("compute_device") != new.topology.get("compute_device"):
         problems.append(Problem(source.checkpoint_dir, "was written on another compute device"))
-    if not {r["name"] for r in source.plan.spec_tables} & {r["name"] for r in new.spec_tables}:
+    if not {row_key(r) for r in source.plan.spec_tables} & {row_key(r) for r in new.spec_tables}:
         problems.append(Problem(source.checkpoint_dir, "shares no table with the new plan"))
     if problems:
         raise InputError(f"Cannot resume plan {new.plan_id} from this checkpoint:", problems)
@@ -65,28 +105,34 @@ def check_resume(source: ResumeSource, new: Plan) -> None:
 
 @dataclass(frozen=True)
 class TableChanges:
-    """How the old plan's tables map onto the new one's, by name."""
+    """How the old plan's tables map onto the new one's, by table key."""
 
     restored: tuple[str, ...]  # same rows, dim and data type: every value carries over
-    resized: dict[str, tuple[int, int]]  # name -> (old rows, new rows): overlapping rows carry over
+    resized: dict[str, tuple[int, int]]  # key -> (old rows, new rows): overlapping rows carry over
     reinitialized: tuple[str, ...]  # another dim or data type
     added: tuple[str, ...]
     removed: tuple[str, ...]
 
 
 def table_changes(old: Plan, new: Plan) -> TableChanges:
-    before = {r["name"]: r for r in old.spec_tables}
+    before = {row_key(r): r for r in old.spec_tables}
     restored, resized, reinitialized, added = [], {}, [], []
     for row in new.spec_tables:
-        was = before.get(row["name"])
-        if was is None:
-            added.append(row["name"])
+        key = row_key(row)
+        was = before.get(key)
+        if was is None or _unpooled(was) != _unpooled(row):  # another module kind: its weights are elsewhere
+            added.append(key)
         elif was["embedding_dim"] != row["embedding_dim"] or was["data_type"] != row["data_type"]:
-            reinitialized.append(row["name"])
+            reinitialized.append(key)
         elif was["num_embeddings"] != row["num_embeddings"]:
-            resized[row["name"]] = (int(was["num_embeddings"]), int(row["num_embeddings"]))
+            resized[key] = (int(was["num_embeddings"]), int(row["num_embeddings"]))
         else:
-            restored.append(row["name"])
-    removed = tuple(sorted(set(before) - {r["name"] for r in new.spec_tables}))
+            restored.append(key)
+    removed = tuple(sorted(set(before) - {row_key(r) for r in new.spec_tables}))
     return TableChanges(tuple(restored), resized, tuple(reinitialized), tuple(added), removed)
 
+
+
+def _unpooled(row: dict[str, object]) -> bool:
+    """Whether a spec row's table is an EmbeddingCollection's (pooling NONE)."""
+    return row.get("pooling") == Pooling.NONE.value

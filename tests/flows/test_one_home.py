@@ -50,3 +50,23 @@ def test_every_training_option_of_the_cli_is_a_flow_parameter(flow_name):
     assert [p for p in expected if p not in params] == []
     for field in dataclasses.fields(TrainConfig):
         assert params[parameter(field.name)].default == field.default, field.name
+
+
+def test_flow_parameters_give_back_every_setting_they_were_made_from():
+    """The flows build their settings with every parameter named (no ``locals()``): a field the
+    builder forgot would come back at its default."""
+    from flows.parameters import search_parameters, search_settings, train_parameters, train_settings
+    from rec.cost.types import CostConfig, Optimizer
+    from rec.search import SearchConfig
+    from rec.train.config import PipelineKind
+    from tasks.search import Backend, SearchSettings
+
+    job = TrainConfig(iterations=7, warmup=2, batch_size=3, model="concat", pipeline=PipelineKind.NAIVE,
+                      data="d.parquet", seed=5, dense_in_features=4, dense_arch_layer_sizes=(8,),
+                      over_arch_layer_sizes=(4, 1), dense_lr=0.5, embedding_lr=0.25, synthetic_batches=3,
+                      checkpoint_every=2, checkpoint_dir="ck", keep_checkpoints=2, resume=True, resume_from=None)
+    training = TrainSettings(job=job, nproc_per_node=3, nnodes=2, node_rank=1, rdzv_endpoint="h:1", max_restarts=4)
+    assert {f.name for f in dataclasses.fields(job) if getattr(job, f.name) == f.default} <= {"resume_from"}
+    assert train_settings(**train_parameters(training)) == training
+    searching = SearchSettings(Backend.RAY, 3, 0.5, CostConfig(Optimizer.SGD), SearchConfig(time_limit_s=2.0))
+    assert search_settings(**search_parameters(searching), profile_path=None) == searching

@@ -31,7 +31,7 @@ def test_a_plan_waits_in_the_outbox_while_mlflow_is_away_and_is_logged_when_it_r
     outbox = Outbox(Path(state, "outbox"))
     (entry,) = outbox.entries()
     assert {p.name for p in entry.iterdir()} == {"record.json", "to.json", "plan.json", "shards.parquet",
-                                                 "rank_load.png"}
+                                                 "rank_load.png", "attempts.json"}  # why it waits
     # Another store in the meantime takes nothing meant for this one.
     elsewhere = f"sqlite:///{tmp_path / 'other.db'}"
     plan_flow(str(DEMO), str(CPU_2PROC), out_dir=out, tracking_uri=elsewhere, state_dir=state)

@@ -94,6 +94,20 @@ def test_run_records_a_pipeline_run_with_nested_plan_and_train_runs(first_run, s
     assert {k: plan.data.params[k] for k in ("tables", "world_size", "backend", "groups")} == \
         {"tables": "8", "world_size": "2", "backend": "local", "groups": "1"}
     assert {"planning_s", "critical_path", "lower_bound", "max_hbm_gib"} <= set(plan.data.metrics)
+    # What a comparison needs, as params and metrics with units (MLflow's UI shows them per run).
+    plan_json = json.loads(Path(store.out, "plan", "plan.json").read_text())
+    topology = {f"topology.{k}": str(v) for k, v in plan_json["topology"].items()}
+    assert {"topology.world_size", "topology.local_world_size", "topology.compute_device", "topology.hbm_cap",
+            "topology.ddr_cap", "topology.intra_host_bw", "topology.batch_size"} <= set(topology)
+    comparison = {**topology, "spec.name": "cpu_demo", "spec.hash": plan_json["spec_hash"],
+                  "topology.name": "cpu_2proc", "profile.name": "default",
+                  "search.time_limit_s": str(plan_json["planner"]["search"]["time_limit_s"]),
+                  "cost.optimizer": plan_json["planner"]["cost"]["optimizer"]}
+    for run in (plan, train, pipeline):
+        assert {k: run.data.params.get(k) for k in comparison} == comparison, run.data.tags["shardflow.step"]
+    predicted = plan_json["metrics"]["critical_path"]
+    assert plan.data.metrics["critical_path_ms"] == predicted
+    assert plan.data.metrics["gap_pct"] == pytest.approx(100 * plan_json["metrics"]["gap"])
     client = MlflowClient(store.uri)
     assert {a.path for a in client.list_artifacts(plan.info.run_id)} == \
         {"plan.json", "shards.parquet", "rank_load.png"}
@@ -105,6 +119,18 @@ def test_run_records_a_pipeline_run_with_nested_plan_and_train_runs(first_run, s
     assert {"iteration_latency_ms_p90", "samples_per_s"} <= set(train.data.metrics)
     series = client.get_metric_history(train.info.run_id, "iteration_latency_ms")
     assert sorted(m.step for m in series) == list(range(6))
+    measured = client.get_metric_history(train.info.run_id, "iteration_latency_ms_measured")
+    assert sorted(m.step for m in measured) == list(range(1, 6))  # after the one warm-up iteration
+    # Predicted beside measured: in train_metrics.json, the train run, and the pipeline run's own row.
+    assert metrics["predicted_critical_path_ms"] == predicted
+    assert train.data.metrics["predicted_critical_path_ms"] == predicted
+    headline = {k: pipeline.data.metrics.get(k) for k in (
+        "critical_path_ms", "gap_pct", "predicted_critical_path_ms", "iteration_latency_ms_p50",
+        "iteration_latency_ms_p90", "samples_per_s")}
+    assert headline == {**{k: plan.data.metrics[k] for k in ("critical_path_ms", "gap_pct")},
+                        **{k: train.data.metrics[k] for k in list(headline)[2:]}}
+    flow_run = {run.data.tags.get("shardflow.prefect_flow_run") for run in (pipeline, plan, train)}
+    assert len(flow_run) == 1 and None not in flow_run  # all three name the flow run that recorded them
 
     for where in ("plan.json", plan_id, "train_metrics.json", "mlflow ui --backend-store-uri",
                   pipeline.info.run_id):
@@ -187,17 +213,47 @@ def test_train_plan_id_fetches_the_plan_from_its_mlflow_run(first_run, store, tm
     assert code == 2 and "Cannot find plan 0123456789abcdef" in err and "Traceback" not in err
 
 
-def test_compare_shows_each_plan_next_to_its_training_latency(first_run, store, capsys):
+def table_rows(out: str) -> list[dict[str, str]]:
+    """The rows of a table the CLI printed, by column name (the rule line gives each column's span)."""
+    header, rule, *rows = out.strip().splitlines()
+    spans, start = [], 0
+    for dashes in rule.split("  "):
+        spans.append((start, start + len(dashes)))
+        start += len(dashes) + 2
+    names = [header[a:b].strip() for a, b in spans]
+    return [{n: row[a:b].strip() for n, (a, b) in zip(names, spans, strict=True)}
+            for row in rows if row.strip() and not row.startswith("(")]
+
+
+def test_compare_shows_predicted_and_measured_in_one_row_fitting_the_terminal(first_run, store, capsys,
+                                                                             monkeypatch):
+    from flows.commands.compare import HEADER
+
     plan_id = plan_id_of(store)
+    monkeypatch.setenv("COLUMNS", "80")
     assert main(["compare", *store.args()]) == 0
     out = capsys.readouterr().out
-    header, _rule, *rows = out.strip().splitlines()
-    for column in ("plan_id", "tables", "world", "critical_path", "lower_bound", "gap", "p50_ms", "p90_ms"):
-        assert column in header
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert "more columns with --wide" in out
+    narrow = table_rows(out.split("\n\n")[0])
+    assert {"plan_id", "spec", "topology", "pred_ms", "p50_ms", "gap", "batch", "iters"} <= set(narrow[0])
+
+    assert main(["compare", "--wide", *store.args()]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split() == list(HEADER)
+    rows = table_rows(out.split("\n\n")[0])
     trains = [t for t in store.runs("train") if t.info.status in ("FINISHED", "FAILED")]
-    assert len(rows) == len(trains) and all(row.startswith(plan_id) for row in rows)
-    p50s = {f"{t.data.metrics['iteration_latency_ms_p50']:.2f}" for t in trains if t.info.status == "FINISHED"}
-    assert p50s <= {row.split()[-3] for row in rows}
+    assert len(rows) == len(trains) and all(row["plan_id"] == plan_id for row in rows)
+    (plan,) = store.runs("plan")
+    for row in rows:
+        assert (row["spec"], row["topology"], row["profile"]) == ("cpu_demo", "cpu_2proc", "default")
+        assert float(row["pred_ms"]) == pytest.approx(plan.data.metrics["critical_path_ms"], rel=1e-3)
+    finished = [t for t in trains if t.info.status == "FINISHED"]
+    assert sorted((r["p50_ms"], r["batch"], r["iters"]) for r in rows if r["p50_ms"] != "FAILED") == sorted(
+        (f"{t.data.metrics['iteration_latency_ms_p50']:.2f}", t.data.params["batch_size"], t.data.params["iterations"])
+        for t in finished)
+    # Trained at 32 samples per rank, not the 512 the plan predicts for: no ratio is shown.
+    assert {r["p50/pred"] for r in rows} == {"-"}
 
     assert main(["compare", "--spec-hash", "ffffffffffffffff", *store.args()]) == 0
     assert "no plan runs" in capsys.readouterr().out

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,52 +15,92 @@ DEMO = ROOT / "examples" / "specs" / "cpu_demo.yaml"
 CPU_2PROC = ROOT / "examples" / "topologies" / "cpu_2proc.yaml"
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # SQLAlchemy, from MLflow+Prefect
 
+# Three replans as a Prefect worker runs flows: in a process of its own, without the CLI's quiet
+# settings. The second finds the spec unchanged; the third replans a schema change.
+REPLANS = """
+import json, sys
+from pathlib import Path
+from flows.replan import replan_flow
 
-def test_replan_records_unchanged_then_replans_after_a_schema_change(prefect_api, tmp_path):
+spec, topology, root = sys.argv[1:4]
+def replan():
+    state = replan_flow(spec, topology, out_dir=f"{root}/out", tracking_uri=f"sqlite:///{root}/mlflow.db",
+                        state_dir=f"{root}/state", return_state=True)
+    outcome = state.result()
+    return {"flow_run": str(state.state_details.flow_run_id), "summary": outcome.summary(),
+            **{k: getattr(outcome, k) for k in ("outcome", "plan_id", "spec_hash", "previous_spec_hash", "plan_path")}}
+first = replan()
+second = replan()
+Path(spec).write_text(Path(spec).read_text() + "- {name: new_table, num_embeddings: 3000, embedding_dim: 16}\\n")
+third = replan()
+print("OUTCOMES " + json.dumps([first, second, third]))
+"""
+NOISE = ("Downloading artifacts", "Uploading artifacts", "mlflow.store", "alembic", "View run", "it/s]")
+
+
+def flow_log(flow_run_id: str) -> list[str]:
+    from uuid import UUID
+
+    from prefect import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.sorting import LogSort
+
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[UUID(flow_run_id)])),
+                                sort=LogSort.TIMESTAMP_ASC)
+    return [log.message for log in logs]
+
+
+def test_replan_records_nothing_when_unchanged_then_replans_after_a_schema_change(prefect_api, tmp_path):
     from mlflow import MlflowClient
-
-    from flows.replan import replan_flow
+    from prefect.settings import PREFECT_API_URL
 
     spec = tmp_path / "tables.yaml"
     spec.write_text(DEMO.read_text())
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "SHARDFLOW_", "PREFECT_LOGGING"))}
+    env.update(PREFECT_API_URL=str(PREFECT_API_URL.value()), PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-c", REPLANS, str(spec), str(CPU_2PROC), str(tmp_path)],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    # MLflow's progress bars and log lines stay out of a worker's output.
+    assert [n for n in NOISE if n in r.stdout + r.stderr] == [], r.stdout + r.stderr
+    first, second, third = json.loads(r.stdout.split("OUTCOMES ", 1)[1])
 
-    def replan():
-        return replan_flow(str(spec), str(CPU_2PROC), out_dir=str(tmp_path / "out"),
-                           tracking_uri=uri, state_dir=str(tmp_path / "state"))
+    assert (first["outcome"], second["outcome"], third["outcome"]) == ("replanned", "unchanged", "replanned")
+    assert second["plan_id"] == first["plan_id"] and second["plan_path"] is None
+    assert third["plan_id"] != first["plan_id"]
+    assert third["previous_spec_hash"] == first["spec_hash"] != third["spec_hash"]
+    # Each flow run's log ends with the line the CLI prints (then only Prefect's own "Finished").
+    for outcome in (first, second, third):
+        log = [line for line in flow_log(outcome["flow_run"]) if not line.startswith("Finished in state")]
+        assert log[-1] == outcome["summary"]
+    assert second["summary"].startswith("unchanged: ")
 
-    first = replan()  # nothing planned this spec file before
-    second = replan()
-    spec.write_text(DEMO.read_text() + "- {name: new_table, num_embeddings: 3000, embedding_dim: 16}\n")
-    third = replan()
-
-    assert (first.outcome, second.outcome, third.outcome) == ("replanned", "unchanged", "replanned")
-    assert second.plan_id == first.plan_id and second.plan_path is None
-    assert third.plan_id != first.plan_id
-    assert third.previous_spec_hash == first.spec_hash != third.spec_hash
-
-    client = MlflowClient(uri)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("shardflow").experiment_id
     runs = client.search_runs([experiment], order_by=["attributes.start_time ASC"])
     by_step = {step: [r for r in runs if r.data.tags["shardflow.step"] == step]
                for step in ("plan", "replan")}
-    assert len(runs) == 5 and all(r.info.status == "FINISHED" for r in runs)
-    assert [r.data.tags["shardflow.replan"] for r in by_step["replan"]] == \
-        ["replanned", "unchanged", "replanned"]
-    assert [r.data.tags["shardflow.plan_id"] for r in by_step["replan"]] == \
-        [first.plan_id, first.plan_id, third.plan_id]
-    replanned = [r for r in by_step["replan"] if r.data.tags["shardflow.replan"] == "replanned"]
-    assert [p.data.tags["mlflow.parentRunId"] for p in by_step["plan"]] == \
-        [r.info.run_id for r in replanned]
-    assert [p.data.tags["shardflow.plan_id"] for p in by_step["plan"]] == [first.plan_id, third.plan_id]
+    # The unchanged check recorded no MLflow run: a plan and a replan run per replanning.
+    assert len(runs) == 4 and all(r.info.status == "FINISHED" for r in runs)
+    replans = by_step["replan"]
+    assert [r.data.tags["shardflow.replan"] for r in replans] == ["replanned", "replanned"]
+    assert [r.data.tags["shardflow.plan_id"] for r in replans] == [first["plan_id"], third["plan_id"]]
+    assert [r.data.tags["shardflow.prefect_flow_run"] for r in replans] == [first["flow_run"], third["flow_run"]]
+    assert [p.data.tags["mlflow.parentRunId"] for p in by_step["plan"]] == [r.info.run_id for r in replans]
+    assert [p.data.tags["shardflow.plan_id"] for p in by_step["plan"]] == [first["plan_id"], third["plan_id"]]
     # The schema change was replanned from the first plan: linked, and moving little of it.
     second_plan = by_step["plan"][1]
-    assert second_plan.data.tags["shardflow.previous_plan_id"] == first.plan_id
-    assert replanned[1].data.tags["shardflow.previous_plan_id"] == first.plan_id
+    assert second_plan.data.tags["shardflow.previous_plan_id"] == first["plan_id"]
+    assert replans[1].data.tags["shardflow.previous_plan_id"] == first["plan_id"]
     assert second_plan.data.metrics["moved_fraction"] <= 0.10
-    import json
-
-    plan = json.loads(Path(third.plan_path).read_text())
-    assert plan["previous_plan_id"] == first.plan_id
+    # Movement as metrics, on the plan run and on the replan run's own (collapsed) row.
+    for run in (second_plan, replans[1]):
+        assert run.data.metrics["added_tables"] == 1 and run.data.metrics["removed_tables"] == 0
+        assert run.data.metrics["kept_tables"] + run.data.metrics["resized_tables"] == 8
+        assert run.data.metrics["moved_pct"] == pytest.approx(100 * second_plan.data.metrics["moved_fraction"])
+        assert run.data.params["spec.name"] == "tables" and run.data.params["topology.name"] == "cpu_2proc"
+    plan = json.loads(Path(third["plan_path"]).read_text())
+    assert plan["previous_plan_id"] == first["plan_id"]
     assert plan["metrics"]["movement"]["added_tables"] == 1
-    assert (Path(third.plan_path).parent / "movement.parquet").exists()
+    assert (Path(third["plan_path"]).parent / "movement.parquet").exists()

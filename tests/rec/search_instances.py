@@ -46,5 +46,5 @@ def milp_optimum(space: SearchSpace) -> float:
     options = model_options(space, np.inf)
     scale = float(space.max_shard[options].max())
     out = solve(build_model(space, options, scale, (0.0, np.inf)), MilpLimits(10**9, 120.0))
-    assert out.status == "Optimal", out.status
+    assert out.optimal, out.status
     return out.objective

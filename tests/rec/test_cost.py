@@ -386,3 +386,233 @@ def test_cuda_leaves_out_what_fbgemm_refuses_wide_shards_and_dense_dims_not_mult
         enumerate_options(make_spec(odd), make_topology())
     cpu = enumerate_options(make_spec(odd), make_topology(device=ComputeDevice.CPU))
     assert cpu.num_options == 1  # the dense kernel takes any dim on cpu
+
+
+# ---------------------------------------------------------------- profiles: TorchRec's HardwarePerfConfig
+
+from dataclasses import asdict, replace  # noqa: E402
+
+from rec.cost.bandwidth import kernel_bw, links  # noqa: E402
+from rec.cost.perf import shard_perf  # noqa: E402
+from rec.cost.shards import layout  # noqa: E402
+from rec.cost.tables import table_arrays  # noqa: E402
+from rec.profile.types import (  # noqa: E402
+    DEFAULT_PROFILE,
+    Bandwidths,
+    Coefficients,
+    Extensions,
+    KernelBandwidths,
+    KernelCoefficients,
+    PerfCoefficient,
+    Profile,
+    ShardingCoefficients,
+)
+
+PERF_PARTS = ("fwd_compute", "fwd_comms", "bwd_compute", "bwd_comms", "prefetch_compute")
+
+
+def torchrec_hardware(profile: Profile, topology: Topology):
+    """TorchRec's Topology (with the profile's bandwidths, bytes/ms) and a HardwarePerfConfig with its
+    coefficients, backward multiplier and kernel bandwidths: TorchRec's own way to describe hardware."""
+    from torchrec.distributed.planner.estimator import (
+        EstimatorPerfCoefficients,
+        HardwarePerfConfig,
+        PerfCoefficientConfig,
+    )
+    from torchrec.distributed.planner.estimator import PerfCoefficient as TorchrecCoefficient
+    from torchrec.distributed.planner.types import HardwareConfig, KernelConfig, TopologyFactory, TrainerConfig
+
+    def coefficient(c: PerfCoefficient) -> TorchrecCoefficient:
+        assert c.fixed_ms == 0.0  # an extension TorchRec has no term for
+        return TorchrecCoefficient(c.input_read_size_multiplier, c.lookup_size_multiplier,
+                                   c.embedding_output_multiplier, c.hash_size_multiplier)
+
+    def coefficients(c: ShardingCoefficients) -> EstimatorPerfCoefficients:
+        return EstimatorPerfCoefficients(fwd=coefficient(c.fwd), bwd=None if c.bwd is None else coefficient(c.bwd))
+
+    def ms(per_second: float | None, default: float) -> float:
+        return default if per_second is None else per_second / 1000
+
+    c, b = profile.coefficients, profile.bandwidths
+    config = HardwarePerfConfig()
+    config._coefficients = PerfCoefficientConfig(
+        table_wise=coefficients(c.table_wise),
+        row_wise=coefficients(c.row_wise),
+        table_row_wise=coefficients(c.table_row_wise),
+        data_parallel=coefficients(c.data_parallel),
+        column_wise=coefficients(c.column_wise),
+        by_kernel={(e.sharding_type.value, e.compute_kernel.value): coefficients(e.coefficients)
+                   for e in c.by_kernel},
+        bwd_compute_multiplier=c.bwd_compute_multiplier,
+    )
+    config._bwd_compute_multiplier = c.bwd_compute_multiplier
+    device = topology.compute_device.value
+    config.kernel_device_bandwidths = {(device, k): v / 1000 for k, v in asdict(
+        profile.kernel_bandwidths).items() if v is not None}
+    config.hbm_to_ddr_mem_bw = ms(b.hbm_to_ddr_mem_bw, 32 * 1024**3 / 1000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trec_topology = TopologyFactory.create_topology(
+            trainer_config=TrainerConfig(world_size=topology.world_size, local_world_size=topology.local_world_size,
+                                         hbm_cap_bytes=topology.hbm_cap, ddr_cap_bytes=topology.ddr_cap,
+                                         ssd_cap_bytes=0),
+            hardware_config=HardwareConfig(
+                hbm_mem_bw=ms(b.hbm_mem_bw, topology.hbm_mem_bw),
+                ddr_mem_bw=ms(b.ddr_mem_bw, topology.ddr_mem_bw),
+                hbm_to_ddr_mem_bw=config.hbm_to_ddr_mem_bw,
+                intra_host_bw=ms(b.intra_host_bw, topology.intra_host_bw),
+                inter_host_bw=ms(b.inter_host_bw, topology.inter_host_bw),
+            ),
+            kernel_config=KernelConfig(compute_device=device, use_hardware_based_bandwidth=True),
+        )
+    return trec_topology, config
+
+
+def torchrec_perfs(spec: Spec, topology: Topology, config: CostConfig) -> dict:
+    """(table, sharding type, kernel) -> per shard (fwd_compute, fwd_comms, bwd_compute, bwd_comms,
+    prefetch_compute) from TorchRec's EmbeddingPerfEstimator under the profile's HardwarePerfConfig."""
+    from torchrec.distributed.planner.estimator import EmbeddingPerfEstimatorFactory
+
+    ebc, constraints = torchrec_model(spec, config)
+    trec_topology, hardware = torchrec_hardware(config.profile, topology)
+    estimator = EmbeddingPerfEstimatorFactory.create_with_config(hardware, topology=trec_topology,
+                                                                 constraints=constraints)
+    enumerator = EmbeddingEnumerator(
+        topology=trec_topology, batch_size=topology.batch_size, constraints=constraints,
+        estimator=[estimator, EmbeddingStorageEstimator(trec_topology, constraints)],
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        options = enumerator.enumerate(ebc, [EmbeddingBagCollectionSharder()])
+    return {(o.name, o.sharding_type, o.compute_kernel): [tuple(getattr(s.perf, p) for p in PERF_PARTS)
+                                                          for s in o.shards] for o in options}
+
+
+def our_perfs(spec: Spec, topology: Topology, config: CostConfig) -> dict:
+    """The same from rec.cost's estimator, option by option (runs expanded to shards)."""
+    cols = table_arrays(spec, topology.batch_size, config)
+    hw = links(topology, config.profile)
+    out = {}
+    for st, kernels in sharder_options(topology.compute_device).items():
+        for ck in kernels:
+            tab = np.flatnonzero(cols.sharding_allowed[:, ST_CODE[st]] & cols.kernel_allowed[:, CK_CODE[ck]])
+            lay = layout(st, cols.rows[tab], cols.dims[tab], topology.world_size, topology.local_world_size)
+            t = tab[lay.owner]
+            bw = kernel_bw(hw, config.profile, ck, config.caching_ratio)
+            perf = shard_perf(st, ck, topology, config.profile, hw, bw, lay.rows, lay.cols, cols.elem[t],
+                              cols.batch_inputs[t], cols.batch_outputs[t])
+            parts = np.stack([np.repeat(getattr(perf, p), lay.repeat) for p in PERF_PARTS], axis=1)
+            if not len(tab):
+                continue
+            ends = np.cumsum(np.add.reduceat(lay.repeat, np.cumsum(lay.count) - lay.count))
+            for i, rows in zip(tab, np.split(parts, ends[:-1]), strict=True):
+                out[(spec.tables[i].name, st.value, ck.value)] = [tuple(r) for r in rows.tolist()]
+    return out
+
+
+def random_profile(rng: np.random.Generator, device: ComputeDevice) -> Profile:
+    """Non-default everything TorchRec's HardwarePerfConfig can express (extensions stay at their defaults)."""
+    def coefficient() -> PerfCoefficient:
+        a, b, c = (float(rng.uniform(0.1, 4)) for _ in range(3))
+        return PerfCoefficient(input_read_size_multiplier=a, lookup_size_multiplier=b, embedding_output_multiplier=c,
+                               hash_size_multiplier=float(rng.choice([0.0, rng.uniform(0, 0.1)])))
+
+    def sharding() -> ShardingCoefficients:
+        return ShardingCoefficients(coefficient(), coefficient() if rng.random() < 0.5 else None)
+
+    def bandwidth(default: float) -> float | None:
+        return None if rng.random() < 0.25 else default * 1000 * float(np.exp(rng.uniform(-3, 2)))
+
+    pairs = [(st, ck) for st, kernels in sharder_options(device).items() for ck in kernels]
+    chosen = sorted(rng.choice(len(pairs), size=min(3, len(pairs)), replace=False).tolist())
+    kernels = {ck.value: bandwidth(topo_defaults.DDR_MEM_BW) for ck in {ck for _, ck in pairs}
+               if rng.random() < 0.3}
+    return Profile(
+        name="random",
+        bandwidths=Bandwidths(bandwidth(topo_defaults.HBM_MEM_BW), bandwidth(topo_defaults.DDR_MEM_BW),
+                              bandwidth(32 * 1024**3 / 1000), bandwidth(topo_defaults.INTRA_NODE_BANDWIDTH),
+                              bandwidth(topo_defaults.CROSS_NODE_BANDWIDTH)),
+        kernel_bandwidths=KernelBandwidths(**kernels),
+        coefficients=Coefficients(
+            table_wise=sharding(), column_wise=sharding(), row_wise=sharding(), table_row_wise=sharding(),
+            data_parallel=sharding(),
+            by_kernel=tuple(KernelCoefficients(pairs[i][0], pairs[i][1], sharding()) for i in chosen),
+            bwd_compute_multiplier=float(rng.uniform(0.5, 4)),
+        ),
+    )
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_per_shard_perf_matches_torchrec_under_an_equivalent_hardware_perf_config(case):
+    device, world, local, optimizer, caching_ratio = CASES[case]
+    rng = np.random.default_rng(100 + case)
+    topology = random_topology(rng, device, world, local)
+    config = CostConfig(optimizer=optimizer, caching_ratio=caching_ratio, profile=random_profile(rng, device))
+    spec = make_spec(*(random_table(rng, i) for i in range(20)))
+
+    expected = torchrec_perfs(spec, topology, config)
+    got = our_perfs(spec, topology, config)
+    assert got and set(got) <= set(expected)
+    default = our_perfs(spec, topology, replace(config, profile=DEFAULT_PROFILE))
+    assert all(got[k][0][0] != default[k][0][0] for k in got)  # the profile changes every forward compute
+    for key, shards in got.items():  # to the last bit: the same float operations in the same order
+        assert shards == expected[key], key
+    # The search's per-shard perf is Perf.total of the same parts.
+    totals = our_options(spec, topology, config)
+    for key, shards in totals.items():
+        np.testing.assert_allclose([s[2] for s in shards], [sum(p[:2]) + sum(p[2:]) for p in expected[key]],
+                                   rtol=1e-9, err_msg=str(key))
+
+
+def test_a_profile_spelling_out_torchrecs_values_gives_the_default_estimates_to_the_last_bit():
+    rng = np.random.default_rng(11)
+    topology = random_topology(rng, ComputeDevice.CUDA, 16, 8)
+    spec = make_spec(*(random_table(rng, i) for i in range(20)))
+    t = topology
+    spelled = Profile(
+        bandwidths=Bandwidths(*(x * 1000 for x in (t.hbm_mem_bw, t.ddr_mem_bw, 32 * 1024**3 / 1000,
+                                                   t.intra_host_bw, t.inter_host_bw))),
+        coefficients=Coefficients(table_wise=ShardingCoefficients(PerfCoefficient(1.0, 1.0, 1.0, 0.0, 0.0)),
+                                  bwd_compute_multiplier=2.0),
+        extensions=Extensions(0.0, 0.0, 2.455, 9.22),
+    )
+    assert not spelled.is_default  # it names bandwidths; the estimates are the default's all the same
+    default, same = (enumerate_options(spec, topology, CostConfig(profile=p)) for p in (DEFAULT_PROFILE, spelled))
+    assert default.perf.tobytes() == same.perf.tobytes()
+    assert default.perf.tobytes() == enumerate_options(spec, topology).perf.tobytes()
+
+
+def test_extensions_add_fixed_and_latency_terms_and_scale_copy_and_optimizer_kernels():
+    topology = make_topology(world_size=16, local_world_size=8)  # two hosts
+    rows, dim, batch = 100_000, 128, topology.batch_size
+    spec = make_spec(table("a", rows=rows, dim=dim, pooling_factor=4.0))
+    inter = topo_defaults.CROSS_NODE_BANDWIDTH  # bytes/ms
+    output = batch * 16 * dim * 4  # pooled rows of the whole batch, fp32
+
+    def parts(profile: Profile, st: str, ck: str = "fused") -> dict[str, float]:
+        return dict(zip(PERF_PARTS, our_perfs(spec, topology, CostConfig(profile=profile))[("a", st, ck)][0],
+                        strict=True))
+
+    base = {st: parts(DEFAULT_PROFILE, st) for st in ("table_wise", "row_wise")}
+    base["data_parallel"] = parts(DEFAULT_PROFILE, "data_parallel", "dense")
+
+    fixed = Profile(coefficients=Coefficients(row_wise=ShardingCoefficients(PerfCoefficient(fixed_ms=0.25)),
+                                              table_wise=ShardingCoefficients(bwd=PerfCoefficient(fixed_ms=0.5))))
+    rw, tw = parts(fixed, "row_wise"), parts(fixed, "table_wise")
+    assert rw["fwd_compute"] == pytest.approx(base["row_wise"]["fwd_compute"] + 0.25)
+    assert rw["bwd_compute"] == pytest.approx(2 * (base["row_wise"]["fwd_compute"] + 0.25))  # no bwd block
+    # A bwd block replaces forward x 2: its own coefficients, without the block penalty, plus its fixed_ms.
+    assert tw["bwd_compute"] == pytest.approx(base["table_wise"]["fwd_compute"] + 0.5)  # dim 128: no penalty
+
+    latency = Profile(extensions=Extensions(intra_host_latency_ms=0.01, inter_host_latency_ms=0.1))
+    for st, ck in (("table_wise", "fused"), ("row_wise", "fused"), ("data_parallel", "dense")):
+        got, before = parts(latency, st, ck), base[st]
+        assert got["fwd_comms"] == pytest.approx(before["fwd_comms"] + (0 if st == "data_parallel" else 0.1))
+        assert got["bwd_comms"] == pytest.approx(before["bwd_comms"] + 0.1)  # every collective here is inter-host
+        assert got["fwd_compute"] == before["fwd_compute"]
+
+    no_copy = Profile(extensions=Extensions(batched_copy_factor=0.0, dp_optimizer_factor=0.0))
+    assert parts(no_copy, "row_wise")["bwd_comms"] == pytest.approx(output / inter)  # the all-gather alone
+    table_bytes = rows * dim * 4
+    all_reduce = table_bytes * 1.5 / (inter * 8)  # ring all-reduce over 2 nodes, one NIC per GPU
+    assert parts(no_copy, "data_parallel", "dense")["bwd_comms"] == pytest.approx(all_reduce)

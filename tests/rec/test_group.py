@@ -6,8 +6,8 @@ import numpy as np
 
 from rec.search import SearchConfig, search
 from rec.search.group import search_group, split_groups, subspace
+from rec.search.heuristic import prepare
 from rec.search.merge import merge_groups
-from rec.search.planner import prepare
 from rec.sharding import ShardingType
 
 TW, CW = ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE
@@ -72,7 +72,8 @@ def test_groups_rate_memory_priced_candidates_that_line_up_across_groups():
     # Tables ~5x the HBM: the ladder carries memory prices; every group selects with the same
     # prices, so candidate i of every group belongs to the same global candidate.
     from rec.search.candidates import Family
-    from rec.search.planner import build_search_space, heuristic
+    from rec.search.heuristic import heuristic
+    from rec.search.planner import build_search_space
     from rec.spec.validate import spec_from_rows
     from rec.topology import topology_from_dict
 
@@ -92,4 +93,4 @@ def test_groups_rate_memory_priced_candidates_that_line_up_across_groups():
     assert Family.PRICED.value in results[0].families
     merged = merge_groups(space, results, bound, config)
     assert (merged.hbm <= space.hbm_cap).all()
-    assert merged.critical_path <= 1.05 * heuristic(space, config, bound, ladder).critical_path
+    assert merged.critical_path <= 1.05 * heuristic(space, ladder, config, bound).critical_path

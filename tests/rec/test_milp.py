@@ -12,8 +12,9 @@ from search_instances import milp_optimum, random_space
 from rec.search import SearchConfig, build_search_space, search_result
 from rec.search.bound import BoundMethod
 from rec.search.exact import exact_tasks, model_options
+from rec.search.heuristic import heuristic, prepare
+from rec.search.milp import MilpLimits, build_model, solve
 from rec.search.placement import Placement
-from rec.search.planner import heuristic, prepare
 from rec.search.space import SearchSpace
 from rec.spec.synthetic import criteo_1tb_spec
 from rec.spec.validate import spec_from_rows
@@ -90,7 +91,7 @@ def cuda(world: int, local: int, hbm: str, batch: int = 512):
 def test_exact_stage_improves_criteo_1tb_on_8_ranks_and_proves_it_optimal():
     space = build_search_space(criteo_1tb_spec(), cuda(8, 8, "80GiB"))
     bound, ladder = prepare(space, SearchConfig())
-    greedy = heuristic(space, SearchConfig(), bound, ladder).critical_path
+    greedy = heuristic(space, ladder, SearchConfig(), bound).critical_path
     result = search_result(space)
     assert result.critical_path < 0.9 * greedy  # 0.0657 ms vs the heuristic's 0.0787
     assert result.optimal and result.bound.method is BoundMethod.MILP
@@ -111,7 +112,7 @@ def test_exact_stage_plans_are_deterministic_and_no_worse_than_the_heuristic():
     space = build_search_space(tight_spec(24, 1), cuda(8, 4, "2GiB", 1024))
     config = SearchConfig(time_limit_s=3)  # a small budget keeps the test quick
     bound, ladder = prepare(space, config)
-    greedy = heuristic(space, config, bound, ladder)
+    greedy = heuristic(space, ladder, config, bound)
     assert exact_tasks(space, greedy, bound, config)  # the stage runs here
     a, b = search_result(space, config), search_result(space, config)
     assert a.critical_path <= greedy.critical_path
@@ -125,7 +126,7 @@ def test_time_limit_zero_keeps_the_heuristic_plan():
     space = build_search_space(criteo_1tb_spec(), cuda(8, 8, "80GiB"))
     result = search_result(space, SearchConfig(time_limit_s=0))
     bound, ladder = prepare(space, SearchConfig())
-    assert result.critical_path == heuristic(space, SearchConfig(), bound, ladder).critical_path
+    assert result.critical_path == heuristic(space, ladder, SearchConfig(), bound).critical_path
     assert result.bound.method is not BoundMethod.MILP and not result.optimal
 
 
@@ -134,6 +135,30 @@ def test_milp_model_skips_options_whose_largest_shard_cannot_improve_the_plan():
     cut = float(np.median(space.max_shard))
     kept = model_options(space, cut)
     assert (space.max_shard[kept] <= cut).all() and len(kept) < space.feasible.sum()
+
+
+def test_highs_runs_print_nothing_and_report_how_they_ended_through_highspys_enums(capfd):
+    space = random_space(2)
+    options = model_options(space, np.inf)
+    model = build_model(space, options, float(space.max_shard[options].max()), (0.0, np.inf))
+    stopped = solve(model, MilpLimits(10**9, 0.0))
+    proven = solve(model, MilpLimits(10**9, 120.0))
+    assert capfd.readouterr().out == ""  # no banner, no log: the CLI's screen stays the CLI's
+    assert stopped.capped and not stopped.optimal
+    assert proven.optimal and not proven.capped and proven.values is not None
+
+
+def test_the_highs_module_was_checked_with_the_installed_highspy():
+    from importlib.metadata import version
+
+    from rec.search.highs import CHECKED_VERSION
+
+    installed = version("highspy")
+    assert installed == CHECKED_VERSION, (
+        f"highspy {installed} is installed; rec/search/highs.py was checked with {CHECKED_VERSION}. Check "
+        "that highspy.Highs() still logs its banner only through enableCallbacks (QuietHighs; the test "
+        "above shows whether anything is printed), that HighsModelStatus.kOptimal / kTimeLimit and "
+        "SolutionStatus.kSolutionStatusFeasible still mean what run_status reads, then update CHECKED_VERSION")
 
 
 torchrec = pytest.importorskip("torchrec")

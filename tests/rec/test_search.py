@@ -7,11 +7,13 @@ import itertools
 import numpy as np
 import pytest
 
-from rec.search import SearchConfig, search, search_result
+from rec.search import InProcess, SearchConfig, build_search_space, search, search_result
 from rec.search.bound import BoundMethod, lower_bound
 from rec.search.pack import PackingError, PackOrder, pack
 from rec.search.select import select_options
 from rec.sharding import ShardingType
+from rec.spec.synthetic import criteo_1tb_spec
+from rec.topology import topology_from_dict
 
 TW, RW, DP, CW = (ShardingType.TABLE_WISE, ShardingType.ROW_WISE, ShardingType.DATA_PARALLEL,
                   ShardingType.COLUMN_WISE)
@@ -129,3 +131,48 @@ def test_hbm_goes_to_the_tables_that_gain_most_from_it(space_of):
     assert result.bound.method is BoundMethod.LAGRANGIAN
     assert result.bound.value == pytest.approx((1 + 1 + (1 / 3 + 2 / 3 * 3) + 2) / 2)
     assert lower_bound(space).average_work == pytest.approx(2.0)  # what a memory-blind bound says
+
+
+class Recorded(InProcess):
+    """The default mapper, noting the tasks it runs."""
+
+    def __init__(self, space):
+        super().__init__(space)
+        self.ran = []
+
+    def map(self, fn, items):
+        def recorded(space, item):
+            self.ran.append(fn.func.__name__)
+            return fn(space, item)
+
+        return super().map(recorded, items)
+
+
+class AllAtOnce:
+    """A mapper like Ray's: takes every item first, runs the tasks last to first, returns them in order."""
+
+    def __init__(self, space):
+        self.space, self.ran = space, []
+
+    def map(self, fn, items):
+        items = list(items)
+        self.ran += [fn.func.__name__] * len(items)
+        results = {i: fn(self.space, items[i]) for i in reversed(range(len(items)))}
+        return [results[i] for i in range(len(items))]
+
+
+@pytest.mark.parametrize("groups", [1, 4])
+def test_every_mapper_finds_the_same_plan_and_in_process_stops_at_a_proof(groups):
+    # Criteo 1TB on 8 ranks: the whole MILP proves the plan optimal, so the neighbourhood search
+    # after it is not run in this process; run side by side, its outcome is not taken.
+    space = build_search_space(criteo_1tb_spec(), topology_from_dict({
+        "world_size": 8, "local_world_size": 8, "compute_device": "cuda", "hbm_cap": "80GiB",
+        "ddr_cap": "128GiB", "batch_size": 512}))
+    here, at_once = Recorded(space), AllAtOnce(space)
+    a, b = search_result(space, SearchConfig(), here, groups), search_result(space, SearchConfig(), at_once, groups)
+    assert a.optimal and not a.stats["exact_capped"]
+    assert (a.assignment.choice == b.assignment.choice).all()
+    assert (a.assignment.shard_rank == b.assignment.shard_rank).all()
+    assert a.bound == b.bound and a.stats["milp_nodes"] == b.stats["milp_nodes"]
+    first = ["first_plan"] if groups == 1 else ["search_group"] * groups
+    assert here.ran == [*first, "run_task"] and at_once.ran == [*first, "run_task", "run_task"]

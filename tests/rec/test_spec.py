@@ -163,7 +163,7 @@ def test_json_accepts_a_tables_mapping(tmp_path):
         ({"embedding_dim": 0}, "embedding_dim: must be > 0, got 0"),
         ({"pooling_factor": 0}, "pooling_factor: must be a finite number > 0"),
         ({"pooling_factor": "many"}, "pooling_factor: expected a positive number"),
-        ({"pooling": "MAX"}, "pooling: unknown pooling 'MAX' (known: SUM, MEAN)"),
+        ({"pooling": "MAX"}, "pooling: unknown pooling 'MAX' (known: SUM, MEAN, NONE)"),
         ({"data_type": "FP64"}, "data_type: unknown data type 'FP64'"),
         ({"sharding_types": ["table_wise", "diagonal"]}, "sharding_types: unknown sharding type 'diagonal'"),
         ({"compute_kernels": "fused;turbo"}, "compute_kernels: unknown compute kernel 'turbo'"),

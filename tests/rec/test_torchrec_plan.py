@@ -39,7 +39,7 @@ def test_dmp_applies_the_plan_without_planning(single_process_group):
     topology = topology_from_dict(dict(world_size=1, compute_device="cpu", ddr_cap="4GiB"))
     plan = plan_spec(spec, topology)
     ebc = EmbeddingBagCollection(tables=embedding_bag_configs(spec), device=torch.device("meta"))
-    sharding_plan = to_sharding_plan(plan)
+    sharding_plan = to_sharding_plan(plan, "")  # the model is the EBC itself
     dmp = DistributedModelParallel(ebc, device=torch.device("cpu"), plan=sharding_plan,
                                    sharders=[EmbeddingBagCollectionSharder()])
     applied = dmp.plan.plan[""]

@@ -71,3 +71,22 @@ def test_example_topology_scores_through_yaml():
     spec = issue2282_spec(12, seed=3)
     plan = plan_spec(spec, topology)
     assert score_plan(plan, spec, topology) == pytest.approx(plan.metrics.critical_path, rel=1e-9)
+
+
+def test_torchrec_plans_and_rates_a_model_of_several_modules_as_shardflow_does():
+    """Two EBC towers and a sequence EC at nested paths: TorchRec's planner plans the same module tree
+    (both sharders), rates shardflow's plan at shardflow's critical path, and finds none better."""
+    rows = []
+    for module, tower in (("towers.user.ebc", "u"), ("towers.item.ebc", "i")):
+        rows += [dict(name=f"{tower}{i}", num_embeddings=10 ** (3 + i % 4), embedding_dim=32 * (1 + i % 3),
+                      pooling_factor=1.0 + i, module=module) for i in range(5)]
+    rows += [dict(name=f"s{i}", num_embeddings=10 ** (3 + i), embedding_dim=64, pooling="NONE",
+                  pooling_factor=20.0 * (i + 1), module="sequence.encoder.ec") for i in range(4)]
+    spec, topology = spec_from_rows(rows), cuda(4, 4)
+    plan = plan_spec(spec, topology)
+    score = torchrec_score(plan, spec, topology)
+    assert score.critical_path == pytest.approx(plan.metrics.critical_path, rel=1e-9)
+    assert score.rank_hbm == plan.metrics.rank_hbm and score.over_capacity == ()
+    theirs = run_torchrec_planner(spec, topology)
+    assert theirs.num_plans > 0
+    assert score.critical_path <= theirs.critical_path * (1 + 1e-9)

@@ -7,14 +7,14 @@ import socket
 import pytest
 
 from tasks.outbox import Outbox
-from tasks.records import RunRecord, new_key, now_ms
+from tasks.records import RunRecord, RunStep, new_key, now_ms
 from tasks.tracking import Tracking
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # SQLAlchemy, from MLflow
 
 
 def record(step: str) -> RunRecord:
-    return RunRecord(key=new_key(), step=step, name=f"{step}-test", start_ms=now_ms(), end_ms=now_ms(),
+    return RunRecord(key=new_key(), step=RunStep(step), name=f"{step}-test", start_ms=now_ms(), end_ms=now_ms(),
                      tags={"shardflow.step": step, "shardflow.plan_id": "p1"})
 
 

@@ -94,3 +94,23 @@ def test_the_actor_body_is_an_ordinary_class(spec):
     result = GroupSearcher(space, ladder).search(group)
     assert list(result.tables) == list(group) and result.choices.shape[1] == len(group)
     assert (space.options.table[result.choices] == group).all()  # every choice is its table's
+
+
+class InProcessGroups:
+    """The same search pipeline in this process, with table groups as Ray's driver makes them."""
+
+    def __init__(self, groups):
+        self.groups = groups
+
+    def search(self, space, config):
+        from rec.search import search_result
+
+        return search_result(space, config, groups=self.groups)
+
+
+def test_ray_runs_the_pipeline_of_this_process_and_finds_its_plan(local_ray, spec):
+    on_ray = plan_spec(spec, TOPO, searcher=RaySearcher(groups=4, actors=2))
+    here = plan_spec(spec, TOPO, searcher=InProcessGroups(4))
+    assert on_ray.tables == here.tables
+    assert on_ray.metrics.critical_path == here.metrics.critical_path
+    assert on_ray.metrics.lower_bound == here.metrics.lower_bound

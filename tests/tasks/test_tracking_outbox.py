@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tasks.outbox import Outbox
-from tasks.records import EndRecord, RunRecord, new_key, now_ms
+from tasks.records import EndRecord, RunRecord, RunStatus, RunStep, new_key, now_ms
 from tasks.tracking import Tracking
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # SQLAlchemy, from MLflow
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # SQLAlch
 
 def run_record(step: str, plan_id: str = "p1", **kw) -> RunRecord:
     kw = {"start_ms": now_ms(), "end_ms": now_ms(), **kw}
-    return RunRecord(key=new_key(), step=step, name=f"{step}-test",
+    return RunRecord(key=new_key(), step=RunStep(step), name=f"{step}-test",
                      tags={"shardflow.step": step, "shardflow.plan_id": plan_id}, **kw)
 
 
@@ -34,10 +34,10 @@ def runs(uri: str, experiment: str) -> list:
 def test_records_wait_while_mlflow_is_away_then_arrive_in_order_and_nested(mlflow_db, tmp_path):
     outbox = Outbox(tmp_path / "outbox")
     away = Tracking("http://127.0.0.1:9", "nested", str(outbox.root))
-    parent = run_record("pipeline", status="RUNNING", end_ms=None)
+    parent = run_record("pipeline", status=RunStatus.RUNNING, end_ms=None)
     child = run_record("train", parent_key=parent.key, metrics={"samples_per_s": 5.0},
                        series={"iteration_latency_ms": [[0, 2.0], [1, 1.5]]})
-    for record in (parent, child, EndRecord(parent.key, "FINISHED", now_ms(), {"shardflow.plan_id": "p2"})):
+    for record in (parent, child, EndRecord(parent.key, RunStatus.FINISHED, now_ms(), {"shardflow.plan_id": "p2"})):
         outbox.put(record)
         assert outbox.deliver(away).pending > 0
     assert len(outbox.entries()) == 3

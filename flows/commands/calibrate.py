@@ -1,0 +1,102 @@
+"""``shardflow calibrate --topology TOPO --out profile.yaml``: measure this machine's ranks and fit a
+hardware profile to them (docs/profile.md, "Calibration").
+
+Plans a designed set of small probe plans for the topology's ranks (per sharding type and kernel
+the device runs: tables per rank, dims, pooling factors, batch sizes and rows varied one at a time,
+and mixes of sharding types), measures them all in one torchrun launch of the measuring job (as
+`shardflow measure` does), each in three rounds in different orders, and fits the profile by
+non-negative least squares on the cost model's own formulas. Writes the profile (with the machine
+it was measured on) and, beside it, PROFILE.fit.json: each probe's measured and predicted time and
+residual. Prints the probes predicted against measured and the fit's error. About 5 minutes on 2
+cpu ranks; `--quick` about half the probes in under 2. Plan with the result:
+`shardflow plan SPEC --topology TOPO --profile profile.yaml`. A fit the measurements cannot give
+(e.g. every probe timed out) exits 2 and writes no profile.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from rec.settings import add_flags
+
+if TYPE_CHECKING:
+    from tasks.calibrate import Calibrated
+
+MAX_PROBE_ROWS = 60
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    from tasks.calibrate import CalibrateSettings
+    from tasks.measure import Ranks
+
+    p = subparsers.add_parser("calibrate", help="measure this machine's ranks and fit a hardware profile",
+                              description=__doc__)
+    p.add_argument("--topology", metavar="TOPO", required=True, help="topology YAML: the ranks to measure")
+    p.add_argument("--out", metavar="PROFILE", required=True, help="the profile YAML to write (and PROFILE.fit.json)")
+    p.add_argument("--work", metavar="DIR", default=None,
+                   help="the probe plans, timings.json and logs/ (default: a new out/calibrate/calibrate-<time>)")
+    add_flags(p.add_argument_group("calibration"), CalibrateSettings, skip=("ranks",))
+    p.add_argument("--max-probes", type=int, default=None, help=argparse.SUPPRESS)  # testing only
+    add_flags(p.add_argument_group("processes"), Ranks)
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+    import time
+
+    from flows.progress import on_terminal
+    from rec.disk_full import DiskFull, is_disk_full
+    from rec.settings import check, from_flags
+    from tasks.calibrate import CalibrateSettings, calibrate
+    from tasks.launch import Stopped
+    from tasks.measure import MeasureFailed
+    from tasks.run_dirs import RunDirs
+
+    started = time.perf_counter()
+    settings = from_flags(CalibrateSettings, args, max_probes=args.max_probes)
+    check(settings, "Cannot calibrate with these settings:")
+    dirs = RunDirs.of(args.work)
+    try:
+        with on_terminal() as shown, dirs.locked(settings.ranks.node_rank):
+            work = dirs.train_dir("calibrate", nested=False, kind="calibrate")
+            try:
+                calibrated = calibrate(args.topology, args.out, work, settings)
+            except MeasureFailed as e:
+                print(f"shardflow calibrate: the measurement failed: {e.cause}\n  logs: {e.logs}\n"
+                      f"  no profile was written", file=sys.stderr)
+                return 2 if e.deterministic else 1
+    except Stopped as e:
+        print(f"shardflow calibrate: stopped by {e.name}: torchrun and every rank have exited; no profile was "
+              "written", file=sys.stderr)
+        return 128 + e.signum
+    except (DiskFull, OSError) as e:
+        if isinstance(e, OSError) and not is_disk_full(e):
+            raise
+        full = e if isinstance(e, DiskFull) else DiskFull(e.filename or args.out, e)
+        print(f"shardflow calibrate: {full}", file=sys.stderr)
+        return 1
+    print(render_calibrated(calibrated))
+    print(f"time      {shown.summary(time.perf_counter() - started)}")
+    return 0
+
+
+def render_calibrated(c: Calibrated) -> str:
+    from flows.text_table import render_table
+    from rec.profile import describe_profile
+
+    if c.fit is None:
+        return f"calibrate done on this node; node 0 fits and writes the profile (work in {c.work_dir})"
+    fit = c.fit
+    rows = [[p.name, f"{p.measured_ms:.3f}", f"{p.predicted_ms:.3f}", f"{p.error:+.1%}"] for p in fit.probes]
+    if len(rows) > MAX_PROBE_ROWS:
+        worst = sorted(range(len(rows)), key=lambda i: -abs(fit.probes[i].error))[:MAX_PROBE_ROWS]
+        rows = [rows[i] for i in sorted(worst)]
+    header = ["probe", "measured_ms", "predicted_ms", "residual"]
+    lines = [render_table(header, rows, right=header[1:]), ""]
+    lines.append(f"fit       {len(fit.probes)} probes: median |residual| {fit.median_abs_error:.1%}, "
+                 f"max {fit.max_abs_error:.1%}" + (f"; timed out: {', '.join(c.timed_out)}" if c.timed_out else ""))
+    lines.append(f"profile   {describe_profile(fit.profile)}")
+    lines.append(f"wrote     {c.profile_path}, {c.fit_path} (probes, timings and logs in {c.work_dir})")
+    return "\n".join(lines)

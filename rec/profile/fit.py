@@ -1,0 +1,314 @@
+"""Fit a profile to measured plans: non-negative least squares on the cost model's own formulas.
+
+Every number a fit estimates enters a plan's predicted time (``rec.profile.predict``) linearly:
+a compute coefficient or ``fixed_ms`` with the kernel bandwidth held fixed, a link's inverse
+bandwidth (ms per byte), a plan-level term. So a plan's predicted time is ``A @ theta``, where
+column k of ``A`` is the prediction under the *unit profile* of parameter k: that number at 1
+(an inverse bandwidth at 1 ms per byte), every other fitted number at 0, and no term the fit leaves
+out (``base_profile``). ``A`` comes from evaluating the cost model, not from a copy of its formulas.
+
+Which numbers are fitted, and why not the others (all else keeps TorchRec's default):
+
+* Per sharding type measured, the forward coefficients ``input_read_size_multiplier`` (ids),
+  ``lookup_size_multiplier`` (bytes looked up), ``hash_size_multiplier`` (rows), ``fixed_ms`` (per
+  shard) and the distinct-row extensions ``unique_read_size_multiplier`` and
+  ``unique_lookup_size_multiplier`` (not for data_parallel, whose dense backward updates the whole
+  table); table_wise and column_wise (which also serves table_column_wise) share one value each:
+  the same kernel does the lookups.
+  ``embedding_output_multiplier`` only for data_parallel: for the others it is proportional to the
+  bytes every collective moves, like the link's inverse bandwidth, so the two cannot be told apart
+  (it is set to 0 and the link carries the output).
+  Backward is TorchRec's default, forward x ``bwd_compute_multiplier``: the measured iteration is
+  forward plus backward, so only their sum is identifiable.
+* The kernel bandwidths are pinned to the topology's (coefficients and bandwidth only appear as
+  their ratio).
+* ``intra_host_bw`` and ``inter_host_bw`` through their inverse; the per-collective latency
+  extensions are 0 (per shard, like ``fixed_ms``); data_parallel's ``dp_optimizer_factor`` is 0 and
+  its all-reduce bandwidth carries the optimizer too (both scale with the table's bytes), the
+  row-wise ``batched_copy_factor`` likewise.
+* The plan-level ``iteration_ms`` and ``sharding_type_ms`` of each sharding type measured, but
+  for one that every plan uses (the probes' table_wise companion): ``iteration_ms`` carries it.
+
+Rows are weighted by 1 / measured time (relative errors, as the targets are stated) and, robustly,
+by Huber's weights (a probe a burst of load slowed counts less), columns scaled to unit norm; a
+column that is all zero (nothing measured moves it) is left out and its number keeps the default.
+The result is validated like any profile file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+
+from rec.cost.bandwidth import kernel_bw, links
+from rec.cost.types import COMPUTE_KERNELS, SHARDING_TYPES
+from rec.errors import InputError, Problem
+from rec.plan.types import Plan
+from rec.profile.predict import predicted_ms
+from rec.profile.types import (
+    DEFAULT_PROFILE,
+    SHARDING_COEFFICIENTS,
+    KernelBandwidths,
+    Machine,
+    PerfCoefficient,
+    Profile,
+    ShardingCoefficients,
+)
+from rec.profile.validate import profile_from_dict, profile_to_dict
+from rec.sharding import ComputeKernel, ShardingType
+from rec.topology.types import MAX_BANDWIDTH, Topology
+from rec.topology.validate import MS_PER_S
+
+SIGNIFICANT_DIGITS = 6  # of each fitted number as written
+BALANCE_ROUNDS = 3  # refits choosing each plan's busiest rank under the last fit
+ROBUST_ROUNDS = 10  # reweightings of the robust fit
+HUBER_K = 1.5  # residuals beyond this many robust standard deviations get less weight
+MAD_TO_SD = 1.4826  # median absolute deviation -> standard deviation, for normal noise
+MIN_HUBER_CUT = 0.02  # relative: residuals below 2% always count fully
+ROW_WISE_TYPES = (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE)
+SHARED_BLOCKS = ("table_wise", "column_wise")  # one lookup kernel: one value for both
+# The dense kernel's backward is a dense gradient of the whole table, not per row touched.
+DENSE_UNFITTED = ("unique_read_size_multiplier", "unique_lookup_size_multiplier")
+
+
+class Kind(StrEnum):
+    FACTOR = "factor"  # a coefficient
+    MS = "ms"  # a time
+    INVERSE_BANDWIDTH = "ms_per_byte"  # written as a bandwidth, bytes/s = 1000 / value
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """One fitted number, written at every profile key in ``paths`` (docs/profile.md's names)."""
+
+    name: str
+    paths: tuple[str, ...]
+    kind: Kind
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A plan and its measured iteration time (the critical path: the slowest rank's median)."""
+
+    name: str
+    plan: Plan
+    measured_ms: float
+
+
+@dataclass(frozen=True)
+class ProbeFit:
+    name: str
+    measured_ms: float
+    predicted_ms: float  # under the fitted profile
+
+    @property
+    def error(self) -> float:
+        """predicted / measured - 1."""
+        return self.predicted_ms / self.measured_ms - 1
+
+
+@dataclass(frozen=True)
+class Fit:
+    profile: Profile
+    values: dict[str, float]  # parameter name -> fitted value (inverse bandwidths as bytes/s)
+    probes: tuple[ProbeFit, ...]
+    left_out: tuple[str, ...]  # parameters nothing measured moves: their defaults stay
+
+    @property
+    def median_abs_error(self) -> float:
+        return float(np.median([abs(p.error) for p in self.probes]))
+
+    @property
+    def max_abs_error(self) -> float:
+        return float(max(abs(p.error) for p in self.probes))
+
+
+def measured_types(plans: Sequence[Plan]) -> tuple[tuple[ShardingType, ...], tuple[ComputeKernel, ...]]:
+    """The sharding types and kernels the plans use, in enum order."""
+    st = {SHARDING_TYPES[int(c)] for p in plans for c in np.unique(p.columns.sharding_type)}
+    ck = {COMPUTE_KERNELS[int(c)] for p in plans for c in np.unique(p.columns.compute_kernel)}
+    return tuple(s for s in ShardingType if s in st), tuple(k for k in ComputeKernel if k in ck)
+
+
+def types_everywhere(plans: Sequence[Plan]) -> tuple[ShardingType, ...]:
+    """The sharding types every plan uses."""
+    common = set(ShardingType)
+    for p in plans:
+        common &= {SHARDING_TYPES[int(c)] for c in np.unique(p.columns.sharding_type)}
+    return tuple(s for s in ShardingType if s in common)
+
+
+def parameters(types: Sequence[ShardingType], everywhere: Sequence[ShardingType] = ()) -> tuple[Parameter, ...]:
+    """The numbers a fit on plans using ``types`` estimates (see the module docstring); the
+    ``sharding_type_ms`` of a type in ``everywhere`` (every plan uses it) cannot be told apart from
+    ``iteration_ms``, which then carries it."""
+    blocks = list(dict.fromkeys(SHARDING_COEFFICIENTS[st] for st in types))
+    out: list[Parameter] = []
+    for field in ("input_read_size_multiplier", "lookup_size_multiplier", "hash_size_multiplier", "fixed_ms",
+                  "unique_read_size_multiplier", "unique_lookup_size_multiplier"):
+        kind = Kind.MS if field == "fixed_ms" else Kind.FACTOR
+        shared = [b for b in blocks if b in SHARED_BLOCKS]
+        if shared:
+            out.append(Parameter(f"{'+'.join(shared)}.fwd.{field}",
+                                 tuple(f"coefficients.{b}.fwd.{field}" for b in shared), kind))
+        out += [Parameter(f"{b}.fwd.{field}", (f"coefficients.{b}.fwd.{field}",), kind)
+                for b in blocks if b not in SHARED_BLOCKS and not (b == "data_parallel" and field in DENSE_UNFITTED)]
+    if "data_parallel" in blocks:
+        path = "coefficients.data_parallel.fwd.embedding_output_multiplier"
+        out.append(Parameter(path.removeprefix("coefficients."), (path,), Kind.FACTOR))
+    for link in ("intra_host_bw", "inter_host_bw"):
+        out.append(Parameter(link, (f"bandwidths.{link}",), Kind.INVERSE_BANDWIDTH))
+    out.append(Parameter("iteration_ms", ("extensions.iteration_ms",), Kind.MS))
+    out += [Parameter(f"sharding_type_ms.{st.value}", (f"extensions.sharding_type_ms.{st.value}",), Kind.MS)
+            for st in types if st not in everywhere]
+    return tuple(out)
+
+
+def base_profile(topology: Topology, types: Sequence[ShardingType], kernels: Sequence[ComputeKernel],
+                 caching_ratio: float) -> Profile:
+    """Every fitted number at 0 (links infinitely fast) and the terms the fit leaves out at 0;
+    the kernels' bandwidths pinned to the topology's. Not a valid profile file (infinite
+    bandwidths): only for computing the design matrix."""
+    coefficients = DEFAULT_PROFILE.coefficients
+    zero = ShardingCoefficients(PerfCoefficient(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0), None)
+    for block in dict.fromkeys(SHARDING_COEFFICIENTS[st] for st in types):
+        coefficients = replace(coefficients, **{block: zero})  # type: ignore[arg-type]
+    hw = links(topology, DEFAULT_PROFILE)
+    pinned = {ck.value: kernel_bw(hw, DEFAULT_PROFILE, ck, caching_ratio) * MS_PER_S for ck in kernels}
+    extensions = replace(DEFAULT_PROFILE.extensions, intra_host_latency_ms=0.0, inter_host_latency_ms=0.0)
+    if ShardingType.DATA_PARALLEL in types:
+        extensions = replace(extensions, dp_optimizer_factor=0.0)
+    if any(st in ROW_WISE_TYPES for st in types):
+        extensions = replace(extensions, batched_copy_factor=0.0)
+    return replace(DEFAULT_PROFILE, coefficients=coefficients, kernel_bandwidths=KernelBandwidths(**pinned),
+                   bandwidths=replace(DEFAULT_PROFILE.bandwidths, intra_host_bw=math.inf, inter_host_bw=math.inf),
+                   extensions=extensions)
+
+
+def with_value(profile: Profile, parameter: Parameter, value: float) -> Profile:
+    """``profile`` with ``parameter`` at ``value`` (an inverse bandwidth: ms per byte)."""
+    for path in parameter.paths:
+        number = value
+        if parameter.kind is Kind.INVERSE_BANDWIDTH:
+            number = MS_PER_S / value if value > 0 else math.inf
+        profile = _set(profile, path.split("."), number)
+    return profile
+
+
+def _set(profile: Profile, path: list[str], value: float) -> Profile:
+    section, *rest = path
+    if section == "coefficients":
+        block, phase, field = rest
+        coefficients: ShardingCoefficients = getattr(profile.coefficients, block)
+        current = getattr(coefficients, phase) or PerfCoefficient()
+        coefficients = replace(coefficients, **{phase: replace(current, **{field: value})})
+        return replace(profile, coefficients=replace(profile.coefficients, **{block: coefficients}))  # type: ignore[arg-type]
+    if section == "extensions" and rest[0] == "sharding_type_ms":
+        st = ShardingType(rest[1])
+        pairs = {**dict(profile.extensions.sharding_type_ms), st: value}
+        ordered = tuple((s, pairs[s]) for s in ShardingType if s in pairs)
+        return replace(profile, extensions=replace(profile.extensions, sharding_type_ms=ordered))
+    return replace(profile, **{section: replace(getattr(profile, section), **{rest[0]: value})})
+
+
+def design(plans: Sequence[Plan], base: Profile, params: Sequence[Parameter]) -> np.ndarray:
+    """(plans, ranks, parameters): each rank's predicted time under each parameter's unit profile."""
+    world = max(p.world_size for p in plans)
+    out = np.zeros((len(plans), world, len(params)))
+    for k, parameter in enumerate(params):
+        unit = with_value(base, parameter, 1.0)
+        for i, plan in enumerate(plans):
+            out[i, :plan.world_size, k] = predicted_ms(plan, unit)
+    return out
+
+
+def fit_profile(measured: Sequence[Measured], topology: Topology, caching_ratio: float,
+                name: str | None = None, machine: Machine | None = None) -> Fit:
+    """The profile whose predictions best match ``measured`` (relative least squares, every
+    number non-negative); InputError when the measurements cannot determine it."""
+    from scipy.optimize import nnls
+
+    title = "Cannot fit a profile to these measurements:"
+    usable = [m for m in measured if math.isfinite(m.measured_ms) and m.measured_ms > 0]
+    if not usable:
+        raise InputError(title, [Problem("measurements", "no plan was measured (all failed or timed out)")])
+    plans = [m.plan for m in usable]
+    types, kernels = measured_types(plans)
+    params = parameters(types, types_everywhere(plans))
+    base = base_profile(topology, types, kernels, caching_ratio)
+    per_rank = design(plans, base, params)
+    kept = np.flatnonzero(np.abs(per_rank).max(axis=(0, 1)) > 0)
+    if len(usable) < len(kept):
+        raise InputError(title, [Problem("measurements", (
+            f"{len(usable)} plans measured ({len(measured) - len(usable)} failed or timed out), fewer than the "
+            f"{len(kept)} numbers to fit; measure more (without --quick, or with a longer --time-limit)"))])
+    target = np.array([m.measured_ms for m in usable])
+    busiest = np.zeros(len(usable), dtype=np.int64)
+    theta = np.zeros(len(params))
+    for _ in range(BALANCE_ROUNDS):
+        rows = per_rank[np.arange(len(usable)), busiest][:, kept] / target[:, None]
+        theta[kept] = _robust_nnls(rows, nnls)
+        now = (per_rank @ theta).argmax(axis=1)
+        if np.array_equal(now, busiest):
+            break
+        busiest = now
+    profile, values = _profile(base, params, kept, theta, name, machine)
+    probes = tuple(ProbeFit(m.name, m.measured_ms, float(predicted_ms(m.plan, profile).max())) for m in usable)
+    left_out = tuple(params[k].name for k in range(len(params)) if k not in set(kept.tolist()))
+    return Fit(profile, values, probes, left_out)
+
+
+def _robust_nnls(rows: np.ndarray, nnls: Any) -> np.ndarray:
+    """``x >= 0`` with ``rows @ x`` closest to 1, relatively, by iteratively reweighted least squares
+    with Huber's weights: a probe that a burst of load slowed (far off the rest) pulls no harder than
+    one at ``HUBER_K`` robust standard deviations. Exact measurements keep every weight at 1."""
+    scale = np.linalg.norm(rows, axis=0)
+    scaled = rows / scale
+    weight = np.ones(len(rows))
+    for _ in range(ROBUST_ROUNDS):
+        root = np.sqrt(weight)
+        solution, _ = nnls(scaled * root[:, None], root, maxiter=50 * rows.shape[1])
+        residual = np.abs(scaled @ solution - 1)
+        cut = max(HUBER_K * MAD_TO_SD * float(np.median(residual)), MIN_HUBER_CUT)
+        new = np.minimum(1.0, cut / np.maximum(residual, 1e-300))
+        if np.allclose(new, weight):
+            break
+        weight = new
+    out: np.ndarray = solution / scale
+    return out
+
+
+def _profile(base: Profile, params: Sequence[Parameter], kept: np.ndarray, theta: np.ndarray,
+             name: str | None, machine: Machine | None) -> tuple[Profile, dict[str, float]]:
+    """The fitted numbers as a validated profile (rounded as written); InputError if out of range."""
+    profile = replace(base, name=name, machine=machine)
+    values = {}
+    for k in kept.tolist():
+        parameter, value = params[k], float(theta[k])
+        if parameter.kind is Kind.INVERSE_BANDWIDTH:
+            value = min(MS_PER_S / value, MAX_BANDWIDTH) if value > 0 else MAX_BANDWIDTH
+            profile = _set_all(profile, parameter, _rounded(value))
+        else:
+            profile = _set_all(profile, parameter, _rounded(value))
+        values[parameter.name] = _rounded(value)
+    # Links nothing measured keep the topology's bandwidth.
+    bandwidths = {f.name: getattr(profile.bandwidths, f.name) for f in dataclasses.fields(profile.bandwidths)}
+    bandwidths = {k: (None if v is not None and math.isinf(v) else v) for k, v in bandwidths.items()}
+    profile = replace(profile, bandwidths=replace(profile.bandwidths, **bandwidths))
+    return profile_from_dict(profile_to_dict(profile), source="fitted"), values
+
+
+def _set_all(profile: Profile, parameter: Parameter, value: float) -> Profile:
+    for path in parameter.paths:
+        profile = _set(profile, path.split("."), value)
+    return profile
+
+
+def _rounded(value: float) -> float:
+    return float(f"{value:.{SIGNIFICANT_DIGITS}g}")

@@ -1,0 +1,194 @@
+"""The plans ``shardflow calibrate`` measures: small specs, each varying one thing the cost model
+depends on, so that every number the fit estimates (``rec.profile.fit``) is pinned down.
+
+Each probe holds identical tables of one or more sharding types (an allow-list per table), in a
+number the ranks share evenly, so every rank carries the same shards and the iteration time is
+every rank's time. Per sharding type the device's EmbeddingBagCollection sharder offers, probes
+vary the tables per rank (``fixed_ms`` against the plan-level terms), the dim (bytes looked up
+against ids read), the pooling factor (lookups against outputs, which the collectives move), the
+batch, and the rows against the ids a batch sends (distinct rows; data_parallel's all-reduce).
+A probe of another type than table_wise holds a table_wise ``COMPANION`` too, as plans do: so
+each type's ``sharding_type_ms`` is what it adds to a plan that has table_wise's collectives
+already (``iteration_ms`` carries table_wise's own). On cuda the other kernels get a probe of their
+own. The sizes stay small: a full calibration of 2 cpu ranks measures about 55 probes and holds at
+most about 500 MB per rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+from rec.cost.types import CostConfig
+from rec.plan.types import Plan
+from rec.profile.types import DEFAULT_PROFILE
+from rec.search.config import SearchConfig
+from rec.sharding import ComputeDevice, ComputeKernel, ShardingType, sharder_options
+from rec.topology.types import Topology
+
+TW, CW, TCW, DP = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE,
+                   ShardingType.DATA_PARALLEL)
+RW, TWRW = ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE
+PROBE_SEARCH = SearchConfig(time_limit_s=0.0)  # identical tables: the heuristic spreads them evenly
+
+
+@dataclass(frozen=True)
+class Tables:
+    """A group of identical tables; ``per_rank`` shards of them on every rank (data_parallel: tables)."""
+
+    sharding_type: ShardingType
+    per_rank: int = 2
+    rows: int = 100_000
+    dim: int = 64
+    pooling_factor: float = 4.0
+    kernel: ComputeKernel | None = None  # None: the sharding type's first kernel on the device
+
+
+# Beside every probe of another sharding type: plans mix table_wise with the others (their
+# collectives interact), so each type's cost is measured where plans have it. A probe of a type
+# alone would see a plan without table_wise's collectives, which plans seldom are.
+COMPANION = Tables(TW, per_rank=1)
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    name: str
+    groups: tuple[Tables, ...]
+    batch_size: int = 512
+
+
+@dataclass(frozen=True)
+class Probe:
+    name: str
+    plan: Plan
+
+
+# (name, batch size, Tables fields) per sharding type family; QUICK names the quick subset. Rows are
+# varied against the ids a batch sends to a table (pooling factor x batch x ranks): far fewer ids
+# than rows (every id a distinct row), and far more (the batch keeps hitting the same rows).
+_LOOKUP_SWEEP: tuple[tuple[str, int, dict[str, Any]], ...] = (
+    ("", 512, {}),
+    ("tables1", 512, {"per_rank": 1}),
+    ("tables8", 512, {"per_rank": 8}),
+    ("tables24", 512, {"per_rank": 24, "rows": 10_000}),
+    ("dim8", 512, {"dim": 8}),
+    ("dim16", 512, {"dim": 16}),
+    ("dim32", 512, {"dim": 32}),
+    ("dim128", 512, {"dim": 128}),
+    ("dim256", 512, {"dim": 256}),
+    ("pf1", 512, {"pooling_factor": 1.0}),
+    ("pf16", 512, {"pooling_factor": 16.0}),
+    ("pf48", 512, {"pooling_factor": 48.0}),
+    ("batch128", 128, {}),
+    ("batch2048", 2048, {}),
+    ("batch4096", 4096, {}),
+    ("rows1k", 512, {"rows": 1_000}),
+    ("rows10k", 512, {"rows": 10_000}),
+    ("rows1m", 512, {"rows": 1_000_000, "dim": 32}),
+    ("rows4m", 512, {"rows": 4_000_000, "dim": 16, "per_rank": 1}),
+    ("rows1k_pf48_batch2048", 2048, {"rows": 1_000, "pooling_factor": 48.0}),
+    ("rows4m_pf32_batch1024", 1024, {"rows": 4_000_000, "dim": 16, "per_rank": 1, "pooling_factor": 32.0}),
+    ("rows1m_pf8_batch2048", 2048, {"rows": 1_000_000, "dim": 32, "pooling_factor": 8.0}),
+    ("tables8_rows10k_dim128_pf16", 512, {"per_rank": 8, "rows": 10_000, "dim": 128, "pooling_factor": 16.0}),
+    ("tables16_dim32_pf1_batch256", 256, {"per_rank": 16, "dim": 32, "pooling_factor": 1.0}),
+    ("tables48_rows20k_dim32_pf8_batch128", 128, {"per_rank": 48, "rows": 20_000, "dim": 32, "pooling_factor": 8.0}),
+    ("rows100k_pf48_batch4096", 4096, {"pooling_factor": 48.0, "dim": 16, "per_rank": 1}),
+)
+_COLUMN_SWEEP: tuple[tuple[str, int, dict[str, Any]], ...] = (
+    ("", 512, {}),
+    ("tables4", 512, {"per_rank": 4}),
+    ("pf32", 512, {"pooling_factor": 32.0}),
+    ("batch2048", 2048, {}),
+    ("batch128_pf8", 128, {"pooling_factor": 8.0}),
+    ("dim512", 512, {"dim": 512}),
+    ("rows1k", 512, {"rows": 1_000}),
+    ("rows1m", 512, {"rows": 1_000_000}),
+)
+_DP_SWEEP: tuple[tuple[str, int, dict[str, Any]], ...] = (
+    ("", 512, {"rows": 10_000}),
+    ("rows1k", 512, {"rows": 1_000}),
+    ("rows50k", 512, {"rows": 50_000}),
+    ("dim16_rows50k", 512, {"dim": 16, "rows": 50_000}),
+    ("dim256_rows20k", 512, {"dim": 256, "rows": 20_000}),
+    ("pf32", 512, {"rows": 10_000, "pooling_factor": 32.0}),
+    ("batch2048", 2048, {"rows": 10_000}),
+    ("batch128_dim16", 128, {"rows": 10_000, "dim": 16}),
+    ("tables8_rows1k", 512, {"per_rank": 8, "rows": 1_000}),
+    ("pf32_batch2048", 2048, {"rows": 10_000, "pooling_factor": 32.0}),
+)
+QUICK = frozenset({"", "tables8", "dim8", "dim256", "pf48", "batch2048", "rows1k", "rows4m",
+                   "rows1k_pf48_batch2048", "rows4m_pf32_batch1024", "pf32", "rows50k", "dim16_rows50k",
+                   "dim256_rows20k"})
+
+
+def _sweeps(st: ShardingType, quick: bool) -> Iterator[ProbeSpec]:
+    """One sharding type's probes: a base, then one thing varied at a time, and a few together;
+    beside ``COMPANION`` unless ``st`` is its type."""
+    companion = () if st is COMPANION.sharding_type else (COMPANION,)
+    if st is DP:
+        sweep, defaults = _DP_SWEEP, {}
+    elif st in (CW, TCW):
+        sweep, defaults = _COLUMN_SWEEP, {"per_rank": 1, "dim": 256}  # a table: two 128-column shards
+    else:
+        sweep, defaults = _LOOKUP_SWEEP, {}
+    for suffix, batch, fields in sweep:
+        if quick and suffix not in QUICK:
+            continue
+        name = f"{st.value}_{suffix}" if suffix else st.value
+        yield ProbeSpec(name, (*companion, Tables(st, **{**defaults, **fields})), batch)
+
+
+def probe_specs(device: ComputeDevice, quick: bool = False) -> tuple[ProbeSpec, ...]:
+    """Every probe for ranks of ``device`` (``quick``: about half, for a rough profile fast)."""
+    offered = sharder_options(device)
+    types = [st for st in ShardingType if st in offered]
+    out = [p for st in types for p in _sweeps(st, quick)]
+    for st in types:  # the device's other kernels
+        for kernel in offered[st][1:]:
+            group = Tables(st, kernel=kernel, dim=256 if st in (CW, TCW) else 64)
+            out.append(ProbeSpec(f"{st.value}_{kernel.value}", (group,) if st is TW else (COMPANION, group)))
+    mixes = [(TW, CW, DP), (TW, CW, TCW, DP)]
+    for mix in mixes if not quick else mixes[:1]:
+        if all(st in offered for st in mix):
+            groups = tuple(Tables(st, per_rank=1, dim=256 if st in (CW, TCW) else 64,
+                                  rows=10_000 if st is DP else Tables.rows) for st in mix)
+            out.append(ProbeSpec("+".join(st.value for st in mix), groups))
+    return tuple(out)
+
+
+def probe_rows(probe: ProbeSpec, device: ComputeDevice, world_size: int) -> list[dict[str, Any]]:
+    """The probe's spec rows: every table with its sharding type and kernel allow-listed."""
+    rows = []
+    for g, group in enumerate(probe.groups):
+        kernel = group.kernel or sharder_options(device)[group.sharding_type][0]
+        shards = group.dim // 128 if group.sharding_type in (CW, TCW) else 1
+        if group.sharding_type is DP:
+            count = group.per_rank
+        elif group.sharding_type in (RW, TWRW):
+            count = group.per_rank  # every table has a shard on every rank (of the host)
+        else:
+            count = max(1, group.per_rank * world_size // shards)
+        for i in range(count):
+            rows.append({"name": f"g{g}_t{i}", "num_embeddings": group.rows, "embedding_dim": group.dim,
+                         "pooling_factor": group.pooling_factor, "sharding_types": [group.sharding_type.value],
+                         "compute_kernels": [kernel.value]})
+    return rows
+
+
+def probe_plans(topology: Topology, quick: bool = False, cost: CostConfig = CostConfig()) -> tuple[Probe, ...]:
+    """The probes as plans for ``topology``'s ranks (each at its own batch size), planned under
+    TorchRec's default profile: the fit re-rates them under each unit profile anyway."""
+    from rec.planning import plan_spec
+    from rec.spec import spec_from_rows
+    from rec.topology import topology_from_dict, topology_to_dict
+
+    cost = replace(cost, profile=DEFAULT_PROFILE)
+    out = []
+    for probe in probe_specs(topology.compute_device, quick):
+        spec = spec_from_rows(probe_rows(probe, topology.compute_device, topology.world_size),
+                              source=f"probe {probe.name}")
+        ranks = topology_from_dict({**topology_to_dict(topology), "batch_size": probe.batch_size}, source="probe")
+        plan = plan_spec(spec, ranks, cost, PROBE_SEARCH)
+        out.append(Probe(probe.name, plan))
+    return tuple(out)

@@ -1,0 +1,432 @@
+"""A profile mapping (as written in YAML) <-> a validated ``Profile``; its hash; its fit with a topology.
+
+Every problem of a mapping is reported at once (``InputError``). ``profile_to_dict`` writes the
+canonical form: keys at their defaults left out, numbers as floats, so that a profile written and
+read back is equal to itself and a key added in a later version leaves existing hashes unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from collections.abc import Callable, Mapping
+from datetime import date, datetime, time
+from numbers import Integral, Real
+from typing import Any, TypeVar
+
+from rec.errors import InputError, Problem, ProblemList, show
+from rec.hashing import content_hash
+from rec.profile.types import (
+    SHARDING_COEFFICIENTS,
+    Bandwidths,
+    Coefficients,
+    Extensions,
+    KernelBandwidths,
+    KernelCoefficients,
+    Machine,
+    PerfCoefficient,
+    Profile,
+    ShardingCoefficients,
+)
+from rec.sharding import NOT_PLANNED, ComputeDevice, ComputeKernel, ShardingType, is_available, sharder_options
+from rec.topology.types import MAX_BANDWIDTH, MIN_BANDWIDTH, Topology
+from rec.units import parse_bytes_per_second
+
+PROFILE_FORMAT = "shardflow.profile/v1"
+KEYS = ("format", "name", "bandwidths", "kernel_bandwidths", "coefficients", "extensions", "machine")
+COEFFICIENT_KEYS = (*dict.fromkeys(SHARDING_COEFFICIENTS.values()), "by_kernel", "bwd_compute_multiplier")
+PASSES = ("fwd", "bwd")
+MAX_FACTOR = 1e6  # coefficients, multipliers and factors: far above any fit, and keeps estimates finite
+MAX_MS = 1e6  # fixed and latency terms: 1,000 s per shard
+MAX_NAME = 200
+PLANNED_KERNELS = tuple(k for k in ComputeKernel if k not in NOT_PLANNED)
+PLANNED_TYPES = tuple(s for s in ShardingType if s not in NOT_PLANNED)
+
+D = TypeVar("D")
+
+
+def profile_from_dict(d: object, source: str = "profile") -> Profile:
+    """Validate a profile mapping (YAML keys and units) into a ``Profile``; InputError naming every problem."""
+    title = f"Invalid profile {source}"
+    if not isinstance(d, Mapping):
+        raise InputError(title, [Problem(source, f"expected a mapping of keys ({', '.join(KEYS)}), got {show(d)}")])
+    problems = ProblemList()
+    d = _known_keys(d, KEYS, "", problems)
+    if "format" in d and d["format"] != PROFILE_FORMAT:
+        problems.add("format", f"expected {PROFILE_FORMAT!r}, got {show(d['format'])}")
+    name = _text(d.get("name"), "name", problems)
+    profile = Profile(
+        name=name,
+        bandwidths=_section(d, "bandwidths", Bandwidths, _bandwidth, problems),
+        kernel_bandwidths=_section(d, "kernel_bandwidths", KernelBandwidths, _bandwidth, problems),
+        coefficients=_coefficients(d.get("coefficients"), problems),
+        extensions=_extensions(d.get("extensions"), problems),
+        machine=_machine(d.get("machine"), problems),
+    )
+    problems.raise_if_any(title)
+    return profile
+
+
+def profile_to_dict(profile: Profile) -> dict[str, Any]:
+    """The canonical YAML form of ``profile`` (bandwidths in bytes/s, defaults left out):
+    ``profile_from_dict`` reads it back equal."""
+    out: dict[str, Any] = {"format": PROFILE_FORMAT}
+    if profile.name is not None:
+        out["name"] = profile.name
+    for key in ("bandwidths", "kernel_bandwidths", "extensions"):
+        section = _changed(getattr(profile, key))
+        if section:
+            out[key] = section
+    coefficients = _coefficients_to_dict(profile.coefficients)
+    if coefficients:
+        out["coefficients"] = coefficients
+    if profile.machine is not None:
+        out["machine"] = {k: (v.value if isinstance(v, ComputeDevice) else v)
+                          for k, v in dataclasses.asdict(profile.machine).items() if v is not None}
+    return out
+
+
+def profile_hash(profile: Profile) -> str:
+    """16 hex digits of sha256 over the canonical form (``profile_to_dict``) as canonical JSON."""
+    return content_hash(profile_to_dict(profile))
+
+
+def profile_record(profile: Profile) -> dict[str, Any]:
+    """What a plan records of the profile it was made under: its hash and its canonical form."""
+    return {"hash": profile_hash(profile), **profile_to_dict(profile)}
+
+
+def profile_from_record(record: object, source: str) -> Profile:
+    """The profile of ``profile_record``; InputError if invalid or its content does not give its hash."""
+    if not isinstance(record, Mapping) or not isinstance(record.get("hash"), str):
+        raise InputError(f"Invalid profile {source}", [Problem(source, "expected a mapping with a hash")])
+    profile = profile_from_dict({k: v for k, v in record.items() if k != "hash"}, source)
+    if profile_hash(profile) != record["hash"]:
+        raise InputError(f"Invalid profile {source}", [Problem(source, (
+            f"its content hashes to {profile_hash(profile)}, not its hash {record['hash']}: it was edited"))])
+    return profile
+
+
+def check_profile_for(profile: Profile, topology: Topology, source: str = "profile") -> None:
+    """InputError if ``profile`` describes another kind of device than the topology plans for."""
+    device = topology.compute_device
+    problems = ProblemList()
+    if profile.machine is not None and profile.machine.device != device:
+        problems.add(f"{source} machine.device", (
+            f"the profile was measured on {profile.machine.device.value}, the topology plans for {device.value}: "
+            f"use a profile measured on {device.value} ranks (shardflow calibrate), or plan without one"))
+    kernels = {k for ks in sharder_options(device).values() for k in ks}
+    for kernel in PLANNED_KERNELS:
+        if profile.kernel_bandwidths.of(kernel) is not None and kernel not in kernels:
+            problems.add(f"{source} kernel_bandwidths.{kernel.value}",
+                         f"no {device.value} rank runs the {kernel.value} kernel (a profile for another device?)")
+    problems.raise_if_any(f"The {source} describes other ranks than the topology's:")
+
+
+def describe_profile(profile: Profile) -> str:
+    """One line for a person: the profile's name and hash, what it sets, where it was measured."""
+    d = profile_to_dict(profile)
+    parts = [f"{profile.name or 'unnamed'} (hash {profile_hash(profile)})"]
+    sets = [f"{key} {', '.join(d[key])}" for key in ("bandwidths", "kernel_bandwidths", "coefficients", "extensions")
+            if key in d]
+    if "bandwidths" in d:
+        sets[0] += " (in place of the topology's)"
+    parts.append("; ".join(sets) if sets else "TorchRec's defaults")
+    m = profile.machine
+    if m is not None:
+        ranks = f", {m.world_size} ranks" if m.world_size else ""
+        parts.append(f"measured on {m.device.value}{ranks}{f' at {m.measured_at}' if m.measured_at else ''}")
+    return "; ".join(parts)
+
+
+# ---------------------------------------------------------------- reading
+
+
+def _known_keys(d: Mapping[Any, Any], keys: tuple[str, ...], prefix: str, problems: ProblemList) -> dict[str, Any]:
+    """The known keys of ``d``; a problem for each key that is not text or unknown (with a suggestion)."""
+    odd = [show(k) for k in d if not isinstance(k, str)]
+    if odd:
+        problems.add(prefix.rstrip(".") or "profile", f"keys must be text, got {', '.join(sorted(odd))}")
+    out = {k: v for k, v in d.items() if isinstance(k, str)}
+    for key in sorted(set(out) - set(keys)):
+        hint = difflib.get_close_matches(key, keys, n=1) if len(key) <= 64 else []
+        suggestion = f"did you mean '{hint[0]}'? " if hint else ""
+        problems.add(f"{prefix}{key}", f"unknown key; {suggestion}known keys: {', '.join(keys)}")
+    return {k: v for k, v in out.items() if k in keys}
+
+
+def _mapping(value: object, where: str, problems: ProblemList) -> Mapping[Any, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        problems.add(where, f"expected a mapping, got {show(value)}")
+        return None
+    return value
+
+
+def _section(d: Mapping[str, Any], key: str, cls: type[D], parse: Callable[[object], float],
+             problems: ProblemList) -> D:
+    """A dataclass of optional numbers from the mapping ``d[key]`` (absent keys: None)."""
+    mapping = _mapping(d.get(key), key, problems)
+    if mapping is None:
+        return cls()
+    names = tuple(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+    values = {}
+    for name, raw in _known_keys(mapping, names, f"{key}.", problems).items():
+        if raw is None:
+            continue
+        try:
+            values[name] = parse(raw)
+        except ValueError as e:
+            problems.add(f"{key}.{name}", str(e))
+    return cls(**values)
+
+
+def _bandwidth(value: object) -> float:
+    per_second = parse_bytes_per_second(value)
+    if not MIN_BANDWIDTH <= per_second <= MAX_BANDWIDTH:
+        raise ValueError(f"must be between {MIN_BANDWIDTH:g} and {MAX_BANDWIDTH:g} bytes/s, got {show(value)}")
+    return per_second
+
+
+def _number(maximum: float) -> Callable[[object], float]:
+    def parse(value: object) -> float:
+        if isinstance(value, bool) or not isinstance(value, Real):
+            raise ValueError(f"expected a number, got {show(value)}")
+        number = float(value)
+        if not math.isfinite(number):
+            raise ValueError(f"expected a finite number, got {show(value)}")
+        if not 0 <= number <= maximum:
+            raise ValueError(f"must be between 0 and {maximum:g}, got {show(value)}")
+        return number
+
+    return parse
+
+
+_FACTOR = _number(MAX_FACTOR)
+_MS = _number(MAX_MS)
+
+
+def _fields_of(cls: type[Any], mapping: Mapping[str, Any], where: str, problems: ProblemList,
+               parsers: Mapping[str, Callable[[object], float]]) -> dict[str, float]:
+    values = {}
+    for name, raw in _known_keys(mapping, tuple(f.name for f in dataclasses.fields(cls)), f"{where}.",
+                                 problems).items():
+        try:
+            values[name] = parsers[name](raw)
+        except ValueError as e:
+            problems.add(f"{where}.{name}", str(e))
+    return values
+
+
+def _perf_coefficient(value: object, where: str, problems: ProblemList) -> PerfCoefficient:
+    if value is None:  # "fwd:" with nothing after it
+        return PerfCoefficient()
+    mapping = _mapping(value, where, problems)
+    if mapping is None:
+        return PerfCoefficient()
+    parsers = {f.name: (_MS if f.name == "fixed_ms" else _FACTOR) for f in dataclasses.fields(PerfCoefficient)}
+    return PerfCoefficient(**_fields_of(PerfCoefficient, mapping, where, problems, parsers))
+
+
+def _sharding_coefficients(value: object, where: str, problems: ProblemList) -> ShardingCoefficients:
+    mapping = _mapping(value, where, problems) if value is not None else {}
+    if mapping is None:
+        return ShardingCoefficients()
+    mapping = _known_keys(mapping, PASSES, f"{where}.", problems)
+    fwd = _perf_coefficient(mapping.get("fwd"), f"{where}.fwd", problems)
+    # An absent (or null) bwd is TorchRec's None: backward = forward x bwd_compute_multiplier.
+    bwd = None if mapping.get("bwd") is None else _perf_coefficient(mapping["bwd"], f"{where}.bwd", problems)
+    return ShardingCoefficients(fwd, bwd)
+
+
+def _coefficients(value: object, problems: ProblemList) -> Coefficients:
+    mapping = _mapping(value, "coefficients", problems)
+    if mapping is None:
+        return Coefficients()
+    mapping = _known_keys(mapping, COEFFICIENT_KEYS, "coefficients.", problems)
+    values: dict[str, Any] = {
+        key: _sharding_coefficients(mapping[key], f"coefficients.{key}", problems)
+        for key in dict.fromkeys(SHARDING_COEFFICIENTS.values()) if key in mapping
+    }
+    if "bwd_compute_multiplier" in mapping:
+        try:
+            values["bwd_compute_multiplier"] = _FACTOR(mapping["bwd_compute_multiplier"])
+        except ValueError as e:
+            problems.add("coefficients.bwd_compute_multiplier", str(e))
+    values["by_kernel"] = _by_kernel(mapping.get("by_kernel"), problems)
+    return Coefficients(**values)
+
+
+def _by_kernel(value: object, problems: ProblemList) -> tuple[KernelCoefficients, ...]:
+    """``{sharding_type: {kernel: {fwd: ..., bwd: ...}}}`` -> entries in (sharding type, kernel) order."""
+    mapping = _mapping(value, "coefficients.by_kernel", problems)
+    if mapping is None:
+        return ()
+    entries = []
+    types = tuple(s.value for s in PLANNED_TYPES)
+    kernels = tuple(k.value for k in PLANNED_KERNELS)
+    for st, per_kernel in _known_keys(mapping, types, "coefficients.by_kernel.", problems).items():
+        where = f"coefficients.by_kernel.{st}"
+        inner = _mapping(per_kernel, where, problems)
+        if inner is None:
+            continue
+        for ck, coefficients in _known_keys(inner, kernels, f"{where}.", problems).items():
+            if not any(is_available(d, ShardingType(st), ComputeKernel(ck)) for d in ComputeDevice):
+                problems.add(f"{where}.{ck}", f"{st} never runs on the {ck} kernel, so this would never apply")
+                continue
+            entries.append(KernelCoefficients(ShardingType(st), ComputeKernel(ck),
+                                              _sharding_coefficients(coefficients, f"{where}.{ck}", problems)))
+    order = {(s, k): i for i, (s, k) in enumerate((s, k) for s in ShardingType for k in ComputeKernel)}
+    return tuple(sorted(entries, key=lambda e: order[(e.sharding_type, e.compute_kernel)]))
+
+
+def _extensions(value: object, problems: ProblemList) -> Extensions:
+    mapping = _mapping(value, "extensions", problems)
+    if mapping is None:
+        return Extensions()
+    parsers = {f.name: (_MS if f.name.endswith("_ms") else _FACTOR) for f in dataclasses.fields(Extensions)}
+    per_type = mapping.get("sharding_type_ms") if isinstance(mapping, Mapping) else None
+    values: dict[str, Any] = _fields_of(Extensions, {k: v for k, v in mapping.items() if k != "sharding_type_ms"},
+                                        "extensions", problems, parsers)
+    if per_type is not None:
+        values["sharding_type_ms"] = _sharding_type_ms(per_type, problems)
+    return Extensions(**values)
+
+
+def _sharding_type_ms(value: object, problems: ProblemList) -> tuple[tuple[ShardingType, float], ...]:
+    """``{sharding_type: ms}`` -> pairs in ShardingType order."""
+    where = "extensions.sharding_type_ms"
+    mapping = _mapping(value, where, problems)
+    if mapping is None:
+        return ()
+    found = {}
+    for st, ms in _known_keys(mapping, tuple(s.value for s in PLANNED_TYPES), f"{where}.", problems).items():
+        try:
+            found[ShardingType(st)] = _MS(ms)
+        except ValueError as e:
+            problems.add(f"{where}.{st}", str(e))
+    return tuple((st, found[st]) for st in ShardingType if found.get(st))  # 0 is no entry: one form each
+
+
+def _machine(value: object, problems: ProblemList) -> Machine | None:
+    mapping = _mapping(value, "machine", problems)
+    if mapping is None:
+        return None
+    keys = tuple(f.name for f in dataclasses.fields(Machine))
+    mapping = _known_keys(mapping, keys, "machine.", problems)
+    device = mapping.get("device")
+    if device is None:
+        problems.add("machine.device", f"is required: {' or '.join(d.value for d in ComputeDevice)}")
+    elif not isinstance(device, str) or device.strip().lower() not in {d.value for d in ComputeDevice}:
+        devices = ", ".join(d.value for d in ComputeDevice)
+        problems.add("machine.device", f"expected one of {devices}, got {show(device)}")
+        device = None
+    values: dict[str, Any] = {k: _text(mapping.get(k), f"machine.{k}", problems)
+                              for k in ("device_name", "torch_version", "fbgemm_version")}
+    for key in ("world_size", "local_world_size"):
+        values[key] = _positive_int(mapping.get(key), f"machine.{key}", problems)
+    world, local = values["world_size"], values["local_world_size"]
+    if world is not None and local is not None and world % local:
+        problems.add("machine.local_world_size", f"world_size {world} is not a multiple of local_world_size {local}")
+    values["measured_at"] = _timestamp(mapping.get("measured_at"), problems)
+    if device is None:
+        return None
+    return Machine(device=ComputeDevice(device.strip().lower()), **values)
+
+
+def _text(value: object, where: str, problems: ProblemList) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        hint = " (write it in quotes, e.g. '2.5.1')" if isinstance(value, Real) and not isinstance(value, bool) else ""
+        problems.add(where, f"expected text, got {show(value)}{hint}")
+        return None
+    if len(value) > MAX_NAME:
+        problems.add(where, f"at most {MAX_NAME} characters, got {len(value):,}")
+        return None
+    return value.strip()
+
+
+def _positive_int(value: object, where: str, problems: ProblemList) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, Integral) or int(value) <= 0:
+        problems.add(where, f"expected a positive integer, got {show(value)}")
+        return None
+    return int(value)
+
+
+def _timestamp(value: object, problems: ProblemList) -> str | None:
+    """ISO 8601 text, normalized (YAML reads an unquoted timestamp as a date or datetime)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value.strip())
+        except ValueError:
+            problems.add("machine.measured_at",
+                         f"expected an ISO 8601 time (e.g. 2025-06-01T12:00:00Z), got {show(value)}")
+            return None
+    if isinstance(value, date) and not isinstance(value, datetime):
+        value = datetime.combine(value, time())
+    if not isinstance(value, datetime):
+        problems.add("machine.measured_at", f"expected an ISO 8601 time, got {show(value)}")
+        return None
+    return value.isoformat()
+
+
+# ---------------------------------------------------------------- writing
+
+
+def _changed(section: Any) -> dict[str, Any]:
+    """The fields of a dataclass of numbers that differ from its defaults."""
+    default = type(section)()
+    return {f.name: _plain(getattr(section, f.name)) for f in dataclasses.fields(section)
+            if getattr(section, f.name) != getattr(default, f.name)}
+
+
+def _plain(value: Any) -> Any:
+    """A number as a float; pairs of (enum, number) as a mapping (``sharding_type_ms``)."""
+    if isinstance(value, tuple):
+        return {key.value: float(number) for key, number in value}
+    return float(value)
+
+
+def _sharding_to_dict(c: ShardingCoefficients, always: bool = False) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    fwd = _changed(c.fwd)
+    if fwd or always:
+        out["fwd"] = fwd
+    if c.bwd is not None:
+        out["bwd"] = _changed(c.bwd)  # {} too: present means "not forward x multiplier"
+    return out
+
+
+def _coefficients_to_dict(c: Coefficients) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in dict.fromkeys(SHARDING_COEFFICIENTS.values()):
+        value = getattr(c, key)
+        if value != ShardingCoefficients():
+            out[key] = _sharding_to_dict(value)
+    if c.by_kernel:
+        by_kernel: dict[str, dict[str, Any]] = {}
+        for e in c.by_kernel:
+            by_kernel.setdefault(e.sharding_type.value, {})[e.compute_kernel.value] = \
+                _sharding_to_dict(e.coefficients, always=True)
+        out["by_kernel"] = by_kernel
+    if c.bwd_compute_multiplier != Coefficients().bwd_compute_multiplier:
+        out["bwd_compute_multiplier"] = float(c.bwd_compute_multiplier)
+    return out
+
+
+def dumps_profile(profile: Profile) -> str:
+    """The profile as YAML text (canonical form, keys in a fixed order): what calibration writes."""
+    import yaml
+
+    header = f"# shardflow hardware profile (docs/profile.md); hash {profile_hash(profile)}\n"
+    body: str = yaml.safe_dump(profile_to_dict(profile), sort_keys=False, default_flow_style=False,
+                               allow_unicode=False, width=100)
+    return header + body
+

@@ -1,0 +1,80 @@
+"""Plans under a profile whose sharding types cost time per iteration (``sharding_type_ms``).
+
+A sharding type's collectives cost the same whether it holds one table or a hundred
+(``rec.profile.predict``): a plan-level term, invisible to a search that balances per-shard times.
+So a plan can use one more sharding type for a slightly better balance and lose more than it
+gains. After the search, each costly type the plan uses is taken away in turn (its options made
+infeasible) and the rest searched again; a plan that is better with the plan-level terms counted
+replaces the first, and the same is tried on it, until taking a type away no longer helps. Every
+table keeps some option, or the type stays. The plan keeps the bound of the whole search space,
+which holds for any plan in it. Under a profile without such terms (TorchRec's default) nothing
+changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+import numpy as np
+
+from rec.cost.types import SHARDING_TYPES, ST_CODE
+from rec.errors import InputError
+from rec.profile.types import Profile
+from rec.search.result import SearchResult
+from rec.search.space import SearchSpace
+from rec.sharding import ShardingType
+
+RELATIVE_GAIN = 1e-9  # a plan must be better by more than rounding to replace another
+
+
+def with_fewer_types(result: SearchResult, profile: Profile,
+                     search: Callable[[SearchSpace], SearchResult]) -> SearchResult:
+    """``result``, or the plan with fewer costly sharding types whose critical path plus their
+    ``sharding_type_ms`` is lowest (``search`` searches a space)."""
+    costs = profile.extensions
+    if not costs.sharding_type_ms:
+        return result
+    full = result.space
+    best, best_value, removed = result, _value(result, profile), set[ShardingType]()
+    while True:
+        tried = [st for st in sorted(_types(best), key=lambda st: -costs.sharding_type_cost(st))
+                 if costs.sharding_type_cost(st) > 0]
+        for st in tried:
+            space = _without(full, removed | {st})
+            if space is None:
+                continue
+            try:
+                candidate = search(space)
+            except InputError:  # the tables do not fit without it
+                continue
+            value = _value(candidate, profile)
+            if value < best_value * (1 - RELATIVE_GAIN):
+                best, best_value = candidate, value
+                removed.add(st)
+                break
+        else:
+            break
+    if best is result:
+        return result
+    return replace(best, space=full, bound=result.bound, info=result.info)
+
+
+def _types(result: SearchResult) -> set[ShardingType]:
+    codes = result.space.options.sharding_type[result.assignment.choice]
+    return {SHARDING_TYPES[int(c)] for c in np.unique(codes)}
+
+
+def _value(result: SearchResult, profile: Profile) -> float:
+    """The critical path with the plan-level terms of the types the plan uses."""
+    return result.critical_path + sum(profile.extensions.sharding_type_cost(st) for st in _types(result))
+
+
+def _without(space: SearchSpace, types: set[ShardingType]) -> SearchSpace | None:
+    """``space`` with the options of ``types`` infeasible; None if a table would have none left."""
+    opts = space.options
+    banned = np.isin(opts.sharding_type, [ST_CODE[st] for st in types])
+    feasible = space.feasible & ~banned
+    covered = np.zeros(space.num_tables, dtype=bool)
+    np.logical_or.at(covered, opts.table, feasible)
+    return replace(space, feasible=feasible) if covered.all() else None

@@ -1,0 +1,84 @@
+"""No process of a training outlives its run.
+
+The launcher (``shardflow train``, a flow) starts torchrun, torchrun starts the ranks. Each child
+asks the kernel for a signal when its parent dies (Linux's parent-death signal): torchrun gets
+SIGTERM when the launcher dies, however it died (then stops its ranks), and a rank gets SIGTERM
+when torchrun dies. And the output directory's lock (``tasks.run_dirs``) is held, shared, by the
+launcher and by every rank (the file named by ``OUT_LOCK_ENV``), so that no second run starts
+in the directory while any process of this one still lives.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import os
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+OUT_LOCK_ENV = "SHARDFLOW_OUT_LOCK"  # the --out lock file the ranks hold shared; unset: no lock
+TORCHRUN_MODULE = "torch.distributed.run"  # how the launcher starts torchrun (``python -m``)
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def parent_death_signal(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A function for ``subprocess.Popen(preexec_fn=...)``: the child gets ``sig`` when this
+    process dies, and exits at once if it already has. None where the kernel cannot do that."""
+    prctl = _prctl()
+    if prctl is None:
+        return None
+    parent = os.getpid()
+
+    def set_in_child() -> None:
+        prctl(_PR_SET_PDEATHSIG, sig)
+        if os.getppid() != parent:  # the launcher died between fork and prctl
+            os._exit(1)
+
+    return set_in_child
+
+
+def die_with_torchrun(sig: int = signal.SIGTERM) -> bool:
+    """In a rank: get ``sig`` when torchrun, the parent, dies. False if the parent is not torchrun
+    any more (it died while this rank imported torch, and the rank was handed to init or a
+    subreaper): the rank is an orphan and must not run."""
+    prctl = _prctl()
+    if prctl is None or "TORCHELASTIC_RUN_ID" not in os.environ:  # not Linux, or not under torchrun
+        return True
+    prctl(_PR_SET_PDEATHSIG, sig)
+    try:
+        command = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return any(name in command for name in (b"torchrun", b"torch.distributed."))  # run, or launch
+
+
+def join_run_lock() -> int | None:
+    """In a rank: hold the run's ``--out`` lock shared for the rest of the process (its file
+    descriptor stays open); None when the run has no lock. ``RunLockTaken`` if another run holds
+    it: the launcher that started this rank is gone, and another run owns the directory now."""
+    path = os.environ.get(OUT_LOCK_ENV)
+    if not path:
+        return None
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise RunLockTaken(f"{Path(path).parent} is used by another run: this rank's launcher is gone") from None
+    return fd
+
+
+class RunLockTaken(RuntimeError):
+    """Another run holds the output directory this rank was started for."""
+
+
+def _prctl() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return prctl

@@ -1,0 +1,116 @@
+"""``--model TARGET``: train the user's own model with a plan (protocol: docs/training.md).
+
+TARGET is ``package.module:function`` or ``path/to/file.py:function``, resolved as ``shardflow spec
+from-model`` resolves it. The function takes no arguments and returns ``(model, batches)``:
+
+- ``model``: a ``torch.nn.Module`` holding the plan's embedding modules at the plan's paths (build
+  it on the meta device; DMP allocates every parameter on the training device), whose
+  ``forward(batch)`` returns the loss, or ``(loss, ...)`` as TorchRec's ``DLRMTrain`` does;
+- ``batches``: ``batches(rank, world_size, batch_size, device)`` returning an iterator of batches
+  for that rank, each what ``TrainPipelineSparseDist`` takes (``.to(device, non_blocking)``,
+  ``.record_stream``, ``.pin_memory``): TorchRec's ``Batch``, or ``rec.train.batch.ModuleBatch``.
+
+The model must match the plan: every planned module at its path, of its kind, with the planned
+tables (rows, dim, data type), and no other EmbeddingBagCollection or EmbeddingCollection that the
+plan does not shard. ``model_problems`` names every difference; the launcher checks before any
+process starts, and each rank again before sharding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from rec.errors import InputError, Problem
+from rec.spec.types import Spec, table_key
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+BatchSource = Callable[[int, int, int, "torch.device"], Iterator[Any]]
+
+
+@dataclass(frozen=True)
+class UserModel:
+    model: nn.Module
+    batches: BatchSource
+
+
+def load_user_model(target: str) -> UserModel:
+    """Import ``target`` and call it; InputError (one line) for anything but ``(model, batches)``."""
+    from torch import nn
+
+    from rec.target import bad_target, kind_of, one_line, target_function
+
+    function = target_function(target)
+    try:
+        result = function()
+    except Exception as e:  # the user's code: any failure is theirs to see, in one line
+        raise bad_target(target, f"{target}() raised {one_line(e)}") from None
+    if not (isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[0], nn.Module)
+            and callable(result[1])):
+        raise bad_target(target, f"{target}() returned {kind_of(result)}, not a pair (model, batches): a "
+                           "torch.nn.Module and a function (rank, world_size, batch_size, device) -> batches")
+    return UserModel(result[0], result[1])
+
+
+def model_problems(model: nn.Module, spec: Spec, source: str) -> list[Problem]:
+    """How ``model``'s embedding modules differ from the planned ones (``spec``: the plan's rows)."""
+    from rec.spec.from_model import model_spec
+
+    try:
+        found = model_spec(model, source=source).spec
+    except InputError as e:
+        return list(e.problems)
+    problems = []
+    planned_kinds, found_kinds = spec.modules, found.modules
+    for path, kind in planned_kinds.items():
+        if path not in found_kinds:
+            others = ", ".join(found_kinds) or "none"
+            problems.append(Problem(f"module {path}", f"the plan shards an {kind.value} here; {source} has none "
+                                                      f"there (its embedding modules: {others})"))
+        elif found_kinds[path] is not kind:
+            problems.append(Problem(f"module {path}", f"is an {found_kinds[path].value} in {source}, the plan's "
+                                                      f"is an {kind.value}"))
+    for path, kind in found_kinds.items():
+        if path not in planned_kinds:
+            problems.append(Problem(f"module {path}", f"an {kind.value} of {source} that the plan does not "
+                                                      "shard; plan this model (shardflow spec from-model)"))
+    # Tables of modules present in both, of the same kind (the others are named above).
+    planned = {table_key(t.module, t.name): t for t in spec.tables
+               if found_kinds.get(t.module) is t.pooling.module_kind}
+    have = {table_key(t.module, t.name): t for t in found.tables
+            if planned_kinds.get(t.module) is t.pooling.module_kind}
+    for key in planned.keys() - have.keys():
+        problems.append(Problem(f"table {key}", f"planned, but not in {source}"))
+    for key in have.keys() - planned.keys():
+        problems.append(Problem(f"table {key}", f"in {source}, but not in the plan"))
+    for key in planned.keys() & have.keys():
+        p, h = planned[key], have[key]
+        differ = [f"{column} {getattr(h, column)} (planned {getattr(p, column)})"
+                  for column in ("num_embeddings", "embedding_dim") if getattr(h, column) != getattr(p, column)]
+        if h.data_type is not p.data_type:
+            differ.append(f"data_type {h.data_type.value} (planned {p.data_type.value})")
+        if differ:
+            problems.append(Problem(f"table {key}", f"has {', '.join(differ)} in {source}"))
+    return sorted(problems, key=lambda p: p.where)
+
+
+def check_user_model(target: str, spec: Spec) -> UserModel:
+    """The user's model, checked against the plan's tables; InputError naming every difference."""
+    user = load_user_model(target)
+    problems = model_problems(user.model, spec, target)
+    if problems:
+        raise InputError(f"The model of {target} does not match the plan:", problems)
+    return user
+
+
+def user_model_problems(target: str, spec: Spec) -> list[Problem]:
+    """``check_user_model``'s problems as a list (the launcher reports them with its other checks)."""
+    try:
+        check_user_model(target, spec)
+    except InputError as e:
+        return list(e.problems)
+    return []

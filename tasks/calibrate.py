@@ -1,0 +1,189 @@
+"""``shardflow calibrate``: measure probe plans on the topology's ranks and fit a hardware profile.
+
+The probes (``rec.profile.probes``) are planned for the topology, written under the run's work
+directory, and measured in ONE launch of the measuring job (starting torch and torchrec costs
+seconds per process), each ``rounds`` times in a different order, so a burst of load on a shared
+machine hits one measurement of a probe and not all. A probe's time is the median over its rounds
+of the critical path (the slowest rank's median). The fit (``rec.profile.fit``) then gives the
+profile; only once it succeeds are the profile and its fit report written, each whole: a failed
+calibration leaves no profile behind.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rec import progress
+from rec.cost.types import CostConfig
+from rec.errors import InputError, Problem
+from rec.plan.io import write_plan
+from rec.profile import dumps_profile, profile_hash
+from rec.profile.fit import Fit, Measured, fit_profile
+from rec.profile.probes import Probe, probe_plans
+from rec.settings import check, knob, to_dict
+from rec.topology import Topology, read_topology, topology_to_dict
+from rec.train.measure_config import MAX_TIME_LIMIT_S, MeasureConfig
+from rec.train.timings import Status, Timings, write_whole
+from tasks.measure import Ranks, run_measuring_job
+
+FIT_SUFFIX = ".fit.json"  # the fit report beside the profile: profile.yaml -> profile.fit.json
+FIT_FORMAT = "shardflow.calibration/v1"
+QUICK_ITERATIONS = 10
+PROBES_DIR = "probes"
+
+
+@dataclass(frozen=True)
+class CalibrateSettings:
+    quick: bool = field(default=False, metadata=knob(
+        "about half the probes, one round, fewer iterations: a rough profile in under 2 minutes"))
+    rounds: int | None = field(default=None, metadata=knob(
+        "times each probe is measured, in another order each time (the median is fitted); none: 3, "
+        "with --quick 1", minimum=1, maximum=20))
+    iterations: int = field(default=20, metadata=knob(
+        f"timed iterations per probe and round (--quick: at most {QUICK_ITERATIONS})", minimum=1, maximum=10_000))
+    warmup: int = field(default=3, metadata=knob("untimed iterations before them", minimum=0, maximum=10_000))
+    time_limit_s: float = field(default=30.0, metadata=knob(
+        "seconds one probe may take: its timed iterations stop there; a probe whose warm-up and first "
+        "iteration take longer is left out of the fit", flag="time-limit", minimum=0.0, maximum=MAX_TIME_LIMIT_S,
+        metavar="SECONDS"))
+    seed: int = field(default=0, metadata=knob("random seed of the synthetic ids and of the probe order"))
+    name: str | None = field(default=None, metadata=knob(
+        "the profile's name; none: 'calibrated on' and the device's name", metavar="NAME"))
+    ranks: Ranks = field(default_factory=Ranks)
+    # Testing: measure only the first N probes (too few to fit a profile; the command then fails).
+    max_probes: int | None = field(default=None, metadata=knob("measure only the first N probes", cli=False,
+                                                                minimum=1))
+
+    def problems(self) -> list[Problem]:
+        return self.ranks.problems()
+
+    @property
+    def measure_config(self) -> MeasureConfig:
+        iterations = min(self.iterations, QUICK_ITERATIONS) if self.quick else self.iterations
+        return MeasureConfig(iterations=iterations, warmup=self.warmup, seed=self.seed,
+                             time_limit_s=self.time_limit_s)
+
+    @property
+    def round_count(self) -> int:
+        return self.rounds or (1 if self.quick else 3)
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    name: str
+    plan_id: str
+    rounds_ms: tuple[float, ...]  # the critical path of each round that measured it
+
+
+@dataclass(frozen=True)
+class Calibrated:
+    profile_path: str | None  # None on a node other than 0 (node 0 fits and writes)
+    fit_path: str | None
+    work_dir: str
+    fit: Fit | None
+    probes: tuple[ProbeResult, ...]
+    timed_out: tuple[str, ...]  # probes no round measured
+    seconds: float
+
+
+def fit_path_for(profile_path: str | Path) -> Path:
+    path = Path(profile_path)
+    return path.with_name(path.stem + FIT_SUFFIX)
+
+
+def calibrate(topology_path: str, profile_path: str, work_dir: str,
+              settings: CalibrateSettings = CalibrateSettings()) -> Calibrated:
+    """Measure the probes on ``topology_path``'s ranks and write the fitted profile to
+    ``profile_path`` (node 0); InputError for bad settings or a fit the measurements cannot give
+    (nothing written then), MeasureFailed if a rank failed."""
+    started = time.perf_counter()
+    check(settings, "Cannot calibrate with these settings:")
+    _check_output(profile_path)
+    topology = read_topology(topology_path)
+    with progress.step("probes", "planning the probes"):
+        probes = probe_plans(topology, settings.quick)[: settings.max_probes]
+        paths = _write_probes(probes, work_dir)
+    order = _rounds(len(probes), settings.round_count, settings.seed)
+    ranks = topology.world_size
+    with progress.step("measure", f"{len(probes)} probes x {settings.round_count} rounds on {ranks} ranks"):
+        timings = run_measuring_job([paths[i] for i in order], topology.to_dict(), work_dir, settings.measure_config,
+                                    settings.ranks, f"calibrate-{topology.topology_hash}")
+    if timings is None:
+        return Calibrated(None, None, work_dir, None, (), (), time.perf_counter() - started)
+    results = _results(probes, order, timings)
+    timed_out = tuple(r.name for r in results if not r.rounds_ms)
+    with progress.step("fit", f"fitting the profile to {len(results) - len(timed_out)} probes"):
+        measured = [Measured(r.name, p.plan, float(np.median(r.rounds_ms)) if r.rounds_ms else float("nan"))
+                    for r, p in zip(results, probes, strict=True)]
+        name = settings.name or f"calibrated on {timings.machine.device_name}"
+        fit = fit_profile(measured, topology, CostConfig().caching_ratio, name=name, machine=timings.machine)
+    fit_file = fit_path_for(profile_path)
+    write_whole(fit_file, json.dumps(_fit_report(fit, results, timed_out, topology_path, topology, profile_path,
+                                                 settings), indent=1) + "\n")
+    write_whole(Path(profile_path), dumps_profile(fit.profile))
+    return Calibrated(profile_path, str(fit_file), work_dir, fit, results, timed_out, time.perf_counter() - started)
+
+
+def _check_output(profile_path: str) -> None:
+    path = Path(profile_path)
+    problems = []
+    if path.suffix.lower() not in (".yaml", ".yml"):
+        problems.append(Problem(f"--out {profile_path}", "the profile is YAML: give a .yaml or .yml file name"))
+    if path.is_dir():
+        problems.append(Problem(f"--out {profile_path}", "is a directory; give the profile's file name"))
+    elif not path.parent.is_dir():
+        problems.append(Problem(f"--out {profile_path}", f"no directory {path.parent} to write it into"))
+    if problems:
+        raise InputError("Cannot calibrate into this file:", problems)
+
+
+def _write_probes(probes: tuple[Probe, ...], work_dir: str) -> list[str]:
+    return [str(write_plan(p.plan, Path(work_dir, PROBES_DIR, f"{i:03d}_{p.name}"))) for i, p in enumerate(probes)]
+
+
+def _rounds(count: int, rounds: int, seed: int) -> list[int]:
+    """Probe indices, every probe once per round: in order, then shuffled (seeded) each later round."""
+    order = list(range(count))
+    rng = random.Random(seed)
+    out = list(order)
+    for _ in range(rounds - 1):
+        rng.shuffle(order)
+        out += order
+    return out
+
+
+def _results(probes: tuple[Probe, ...], order: list[int], timings: Timings) -> tuple[ProbeResult, ...]:
+    rounds: list[list[float]] = [[] for _ in probes]
+    for i, times in zip(order, timings.plans, strict=True):
+        if times.status is Status.MEASURED:
+            rounds[i].append(float(np.median(times.total_ms(), axis=1).max()))
+    return tuple(ProbeResult(p.name, p.plan.plan_id, tuple(r)) for p, r in zip(probes, rounds, strict=True))
+
+
+def _fit_report(fit: Fit, results: tuple[ProbeResult, ...], timed_out: tuple[str, ...], topology_path: str,
+                topology: Topology, profile_path: str, settings: CalibrateSettings) -> dict[str, Any]:
+    """The fit report (docs/profile.md, "Calibration"): per probe measured, predicted and residual."""
+    by_name = {p.name: p for p in fit.probes}
+    probes = []
+    for r in results:
+        row: dict[str, Any] = {"name": r.name, "plan_id": r.plan_id, "rounds_ms": list(r.rounds_ms)}
+        if r.name in by_name:
+            p = by_name[r.name]
+            row.update(measured_ms=p.measured_ms, predicted_ms=p.predicted_ms, residual=p.error)
+        probes.append(row)
+    machine = fit.profile.machine
+    return {
+        "format": FIT_FORMAT, "profile": str(profile_path), "profile_hash": profile_hash(fit.profile),
+        "topology": {"path": str(topology_path), "hash": topology.topology_hash, **topology_to_dict(topology)},
+        "machine": None if machine is None else {**asdict(machine), "device": machine.device.value},
+        "settings": to_dict(settings), "fitted": fit.values, "left_out": list(fit.left_out),
+        "median_abs_residual": fit.median_abs_error, "max_abs_residual": fit.max_abs_error,
+        "timed_out": list(timed_out), "probes": probes,
+    }

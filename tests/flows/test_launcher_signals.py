@@ -1,0 +1,233 @@
+"""The ranks never outlive ``shardflow train``: real 2-rank gloo trainings stopped by SIGTERM and
+SIGKILL; what a stopped training leaves (consistent checkpoints, every iteration kept across a
+resume); a full disk during training; the ``--out`` lock held by every process of a run."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pyarrow.parquet as pq
+import pytest
+
+from flows.cli import main
+from rec.train.checkpoint import check_index
+from rec.train.resume import latest, step_dir
+from tasks.run_dirs import lock_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+SHARDFLOW = Path(sys.executable).parent / "shardflow"
+DEMO = ROOT / "examples" / "specs" / "cpu_demo.yaml"
+CPU_2PROC = ROOT / "examples" / "topologies" / "cpu_2proc.yaml"
+GONE_WITHIN_S = 30  # a bound for the processes to be gone, far above the seconds it takes
+
+
+@pytest.fixture(scope="module")
+def plan_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("plan")
+    assert main(["plan", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(out), "--no-chart"]) == 0
+    return out
+
+
+def shardflow_train(plan_dir: Path, out: Path, *args: str) -> list[str]:
+    return [str(SHARDFLOW), "train", "--no-track", "--plan", str(plan_dir), "--out", str(out), "--warmup", "1",
+            "--batch-size", "32", *args]
+
+
+def environment(temp: Path) -> dict[str, str]:
+    return {**os.environ, "TMPDIR": str(temp)}
+
+
+@dataclass
+class Running:
+    launcher: subprocess.Popen
+    stderr: Path
+
+    def processes(self) -> list[psutil.Process]:
+        """torchrun and the ranks (in sessions of their own, but descendants all the same)."""
+        return psutil.Process(self.launcher.pid).children(recursive=True)
+
+    def error_text(self) -> str:
+        return self.stderr.read_text(errors="replace")
+
+
+@contextlib.contextmanager
+def training(plan_dir: Path, out: Path, temp: Path):
+    """A long training, running until it has written a checkpoint; every process of it is
+    killed at the end of the block whatever happened."""
+    stderr = out.parent / f"{out.name}.stderr"
+    with open(stderr, "w") as err:
+        launcher = subprocess.Popen(
+            shardflow_train(plan_dir, out, "--iterations", "1000000", "--checkpoint-every", "5",
+                            "--keep-checkpoints", "1"),
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, env=environment(temp), start_new_session=True)
+    running = Running(launcher, stderr)
+    seen: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 300
+        while latest(out / "checkpoints") is None:
+            assert launcher.poll() is None, running.error_text()[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint written"
+            time.sleep(0.2)
+        seen = running.processes()
+        yield running
+    finally:
+        launcher.kill()
+        for process in seen:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        launcher.wait()
+
+
+def ranks_and_torchrun(processes: list[psutil.Process]) -> tuple[list[psutil.Process], list[psutil.Process]]:
+    torchrun = [p for p in processes if "torch.distributed.run" in p.cmdline()]
+    ranks = [p for p in processes if "rec.train.job" in p.cmdline() and p not in torchrun]
+    assert len(ranks) == 2 and len(torchrun) == 1, [p.cmdline() for p in processes]
+    return ranks, torchrun
+
+
+def leftovers(temp: Path) -> list[str]:
+    """What torchrun left in the temporary directory (torch's compile cache there is meant to stay)."""
+    return [p.name for p in temp.iterdir() if p.name.startswith("torchelastic_")]
+
+
+def second_run_into(plan_dir: Path, out: Path) -> tuple[int, str]:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(["train", "--plan", str(plan_dir), "--out", str(out), "--iterations", "3", "--warmup", "1",
+                     "--no-track"])
+    return code, err.getvalue()
+
+
+@dataclass(frozen=True)
+class Stopped:
+    out: Path
+    temp: Path
+    code: int
+    stderr: str
+    second_run: tuple[int, str]
+    left_alive: list[psutil.Process]
+
+
+@pytest.fixture(scope="module")
+def stopped(plan_dir, tmp_path_factory) -> Stopped:
+    """A training stopped by SIGTERM after its first checkpoints."""
+    tmp = tmp_path_factory.mktemp("stopped")
+    out, temp = tmp / "out", tmp / "tmp"
+    temp.mkdir()
+    with training(plan_dir, out, temp) as running:
+        processes = running.processes()
+        ranks_and_torchrun(processes)
+        second = second_run_into(plan_dir, out)
+        running.launcher.send_signal(signal.SIGTERM)
+        running.launcher.wait(timeout=GONE_WITHIN_S)
+        _, alive = psutil.wait_procs(processes, timeout=GONE_WITHIN_S)
+        return Stopped(out, temp, running.launcher.returncode, running.error_text(), second, alive)
+
+
+def test_sigterm_stops_torchrun_and_every_rank_and_leaves_a_complete_checkpoint(stopped):
+    assert stopped.left_alive == []
+    assert stopped.code == 128 + signal.SIGTERM, stopped.stderr[-3000:]
+    assert "Traceback" not in stopped.stderr
+    assert stopped.stderr.strip().splitlines()[-1].startswith(
+        "shardflow train: stopped by SIGTERM: torchrun and every rank have exited; newest complete checkpoint: ")
+    checkpoints = stopped.out / "checkpoints"
+    check_index(step_dir(checkpoints, latest(checkpoints)))  # LATEST names a complete step
+    code, err = stopped.second_run
+    assert code == 2 and "in use by another shardflow run" in err  # while the first one ran
+    assert leftovers(stopped.temp) == []
+
+
+def test_a_resumed_training_keeps_every_iteration_and_leaves_the_first_resumed_one_out(stopped, plan_dir,
+                                                                                     tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(stopped.out, out)
+    step = latest(out / "checkpoints")
+    r = subprocess.run(shardflow_train(plan_dir, out, "--resume", "--iterations", str(step + 4)), cwd=ROOT,
+                       capture_output=True, text=True, env=environment(stopped.temp), timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = pq.read_table(out / "iterations.parquet").to_pydict()
+    assert rows["iteration"] == list(range(step + 4))
+    assert [i for i, resumed in zip(rows["iteration"], rows["resumed"], strict=True) if resumed] == [step]
+    measured = [ms for ms, warm, resumed in zip(rows["latency_ms"], rows["warmup"], rows["resumed"], strict=True)
+                if not warm and not resumed]
+    metrics = json.loads((out / "train_metrics.json").read_text())
+    assert metrics["resumed_from"] == step
+    assert metrics["iteration_latency_ms"]["p50"] == pytest.approx(float(np.percentile(measured, 50)))
+    assert leftovers(stopped.temp) == []
+
+
+def test_a_full_disk_during_training_is_one_line_naming_the_path_and_earlier_outputs_stay(stopped, plan_dir,
+                                                                                         tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(stopped.out, out)
+    step = latest(out / "checkpoints")
+    before = (out / "iterations.parquet").read_bytes()
+    limit = 1 << 20  # bytes per file: far below a checkpoint's shards (EFBIG, as a full disk gives ENOSPC)
+
+    def file_size_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    r = subprocess.run(shardflow_train(plan_dir, out, "--resume", "--iterations", str(step + 3),
+                                       "--checkpoint-every", "1"),
+                       cwd=ROOT, capture_output=True, text=True, env=environment(stopped.temp), timeout=600,
+                       preexec_fn=file_size_limit)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+    failure = [line for line in r.stderr.splitlines() if line.startswith("shardflow train:")]
+    assert len(failure) == 1, r.stderr[-3000:]
+    assert f"cannot write {step_dir(out / 'checkpoints', step + 1)}" in failure[0] and "File too large" in failure[0]
+    assert latest(out / "checkpoints") == step
+    check_index(step_dir(out / "checkpoints", step))
+    assert (out / "iterations.parquet").read_bytes() == before
+
+
+def test_a_killed_launcher_takes_torchrun_and_the_ranks_with_it_and_they_hold_the_directory(plan_dir, tmp_path,
+                                                                                            capfd):
+    out, temp = tmp_path / "out", tmp_path / "tmp"
+    temp.mkdir()
+    with training(plan_dir, out, temp) as running:
+        processes = running.processes()
+        ranks, (torchrun,) = ranks_and_torchrun(processes)
+        torchrun.suspend()  # it cannot act on its parent-death signal until it is resumed
+        running.launcher.kill()
+        running.launcher.wait()
+        assert all(r.is_running() for r in ranks)
+        code = main(["train", "--plan", str(plan_dir), "--out", str(out), "--iterations", "3", "--warmup", "1",
+                     "--no-track"])
+        err = capfd.readouterr().err
+        assert code == 2 and "that launcher is gone" in err  # the ranks alone hold the directory
+        torchrun.resume()
+        _, alive = psutil.wait_procs(processes, timeout=GONE_WITHIN_S)
+        assert alive == []
+    with lock_dir(str(out)):  # free again
+        pass
+
+
+def test_a_child_started_with_the_parent_death_signal_dies_with_its_parent(tmp_path):
+    """What every rank asks of the kernel for torchrun, and the launcher for torchrun."""
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import subprocess, sys, time\n"
+        "from rec.train.lifetime import parent_death_signal\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'],"
+        " preexec_fn=parent_death_signal())\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(600)\n")], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    child = psutil.Process(int(parent.stdout.readline()))
+    parent.kill()
+    parent.wait()
+    _, alive = psutil.wait_procs([child], timeout=GONE_WITHIN_S)
+    assert alive == []

@@ -1,0 +1,126 @@
+"""``shardflow measure`` and ``shardflow calibrate`` through the real CLI: real torchrun, gloo, two
+ranks. One measurement (recorded in MLflow on a temporary SQLite store), one quick calibration
+whose profile then plans, one calibration whose probes all time out, and the bad inputs that never
+start a process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flows.cli import main
+from rec.plan import read_plan
+from rec.profile import read_profile
+
+ROOT = Path(__file__).resolve().parents[2]
+SHARDFLOW = Path(sys.executable).parent / "shardflow"
+DEMO = ROOT / "examples" / "specs" / "cpu_demo.yaml"
+CPU_2PROC = ROOT / "examples" / "topologies" / "cpu_2proc.yaml"
+H100_2X8 = ROOT / "examples" / "topologies" / "h100_2x8.yaml"
+SCREEN_LINES = 40
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # SQLAlchemy, from MLflow
+
+
+def shardflow(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "SHARDFLOW_"))}
+    return subprocess.run([str(SHARDFLOW), *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def plan_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("plan")
+    assert main(["plan", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(out), "--no-chart"]) == 0
+    return out
+
+
+def test_measure_writes_predicted_against_measured_per_rank_and_records_a_measure_run(plan_dir, tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = tmp_path / "m"
+    r = shardflow("measure", "--plan", str(plan_dir), "--out", str(out), "--iterations", "4", "--warmup", "1",
+                  "--tracking-uri", uri, "--state-dir", str(tmp_path / "state"))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    m = json.loads((out / "measure.json").read_text())
+    plan = read_plan(plan_dir)
+    assert m["format"] == "shardflow.measure/v1" and m["plan_id"] == plan.plan_id
+    assert m["predicted_ms"] == pytest.approx(list(plan.metrics.rank_perf), rel=1e-12)  # the default profile
+    for key in ("predicted_ms", "measured_ms", "measured_p90_ms", "measured_fwd_ms", "measured_bwd_ms"):
+        assert len(m[key]) == 2 and all(v > 0 for v in m[key]), key
+    assert all(p50 <= p90 for p50, p90 in zip(m["measured_ms"], m["measured_p90_ms"], strict=True))
+    assert m["critical_path_predicted"] == max(m["predicted_ms"])
+    assert m["critical_path_measured"] == max(m["measured_ms"])
+    assert m["error"] == pytest.approx(m["critical_path_measured"] / m["critical_path_predicted"] - 1)
+    assert m["iterations"] == 4 and m["warmup"] == 1 and m["profile"]["default"] is True
+    assert m["machine"]["device"] == "cpu" and m["machine"]["world_size"] == 2
+    assert "critical path  predicted" in r.stdout and "Traceback" not in r.stderr
+    assert len(r.stdout.splitlines()) <= SCREEN_LINES
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("shardflow")
+    (run,) = client.search_runs([experiment.experiment_id], "tags.`shardflow.step` = 'measure'")
+    assert run.data.tags["shardflow.plan_id"] == plan.plan_id
+    assert run.data.metrics["critical_path_measured_ms"] == pytest.approx(m["critical_path_measured"])
+    assert run.data.metrics["error"] == pytest.approx(m["error"])
+    assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["measure.json"]
+
+
+def test_quick_calibration_writes_a_profile_that_plans(tmp_path):
+    profile = tmp_path / "cpu.yaml"
+    r = shardflow("calibrate", "--topology", str(CPU_2PROC), "--out", str(profile), "--work", str(tmp_path / "w"),
+                  "--quick", "--iterations", "2", "--warmup", "1")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    fitted = read_profile(profile)
+    assert fitted.machine is not None and fitted.machine.device.value == "cpu"
+    assert fitted.machine.world_size == 2 and fitted.machine.torch_version
+    assert fitted.bandwidths.intra_host_bw is not None and fitted.extensions.iteration_ms >= 0
+    report = json.loads((tmp_path / "cpu.fit.json").read_text())
+    assert report["format"] == "shardflow.calibration/v1" and report["timed_out"] == []
+    assert report["profile_hash"] in profile.read_text()
+    assert len(report["probes"]) >= 20
+    for probe in report["probes"]:
+        assert probe["measured_ms"] > 0 and probe["predicted_ms"] > 0
+        assert probe["residual"] == pytest.approx(probe["predicted_ms"] / probe["measured_ms"] - 1)
+    assert "median |residual|" in r.stdout and "Traceback" not in r.stderr
+
+    out = tmp_path / "plan"
+    assert main(["plan", str(DEMO), "--topology", str(CPU_2PROC), "--profile", str(profile), "--out", str(out),
+                 "--no-chart"]) == 0
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["planner"]["profile"]["hash"] == report["profile_hash"]
+
+    # Measured on cpu ranks, the profile refuses to plan GPUs.
+    assert main(["plan", str(DEMO), "--topology", str(H100_2X8), "--profile", str(profile),
+                 "--out", str(tmp_path / "gpu")]) == 2
+    assert not (tmp_path / "gpu" / "plan.json").exists()
+
+
+def test_a_calibration_whose_probes_all_time_out_exits_2_and_writes_no_profile(tmp_path):
+    profile = tmp_path / "cpu.yaml"
+    r = shardflow("calibrate", "--topology", str(CPU_2PROC), "--out", str(profile), "--work", str(tmp_path / "w"),
+                  "--quick", "--max-probes", "2", "--time-limit", "0", "--warmup", "1")
+    assert r.returncode == 2, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "Cannot fit a profile" in r.stderr and "timed out" in r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.splitlines()) <= SCREEN_LINES
+    assert not profile.exists() and not (tmp_path / "cpu.fit.json").exists()
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["measure", "--plan", "{plan}", "--nproc-per-node", "3"], "3 processes, but the plan is for 2 ranks"),
+    (["measure", "--plan", "{tmp}/nowhere"], "nowhere"),
+    (["measure", "--plan", "{plan}", "--iterations", "0"], "--iterations"),
+    (["calibrate", "--topology", str(CPU_2PROC), "--out", "{tmp}/p.txt"], "give a .yaml or .yml file name"),
+    (["calibrate", "--topology", str(CPU_2PROC), "--out", "{tmp}/p.yaml", "--rounds", "0"], "--rounds"),
+    (["calibrate", "--topology", "{tmp}/none.yaml", "--out", "{tmp}/p.yaml"], "none.yaml"),
+])
+def test_bad_input_exits_2_with_one_message_before_any_process_starts(args, expected, plan_dir, tmp_path, capsys):
+    argv = [a.format(plan=plan_dir, tmp=tmp_path) for a in args]
+    assert main([*argv, "--work", str(tmp_path / "w")] if argv[0] == "calibrate" else [*argv, "--no-track"]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "Traceback" not in err
+    assert not (tmp_path / "p.yaml").exists() and not (tmp_path / "w").exists()

@@ -1,0 +1,105 @@
+"""Your own model with a shardflow plan, on 2 gloo processes: the example script of
+docs/own-training-script.md (spec from the model, plan, DMP with the plan under torchrun), and the
+same model trained by ``shardflow train --model TARGET``. What DMP applied is read back from the
+sharded modules, not from the plan."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SHARDFLOW = Path(sys.executable).parent / "shardflow"
+TORCHRUN = Path(sys.executable).parent / "torchrun"
+EXAMPLE = "examples/train_own_model.py"
+CPU_2PROC = ROOT / "examples" / "topologies" / "cpu_2proc.yaml"
+TWO_TOWER_SEQ = ROOT / "examples" / "specs" / "two_tower_seq.yaml"
+
+
+def run(*cmd: str | Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, cwd=ROOT, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+@pytest.fixture(scope="module")
+def own_plan(tmp_path_factory):
+    """``shardflow spec from-model examples/train_own_model.py:build_model``, then ``shardflow plan``
+    on two cpu ranks: the same functions the two commands run, in this process."""
+    from rec.plan import read_plan, write_plan
+    from rec.planning import plan_spec
+    from rec.spec.from_model import spec_from_model
+    from rec.topology import read_topology
+
+    found = spec_from_model(f"{ROOT / EXAMPLE}:build_model")
+    assert found.left_out == () and set(found.spec.modules) == {"user.ebc", "sequence.0.ec"}
+    directory = tmp_path_factory.mktemp("own") / "plan"
+    write_plan(plan_spec(found.spec, read_topology(CPU_2PROC)), directory)
+    return directory, read_plan(directory)
+
+
+def test_the_example_script_trains_the_model_sharded_exactly_as_planned(own_plan, tmp_path):
+    from rec.train.applied import planned_tables
+
+    directory, plan = own_plan
+    r = run(TORCHRUN, "--standalone", "--nproc-per-node", "2", EXAMPLE, "--plan", directory,
+            "--iterations", "4", "--applied", tmp_path / "applied.json")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    losses = [float(line.rsplit(" ", 1)[1]) for line in r.stdout.splitlines() if line.startswith("iteration ")]
+    assert len(losses) == 4 and all(math.isfinite(x) for x in losses)
+    applied = json.loads((tmp_path / "applied.json").read_text())
+    assert sorted(applied, key=lambda t: (t["module"], t["name"])) == sorted(
+        (t.to_dict() for t in planned_tables(plan)), key=lambda t: (t["module"], t["name"]))
+    assert {t["module"] for t in applied} == {"user.ebc", "sequence.0.ec"}
+    assert {s["rank"] for t in applied for s in t["shards"]} == {0, 1}  # both ranks hold tables
+
+
+def test_shardflow_train_trains_the_users_model_factory_with_the_plan(own_plan, tmp_path):
+    directory, plan = own_plan
+    target = f"{EXAMPLE}:shardflow_model"
+    r = run(SHARDFLOW, "train", "--no-track", "--plan", directory, "--out", tmp_path, "--model", target,
+            "--iterations", "6", "--warmup", "1", "--batch-size", "32")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    m = json.loads((tmp_path / "train_metrics.json").read_text())
+    assert m["model"] == target and m["plan_id"] == plan.plan_id
+    assert m["applied_sharding"] == {t.key: t.sharding_type.value for t in plan.tables}
+    assert 0 < m["iteration_latency_ms"]["p50"] and math.isfinite(m["loss"]["last"])
+    assert "loss" in r.stdout
+
+
+def test_a_model_that_does_not_match_the_plan_exits_2_naming_each_difference_before_launch(tmp_path):
+    from rec.plan import write_plan
+    from rec.planning import plan_spec
+    from rec.spec import read_spec
+    from rec.topology import read_topology
+
+    write_plan(plan_spec(read_spec(TWO_TOWER_SEQ), read_topology(CPU_2PROC)), tmp_path / "plan")
+    r = run(SHARDFLOW, "train", "--no-track", "--plan", tmp_path / "plan", "--out", tmp_path / "train",
+            "--model", f"{EXAMPLE}:shardflow_model")
+    assert r.returncode == 2, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "Traceback" not in r.stderr and "the plan does not shard" in r.stderr
+    for where in ("module towers.user.ebc", "module sequence.ec", "module user.ebc", "module sequence.0.ec"):
+        assert where in r.stderr
+    assert not (tmp_path / "train" / "logs").exists()  # nothing was launched
+
+
+def test_shardflow_run_checks_the_model_target_against_the_spec_before_planning(tmp_path):
+    r = run(SHARDFLOW, "run", TWO_TOWER_SEQ, "--topology", CPU_2PROC, "--out", tmp_path / "run",
+            "--model", f"{EXAMPLE}:shardflow_model", "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert r.returncode == 2 and "module towers.user.ebc" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "run").exists() and not (tmp_path / "mlflow.db").exists()  # nothing planned or run
+
+
+def test_the_flows_take_a_model_target_as_their_model_parameter():
+    import flows.pipeline
+    import flows.train
+
+    target = f"{EXAMPLE}:shardflow_model"
+    assert flows.train.train_flow.validate_parameters({"plan_path": "p", "model": target})["model"] == target
+    params = {"spec_path": "s", "topology_path": "t", "model": target}
+    assert flows.pipeline.pipeline_flow.validate_parameters(params)["model"] == target

@@ -1,0 +1,184 @@
+"""``shardflow serve`` from anywhere: deployment paths resolve against the deployment file, and a
+lost Prefect server stops serving with one line, leaving no process behind."""
+
+from __future__ import annotations
+
+import inspect
+import shutil
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from flows.cli import main
+from tests.flows.serve_process import REPLAN_EVERY_S, STOP_TIMEOUT_S, alive, free_port, served
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = ROOT / "examples" / "specs" / "cpu_demo.yaml"
+TOPOLOGY = ROOT / "examples" / "topologies" / "cpu_2proc.yaml"
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # SQLAlchemy, from MLflow+Prefect
+
+
+def listed(capsys) -> dict[str, str]:
+    """``serve --list`` lines by deployment name."""
+    return {line.split()[0].split("/")[1]: line for line in capsys.readouterr().out.splitlines()}
+
+
+def test_deployment_paths_are_relative_to_the_deployment_file(tmp_path, monkeypatch, capsys):
+    (tmp_path / "deploy").mkdir()
+    (tmp_path / "inputs").mkdir()
+    shutil.copy(SPEC, tmp_path / "inputs" / "spec.yaml")
+    shutil.copy(TOPOLOGY, tmp_path / "inputs" / "topology.yaml")
+    prefect_file = tmp_path / "deploy" / "prefect.yaml"
+    prefect_file.write_text(f"""
+deployments:
+  - name: replan
+    entrypoint: {ROOT}/flows/replan.py:replan_flow
+    parameters: {{spec_path: ../inputs/spec.yaml, topology_path: ../inputs/topology.yaml,
+                 state_dir: ../state, tracking_uri: "sqlite:///../mlflow.db"}}
+  - name: plan
+    entrypoint: flows.plan.plan_flow
+    parameters: {{spec_path: {tmp_path}/inputs/spec.yaml, topology_path: ../inputs/topology.yaml}}
+""")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+
+    assert main(["serve", "--list", "--prefect-file", "../deploy/prefect.yaml", "--set", "out_dir=out"]) == 0
+    lines = listed(capsys)
+    assert f"'spec_path': '{tmp_path}/inputs/spec.yaml'" in lines["replan"]
+    assert f"'topology_path': '{tmp_path}/inputs/topology.yaml'" in lines["replan"]
+    assert f"'state_dir': '{tmp_path}/state'" in lines["replan"]
+    assert f"'tracking_uri': 'sqlite:///{tmp_path}/mlflow.db'" in lines["replan"]
+    assert f"'out_dir': '{elsewhere}/out'" in lines["replan"]  # --set: relative to the working directory
+    assert f"'spec_path': '{tmp_path}/inputs/spec.yaml'" in lines["plan"]  # absolute stays
+
+
+def test_the_repository_deployments_list_the_same_from_anywhere(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["serve", "--list"]) == 0
+    for line in listed(capsys).values():
+        assert f"'spec_path': '{SPEC}'" in line and f"'topology_path': '{TOPOLOGY}'" in line
+
+
+def test_missing_inputs_and_entry_points_are_named_before_serving(tmp_path, capsys):
+    prefect_file = tmp_path / "prefect.yaml"
+    prefect_file.write_text(f"""
+deployments:
+  - name: replan
+    entrypoint: {ROOT}/flows/replan.py:replan_flow
+    parameters: {{spec_path: no-spec.yaml, topology_path: {TOPOLOGY}}}
+  - name: gone
+    entrypoint: flows/nothing.py:nothing_flow
+  - name: typo
+    entrypoint: flows.plan.plan_flw
+  - name: bare
+    entrypoint: plan_flow
+""")
+    assert main(["serve", "--list", "--prefect-file", str(prefect_file)]) == 2
+    err = capsys.readouterr().err
+    assert f"spec_path: no such file: {tmp_path}/no-spec.yaml" in err
+    assert f"flows/nothing.py:nothing_flow: no such file: {tmp_path}/flows/nothing.py" in err
+    assert "flows.plan has no flow 'plan_flw'" in err
+    assert "plan_flow: expected FILE.py:FLOW or MODULE.FLOW" in err
+    assert "Traceback" not in err
+
+
+def test_every_path_parameter_of_the_flows_is_resolved():
+    from flows.deployments import PATH_PARAMETERS, flow_parameters
+    from flows.pipeline import pipeline_flow
+    from flows.plan import plan_flow
+    from flows.replan import replan_flow
+    from flows.train import train_flow
+
+    named_as_paths = {name for flow in (plan_flow, pipeline_flow, replan_flow, train_flow)
+                      for name in flow_parameters(flow) if name.endswith(("_path", "_dir"))}
+    assert named_as_paths <= PATH_PARAMETERS
+    every = set().union(*(inspect.signature(f.fn).parameters
+                          for f in (plan_flow, pipeline_flow, replan_flow, train_flow)))
+    assert PATH_PARAMETERS <= every  # no stale name
+
+
+def test_a_configured_server_that_does_not_answer_is_named_before_serving(capsys):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    url = f"http://127.0.0.1:{free_port()}/api"  # nothing listens there
+    with temporary_settings(updates={PREFECT_API_URL: url}):
+        assert main(["serve", "--replan-every", "5"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "shardflow: Cannot serve:", f"  - PREFECT_API_URL={url}: no Prefect server answers"]
+
+
+def test_the_watch_gives_up_on_a_server_that_stopped_answering():
+    """Two of the runner's polls without an answer (Prefect's runner stops polling after three)."""
+    import threading
+
+    from prefect.settings import PREFECT_RUNNER_POLL_FREQUENCY, temporary_settings
+
+    from flows.local_server import PrefectApi, lost
+
+    url = f"http://127.0.0.1:{free_port()}/api"
+    with temporary_settings(updates={PREFECT_RUNNER_POLL_FREQUENCY: 1}):
+        assert lost(PrefectApi(url, None), threading.Event()) == \
+            "the Prefect server at " + url.removesuffix("/api") + " has not answered for 2 s"
+
+
+def test_served_from_anywhere_the_replan_schedule_fires_then_a_killed_server_stops_serving_in_one_line(
+        tmp_path):
+    """``shardflow serve`` from a directory outside the repository, with the repository's
+    deploy/prefect.yaml and the replan deployment on a 5 s interval: the scheduled replans find
+    their spec, the first plans (recorded in MLflow) and the next find it unchanged (the test
+    harness runs no scheduler: serve starts a real Prefect server). Then that server is SIGKILLed:
+    serve exits 1 within STOP_TIMEOUT_S with one line on stderr, no traceback anywhere, and no
+    process of it left."""
+    from mlflow import MlflowClient
+    from prefect import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    # --set paths relative to serve's working directory
+    with served(tmp_path, cwd, "--set", "tracking_uri=sqlite:///mlflow.db", "--set", "out_dir=out",
+                "--set", "state_dir=state") as serving:
+        completed = serving.wait_for_replans(2)
+        with temporary_settings(updates={PREFECT_API_URL: serving.url}), get_client(sync_client=True) as client:
+            deployments = {d.name: d for d in client.read_deployments()}
+        tree = serving.tree()
+        before = serving.err.read_text()
+        serving.server().kill()
+        killed = time.monotonic()
+        code = serving.process.wait(timeout=STOP_TIMEOUT_S)
+        print(f"serve exited {time.monotonic() - killed:.2f} s after its server was killed")
+        time.sleep(1)  # the children's own exits
+        left = alive(tree)
+    err = serving.err.read_text()
+
+    assert code == 1, serving.output()
+    server_log = tmp_path / "prefect" / "shardflow-server.log"  # in PREFECT_HOME
+    assert err.removeprefix(before).splitlines() == [
+        f"shardflow: the Prefect server it started at {serving.url.removesuffix('/api')} was killed by "
+        f"SIGKILL (its output: {server_log}); serving stopped"]
+    assert serving.url.removesuffix("/api") in server_log.read_text()  # its banner, not on the terminal
+    assert "Traceback" not in serving.out.read_text() + err, serving.output()
+    assert left == [], [p.cmdline() for p in left]
+
+    assert set(deployments) == {"plan", "pipeline", "replan-on-schema-change"}
+    replan = deployments["replan-on-schema-change"]
+    assert [s.schedule.interval for s in replan.schedules] == [timedelta(seconds=REPLAN_EVERY_S)]
+    assert replan.parameters["spec_path"] == str(SPEC)  # prefect.yaml's ../examples/...
+    assert replan.parameters["tracking_uri"] == f"sqlite:///{cwd / 'mlflow.db'}"
+    assert deployments["pipeline"].parameters["train_iterations"] == 20
+    assert all(r.auto_scheduled for r in completed)  # fired by the schedule, not by hand
+
+    client = MlflowClient(f"sqlite:///{cwd / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("shardflow").experiment_id
+    replans = client.search_runs([experiment], "tags.`shardflow.step` = 'replan'",
+                                 order_by=["attributes.start_time ASC"])
+    plans = client.search_runs([experiment], "tags.`shardflow.step` = 'plan'")
+    # --limit 1: each replan compared with the one before; only the first planned (an unchanged
+    # replan records at most a small run tagged unchanged)
+    assert [r.data.tags["shardflow.replan"] for r in replans] == ["replanned"] + ["unchanged"] * (len(replans) - 1)
+    assert len(plans) == 1 and plans[0].info.status == replans[0].info.status == "FINISHED"
+    assert plans[0].data.tags["shardflow.spec_path"] == str(SPEC)
+    assert (cwd / "out" / "plan" / "plan.json").is_file()

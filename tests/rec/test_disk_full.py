@@ -1,0 +1,78 @@
+"""A full disk is one error naming what could not be written; what was written before stays whole;
+a rank whose disk is full still gets its cause to the launcher."""
+
+from __future__ import annotations
+
+import errno
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from rec.disk_full import DiskFull, disk_full_cause, writing
+from rec.train.rank_log import error_from_line, read_errors
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_limited(code: str, file_size_limit: int, cwd: Path) -> subprocess.CompletedProcess:
+    """``code`` in a Python process that may write files of at most ``file_size_limit`` bytes
+    (writing more fails with EFBIG, as a full disk fails with ENOSPC)."""
+    prelude = (f"import resource\nresource.setrlimit(resource.RLIMIT_FSIZE, ({file_size_limit}, "
+               f"{file_size_limit}))\n")
+    return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], cwd=cwd, capture_output=True,
+                          text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=120)
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")
+def test_a_write_to_a_full_device_is_one_error_naming_the_output(tmp_path):
+    with pytest.raises(DiskFull) as raised, writing(tmp_path / "out.bin"), open("/dev/full", "w") as f:
+        f.write("x")
+        f.flush()
+    assert str(raised.value) == f"cannot write {tmp_path / 'out.bin'}: No space left on device"
+
+
+def test_a_disk_full_error_is_found_behind_the_per_rank_failures_of_a_checkpoint():
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    quota = OSError(errno.EDQUOT, "Disk quota exceeded")
+    wrapped = CheckpointException("save failed", {0: (RuntimeError("unexpected pos"), None), 1: (quota, None)})
+    assert disk_full_cause(wrapped) is quota
+    assert disk_full_cause(CheckpointException("save failed", {0: (RuntimeError("other"), None)})) is None
+
+
+def test_iterations_that_do_not_fit_leave_the_earlier_file_whole(tmp_path):
+    r = run_limited(f"""
+        import numpy as np
+        from rec.disk_full import DiskFull
+        from rec.train.metrics import Iterations, write_iterations
+        write_iterations({str(tmp_path)!r}, Iterations.of_run(0, np.ones(3), np.ones(3), 1))
+        try:
+            write_iterations({str(tmp_path)!r}, Iterations.of_run(0, np.ones(200_000), np.ones(200_000), 1))
+        except DiskFull as e:
+            print(e)
+        """, 64 * 1024, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"cannot write {tmp_path / 'iterations.parquet'}: File too large"
+    import pyarrow.parquet as pq
+
+    assert pq.read_table(tmp_path / "iterations.parquet").num_rows == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["iterations.parquet"]  # no temporary file left
+
+
+def test_a_rank_whose_disk_is_full_keeps_running_and_sends_its_cause_to_the_launcher(tmp_path):
+    r = run_limited(f"""
+        from rec.disk_full import DiskFull
+        from rec.train.rank_log import RankOutput
+        output = RankOutput({str(tmp_path)!r}, rank=3, local_rank=1)
+        print("a line for the log, which no longer fits")
+        output.failed(DiskFull("/out/checkpoints/step_00000008", OSError(28, "No space left on device")))
+        """, 0, tmp_path)
+    assert r.returncode == 0, r.stderr
+    sent = [e for e in map(error_from_line, r.stdout.splitlines()) if e is not None]
+    assert [(e.rank, e.cause, e.disk_full) for e in sent] == [
+        (3, "cannot write /out/checkpoints/step_00000008: No space left on device", True)]
+    assert read_errors(tmp_path) == [] and read_errors(tmp_path, tuple(sent)) == sent  # no file: the pipe
+    assert [p.name for p in (tmp_path / "logs").iterdir()] == ["rank-3.log"]

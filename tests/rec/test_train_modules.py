@@ -1,0 +1,217 @@
+"""shardflow's training model for specs of several embedding modules (EmbeddingBagCollections and
+EmbeddingCollections at any paths), its batches, the user-model protocol (``--model TARGET``) and
+resuming by table key — in one process (gloo, world size 1); the torchrun runs are in tests/flows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rec.errors import InputError
+from rec.planning import plan_spec
+from rec.spec import spec_from_rows
+from rec.topology import topology_from_dict
+from rec.train.config import ModelKind, TrainConfig
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torchrec")
+
+from rec.train.batch import ModuleBatch  # noqa: E402
+from rec.train.tables import one_default_ebc  # noqa: E402
+
+USER, ITEM, SEQUENCE = "towers.user.ebc", "towers.items.0.ebc", "history.encoder.ec"
+ROWS = [
+    dict(name="id", num_embeddings=400, embedding_dim=16, module=USER),
+    dict(name="geo", num_embeddings=50, embedding_dim=16, pooling="MEAN", module=USER,
+         feature_names=["country", "city"], pooling_factor=2.0),
+    dict(name="id", num_embeddings=300, embedding_dim=16, module=ITEM),
+    # The same table name and feature name as the item tower's, in an EmbeddingCollection.
+    dict(name="id", num_embeddings=300, embedding_dim=16, pooling="NONE", module=SEQUENCE, pooling_factor=12.0),
+    dict(name="query", num_embeddings=90, embedding_dim=16, pooling="NONE", module=SEQUENCE, pooling_factor=3.0),
+]
+TOPOLOGY = topology_from_dict(dict(world_size=1, compute_device="cpu", ddr_cap="4GiB", batch_size=16))
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return spec_from_rows(ROWS)
+
+
+@pytest.fixture
+def process_group(tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdzv'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def shard_and_train(plan, spec, config: TrainConfig, steps: int):
+    """What the job does on a rank: build, fuse the tables' optimizer, shard with the plan, train."""
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+    from rec.plan.torchrec_plan import sharders_for, to_sharding_plan
+    from rec.train import job
+
+    device = torch.device("cpu")
+    model, source = job._model_and_batches(plan, spec, config, device)
+    job._fuse_embedding_optimizer(model, plan, config.embedding_lr)
+    dmp = DistributedModelParallel(model, device=device, plan=to_sharding_plan(plan), sharders=sharders_for(plan))
+    dense = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(dmp.named_parameters())),
+                                  lambda params: torch.optim.Adagrad(params, lr=config.dense_lr))
+    step = job._pipeline_step(dmp, CombinedOptimizer([dmp.fused_optimizer, dense]), device,
+                              source(0, 1, plan.topology["batch_size"]), config.pipeline)
+    return dmp, [float(step()) for _ in range(steps)]
+
+
+@pytest.mark.parametrize("kind", [ModelKind.AUTO, ModelKind.CONCAT, ModelKind.DLRM_DCN])
+def test_every_module_sits_at_its_path_is_sharded_as_planned_and_trains_pipelined(process_group, spec, kind):
+    from torchrec.distributed.types import ShardedModule
+
+    from rec.train.applied import applied_sharding, applied_tables, differences
+
+    plan = plan_spec(spec, TOPOLOGY)
+    dmp, losses = shard_and_train(plan, spec, TrainConfig(model=kind), steps=6)
+    assert all(np.isfinite(losses)) and len(set(losses)) > 1
+    assert differences(plan, applied_tables(dmp)) == []
+    assert set(applied_sharding(dmp)) == {f"{USER}.id", f"{USER}.geo", f"{ITEM}.id", f"{SEQUENCE}.id",
+                                          f"{SEQUENCE}.query"}
+    sharded = {name: type(m).__name__ for name, m in dmp.module.named_modules() if isinstance(m, ShardedModule)}
+    assert sharded == {USER: "ShardedEmbeddingBagCollection", ITEM: "ShardedEmbeddingBagCollection",
+                       SEQUENCE: "ShardedEmbeddingCollection"}
+    # TrainPipelineSparseDist found every module's input in the batch: all are pipelined.
+    assert all(m.is_pipelined for m in dmp.modules() if isinstance(m, ShardedModule))
+
+
+def test_dlrm_needs_one_dim_and_auto_picks_concat_for_several(spec):
+    from rec.train.model import build_model, resolve_model_kind
+
+    wide = spec_from_rows([*ROWS, dict(name="wide", num_embeddings=10, embedding_dim=32, module=ITEM)])
+    assert resolve_model_kind(spec, ModelKind.AUTO) is ModelKind.DLRM
+    assert resolve_model_kind(wide, ModelKind.AUTO) is ModelKind.CONCAT
+    with pytest.raises(InputError, match="one embedding_dim"):
+        build_model(wide, TrainConfig(model=ModelKind.DLRM), torch.device("cpu"))
+
+
+def test_a_spec_without_modules_still_trains_torchrecs_dlrm_on_torchrecs_batch():
+    from torchrec.datasets.utils import Batch
+    from torchrec.models.dlrm import DLRMTrain
+
+    from rec.train.data import synthetic_batches
+    from rec.train.model import EBC_PATH, build_model
+
+    legacy = spec_from_rows([dict(name="a", num_embeddings=100, embedding_dim=8),
+                             dict(name="b", num_embeddings=10, embedding_dim=8, feature_names=["b1", "b2"])])
+    assert one_default_ebc(legacy)
+    model = build_model(legacy, TrainConfig(), torch.device("cpu"))
+    assert isinstance(model, DLRMTrain) and type(model.get_submodule(EBC_PATH)).__name__ == "EmbeddingBagCollection"
+    batch = next(synthetic_batches(legacy, 4, 13, seed=0, distinct=1))
+    assert isinstance(batch, Batch) and batch.sparse_features.keys() == ["a", "b1", "b2"]
+
+
+def test_each_module_gets_its_own_features_and_sequences_as_long_as_the_pooling_factor(spec):
+    from rec.train.data import synthetic_batches
+
+    assert not one_default_ebc(spec)
+    batch = next(synthetic_batches(spec, 2000, 5, seed=1, distinct=1))
+    assert isinstance(batch, ModuleBatch) and batch.dense_features.shape == (2000, 5)
+    assert {p: k.keys() for p, k in batch.sparse_features.items()} == {
+        USER: ["id", "country", "city"], ITEM: ["id"], SEQUENCE: ["id", "query"]}
+    sequences = batch.sparse_features[SEQUENCE].to_dict()
+    assert sequences["id"].lengths().float().mean() == pytest.approx(12.0, rel=0.05)
+    assert sequences["query"].lengths().float().mean() == pytest.approx(3.0, rel=0.1)
+    assert int(sequences["query"].values().max()) < 90  # ids within the table's rows
+
+
+def test_parquet_data_feeds_a_feature_to_every_module_that_uses_it(spec, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rec.train.data import parquet_batches
+
+    ids = {"id": [[1, 2], [3]], "country": [[4], []], "city": [[5], [6]], "query": [[7, 8, 9], [10]]}
+    pq.write_table(pa.table({"label": [0, 1], "dense": [[0.5, 0.5], [1.0, 0.0]], **ids}), tmp_path / "d.parquet")
+    batch = next(parquet_batches(str(tmp_path / "d.parquet"), spec, 2, 2, rank=0, world_size=1))
+    assert isinstance(batch, ModuleBatch) and batch.labels.tolist() == [0.0, 1.0]
+    features = {p: {k: v.values().tolist() for k, v in kjt.to_dict().items()}
+                for p, kjt in batch.sparse_features.items()}
+    assert features == {USER: {"id": [1, 2, 3], "country": [4], "city": [5, 6]}, ITEM: {"id": [1, 2, 3]},
+                        SEQUENCE: {"id": [1, 2, 3], "query": [7, 8, 9, 10]}}
+
+
+def test_sequence_mean_averages_each_samples_ids_and_gives_zeros_for_an_empty_sequence():
+    from torchrec.sparse.jagged_tensor import JaggedTensor
+
+    from rec.train.model import sequence_mean
+
+    values = torch.tensor([[1.0, 2.0], [3.0, 4.0], [10.0, 10.0]])
+    out = sequence_mean(JaggedTensor(values=values, lengths=torch.tensor([2, 0, 1])))
+    assert torch.equal(out, torch.tensor([[2.0, 3.0], [0.0, 0.0], [10.0, 10.0]]))
+
+
+# ---------------------------------------------------------------- --model TARGET
+
+
+def test_model_target_is_told_from_shardflows_models_and_checked():
+    assert TrainConfig(model="concat").model_target is None
+    assert TrainConfig(model="my_models:build").model_target == "my_models:build"
+    assert [p.where for p in TrainConfig(model="bogus").problems()] == ["--model"]
+    assert [p.where for p in TrainConfig(model="x.py:f", data="d.parquet").problems()] == ["--data"]
+
+
+def test_a_user_model_that_differs_from_the_plan_is_named_difference_by_difference(spec):
+    from torch import nn
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    from rec.spec.torchrec_modules import embedding_modules, place
+    from rec.train.user_model import model_problems
+
+    modules = embedding_modules(spec)
+    assert model_problems(place(nn.Module(), modules), spec, "t") == []
+    del modules[ITEM]  # missing
+    modules[USER] = EmbeddingBagCollection([  # id has other rows, geo is gone
+        EmbeddingBagConfig(name="id", num_embeddings=401, embedding_dim=16, feature_names=["id"])],
+        device=torch.device("meta"))
+    modules["extra.ebc"] = EmbeddingBagCollection([EmbeddingBagConfig(
+        name="x", num_embeddings=5, embedding_dim=8, feature_names=["x"])], device=torch.device("meta"))
+    problems = {p.where: p.reason for p in model_problems(place(nn.Module(), modules), spec, "t")}
+    assert set(problems) == {f"module {ITEM}", "module extra.ebc", f"table {USER}.geo", f"table {USER}.id"}
+    assert "num_embeddings 401 (planned 400)" in problems[f"table {USER}.id"]
+
+
+def test_a_factory_that_returns_no_model_and_batches_is_refused_in_one_line(tmp_path, monkeypatch):
+    from rec.train.user_model import load_user_model
+
+    (tmp_path / "factories.py").write_text("import torch\n"
+                                           "def model_only():\n    return torch.nn.Linear(2, 2)\n"
+                                           "def broken():\n    raise ValueError('no data\\nhere')\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InputError, match=r"not a pair \(model, batches\)"):
+        load_user_model("factories.py:model_only")
+    with pytest.raises(InputError, match=r"raised ValueError: no data$"):
+        load_user_model("factories.py:broken")
+
+
+# ---------------------------------------------------------------- resuming by table key
+
+
+def test_tables_of_one_name_in_two_modules_are_matched_by_key_when_resuming(spec, tmp_path):
+    from rec.plan import read_plan, write_plan
+    from rec.train.reshard import is_table_tensor, table_tensor_names
+    from rec.train.resume import table_changes
+
+    grown = spec_from_rows([{**r, "num_embeddings": 600} if r["module"] == SEQUENCE and r["name"] == "id" else r
+                            for r in ROWS])
+    old, new = (read_plan(write_plan(plan_spec(s, TOPOLOGY), tmp_path / n)) for s, n in ((spec, "a"), (grown, "b")))
+    changes = table_changes(old, new)
+    assert changes.resized == {f"{SEQUENCE}.id": (300, 600)}
+    assert f"{ITEM}.id" in changes.restored and f"{USER}.id" in changes.restored
+    weights, momenta = table_tensor_names(f"{SEQUENCE}.id")
+    assert f"model.{SEQUENCE}.embeddings.id.weight".endswith(weights)
+    assert f"optim.state.{SEQUENCE}.embeddings.id.weight.id.momentum1".endswith(momenta)
+    assert not f"model.{ITEM}.embedding_bags.id.weight".endswith(weights)
+    assert is_table_tensor("model.model.sparse_arch.embedding_bag_collection.embedding_bags.t.weight", ["t"])
+    assert not is_table_tensor("model.dense.over_arch.model.1.weight", [f"{SEQUENCE}.id", "t"])

@@ -1,4 +1,5 @@
-# shardflow: `make install` sets up .venv from the lock file, `make test` runs the tests, `make lint`
+# shardflow: `make install` sets up .venv from the lock file, `make test` runs the tests (`make
+# test-fast` without those that start torchrun, Prefect servers or Ray clusters), `make lint`
 # runs ruff and mypy, `make run` runs the pipeline (plan, then train; Prefect and MLflow on embedded
 # defaults) on the bundled example. `make lock` re-resolves requirements/cpu.txt into the lock
 # (`make lock LOCK_FLAGS=--upgrade` to move every pin to the newest allowed version).
@@ -15,7 +16,7 @@ FIND_LINKS ?= /opt/wheels
 UV_FIND_LINKS := $(addprefix --find-links ,$(wildcard $(FIND_LINKS)))
 LOCK_FLAGS ?=
 
-.PHONY: install lock lint test run bench docs clean
+.PHONY: install lock lint test test-fast run bench docs clean
 
 install: $(STAMP)
 
@@ -51,8 +52,12 @@ lint: install
 test: install lint
 	$(BIN)/python -m pytest
 
+# The tests marked slow start multi-process jobs (torchrun trainings, Prefect servers, Ray clusters).
+test-fast: install lint
+	$(BIN)/python -m pytest -m "not slow"
+
 run: install
-	$(BIN)/shardflow run examples/specs/cpu_demo.yaml --topology examples/topologies/cpu_2proc.yaml --train-iterations 20 --batch-size 64
+	$(BIN)/shardflow run examples/specs/cpu_demo.yaml --topology examples/topologies/cpu_2proc.yaml
 
 # docs/cli.md is generated from the parser (tests/test_docs.py checks it is up to date).
 docs: install

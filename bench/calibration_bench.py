@@ -3,14 +3,17 @@
 On this machine (cpu, 2 gloo ranks): `shardflow calibrate` once, then specs of different shapes
 (tables 5-200, dims 8-256, pooling factors 1-50, rows 1e3-1e7, batch 128-4096; a few with
 column-wise allow-lists so the plans mix sharding types), each planned twice (under the default
-profile and under the calibrated one). Every plan is measured with `shardflow measure`, `--repeats`
-times, round-robin over all plans (a burst of load hits one measurement of a plan, not all);
-a plan's measured time is the median of its repeats. Per plan: the critical path predicted by
+profile and under the calibrated one). Every plan is measured `--repeats` times by the measuring
+job of `shardflow measure` (`tasks.measure.run_measuring_job`; a plan's numbers are measure.json's,
+`rec.train.measure_report`), all plans in one launch per repeat, in another order each time: a
+burst of load hits one measurement of a plan, not all, and one launch per repeat keeps the whole
+benchmark short (about 15 minutes), so the load stays what it was during the calibration. A plan's
+measured time is the median of its repeats. Per plan: the critical path predicted by
 each profile (the same placement re-rated, `rec.profile.predict`) and measured, and each model's
 error; over the plans the median absolute error and the Spearman rank correlation; per spec the
 plan chosen under each profile, both measured, with the spread of the repeats as the noise.
 
-    .venv/bin/python bench/calibration_bench.py                      # ~30 min on 2 cores
+    .venv/bin/python bench/calibration_bench.py                      # ~15 min on 2 cores
     .venv/bin/python bench/calibration_bench.py --profile P.yaml     # skip calibrating
 """
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -83,6 +87,8 @@ def main() -> int:
     p.add_argument("--topology", default=str(ROOT / "examples/topologies/cpu_2proc.yaml"))
     p.add_argument("--profile", default=None, help="a calibrated profile to use instead of calibrating")
     p.add_argument("--repeats", type=int, default=3, help="measurements per plan, round-robin")
+    p.add_argument("--iterations", type=int, default=20, help="timed iterations per plan and repeat")
+    p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--specs", type=int, default=len(SPECS), help="the first N specs")
     p.add_argument("--work", default=None, help="keep plans and measurements here (default: a temporary dir)")
     p.add_argument("--out", default=str(ROOT / "bench/results/calibration_bench.json"))
@@ -93,6 +99,9 @@ def main() -> int:
     from rec.profile.predict import predicted_ms
     from rec.spec import spec_from_rows, write_spec
     from rec.topology import read_topology, topology_to_dict
+    from rec.train.measure_config import MeasureConfig
+    from rec.train.measure_report import measure_report
+    from tasks.measure import Ranks, run_measuring_job
 
     began = time.perf_counter()
     loads = [load()]
@@ -136,14 +145,23 @@ def main() -> int:
                               "predicted_calibrated_ms": float(predicted_ms(plan, calibrated).max()),
                               "measured_ms": []})
         print(f"{len(plans)} plans; measuring each {args.repeats} times", flush=True)
+        config = MeasureConfig(iterations=args.iterations, warmup=args.warmup)
+        rng = random.Random(0)
         for repeat in range(args.repeats):
-            for entry in plans:
-                out = work / "measure" / f"{Path(entry['dir']).name}_{repeat}"
-                shardflow("measure", "--no-track", "--plan", entry["dir"], "--out", str(out))
-                m = json.loads((out / "measure.json").read_text())
-                entry["measured_ms"].append(m["critical_path_measured"])
+            order = list(range(len(plans)))
+            if repeat:
+                rng.shuffle(order)
+            out = work / "measure" / f"round{repeat}"
+            timings = run_measuring_job([str(Path(plans[i]["dir"]) / "plan.json") for i in order],
+                                        read_plan(plans[0]["dir"]).topology, str(out), config, Ranks(),
+                                        f"calibration-bench-{repeat}")
+            assert timings is not None
+            for i, times in zip(order, timings.plans, strict=True):
+                entry = plans[i]
+                report = measure_report(read_plan(entry["dir"]), times, timings.machine)  # as measure.json
+                entry["measured_ms"].append(report.critical_path_measured)
                 print(f"  repeat {repeat + 1}: spec {entry['spec']} {entry['made_under']:10s} "
-                      f"{m['critical_path_measured']:9.2f} ms", flush=True)
+                      f"{report.critical_path_measured:9.2f} ms", flush=True)
             loads.append(load())
 
     for entry in plans:

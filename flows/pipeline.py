@@ -10,15 +10,19 @@ leaves a FAILED train run with the ranks' logs.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
-from prefect import flow
+from prefect import flow, get_run_logger
 
 from flows.parameters import search_settings, train_settings
+from flows.plan import plan_summary
 from flows.progress import progress_in_run_log
 from flows.train import train_with_retries
 from rec.cost.types import CostConfig
+from rec.plan.chart import CHART_FILE
 from rec.search import SearchConfig
 from rec.train.config import PipelineKind, TrainConfig
+from rec.train.metrics import METRICS_FILE
 from tasks.ingest import IngestSettings
 from tasks.mlflow_log import Logged, ParentRun, deliver_outbox, log_plan, log_training, parent_run
 from tasks.paths import DEFAULT_STATE_DIR, plan_cache_dir
@@ -40,6 +44,19 @@ class PipelineOutcome:
     pipeline_run: ParentRun  # the parent MLflow run (run_id None while it waits in the outbox)
     plan_run: Logged
     train_run: Logged
+
+    def summary(self) -> str:
+        """The plan and training lines ``shardflow run`` prints first and the flow run's log ends with."""
+        m = self.trained.metrics
+        lat, loss = m["iteration_latency_ms"], m.get("loss") or {}
+        chart = Path(self.plan_path).parent / CHART_FILE
+        return "\n".join([
+            f"{plan_summary(self.plan_path, self.plan_id, self.cached)}; chart {chart}",
+            f"training  {Path(self.trained.out_dir) / METRICS_FILE}: p50 {lat['p50']:.2f} ms, "
+            f"p90 {lat['p90']:.2f} ms, {m['samples_per_s']:,.0f} samples/s on {m['world_size']} ranks"
+            + (f", loss {loss['first']:.4f} -> {loss['last']:.4f}" if loss else "")
+            + (f" ({self.trained.attempts} attempts)" if self.trained.attempts > 1 else ""),
+        ])
 
 
 @flow(name="shardflow-pipeline")
@@ -118,5 +135,6 @@ def pipeline_flow(
             dirs.mark_latest(train_dir)
             run.add_training(trained)
             train_run = log_training(tracking, trained, run, inputs)
-    return PipelineOutcome(found.plan.plan_id, written.plan_path, found.cached, trained, run,
-                           plan_run, train_run)
+    outcome = PipelineOutcome(found.plan.plan_id, written.plan_path, found.cached, trained, run, plan_run, train_run)
+    get_run_logger().info(outcome.summary())
+    return outcome

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prefect import flow
+from prefect import flow, get_run_logger
 
 from flows.parameters import search_settings
 from flows.progress import progress_in_run_log
@@ -20,12 +20,22 @@ from tasks.tracking import DEFAULT_EXPERIMENT, tracking_for
 from tasks.write import WriteSettings
 
 
+def plan_summary(plan_path: str, plan_id: str, cached: bool) -> str:
+    """The line that says which plan a flow found, and whether it was searched."""
+    how = "from the cache, not searched again" if cached else "searched"
+    return f"plan      {plan_path}  (plan_id {plan_id}, {how})"
+
+
 @dataclass(frozen=True)
 class PlanOutcome:
     plan_id: str
     plan_path: str
     cached: bool  # the plan came from the cache: no search, no new MLflow plan run
     logged: Logged
+
+    def summary(self) -> str:
+        """The line ``shardflow run --plan-only`` prints first and the flow run's log ends with."""
+        return plan_summary(self.plan_path, self.plan_id, self.cached)
 
 
 @flow(name="shardflow-plan")
@@ -57,4 +67,6 @@ def plan_flow(
         found = search_task(inputs, searching, plan_cache_dir(state_dir))
         written = write_task(found.plan, dirs.plan_dir(found.plan.plan_id), WriteSettings(chart))
         logged = log_plan(tracking, found.plan, written.plan_path, inputs, planning_s=found.seconds)
-    return PlanOutcome(found.plan.plan_id, written.plan_path, found.cached, logged)
+    outcome = PlanOutcome(found.plan.plan_id, written.plan_path, found.cached, logged)
+    get_run_logger().info(outcome.summary())
+    return outcome

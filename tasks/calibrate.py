@@ -22,6 +22,7 @@ import numpy as np
 
 from rec import progress
 from rec.cost.types import CostConfig
+from rec.disk_full import write_whole
 from rec.errors import InputError, Problem
 from rec.plan.io import write_plan
 from rec.profile import dumps_profile, profile_hash
@@ -30,7 +31,7 @@ from rec.profile.probes import Probe, probe_plans
 from rec.settings import check, knob, to_dict
 from rec.topology import Topology, read_topology, topology_to_dict
 from rec.train.measure_config import MAX_TIME_LIMIT_S, MeasureConfig
-from rec.train.timings import Status, Timings, write_whole
+from rec.train.timings import Status, Timings
 from tasks.measure import Ranks, run_measuring_job
 
 FIT_SUFFIX = ".fit.json"  # the fit report beside the profile: profile.yaml -> profile.fit.json

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from rec import progress
 from rec.errors import InputError, Problem
-from rec.plan import check_plan, read_plan
+from rec.plan import check_plan, plan_file, read_plan
 from rec.settings import check
 from rec.train.measure_config import MeasureConfig
 from rec.train.measure_report import MeasureReport, measure_report, write_measure
@@ -122,11 +121,10 @@ def measure(plan_path: str, out_dir: str, settings: MeasureSettings = MeasureSet
         plan = read_plan(plan_path)
         check_plan(plan)
         nproc = _preflight(settings.ranks, plan.topology)
-    path = Path(plan_path)
-    plan_file = str(path / "plan.json" if path.is_dir() else path)
+    plan_json = str(plan_file(plan_path))
     ranks = settings.ranks.nnodes * nproc
     with progress.step("measure", f"starting {ranks} ranks"):
-        timings = run_measuring_job([plan_file], plan.topology, out_dir, settings.job, settings.ranks, plan.plan_id)
+        timings = run_measuring_job([plan_json], plan.topology, out_dir, settings.job, settings.ranks, plan.plan_id)
     if timings is None:
         return Measured(plan.plan_id, out_dir, None, settings, nproc, started)
     times = timings.plans[0]

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from rec.plan.chart import CHART_FILE
 from rec.plan.io import MOVEMENT_FILE, PLAN_FILE, SHARDS_FILE
+from rec.profile.predict import predicted_critical_path
 from rec.train.metrics import ITERATIONS_FILE, METRICS_FILE
 
 if TYPE_CHECKING:
@@ -187,7 +188,7 @@ def plan_metrics(plan: Plan) -> dict[str, float]:
     plan's movement too (``moved_*``, ``<kind>_tables``, against a plan from scratch)."""
     m = plan.metrics
     out = {"critical_path_ms": m.critical_path, "lower_bound_ms": m.lower_bound, "gap_pct": 100 * m.gap,
-           "optimal": float(m.optimal)}
+           "optimal": float(m.optimal), "predicted_critical_path_ms": predicted_critical_path(plan)}
     moved = m.movement
     if moved:
         total = moved["total_bytes"]
@@ -260,7 +261,7 @@ def train_record(trained: Trained, parent_key: str | None = None, tags: dict[str
                 "world_size": str(m["world_size"]), "batch_size": str(m["batch_size"]),
                 "model": m["model"], "resumed_from": str(m["resumed_from"]),
                 **(input_params(inputs) if inputs else {}), **(plan_params(plan) if plan else {})},
-        metrics={**train_metrics(m, plan.metrics.critical_path if plan else None), **loss},
+        metrics={**train_metrics(m, predicted_critical_path(plan) if plan else None), **loss},
         series=series, artifacts=TRAIN_ARTIFACTS, start_ms=trained.started_ms, end_ms=now_ms(),
     )
 

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-DOCS = ROOT / "docs"
+from tests.paths import DOCS, ROOT
 
 
 def doc(name: str) -> str:

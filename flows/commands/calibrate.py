@@ -7,8 +7,8 @@ and mixes of sharding types), measures them all in one torchrun launch of the me
 `shardflow measure` does), each in three rounds in different orders, and fits the profile by
 non-negative least squares on the cost model's own formulas. Writes the profile (with the machine
 it was measured on) and, beside it, PROFILE.fit.json: each probe's measured and predicted time and
-residual. Prints the probes predicted against measured and the fit's error. About 5 minutes on 2
-cpu ranks; `--quick` about half the probes in under 2. Plan with the result:
+residual. Prints the probes predicted against measured and the fit's error. 2.5 to 5 minutes on 2
+cpu ranks; `--quick` about half the probes, once, in under a minute. Plan with the result:
 `shardflow plan SPEC --topology TOPO --profile profile.yaml`. A fit the measurements cannot give
 (e.g. every probe timed out) exits 2 and writes no profile.
 """
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from rec.exit_codes import ExitCode, stopped_by
 from rec.settings import add_flags
 
 if TYPE_CHECKING:
@@ -66,20 +67,20 @@ def run(args: argparse.Namespace) -> int:
             except MeasureFailed as e:
                 print(f"shardflow calibrate: the measurement failed: {e.cause}\n  logs: {e.logs}\n"
                       f"  no profile was written", file=sys.stderr)
-                return 2 if e.deterministic else 1
+                return ExitCode.of_failure(e.deterministic)
     except Stopped as e:
         print(f"shardflow calibrate: stopped by {e.name}: torchrun and every rank have exited; no profile was "
               "written", file=sys.stderr)
-        return 128 + e.signum
+        return stopped_by(e.signum)
     except (DiskFull, OSError) as e:
         if isinstance(e, OSError) and not is_disk_full(e):
             raise
         full = e if isinstance(e, DiskFull) else DiskFull(e.filename or args.out, e)
         print(f"shardflow calibrate: {full}", file=sys.stderr)
-        return 1
+        return ExitCode.FAILED
     print(render_calibrated(calibrated))
     print(f"time      {shown.summary(time.perf_counter() - started)}")
-    return 0
+    return ExitCode.OK
 
 
 def render_calibrated(c: Calibrated) -> str:

@@ -129,7 +129,7 @@ def plan_row(plan, train) -> tuple:
     from tasks.records import PLAN_ID, PREVIOUS_PLAN_ID, SPEC_HASH, SPEC_PATH, TOPOLOGY_PATH
 
     p, params, tags = plan.data.metrics, plan.data.params, plan.data.tags
-    predicted = p.get("critical_path_ms", p.get("critical_path"))
+    predicted = p.get("predicted_critical_path_ms", p.get("critical_path_ms", p.get("critical_path")))
     gap = p.get("gap_pct", 100 * p.get("gap", 0.0))
     row = {
         "plan_id": tags[PLAN_ID],

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from rec.exit_codes import ExitCode, stopped_by
 from rec.settings import add_flags
 
 if TYPE_CHECKING:
@@ -70,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
                 measured = measure(args.plan, out, settings)
             except MeasureFailed as e:
                 print(f"shardflow measure: the measurement failed: {e.cause}\n  logs: {e.logs}", file=sys.stderr)
-                return 2 if e.deterministic else 1
+                return ExitCode.of_failure(e.deterministic)
             dirs.mark_latest(out)
             if tracking.track and measured.report is not None:
                 from tasks.measure_record import record_measure
@@ -78,13 +79,13 @@ def run(args: argparse.Namespace) -> int:
                 logged = record_measure(tracking.resolve(), measured)
     except Stopped as e:
         print(f"shardflow measure: stopped by {e.name}: torchrun and every rank have exited", file=sys.stderr)
-        return 128 + e.signum
+        return stopped_by(e.signum)
     except (DiskFull, OSError) as e:
         if isinstance(e, OSError) and not is_disk_full(e):
             raise
         full = e if isinstance(e, DiskFull) else DiskFull(e.filename or args.out or ".", e)
         print(f"shardflow measure: {full}", file=sys.stderr)
-        return 1
+        return ExitCode.FAILED
     if measured.report is None:
         print(f"measure   done on node {settings.ranks.node_rank}; node 0 writes measure.json")
     else:
@@ -93,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     if logged is not None:
         print(render_logged(logged, tracking, "measure run"))
     print(f"time      {shown.summary(time.perf_counter() - started)}")
-    return 0
+    return ExitCode.OK
 
 
 def render_report(report: MeasureReport) -> str:

@@ -119,8 +119,7 @@ def render_failure(e, tracking: Tracking) -> str:
 
 
 def render_plan_outcome(o: PlanOutcome, tracking: Tracking) -> str:
-    how = "from the cache, not searched again" if o.cached else "searched"
-    lines = [f"plan      {o.plan_path}  (plan_id {o.plan_id}, {how})"]
+    lines = [o.summary()]
     if o.logged.pending:
         from tasks.outbox import kept_message
 
@@ -132,22 +131,7 @@ def render_plan_outcome(o: PlanOutcome, tracking: Tracking) -> str:
 
 def render_outcome(o: PipelineOutcome, tracking: Tracking) -> str:
     """Where to look: the plan, the training metrics, the MLflow runs and how to browse them."""
-    from pathlib import Path
-
-    from rec.plan.chart import CHART_FILE
-    from rec.train.metrics import METRICS_FILE
-
-    m = o.trained.metrics
-    lat, loss = m["iteration_latency_ms"], m.get("loss") or {}
-    how = "from the cache, not searched again" if o.cached else "searched"
-    plan_dir = Path(o.plan_path).parent
-    lines = [
-        f"plan      {o.plan_path}  (plan_id {o.plan_id}, {how}); chart {plan_dir / CHART_FILE}",
-        f"training  {Path(o.trained.out_dir) / METRICS_FILE}: p50 {lat['p50']:.2f} ms, "
-        f"p90 {lat['p90']:.2f} ms, {m['samples_per_s']:,.0f} samples/s on {m['world_size']} ranks"
-        + (f", loss {loss['first']:.4f} -> {loss['last']:.4f}" if loss else "")
-        + (f" ({o.trained.attempts} attempts)" if o.trained.attempts > 1 else ""),
-    ]
+    lines = o.summary().splitlines()
     if o.pipeline_run.pending:
         from tasks.outbox import kept_message
 

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from rec.train.data import ID_SKEW
+# The measuring and training jobs' synthetic ids (``rec.train.data``) follow this skew; the cost model's
+# distinct-row terms assume it, so it lives here, upstream of both.
+ID_SKEW = 3.0  # ids = rows * u**ID_SKEW: a few hot rows, a long tail, as in click logs
 
 _LAM = np.geomspace(1e-9, 1e9, 721)  # g below the grid: lam x ID_SKEW (= n / rows); above: 1
 

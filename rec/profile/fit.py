@@ -293,21 +293,18 @@ def _profile(base: Profile, params: Sequence[Parameter], kept: np.ndarray, theta
         parameter, value = params[k], float(theta[k])
         if parameter.kind is Kind.INVERSE_BANDWIDTH:
             value = min(MS_PER_S / value, MAX_BANDWIDTH) if value > 0 else MAX_BANDWIDTH
-            profile = _set_all(profile, parameter, _rounded(value))
-        else:
-            profile = _set_all(profile, parameter, _rounded(value))
         values[parameter.name] = _rounded(value)
+        for path in parameter.paths:
+            profile = _set(profile, path.split("."), values[parameter.name])
     # Links nothing measured keep the topology's bandwidth.
     bandwidths = {f.name: getattr(profile.bandwidths, f.name) for f in dataclasses.fields(profile.bandwidths)}
     bandwidths = {k: (None if v is not None and math.isinf(v) else v) for k, v in bandwidths.items()}
     profile = replace(profile, bandwidths=replace(profile.bandwidths, **bandwidths))
-    return profile_from_dict(profile_to_dict(profile), source="fitted"), values
-
-
-def _set_all(profile: Profile, parameter: Parameter, value: float) -> Profile:
-    for path in parameter.paths:
-        profile = _set(profile, path.split("."), value)
-    return profile
+    try:
+        return profile_from_dict(profile_to_dict(profile), source="fitted"), values
+    except InputError as e:
+        raise InputError("Cannot fit a profile to these measurements: fitted numbers out of range (implausible "
+                         "times?):", e.problems) from None
 
 
 def _rounded(value: float) -> float:

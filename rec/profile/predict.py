@@ -66,3 +66,9 @@ def predicted_ms(plan: Plan, profile: Profile | None = None) -> np.ndarray:
     """(W,) ms: the predicted iteration time of every rank under ``profile`` (None: the plan's own)."""
     total: np.ndarray = shard_rank_perf(plan, profile) + plan_level_ms(plan, profile)
     return total
+
+
+def predicted_critical_path(plan: Plan) -> float:
+    """ms: what an iteration of ``plan`` should take under its own profile: its critical path plus
+    the profile's plan-level terms (``metrics.critical_path`` itself under the default profile)."""
+    return plan.metrics.critical_path + plan_level_ms(plan)

@@ -37,7 +37,7 @@ from rec.spec.limits import (
     too_many_tables,
 )
 from rec.spec.types import DEFAULT_MODULE, Spec, TableSpec
-from rec.units import format_count
+from rec.units import format_count, positive_whole
 
 
 def spec_from_rows(rows: Sequence[object], source: str = "") -> Spec:
@@ -258,16 +258,9 @@ def _parse_module(value: object) -> str:
 
 
 def _parse_positive_int(value: object) -> int:
-    number = _number(value, "a positive integer")
-    if isinstance(number, float):
-        if math.isnan(number):
-            raise ValueError("expected a positive integer, got NaN (not a number)")
-        if not math.isfinite(number) or number != int(number):
-            raise ValueError(f"expected a positive integer, got {show(value)}")
-        number = int(number)
-    if number <= 0:
-        raise ValueError(f"must be > 0, got {format_count(number)}")
-    return number
+    if type(value) is int and value > 0:  # the common case, before the slower checks
+        return value
+    return positive_whole(_number(value, "a positive integer"), value)
 
 
 def _parse_dim(value: object) -> int:

@@ -8,7 +8,6 @@ bytes/ms, TorchRec's unit (``torchrec/distributed/planner/constants.py``), so th
 from __future__ import annotations
 
 import difflib
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from numbers import Integral, Real
@@ -33,7 +32,7 @@ from rec.topology.types import (
     MIN_BANDWIDTH,
     Topology,
 )
-from rec.units import format_bytes, format_count, parse_bytes, parse_bytes_per_second, power_of_two
+from rec.units import format_bytes, format_count, parse_bytes, parse_bytes_per_second, positive_whole, power_of_two
 
 MS_PER_S = 1000
 BANDWIDTHS = ("intra_host_bw", "inter_host_bw", "hbm_mem_bw", "ddr_mem_bw")
@@ -144,20 +143,9 @@ def _check_consistency(values: dict[str, Any], problems: ProblemList) -> None:
 
 
 def _positive_int(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, (Integral, Real)):
+    if isinstance(value, bool) or not isinstance(value, (Integral, Real)):  # YAML's ints, not text
         raise ValueError(f"expected a positive integer, got {show(value)}")
-    if isinstance(value, Integral):
-        number = int(value)
-    else:
-        real = float(value)
-        if math.isnan(real):
-            raise ValueError("expected a positive integer, got NaN (not a number)")
-        if not math.isfinite(real) or real != int(real):
-            raise ValueError(f"expected a positive integer, got {show(value)}")
-        number = int(real)
-    if number <= 0:
-        raise ValueError(f"must be > 0, got {show(value)}")
-    return number
+    return positive_whole(int(value) if isinstance(value, Integral) else float(value), value)
 
 
 def _world_size(value: object) -> int:

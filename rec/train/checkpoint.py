@@ -38,7 +38,7 @@ from rec.errors import InputError, Problem
 from rec.plan.io import plan_file
 from rec.train import restricted_pickle
 from rec.train.restricted_pickle import RefusedPickle
-from rec.train.resume import INDEX_FILE, LATEST, PLAN_COPY, latest, step_dir, step_name, step_of
+from rec.train.resume import INDEX_FILE, LATEST, PLAN_COPY, step_dir, step_name, step_of
 
 
 def record_plan(directory: str | Path, plan_path: str | Path) -> None:
@@ -129,11 +129,6 @@ def prune(directory: str | Path, keep: int) -> None:
     for old in steps(directory)[:-keep]:
         if old.name != newest:
             shutil.rmtree(old, ignore_errors=True)
-
-
-def latest_step(directory: str | Path) -> int | None:
-    """The step LATEST names (None: no complete checkpoint); InputError if it names none."""
-    return latest(directory)
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):

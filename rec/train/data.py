@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from rec.cost.unique import ID_SKEW
 from rec.errors import InputError, Problem
 from rec.spec.types import Spec, TableSpec
 from rec.train.tables import one_default_ebc
@@ -33,8 +34,6 @@ if TYPE_CHECKING:
     from rec.train.batch import ModuleBatch
 
 DATA_COLUMNS = ("label", "dense")  # besides one column per feature name
-
-ID_SKEW = 3.0  # ids = rows * u**ID_SKEW: a few hot rows, a long tail, as in click logs
 
 
 def feature_tables(spec: Spec | tuple[TableSpec, ...]) -> list[tuple[str, int, float]]:

@@ -18,6 +18,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from rec.exit_codes import ExitCode
+
 OUT_LOCK_ENV = "SHARDFLOW_OUT_LOCK"  # the --out lock file the ranks hold shared; unset: no lock
 TORCHRUN_MODULE = "torch.distributed.run"  # how the launcher starts torchrun (``python -m``)
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -34,7 +36,7 @@ def parent_death_signal(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
     def set_in_child() -> None:
         prctl(_PR_SET_PDEATHSIG, sig)
         if os.getppid() != parent:  # the launcher died between fork and prctl
-            os._exit(1)
+            os._exit(ExitCode.FAILED)
 
     return set_in_child
 

@@ -21,9 +21,7 @@ import argparse
 import gc
 import os
 import platform
-import sys
 import time
-import traceback
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from itertools import cycle
@@ -35,12 +33,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torchrec.distributed.model_parallel import DistributedModelParallel
-from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from rec.errors import InputError
 from rec.plan import Plan, read_plan
 from rec.plan.torchrec_plan import sharders_for, to_sharding_plan
 from rec.profile.types import Machine
@@ -50,10 +46,9 @@ from rec.spec import spec_from_rows
 from rec.spec.torchrec_modules import embedding_modules, place
 from rec.spec.types import Spec
 from rec.train.data import synthetic_batch
-from rec.train.job import _refuse_to_plan, check_world_size, exit_skipping_finalization, init_process_group
-from rec.train.lifetime import RunLockTaken, die_with_torchrun, join_run_lock
 from rec.train.measure_config import MeasureConfig
 from rec.train.rank_log import RankOutput
+from rec.train.rank_process import check_world_size, exit_skipping_finalization, process_group, run_rank
 from rec.train.timings import PlanTimes, Status, Timings, write_timings
 
 
@@ -217,23 +212,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Measu
 
 def main(argv: list[str] | None = None) -> int:
     args, config = parse_args(argv)
-    if not die_with_torchrun():
-        print("shardflow measure: torchrun, this rank's parent, is gone; not starting", file=sys.stderr)
-        return 1
-    try:
-        join_run_lock()  # held until this process ends
-    except RunLockTaken as e:
-        print(f"shardflow measure: {e}; not starting", file=sys.stderr)
-        return 1
-    output = RankOutput(args.out, int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)),
-                        os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    try:
-        EmbeddingShardingPlanner.plan = _refuse_to_plan
-        EmbeddingShardingPlanner.collective_plan = _refuse_to_plan
+
+    def work(output: RankOutput) -> None:
         output.progress("loading the plans")
         plans = [read_plan(path) for path in args.plan]
-        init_process_group("nccl" if plans[0].topology["compute_device"] == "cuda" else "gloo")
-        try:
+        with process_group(plans[0].topology["compute_device"]):
             measured = []
             for k, (path, plan) in enumerate(zip(args.plan, plans, strict=True)):
                 label = f"plan {k + 1}/{len(plans)}: " if len(plans) > 1 else ""
@@ -241,17 +224,8 @@ def main(argv: list[str] | None = None) -> int:
             if dist.get_rank() == 0:
                 write_timings(args.out, Timings(machine(plans[0]), tuple(measured)))
             dist.barrier()
-        finally:
-            dist.destroy_process_group()
-    except InputError as e:
-        output.failed(e)
-        print(f"shardflow measure: {e.render()}", file=sys.stderr)
-        return 2
-    except Exception as e:
-        output.failed(e)
-        traceback.print_exc()
-        return 1
-    return 0
+
+    return run_rank("measure", args.out, work)
 
 
 if __name__ == "__main__":

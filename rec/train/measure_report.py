@@ -17,12 +17,13 @@ from typing import Any
 
 import numpy as np
 
+from rec.disk_full import write_whole
 from rec.plan.identity import plan_profile
 from rec.plan.types import Plan
 from rec.profile import profile_hash
 from rec.profile.predict import predicted_ms
 from rec.profile.types import Machine
-from rec.train.timings import PlanTimes, write_whole
+from rec.train.timings import PlanTimes
 
 MEASURE_FILE = "measure.json"
 MEASURE_FORMAT = "shardflow.measure/v1"

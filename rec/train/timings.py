@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from rec.disk_full import writing
+from rec.disk_full import write_whole
 from rec.profile.types import Machine
 from rec.sharding import ComputeDevice
 
@@ -66,18 +65,6 @@ def write_timings(out_dir: str | Path, timings: Timings) -> Path:
             "plans": [{**asdict(p), "status": p.status.value} for p in timings.plans]}
     write_whole(path, json.dumps(data) + "\n")
     return path
-
-
-def write_whole(path: Path, text: str) -> None:
-    """Write ``path`` beside it and rename it over: a reader, or a failed write, never sees half a file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with writing(path):
-        try:
-            tmp.write_text(text)
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
 
 
 def read_timings(out_dir: str | Path) -> Timings:

@@ -9,6 +9,11 @@ import pytest
 
 @pytest.fixture(scope="session")
 def prefect_api():
+    from flows.logs import set_up
+
+    # Prefect sets up its logging once per process, the first time it is used: with the CLI's quiet
+    # settings, whichever test comes first (a flow called directly, or the CLI).
+    set_up(verbose=False)
     from prefect.testing.utilities import prefect_test_harness
 
     # The server's telemetry write races its own start-up on SQLite ("database is locked").

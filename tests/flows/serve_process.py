@@ -7,7 +7,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,7 +16,8 @@ from typing import Any
 
 import psutil
 
-SHARDFLOW = Path(sys.executable).parent / "shardflow"
+from tests.paths import SHARDFLOW
+
 REPLAN_EVERY_S = 5
 # Generous: a Prefect server starting and flow-run subprocesses importing torch on a loaded 2-core
 # machine. The tests end as soon as what they wait for has happened.

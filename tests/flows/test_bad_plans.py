@@ -11,10 +11,7 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main
-
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "examples" / "specs" / "cpu_demo.yaml"
-CPU_2PROC = ROOT / "examples" / "topologies" / "cpu_2proc.yaml"
+from tests.paths import CPU_2PROC, DEMO
 
 
 @pytest.fixture(scope="module")

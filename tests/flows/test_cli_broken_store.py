@@ -6,18 +6,15 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from flows.cli import main
+from tests.paths import CPU_2PROC, DEMO, SHARDFLOW
 
-ROOT = Path(__file__).resolve().parents[2]
-SHARDFLOW = Path(sys.executable).parent / "shardflow"
-DEMO = ROOT / "examples" / "specs" / "cpu_demo.yaml"
-CPU_2PROC = ROOT / "examples" / "topologies" / "cpu_2proc.yaml"
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # SQLAlchemy, from MLflow
+pytestmark = [pytest.mark.slow,  # a Prefect server and a training
+              pytest.mark.filterwarnings("ignore::DeprecationWarning")]  # SQLAlchemy, from MLflow
 
 
 def shardflow(cwd: Path, *args: str) -> tuple[int, str]:

@@ -4,19 +4,12 @@ and no traceback when the reader of its output goes away."""
 from __future__ import annotations
 
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from flows.cli import main
-
-ROOT = Path(__file__).resolve().parents[2]
-SHARDFLOW = Path(sys.executable).parent / "shardflow"
-DEMO = ROOT / "examples" / "specs" / "cpu_demo.yaml"
-CPU_2PROC = ROOT / "examples" / "topologies" / "cpu_2proc.yaml"
-H100 = ROOT / "examples" / "topologies" / "h100_1x8.yaml"
+from tests.paths import DEMO, H100, SHARDFLOW
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +51,8 @@ def test_show_tells_which_tables_sit_on_a_rank_and_its_compute_and_communication
     assert main(["show", str(cuda_plan), "--table", "no_such_*"]) == 2
 
 
-def test_a_cuda_plan_on_a_machine_without_cuda_is_refused_in_seconds_with_one_message(cuda_plan, tmp_path):
+def test_a_cuda_plan_on_a_machine_without_cuda_is_refused_before_anything_starts_with_one_message(
+        cuda_plan, tmp_path):
     pytest.importorskip("torch")
     import torch
 
@@ -67,10 +61,8 @@ def test_a_cuda_plan_on_a_machine_without_cuda_is_refused_in_seconds_with_one_me
     for args in (["train", "--plan", str(cuda_plan), "--out", str(tmp_path / "train")],
                  ["run", str(DEMO), "--topology", str(H100), "--out", str(tmp_path / "run"),
                   "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}", "--state-dir", str(tmp_path / "s")]):
-        started = time.monotonic()
         r = subprocess.run([str(SHARDFLOW), *args], capture_output=True, text=True, cwd=tmp_path, timeout=60)
         assert r.returncode == 2, r.stderr
-        assert time.monotonic() - started < 10
         assert r.stderr.count("without CUDA") == 1 and "NCCL" in r.stderr
         assert "Traceback" not in r.stderr and len(r.stderr.splitlines()) < 6
         assert not list(tmp_path.rglob("torchrun-node*.log"))  # nothing was launched, so nothing retried

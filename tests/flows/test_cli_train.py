@@ -6,7 +6,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,11 +16,7 @@ import pytest
 from flows.cli import main
 from rec.plan import read_plan
 from rec.spec import read_spec
-
-ROOT = Path(__file__).resolve().parents[2]
-SHARDFLOW = Path(sys.executable).parent / "shardflow"
-DEMO = ROOT / "examples" / "specs" / "cpu_demo.yaml"
-CPU_2PROC = ROOT / "examples" / "topologies" / "cpu_2proc.yaml"
+from tests.paths import CPU_2PROC, DEMO, ROOT, SHARDFLOW
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +38,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_process_gloo_run_applies_the_plan_and_reports_latency(plan_dir, tmp_path):
     r = train("--plan", str(plan_dir), "--out", str(tmp_path), "--iterations", "12", "--warmup", "2",
               "--batch-size", "64")
@@ -65,6 +61,7 @@ def test_a_world_size_that_does_not_match_the_plan_exits_2(plan_dir, tmp_path):
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.slow
 def test_a_killed_rank_is_restarted_and_resumes_from_the_last_checkpoint(plan_dir, tmp_path):
     r = train("--plan", str(plan_dir), "--out", str(tmp_path), "--iterations", "10", "--warmup", "1",
               "--batch-size", "32", "--checkpoint-every", "3", "--max-restarts", "1",
@@ -72,7 +69,7 @@ def test_a_killed_rank_is_restarted_and_resumes_from_the_last_checkpoint(plan_di
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     m = json.loads((tmp_path / "train_metrics.json").read_text())
     assert m["resumed_from"] == 6
-    assert (tmp_path / "checkpoints" / "LATEST").read_text() == "step_00000009"
+    assert (tmp_path / "checkpoints" / "LATEST").read_text() == "step_00000009"  # docs/training.md's format
 
 
 def write_training_parquet(path: Path, spec, rows: int, dense: int) -> None:
@@ -85,6 +82,7 @@ def write_training_parquet(path: Path, spec, rows: int, dense: int) -> None:
     pq.write_table(pa.table(columns), path)
 
 
+@pytest.mark.slow
 def test_two_nodes_on_loopback_train_from_parquet(plan_dir, tmp_path):
     data = tmp_path / "train.parquet"
     write_training_parquet(data, read_spec(DEMO), rows=256, dense=13)

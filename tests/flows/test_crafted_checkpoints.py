@@ -10,10 +10,8 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main
-
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "examples" / "specs" / "cpu_demo.yaml"
-CPU_2PROC = ROOT / "examples" / "topologies" / "cpu_2proc.yaml"
+from rec.train.resume import step_dir
+from tests.paths import CPU_2PROC, DEMO
 
 
 def text(value: str) -> bytes:
@@ -40,7 +38,7 @@ def plan_dir(tmp_path_factory) -> Path:
 
 def checkpoints_with(index: bytes, directory: Path, plan_dir: Path) -> Path:
     """A checkpoint directory whose newest step (LATEST) has ``index`` as its .metadata."""
-    step = directory / "step_00000004"
+    step = step_dir(directory, 4)
     step.mkdir(parents=True)
     (step / ".metadata").write_bytes(index)
     (directory / "LATEST").write_text(step.name)

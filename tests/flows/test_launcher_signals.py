@@ -26,11 +26,10 @@ from flows.cli import main
 from rec.train.checkpoint import check_index
 from rec.train.resume import latest, step_dir
 from tasks.run_dirs import lock_dir
+from tests.paths import CPU_2PROC, DEMO, ROOT, SHARDFLOW
 
-ROOT = Path(__file__).resolve().parents[2]
-SHARDFLOW = Path(sys.executable).parent / "shardflow"
-DEMO = ROOT / "examples" / "specs" / "cpu_demo.yaml"
-CPU_2PROC = ROOT / "examples" / "topologies" / "cpu_2proc.yaml"
+pytestmark = pytest.mark.slow  # real torchrun trainings
+
 GONE_WITHIN_S = 30  # a bound for the processes to be gone, far above the seconds it takes
 
 

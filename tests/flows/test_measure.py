@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,12 +15,8 @@ import pytest
 from flows.cli import main
 from rec.plan import read_plan
 from rec.profile import read_profile
+from tests.paths import CPU_2PROC, DEMO, H100_2X8, ROOT, SHARDFLOW
 
-ROOT = Path(__file__).resolve().parents[2]
-SHARDFLOW = Path(sys.executable).parent / "shardflow"
-DEMO = ROOT / "examples" / "specs" / "cpu_demo.yaml"
-CPU_2PROC = ROOT / "examples" / "topologies" / "cpu_2proc.yaml"
-H100_2X8 = ROOT / "examples" / "topologies" / "h100_2x8.yaml"
 SCREEN_LINES = 40
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # SQLAlchemy, from MLflow
 
@@ -38,6 +33,7 @@ def plan_dir(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_measure_writes_predicted_against_measured_per_rank_and_records_a_measure_run(plan_dir, tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     out = tmp_path / "m"
@@ -70,6 +66,7 @@ def test_measure_writes_predicted_against_measured_per_rank_and_records_a_measur
     assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["measure.json"]
 
 
+@pytest.mark.slow
 def test_quick_calibration_writes_a_profile_that_plans(tmp_path):
     profile = tmp_path / "cpu.yaml"
     r = shardflow("calibrate", "--topology", str(CPU_2PROC), "--out", str(profile), "--work", str(tmp_path / "w"),
@@ -100,6 +97,7 @@ def test_quick_calibration_writes_a_profile_that_plans(tmp_path):
     assert not (tmp_path / "gpu" / "plan.json").exists()
 
 
+@pytest.mark.slow
 def test_a_calibration_whose_probes_all_time_out_exits_2_and_writes_no_profile(tmp_path):
     profile = tmp_path / "cpu.yaml"
     r = shardflow("calibrate", "--topology", str(CPU_2PROC), "--out", str(profile), "--work", str(tmp_path / "w"),

@@ -9,18 +9,16 @@ import contextlib
 import io
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from flows.cli import main
+from rec.train.resume import step_dir
+from tests.paths import CPU_2PROC, ROOT, SHARDFLOW, TWO_TOWER_SEQ
 
-ROOT = Path(__file__).resolve().parents[2]
-SHARDFLOW = Path(sys.executable).parent / "shardflow"
-TWO_TOWER_SEQ = ROOT / "examples" / "specs" / "two_tower_seq.yaml"
-CPU_2PROC = ROOT / "examples" / "topologies" / "cpu_2proc.yaml"
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # SQLAlchemy, from MLflow+Prefect
+pytestmark = [pytest.mark.slow,  # real torchrun trainings
+              pytest.mark.filterwarnings("ignore::DeprecationWarning")]  # SQLAlchemy, from MLflow+Prefect
 
 SEQUENCE_ITEMS = "model.sequence.ec.embeddings.item_id.weight"  # checkpoint keys: "model." + the path
 TOWER_ITEMS = "model.towers.item.ebc.embedding_bags.item_id.weight"
@@ -65,8 +63,8 @@ def test_a_changed_plan_resumes_each_module_table_from_the_checkpoint(pipeline_r
     resume = json.loads((tmp_path / "train" / "train_metrics.json").read_text())["resume"]
     assert (resume["step"], resume["tables_restored"], resume["tables_resized"]) == (6, 6, 1)
 
-    old = full_state(pipeline_run / "run" / "train" / "checkpoints" / "step_00000006", tmp_path)
-    new = full_state(tmp_path / "train" / "checkpoints" / "step_00000006", tmp_path)  # the new layout, as loaded
+    old = full_state(step_dir(pipeline_run / "run" / "train" / "checkpoints", 6), tmp_path)
+    new = full_state(step_dir(tmp_path / "train" / "checkpoints", 6), tmp_path)  # the new layout, as loaded
     import torch
 
     for key in (SEQUENCE_ITEMS, TOWER_ITEMS):

@@ -14,10 +14,8 @@ from flows.cli import main
 from flows.parameters import parameter
 from rec.train.config import TrainConfig
 from tasks.train import TrainSettings
+from tests.paths import CPU_2PROC, DEMO
 
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "examples" / "specs" / "cpu_demo.yaml"
-CPU_2PROC = ROOT / "examples" / "topologies" / "cpu_2proc.yaml"
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # SQLAlchemy, from MLflow+Prefect
 
 

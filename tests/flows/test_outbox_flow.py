@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "examples" / "specs" / "cpu_demo.yaml"
-CPU_2PROC = ROOT / "examples" / "topologies" / "cpu_2proc.yaml"
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # SQLAlchemy, from MLflow+Prefect
+from tests.paths import CPU_2PROC, DEMO
+
+pytestmark = [pytest.mark.slow,  # Prefect
+              pytest.mark.filterwarnings("ignore::DeprecationWarning")]  # SQLAlchemy, from MLflow+Prefect
 
 
 def test_a_plan_waits_in_the_outbox_while_mlflow_is_away_and_is_logged_when_it_returns(

@@ -9,17 +9,13 @@ import json
 import math
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-SHARDFLOW = Path(sys.executable).parent / "shardflow"
-TORCHRUN = Path(sys.executable).parent / "torchrun"
+from tests.paths import CPU_2PROC, ROOT, SHARDFLOW, TORCHRUN, TWO_TOWER_SEQ
+
 EXAMPLE = "examples/train_own_model.py"
-CPU_2PROC = ROOT / "examples" / "topologies" / "cpu_2proc.yaml"
-TWO_TOWER_SEQ = ROOT / "examples" / "specs" / "two_tower_seq.yaml"
 
 
 def run(*cmd: str | Path) -> subprocess.CompletedProcess:
@@ -43,6 +39,7 @@ def own_plan(tmp_path_factory):
     return directory, read_plan(directory)
 
 
+@pytest.mark.slow
 def test_the_example_script_trains_the_model_sharded_exactly_as_planned(own_plan, tmp_path):
     from rec.train.applied import planned_tables
 
@@ -59,6 +56,7 @@ def test_the_example_script_trains_the_model_sharded_exactly_as_planned(own_plan
     assert {s["rank"] for t in applied for s in t["shards"]} == {0, 1}  # both ranks hold tables
 
 
+@pytest.mark.slow
 def test_shardflow_train_trains_the_users_model_factory_with_the_plan(own_plan, tmp_path):
     directory, plan = own_plan
     target = f"{EXAMPLE}:shardflow_model"

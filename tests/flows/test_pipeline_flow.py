@@ -8,20 +8,17 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from flows.cli import main
+from tests.flows.flow_logs import as_worker, flow_log
+from tests.paths import CPU_2PROC, DEMO, SHARDFLOW
 
-ROOT = Path(__file__).resolve().parents[2]
-SHARDFLOW = Path(sys.executable).parent / "shardflow"
-DEMO = ROOT / "examples" / "specs" / "cpu_demo.yaml"
-CPU_2PROC = ROOT / "examples" / "topologies" / "cpu_2proc.yaml"
-
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # SQLAlchemy, from MLflow+Prefect
+pytestmark = [pytest.mark.slow,  # Prefect and real torchrun trainings
+              pytest.mark.filterwarnings("ignore::DeprecationWarning")]  # SQLAlchemy, from MLflow+Prefect
 TINY_TRAINING = ["--train-iterations", "6", "--warmup", "1", "--batch-size", "32"]
 
 
@@ -175,6 +172,34 @@ def test_rerunning_an_unchanged_plan_searches_nothing_and_adds_no_plan_run(first
     assert outcome.cached
     assert outcome.plan_id == plan_id_of(store)
     assert outcome.logged.run_id == plan_run.info.run_id
+
+
+# The plan and pipeline flows as a Prefect worker runs them: in a process of its own, logging at INFO.
+FLOWS = """
+import json, sys
+from flows.pipeline import pipeline_flow
+from flows.plan import plan_flow
+
+spec, topology, root = sys.argv[1:4]
+common = dict(tracking_uri=f"sqlite:///{root}/mlflow.db", state_dir=f"{root}/state", return_state=True)
+states = {"plan": plan_flow(spec, topology, out_dir=f"{root}/plan", **common),
+          "pipeline": pipeline_flow(spec, topology, out_dir=f"{root}/run", train_iterations=4, warmup=1,
+                                    batch_size=32, **common)}
+print("RUNS " + json.dumps({name: [str(state.state_details.flow_run_id), state.result().summary()]
+                            for name, state in states.items()}))
+"""
+
+
+def test_the_plan_and_pipeline_flow_logs_end_with_the_lines_the_cli_prints(prefect_api, first_run, tmp_path):
+    r = as_worker(FLOWS, str(DEMO), str(CPU_2PROC), str(tmp_path), cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    runs = json.loads(r.stdout.split("RUNS ", 1)[1])
+    for flow_run, summary in runs.values():
+        assert flow_log(flow_run)[-1] == summary
+    assert runs["plan"][1].startswith("plan      ")
+    assert [line.split()[0] for line in runs["pipeline"][1].splitlines()] == ["plan", "training"]
+    # ``shardflow run`` prints the same lines first (its plan_id and paths differ from this run's).
+    assert [line.split()[0] for line in first_run.out.splitlines()[:2]] == ["plan", "training"]
 
 
 def test_a_failed_training_is_retried_by_prefect_without_replanning(first_run, store, monkeypatch):

@@ -8,8 +8,9 @@ import json
 import resource
 import signal
 import subprocess
-import sys
 from pathlib import Path
+
+import pytest
 
 from rec.plan import write_plan
 from rec.plan.io import plan_from_dict
@@ -17,14 +18,8 @@ from rec.planning import replan_spec
 from tasks.ingest import ingest
 from tasks.paths import plan_cache_dir
 from tasks.search import SearchSettings, plan_key, search_plan
-
-ROOT = Path(__file__).resolve().parents[2]
-SHARDFLOW = Path(sys.executable).parent / "shardflow"
-DEMO = ROOT / "examples" / "specs" / "cpu_demo.yaml"
-CPU_2PROC = ROOT / "examples" / "topologies" / "cpu_2proc.yaml"
-
-sys.path.insert(0, str(ROOT / "tests" / "rec"))
-from plan_edits import all_on_rank_0, chart_of, move_first_table  # noqa: E402
+from tests.paths import CPU_2PROC, DEMO, SHARDFLOW
+from tests.rec.plan_edits import all_on_rank_0, chart_of, move_first_table
 
 
 def shardflow(*args: str, cwd: Path, **kwargs) -> subprocess.CompletedProcess:
@@ -68,6 +63,7 @@ def test_a_full_disk_during_plan_is_one_line_and_the_earlier_plan_survives(tmp_p
     assert [p.name for p in out.iterdir() if p.name.startswith(".tmp-plan-")] == []
 
 
+@pytest.mark.slow
 def test_run_plan_only_searches_an_edited_cache_entry_again_and_logs_only_the_new_files(tmp_path):
     import mlflow
 

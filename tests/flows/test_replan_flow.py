@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "examples" / "specs" / "cpu_demo.yaml"
-CPU_2PROC = ROOT / "examples" / "topologies" / "cpu_2proc.yaml"
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # SQLAlchemy, from MLflow+Prefect
+from tests.flows.flow_logs import as_worker, flow_log
+from tests.paths import CPU_2PROC, DEMO
+
+pytestmark = [pytest.mark.slow,  # Prefect
+              pytest.mark.filterwarnings("ignore::DeprecationWarning")]  # SQLAlchemy, from MLflow+Prefect
 
 # Three replans as a Prefect worker runs flows: in a process of its own, without the CLI's quiet
 # settings. The second finds the spec unchanged; the third replans a schema change.
@@ -38,29 +36,12 @@ print("OUTCOMES " + json.dumps([first, second, third]))
 NOISE = ("Downloading artifacts", "Uploading artifacts", "mlflow.store", "alembic", "View run", "it/s]")
 
 
-def flow_log(flow_run_id: str) -> list[str]:
-    from uuid import UUID
-
-    from prefect import get_client
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
-    from prefect.client.schemas.sorting import LogSort
-
-    with get_client(sync_client=True) as client:
-        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[UUID(flow_run_id)])),
-                                sort=LogSort.TIMESTAMP_ASC)
-    return [log.message for log in logs]
-
-
 def test_replan_records_nothing_when_unchanged_then_replans_after_a_schema_change(prefect_api, tmp_path):
     from mlflow import MlflowClient
-    from prefect.settings import PREFECT_API_URL
 
     spec = tmp_path / "tables.yaml"
     spec.write_text(DEMO.read_text())
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "SHARDFLOW_", "PREFECT_LOGGING"))}
-    env.update(PREFECT_API_URL=str(PREFECT_API_URL.value()), PYTHONPATH=str(ROOT))
-    r = subprocess.run([sys.executable, "-c", REPLANS, str(spec), str(CPU_2PROC), str(tmp_path)],
-                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    r = as_worker(REPLANS, str(spec), str(CPU_2PROC), str(tmp_path), cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     # MLflow's progress bars and log lines stay out of a worker's output.
     assert [n for n in NOISE if n in r.stdout + r.stderr] == [], r.stdout + r.stderr
@@ -72,8 +53,7 @@ def test_replan_records_nothing_when_unchanged_then_replans_after_a_schema_chang
     assert third["previous_spec_hash"] == first["spec_hash"] != third["spec_hash"]
     # Each flow run's log ends with the line the CLI prints (then only Prefect's own "Finished").
     for outcome in (first, second, third):
-        log = [line for line in flow_log(outcome["flow_run"]) if not line.startswith("Finished in state")]
-        assert log[-1] == outcome["summary"]
+        assert flow_log(outcome["flow_run"])[-1] == outcome["summary"]
     assert second["summary"].startswith("unchanged: ")
 
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-SHARDFLOW = Path(sys.executable).parent / "shardflow"
+from rec.train.resume import step_dir
+from tests.paths import ROOT, SHARDFLOW
+
+pytestmark = pytest.mark.slow  # real torchrun trainings
+
 EBC = "model.sparse_arch.embedding_bag_collection.embedding_bags"
 TABLES_A = """tables:
 - {name: users, num_embeddings: 2000, embedding_dim: 16}
@@ -85,8 +87,8 @@ def test_a_new_plan_on_another_world_size_resumes_from_the_old_checkpoint(traine
                                  "dense_reinitialized": metrics["resume"]["dense_reinitialized"]}
     assert "Traceback" not in r.stderr
 
-    old = full_state(tmp / "train_a" / "checkpoints" / "step_00000004", tmp)
-    new = full_state(tmp / "train_b" / "checkpoints" / "step_00000004", tmp)  # B's layout, before training on
+    old = full_state(step_dir(tmp / "train_a" / "checkpoints", 4), tmp)
+    new = full_state(step_dir(tmp / "train_b" / "checkpoints", 4), tmp)  # B's layout, before training on
     for table in ("item_ids", "wide"):
         for key in (f"model.{EBC}.{table}.weight", f"optim.state.{EBC}.{table}.weight.{table}.momentum1"):
             assert torch.equal(old[key], new[key]), key

@@ -6,10 +6,7 @@ from pathlib import Path
 
 from flows.cli import main
 from tasks.run_dirs import RunDirs, lock_dir
-
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "examples" / "specs" / "cpu_demo.yaml"
-CPU_2PROC = ROOT / "examples" / "topologies" / "cpu_2proc.yaml"
+from tests.paths import CPU_2PROC, DEMO
 
 
 def test_a_second_run_into_a_directory_in_use_is_refused_at_once(tmp_path, capfd):

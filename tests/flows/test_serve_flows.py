@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import signal
-from pathlib import Path
 
 import pytest
 
 from flows.cli import main
 from tests.flows.serve_process import served, stop
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # SQLAlchemy, from MLflow+Prefect
 EXPECTED = {"plan": "shardflow-plan", "pipeline": "shardflow-pipeline",
             "replan-on-schema-change": "shardflow-replan"}
@@ -40,6 +38,7 @@ def test_serve_refuses_unknown_parameters_and_bad_intervals(capsys):
     assert "expected KEY=VALUE" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_sigterm_stops_serve_its_server_and_the_flow_run_in_progress(tmp_path):
     """A real ``shardflow serve`` with the Prefect server it starts; SIGTERM (as a service manager
     stops it) while a scheduled replan runs: serve exits 0 and none of its processes is left."""

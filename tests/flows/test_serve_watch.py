@@ -7,16 +7,13 @@ import inspect
 import shutil
 import time
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
 from flows.cli import main
 from tests.flows.serve_process import REPLAN_EVERY_S, STOP_TIMEOUT_S, alive, free_port, served
+from tests.paths import CPU_2PROC, DEMO, ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
-SPEC = ROOT / "examples" / "specs" / "cpu_demo.yaml"
-TOPOLOGY = ROOT / "examples" / "topologies" / "cpu_2proc.yaml"
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # SQLAlchemy, from MLflow+Prefect
 
 
@@ -28,8 +25,8 @@ def listed(capsys) -> dict[str, str]:
 def test_deployment_paths_are_relative_to_the_deployment_file(tmp_path, monkeypatch, capsys):
     (tmp_path / "deploy").mkdir()
     (tmp_path / "inputs").mkdir()
-    shutil.copy(SPEC, tmp_path / "inputs" / "spec.yaml")
-    shutil.copy(TOPOLOGY, tmp_path / "inputs" / "topology.yaml")
+    shutil.copy(DEMO, tmp_path / "inputs" / "spec.yaml")
+    shutil.copy(CPU_2PROC, tmp_path / "inputs" / "topology.yaml")
     prefect_file = tmp_path / "deploy" / "prefect.yaml"
     prefect_file.write_text(f"""
 deployments:
@@ -59,7 +56,7 @@ def test_the_repository_deployments_list_the_same_from_anywhere(tmp_path, monkey
     monkeypatch.chdir(tmp_path)
     assert main(["serve", "--list"]) == 0
     for line in listed(capsys).values():
-        assert f"'spec_path': '{SPEC}'" in line and f"'topology_path': '{TOPOLOGY}'" in line
+        assert f"'spec_path': '{DEMO}'" in line and f"'topology_path': '{CPU_2PROC}'" in line
 
 
 def test_missing_inputs_and_entry_points_are_named_before_serving(tmp_path, capsys):
@@ -68,7 +65,7 @@ def test_missing_inputs_and_entry_points_are_named_before_serving(tmp_path, caps
 deployments:
   - name: replan
     entrypoint: {ROOT}/flows/replan.py:replan_flow
-    parameters: {{spec_path: no-spec.yaml, topology_path: {TOPOLOGY}}}
+    parameters: {{spec_path: no-spec.yaml, topology_path: {CPU_2PROC}}}
   - name: gone
     entrypoint: flows/nothing.py:nothing_flow
   - name: typo
@@ -124,6 +121,7 @@ def test_the_watch_gives_up_on_a_server_that_stopped_answering():
             "the Prefect server at " + url.removesuffix("/api") + " has not answered for 2 s"
 
 
+@pytest.mark.slow
 def test_served_from_anywhere_the_replan_schedule_fires_then_a_killed_server_stops_serving_in_one_line(
         tmp_path):
     """``shardflow serve`` from a directory outside the repository, with the repository's
@@ -166,9 +164,10 @@ def test_served_from_anywhere_the_replan_schedule_fires_then_a_killed_server_sto
     assert set(deployments) == {"plan", "pipeline", "replan-on-schema-change"}
     replan = deployments["replan-on-schema-change"]
     assert [s.schedule.interval for s in replan.schedules] == [timedelta(seconds=REPLAN_EVERY_S)]
-    assert replan.parameters["spec_path"] == str(SPEC)  # prefect.yaml's ../examples/...
+    assert replan.parameters["spec_path"] == str(DEMO)  # prefect.yaml's ../examples/...
     assert replan.parameters["tracking_uri"] == f"sqlite:///{cwd / 'mlflow.db'}"
-    assert deployments["pipeline"].parameters["train_iterations"] == 20
+    # The pipeline trains as `shardflow run` does: prefect.yaml restates none of the flows' defaults.
+    assert not {"train_iterations", "batch_size"} & set(deployments["pipeline"].parameters)
     assert all(r.auto_scheduled for r in completed)  # fired by the schedule, not by hand
 
     client = MlflowClient(f"sqlite:///{cwd / 'mlflow.db'}")
@@ -180,5 +179,5 @@ def test_served_from_anywhere_the_replan_schedule_fires_then_a_killed_server_sto
     # replan records at most a small run tagged unchanged)
     assert [r.data.tags["shardflow.replan"] for r in replans] == ["replanned"] + ["unchanged"] * (len(replans) - 1)
     assert len(plans) == 1 and plans[0].info.status == replans[0].info.status == "FINISHED"
-    assert plans[0].data.tags["shardflow.spec_path"] == str(SPEC)
+    assert plans[0].data.tags["shardflow.spec_path"] == str(DEMO)
     assert (cwd / "out" / "plan" / "plan.json").is_file()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from search_instances import GiB, milp_optimum, random_space
 
 from rec.search import build_search_space, search_result
 from rec.search.bound import BoundMethod, lower_bound
@@ -13,6 +12,7 @@ from rec.search.space import SearchSpace
 from rec.spec.synthetic import issue2282_spec
 from rec.spec.validate import spec_from_rows
 from rec.topology import topology_from_dict
+from tests.rec.search_instances import GiB, milp_optimum, random_space
 
 SEEDS = range(60)  # cpu and cuda, one and two hosts alternate with the seed
 

@@ -24,6 +24,7 @@ from rec.train.checkpoint import (
     read_index,
 )
 from rec.train.restricted_pickle import RefusedPickle
+from rec.train.resume import step_dir
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # one-process checkpoints
 METADATA = "torch.distributed.checkpoint.metadata"
@@ -119,7 +120,7 @@ class _RunsOnLoad:
 @pytest.fixture(scope="module")
 def real_step(tmp_path_factory) -> Path:
     """A real DCP checkpoint (one process): tensors, an optimizer's step count and learning rate."""
-    step = tmp_path_factory.mktemp("ckpt") / "step_00000004"
+    step = step_dir(tmp_path_factory.mktemp("ckpt"), 4)
     state = {"model": {"table.weight": torch.randn(8, 4), "dense.bias": torch.zeros(3)},
              "optim": {"state": {"table.weight": {"momentum1": torch.ones(8), "step": torch.tensor(4.0)}},
                        "param_groups": [{"lr": 0.05, "params": ["table.weight"]}]}}

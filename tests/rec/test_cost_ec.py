@@ -7,7 +7,6 @@ import warnings
 
 import numpy as np
 import pytest
-from test_cost import CASES, DIMS, PERF_PARTS, pick, random_table, random_topology, torchrec_hardware
 
 from rec.cost import CostConfig, Optimizer, enumerate_options, rank_capacity
 from rec.cost.bandwidth import kernel_bw, links
@@ -19,6 +18,7 @@ from rec.plan.torchrec_score import _optimizer_class, torchrec_topology
 from rec.sharding import ComputeDevice, ComputeKernel, ModuleKind, Pooling, ShardingType, offered, sharder_options
 from rec.spec.torchrec_modules import spec_model
 from rec.spec.types import Spec, TableSpec
+from tests.rec.test_cost import CASES, DIMS, PERF_PARTS, pick, random_table, random_topology, torchrec_hardware
 
 torch = pytest.importorskip("torch")
 
@@ -248,8 +248,9 @@ def test_capacity_reserves_every_modules_input_like_torchrec():
 
 
 def test_profiles_rate_unpooled_tables_as_torchrecs_hardware_perf_config_does():
-    from test_cost import random_profile
     from torchrec.distributed.planner.estimator import EmbeddingPerfEstimatorFactory
+
+    from tests.rec.test_cost import random_profile
 
     rng = np.random.default_rng(9)
     topology = random_topology(rng, ComputeDevice.CUDA, 16, 8)

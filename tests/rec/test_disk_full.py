@@ -13,8 +13,7 @@ import pytest
 
 from rec.disk_full import DiskFull, disk_full_cause, writing
 from rec.train.rank_log import error_from_line, read_errors
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.paths import ROOT
 
 
 def run_limited(code: str, file_size_limit: int, cwd: Path) -> subprocess.CompletedProcess:

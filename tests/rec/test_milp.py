@@ -7,7 +7,6 @@ import itertools
 
 import numpy as np
 import pytest
-from search_instances import milp_optimum, random_space
 
 from rec.search import SearchConfig, build_search_space, search_result
 from rec.search.bound import BoundMethod
@@ -19,6 +18,7 @@ from rec.search.space import SearchSpace
 from rec.spec.synthetic import criteo_1tb_spec
 from rec.spec.validate import spec_from_rows
 from rec.topology import topology_from_dict
+from tests.rec.search_instances import milp_optimum, random_space
 
 
 def placements(space: SearchSpace, o: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:

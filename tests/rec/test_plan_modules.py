@@ -8,7 +8,6 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from search_instances import milp_optimum
 
 from rec.plan import check_plan, read_plan, write_plan
 from rec.plan.io import SHARD_COLUMNS, dumps_plan
@@ -19,6 +18,7 @@ from rec.spec import spec_from_rows
 from rec.spec.columns import table_to_row
 from rec.spec.types import DEFAULT_MODULE
 from rec.topology import topology_from_dict
+from tests.rec.search_instances import milp_optimum
 
 CUDA_2X2 = topology_from_dict({"world_size": 4, "local_world_size": 2, "compute_device": "cuda",
                                "hbm_cap": "16GiB", "ddr_cap": "64GiB", "batch_size": 512})
@@ -120,24 +120,6 @@ def movement_of_fresh(previous, replanned) -> int:
     from rec.plan.movement import movement
 
     return movement(previous, replanned.fresh).moved_bytes
-
-
-def test_planning_a_model_of_several_modules_imports_no_torch(tmp_path):
-    import subprocess
-    import sys
-
-    from rec.spec import write_spec
-
-    spec_path = write_spec(spec_from_rows(model_rows(3)), tmp_path / "model.parquet")
-    code = (
-        "import sys; from rec.spec import read_spec; from rec.topology import topology_from_dict;"
-        "from rec.planning import plan_spec; from rec.plan import write_plan, read_plan, check_plan;"
-        f"topology = topology_from_dict({{'world_size': 2, 'local_world_size': 2, 'compute_device': 'cuda'}});"
-        f"plan = plan_spec(read_spec({str(spec_path)!r}), topology);"
-        f"write_plan(plan, {str(tmp_path / 'plan')!r}); check_plan(read_plan({str(tmp_path / 'plan')!r}));"
-        "bad = [m for m in ('torch', 'torchrec') if m in sys.modules]; assert not bad, bad"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_a_plan_giving_an_embedding_collection_a_sharding_its_sharder_lacks_is_refused(tmp_path):

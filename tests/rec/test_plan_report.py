@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -14,8 +12,7 @@ from rec.spec import read_spec
 from rec.spec.synthetic import criteo_1tb_spec, issue2282_spec
 from rec.topology import read_topology
 from rec.topology.validate import topology_from_dict
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.paths import ROOT
 
 
 @pytest.fixture(scope="module")

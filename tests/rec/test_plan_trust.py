@@ -12,7 +12,6 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from plan_edits import all_on_rank_0, chart_of, move_first_table
 
 from flows.cli import main
 from rec.errors import InputError
@@ -24,10 +23,8 @@ from rec.search import SearchConfig
 from rec.spec.synthetic import issue2282_spec
 from rec.topology import topology_from_dict
 from tasks.ingest import ingest
-
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "examples" / "specs" / "cpu_demo.yaml"
-CPU_2PROC = ROOT / "examples" / "topologies" / "cpu_2proc.yaml"
+from tests.paths import CPU_2PROC, DEMO
+from tests.rec.plan_edits import all_on_rank_0, chart_of, move_first_table
 
 
 @pytest.fixture(scope="module")

@@ -42,13 +42,9 @@ from rec.sharding import ComputeKernel, ShardingType
 from rec.spec import read_spec
 from rec.spec.synthetic import criteo_1tb_spec, issue2282_spec, mixed_spec, power_law_spec
 from rec.topology import read_topology
+from tests.paths import CPU_2PROC, DEMO, EXAMPLES, H100_2X8, ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = ROOT / "examples"
 SAMPLE = EXAMPLES / "profiles" / "h100_sxm_datasheet.yaml"
-CPU_2PROC = EXAMPLES / "topologies" / "cpu_2proc.yaml"
-H100_2X8 = EXAMPLES / "topologies" / "h100_2x8.yaml"
-DEMO = EXAMPLES / "specs" / "cpu_demo.yaml"
 SCREEN_LINES = 40
 
 CPU_PROFILE = """\

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -31,10 +30,8 @@ from rec.sharding import ComputeDevice
 from rec.spec import read_spec
 from rec.topology import read_topology
 from rec.topology.validate import MS_PER_S
+from tests.paths import CPU_2PROC, DEMO
 
-ROOT = Path(__file__).resolve().parents[2]
-CPU_2PROC = ROOT / "examples" / "topologies" / "cpu_2proc.yaml"
-DEMO = ROOT / "examples" / "specs" / "cpu_demo.yaml"
 CACHING = 0.2
 
 

@@ -14,8 +14,8 @@ from rec.sharding import ComputeKernel, DataType, Pooling, ShardingType
 from rec.spec import Spec, read_spec, spec_from_rows, write_spec
 from rec.spec.columnar import columnar_spec
 from rec.spec.synthetic import mixed_spec
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 EXTENSIONS = [".parquet", ".pq", ".arrow", ".feather", ".ipc", ".csv", ".yaml", ".yml", ".json"]
 
 ROWS = [

@@ -87,14 +87,14 @@ def single_process_group(tmp_path):
 
 def test_from_model_plan_and_shard_the_same_model(tmp_path, single_process_group):
     """The round trip a user makes: spec from the model, plan it, shard the model with the plan."""
-    from model_factories import rec_model
-    from test_torchrec_plan_modules import applied
     from torchrec.distributed.model_parallel import DistributedModelParallel
 
     from rec.plan import read_plan, write_plan
     from rec.plan.torchrec_plan import sharders_for, to_sharding_plan
     from rec.planning import plan_spec
     from rec.topology import topology_from_dict
+    from tests.rec.model_factories import rec_model
+    from tests.rec.test_torchrec_plan_modules import applied
 
     spec_path = tmp_path / "model.parquet"
     assert main(["spec", "from-model", "model_factories:rec_model", "--out", str(spec_path)]) == 0

@@ -3,15 +3,13 @@ from __future__ import annotations
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from rec.sharding import DataType, Pooling
 from rec.spec import read_spec
 from rec.spec.synthetic import CRITEO_1TB_ROWS, criteo_1tb_spec, issue2282_spec, mixed_spec, power_law_spec
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.paths import ROOT
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,5 @@
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from rec.errors import InputError
@@ -19,8 +15,8 @@ from rec.topology.types import (
     INTRA_NODE_BANDWIDTH,
 )
 from rec.units import format_bytes, parse_bytes, parse_bytes_per_second
+from tests.paths import TOPOLOGIES
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "topologies"
 GiB = 1024**3
 MINIMAL = {"world_size": 16, "local_world_size": 8, "compute_device": "cuda"}
 
@@ -103,14 +99,14 @@ def test_cpu_ranks_have_no_hbm_unless_given():
     ],
 )
 def test_example_topologies_read(name, world, local, device, hbm):
-    t = read_topology(EXAMPLES / name)
+    t = read_topology(TOPOLOGIES / name)
     assert (t.world_size, t.local_world_size, t.compute_device, t.hbm_cap) == (world, local, device, hbm)
     assert t.num_hosts == world // local
     assert t.topology_hash == topology_hash(t)
 
 
 def test_h100_examples_give_each_rank_an_eighth_of_a_1tib_host():
-    assert read_topology(EXAMPLES / "h100_2x8.yaml").ddr_cap == 1024**4 // 8
+    assert read_topology(TOPOLOGIES / "h100_2x8.yaml").ddr_cap == 1024**4 // 8
 
 
 def test_hash_ignores_key_order_and_unit_spelling_but_not_content():
@@ -123,7 +119,7 @@ def test_hash_ignores_key_order_and_unit_spelling_but_not_content():
 
 def test_topology_to_dict_reads_back_to_the_same_topology():
     for name in ("h100_1x8.yaml", "h100_2x8.yaml", "cpu_2proc.yaml"):
-        t = read_topology(EXAMPLES / name)
+        t = read_topology(TOPOLOGIES / name)
         assert topology_from_dict(topology_to_dict(t)) == t
     custom = topology_from_dict({**MINIMAL, "intra_host_bw": "450GB/s", "inter_host_bw": "50GB/s"})
     assert topology_from_dict(topology_to_dict(custom)) == custom
@@ -191,15 +187,6 @@ def test_unreadable_topology_files_are_input_errors(tmp_path, name, text, expect
         path.write_text(text)
     with pytest.raises(InputError, match=expected):
         read_topology(path)
-
-
-def test_rec_imports_no_torch_or_orchestration():
-    code = (
-        "import sys, rec.spec, rec.spec.synthetic, rec.topology, rec.units;"
-        "bad = [m for m in ('torch', 'torchrec', 'prefect', 'ray', 'mlflow') if m in sys.modules];"
-        "assert not bad, bad"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import pytest
 
@@ -16,6 +15,7 @@ from rec.topology import read_topology, topology_from_dict
 pytest.importorskip("torchrec")
 
 from rec.plan.torchrec_score import run_torchrec_planner, score_plan, torchrec_score
+from tests.paths import H100
 
 
 @pytest.fixture(autouse=True)
@@ -67,7 +67,7 @@ def test_shardflow_critical_path_is_no_worse_than_torchrec_planner(n_tables, wor
 
 
 def test_example_topology_scores_through_yaml():
-    topology = read_topology(Path(__file__).resolve().parents[2] / "examples" / "topologies" / "h100_1x8.yaml")
+    topology = read_topology(H100)
     spec = issue2282_spec(12, seed=3)
     plan = plan_spec(spec, topology)
     assert score_plan(plan, spec, topology) == pytest.approx(plan.metrics.critical_path, rel=1e-9)

@@ -1,16 +1,14 @@
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from rec.topology import read_topology, topology_from_dict
 from rec.topology import types as ours
 from rec.topology.torchrec_topology import to_torchrec, torchrec_planner_kwargs
+from tests.paths import TOPOLOGIES
 
 constants = pytest.importorskip("torchrec.distributed.planner.constants")
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "topologies"
 GiB = 1024**3
 
 
@@ -22,7 +20,7 @@ def test_our_defaults_are_torchrecs_constants():
 
 @pytest.mark.parametrize("name", ["h100_1x8.yaml", "h100_2x8.yaml"])
 def test_gpu_topology_converts_rank_for_rank(name):
-    ours_t = read_topology(EXAMPLES / name)
+    ours_t = read_topology(TOPOLOGIES / name)
     theirs = to_torchrec(ours_t)
     assert (theirs.world_size, theirs.local_world_size, theirs.compute_device) == (
         ours_t.world_size,
@@ -62,7 +60,7 @@ def test_default_bandwidths_are_torchrecs_own():
 
 
 def test_cpu_topology_keeps_tables_in_ddr_as_torchrec_does():
-    theirs = to_torchrec(read_topology(EXAMPLES / "cpu_2proc.yaml"))
+    theirs = to_torchrec(read_topology(TOPOLOGIES / "cpu_2proc.yaml"))
     assert (theirs.world_size, theirs.local_world_size, theirs.compute_device) == (2, 2, "cpu")
     assert [d.storage.hbm for d in theirs.devices] == [0, 0]  # TorchRec ignores hbm_cap on cpu
     assert [d.storage.ddr for d in theirs.devices] == [16 * GiB, 16 * GiB]

@@ -47,22 +47,14 @@ def process_group(tmp_path):
 
 
 def shard_and_train(plan, spec, config: TrainConfig, steps: int):
-    """What the job does on a rank: build, fuse the tables' optimizer, shard with the plan, train."""
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
-    from torchrec.optim.optimizers import in_backward_optimizer_filter
-
-    from rec.plan.torchrec_plan import sharders_for, to_sharding_plan
-    from rec.train import job
+    """What the job does on a rank: build, shard with the plan (the tables' optimizer fused), train."""
+    from rec.train.job import model_and_batches, shard_with_plan
+    from rec.train.loop import pipeline_step
 
     device = torch.device("cpu")
-    model, source = job._model_and_batches(plan, spec, config, device)
-    job._fuse_embedding_optimizer(model, plan, config.embedding_lr)
-    dmp = DistributedModelParallel(model, device=device, plan=to_sharding_plan(plan), sharders=sharders_for(plan))
-    dense = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(dmp.named_parameters())),
-                                  lambda params: torch.optim.Adagrad(params, lr=config.dense_lr))
-    step = job._pipeline_step(dmp, CombinedOptimizer([dmp.fused_optimizer, dense]), device,
-                              source(0, 1, plan.topology["batch_size"]), config.pipeline)
+    model, source = model_and_batches(plan, spec, config, device)
+    dmp, optimizer = shard_with_plan(model, plan, config, device)
+    step = pipeline_step(dmp, optimizer, device, source(0, 1, plan.topology["batch_size"]), config.pipeline)
     return dmp, [float(step()) for _ in range(steps)]
 
 

@@ -10,21 +10,14 @@ import logging
 import os
 import pickle
 import shutil
-import sys
 from pathlib import Path
 
 from rec.plan.io import plan_from_dict
 from tasks.ingest import ingest
 from tasks.plan_cache import read_entry, secret_path
 from tasks.search import SearchSettings, plan_key, search_plan
-
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "examples" / "specs" / "cpu_demo.yaml"
-CPU_2PROC = ROOT / "examples" / "topologies" / "cpu_2proc.yaml"
-H100 = ROOT / "examples" / "topologies" / "h100_1x8.yaml"
-
-sys.path.insert(0, str(ROOT / "tests" / "rec"))
-from plan_edits import all_on_rank_0  # noqa: E402
+from tests.paths import CPU_2PROC, DEMO, H100
+from tests.rec.plan_edits import all_on_rank_0
 
 
 class Boom:
@@ -32,8 +25,8 @@ class Boom:
         return (Path("/tmp/shardflow-pickle-ran").touch, ())
 
 
-def test_a_plan_is_cached_as_json_and_found_again(tmp_path):
-    inputs = ingest(str(DEMO), str(CPU_2PROC))
+def test_a_plan_is_cached_as_json_and_found_again(tmp_path, demo_inputs):
+    inputs = demo_inputs
     cache = tmp_path / "cache"
     first = search_plan(inputs, SearchSettings(), str(cache))
     again = search_plan(inputs, SearchSettings(), str(cache))
@@ -46,9 +39,9 @@ def test_a_plan_is_cached_as_json_and_found_again(tmp_path):
     assert all(not p.read_bytes().startswith(b"\x80") for p in cache.rglob("*") if p.is_file())
 
 
-def test_an_edited_or_crafted_cache_entry_is_searched_again_not_trusted(tmp_path):
+def test_an_edited_or_crafted_cache_entry_is_searched_again_not_trusted(tmp_path, demo_inputs):
     tmp_path = tmp_path / "cache"
-    inputs = ingest(str(DEMO), str(CPU_2PROC))
+    inputs = demo_inputs
     plan = search_plan(inputs, SearchSettings(), str(tmp_path)).plan
     entry = tmp_path / plan_key(inputs, SearchSettings())
     edited = json.loads((entry / "plan.json").read_text())
@@ -116,8 +109,8 @@ def test_a_key_file_others_can_read_is_replaced_and_voids_the_entries(tmp_path, 
     assert search_plan(inputs, SearchSettings(), str(tmp_path / "cache")).cached
 
 
-def test_a_cache_that_cannot_be_written_is_one_line_not_a_failure(tmp_path, caplog):
-    inputs = ingest(str(DEMO), str(CPU_2PROC))
+def test_a_cache_that_cannot_be_written_is_one_line_not_a_failure(tmp_path, caplog, demo_inputs):
+    inputs = demo_inputs
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / plan_key(inputs, SearchSettings())).write_text("a file where the entry would go")
     with caplog.at_level(logging.WARNING):

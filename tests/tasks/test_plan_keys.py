@@ -3,19 +3,12 @@ and never served for another previous plan, budget or backend."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from rec.search import SearchConfig
-from tasks.ingest import ingest
 from tasks.search import Backend, SearchSettings, plan_key, search_plan
 
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "examples" / "specs" / "cpu_demo.yaml"
-CPU_2PROC = ROOT / "examples" / "topologies" / "cpu_2proc.yaml"
 
-
-def test_a_replan_is_cached_under_its_plan_id_and_found_again(tmp_path):
-    inputs = ingest(str(DEMO), str(CPU_2PROC))
+def test_a_replan_is_cached_under_its_plan_id_and_found_again(tmp_path, demo_inputs):
+    inputs = demo_inputs
     previous = search_plan(inputs).plan
     settings = SearchSettings(max_regress=0.05)
     first = search_plan(inputs, settings, str(tmp_path), previous)
@@ -26,8 +19,8 @@ def test_a_replan_is_cached_under_its_plan_id_and_found_again(tmp_path):
     assert (tmp_path / first.plan.plan_id / "plan.json").is_file()
 
 
-def test_a_cached_plan_is_not_served_for_another_previous_plan_budget_or_backend(tmp_path):
-    inputs = ingest(str(DEMO), str(CPU_2PROC))
+def test_a_cached_plan_is_not_served_for_another_previous_plan_budget_or_backend(tmp_path, demo_inputs):
+    inputs = demo_inputs
     previous = search_plan(inputs, SearchSettings(), str(tmp_path)).plan
     other = search_plan(inputs, SearchSettings(config=SearchConfig(time_limit_s=0))).plan  # another plan_id
     replanned = search_plan(inputs, SearchSettings(), str(tmp_path), previous)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import ipaddress
 
 import psutil
+import pytest
+
+pytestmark = pytest.mark.slow  # a local Ray cluster
 
 
 def test_a_local_ray_listens_on_loopback_only():

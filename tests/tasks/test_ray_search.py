@@ -12,6 +12,8 @@ from rec.spec.synthetic import power_law_spec
 from rec.topology import topology_from_dict
 from tasks.ray_search import GroupSearcher, RaySearcher
 
+pytestmark = pytest.mark.slow  # a local Ray cluster
+
 ray = pytest.importorskip("ray")
 TOPO = topology_from_dict(dict(world_size=32, local_world_size=8, compute_device="cuda",
                                hbm_cap="80GiB", ddr_cap="128GiB"))

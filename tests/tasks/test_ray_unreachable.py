@@ -4,22 +4,18 @@ from __future__ import annotations
 
 import logging
 import subprocess
-import sys
-from pathlib import Path
 
 from rec.planning import plan_spec
 from rec.spec.synthetic import power_law_spec
 from rec.topology import topology_from_dict
 from tasks.ray_search import AutoSearcher
+from tests.paths import CPU_2PROC, DEMO, SHARDFLOW
 
-ROOT = Path(__file__).resolve().parents[2]
 TOPO = topology_from_dict(dict(world_size=8, compute_device="cuda", hbm_cap="80GiB", ddr_cap="128GiB"))
 
 
 def test_unreachable_cluster_with_explicit_ray_backend_exits_2(tmp_path):
-    r = subprocess.run([str(Path(sys.executable).parent / "shardflow"), "plan",
-                        str(ROOT / "examples/specs/cpu_demo.yaml"), "--topology",
-                        str(ROOT / "examples/topologies/cpu_2proc.yaml"), "--out", str(tmp_path / "p"),
+    r = subprocess.run([str(SHARDFLOW), "plan", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "p"),
                         "--backend", "ray"], capture_output=True, text=True,
                        env={"PATH": "/usr/bin:/bin", "RAY_ADDRESS": "127.0.0.1:1"}, timeout=120)
     assert r.returncode == 2

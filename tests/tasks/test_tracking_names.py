@@ -11,11 +11,9 @@ import pytest
 from flows.cli import main
 from rec.errors import InputError
 from tasks.tracking import Tracking, TrackingSettings, connect, tracking_for
+from tests.paths import CPU_2PROC, DEMO
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # SQLAlchemy, from MLflow
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = ROOT / "examples" / "specs" / "cpu_demo.yaml"
-CPU_2PROC = ROOT / "examples" / "topologies" / "cpu_2proc.yaml"
 
 BAD_EXPERIMENTS = {
     "../../x": "path separator",

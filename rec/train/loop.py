@@ -1,0 +1,146 @@
+"""The training loop: one timed iteration after another, checkpoints on the way, and the iterations
+of all ranks reduced to one row each (the slowest rank's latency, the ranks' mean loss)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+from torchrec.optim.keyed import CombinedOptimizer
+
+from rec.errors import InputError, Problem
+from rec.train import checkpoint
+from rec.train.config import FAIL_AT_ENV, PipelineKind, TrainConfig
+from rec.train.metrics import Iterations, write_iterations
+from rec.train.rank_log import RankOutput
+from rec.train.rank_process import restart_count
+from rec.train.start import Start
+
+if TYPE_CHECKING:
+    from torchrec.datasets.utils import Batch
+
+    from rec.train.batch import ModuleBatch
+
+
+def train_iterations(dmp: DistributedModelParallel, optimizer: CombinedOptimizer, device: torch.device,
+                     batches: Iterator[Batch | ModuleBatch], config: TrainConfig, start: Start,
+                     checkpoints: str | None, out_dir: str, output: RankOutput) -> Iterations | None:
+    """Train from ``start.iteration`` to ``config.iterations``, a checkpoint every
+    ``config.checkpoint_every`` into ``checkpoints``; every iteration of the training (rank 0; None
+    on the others: a collective, every rank calls it)."""
+    rank = dist.get_rank()
+    step = pipeline_step(dmp, optimizer, device, batches, config.pipeline)
+    fail_at = _fail_at(rank)
+    latencies: list[float] = []
+    losses: list[torch.Tensor] = []
+
+    def so_far() -> Iterations | None:
+        mine = _reduced(start.iteration, latencies, losses, config.warmup)
+        return start.earlier.then(mine) if mine is not None else None
+
+    def keep_iterations() -> None:  # with a checkpoint: a resume from it keeps the rows before it
+        rows = so_far()
+        if rows is not None:
+            write_iterations(out_dir, rows)
+
+    output.progress("training", start.iteration, config.iterations)
+    for i in range(start.iteration, config.iterations):
+        if fail_at is not None and i == fail_at[0]:
+            _fail(i, rank, fail_at[1])
+        began = time.perf_counter()
+        loss = step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        latencies.append((time.perf_counter() - began) * 1e3)
+        losses.append(loss)
+        done = i + 1
+        if output.due(done, config.iterations):  # the loss's .item() syncs: only when shown
+            output.progress(f"iteration {done}/{config.iterations}, {latencies[-1]:.1f} ms, "
+                            f"loss {loss.item():.4f}", done, config.iterations)
+        if checkpoints and config.checkpoint_every and done % config.checkpoint_every == 0:
+            checkpoint.save(checkpoints, done, dmp, optimizer, keep=config.keep_checkpoints,
+                            before_latest=keep_iterations)
+    return so_far()
+
+
+def pipeline_step(dmp: DistributedModelParallel, optimizer: CombinedOptimizer, device: torch.device,
+                  batches: Iterator[Batch | ModuleBatch], kind: PipelineKind) -> Callable[[], torch.Tensor]:
+    """One training iteration as a function returning its (detached) loss. The model's forward
+    returns ``(losses, output)``, TorchRec's convention (``DLRMTrain``): backward runs on the sum
+    of ``losses``, which is the loss reported."""
+    loss = torch.zeros(())
+
+    def forward(batch: Batch | ModuleBatch) -> Any:
+        nonlocal loss
+        output = dmp(batch)
+        loss = _losses(output).detach().sum()
+        return output
+
+    if kind is PipelineKind.SPARSE_DIST:
+        pipeline = TrainPipelineSparseDist(dmp, optimizer, device, custom_model_fwd=forward)
+
+        def pipelined() -> torch.Tensor:
+            pipeline.progress(batches)  # returns the forward's output; the loss is kept by forward
+            return loss
+
+        return pipelined
+
+    def naive() -> torch.Tensor:
+        batch = next(batches).to(device, non_blocking=True)
+        optimizer.zero_grad()
+        losses, _ = forward(batch)
+        torch.autograd.backward(torch.sum(losses, dim=0))
+        optimizer.step()
+        return loss
+
+    return naive
+
+
+def _losses(output: Any) -> torch.Tensor:
+    """The ``losses`` of a forward's ``(losses, output)``; InputError for anything else."""
+    losses = output[0] if isinstance(output, (tuple, list)) and len(output) == 2 else None
+    if not isinstance(losses, torch.Tensor) or losses.dim() > 1:
+        raise InputError("The model's forward does not return (loss, output):", [Problem(
+            "forward(batch)", f"returned {type(output).__name__}{_shape(losses)}; return (loss, output), as "
+                              "TorchRec's DLRMTrain and train pipelines do")])
+    return losses
+
+
+def _shape(value: Any) -> str:
+    return f" with a loss of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else ""
+
+
+def _reduced(start: int, latencies: list[float], losses: list[torch.Tensor], warmup: int) -> Iterations | None:
+    """This run's iterations over all ranks (a collective): an iteration takes as long as its
+    slowest rank, its loss is the mean over the ranks. Rank 0 gets them, the others None."""
+    local = torch.tensor(latencies, dtype=torch.float64)
+    dist.all_reduce(local, op=dist.ReduceOp.MAX)
+    total = torch.stack(losses).to(torch.float64) if losses else torch.zeros(0, dtype=torch.float64)
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    if dist.get_rank() != 0:
+        return None
+    return Iterations.of_run(start, local.numpy(), total.cpu().numpy() / dist.get_world_size(), warmup)
+
+
+def _fail_at(rank: int) -> tuple[int, str] | None:
+    """Fault injection (tests): ``ITER:RANK`` kills the rank at that iteration, ``ITER:RANK:raise``
+    raises there instead."""
+    spec = os.environ.get(FAIL_AT_ENV)
+    if not spec or restart_count() > 0:
+        return None
+    iteration, _, rest = spec.partition(":")
+    fail_rank, _, how = rest.partition(":")
+    return (int(iteration), how) if int(fail_rank or 0) == rank else None
+
+
+def _fail(iteration: int, rank: int, how: str) -> None:
+    if how == "raise":
+        raise RuntimeError(f"injected failure at iteration {iteration} on rank {rank}")
+    os._exit(17)  # a crashed rank, for the restart test
+

@@ -1,0 +1,85 @@
+"""Where a training starts: at iteration 0, at its own newest checkpoint (``--resume``, or a rank
+restarted by torchrun), or at another plan's checkpoint resharded into this plan's layout
+(``--resume-from``); the model and optimizer are loaded in place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch.distributed as dist
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.optim.keyed import CombinedOptimizer
+
+from rec.errors import InputError, Problem
+from rec.plan import Plan
+from rec.train import checkpoint
+from rec.train.config import TrainConfig
+from rec.train.metrics import Iterations, earlier_iterations
+from rec.train.rank_log import RankOutput
+from rec.train.rank_process import restart_count
+from rec.train.resume import checkpoint_dir, latest, step_dir
+
+
+@dataclass(frozen=True)
+class Start:
+    iteration: int  # the first iteration this run trains
+    resume: dict[str, Any] | None  # from another plan's checkpoint: what carried over (train_metrics.json)
+    earlier: Iterations  # rank 0 resuming its own checkpoint: the rows of the iterations before it
+
+
+def start(plan: Plan, config: TrainConfig, out_dir: str, dmp: DistributedModelParallel,
+          optimizer: CombinedOptimizer, output: RankOutput, plan_path: str | None) -> Start:
+    """Load the checkpoint this training starts from, if any, and record the plan the checkpoints
+    are written under (``plan_path``). InputError when the checkpoint leaves nothing to train."""
+    iteration, resume, own = 0, None, False
+    checkpoints = checkpoint_dir(config, out_dir)
+    newest = latest(checkpoints) if checkpoints else None
+    if checkpoints and newest is not None and (config.resume or restart_count() > 0 or config.resume_from):
+        own = True
+        if newest >= config.iterations:
+            raise InputError("Nothing left to train:", [Problem(
+                checkpoints, f"the newest checkpoint is of iteration {newest}; --iterations "
+                             f"{config.iterations} must be above it to train on")])
+        output.progress(f"resuming from the checkpoint of iteration {newest}")
+        checkpoint.load(checkpoints, newest, dmp, optimizer)
+        iteration = newest
+    elif config.resume_from:
+        iteration, resume = _from_other_plan(config.resume_from, plan, dmp, optimizer, output)
+        if checkpoints:  # the old checkpoint in this plan's layout, for restarts
+            checkpoint.save(checkpoints, iteration, dmp, optimizer, keep=config.keep_checkpoints)
+    if checkpoints and plan_path:
+        checkpoint.record_plan(checkpoints, plan_path)
+    earlier = Iterations.empty()
+    if own and dist.get_rank() == 0:  # this training's rows before the checkpoint: keep them
+        earlier, lost = earlier_iterations(out_dir, iteration)
+        if lost:
+            output.progress(lost)
+    return Start(iteration, resume, earlier)
+
+
+def _from_other_plan(path: str, plan: Plan, dmp: DistributedModelParallel, optimizer: CombinedOptimizer,
+                     output: RankOutput) -> tuple[int, dict[str, Any]]:
+    """Load the newest checkpoint of a training with another plan into this plan's layout."""
+    from rec.train.reshard import is_table_tensor, load_resharded
+    from rec.train.resume import check_resume, resume_source, table_changes
+
+    source = resume_source(path)
+    check_resume(source, plan)
+    changes = table_changes(source.plan, plan)
+    output.progress(f"resuming plan {plan.plan_id} from plan {source.plan.plan_id}'s checkpoint of "
+                    f"iteration {source.step}")
+    step = step_dir(source.checkpoint_dir, source.step)
+    checkpoint.check_index(step)  # refused: InputError, before DCP reads it
+    report = load_resharded(step, dmp, optimizer, changes.resized)
+    tables = [t.key for t in plan.tables]
+    dense = sorted(k.removeprefix("model.") for k in report.initialized
+                   if not k.startswith("optim.") and not is_table_tensor(k, tables))
+    if changes.reinitialized or dense:
+        output.progress(f"re-initialized (shape changed): tables {list(changes.reinitialized)}, dense {dense}")
+    return source.step, {
+        "from_plan_id": source.plan.plan_id, "step": source.step,
+        "tables_restored": len(changes.restored), "tables_resized": len(changes.resized),
+        "tables_initialized": len(changes.added) + len(changes.reinitialized),
+        "reinitialized": list(changes.reinitialized), "dense_reinitialized": dense,
+    }

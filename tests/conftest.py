@@ -1,0 +1,25 @@
+"""Fixtures every test folder shares (paths are constants: ``tests.paths``).
+
+``slow`` marks the tests that start real multi-process jobs (torchrun trainings, Prefect servers,
+Ray clusters); ``make test-fast`` runs the suite without them."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.paths import CPU_2PROC, DEMO
+
+
+@pytest.fixture(scope="session")
+def demo_inputs():
+    """The demo spec on two CPU processes, ingested (read, validated and hashed) once."""
+    from tasks.ingest import ingest
+
+    return ingest(str(DEMO), str(CPU_2PROC))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test on Prefect's test server (the ``prefect_api`` fixture, a server process) is slow."""
+    for item in items:
+        if "prefect_api" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)

@@ -18,12 +18,13 @@ from rec.plan.identity import replan_keys
 from rec.plan.movement import Movement, movement
 from rec.plan.types import Plan
 from rec.profile import check_profile_for
+from rec.profile.predict import predicted_critical_path
 from rec.search import SearchConfig, SearchResult, build_search_space, search_result
 from rec.search.feasibility import packing_failure
 from rec.search.least_moved import least_moved
 from rec.search.pack import PackingError
 from rec.search.space import SearchSpace
-from rec.search.type_costs import with_fewer_types
+from rec.search.type_costs import RELATIVE_GAIN, with_fewer_types
 from rec.search.warm import MAX_REGRESS, moved_bytes, previous_placement, warm_starts
 from rec.spec.types import Spec
 from rec.topology.types import Topology
@@ -87,6 +88,7 @@ def replan_spec(spec: Spec, topology: Topology, previous: Plan, max_regress: flo
     space = build_search_space(spec, topology, cost)
     progress.update("searching from scratch")
     result = _search(space, spec, config, searcher)
+    result = with_fewer_types(result, cost.profile, lambda s: _search(s, spec, config, searcher))
     fresh = build_plan(result, spec, topology, cost, config, result.info)
     progress.update(f"keeping shards of plan {previous.plan_id} in place")
     prev = previous_placement(space, spec, previous, cost)
@@ -98,9 +100,13 @@ def replan_spec(spec: Spec, topology: Topology, previous: Plan, max_regress: flo
         exact = least_moved(space, prev, incumbent, target, config.time_limit_s)
         candidates += [exact] if exact is not None else []
     extra = {**result.info, **replan_keys(previous, max_regress)}
+    typed = bool(cost.profile.extensions.sharding_type_ms)  # plan-level costs (rec.search.type_costs)
+    budget = (1 + max_regress) * predicted_critical_path(fresh) * (1 + RELATIVE_GAIN)
     best: tuple[tuple[int, float], Plan, Movement] | None = None
     for assignment in [*candidates, result.assignment]:  # the fresh plan itself is within the budget
         plan = build_plan(replace(result, assignment=assignment), spec, topology, cost, config, extra)
+        if typed and predicted_critical_path(plan) > budget:
+            continue  # within the budget per shard, but a sharding type the fresh plan does without costs more
         moved = movement(previous, plan, fresh.metrics.critical_path)
         key = (moved.moved_bytes, plan.metrics.critical_path)
         if best is None or key < best[0]:

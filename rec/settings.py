@@ -22,6 +22,7 @@ from typing import Any, TypeVar, Union, get_args, get_origin
 from rec.errors import InputError, Problem
 
 T = TypeVar("T")
+MAX_TIME_LIMIT_S = 24 * 3600.0  # any time limit a knob takes: a day
 
 
 def knob(help: str, *, flag: str | None = None, minimum: float | None = None,

@@ -28,9 +28,9 @@ from rec.plan.io import write_plan
 from rec.profile import dumps_profile, profile_hash
 from rec.profile.fit import Fit, Measured, fit_profile
 from rec.profile.probes import Probe, probe_plans
-from rec.settings import check, knob, to_dict
+from rec.settings import MAX_TIME_LIMIT_S, check, knob, to_dict
 from rec.topology import Topology, read_topology, topology_to_dict
-from rec.train.measure_config import MAX_TIME_LIMIT_S, MeasureConfig
+from rec.train.measure_config import MeasureConfig
 from rec.train.timings import Status, Timings
 from tasks.measure import Ranks, run_measuring_job
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from rec.exit_codes import ExitCode, stopped_by
+from rec.exit_codes import ExitCode
 from rec.settings import add_flags
 
 if TYPE_CHECKING:
@@ -47,11 +47,10 @@ def run(args: argparse.Namespace) -> int:
     import sys
     import time
 
+    from flows.commands.launch_faults import launch_faults
     from flows.progress import on_terminal
-    from rec.disk_full import DiskFull, is_disk_full
     from rec.settings import check, from_flags
     from tasks.calibrate import CalibrateSettings, calibrate
-    from tasks.launch import Stopped
     from tasks.measure import MeasureFailed
     from tasks.run_dirs import RunDirs
 
@@ -59,25 +58,17 @@ def run(args: argparse.Namespace) -> int:
     settings = from_flags(CalibrateSettings, args, max_probes=args.max_probes)
     check(settings, "Cannot calibrate with these settings:")
     dirs = RunDirs.of(args.work)
-    try:
-        with on_terminal() as shown, dirs.locked(settings.ranks.node_rank):
-            work = dirs.train_dir("calibrate", nested=False, kind="calibrate")
-            try:
-                calibrated = calibrate(args.topology, args.out, work, settings)
-            except MeasureFailed as e:
-                print(f"shardflow calibrate: the measurement failed: {e.cause}\n  logs: {e.logs}\n"
-                      f"  no profile was written", file=sys.stderr)
-                return ExitCode.of_failure(e.deterministic)
-    except Stopped as e:
-        print(f"shardflow calibrate: stopped by {e.name}: torchrun and every rank have exited; no profile was "
-              "written", file=sys.stderr)
-        return stopped_by(e.signum)
-    except (DiskFull, OSError) as e:
-        if isinstance(e, OSError) and not is_disk_full(e):
-            raise
-        full = e if isinstance(e, DiskFull) else DiskFull(e.filename or args.out, e)
-        print(f"shardflow calibrate: {full}", file=sys.stderr)
-        return ExitCode.FAILED
+    with launch_faults("shardflow calibrate", lambda: args.out, lambda: "; no profile was written") as fault, \
+            on_terminal() as shown, dirs.locked(settings.ranks.node_rank):
+        work = dirs.train_dir("calibrate", nested=False, kind="calibrate")
+        try:
+            calibrated = calibrate(args.topology, args.out, work, settings)
+        except MeasureFailed as e:
+            print(f"shardflow calibrate: the measurement failed: {e.cause}\n  logs: {e.logs}\n"
+                  f"  no profile was written", file=sys.stderr)
+            return ExitCode.of_failure(e.deterministic)
+    if fault.code is not None:
+        return fault.code
     print(render_calibrated(calibrated))
     print(f"time      {shown.summary(time.perf_counter() - started)}")
     return ExitCode.OK

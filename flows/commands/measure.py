@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from rec.exit_codes import ExitCode, stopped_by
+from rec.exit_codes import ExitCode
 from rec.settings import add_flags
 
 if TYPE_CHECKING:
@@ -46,12 +46,11 @@ def run(args: argparse.Namespace) -> int:
     import sys
     import time
 
+    from flows.commands.launch_faults import launch_faults
     from flows.commands.train import render_logged
     from flows.progress import on_terminal
-    from rec.disk_full import DiskFull, is_disk_full
     from rec.plan import read_plan
     from rec.settings import check, from_flags
-    from tasks.launch import Stopped
     from tasks.measure import MEASURE_KIND, MeasureFailed, MeasureSettings, measure
     from tasks.recorder import Logged
     from tasks.run_dirs import RunDirs
@@ -63,29 +62,22 @@ def run(args: argparse.Namespace) -> int:
     tracking = from_flags(TrackingSettings, args)
     dirs = RunDirs.of(args.out)
     logged: Logged | None = None
-    try:
-        with on_terminal() as shown, dirs.locked(settings.ranks.node_rank):
-            plan_id = read_plan(args.plan).plan_id
-            out = dirs.train_dir(plan_id, nested=False, kind=MEASURE_KIND)
-            try:
-                measured = measure(args.plan, out, settings)
-            except MeasureFailed as e:
-                print(f"shardflow measure: the measurement failed: {e.cause}\n  logs: {e.logs}", file=sys.stderr)
-                return ExitCode.of_failure(e.deterministic)
-            dirs.mark_latest(out)
-            if tracking.track and measured.report is not None:
-                from tasks.measure_record import record_measure
+    with launch_faults("shardflow measure", lambda: args.out or ".") as fault, \
+            on_terminal() as shown, dirs.locked(settings.ranks.node_rank):
+        plan_id = read_plan(args.plan).plan_id
+        out = dirs.train_dir(plan_id, nested=False, kind=MEASURE_KIND)
+        try:
+            measured = measure(args.plan, out, settings)
+        except MeasureFailed as e:
+            print(f"shardflow measure: the measurement failed: {e.cause}\n  logs: {e.logs}", file=sys.stderr)
+            return ExitCode.of_failure(e.deterministic)
+        dirs.mark_latest(out)
+        if tracking.track and measured.report is not None:
+            from tasks.measure_record import record_measure
 
-                logged = record_measure(tracking.resolve(), measured)
-    except Stopped as e:
-        print(f"shardflow measure: stopped by {e.name}: torchrun and every rank have exited", file=sys.stderr)
-        return stopped_by(e.signum)
-    except (DiskFull, OSError) as e:
-        if isinstance(e, OSError) and not is_disk_full(e):
-            raise
-        full = e if isinstance(e, DiskFull) else DiskFull(e.filename or args.out or ".", e)
-        print(f"shardflow measure: {full}", file=sys.stderr)
-        return ExitCode.FAILED
+            logged = record_measure(tracking.resolve(), measured)
+    if fault.code is not None:
+        return fault.code
     if measured.report is None:
         print(f"measure   done on node {settings.ranks.node_rank}; node 0 writes measure.json")
     else:

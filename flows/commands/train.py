@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from rec.exit_codes import ExitCode, stopped_by
+from rec.exit_codes import ExitCode
 from rec.settings import add_flags
 
 if TYPE_CHECKING:
@@ -47,11 +47,10 @@ def run(args: argparse.Namespace) -> int:
     import sys
     import time
 
+    from flows.commands.launch_faults import launch_faults
     from flows.progress import on_terminal
-    from rec.disk_full import DiskFull, is_disk_full
     from rec.plan import read_plan
     from rec.settings import check, from_flags
-    from tasks.launch import Stopped
     from tasks.records import now_ms
     from tasks.run_dirs import RunDirs
     from tasks.tracking import TrackingSettings
@@ -64,42 +63,34 @@ def run(args: argparse.Namespace) -> int:
     records_run = tracking.track and settings.node_rank == 0
     dirs = RunDirs.of(args.out)
     out = args.out
-    try:
-        with on_terminal() as shown, dirs.locked(settings.node_rank):
-            if args.plan_id:
-                plan_id = args.plan_id
-                out = dirs.train_dir(plan_id, nested=False)
-                args.plan = fetch_plan_by_id(args, out)
-            else:
-                plan_id = read_plan(args.plan).plan_id
-                out = dirs.train_dir(plan_id, nested=False)
-            try:
-                trained = train(args.plan, out, settings)
-            except TrainingFailed as e:
-                print(f"shardflow train: the training failed: {e.cause}\n  logs: {e.logs}", file=sys.stderr)
-                if records_run:
-                    from tasks.recorder import record_failed_training
-
-                    failed = record_failed_training(tracking.resolve(), plan_id, settings, out, e, e.attempt,
-                                                    started_ms)
-                    print(render_logged(failed, tracking, "FAILED train run"), file=sys.stderr)
-                return ExitCode.of_failure(e.deterministic)
-            dirs.mark_latest(out)
-            logged: Logged | None = None
+    with launch_faults("shardflow train", lambda: out or ".", lambda: newest_checkpoint(settings, out)) as fault, \
+            on_terminal() as shown, dirs.locked(settings.node_rank):
+        if args.plan_id:
+            plan_id = args.plan_id
+            out = dirs.train_dir(plan_id, nested=False)
+            args.plan = fetch_plan_by_id(args, out)
+        else:
+            plan_id = read_plan(args.plan).plan_id
+            out = dirs.train_dir(plan_id, nested=False)
+        try:
+            trained = train(args.plan, out, settings)
+        except TrainingFailed as e:
+            print(f"shardflow train: the training failed: {e.cause}\n  logs: {e.logs}", file=sys.stderr)
             if records_run:
-                from tasks.recorder import record_training
+                from tasks.recorder import record_failed_training
 
-                logged = record_training(tracking.resolve(), trained)
-    except Stopped as e:
-        print(f"shardflow train: stopped by {e.name}: torchrun and every rank have exited"
-              f"{newest_checkpoint(settings, out)}", file=sys.stderr)
-        return stopped_by(e.signum)
-    except (DiskFull, OSError) as e:
-        if isinstance(e, OSError) and not is_disk_full(e):
-            raise
-        full = e if isinstance(e, DiskFull) else DiskFull(e.filename or out or ".", e)
-        print(f"shardflow train: {full}", file=sys.stderr)
-        return ExitCode.FAILED
+                failed = record_failed_training(tracking.resolve(), plan_id, settings, out, e, e.attempt,
+                                                started_ms)
+                print(render_logged(failed, tracking, "FAILED train run"), file=sys.stderr)
+            return ExitCode.of_failure(e.deterministic)
+        dirs.mark_latest(out)
+        logged: Logged | None = None
+        if records_run:
+            from tasks.recorder import record_training
+
+            logged = record_training(tracking.resolve(), trained)
+    if fault.code is not None:
+        return fault.code
     print(render_trained(trained))
     if logged is not None:
         print(render_logged(logged, tracking, "train run"))

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rec.settings import knob
-
-MAX_TIME_LIMIT_S = 24 * 3600.0
+from rec.settings import MAX_TIME_LIMIT_S, knob
 
 
 @dataclass(frozen=True)

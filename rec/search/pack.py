@@ -133,6 +133,10 @@ class _HostPlacer:
         self.pending_rows: list[int] = []
         self.pending_hosts: list[int] = []
         self.peak, self.top_hbm, self.top_ddr = [0.0] * hosts, [0] * hosts, [0] * hosts
+        # (peak, host, version): the least busy host, the first on ties, in O(log hosts); an entry
+        # whose version is not its host's current one is stale and skipped
+        self.version = [0] * hosts
+        self.heap: list[tuple[float, int, int]] = []
         self._refresh(range(hosts))
 
     def _refresh(self, hosts: Iterable[int]) -> None:
@@ -141,6 +145,16 @@ class _HostPlacer:
             self.peak[h] = float(self.loads[h].max())
             self.top_hbm[h] = int(self.used_hbm[h].max())
             self.top_ddr[h] = int(self.used_ddr[h].max())
+            self._push(h)
+
+    def _push(self, host: int) -> None:
+        self.version[host] += 1
+        heapq.heappush(self.heap, (self.peak[host], host, self.version[host]))
+
+    def _least_busy(self) -> int:
+        while self.heap[0][2] != self.version[self.heap[0][1]]:
+            heapq.heappop(self.heap)
+        return self.heap[0][1]
 
     def flush(self) -> None:
         if self.pending_rows:
@@ -152,12 +166,13 @@ class _HostPlacer:
 
     def place(self, k: int) -> int:
         if self.flat[k]:
-            host = self.peak.index(min(self.peak))
+            host = self._least_busy()
             if (self.top_hbm[host] + self.hbm_need[k] <= self.cap_hbm[host]
                     and self.top_ddr[host] + self.ddr_need[k] <= self.cap_ddr[host]):
                 self.pending_rows.append(k)
                 self.pending_hosts.append(host)
                 self.peak[host] += self.cost[k]
+                self._push(host)
                 self.top_hbm[host] += self.hbm_need[k]  # an upper bound, hence safe
                 self.top_ddr[host] += self.ddr_need[k]
                 return host

@@ -8,18 +8,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rec.settings import knob
+from rec.settings import MAX_TIME_LIMIT_S, knob
 
-MAX_ITERATIONS = 100_000
-MAX_TIME_LIMIT_S = 24 * 3600.0
+MAX_MEASURE_ITERATIONS = 100_000  # per plan; a measurement, not a training
 
 
 @dataclass(frozen=True)
 class MeasureConfig:
     iterations: int = field(default=30, metadata=knob(
-        "timed iterations per plan, after the warm-up", minimum=1, maximum=MAX_ITERATIONS))
+        "timed iterations per plan, after the warm-up", minimum=1, maximum=MAX_MEASURE_ITERATIONS))
     warmup: int = field(default=5, metadata=knob(
-        "untimed iterations before them", minimum=0, maximum=MAX_ITERATIONS))
+        "untimed iterations before them", minimum=0, maximum=MAX_MEASURE_ITERATIONS))
     seed: int = field(default=0, metadata=knob("random seed of the synthetic ids"))
     synthetic_batches: int = field(default=4, metadata=knob(
         "distinct synthetic batches, cycled", minimum=1, maximum=1 << 10))

@@ -197,3 +197,23 @@ def test_a_sharding_type_whose_collectives_cost_more_than_it_saves_is_left_out_o
     assert "data_parallel" not in {t.sharding_type.value for t in plan.tables}
     assert predicted_ms(plan).max() < 50.0
     check_plan(plan)  # its bound, gap and estimates hold when the plan is read back
+
+
+def test_a_replan_does_not_keep_a_sharding_type_whose_collectives_cost_more_than_moving_saves():
+    from rec.cost.types import CostConfig
+    from rec.planning import replan_spec
+    from rec.profile.predict import predicted_critical_path
+
+    spec, topology = read_spec(DEMO), read_topology(CPU_2PROC)
+    free_dp = {"coefficients": {"data_parallel": {"fwd": {"input_read_size_multiplier": 0, "lookup_size_multiplier": 0,
+                                                          "embedding_output_multiplier": 0}}},
+               "extensions": {"dp_optimizer_factor": 0}, "bandwidths": {"inter_host_bw": 1e18}}
+    previous = plan_spec(spec, topology, CostConfig(profile=profile_from_dict(free_dp)))
+    assert {t.sharding_type.value for t in previous.tables} == {"data_parallel"}
+    costly = profile_from_dict({**free_dp, "extensions": {**free_dp["extensions"],
+                                                          "sharding_type_ms": {"data_parallel": 50.0}}})
+    replanned = replan_spec(spec, topology, previous, cost=CostConfig(profile=costly))
+    # keeping every table in place would move nothing, but costs 50 ms an iteration more than moving
+    assert "data_parallel" not in {t.sharding_type.value for t in replanned.plan.tables}
+    assert predicted_critical_path(replanned.plan) <= 1.02 * predicted_critical_path(replanned.fresh) + 1e-9
+    assert predicted_critical_path(replanned.plan) < 50.0

@@ -41,7 +41,7 @@ from rec.plan import Plan, read_plan
 from rec.plan.torchrec_plan import sharders_for, to_sharding_plan
 from rec.profile.types import Machine
 from rec.settings import add_flags, from_flags
-from rec.sharding import ComputeDevice
+from rec.sharding import ComputeDevice, ModuleKind
 from rec.spec import spec_from_rows
 from rec.spec.torchrec_modules import embedding_modules, place
 from rec.spec.types import Spec
@@ -59,13 +59,14 @@ class Embeddings(nn.Module):
     def __init__(self, spec: Spec):
         super().__init__()
         place(self, embedding_modules(spec, "meta"))
-        self.paths = list(spec.modules)
+        # by the spec, not the output's type: a sharded module's output is a LazyAwaitable
+        self.unpooled = {path: kind is ModuleKind.EMBEDDING_COLLECTION for path, kind in spec.modules.items()}
 
     def forward(self, features: dict[str, KeyedJaggedTensor]) -> torch.Tensor:
         sums = []
-        for path in self.paths:
+        for path, unpooled in self.unpooled.items():
             out = self.get_submodule(path)(features[path])
-            if isinstance(out, dict):  # an EmbeddingCollection: a JaggedTensor per feature
+            if unpooled:  # an EmbeddingCollection: a JaggedTensor per feature
                 sums += [jt.values().sum() for jt in out.values()]
             else:  # an EmbeddingBagCollection: one KeyedTensor
                 sums.append(out.values().sum())

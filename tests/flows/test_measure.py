@@ -15,7 +15,7 @@ import pytest
 from flows.cli import main
 from rec.plan import read_plan
 from rec.profile import read_profile
-from tests.paths import CPU_2PROC, DEMO, H100_2X8, ROOT, SHARDFLOW
+from tests.paths import CPU_2PROC, DEMO, H100_2X8, ROOT, SHARDFLOW, TWO_TOWER_SEQ
 
 SCREEN_LINES = 40
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # SQLAlchemy, from MLflow
@@ -28,8 +28,10 @@ def shardflow(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def plan_dir(tmp_path_factory):
+    """A plan of three modules: two EmbeddingBagCollections and an EmbeddingCollection, whose sharded
+    outputs (LazyAwaitables of a dict of JaggedTensors) the measuring job must tell apart."""
     out = tmp_path_factory.mktemp("plan")
-    assert main(["plan", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(out), "--no-chart"]) == 0
+    assert main(["plan", str(TWO_TOWER_SEQ), "--topology", str(CPU_2PROC), "--out", str(out), "--no-chart"]) == 0
     return out
 
 

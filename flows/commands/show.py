@@ -3,9 +3,10 @@ estimated time is made of.
 
 Without options: one row per rank (a summary beyond 32 ranks, ``--all-ranks`` for all) with its
 estimated time split into compute and communication, its table count and its costliest tables.
-``--table NAME`` (a name or a pattern such as ``'user*'``): each shard of the matching tables and
-its rank. ``--rank R``: every shard on rank R, costliest first. Times come from the plan's own
-cost model (TorchRec's); communication is what the network's speed decides.
+``--table NAME`` (a name or a pattern such as ``'user*'``; a table outside the default module is
+``module.name``, as everywhere in a plan): each shard of the matching tables and its rank.
+``--rank R``: every shard on rank R, costliest first. Times come from the plan's own cost model
+(TorchRec's); communication is what the network's speed decides.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("show", help="which tables sit on which rank; compute and communication per rank",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("plan", metavar="PLAN", help="plan.json or its directory")
-    p.add_argument("--table", metavar="NAME", help="the shards of this table (or of tables matching a pattern)")
+    p.add_argument("--table", metavar="NAME", help="the shards of this table (or of tables matching a pattern; "
+                   "module.name for a table outside the default module)")
     p.add_argument("--rank", type=int, metavar="R", help="every shard on rank R")
     add_flags(p, ReportSettings)
     p.set_defaults(handler=run)
@@ -59,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     if args.rank is not None and not 0 <= args.rank < plan.world_size:
         raise InputError("Cannot show this rank:", [Problem(f"--rank {args.rank}", f"plan {plan.plan_id} has "
                                                              f"ranks 0 to {plan.world_size - 1}")])
-    names = [t.name for t in plan.tables]
+    names = [t.key for t in plan.tables]  # `module.name` outside the default module
     chosen = [i for i, n in enumerate(names) if fnmatch.fnmatchcase(n, args.table)] if args.table else []
     if args.table and not chosen:
         raise InputError("Cannot show this table:", [Problem(f"--table {args.table}", f"no table of plan "
@@ -92,7 +94,7 @@ def render_ranks(plan: Plan, parts: Breakdown, all_ranks: bool) -> str:
     def costliest(r: int) -> str:
         on = parts.on_rank(r)
         top = on[np.argsort(-cost[on], kind="stable")[:TOP_TABLES]]
-        return ", ".join(f"{plan.tables[parts.table[e]].name} {cost[e]:.3f}" for e in top)
+        return ", ".join(f"{plan.tables[parts.table[e]].key} {cost[e]:.3f}" for e in top)
 
     def row(r: int) -> tuple:
         return (r, f"{total[r]:.4f}", f"{compute[r]:.4f}", f"{comm[r]:.4f}", f"{comm[r] / total[r]:.0%}"
@@ -124,7 +126,7 @@ def render_tables(plan: Plan, parts: Breakdown, chosen: list[int]) -> str:
         t = plan.tables[ti]
         first, stop = np.searchsorted(parts.table, [ti, ti + 1])  # entries are in table order
         entries = range(int(first), int(stop))
-        title = f"table {t.name}: {t.sharding_type.value}, {t.compute_kernel.value}, {t.perf:.4f} ms in all"
+        title = f"table {t.key}: {t.sharding_type.value}, {t.compute_kernel.value}, {t.perf:.4f} ms in all"
         if t.replicated:
             e = entries[0]
             blocks.append(f"{title}\n  a replica on each of the {plan.world_size:,} ranks: compute "
@@ -154,7 +156,7 @@ def render_rank(plan: Plan, parts: Breakdown, rank: int) -> str:
     for e in on[np.argsort(-cost, kind="stable")]:
         t = plan.tables[parts.table[e]]
         shard = "replica" if parts.rank[e] < 0 else f"{int(parts.shard[e]) + 1} of {len(t.shards)}"
-        rows.append((t.name, t.sharding_type.value, t.compute_kernel.value, shard,
+        rows.append((t.key, t.sharding_type.value, t.compute_kernel.value, shard,
                      f"{parts.compute_ms[e] + parts.comm_ms[e]:.4f}", f"{parts.compute_ms[e]:.4f}",
                      f"{parts.comm_ms[e]:.4f}", *memory_cells(parts, e, memory)))
     compute, comm = float(parts.compute_ms[on].sum()), float(parts.comm_ms[on].sum())

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main
-from tests.paths import DEMO, H100, SHARDFLOW
+from tests.paths import DEMO, H100, SHARDFLOW, TWO_TOWER_SEQ
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +49,17 @@ def test_show_tells_which_tables_sit_on_a_rank_and_its_compute_and_communication
     header = capsys.readouterr().out.splitlines()[0].split()
     assert header[:5] == ["rank", "perf_ms", "compute_ms", "comm_ms", "comm"]
     assert main(["show", str(cuda_plan), "--table", "no_such_*"]) == 2
+
+
+def test_show_names_each_table_of_another_module_with_its_module(tmp_path, capsys):
+    # two_tower_seq has an item_id in the item tower and another in the sequence tower
+    assert main(["plan", str(TWO_TOWER_SEQ), "--topology", str(H100), "--out", str(tmp_path), "--no-chart"]) == 0
+    capsys.readouterr()
+    assert main(["show", str(tmp_path), "--table", "*item_id"]) == 0
+    titles = [line.split(":")[0] for line in capsys.readouterr().out.splitlines() if line.startswith("table ")]
+    assert titles == ["table towers.item.ebc.item_id", "table sequence.ec.item_id"]
+    assert main(["show", str(tmp_path), "--table", "sequence.ec.*"]) == 0
+    assert "towers." not in capsys.readouterr().out
 
 
 def test_a_cuda_plan_on_a_machine_without_cuda_is_refused_before_anything_starts_with_one_message(

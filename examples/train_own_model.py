@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -185,3 +187,11 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # Everything is written. On gloo, a worker thread may still release a finished collective's
+    # tensors (the pipeline has the next batch's input distribution in flight); if that lands in
+    # interpreter finalization the process aborts ("terminate called without an active
+    # exception") and torchrun reports a finished job as failed. So leave without finalization,
+    # as shardflow's own training job does.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

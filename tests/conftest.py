@@ -18,6 +18,16 @@ def demo_inputs():
     return ingest(str(DEMO), str(CPU_2PROC))
 
 
+@pytest.fixture
+def single_process_group(tmp_path):
+    """A gloo process group of this process alone (rank 0 of 1): DMP shards and trains in the test."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdzv'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test on Prefect's test server (the ``prefect_api`` fixture, a server process) is slow."""
     for item in items:

@@ -338,7 +338,7 @@ def test_grid_shard_and_key_value_are_refused_with_the_alternatives():
     assert "fused_uvm_caching or fused_uvm" in str(problems_of(one_table(compute_kernels="key_value")))
 
 
-def test_spec_validation_refuses_what_torchrec_refuses_and_accepts_what_it_builds(tmp_path):
+def test_spec_validation_refuses_what_torchrec_refuses_and_accepts_what_it_builds(single_process_group):
     """The oracle is TorchRec: build each table with DistributedModelParallel on one cpu process."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("torchrec")
@@ -377,12 +377,8 @@ def test_spec_validation_refuses_what_torchrec_refuses_and_accepts_what_it_build
 
     cases = [("t", 13, "table_wise"), ("t", 13, "data_parallel"), ("t", 12, "table_wise"), ("t", 13, "column_wise"),
              ("a.b", 8, "table_wise"), ("a-b", 8, "table_wise"), ("../x", 8, "data_parallel")]
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdzv'}", rank=0, world_size=1)
-    try:
-        for case in cases:
-            assert shardflow_accepts(*case) == torchrec_builds(*case), case
-    finally:
-        dist.destroy_process_group()
+    for case in cases:
+        assert shardflow_accepts(*case) == torchrec_builds(*case), case
 
 
 # -- Parquet/Arrow: column by column, exactly as row by row -------------------------------------

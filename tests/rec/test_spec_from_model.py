@@ -76,15 +76,6 @@ def test_a_file_that_fails_to_import_is_reported_in_one_line(tmp_path, capsys):
     assert f"cannot import {broken}: SyntaxError" in err and len(err.strip().splitlines()) == 2
 
 
-@pytest.fixture
-def single_process_group(tmp_path):
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdzv'}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def test_from_model_plan_and_shard_the_same_model(tmp_path, single_process_group):
     """The round trip a user makes: spec from the model, plan it, shard the model with the plan."""
     from torchrec.distributed.model_parallel import DistributedModelParallel

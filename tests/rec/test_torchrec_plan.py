@@ -14,15 +14,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("torchrec")
 
 
-@pytest.fixture
-def single_process_group(tmp_path):
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdzv'}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def test_dmp_applies_the_plan_without_planning(single_process_group):
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel

@@ -58,15 +58,6 @@ class TwoTowerModel(nn.Module):
 
 
 @pytest.fixture
-def single_process_group(tmp_path):
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdzv'}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
-@pytest.fixture
 def plan(tmp_path):
     spec = spec_from_rows(ROWS)
     topology = topology_from_dict(dict(world_size=1, compute_device="cpu", ddr_cap="4GiB"))

@@ -37,15 +37,6 @@ def spec():
     return spec_from_rows(ROWS)
 
 
-@pytest.fixture
-def process_group(tmp_path):
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdzv'}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def shard_and_train(plan, spec, config: TrainConfig, steps: int):
     """What the job does on a rank: build, shard with the plan (the tables' optimizer fused), train."""
     from rec.train.job import model_and_batches, shard_with_plan
@@ -59,7 +50,7 @@ def shard_and_train(plan, spec, config: TrainConfig, steps: int):
 
 
 @pytest.mark.parametrize("kind", [ModelKind.AUTO, ModelKind.CONCAT, ModelKind.DLRM_DCN])
-def test_every_module_sits_at_its_path_is_sharded_as_planned_and_trains_pipelined(process_group, spec, kind):
+def test_every_module_sits_at_its_path_is_sharded_as_planned_and_trains_pipelined(single_process_group, spec, kind):
     from torchrec.distributed.types import ShardedModule
 
     from rec.train.applied import applied_sharding, applied_tables, differences

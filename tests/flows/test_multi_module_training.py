@@ -15,6 +15,7 @@ import pytest
 
 from flows.cli import main
 from rec.train.resume import step_dir
+from tests.flows.checkpoint_state import full_state
 from tests.paths import CPU_2PROC, ROOT, SHARDFLOW, TWO_TOWER_SEQ
 
 pytestmark = [pytest.mark.slow,  # real torchrun trainings
@@ -73,21 +74,3 @@ def test_a_changed_plan_resumes_each_module_table_from_the_checkpoint(pipeline_r
     assert new[SEARCH].shape == (30000, 32) and torch.equal(new[SEARCH][:20000], old[SEARCH])
     momentum = "optim.state.sequence.ec.embeddings.search_tokens.weight.search_tokens.momentum1"
     assert torch.equal(new[momentum][:20000], old[momentum]) and old[momentum].abs().sum() > 0
-
-
-def full_state(step_dir: Path, tmp: Path) -> dict:
-    """Every tensor of a sharded checkpoint, whole, flattened (one process, no process group)."""
-    import torch
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    out = tmp / f"{step_dir.parent.parent.name}-{step_dir.name}.pt"
-    dcp_to_torch_save(str(step_dir), str(out))
-    state = torch.load(out, weights_only=False)  # our own file, just written
-
-    def flat(d: dict, prefix: str = "") -> dict:
-        items: dict = {}
-        for k, v in d.items():
-            items.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-        return items
-
-    return flat(state)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from rec.train.resume import step_dir
+from tests.flows.checkpoint_state import full_state
 from tests.paths import ROOT, SHARDFLOW
 
 pytestmark = pytest.mark.slow  # real torchrun trainings
@@ -41,23 +42,6 @@ def shardflow(*args: str) -> subprocess.CompletedProcess:
     r = subprocess.run([str(SHARDFLOW), *args], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return r
-
-
-def full_state(step_dir: Path, tmp: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a sharded checkpoint, whole (one process, no process group)."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    out = tmp / f"{step_dir.parent.parent.name}-{step_dir.name}.pt"
-    dcp_to_torch_save(str(step_dir), str(out))
-    state = torch.load(out, weights_only=False)  # our own file, just written
-
-    def flat(d: dict, prefix: str = "") -> dict:
-        items: dict = {}
-        for k, v in d.items():
-            items.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-        return items
-
-    return flat(state)
 
 
 @pytest.fixture(scope="module")

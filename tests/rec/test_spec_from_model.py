@@ -85,7 +85,7 @@ def test_from_model_plan_and_shard_the_same_model(tmp_path, single_process_group
     from rec.planning import plan_spec
     from rec.topology import topology_from_dict
     from tests.rec.model_factories import rec_model
-    from tests.rec.test_torchrec_plan_modules import applied
+    from tests.rec.test_torchrec_plan_modules import applied, planned
 
     spec_path = tmp_path / "model.parquet"
     assert main(["spec", "from-model", "model_factories:rec_model", "--out", str(spec_path)]) == 0
@@ -96,10 +96,6 @@ def test_from_model_plan_and_shard_the_same_model(tmp_path, single_process_group
     model, _ = rec_model()
     dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=to_sharding_plan(plan),
                                    sharders=sharders_for(plan))
-    expected = {}
-    for t in plan.tables:
-        shards = ([(None, [0, 0], list(t.shards[0].sizes))] if t.replicated
-                  else sorted((s.rank, list(s.offsets), list(s.sizes)) for s in t.shards))
-        expected[(t.module, t.name)] = (t.sharding_type.value, shards)
+    expected = planned(plan)
     assert applied(dmp) == expected
     assert len(expected) == 7

@@ -92,6 +92,16 @@ def applied(model: nn.Module) -> dict[tuple[str, str], tuple[str, list]]:
     return out
 
 
+def planned(plan) -> dict:
+    """What the plan says, in ``applied``'s terms: {(module, table): (sharding type, shards)}."""
+    expected = {}
+    for t in plan.tables:
+        shards = ([(None, [0, 0], list(t.shards[0].sizes))] if t.replicated
+                  else sorted((s.rank, list(s.offsets), list(s.sizes)) for s in t.shards))
+        expected[(t.module, t.name)] = (t.sharding_type.value, shards)
+    return expected
+
+
 def test_dmp_shards_every_module_of_the_model_exactly_as_planned(single_process_group, plan):
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -102,11 +112,7 @@ def test_dmp_shards_every_module_of_the_model_exactly_as_planned(single_process_
     dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=to_sharding_plan(plan),
                                    sharders=sharders_for(plan))
 
-    expected = {}
-    for t in plan.tables:
-        shards = ([(None, [0, 0], list(t.shards[0].sizes))] if t.replicated
-                  else sorted((s.rank, list(s.offsets), list(s.sizes)) for s in t.shards))
-        expected[(t.module, t.name)] = (t.sharding_type.value, shards)
+    expected = planned(plan)
     assert applied(dmp) == expected
     assert {st for st, _ in expected.values()} == {"table_wise", "column_wise", "data_parallel", "row_wise"}
     assert len(plan.table(f"{USER}.geo").shards) == 2  # 256 columns in blocks of 128

@@ -17,10 +17,11 @@ HEADER = (
     "to date. Every flag's default comes from the settings dataclass it belongs to.\n\n"
     f"Exit codes: {ExitCode.OK} success; {ExitCode.BAD_INPUT} bad input (a one-screen message naming every "
     "problem, nothing written),\n"
-    "including a training failure that would repeat (a rank found bad input, CUDA or NCCL missing); "
-    f"{ExitCode.FAILED} a\n"
-    f"training that failed for good otherwise; {ExitCode.INTERRUPTED} interrupted; {ExitCode.BROKEN_PIPE} "
-    "the reader of the output went away.\n"
+    "including a training failure that would repeat (a rank found bad input or the user's model code\n"
+    f"exited, CUDA or NCCL missing); {ExitCode.FAILED} failed for good otherwise (a training, a Prefect server "
+    "that did not\n"
+    f"start or was lost); {ExitCode.INTERRUPTED} interrupted; {ExitCode.BROKEN_PIPE} the reader of the output "
+    "went away.\n"
 )
 
 

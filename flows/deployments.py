@@ -29,7 +29,7 @@ PREFECT_FILE = ROOT / "deploy" / "prefect.yaml"
 # Flow parameters naming a file or directory (tests/flows/test_serve_watch.py keeps this complete),
 # and those of them every run reads first: serving refuses to start when they are missing.
 PATH_PARAMETERS = frozenset({"spec_path", "topology_path", "profile_path", "plan_path", "data", "checkpoint_dir",
-                             "resume_from", "out_dir", "state_dir"})
+                             "resume_from", "out_dir", "state_dir", "work_dir"})
 INPUT_FILES = ("spec_path", "topology_path", "profile_path")
 
 

@@ -25,7 +25,7 @@ from rec.train.config import PipelineKind, TrainConfig
 from rec.train.metrics import METRICS_FILE
 from tasks.ingest import IngestSettings
 from tasks.mlflow_log import Logged, ParentRun, deliver_outbox, log_plan, log_training, parent_run
-from tasks.paths import DEFAULT_STATE_DIR, plan_cache_dir
+from tasks.paths import plan_cache_dir, state_dir_in
 from tasks.records import RunStep
 from tasks.run_dirs import RunDirs
 from tasks.search import Backend, SearchSettings, plan_key
@@ -97,7 +97,8 @@ def pipeline_flow(
     out_dir: str | None = None,
     tracking_uri: str | None = None,
     experiment: str = DEFAULT_EXPERIMENT,
-    state_dir: str = DEFAULT_STATE_DIR,
+    state_dir: str | None = None,
+    work_dir: str | None = None,
 ) -> PipelineOutcome:
     """Plan ``spec_path`` for ``topology_path`` and train with the plan. Output: OUT_DIR/plan and
     OUT_DIR/train (OUT_DIR locked for the run), or without ``out_dir`` out/<plan_id>/plan and a
@@ -115,8 +116,9 @@ def pipeline_flow(
         checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir, keep_checkpoints=keep_checkpoints,
         resume=resume, resume_from=resume_from, nproc_per_node=nproc_per_node, nnodes=nnodes,
         node_rank=TrainSettings.node_rank, rdzv_endpoint=rdzv_endpoint, max_restarts=max_restarts)
-    dirs = RunDirs.of(out_dir)
-    tracking = tracking_for(tracking_uri, experiment, state_dir)
+    dirs = RunDirs.of(out_dir, work_dir)
+    state_dir = state_dir_in(work_dir, state_dir)
+    tracking = tracking_for(tracking_uri, experiment, state_dir, work_dir)
     deliver_outbox(tracking)
 
     with progress_in_run_log():

@@ -12,7 +12,7 @@ from rec.cost.types import CostConfig
 from rec.search import SearchConfig
 from tasks.ingest import IngestSettings
 from tasks.mlflow_log import Logged, deliver_outbox, log_plan
-from tasks.paths import DEFAULT_STATE_DIR, plan_cache_dir
+from tasks.paths import plan_cache_dir, state_dir_in
 from tasks.run_dirs import RunDirs
 from tasks.search import Backend, SearchSettings
 from tasks.steps import ingest_task, search_task, write_task
@@ -52,14 +52,16 @@ def plan_flow(
     out_dir: str | None = None,
     tracking_uri: str | None = None,
     experiment: str = DEFAULT_EXPERIMENT,
-    state_dir: str = DEFAULT_STATE_DIR,
+    state_dir: str | None = None,
+    work_dir: str | None = None,
 ) -> PlanOutcome:
     """Plan ``spec_path`` for ``topology_path``; the plan goes to OUT_DIR/plan (default:
     out/<plan_id>/plan) and to MLflow."""
     searching = search_settings(backend=backend, groups=groups, max_regress=max_regress, cost=cost, search=search,
                                 profile_path=profile_path)
-    dirs = RunDirs.of(out_dir)
-    tracking = tracking_for(tracking_uri, experiment, state_dir)
+    dirs = RunDirs.of(out_dir, work_dir)
+    state_dir = state_dir_in(work_dir, state_dir)
+    tracking = tracking_for(tracking_uri, experiment, state_dir, work_dir)
     deliver_outbox(tracking)
 
     with progress_in_run_log():

@@ -24,7 +24,7 @@ SHOW_AFTER_S = 2.0
 PLAIN_EVERY_S = 3.0
 HEARTBEAT_S = 15.0
 TICK_S = 0.25
-STEP_NAMES = {"mlflow": "MLflow"}  # how a step is called in lines and the summary
+STEP_NAMES = {"mlflow": "MLflow", "prefect": "Prefect"}  # how a step is called in lines and the summary
 
 
 def step_label(name: str) -> str:

@@ -27,7 +27,7 @@ from tasks.mlflow_log import (
     parent_run,
     previous_plan_task,
 )
-from tasks.paths import DEFAULT_STATE_DIR, plan_cache_dir
+from tasks.paths import plan_cache_dir, state_dir_in
 from tasks.records import PREVIOUS_PLAN_ID, REPLAN, RunStep
 from tasks.run_dirs import RunDirs
 from tasks.search import Backend, SearchSettings, plan_key
@@ -71,13 +71,15 @@ def replan_flow(
     out_dir: str | None = None,
     tracking_uri: str | None = None,
     experiment: str = DEFAULT_EXPERIMENT,
-    state_dir: str = DEFAULT_STATE_DIR,
+    state_dir: str | None = None,
+    work_dir: str | None = None,
 ) -> ReplanOutcome:
     """Replan ``spec_path`` if its spec hash differs from the last successful planning of it; the
     new plan starts from that planning's plan and moves as little of it as ``max_regress`` allows."""
     searching = search_settings(backend=backend, groups=groups, max_regress=max_regress, cost=cost, search=search,
                                 profile_path=profile_path)
-    tracking = tracking_for(tracking_uri, experiment, state_dir)
+    state_dir = state_dir_in(work_dir, state_dir)
+    tracking = tracking_for(tracking_uri, experiment, state_dir, work_dir)
     delivery = deliver_outbox(tracking)
 
     with progress_in_run_log():
@@ -94,7 +96,7 @@ def replan_flow(
                             tags={REPLAN: "replanned",
                                   **({PREVIOUS_PLAN_ID: previous.plan_id} if previous else {})}) as run:
                 found = search_task(inputs, searching, plan_cache_dir(state_dir), previous)
-                written = write_task(found.plan, RunDirs.of(out_dir).plan_dir(found.plan.plan_id),
+                written = write_task(found.plan, RunDirs.of(out_dir, work_dir).plan_dir(found.plan.plan_id),
                                      WriteSettings(chart))
                 run.add_plan(found.plan)
                 log_plan(tracking, found.plan, written.plan_path, inputs, run, found.seconds)

@@ -47,6 +47,18 @@ def render_plan(plan: Plan, all_ranks: bool = False) -> str:
     )
 
 
+def render_made_by(plan: Plan) -> str:
+    """Which planner made a plan other than shardflow's search, and how long it took; empty otherwise."""
+    from rec.plan.identity import MADE_BY
+
+    other = plan.planner.get(MADE_BY)
+    if not isinstance(other, dict):
+        return ""
+    proposers = ", ".join(map(str, other.get("proposers", [])))
+    return (f"planned by:    {other.get('name')} (TorchRec {other.get('torchrec', '?')}'s EmbeddingShardingPlanner: "
+            f"{proposers}) in {float(other.get('seconds', 0.0)):.2f} s\n")
+
+
 def render_movement(plan: Plan) -> str:
     """What a replanned plan moves, against the previous plan and a plan from scratch; empty otherwise."""
     from rec.units import format_bytes

@@ -17,7 +17,7 @@ from rec.errors import InputError, Problem
 from rec.plan import read_plan
 from rec.train.config import PipelineKind, TrainConfig
 from tasks.mlflow_log import Logged, ParentRun, deliver_outbox, fetch_plan_task, log_failed_training, log_training
-from tasks.paths import DEFAULT_STATE_DIR, PLAN_SUBDIR
+from tasks.paths import PLAN_SUBDIR, state_dir_in
 from tasks.plan_fetch import check_plan_id
 from tasks.records import error_tag, now_ms
 from tasks.run_dirs import RunDirs
@@ -81,7 +81,8 @@ def train_flow(
     out_dir: str | None = None,
     tracking_uri: str | None = None,
     experiment: str = DEFAULT_EXPERIMENT,
-    state_dir: str = DEFAULT_STATE_DIR,
+    state_dir: str | None = None,
+    work_dir: str | None = None,
 ) -> TrainOutcome:
     """Train with ``plan_path``, or with the plan ``plan_id`` fetched from MLflow; never plans.
     Output: OUT_DIR/train, or a new out/<plan_id>/train-<time> without ``out_dir``."""
@@ -97,8 +98,9 @@ def train_flow(
         checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir, keep_checkpoints=keep_checkpoints,
         resume=resume, resume_from=resume_from, nproc_per_node=nproc_per_node, nnodes=nnodes,
         node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, max_restarts=max_restarts)
-    dirs = RunDirs.of(out_dir)
-    tracking = tracking_for(tracking_uri, experiment, state_dir)
+    dirs = RunDirs.of(out_dir, work_dir)
+    state_dir = state_dir_in(work_dir, state_dir)
+    tracking = tracking_for(tracking_uri, experiment, state_dir, work_dir)
     deliver_outbox(tracking)
 
     with progress_in_run_log(), dirs.locked(node_rank):

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rec.errors import InputError, Problem
+from rec.errors import InputError, Problem, show
 
 
 def target_function(target: str) -> Callable[[], Any]:
@@ -21,16 +21,37 @@ def target_function(target: str) -> Callable[[], Any]:
         raise bad_target(target, "expected package.module:function or path/to/file.py:function")
     try:
         module = _import(where)
-    except InputError:
+    except (InputError, KeyboardInterrupt):
         raise
-    except (Exception, SystemExit) as e:  # the user's code failed to import: theirs to see, in one line
-        raise bad_target(target, f"cannot import {where}: {one_line(e)}") from None
+    except BaseException as e:  # the user's code failed or exited as it was imported: theirs to see, in one line
+        why = f"its code {ended_by(e)}" if isinstance(e, SystemExit) else one_line(e)
+        raise bad_target(target, f"cannot import {where}: {why}") from None
     function = getattr(module, name, None)
     if function is None:
         raise bad_target(target, f"{where} has no attribute {name!r}")
     if not callable(function):
         raise bad_target(target, f"{where}.{name} is {kind_of(function)}, not a function")
     return function  # type: ignore[no-any-return]
+
+
+def call_target(target: str, function: Callable[[], Any]) -> Any:
+    """``function()``: the user's code. Whatever ends it other than returning — an exception, an
+    exit (``sys.exit``, any code) or another BaseException — is an InputError naming ``target`` and
+    what it did; a KeyboardInterrupt stays an interrupt."""
+    try:
+        return function()
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # an exit too: sys.exit(0) must not pass for a model that was read
+        instead = " instead of returning" if isinstance(e, SystemExit) else ""
+        raise bad_target(target, f"{target}() {ended_by(e)}{instead}") from None
+
+
+def ended_by(e: BaseException) -> str:
+    """How a user's code ended with ``e``: ``called sys.exit(3)``, ``raised ValueError: ...``."""
+    if isinstance(e, SystemExit):
+        return f"called sys.exit({'' if e.code is None else show(e.code)})"
+    return f"raised {one_line(e)}"
 
 
 def _import(where: str) -> Any:

@@ -2,9 +2,9 @@
 
 The probes (``rec.profile.probes``) are planned for the topology, written under the run's work
 directory, and measured in ONE launch of the measuring job (starting torch and torchrec costs
-seconds per process), each ``rounds`` times in a different order, so a burst of load on a shared
-machine hits one measurement of a probe and not all. A probe's time is the median over its rounds
-of the critical path (the slowest rank's median). The fit (``rec.profile.fit``) then gives the
+seconds per process). Each probe's model is built and sharded once (that costs more than its
+iterations) and timed in ``rounds`` blocks; a probe's time is the median over its rounds of the
+critical path (the slowest rank's block mean). The fit (``rec.profile.fit``) then gives the
 profile; only once it succeeds are the profile and its fit report written, each whole: a failed
 calibration leaves no profile behind.
 """
@@ -45,10 +45,12 @@ class CalibrateSettings:
     quick: bool = field(default=False, metadata=knob(
         "about half the probes, one round, fewer iterations: a rough profile in under 2 minutes"))
     rounds: int | None = field(default=None, metadata=knob(
-        "times each probe is measured, in another order each time (the median is fitted); none: 3, "
-        "with --quick 1", minimum=1, maximum=20))
+        "timed blocks per probe (the median is fitted); none: 3, with --quick 1", minimum=1, maximum=20))
     iterations: int = field(default=20, metadata=knob(
         f"timed iterations per probe and round (--quick: at most {QUICK_ITERATIONS})", minimum=1, maximum=10_000))
+    settle_s: float = field(default=MeasureConfig.settle_s, metadata=knob(
+        "cuda: at most this many seconds per probe of further warm-up until the GPU's clocks settle",
+        minimum=0.0, maximum=600.0, metavar="SECONDS"))
     warmup: int = field(default=3, metadata=knob("untimed iterations before them", minimum=0, maximum=10_000))
     time_limit_s: float = field(default=30.0, metadata=knob(
         "seconds one probe may take: its timed iterations stop there; a probe whose warm-up and first "
@@ -68,8 +70,8 @@ class CalibrateSettings:
     @property
     def measure_config(self) -> MeasureConfig:
         iterations = min(self.iterations, QUICK_ITERATIONS) if self.quick else self.iterations
-        return MeasureConfig(iterations=iterations, warmup=self.warmup, seed=self.seed,
-                             time_limit_s=self.time_limit_s)
+        return MeasureConfig(iterations=iterations * self.round_count, warmup=self.warmup, blocks=self.round_count,
+                             settle_s=self.settle_s, seed=self.seed, time_limit_s=self.time_limit_s)
 
     @property
     def round_count(self) -> int:
@@ -111,7 +113,7 @@ def calibrate(topology_path: str, profile_path: str, work_dir: str,
     with progress.step("probes", "planning the probes"):
         probes = probe_plans(topology, settings.quick)[: settings.max_probes]
         paths = _write_probes(probes, work_dir)
-    order = _rounds(len(probes), settings.round_count, settings.seed)
+    order = _order(len(probes), settings.seed)
     ranks = topology.world_size
     with progress.step("measure", f"{len(probes)} probes x {settings.round_count} rounds on {ranks} ranks"):
         timings = run_measuring_job([paths[i] for i in order], topology.to_dict(), work_dir, settings.measure_config,
@@ -149,23 +151,22 @@ def _write_probes(probes: tuple[Probe, ...], work_dir: str) -> list[str]:
     return [str(write_plan(p.plan, Path(work_dir, PROBES_DIR, f"{i:03d}_{p.name}"))) for i, p in enumerate(probes)]
 
 
-def _rounds(count: int, rounds: int, seed: int) -> list[int]:
-    """Probe indices, every probe once per round: in order, then shuffled (seeded) each later round."""
+def _order(count: int, seed: int) -> list[int]:
+    """Probe indices in a seeded random order: a drift of the machine over the run (heat, load)
+    falls on probes of every kind, not on one sweep."""
     order = list(range(count))
-    rng = random.Random(seed)
-    out = list(order)
-    for _ in range(rounds - 1):
-        rng.shuffle(order)
-        out += order
-    return out
+    random.Random(seed).shuffle(order)
+    return order
 
 
 def _results(probes: tuple[Probe, ...], order: list[int], timings: Timings) -> tuple[ProbeResult, ...]:
-    rounds: list[list[float]] = [[] for _ in probes]
+    """Per probe, the critical path of each timed block (round)."""
+    rounds: list[tuple[float, ...]] = [() for _ in probes]
     for i, times in zip(order, timings.plans, strict=True):
         if times.status is Status.MEASURED:
-            rounds[i].append(float(np.median(times.total_ms(), axis=1).max()))
-    return tuple(ProbeResult(p.name, p.plan.plan_id, tuple(r)) for p, r in zip(probes, rounds, strict=True))
+            slowest = int(times.rank_ms().argmax())
+            rounds[i] = tuple(float(v) for v in times.block_ms()[slowest])
+    return tuple(ProbeResult(p.name, p.plan.plan_id, r) for p, r in zip(probes, rounds, strict=True))
 
 
 def _fit_report(fit: Fit, results: tuple[ProbeResult, ...], timed_out: tuple[str, ...], topology_path: str,

@@ -17,6 +17,12 @@ up the others: a nested run whose parent waits goes in unlinked and is linked wh
 arrives. A store that fails as a whole (``tasks.tracking.TrackingUnavailable``) costs no attempt:
 its records wait for it.
 
+Nothing an entry holds is trusted (``tasks.outbox_entry``): a link, a FIFO, a file too big, an edited
+record, count or destination sets the entry aside, with one line, and never holds up the others or
+the work. A record goes only to the store it was written for, and creates none: a store other than
+the delivering command's own must already exist (an MLflow SQLite file, or a server); until it does
+the record waits for a command that logs there.
+
 Layout: ``OUTBOX/<ns-timestamp>-<key>/record.json``, ``to.json`` (the destination),
 ``attempts.json`` (failed attempts so far and the last reason) and the artifact files next to
 them; ``OUTBOX/set-aside/<entry>/`` the same, for records set aside.
@@ -28,18 +34,39 @@ import fcntl
 import json
 import logging
 import os
+import shlex
 import shutil
+import stat
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
-from rec.errors import InputError, Problem
-from rec.plan.io import PLAN_FILE
+from rec.errors import InputError, Problem, printable
+from rec.plan.io import PLAN_FILE, PLAN_FILES
+from tasks.outbox_entry import (
+    ATTEMPTS_FILE,
+    DESTINATION_FILE,
+    MAX_ATTEMPTS,
+    RECORD_FILE,
+    Attempts,
+    BadEntry,
+    check_artifacts,
+    copy_artifacts,
+    entry_key,
+    foreign_store_problem,
+    forget_attempts,
+    opened,
+    read_attempts,
+    read_destination,
+    read_record,
+    write_attempts,
+)
 from tasks.paths import DEFAULT_STATE_DIR, OUTBOX
-from tasks.records import KEY, PLAN_ID, EndRecord, RunRecord, RunStep, dumps_record, loads_record
+from tasks.records import KEY, PLAN_ID, EndRecord, RunRecord, RunStep, dumps_record
 from tasks.tracking import (
     Tracking,
     TrackingUnavailable,
@@ -51,11 +78,11 @@ from tasks.tracking import (
 )
 
 log = logging.getLogger(__name__)
-RECORD_FILE = "record.json"
-DESTINATION_FILE = "to.json"
-ATTEMPTS_FILE = "attempts.json"
+T = TypeVar("T")
 SET_ASIDE = "set-aside"
-MAX_ATTEMPTS = 3  # deliveries a record may fail, with its store working, before it is set aside
+LOCK_FILE = ".lock"
+__all__ = ["ATTEMPTS_FILE", "DESTINATION_FILE", "MAX_ATTEMPTS", "RECORD_FILE", "Delivery", "Entry", "Outbox",
+           "kept_message", "retry_command", "unavailable"]
 
 
 @dataclass(frozen=True)
@@ -84,11 +111,12 @@ class Entry:
     """One record in the outbox, as ``shardflow outbox list`` shows it."""
 
     path: Path
-    record: RunRecord | EndRecord | None  # None: the record file is damaged
-    destination: Tracking | None  # None: none kept (goes where the next delivery goes)
+    record: RunRecord | EndRecord | None  # None: the record cannot be trusted (``problem`` says why)
+    destination: Tracking | None  # None: none kept (goes where the next delivery goes), or a bad one
     attempts: int
     last_error: str | None
     set_aside: bool
+    problem: str | None = None  # why the entry cannot be trusted: it is (or will be) set aside
 
     @property
     def name(self) -> str:
@@ -132,62 +160,71 @@ class Outbox:
         return entry
 
     def entries(self) -> list[Path]:
-        """Records waiting for delivery, oldest first (not those set aside)."""
+        """Records waiting for delivery, oldest first (not those set aside): every name in the
+        outbox but hidden ones and ``set-aside``, whatever it is (a link or a file is a bad entry)."""
         return _entries(self.root)
 
     def set_aside_entries(self) -> list[Path]:
         return _entries(self.set_aside_dir)
 
-    def records(self) -> list[tuple[Path, RunRecord | EndRecord]]:
-        """Waiting and set-aside records that can be read."""
-        out = []
-        for entry in self.entries() + self.set_aside_entries():
-            try:
-                out.append((entry, loads_record((entry / RECORD_FILE).read_text())))
-            except (OSError, ValueError):
-                continue
-        return out
-
     def describe(self) -> list[Entry]:
-        """Every entry, waiting then set aside, with what it holds and how often it failed."""
-        out = []
+        """Every entry, waiting then set aside, with what it holds, how often it failed, and why it
+        cannot be trusted if it cannot."""
+        described = [self._inspect(entry) for entry in self.entries() + self.set_aside_entries()]
+        return [e for e in described if e.problem is None or os.path.lexists(e.path)]  # not those delivered meanwhile
+
+    def _inspect(self, entry: Path) -> Entry:
+        record: RunRecord | EndRecord | None = None
+        to: Tracking | None = None
+        attempts: Attempts | None = None
+        problems: list[str] = []
+        try:
+            with opened(entry) as fd:
+                attempts = _checked(lambda: read_attempts(fd), problems)
+                to = _checked(lambda: read_destination(fd, self.root), problems)
+                record = _checked(lambda: read_record(fd, entry), problems)
+                if isinstance(record, RunRecord):
+                    _checked(lambda: check_artifacts(fd, record.artifacts), problems)
+        except BadEntry as e:
+            problems.append(str(e))
+        attempts = attempts or Attempts()
+        return Entry(entry, record, to, attempts.count, attempts.last_error, entry.parent == self.set_aside_dir,
+                     "; ".join(problems) or None)
+
+    def copy_plan(self, plan_id: str, dest: Path) -> Path | None:
+        """plan.json (and shards.parquet) of a plan record still waiting (or set aside) here, copied
+        into ``dest`` as the outbox reads everything (no link followed); None if none is here."""
         for entry in self.entries() + self.set_aside_entries():
             try:
-                record: RunRecord | EndRecord | None = loads_record((entry / RECORD_FILE).read_text())
-            except (OSError, ValueError):
-                record = None
-            try:
-                to: Tracking | None = self._destination(entry)
-            except (OSError, ValueError):
-                to = None
-            attempts, error = _attempts(entry)
-            out.append(Entry(entry, record, to, attempts, error, entry.parent == self.set_aside_dir))
-        return out
-
-    def find_plan(self, plan_id: str) -> Path | None:
-        """plan.json of a plan record still waiting (or set aside) here."""
-        for entry, record in self.records():
-            if isinstance(record, RunRecord) and record.step == RunStep.PLAN \
-                    and record.tags.get(PLAN_ID) == plan_id and (entry / PLAN_FILE).exists():
-                return entry / PLAN_FILE
+                with opened(entry) as fd:
+                    record = read_record(fd, entry)
+                    if not (isinstance(record, RunRecord) and record.step == RunStep.PLAN
+                            and record.tags.get(PLAN_ID) == plan_id):
+                        continue
+                    with tempfile.TemporaryDirectory(prefix="shardflow-outbox-") as files:
+                        copy_artifacts(fd, PLAN_FILES, Path(files))
+                        if not (Path(files) / PLAN_FILE).is_file():
+                            continue
+                        dest.mkdir(parents=True, exist_ok=True)
+                        for name in PLAN_FILES:
+                            if (Path(files) / name).is_file():
+                                shutil.copyfile(Path(files) / name, dest / name)
+                        return dest / PLAN_FILE
+            except BadEntry:
+                continue
         return None
 
     def destination(self, entry: Path, default: Tracking) -> Tracking:
-        """Where ``entry`` is meant to go (``default`` for entries that do not say)."""
-        return self._destination(entry) or default
-
-    def _destination(self, entry: Path) -> Tracking | None:
-        path = entry / DESTINATION_FILE
-        if not path.exists():
-            return None
-        d = json.loads(path.read_text())
-        if not isinstance(d, dict) or not isinstance(d.get("uri"), str) or not isinstance(d.get("experiment"), str):
-            raise ValueError(f"{path} names no tracking URI and experiment")
-        return Tracking(d["uri"], d["experiment"], str(self.root))
+        """Where ``entry`` is meant to go (``default`` for entries that do not say); BadEntry if
+        that cannot be trusted."""
+        with opened(entry) as fd:
+            return read_destination(fd, self.root) or default
 
     def deliver(self, tracking: Tracking) -> Delivery:
         """Send every waiting record to where it was meant to go, in order, each on its own
-        (``tracking``: entries without a destination)."""
+        (``tracking``: the delivering command's own store, which entries without a destination go
+        to; a store for no other destination is created). An entry that cannot be trusted is set
+        aside, never raised."""
         with self._lock():
             entries = self.entries()
             if not entries:
@@ -196,24 +233,32 @@ class Outbox:
             set_aside: list[str] = []
             for entry in entries:
                 try:
-                    to = self.destination(entry, tracking)
-                except (OSError, ValueError) as e:
-                    self._set_aside(entry, f"damaged destination file: {one_line(e)}", set_aside)
+                    entry_key(entry)
+                    with opened(entry) as fd:
+                        read_attempts(fd)  # a count that cannot be believed: aside before anything goes
+                        to = read_destination(fd, self.root) or tracking
+                except BadEntry as e:
+                    self._set_aside(entry, str(e), set_aside)
                     continue
                 by_destination.setdefault(to, []).append(entry)
             run_ids: dict[str, str] = {}
             waiting: dict[str, int] = {}
             errors: dict[str, str] = {}
             for to, queue in by_destination.items():
-                left, error = self._deliver_to(to, queue, run_ids, set_aside)
+                left, error = self._deliver_to(to, queue, run_ids, set_aside, own=to.uri == tracking.uri)
                 if left:
                     waiting[to.uri] = waiting.get(to.uri, 0) + left
                     errors[to.uri] = error or ""
             return Delivery(run_ids, waiting, errors, tuple(set_aside))
 
     def _deliver_to(self, to: Tracking, queue: list[Path], run_ids: dict[str, str],
-                    set_aside: list[str]) -> tuple[int, str | None]:
-        """Deliver ``queue`` to ``to``; (records left, why)."""
+                    set_aside: list[str], own: bool) -> tuple[int, str | None]:
+        """Deliver ``queue`` to ``to`` (``own``: the delivering command's store, which may be
+        created); (records left, why)."""
+        missing = None if own else foreign_store_problem(to.uri)
+        if missing is not None:
+            _note(queue, missing)
+            return len(queue), unavailable(to, missing)
         try:
             client, experiment_id = connect(to)
         except TrackingUnavailable as e:
@@ -222,53 +267,101 @@ class Outbox:
         left, error = 0, None
         unsent: set[str] = set()  # run records of this queue that did not go (their ends wait)
         for i, entry in enumerate(queue):
-            try:
-                record = loads_record((entry / RECORD_FILE).read_text())
-            except (OSError, ValueError) as e:
-                self._set_aside(entry, f"damaged record: {one_line(e)}", set_aside)
-                continue
-            if isinstance(record, EndRecord):
-                if _is_set_aside(self.set_aside_dir, record.key):
-                    self._set_aside(entry, "its run record is set aside; they go together", set_aside)
+            with tempfile.TemporaryDirectory(prefix="shardflow-outbox-") as staged:
+                files = Path(staged)  # a private copy: what MLflow uploads is what was checked
+                try:
+                    with opened(entry) as fd:
+                        record = read_record(fd, entry)
+                        if isinstance(record, EndRecord):
+                            if _is_set_aside(self.set_aside_dir, record.key):
+                                raise BadEntry("its run record is set aside; they go together")
+                            if record.key in unsent:
+                                left += 1
+                                continue
+                        else:
+                            copy_artifacts(fd, record.artifacts, files)
+                except BadEntry as e:
+                    self._set_aside(entry, str(e), set_aside)
                     continue
-                if record.key in unsent:
-                    left += 1
+                except OSError as e:  # the private copy cannot be written (a full disk): try again later
+                    if self._failed(entry, to, f"its artifacts cannot be copied for upload: {one_line(e)}",
+                                    set_aside):
+                        left, error = left + 1, f"the {_what(record)} could not be prepared ({one_line(e)})"
                     continue
-            try:
-                run_ids[record.key] = deliver(client, experiment_id, record, entry)
-            except Exception as e:
-                # An InputError: a value MLflow cannot be searched for (a record edited by hand).
-                why = one_line(e) if isinstance(e, InputError) else tracking_failure(e)
-                if why is None:
-                    raise
-                broken = store_problem(client, experiment_id, to.uri)
-                if broken is not None:  # the store went away: everything left waits, no attempt counted
-                    _note(queue[i:], broken)
-                    return left + len(queue) - i, unavailable(to, broken)
-                if isinstance(record, RunRecord):
-                    unsent.add(record.key)
-                if self._failed(entry, to, why, set_aside):
-                    left, error = left + 1, f"MLflow at {to.uri} did not take the {_what(record)} ({why})"
-                continue
-            shutil.rmtree(entry)
+                try:
+                    run_ids[record.key] = deliver(client, experiment_id, record, files)
+                except Exception as e:
+                    # An InputError: a value MLflow cannot be searched for (a record edited by hand).
+                    why = one_line(e) if isinstance(e, InputError) else tracking_failure(e)
+                    if why is None:
+                        raise
+                    broken = store_problem(client, experiment_id, to.uri)
+                    if broken is not None:  # the store went away: everything left waits, no attempt counted
+                        _note(queue[i:], broken)
+                        return left + len(queue) - i, unavailable(to, broken)
+                    if isinstance(record, RunRecord):
+                        unsent.add(record.key)
+                    if self._failed(entry, to, why, set_aside):
+                        left, error = left + 1, f"MLflow at {to.uri} did not take the {_what(record)} ({why})"
+                    continue
+            self._remove(entry)
         return left, error
+
+    def _remove(self, entry: Path) -> None:
+        """A delivered entry goes. If it cannot (it was swapped for a link meanwhile: rmtree follows
+        none), the record is delivered again next time, which MLflow takes once (its record key)."""
+        try:
+            shutil.rmtree(entry)
+        except OSError as e:
+            log.warning("outbox: record %s was delivered but cannot be removed (%s)", printable(entry.name),
+                        one_line(e))
 
     def _failed(self, entry: Path, to: Tracking, why: str, set_aside: list[str]) -> bool:
         """Count a failed attempt; True if the record still waits, False if it was set aside."""
-        attempts = _attempts(entry)[0] + 1
-        _write_attempts(entry, attempts, why)
+        try:
+            with opened(entry) as fd:
+                attempts = read_attempts(fd).count + 1
+                write_attempts(fd, Attempts(attempts, why))
+        except (BadEntry, OSError) as e:
+            self._set_aside(entry, f"its failed attempt cannot be counted ({one_line(e)}): {why}", set_aside)
+            return False
         if attempts < MAX_ATTEMPTS:
             return True
         self._set_aside(entry, f"MLflow at {to.uri} did not take it {attempts} times: {why}", set_aside)
         return False
 
     def _set_aside(self, entry: Path, why: str, set_aside: list[str]) -> None:
-        self.set_aside_dir.mkdir(parents=True, exist_ok=True)
-        _write_attempts(entry, _attempts(entry)[0], why)
-        os.replace(entry, self.set_aside_dir / entry.name)
+        """Move ``entry`` (a link: the link itself, never what it points at) into set-aside/ with
+        ``why``, in one warning; a failure to move it is one warning too, and holds nothing up."""
+        why = printable(why)
+        try:
+            self._set_aside_folder()
+            with suppress(BadEntry, OSError), opened(entry) as fd:  # a folder: keep why, for `outbox list`
+                try:
+                    count = read_attempts(fd).count
+                except BadEntry:
+                    count = 0
+                write_attempts(fd, Attempts(count, why))
+            os.replace(entry, self.set_aside_dir / entry.name)
+        except OSError as e:
+            log.warning("outbox: record %s cannot be set aside (%s: %s); it stays where it is, undelivered",
+                        printable(entry.name), why, one_line(e))
+            return
         set_aside.append(entry.name)
-        log.warning("outbox: record %s set aside in %s (%s); `%s` sends it again", entry.name,
+        log.warning("outbox: record %s set aside in %s (%s); `%s` sends it again", printable(entry.name),
                     self.set_aside_dir, why, retry_command(self.root, entry.name))
+
+    def _set_aside_folder(self) -> None:
+        """set-aside/ as a folder of the outbox: anything else by that name (a link to elsewhere)
+        is moved out of the way, into the queue, where it is a bad entry."""
+        try:
+            mode = os.lstat(self.set_aside_dir).st_mode
+        except FileNotFoundError:
+            self.set_aside_dir.mkdir(parents=True, exist_ok=True)
+            return
+        if not stat.S_ISDIR(mode):
+            os.replace(self.set_aside_dir, self.root / f"{time.time_ns():020d}-{SET_ASIDE}")
+            self.set_aside_dir.mkdir()
 
     def retry(self, names: Sequence[str] = ()) -> list[Path]:
         """Return set-aside entries (those named, by entry name or record key; all without names)
@@ -290,8 +383,13 @@ class Outbox:
                 chosen = [p for n, p in aside.items() if n.partition("-")[2] in keys]
             moved = []
             for entry in (chosen if names else list(aside.values())):
-                (entry / ATTEMPTS_FILE).unlink(missing_ok=True)
-                os.replace(entry, self.root / entry.name)
+                forget_attempts(entry)
+                try:
+                    os.replace(entry, self.root / entry.name)
+                except OSError as e:  # one entry that cannot move holds none of the others back
+                    log.warning("outbox: record %s cannot return to the queue (%s)", printable(entry.name),
+                                one_line(e))
+                    continue
                 moved.append(self.root / entry.name)
             return moved
 
@@ -299,48 +397,67 @@ class Outbox:
     def _lock(self) -> Iterator[None]:
         """One deliverer at a time (served deployments may run flows side by side)."""
         self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.root / ".lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        fd = _open_lock(self.root / LOCK_FILE)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 yield
             finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+
+def _open_lock(path: Path) -> int:
+    """The lock file, never through a link (opening one with "w" would empty what it points at):
+    anything but a regular file in its place is moved aside, hidden, and a new one made."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    for first in (True, False):
+        try:
+            fd = os.open(path, flags, 0o600)
+        except OSError:
+            if not first:
+                raise
+        else:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                return fd
+            os.close(fd)
+        with suppress(FileNotFoundError):  # another process may have moved it first
+            os.replace(path, path.with_name(f"{LOCK_FILE}.not-a-file-{time.time_ns()}"))
+    raise OSError(f"{path} is not a regular file")
+
+
+def _checked(read: Callable[[], T], problems: list[str]) -> T | None:
+    """What ``read`` returns, or None with its problem added to ``problems``."""
+    try:
+        return read()
+    except BadEntry as e:
+        problems.append(str(e))
+        return None
 
 
 def _entries(folder: Path) -> list[Path]:
-    if not folder.is_dir():
+    """Every name in ``folder`` but hidden ones and set-aside/, sorted; none if ``folder`` is no
+    folder (a link to one is not listed through)."""
+    try:
+        if not stat.S_ISDIR(os.lstat(folder).st_mode):
+            return []
+        names = os.listdir(folder)
+    except OSError:
         return []
-    return sorted(p for p in folder.iterdir()
-                  if p.is_dir() and not p.name.startswith(".") and p.name != SET_ASIDE)
+    return sorted(folder / n for n in names if not n.startswith(".") and n != SET_ASIDE)
 
 
 def _is_set_aside(folder: Path, key: str) -> bool:
     return any(p.name.endswith(f"-{key}") for p in _entries(folder))
 
 
-def _attempts(entry: Path) -> tuple[int, str | None]:
-    """(failed attempts, the last reason) of ``entry``; (0, None) if none was counted."""
-    try:
-        d = json.loads((entry / ATTEMPTS_FILE).read_text())
-        return int(d["attempts"]), str(d.get("last_error") or "") or None
-    except (OSError, ValueError, TypeError, KeyError):
-        return 0, None
-
-
-def _write_attempts(entry: Path, attempts: int, why: str) -> None:
-    """attempts.json, atomically: the failed attempts counted and the last reason."""
-    tmp = entry / f".{ATTEMPTS_FILE}.tmp"
-    tmp.write_text(json.dumps({"attempts": attempts, "last_error": why,
-                               "last_attempt": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=1))
-    os.replace(tmp, entry / ATTEMPTS_FILE)
-
-
 def _note(entries: list[Path], why: str) -> None:
     """The reason their store was unavailable, for ``shardflow outbox list``; no attempt counted
-    (a note only: a full disk does not stop the delivery for it)."""
+    (a note only: a full disk, or an entry that cannot be trusted, does not stop the delivery)."""
     for entry in entries:
-        with suppress(OSError):
-            _write_attempts(entry, _attempts(entry)[0], why)
+        with suppress(OSError, BadEntry), opened(entry) as fd:
+            write_attempts(fd, Attempts(read_attempts(fd).count, why))
 
 
 def _what(record: RunRecord | EndRecord) -> str:
@@ -352,12 +469,12 @@ def retry_command(root: str | Path, entry: str | None = None) -> str:
     as typed from the working directory."""
     flag = ""
     if Path(root).resolve() != Path(DEFAULT_STATE_DIR, OUTBOX).resolve():
-        flag = f" --state-dir {Path(root).parent}"
-    return f"shardflow outbox retry{flag}" + (f" {entry}" if entry else "")
+        flag = f" --state-dir {shlex.quote(str(Path(root).parent))}"
+    return f"shardflow outbox retry{flag}" + (f" {shlex.quote(printable(entry))}" if entry else "")
 
 
 def unavailable(to: Tracking, why: str) -> str:
-    return f"MLflow unavailable at {to.uri} ({why})"
+    return f"MLflow unavailable at {printable(to.uri)} ({why})"
 
 
 def kept_message(tracking: Tracking, pending: int, error: str | None) -> str:

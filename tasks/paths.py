@@ -17,6 +17,17 @@ MAX_NAME_BYTES = 255  # a file name's limit on common file systems
 PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # kept as it is in a directory name
 
 
+def in_work_dir(work_dir: str | None, default: str) -> str:
+    """A default place (``DEFAULT_OUT``, ``DEFAULT_STATE_DIR``, MLflow's database) inside
+    ``work_dir``; without one, in the working directory, as the CLI keeps them."""
+    return str(Path(work_dir, default)) if work_dir else default
+
+
+def state_dir_in(work_dir: str | None, state_dir: str | None) -> str:
+    """``state_dir``, or the default one in ``work_dir``."""
+    return state_dir if state_dir is not None else in_work_dir(work_dir, DEFAULT_STATE_DIR)
+
+
 def outbox_dir(state_dir: str) -> str:
     return str(Path(state_dir, OUTBOX).resolve())
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rec.errors import InputError, Problem, show
 from rec.hashing import HASH_CHARS
-from rec.plan.io import PLAN_FILE, PLAN_FILES
+from rec.plan.io import PLAN_FILES
 from tasks.outbox import Outbox
 from tasks.tracking import Tracking, TrackingUnavailable, connect, download_plan, tracking_failure
 
@@ -49,13 +49,9 @@ def fetch_plan(tracking: Tracking, plan_id: str, dest: str | Path) -> str:
         reason = f"MLflow cannot be used ({why})"
         for name in PLAN_FILES:  # nothing half-downloaded stays
             (dest / name).unlink(missing_ok=True)
-    waiting = Outbox(tracking.outbox_dir).find_plan(plan_id)
+    waiting = Outbox(tracking.outbox_dir).copy_plan(plan_id, dest)
     if waiting is not None:
-        dest.mkdir(parents=True, exist_ok=True)
-        for name in PLAN_FILES:
-            if (waiting.parent / name).exists():
-                (dest / name).write_bytes((waiting.parent / name).read_bytes())
-        return str(dest / PLAN_FILE)
+        return str(waiting)
     raise InputError(f"Cannot find plan {plan_id}:", [
         Problem(tracking.uri, f"{reason}, experiment {tracking.experiment!r}"),
         Problem(tracking.outbox_dir, "no plan record with this plan_id waits in the outbox")])

@@ -24,7 +24,7 @@ from typing import IO
 from rec.disk_full import writing
 from rec.errors import InputError, Problem
 from rec.train.lifetime import OUT_LOCK_ENV
-from tasks.paths import DEFAULT_OUT, PLAN_SUBDIR, TRAIN_SUBDIR
+from tasks.paths import DEFAULT_OUT, PLAN_SUBDIR, TRAIN_SUBDIR, in_work_dir
 
 LOCK_FILE = ".shardflow-node{node}.lock"  # the nodes of one multi-node training share a directory
 LATEST = "latest"
@@ -39,8 +39,9 @@ class RunDirs:
     explicit: bool
 
     @classmethod
-    def of(cls, out_dir: str | None) -> RunDirs:
-        return cls(out_dir, True) if out_dir else cls(DEFAULT_OUT, False)
+    def of(cls, out_dir: str | None, work_dir: str | None = None) -> RunDirs:
+        """``out_dir`` as the user named it, or the default layout in ``work_dir`` (none: here)."""
+        return cls(out_dir, True) if out_dir else cls(in_work_dir(work_dir, DEFAULT_OUT), False)
 
     def plan_dir(self, plan_id: str) -> str:
         return str(Path(self.base, PLAN_SUBDIR) if self.explicit else Path(self.base, plan_id, PLAN_SUBDIR))

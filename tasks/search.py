@@ -27,6 +27,7 @@ from rec.planning import Searcher, plan_spec, replan_spec
 from rec.search import SearchConfig
 from rec.search.warm import MAX_REGRESS
 from rec.settings import check, knob
+from rec.torchrec.planners import Planner
 from tasks.ingest import Inputs
 from tasks.plan_cache import read_entry, write_entry
 
@@ -113,6 +114,17 @@ def search_plan(inputs: Inputs, settings: SearchSettings = SearchSettings(),
     if cache_dir:
         write_entry(cache_dir, key, plan)
     return Found(plan, False, seconds)
+
+
+def torchrec_search(inputs: Inputs, cost: CostConfig, planner: Planner) -> Found:
+    """The plan TorchRec's own planner chooses for ``inputs`` (``rec.torchrec.stock_plan``), rated by
+    shardflow's cost model under ``cost``; never cached (TorchRec plans in the seconds to minutes this
+    takes). Imports torch."""
+    from rec.torchrec.stock_plan import torchrec_plan
+
+    started = time.perf_counter()
+    plan = torchrec_plan(inputs.spec, inputs.topology, cost, planner)
+    return Found(plan, False, time.perf_counter() - started)
 
 
 def _not_requested(plan: Plan, inputs: Inputs, settings: SearchSettings, previous: Plan | None) -> str | None:

@@ -27,7 +27,7 @@ from urllib.parse import quote, urlparse
 from rec.errors import InputError, Problem, show
 from rec.plan.io import PLAN_FILE, PLAN_FILES
 from rec.settings import knob
-from tasks.paths import DEFAULT_STATE_DIR, OUTBOX, name_problems, outbox_dir, safe_dir_name
+from tasks.paths import DEFAULT_STATE_DIR, OUTBOX, in_work_dir, name_problems, outbox_dir, safe_dir_name, state_dir_in
 from tasks.records import (
     PARENT,
     PARENT_RECORD,
@@ -47,7 +47,8 @@ if TYPE_CHECKING:
     from mlflow import MlflowClient
     from mlflow.entities import Run
 
-DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+DEFAULT_DB = "mlflow.db"
+DEFAULT_TRACKING_URI = f"sqlite:///{DEFAULT_DB}"
 STORE_LOCK_SUFFIX = ".lock"  # mlflow.db.lock: held while a process opens (and may migrate) the store
 DEFAULT_EXPERIMENT = "shardflow"
 ARTIFACTS_DIR = "mlruns"  # next to a SQLite store: ARTIFACTS_DIR/<experiment>/...
@@ -138,10 +139,13 @@ class TrackingSettings:
 
 
 def tracking_for(uri: str | None = None, experiment: str = DEFAULT_EXPERIMENT,
-                 state_dir: str = DEFAULT_STATE_DIR) -> Tracking:
+                 state_dir: str | None = DEFAULT_STATE_DIR, work_dir: str | None = None) -> Tracking:
     """``TrackingSettings(uri, experiment, state_dir).resolve()``: an InputError for names that
-    cannot be used (the flows start with this)."""
-    return TrackingSettings(uri, experiment, state_dir).resolve()
+    cannot be used (the flows start with this). Without a ``uri`` (nor ``MLFLOW_TRACKING_URI``)
+    or a ``state_dir``, the default ones are in ``work_dir`` (none: the working directory)."""
+    if uri is None and work_dir and not os.environ.get("MLFLOW_TRACKING_URI"):
+        uri = f"sqlite:///{in_work_dir(work_dir, DEFAULT_DB)}"
+    return TrackingSettings(uri, experiment, state_dir_in(work_dir, state_dir)).resolve()
 
 
 def resolve_uri(uri: str | None) -> str:

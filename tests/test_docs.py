@@ -97,6 +97,7 @@ def _enum_docs() -> list[tuple[str, str, str, set[str], set[str]]]:
         ShardingType,
         offered,
     )
+    from rec.torchrec.planners import Planner
     from rec.train.config import ModelKind, PipelineKind
     from rec.train.timings import Status
     from tasks.records import RunStatus, RunStep
@@ -115,6 +116,8 @@ def _enum_docs() -> list[tuple[str, str, str, set[str], set[str]]]:
         ("planner.cost.optimizer", "plan-format.md", r"\| `planner.cost.optimizer` \|(.*)", values(Optimizer), set()),
         ("planner.backend", "plan-format.md", r"\| `planner.backend` \|(.*)", values(Backend, {Backend.LOCAL}),
          {"backend"}),
+        ("planner.made_by.name", "plan-format.md", r"\| `planner.made_by.name` \|(.*)",
+         values(Planner, {Planner.SHARDFLOW}), {"made_by"}),
         ("spec pooling", "spec.md", r"\| `pooling` \|(.*)", values(Pooling),
          {"EmbeddingCollection", "EmbeddingBagCollection"}),
         ("spec data_type", "spec.md", r"\| `data_type` \|(.*)", values(DataType), set()),

@@ -12,8 +12,33 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
+from rec.errors import Problem
 from rec.exit_codes import ExitCode
 from rec.settings import add_flags, knob
+from rec.torchrec.planners import Planner
+
+
+@dataclass(frozen=True)
+class PlannerChoice:
+    """Who plans: shardflow's search, or TorchRec's own planner for comparison."""
+
+    planner: Planner = field(default=Planner.SHARDFLOW, metadata=knob(
+        "who plans: shardflow's search; torchrec: TorchRec's EmbeddingShardingPlanner with its default proposers; "
+        "torchrec-dp: with its DynamicProgrammingProposer (cuda only). TorchRec's plan is written as a shardflow "
+        "plan, rated by shardflow's cost model"))
+
+    def conflicts(self, args: argparse.Namespace) -> list[Problem]:
+        """What TorchRec's planner cannot do: replan from a previous plan, search on Ray."""
+        if self.planner is Planner.SHARDFLOW:
+            return []
+        out = []
+        if args.previous or args.previous_plan_id:
+            out.append(Problem("--previous", f"--planner {self.planner.value} plans from scratch; replan with "
+                                             "--planner shardflow"))
+        if args.backend != "local":
+            out.append(Problem("--backend", f"--planner {self.planner.value} runs TorchRec's planner in this "
+                                            "process; leave --backend local"))
+        return out
 
 
 @dataclass(frozen=True)
@@ -37,7 +62,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                              "default: TorchRec's")
     parser.add_argument("--out", metavar="DIR", required=True,
                         help="where plan.json, shards.parquet and rank_load.png go")
-    add_flags(parser.add_argument_group("search"), SearchSettings)
+    search = parser.add_argument_group("search")
+    add_flags(search, PlannerChoice)
+    add_flags(search, SearchSettings)
     add_previous_arguments(parser)
     add_flags(parser.add_argument_group("artifact"), WriteSettings)
     add_flags(parser.add_argument_group("report"), ReportSettings)
@@ -91,24 +118,31 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     from flows.progress import on_terminal
-    from flows.reports import render_plan, render_topology_line
+    from flows.reports import render_made_by, render_plan, render_topology_line
+    from rec.errors import InputError
     from rec.plan.io import DISK_FULL_ERRNOS
     from rec.profile import describe_profile
     from rec.settings import check, from_flags
     from tasks.ingest import IngestSettings, ingest
-    from tasks.search import SearchSettings, search_plan, with_profile
+    from tasks.search import SearchSettings, search_plan, torchrec_search, with_profile
     from tasks.step_progress import ingesting, searching, writing
     from tasks.write import WriteSettings, write_plan_artifact
 
     started = time.perf_counter()
     search_settings = with_profile(from_flags(SearchSettings, args), args.profile)
     check(search_settings, "Cannot plan with these settings:")
+    choice = from_flags(PlannerChoice, args)
+    if choice.conflicts(args):
+        raise InputError("Cannot plan with these settings:", choice.conflicts(args))
     with on_terminal() as shown:
         with ingesting(args.spec):
             inputs = ingest(args.spec, args.topology, from_flags(IngestSettings, args))
         previous = previous_plan(args)
         with searching(inputs, search_settings):
-            found = search_plan(inputs, search_settings, previous=previous)
+            if choice.planner is Planner.SHARDFLOW:
+                found = search_plan(inputs, search_settings, previous=previous)
+            else:
+                found = torchrec_search(inputs, search_settings.cost, choice.planner)
         try:
             with writing(args.out):
                 written = write_plan_artifact(found.plan, args.out, from_flags(WriteSettings, args))
@@ -119,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
                   "was replaced", file=sys.stderr)
             return ExitCode.FAILED
     print(render_plan(found.plan, from_flags(ReportSettings, args).all_ranks))
+    print(render_made_by(found.plan), end="")
     print(render_topology_line(inputs.topology, args.topology))
     if args.profile:
         print(f"profile:       {describe_profile(search_settings.cost.profile)}")

@@ -10,6 +10,7 @@ and logged.
 from __future__ import annotations
 
 import argparse
+import sys
 
 from flows.commands.plan import add_input_arguments
 from rec.exit_codes import ExitCode
@@ -34,6 +35,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from flows.ephemeral_api import PrefectApiUnavailable, start_ephemeral_api
     from flows.logs import input_errors_without_traceback
     from flows.parameters import search_parameters
     from flows.progress import on_terminal
@@ -51,6 +53,11 @@ def run(args: argparse.Namespace) -> int:
     from flows.replan import replan_flow
 
     with on_terminal(), input_errors_without_traceback():
+        try:
+            start_ephemeral_api()
+        except PrefectApiUnavailable as e:
+            print(f"shardflow replan: {e}", file=sys.stderr)
+            return ExitCode.FAILED
         outcome = replan_flow(args.spec, args.topology, **search_parameters(searching),
                               chart=from_flags(WriteSettings, args).chart, out_dir=args.out,
                               **tracking.flow_parameters())

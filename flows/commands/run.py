@@ -1,6 +1,7 @@
 """``shardflow run SPEC --topology TOPO``: the whole pipeline — plan, then train with the plan.
 
-Embedded defaults: Prefect's ephemeral API (``PREFECT_API_URL`` for a server), a local Ray only
+Embedded defaults: Prefect's ephemeral API (``PREFECT_API_URL`` for a server; its start may take
+``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS``, 120 s unless set), a local Ray only
 with ``--backend ray|auto`` (``RAY_ADDRESS`` for a cluster), MLflow in ./mlflow.db with artifacts
 in ./mlruns (``MLFLOW_TRACKING_URI`` for a server). Output goes to a new out/<plan_id>/train-<time>
 per run (out/latest the newest), or to OUT/plan and OUT/train with ``--out OUT``.
@@ -59,6 +60,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import time
 
+    from flows.ephemeral_api import PrefectApiUnavailable, start_ephemeral_api
     from flows.logs import input_errors_without_traceback
     from flows.parameters import search_parameters, train_parameters
     from flows.progress import on_terminal
@@ -87,6 +89,11 @@ def run(args: argparse.Namespace) -> int:
     common = {**search_parameters(searching), "chart": from_flags(WriteSettings, args).chart,
               "out_dir": args.out, **tracking.flow_parameters()}
     with on_terminal() as shown, input_errors_without_traceback():
+        try:
+            start_ephemeral_api()
+        except PrefectApiUnavailable as e:
+            print(f"shardflow run: {e}", file=sys.stderr)
+            return ExitCode.FAILED
         if args.plan_only:
             from flows.plan import plan_flow
 

@@ -105,7 +105,8 @@ def _blocks(
     config: CostConfig,
 ) -> list[_Block]:
     """Options of one sharding type, one block per kernel, for the tables ``tab``."""
-    lay = layout(st, cols.rows[tab], cols.dims[tab], topology.world_size, topology.local_world_size)
+    lay = layout(st, cols.rows[tab], cols.dims[tab], topology.world_size, topology.local_world_size,
+                 cols.min_partition[tab])
     if topology.compute_device is ComputeDevice.CUDA:
         usable = np.maximum.reduceat(lay.cols, np.cumsum(lay.count) - lay.count) <= CUDA_MAX_SHARD_DIM
         if st is ShardingType.DATA_PARALLEL:

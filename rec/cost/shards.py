@@ -30,17 +30,21 @@ class Layout:
 
 
 @lru_cache(maxsize=4096)
-def _cw_block(dim: int) -> int:
-    """``sharding_plan._get_block_size_for_cw_shard(dim, None)``."""
-    base = next((i for i in range(MIN_CW_DIM, dim) if dim % i == 0 and i % 4 == 0), dim)
+def _cw_block(dim: int, min_partition: int) -> int:
+    """``sharding_plan._get_block_size_for_cw_shard(dim, min_partition or None)``."""
+    lower = min_partition or MIN_CW_DIM
+    base = next((i for i in range(lower, dim) if dim % i == 0 and i % 4 == 0), dim)
     block = min(base, dim)
     return dim if dim % block else block
 
 
-def column_block(dims: np.ndarray) -> np.ndarray:
-    """Column-wise shard width per table (``MIN_CW_DIM`` rule; the whole dim if none divides)."""
-    uniq, inv = np.unique(dims, return_inverse=True)
-    return np.array([_cw_block(int(d)) for d in uniq], dtype=np.int64)[inv.reshape(-1)]
+def column_block(dims: np.ndarray, min_partition: np.ndarray | None = None) -> np.ndarray:
+    """Column-wise shard width per table: the least multiple of 4 dividing the dim from the table's
+    ``min_partition`` on (0: ``MIN_CW_DIM``), the whole dim if none does."""
+    lower = np.zeros(len(dims), np.int64) if min_partition is None else min_partition
+    pairs, inv = np.unique(np.stack([dims, lower], axis=1), axis=0, return_inverse=True)
+    blocks = [_cw_block(int(d), int(m)) for d, m in pairs]
+    return np.array(blocks, dtype=np.int64)[inv.reshape(-1)]
 
 
 def layout(
@@ -49,8 +53,10 @@ def layout(
     dims: np.ndarray,
     world_size: int,
     local_world_size: int,
+    min_partition: np.ndarray | None = None,
 ) -> Layout:
-    """Shard runs of every table (``rows``/``dims`` of length n) under one sharding type."""
+    """Shard runs of every table (``rows``/``dims`` of length n) under one sharding type;
+    ``min_partition`` (0: none) bounds the width of column shards as TorchRec's constraint does."""
     n = len(rows)
     zeros = np.zeros(n, dtype=np.int64)
     ones = np.ones(n, dtype=np.int64)
@@ -60,7 +66,7 @@ def layout(
     if sharding_type == ShardingType.TABLE_WISE:
         return Layout(ones, np.arange(n), rows, dims, zeros, zeros, ones, zeros)
     if sharding_type in (ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE):
-        return _column_split(rows, dims)
+        return _column_split(rows, dims, min_partition)
     if sharding_type == ShardingType.ROW_WISE:
         return _row_split(rows, dims, zeros, world_size)
     if sharding_type == ShardingType.TABLE_ROW_WISE:
@@ -68,9 +74,9 @@ def layout(
     raise ValueError(f"unsupported sharding type {sharding_type}")
 
 
-def _column_split(rows: np.ndarray, dims: np.ndarray) -> Layout:
+def _column_split(rows: np.ndarray, dims: np.ndarray, min_partition: np.ndarray | None) -> Layout:
     """``_calculate_cw_shard_sizes_and_offsets``: dim // block shards of width block."""
-    block = column_block(dims)
+    block = column_block(dims, min_partition)
     count = dims // block
     owner = np.repeat(np.arange(len(rows)), count)
     first = np.cumsum(count) - count

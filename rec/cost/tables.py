@@ -3,8 +3,8 @@
 Each table becomes one ``EmbeddingBagConfig`` (an ``EmbeddingConfig`` of an ``EmbeddingCollection``
 where pooling is NONE) plus one ``ParameterConstraints`` with
 ``pooling_factors=[pooling_factor] * len(feature_names)`` (TorchRec reads one pooling factor per
-feature; ``num_poolings`` stays the default 1.0), ``cache_params.load_factor=caching_ratio`` and the
-table's allow-lists. The element size is ``DataType.bytes_per_element``: 4 for FP32 and 2
+feature; ``num_poolings`` stays the default 1.0), ``cache_params.load_factor=caching_ratio``, the
+table's allow-lists and its ``min_partition``. The element size is ``DataType.bytes_per_element``: 4 for FP32 and 2
 otherwise, as ``EmbeddingBagCollection`` and ``EmbeddingCollection`` allocate tables for training.
 An unpooled table outputs one vector per id, so its ``batch_outputs`` are its ``batch_inputs``
 (TorchRec's ``is_pooled=False``).
@@ -37,6 +37,7 @@ class TableArrays:
     batch_outputs: np.ndarray  # float64 output rows per rank batch: pooled, sum of min(1, pf) * 1.0 * B;
     # unpooled, batch_inputs
     pooled: np.ndarray  # bool: the table's module pools (an EmbeddingBagCollection)
+    min_partition: np.ndarray  # int64 least column shard width (ParameterConstraints.min_partition); 0: none
     optimizer_multiplier: np.ndarray  # float64 optimizer state per weight byte
     sharding_allowed: np.ndarray  # (T, len(SHARDING_TYPES)) bool; all True where no allow-list
     kernel_allowed: np.ndarray  # (T, len(COMPUTE_KERNELS)) bool; all True where no allow-list
@@ -69,6 +70,7 @@ def table_arrays(spec: Spec, batch_size: int, config: CostConfig) -> TableArrays
     pf = np.fromiter((t.pooling_factor for t in tables), np.float64, n)
     inputs, outputs = _batch_sums(pf, nf, batch_size)
     pooled = np.fromiter((t.pooling is not Pooling.NONE for t in tables), bool, n)
+    min_partition = np.fromiter((t.min_partition or 0 for t in tables), np.int64, n)
     outputs = np.where(pooled, outputs, inputs)
 
     st_ok = np.ones((n, len(SHARDING_TYPES)), dtype=bool)
@@ -88,6 +90,7 @@ def table_arrays(spec: Spec, batch_size: int, config: CostConfig) -> TableArrays
         batch_inputs=inputs,
         batch_outputs=outputs,
         pooled=pooled,
+        min_partition=min_partition,
         optimizer_multiplier=optimizer_multiplier(config.optimizer, dims),
         sharding_allowed=st_ok,
         kernel_allowed=ck_ok,

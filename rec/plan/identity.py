@@ -21,6 +21,11 @@ if TYPE_CHECKING:
 PLAN_ID_FORMAT = "shardflow.plan/v1"
 # What a searcher other than the local one adds to the planner configuration (``searcher_keys``).
 SEARCHER_KEYS = ("backend", "groups")
+# A plan made by another planner than shardflow's search names it here (``made_by_keys``); shardflow's
+# own plans have no such key, so their plans and plan_ids are what they were.
+MADE_BY = "made_by"
+# Measured, so left out of the plan_id: the same inputs give the same id however long planning took.
+MADE_BY_SECONDS = "seconds"
 
 
 def planner_config(cost: CostConfig, search: SearchConfig,
@@ -43,6 +48,18 @@ def searcher_keys(backend: str, groups: int | None) -> dict[str, Any]:
     return dict(zip(SEARCHER_KEYS, (backend, groups), strict=True))
 
 
+def made_by_keys(name: str, details: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """What a plan made by the planner ``name`` (e.g. ``torchrec``) adds to the planner configuration:
+    ``details`` (versions, proposers) and how long it planned, in seconds."""
+    return {MADE_BY: {"name": name, **details, MADE_BY_SECONDS: round(seconds, 3)}}
+
+
+def made_by(plan: Plan) -> str:
+    """The planner that made ``plan``: ``shardflow`` unless its planner configuration names another."""
+    other = plan.planner.get(MADE_BY)
+    return str(other.get("name")) if isinstance(other, dict) else "shardflow"
+
+
 def replan_keys(previous: Plan, max_regress: float) -> dict[str, Any]:
     """What replanning from ``previous`` within ``max_regress`` adds to the planner configuration."""
     return {"previous_plan_id": previous.plan_id, "max_regress": max_regress}
@@ -58,7 +75,10 @@ def plan_profile(plan: Plan) -> Profile:
 
 
 def plan_id(spec_hash: str, topology_hash: str, planner: dict[str, Any]) -> str:
-    """The one formula for plan ids."""
+    """The one formula for plan ids (a ``made_by`` block's measured seconds left out)."""
+    other = planner.get(MADE_BY)
+    if isinstance(other, dict) and MADE_BY_SECONDS in other:
+        planner = {**planner, MADE_BY: {k: v for k, v in other.items() if k != MADE_BY_SECONDS}}
     return content_hash({"format": PLAN_ID_FORMAT, "spec": spec_hash, "topology": topology_hash,
                          "planner": planner})
 

@@ -28,6 +28,24 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class ChosenShard:
+    offset: tuple[int, int]  # [row, col]
+    size: tuple[int, int]  # [rows, cols]
+    rank: int
+
+
+@dataclass(frozen=True)
+class ChosenOption:
+    """One table of TorchRec's best plan: what its planner chose, as plain values."""
+
+    module: str  # the embedding module's path in the model
+    name: str
+    sharding_type: str
+    compute_kernel: str
+    shards: tuple[ChosenShard, ...]
+
+
+@dataclass(frozen=True)
 class TorchrecRun:
     """One run of TorchRec's EmbeddingShardingPlanner; critical_path is NoopPerfModel's rating (ms)."""
 
@@ -37,6 +55,7 @@ class TorchrecRun:
     num_proposals: int
     num_plans: int
     sharding_types: dict[str, int]
+    chosen: tuple[ChosenOption, ...] = ()  # the best plan, one entry per table
 
 
 @dataclass(frozen=True)
@@ -112,6 +131,7 @@ def torchrec_inputs(spec: Spec, topology: Topology,
             compute_kernels=[k.value for k in t.compute_kernels] if t.compute_kernels else None,
             pooling_factors=[t.pooling_factor] * len(t.feature_names),
             cache_params=CacheParams(load_factor=cost.caching_ratio),
+            min_partition=t.min_partition,
         ))
     return model, constraints, torchrec_topology(topology), module_sharders(set(spec.modules.values()))
 
@@ -151,6 +171,9 @@ def run_torchrec_planner(spec: Spec, topology: Topology, cost: CostConfig = Cost
         num_proposals=planner._num_proposals,
         num_plans=planner._num_plans,
         sharding_types=dict(sorted(Counter(o.sharding_type for o in best).items())),
+        chosen=tuple(ChosenOption(o.path, o.name, o.sharding_type, o.compute_kernel, tuple(
+            ChosenShard((int(s.offset[0]), int(s.offset[1])), (int(s.size[0]), int(s.size[1])), int(s.rank))
+            for s in o.shards)) for o in best),
     )
 
 

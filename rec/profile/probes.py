@@ -11,7 +11,9 @@ A probe of another type than table_wise holds a table_wise ``COMPANION`` too, as
 each type's ``sharding_type_ms`` is what it adds to a plan that has table_wise's collectives
 already (``iteration_ms`` carries table_wise's own). On cuda the other kernels get a probe of their
 own. The sizes stay small: a full calibration of 2 cpu ranks measures about 55 probes and holds at
-most about 500 MB per rank.
+most about 500 MB per rank. On cuda every probe's batch is ``BATCH_SCALE`` times larger: at the cpu
+sizes a GPU's lookups take microseconds, far below its fixed cost per iteration (about 2 ms on an
+H100), and the fit could not tell the byte terms apart; at 128 times they take 0.1-8 ms.
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ TW, CW, TCW, DP = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingTy
                    ShardingType.DATA_PARALLEL)
 RW, TWRW = ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE
 PROBE_SEARCH = SearchConfig(time_limit_s=0.0)  # identical tables: the heuristic spreads them evenly
+BATCH_SCALE = {ComputeDevice.CPU: 1, ComputeDevice.CUDA: 128}  # probe batch sizes per device
+# fused_uvm reads every row over the host link (tens of GB/s, not TB/s): a smaller batch keeps its
+# probes from dominating the calibration's time, and still far above the GPU's fixed costs.
+UVM_BATCH_DIVISOR = 8
 
 
 @dataclass(frozen=True)
@@ -144,6 +150,7 @@ def probe_specs(device: ComputeDevice, quick: bool = False) -> tuple[ProbeSpec, 
     offered = sharder_options(device)
     types = [st for st in ShardingType if st in offered]
     out = [p for st in types for p in _sweeps(st, quick)]
+    scale = BATCH_SCALE[device]
     for st in types:  # the device's other kernels
         for kernel in offered[st][1:]:
             group = Tables(st, kernel=kernel, dim=256 if st in (CW, TCW) else 64)
@@ -154,7 +161,12 @@ def probe_specs(device: ComputeDevice, quick: bool = False) -> tuple[ProbeSpec, 
             groups = tuple(Tables(st, per_rank=1, dim=256 if st in (CW, TCW) else 64,
                                   rows=10_000 if st is DP else Tables.rows) for st in mix)
             out.append(ProbeSpec("+".join(st.value for st in mix), groups))
-    return tuple(out)
+    return tuple(replace(p, batch_size=p.batch_size * scale // _uvm_divisor(p, scale)) for p in out)
+
+
+def _uvm_divisor(probe: ProbeSpec, scale: int) -> int:
+    uvm = any(g.kernel is ComputeKernel.FUSED_UVM for g in probe.groups)
+    return UVM_BATCH_DIVISOR if uvm and scale >= UVM_BATCH_DIVISOR else 1
 
 
 def probe_rows(probe: ProbeSpec, device: ComputeDevice, world_size: int) -> list[dict[str, Any]]:

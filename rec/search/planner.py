@@ -42,7 +42,7 @@ def build_search_space(spec: Spec, topology: Topology,
     space = build_space(options, len(spec.tables), topology.world_size,
                         topology.local_world_size, hbm_cap, ddr_cap)
     check_capacity_left(space, topology)
-    check_every_table_fits(space, spec, topology.compute_device)
+    check_every_table_fits(space, spec, topology, cost)
     return space
 
 

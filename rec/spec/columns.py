@@ -9,7 +9,9 @@ from rec.spec.types import DEFAULT_MODULE, TableSpec
 
 REQUIRED = ("name", "num_embeddings", "embedding_dim")
 OPTIONAL = ("feature_names", "pooling", "data_type", "pooling_factor", "sharding_types", "compute_kernels",
-            "module")
+            "module", "min_partition")
+# Written only where a table sets them, so rows (and hashes) of specs without them stay what they were.
+SPARSE_COLUMNS = ("module", "min_partition")
 COLUMNS = REQUIRED + OPTIONAL
 LIST_COLUMNS = ("feature_names", "sharding_types", "compute_kernels")
 LIST_SEPARATOR = ";"  # how list cells are written in CSV
@@ -17,8 +19,8 @@ LIST_SEPARATOR = ";"  # how list cells are written in CSV
 
 def table_to_row(table: TableSpec) -> dict[str, object]:
     """Every column of ``table`` as plain JSON values (enums as their values, tuples as lists);
-    ``module`` only when it is not ``DEFAULT_MODULE``, so rows (and hashes) of specs without modules
-    stay what they were."""
+    ``module`` only when it is not ``DEFAULT_MODULE`` and ``min_partition`` only when set, so rows (and
+    hashes) of specs without them stay what they were."""
     row: dict[str, object] = {
         "name": table.name,
         "num_embeddings": table.num_embeddings,
@@ -32,6 +34,8 @@ def table_to_row(table: TableSpec) -> dict[str, object]:
     }
     if table.module != DEFAULT_MODULE:
         row["module"] = table.module
+    if table.min_partition is not None:
+        row["min_partition"] = table.min_partition
     return row
 
 

@@ -17,13 +17,13 @@ from rec.errors import InputError, Problem
 from rec.sharding import ModuleKind, Pooling
 from rec.spec.types import Spec
 from rec.spec.validate import spec_from_rows
-from rec.target import bad_target, kind_of, one_line, target_function
+from rec.target import bad_target, call_target, kind_of, target_function
 
 if TYPE_CHECKING:
     from torch import nn
 
 # ParameterConstraints fields a spec holds (the rest, when set, are reported as not modelled).
-_MODELLED = frozenset({"sharding_types", "compute_kernels", "pooling_factors", "feature_names"})
+_MODELLED = frozenset({"sharding_types", "compute_kernels", "pooling_factors", "feature_names", "min_partition"})
 
 
 @dataclass(frozen=True)
@@ -45,11 +45,7 @@ def load_model(target: str) -> tuple[nn.Module, Mapping[str, Any]]:
     the error in one line, for a target that cannot be imported, fails or returns no model."""
     from torch import nn
 
-    function = target_function(target)
-    try:
-        result = function()
-    except Exception as e:  # the user's code: any failure is theirs to see, in one line
-        raise bad_target(target, f"{target}() raised {one_line(e)}") from None
+    result = call_target(target, target_function(target))
     model, constraints = result, None
     if isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[0], nn.Module):
         model, constraints = result
@@ -172,6 +168,8 @@ def _constraint_cells(c: Any) -> dict[str, Any]:
         cells["sharding_types"] = list(c.sharding_types)
     if getattr(c, "compute_kernels", None):
         cells["compute_kernels"] = list(c.compute_kernels)
+    if getattr(c, "min_partition", None):
+        cells["min_partition"] = c.min_partition
     factors = list(getattr(c, "pooling_factors", None) or [])
     if factors:
         cells["pooling_factor"] = factors[0] if len(set(factors)) == 1 else sum(factors) / len(factors)

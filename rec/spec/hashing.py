@@ -46,7 +46,7 @@ def _row_json(t: TableSpec) -> str:
     return (
         f'{{"compute_kernels":{_values(t.compute_kernels)},"data_type":"{VALUE[t.data_type]}",'
         f'"embedding_dim":{int.__repr__(t.embedding_dim)},"feature_names":[{",".join(map(_text, t.feature_names))}],'
-        f'{_module(t.module)}"name":{_text(t.name)},"num_embeddings":{int.__repr__(t.num_embeddings)},"pooling":"{VALUE[t.pooling]}",'
+        f'{_min_partition(t.min_partition)}{_module(t.module)}"name":{_text(t.name)},"num_embeddings":{int.__repr__(t.num_embeddings)},"pooling":"{VALUE[t.pooling]}",'
         f'"pooling_factor":{float.__repr__(pooling_factor)},"sharding_types":{_values(t.sharding_types)}}}'
     )
 
@@ -54,6 +54,11 @@ def _row_json(t: TableSpec) -> str:
 def _module(module: str) -> str:
     """The ``module`` key of a table outside ``DEFAULT_MODULE`` (``table_to_row`` leaves it out there)."""
     return "" if module == DEFAULT_MODULE else f'"module":{_text(module)},'
+
+
+def _min_partition(value: int | None) -> str:
+    """The ``min_partition`` key of a table that sets it (``table_to_row`` leaves it out otherwise)."""
+    return "" if value is None else f'"min_partition":{int.__repr__(value)},'
 
 
 def _values(members: tuple[Enum, ...] | None) -> str:

@@ -36,6 +36,7 @@ class TableSpec:
     sharding_types: tuple[ShardingType, ...] | None = None
     compute_kernels: tuple[ComputeKernel, ...] | None = None
     module: str = DEFAULT_MODULE  # fully qualified name of the embedding module in the model
+    min_partition: int | None = None  # TorchRec's ParameterConstraints.min_partition: column shards' least width
 
     @property
     def bytes(self) -> float:

@@ -407,4 +407,5 @@ CELL_PARSERS = {
     "sharding_types": _enum_list_parser(ShardingType, "sharding type"),
     "compute_kernels": _enum_list_parser(ComputeKernel, "compute kernel"),
     "module": _parse_module,
+    "min_partition": _parse_positive_int,
 }

@@ -8,9 +8,9 @@ from typing import Any
 
 import yaml
 
-from rec.spec.columns import COLUMNS, LIST_COLUMNS, LIST_SEPARATOR, table_to_row, table_to_short_row
+from rec.spec.columns import COLUMNS, LIST_COLUMNS, LIST_SEPARATOR, SPARSE_COLUMNS, table_to_row, table_to_short_row
 from rec.spec.read import spec_format
-from rec.spec.types import DEFAULT_MODULE, Spec
+from rec.spec.types import Spec
 
 
 def write_spec(spec: Spec, path: str | Path) -> Path:
@@ -33,9 +33,9 @@ def _write_tabular(spec: Spec, path: Path, kind: str) -> None:
     import pyarrow as pa
 
     rows = [table_to_row(t) for t in spec.tables]
-    # The module column only where a table has one: specs without modules are written as before.
-    with_module = any(t.module != DEFAULT_MODULE for t in spec.tables)
-    columns = COLUMNS if with_module else tuple(c for c in COLUMNS if c != "module")
+    # The module and min_partition columns only where a table has one: other specs are written as before.
+    present = {c for row in rows for c in SPARSE_COLUMNS if c in row}
+    columns = tuple(c for c in COLUMNS if c not in SPARSE_COLUMNS or c in present)
     if kind == "csv":
         import pyarrow.csv as csv
 
@@ -60,7 +60,8 @@ def _write_tabular(spec: Spec, path: Path, kind: str) -> None:
 def _schema(columns: tuple[str, ...], list_type: Any) -> Any:
     import pyarrow as pa
 
-    types = {"num_embeddings": pa.int64(), "embedding_dim": pa.int64(), "pooling_factor": pa.float64()}
+    types = {"num_embeddings": pa.int64(), "embedding_dim": pa.int64(), "pooling_factor": pa.float64(),
+             "min_partition": pa.int64()}
     return pa.schema([(c, list_type if c in LIST_COLUMNS else types.get(c, pa.string())) for c in columns])
 
 

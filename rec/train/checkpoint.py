@@ -37,6 +37,7 @@ from rec.disk_full import DiskFull, is_disk_full, write_whole, writing
 from rec.errors import InputError, Problem
 from rec.plan.io import plan_file
 from rec.train import restricted_pickle
+from rec.train.collectives import Group
 from rec.train.restricted_pickle import RefusedPickle
 from rec.train.resume import INDEX_FILE, LATEST, PLAN_COPY, step_dir, step_name, step_of
 
@@ -66,13 +67,13 @@ def save(directory: str | Path, step: int, model: torch.nn.Module, optimizer: to
         if full is None or isinstance(e, DiskFull):
             raise
         raise DiskFull(full.filename or path, full) from e
-    dist.barrier()
+    Group.current().barrier()
     if before_latest is not None:
         before_latest()
     if dist.get_rank() == 0:
         write_whole(root / LATEST, step_name(step))
         prune(root, keep)
-    dist.barrier()
+    Group.current().barrier()
 
 
 class _RecordingFileSystem(FileSystem):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -125,12 +126,22 @@ def _metrics(plan: Plan, spec: Spec, config: TrainConfig, world: int, batch_size
     stats = latency_stats(rows.measured_ms())
     return TrainMetrics(
         plan_id=plan.plan_id, world_size=world, iterations=config.iterations,
-        warmup=config.warmup, batch_size=batch_size, pipeline=config.pipeline.value,
+        warmup=config.warmup, batch_size=batch_size,
+        pipeline=config.pipeline.on(world, str(plan.topology["compute_device"])).value,
         model=config.model_target or resolve_model_kind(spec, config.model_kind).value, iteration_latency_ms=stats,
         loss=loss_stats(rows.loss), samples_per_s=world * batch_size / (stats.mean / 1e3),
         applied_sharding=applied_sharding(dmp), resumed_from=begin.iteration, resume=begin.resume,
         predicted_critical_path_ms=predicted_critical_path(plan),
     )
+
+
+def user_code(config: TrainConfig) -> AbstractContextManager[None]:
+    """Around the training: a user's model (``--model TARGET``) that exits is that target's failure."""
+    if not config.model_target:
+        return nullcontext()
+    from rec.train.user_model import user_code_exits_fail
+
+    return user_code_exits_fail(config.model_target)
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, TrainConfig]:
@@ -148,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     def work(output: RankOutput) -> None:
         output.progress("loading the plan")
         plan = read_plan(args.plan)
-        with process_group(plan.topology["compute_device"]):
+        with process_group(plan.topology["compute_device"]), user_code(config):
             train(plan, config, args.out, output, args.plan)
 
     return run_rank("train", args.out, work)

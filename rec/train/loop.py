@@ -16,6 +16,7 @@ from torchrec.optim.keyed import CombinedOptimizer
 
 from rec.errors import InputError, Problem
 from rec.train import checkpoint
+from rec.train.collectives import Group
 from rec.train.config import FAIL_AT_ENV, PipelineKind, TrainConfig
 from rec.train.metrics import Iterations, write_iterations
 from rec.train.rank_log import RankOutput
@@ -35,7 +36,7 @@ def train_iterations(dmp: DistributedModelParallel, optimizer: CombinedOptimizer
     ``config.checkpoint_every`` into ``checkpoints``; every iteration of the training (rank 0; None
     on the others: a collective, every rank calls it)."""
     rank = dist.get_rank()
-    step = pipeline_step(dmp, optimizer, device, batches, config.pipeline)
+    step = pipeline_step(dmp, optimizer, device, batches, config.pipeline.on(dist.get_world_size(), device.type))
     fail_at = _fail_at(rank)
     latencies: list[float] = []
     losses: list[torch.Tensor] = []
@@ -119,13 +120,12 @@ def _shape(value: Any) -> str:
 def _reduced(start: int, latencies: list[float], losses: list[torch.Tensor], warmup: int) -> Iterations | None:
     """This run's iterations over all ranks (a collective): an iteration takes as long as its
     slowest rank, its loss is the mean over the ranks. Rank 0 gets them, the others None."""
-    local = torch.tensor(latencies, dtype=torch.float64)
-    dist.all_reduce(local, op=dist.ReduceOp.MAX)
-    total = torch.stack(losses).to(torch.float64) if losses else torch.zeros(0, dtype=torch.float64)
-    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    group = Group.current()
+    slowest = group.max(latencies)
+    total = group.sum(torch.stack(losses) if losses else torch.zeros(0))
     if dist.get_rank() != 0:
         return None
-    return Iterations.of_run(start, local.numpy(), total.cpu().numpy() / dist.get_world_size(), warmup)
+    return Iterations.of_run(start, slowest.numpy(), total.numpy() / dist.get_world_size(), warmup)
 
 
 def _fail_at(rank: int) -> tuple[int, str] | None:

@@ -11,20 +11,33 @@ from dataclasses import dataclass, field
 from rec.settings import MAX_TIME_LIMIT_S, knob
 
 MAX_MEASURE_ITERATIONS = 100_000  # per plan; a measurement, not a training
+SETTLE_TOLERANCE = 0.02  # two warm-up blocks this close (relative): the GPU's clocks have settled
+SETTLE_BLOCK_MS = 25.0  # a settling block lasts at least this long: shorter ones differ by their noise
+LATER_SETTLE_S = 0.2  # the settling of every plan after a job's first (the GPU stays busy in between)
 
 
 @dataclass(frozen=True)
 class MeasureConfig:
     iterations: int = field(default=30, metadata=knob(
-        "timed iterations per plan, after the warm-up", minimum=1, maximum=MAX_MEASURE_ITERATIONS))
+        "timed iterations per plan, after the warm-up (each block rounded up to whole passes over the "
+        "synthetic batches)", minimum=1, maximum=MAX_MEASURE_ITERATIONS))
     warmup: int = field(default=5, metadata=knob(
         "untimed iterations before them", minimum=0, maximum=MAX_MEASURE_ITERATIONS))
+    blocks: int = field(default=3, metadata=knob(
+        "the timed iterations run in this many blocks, each timed as a whole (on cuda without a host sync "
+        "inside it); the measured time is the median of the blocks' per-iteration times, their spread the "
+        "noise", minimum=1, maximum=1000))
+    settle_s: float = field(default=2.0, metadata=knob(
+        "cuda: after the warm-up, at most this many seconds of further warm-up blocks until two in a row "
+        f"agree within {SETTLE_TOLERANCE:.0%} (the GPU's clocks ramp up under load; a job's later plans: at "
+        f"most {LATER_SETTLE_S:g} s); 0: none",
+        minimum=0.0, maximum=600.0, metavar="SECONDS"))
     seed: int = field(default=0, metadata=knob("random seed of the synthetic ids"))
     synthetic_batches: int = field(default=4, metadata=knob(
         "distinct synthetic batches, cycled", minimum=1, maximum=1 << 10))
     embedding_lr: float = field(default=0.05, metadata=knob(
         "learning rate of the fused row-wise Adagrad the backward applies", minimum=0.0))
     time_limit_s: float = field(default=600.0, metadata=knob(
-        "seconds one plan may take: its timed iterations stop there (at least one is kept); a plan whose "
-        "warm-up and first iteration take longer is reported as timed out", flag="time-limit",
+        "seconds one plan may take: its timed blocks stop there (at least one is kept); a plan whose "
+        "warm-up and first block take longer is reported as timed out", flag="time-limit",
         minimum=0.0, maximum=MAX_TIME_LIMIT_S, metavar="SECONDS"))

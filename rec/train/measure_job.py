@@ -5,11 +5,13 @@ alone, as the cost model rates them, on the ranks the plan is for.
 
 For each plan, in one process group: the spec's embedding modules (no dense layers) sharded by
 ``DistributedModelParallel`` with exactly the plan's ``ShardingPlan`` and fused row-wise Adagrad;
-synthetic ids at the plan's batch size (Poisson with each table's pooling factor); warm-up, then
-timed iterations, each started together on every rank: forward (input distribution, lookup, output
+synthetic ids at the plan's batch size (Poisson with each table's pooling factor); warm-up (on cuda
+until two blocks agree: the clocks have settled), then blocks of timed iterations, each block
+started together on every rank and run back to back: forward (input distribution, lookup, output
 distribution, a loss from the outputs) and backward (gradients back through the output
 distribution, lookup backward with the optimizer fused in, data_parallel all-reduce), timed with
-``time.perf_counter`` on cpu, CUDA events on cuda. Rank 0 gathers every rank's times and writes
+``time.perf_counter`` on cpu, CUDA events on cuda (read at the end of a block: no host sync inside
+it beyond the work's own). Rank 0 gathers every rank's times and writes
 OUT/timings.json (``rec.train.timings``); logs and failures as the training job's
 (``rec.train.rank_log``). Many plans share one launch because starting torch and torchrec costs
 seconds per process (``shardflow calibrate`` measures dozens).
@@ -19,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
+import math
 import os
 import platform
 import time
@@ -28,15 +32,16 @@ from itertools import cycle
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from rec.cost.unique import ID_SKEW
 from rec.plan import Plan, read_plan
 from rec.plan.torchrec_plan import sharders_for, to_sharding_plan
 from rec.profile.types import Machine
@@ -45,11 +50,12 @@ from rec.sharding import ComputeDevice, ModuleKind
 from rec.spec import spec_from_rows
 from rec.spec.torchrec_modules import embedding_modules, place
 from rec.spec.types import Spec
-from rec.train.data import synthetic_batch
-from rec.train.measure_config import MeasureConfig
+from rec.train.collectives import Group
+from rec.train.data import feature_tables
+from rec.train.measure_config import LATER_SETTLE_S, SETTLE_BLOCK_MS, SETTLE_TOLERANCE, MeasureConfig
 from rec.train.rank_log import RankOutput
 from rec.train.rank_process import check_world_size, exit_skipping_finalization, process_group, run_rank
-from rec.train.timings import PlanTimes, Status, Timings, write_timings
+from rec.train.timings import Phases, PlanTimes, Status, Timings, write_timings
 
 
 class Embeddings(nn.Module):
@@ -58,7 +64,15 @@ class Embeddings(nn.Module):
 
     def __init__(self, spec: Spec):
         super().__init__()
-        place(self, embedding_modules(spec, "meta"))
+        modules = embedding_modules(spec, "meta")
+        for module in modules.values():
+            configs: list[Any] = (module.embedding_bag_configs() if isinstance(module, EmbeddingBagCollection)
+                                  else module.embedding_configs())  # type: ignore[operator]
+            for config in configs:
+                # The sharded kernel initializes its tables itself; TorchRec's second pass over every
+                # table (init_fn, uniform again) only costs build time here, where values do not matter.
+                config.init_fn = _as_initialized
+        place(self, modules)
         # by the spec, not the output's type: a sharded module's output is a LazyAwaitable
         self.unpooled = {path: kind is ModuleKind.EMBEDDING_COLLECTION for path, kind in spec.modules.items()}
 
@@ -74,24 +88,38 @@ class Embeddings(nn.Module):
         return loss
 
 
+def _as_initialized(weight: torch.Tensor) -> torch.Tensor:
+    return weight
+
+
 def synthetic_features(spec: Spec, batch_size: int, seed: int, distinct: int,
                        device: torch.device) -> Iterator[dict[str, KeyedJaggedTensor]]:
-    """Each module's ids for ``distinct`` batches, cycled; drawn as the training job draws them."""
-    rng = np.random.default_rng(seed)
+    """Each module's ids for ``distinct`` batches, cycled, drawn on ``device`` as the training job
+    draws them (``rec.train.data.synthetic_kjt``: Poisson(pooling factor) ids per sample and
+    feature, ``rows x u**ID_SKEW``): on a GPU, probes of millions of ids cost no host time."""
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
     made = []
     for _ in range(distinct):
         batch = {}
         for path in spec.modules:
-            tables = tuple(t for t in spec.tables if t.module == path)
-            kjt = synthetic_batch(Spec(tables, spec.spec_hash), batch_size, 1, rng).sparse_features
-            batch[path] = kjt.to(device)
+            features = feature_tables(tuple(t for t in spec.tables if t.module == path))
+            lengths, values = [], []
+            for _, rows, pooling_factor in features:
+                rates = torch.full((batch_size,), float(pooling_factor), device=device)
+                n = torch.poisson(rates, generator=generator).to(torch.int32)
+                lengths.append(n)
+                u = torch.rand(int(n.sum()), generator=generator, device=device, dtype=torch.float64)
+                values.append((rows * u**ID_SKEW).to(torch.int64).clamp_(max=rows - 1))
+            batch[path] = KeyedJaggedTensor.from_lengths_sync(
+                keys=[f for f, _, _ in features], values=torch.cat(values), lengths=torch.cat(lengths))
         made.append(batch)
     return cycle(made)
 
 
 class Clock:
-    """Forward and backward times of the iterations: perf_counter on cpu; on cuda CUDA events,
-    read once at the end (no sync inside an iteration beyond what the work itself needs)."""
+    """Marks in the order the work runs: ``perf_counter`` on cpu; on cuda CUDA events on the current
+    stream, read only at the end of a block (no host sync inside it beyond what the work needs)."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
@@ -105,24 +133,41 @@ class Clock:
         else:
             self.marks.append(time.perf_counter())
 
-    def times_ms(self) -> tuple[list[float], list[float]]:
-        """(forward, backward) per iteration, from three marks per iteration."""
+    def spans_ms(self) -> list[float]:
+        """The time between consecutive marks, ms; the marks are then cleared."""
         if self.cuda:
-            torch.cuda.synchronize()
-            spans = [self.marks[i].elapsed_time(self.marks[i + 1]) for i in range(len(self.marks) - 1)]
+            self.marks[-1].synchronize()
+            spans = [float(a.elapsed_time(b)) for a, b in itertools.pairwise(self.marks)]
         else:
-            spans = [(self.marks[i + 1] - self.marks[i]) * 1e3 for i in range(len(self.marks) - 1)]
-        return spans[0::3], spans[1::3]
+            spans = [(b - a) * 1e3 for a, b in itertools.pairwise(self.marks)]
+        self.marks = []
+        return spans
 
 
-def measure(plan: Plan, plan_path: str, config: MeasureConfig, output: RankOutput, label: str) -> PlanTimes:
-    """Time ``plan``'s sharded embedding modules on this process group (a collective)."""
+def run_block(dmp: nn.Module, features: Iterator[dict[str, KeyedJaggedTensor]], iterations: int,
+              clock: Clock) -> tuple[list[float], list[float]]:
+    """``iterations`` iterations back to back: (forward, backward) ms of each, a backward lasting
+    until the next iteration starts (the block's end after the last), so that they add up to the block."""
+    for _ in range(iterations):
+        batch = next(features)
+        clock.mark()
+        loss = dmp(batch)
+        clock.mark()
+        loss.backward()
+    clock.mark()
+    spans = clock.spans_ms()
+    return spans[0::2], spans[1::2]
+
+
+def measure(plan: Plan, plan_path: str, config: MeasureConfig, output: RankOutput, label: str,
+            group: Group, settle_s: float) -> PlanTimes:
+    """Time ``plan``'s sharded embedding modules on this process group (a collective): the warm-up,
+    on cuda further warm-up blocks until the clocks settle (at most ``settle_s``), then
+    ``config.blocks`` timed blocks."""
     world = dist.get_world_size()
     check_world_size(plan, world)
-    cuda = plan.topology["compute_device"] == "cuda"
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)  # the events time this rank's GPU, NCCL's collectives run on it
+    device = group.device
+    began = time.monotonic()
     spec = spec_from_rows(list(plan.spec_tables))
     batch_size = int(plan.topology["batch_size"])
     torch.manual_seed(config.seed)
@@ -131,45 +176,72 @@ def measure(plan: Plan, plan_path: str, config: MeasureConfig, output: RankOutpu
     apply_optimizer_in_backward(RowWiseAdagrad, model.parameters(), {"lr": config.embedding_lr})
     dmp = DistributedModelParallel(model, device=device, plan=to_sharding_plan(plan), sharders=sharders_for(plan))
     features = synthetic_features(spec, batch_size, config.seed + dist.get_rank(), config.synthetic_batches, device)
-    stop = torch.zeros(1, device=device)
     clock = Clock(device)
-    began = time.monotonic()
-    total = config.warmup + config.iterations
-    for i in range(total):
-        dist.all_reduce(stop, op=dist.ReduceOp.MAX)  # starts the iteration together on every rank
-        if stop.item() > 0:
+    built = time.monotonic()
+
+    def over(limit: float) -> bool:  # the same answer on every rank: they stop together
+        return group.any(time.monotonic() - began > limit)
+
+    fwd, bwd = run_block(dmp, features, config.warmup, clock)
+    warmed = config.warmup
+    sizes = block_sizes(config)
+    if device.type == "cuda" and settle_s > 0 and not over(config.time_limit_s):
+        steady = (fwd[1:] or fwd or [1.0], bwd[1:] or bwd or [0.0])  # the first iteration pays one-time costs
+        per_iteration = (sum(steady[0]) + sum(steady[1])) / len(steady[0])
+        size = _whole_passes(math.ceil(SETTLE_BLOCK_MS / max(per_iteration, 1e-3)), config)
+        warmed += _settle(dmp, features, size, clock, group, settle_s)
+    settled = time.monotonic()
+    fwd, bwd = [], []
+    blocks = 0
+    for size in sizes:
+        if over(config.time_limit_s):  # before the first block: the warm-up alone took too long
             break
-        if cuda:
-            torch.cuda.synchronize(device)
-        timed = i >= config.warmup
-        batch = next(features)
-        if timed:
-            clock.mark()
-        loss = dmp(batch)
-        if timed:
-            clock.mark()
-        loss.backward()
-        if timed:
-            clock.mark()
-            if cuda:
-                torch.cuda.synchronize(device)
-        stop.fill_(1.0 if time.monotonic() - began > config.time_limit_s else 0.0)
-        output.progress(f"{label}iteration {i + 1}/{total}", i + 1, total, force=False)
-    fwd, bwd = clock.times_ms()
+        f, b = run_block(dmp, features, size, clock)
+        fwd += f
+        bwd += b
+        blocks += 1
+        output.progress(f"{label}block {blocks}/{len(sizes)}", blocks, len(sizes), force=False)
+    timed = time.monotonic()
     # The ranks stop together, so each has timed the same iterations: none when the limit came first.
     status = Status.MEASURED if fwd else Status.TIMED_OUT
-    times = _gathered(fwd, device), _gathered(bwd, device)
+    times = _gathered(fwd, group), _gathered(bwd, group)
     del dmp, model, features
     gc.collect()
-    return PlanTimes(plan_path, plan.plan_id, status, config.warmup, *times)
+    phases = Phases(setup_s=built - began, warmup_s=settled - built, warmup_iterations=warmed,
+                    timed_s=timed - settled, teardown_s=time.monotonic() - timed)
+    return PlanTimes(plan_path, plan.plan_id, status, warmed, *times, blocks=max(blocks, 1), phases=phases)
 
 
-def _gathered(values: list[float], device: torch.device) -> tuple[tuple[float, ...], ...]:
+def block_sizes(config: MeasureConfig) -> list[int]:
+    """The iterations of each timed block: ``config.iterations`` shared out over ``config.blocks``,
+    each rounded up to whole passes over the synthetic batches (every block sees each batch as often)."""
+    per_block = _whole_passes(math.ceil(config.iterations / config.blocks), config)
+    return [per_block] * config.blocks
+
+
+def _whole_passes(iterations: int, config: MeasureConfig) -> int:
+    return math.ceil(iterations / config.synthetic_batches) * config.synthetic_batches
+
+
+def _settle(dmp: nn.Module, features: Iterator[dict[str, KeyedJaggedTensor]], size: int, clock: Clock,
+            group: Group, limit_s: float) -> int:
+    """Warm-up blocks of ``size`` iterations until two in a row agree within ``SETTLE_TOLERANCE`` on
+    every rank, or ``limit_s`` has passed; the iterations run."""
+    began = time.monotonic()
+    previous, ran = math.inf, 0
+    while True:
+        f, b = run_block(dmp, features, size, clock)
+        ran += size
+        now = (sum(f) + sum(b)) / size
+        settled = abs(now - previous) <= SETTLE_TOLERANCE * min(now, previous)
+        previous = now
+        if group.any(settled or time.monotonic() - began > limit_s):
+            return ran
+
+
+def _gathered(values: list[float], group: Group) -> tuple[tuple[float, ...], ...]:
     """Every rank's ``values`` (the same count on each: the ranks stop together)."""
-    mine = torch.tensor(values, dtype=torch.float64, device=device)
-    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(every, mine)
-    return tuple(tuple(float(v) for v in t.cpu().tolist()) for t in every)
+    return tuple(tuple(float(v) for v in t.tolist()) for t in group.all_gather(values))
 
 
 def machine(plan: Plan) -> Machine:
@@ -217,14 +289,19 @@ def main(argv: list[str] | None = None) -> int:
     def work(output: RankOutput) -> None:
         output.progress("loading the plans")
         plans = [read_plan(path) for path in args.plan]
-        with process_group(plans[0].topology["compute_device"]):
+        with process_group(plans[0].topology["compute_device"]) as group:
+            # What exists now lives for the whole job: later collections skip it (a full collection
+            # after every plan otherwise walks all of torch's objects: ~0.3 s each).
+            gc.freeze()
             measured = []
             for k, (path, plan) in enumerate(zip(args.plan, plans, strict=True)):
                 label = f"plan {k + 1}/{len(plans)}: " if len(plans) > 1 else ""
-                measured.append(measure(plan, path, config, output, label))
+                # The clocks ramp up once; later plans keep the GPU busy but for their short set-up.
+                settle_s = config.settle_s if k == 0 else min(config.settle_s, LATER_SETTLE_S)
+                measured.append(measure(plan, path, config, output, label, group, settle_s))
             if dist.get_rank() == 0:
                 write_timings(args.out, Timings(machine(plans[0]), tuple(measured)))
-            dist.barrier()
+            group.barrier()
 
     return run_rank("measure", args.out, work)
 

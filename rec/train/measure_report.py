@@ -3,9 +3,10 @@
 
 Predicted: ``rec.profile.predict.predicted_ms`` under the plan's own profile (the one it was planned
 under: its ``metrics.rank_perf`` plus that profile's plan-level terms, which TorchRec's default
-profile does not have). Measured: each rank's median and 90th percentile of forward plus backward
-over the timed iterations. The critical path is the slowest rank, in both; ``error`` is measured /
-predicted - 1 on it.
+profile does not have). Measured: each rank's iteration time (the median over the timed blocks of
+their mean iteration, ``PlanTimes.rank_ms``) and 90th percentile of forward plus backward over the
+timed iterations, and the spread of the blocks (the measurement's noise). The critical path is the
+slowest rank, in both; ``error`` is measured / predicted - 1 on it.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class MeasureReport:
     batch_size: int  # per rank, the plan topology's
     profile: dict[str, Any]  # name, hash, default (true: TorchRec's)
     predicted_ms: list[float]  # per rank
-    measured_ms: list[float]  # per rank: median over the timed iterations
+    measured_ms: list[float]  # per rank: median over the timed blocks of their mean iteration
     measured_p90_ms: list[float]
     measured_fwd_ms: list[float]  # per rank: medians of forward and of backward alone
     measured_bwd_ms: list[float]
@@ -49,13 +50,15 @@ class MeasureReport:
     warmup: int
     machine: dict[str, Any]
     measured_at: str | None
+    blocks: int = 1  # the timed iterations ran in this many blocks
+    spread: float = 0.0  # on the slowest rank: (slowest block - fastest block) / median block
 
 
 def measure_report(plan: Plan, times: PlanTimes, machine: Machine) -> MeasureReport:
     """The report of one measured plan (``times`` must hold timed iterations)."""
     total = times.total_ms()
     predicted = predicted_ms(plan)
-    measured = np.median(total, axis=1)
+    measured = times.rank_ms()
     profile = plan_profile(plan)
     critical_predicted, critical_measured = float(predicted.max()), float(measured.max())
     return MeasureReport(
@@ -71,7 +74,7 @@ def measure_report(plan: Plan, times: PlanTimes, machine: Machine) -> MeasureRep
         iterations=times.iterations, warmup=times.warmup,
         machine={k: (v.value if hasattr(v, "value") else v) for k, v in asdict(machine).items()
                  if k != "measured_at"},
-        measured_at=machine.measured_at,
+        measured_at=machine.measured_at, blocks=times.blocks, spread=times.spread(),
     )
 
 

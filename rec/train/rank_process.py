@@ -14,13 +14,13 @@ from contextlib import contextmanager
 from typing import NoReturn
 
 import torch.distributed as dist
-from torch.distributed.checkpoint.api import CheckpointException
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 
 from rec.errors import InputError, Problem
 from rec.exit_codes import ExitCode
 from rec.plan import Plan
 from rec.sharding import ComputeDevice
+from rec.train.collectives import Group, join
 from rec.train.lifetime import RunLockTaken, die_with_torchrun, join_run_lock
 from rec.train.rank_log import RankOutput
 
@@ -54,7 +54,9 @@ def run_rank(command: str, out_dir: str, work: Callable[[RankOutput], None]) -> 
         output.failed(e)
         print(f"shardflow {command}: {e.render()}", file=sys.stderr)
         return ExitCode.BAD_INPUT
-    except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # DCP's CheckpointException, an exit (SystemExit): never a finished rank
         output.failed(e)
         traceback.print_exc()
         return ExitCode.FAILED
@@ -76,16 +78,16 @@ def check_world_size(plan: Plan, world_size: int) -> None:
 
 
 @contextmanager
-def process_group(device: str) -> Iterator[None]:
+def process_group(device: ComputeDevice | str) -> Iterator[Group]:
     """The default process group for ``device``'s ranks (NCCL on cuda, gloo on cpu) for the block."""
-    init_process_group("nccl" if device == ComputeDevice.CUDA else "gloo")
+    group = init_process_group(device)
     try:
-        yield
+        yield group
     finally:
         dist.destroy_process_group()
 
 
-def init_process_group(backend: str) -> None:
+def init_process_group(device: ComputeDevice | str) -> Group:
     """The default process group on a store prefixed by torchrun's restart count.
 
     After a rank dies and torchrun restarts the workers, env:// can hand the new workers the dead
@@ -95,8 +97,7 @@ def init_process_group(backend: str) -> None:
     agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
                           is_master=not agent_hosts_store and rank == 0, multi_tenant=True)
-    dist.init_process_group(backend, store=dist.PrefixStore(f"shardflow/attempt_{restart_count()}", store),
-                            rank=rank, world_size=world)
+    return join(device, dist.PrefixStore(f"shardflow/attempt_{restart_count()}", store), rank, world)
 
 
 def exit_skipping_finalization(code: int) -> NoReturn:

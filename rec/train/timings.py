@@ -1,14 +1,16 @@
 """What the measuring job (``rec.train.measure_job``) hands back: per plan, every rank's timed
-iterations, forward and backward, in ``OUT/timings.json`` (rank 0 writes it, whole, at the end).
+iterations, forward and backward, in ``OUT/timings.json`` (rank 0 writes it, whole, at the end),
+with the blocks they ran in and where the plan's wall time went.
 
-No torch here: the launcher and the fit read it.
+No torch here: the launcher and the fit read it. Format v2; v1 files (no blocks, no phases) are
+read as one block.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -20,19 +22,39 @@ from rec.profile.types import Machine
 from rec.sharding import ComputeDevice
 
 TIMINGS_FILE = "timings.json"
-TIMINGS_FORMAT = "shardflow.timings/v1"
+TIMINGS_FORMAT = "shardflow.timings/v2"
+READABLE_FORMATS = ("shardflow.timings/v1", TIMINGS_FORMAT)
 
 
 class Status(StrEnum):
     MEASURED = "measured"
-    TIMED_OUT = "timed_out"  # the warm-up and first timed iteration took longer than --time-limit
+    TIMED_OUT = "timed_out"  # the warm-up and first timed block took longer than --time-limit
+
+
+@dataclass(frozen=True)
+class Phases:
+    """Where one plan's wall time went on rank 0, seconds: building and sharding the model (``setup``),
+    the warm-up (``warmup_iterations`` of them, the settling blocks included), the timed blocks, and
+    releasing the model (``teardown``). ``setup + warmup + teardown`` is what a measurement costs
+    beyond its timed iterations."""
+
+    setup_s: float = 0.0
+    warmup_s: float = 0.0
+    warmup_iterations: int = 0
+    timed_s: float = 0.0
+    teardown_s: float = 0.0
+
+    @property
+    def overhead_s(self) -> float:
+        return self.setup_s + self.warmup_s + self.teardown_s
 
 
 @dataclass(frozen=True)
 class PlanTimes:
     """One plan's timed iterations, ms, ``[rank][iteration]``: forward (input distribution, lookup,
     output distribution) and backward (gradient distribution, lookup backward with the fused
-    optimizer, data_parallel all-reduce)."""
+    optimizer, data_parallel all-reduce; up to the next iteration's start). The iterations ran in
+    ``blocks`` consecutive blocks of (nearly) equal length."""
 
     plan_path: str
     plan_id: str
@@ -40,6 +62,8 @@ class PlanTimes:
     warmup: int
     fwd_ms: tuple[tuple[float, ...], ...]
     bwd_ms: tuple[tuple[float, ...], ...]
+    blocks: int = 1
+    phases: Phases = field(default_factory=Phases)
 
     @property
     def iterations(self) -> int:
@@ -49,6 +73,33 @@ class PlanTimes:
         """(ranks, iterations): forward plus backward of each iteration."""
         total: np.ndarray = np.asarray(self.fwd_ms, dtype=np.float64) + np.asarray(self.bwd_ms, dtype=np.float64)
         return total
+
+    def block_ms(self) -> np.ndarray:
+        """(ranks, blocks): each block's mean iteration time."""
+        total = self.total_ms()
+        parts = np.array_split(np.arange(total.shape[1]), min(self.blocks, max(1, total.shape[1])))
+        means: np.ndarray = np.stack([total[:, part].mean(axis=1) for part in parts], axis=1)
+        return means
+
+    def rank_ms(self) -> np.ndarray:
+        """(ranks,): each rank's iteration time, the median of its blocks' means (of its iterations
+        with one block)."""
+        if self.blocks <= 1:
+            median: np.ndarray = np.median(self.total_ms(), axis=1)
+            return median
+        return np.asarray(np.median(self.block_ms(), axis=1))
+
+    def critical_path_ms(self) -> float:
+        """The iteration time: the slowest rank's."""
+        return float(self.rank_ms().max())
+
+    def spread(self) -> float:
+        """The noise of this measurement: on the slowest rank, (slowest block - fastest block) / median
+        block (0 with one block)."""
+        if self.blocks <= 1:
+            return 0.0
+        blocks = self.block_ms()[int(self.rank_ms().argmax())]
+        return float((blocks.max() - blocks.min()) / np.median(blocks))
 
 
 @dataclass(frozen=True)
@@ -68,11 +119,11 @@ def write_timings(out_dir: str | Path, timings: Timings) -> Path:
 
 
 def read_timings(out_dir: str | Path) -> Timings:
-    """What ``write_timings`` wrote; ValueError for anything else (a damaged or foreign file)."""
+    """What ``write_timings`` wrote (v1 or v2); ValueError for anything else (a damaged or foreign file)."""
     path = Path(out_dir) / TIMINGS_FILE
     try:
         d = json.loads(path.read_text())
-        if d.get("format") != TIMINGS_FORMAT:
+        if d.get("format") not in READABLE_FORMATS:
             raise ValueError(f"not {TIMINGS_FORMAT}")
         machine = Machine(**{**d["machine"], "device": ComputeDevice(d["machine"]["device"])})
         plans = tuple(_plan_times(p) for p in d["plans"])
@@ -88,5 +139,15 @@ def _plan_times(p: dict[str, Any]) -> PlanTimes:
             raise ValueError("ranks timed different iteration counts, or a time is not a number")
         return rows
 
+    phases = p.get("phases") or {}
+    values = {k: phases[k] for k in ("setup_s", "warmup_s", "warmup_iterations", "timed_s", "teardown_s")
+              if k in phases}
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in values.values()):
+        raise ValueError("a phase's time is not a number")
+    blocks = int(p.get("blocks", 1))
+    if blocks < 1:
+        raise ValueError("blocks must be at least 1")
+    seconds = {k: float(v) for k, v in values.items() if k != "warmup_iterations"}
+    warmed = int(values.get("warmup_iterations", p["warmup"]))
     return PlanTimes(str(p["plan_path"]), str(p["plan_id"]), Status(p["status"]), int(p["warmup"]),
-                     grid(p["fwd_ms"]), grid(p["bwd_ms"]))
+                     grid(p["fwd_ms"]), grid(p["bwd_ms"]), blocks, Phases(**seconds, warmup_iterations=warmed))

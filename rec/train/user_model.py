@@ -19,6 +19,7 @@ process starts, and each rank again before sharding.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -42,18 +43,34 @@ def load_user_model(target: str) -> UserModel:
     """Import ``target`` and call it; InputError (one line) for anything but ``(model, batches)``."""
     from torch import nn
 
-    from rec.target import bad_target, kind_of, one_line, target_function
+    from rec.target import bad_target, call_target, kind_of, target_function
 
-    function = target_function(target)
-    try:
-        result = function()
-    except Exception as e:  # the user's code: any failure is theirs to see, in one line
-        raise bad_target(target, f"{target}() raised {one_line(e)}") from None
+    result = call_target(target, target_function(target))
     if not (isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[0], nn.Module)
             and callable(result[1])):
         raise bad_target(target, f"{target}() returned {kind_of(result)}, not a pair (model, batches): a "
                            "torch.nn.Module and a function (rank, world_size, batch_size, device) -> batches")
     return UserModel(result[0], result[1])
+
+
+@contextmanager
+def user_code_exits_fail(target: str) -> Iterator[None]:
+    """The block runs ``target``'s code (its model in forward and backward, its batches): an exit
+    (``SystemExit``, any code) or another BaseException that is no Exception — a KeyboardInterrupt
+    and DCP's CheckpointException aside — is an InputError naming the target, so that the rank
+    fails with that cause instead of ending as if it had finished."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from rec.target import ended_by
+
+    try:
+        yield
+    except (Exception, KeyboardInterrupt, CheckpointException):
+        raise
+    except BaseException as e:  # shardflow's own code in the block never exits: the user's did
+        raise InputError(f"The training with {target} stopped:", [
+            Problem(target, f"its code {ended_by(e)} while training (in its model or its batches); "
+                            "a model's code must return or raise")]) from None
 
 
 def model_problems(model: nn.Module, spec: Spec, source: str) -> list[Problem]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 import pytest
@@ -53,6 +54,48 @@ def test_a_table_that_fits_nowhere_says_which_by_how_much_and_what_helps(tmp_pat
     assert "fused_uvm_caching" in r.stderr
     assert "table ok" not in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def topology_file(path, world_size: int, **keys: object):
+    lines = [f"world_size: {world_size}", *(f"{key}: {value}" for key, value in keys.items())]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("world_size", [2, 2048])
+def test_a_table_whose_smallest_shard_exceeds_a_rank_gets_bigger_ranks_not_a_rank_count(tmp_path, world_size):
+    """On cpu a table's shards (whole, by columns, replicated) never shrink as ranks are added: the
+    hint names the memory a rank needs and says more ranks cannot help, on 2 ranks as on 2048."""
+    spec = tmp_path / "big.yaml"
+    spec.write_text("- {name: big, num_embeddings: 100000000, embedding_dim: 128}\n")
+    topology = topology_file(tmp_path / "topology.yaml", world_size, local_world_size=min(world_size, 8),
+                             compute_device="cpu", ddr_cap="1GiB")
+    r = shardflow("plan", str(spec), "--topology", str(topology), "--out", str(tmp_path / "plan"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "table big: does not fit" in r.stderr
+    assert "more ranks of this size cannot hold it; it would fit on ranks with 48.1 GiB of usable DDR" in r.stderr
+    assert "ranks of this size (" not in r.stderr and "at least" not in r.stderr  # no rank count at all
+
+
+@pytest.mark.parametrize(("world_size", "rows", "hbm_cap"), [(2, 100_000_000, "1GiB"), (2048, 5_000_000_000, "1.5GiB")])
+def test_the_rank_count_a_hint_names_fits_and_one_host_fewer_does_not(tmp_path, world_size, rows, hbm_cap):
+    """Row-wise shards shrink as ranks are added: the hint names how many ranks of this size hold
+    the table, and planning on that many succeeds while one host fewer still fails."""
+    spec = tmp_path / "rows.yaml"
+    spec.write_text(f"- {{name: rows, num_embeddings: {rows}, embedding_dim: 128}}\n")
+    host = min(world_size, 8)
+    keys = dict(local_world_size=host, compute_device="cuda", hbm_cap=hbm_cap, ddr_cap="1GiB")
+    r = shardflow("plan", str(spec), "--topology", str(topology_file(tmp_path / "t.yaml", world_size, **keys)),
+                  "--out", str(tmp_path / "plan"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    found = re.search(r"it would fit on ([\d,]+) ranks of this size \(row_wise\)", r.stderr)
+    assert found, r.stderr
+    ranks = int(found.group(1).replace(",", ""))
+    assert ranks > world_size and "cannot hold it" not in r.stderr
+    for world, code in ((ranks, 0), (ranks - host, 2)):
+        r = shardflow("plan", str(spec), "--topology", str(topology_file(tmp_path / f"t{world}.yaml", world, **keys)),
+                      "--out", str(tmp_path / f"plan{world}"), "--time-limit", "0")
+        assert r.returncode == code, (world, r.stderr[-2000:])
 
 
 def test_unknown_topology_file_is_a_user_error(tmp_path):

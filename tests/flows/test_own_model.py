@@ -70,6 +70,83 @@ def test_shardflow_train_trains_the_users_model_factory_with_the_plan(own_plan, 
     assert "loss" in r.stdout
 
 
+USERS_CODE = f"""
+import sys
+sys.path.insert(0, {str(ROOT / "examples")!r})
+from train_own_model import ShopModel, batches
+
+
+class Stop(BaseException):
+    pass
+
+
+def exits_0():
+    sys.exit(0)
+
+
+def exits_3():
+    sys.exit(3)
+
+
+def raises_base_exception():
+    raise Stop("the user's code stops here")
+
+
+def exits_in_its_batches():
+    def leaving(rank, world_size, batch_size, device):
+        source = batches(rank, world_size, batch_size, device)
+        yield next(source)
+        yield next(source)
+        sys.exit(0)
+    return ShopModel(), leaving
+"""
+ENDINGS = {"exits_0": "called sys.exit(0) instead of returning", "exits_3": "called sys.exit(3) instead of returning",
+           "raises_base_exception": "raised Stop: the user's code stops here"}
+
+
+@pytest.fixture
+def users_code(tmp_path):
+    path = tmp_path / "um.py"
+    path.write_text(USERS_CODE)
+    return path
+
+
+@pytest.mark.parametrize("function", list(ENDINGS))
+def test_a_users_function_that_exits_or_raises_a_base_exception_exits_2_naming_it(own_plan, users_code, tmp_path,
+                                                                                 function):
+    """sys.exit(0) is no model read, nor a training done; sys.exit(3) and a BaseException are no
+    crash: each is the user's mistake, named with the target, exit 2, nothing written or launched."""
+    target = f"{users_code}:{function}"
+    spec = tmp_path / "x.yaml"
+    r = run(SHARDFLOW, "spec", "from-model", target, "--out", spec)
+    assert r.returncode == 2, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f"{target}() {ENDINGS[function]}" in r.stderr and "Traceback" not in r.stderr
+    assert not spec.exists()
+
+    directory, _ = own_plan
+    r = run(SHARDFLOW, "train", "--no-track", "--plan", directory, "--out", tmp_path / "train", "--model", target)
+    assert r.returncode == 2, r.stdout[-3000:] + r.stderr[-3000:]
+    assert f"{target}() {ENDINGS[function]}" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "train" / "logs").exists()  # nothing was launched
+
+
+@pytest.mark.slow
+def test_batches_that_exit_inside_the_ranks_fail_the_training_with_exit_2_naming_the_target(own_plan, users_code,
+                                                                                         tmp_path):
+    """The user's batches run in the rank processes only: an exit there fails each rank with
+    the target as its cause (a failure a retry would repeat), not a rank that ends as if it finished."""
+    directory, _ = own_plan
+    target = f"{users_code}:exits_in_its_batches"
+    r = run(SHARDFLOW, "train", "--no-track", "--plan", directory, "--out", tmp_path / "train", "--model", target,
+            "--iterations", "6", "--warmup", "1", "--batch-size", "32")
+    assert r.returncode == 2, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "the training failed" in r.stderr and "Traceback" not in r.stderr
+    assert f"{target}: its code called sys.exit(0) while training" in r.stderr
+    error = json.loads((tmp_path / "train" / "logs" / "rank-0.error.json").read_text())
+    assert error["deterministic"] and target in error["cause"]
+    assert not (tmp_path / "train" / "train_metrics.json").exists()
+
+
 def test_a_model_that_does_not_match_the_plan_exits_2_naming_each_difference_before_launch(tmp_path):
     from rec.plan import write_plan
     from rec.planning import plan_spec

@@ -4,6 +4,7 @@ lost Prefect server stops serving with one line, leaving no process behind."""
 from __future__ import annotations
 
 import inspect
+import os
 import shutil
 import time
 from datetime import timedelta
@@ -57,6 +58,30 @@ def test_the_repository_deployments_list_the_same_from_anywhere(tmp_path, monkey
     assert main(["serve", "--list"]) == 0
     for line in listed(capsys).values():
         assert f"'spec_path': '{DEMO}'" in line and f"'topology_path': '{CPU_2PROC}'" in line
+        assert f"'work_dir': '{ROOT}'" in line  # runs write where `shardflow run` in the repository does
+
+
+def test_a_deployment_run_in_deploy_writes_in_its_work_dir_where_compare_sees_it(prefect_api, tmp_path,
+                                                                                 monkeypatch):
+    """A worker of ``prefect deploy`` runs the flow in deploy/ with deploy/prefect.yaml's
+    ``work_dir: ..``: the plan, shardflow's state and MLflow's store land one level up, as
+    ``shardflow run`` there would write them, and ``shardflow compare`` there lists the run."""
+    import subprocess
+
+    from flows.plan import plan_flow
+    from tests.paths import SHARDFLOW
+
+    deploy = tmp_path / "deploy"
+    deploy.mkdir()
+    monkeypatch.chdir(deploy)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    outcome = plan_flow(str(DEMO), str(CPU_2PROC), work_dir="..")
+    assert list(deploy.iterdir()) == []
+    assert (tmp_path / "out" / outcome.plan_id / "plan" / "plan.json").is_file()
+    assert (tmp_path / "mlflow.db").is_file() and (tmp_path / ".shardflow" / "plan-cache").is_dir()
+    r = subprocess.run([str(SHARDFLOW), "compare"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                       env={k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")})
+    assert r.returncode == 0 and outcome.plan_id in r.stdout, r.stdout + r.stderr
 
 
 def test_missing_inputs_and_entry_points_are_named_before_serving(tmp_path, capsys):

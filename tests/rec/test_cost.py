@@ -607,3 +607,20 @@ def test_extensions_add_fixed_and_latency_terms_and_scale_copy_and_optimizer_ker
     table_bytes = rows * dim * 4
     all_reduce = table_bytes * 1.5 / (inter * 8)  # ring all-reduce over 2 nodes, one NIC per GPU
     assert parts(no_copy, "data_parallel", "dense")["bwd_comms"] == pytest.approx(all_reduce)
+
+
+@pytest.mark.parametrize("device", [ComputeDevice.CUDA, ComputeDevice.CPU])
+def test_min_partition_sets_the_column_shard_width_as_torchrec_does(device):
+    dims_and_bounds = [(512, 256), (512, 100), (768, 300), (256, 1000), (96, 8), (132, 4), (640, None)]
+    spec = make_spec(*(table(f"t{i}", rows=5000, dim=dim, min_partition=m)
+                       for i, (dim, m) in enumerate(dims_and_bounds)))
+    topology = make_topology(world_size=4, local_world_size=2, device=device)
+    expected = torchrec_options(spec, topology, CostConfig())
+    got = our_options(spec, topology, CostConfig())
+    assert set(got) == set(expected)
+    for key, shards in expected.items():
+        assert [s[:2] for s in got[key]] == [s[:2] for s in shards], key
+        assert [s[3:] for s in got[key]] == [s[3:] for s in shards], key
+    widths = {name: {s[0][1] for s in shards} for (name, st, _), shards in got.items() if st == "column_wise"}
+    assert widths["t0"] == {256} and widths["t1"] == {128} and widths["t2"] == {384} and widths["t3"] == {256}
+    assert widths["t4"] == {8} and widths["t5"] == {4}  # below TorchRec's 128 default: narrower shards

@@ -551,3 +551,19 @@ def test_the_reserved_names_are_those_of_the_installed_torch():
 
     names = {n for n in dir(torch.nn.ModuleDict()) if not n.startswith("__")}
     assert names == MODULE_DICT_NAMES
+
+
+def test_min_partition_is_kept_through_every_format_and_leaves_other_specs_hashes_alone(tmp_path):
+    rows = [{"name": "wide", "num_embeddings": 100, "embedding_dim": 512, "min_partition": 256},
+            {"name": "plain", "num_embeddings": 100, "embedding_dim": 64}]
+    spec = spec_from_rows(rows)
+    assert [t.min_partition for t in spec.tables] == [256, None]
+    assert spec.spec_hash != spec_from_rows([{**rows[0], "min_partition": None}, rows[1]]).spec_hash
+    plain = spec_from_rows(rows[1:])
+    assert plain.spec_hash == spec_from_rows([{**rows[1], "min_partition": ""}]).spec_hash
+    for ext in ("parquet", "csv", "yaml", "json", "arrow"):
+        assert read_spec(write_spec(spec, tmp_path / f"s.{ext}")) == spec
+    write_spec(plain, tmp_path / "plain.parquet")
+    assert "min_partition" not in pq.read_schema(tmp_path / "plain.parquet").names  # written as before
+    with pytest.raises(InputError, match="min_partition"):
+        spec_from_rows([{**rows[0], "min_partition": 0}])

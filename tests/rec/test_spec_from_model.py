@@ -76,6 +76,13 @@ def test_a_file_that_fails_to_import_is_reported_in_one_line(tmp_path, capsys):
     assert f"cannot import {broken}: SyntaxError" in err and len(err.strip().splitlines()) == 2
 
 
+def test_a_keyboard_interrupt_in_the_users_function_stays_an_interrupt(tmp_path, capsys):
+    interrupted = tmp_path / "interrupted.py"
+    interrupted.write_text("def build():\n    raise KeyboardInterrupt\n")
+    assert main(["spec", "from-model", f"{interrupted}:build", "--out", str(tmp_path / "s.yaml")]) == 130
+    assert "interrupted" in capsys.readouterr().err
+
+
 def test_from_model_plan_and_shard_the_same_model(tmp_path, single_process_group):
     """The round trip a user makes: spec from the model, plan it, shard the model with the plan."""
     from torchrec.distributed.model_parallel import DistributedModelParallel
@@ -99,3 +106,19 @@ def test_from_model_plan_and_shard_the_same_model(tmp_path, single_process_group
     expected = planned(plan)
     assert applied(dmp) == expected
     assert len(expected) == 7
+
+
+def test_min_partition_of_the_constraints_reaches_the_spec():
+    import torch
+    from torch import nn
+    from torchrec.distributed.planner.types import ParameterConstraints
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    from rec.spec.from_model import model_spec
+
+    model = nn.Module()
+    model.ebc = EmbeddingBagCollection([EmbeddingBagConfig(name="wide", num_embeddings=100, embedding_dim=512,
+                                                           feature_names=["w"])], device=torch.device("meta"))
+    found = model_spec(model, {"wide": ParameterConstraints(min_partition=256)})
+    assert found.spec.tables[0].min_partition == 256 and found.left_out == ()

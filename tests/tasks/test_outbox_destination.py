@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import socket
+import sqlite3
+from contextlib import closing
 
 import pytest
 
 from tasks.outbox import Outbox
 from tasks.records import RunRecord, RunStep, new_key, now_ms
-from tasks.tracking import Tracking
+from tasks.tracking import Tracking, connect
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # SQLAlchemy, from MLflow
 
@@ -37,6 +39,7 @@ def test_records_wait_for_their_own_server_and_never_land_in_another_store(tmp_p
     a = Tracking(f"sqlite:///{tmp_path / 'a.db'}", "shardflow", str(outbox.root))
     b = Tracking(f"sqlite:///{tmp_path / 'b.db'}", "shardflow", str(outbox.root))
     away = Tracking(f"http://127.0.0.1:{unused_port()}", "shardflow", str(outbox.root))
+    connect(a)  # a's store exists (a record is never what creates a store but its own command's)
     outbox.put(record("plan"), to=away)  # meant for a server that is down
     outbox.put(record("train"), to=a)
 
@@ -46,3 +49,32 @@ def test_records_wait_for_their_own_server_and_never_land_in_another_store(tmp_p
     assert delivery.waiting == {away.uri: 1} and delivery.pending_for(b) == 0
     (waiting,) = outbox.entries()
     assert outbox.destination(waiting, b) == away
+
+
+def test_a_record_for_a_store_that_does_not_exist_waits_and_creates_nothing_there(tmp_path):
+    """A to.json naming another SQLite path (edited, or a store since removed) creates no store there;
+    the record waits, with one line, until a command that logs there delivers it."""
+    outbox = Outbox(tmp_path / "outbox")
+    elsewhere = tmp_path / "elsewhere" / "mlflow.db"
+    meant = Tracking(f"sqlite:///{elsewhere}", "shardflow", str(outbox.root))
+    not_mlflow = tmp_path / "app.db"  # some other program's SQLite file: MLflow must not add its tables
+    with closing(sqlite3.connect(not_mlflow)) as con:
+        con.execute("CREATE TABLE mine (x)")
+        con.commit()
+    outbox.put(record("plan"), to=meant)
+    outbox.put(record("train"), to=Tracking(f"sqlite:///{not_mlflow}", "shardflow", str(outbox.root)))
+    own = Tracking(f"sqlite:///{tmp_path / 'own.db'}", "shardflow", str(outbox.root))
+
+    delivery = outbox.deliver(own)
+    assert not elsewhere.exists() and not elsewhere.parent.exists()
+    with closing(sqlite3.connect(not_mlflow)) as con:
+        assert {row[0] for row in con.execute("SELECT name FROM sqlite_master")} == {"mine"}
+    assert delivery.pending == 2 and delivery.set_aside == ()
+    reason = delivery.errors[meant.uri]
+    assert f"no MLflow store at {elsewhere}" in reason and "\n" not in reason
+    assert "shardflow outbox retry --tracking-uri" in reason
+    assert "is not an MLflow store" in delivery.errors[f"sqlite:///{not_mlflow}"]
+
+    # The command that logs there creates its store and takes the record.
+    delivery = outbox.deliver(meant)
+    assert meant.uri not in delivery.waiting and run_names(meant.uri) == ["plan-test"]

@@ -1,0 +1,1 @@
+"""``python -m bench.gpu_check``: shardflow's cuda path checked on any GPU machine (docs/gpu.md)."""

@@ -1,0 +1,134 @@
+"""Check shardflow's cuda path on this machine: every visible GPU a rank, each step a user runs.
+
+    PYTHONPATH=. python -m bench.gpu_check --out DIR [--minutes 8] [--device cuda|cpu] [--sections ...]
+
+From a plain checkout: nothing installed but torch, torchrec and fbgemm-gpu (and numpy, scipy,
+pyarrow, pyyaml, highspy); Prefect, Ray and MLflow may be absent (tracking is off). The sections
+(docs/gpu.md): ``train`` (a GPU-sized DLRM, both pipelines), ``resume``, ``measure``, ``calibrate``
+(the full calibration), ``calibration`` (predicted against measured on GPU-sized workloads),
+``vs_torchrec`` (TorchRec's planners' plans against shardflow's, measured). Each gets a share of
+``--minutes``; one that cannot fit is skipped with the reason. Writes DIR/gpu_check.json,
+DIR/gpu_check.md and DIR/commands.log (every command's output); exits 1 if a section failed.
+``--device cpu`` runs the same sections on 2 gloo ranks with small sizes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from bench.gpu_check import compare, sections
+from bench.gpu_check.context import Context, SectionFailed, Skipped
+from bench.gpu_check.machine import TimedOut, find_ranks, versions
+from bench.gpu_check.report import Report, Section, Status, write_report
+from rec.exit_codes import ExitCode
+from rec.sharding import ComputeDevice
+
+SECTIONS: dict[str, Callable[[Context], tuple[dict, str]]] = {
+    "train": sections.train, "resume": sections.resume, "measure": sections.measure,
+    "calibrate": sections.calibrate, "calibration": compare.calibration, "vs_torchrec": compare.vs_torchrec,
+}
+DEFAULT_MINUTES = {ComputeDevice.CUDA: 8.0, ComputeDevice.CPU: 6.0}
+MAX_MINUTES = 600.0
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.gpu_check", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, metavar="DIR", help="the report and every command's files go here")
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                   help="cuda: every visible GPU a rank; cpu: 2 gloo ranks, small sizes; auto: cuda if a GPU is "
+                        "visible (default)")
+    p.add_argument("--minutes", type=float, default=None,
+                   help=f"the whole check's budget (default {DEFAULT_MINUTES[ComputeDevice.CUDA]:g} on cuda, "
+                        f"{DEFAULT_MINUTES[ComputeDevice.CPU]:g} on cpu)")
+    p.add_argument("--sections", default=",".join(SECTIONS),
+                   help=f"comma-separated, run in this order (default: all: {','.join(SECTIONS)})")
+    args = p.parse_args(argv)
+    wanted = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = [s for s in wanted if s not in SECTIONS]
+    if unknown or not wanted:
+        p.error(f"--sections: unknown {', '.join(unknown) or '(none given)'}; known: {', '.join(SECTIONS)}")
+    if args.minutes is not None and not 0 < args.minutes <= MAX_MINUTES:
+        p.error(f"--minutes must be above 0 and at most {MAX_MINUTES:g}")
+    args.sections = wanted
+    return args
+
+
+def _device(choice: str) -> ComputeDevice:
+    if choice != "auto":
+        return ComputeDevice(choice)
+    import torch
+
+    return ComputeDevice.CUDA if torch.cuda.is_available() else ComputeDevice.CPU
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    started = time.monotonic()
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    cache_bytecode(out / "pycache")
+    device = _device(args.device)
+    try:
+        ranks = find_ranks(device)
+    except ValueError as e:
+        print(f"gpu_check: {e}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
+    minutes = args.minutes or DEFAULT_MINUTES[device]
+    ctx = Context(ranks, out, started + minutes * 60, out / "commands.log")
+    report = Report(device.value, ranks.world_size, minutes, versions(device),
+                    started_at=datetime.now(UTC).replace(microsecond=0).isoformat())
+    print(f"gpu_check: {ranks.world_size} {device.value} rank(s) ({report.versions.get('gpu') or 'cpu'}), "
+          f"{len(args.sections)} sections in {minutes:g} minutes; files in {out}", flush=True)
+    for name in args.sections:
+        report.sections.append(run_section(name, ctx))
+        report.seconds = time.monotonic() - started
+        write_report(out, report)  # after every section: a stopped check keeps what it found
+    failed = report.failed
+    print(f"gpu_check: {len(report.sections) - len(failed)} of {len(report.sections)} sections passed or were "
+          f"skipped in {report.seconds:.0f} s; report: {out / 'gpu_check.md'}", flush=True)
+    return ExitCode.FAILED if failed else ExitCode.OK
+
+
+def cache_bytecode(prefix: Path) -> None:
+    """Compiled bytecode of every module this check and its processes import goes to ``prefix``,
+    written once and read by every later process. GPU images often install torchrec and fbgemm-gpu
+    without bytecode and set PYTHONDONTWRITEBYTECODE: then every rank recompiles them from source
+    (``import torchrec`` 19 s instead of 8 s on this project's cpu machine), each launch."""
+    os.environ["PYTHONPYCACHEPREFIX"] = str(prefix)
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.pycache_prefix = str(prefix)
+    sys.dont_write_bytecode = False
+
+
+def run_section(name: str, ctx: Context) -> Section:
+    """One section, its failure or skip turned into its status and reason (one line)."""
+    section = Section(name)
+    began = time.monotonic()
+    print(f"gpu_check: {name} ...", flush=True)
+    try:
+        section.figures, section.summary = SECTIONS[name](ctx)
+        section.status = Status.OK
+    except Skipped as e:
+        section.status, section.reason = Status.SKIPPED, str(e)
+    except (SectionFailed, TimedOut) as e:
+        section.status, section.reason = Status.FAILED, str(e)
+    except Exception as e:  # a bug in a section fails that section, the others still run
+        section.status, section.reason = Status.FAILED, f"{type(e).__name__}: {e}"[:600]
+        with ctx.log.open("a") as log:
+            log.write(f"\n{name} failed:\n{traceback.format_exc()}\n")
+    section.seconds = time.monotonic() - began
+    print(f"gpu_check: {name} {section.status.value} in {section.seconds:.0f} s: "
+          f"{section.summary if section.status is Status.OK else section.reason}", flush=True)
+    return section
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,353 @@
+"""Plans measured side by side on the same ranks, each several times in alternating order, in one
+launch: the ``calibration`` section (predicted against measured, under TorchRec's default profile and
+the calibrated one) and the ``vs_torchrec`` section (TorchRec's planners against shardflow's).
+
+Planning happens in this process (no torch on shardflow's path; TorchRec's planners import it), the
+measuring in ``bench.gpu_check.measure_plans``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.gpu_check import workloads
+from bench.gpu_check.context import Context, SectionFailed, Skipped
+from bench.gpu_check.workloads import Workload
+from rec.cost.types import CostConfig
+from rec.plan.types import Plan
+from rec.profile.types import DEFAULT_PROFILE, Profile
+from rec.train.measure_config import MeasureConfig
+from rec.train.timings import PlanTimes
+
+Result = tuple[dict[str, Any], str]
+GPU_SIZED_MS = 12.0  # a calibration workload's batch doubles until its predicted iteration reaches this
+MAX_DOUBLINGS = 6
+MAX_BATCH = 1 << 20
+MAX_IDS = 40_000_000  # per rank and batch: the synthetic batches the measuring job keeps on the GPU
+LAUNCH_S = {True: 30.0, False: 12.0}  # starting the measuring job's ranks, cuda / cpu
+
+
+def measuring(cuda: bool) -> MeasureConfig:
+    """Enough iterations for blocks of tens of ms on a GPU, few on the cpu (the check's budget)."""
+    if cuda:
+        return MeasureConfig(iterations=24, warmup=4, blocks=3, time_limit_s=60.0)
+    return MeasureConfig(iterations=4, warmup=1, blocks=2, settle_s=0.0, time_limit_s=60.0)
+
+
+def iterations_per_measurement(config: MeasureConfig) -> int:
+    from rec.train.measure_job import block_sizes
+
+    return config.warmup + sum(block_sizes(config)) + (8 if config.settle_s else 0)
+
+
+@dataclass(frozen=True)
+class Planned:
+    key: str  # workload/label
+    workload: Workload
+    label: str  # default, calibrated, torchrec, torchrec-dp, ...
+    plan: Plan | None
+    path: Path | None
+    plan_s: float
+    error: str | None = None
+
+
+def _topology(ctx: Context, batch_size: int, hbm_bytes: int | None) -> Any:
+    from rec.topology import topology_from_dict
+
+    return topology_from_dict(ctx.ranks.topology(batch_size, hbm_bytes), source="gpu check")
+
+
+def _spec(workload: Workload) -> Any:
+    from rec.spec import spec_from_rows
+
+    return spec_from_rows(workload.rows, source=workload.name)
+
+
+def _write(ctx: Context, plan: Plan, name: str) -> Path:
+    from rec.plan.io import write_plan
+
+    return Path(write_plan(plan, ctx.work / "plans" / name))
+
+
+def _shardflow(workload: Workload, topology: Any, profile: Profile) -> Plan:
+    from rec.planning import plan_spec
+
+    return plan_spec(_spec(workload), topology, CostConfig(profile=profile))
+
+
+def predicted(plan: Plan, profile: Profile) -> float:
+    from rec.profile.predict import predicted_ms
+
+    return float(predicted_ms(plan, profile).max())
+
+
+def sized(ctx: Context, workload: Workload, profile: Profile) -> Workload:
+    """On cuda, ``workload`` with its batch doubled until the plan's iteration is predicted (under
+    ``profile``) to take ``GPU_SIZED_MS``, within the synthetic ids' memory; unchanged on cpu."""
+    if not ctx.ranks.cuda:
+        return workload
+    ids_per_sample = sum(float(r.get("pooling_factor", 1.0)) * len(r.get("feature_names") or [0])
+                         for r in workload.rows)
+    for _ in range(MAX_DOUBLINGS):
+        plan = _shardflow(workload, _topology(ctx, workload.batch_size, workload.hbm_bytes), DEFAULT_PROFILE)
+        too_many = 2 * workload.batch_size * ids_per_sample * ctx.ranks.world_size > MAX_IDS * ctx.ranks.world_size
+        if predicted(plan, profile) >= GPU_SIZED_MS or too_many or workload.batch_size * 2 > MAX_BATCH:
+            break
+        workload = replace(workload, batch_size=workload.batch_size * 2)
+    return workload
+
+
+def _order(count: int, repeats: int) -> list[int]:
+    """Each plan once per repeat: in order, then reversed, then shuffled (seeded): alternating, so
+    that a drift of the machine falls on every plan alike."""
+    out, rng = [], random.Random(0)
+    for r in range(repeats):
+        order = list(range(count))
+        if r % 2:
+            order.reverse()
+        if r >= 2:
+            rng.shuffle(order)
+        out += order
+    return out
+
+
+def measure_alternating(ctx: Context, paths: Sequence[Path], repeats: int, timeout_s: float) -> list[list[PlanTimes]]:
+    """Every plan at ``paths`` measured ``repeats`` times in one launch: per plan, its measurements."""
+    from rec.settings import to_flags
+    from rec.train.timings import read_timings
+
+    order = _order(len(paths), repeats)
+    out = ctx.work / f"measured-{int(time.time() * 1000) % 10**9}"
+    config = measuring(ctx.ranks.cuda)
+    ctx.run(["--out", str(out), *to_flags(config), *[str(paths[i]) for i in order]], timeout_s,
+            module="bench.gpu_check.measure_plans")
+    timings = read_timings(out)
+    per_plan: list[list[PlanTimes]] = [[] for _ in paths]
+    for i, times in zip(order, timings.plans, strict=True):
+        per_plan[i].append(times)
+    return per_plan
+
+
+def summarize(runs: list[PlanTimes]) -> dict[str, Any]:
+    """A plan's measurements: the median critical path over the repeats, each repeat's, and their spread."""
+    values = [t.critical_path_ms() for t in runs if t.iterations]
+    if not values:
+        return {"measured_ms": math.nan, "repeats_ms": [], "spread": math.nan, "block_spread": math.nan}
+    median = float(np.median(values))
+    return {"measured_ms": median, "repeats_ms": [round(v, 4) for v in values],
+            "spread": float((max(values) - min(values)) / median),
+            "block_spread": float(max(t.spread() for t in runs if t.iterations))}
+
+
+def _estimate(ctx: Context, plans: Sequence[Plan], profile: Profile, repeats: int) -> float:
+    """Seconds the measuring job should take for ``plans``, each ``repeats`` times."""
+    iterations = iterations_per_measurement(measuring(ctx.ranks.cuda))
+    # GPU-sized tables take longer to build than the probes' (GBs): a second more each, and a margin.
+    overhead = ctx.overhead_s + (1.0 if ctx.ranks.cuda else 0.0)
+    return 1.3 * sum(repeats * (overhead + iterations * predicted(p, profile) / 1e3) for p in plans)
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    from scipy.stats import spearmanr
+
+    return float(spearmanr(a, b)[0]) if len(a) > 2 else math.nan
+
+
+def calibration(ctx: Context) -> Result:
+    """GPU-sized workloads, each planned under TorchRec's default profile and the calibrated one;
+    every plan measured in alternating repeats; each profile's error and rank correlation."""
+    from rec.profile import read_profile
+
+    if ctx.profile is None:
+        raise Skipped("needs the calibrated profile, and the calibrate section did not make one")
+    cuda = ctx.ranks.cuda
+    budget = ctx.share(0.5, 90 if cuda else 40)
+    calibrated = read_profile(ctx.profile)
+    repeats = 3 if cuda else 2
+    started = time.monotonic()
+    entries: list[dict[str, Any]] = []
+    plans: list[Plan] = []
+    for workload in workloads.calibration_workloads(ctx.ranks, len(workloads.CALIBRATION_SPECS) if cuda else 2):
+        workload = sized(ctx, workload, calibrated)
+        topology = _topology(ctx, workload.batch_size, workload.hbm_bytes)
+        pair = [_shardflow(workload, topology, DEFAULT_PROFILE), _shardflow(workload, topology, calibrated)]
+        spent = time.monotonic() - started
+        if plans and spent + LAUNCH_S[cuda] + _estimate(ctx, plans + pair, calibrated, repeats) > budget:
+            break
+        for made_under, plan in zip(("default", "calibrated"), pair, strict=True):
+            plans.append(plan)
+            entries.append({"spec": workload.name, "tables": len(workload.rows), "batch_size": workload.batch_size,
+                            "made_under": made_under, "plan_id": plan.plan_id,
+                            "sharding": _mix(plan),
+                            "predicted_default_ms": predicted(plan, DEFAULT_PROFILE),
+                            "predicted_calibrated_ms": predicted(plan, calibrated)})
+    paths = [_write(ctx, p, f"{e['spec']}_{e['made_under']}") for p, e in zip(plans, entries, strict=True)]
+    measured = measure_alternating(ctx, paths, repeats, max(30.0, budget - (time.monotonic() - started)))
+    for entry, runs in zip(entries, measured, strict=True):
+        entry.update(summarize(runs))
+        for model in ("default", "calibrated"):
+            entry[f"error_{model}"] = entry[f"predicted_{model}_ms"] / entry["measured_ms"] - 1
+    ok = [e for e in entries if math.isfinite(e["measured_ms"])]
+    if len(ok) < 2:
+        raise SectionFailed(f"only {len(ok)} of {len(entries)} plans were measured")
+    values = [e["measured_ms"] for e in ok]
+    summary = {model: {"median_abs_error": float(np.median([abs(e[f"error_{model}"]) for e in ok])),
+                       "spearman": spearman([e[f"predicted_{model}_ms"] for e in ok], values)}
+               for model in ("default", "calibrated")}
+    spreads = [e["spread"] for e in ok]
+    figures = {"specs": len({e["spec"] for e in ok}), "plans": len(ok), "repeats": repeats,
+               "min_measured_ms": min(values), "max_spread": max(spreads), "median_spread": float(np.median(spreads)),
+               "summary": summary, "choices": _choices(ok), "plans_measured": entries,
+               "targets": {"median_abs_error": 0.10, "spearman": 0.9, "spread": 0.05} if cuda else None}
+    cal = summary["calibrated"]
+    return figures, (f"{len(ok)} plans of {figures['specs']} specs: calibrated median |error| "
+                     f"{cal['median_abs_error']:.1%}, Spearman {cal['spearman']:.2f} (defaults "
+                     f"{summary['default']['median_abs_error']:.0%}, {summary['default']['spearman']:.2f}); "
+                     f"spread up to {max(spreads):.1%}")
+
+
+def layout(plan: Plan) -> tuple[Any, ...]:
+    """What DMP does with a plan: every table's sharding type, kernel and shards. Plans of different
+    planners (different plan_ids) with one layout are measured once."""
+    return tuple((t.key, t.sharding_type, t.compute_kernel, tuple((s.rank, s.offsets, s.sizes) for s in t.shards))
+                 for t in plan.tables)
+
+
+def _mix(plan: Plan) -> dict[str, int]:
+    mix: dict[str, int] = {}
+    for t in plan.tables:
+        mix[t.sharding_type.value] = mix.get(t.sharding_type.value, 0) + 1
+    return mix
+
+
+def _choices(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per spec: the plan chosen under the calibrated profile against the one chosen under the defaults."""
+    out = []
+    for spec in dict.fromkeys(e["spec"] for e in entries):
+        pair = {e["made_under"]: e for e in entries if e["spec"] == spec}
+        if len(pair) < 2:
+            continue
+        d, c = pair["default"], pair["calibrated"]
+        noise = max(d["spread"], c["spread"])
+        ratio = c["measured_ms"] / d["measured_ms"]
+        verdict = ("same plan" if d["plan_id"] == c["plan_id"] else "faster" if ratio < 1 - noise
+                   else "slower" if ratio > 1 + noise else "same within noise")
+        out.append({"spec": spec, "ratio": ratio, "noise": noise, "verdict": verdict})
+    return out
+
+
+# TorchRec's planners and shardflow's, as the comparison names them.
+PLANNERS = ("torchrec", "torchrec-dp", "shardflow", "shardflow-calibrated")
+
+
+def _plan_with(name: str, workload: Workload, topology: Any, calibrated: Profile | None) -> Plan:
+    if name == "shardflow":
+        return _shardflow(workload, topology, DEFAULT_PROFILE)
+    if name == "shardflow-calibrated":
+        if calibrated is None:
+            raise Skipped("no calibrated profile")
+        return _shardflow(workload, topology, calibrated)
+    from rec.sharding import ComputeDevice
+    from rec.torchrec import torchrec_plan
+    from rec.torchrec.planners import Planner
+
+    proposer = Planner(name)
+    if proposer is Planner.TORCHREC_DP and topology.compute_device is ComputeDevice.CPU:
+        raise Skipped("TorchRec's DP proposer does not plan for cpu ranks")
+    plan: Plan = torchrec_plan(_spec(workload), topology, CostConfig(), proposer)
+    return plan
+
+
+def plan_shapes(ctx: Context, shapes: Sequence[Workload], calibrated: Profile | None,
+                write: Callable[[Plan, str], Path]) -> list[Planned]:
+    """Every shape planned by every planner; a planner that finds no plan is recorded, not fatal."""
+    out = []
+    for workload in shapes:
+        topology = _topology(ctx, workload.batch_size, workload.hbm_bytes)
+        for name in PLANNERS:
+            began = time.perf_counter()
+            try:
+                plan = _plan_with(name, workload, topology, calibrated)
+            except Skipped:
+                continue
+            except Exception as e:  # TorchRec's planner failing on a shape is a result
+                out.append(Planned(f"{workload.name}/{name}", workload, name, None, None,
+                                   time.perf_counter() - began, f"{type(e).__name__}: {e}"[:300]))
+                continue
+            seconds = time.perf_counter() - began
+            out.append(Planned(f"{workload.name}/{name}", workload, name, plan,
+                               write(plan, f"{workload.name}_{name}"), seconds))
+    return out
+
+
+def compare_measured(ctx: Context, shapes: Sequence[Workload], repeats: int,
+                     timeout_s: float) -> tuple[int, dict[str, Any]]:
+    """(the repeats, the comparison's figures): per shape and planner, plan time and measured iteration
+    time with its spread and its ratio to TorchRec's default planner's plan (plans of one layout measured
+    once). Fewer repeats (not below 2), then fewer shapes, where the time would not do."""
+    from rec.profile import read_profile
+
+    calibrated = read_profile(ctx.profile) if ctx.profile else None
+    began = time.monotonic()
+    planned = plan_shapes(ctx, shapes, calibrated, lambda plan, name: _write(ctx, plan, name))
+    unique: dict[tuple[Any, ...], Planned] = {}
+    for p in planned:
+        if p.plan is not None and p.path is not None:
+            unique.setdefault(layout(p.plan), p)
+    left = timeout_s - (time.monotonic() - began) - LAUNCH_S[ctx.ranks.cuda]
+    profile = calibrated or DEFAULT_PROFILE
+    while repeats > 2 and _estimate(ctx, [p.plan for p in unique.values() if p.plan], profile, repeats) > left:
+        repeats -= 1
+    while len(shapes) > 2 and _estimate(ctx, [p.plan for p in unique.values() if p.plan], profile, repeats) > left:
+        shapes = shapes[:-1]
+        unique = {k: p for k, p in unique.items() if p.workload.name in {s.name for s in shapes}}
+    if _estimate(ctx, [p.plan for p in unique.values() if p.plan], profile, repeats) > 1.5 * left:
+        raise Skipped(f"measuring even {len(shapes)} shapes {repeats} times would take longer than the "
+                      f"{max(left, 0):.0f} s left of the --minutes budget")
+    layouts = list(unique)
+    paths = [p.path for p in unique.values() if p.path is not None]
+    measured = measure_alternating(ctx, paths, repeats, timeout_s - (time.monotonic() - began))
+    by_layout = {key: summarize(runs) for key, runs in zip(layouts, measured, strict=True)}
+    result: dict[str, Any] = {}
+    for workload in shapes:
+        rows = {p.label: p for p in planned if p.workload.name == workload.name}
+        base = rows.get("torchrec")
+        base_ms = by_layout[layout(base.plan)]["measured_ms"] if base and base.plan else math.nan
+        entry: dict[str, Any] = {"tables": len(workload.rows), "batch_size": workload.batch_size}
+        for label, p in rows.items():
+            if p.plan is None:
+                entry[label] = {"plan_s": round(p.plan_s, 3), "error": p.error}
+                continue
+            m = by_layout[layout(p.plan)]
+            same = [q.label for q in rows.values()
+                    if q.plan is not None and q is not p and layout(q.plan) == layout(p.plan)]
+            entry[label] = {"plan_s": round(p.plan_s, 3), "plan_id": p.plan.plan_id, "sharding": _mix(p.plan),
+                            "same_layout_as": same, **m,
+                            "vs_torchrec": m["measured_ms"] / base_ms if base_ms else math.nan}
+        result[workload.name] = entry
+    return repeats, result
+
+
+def vs_torchrec(ctx: Context) -> Result:
+    """TorchRec's planners' plans (default proposers, DP proposer) and shardflow's (default and
+    calibrated profile), measured on these ranks in alternating repeats."""
+    cuda = ctx.ranks.cuda
+    budget = ctx.share(1.0, 90 if cuda else 40)
+    shapes = workloads.torchrec_shapes(ctx.ranks)
+    if not cuda:
+        shapes = [s for s in shapes if s.name in ("few_big", "mixed_ebc_ec")]
+    repeats, results = compare_measured(ctx, shapes, 3 if cuda else 2, budget)
+    ratios = [row["shardflow"]["vs_torchrec"] for row in results.values() if isinstance(row.get("shardflow"), dict)
+              and math.isfinite(row["shardflow"].get("vs_torchrec", math.nan))]
+    geo = float(np.exp(np.mean(np.log(ratios)))) if ratios else math.nan
+    figures = {"repeats": repeats, "shapes": results, "shardflow_vs_torchrec_geomean": geo}
+    return figures, (f"{len(results)} shapes: shardflow's plan measured {geo:.2f}x TorchRec's (geometric mean), "
+                     "plan times in the figures")

@@ -1,0 +1,135 @@
+"""The sections that run shardflow's own commands, as a user would: ``train`` (both pipelines),
+``resume``, ``measure`` and ``calibrate``. Each returns its figures and a one-line summary, or raises
+``SectionFailed``/``Skipped`` (``bench.gpu_check.context``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.gpu_check import workloads
+from bench.gpu_check.context import Context, SectionFailed, read_json
+from rec.train.config import PipelineKind
+
+Result = tuple[dict[str, Any], str]  # (figures, summary)
+PIPELINES = (PipelineKind.NAIVE, PipelineKind.SPARSE_DIST)
+
+
+def _plan(ctx: Context, workload: workloads.Workload, timeout_s: float) -> Path:
+    spec = ctx.spec_file(workload)
+    topology = ctx.topology_file(workload.name, workload.batch_size, workload.hbm_bytes)
+    out = ctx.work / f"{workload.name}_plan"
+    ctx.run(["plan", str(spec), "--topology", str(topology), "--out", str(out), "--no-chart"], timeout_s)
+    return out
+
+
+def train(ctx: Context) -> Result:
+    """The DLRM example trained with each pipeline on every rank; which was faster, and whether
+    ``--pipeline auto`` picks it."""
+    cuda = ctx.ranks.cuda
+    budget = ctx.share(0.25, 90 if cuda else 40)
+    workload = workloads.dlrm(ctx.ranks)
+    ctx.train_plan = _plan(ctx, workload, budget / 3)
+    iterations, warmup = (300, 50) if cuda else (24, 4)
+    figures: dict[str, Any] = {"workload": workload.name, "tables": len(workload.rows),
+                               "batch_size": workload.batch_size, "iterations": iterations, "warmup": warmup}
+    for pipeline in PIPELINES:
+        out = ctx.work / f"train_{pipeline.value}"
+        # On cpu the tables are small: the resume section goes on from this run's checkpoint.
+        checkpoints = [] if cuda or pipeline is PipelineKind.NAIVE else ["--checkpoint-every", str(iterations // 2)]
+        finished = ctx.run(["train", "--plan", str(ctx.train_plan), "--out", str(out), "--iterations", str(iterations),
+                            "--warmup", str(warmup), "--pipeline", pipeline.value, "--no-track", *checkpoints],
+                           max(30.0, ctx.left() * 0.4))
+        if checkpoints:
+            ctx.checkpointed = (ctx.train_plan, out, iterations)
+        metrics = read_json(out / "train_metrics.json")
+        latency = metrics["iteration_latency_ms"]
+        figures[pipeline.value] = {"p50_ms": latency["p50"], "p90_ms": latency["p90"],
+                                   "samples_per_s": metrics["samples_per_s"], "command_s": round(finished.seconds, 1),
+                                   "loss_last": metrics["loss"]["last"]}
+    naive, sparse = (figures[p.value]["p50_ms"] for p in PIPELINES)
+    faster = PipelineKind.NAIVE if naive < sparse else PipelineKind.SPARSE_DIST
+    auto = PipelineKind.AUTO.on(ctx.ranks.world_size, ctx.ranks.device.value)
+    figures.update(faster=faster.value, naive_over_sparse_dist=naive / sparse, auto_picks=auto.value,
+                   auto_picks_faster=auto is faster)
+    return figures, (f"p50 naive {naive:.2f} ms, sparse_dist {sparse:.2f} ms ({naive / sparse:.2f}x): "
+                     f"{faster.value} faster; auto picks {auto.value}")
+
+
+def resume(ctx: Context) -> Result:
+    """A training that checkpoints and stops, then one that resumes from its newest checkpoint (on
+    cpu the train section's checkpointed run; on cuda a DLRM of 1 GB of tables, whose checkpoint is
+    quick to write)."""
+    cuda = ctx.ranks.cuda
+    budget = ctx.share(0.2, 60 if cuda else 25)
+    first_s = None
+    if ctx.checkpointed is not None:
+        plan, out, done = ctx.checkpointed
+    else:
+        workload = workloads.dlrm(ctx.ranks, table_bytes=1e9 if cuda else 20e6, name="dlrm_small")
+        plan, out, done = _plan(ctx, workload, budget / 4), ctx.work / "resume", 80 if cuda else 12
+        first_s = ctx.run(["train", "--plan", str(plan), "--out", str(out), "--iterations", str(done), "--warmup", "2",
+                           "--checkpoint-every", str(done // 2), "--no-track"], budget / 2).seconds
+    checkpoint_bytes = sum(f.stat().st_size for f in (out / "checkpoints").rglob("*") if f.is_file())
+    more = done + done // 2
+    second = ctx.run(["train", "--plan", str(plan), "--out", str(out), "--iterations", str(more), "--warmup", "2",
+                      "--checkpoint-every", str(done // 2), "--resume", "--no-track"], max(20.0, ctx.left() * 0.3))
+    metrics = read_json(out / "train_metrics.json")
+    if metrics.get("resumed_from") != done:
+        raise SectionFailed(f"resumed from iteration {metrics.get('resumed_from')}, not from the checkpoint of "
+                            f"iteration {done}")
+    return ({"plan": plan.name, "checkpoint_bytes": checkpoint_bytes, "resumed_from": metrics["resumed_from"],
+             "iterations": metrics["iterations"], "checkpointed_command_s": first_s,
+             "resume_command_s": round(second.seconds, 1),
+             "p50_ms_after_resume": metrics["iteration_latency_ms"]["p50"]},
+            f"resumed at iteration {metrics['resumed_from']} from a {checkpoint_bytes / 1e6:.0f} MB checkpoint, "
+            f"trained on to {more}")
+
+
+def measure(ctx: Context) -> Result:
+    """``shardflow measure`` on the trained plan: predicted against measured."""
+    budget = ctx.share(0.2, 45 if ctx.ranks.cuda else 25)
+    plan = ctx.train_plan or _plan(ctx, workloads.dlrm(ctx.ranks), budget / 3)
+    out = ctx.work / "measure"
+    ctx.run(["measure", "--plan", str(plan), "--out", str(out), "--no-track"], budget)
+    m = read_json(out / "measure.json")
+    return ({k: m.get(k) for k in ("plan_id", "critical_path_predicted", "critical_path_measured", "error", "spread",
+                                   "blocks", "iterations", "warmup")},
+            f"predicted {m['critical_path_predicted']:.3f} ms (TorchRec's defaults), measured "
+            f"{m['critical_path_measured']:.3f} ms (spread {m.get('spread', 0):.1%})")
+
+
+CALIBRATE_TARGET_S = 180.0  # one H100, the full probe set (issue 24)
+
+
+def calibrate(ctx: Context) -> Result:
+    """The full calibration on these ranks (cpu: the quick probe set, to keep the check short there);
+    where its time goes per probe."""
+    from rec.train.timings import read_timings
+
+    cuda = ctx.ranks.cuda
+    budget = ctx.share(0.5, 150 if cuda else 60)
+    topology = ctx.topology_file("calibrate", 512)
+    profile = ctx.out / "profile.yaml"
+    work = ctx.work / "calibrate"
+    args = ["calibrate", "--topology", str(topology), "--out", str(profile), "--work", str(work)]
+    if not cuda:
+        args += ["--quick", "--iterations", "4"]
+    finished = ctx.run(args, budget)
+    fit = read_json(profile.with_name("profile.fit.json"))
+    timings = read_timings(work)
+    phases = [p.phases for p in timings.plans]
+    overhead = float(np.mean([p.overhead_s for p in phases]))
+    ctx.profile, ctx.overhead_s = profile, max(0.05, overhead)
+    totals = {f"{k}_s": round(float(sum(getattr(p, f"{k}_s") for p in phases)), 2)
+              for k in ("setup", "warmup", "timed", "teardown")}
+    launch = finished.seconds - sum(totals.values())
+    figures = {"quick": not cuda, "probes": len(fit["probes"]), "command_s": round(finished.seconds, 1),
+               "within_target": finished.seconds <= CALIBRATE_TARGET_S if cuda else None,
+               "median_abs_residual": fit["median_abs_residual"], "max_abs_residual": fit["max_abs_residual"],
+               "left_out": fit["left_out"], "overhead_per_probe_s": round(overhead, 3),
+               "launch_and_fit_s": round(launch, 1), **totals}
+    return figures, (f"{figures['probes']} probes in {finished.seconds:.0f} s ({overhead:.2f} s overhead per probe); "
+                     f"median |residual| {fit['median_abs_residual']:.1%}")

@@ -1,0 +1,127 @@
+"""The workloads the GPU check runs, sized for the ranks it found: spec rows (plain dicts, as a spec
+file holds them) and a batch size per rank. On cuda they are GPU-sized (tens of GB of tables over
+the ranks, iterations of 10 ms and more on an H100); on cpu small enough for 2 gloo ranks in seconds.
+
+No torch here: the check plans in its own process and measures in torchrun's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rec.sharding import ComputeDevice
+from rec.spec.synthetic import CRITEO_1TB_ROWS
+
+GIB = 1 << 30
+DIMS = (8, 16, 32, 64, 128, 256)
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """What the check runs on: ``world_size`` ranks of ``device`` on one host, ``hbm_bytes`` each."""
+
+    device: ComputeDevice
+    world_size: int
+    hbm_bytes: int
+    ddr_bytes: int
+
+    @property
+    def cuda(self) -> bool:
+        return self.device is ComputeDevice.CUDA
+
+    def topology(self, batch_size: int, hbm_bytes: int | None = None) -> dict[str, Any]:
+        """The topology of these ranks (a topology file's keys) at ``batch_size`` per rank."""
+        return {"world_size": self.world_size, "local_world_size": self.world_size,
+                "compute_device": self.device.value, "hbm_cap": int(hbm_bytes or self.hbm_bytes),
+                "ddr_cap": self.ddr_bytes, "batch_size": batch_size}
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    rows: list[dict[str, Any]]  # spec rows
+    batch_size: int  # per rank
+    hbm_bytes: int | None = None  # a tighter HBM per rank than the device has (memory-tight shapes)
+
+
+def dlrm(ranks: Ranks, table_bytes: float | None = None, name: str = "dlrm_criteo") -> Workload:
+    """A DLRM on Criteo's 26 categorical features, dim 128, one id per feature: the tables scaled
+    so that they fill ``table_bytes`` together (default: 40% of the ranks' HBM on cuda, 100 MB on cpu)."""
+    budget = table_bytes or (0.4 * ranks.hbm_bytes * ranks.world_size if ranks.cuda else 100e6)
+    dim = 128 if ranks.cuda else 32
+    scale = min(1.0, budget / (sum(CRITEO_1TB_ROWS) * dim * 4))
+    rows = [{"name": f"cat_{i}", "num_embeddings": max(4, int(r * scale)), "embedding_dim": dim,
+             "pooling_factor": 1.0} for i, r in enumerate(CRITEO_1TB_ROWS)]
+    return Workload(name, rows, 8192 if ranks.cuda else 256)
+
+
+def random_tables(seed: int, tables: int, column_share: float, memory_bytes: float) -> list[dict[str, Any]]:
+    """Random tables in the calibration bench's ranges (dims 8-256, rows 1e3-1e7, pooling 1-50, a share
+    allow-listed column-wise), their weights under ``memory_bytes`` together."""
+    rng = np.random.default_rng(seed)
+    rows, total = [], 0.0
+    for i in range(tables):
+        dim = int(rng.choice(DIMS))
+        count = int(10 ** rng.uniform(3, 7))
+        count = max(1000, min(count, int((memory_bytes - total) / (dim * 4) / max(1, tables - i) * 4),
+                              int(memory_bytes / 2 / (dim * 4))))
+        total += count * dim * 4
+        row: dict[str, Any] = {"name": f"t{i}", "num_embeddings": count, "embedding_dim": dim,
+                               "pooling_factor": float(np.round(10 ** rng.uniform(0, np.log10(50)), 1))}
+        if rng.random() < column_share:
+            row["embedding_dim"] = 256
+            row["sharding_types"] = ["column_wise", "table_column_wise"]
+        rows.append(row)
+    return rows
+
+
+# (seed, tables, batch per rank on cpu, share of tables allow-listed column-wise): the calibration bench's
+CALIBRATION_SPECS = ((1, 5, 512, 0.0), (2, 12, 128, 0.0), (3, 30, 1024, 0.0), (4, 60, 256, 0.2), (5, 100, 512, 0.0),
+                     (6, 200, 128, 0.0), (7, 8, 4096, 0.0), (8, 20, 2048, 0.25), (9, 45, 512, 0.0),
+                     (10, 150, 256, 0.1), (11, 16, 1024, 0.0), (12, 80, 2048, 0.0))
+
+
+def calibration_workloads(ranks: Ranks, count: int) -> list[Workload]:
+    """The first ``count`` calibration specs. On cuda their batches start 16 times the cpu ones (the
+    check then doubles a batch until the plan's iteration is GPU-sized, ``sized_batch``)."""
+    memory = 0.25 * ranks.hbm_bytes * ranks.world_size if ranks.cuda else 1e9
+    out = []
+    for seed, tables, batch, share in CALIBRATION_SPECS[:count]:
+        out.append(Workload(f"spec{seed}", random_tables(seed, tables, share, memory),
+                            batch * 16 if ranks.cuda else batch))
+    return out
+
+
+def torchrec_shapes(ranks: Ranks) -> list[Workload]:
+    """The shapes the TorchRec comparison plans: few big tables, many small ones, pooling-heavy,
+    memory-tight (the topology's HBM a third of the tables), and EmbeddingBagCollection tables beside
+    EmbeddingCollection ones."""
+    rng = np.random.default_rng(2282)
+    big_rows = int(min(20_000_000, 0.02 * ranks.hbm_bytes / (128 * 4))) if ranks.cuda else 200_000
+    batch = 16384 if ranks.cuda else 256
+    few_big = [{"name": f"big{i}", "num_embeddings": int(big_rows * (0.3 + 0.7 * rng.random())),
+                "embedding_dim": 128 if ranks.cuda else 64, "pooling_factor": float(np.round(rng.uniform(1, 5), 1))}
+               for i in range(8)]
+    many_small = [{"name": f"small{i}", "num_embeddings": int(rng.integers(2, 1000)),
+                   "embedding_dim": int(rng.integers(1, 5)) * 4, "pooling_factor": 1.0} for i in range(60)]
+    pooling = [{"name": f"bag{i}", "num_embeddings": int(10 ** rng.uniform(4, 6)), "embedding_dim": 64,
+                "pooling_factor": float(np.round(rng.uniform(40, 100)))} for i in range(20)]
+    tight_rows = int(0.005 * ranks.hbm_bytes / (64 * 4)) if ranks.cuda else 100_000
+    tight: list[dict[str, Any]] = [
+        {"name": f"mem{i}", "num_embeddings": int(tight_rows * (0.5 + rng.random())), "embedding_dim": 64,
+         "pooling_factor": float(np.round(rng.uniform(1, 10), 1))} for i in range(16)]
+    tight_bytes = sum(int(r["num_embeddings"]) * 64 * 4 for r in tight)
+    mixed = ([{"name": f"user{i}", "num_embeddings": int(10 ** rng.uniform(3, 6)), "embedding_dim": 64,
+               "pooling_factor": float(np.round(rng.uniform(1, 20), 1)), "module": "towers.ebc"} for i in range(10)]
+             + [{"name": f"seq{i}", "num_embeddings": int(10 ** rng.uniform(3, 6)), "embedding_dim": 64,
+                 "pooling": "NONE", "pooling_factor": float(np.round(rng.uniform(5, 30))), "module": "sequence.ec"}
+                for i in range(6)])
+    out = [Workload("few_big", few_big, batch), Workload("many_small", many_small, batch * 4),
+           Workload("pooling_heavy", pooling, batch // 2),
+           Workload("memory_tight", tight, batch,
+                    hbm_bytes=max(GIB // 4, tight_bytes // (3 * ranks.world_size)) if ranks.cuda else None),
+           Workload("mixed_ebc_ec", mixed, batch)]
+    return out

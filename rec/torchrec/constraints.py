@@ -1,0 +1,118 @@
+"""TorchRec's ``ParameterConstraints`` as spec cells, or refused naming the table and the field.
+
+What a spec holds is mapped as it is: ``sharding_types``, ``compute_kernels`` (allow-lists; the
+names shardflow never plans are refused by spec validation, with the alternatives), ``min_partition``,
+and ``pooling_factors`` (one per feature, or one for every feature). What changes no estimate passes
+through to the table's ``ParameterSharding``, as TorchRec's planner passes it: ``cache_params``
+(whose ``load_factor`` is the cost model's caching ratio), ``enforce_hbm``, ``stochastic_rounding``,
+``bounds_check_mode``; ``feature_names`` is TorchRec's bookkeeping. The rest changes estimates in
+ways a spec cannot express and is refused unless it holds TorchRec's default: ``num_poolings``,
+``batch_sizes`` other than the planner's batch size, ``is_weighted``, ``output_dtype``,
+``device_group`` other than the topology's device, ``key_value_params``, ``use_virtual_table``, and
+``cache_params`` with prefetching.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rec.errors import Problem
+
+# Fields whose value reaches the table's ParameterSharding, as TorchRec's planner copies them.
+KERNEL_FIELDS = ("cache_params", "enforce_hbm", "stochastic_rounding", "bounds_check_mode")
+
+
+@dataclass(frozen=True)
+class TableConstraints:
+    """One table's constraints as shardflow uses them."""
+
+    cells: dict[str, Any]  # spec cells
+    kernel: dict[str, Any]  # ParameterSharding fields (KERNEL_FIELDS) that are set
+    load_factor: float | None  # cache_params.load_factor
+
+
+def table_constraints(c: Any, where: str, num_features: int, pooled: bool, batch_size: int,
+                      device: str) -> tuple[TableConstraints, list[Problem]]:
+    """The spec cells and kernel fields of one table's ``ParameterConstraints`` ``c`` (None: none),
+    and what cannot be planned as TorchRec would; ``where`` names the table."""
+    from torchrec.distributed.planner.types import ParameterConstraints
+
+    if c is None:
+        return TableConstraints({}, {}, None), []
+    if not isinstance(c, ParameterConstraints):
+        return TableConstraints({}, {}, None), [Problem(where, f"constraints are a {type(c).__name__}, not "
+                                                               "TorchRec's ParameterConstraints")]
+    problems: list[Problem] = []
+    cells: dict[str, Any] = {}
+    if c.sharding_types:
+        cells["sharding_types"] = list(c.sharding_types)
+    if c.compute_kernels:
+        cells["compute_kernels"] = list(c.compute_kernels)
+    if c.min_partition:
+        cells["min_partition"] = c.min_partition
+    factor, why = pooling_factor(list(c.pooling_factors or [1.0]), num_features, pooled)
+    if why:
+        problems.append(Problem(where, f"pooling_factors {why}"))
+    elif factor != 1.0:
+        cells["pooling_factor"] = factor
+    problems += [Problem(where, reason) for reason in _refused(c, num_features, batch_size, device)]
+    kernel = kernel_fields(c)
+    cache = getattr(c, "cache_params", None)
+    load_factor = getattr(cache, "load_factor", None) if cache is not None else None
+    return TableConstraints(cells, kernel, load_factor), problems
+
+
+def kernel_fields(c: Any) -> dict[str, Any]:
+    """The ``ParameterSharding`` fields (``KERNEL_FIELDS``) that constraints ``c`` set (None: none)."""
+    return {name: getattr(c, name) for name in KERNEL_FIELDS if getattr(c, name, None) is not None}
+
+
+def pooling_factor(factors: list[float], num_features: int, pooled: bool = True) -> tuple[float, str | None]:
+    """The one pooling factor of a table whose features have ``factors`` (one for every feature, or
+    one each), and why there is none that TorchRec's estimates agree with.
+
+    TorchRec sums ``factor x batch`` over features for the ids and ``min(1, factor) x batch`` for
+    a pooled table's outputs (an unpooled one outputs its ids); their mean gives both sums when the
+    factors lie on one side of 1."""
+    if len(factors) == 1:
+        return float(factors[0]), None
+    if len(factors) != num_features:
+        return 0.0, (f"lists {len(factors)} values for a table of {num_features} feature"
+                     f"{'s' if num_features > 1 else ''}: give one per feature, or one for all")
+    if len(set(factors)) == 1:
+        return float(factors[0]), None
+    if pooled and min(factors) < 1 < max(factors):
+        shown = ", ".join(f"{f:g}" for f in factors[:4]) + (", ..." if len(factors) > 4 else "")
+        return 0.0, (f"({shown}) lie on both sides of 1: a spec holds one factor per table, and no one factor "
+                     "gives TorchRec's ids and outputs both (outputs count min(1, factor) per feature); give "
+                     "factors all at least 1 or all at most 1, or one for every feature")
+    return sum(factors) / len(factors), None
+
+
+def _refused(c: Any, num_features: int, batch_size: int, device: str) -> list[str]:
+    """What of ``c`` changes TorchRec's estimates in a way a spec cannot express."""
+    out = []
+    if c.num_poolings and any(x != 1.0 for x in c.num_poolings):
+        out.append("num_poolings other than 1.0 is not modelled: shardflow counts one pooling per sample and "
+                   "feature")
+    if c.batch_sizes and any(b != batch_size for b in c.batch_sizes):
+        out.append(f"batch_sizes other than the planner's batch_size {batch_size} are not modelled: every "
+                   "feature is planned at batch_size")
+    if getattr(c, "is_weighted", False):
+        out.append("is_weighted: weighted features are not modelled by shardflow's cost model")
+    if getattr(c, "output_dtype", None) is not None:
+        out.append("output_dtype is not modelled: outputs are counted at the table's data type")
+    group = getattr(c, "device_group", None)
+    if group is not None and group != device:
+        out.append(f"device_group {group!r} is not modelled: shardflow plans every table on the topology's "
+                   f"{device} ranks")
+    if getattr(c, "key_value_params", None) is not None or getattr(c, "use_virtual_table", False):
+        out.append("key-value (SSD or DRAM virtual) tables are not planned: shardflow's topology has no SSD "
+                   "tier; use the fused_uvm_caching or fused_uvm kernel")
+    cache = getattr(c, "cache_params", None)
+    if cache is not None and getattr(cache, "prefetch_pipeline", None):
+        out.append("cache_params.prefetch_pipeline is not modelled by shardflow's cost model")
+    if cache is not None and getattr(cache, "multipass_prefetch_config", None) is not None:
+        out.append("cache_params.multipass_prefetch_config is not modelled by shardflow's cost model")
+    return out

@@ -1,0 +1,314 @@
+"""``ShardflowPlanner``: TorchRec's ``ShardingPlanner`` interface, planned by shardflow's search.
+
+A drop-in for ``EmbeddingShardingPlanner`` in a TorchRec training script (docs/torchrec-planner.md):
+
+    planner = ShardflowPlanner(topology=topology, batch_size=batch_size, constraints=constraints)
+    plan = planner.collective_plan(model, sharders, pg)
+    model = DistributedModelParallel(model, plan=plan, sharders=sharders, ...)
+
+It takes ``EmbeddingShardingPlanner``'s keywords where they mean the same thing, plans every
+EmbeddingBagCollection and EmbeddingCollection the sharders take, jointly, with
+``rec.planning.plan_spec``, and returns the ``ShardingPlan`` keyed by module path. What it cannot
+plan as TorchRec would is refused with one ``InputError`` naming every such option, module or
+constraint. Imports torch and torchrec.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from rec.cost.constants import UVM_CACHING_RATIO
+from rec.cost.types import CostConfig, Optimizer
+from rec.errors import InputError, Problem
+from rec.plan.types import Plan
+from rec.planning import plan_spec
+from rec.profile import DEFAULT_PROFILE, Profile, read_profile
+from rec.search.config import SearchConfig
+from rec.settings import check
+from rec.sharding import ComputeDevice, ComputeKernel
+from rec.spec import spec_from_rows
+from rec.spec.types import table_key
+from rec.topology.types import BATCH_SIZE
+from rec.torchrec.constraints import kernel_fields, table_constraints
+from rec.torchrec.model import ModelTables, model_tables, module_kind
+from rec.torchrec.topology import dense_bytes, reservation_settings, shardflow_topology, topology_problems
+
+try:  # the interface, so that isinstance(planner, ShardingPlanner) holds where TorchRec checks it
+    from torchrec.distributed.types import ShardingPlanner
+except ImportError:  # pragma: no cover - torchrec is what this module is for
+    ShardingPlanner = object
+
+log = logging.getLogger(__name__)
+
+# EmbeddingShardingPlanner's keywords that replace a stage shardflow's search stands for.
+UNSUPPORTED = {
+    "enumerator": "shardflow enumerates with its own TorchRec-faithful cost model (rec.cost)",
+    "proposer": "shardflow's search replaces the proposers",
+    "partitioner": "shardflow's search places the shards itself",
+    "performance_model": "plans are rated with TorchRec's NoopPerfModel (the busiest rank), or a profile (profile=)",
+    "callbacks": "callbacks edit TorchRec's sharding options, which shardflow never builds",
+    "plan_loader": "shardflow plans every time (or reads a plan with rec.plan.read_plan)",
+}
+
+
+@dataclass(frozen=True)
+class _Planned:
+    plan: Plan
+    kernel: dict[str, dict[str, Any]]  # each table's ParameterSharding fields from its constraints
+    root: bool  # the model itself is the embedding module: its ShardingPlan entry is at ""
+
+
+class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
+    """TorchRec's ``ShardingPlanner`` planned by shardflow. Keywords as ``EmbeddingShardingPlanner``'s
+    (``topology``, ``batch_size``, ``storage_reservation``, ``constraints``, ``debug``,
+    ``timeout_seconds``: the search's time limit), plus ``profile`` (a hardware profile or its YAML
+    path) and ``plan_dir`` (where each plan's plan.json and shards.parquet are written)."""
+
+    def __init__(self, topology: Any = None, batch_size: int | None = None, enumerator: Any = None,
+                 storage_reservation: Any = None, proposer: Any = None, partitioner: Any = None,
+                 performance_model: Any = None, stats: Any = None, constraints: dict[str, Any] | None = None,
+                 debug: bool = True, callbacks: Any = None, timeout_seconds: float | None = None,
+                 plan_loader: Any = None, *, profile: Profile | str | Path | None = None,
+                 plan_dir: str | Path | None = None) -> None:
+        given = {"enumerator": enumerator, "proposer": proposer, "partitioner": partitioner,
+                 "performance_model": performance_model, "callbacks": callbacks, "plan_loader": plan_loader}
+        problems = [Problem(name, f"{type(value).__name__} is not supported: {UNSUPPORTED[name]}")
+                    for name, value in given.items() if value]
+        percentage, multiplier, estimate, reserve = reservation_settings(storage_reservation)
+        problems += reserve
+        if topology is not None:
+            problems += topology_problems(topology)
+        search = SearchConfig() if timeout_seconds is None else SearchConfig(time_limit_s=float(timeout_seconds))
+        try:
+            check(search, "", where={"time_limit_s": "timeout_seconds"})
+        except InputError as e:
+            problems += e.problems
+        if problems:
+            raise InputError("ShardflowPlanner cannot plan with these options:", problems)
+        self._topology = topology
+        self._batch_size = batch_size or BATCH_SIZE
+        self._reservation = (percentage, multiplier, estimate)
+        self._constraints = dict(constraints or {})
+        self._debug = debug
+        self._search = search
+        self._profile = read_profile(profile) if isinstance(profile, (str, Path)) else (profile or DEFAULT_PROFILE)
+        self._plan_dir = None if plan_dir is None else Path(plan_dir)
+        self.last_plan: Plan | None = None  # shardflow's plan behind the last ShardingPlan returned
+        self.last_search_s = 0.0  # seconds the last search took (plan_spec)
+
+    def plan(self, module: Any, sharders: list[Any]) -> Any:
+        """The ``ShardingPlan`` of every embedding module of ``module`` that ``sharders`` take."""
+        started = time.perf_counter()
+        planned = self._planned(module, sharders)
+        if self._debug:
+            from rec.torchrec.summary import plan_summary
+
+            log.info("%s", plan_summary(planned.plan, time.perf_counter() - started, self.last_search_s))
+        return self._sharding_plan(planned)
+
+    def collective_plan(self, module: Any, sharders: list[Any] | None = None, pg: Any = None) -> Any:
+        """Plan on the group's first rank and send the plan (plan.json's text, not a pickle) to
+        the others, which build the same ``ShardingPlan``. A failure there is raised on every rank
+        (rank 0's own error there, the same InputError elsewhere): no rank waits for a plan that
+        never comes."""
+        import torch.distributed as dist
+
+        if pg is None:
+            if not dist.is_initialized():
+                raise InputError("collective_plan needs a process group:", [Problem(
+                    "pg", "torch.distributed is not initialized: call init_process_group first, or use plan()")])
+            pg = dist.GroupMember.WORLD
+        if sharders is None:
+            from torchrec.distributed.sharding_plan import get_default_sharders
+
+            sharders = get_default_sharders()
+        group = _group(pg)
+        if pg.rank() != 0:
+            planned = self._received(json.loads(group.broadcast_bytes(b"", pg)), module)
+            return self._sharding_plan(planned)
+        try:
+            sharding_plan = self.plan(module, sharders)
+        except InputError as e:
+            group.broadcast_bytes(json.dumps({"error": {"title": e.title, "problems": [
+                [p.where, p.reason] for p in e.problems]}}).encode(), pg)
+            raise
+        except Exception as e:
+            group.broadcast_bytes(json.dumps({"failed": f"{type(e).__name__}: {e}"}).encode(), pg)
+            raise
+        from rec.plan.io import dumps_plan
+
+        assert self.last_plan is not None
+        group.broadcast_bytes(json.dumps({"plan": dumps_plan(self.last_plan)}).encode(), pg)
+        return sharding_plan
+
+    def _received(self, message: dict[str, Any], module: Any) -> _Planned:
+        from rec.plan.io import parse_plan
+
+        if "error" in message:
+            error = message["error"]
+            raise InputError(error["title"], [Problem(w, r) for w, r in error["problems"]])
+        if "failed" in message:
+            raise RuntimeError(f"rank 0 could not plan: {message['failed']}")
+        plan = parse_plan(message["plan"], "the plan rank 0 sent")
+        self.last_plan = plan
+        kernel = {t.key: kernel_fields(self._constraints.get(t.name)) for t in plan.tables}
+        return _Planned(plan, kernel, module_kind(module) is not None)
+
+    def _planned(self, module: Any, sharders: list[Any]) -> _Planned:
+        topology = self._torchrec_topology()
+        device = ComputeDevice(topology.compute_device)
+        tables = model_tables(module, list(sharders), device)
+        rows, kernel, cost, problems = self._rows(tables, device)
+        percentage, multiplier, estimate = self._reservation
+        dense = estimate or dense_bytes(module, list(tables.shardable), multiplier)
+        if problems:
+            raise InputError("ShardflowPlanner cannot plan these tables as TorchRec would:", problems)
+        spec = spec_from_rows(rows, source="from the model")
+        ours = shardflow_topology(topology, self._batch_size, percentage, dense)
+        started = time.perf_counter()
+        plan = plan_spec(spec, ours, cost, self._search)
+        self.last_search_s = time.perf_counter() - started
+        self.last_plan = plan
+        if self._plan_dir is not None:
+            _write(plan, self._plan_dir)
+        return _Planned(plan, kernel, tables.root is not None)
+
+    def _rows(self, tables: ModelTables, device: ComputeDevice
+              ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]], CostConfig, list[Problem]]:
+        """Spec rows with each table's constraints, kernel fields by table key, the cost model, and
+        what cannot be planned as TorchRec would."""
+        problems: list[Problem] = []
+        rows, kernel = [], {}
+        load_factors: dict[float, list[str]] = {}
+        optimizers: dict[Optimizer, list[str]] = {}
+        modules = {m.path: m for m in tables.modules}
+        weights = tables.parameters()
+        for row in tables.rows:
+            m = modules[row["module"]]
+            key = table_key(m.path, row["name"])
+            where = f"table {row['name']}" + ("" if tables.root else f" in module {m.path}")
+            mapped, found = table_constraints(self._constraints.get(row["name"]), where, len(row["feature_names"]),
+                                              row["pooling"] != "NONE", self._batch_size, device.value)
+            problems += found
+            cells = {**mapped.cells, **_narrowed(mapped.cells, m.sharding_types, m.compute_kernels)}
+            rows.append({**row, **cells})
+            kernel[key] = mapped.kernel
+            fused = getattr(m.sharder, "fused_params", None) or {}
+            factor = mapped.load_factor if mapped.load_factor is not None else fused.get("cache_load_factor")
+            if _may_cache(device, cells.get("compute_kernels")):
+                load_factors.setdefault(UVM_CACHING_RATIO if factor is None else float(factor), []).append(key)
+            optimizers.setdefault(_optimizer(weights[key]), []).append(key)
+        if len(load_factors) > 1:
+            problems.append(Problem("cache_params.load_factor", "differs between tables (" + "; ".join(
+                f"{v:g}: {_some(keys)}" for v, keys in load_factors.items()) + "): shardflow's cost model has one "
+                "caching ratio for fused_uvm_caching tables (TorchRec's default 0.2 where none is given); give "
+                "every table that may take fused_uvm_caching the same load_factor, or a compute_kernels list "
+                "without it"))
+        if len(optimizers) > 1:
+            problems.append(Problem("optimizer", "the tables' fused optimizers differ (" + "; ".join(
+                f"{o.value}: {_some(keys)}" for o, keys in optimizers.items()) + "): shardflow's cost model sizes "
+                "one optimizer's state for every table"))
+        cost = CostConfig(optimizer=next(iter(optimizers), Optimizer.NONE),
+                          caching_ratio=next(iter(load_factors), UVM_CACHING_RATIO), profile=self._profile)
+        return rows, kernel, cost, problems
+
+    def _torchrec_topology(self) -> Any:
+        """The topology given, or TorchRec's default for the process group (as EmbeddingShardingPlanner)."""
+        if self._topology is not None:
+            return self._topology
+        import torch
+        import torch.distributed as dist
+        from torchrec.distributed.comm import get_local_size
+        from torchrec.distributed.planner.types import Topology
+
+        if not dist.is_initialized():
+            raise InputError("ShardflowPlanner needs a topology:", [Problem(
+                "topology", "none given and torch.distributed is not initialized: pass TorchRec's Topology")])
+        self._topology = Topology(world_size=dist.get_world_size(), local_world_size=get_local_size(),
+                                  compute_device="cuda" if torch.cuda.is_available() else "cpu")
+        problems = topology_problems(self._topology)
+        if problems:
+            raise InputError("ShardflowPlanner cannot plan with these options:", problems)
+        return self._topology
+
+    def _sharding_plan(self, planned: _Planned) -> Any:
+        from rec.plan.torchrec_plan import to_sharding_plan
+
+        sharding_plan = to_sharding_plan(planned.plan, "" if planned.root else None)
+        for t in planned.plan.tables:
+            fields = planned.kernel.get(t.key)
+            if fields:  # as TorchRec's planner copies them from the constraints
+                module_plan = sharding_plan.plan["" if planned.root else t.module]
+                module_plan[t.name] = replace(module_plan[t.name], **fields)
+        return sharding_plan
+
+
+def _narrowed(cells: dict[str, Any], types: tuple[str, ...] | None,
+              kernels: tuple[str, ...] | None) -> dict[str, Any]:
+    """The allow-lists of a table whose sharder offers less than TorchRec's default one: the
+    constraint's narrowed to what the sharder offers (names shardflow refuses kept, to be named)."""
+    from rec.sharding import NOT_PLANNED
+
+    refused = {m.value for m in NOT_PLANNED}
+    out: dict[str, Any] = {}
+    for column, offered in (("sharding_types", types), ("compute_kernels", kernels)):
+        if offered is None:
+            continue
+        listed = cells.get(column)
+        out[column] = list(offered) if not listed else [v for v in listed if v in offered or v in refused]
+    return out
+
+
+def _may_cache(device: ComputeDevice, kernels: list[str] | None) -> bool:
+    """Whether a table may get the fused_uvm_caching kernel, whose estimate reads the load factor."""
+    return device is ComputeDevice.CUDA and (not kernels or ComputeKernel.FUSED_UVM_CACHING.value in kernels)
+
+
+def _optimizer(weight: Any) -> Optimizer:
+    """The optimizer TorchRec's storage estimator sizes for a table (``apply_optimizer_in_backward``
+    marks its weight), as ``shard_estimators._get_optimizer_multipler`` tells them apart."""
+    import torch
+    import torchrec.optim as trec_optim
+
+    cls = getattr(weight, "_optimizer_classes", [None])[0]
+    if cls is None:
+        return Optimizer.NONE
+    if cls in (torch.optim.SGD, trec_optim.SGD):
+        return Optimizer.SGD
+    if cls in (torch.optim.Adam, trec_optim.Adam):
+        return Optimizer.ADAM
+    if cls is trec_optim.RowWiseAdagrad:
+        return Optimizer.ROWWISE_ADAGRAD
+    return Optimizer.ADAGRAD  # any other: one state tensor the size of the weight
+
+
+def _some(keys: list[str]) -> str:
+    return ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+
+
+def _group(pg: Any) -> Any:
+    """The ``Group`` whose tensors live where ``pg``'s backend takes them (NCCL: this rank's GPU)."""
+    import torch
+    import torch.distributed as dist
+
+    from rec.train.collectives import Group
+
+    if dist.get_backend(pg) == "nccl":
+        return Group(torch.device("cuda", torch.cuda.current_device()))
+    return Group(torch.device("cpu"))
+
+
+def _write(plan: Plan, directory: Path) -> None:
+    """plan.json and shards.parquet, validated, with the writer every plan goes through."""
+    from rec.plan import validate_plan
+    from rec.plan.io import write_plan
+
+    problems = validate_plan(plan)
+    if problems:
+        raise AssertionError(f"shardflow built an invalid plan (a bug): {problems.items[:5]}")
+    write_plan(plan, directory)

@@ -1,0 +1,137 @@
+"""TorchRec's ``Topology``, batch size and storage reservation as shardflow's ``Topology``.
+
+What shardflow's topology has no key for is refused, naming it (``topology_problems``), except
+what changes no estimate of what shardflow plans: SSD capacity (no key-value tables are planned)
+and the weighted-feature multiplier (no weighted features are planned). TorchRec's
+``HeuristicalStorageReservation`` also reserves memory for the model's dense parameters; shardflow's
+topology has no key for it, so it comes off ``hbm_cap`` (``ddr_cap`` on cpu) such that each rank keeps
+exactly the bytes TorchRec's reservation leaves (``dense_reserved``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rec.cost.constants import HBM_TO_DDR_MEM_BW
+from rec.errors import InputError, Problem
+from rec.profile.types import BWD_COMPUTE_MULTIPLIER
+from rec.topology import topology_from_dict
+from rec.topology.types import Topology
+from rec.topology.validate import MS_PER_S
+from rec.units import format_bytes
+
+# TorchRec 1.8's default uneven-sharding perf multiplier, which shardflow's cost model does not have.
+UNEVEN_SHARDING_PERF_MULTIPLIER = 1.0
+PARAMETER_MULTIPLIER = 6.0  # HeuristicalStorageReservation: parameters, optimizer state, DDP buckets
+RESERVATION_PERCENTAGE = 0.15  # EmbeddingShardingPlanner's default reservation
+
+
+def reservation_settings(reservation: Any) -> tuple[float, float, int | None, list[Problem]]:
+    """(percentage, parameter multiplier, dense estimate or None, problems) of a TorchRec storage
+    reservation: ``HeuristicalStorageReservation`` or None (its default, 15%)."""
+    from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
+
+    if reservation is None:
+        return RESERVATION_PERCENTAGE, PARAMETER_MULTIPLIER, None, []
+    if type(reservation) is not HeuristicalStorageReservation:
+        return RESERVATION_PERCENTAGE, PARAMETER_MULTIPLIER, None, [Problem(
+            "storage_reservation", f"{type(reservation).__name__} is not supported: shardflow's cost model "
+                                   "reserves as TorchRec's HeuristicalStorageReservation does (give one, with "
+                                   "your percentage)")]
+    percentage = float(reservation._percentage)
+    problems = []
+    if not 0 <= percentage < 1:
+        problems.append(Problem("storage_reservation", f"percentage {percentage:g} leaves no memory: it must be "
+                                                       "in [0, 1)"))
+    estimate = getattr(reservation, "_dense_tensor_estimate", None)
+    return percentage, float(getattr(reservation, "_parameter_multiplier", PARAMETER_MULTIPLIER)), estimate, problems
+
+
+def topology_problems(topology: Any) -> list[Problem]:
+    """What of TorchRec's ``topology`` shardflow's topology cannot hold."""
+    from torchrec.distributed.planner.types import Topology as TorchrecTopology
+
+    if not isinstance(topology, TorchrecTopology):
+        return [Problem("topology", f"expected TorchRec's Topology, got {type(topology).__name__}")]
+    problems = []
+    if topology.compute_device not in ("cpu", "cuda"):
+        problems.append(Problem("topology.compute_device", f"{topology.compute_device!r}: shardflow plans for cpu "
+                                                           "and cuda ranks"))
+    for kind in ("hbm", "ddr"):
+        caps = sorted({int(getattr(d.storage, kind)) for d in topology.devices})
+        if len(caps) > 1:
+            problems.append(Problem(f"topology {kind}_cap", (
+                f"differs between ranks ({', '.join(format_bytes(c) for c in caps[:3])}): shardflow plans for ranks "
+                "of one size")))
+    if getattr(topology, "intra_group_size", topology.local_world_size) != topology.local_world_size:
+        problems.append(Problem("topology.pod_size", "a pod of several hosts is not modelled: shardflow's "
+                                                     "topology has hosts of local_world_size ranks"))
+    comms = getattr(topology, "comms_bandwidths", None)
+    if comms is not None and type(comms).__name__ != "BasicCommsBandwidths":
+        problems.append(Problem("topology.generalized_comms_bandwidths", (
+            f"{type(comms).__name__} is not modelled: shardflow takes intra_host_bw and inter_host_bw")))
+    hints = {
+        "bwd_compute_multiplier": (BWD_COMPUTE_MULTIPLIER, "a profile's coefficients.bwd_compute_multiplier"),
+        "hbm_to_ddr_mem_bw": (HBM_TO_DDR_MEM_BW, "a profile's bandwidths.hbm_to_ddr_mem_bw (bytes/s)"),
+        "uneven_sharding_perf_multiplier": (UNEVEN_SHARDING_PERF_MULTIPLIER, None),
+    }
+    for name, (default, where) in hints.items():
+        value = getattr(topology, name, default)
+        if value != default:
+            how = f"give it as {where} (profile=, docs/profile.md)" if where else "shardflow's cost model has none"
+            problems.append(Problem(f"topology.{name}", f"{value:g} is not TorchRec's default {default:g}: {how}"))
+    return problems
+
+
+def shardflow_topology(topology: Any, batch_size: int, percentage: float, dense: int) -> Topology:
+    """shardflow's topology for TorchRec's (checked by ``topology_problems``): ``batch_size`` per
+    rank, ``percentage`` of HBM reserved, and ``dense`` bytes of dense parameters taken off the
+    capacity TorchRec's reservation takes them from. InputError if nothing is left."""
+    cuda = topology.compute_device == "cuda"
+    device = topology.devices[0].storage
+    hbm, ddr = int(device.hbm) if cuda else 0, int(device.ddr)
+    if cuda:
+        hbm = _hbm_cap_left(hbm, percentage, dense)
+    else:
+        ddr -= dense
+    if (hbm if cuda else ddr) <= 0:
+        kind = "HBM" if cuda else "DDR"
+        raise InputError("The topology has no memory left for embedding tables:", [Problem(
+            "storage_reservation", f"the dense parameters ({format_bytes(dense)}: {PARAMETER_MULTIPLIER:g} x their "
+                                   f"bytes, TorchRec's heuristic) take all of each rank's {kind}; pass "
+                                   "HeuristicalStorageReservation(percentage, dense_tensor_estimate=...) if that "
+                                   "overestimates")])
+    return topology_from_dict({
+        "world_size": topology.world_size, "local_world_size": topology.local_world_size,
+        "compute_device": topology.compute_device, "hbm_cap": hbm, "ddr_cap": ddr,
+        **{key: float(getattr(topology, key)) * MS_PER_S
+           for key in ("intra_host_bw", "inter_host_bw", "hbm_mem_bw", "ddr_mem_bw")},
+        "batch_size": batch_size, "storage_reservation": percentage,
+    }, source="from TorchRec's Topology")
+
+
+def _hbm_cap_left(hbm: int, percentage: float, dense: int) -> int:
+    """The HBM capacity whose ``int((1 - percentage) * cap)`` is TorchRec's ``int((1 - percentage) *
+    hbm) - dense``: the reservation shardflow applies then leaves what TorchRec's leaves."""
+    target = int((1 - percentage) * hbm) - dense
+    if dense == 0 or target <= 0:
+        return hbm if dense == 0 else 0
+    cap = math.floor(target / (1 - percentage))
+    for candidate in range(cap - 2, cap + 4):  # (1 - p) * cap grows by at most 1 per byte: one of these
+        if int((1 - percentage) * candidate) == target:
+            return candidate
+    return cap
+
+
+def dense_bytes(module: Any, shardable: list[Any], multiplier: float) -> int:
+    """TorchRec's ``_get_dense_tensor_size``: ``multiplier`` x the bytes of every parameter, plus
+    buffers, of ``module`` less those of the ``shardable`` modules."""
+    from torchrec.distributed.types import get_tensor_size_bytes
+
+    def size(m: Any) -> int:
+        total: float = (sum(multiplier * get_tensor_size_bytes(p) for p in m.parameters())
+                        + sum(get_tensor_size_bytes(b) for b in m.buffers()))
+        return round(total)
+
+    return int(size(module) - sum(size(m) for m in shardable))

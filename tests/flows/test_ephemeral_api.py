@@ -1,0 +1,61 @@
+"""``shardflow run`` on a fresh, busy machine: Prefect's ephemeral API starts from an empty
+PREFECT_HOME (creating its database) while other processes keep the cores busy, within the startup
+budget shardflow gives it; a budget that runs out is one line and exit 1, never a traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from tests.paths import CPU_2PROC, DEMO, SHARDFLOW
+
+BUSY_LOOPS = 2  # the test machine has 2 cores: both busy
+
+
+@contextmanager
+def busy_cores(count: int = BUSY_LOOPS) -> Iterator[None]:
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+
+
+def plan_only(tmp_path, name: str, **env: str) -> subprocess.Popen[str]:
+    """``shardflow run --plan-only`` into ``name``/, with a Prefect home of its own (``name``-prefect)
+    and no configured server, started."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
+    return subprocess.Popen(
+        [str(SHARDFLOW), "run", str(DEMO), "--topology", str(CPU_2PROC), "--plan-only", "--out", name,
+         "--tracking-uri", f"sqlite:///{name}.db"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**clean, "PREFECT_HOME": str(tmp_path / f"{name}-prefect"), **env})
+
+
+@pytest.mark.slow
+def test_run_starts_prefect_from_an_empty_home_under_cpu_load_or_says_in_one_line_why_not(tmp_path):
+    """Side by side under load: with shardflow's default budget (a first start here can take
+    longer than Prefect's own 20 s), and with a budget of 1 s that cannot suffice."""
+    with busy_cores():
+        runs = {"default": plan_only(tmp_path, "default"),
+                "short": plan_only(tmp_path, "short", PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="1")}
+        ended = {name: (*p.communicate(timeout=600), p.returncode) for name, p in runs.items()}
+
+    out, err, code = ended["default"]
+    assert code == 0, out + err
+    assert (tmp_path / "default-prefect").is_dir() and (tmp_path / "default" / "plan" / "plan.json").is_file()
+    assert out.splitlines()[-1].split()[:2] == ["time", "Prefect"]  # the start of Prefect's API, timed
+
+    out, err, code = ended["short"]
+    assert code == 1, out + err
+    assert "Traceback" not in err and not (tmp_path / "short").exists()
+    lines = [line for line in err.splitlines() if line.startswith("shardflow run:")]
+    assert len(lines) == 1 and "Prefect's local API did not start: it did not answer within 1 s" in lines[0], err
+    assert "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS" in lines[0]

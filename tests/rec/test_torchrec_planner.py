@@ -1,0 +1,293 @@
+"""``rec.torchrec``: ``ShardflowPlanner`` in place of TorchRec's ``EmbeddingShardingPlanner``, and
+TorchRec's own plan as a shardflow plan, with TorchRec itself as the oracle: its enumerator,
+estimators and storage reservation rate the same model, its planner honours the same constraints."""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+
+import pytest
+
+from rec.errors import InputError
+from rec.plan import check_plan, read_plan
+from rec.planning import plan_spec
+from rec.spec.synthetic import issue2282_spec
+from rec.topology import topology_from_dict
+from tests.paths import CPU_2PROC, DEMO, ROOT
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torchrec")
+
+from torch import nn  # noqa: E402
+from torchrec.distributed.embedding import EmbeddingCollectionSharder  # noqa: E402
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder  # noqa: E402
+from torchrec.distributed.planner import EmbeddingShardingPlanner  # noqa: E402
+from torchrec.distributed.planner.enumerators import EmbeddingEnumerator  # noqa: E402
+from torchrec.distributed.planner.proposers import GreedyProposer  # noqa: E402
+from torchrec.distributed.planner.shard_estimators import (  # noqa: E402
+    EmbeddingPerfEstimator,
+    EmbeddingStorageEstimator,
+)
+from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation  # noqa: E402
+from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, Topology  # noqa: E402
+from torchrec.distributed.types import CacheParams  # noqa: E402
+from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig  # noqa: E402
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection  # noqa: E402
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward  # noqa: E402
+from torchrec.optim.rowwise_adagrad import RowWiseAdagrad  # noqa: E402
+
+from rec.plan.torchrec_score import run_torchrec_planner, torchrec_inputs, torchrec_topology  # noqa: E402
+from rec.torchrec import ShardflowPlanner, torchrec_plan  # noqa: E402
+from rec.torchrec.planners import Planner  # noqa: E402
+
+META = torch.device("meta")
+SHARDERS = [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
+
+
+def ebc(*tables: tuple[str, int, int]) -> EmbeddingBagCollection:
+    return EmbeddingBagCollection([EmbeddingBagConfig(name=n, num_embeddings=rows, embedding_dim=dim,
+                                                      feature_names=[f"{n}_f"]) for n, rows, dim in tables],
+                                  device=META)
+
+
+class Towers(nn.Module):
+    """Embedding modules at nested paths, dense layers beside them (TorchRec reserves memory for those)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.towers = nn.ModuleList([nn.Module(), nn.Module()])
+        self.towers[0].user = nn.Module()
+        self.towers[0].user.ebc = ebc(("user_id", 200_000, 64), ("country", 300, 16))
+        self.towers[1].ebc = ebc(("item_id", 500_000, 128), ("big", 4_000_000, 512))
+        self.seq = nn.Module()
+        self.seq.blocks = nn.ModuleList([nn.Linear(64, 64, device=META), nn.Module()])
+        self.seq.blocks[1].ec = EmbeddingCollection([EmbeddingConfig(
+            name="history", num_embeddings=100_000, embedding_dim=32, feature_names=["viewed", "searched"])],
+            device=META)
+        self.head = nn.Linear(1024, 256, device=META)
+
+
+def towers(optimizer: type | None = RowWiseAdagrad) -> Towers:
+    model = Towers()
+    if optimizer is not None:
+        for path in ("towers.0.user.ebc", "towers.1.ebc", "seq.blocks.1.ec"):
+            apply_optimizer_in_backward(optimizer, model.get_submodule(path).parameters(), {"lr": 0.1})
+    return model
+
+
+def cuda(world_size: int = 4, local_world_size: int = 2, hbm_cap: int | None = None) -> Topology:
+    return Topology(world_size=world_size, local_world_size=local_world_size, compute_device="cuda", hbm_cap=hbm_cap)
+
+
+def quietly(fn, *args, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return fn(*args, **kwargs)
+
+
+def torchrec_rates(model: nn.Module, topology: Topology, batch_size: int, constraints: dict) -> tuple[dict, list]:
+    """TorchRec's estimates of every option of ``model``, by (path, table, sharding type, kernel):
+    (shard sizes and offsets, perf, hbm, ddr summed over shards); and the HBM, DDR each rank keeps
+    after TorchRec's default storage reservation."""
+    enumerator = EmbeddingEnumerator(topology=topology, batch_size=batch_size, constraints=constraints, estimator=[
+        EmbeddingPerfEstimator(topology, constraints), EmbeddingStorageEstimator(topology, constraints)])
+    options = quietly(enumerator.enumerate, model, SHARDERS)
+    reserved = quietly(HeuristicalStorageReservation(percentage=0.15).reserve, topology, batch_size, model,
+                       SHARDERS, constraints)
+    rated = {(o.path, o.name, o.sharding_type, o.compute_kernel): (
+        [(list(s.offset), list(s.size)) for s in o.shards], sum(s.perf.total for s in o.shards),
+        sum(s.storage.hbm for s in o.shards), sum(s.storage.ddr for s in o.shards)) for o in options}
+    return rated, [(int(d.storage.hbm), int(d.storage.ddr)) for d in reserved.devices]
+
+
+def assert_rated_as_torchrec_rates(planner: ShardflowPlanner, model: nn.Module, topology: Topology,
+                                   batch_size: int, constraints: dict) -> None:
+    """Every table's shards, time and memory in shardflow's plan are TorchRec's for the option it
+    took; each rank's capacity is what TorchRec's reservation leaves."""
+    plan = planner.last_plan
+    rated, caps = torchrec_rates(model, topology, batch_size, constraints)
+    for t in plan.tables:
+        shards, perf, hbm, ddr = rated[(t.module, t.name, t.sharding_type.value, t.compute_kernel.value)]
+        if not t.replicated:
+            assert [(list(s.offsets), list(s.sizes)) for s in t.shards] == shards, t.key
+        assert (t.hbm, t.ddr) == (hbm, ddr), t.key
+        assert t.perf == pytest.approx(perf, rel=1e-9), t.key
+    assert list(zip(plan.metrics.rank_hbm_cap, plan.metrics.rank_ddr_cap, strict=True)) == caps
+
+
+# ---------------------------------------------------------------- the drop-in
+
+
+def test_every_module_is_planned_at_its_nested_path_rated_exactly_as_torchrec_rates_it():
+    topology, constraints = cuda(), {"history": ParameterConstraints(pooling_factors=[5.0, 7.0])}
+    model = towers()
+    planner = ShardflowPlanner(topology=topology, batch_size=256, constraints=constraints)
+    plan = planner.plan(model, SHARDERS)
+    theirs = quietly(EmbeddingShardingPlanner(topology=topology, batch_size=256, constraints=constraints,
+                                              proposer=GreedyProposer(), debug=False).plan, model, SHARDERS)
+    assert set(plan.plan) == set(theirs.plan) == {"towers.0.user.ebc", "towers.1.ebc", "seq.blocks.1.ec"}
+    for path, module_plan in plan.plan.items():
+        assert set(module_plan) == set(theirs.plan[path])
+    assert planner.last_plan.planner["cost"]["optimizer"] == "rowwise_adagrad"  # read from the model
+    assert_rated_as_torchrec_rates(planner, model, topology, 256, constraints)
+
+
+def test_a_table_limited_to_row_wise_is_row_wise_and_a_kernel_allow_list_holds():
+    topology = cuda()
+    cache = CacheParams(load_factor=0.35)
+    constraints = {"user_id": ParameterConstraints(sharding_types=["row_wise"], cache_params=cache),
+                   "item_id": ParameterConstraints(compute_kernels=["fused_uvm_caching"], cache_params=cache),
+                   "big": ParameterConstraints(compute_kernels=["fused_uvm", "fused_uvm_caching"], cache_params=cache),
+                   "country": ParameterConstraints(compute_kernels=["fused"]),  # never cached: no load factor
+                   "history": ParameterConstraints(pooling_factors=[2.0, 2.0], cache_params=cache)}
+    model = towers()
+    planner = ShardflowPlanner(topology=topology, batch_size=512, constraints=constraints)
+    plan = planner.plan(model, SHARDERS)
+    theirs = quietly(EmbeddingShardingPlanner(topology=topology, batch_size=512, constraints=constraints,
+                                              proposer=GreedyProposer(), debug=False).plan, model, SHARDERS)
+    for sharding_plan in (plan, theirs):
+        assert sharding_plan.plan["towers.0.user.ebc"]["user_id"].sharding_type == "row_wise"
+        assert sharding_plan.plan["towers.1.ebc"]["item_id"].compute_kernel == "fused_uvm_caching"
+        assert sharding_plan.plan["towers.1.ebc"]["big"].compute_kernel in ("fused_uvm", "fused_uvm_caching")
+    # The cache parameters reach the kernel, as TorchRec's planner passes them; the load factor is the
+    # cost model's caching ratio.
+    assert plan.plan["towers.1.ebc"]["item_id"].cache_params == cache
+    assert planner.last_plan.planner["cost"]["caching_ratio"] == 0.35
+    assert_rated_as_torchrec_rates(planner, model, topology, 512, constraints)
+
+
+def test_min_partition_bounds_column_shards_as_torchrec_lays_them_out():
+    topology = cuda(world_size=8, local_world_size=8)
+    constraints = {"big": ParameterConstraints(sharding_types=["column_wise"], min_partition=256)}
+    model = towers()
+    plan = ShardflowPlanner(topology=topology, constraints=constraints).plan(model, SHARDERS)
+    theirs = quietly(EmbeddingShardingPlanner(topology=topology, constraints=constraints, proposer=GreedyProposer(),
+                                              debug=False).plan, model, SHARDERS)
+    ours, reference = plan.plan["towers.1.ebc"]["big"], theirs.plan["towers.1.ebc"]["big"]
+    widths = [s.shard_sizes for s in ours.sharding_spec.shards]
+    assert ours.sharding_type == "column_wise" and widths == [[4_000_000, 256]] * 2  # 512 columns, at least 256 each
+    assert widths == [s.shard_sizes for s in reference.sharding_spec.shards]
+
+
+def test_a_model_that_cannot_fit_fails_in_seconds_naming_the_table_as_torchrec_does():
+    topology = cuda(world_size=2, local_world_size=2, hbm_cap=2 * 1024**3)
+    constraints = {"big": ParameterConstraints(sharding_types=["table_wise"], compute_kernels=["fused"])}
+    model = towers()
+    started = time.perf_counter()
+    with pytest.raises(InputError) as e:
+        ShardflowPlanner(topology=topology, constraints=constraints).plan(model, SHARDERS)
+    assert time.perf_counter() - started < 5
+    text = e.value.render()
+    assert "table towers.1.ebc.big: does not fit" in text and "over by" in text and "user_id" not in text
+    with pytest.raises(PlannerError):  # TorchRec: no plan either
+        quietly(EmbeddingShardingPlanner(topology=topology, constraints=constraints, proposer=GreedyProposer(),
+                                         debug=False).plan, model, SHARDERS)
+
+
+def test_the_model_itself_as_the_embedding_module_is_planned_at_the_empty_path():
+    plan = ShardflowPlanner(topology=cuda(), debug=False).plan(ebc(("a", 1000, 64), ("b", 50, 16)), SHARDERS)
+    assert set(plan.plan) == {""} and set(plan.plan[""]) == {"a", "b"}
+
+
+def test_options_shardflow_cannot_plan_as_torchrec_would_give_one_error_naming_every_one():
+    odd = Topology(world_size=2, compute_device="cuda", bwd_compute_multiplier=3.0)
+    with pytest.raises(InputError) as e:
+        ShardflowPlanner(topology=odd, proposer=GreedyProposer(), partitioner=object(), enumerator=object(),
+                         performance_model=object())
+    text = e.value.render()
+    for name in ("proposer", "partitioner", "enumerator", "performance_model", "bwd_compute_multiplier"):
+        assert f"{name}" in text
+    constraints = {
+        "user_id": ParameterConstraints(num_poolings=[2.0]),
+        "item_id": ParameterConstraints(use_virtual_table=True),
+        "country": ParameterConstraints(compute_kernels=["key_value"]),
+        "big": ParameterConstraints(pooling_factors=[1.0, 2.0], cache_params=CacheParams(load_factor=0.5)),
+    }
+    with pytest.raises(InputError) as e:
+        ShardflowPlanner(topology=cuda(), constraints=constraints).plan(towers(), SHARDERS)
+    text = e.value.render()
+    assert "table user_id in module towers.0.user.ebc: num_poolings" in text
+    assert "table item_id in module towers.1.ebc: key-value" in text
+    assert "table big in module towers.1.ebc: pooling_factors lists 2 values for a table of 1 feature" in text
+    assert "cache_params.load_factor: differs between tables (0.2: " in text  # one caching ratio in the cost model
+
+
+def test_pooling_factors_on_both_sides_of_one_are_refused_for_a_pooled_table():
+    model = nn.Module()
+    model.ebc = EmbeddingBagCollection([EmbeddingBagConfig(name="t", num_embeddings=100, embedding_dim=16,
+                                                           feature_names=["x", "y"])], device=META)
+    planner = ShardflowPlanner(topology=cuda(), constraints={"t": ParameterConstraints(pooling_factors=[0.5, 3.0])})
+    with pytest.raises(InputError, match="lie on both sides of 1"):
+        planner.plan(model, SHARDERS)
+
+
+def test_plan_dir_writes_a_plan_shardflow_reads_back_and_debug_logs_the_summary(tmp_path, caplog):
+    from flows.cli import main
+
+    model = towers()
+    planner = ShardflowPlanner(topology=cuda(), plan_dir=tmp_path / "plan")
+    with caplog.at_level(logging.INFO, logger="rec.torchrec.planner"):
+        planner.plan(model, SHARDERS)
+    assert "critical path:" in caplog.text and "<- critical path" in caplog.text
+    written = read_plan(tmp_path / "plan")
+    check_plan(written)
+    assert written.plan_id == planner.last_plan.plan_id
+    assert main(["show", str(tmp_path / "plan")]) == 0
+
+
+def test_the_issue_2282_workload_plans_in_well_under_a_second_of_search_as_shardflow_plan_would():
+    spec = issue2282_spec(500)
+    topology = topology_from_dict({"world_size": 8, "local_world_size": 8, "compute_device": "cuda"})
+    model, constraints, trec_topology, sharders = torchrec_inputs(spec, topology)
+    planner = ShardflowPlanner(topology=trec_topology, batch_size=topology.batch_size, constraints=constraints,
+                               debug=False)
+    plan = planner.plan(model, sharders)
+    assert planner.last_search_s < 1.0
+    assert sum(len(module_plan) for module_plan in plan.plan.values()) == 500
+    assert planner.last_plan.plan_id == plan_spec(spec, topology).plan_id  # the plan `shardflow plan` writes
+
+
+# ---------------------------------------------------------------- TorchRec's own plan
+
+
+@pytest.mark.parametrize("proposer", [Planner.TORCHREC, Planner.TORCHREC_DP])
+def test_torchrecs_plan_has_exactly_the_critical_path_torchrec_reports_and_reads_back(proposer):
+    from rec.spec import read_spec
+    from rec.spec.validate import spec_from_rows
+
+    spec = read_spec(DEMO)
+    spec = spec_from_rows([{"name": t.name, "num_embeddings": t.num_embeddings, "embedding_dim": t.embedding_dim,
+                            "pooling_factor": t.pooling_factor} for t in spec.tables[:5]])
+    topology = topology_from_dict({"world_size": 4, "local_world_size": 2, "compute_device": "cuda"})
+    plan = torchrec_plan(spec, topology, proposer=proposer)
+    reported = run_torchrec_planner(spec, topology, proposer=quietly(_proposer, proposer)).critical_path
+    assert plan.metrics.critical_path == pytest.approx(reported, rel=1e-9)
+    check_plan(plan)
+    assert plan.planner["made_by"]["name"] == proposer.value and plan.planner["made_by"]["seconds"] > 0
+    assert plan.metrics.lower_bound <= plan.metrics.critical_path
+
+
+def _proposer(planner: Planner):
+    from torchrec.distributed.planner.proposers import DynamicProgrammingProposer
+
+    return DynamicProgrammingProposer() if planner is Planner.TORCHREC_DP else None
+
+
+def test_torchrecs_plan_on_cpu_ranks_and_its_id_leaves_the_time_out(tmp_path):
+    from rec.plan import write_plan
+    from rec.plan.identity import plan_id
+    from rec.spec import read_spec
+    from rec.topology import read_topology
+
+    spec, topology = read_spec(ROOT / "examples/specs/cpu_demo.yaml"), read_topology(CPU_2PROC)
+    plan = torchrec_plan(spec, topology)
+    check_plan(plan)
+    planner = {**plan.planner, "made_by": {**plan.planner["made_by"], "seconds": 999.0}}
+    assert plan_id(plan.spec_hash, topology.topology_hash, planner) == plan.plan_id
+    write_plan(plan, tmp_path / "plan")
+    check_plan(read_plan(tmp_path / "plan"))
+    with pytest.raises(InputError, match="cpu ranks"):
+        torchrec_plan(spec, topology, proposer=Planner.TORCHREC_DP)
+    assert torchrec_topology(topology).world_size == 2

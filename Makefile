@@ -3,7 +3,8 @@
 # runs ruff and mypy, `make run` runs the pipeline (plan, then train; Prefect and MLflow on embedded
 # defaults) on the bundled example. `make lock` re-resolves requirements/cpu.txt into the lock
 # (`make lock LOCK_FLAGS=--upgrade` to move every pin to the newest allowed version).
-# GPU users: see README ("GPU install").
+# GPU users: see README ("GPU install"); `make gpu-check` checks the cuda path on the GPUs of this
+# machine from a plain checkout, with the machine's own python3 (docs/gpu.md).
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
@@ -16,7 +17,7 @@ FIND_LINKS ?= /opt/wheels
 UV_FIND_LINKS := $(addprefix --find-links ,$(wildcard $(FIND_LINKS)))
 LOCK_FLAGS ?=
 
-.PHONY: install lock lint test test-fast run bench docs clean
+.PHONY: install lock lint test test-fast run bench docs clean gpu-check
 
 install: $(STAMP)
 
@@ -58,6 +59,13 @@ test-fast: install lint
 
 run: install
 	$(BIN)/shardflow run examples/specs/cpu_demo.yaml --topology examples/topologies/cpu_2proc.yaml
+
+# Every visible GPU a rank; nothing installed (PYTHONPATH only), Prefect/Ray/MLflow not needed.
+GPU_PYTHON ?= python3
+GPU_CHECK_OUT ?= out/gpu_check
+GPU_CHECK_FLAGS ?=
+gpu-check:
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m bench.gpu_check --out $(GPU_CHECK_OUT) $(GPU_CHECK_FLAGS)
 
 # docs/cli.md is generated from the parser (tests/test_docs.py checks it is up to date).
 docs: install

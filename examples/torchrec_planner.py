@@ -80,7 +80,11 @@ def main() -> None:
         loss, _ = pipeline.progress(data)
         if rank == 0:
             print(f"iteration {i + 1}: loss {loss.item():.4f}", flush=True)
-    dist.barrier()
+    # NCCL's barrier runs on this rank's GPU (and on cuda, torch.cuda.set_device(LOCAL_RANK) comes first)
+    if device.type == "cuda":
+        dist.barrier(device_ids=[device.index or 0])
+    else:
+        dist.barrier()
     dist.destroy_process_group()
 
 

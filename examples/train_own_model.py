@@ -181,7 +181,11 @@ def main() -> None:
 
         with open(args.applied, "w") as f:
             json.dump([t.to_dict() for t in applied_tables(model)], f, indent=1)
-    dist.barrier()
+    # NCCL's barrier runs on this rank's GPU (and on cuda, torch.cuda.set_device(LOCAL_RANK) comes first)
+    if device.type == "cuda":
+        dist.barrier(device_ids=[device.index or 0])
+    else:
+        dist.barrier()
     dist.destroy_process_group()
 
 

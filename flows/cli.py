@@ -34,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_to_commands(subparsers: argparse._SubParsersAction, verbose: dict[str, Any]) -> None:
+def _add_to_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser],
+                     verbose: dict[str, Any]) -> None:
     """``-v`` after the command too (``shardflow run ... -v``, ``shardflow spec show ... -v``)."""
     for sub in subparsers.choices.values():
         sub.add_argument("-v", "--verbose", **verbose, default=argparse.SUPPRESS)
@@ -50,7 +51,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from flows.logs import set_up
 
         set_up(args.verbose)
-        return args.handler(args)
+        code: int = args.handler(args)
+        return code
     except SystemExit as e:  # argparse: usage errors exit 2, --help exits 0
         if e.code is None or isinstance(e.code, int):
             return e.code or ExitCode.OK

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Iterator
 
 from rec.exit_codes import ExitCode
 
@@ -36,7 +37,7 @@ def render(parser: argparse.ArgumentParser | None = None) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def _subcommands(parser: argparse.ArgumentParser):
+def _subcommands(parser: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.ArgumentParser]]:
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for name, sub in action.choices.items():

@@ -2,23 +2,27 @@
 serve``: one file declares them for both ``prefect deploy`` and serving. Serving may override
 parameters (``--set``) and replace the replan cron with an interval (``--replan-every``).
 
-A relative path in a deployment file (an entry point, a path parameter) is relative to the file's
-directory, as for ``prefect deploy`` run there; one given with ``--set``, to the working
+A relative path in a deployment file (an entry point, a path parameter or setting) is relative to
+the file's directory, as for ``prefect deploy`` run there; one given with ``--set``, to the working
 directory. Serving makes both absolute, so a flow run does not depend on where serve started."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import os
+import typing
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from flows.parameters import deprecated_target
 from rec.errors import InputError, Problem
-from tasks.tracking import sqlite_path
+from rec.settings import is_path, resolve_paths, setting_at
+from tasks.tracking import sqlite_path, sqlite_uri
 
 if TYPE_CHECKING:
     from prefect import Flow
@@ -26,10 +30,10 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parents[1]
 PREFECT_FILE = ROOT / "deploy" / "prefect.yaml"
-# Flow parameters naming a file or directory (tests/flows/test_serve_watch.py keeps this complete),
-# and those of them every run reads first: serving refuses to start when they are missing.
-PATH_PARAMETERS = frozenset({"spec_path", "topology_path", "profile_path", "plan_path", "data", "checkpoint_dir",
-                             "resume_from", "out_dir", "state_dir", "work_dir"})
+# A flow parameter that names a file or directory ends so (tests/flows/test_serve_watch.py checks);
+# inside a settings parameter its knob says so (``knob(path=True)``). Every run reads the input
+# files first: serving refuses to start when they are missing.
+PATH_SUFFIXES = ("_path", "_dir")
 INPUT_FILES = ("spec_path", "topology_path", "profile_path")
 
 
@@ -79,23 +83,54 @@ def load_flow(entrypoint: str, base: Path = ROOT) -> Flow[..., Any]:
     return flow
 
 
-def absolute_paths(parameters: Mapping[str, Any], base: Path) -> dict[str, Any]:
-    """``parameters`` with each relative path (``PATH_PARAMETERS``, a SQLite ``tracking_uri``)
-    made absolute against ``base``."""
+def settings_parameters(flow: Flow[..., Any]) -> dict[str, type]:
+    """The parameters of ``flow`` that take a settings dataclass whole (``training``, ``cost``...)."""
+    hints = typing.get_type_hints(flow.fn)
+    return {name: tp for name, tp in hints.items()
+            if name in flow_parameters(flow) and isinstance(tp, type) and dataclasses.is_dataclass(tp)}
+
+
+def setting_of(flow: Flow[..., Any], key: str) -> dataclasses.Field[Any] | None:
+    """The settings field that ``key`` names in ``flow``'s parameters: a path into a settings
+    parameter (``training.job.data``) or a deprecated flat name (``data``); None for anything else."""
+    head, *rest = (deprecated_target(key) or key).split(".")
+    settings = settings_parameters(flow).get(head)
+    return setting_at(settings, rest) if settings is not None and rest else None
+
+
+def names_a_path(flow: Flow[..., Any], key: str) -> bool:
+    """Whether the parameter (or settings field) ``key`` of ``flow`` names a file or directory."""
+    if key.endswith(PATH_SUFFIXES):
+        return True
+    field = setting_of(flow, key)
+    return field is not None and is_path(field)
+
+
+def absolute_paths(flow: Flow[..., Any], parameters: Mapping[str, Any], base: Path) -> dict[str, Any]:
+    """``parameters`` of ``flow`` with each relative path (``names_a_path``, the path knobs inside
+    a settings parameter, a SQLite ``tracking_uri``) made absolute against ``base``."""
+
+    def absolute(path: str) -> str:
+        return os.path.abspath(base / Path(path).expanduser())
+
+    settings = settings_parameters(flow)
     out = dict(parameters)
     for key, value in parameters.items():
-        if not isinstance(value, str) or not value:
+        if isinstance(value, Mapping) and key in settings:
+            out[key] = resolve_paths(settings[key], value, absolute)
+        elif not isinstance(value, str) or not value:
             continue
-        if key in PATH_PARAMETERS:
-            out[key] = os.path.abspath(base / Path(value).expanduser())
+        elif names_a_path(flow, key):
+            out[key] = absolute(value)
         elif key == "tracking_uri" and (db := sqlite_path(value)) is not None and not db.is_absolute():
-            out[key] = f"sqlite:///{os.path.abspath(base / db)}"
+            out[key] = sqlite_uri(absolute(str(db)))
     return out
 
 
 def parse_overrides(pairs: Iterable[str]) -> dict[str, Any]:
-    """``["out_dir=/tmp/out", "train_iterations=5"]`` -> parameters; values are YAML, as in
-    prefect.yaml (``5`` is an int, ``null`` is None)."""
+    """``["out_dir=/tmp/out", "training.job.iterations=5"]`` -> parameters, a dotted KEY naming a
+    field of a settings parameter; values are YAML, as in prefect.yaml (``5`` is an int, ``null``
+    is None)."""
     out: dict[str, Any] = {}
     problems = []
     for pair in pairs:
@@ -116,6 +151,42 @@ def flow_parameters(flow: Flow[..., Any]) -> set[str]:
     return set(inspect.signature(flow.fn).parameters)
 
 
+def override_problem(flows: Iterable[Flow[..., Any]], key: str) -> str | None:
+    """Why ``--set KEY=...`` fits none of ``flows``; None if it fits one."""
+    head, dot, _ = key.partition(".")
+    having = [flow for flow in flows if head in flow_parameters(flow)]
+    if not having:
+        accepted = sorted(set().union(*(flow_parameters(flow) for flow in flows)))
+        return f"no served flow has this parameter; they have {accepted}"
+    if dot and not any(setting_of(flow, key) for flow in having):
+        return f"{head} has no setting {key.removeprefix(head + '.')}"
+    return None
+
+
+def overrides_for(flow: Flow[..., Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``overrides`` (keys as ``--set`` names them) that ``flow`` takes, a dotted key nested:
+    ``{"training.job.iterations": 5}`` -> ``{"training": {"job": {"iterations": 5}}}``."""
+    out: dict[str, Any] = {}
+    for key, value in overrides.items():
+        *outer, name = key.split(".")
+        if (outer[0] if outer else name) not in flow_parameters(flow):
+            continue
+        nested = out
+        for part in outer:
+            nested = nested.setdefault(part, {})
+        nested[name] = value
+    return out
+
+
+def merged(parameters: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``parameters`` with ``overrides`` in them: mappings (settings) merged, key by key."""
+    out = dict(parameters)
+    for key, value in overrides.items():
+        inner = out.get(key)
+        out[key] = merged(inner, value) if isinstance(inner, Mapping) and isinstance(value, Mapping) else value
+    return out
+
+
 def runner_deployments(prefect_file: str | Path = PREFECT_FILE, *,
                        overrides: Mapping[str, Any] | None = None,
                        replan_every: float | None = None) -> list[RunnerDeployment]:
@@ -131,7 +202,7 @@ def runner_deployments(prefect_file: str | Path = PREFECT_FILE, *,
     from flows.replan import replan_flow
 
     base = Path(os.path.abspath(prefect_file)).parent
-    overrides = absolute_paths(overrides or {}, Path.cwd())
+    overrides = overrides or {}
     problems: list[Problem] = []
     entries = []
     for d in read_deployments(prefect_file):
@@ -139,16 +210,16 @@ def runner_deployments(prefect_file: str | Path = PREFECT_FILE, *,
             entries.append((d, load_flow(d["entrypoint"], base)))
         except InputError as e:
             problems += [Problem(f"{prefect_file}: {d['name']}: {p.where}", p.reason) for p in e.problems]
-    accepted = set().union(*(flow_parameters(flow) for _, flow in entries))
-    problems += [Problem(f"--set {key}", f"no served flow has this parameter; they have {sorted(accepted)}")
-                 for key in overrides if key not in accepted]
+    flows = [flow for _, flow in entries]
+    problems += [Problem(f"--set {key}", why) for key in overrides
+                 if (why := override_problem(flows, key)) is not None]
     if replan_every is not None:
         if not replan_every > 0:
             problems.append(Problem("--replan-every", f"needs a positive number of seconds, not {replan_every:g}"))
         if not any(flow is replan_flow for _, flow in entries):
             problems.append(Problem("--replan-every", f"{prefect_file} has no deployment of replan_flow"))
-    parameters = [{**absolute_paths(d.get("parameters") or {}, base),
-                   **{key: value for key, value in overrides.items() if key in flow_parameters(flow)}}
+    parameters = [merged(absolute_paths(flow, d.get("parameters") or {}, base),
+                         absolute_paths(flow, overrides_for(flow, overrides), Path.cwd()))
                   for d, flow in entries]
     missing = {(key, params[key]) for params in parameters for key in INPUT_FILES
                if isinstance(params.get(key), str) and not Path(params[key]).is_file()}

@@ -14,21 +14,26 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 
-from flows.parameters import search_settings, train_settings
+from flows.parameters import search_settings, with_deprecated
 from flows.plan import plan_summary
 from flows.progress import progress_in_run_log
+from flows.reports import predicted_line
 from flows.train import train_with_retries
 from rec.cost.types import CostConfig
+from rec.errors import InputError, Problem
+from rec.plan import read_plan
 from rec.plan.chart import CHART_FILE
 from rec.search import SearchConfig
-from rec.train.config import PipelineKind, TrainConfig
+from rec.settings import check
+from rec.train.config import PipelineKind
 from rec.train.metrics import METRICS_FILE
+from tasks.backend import Backend
 from tasks.ingest import IngestSettings
 from tasks.mlflow_log import Logged, ParentRun, deliver_outbox, log_plan, log_training, parent_run
 from tasks.paths import plan_cache_dir, state_dir_in
 from tasks.records import RunStep
 from tasks.run_dirs import RunDirs
-from tasks.search import Backend, SearchSettings, plan_key
+from tasks.search import SearchSettings, plan_key
 from tasks.steps import ingest_task, search_task, write_task
 from tasks.tracking import DEFAULT_EXPERIMENT, tracking_for
 from tasks.train import TRAIN_RETRIES, TRAIN_RETRY_DELAY_S, Trained, TrainSettings
@@ -56,6 +61,7 @@ class PipelineOutcome:
             f"p90 {lat['p90']:.2f} ms, {m['samples_per_s']:,.0f} samples/s on {m['world_size']} ranks"
             + (f", loss {loss['first']:.4f} -> {loss['last']:.4f}" if loss else "")
             + (f" ({self.trained.attempts} attempts)" if self.trained.attempts > 1 else ""),
+            predicted_line(read_plan(self.plan_path), m),
         ])
 
 
@@ -70,28 +76,7 @@ def pipeline_flow(
     cost: CostConfig = CostConfig(),
     search: SearchConfig = SearchConfig(),
     chart: bool = WriteSettings.chart,
-    train_iterations: int = TrainConfig.iterations,
-    warmup: int = TrainConfig.warmup,
-    batch_size: int | None = TrainConfig.batch_size,
-    model: str = TrainConfig.model,
-    train_pipeline: PipelineKind = TrainConfig.pipeline,
-    data: str | None = TrainConfig.data,
-    seed: int = TrainConfig.seed,
-    dense_in_features: int = TrainConfig.dense_in_features,
-    dense_arch_layer_sizes: tuple[int, ...] = TrainConfig.dense_arch_layer_sizes,
-    over_arch_layer_sizes: tuple[int, ...] = TrainConfig.over_arch_layer_sizes,
-    dense_lr: float = TrainConfig.dense_lr,
-    embedding_lr: float = TrainConfig.embedding_lr,
-    synthetic_batches: int = TrainConfig.synthetic_batches,
-    checkpoint_every: int = TrainConfig.checkpoint_every,
-    checkpoint_dir: str | None = TrainConfig.checkpoint_dir,
-    keep_checkpoints: int = TrainConfig.keep_checkpoints,
-    resume: bool = TrainConfig.resume,
-    resume_from: str | None = TrainConfig.resume_from,
-    nproc_per_node: int | None = TrainSettings.nproc_per_node,
-    nnodes: int = TrainSettings.nnodes,
-    rdzv_endpoint: str | None = TrainSettings.rdzv_endpoint,
-    max_restarts: int = TrainSettings.max_restarts,
+    training: TrainSettings = TrainSettings(),
     train_retries: int = TRAIN_RETRIES,
     train_retry_delay_s: float = TRAIN_RETRY_DELAY_S,
     out_dir: str | None = None,
@@ -99,23 +84,30 @@ def pipeline_flow(
     experiment: str = DEFAULT_EXPERIMENT,
     state_dir: str | None = None,
     work_dir: str | None = None,
+    *,  # deprecated: flat names of fields of ``training`` (flows.parameters); None: not given
+    train_iterations: int | None = None, warmup: int | None = None, batch_size: int | None = None,
+    model: str | None = None, train_pipeline: PipelineKind | None = None, data: str | None = None,
+    seed: int | None = None, dense_in_features: int | None = None,
+    dense_arch_layer_sizes: tuple[int, ...] | None = None, over_arch_layer_sizes: tuple[int, ...] | None = None,
+    dense_lr: float | None = None, embedding_lr: float | None = None, synthetic_batches: int | None = None,
+    checkpoint_every: int | None = None, checkpoint_dir: str | None = None, keep_checkpoints: int | None = None,
+    resume: bool | None = None, resume_from: str | None = None, nproc_per_node: int | None = None,
+    nnodes: int | None = None, rdzv_endpoint: str | None = None, max_restarts: int | None = None,
 ) -> PipelineOutcome:
-    """Plan ``spec_path`` for ``topology_path`` and train with the plan. Output: OUT_DIR/plan and
-    OUT_DIR/train (OUT_DIR locked for the run), or without ``out_dir`` out/<plan_id>/plan and a
-    new out/<plan_id>/train-<time>.
+    """Plan ``spec_path`` for ``topology_path`` and train with the plan as ``training`` says.
+    Output: OUT_DIR/plan and OUT_DIR/train (OUT_DIR locked for the run), or without ``out_dir``
+    out/<plan_id>/plan and a new out/<plan_id>/train-<time>.
 
-    The flow runs on node 0; with ``nnodes > 1`` the other nodes join the rendezvous with
+    The flow runs on node 0; with ``training.nnodes > 1`` the other nodes join the rendezvous with
     ``shardflow train --plan-id ID --node-rank K`` (see deploy/)."""
+    training = with_deprecated(training, locals())
+    if training.node_rank != 0:
+        raise InputError("The pipeline trains on node 0:", [Problem(
+            "training.node_rank", f"is {training.node_rank}; the other nodes join with shardflow train "
+                                  "--plan-id ID --node-rank K")])
+    check(training, "Cannot train with these settings:")
     searching = search_settings(backend=backend, groups=groups, max_regress=max_regress, cost=cost, search=search,
                                 profile_path=profile_path)
-    training = train_settings(
-        train_iterations=train_iterations, warmup=warmup, batch_size=batch_size, model=model,
-        train_pipeline=train_pipeline, data=data, seed=seed, dense_in_features=dense_in_features,
-        dense_arch_layer_sizes=dense_arch_layer_sizes, over_arch_layer_sizes=over_arch_layer_sizes,
-        dense_lr=dense_lr, embedding_lr=embedding_lr, synthetic_batches=synthetic_batches,
-        checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir, keep_checkpoints=keep_checkpoints,
-        resume=resume, resume_from=resume_from, nproc_per_node=nproc_per_node, nnodes=nnodes,
-        node_rank=TrainSettings.node_rank, rdzv_endpoint=rdzv_endpoint, max_restarts=max_restarts)
     dirs = RunDirs.of(out_dir, work_dir)
     state_dir = state_dir_in(work_dir, state_dir)
     tracking = tracking_for(tracking_uri, experiment, state_dir, work_dir)
@@ -125,7 +117,7 @@ def pipeline_flow(
         inputs = ingest_task(spec_path, topology_path, IngestSettings())            # 1. ingest
         with dirs.locked(), parent_run(tracking, RunStep.PIPELINE, inputs, plan_key(inputs, searching),
                                        params={"backend": searching.backend.value,
-                                               "train_iterations": str(train_iterations)}) as run:
+                                               "train_iterations": str(training.job.iterations)}) as run:
             found = search_task(inputs, searching, plan_cache_dir(state_dir))      # 2. search
             plan_id = found.plan.plan_id
             written = write_task(found.plan, dirs.plan_dir(plan_id), WriteSettings(chart))  # 3. write

@@ -10,11 +10,12 @@ from flows.parameters import search_settings
 from flows.progress import progress_in_run_log
 from rec.cost.types import CostConfig
 from rec.search import SearchConfig
+from tasks.backend import Backend
 from tasks.ingest import IngestSettings
 from tasks.mlflow_log import Logged, deliver_outbox, log_plan
 from tasks.paths import plan_cache_dir, state_dir_in
 from tasks.run_dirs import RunDirs
-from tasks.search import Backend, SearchSettings
+from tasks.search import SearchSettings
 from tasks.steps import ingest_task, search_task, write_task
 from tasks.tracking import DEFAULT_EXPERIMENT, tracking_for
 from tasks.write import WriteSettings

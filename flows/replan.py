@@ -11,7 +11,7 @@ compared with the last planning (B), not an older plan.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from enum import StrEnum
 
 from prefect import flow, get_run_logger
 
@@ -19,6 +19,7 @@ from flows.parameters import search_settings
 from flows.progress import progress_in_run_log
 from rec.cost.types import CostConfig
 from rec.search import SearchConfig
+from tasks.backend import Backend
 from tasks.ingest import IngestSettings
 from tasks.mlflow_log import (
     deliver_outbox,
@@ -30,15 +31,22 @@ from tasks.mlflow_log import (
 from tasks.paths import plan_cache_dir, state_dir_in
 from tasks.records import PREVIOUS_PLAN_ID, REPLAN, RunStep
 from tasks.run_dirs import RunDirs
-from tasks.search import Backend, SearchSettings, plan_key
+from tasks.search import SearchSettings, plan_key
 from tasks.steps import ingest_task, search_task, write_task
 from tasks.tracking import DEFAULT_EXPERIMENT, tracking_for
 from tasks.write import WriteSettings
 
 
+class Replan(StrEnum):
+    """What a replan did: its outcome, and the ``shardflow.replan`` tag of a replan run."""
+
+    UNCHANGED = "unchanged"  # the spec hash was planned last: nothing done
+    REPLANNED = "replanned"
+
+
 @dataclass(frozen=True)
 class ReplanOutcome:
-    outcome: Literal["unchanged", "replanned"]
+    outcome: Replan
     plan_id: str
     spec_hash: str
     previous_spec_hash: str | None
@@ -49,12 +57,12 @@ class ReplanOutcome:
 
     def summary(self) -> str:
         """The one line the CLI prints and the flow run's log ends with."""
-        if self.outcome == "unchanged":
-            return (f"unchanged: spec hash {self.spec_hash} was last planned as plan {self.plan_id}; "
+        if self.outcome is Replan.UNCHANGED:
+            return (f"{self.outcome}: spec hash {self.spec_hash} was last planned as plan {self.plan_id}; "
                     "nothing replanned")
         before = (f" (was {self.previous_spec_hash})" if self.previous_spec_hash else
                   " (first plan)" if self.compared else " (not compared: MLflow unavailable)")
-        return f"replanned: spec hash {self.spec_hash}{before} -> plan {self.plan_id} in {self.plan_path}"
+        return f"{self.outcome}: spec hash {self.spec_hash}{before} -> plan {self.plan_id} in {self.plan_path}"
 
 
 @flow(name="shardflow-replan")
@@ -88,19 +96,19 @@ def replan_flow(
         lookup = find_last_planning(tracking, inputs)
         last = lookup.last
         if last is not None and last.spec_hash == spec_hash:
-            outcome = ReplanOutcome("unchanged", last.plan_id, spec_hash, last.spec_hash, None,
+            outcome = ReplanOutcome(Replan.UNCHANGED, last.plan_id, spec_hash, last.spec_hash, None,
                                     delivery.pending_for(tracking), delivery.errors.get(tracking.uri))
         else:
             previous = previous_plan_task(tracking, last.plan_id) if last is not None else None
             with parent_run(tracking, RunStep.REPLAN, inputs, plan_key(inputs, searching, previous),
-                            tags={REPLAN: "replanned",
+                            tags={REPLAN: Replan.REPLANNED,
                                   **({PREVIOUS_PLAN_ID: previous.plan_id} if previous else {})}) as run:
                 found = search_task(inputs, searching, plan_cache_dir(state_dir), previous)
                 written = write_task(found.plan, RunDirs.of(out_dir, work_dir).plan_dir(found.plan.plan_id),
                                      WriteSettings(chart))
                 run.add_plan(found.plan)
                 log_plan(tracking, found.plan, written.plan_path, inputs, run, found.seconds)
-            outcome = ReplanOutcome("replanned", found.plan.plan_id, spec_hash,
+            outcome = ReplanOutcome(Replan.REPLANNED, found.plan.plan_id, spec_hash,
                                     last.spec_hash if last else None, written.plan_path, run.pending,
                                     run.error or lookup.error, lookup.error is None)
     get_run_logger().info(outcome.summary())

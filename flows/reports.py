@@ -4,7 +4,7 @@ topology with the defaults it relies on, and commands that work as typed."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from flows.text_table import render_table
 
@@ -29,8 +29,10 @@ TOPOLOGY_KEYS = {
 
 
 def render_plan(plan: Plan, all_ranks: bool = False) -> str:
-    """Per-rank load and memory (critical rank marked), then the plan's quality."""
+    """Per-rank load and memory (critical rank marked), then the plan's quality and its predicted
+    iteration time (``rec.profile.prediction``: printed alike by ``plan``, ``train`` and ``measure``)."""
     from rec.plan.report import rank_table, sharding_types
+    from rec.profile.prediction import prediction
 
     m = plan.metrics
     table = rank_table(plan, all_ranks)
@@ -42,6 +44,7 @@ def render_plan(plan: Plan, all_ranks: bool = False) -> str:
         f"critical path: {m.critical_path:.4f} ms (TorchRec cost model)\n"
         f"lower bound:   {m.lower_bound:.4f} ms  gap {100 * m.gap:.2f}% ({m.bound_method} bound"
         f"{'; proven optimal' if m.optimal else ''})\n"
+        f"predicted:     {prediction(plan).text()}\n"
         f"{render_movement(plan)}"
         f"plan_id:       {plan.plan_id}  spec_hash {plan.spec_hash}"
     )
@@ -49,14 +52,12 @@ def render_plan(plan: Plan, all_ranks: bool = False) -> str:
 
 def render_made_by(plan: Plan) -> str:
     """Which planner made a plan other than shardflow's search, and how long it took; empty otherwise."""
-    from rec.plan.identity import MADE_BY
-
-    other = plan.planner.get(MADE_BY)
-    if not isinstance(other, dict):
+    other = plan.planner.made_by
+    if other is None:
         return ""
-    proposers = ", ".join(map(str, other.get("proposers", [])))
-    return (f"planned by:    {other.get('name')} (TorchRec {other.get('torchrec', '?')}'s EmbeddingShardingPlanner: "
-            f"{proposers}) in {float(other.get('seconds', 0.0)):.2f} s\n")
+    proposers = ", ".join(other.proposers)
+    return (f"planned by:    {other.name.value} (TorchRec {other.torchrec}'s EmbeddingShardingPlanner: "
+            f"{proposers}) in {other.seconds:.2f} s\n")
 
 
 def render_movement(plan: Plan) -> str:
@@ -64,15 +65,14 @@ def render_movement(plan: Plan) -> str:
     from rec.units import format_bytes
 
     m = plan.metrics.movement
-    if not m:
+    if m is None:
         return ""
-    fraction = m["moved_bytes"] / m["total_bytes"] if m["total_bytes"] else 0.0
-    fresh = m.get("fresh_critical_path")
+    fresh = m.fresh_critical_path
     versus = f", critical path {plan.metrics.critical_path / fresh:.4f}x a plan from scratch" if fresh else ""
-    return (f"moved:         {format_bytes(m['moved_bytes'])} of {format_bytes(m['total_bytes'])} "
-            f"({fraction:.2%}) from plan {plan.previous_plan_id}{versus}\n"
-            f"tables:        {m['kept_tables']} kept, {m['moved_tables']} moved, {m['resized_tables']} resized, "
-            f"{m['added_tables']} added, {m['removed_tables']} removed, {m['reinitialized_tables']} re-initialized\n")
+    return (f"moved:         {format_bytes(m.moved_bytes)} of {format_bytes(m.total_bytes)} "
+            f"({m.moved_fraction:.2%}) from plan {plan.previous_plan_id}{versus}\n"
+            f"tables:        {m.kept_tables} kept, {m.moved_tables} moved, {m.resized_tables} resized, "
+            f"{m.added_tables} added, {m.removed_tables} removed, {m.reinitialized_tables} re-initialized\n")
 
 
 def _topology_values(topology: Topology) -> dict[str, str]:
@@ -162,3 +162,16 @@ def command(name: str) -> str:
         return str(own.relative_to(Path.cwd()))
     except ValueError:
         return str(own)
+
+
+def predicted_line(plan: Plan, metrics: dict[str, Any]) -> str:
+    """``predicted ...; measured ... (p50): 1.316x predicted``: a training's measured p50 beside its
+    plan's prediction, as ``train`` and ``run`` print it (only at the plan's batch size)."""
+    from rec.profile.prediction import ms, prediction, ratio_text
+
+    predicted = prediction(plan)
+    p50 = metrics["iteration_latency_ms"]["p50"]
+    versus = (f"measured {ms(p50)} (p50): {ratio_text(p50, predicted.iteration_ms)}"
+              if metrics["batch_size"] == predicted.batch_size else
+              f"at the plan's batch size {predicted.batch_size} per rank, not this training's {metrics['batch_size']}")
+    return f"predicted {predicted.text()}; {versus}"

@@ -11,15 +11,16 @@ from pathlib import Path
 from prefect import flow
 from prefect.tasks import exponential_backoff
 
-from flows.parameters import train_settings
+from flows.parameters import with_deprecated
 from flows.progress import progress_in_run_log
 from rec.errors import InputError, Problem
 from rec.plan import read_plan
-from rec.train.config import PipelineKind, TrainConfig
+from rec.train.config import PipelineKind
+from tasks.clock import now_ms
 from tasks.mlflow_log import Logged, ParentRun, deliver_outbox, fetch_plan_task, log_failed_training, log_training
 from tasks.paths import PLAN_SUBDIR, state_dir_in
 from tasks.plan_fetch import check_plan_id
-from tasks.records import error_tag, now_ms
+from tasks.records import error_tag
 from tasks.run_dirs import RunDirs
 from tasks.steps import train_task
 from tasks.tracking import DEFAULT_EXPERIMENT, Tracking, tracking_for
@@ -53,29 +54,7 @@ def train_with_retries(plan_id: str, plan_path: str, out_dir: str, settings: Tra
 def train_flow(
     plan_path: str | None = None,
     plan_id: str | None = None,
-    train_iterations: int = TrainConfig.iterations,
-    warmup: int = TrainConfig.warmup,
-    batch_size: int | None = TrainConfig.batch_size,
-    model: str = TrainConfig.model,
-    train_pipeline: PipelineKind = TrainConfig.pipeline,
-    data: str | None = TrainConfig.data,
-    seed: int = TrainConfig.seed,
-    dense_in_features: int = TrainConfig.dense_in_features,
-    dense_arch_layer_sizes: tuple[int, ...] = TrainConfig.dense_arch_layer_sizes,
-    over_arch_layer_sizes: tuple[int, ...] = TrainConfig.over_arch_layer_sizes,
-    dense_lr: float = TrainConfig.dense_lr,
-    embedding_lr: float = TrainConfig.embedding_lr,
-    synthetic_batches: int = TrainConfig.synthetic_batches,
-    checkpoint_every: int = TrainConfig.checkpoint_every,
-    checkpoint_dir: str | None = TrainConfig.checkpoint_dir,
-    keep_checkpoints: int = TrainConfig.keep_checkpoints,
-    resume: bool = TrainConfig.resume,
-    resume_from: str | None = TrainConfig.resume_from,
-    nproc_per_node: int | None = TrainSettings.nproc_per_node,
-    nnodes: int = TrainSettings.nnodes,
-    node_rank: int = TrainSettings.node_rank,
-    rdzv_endpoint: str | None = TrainSettings.rdzv_endpoint,
-    max_restarts: int = TrainSettings.max_restarts,
+    training: TrainSettings = TrainSettings(),
     train_retries: int = TRAIN_RETRIES,
     train_retry_delay_s: float = TRAIN_RETRY_DELAY_S,
     out_dir: str | None = None,
@@ -83,27 +62,31 @@ def train_flow(
     experiment: str = DEFAULT_EXPERIMENT,
     state_dir: str | None = None,
     work_dir: str | None = None,
+    *,  # deprecated: flat names of fields of ``training`` (flows.parameters); None: not given
+    train_iterations: int | None = None, warmup: int | None = None, batch_size: int | None = None,
+    model: str | None = None, train_pipeline: PipelineKind | None = None, data: str | None = None,
+    seed: int | None = None, dense_in_features: int | None = None,
+    dense_arch_layer_sizes: tuple[int, ...] | None = None, over_arch_layer_sizes: tuple[int, ...] | None = None,
+    dense_lr: float | None = None, embedding_lr: float | None = None, synthetic_batches: int | None = None,
+    checkpoint_every: int | None = None, checkpoint_dir: str | None = None, keep_checkpoints: int | None = None,
+    resume: bool | None = None, resume_from: str | None = None, nproc_per_node: int | None = None,
+    nnodes: int | None = None, node_rank: int | None = None, rdzv_endpoint: str | None = None,
+    max_restarts: int | None = None,
 ) -> TrainOutcome:
-    """Train with ``plan_path``, or with the plan ``plan_id`` fetched from MLflow; never plans.
-    Output: OUT_DIR/train, or a new out/<plan_id>/train-<time> without ``out_dir``."""
+    """Train as ``training`` says with ``plan_path``, or with the plan ``plan_id`` fetched from
+    MLflow; never plans. Output: OUT_DIR/train, or a new out/<plan_id>/train-<time> without
+    ``out_dir``."""
+    settings = with_deprecated(training, locals())
     if (plan_path is None) == (plan_id is None):
         raise InputError("train_flow needs a plan:", [Problem("plan_path / plan_id", "give exactly one")])
     if plan_id is not None:
         check_plan_id(plan_id)  # it names the output directory
-    settings = train_settings(
-        train_iterations=train_iterations, warmup=warmup, batch_size=batch_size, model=model,
-        train_pipeline=train_pipeline, data=data, seed=seed, dense_in_features=dense_in_features,
-        dense_arch_layer_sizes=dense_arch_layer_sizes, over_arch_layer_sizes=over_arch_layer_sizes,
-        dense_lr=dense_lr, embedding_lr=embedding_lr, synthetic_batches=synthetic_batches,
-        checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir, keep_checkpoints=keep_checkpoints,
-        resume=resume, resume_from=resume_from, nproc_per_node=nproc_per_node, nnodes=nnodes,
-        node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, max_restarts=max_restarts)
     dirs = RunDirs.of(out_dir, work_dir)
     state_dir = state_dir_in(work_dir, state_dir)
     tracking = tracking_for(tracking_uri, experiment, state_dir, work_dir)
     deliver_outbox(tracking)
 
-    with progress_in_run_log(), dirs.locked(node_rank):
+    with progress_in_run_log(), dirs.locked(settings.node_rank):
         if plan_path is None:
             assert plan_id is not None
             train_dir = dirs.train_dir(plan_id)
@@ -114,5 +97,5 @@ def train_flow(
         trained = train_with_retries(plan_id, plan_path, train_dir, settings, train_retries,
                                      train_retry_delay_s, tracking)
         dirs.mark_latest(train_dir)
-        logged = log_training(tracking, trained) if node_rank == 0 else None
+        logged = log_training(tracking, trained) if settings.node_rank == 0 else None
     return TrainOutcome(trained.plan_id, plan_path, trained, logged)

@@ -5,12 +5,16 @@ is ~5x slower on big specs and recurses in C (100,000 nested ``[`` crash the pro
 PyYAML's safe loader this refuses a key written twice in one mapping (YAML keeps the last silently),
 nesting deeper than ``MAX_DEPTH``, aliases that expand the document far beyond what is written
 ("billion laughs"), recursive aliases and more than one document. Scalars are resolved and
-constructed exactly as ``yaml.SafeLoader`` does; merge keys (``<<: *defaults``) work as there.
+constructed as ``yaml.SafeLoader`` does, with two exceptions: a number with an exponent loads as a
+number whatever its spelling (``1e3``, ``2.5e-3``: YAML 1.2's and JSON's numbers; YAML 1.1 reads
+them as text), and a timestamp that is no time (month 13) loads as its text, so that the key's own
+check names it. Merge keys (``<<: *defaults``) work as in PyYAML.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from typing import Any
 
@@ -24,6 +28,10 @@ ALIAS_ALLOWANCE = 100_000  # ... plus this many
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _SEQ, _MAP = "tag:yaml.org,2002:seq", "tag:yaml.org,2002:map"
 _MERGE = "tag:yaml.org,2002:merge"
+_STR, _TIMESTAMP = "tag:yaml.org,2002:str", "tag:yaml.org,2002:timestamp"
+# A number with an exponent as YAML 1.2 (and JSON) writes it; YAML 1.1, PyYAML's, wants a point and
+# a signed exponent (1.0e+3) and reads 1e3 as text. Plain scalars of this form load as floats.
+_EXPONENT = re.compile(r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-+]?[0-9]+")
 _MERGE_KEY = object()  # the key "<<" stands for when it merges mappings (not the text "<<")
 _SCALAR_TAGS = frozenset(
     f"tag:yaml.org,2002:{t}" for t in ("null", "bool", "int", "float", "str", "timestamp", "binary")
@@ -150,16 +158,22 @@ class _Builder:
         except KeyError:
             pass
         tag = event.tag
+        plain = tag is None
         if tag is None or tag == "!":
             tag = self.loader.resolve(ScalarNode, event.value, event.implicit)
-        if tag == _MERGE:
-            value: object = _MERGE_KEY
+        if plain and tag == _STR and event.implicit[0] and _EXPONENT.fullmatch(event.value):
+            value: object = float(event.value)  # YAML 1.2's 1e3 and 2.5e-3: YAML 1.1 reads them as text
+        elif tag == _MERGE:
+            value = _MERGE_KEY
         elif tag in _SCALAR_TAGS:
             node = ScalarNode(tag, event.value, event.start_mark, event.end_mark, event.style)
             try:
                 value = SafeConstructor.yaml_constructors[tag](self.loader, node)
-            except ValueError as e:  # e.g. an integer of more than 4,300 digits
-                raise DocumentError(f"line {event.start_mark.line + 1}: {' '.join(str(e).split())}") from None
+            except ValueError as e:
+                if tag != _TIMESTAMP:  # e.g. an integer of more than 4,300 digits
+                    raise DocumentError(f"line {event.start_mark.line + 1}: {' '.join(str(e).split())}") from None
+                # A time that is no time (month 13): its text, for the key's own check to name it.
+                value = event.value
         else:
             raise DocumentError(f"line {event.start_mark.line + 1}: unsupported YAML tag {tag!r}")
         self.scalars[key] = value

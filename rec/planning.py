@@ -77,11 +77,10 @@ def replan_spec(spec: Spec, topology: Topology, previous: Plan, max_regress: flo
     """The plan for ``spec`` that moves least of ``previous``'s data while its critical path stays
     within ``(1 + max_regress)`` x that of a plan searched from scratch (``rec.search.warm``)."""
     from rec.plan import check_plan
-    from rec.topology import topology_from_dict
 
     check_profile_for(cost.profile, topology)
     check_plan(previous, source=f"the previous plan {previous.plan_id}")
-    if topology_from_dict(previous.topology, source="the previous plan").topology_hash != topology.topology_hash:
+    if previous.topology.topology_hash != topology.topology_hash:
         raise InputError("Cannot replan from this previous plan:", [Problem(
             f"plan {previous.plan_id}", "was made for another topology; replan from a plan of the same "
                                         "topology, or plan from scratch (without --previous)")])
@@ -99,7 +98,7 @@ def replan_spec(spec: Spec, topology: Topology, previous: Plan, max_regress: flo
         progress.update("least movement: MILP")
         exact = least_moved(space, prev, incumbent, target, config.time_limit_s)
         candidates += [exact] if exact is not None else []
-    extra = {**result.info, **replan_keys(previous, max_regress)}
+    extra = replan_keys(previous, max_regress, result.info)
     typed = bool(cost.profile.extensions.sharding_type_ms)  # plan-level costs (rec.search.type_costs)
     budget = (1 + max_regress) * predicted_critical_path(fresh) * (1 + RELATIVE_GAIN)
     best: tuple[tuple[int, float], Plan, Movement] | None = None
@@ -114,5 +113,5 @@ def replan_spec(spec: Spec, topology: Topology, previous: Plan, max_regress: flo
     assert best is not None
     _, plan, moved = best
     plan = replace(plan, previous_plan_id=previous.plan_id,
-                   metrics=replace(plan.metrics, movement=moved.summary()))
+                   metrics=replace(plan.metrics, movement=moved))
     return Replanned(plan, fresh, moved)

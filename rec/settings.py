@@ -4,8 +4,10 @@ A step's settings are a frozen dataclass whose fields carry their help text and 
 ``field(metadata=knob(...))``. ``add_flags`` derives argparse flags from it (nested settings are
 flattened), ``from_flags`` builds the instance back, ``to_flags`` gives the flags of an instance
 (for a subprocess), ``to_dict``/``from_dict`` give plain JSON values, and ``check`` turns values out
-of bounds into one InputError. The CLI, the Prefect flows and the training job all read the same
-dataclass, so no default is copied.
+of bounds into one InputError; a field marked ``knob(path=True)`` names a file or directory, which
+``resolve_paths`` finds (deployments resolve relative paths with it). The CLI, the Prefect flows
+(which take settings whole, as parameters) and the training job all read the same dataclass, so no
+default is copied.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import dataclasses
 import math
 import types
 import typing
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from enum import Enum
 from typing import Any, TypeVar, Union, get_args, get_origin
 
@@ -26,12 +28,18 @@ MAX_TIME_LIMIT_S = 24 * 3600.0  # any time limit a knob takes: a day
 
 
 def knob(help: str, *, flag: str | None = None, minimum: float | None = None,
-         maximum: float | None = None, metavar: str | None = None, cli: bool = True) -> dict[str, Any]:
+         maximum: float | None = None, metavar: str | None = None, cli: bool = True,
+         path: bool = False) -> dict[str, Any]:
     """Field metadata: the help text, the flag name (default: the field name with dashes), bounds
-    (inclusive) checked by ``check``, the value's name in --help, and ``cli=False`` for fields
-    that get no flag."""
+    (inclusive) checked by ``check``, the value's name in --help, ``cli=False`` for fields
+    that get no flag, and ``path=True`` for a file or directory (``resolve_paths``)."""
     return {"help": help, "flag": flag, "minimum": minimum, "maximum": maximum,
-            "metavar": metavar, "cli": cli}
+            "metavar": metavar, "cli": cli, "path": path}
+
+
+def is_path(f: dataclasses.Field[Any]) -> bool:
+    """Whether field ``f`` names a file or directory (``knob(path=True)``)."""
+    return bool(f.metadata.get("path"))
 
 
 def _fields(cls: type) -> Iterator[tuple[dataclasses.Field[Any], Any]]:
@@ -141,6 +149,36 @@ def _coerce(tp: Any, value: Any) -> Any:
     if get_origin(tp) is tuple:
         return tuple(value)
     return value
+
+
+def setting_at(cls: type, names: Sequence[str]) -> dataclasses.Field[Any] | None:
+    """The field that ``names`` lead to through nested settings (``("job", "data")`` of
+    ``TrainSettings``), or None where there is no such field."""
+    found: dataclasses.Field[Any] | None = None
+    current: Any = cls
+    for name in names:
+        if not (isinstance(current, type) and dataclasses.is_dataclass(current)):
+            return None
+        found, tp = next(((f, tp) for f, tp in _fields(current) if f.name == name), (None, None))
+        if found is None:
+            return None
+        current, _ = _optional(tp)
+    return found
+
+
+def resolve_paths(cls: type, data: Mapping[str, Any], resolve: Callable[[str], str]) -> dict[str, Any]:
+    """``data`` (plain values of some of ``cls``'s fields, as ``to_dict`` gives them) with
+    ``resolve`` applied to the text of every path field (``knob(path=True)``), nested settings
+    included; anything else is kept as it is."""
+    out = dict(data)
+    for f, tp in _fields(cls):
+        value = data.get(f.name)
+        inner, _ = _optional(tp)
+        if isinstance(value, str) and value and is_path(f):
+            out[f.name] = resolve(value)
+        elif isinstance(value, Mapping) and isinstance(inner, type) and dataclasses.is_dataclass(inner):
+            out[f.name] = resolve_paths(inner, value, resolve)
+    return out
 
 
 def to_dict(settings: Any) -> dict[str, Any]:

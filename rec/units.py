@@ -7,8 +7,6 @@ import re
 from fractions import Fraction
 from numbers import Integral, Real
 
-from rec.errors import show
-
 UNITS = {
     "B": 1,
     "KB": 1000,
@@ -81,20 +79,6 @@ def format_bytes(n: float) -> str:
             return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     raise AssertionError("unreachable")
-
-
-def positive_whole(number: int | float, value: object) -> int:
-    """``number``, read from the user's ``value``, as a positive int; ValueError saying why for NaN,
-    an infinite or fractional number, or one not above 0."""
-    if isinstance(number, float):
-        if math.isnan(number):
-            raise ValueError("expected a positive integer, got NaN (not a number)")
-        if not math.isfinite(number) or number != int(number):
-            raise ValueError(f"expected a positive integer, got {show(value)}")
-        number = int(number)
-    if number <= 0:
-        raise ValueError(f"must be > 0, got {format_count(number)}")
-    return number
 
 
 def format_count(n: int) -> str:

@@ -2,9 +2,12 @@
 
 The probes (``rec.profile.probes``) are planned for the topology, written under the run's work
 directory, and measured in ONE launch of the measuring job (starting torch and torchrec costs
-seconds per process). Each probe's model is built and sharded once (that costs more than its
-iterations) and timed in ``rounds`` blocks; a probe's time is the median over its rounds of the
-critical path (the slowest rank's block mean). The fit (``rec.profile.fit``) then gives the
+seconds per process), each ``rounds`` times. On cuda a probe's model is built and sharded once and
+its rounds are blocks of that build (building costs more than a GPU's iterations, whose timing is
+steady). On cpu every round builds it again, the probes in another order each round: a burst of load
+on shared cores then hits one measurement of a probe, not all (measured under load, blocks of one
+build fitted the probes 15% off, rebuilt rounds 6%: bench/RESULTS.md §8). A probe's time is the
+median over its rounds of the critical path (the slowest rank's). The fit (``rec.profile.fit``) then gives the
 profile; only once it succeeds are the profile and its fit report written, each whole: a failed
 calibration leaves no profile behind.
 """
@@ -14,6 +17,8 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,11 +29,13 @@ from rec import progress
 from rec.cost.types import CostConfig
 from rec.disk_full import write_whole
 from rec.errors import InputError, Problem
+from rec.file_lock import file_lock
 from rec.plan.io import write_plan
 from rec.profile import dumps_profile, profile_hash
 from rec.profile.fit import Fit, Measured, fit_profile
 from rec.profile.probes import Probe, probe_plans
 from rec.settings import MAX_TIME_LIMIT_S, check, knob, to_dict
+from rec.sharding import ComputeDevice
 from rec.topology import Topology, read_topology, topology_to_dict
 from rec.train.measure_config import MeasureConfig
 from rec.train.timings import Status, Timings
@@ -36,7 +43,10 @@ from tasks.measure import Ranks, run_measuring_job
 
 FIT_SUFFIX = ".fit.json"  # the fit report beside the profile: profile.yaml -> profile.fit.json
 FIT_FORMAT = "shardflow.calibration/v1"
+LOCK_SUFFIX = ".lock"  # .PROFILE.yaml.lock beside the profile: held while a calibration writes it
 QUICK_ITERATIONS = 10
+CPU_ITERATIONS = 20
+CUDA_ITERATIONS = 12
 PROBES_DIR = "probes"
 
 
@@ -45,9 +55,11 @@ class CalibrateSettings:
     quick: bool = field(default=False, metadata=knob(
         "about half the probes, one round, fewer iterations: a rough profile in under 2 minutes"))
     rounds: int | None = field(default=None, metadata=knob(
-        "timed blocks per probe (the median is fitted); none: 3, with --quick 1", minimum=1, maximum=20))
-    iterations: int = field(default=20, metadata=knob(
-        f"timed iterations per probe and round (--quick: at most {QUICK_ITERATIONS})", minimum=1, maximum=10_000))
+        "times each probe is measured (cuda: blocks of one build; cpu: a build each, in another order each "
+        "round); the median is fitted; none: 3, with --quick 1", minimum=1, maximum=20))
+    iterations: int | None = field(default=None, metadata=knob(
+        f"timed iterations per probe and round (--quick: at most {QUICK_ITERATIONS}); none: {CPU_ITERATIONS} on "
+        f"cpu, {CUDA_ITERATIONS} on cuda (CUDA events time a GPU's iterations steadily)", minimum=1, maximum=10_000))
     settle_s: float = field(default=MeasureConfig.settle_s, metadata=knob(
         "cuda: at most this many seconds per probe of further warm-up until the GPU's clocks settle",
         minimum=0.0, maximum=600.0, metavar="SECONDS"))
@@ -67,10 +79,11 @@ class CalibrateSettings:
     def problems(self) -> list[Problem]:
         return self.ranks.problems()
 
-    @property
-    def measure_config(self) -> MeasureConfig:
-        iterations = min(self.iterations, QUICK_ITERATIONS) if self.quick else self.iterations
-        return MeasureConfig(iterations=iterations * self.round_count, warmup=self.warmup, blocks=self.round_count,
+    def measure_config(self, device: ComputeDevice) -> MeasureConfig:
+        iterations = self.iterations or (CUDA_ITERATIONS if device is ComputeDevice.CUDA else CPU_ITERATIONS)
+        iterations = min(iterations, QUICK_ITERATIONS) if self.quick else iterations
+        blocks = self.round_count if device is ComputeDevice.CUDA else 1  # cpu: a round is a build of its own
+        return MeasureConfig(iterations=iterations * blocks, warmup=self.warmup, blocks=blocks,
                              settle_s=self.settle_s, seed=self.seed, time_limit_s=self.time_limit_s)
 
     @property
@@ -110,13 +123,36 @@ def calibrate(topology_path: str, profile_path: str, work_dir: str,
     check(settings, "Cannot calibrate with these settings:")
     _check_output(profile_path)
     topology = read_topology(topology_path)
+    with _writing(profile_path):
+        return _calibrate(topology_path, topology, profile_path, work_dir, settings, started)
+
+
+@contextmanager
+def _writing(profile_path: str) -> Iterator[None]:
+    """This calibration alone writes ``profile_path`` (and its fit report): a second one into the same
+    file is refused at once, before it measures anything, instead of both writing a pair of files
+    that may describe different fits."""
+    lock = Path(profile_path).with_name(f".{Path(profile_path).name}{LOCK_SUFFIX}")
+    try:
+        with file_lock(lock, blocking=False):
+            yield
+    except BlockingIOError:
+        raise InputError("Cannot calibrate into this file:", [Problem(
+            f"--out {profile_path}", "another shardflow calibrate is writing it now; wait for it, or write "
+                                     "another file")]) from None
+
+
+def _calibrate(topology_path: str, topology: Topology, profile_path: str, work_dir: str,
+               settings: CalibrateSettings, started: float) -> Calibrated:
     with progress.step("probes", "planning the probes"):
         probes = probe_plans(topology, settings.quick)[: settings.max_probes]
         paths = _write_probes(probes, work_dir)
-    order = _order(len(probes), settings.seed)
+    order = _order(len(probes), settings.round_count if topology.compute_device is ComputeDevice.CPU else 1,
+                   settings.seed)
     ranks = topology.world_size
     with progress.step("measure", f"{len(probes)} probes x {settings.round_count} rounds on {ranks} ranks"):
-        timings = run_measuring_job([paths[i] for i in order], topology.to_dict(), work_dir, settings.measure_config,
+        config = settings.measure_config(topology.compute_device)
+        timings = run_measuring_job([paths[i] for i in order], topology, work_dir, config,
                                     settings.ranks, f"calibrate-{topology.topology_hash}")
     if timings is None:
         return Calibrated(None, None, work_dir, None, (), (), time.perf_counter() - started)
@@ -127,10 +163,12 @@ def calibrate(topology_path: str, profile_path: str, work_dir: str,
                     for r, p in zip(results, probes, strict=True)]
         name = settings.name or f"calibrated on {timings.machine.device_name}"
         fit = fit_profile(measured, topology, CostConfig().caching_ratio, name=name, machine=timings.machine)
+    # The profile first, then its report: a report on disk always describes the profile beside it
+    # (its profile_hash), even when the calibration is stopped between the two writes.
     fit_file = fit_path_for(profile_path)
+    write_whole(Path(profile_path), dumps_profile(fit.profile))
     write_whole(fit_file, json.dumps(_fit_report(fit, results, timed_out, topology_path, topology, profile_path,
                                                  settings), indent=1) + "\n")
-    write_whole(Path(profile_path), dumps_profile(fit.profile))
     return Calibrated(profile_path, str(fit_file), work_dir, fit, results, timed_out, time.perf_counter() - started)
 
 
@@ -151,22 +189,27 @@ def _write_probes(probes: tuple[Probe, ...], work_dir: str) -> list[str]:
     return [str(write_plan(p.plan, Path(work_dir, PROBES_DIR, f"{i:03d}_{p.name}"))) for i, p in enumerate(probes)]
 
 
-def _order(count: int, seed: int) -> list[int]:
-    """Probe indices in a seeded random order: a drift of the machine over the run (heat, load)
-    falls on probes of every kind, not on one sweep."""
+def _order(count: int, rounds: int, seed: int) -> list[int]:
+    """Probe indices, every probe once per round, each round in another seeded order: a drift of the
+    machine over the run (heat, load) falls on probes of every kind, not on one sweep."""
     order = list(range(count))
-    random.Random(seed).shuffle(order)
-    return order
+    rng = random.Random(seed)
+    out = []
+    for _ in range(rounds):
+        rng.shuffle(order)
+        out += order
+    return out
 
 
 def _results(probes: tuple[Probe, ...], order: list[int], timings: Timings) -> tuple[ProbeResult, ...]:
-    """Per probe, the critical path of each timed block (round)."""
-    rounds: list[tuple[float, ...]] = [() for _ in probes]
+    """Per probe, the critical path of each round: each measurement's blocks (cuda), or each
+    measurement (cpu: one block each)."""
+    rounds: list[list[float]] = [[] for _ in probes]
     for i, times in zip(order, timings.plans, strict=True):
         if times.status is Status.MEASURED:
             slowest = int(times.rank_ms().argmax())
-            rounds[i] = tuple(float(v) for v in times.block_ms()[slowest])
-    return tuple(ProbeResult(p.name, p.plan.plan_id, r) for p, r in zip(probes, rounds, strict=True))
+            rounds[i] += [float(v) for v in times.block_ms()[slowest]]
+    return tuple(ProbeResult(p.name, p.plan.plan_id, tuple(r)) for p, r in zip(probes, rounds, strict=True))
 
 
 def _fit_report(fit: Fit, results: tuple[ProbeResult, ...], timed_out: tuple[str, ...], topology_path: str,

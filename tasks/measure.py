@@ -18,6 +18,7 @@ from rec import progress
 from rec.errors import InputError, Problem
 from rec.plan import check_plan, plan_file, read_plan
 from rec.settings import check
+from rec.topology.types import Topology
 from rec.train.measure_config import MeasureConfig
 from rec.train.measure_report import MeasureReport, measure_report, write_measure
 from rec.train.rank_log import log_dir
@@ -68,6 +69,7 @@ class Measured:
     settings: MeasureSettings
     nproc_per_node: int
     started_ms: int
+    plan_path: str = ""  # the plan.json measured
 
 
 class MeasureFailed(RuntimeError):
@@ -81,7 +83,7 @@ class MeasureFailed(RuntimeError):
         return type(self), (self.cause, self.deterministic, self.logs)
 
 
-def run_measuring_job(plan_paths: Sequence[str], topology: dict[str, Any], out_dir: str, config: MeasureConfig,
+def run_measuring_job(plan_paths: Sequence[str], topology: Topology, out_dir: str, config: MeasureConfig,
                       ranks: Ranks, rdzv_id: str) -> Timings | None:
     """Measure the plans (all for ``topology``'s ranks) in one torchrun launch; their timings on
     node 0, None on the others. InputError for anything that would fail for certain on this
@@ -103,7 +105,7 @@ def run_measuring_job(plan_paths: Sequence[str], topology: dict[str, Any], out_d
         raise MeasureFailed(f"the measuring job left no usable timings: {e}", False, str(log_dir(out_dir))) from None
 
 
-def _preflight(ranks: Ranks, topology: dict[str, Any]) -> int:
+def _preflight(ranks: Ranks, topology: Topology) -> int:
     """``tasks.train.preflight`` (the same checks: the job runs on the same ranks), titled for measuring."""
     try:
         return preflight(ranks.as_training(), topology)
@@ -126,11 +128,11 @@ def measure(plan_path: str, out_dir: str, settings: MeasureSettings = MeasureSet
     with progress.step("measure", f"starting {ranks} ranks"):
         timings = run_measuring_job([plan_json], plan.topology, out_dir, settings.job, settings.ranks, plan.plan_id)
     if timings is None:
-        return Measured(plan.plan_id, out_dir, None, settings, nproc, started)
+        return Measured(plan.plan_id, out_dir, None, settings, nproc, started, plan_json)
     times = timings.plans[0]
     if times.status is Status.TIMED_OUT:
         raise MeasureFailed(f"the warm-up and first timed iteration took longer than --time-limit "
                             f"{settings.job.time_limit_s:g} s: nothing was measured", True, str(log_dir(out_dir)))
     report = measure_report(plan, times, timings.machine)
     write_measure(out_dir, report)
-    return Measured(plan.plan_id, out_dir, report, settings, nproc, started)
+    return Measured(plan.plan_id, out_dir, report, settings, nproc, started, plan_json)

@@ -74,7 +74,9 @@ class ParentRun:
     def add_training(self, trained: Trained) -> None:
         if trained.metrics:  # node 0's
             self.params["batch_size"] = str(trained.metrics["batch_size"])
-            self.metrics.update(records.train_metrics(trained.metrics))
+            plan_batch = self.params.get("topology.batch_size")
+            self.metrics.update(records.train_metrics(trained.metrics, int(plan_batch) if plan_batch else None,
+                                                      self.metrics.get(records.PREDICTED)))
 
 
 def _flow_run_tags() -> dict[str, str]:
@@ -204,7 +206,8 @@ def parent_run(tracking: Tracking, step: RunStep, inputs: Inputs, plan_id: str,
         raise
     finally:
         end_tags = {records.PLAN_ID: run.plan_id, **({records.ERROR: error} if error else {})}
-        ended = end_run(tracking, EndRecord(run.key, status, records.now_ms(), end_tags, run.params, run.metrics))
+        ended = end_run(tracking, EndRecord(run.key, status, records.now_ms(), end_tags, run.params,
+                                            records.with_legacy_names(step, run.metrics)))
         run.run_id, run.pending, run.error = ended.run_id, ended.pending, ended.error
 
 

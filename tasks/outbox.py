@@ -30,7 +30,6 @@ them; ``OUTBOX/set-aside/<entry>/`` the same, for records set aside.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
@@ -46,6 +45,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from rec.errors import InputError, Problem, printable
+from rec.file_lock import file_lock
 from rec.plan.io import PLAN_FILE, PLAN_FILES
 from tasks.outbox_entry import (
     ATTEMPTS_FILE,
@@ -397,34 +397,8 @@ class Outbox:
     def _lock(self) -> Iterator[None]:
         """One deliverer at a time (served deployments may run flows side by side)."""
         self.root.mkdir(parents=True, exist_ok=True)
-        fd = _open_lock(self.root / LOCK_FILE)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-        finally:
-            os.close(fd)
-
-
-def _open_lock(path: Path) -> int:
-    """The lock file, never through a link (opening one with "w" would empty what it points at):
-    anything but a regular file in its place is moved aside, hidden, and a new one made."""
-    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    for first in (True, False):
-        try:
-            fd = os.open(path, flags, 0o600)
-        except OSError:
-            if not first:
-                raise
-        else:
-            if stat.S_ISREG(os.fstat(fd).st_mode):
-                return fd
-            os.close(fd)
-        with suppress(FileNotFoundError):  # another process may have moved it first
-            os.replace(path, path.with_name(f"{LOCK_FILE}.not-a-file-{time.time_ns()}"))
-    raise OSError(f"{path} is not a regular file")
+        with file_lock(self.root / LOCK_FILE):
+            yield
 
 
 def _checked(read: Callable[[], T], problems: list[str]) -> T | None:

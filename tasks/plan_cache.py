@@ -14,7 +14,6 @@ a planted or edited entry is searched again. Nothing is unpickled.
 from __future__ import annotations
 
 import errno
-import fcntl
 import hashlib
 import hmac
 import json
@@ -28,14 +27,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rec.errors import InputError
+from rec.file_lock import file_lock
 from rec.hashing import canonical_json
 from rec.input_files import MAX_SPEC_FILE_BYTES
 from rec.plan import PLAN_FILE, SHARDS_FILE, Plan, check_plan
-from rec.plan.io import CACHE_DIGEST_FILE, WRITE_LOCK, parse_plan, shards_problems, write_plan
+from rec.plan.io import WRITE_LOCK, parse_plan, shards_problems, write_plan
 
 log = logging.getLogger(__name__)
 
 DIGEST_FORMAT = "shardflow.plan-cache-digest/v1"
+CACHE_DIGEST_FILE = "cache-digest.json"  # beside an entry's plan.json and shards.parquet
 SECRET_BYTES = 32
 SECRET_SUFFIX = ".key"  # CACHE_DIR.key: the secret, beside the cache directory
 MAX_DIGEST_BYTES = 4096
@@ -62,9 +63,8 @@ def read_entry(cache_dir: str | Path, key: str, fits: Callable[[Plan], str | Non
     try:
         secret = cache_secret(cache_dir)
         with ExitStack() as stack:
-            if (entry / WRITE_LOCK).is_file():  # a writer of this entry finishes first
-                lock = stack.enter_context(open(entry / WRITE_LOCK, "rb"))
-                fcntl.flock(lock, fcntl.LOCK_SH)
+            if os.path.lexists(entry / WRITE_LOCK):  # a writer of this entry finishes first
+                stack.enter_context(file_lock(entry / WRITE_LOCK, shared=True))
             digest = _read(entry / CACHE_DIGEST_FILE, MAX_DIGEST_BYTES)
             files = {name: _read(entry / name, MAX_SPEC_FILE_BYTES) for name in DIGESTED}
     except FileNotFoundError as e:
@@ -98,7 +98,7 @@ def write_entry(cache_dir: str | Path, key: str, plan: Plan) -> None:
             (tmp / CACHE_DIGEST_FILE).write_text(json.dumps(_signed(key, files, secret), indent=1) + "\n",
                                                  encoding="utf-8")
 
-        write_plan(plan, Path(cache_dir, key), extra=digest)
+        write_plan(plan, Path(cache_dir, key), extra=digest, owned=(CACHE_DIGEST_FILE,))
     except OSError as e:
         log.warning("plan cache: cannot store plan %s in %s (%s); it will be searched again next time",
                     plan.plan_id, Path(cache_dir, key), e.strerror or e)

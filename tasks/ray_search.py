@@ -28,8 +28,8 @@ from rec.search import SearchConfig, SearchResult, search_result
 from rec.search.candidates import Ladder
 from rec.search.group import GroupResult, search_group
 from rec.search.space import SearchSpace
+from tasks.backend import Backend
 from tasks.ray_loopback import single_machine
-from tasks.search import Backend
 
 log = logging.getLogger(__name__)
 

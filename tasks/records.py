@@ -8,18 +8,19 @@ delivered later exactly as it would have been logged at once. ``EndRecord`` fini
 from __future__ import annotations
 
 import json
+import os
 import re
-import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rec.plan.chart import CHART_FILE
 from rec.plan.io import MOVEMENT_FILE, PLAN_FILE, SHARDS_FILE
-from rec.profile.predict import predicted_critical_path
+from rec.profile.prediction import prediction
 from rec.train.metrics import ITERATIONS_FILE, METRICS_FILE
+from tasks.clock import now_ms as now_ms  # re-exported: the time every record carries
 
 if TYPE_CHECKING:
     from rec.plan import Plan
@@ -65,9 +66,13 @@ PARTIAL_RECORD = "shardflow.partial_record"  # while a record is delivered; RECO
 
 PLAN_ARTIFACTS = (PLAN_FILE, SHARDS_FILE, CHART_FILE, MOVEMENT_FILE)  # the last: replans
 TRAIN_ARTIFACTS = (METRICS_FILE, ITERATIONS_FILE)
-LATENCY_SERIES = "iteration_latency_ms"  # every iteration, warm-up included
-MEASURED_SERIES = "iteration_latency_ms_measured"  # the iterations the latency statistics are over
-LOSS_SERIES = "loss"
+# Per-iteration series (step = iteration) under their own prefix: MLflow's UI shows a series' last
+# point beside the headline metrics, where an unprefixed name read like another measured latency.
+LATENCY_SERIES = "per_iteration/latency_ms"  # every iteration, warm-up included
+LOSS_SERIES = "per_iteration/loss"
+PREDICTED = "predicted_iteration_ms"  # the plan's, on every run (rec.profile.prediction)
+MEASURED = "measured_iteration_ms"  # train runs: p50 of the slowest rank; measure runs: the slowest rank's median
+RATIO = "measured_over_predicted"
 MOVEMENT_COUNTS = ("kept", "moved", "resized", "added", "removed", "reinitialized")  # <kind>_tables
 GIB = 1024**3
 MAX_ERROR = 500  # characters of the error tag
@@ -111,10 +116,6 @@ KEY = re.compile(r"[0-9a-f]{32}")  # new_key's form: a record key is part of an 
 
 def new_key() -> str:
     return uuid.uuid4().hex
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def dumps_record(record: RunRecord | EndRecord) -> str:
@@ -163,40 +164,45 @@ def input_params(inputs: Inputs) -> dict[str, str]:
 
 
 def plan_params(plan: Plan) -> dict[str, str]:
-    """What a plan was made for and how, from the plan itself: the spec's hash, the topology's hash
-    and every key (``topology.<key>``, in the topology file's units: bytes, bytes/s), the profile,
-    and the cost and search settings (``cost.<knob>``, ``search.<knob>``; ``max_regress`` of a replan)."""
-    from rec.plan.identity import plan_profile
+    """What a plan was made for and how, from the plan itself: who planned it (``planner``), its
+    tables, the spec's hash, the topology's hash and every key (``topology.<key>``, in the topology
+    file's units: bytes, bytes/s), the profile, and the cost and search settings (``cost.<knob>``,
+    ``search.<knob>``; ``max_regress`` of a replan)."""
+    from rec.plan.identity import made_by, plan_profile
+    from rec.plan.plan_json import planner_to_dict
     from rec.profile import profile_hash
-    from rec.topology import topology_from_dict
+    from rec.topology import topology_to_dict
 
     profile = plan_profile(plan)
-    params = {"spec.hash": plan.spec_hash,
-              "topology.hash": topology_from_dict(plan.topology, source="in the plan").topology_hash,
-              **{f"topology.{key}": str(value) for key, value in plan.topology.items()},
+    params = {"planner": made_by(plan), "tables": str(len(plan.tables)), "spec.hash": plan.spec_hash,
+              "topology.hash": plan.topology.topology_hash,
+              **{f"topology.{key}": str(value) for key, value in topology_to_dict(plan.topology).items()},
               "profile.name": profile.name or ("default" if profile.is_default else "unnamed"),
               "profile.hash": profile_hash(profile)}
+    planner = planner_to_dict(plan.planner)
     for group in ("cost", "search"):
-        params.update({f"{group}.{key}": str(value) for key, value in plan.planner.get(group, {}).items()})
-    if "max_regress" in plan.planner:
-        params["max_regress"] = str(plan.planner["max_regress"])
+        params.update({f"{group}.{key}": str(value) for key, value in planner.get(group, {}).items()})
+    if plan.planner.max_regress is not None:
+        params["max_regress"] = str(plan.planner.max_regress)
     return params
 
 
 def plan_metrics(plan: Plan) -> dict[str, float]:
-    """The plan's quality in TorchRec's cost model, units in the names, unrounded; a replanned
-    plan's movement too (``moved_*``, ``<kind>_tables``, against a plan from scratch)."""
+    """The plan's predicted iteration time and its parts, its quality in TorchRec's cost model,
+    units in the names, unrounded; a replanned plan's movement too (``moved_*``, ``<kind>_tables``,
+    against a plan from scratch). Plan, train, measure and pipeline runs all carry them."""
     m = plan.metrics
-    out = {"critical_path_ms": m.critical_path, "lower_bound_ms": m.lower_bound, "gap_pct": 100 * m.gap,
-           "optimal": float(m.optimal), "predicted_critical_path_ms": predicted_critical_path(plan)}
+    predicted = prediction(plan)
+    out = {PREDICTED: predicted.iteration_ms, "plan_level_ms": predicted.plan_level_ms,
+           "critical_path_ms": m.critical_path, "lower_bound_ms": m.lower_bound, "gap_pct": 100 * m.gap,
+           "optimal": float(m.optimal)}
     moved = m.movement
     if moved:
-        total = moved["total_bytes"]
-        fraction = moved["moved_bytes"] / total if total else 0.0
-        out.update(moved_bytes=float(moved["moved_bytes"]), moved_fraction=fraction, moved_pct=100 * fraction,
-                   total_bytes=float(total))
-        out.update({f"{kind}_tables": float(moved[f"{kind}_tables"]) for kind in MOVEMENT_COUNTS})
-        fresh = moved.get("fresh_critical_path")
+        total = moved.total_bytes
+        moved_pct = 100 * (moved.moved_bytes / total) if total else 0.0
+        out.update(moved_bytes=float(moved.moved_bytes), moved_pct=moved_pct, total_bytes=float(total))
+        out.update({f"{kind}_tables": float(getattr(moved, f"{kind}_tables")) for kind in MOVEMENT_COUNTS})
+        fresh = moved.fresh_critical_path
         if fresh:
             out.update(fresh_critical_path_ms=fresh, regress_pct=100 * (m.critical_path / fresh - 1))
     return out
@@ -211,34 +217,44 @@ def plan_record(plan: Plan, inputs: Inputs, parent_key: str | None = None,
     return RunRecord(
         key=new_key(), step=RunStep.PLAN, name=f"plan-{plan.plan_id}", parent_key=parent_key,
         tags={STEP: RunStep.PLAN, PLAN_ID: plan.plan_id, **source_tags(inputs), **previous, **(tags or {})},
-        params={"tables": str(len(plan.tables)), "world_size": str(plan.topology["world_size"]),
-                "backend": planner.get("backend", "local"), "groups": str(planner.get("groups", 1)),
-                "compute_device": str(plan.topology["compute_device"]),
-                "optimizer": str(planner["cost"]["optimizer"]), "bound_method": m.bound_method,
+        params={"world_size": str(plan.topology.world_size),
+                "backend": planner.backend or "local", "groups": str(planner.groups or 1),
+                "compute_device": plan.topology.compute_device.value,
+                "optimizer": planner.cost.optimizer.value, "bound_method": str(m.bound_method),
                 **input_params(inputs), **plan_params(plan)},
-        # critical_path, lower_bound and gap: the names before units were in them, kept.
-        metrics={**measured, **plan_metrics(plan), "critical_path": m.critical_path,
-                 "lower_bound": m.lower_bound, "gap": m.gap,
-                 "max_hbm_gib": max(m.rank_hbm) / GIB, "max_ddr_gib": max(m.rank_ddr) / GIB},
+        metrics=with_legacy_names(RunStep.PLAN, {
+            **measured, **plan_metrics(plan),
+            "max_hbm_gib": max(m.rank_hbm) / GIB, "max_ddr_gib": max(m.rank_ddr) / GIB}),
         artifacts=PLAN_ARTIFACTS, start_ms=now_ms(), end_ms=now_ms(), unique_plan=True,
     )
 
 
-def train_metrics(metrics: dict, predicted_ms: float | None = None) -> dict[str, float]:
-    """A training's headline (train_metrics.json): latency percentiles of the iterations after
-    the warm-up, samples/s, and the plan's predicted critical path beside them."""
+def plan_tags(params: dict[str, str]) -> dict[str, str]:
+    """The spec and topology hashes of the plan a train or measure run ran (from its ``plan_params``):
+    what ``shardflow compare --spec-hash`` finds runs by, plan run or not."""
+    return {SPEC_HASH: params["spec.hash"], TOPOLOGY_HASH: params["topology.hash"]}
+
+
+def train_metrics(metrics: dict[str, Any], plan_batch_size: int | None = None,
+                  predicted_ms: float | None = None) -> dict[str, float]:
+    """A training's headline (train_metrics.json): the measured iteration time (the slowest rank's,
+    over the iterations after the warm-up: p50 and its spread), samples/s, the plan's predicted
+    iteration time beside it and, trained at the batch size the plan predicts for, their ratio."""
     lat = metrics["iteration_latency_ms"]
-    predicted = metrics.get("predicted_critical_path_ms", predicted_ms)
-    return {"iteration_latency_ms_p50": lat["p50"], "iteration_latency_ms_p90": lat["p90"],
-            "iteration_latency_ms_p99": lat["p99"], "iteration_latency_ms_mean": lat["mean"],
-            "samples_per_s": metrics["samples_per_s"],
-            **({"predicted_critical_path_ms": float(predicted)} if predicted is not None else {})}
+    predicted = metrics.get("predicted_critical_path_ms") if predicted_ms is None else predicted_ms
+    out = {MEASURED: lat["p50"], "measured_iteration_p90_ms": lat["p90"], "measured_iteration_p99_ms": lat["p99"],
+           "measured_iteration_mean_ms": lat["mean"], "samples_per_s": metrics["samples_per_s"]}
+    if predicted is not None:
+        out[PREDICTED] = float(predicted)
+        if predicted > 0 and plan_batch_size == metrics["batch_size"]:
+            out[RATIO] = lat["p50"] / predicted
+    return out
 
 
 def train_record(trained: Trained, parent_key: str | None = None, tags: dict[str, str] | None = None,
                  inputs: Inputs | None = None) -> RunRecord:
     """The train run; its per-step latency and loss series come from iterations.parquet, its plan
-    params (what the plan was made for) from the plan it trained with."""
+    params and metrics (what the plan was made for, what it predicts) from the plan it trained with."""
     import pyarrow.parquet as pq
 
     from rec.plan import read_plan
@@ -248,20 +264,25 @@ def train_record(trained: Trained, parent_key: str | None = None, tags: dict[str
     rows = pq.read_table(Path(trained.out_dir) / ITERATIONS_FILE).to_pydict()
     series = {name: [[int(i), float(v)] for i, v in zip(rows["iteration"], rows[column], strict=True)]
               for name, column in ((LATENCY_SERIES, "latency_ms"), (LOSS_SERIES, "loss")) if column in rows}
-    if "warmup" in rows:
-        left_out = [w or r for w, r in zip(rows["warmup"], rows.get("resumed", [False] * len(rows["warmup"])),
-                                           strict=True)]
-        series[MEASURED_SERIES] = [point for point, out in zip(series[LATENCY_SERIES], left_out, strict=True)
-                                   if not out]
+    if legacy_names() and LATENCY_SERIES in series:
+        series.update(_legacy_series(series, rows))
     loss = {f"loss_{k}": v for k, v in (m.get("loss") or {}).items()}
+    params = plan_params(plan) if plan else {}
+    resume = m.get("resume") or {}
+    predicted = prediction(plan) if plan else None
     return RunRecord(
         key=new_key(), step=RunStep.TRAIN, name=f"train-{trained.plan_id}", parent_key=parent_key,
-        tags={STEP: RunStep.TRAIN, PLAN_ID: trained.plan_id, ATTEMPTS: str(trained.attempts), **(tags or {})},
+        tags={STEP: RunStep.TRAIN, PLAN_ID: trained.plan_id, ATTEMPTS: str(trained.attempts),
+              **(plan_tags(params) if plan else {}), **(tags or {})},
         params={**_train_params(trained.settings, trained.nproc_per_node),
                 "world_size": str(m["world_size"]), "batch_size": str(m["batch_size"]),
                 "model": m["model"], "resumed_from": str(m["resumed_from"]),
-                **(input_params(inputs) if inputs else {}), **(plan_params(plan) if plan else {})},
-        metrics={**train_metrics(m, predicted_critical_path(plan) if plan else None), **loss},
+                **({"resumed_from_plan_id": str(resume["from_plan_id"])} if "from_plan_id" in resume else {}),
+                **(input_params(inputs) if inputs else {}), **params},
+        metrics=with_legacy_names(RunStep.TRAIN, {
+            **(plan_metrics(plan) if plan else {}),
+            **train_metrics(m, predicted.batch_size if predicted else None,
+                            predicted.iteration_ms if predicted else None), **loss}),
         series=series, artifacts=TRAIN_ARTIFACTS, start_ms=trained.started_ms, end_ms=now_ms(),
     )
 
@@ -296,6 +317,51 @@ def error_tag(error: str | BaseException) -> str:
         error = cause
     line = " ".join(str(error).split())
     return line if len(line) <= MAX_ERROR else line[: MAX_ERROR - 3] + "..."
+
+
+# Metric names before 0.2.0 (docs/mlflow.md, "Names before 0.2.0"): logged beside today's with
+# SHARDFLOW_LEGACY_METRIC_NAMES=1, for dashboards and queries that still read them.
+LEGACY_NAMES_ENV = "SHARDFLOW_LEGACY_METRIC_NAMES"
+# old name: (today's name, scale, offset), old = today * scale + offset
+LEGACY_PLAN = {"critical_path": ("critical_path_ms", 1.0, 0.0), "lower_bound": ("lower_bound_ms", 1.0, 0.0),
+               "gap": ("gap_pct", 0.01, 0.0), "moved_fraction": ("moved_pct", 0.01, 0.0)}
+LEGACY_TRAIN = {"predicted_critical_path_ms": (PREDICTED, 1.0, 0.0),
+                "iteration_latency_ms_p50": (MEASURED, 1.0, 0.0),
+                **{f"iteration_latency_ms_{q}": (f"measured_iteration_{q}_ms", 1.0, 0.0)
+                   for q in ("p90", "p99", "mean")}}
+LEGACY_MEASURE = {"critical_path_predicted_ms": (PREDICTED, 1.0, 0.0),
+                  "critical_path_measured_ms": (MEASURED, 1.0, 0.0),
+                  "measured_p90_ms": ("measured_iteration_p90_ms", 1.0, 0.0), "error": (RATIO, 1.0, -1.0)}
+LEGACY_LATENCY_SERIES, LEGACY_MEASURED_SERIES, LEGACY_LOSS_SERIES = (
+    "iteration_latency_ms", "iteration_latency_ms_measured", "loss")
+
+
+def legacy_names() -> bool:
+    """Whether runs also carry the metric names from before 0.2.0 (``SHARDFLOW_LEGACY_METRIC_NAMES=1``)."""
+    return os.environ.get(LEGACY_NAMES_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def with_legacy_names(step: RunStep, metrics: dict[str, float]) -> dict[str, float]:
+    """``metrics``, and with the compatibility switch on, the old name of each one that had another."""
+    if not legacy_names():
+        return metrics
+    table = {**LEGACY_PLAN, **(LEGACY_MEASURE if step is RunStep.MEASURE else LEGACY_TRAIN)}
+    old = {name: metrics[new] * scale + offset for name, (new, scale, offset) in table.items() if new in metrics}
+    return {**metrics, **old}
+
+
+def _legacy_series(series: dict[str, list[list[float]]], rows: dict[str, Any]) -> dict[str, list[list[float]]]:
+    """The series under their names before 0.2.0, and the latency of the iterations the statistics
+    are over (neither warm-up nor the first after a resume) as a series of its own."""
+    out = {LEGACY_LATENCY_SERIES: series[LATENCY_SERIES]}
+    if LOSS_SERIES in series:
+        out[LEGACY_LOSS_SERIES] = series[LOSS_SERIES]
+    if "warmup" in rows:
+        left_out = [w or r for w, r in zip(rows["warmup"], rows.get("resumed", [False] * len(rows["warmup"])),
+                                           strict=True)]
+        out[LEGACY_MEASURED_SERIES] = [point for point, skip in zip(series[LATENCY_SERIES], left_out, strict=True)
+                                       if not skip]
+    return out
 
 
 def parent_record(step: RunStep, name: str, plan_id: str, inputs: Inputs,

@@ -11,7 +11,6 @@ message, instead of mixing the two.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import secrets
 import time
@@ -19,16 +18,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 from rec.disk_full import writing
 from rec.errors import InputError, Problem
+from rec.file_lock import open_lock_file, release, take
 from rec.train.lifetime import OUT_LOCK_ENV
 from tasks.paths import DEFAULT_OUT, PLAN_SUBDIR, TRAIN_SUBDIR, in_work_dir
 
 LOCK_FILE = ".shardflow-node{node}.lock"  # the nodes of one multi-node training share a directory
 LATEST = "latest"
 RELEASE_WAIT_S = 5.0  # how long a finishing run waits for its ranks to let go of the lock
+MAX_HOLDER_BYTES = 4096  # of "pid N since ...", read to say who holds a directory
 
 
 @dataclass(frozen=True)
@@ -98,44 +98,51 @@ def lock_dir(directory: str, node_rank: int = 0) -> Iterator[None]:
 
 @contextmanager
 def _held(lock: Path, directory: str) -> Iterator[None]:
-    with open(lock, "a+") as handle:
+    fd = open_lock_file(lock, write=True)
+    try:
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            take(fd, blocking=False)
         except BlockingIOError:
-            handle.seek(0)
             raise InputError(f"{directory} is in use by another shardflow run:", [Problem(
-                directory, f"locked by {_holder(handle.read())}; wait for it to finish, or use another "
+                directory, f"locked by {_holder(_read(fd))}; wait for it to finish, or use another "
                            "--out (without --out every run gets its own directory)")]) from None
         with writing(lock):
-            handle.seek(0)
-            handle.truncate()
-            handle.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-            handle.flush()
-        fcntl.flock(handle, fcntl.LOCK_SH)  # from exclusive: no other process could take it meanwhile
+            _write(fd, f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        take(fd, shared=True)  # from exclusive: no other process could take it meanwhile
         previous = os.environ.get(OUT_LOCK_ENV)
         os.environ[OUT_LOCK_ENV] = str(lock.resolve())
         try:
             yield
         finally:
             _restore(OUT_LOCK_ENV, previous)
-            if _alone(handle):  # every rank has let go: the directory is free again
-                handle.seek(0)
-                handle.truncate()
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            if _alone(fd):  # every rank has let go: the directory is free again
+                _write(fd, "")
+            release(fd)
+    finally:
+        os.close(fd)
 
 
-def _alone(handle: IO[str], wait_s: float = RELEASE_WAIT_S) -> bool:
+def _alone(fd: int, wait_s: float = RELEASE_WAIT_S) -> bool:
     """Whether this process is (within ``wait_s``) the lock's only holder: the ranks it started
     let go as they exit. Then it holds the lock exclusively."""
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            take(fd, blocking=False)
             return True
         except BlockingIOError:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.1)
+
+
+def _read(fd: int) -> str:
+    return os.pread(fd, MAX_HOLDER_BYTES, 0).decode("utf-8", "replace")
+
+
+def _write(fd: int, text: str) -> None:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, text.encode(), 0)
 
 
 def _holder(text: str) -> str:

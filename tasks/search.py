@@ -17,29 +17,23 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 
 from rec.cost.types import CostConfig
-from rec.hashing import canonical_json
 from rec.plan import Plan
-from rec.plan.identity import SEARCHER_KEYS, plan_id, planner_config, replan_keys, searcher_keys
+from rec.plan.identity import plan_id, planner_config, replan_keys, searcher_keys
+from rec.plan.planner_identity import PlannerIdentity
 from rec.planning import Searcher, plan_spec, replan_spec
 from rec.search import SearchConfig
 from rec.search.warm import MAX_REGRESS
 from rec.settings import check, knob
 from rec.torchrec.planners import Planner
+from tasks.backend import Backend as Backend  # re-exported: SearchSettings.backend's type
 from tasks.ingest import Inputs
 from tasks.plan_cache import read_entry, write_entry
 
 log = logging.getLogger(__name__)
 
 MAX_GROUPS = 100_000
-
-
-class Backend(StrEnum):
-    LOCAL = "local"  # search in this process
-    RAY = "ray"  # table groups on Ray actors (RAY_ADDRESS, or a local Ray started on demand)
-    AUTO = "auto"  # Ray from AUTO_RAY_MIN_TABLES tables on, local below or when Ray is away
 
 
 @dataclass(frozen=True)
@@ -66,14 +60,12 @@ class SearchSettings:
 
         return searcher_for_backend(self.backend, num_tables, self.groups)
 
-    def request(self, previous: Plan | None = None) -> dict:
+    def request(self, previous: Plan | None = None) -> PlannerIdentity:
         """What the plan cache key adds: a non-local backend, a previous plan to replan from."""
-        out: dict = {} if self.backend is Backend.LOCAL else searcher_keys(self.backend.value, self.groups)
-        if previous is not None:
-            out.update(replan_keys(previous, self.max_regress))
-        return out
+        out = PlannerIdentity() if self.backend is Backend.LOCAL else searcher_keys(self.backend.value, self.groups)
+        return out if previous is None else replan_keys(previous, self.max_regress, out)
 
-    def planner(self, previous: Plan | None = None) -> dict:
+    def planner(self, previous: Plan | None = None) -> PlannerIdentity:
         """The planner configuration of the request: a local search's plan has exactly this one."""
         return planner_config(self.cost, self.config, self.request(previous))
 
@@ -129,17 +121,14 @@ def torchrec_search(inputs: Inputs, cost: CostConfig, planner: Planner) -> Found
 
 def _not_requested(plan: Plan, inputs: Inputs, settings: SearchSettings, previous: Plan | None) -> str | None:
     """Why ``plan`` is not one a search of these inputs and settings gives; None if it is."""
-    from rec.topology import topology_from_dict
-
     if plan.spec_hash != inputs.spec.spec_hash:
         return f"its plan is for spec {plan.spec_hash}, not {inputs.spec.spec_hash}"
-    if topology_from_dict(plan.topology, source="the cached plan").topology_hash != inputs.topology.topology_hash:
+    if plan.topology.topology_hash != inputs.topology.topology_hash:
         return "its plan is for another topology"
     if plan.previous_plan_id != (previous.plan_id if previous else None):
         return f"its plan was replanned from {plan.previous_plan_id or 'no plan'}"
     asked = settings.planner(previous)
-    if canonical_json({k: v for k, v in plan.planner.items() if k not in SEARCHER_KEYS}) != \
-            canonical_json({k: v for k, v in asked.items() if k not in SEARCHER_KEYS}):
+    if replace(plan.planner, backend=None, groups=None) != replace(asked, backend=None, groups=None):
         return "its plan was made with other planner settings"
     return None
 

@@ -11,7 +11,7 @@ it with retries, which skip InputErrors and failures that would repeat.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,8 +20,8 @@ from rec import progress
 from rec.errors import InputError, Problem
 from rec.plan import Plan, check_plan, plan_file, read_plan
 from rec.settings import check, knob
-from rec.spec import spec_from_rows
 from rec.spec.types import Spec
+from rec.topology.types import Topology
 from rec.train.config import FAIL_AT_ENV, TrainConfig
 from rec.train.metrics import METRICS_FILE
 from rec.train.rank_log import log_dir
@@ -64,7 +64,7 @@ class Trained:
 
     plan_id: str
     out_dir: str
-    metrics: dict
+    metrics: dict[str, Any]
     settings: TrainSettings
     nproc_per_node: int
     attempts: int  # attempts it took, 1 when the first one succeeded
@@ -84,10 +84,10 @@ class TrainingFailed(RuntimeError):
         return type(self), (self.cause, self.deterministic, self.logs, self.attempt)
 
 
-def preflight(settings: TrainSettings, topology: Mapping[str, Any],
+def preflight(settings: TrainSettings, topology: Topology,
               feature_names: Sequence[str] = (), spec: Spec | None = None) -> int:
     """Check, before any process starts, what would fail the job for certain on this machine;
-    InputError naming every problem. ``topology``: the plan's (plan.json keys); ``feature_names``
+    InputError naming every problem. ``topology``: the plan's; ``feature_names``
     are checked against ``--data``, the model of ``--model TARGET`` against ``spec``'s tables.
     Returns the processes to start on this node."""
     problems: list[Problem] = []
@@ -95,12 +95,12 @@ def preflight(settings: TrainSettings, topology: Mapping[str, Any],
         check(settings, "")
     except InputError as e:
         problems += e.problems
-    nproc = settings.nproc_per_node or int(topology["local_world_size"])
-    world, planned = settings.nnodes * nproc, int(topology["world_size"])
+    nproc = settings.nproc_per_node or topology.local_world_size
+    world, planned = settings.nnodes * nproc, topology.world_size
     if world != planned:
         problems.append(Problem("world size", f"--nnodes {settings.nnodes} x --nproc-per-node {nproc} = "
                                               f"{world} processes, but the plan is for {planned} ranks"))
-    problems += _device_problems(str(topology["compute_device"]), nproc)
+    problems += _device_problems(topology.compute_device.value, nproc)
     if settings.rdzv_endpoint:
         problems += _endpoint_problems(settings.rdzv_endpoint)
     if settings.job.data:
@@ -187,8 +187,8 @@ def prepare(plan_path: str, out_dir: str, settings: TrainSettings) -> tuple[str,
     with progress.step("check", "the plan, and what it needs of this machine"):
         plan = read_plan(plan_path)
         check_plan(plan)
-        features = [f for row in plan.spec_tables for f in row["feature_names"]] if settings.job.data else ()
-        spec = spec_from_rows(list(plan.spec_tables)) if settings.job.model_target else None
+        features = [f for t in plan.spec.tables for f in t.feature_names] if settings.job.data else ()
+        spec = plan.spec if settings.job.model_target else None
         nproc = preflight(settings, plan.topology, features, spec)
         if settings.job.resume_from:
             check_resume_from(settings.job, plan)
@@ -203,7 +203,7 @@ def prepare(plan_path: str, out_dir: str, settings: TrainSettings) -> tuple[str,
 
 def train(plan_path: str, out_dir: str, settings: TrainSettings = TrainSettings(), attempt: int = 1) -> Trained:
     """Train with the plan at ``plan_path``; TrainingFailed if a rank failed for good."""
-    from tasks.records import now_ms
+    from tasks.clock import now_ms
 
     started = now_ms()
     plan_id, launch = prepare(plan_path, out_dir, settings)

@@ -11,6 +11,7 @@ from rec.plan import Plan, validate_plan
 from rec.plan.chart import CHART_FILE, rank_load_chart
 from rec.plan.io import write_plan_files
 from rec.settings import knob
+from tasks.plan_cache import CACHE_DIGEST_FILE
 
 
 @dataclass(frozen=True)
@@ -36,5 +37,6 @@ def write_plan_artifact(plan: Plan, out_dir: str, settings: WriteSettings = Writ
     def chart(tmp: Path) -> None:
         rank_load_chart(plan, tmp / CHART_FILE)
 
-    files = write_plan_files(plan, out_dir, extra=chart if settings.chart else None)
+    # A directory that was a plan cache entry loses its digest: it no longer describes the files.
+    files = write_plan_files(plan, out_dir, extra=chart if settings.chart else None, owned=(CACHE_DIGEST_FILE,))
     return Written(str(files[0]), tuple(str(f) for f in files))

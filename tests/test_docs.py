@@ -40,7 +40,10 @@ def test_every_plan_json_key_and_metric_is_documented():
 
 def test_every_mlflow_tag_param_metric_series_and_artifact_is_documented(tmp_path):
     """Names from the records themselves: a plan run, a replanned plan's run, a train run with its
-    series, and the headline a pipeline run ends with."""
+    series, a measure run, the headline a pipeline run ends with, and the names before 0.2.0 that
+    the compatibility switch logs."""
+    import re
+
     import numpy as np
 
     from rec.plan.io import write_plan
@@ -48,6 +51,7 @@ def test_every_mlflow_tag_param_metric_series_and_artifact_is_documented(tmp_pat
     from rec.train.metrics import Iterations, LatencyStats, LossStats, TrainMetrics, write_metrics
     from tasks import records
     from tasks.ingest import ingest
+    from tasks.measure_record import measure_record
     from tasks.mlflow_log import ParentRun
     from tasks.train import Trained, TrainSettings
 
@@ -72,14 +76,35 @@ def test_every_mlflow_tag_param_metric_series_and_artifact_is_documented(tmp_pat
                       json.loads((tmp_path / "train" / "train_metrics.json").read_text()), TrainSettings(), 2, 1, 0,
                       str(plan_path))
     record = records.train_record(trained, inputs=inputs)
-    assert record.metrics["predicted_critical_path_ms"] == plan.metrics.critical_path
-    assert [step for step, _ in record.series[records.MEASURED_SERIES]] == [1, 2, 3]  # after the warm-up
+    assert record.metrics[records.PREDICTED] == plan.metrics.critical_path  # TorchRec's default profile
     names += list(record.params) + list(record.metrics) + list(record.series)
+    # A measure run's own names are in measure.md, per rank as `measured_ms_rank<R>`.
+    measure_text = text + doc("measure.md")
+    measured = {re.sub(r"rank\d+$", "rank<R>", n) for n in measure_record(_measured(plan_path, tmp_path / "m")).metrics}
+    assert sorted(n for n in measured if f"`{n}`" not in measure_text) == []
     parent = ParentRun("0" * 32, plan.plan_id)
     parent.add_plan(plan)
     parent.add_training(trained)
     names += list(parent.params) + list(parent.metrics)
+    names += [records.LEGACY_NAMES_ENV, *records.LEGACY_PLAN, *records.LEGACY_TRAIN, *records.LEGACY_MEASURE,
+              records.LEGACY_LATENCY_SERIES, records.LEGACY_MEASURED_SERIES, records.LEGACY_LOSS_SERIES]
     assert sorted({n for n in names if f"`{n}`" not in text}) == []
+
+
+def _measured(plan_path, out):
+    """A measurement of the plan at ``plan_path`` as node 0 of ``shardflow measure`` returns it."""
+    from rec.plan import read_plan
+    from rec.profile.types import Machine
+    from rec.sharding import ComputeDevice
+    from rec.train.measure_report import measure_report
+    from rec.train.timings import PlanTimes, Status
+    from tasks.measure import Measured, MeasureSettings
+
+    plan = read_plan(plan_path)
+    times = PlanTimes(plan_path=str(plan_path), plan_id=plan.plan_id, status=Status.MEASURED, warmup=1,
+                      fwd_ms=((1.0, 1.0), (2.0, 2.0)), bwd_ms=((1.0, 1.0), (2.0, 2.0)))
+    report = measure_report(plan, times, Machine(ComputeDevice.CPU))
+    return Measured(plan.plan_id, str(out), report, MeasureSettings(), 2, 0, str(plan_path))
 
 
 def _enum_docs() -> list[tuple[str, str, str, set[str], set[str]]]:
@@ -135,6 +160,7 @@ def _enum_docs() -> list[tuple[str, str, str, set[str], set[str]]]:
         ("MLflow shardflow.step", "mlflow.md", r"^\| \w+ \| (`\w+`) \|", values(RunStep), set()),
         ("MLflow run statuses", "mlflow.md", r"^Run statuses \(MLflow's\): (.*)", values(RunStatus), set()),
         ("MLflow plan run backend", "mlflow.md", r"`backend` \(([^)]*)\)", values(Backend), set()),
+        ("MLflow planner param", "mlflow.md", r"^\| `planner` \|(.*)", values(Planner), set()),
         ("MLflow plan run optimizer", "mlflow.md", r"`optimizer` \(([^)]*)\)", values(Optimizer), set()),
         ("MLflow plan run bound_method", "mlflow.md", r"`bound_method` \(([^)]*)\)", values(BoundMethod), set()),
         ("MLflow plan run compute_device", "mlflow.md", r"`compute_device` \(([^)]*)\)", values(ComputeDevice),

@@ -28,7 +28,7 @@ from rec.train.measure_config import MeasureConfig
 from rec.train.timings import PlanTimes
 
 Result = tuple[dict[str, Any], str]
-GPU_SIZED_MS = 12.0  # a calibration workload's batch doubles until its predicted iteration reaches this
+GPU_SIZED_MS = 15.0  # a calibration workload's batch doubles until its predicted iteration reaches this
 MAX_DOUBLINGS = 6
 MAX_BATCH = 1 << 20
 MAX_IDS = 40_000_000  # per rank and batch: the synthetic batches the measuring job keeps on the GPU
@@ -150,8 +150,8 @@ def summarize(runs: list[PlanTimes]) -> dict[str, Any]:
 def _estimate(ctx: Context, plans: Sequence[Plan], profile: Profile, repeats: int) -> float:
     """Seconds the measuring job should take for ``plans``, each ``repeats`` times."""
     iterations = iterations_per_measurement(measuring(ctx.ranks.cuda))
-    # GPU-sized tables take longer to build than the probes' (GBs): a second more each, and a margin.
-    overhead = ctx.overhead_s + (1.0 if ctx.ranks.cuda else 0.0)
+    # GPU-sized tables (GBs) take longer to build than most probes': half a second more each, and a margin.
+    overhead = ctx.overhead_s + (0.5 if ctx.ranks.cuda else 0.0)
     return 1.3 * sum(repeats * (overhead + iterations * predicted(p, profile) / 1e3) for p in plans)
 
 
@@ -204,7 +204,8 @@ def calibration(ctx: Context) -> Result:
                for model in ("default", "calibrated")}
     spreads = [e["spread"] for e in ok]
     figures = {"specs": len({e["spec"] for e in ok}), "plans": len(ok), "repeats": repeats,
-               "min_measured_ms": min(values), "max_spread": max(spreads), "median_spread": float(np.median(spreads)),
+               "min_measured_ms": min(values), "below_10_ms": [e["spec"] for e in ok if e["measured_ms"] < 10.0],
+               "max_spread": max(spreads), "median_spread": float(np.median(spreads)),
                "summary": summary, "choices": _choices(ok), "plans_measured": entries,
                "targets": {"median_abs_error": 0.10, "spearman": 0.9, "spread": 0.05} if cuda else None}
     cal = summary["calibrated"]
@@ -345,9 +346,14 @@ def vs_torchrec(ctx: Context) -> Result:
     if not cuda:
         shapes = [s for s in shapes if s.name in ("few_big", "mixed_ebc_ec")]
     repeats, results = compare_measured(ctx, shapes, 3 if cuda else 2, budget)
-    ratios = [row["shardflow"]["vs_torchrec"] for row in results.values() if isinstance(row.get("shardflow"), dict)
-              and math.isfinite(row["shardflow"].get("vs_torchrec", math.nan))]
-    geo = float(np.exp(np.mean(np.log(ratios)))) if ratios else math.nan
-    figures = {"repeats": repeats, "shapes": results, "shardflow_vs_torchrec_geomean": geo}
-    return figures, (f"{len(results)} shapes: shardflow's plan measured {geo:.2f}x TorchRec's (geometric mean), "
-                     "plan times in the figures")
+    geomeans = {label: _geomean([row[label]["vs_torchrec"] for row in results.values()
+                                 if isinstance(row.get(label), dict) and "vs_torchrec" in row[label]])
+                for label in ("shardflow", "shardflow-calibrated")}
+    figures = {"repeats": repeats, "shapes": results, "vs_torchrec_geomean": geomeans}
+    return figures, (f"{len(results)} shapes, measured against TorchRec's plan (geometric mean): shardflow's "
+                     f"{geomeans['shardflow']:.2f}x, calibrated {geomeans['shardflow-calibrated']:.2f}x")
+
+
+def _geomean(values: Sequence[float]) -> float:
+    finite = [v for v in values if math.isfinite(v) and v > 0]
+    return float(np.exp(np.mean(np.log(finite)))) if finite else math.nan

@@ -13,10 +13,9 @@ from typing import Any
 import numpy as np
 
 from rec.sharding import ComputeDevice
-from rec.spec.synthetic import CRITEO_1TB_ROWS
+from rec.spec.synthetic import CRITEO_1TB_ROWS, random_table_rows
 
 GIB = 1 << 30
-DIMS = (8, 16, 32, 64, 128, 256)
 
 
 @dataclass(frozen=True)
@@ -58,26 +57,6 @@ def dlrm(ranks: Ranks, table_bytes: float | None = None, name: str = "dlrm_crite
     return Workload(name, rows, 8192 if ranks.cuda else 256)
 
 
-def random_tables(seed: int, tables: int, column_share: float, memory_bytes: float) -> list[dict[str, Any]]:
-    """Random tables in the calibration bench's ranges (dims 8-256, rows 1e3-1e7, pooling 1-50, a share
-    allow-listed column-wise), their weights under ``memory_bytes`` together."""
-    rng = np.random.default_rng(seed)
-    rows, total = [], 0.0
-    for i in range(tables):
-        dim = int(rng.choice(DIMS))
-        count = int(10 ** rng.uniform(3, 7))
-        count = max(1000, min(count, int((memory_bytes - total) / (dim * 4) / max(1, tables - i) * 4),
-                              int(memory_bytes / 2 / (dim * 4))))
-        total += count * dim * 4
-        row: dict[str, Any] = {"name": f"t{i}", "num_embeddings": count, "embedding_dim": dim,
-                               "pooling_factor": float(np.round(10 ** rng.uniform(0, np.log10(50)), 1))}
-        if rng.random() < column_share:
-            row["embedding_dim"] = 256
-            row["sharding_types"] = ["column_wise", "table_column_wise"]
-        rows.append(row)
-    return rows
-
-
 # (seed, tables, batch per rank on cpu, share of tables allow-listed column-wise): the calibration bench's
 CALIBRATION_SPECS = ((1, 5, 512, 0.0), (2, 12, 128, 0.0), (3, 30, 1024, 0.0), (4, 60, 256, 0.2), (5, 100, 512, 0.0),
                      (6, 200, 128, 0.0), (7, 8, 4096, 0.0), (8, 20, 2048, 0.25), (9, 45, 512, 0.0),
@@ -90,7 +69,7 @@ def calibration_workloads(ranks: Ranks, count: int) -> list[Workload]:
     memory = 0.25 * ranks.hbm_bytes * ranks.world_size if ranks.cuda else 1e9
     out = []
     for seed, tables, batch, share in CALIBRATION_SPECS[:count]:
-        out.append(Workload(f"spec{seed}", random_tables(seed, tables, share, memory),
+        out.append(Workload(f"spec{seed}", random_table_rows(seed, tables, share, memory),
                             batch * 16 if ranks.cuda else batch))
     return out
 

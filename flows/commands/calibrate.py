@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 MAX_PROBE_ROWS = 60
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from tasks.calibrate import CalibrateSettings
     from tasks.measure import Ranks
 

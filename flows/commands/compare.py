@@ -1,14 +1,18 @@
-"""``shardflow compare``: plans and their training runs side by side, from MLflow.
+"""``shardflow compare``: plans and the runs that trained or measured them, side by side, from MLflow.
 
-One row per training of a plan (plans never trained get one row with ``-``), newest plans first:
-what the plan was made for (spec, topology, profile), its predicted critical path in TorchRec's
-cost model (``pred_ms``; ``gap``: how far above its proven lower bound, ``opt`` when proven
-optimal), and next to it the training: batch size per rank, iterations, the latency measured
-(``p50_ms``, ``p90_ms``), ``p50/pred`` (measured over predicted, when trained at the batch size
-the plan was made for) and samples/s. The table fits the terminal's width, the most telling columns
-first and names cut short if need be; ``--wide`` shows every column in full (spec hash, backend,
-lower bound, the plan replanned from and the share of bytes moved, the training's start). A
-training that failed shows FAILED, with its cause under the table.
+One row per training or measurement of a plan (a plan with neither gets one row with ``-``),
+plans with the newest runs first: every train and measure run appears, whoever made its plan
+(``shardflow plan``, ``run``, the drop-in ``ShardflowPlanner``, TorchRec's own planner) and whether
+or not MLflow has a plan run of it, since each run carries its plan's params and metrics. What
+the plan was made for and by (``planner``: shardflow, torchrec, torchrec-dp; spec, topology,
+profile), its predicted iteration time (``pred_ms``, as ``plan`` prints it; ``gap``: how far its
+critical path is above its proven lower bound, ``opt`` when proven optimal), and next to it the
+run (``train`` or ``measure``): batch size per rank, iterations, the iteration time measured
+(``p50_ms``, ``p90_ms``), ``p50/pred`` (measured over predicted, when run at the batch size the plan
+predicts for) and samples/s. The table fits the terminal's width, the most telling columns first
+and names cut short if need be; ``--wide`` shows every column in full (spec hash, backend, lower
+bound, the plan replanned from and the share of bytes moved, the run's start). A training that
+failed shows FAILED, with its cause under the table.
 """
 
 from __future__ import annotations
@@ -17,27 +21,40 @@ import argparse
 import math
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rec.exit_codes import ExitCode
 from rec.settings import add_flags
 
-HEADER = ("plan_id", "spec", "topology", "profile", "tables", "world", "pred_ms", "lower_ms", "gap",
-          "spec_hash", "backend", "previous", "moved", "trained", "batch", "iters", "p50_ms", "p90_ms",
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities import Run
+
+Row = tuple[str, ...]  # one row of the table, in HEADER's order
+HEADER = ("plan_id", "planner", "spec", "topology", "profile", "tables", "world", "pred_ms", "lower_ms", "gap",
+          "spec_hash", "backend", "previous", "moved", "run", "started", "batch", "iters", "p50_ms", "p90_ms",
           "p50/pred", "samples_s")
 NUMBERS = ("tables", "world", "pred_ms", "lower_ms", "gap", "moved", "batch", "iters", "p50_ms", "p90_ms",
            "p50/pred", "samples_s")
-# What a narrow terminal shows, most telling first: predicted against measured, then what explains them.
-PRIORITY = ("plan_id", "pred_ms", "p50_ms", "gap", "spec", "topology", "batch", "iters", "profile",
-            "p50/pred", "samples_s", "world", "tables", "p90_ms", "trained", "moved", "previous", "lower_ms",
-            "backend", "spec_hash")
+# What a narrow terminal shows, most telling first: predicted against measured, who planned, which
+# run, then what explains them.
+PRIORITY = ("plan_id", "pred_ms", "p50_ms", "planner", "run", "spec", "topology", "gap", "batch", "iters",
+            "profile", "p50/pred", "samples_s", "world", "tables", "p90_ms", "started", "moved", "previous",
+            "lower_ms", "backend", "spec_hash")
 # Without --wide: what must fit, and how short names (spec, topology, profile) may be cut to fit it.
-ESSENTIAL = PRIORITY[:8]
+ESSENTIAL = PRIORITY[:7]
 NAMES = ("spec", "topology", "profile")
 NAME_WIDTHS = (20, 16, 12, 10, 8)
+SCAN = 1000  # runs of each kind read to find the plans with the newest runs
+# Each value under today's name, then the names earlier versions logged it under (docs/mlflow.md).
+PREDICTED_NAMES = ("predicted_iteration_ms", "predicted_critical_path_ms", "critical_path_predicted_ms",
+                   "critical_path_ms", "critical_path")
+MEASURED_NAMES = ("measured_iteration_ms", "iteration_latency_ms_p50", "critical_path_measured_ms")
+P90_NAMES = ("measured_iteration_p90_ms", "iteration_latency_ms_p90", "measured_p90_ms")
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("compare", help="plans and training runs side by side (from MLflow)",
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser("compare", help="plans, their trainings and measurements side by side (from MLflow)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--spec-hash", default=None, help="only plans of this spec hash")
     p.add_argument("--plan-id", default=None, help="only this plan")
@@ -76,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"\nFAILED training of plan {t.data.tags['shardflow.plan_id']} on {_started(t)}: "
                   f"{t.data.tags.get(ERROR, 'no cause recorded')}")
     else:
-        print(f"no plan runs in experiment {tracking.experiment!r} at {tracking.uri}"
+        print(f"no plan, train or measure runs in experiment {tracking.experiment!r} at {tracking.uri}"
               + (" matching the filters" if filters else ""))
     waiting = len(Outbox(tracking.outbox_dir).entries())
     if waiting:
@@ -90,7 +107,7 @@ def _terminal_width() -> int:
     return shutil.get_terminal_size().columns
 
 
-def render_rows(rows: list[tuple], width: int | None) -> str:
+def render_rows(rows: list[Row], width: int | None) -> str:
     """The table in ``width`` characters (None: every column), and a line naming what it left out."""
     from flows.text_table import fit_columns, render_table, select
 
@@ -108,61 +125,90 @@ def render_rows(rows: list[tuple], width: int | None) -> str:
     return render_table(header, shown, right=NUMBERS) + note
 
 
-def read_rows(client, experiment_id: str, last: int, filters: dict[str, str]) -> tuple[list, list]:
+def read_rows(client: MlflowClient, experiment_id: str, last: int,
+              filters: dict[str, str]) -> tuple[list[Row], list[Run]]:
     """The table's rows, and the FAILED train runs among them."""
-    from tasks.records import PLAN_ID, RunStatus, RunStep
+    from tasks.records import PLAN_ID, STEP, RunStatus, RunStep
     from tasks.tracking import find_runs
 
-    plans = find_runs(client, [experiment_id], step=RunStep.PLAN, finished=True, max_results=last, **filters)
+    shown = (RunStatus.FINISHED, RunStatus.FAILED)
+    newest: dict[str, int] = {}  # plan_id: the start of its newest run
+    for step in (RunStep.PLAN, RunStep.TRAIN, RunStep.MEASURE):
+        for run in find_runs(client, [experiment_id], step=step, finished=False, max_results=SCAN, **filters):
+            plan_id = run.data.tags.get(PLAN_ID)
+            if plan_id and run.info.status in shown:
+                newest[plan_id] = max(newest.get(plan_id, 0), run.info.start_time)
     rows, failed = [], []
-    for plan in plans:
-        plan_id = plan.data.tags[PLAN_ID]
-        trains = [t for t in find_runs(client, [experiment_id], step=RunStep.TRAIN, plan_id=plan_id)
-                  if t.info.status in (RunStatus.FINISHED, RunStatus.FAILED)]
-        rows += [plan_row(plan, train) for train in trains] or [plan_row(plan, None)]
-        failed += [t for t in trains if t.info.status == RunStatus.FAILED]
+    for plan_id in sorted(newest, key=lambda p: newest[p], reverse=True)[:last]:
+        runs = [r for r in find_runs(client, [experiment_id], plan_id=plan_id) if r.info.status in shown]
+        plans = [r for r in runs if r.data.tags.get(STEP) == RunStep.PLAN and r.info.status == RunStatus.FINISHED]
+        done = [r for r in runs if r.data.tags.get(STEP) in (RunStep.TRAIN, RunStep.MEASURE)]
+        # The plan's columns from its plan run, else from a run that carries the plan's params (else,
+        # logged before runs did, from whatever a finished run has).
+        finished = [r for r in done if r.info.status == RunStatus.FINISHED]
+        source = next(iter(plans), None) or next((r for r in finished if "spec.hash" in r.data.params),
+                                                 next(iter(finished), None))
+        rows += [plan_row(source, run, plan_id) for run in done] or [plan_row(source, None, plan_id)]
+        failed += [r for r in done if r.info.status == RunStatus.FAILED]
     return rows, failed
 
 
-def plan_row(plan, train) -> tuple:
-    """One row: the plan's columns and the training's (``-`` without one), in HEADER's order."""
-    from tasks.records import PLAN_ID, PREVIOUS_PLAN_ID, SPEC_HASH, SPEC_PATH, TOPOLOGY_PATH
+def plan_row(source: Run | None, run: Run | None, plan_id: str) -> Row:
+    """One row: the plan's columns (from ``source``, a run carrying the plan's params and metrics)
+    and the train or measure run's (``-`` without one), in HEADER's order."""
+    from tasks.records import PREVIOUS_PLAN_ID, SPEC_HASH, SPEC_PATH, STEP, TOPOLOGY_PATH, RunStep
 
-    p, params, tags = plan.data.metrics, plan.data.params, plan.data.tags
-    predicted = p.get("predicted_critical_path_ms", p.get("critical_path_ms", p.get("critical_path")))
-    gap = p.get("gap_pct", 100 * p.get("gap", 0.0))
+    p = source.data.metrics if source else {}
+    params = source.data.params if source else {}
+    tags = source.data.tags if source else {}
+    predicted = _first(p, PREDICTED_NAMES)
+    gap = p.get("gap_pct", 100 * p["gap"] if "gap" in p else None)
+    # Plan runs from before the `planner` param were all shardflow's search.
+    planner = params.get("planner") or ("shardflow" if tags.get(STEP) == RunStep.PLAN else "-")
+    moved = p.get("moved_pct", 100 * p["moved_fraction"] if "moved_fraction" in p else None)
     row = {
-        "plan_id": tags[PLAN_ID],
+        "plan_id": plan_id, "planner": planner,
         "spec": params.get("spec.name") or _stem(tags.get(SPEC_PATH)) or "-",
         "topology": params.get("topology.name") or _stem(tags.get(TOPOLOGY_PATH)) or "-",
         "profile": params.get("profile.name", "-"),
-        "tables": params.get("tables", "-"), "world": params.get("world_size", "-"),
-        "pred_ms": _significant(predicted), "lower_ms": _significant(p.get("lower_bound_ms", p.get("lower_bound"))),
-        "gap": "opt" if p.get("optimal") else f"{_significant(gap, 3)}%",
+        "tables": params.get("tables", "-"), "world": params.get("topology.world_size", params.get("world_size", "-")),
+        "pred_ms": _significant(predicted), "lower_ms": _significant(_first(p, ("lower_bound_ms", "lower_bound"))),
+        "gap": "opt" if p.get("optimal") else f"{_significant(gap, 3)}%" if gap is not None else "-",
         "spec_hash": tags.get(SPEC_HASH, "-"), "backend": params.get("backend", "-"),
         "previous": tags.get(PREVIOUS_PLAN_ID, "-"),
-        "moved": f"{_significant(p.get('moved_pct', 100 * p.get('moved_fraction', 0.0)), 3)}%"
-                 if "moved_fraction" in p else "-",
+        "moved": f"{_significant(moved, 3)}%" if moved is not None else "-",
     }
-    row.update(_train_columns(train, predicted, params.get("topology.batch_size")))
+    row.update(_run_columns(run, predicted, params.get("topology.batch_size")))
     return tuple(row.get(name, "-") for name in HEADER)
 
 
-def _train_columns(train, predicted: float | None, plan_batch: str | None) -> dict[str, str]:
-    if train is None:
-        return {}
-    params = train.data.params
-    row = {"trained": _started(train), "batch": params.get("batch_size", "-"), "iters": params.get("iterations", "-")}
-    from tasks.records import RunStatus
+def _run_columns(run: Run | None, predicted: float | None, plan_batch: str | None) -> dict[str, str]:
+    from tasks.records import RATIO, STEP, RunStatus
 
-    if train.info.status == RunStatus.FAILED:
+    if run is None:
+        return {}
+    params = run.data.params
+    row = {"run": run.data.tags.get(STEP, "-"), "started": _started(run), "batch": params.get("batch_size", "-"),
+           "iters": params.get("iterations", "-")}
+    if run.info.status == RunStatus.FAILED:
         return {**row, "p50_ms": "FAILED"}
-    t = train.data.metrics
-    p50 = t["iteration_latency_ms_p50"]
-    same_batch = plan_batch is not None and plan_batch == params.get("batch_size")
-    return {**row, "p50_ms": f"{p50:.2f}", "p90_ms": f"{t['iteration_latency_ms_p90']:.2f}",
-            "p50/pred": f"{_significant(p50 / predicted, 3)}x" if same_batch and predicted else "-",
-            "samples_s": f"{t['samples_per_s']:,.0f}"}
+    t = run.data.metrics
+    p50, p90 = _first(t, MEASURED_NAMES), _first(t, P90_NAMES)
+    ratio = t.get(RATIO)
+    if ratio is None and p50 is not None and predicted and plan_batch == params.get("batch_size"):
+        ratio = p50 / predicted  # runs logged before the ratio was
+    return {**row, "p50_ms": _fixed(p50), "p90_ms": _fixed(p90),
+            "p50/pred": f"{_significant(ratio, 3)}x" if ratio is not None else "-",
+            "samples_s": f"{t['samples_per_s']:,.0f}" if "samples_per_s" in t else "-"}
+
+
+def _first(metrics: dict[str, float], names: tuple[str, ...]) -> float | None:
+    """The value under the first of ``names`` the run has."""
+    return next((metrics[n] for n in names if n in metrics), None)
+
+
+def _fixed(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def _significant(value: float | None, digits: int = 4) -> str:
@@ -183,5 +229,5 @@ def _stem(path: str | None) -> str | None:
     return Path(path).stem if path else None
 
 
-def _started(run) -> str:
+def _started(run: Run) -> str:
     return datetime.fromtimestamp(run.info.start_time / 1000).strftime("%Y-%m-%d %H:%M")

@@ -20,12 +20,13 @@ from rec.exit_codes import ExitCode
 from rec.settings import add_flags
 
 if TYPE_CHECKING:
+    from rec.profile.prediction import Prediction
     from rec.train.measure_report import MeasureReport
 
 MAX_RANK_ROWS = 32  # ranks shown one by one; beyond, the critical rank and a summary
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from rec.train.measure_config import MeasureConfig
     from tasks.measure import Ranks
     from tasks.tracking import TrackingSettings
@@ -81,7 +82,9 @@ def run(args: argparse.Namespace) -> int:
     if measured.report is None:
         print(f"measure   done on node {settings.ranks.node_rank}; node 0 writes measure.json")
     else:
-        print(render_report(measured.report))
+        from rec.profile.prediction import prediction
+
+        print(render_report(measured.report, prediction(read_plan(args.plan))))
         print(f"wrote     {measured.out_dir}/measure.json (logs in {measured.out_dir}/logs)")
     if logged is not None:
         print(render_logged(logged, tracking, "measure run"))
@@ -89,9 +92,11 @@ def run(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-def render_report(report: MeasureReport) -> str:
-    """Per rank predicted against measured, then the critical path and the error."""
+def render_report(report: MeasureReport, predicted: Prediction) -> str:
+    """Per rank predicted against measured, then the plan's predicted iteration time (as ``plan``
+    prints it) beside the measured one, and their ratio."""
     from flows.text_table import render_table
+    from rec.profile.prediction import ms, ratio_text
 
     critical = max(range(report.world_size), key=lambda r: report.measured_ms[r])
     ranks = list(range(report.world_size))
@@ -103,14 +108,15 @@ def render_report(report: MeasureReport) -> str:
     header = ["rank", "predicted_ms", "measured_ms", "p90_ms", "fwd_ms", "bwd_ms", ""]
     table = render_table(header, rows, right=header[:-1])
     profile = report.profile["name"] or ("TorchRec's defaults" if report.profile["default"] else "unnamed")
-    error = "n/a" if report.error is None else f"{report.error:+.1%}"
     shown = "" if len(ranks) == report.world_size else f" ({len(ranks)} of {report.world_size} ranks shown)"
+    measured = report.critical_path_measured
     return "\n".join([
         table + shown,
         "",
-        f"critical path  predicted {report.critical_path_predicted:.3f} ms, measured "
-        f"{report.critical_path_measured:.3f} ms (median of {report.iterations} iterations after "
-        f"{report.warmup} warm-up): error {error}",
+        f"predicted      {predicted.text()}",
+        f"measured       {ms(measured)} per iteration (rank {critical}'s median of {report.blocks} blocks, "
+        f"{report.iterations} iterations after {report.warmup} warm-up; spread {report.spread:.1%}): "
+        f"{ratio_text(measured, predicted.iteration_ms)}",
         f"profile        {profile} (hash {report.profile['hash']}); measured on {report.machine.get('device_name')}, "
         f"{report.world_size} ranks",
     ])

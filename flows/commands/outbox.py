@@ -16,7 +16,7 @@ from rec.exit_codes import ExitCode
 from rec.settings import add_flags
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``outbox list`` and ``outbox retry``."""
     from tasks.tracking import TrackingSettings
 

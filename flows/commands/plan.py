@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from rec.errors import Problem
 from rec.exit_codes import ExitCode
 from rec.settings import add_flags, knob
 from rec.torchrec.planners import Planner
+
+if TYPE_CHECKING:
+    from rec.plan import Plan
 
 
 @dataclass(frozen=True)
@@ -50,7 +54,7 @@ class ReportSettings:
         "of each column and the busiest ranks)"))
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from tasks.search import SearchSettings
     from tasks.write import WriteSettings
 
@@ -83,7 +87,7 @@ def add_previous_arguments(parser: argparse.ArgumentParser) -> None:
     add_flags(group, TrackingSettings, skip=("track",))
 
 
-def previous_plan(args: argparse.Namespace):
+def previous_plan(args: argparse.Namespace) -> Plan | None:
     """The plan ``--previous`` or ``--previous-plan-id`` names, checked; None without either."""
     import tempfile
 

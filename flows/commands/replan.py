@@ -17,7 +17,7 @@ from rec.exit_codes import ExitCode
 from rec.settings import add_flags
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from tasks.paths import DEFAULT_OUT
     from tasks.search import SearchSettings
     from tasks.tracking import TrackingSettings
@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from flows.parameters import search_parameters
     from flows.progress import on_terminal
     from rec.settings import check, from_flags
-    from tasks.ingest import IngestSettings, ingest
+    from tasks.ingest import IngestSettings, ingest, ingested
     from tasks.outbox import kept_message
     from tasks.search import SearchSettings
     from tasks.tracking import TrackingSettings
@@ -49,10 +49,12 @@ def run(args: argparse.Namespace) -> int:
     searching = from_flags(SearchSettings, args)
     check(searching, "Cannot plan with these settings:")
     tracking = from_flags(TrackingSettings, args)  # a name that cannot be used exits 2 here
-    ingest(args.spec, args.topology, from_flags(IngestSettings, args))  # bad input exits 2 here, before Prefect
+    ingesting = from_flags(IngestSettings, args)
+    inputs = ingest(args.spec, args.topology, ingesting)  # bad input exits 2 here, before Prefect
     from flows.replan import replan_flow
 
-    with on_terminal(), input_errors_without_traceback():
+    # The flow's ingest step takes the inputs read here: read, validated and hashed once.
+    with on_terminal(), input_errors_without_traceback(), ingested(inputs, ingesting):
         try:
             start_ephemeral_api()
         except PrefectApiUnavailable as e:

@@ -25,12 +25,10 @@ if TYPE_CHECKING:
     from flows.pipeline import PipelineOutcome
     from flows.plan import PlanOutcome
     from tasks.tracking import Tracking
-
-TRAIN_FLAGS = {"iterations": "train-iterations"}  # flag names kept from shardflow's first CLI
-TRAIN_WHERE = {"iterations": "--train-iterations"}
+    from tasks.train import TrainingFailed
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from rec.train.config import TrainConfig
     from tasks.paths import DEFAULT_OUT
     from tasks.search import SearchSettings
@@ -48,8 +46,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         f"{DEFAULT_OUT}/<plan_id>/train-<time> per run, {DEFAULT_OUT}/latest the newest)")
     add_flags(p.add_argument_group("search"), SearchSettings)
     add_flags(p.add_argument_group("artifact"), WriteSettings)
-    add_flags(p.add_argument_group("training job"), TrainConfig, rename=TRAIN_FLAGS,
-              aliases={"iterations": ("iterations",)})
+    add_flags(p.add_argument_group("training job"), TrainConfig,
+              aliases={"iterations": ("train-iterations",)})  # the flag's name in shardflow's first CLI
     add_flags(p.add_argument_group("processes"), TrainSettings, skip=("job", "node_rank"))
     p.add_argument("--train-retries", type=int, default=TRAIN_RETRIES,
                    help=f"Prefect retries of a failed training that may pass on retry (default: {TRAIN_RETRIES})")
@@ -62,11 +60,11 @@ def run(args: argparse.Namespace) -> int:
 
     from flows.ephemeral_api import PrefectApiUnavailable, start_ephemeral_api
     from flows.logs import input_errors_without_traceback
-    from flows.parameters import search_parameters, train_parameters
+    from flows.parameters import search_parameters
     from flows.progress import on_terminal
     from rec.errors import InputError, Problem
     from rec.settings import check, from_flags
-    from tasks.ingest import IngestSettings, ingest
+    from tasks.ingest import IngestSettings, ingest, ingested
     from tasks.search import SearchSettings
     from tasks.tracking import TrackingSettings
     from tasks.train import TrainingFailed, TrainSettings, preflight
@@ -78,17 +76,19 @@ def run(args: argparse.Namespace) -> int:
     # What would fail for certain exits 2 here, in seconds, before Prefect starts.
     check(searching, "Cannot plan with these settings:")
     if not args.plan_only:
-        check(training, "Cannot train with these settings:", where=TRAIN_WHERE)
+        check(training, "Cannot train with these settings:")
     if args.train_retries < 0:
         raise InputError("Cannot run:", [Problem("--train-retries", "must be at least 0")])
-    inputs = ingest(args.spec, args.topology, from_flags(IngestSettings, args))
+    ingesting = from_flags(IngestSettings, args)
+    inputs = ingest(args.spec, args.topology, ingesting)
     if not args.plan_only:
         features = [f for t in inputs.spec.tables for f in t.feature_names] if training.job.data else ()
-        preflight(training, inputs.topology.to_dict(), features, inputs.spec)
+        preflight(training, inputs.topology, features, inputs.spec)
 
     common = {**search_parameters(searching), "chart": from_flags(WriteSettings, args).chart,
               "out_dir": args.out, **tracking.flow_parameters()}
-    with on_terminal() as shown, input_errors_without_traceback():
+    # The flow's ingest step takes the inputs read and checked here: read, validated and hashed once.
+    with on_terminal() as shown, input_errors_without_traceback(), ingested(inputs, ingesting):
         try:
             start_ephemeral_api()
         except PrefectApiUnavailable as e:
@@ -101,9 +101,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             from flows.pipeline import pipeline_flow
 
-            params = {k: v for k, v in train_parameters(training).items() if k != "node_rank"}
             try:
-                outcome = pipeline_flow(args.spec, args.topology, **common, **params,
+                outcome = pipeline_flow(args.spec, args.topology, **common, training=training,
                                         train_retries=args.train_retries)
             except TrainingFailed as e:
                 print(render_failure(e, tracking.resolve()), file=sys.stderr)
@@ -117,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-def render_failure(e, tracking: Tracking) -> str:
+def render_failure(e: TrainingFailed, tracking: Tracking) -> str:
     retried = "" if e.deterministic else f" after {e.attempt} attempt{'s' if e.attempt > 1 else ''}"
     return (f"shardflow run: the training failed{retried}: {e.cause}\n"
             f"  logs:   {e.logs}\n"
@@ -154,13 +153,13 @@ def hints(tracking: Tracking, plan_path: str) -> list[str]:
     from pathlib import Path
 
     from flows.reports import command
-    from tasks.tracking import DEFAULT_EXPERIMENT, resolve_uri, sqlite_path
+    from tasks.tracking import DEFAULT_EXPERIMENT, resolve_uri, sqlite_path, sqlite_uri
 
     out = [f"show      {command('shardflow')} show {Path(plan_path).parent}"]
     db = sqlite_path(tracking.uri)
     if db is not None:
         try:
-            shown = f"sqlite:///{db.relative_to(Path.cwd())}"
+            shown = sqlite_uri(db.relative_to(Path.cwd()))
         except ValueError:
             shown = tracking.uri
         out.append(f"browse    {command('mlflow')} ui --backend-store-uri {shown}")

@@ -29,7 +29,7 @@ from typing import NoReturn
 from rec.exit_codes import ExitCode
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("serve", help="serve the Prefect deployments of deploy/prefect.yaml",
                               description=__doc__)
     p.add_argument("--prefect-file", default=None, metavar="YAML",
@@ -37,8 +37,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=4200, help="port of the local Prefect server, if one is started")
     p.add_argument("--limit", type=int, default=None, help="most flow runs at once")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a parameter of every deployment whose flow has it; VALUE is YAML "
-                        "(e.g. --set tracking_uri=sqlite:///runs.db --set train_iterations=5); repeatable")
+                   help="override a parameter of every deployment whose flow has it, or with a dotted KEY one "
+                        "setting of a settings parameter; VALUE is YAML (e.g. --set tracking_uri=sqlite:///runs.db "
+                        "--set training.job.iterations=5); repeatable")
     p.add_argument("--replan-every", type=float, default=None, metavar="SECONDS",
                    help="replan on this interval instead of the replan deployment's cron (tests, demos)")
     p.add_argument("--list", action="store_true", help="print the deployments and their schedules; serve nothing")

@@ -26,7 +26,7 @@ TOP_TABLES = 3  # costliest tables named per rank
 
 def memory_columns(plan: Plan, parts: Breakdown) -> tuple[str, ...]:
     """hbm on cuda, ddr on cpu (and on cuda when tables live there)."""
-    cuda = plan.topology["compute_device"] == "cuda"
+    cuda = plan.topology.compute_device == "cuda"
     return (("hbm",) if cuda else ()) + (("ddr",) if not cuda or parts.ddr.any() else ())
 
 
@@ -36,7 +36,7 @@ def memory_cells(parts: Breakdown, e: int, columns: tuple[str, ...]) -> tuple[st
     return tuple(format_bytes(getattr(parts, c)[e]) for c in columns)
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from flows.commands.plan import ReportSettings
 
     p = subparsers.add_parser("show", help="which tables sit on which rank; compute and communication per rank",
@@ -96,7 +96,7 @@ def render_ranks(plan: Plan, parts: Breakdown, all_ranks: bool) -> str:
         top = on[np.argsort(-cost[on], kind="stable")[:TOP_TABLES]]
         return ", ".join(f"{plan.tables[parts.table[e]].key} {cost[e]:.3f}" for e in top)
 
-    def row(r: int) -> tuple:
+    def row(r: int) -> tuple[object, ...]:
         return (r, f"{total[r]:.4f}", f"{compute[r]:.4f}", f"{comm[r]:.4f}", f"{comm[r] / total[r]:.0%}"
                 if total[r] else "-", f"{tables[r]:,}", costliest(r), CRITICAL if r == critical else "")
 

@@ -13,7 +13,7 @@ from rec.topology import Topology, read_topology
 from rec.units import format_bytes
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``spec validate`` and ``spec show``."""
     parser = subparsers.add_parser("spec", help="validate or show a table spec", description=__doc__)
     commands = parser.add_subparsers(title="spec commands", metavar="COMMAND", required=True)

@@ -15,16 +15,19 @@ signal); the ranks die with the command even when it is killed.
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rec.exit_codes import ExitCode
 from rec.settings import add_flags
 
 if TYPE_CHECKING:
+    from rec.plan import Plan
     from tasks.recorder import Logged
+    from tasks.tracking import TrackingSettings
+    from tasks.train import Trained, TrainSettings
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from rec.train.config import TrainConfig
     from tasks.tracking import TrackingSettings
     from tasks.train import TrainSettings
@@ -91,14 +94,14 @@ def run(args: argparse.Namespace) -> int:
             logged = record_training(tracking.resolve(), trained)
     if fault.code is not None:
         return fault.code
-    print(render_trained(trained))
+    print(render_trained(trained, read_plan(args.plan)))
     if logged is not None:
         print(render_logged(logged, tracking, "train run"))
     print(f"time      {shown.summary(time.perf_counter() - started)}")
     return ExitCode.OK
 
 
-def newest_checkpoint(settings, out: str | None) -> str:
+def newest_checkpoint(settings: TrainSettings, out: str | None) -> str:
     """``; newest complete checkpoint: DIR`` (--resume continues from it), or nothing."""
     from rec.errors import InputError
     from rec.train.resume import checkpoint_dir, latest, step_dir
@@ -113,9 +116,12 @@ def newest_checkpoint(settings, out: str | None) -> str:
     return f"; newest complete checkpoint: {step_dir(directory, step)} (--resume continues from it)"
 
 
-def render_trained(trained) -> str:
+def render_trained(trained: Trained, plan: Plan | None = None) -> str:
+    """Measured latency and loss; the plan's predicted iteration time beside the measured one (as
+    ``plan`` and ``measure`` print it); where a resume came from and what it restored."""
     from pathlib import Path
 
+    from flows.reports import predicted_line
     from rec.train.metrics import ITERATIONS_FILE, METRICS_FILE
     from rec.train.rank_log import LOG_DIR
 
@@ -126,12 +132,33 @@ def render_trained(trained) -> str:
     m = trained.metrics
     lat, loss = m["iteration_latency_ms"], m.get("loss") or {}
     loss_text = f"; loss {loss['first']:.4f} -> {loss['last']:.4f}" if loss else ""
-    return (f"training  plan {m['plan_id']} on {m['world_size']} ranks: iteration latency p50 {lat['p50']:.2f} ms, "
-            f"p90 {lat['p90']:.2f} ms, {m['samples_per_s']:,.0f} samples/s{loss_text}\n"
-            f"wrote     {out / METRICS_FILE}, {out / ITERATIONS_FILE} (logs in {out / LOG_DIR})")
+    lines = [f"training  plan {m['plan_id']} on {m['world_size']} ranks: iteration latency p50 {lat['p50']:.2f} ms, "
+             f"p90 {lat['p90']:.2f} ms, {m['samples_per_s']:,.0f} samples/s{loss_text}"]
+    if plan is not None:
+        lines.append(predicted_line(plan, m))
+    resumed = render_resumed(m, trained.settings.job.resume_from)
+    if resumed:
+        lines.append(resumed)
+    lines.append(f"wrote     {out / METRICS_FILE}, {out / ITERATIONS_FILE} (logs in {out / LOG_DIR})")
+    return "\n".join(lines)
 
 
-def render_logged(logged, tracking, what: str) -> str:
+def render_resumed(metrics: dict[str, Any], resume_from: str | None) -> str:
+    """Where a training that resumed started from: another plan's checkpoint (``--resume-from``:
+    which plan and step, tables restored, resized and initialized) or its own; empty otherwise."""
+    resume = metrics.get("resume")
+    if resume:
+        dense = len(resume.get("dense_reinitialized") or [])
+        return (f"resumed   from plan {resume['from_plan_id']} at step {resume['step']} ({resume_from}): "
+                f"{resume['tables_restored']} tables restored, {resume['tables_resized']} resized, "
+                f"{resume['tables_initialized']} initialized"
+                + (f"; {dense} dense layer{'s' if dense > 1 else ''} initialized" if dense else ""))
+    if metrics.get("resumed_from"):
+        return f"resumed   from this plan's own checkpoint at step {metrics['resumed_from']}"
+    return ""
+
+
+def render_logged(logged: Logged, tracking: TrackingSettings, what: str) -> str:
     resolved = tracking.resolve()
     if logged.run_id is None:
         from tasks.outbox import kept_message

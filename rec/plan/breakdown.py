@@ -16,13 +16,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from rec.cost.enumerator import enumerate_options
-from rec.cost.types import CK_CODE, ST_CODE, CostConfig, Options
+from rec.cost.types import CK_CODE, ST_CODE, Options
 from rec.errors import InputError, Problem
-from rec.plan.identity import plan_profile
 from rec.plan.types import Plan, Replicas
-from rec.settings import from_dict
-from rec.spec import spec_from_rows
-from rec.topology.validate import topology_from_dict
 
 
 @dataclass(frozen=True)
@@ -57,9 +53,7 @@ class Breakdown:
 
 def breakdown(plan: Plan) -> Breakdown:
     """Every shard's compute and communication time under the plan's own cost model."""
-    spec = spec_from_rows(list(plan.spec_tables))
-    topology = topology_from_dict(plan.topology, source=f"plan {plan.plan_id}")
-    cost = replace(from_dict(CostConfig, plan.planner.get("cost", {}), "planner.cost"), profile=plan_profile(plan))
+    spec, topology, cost = plan.spec, plan.topology, plan.planner.cost
     total = enumerate_options(spec, topology, cost)
     free = enumerate_options(spec, replace(topology, intra_host_bw=math.inf, inter_host_bw=math.inf),
                              replace(cost, profile=cost.profile.without_network()))

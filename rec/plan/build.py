@@ -2,27 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from rec.cost.types import ST_CODE, CostConfig
 from rec.plan.columns import TableColumns
 from rec.plan.identity import plan_id, planner_config
+from rec.plan.planner_identity import PlannerIdentity
 from rec.plan.types import Plan, PlanMetrics
 from rec.search.assignment import chosen_shards
 from rec.search.config import SearchConfig
 from rec.search.result import SearchResult
 from rec.sharding import ShardingType
-from rec.spec.columns import table_to_row
 from rec.spec.types import Spec
-from rec.topology import topology_to_dict
 from rec.topology.types import Topology
 
 
 def build_plan(result: SearchResult, spec: Spec, topology: Topology, cost: CostConfig,
-               search: SearchConfig, extra_planner: dict[str, Any] | None = None) -> Plan:
-    """``extra_planner`` (e.g. the number of search groups) joins the plan_id too."""
+               search: SearchConfig, extra_planner: PlannerIdentity | None = None) -> Plan:
+    """``extra_planner`` (how the search ran, a replan: ``rec.plan.identity``) joins the plan_id too."""
     space, a = result.space, result.assignment
     opts = space.options
     choice = a.choice
@@ -63,20 +60,16 @@ def build_plan(result: SearchResult, spec: Spec, topology: Topology, cost: CostC
         rank_ddr=tuple(int(x) for x in a.ddr),
         rank_hbm_cap=tuple(int(x) for x in space.hbm_cap),
         rank_ddr_cap=tuple(int(x) for x in space.ddr_cap),
-        bound_method=_name(getattr(result.bound, "method", "unknown")),
-        optimal=bool(getattr(result, "optimal", False)),
+        bound_method=result.bound.method,
+        optimal=result.optimal,
     )
     planner = planner_config(cost, search, extra_planner)
     return Plan(
         plan_id=plan_id(spec.spec_hash, topology.topology_hash, planner),
         spec_hash=spec.spec_hash,
-        topology=topology_to_dict(topology),
+        topology=topology,
         planner=planner,
         tables=tables,
         metrics=metrics,
-        spec_tables=tuple(table_to_row(t) for t in spec.tables),
+        spec=spec,
     )
-
-
-def _name(method: object) -> str:
-    return str(getattr(method, "value", method))

@@ -49,16 +49,16 @@ def rank_load_chart(plan: Plan, path: str | Path) -> Path:
     font, bold = ImageFont.load_default(size=13), ImageFont.load_default(size=16)
     m = plan.metrics
     world = len(m.rank_perf)
-    hosts = world // int(plan.topology["local_world_size"])
+    hosts = world // plan.topology.local_world_size
     draw.text((MARGIN_LEFT, 10), f"plan {plan.plan_id}: {len(plan.tables):,} tables on {world:,} "
-              f"{plan.topology['compute_device']} ranks ({hosts} host{'s' if hosts > 1 else ''})",
+              f"{plan.topology.compute_device.value} ranks ({hosts} host{'s' if hosts > 1 else ''})",
               fill=INK, font=bold)
     critical = int(np.argmax(m.rank_perf)) if world else 0
     draw.text((MARGIN_LEFT, 34), f"critical path {m.critical_path:.4g} ms on rank {critical}  |  "
               f"lower bound {m.lower_bound:.4g} ms  |  gap {100 * m.gap:.2f}%", fill=INK, font=font)
     for i, panel in enumerate(panels):
         top = HEADER + i * PANEL_HEIGHT
-        _draw_panel(draw, font, panel, top, world, int(plan.topology["local_world_size"]),
+        _draw_panel(draw, font, panel, top, world, plan.topology.local_world_size,
                     last=i == len(panels) - 1)
     path = Path(path)
     image.save(path, format="PNG", compress_level=3)  # level 6 (the default) costs 0.1 s more

@@ -11,87 +11,60 @@ on rank R, its overlap with the old table minus its overlap with the old shards 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
-
 import numpy as np
 
 from rec.cost.tables import optimizer_multiplier
 from rec.cost.types import Optimizer
+from rec.plan.metrics import Movement
 from rec.plan.types import Plan, Replicas, TablePlan
-from rec.sharding import DataType
-from rec.spec.types import row_key
+from rec.spec.types import TableSpec
 
-
-@dataclass(frozen=True)
-class Movement:
-    moved_bytes: int
-    total_bytes: int  # parameter + optimizer bytes of the whole new plan (every replica)
-    moved_tables: int  # kept or resized tables with at least one moved byte
-    kept_tables: int
-    added_tables: int
-    removed_tables: int
-    resized_tables: int
-    reinitialized_tables: int
-    fresh_critical_path: float | None = None  # of the plan searched from scratch in the same run
-    bytes_in: tuple[int, ...] = ()  # per rank: moved bytes arriving
-    bytes_out: tuple[int, ...] = ()  # per rank: moved bytes leaving
-
-    @property
-    def moved_fraction(self) -> float:
-        return self.moved_bytes / self.total_bytes if self.total_bytes else 0.0
-
-    def summary(self) -> dict[str, Any]:
-        """What plan.json's ``metrics.movement`` holds (the per-rank bytes also go to movement.parquet)."""
-        d = asdict(self)
-        d["bytes_in"], d["bytes_out"] = list(self.bytes_in), list(self.bytes_out)
-        return d
+__all__ = ["Movement", "movement"]
 
 
 def movement(old: Plan, new: Plan, fresh_critical_path: float | None = None) -> Movement:
     """The movement from ``old`` to ``new`` (plans for the same topology)."""
     world = new.world_size
-    optimizer = Optimizer(new.planner.get("cost", {}).get("optimizer", Optimizer.ROWWISE_ADAGRAD.value))
-    old_rows = {row_key(row): row for row in old.spec_tables}  # tables by name and module
+    optimizer = new.planner.cost.optimizer
+    old_specs = {t.key: t for t in old.spec.tables}  # tables by name and module
     old_tables = {t.key: t for t in old.tables}
     moved, total = 0, 0
     bytes_in, bytes_out = np.zeros(world, np.int64), np.zeros(world, np.int64)
     counts = {"kept": 0, "resized": 0, "reinitialized": 0, "added": 0, "moved": 0}
-    for row, table in zip(new.spec_tables, new.tables, strict=True):
-        per_cell = _bytes_per_cell(row, optimizer)
+    for spec, table in zip(new.spec.tables, new.tables, strict=True):
+        per_cell = _bytes_per_cell(spec, optimizer)
         total += round(per_cell * _cells(table))
-        before = old_rows.get(row_key(row))
-        kind = _kind(before, row)
+        before = old_specs.get(spec.key)
+        kind = _kind(before, spec)
         counts[kind] += 1
         if kind not in ("kept", "resized"):
             continue
         assert before is not None
-        cells_in, cells_out = _moved_cells(old_tables[row_key(row)], table, int(before["num_embeddings"]),
-                                           int(row["embedding_dim"]), world)
+        cells_in, cells_out = _moved_cells(old_tables[spec.key], table, before.num_embeddings,
+                                           spec.embedding_dim, world)
         table_moved = round(float(cells_in.sum()) * per_cell)
         moved += table_moved
         counts["moved"] += table_moved > 0
         bytes_in += np.rint(cells_in * per_cell).astype(np.int64)
         bytes_out += np.rint(cells_out * per_cell).astype(np.int64)
-    removed = len(set(old_rows) - {row_key(row) for row in new.spec_tables})
+    removed = len(set(old_specs) - {t.key for t in new.spec.tables})
     return Movement(moved, total, counts["moved"], counts["kept"], counts["added"], removed,
                     counts["resized"], counts["reinitialized"], fresh_critical_path,
                     tuple(int(x) for x in bytes_in), tuple(int(x) for x in bytes_out))
 
 
-def _kind(before: dict[str, Any] | None, row: dict[str, Any]) -> str:
+def _kind(before: TableSpec | None, table: TableSpec) -> str:
     if before is None:
         return "added"
-    if before["embedding_dim"] != row["embedding_dim"] or before["data_type"] != row["data_type"]:
+    if before.embedding_dim != table.embedding_dim or before.data_type != table.data_type:
         return "reinitialized"
-    return "kept" if before["num_embeddings"] == row["num_embeddings"] else "resized"
+    return "kept" if before.num_embeddings == table.num_embeddings else "resized"
 
 
-def _bytes_per_cell(row: dict[str, Any], optimizer: Optimizer) -> float:
+def _bytes_per_cell(table: TableSpec, optimizer: Optimizer) -> float:
     """Weight plus optimizer-state bytes per weight of the table (``rec.cost.storage``'s rule)."""
-    dim = int(row["embedding_dim"])
-    mult = float(optimizer_multiplier(optimizer, np.array([dim]))[0])
-    return DataType(row["data_type"]).bytes_per_element * (1.0 + mult)
+    mult = float(optimizer_multiplier(optimizer, np.array([table.embedding_dim]))[0])
+    return table.data_type.bytes_per_element * (1.0 + mult)
 
 
 def _cells(t: TablePlan) -> int:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rec.plan.types import Plan
+from rec.sharding import ComputeDevice
 from rec.units import format_bytes
 
 SUMMARY_ABOVE = 32
@@ -49,7 +50,7 @@ def rank_table(plan: Plan, all_ranks: bool = False) -> RankTable:
     perf = np.asarray(m.rank_perf, dtype=float)
     hbm, hbm_cap = np.asarray(m.rank_hbm), np.asarray(m.rank_hbm_cap)
     ddr, ddr_cap = np.asarray(m.rank_ddr), np.asarray(m.rank_ddr_cap)
-    cuda = plan.topology["compute_device"] == "cuda"
+    cuda = plan.topology.compute_device is ComputeDevice.CUDA
     columns: dict[str, tuple[np.ndarray, str]] = {"perf_ms": (perf, "ms")}
     # Usable capacity: HBM after the storage reservation (what the search fills up to).
     if cuda:

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 from rec.plan.types import Plan, TablePlan
 from rec.sharding import ModuleKind, Pooling, ShardingType
-from rec.spec.types import row_key
 
 if TYPE_CHECKING:
     from torchrec.distributed.types import EmbeddingModuleShardingPlan, ShardingPlan
@@ -72,7 +71,7 @@ def module_sharders(kinds: set[ModuleKind]) -> list[Any]:
 def plan_modules(plan: Plan) -> dict[str, ModuleKind]:
     """Each embedding module of the plan and its kind, in plan order (a table's pooling, from the
     spec rows the plan carries, decides the kind: NONE is an EmbeddingCollection)."""
-    unpooled = {row_key(row) for row in plan.spec_tables if row.get("pooling") == Pooling.NONE.value}
+    unpooled = {t.key for t in plan.spec.tables if t.pooling is Pooling.NONE}
     modules: dict[str, ModuleKind] = {}
     for t in plan.tables:
         kind = ModuleKind.EMBEDDING_COLLECTION if t.key in unpooled else ModuleKind.EMBEDDING_BAG_COLLECTION
@@ -85,8 +84,8 @@ def _parameter_sharding(plan: Plan, t: TablePlan) -> Any:
     from torchrec.distributed.planner.utils import placement
     from torchrec.distributed.types import ParameterSharding
 
-    device = plan.topology["compute_device"]
-    local = int(plan.topology["local_world_size"])
+    device = plan.topology.compute_device.value
+    local = plan.topology.local_world_size
     spec = None
     if t.sharding_type is not ShardingType.DATA_PARALLEL:
         spec = EnumerableShardingSpec([

@@ -21,6 +21,7 @@ from rec.cost.types import CostConfig, Optimizer
 from rec.plan.types import Plan
 from rec.spec.types import Spec
 from rec.topology.types import Topology
+from rec.torchrec_internals import mark_optimizer, planner_result
 
 if TYPE_CHECKING:
     from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
@@ -123,7 +124,7 @@ def torchrec_inputs(spec: Spec, topology: Topology,
     optimizer_class = _optimizer_class(cost.optimizer)
     if optimizer_class is not None:
         for p in model.parameters():
-            p._optimizer_classes = [optimizer_class]  # type: ignore[attr-defined]  # as apply_optimizer_in_backward
+            mark_optimizer(p, optimizer_class)
     constraints: dict[str, Any] = {}
     for t in spec.tables:
         constraints.setdefault(t.name, ParameterConstraints(
@@ -162,14 +163,13 @@ def run_torchrec_planner(spec: Spec, topology: Topology, cost: CostConfig = Cost
         )
         planner.plan(model, sharders)
         seconds = time.perf_counter() - started
-    best = planner._best_plan
-    names = ",".join(type(p).__name__ for p in planner._proposers)
+    best, names, proposals, plans = planner_result(planner)
     return TorchrecRun(
         proposer=names,
         seconds=seconds,
         critical_path=float(NoopPerfModel(trec_topology).rate(best)),
-        num_proposals=planner._num_proposals,
-        num_plans=planner._num_plans,
+        num_proposals=proposals,
+        num_plans=plans,
         sharding_types=dict(sorted(Counter(o.sharding_type for o in best).items())),
         chosen=tuple(ChosenOption(o.path, o.name, o.sharding_type, o.compute_kernel, tuple(
             ChosenShard((int(s.offset[0]), int(s.offset[1])), (int(s.size[0]), int(s.size[1])), int(s.rank))

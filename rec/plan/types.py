@@ -1,5 +1,9 @@
 """The Plan type: what every table becomes and what it costs (``plan.json``, see docs/plan-format.md).
 
+A ``Plan`` is typed all the way down: its ``Topology``, the ``PlannerIdentity`` its plan_id covers,
+its ``PlanMetrics`` (a ``BoundMethod``, a ``Movement``) and its ``Spec``; dicts exist only where
+plan.json is read and written (``rec.plan.parse``, ``rec.plan.plan_json``).
+
 A data_parallel table has one full replica on every rank; it is held as ``Replicas`` (one shard
 and the world size) and ``range(world_size)`` ranks, so 100,000 replicated tables on 1,024 ranks
 stay small. Both still read as the full sequences of shards and ranks.
@@ -11,8 +15,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
 
+from rec.plan.metrics import BoundMethod, Movement, PlanMetrics
+from rec.plan.planner_identity import PlannerIdentity
 from rec.sharding import ComputeKernel, ShardingType
-from rec.spec.types import DEFAULT_MODULE, table_key
+from rec.spec.types import DEFAULT_MODULE, Spec, table_key
+from rec.topology.types import Topology
 
 if TYPE_CHECKING:
     from rec.plan.columns import TableColumns
@@ -22,7 +29,11 @@ PLAN_FORMAT = "shardflow.plan/v2"
 # v3, so plans of specs without modules stay byte-identical and older readers refuse what they would
 # misread.
 PLAN_FORMAT_MODULES = "shardflow.plan/v3"
-PLAN_FORMATS = ("shardflow.plan/v1", PLAN_FORMAT, PLAN_FORMAT_MODULES)  # what readers accept
+PLAN_FORMAT_V1 = "shardflow.plan/v1"
+PLAN_FORMATS = (PLAN_FORMAT_V1, PLAN_FORMAT, PLAN_FORMAT_MODULES)  # what readers accept
+
+__all__ = ["PLAN_FORMAT", "PLAN_FORMATS", "PLAN_FORMAT_MODULES", "PLAN_FORMAT_V1", "BoundMethod", "Movement", "Plan",
+           "PlanMetrics", "Replicas", "Shard", "TablePlan"]
 
 
 @dataclass(frozen=True)
@@ -79,30 +90,16 @@ class TablePlan:
 
 
 @dataclass(frozen=True)
-class PlanMetrics:
-    critical_path: float
-    lower_bound: float
-    gap: float
-    rank_perf: tuple[float, ...]
-    rank_hbm: tuple[int, ...]
-    rank_ddr: tuple[int, ...]
-    rank_hbm_cap: tuple[int, ...]
-    rank_ddr_cap: tuple[int, ...]
-    bound_method: str = "unknown"  # how lower_bound was proven (v1 plans do not say)
-    optimal: bool = False  # proven optimal: the critical path equals a proven lower bound
-    movement: dict[str, Any] | None = None  # replanned with a previous plan: rec.plan.movement.Movement.summary()
-
-
-@dataclass(frozen=True)
 class Plan:
+    """A plan as a value: every field typed, validated when read (``rec.plan.parse``)."""
+
     plan_id: str
-    spec_hash: str
-    topology: dict[str, Any]  # the normalized topology (docs/topology.md keys)
-    planner: dict[str, Any]  # cost and search configuration the plan_id covers
+    spec_hash: str  # what the plan says its spec hashes to (``spec.spec_hash`` when unedited)
+    topology: Topology
+    planner: PlannerIdentity  # the configuration the plan_id covers
     tables: Sequence[TablePlan]  # a tuple, or rec.plan.columns.TableColumns (built plans)
     metrics: PlanMetrics
-    # The spec rows the plan was made for, so a training job needs nothing else.
-    spec_tables: tuple[dict[str, Any], ...] = ()
+    spec: Spec  # the tables the plan was made for, so a training job needs nothing else
     previous_plan_id: str | None = None  # the plan this one was replanned from (minimal movement)
 
     def table(self, key: str) -> TablePlan:
@@ -117,7 +114,14 @@ class Plan:
 
     @property
     def world_size(self) -> int:
-        return int(self.topology["world_size"])
+        return self.topology.world_size
+
+    @property
+    def spec_tables(self) -> tuple[dict[str, Any], ...]:
+        """The spec's tables as plan.json's ``spec`` rows (``rec.spec.columns.table_to_row``)."""
+        from rec.spec.columns import table_to_row
+
+        return tuple(table_to_row(t) for t in self.spec.tables)
 
     @property
     def columns(self) -> TableColumns:

@@ -8,7 +8,6 @@ The checks run on the plan's columns (``rec.plan.columns``), vectorized over all
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
 
 import numpy as np
 
@@ -17,8 +16,10 @@ from rec.errors import ProblemList
 from rec.plan.columns import TableColumns
 from rec.plan.identity import identity_problems
 from rec.plan.types import Plan, Replicas
+from rec.profile.validate import profile_problems_for
 from rec.sharding import ComputeDevice, ModuleKind, Pooling, ShardingType, is_available
-from rec.spec.types import row_key
+from rec.spec.types import TableSpec
+from rec.validation import Problems
 
 _ST = {st: ST_CODE[st] for st in ShardingType}
 
@@ -26,10 +27,8 @@ _ST = {st: ST_CODE[st] for st in ShardingType}
 def validate_plan(plan: Plan) -> ProblemList:
     """Every problem found; empty when the plan is sound."""
     problems = ProblemList()
-    topo = plan.topology
-    world, local = int(topo["world_size"]), int(topo["local_world_size"])
-    device = ComputeDevice(topo["compute_device"])
-    spec = {row_key(row): row for row in plan.spec_tables}  # a table's key: its name, with its module
+    world, local, device = plan.topology.world_size, plan.topology.local_world_size, plan.topology.compute_device
+    spec = {t.key: t for t in plan.spec.tables}  # a table's key: its name, with its module
     c = plan.columns
     for name, n in Counter(c.keys).items():
         if n > 1:
@@ -39,8 +38,8 @@ def validate_plan(plan: Plan) -> ProblemList:
         problems.add(f"table {c.keys[i]}", "is not in the spec")
     for name in spec.keys() - set(c.keys):
         problems.add(f"table {name}", "is missing from the plan")
-    rows = np.array([int(spec[n]["num_embeddings"]) if n in spec else 0 for n in c.keys], np.int64)
-    dims = np.array([int(spec[n]["embedding_dim"]) if n in spec else 0 for n in c.keys], np.int64)
+    rows = np.array([spec[n].num_embeddings if n in spec else 0 for n in c.keys], np.int64)
+    dims = np.array([spec[n].embedding_dim if n in spec else 0 for n in c.keys], np.int64)
     _check_kinds(c, spec, known, device, problems)
     _check_tables(plan, c, known, rows, dims, world, local, problems)
     _check_memory(plan, problems)
@@ -55,32 +54,31 @@ def check_plan(plan: Plan, source: str | None = None) -> None:
 
     problems = validate_plan(plan)
     problems.items += identity_problems(plan)
+    profile_problems_for(plan.planner.profile, plan.topology, Problems(items=problems.items).within("planner.profile"))
     if not problems:  # the estimates need a sound plan of its own spec and topology
         problems.items += metrics_problems(plan)
     problems.raise_if_any(f"{source or 'plan ' + plan.plan_id} cannot be used:")
 
 
-def _check_kinds(c: TableColumns, spec: dict[str, dict[str, Any]], known: np.ndarray, device: ComputeDevice,
+def _check_kinds(c: TableColumns, spec: dict[str, TableSpec], known: np.ndarray, device: ComputeDevice,
                  problems: ProblemList) -> None:
     available = np.array([[[is_available(device, st, ck, kind) for ck in COMPUTE_KERNELS] for st in SHARDING_TYPES]
                           for kind in ModuleKind])  # by the table's module: its sharder
     unpooled = list(ModuleKind).index(Pooling.NONE.module_kind)
-    kind = np.array([unpooled if k in spec and spec[k].get("pooling") == Pooling.NONE.value else 0 for k in c.keys],
-                    np.int64)
+    kind = np.array([unpooled if k in spec and spec[k].pooling is Pooling.NONE else 0 for k in c.keys], np.int64)
     for i in np.flatnonzero(known & ~available[kind, c.sharding_type, c.compute_kernel]):
         st, ck = SHARDING_TYPES[c.sharding_type[i]], COMPUTE_KERNELS[c.compute_kernel[i]]
         sharder = f" for TorchRec's {list(ModuleKind)[kind[i]].sharder}" if kind[i] == unpooled else ""
         problems.add(f"table {c.keys[i]}", f"{st.value}/{ck.value} is not available on {device.value}{sharder}")
     for i in np.flatnonzero(known):
-        row = spec[c.keys[i]]
-        if not (row.get("sharding_types") or row.get("compute_kernels")):
-            continue
-        st, ck = SHARDING_TYPES[c.sharding_type[i]].value, COMPUTE_KERNELS[c.compute_kernel[i]].value
-        if row.get("sharding_types") and st not in row["sharding_types"]:
-            problems.add(f"table {c.keys[i]}", f"sharding type {st} is not in its allow-list {row['sharding_types']}")
-        if row.get("compute_kernels") and ck not in row["compute_kernels"]:
-            problems.add(f"table {c.keys[i]}",
-                         f"compute kernel {ck} is not in its allow-list {row['compute_kernels']}")
+        table = spec[c.keys[i]]
+        st, ck = SHARDING_TYPES[c.sharding_type[i]], COMPUTE_KERNELS[c.compute_kernel[i]]
+        if table.sharding_types and st not in table.sharding_types:
+            allowed = [s.value for s in table.sharding_types]
+            problems.add(f"table {c.keys[i]}", f"sharding type {st.value} is not in its allow-list {allowed}")
+        if table.compute_kernels and ck not in table.compute_kernels:
+            allowed = [k.value for k in table.compute_kernels]
+            problems.add(f"table {c.keys[i]}", f"compute kernel {ck.value} is not in its allow-list {allowed}")
 
 
 def _check_tables(plan: Plan, c: TableColumns, known: np.ndarray, rows: np.ndarray, dims: np.ndarray,

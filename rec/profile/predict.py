@@ -18,21 +18,16 @@ import numpy as np
 from rec.cost.bandwidth import kernel_bw, links
 from rec.cost.perf import shard_perf
 from rec.cost.tables import table_arrays
-from rec.cost.types import COMPUTE_KERNELS, SHARDING_TYPES, CostConfig
-from rec.plan.identity import plan_profile
+from rec.cost.types import COMPUTE_KERNELS, SHARDING_TYPES
 from rec.plan.types import Plan
 from rec.profile.types import Profile
-from rec.settings import from_dict
-from rec.spec import spec_from_rows
-from rec.topology import topology_from_dict
 
 
 def shard_rank_perf(plan: Plan, profile: Profile | None = None) -> np.ndarray:
     """(W,) ms: each rank's shards under ``profile`` (None: the plan's own), as the search sums them."""
-    profile = plan_profile(plan) if profile is None else profile
-    spec = spec_from_rows(list(plan.spec_tables), source="in the plan")
-    topology = topology_from_dict(plan.topology, source="in the plan")
-    cost = replace(from_dict(CostConfig, plan.planner.get("cost", {}), "planner.cost"), profile=profile)
+    profile = plan.planner.profile if profile is None else profile
+    spec, topology = plan.spec, plan.topology
+    cost = replace(plan.planner.cost, profile=profile)
     arrays = table_arrays(spec, topology.batch_size, cost)
     hw = links(topology, profile)
     c = plan.columns
@@ -56,7 +51,7 @@ def shard_rank_perf(plan: Plan, profile: Profile | None = None) -> np.ndarray:
 
 def plan_level_ms(plan: Plan, profile: Profile | None = None) -> float:
     """The profile's plan-level terms for ``plan``: the same on every rank."""
-    profile = plan_profile(plan) if profile is None else profile
+    profile = plan.planner.profile if profile is None else profile
     x = profile.extensions
     used = {SHARDING_TYPES[int(code)] for code in np.unique(plan.columns.sharding_type)}
     return x.iteration_ms + sum(x.sharding_type_cost(st) for st in sorted(used))

@@ -11,9 +11,12 @@ A probe of another type than table_wise holds a table_wise ``COMPANION`` too, as
 each type's ``sharding_type_ms`` is what it adds to a plan that has table_wise's collectives
 already (``iteration_ms`` carries table_wise's own). On cuda the other kernels get a probe of their
 own. The sizes stay small: a full calibration of 2 cpu ranks measures about 55 probes and holds at
-most about 500 MB per rank. On cuda every probe's batch is ``BATCH_SCALE`` times larger: at the cpu
-sizes a GPU's lookups take microseconds, far below its fixed cost per iteration (about 2 ms on an
-H100), and the fit could not tell the byte terms apart; at 128 times they take 0.1-8 ms.
+most about 500 MB per rank. On cuda every probe's batch is up to ``BATCH_SCALE`` times larger, at
+most ``MAX_PROBE_IDS`` ids per rank and batch: on an H100 a batch of 512 looks its rows up in
+microseconds, far below the fixed cost of an iteration (about 2 ms), and even at 128 times the
+probes stayed under 2 GB of lookups and 8 ms while the workloads GPUs train (and the calibration
+bench measures) take 1-20 GB and 10-30 ms: the fit then extrapolated the byte terms by an order of
+magnitude, 55% too fast (bench/RESULTS.md). At up to 1,024 times they span that range.
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ TW, CW, TCW, DP = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingTy
                    ShardingType.DATA_PARALLEL)
 RW, TWRW = ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE
 PROBE_SEARCH = SearchConfig(time_limit_s=0.0)  # identical tables: the heuristic spreads them evenly
-BATCH_SCALE = {ComputeDevice.CPU: 1, ComputeDevice.CUDA: 128}  # probe batch sizes per device
+BATCH_SCALE = {ComputeDevice.CPU: 1, ComputeDevice.CUDA: 1024}  # probe batch sizes per device, at most
+MAX_PROBE_IDS = 50_000_000  # ids per rank and batch: the synthetic batches and the sort buffers stay a few GB
+MAX_PROBE_OUTPUT_BYTES = 2 << 30  # pooled outputs per rank and batch (and as much again for their gradients)
 # fused_uvm reads every row over the host link (tens of GB/s, not TB/s): a smaller batch keeps its
 # probes from dominating the calibration's time, and still far above the GPU's fixed costs.
 UVM_BATCH_DIVISOR = 8
@@ -62,6 +67,7 @@ class ProbeSpec:
     name: str
     groups: tuple[Tables, ...]
     batch_size: int = 512
+    rows: tuple[dict[str, Any], ...] = ()  # a mixed probe's own spec rows (no groups), planned freely
 
 
 @dataclass(frozen=True)
@@ -161,16 +167,47 @@ def probe_specs(device: ComputeDevice, quick: bool = False) -> tuple[ProbeSpec, 
             groups = tuple(Tables(st, per_rank=1, dim=256 if st in (CW, TCW) else 64,
                                   rows=10_000 if st is DP else Tables.rows) for st in mix)
             out.append(ProbeSpec("+".join(st.value for st in mix), groups))
-    return tuple(replace(p, batch_size=p.batch_size * scale // _uvm_divisor(p, scale)) for p in out)
+    if device is ComputeDevice.CUDA and not quick:
+        out += mixed_probes()
+    return tuple(replace(p, batch_size=p.batch_size * _scale(p, scale)) for p in out)
 
 
-def _uvm_divisor(probe: ProbeSpec, scale: int) -> int:
-    uvm = any(g.kernel is ComputeKernel.FUSED_UVM for g in probe.groups)
-    return UVM_BATCH_DIVISOR if uvm and scale >= UVM_BATCH_DIVISOR else 1
+# (seed, tables, batch, share allow-listed column-wise): random specs the search plans freely, beside
+# the sweeps. What a GPU shows between the sweeps' one-thing-at-a-time points (many tables of mixed
+# dims, pooling factors and sharding types in one plan) is then measured too. Seeds apart from the
+# calibration bench's (1-12), whose specs the same generator makes.
+MIXED = ((101, 10, 256, 0.0), (102, 24, 128, 0.2), (103, 40, 64, 0.0), (104, 80, 32, 0.1), (105, 6, 512, 0.0),
+         (106, 16, 256, 0.25), (107, 60, 64, 0.0), (108, 120, 32, 0.0))
+MIXED_MEMORY_BYTES = 8e9  # a mixed probe's tables together (one rank holds them all on one GPU)
+
+
+def mixed_probes() -> list[ProbeSpec]:
+    from rec.spec.synthetic import random_table_rows
+
+    return [ProbeSpec(f"mixed_{seed}", (), batch, tuple(random_table_rows(seed, tables, share, MIXED_MEMORY_BYTES)))
+            for seed, tables, batch, share in MIXED]
+
+
+def _scale(probe: ProbeSpec, scale: int) -> int:
+    """The probe's batch multiple: ``scale``, less for fused_uvm (``UVM_BATCH_DIVISOR``), and halved
+    until its ids per rank and batch are within ``MAX_PROBE_IDS``."""
+    if scale > 1 and any(g.kernel is ComputeKernel.FUSED_UVM for g in probe.groups):
+        scale = max(1, scale // UVM_BATCH_DIVISOR)
+    ids_per_sample = (sum(g.per_rank * g.pooling_factor for g in probe.groups)
+                      + sum(float(r.get("pooling_factor", 1.0)) for r in probe.rows))
+    output_per_sample = (sum(g.per_rank * g.dim * 4 for g in probe.groups)
+                         + sum(int(r["embedding_dim"]) * 4 for r in probe.rows))
+    while scale > 1 and (probe.batch_size * scale * ids_per_sample > MAX_PROBE_IDS
+                         or probe.batch_size * scale * output_per_sample > MAX_PROBE_OUTPUT_BYTES):
+        scale //= 2
+    return scale
 
 
 def probe_rows(probe: ProbeSpec, device: ComputeDevice, world_size: int) -> list[dict[str, Any]]:
-    """The probe's spec rows: every table with its sharding type and kernel allow-listed."""
+    """The probe's spec rows: every table with its sharding type and kernel allow-listed (a mixed
+    probe: its own rows)."""
+    if probe.rows:
+        return [dict(row) for row in probe.rows]
     rows = []
     for g, group in enumerate(probe.groups):
         kernel = group.kernel or sharder_options(device)[group.sharding_type][0]

@@ -8,14 +8,11 @@ read back is equal to itself and a key added in a later version leaves existing 
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import math
 from collections.abc import Callable, Mapping
 from datetime import date, datetime, time
-from numbers import Integral, Real
 from typing import Any, TypeVar
 
-from rec.errors import InputError, Problem, ProblemList, show
+from rec.errors import show
 from rec.hashing import content_hash
 from rec.profile.types import (
     SHARDING_COEFFICIENTS,
@@ -31,7 +28,16 @@ from rec.profile.types import (
 )
 from rec.sharding import NOT_PLANNED, ComputeDevice, ComputeKernel, ShardingType, is_available, sharder_options
 from rec.topology.types import MAX_BANDWIDTH, MIN_BANDWIDTH, Topology
-from rec.units import parse_bytes_per_second
+from rec.validation import (
+    Problems,
+    bandwidth,
+    choice,
+    finite_number,
+    known_keys,
+    positive_integer,
+)
+from rec.validation import mapping as mapping_at
+from rec.validation import name as text_name
 
 PROFILE_FORMAT = "shardflow.profile/v1"
 KEYS = ("format", "name", "bandwidths", "kernel_bandwidths", "coefficients", "extensions", "machine")
@@ -48,24 +54,32 @@ D = TypeVar("D")
 
 def profile_from_dict(d: object, source: str = "profile") -> Profile:
     """Validate a profile mapping (YAML keys and units) into a ``Profile``; InputError naming every problem."""
-    title = f"Invalid profile {source}"
+    problems = Problems(root=source)
+    profile = read_profile_mapping(d, problems)
+    problems.raise_if_any(f"Invalid profile {source}")
+    assert profile is not None
+    return profile
+
+
+def read_profile_mapping(d: object, problems: Problems) -> Profile | None:
+    """The ``Profile`` of mapping ``d``, or None with every problem recorded in ``problems`` (a plan
+    reader's collector names them ``planner.profile.KEY``)."""
     if not isinstance(d, Mapping):
-        raise InputError(title, [Problem(source, f"expected a mapping of keys ({', '.join(KEYS)}), got {show(d)}")])
-    problems = ProblemList()
-    d = _known_keys(d, KEYS, "", problems)
+        problems.add("", f"expected a mapping of keys ({', '.join(KEYS)}), got {show(d)}")
+        return None
+    before = len(problems.items)
+    d = known_keys(d, KEYS, problems)
     if "format" in d and d["format"] != PROFILE_FORMAT:
         problems.add("format", f"expected {PROFILE_FORMAT!r}, got {show(d['format'])}")
-    name = _text(d.get("name"), "name", problems)
     profile = Profile(
-        name=name,
+        name=_text(d.get("name"), "name", problems),
         bandwidths=_section(d, "bandwidths", Bandwidths, _bandwidth, problems),
         kernel_bandwidths=_section(d, "kernel_bandwidths", KernelBandwidths, _bandwidth, problems),
         coefficients=_coefficients(d.get("coefficients"), problems),
         extensions=_extensions(d.get("extensions"), problems),
         machine=_machine(d.get("machine"), problems),
     )
-    problems.raise_if_any(title)
-    return profile
+    return None if len(problems.items) > before else profile
 
 
 def profile_to_dict(profile: Profile) -> dict[str, Any]:
@@ -99,29 +113,47 @@ def profile_record(profile: Profile) -> dict[str, Any]:
 
 def profile_from_record(record: object, source: str) -> Profile:
     """The profile of ``profile_record``; InputError if invalid or its content does not give its hash."""
+    problems = Problems(root=source)
+    profile = read_profile_record(record, problems)
+    problems.raise_if_any(f"Invalid profile {source}")
+    assert profile is not None
+    return profile
+
+
+def read_profile_record(record: object, problems: Problems) -> Profile | None:
+    """The profile of ``profile_record``, or None with every problem recorded: invalid, or edited (its
+    content does not give its hash)."""
     if not isinstance(record, Mapping) or not isinstance(record.get("hash"), str):
-        raise InputError(f"Invalid profile {source}", [Problem(source, "expected a mapping with a hash")])
-    profile = profile_from_dict({k: v for k, v in record.items() if k != "hash"}, source)
-    if profile_hash(profile) != record["hash"]:
-        raise InputError(f"Invalid profile {source}", [Problem(source, (
-            f"its content hashes to {profile_hash(profile)}, not its hash {record['hash']}: it was edited"))])
+        problems.add("", "expected a mapping with a hash")
+        return None
+    profile = read_profile_mapping({k: v for k, v in record.items() if k != "hash"}, problems)
+    if profile is not None and profile_hash(profile) != record["hash"]:
+        problems.add("hash", f"the profile's content hashes to {profile_hash(profile)}, not its hash "
+                             f"{show(record['hash'])}: it was edited")
+        return None
     return profile
 
 
 def check_profile_for(profile: Profile, topology: Topology, source: str = "profile") -> None:
     """InputError if ``profile`` describes another kind of device than the topology plans for."""
+    problems = Problems()
+    profile_problems_for(profile, topology, problems, f"{source} ")
+    problems.raise_if_any(f"The {source} describes other ranks than the topology's:")
+
+
+def profile_problems_for(profile: Profile, topology: Topology, problems: Problems, label: str = "") -> None:
+    """Record where ``profile`` describes another kind of device than ``topology``'s ranks: its
+    ``machine.device``, a kernel bandwidth for a kernel those ranks do not run."""
     device = topology.compute_device
-    problems = ProblemList()
     if profile.machine is not None and profile.machine.device != device:
-        problems.add(f"{source} machine.device", (
+        problems.add(f"{label}machine.device", (
             f"the profile was measured on {profile.machine.device.value}, the topology plans for {device.value}: "
             f"use a profile measured on {device.value} ranks (shardflow calibrate), or plan without one"))
     kernels = {k for ks in sharder_options(device).values() for k in ks}
     for kernel in PLANNED_KERNELS:
         if profile.kernel_bandwidths.of(kernel) is not None and kernel not in kernels:
-            problems.add(f"{source} kernel_bandwidths.{kernel.value}",
+            problems.add(f"{label}kernel_bandwidths.{kernel.value}",
                          f"no {device.value} rank runs the {kernel.value} kernel (a profile for another device?)")
-    problems.raise_if_any(f"The {source} describes other ranks than the topology's:")
 
 
 def describe_profile(profile: Profile) -> str:
@@ -143,30 +175,17 @@ def describe_profile(profile: Profile) -> str:
 # ---------------------------------------------------------------- reading
 
 
-def _known_keys(d: Mapping[Any, Any], keys: tuple[str, ...], prefix: str, problems: ProblemList) -> dict[str, Any]:
-    """The known keys of ``d``; a problem for each key that is not text or unknown (with a suggestion)."""
-    odd = [show(k) for k in d if not isinstance(k, str)]
-    if odd:
-        problems.add(prefix.rstrip(".") or "profile", f"keys must be text, got {', '.join(sorted(odd))}")
-    out = {k: v for k, v in d.items() if isinstance(k, str)}
-    for key in sorted(set(out) - set(keys)):
-        hint = difflib.get_close_matches(key, keys, n=1) if len(key) <= 64 else []
-        suggestion = f"did you mean '{hint[0]}'? " if hint else ""
-        problems.add(f"{prefix}{key}", f"unknown key; {suggestion}known keys: {', '.join(keys)}")
-    return {k: v for k, v in out.items() if k in keys}
+def _known_keys(d: Mapping[Any, Any], keys: tuple[str, ...], prefix: str, problems: Problems) -> dict[str, Any]:
+    """The known keys of ``d`` (the mapping at ``prefix``); a problem for each key that is not text or unknown."""
+    return known_keys(d, keys, problems.within(prefix.rstrip(".")) if prefix else problems)
 
 
-def _mapping(value: object, where: str, problems: ProblemList) -> Mapping[Any, Any] | None:
-    if value is None:
-        return None
-    if not isinstance(value, Mapping):
-        problems.add(where, f"expected a mapping, got {show(value)}")
-        return None
-    return value
+def _mapping(value: object, where: str, problems: Problems) -> Mapping[Any, Any] | None:
+    return mapping_at(value, problems, where)
 
 
 def _section(d: Mapping[str, Any], key: str, cls: type[D], parse: Callable[[object], float],
-             problems: ProblemList) -> D:
+             problems: Problems) -> D:
     """A dataclass of optional numbers from the mapping ``d[key]`` (absent keys: None)."""
     mapping = _mapping(d.get(key), key, problems)
     if mapping is None:
@@ -184,22 +203,12 @@ def _section(d: Mapping[str, Any], key: str, cls: type[D], parse: Callable[[obje
 
 
 def _bandwidth(value: object) -> float:
-    per_second = parse_bytes_per_second(value)
-    if not MIN_BANDWIDTH <= per_second <= MAX_BANDWIDTH:
-        raise ValueError(f"must be between {MIN_BANDWIDTH:g} and {MAX_BANDWIDTH:g} bytes/s, got {show(value)}")
-    return per_second
+    return bandwidth(value, minimum=MIN_BANDWIDTH, maximum=MAX_BANDWIDTH)
 
 
 def _number(maximum: float) -> Callable[[object], float]:
     def parse(value: object) -> float:
-        if isinstance(value, bool) or not isinstance(value, Real):
-            raise ValueError(f"expected a number, got {show(value)}")
-        number = float(value)
-        if not math.isfinite(number):
-            raise ValueError(f"expected a finite number, got {show(value)}")
-        if not 0 <= number <= maximum:
-            raise ValueError(f"must be between 0 and {maximum:g}, got {show(value)}")
-        return number
+        return finite_number(value, minimum=0, maximum=maximum)
 
     return parse
 
@@ -208,7 +217,7 @@ _FACTOR = _number(MAX_FACTOR)
 _MS = _number(MAX_MS)
 
 
-def _fields_of(cls: type[Any], mapping: Mapping[str, Any], where: str, problems: ProblemList,
+def _fields_of(cls: type[Any], mapping: Mapping[str, Any], where: str, problems: Problems,
                parsers: Mapping[str, Callable[[object], float]]) -> dict[str, float]:
     values = {}
     for name, raw in _known_keys(mapping, tuple(f.name for f in dataclasses.fields(cls)), f"{where}.",
@@ -220,7 +229,7 @@ def _fields_of(cls: type[Any], mapping: Mapping[str, Any], where: str, problems:
     return values
 
 
-def _perf_coefficient(value: object, where: str, problems: ProblemList) -> PerfCoefficient:
+def _perf_coefficient(value: object, where: str, problems: Problems) -> PerfCoefficient:
     if value is None:  # "fwd:" with nothing after it
         return PerfCoefficient()
     mapping = _mapping(value, where, problems)
@@ -230,7 +239,7 @@ def _perf_coefficient(value: object, where: str, problems: ProblemList) -> PerfC
     return PerfCoefficient(**_fields_of(PerfCoefficient, mapping, where, problems, parsers))
 
 
-def _sharding_coefficients(value: object, where: str, problems: ProblemList) -> ShardingCoefficients:
+def _sharding_coefficients(value: object, where: str, problems: Problems) -> ShardingCoefficients:
     mapping = _mapping(value, where, problems) if value is not None else {}
     if mapping is None:
         return ShardingCoefficients()
@@ -241,7 +250,7 @@ def _sharding_coefficients(value: object, where: str, problems: ProblemList) -> 
     return ShardingCoefficients(fwd, bwd)
 
 
-def _coefficients(value: object, problems: ProblemList) -> Coefficients:
+def _coefficients(value: object, problems: Problems) -> Coefficients:
     mapping = _mapping(value, "coefficients", problems)
     if mapping is None:
         return Coefficients()
@@ -259,7 +268,7 @@ def _coefficients(value: object, problems: ProblemList) -> Coefficients:
     return Coefficients(**values)
 
 
-def _by_kernel(value: object, problems: ProblemList) -> tuple[KernelCoefficients, ...]:
+def _by_kernel(value: object, problems: Problems) -> tuple[KernelCoefficients, ...]:
     """``{sharding_type: {kernel: {fwd: ..., bwd: ...}}}`` -> entries in (sharding type, kernel) order."""
     mapping = _mapping(value, "coefficients.by_kernel", problems)
     if mapping is None:
@@ -282,7 +291,7 @@ def _by_kernel(value: object, problems: ProblemList) -> tuple[KernelCoefficients
     return tuple(sorted(entries, key=lambda e: order[(e.sharding_type, e.compute_kernel)]))
 
 
-def _extensions(value: object, problems: ProblemList) -> Extensions:
+def _extensions(value: object, problems: Problems) -> Extensions:
     mapping = _mapping(value, "extensions", problems)
     if mapping is None:
         return Extensions()
@@ -295,7 +304,7 @@ def _extensions(value: object, problems: ProblemList) -> Extensions:
     return Extensions(**values)
 
 
-def _sharding_type_ms(value: object, problems: ProblemList) -> tuple[tuple[ShardingType, float], ...]:
+def _sharding_type_ms(value: object, problems: Problems) -> tuple[tuple[ShardingType, float], ...]:
     """``{sharding_type: ms}`` -> pairs in ShardingType order."""
     where = "extensions.sharding_type_ms"
     mapping = _mapping(value, where, problems)
@@ -310,70 +319,50 @@ def _sharding_type_ms(value: object, problems: ProblemList) -> tuple[tuple[Shard
     return tuple((st, found[st]) for st in ShardingType if found.get(st))  # 0 is no entry: one form each
 
 
-def _machine(value: object, problems: ProblemList) -> Machine | None:
+def _machine(value: object, problems: Problems) -> Machine | None:
     mapping = _mapping(value, "machine", problems)
     if mapping is None:
         return None
     keys = tuple(f.name for f in dataclasses.fields(Machine))
     mapping = _known_keys(mapping, keys, "machine.", problems)
-    device = mapping.get("device")
-    if device is None:
+    device = None
+    if mapping.get("device") is None:
         problems.add("machine.device", f"is required: {' or '.join(d.value for d in ComputeDevice)}")
-    elif not isinstance(device, str) or device.strip().lower() not in {d.value for d in ComputeDevice}:
-        devices = ", ".join(d.value for d in ComputeDevice)
-        problems.add("machine.device", f"expected one of {devices}, got {show(device)}")
-        device = None
+    else:
+        device = problems.take("machine.device", lambda v: choice(ComputeDevice, v), mapping["device"])
     values: dict[str, Any] = {k: _text(mapping.get(k), f"machine.{k}", problems)
                               for k in ("device_name", "torch_version", "fbgemm_version")}
     for key in ("world_size", "local_world_size"):
-        values[key] = _positive_int(mapping.get(key), f"machine.{key}", problems)
+        values[key] = None if mapping.get(key) is None else \
+            problems.take(f"machine.{key}", positive_integer, mapping[key])
     world, local = values["world_size"], values["local_world_size"]
     if world is not None and local is not None and world % local:
         problems.add("machine.local_world_size", f"world_size {world} is not a multiple of local_world_size {local}")
-    values["measured_at"] = _timestamp(mapping.get("measured_at"), problems)
+    if mapping.get("measured_at") is not None:
+        values["measured_at"] = problems.take("machine.measured_at", _timestamp, mapping["measured_at"])
     if device is None:
         return None
-    return Machine(device=ComputeDevice(device.strip().lower()), **values)
+    return Machine(device=device, **values)
 
 
-def _text(value: object, where: str, problems: ProblemList) -> str | None:
+def _text(value: object, where: str, problems: Problems) -> str | None:
     if value is None:
         return None
-    if not isinstance(value, str) or not value.strip():
-        hint = " (write it in quotes, e.g. '2.5.1')" if isinstance(value, Real) and not isinstance(value, bool) else ""
-        problems.add(where, f"expected text, got {show(value)}{hint}")
-        return None
-    if len(value) > MAX_NAME:
-        problems.add(where, f"at most {MAX_NAME} characters, got {len(value):,}")
-        return None
-    return value.strip()
+    return problems.take(where, lambda v: text_name(v, max_length=MAX_NAME, hint=" (write it in quotes, e.g. '2.5.1')"),
+                         value)
 
 
-def _positive_int(value: object, where: str, problems: ProblemList) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, Integral) or int(value) <= 0:
-        problems.add(where, f"expected a positive integer, got {show(value)}")
-        return None
-    return int(value)
-
-
-def _timestamp(value: object, problems: ProblemList) -> str | None:
+def _timestamp(value: object) -> str:
     """ISO 8601 text, normalized (YAML reads an unquoted timestamp as a date or datetime)."""
-    if value is None:
-        return None
     if isinstance(value, str):
         try:
             value = datetime.fromisoformat(value.strip())
         except ValueError:
-            problems.add("machine.measured_at",
-                         f"expected an ISO 8601 time (e.g. 2025-06-01T12:00:00Z), got {show(value)}")
-            return None
+            raise ValueError(f"expected an ISO 8601 time (e.g. 2025-06-01T12:00:00Z), got {show(value)}") from None
     if isinstance(value, date) and not isinstance(value, datetime):
         value = datetime.combine(value, time())
     if not isinstance(value, datetime):
-        problems.add("machine.measured_at", f"expected an ISO 8601 time, got {show(value)}")
-        return None
+        raise ValueError(f"expected an ISO 8601 time, got {show(value)}")
     return value.isoformat()
 
 

@@ -13,10 +13,10 @@ Bounds, weakest to strongest, each valid on its own; a plan reports the largest 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 
 import numpy as np
 
+from rec.plan.metrics import BoundMethod
 from rec.search.pricing import PricedTables, Prices, Resource, least_price
 from rec.search.space import SearchSpace, table_starts
 from rec.search.tolerance import TIME_NOISE
@@ -25,13 +25,7 @@ from rec.search.tolerance import TIME_NOISE
 PRICE_ROUNDS = 3
 
 
-class BoundMethod(StrEnum):
-    """How the reported lower bound was proven (plan.json ``metrics.bound_method``)."""
-
-    LARGEST_SHARD = "largest_shard"
-    AVERAGE_WORK = "average_work"
-    LAGRANGIAN = "lagrangian"
-    MILP = "milp"
+__all__ = ["BoundMethod", "LowerBound", "lower_bound", "per_table_min"]
 
 
 @dataclass(frozen=True)

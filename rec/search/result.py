@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rec.plan.planner_identity import PlannerIdentity
 from rec.search.assignment import Assignment
 from rec.search.bound import LowerBound
 from rec.search.exact import OPTIMALITY_TOLERANCE
@@ -16,7 +17,7 @@ class SearchResult:
     space: SearchSpace
     assignment: Assignment
     bound: LowerBound
-    info: dict[str, Any] = field(default_factory=dict)  # how it was searched (e.g. Ray groups): joins the plan_id
+    info: PlannerIdentity | None = None  # how it was searched (e.g. Ray groups): joins the plan_id
     stats: dict[str, Any] = field(default_factory=dict)  # what the search measured (e.g. HiGHS nodes, seconds)
 
     @property

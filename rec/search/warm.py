@@ -36,7 +36,7 @@ from rec.search.space import SearchSpace
 from rec.search.switch import distinct_options, option_changes, place_option, switch_options
 from rec.search.tolerance import TIME_NOISE
 from rec.sharding import ShardingType
-from rec.spec.types import Spec, row_key
+from rec.spec.types import Spec
 
 DATA_PARALLEL = ST_CODE[ShardingType.DATA_PARALLEL]
 MAX_REGRESS = 0.02  # default: the critical path may be 2% above a plan searched from scratch
@@ -85,18 +85,18 @@ def previous_placement(space: SearchSpace, spec: Spec, old: Plan, cost: CostConf
     table_bytes = np.zeros(t_count)
     replicated = np.zeros(t_count, bool)
     old_tables = {t.key: t for t in old.tables}  # tables by name and module
-    old_rows = {row_key(r): r for r in old.spec_tables}
+    old_specs = {t.key: t for t in old.spec.tables}
     dims = np.array([t.embedding_dim for t in spec.tables], np.int64)
     per_cell = np.array([t.data_type.bytes_per_element for t in spec.tables], float) * \
         (1.0 + optimizer_multiplier(cost.optimizer, dims))
     codes = {(s, k): (i, j) for i, s in enumerate(SHARDING_TYPES) for j, k in enumerate(COMPUTE_KERNELS)}
     lws = space.local_world_size
     for t, table in enumerate(spec.tables):
-        before, row = old_tables.get(table.key), old_rows.get(table.key)
-        if before is None or row is None or row["embedding_dim"] != table.embedding_dim \
-                or row["data_type"] != table.data_type.value:
+        before, row = old_tables.get(table.key), old_specs.get(table.key)
+        if before is None or row is None or row.embedding_dim != table.embedding_dim \
+                or row.data_type != table.data_type:
             continue  # added, or re-initialized: nothing of it is on any rank
-        rows_before = int(row["num_embeddings"])
+        rows_before = row.num_embeddings
         table_bytes[t] = rows_before * table.embedding_dim * per_cell[t]
         replicated[t] = isinstance(before.shards, Replicas)
         st, ck = codes[(before.sharding_type, before.compute_kernel)]

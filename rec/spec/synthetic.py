@@ -37,6 +37,31 @@ def power_law_spec(n_tables: int, seed: int = 0, alpha: float = 0.5) -> Spec:
     return _numbered_spec(rows, dims, pooling, f"power_law_spec({n_tables}, seed={seed})")
 
 
+RANDOM_DIMS = (8, 16, 32, 64, 128, 256)
+
+
+def random_table_rows(seed: int, tables: int, column_share: float, memory_bytes: float) -> list[dict[str, object]]:
+    """Random tables (spec rows) of the shapes recommenders train: dims 8-256, rows 1e3-1e7 (log-uniform),
+    pooling factors 1-50 (log-uniform), a share allow-listed column-wise (dim 256); their weights under
+    ``memory_bytes`` together. The calibration bench's specs and the GPU calibration's mixed probes."""
+    rng = np.random.default_rng(seed)
+    rows: list[dict[str, object]] = []
+    total = 0.0
+    for i in range(tables):
+        dim = int(rng.choice(RANDOM_DIMS))
+        count = int(10 ** rng.uniform(3, 7))
+        count = max(1000, min(count, int((memory_bytes - total) / (dim * 4) / max(1, tables - i) * 4),
+                              int(memory_bytes / 2 / (dim * 4))))
+        total += count * dim * 4
+        row: dict[str, object] = {"name": f"t{i}", "num_embeddings": count, "embedding_dim": dim,
+                                  "pooling_factor": float(np.round(10 ** rng.uniform(0, np.log10(50)), 1))}
+        if rng.random() < column_share:
+            row["embedding_dim"] = 256
+            row["sharding_types"] = ["column_wise", "table_column_wise"]
+        rows.append(row)
+    return rows
+
+
 def _numbered_spec(rows: np.ndarray, dims: np.ndarray, pooling_factors: np.ndarray | None, source: str) -> Spec:
     """Tables ``table_<i>`` with one feature ``feature_<i>`` each (``i`` zero-padded to one width)."""
     width = len(str(max(len(rows) - 1, 0)))

@@ -8,13 +8,12 @@ Besides each cell, a table must be one TorchRec can build and the cost model can
 
 from __future__ import annotations
 
-import difflib
 import functools
 import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
-from numbers import Integral, Real
+from numbers import Integral
 from typing import Any
 
 from rec.errors import InputError, Problem, ProblemList, show
@@ -37,7 +36,8 @@ from rec.spec.limits import (
     too_many_tables,
 )
 from rec.spec.types import DEFAULT_MODULE, Spec, TableSpec
-from rec.units import format_count, positive_whole
+from rec.units import format_count
+from rec.validation import number_value, positive_integer, unknown_key
 
 
 def spec_from_rows(rows: Sequence[object], source: str = "") -> Spec:
@@ -83,12 +83,10 @@ def _check_columns(rows: Sequence[object], problems: ProblemList) -> set[str]:
             for key in row:
                 seen.setdefault(str(key), []).append(number)
     for key in sorted(set(seen) - set(COLUMNS)):
-        hint = difflib.get_close_matches(key, COLUMNS, n=1) if len(key) <= 64 else []
         numbers = seen[key]
         where = [_where(n, row) for n in numbers[:3] if isinstance(row := rows[n - 1], Mapping)]
         found = "" if len(numbers) == len(mappings) else f" in {_list_some(where, len(numbers))}"
-        suggestion = f"did you mean '{hint[0]}'? " if hint else ""
-        problems.add(f"column '{key}'", f"unknown column{found}; {suggestion}known columns: {', '.join(COLUMNS)}")
+        problems.add(f"column '{key}'", unknown_key(key, COLUMNS, "column", found))
     absent = {c for c in REQUIRED if c not in seen}
     for column in sorted(absent):
         problems.add(f"column '{column}'", "required column is missing")
@@ -258,9 +256,7 @@ def _parse_module(value: object) -> str:
 
 
 def _parse_positive_int(value: object) -> int:
-    if type(value) is int and value > 0:  # the common case, before the slower checks
-        return value
-    return positive_whole(_number(value, "a positive integer"), value)
+    return positive_integer(value, text=True)  # text too: CSV cells are text
 
 
 def _parse_dim(value: object) -> int:
@@ -271,34 +267,12 @@ def _parse_dim(value: object) -> int:
 
 
 def _parse_positive_float(value: object) -> float:
-    number = float(_number(value, "a positive number"))
+    number = float(number_value(value, "a positive number", text=True))
     if math.isnan(number):
         raise ValueError("got NaN (not a number); leave the cell empty to use the default 1.0")
     if not math.isfinite(number) or number <= 0:
         raise ValueError(f"must be a finite number > 0, got {show(value)}")
     return number
-
-
-def _number(value: object, expected: str) -> int | float:
-    if type(value) is int or type(value) is float:  # the common case, before the slower checks below
-        return value
-    if isinstance(value, bool):
-        raise ValueError(f"expected {expected}, got {show(value)}")
-    if isinstance(value, Integral):
-        return int(value)
-    if isinstance(value, Real):
-        try:
-            return float(value)
-        except OverflowError:  # e.g. a Fraction beyond float
-            return math.inf
-    if isinstance(value, str):
-        text = value.strip().replace("_", "")
-        for convert in (int, float):
-            try:
-                return convert(text)
-            except ValueError:
-                pass
-    raise ValueError(f"expected {expected}, got {show(value)}")
 
 
 def _parse_names(value: object) -> tuple[str, ...]:
@@ -316,11 +290,11 @@ def _text_list(value: object) -> tuple[str, ...]:
         if not all(isinstance(item, str) for item in value):
             raise ValueError(f"expected a list of text, got {show(value)}")
         items = [item.strip() for item in value]
-        bad = next((item for item in items if not item.isprintable()), None)
-        if bad is not None:
-            raise ValueError(f"{show(bad)} holds a control character (a tab, newline or escape)")
     else:
         raise ValueError(f"expected a list of text (in CSV: '{LIST_SEPARATOR}'-separated), got {show(value)}")
+    bad = next((item for item in items if not item.isprintable()), None)
+    if bad is not None:
+        raise ValueError(f"{show(bad)} holds a control character (a tab, newline or escape)")
     items = [item for item in items if item]
     if not items:
         raise ValueError("must not be empty (leave the cell empty to use the default)")

@@ -7,13 +7,11 @@ bytes/ms, TorchRec's unit (``torchrec/distributed/planner/constants.py``), so th
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from numbers import Integral, Real
 from typing import Any
 
-from rec.errors import InputError, Problem, ProblemList, show
+from rec.errors import show
 from rec.hashing import content_hash
 from rec.sharding import ComputeDevice
 from rec.topology.types import (
@@ -32,7 +30,17 @@ from rec.topology.types import (
     MIN_BANDWIDTH,
     Topology,
 )
-from rec.units import format_bytes, format_count, parse_bytes, parse_bytes_per_second, positive_whole, power_of_two
+from rec.units import format_bytes, format_count, power_of_two
+from rec.validation import (
+    Problems,
+    bandwidth,
+    byte_size,
+    choice,
+    known_keys,
+    number_value,
+    positive_integer,
+    required,
+)
 
 MS_PER_S = 1000
 BANDWIDTHS = ("intra_host_bw", "inter_host_bw", "hbm_mem_bw", "ddr_mem_bw")
@@ -64,34 +72,31 @@ DEFAULTS = {
 
 def topology_from_dict(d: object, source: str = "topology") -> Topology:
     """Validate a topology mapping (YAML keys and units) into a ``Topology`` with its hash filled."""
-    title = f"Invalid topology {source}"
-    if not isinstance(d, Mapping):
-        reason = f"expected a mapping of keys ({', '.join(KEYS)}), got {type(d).__name__}"
-        raise InputError(title, [Problem(source, reason)])
-    problems = ProblemList()
-    odd = [show(k) for k in d if not isinstance(k, str)]
-    if odd:
-        problems.add(source, f"keys must be text, got {', '.join(sorted(odd))}")
-        d = {k: v for k, v in d.items() if isinstance(k, str)}
-    for key in sorted(set(d) - set(KEYS)):
-        hint = difflib.get_close_matches(key, KEYS, n=1) if len(key) <= 64 else []
-        suggestion = f"did you mean '{hint[0]}'? " if hint else ""
-        problems.add(key, f"unknown key; {suggestion}known keys: {', '.join(KEYS)}")
-    for key in REQUIRED:
-        if d.get(key) is None:
-            problems.add(key, "is required")
+    problems = Problems(root=source)
+    topology = read_topology_mapping(d, problems)
+    problems.raise_if_any(f"Invalid topology {source}")
+    assert topology is not None
+    return topology
 
+
+def read_topology_mapping(d: object, problems: Problems) -> Topology | None:
+    """The ``Topology`` of mapping ``d``, or None with every problem recorded in ``problems`` (a
+    plan reader's collector names them ``topology.KEY``)."""
+    if not isinstance(d, Mapping):
+        problems.add("", f"expected a mapping of keys ({', '.join(KEYS)}), got {type(d).__name__}")
+        return None
+    before = len(problems.items)
+    d = known_keys(d, KEYS, problems)
+    required(d, REQUIRED, problems)
     values: dict[str, Any] = {}
     for key, parse in _PARSERS.items():
-        if d.get(key) is None:
-            continue
-        try:
-            values[key] = parse(d[key])
-        except ValueError as e:
-            problems.add(key, str(e))
+        if d.get(key) is not None:
+            value = problems.take(key, parse, d[key])
+            if value is not None:
+                values[key] = value
     _check_consistency(values, problems)
-    problems.raise_if_any(title)
-
+    if len(problems.items) > before:
+        return None
     world = values["world_size"]
     topology = Topology(
         world_size=world,
@@ -117,7 +122,7 @@ def topology_to_dict(topology: Topology) -> dict[str, Any]:
     return d
 
 
-def _check_consistency(values: dict[str, Any], problems: ProblemList) -> None:
+def _check_consistency(values: dict[str, Any], problems: Problems) -> None:
     world, local = values.get("world_size"), values.get("local_world_size")
     if isinstance(world, int) and isinstance(local, int) and world % local:
         problems.add("local_world_size", f"world_size {world} is not a multiple of local_world_size {local}")
@@ -142,14 +147,8 @@ def _check_consistency(values: dict[str, Any], problems: ProblemList) -> None:
             ))
 
 
-def _positive_int(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, (Integral, Real)):  # YAML's ints, not text
-        raise ValueError(f"expected a positive integer, got {show(value)}")
-    return positive_whole(int(value) if isinstance(value, Integral) else float(value), value)
-
-
 def _world_size(value: object) -> int:
-    world = _positive_int(value)
+    world = positive_integer(value)
     if world > MAX_WORLD_SIZE:
         raise ValueError(
             f"must be at most {MAX_WORLD_SIZE:,}, got {format_count(world)}: the cost model counts a table's bytes "
@@ -160,50 +159,31 @@ def _world_size(value: object) -> int:
 
 def _capacity(allow_zero: bool) -> Callable[[object], int]:
     def parse(value: object) -> int:
-        size = parse_bytes(value)
-        if size < 0 or (size == 0 and not allow_zero):
-            raise ValueError(f"must be {'>= 0' if allow_zero else '> 0'} bytes, got {show(value)}")
-        if size > MAX_RANK_BYTES:
-            raise ValueError(f"must be at most {format_bytes(MAX_RANK_BYTES)} per rank, got {show(value)}")
-        return size
+        return byte_size(value, minimum=0 if allow_zero else 1, maximum=MAX_RANK_BYTES,
+                         describe=lambda n: f"{format_bytes(n)} per rank")
 
     return parse
 
 
 def _bandwidth(value: object) -> float:
-    per_second = parse_bytes_per_second(value)
-    if not per_second > 0:
-        raise ValueError(f"must be > 0 bytes/s, got {show(value)}")
-    if not MIN_BANDWIDTH <= per_second <= MAX_BANDWIDTH:
-        raise ValueError(f"must be between {MIN_BANDWIDTH:g} and {MAX_BANDWIDTH:g} bytes/s, got {show(value)}")
-    return per_second / MS_PER_S
-
-
-def _compute_device(value: object) -> ComputeDevice:
-    if isinstance(value, str):
-        try:
-            return ComputeDevice(value.strip().lower())
-        except ValueError:
-            pass
-    raise ValueError(f"expected one of {', '.join(d.value for d in ComputeDevice)}, got {show(value)}")
+    return bandwidth(value, minimum=MIN_BANDWIDTH, maximum=MAX_BANDWIDTH) / MS_PER_S
 
 
 def _reservation(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real) or not 0 <= float(value) < 1:
+    fraction = number_value(value, "a fraction in [0, 1)")
+    if not 0 <= fraction < 1:  # NaN too
         raise ValueError(f"expected a fraction in [0, 1), got {show(value)}")
-    return float(value)
-
-
+    return float(fraction)
 
 
 _PARSERS: dict[str, Callable[[object], object]] = {
     "world_size": _world_size,
-    "local_world_size": _positive_int,
-    "compute_device": _compute_device,
+    "local_world_size": positive_integer,
+    "compute_device": lambda value: choice(ComputeDevice, value),
     # cpu ranks have no HBM in TorchRec (its Topology gives them 0), so 0 is fine there.
     "hbm_cap": _capacity(allow_zero=True),
     "ddr_cap": _capacity(allow_zero=False),
     **dict.fromkeys(BANDWIDTHS, _bandwidth),
-    "batch_size": _positive_int,
+    "batch_size": positive_integer,
     "storage_reservation": _reservation,
 }

@@ -37,6 +37,7 @@ from rec.topology.types import BATCH_SIZE
 from rec.torchrec.constraints import kernel_fields, table_constraints
 from rec.torchrec.model import ModelTables, model_tables, module_kind
 from rec.torchrec.topology import dense_bytes, reservation_settings, shardflow_topology, topology_problems
+from rec.torchrec_internals import optimizer_classes
 
 try:  # the interface, so that isinstance(planner, ShardingPlanner) holds where TorchRec checks it
     from torchrec.distributed.types import ShardingPlanner
@@ -275,7 +276,7 @@ def _optimizer(weight: Any) -> Optimizer:
     import torch
     import torchrec.optim as trec_optim
 
-    cls = getattr(weight, "_optimizer_classes", [None])[0]
+    cls = (optimizer_classes(weight) or [None])[0]
     if cls is None:
         return Optimizer.NONE
     if cls in (torch.optim.SGD, trec_optim.SGD):

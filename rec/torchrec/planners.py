@@ -1,11 +1,8 @@
-"""The planners a plan can be made by (``shardflow plan --planner``); no torch here."""
+"""The planners a plan can be made by (``shardflow plan --planner``); no torch here. A plan records
+which one made it, so the names live with the plan's planner identity."""
 
 from __future__ import annotations
 
-from enum import StrEnum
+from rec.plan.planner_identity import Planner
 
-
-class Planner(StrEnum):
-    SHARDFLOW = "shardflow"  # shardflow's search (rec.planning.plan_spec)
-    TORCHREC = "torchrec"  # TorchRec's EmbeddingShardingPlanner, its default proposers
-    TORCHREC_DP = "torchrec-dp"  # the same with its DynamicProgrammingProposer
+__all__ = ["Planner"]

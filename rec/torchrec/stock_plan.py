@@ -52,10 +52,9 @@ def torchrec_plan(spec: Spec, topology: Topology, cost: CostConfig = CostConfig(
     run = _run(spec, topology, cost, proposer)
     result = SearchResult(space, _assignment(space, spec, run.chosen), lower_bound(space))
     plan = build_plan(result, spec, topology, cost, SearchConfig())
-    details = {"torchrec": metadata.version("torchrec"), "proposers": run.proposer.split(",")}
     # TorchRec's search has none of shardflow's knobs: the plan_id covers the cost model and the planner.
-    planner = {**{k: v for k, v in plan.planner.items() if k != "search"},
-               **made_by_keys(proposer.value, details, run.seconds)}
+    made_by = made_by_keys(proposer, metadata.version("torchrec"), tuple(run.proposer.split(",")), run.seconds)
+    planner = replace(plan.planner, search=None, made_by=made_by)
     return replace(plan, planner=planner, plan_id=plan_id(spec.spec_hash, topology.topology_hash, planner))
 
 

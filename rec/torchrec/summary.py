@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from rec.plan.report import rank_table, sharding_types
 from rec.plan.types import Plan
+from rec.profile.prediction import prediction
 
 
 def plan_summary(plan: Plan, seconds: float, search_s: float) -> str:
@@ -20,12 +21,13 @@ def plan_summary(plan: Plan, seconds: float, search_s: float) -> str:
     kinds = ", ".join(f"{k} {n:,}" for k, n in sorted(sharding_types(plan).items()))
     optimal = "; proven optimal" if m.optimal else ""
     return "\n".join([
-        f"shardflow planned {len(plan.tables):,} tables on {plan.world_size:,} {plan.topology['compute_device']} "
+        f"shardflow planned {len(plan.tables):,} tables on {plan.world_size:,} {plan.topology.compute_device.value} "
         f"ranks in {seconds:.2f} s (search {search_s:.2f} s)",
         line(table.header), "  ".join("-" * w for w in widths), *map(line, table.rows),
         *([table.note] if table.note else []),
         f"tables:        {len(plan.tables):,} ({kinds})",
         f"critical path: {m.critical_path:.4f} ms (TorchRec cost model)",
         f"lower bound:   {m.lower_bound:.4f} ms  gap {100 * m.gap:.2f}% ({m.bound_method} bound{optimal})",
+        f"predicted:     {prediction(plan).text()}",
         f"plan_id:       {plan.plan_id}",
     ])

@@ -19,6 +19,7 @@ from rec.profile.types import BWD_COMPUTE_MULTIPLIER
 from rec.topology import topology_from_dict
 from rec.topology.types import Topology
 from rec.topology.validate import MS_PER_S
+from rec.torchrec_internals import reservation_percentage
 from rec.units import format_bytes
 
 # TorchRec 1.8's default uneven-sharding perf multiplier, which shardflow's cost model does not have.
@@ -39,7 +40,7 @@ def reservation_settings(reservation: Any) -> tuple[float, float, int | None, li
             "storage_reservation", f"{type(reservation).__name__} is not supported: shardflow's cost model "
                                    "reserves as TorchRec's HeuristicalStorageReservation does (give one, with "
                                    "your percentage)")]
-    percentage = float(reservation._percentage)
+    percentage = reservation_percentage(reservation)
     problems = []
     if not 0 <= percentage < 1:
         problems.append(Problem("storage_reservation", f"percentage {percentage:g} leaves no memory: it must be "

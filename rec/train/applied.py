@@ -16,6 +16,7 @@ from torch import nn
 
 from rec.plan.types import Plan
 from rec.spec.types import table_key
+from rec.torchrec_internals import module_shardings
 
 Shard = tuple[int | None, tuple[int, ...], tuple[int, ...]]  # (rank, offsets, sizes); rank None: every rank
 
@@ -48,12 +49,9 @@ def applied_tables(model: nn.Module) -> list[AppliedTable]:
     root = model.module if isinstance(model, DistributedModelParallel) else model
     out = []
     for path, module in root.named_modules():
-        if isinstance(module, ShardedEmbeddingCollection):
-            shardings = list(module._sharding_type_to_sharding.items())
-        elif isinstance(module, ShardedEmbeddingBagCollection):
-            shardings = list(zip(module._sharding_types, module._embedding_shardings, strict=True))
-        else:
+        if not isinstance(module, (ShardedEmbeddingCollection, ShardedEmbeddingBagCollection)):
             continue
+        shardings = module_shardings(module)
         weights = {key.split(".")[-2]: value for key, value in module.state_dict().items()
                    if key.endswith(".weight")}
         seen = set()

@@ -1,7 +1,7 @@
 """The training job's settings: one frozen dataclass, every knob with its default and bounds.
 
-The ``shardflow train``/``run`` flags, the Prefect flows' parameters and the job's own command line
-(``python -m rec.train.job``) are all derived from ``TrainConfig`` (``rec.settings``).
+The ``shardflow train``/``run`` flags, the Prefect flows' ``training`` parameter and the job's own
+command line (``python -m rec.train.job``) are all derived from ``TrainConfig`` (``rec.settings``).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class TrainConfig:
         "one's compute); naive: plain loop; auto: sparse_dist on several GPUs, naive on one GPU and on cpu "
         "(docs/gpu.md)"))
     data: str | None = field(default=None, metadata=knob(
-        "Parquet training data (file or directory); none: synthetic batches", metavar="PATH"))
+        "Parquet training data (file or directory); none: synthetic batches", metavar="PATH", path=True))
     seed: int = field(default=0, metadata=knob("random seed of the model and synthetic data"))
     dense_in_features: int = field(default=13, metadata=knob(
         "dense features per sample", minimum=1, maximum=1 << 16))
@@ -81,7 +81,7 @@ class TrainConfig:
     checkpoint_every: int = field(default=0, metadata=knob(
         "write a sharded checkpoint every N iterations; 0: never", minimum=0))
     checkpoint_dir: str | None = field(default=None, metadata=knob(
-        "where checkpoints go; none: OUT/checkpoints", metavar="DIR"))
+        "where checkpoints go; none: OUT/checkpoints", metavar="DIR", path=True))
     keep_checkpoints: int = field(default=3, metadata=knob(
         "checkpoints kept; older ones are deleted", minimum=1))
     resume: bool = field(default=False, metadata=knob(
@@ -89,7 +89,7 @@ class TrainConfig:
     resume_from: str | None = field(default=None, metadata=knob(
         "start from the newest checkpoint of a training with another plan (its output directory): "
         "tables are matched by name, a resized table keeps its old rows, added ones are initialized; "
-        "none: start fresh", metavar="DIR"))
+        "none: start fresh", metavar="DIR", path=True))
 
     @property
     def model_target(self) -> str | None:

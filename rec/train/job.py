@@ -33,8 +33,8 @@ from rec.plan import Plan, read_plan
 from rec.plan.torchrec_plan import plan_modules, sharders_for, to_sharding_plan
 from rec.profile.predict import predicted_critical_path
 from rec.settings import add_flags, from_flags
-from rec.spec import spec_from_rows
 from rec.spec.types import Spec
+from rec.torchrec_internals import optimizer_classes
 from rec.train.applied import applied_sharding
 from rec.train.config import TrainConfig
 from rec.train.data import parquet_batches, synthetic_batches
@@ -60,10 +60,10 @@ def train(plan: Plan, config: TrainConfig, out_dir: str, output: RankOutput,
     and returns what it wrote (None on the other ranks)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     check_world_size(plan, world)
-    device = (torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if plan.topology["compute_device"] == "cuda"
+    device = (torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if plan.topology.compute_device == "cuda"
               else torch.device("cpu"))
-    spec = spec_from_rows(list(plan.spec_tables))
-    batch_size = config.batch_size or int(plan.topology["batch_size"])
+    spec = plan.spec
+    batch_size = config.batch_size or plan.topology.batch_size
     torch.manual_seed(config.seed)
 
     output.progress("building the model")
@@ -116,7 +116,7 @@ def _fuse_embedding_optimizer(model: torch.nn.Module, plan: Plan, lr: float) -> 
     """Fused row-wise Adagrad on every planned embedding module's tables, unless the model's own
     code already chose an optimizer for them."""
     for path in plan_modules(plan):
-        params = [p for p in model.get_submodule(path).parameters() if not hasattr(p, "_optimizer_classes")]
+        params = [p for p in model.get_submodule(path).parameters() if not optimizer_classes(p)]
         if params:
             apply_optimizer_in_backward(RowWiseAdagrad, params, {"lr": lr})
 
@@ -127,7 +127,7 @@ def _metrics(plan: Plan, spec: Spec, config: TrainConfig, world: int, batch_size
     return TrainMetrics(
         plan_id=plan.plan_id, world_size=world, iterations=config.iterations,
         warmup=config.warmup, batch_size=batch_size,
-        pipeline=config.pipeline.on(world, str(plan.topology["compute_device"])).value,
+        pipeline=config.pipeline.on(world, plan.topology.compute_device).value,
         model=config.model_target or resolve_model_kind(spec, config.model_kind).value, iteration_latency_ms=stats,
         loss=loss_stats(rows.loss), samples_per_s=world * batch_size / (stats.mean / 1e3),
         applied_sharding=applied_sharding(dmp), resumed_from=begin.iteration, resume=begin.resume,
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     def work(output: RankOutput) -> None:
         output.progress("loading the plan")
         plan = read_plan(args.plan)
-        with process_group(plan.topology["compute_device"]), user_code(config):
+        with process_group(plan.topology.compute_device), user_code(config):
             train(plan, config, args.out, output, args.plan)
 
     return run_rank("train", args.out, work)

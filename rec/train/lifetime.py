@@ -11,7 +11,6 @@ in the directory while any process of this one still lives.
 from __future__ import annotations
 
 import ctypes
-import fcntl
 import os
 import signal
 import sys
@@ -19,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rec.exit_codes import ExitCode
+from rec.file_lock import open_lock_file, take
 
 OUT_LOCK_ENV = "SHARDFLOW_OUT_LOCK"  # the --out lock file the ranks hold shared; unset: no lock
 TORCHRUN_MODULE = "torch.distributed.run"  # how the launcher starts torchrun (``python -m``)
@@ -63,9 +63,9 @@ def join_run_lock() -> int | None:
     path = os.environ.get(OUT_LOCK_ENV)
     if not path:
         return None
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_lock_file(path)
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        take(fd, shared=True, blocking=False)
     except BlockingIOError:
         os.close(fd)
         raise RunLockTaken(f"{Path(path).parent} is used by another run: this rank's launcher is gone") from None

@@ -72,7 +72,8 @@ def train_iterations(dmp: DistributedModelParallel, optimizer: CombinedOptimizer
 
 def pipeline_step(dmp: DistributedModelParallel, optimizer: CombinedOptimizer, device: torch.device,
                   batches: Iterator[Batch | ModuleBatch], kind: PipelineKind) -> Callable[[], torch.Tensor]:
-    """One training iteration as a function returning its (detached) loss. The model's forward
+    """One training iteration as a function returning its (detached) loss (``kind`` resolved:
+    ``PipelineKind.on``). The model's forward
     returns ``(losses, output)``, TorchRec's convention (``DLRMTrain``): backward runs on the sum
     of ``losses``, which is the loss reported."""
     loss = torch.zeros(())
@@ -83,6 +84,8 @@ def pipeline_step(dmp: DistributedModelParallel, optimizer: CombinedOptimizer, d
         loss = _losses(output).detach().sum()
         return output
 
+    if kind is PipelineKind.AUTO:
+        raise ValueError("pipeline_step takes the pipeline that runs: resolve auto with PipelineKind.on")
     if kind is PipelineKind.SPARSE_DIST:
         pipeline = TrainPipelineSparseDist(dmp, optimizer, device, custom_model_fwd=forward)
 

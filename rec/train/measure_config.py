@@ -18,9 +18,9 @@ LATER_SETTLE_S = 0.2  # the settling of every plan after a job's first (the GPU 
 
 @dataclass(frozen=True)
 class MeasureConfig:
-    iterations: int = field(default=30, metadata=knob(
-        "timed iterations per plan, after the warm-up (each block rounded up to whole passes over the "
-        "synthetic batches)", minimum=1, maximum=MAX_MEASURE_ITERATIONS))
+    iterations: int = field(default=24, metadata=knob(
+        "timed iterations per plan, after the warm-up (at least: each block is rounded up to whole passes "
+        "over the synthetic batches)", minimum=1, maximum=MAX_MEASURE_ITERATIONS))
     warmup: int = field(default=5, metadata=knob(
         "untimed iterations before them", minimum=0, maximum=MAX_MEASURE_ITERATIONS))
     blocks: int = field(default=3, metadata=knob(

@@ -147,14 +147,21 @@ class Clock:
 def run_block(dmp: nn.Module, features: Iterator[dict[str, KeyedJaggedTensor]], iterations: int,
               clock: Clock) -> tuple[list[float], list[float]]:
     """``iterations`` iterations back to back: (forward, backward) ms of each, a backward lasting
-    until the next iteration starts (the block's end after the last), so that they add up to the block."""
-    for _ in range(iterations):
-        batch = next(features)
+    until the next iteration starts (the block's end after the last), so that they add up to the block.
+    No garbage collection inside a block (as ``timeit``): a collection is the job's, not the plan's."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(iterations):
+            batch = next(features)
+            clock.mark()
+            loss = dmp(batch)
+            clock.mark()
+            loss.backward()
         clock.mark()
-        loss = dmp(batch)
-        clock.mark()
-        loss.backward()
-    clock.mark()
+    finally:
+        if collecting:
+            gc.enable()
     spans = clock.spans_ms()
     return spans[0::2], spans[1::2]
 
@@ -169,7 +176,7 @@ def measure(plan: Plan, plan_path: str, config: MeasureConfig, output: RankOutpu
     device = group.device
     began = time.monotonic()
     spec = spec_from_rows(list(plan.spec_tables))
-    batch_size = int(plan.topology["batch_size"])
+    batch_size = plan.topology.batch_size
     torch.manual_seed(config.seed)
     output.progress(f"{label}sharding {len(plan.tables):,} tables with the plan")
     model = Embeddings(spec)
@@ -213,10 +220,12 @@ def measure(plan: Plan, plan_path: str, config: MeasureConfig, output: RankOutpu
 
 
 def block_sizes(config: MeasureConfig) -> list[int]:
-    """The iterations of each timed block: ``config.iterations`` shared out over ``config.blocks``,
-    each rounded up to whole passes over the synthetic batches (every block sees each batch as often)."""
-    per_block = _whole_passes(math.ceil(config.iterations / config.blocks), config)
-    return [per_block] * config.blocks
+    """The iterations of each timed block: ``config.iterations`` shared out over ``config.blocks`` (fewer
+    blocks where there are too few iterations for a whole pass over the synthetic batches in each),
+    each rounded up to whole passes, so that every block sees each batch as often."""
+    blocks = max(1, min(config.blocks, config.iterations // config.synthetic_batches))
+    per_block = _whole_passes(math.ceil(config.iterations / blocks), config)
+    return [per_block] * blocks
 
 
 def _whole_passes(iterations: int, config: MeasureConfig) -> int:
@@ -246,7 +255,7 @@ def _gathered(values: list[float], group: Group) -> tuple[tuple[float, ...], ...
 
 def machine(plan: Plan) -> Machine:
     """This machine, as a profile's ``machine`` block records it."""
-    device = ComputeDevice(plan.topology["compute_device"])
+    device = plan.topology.compute_device
     if device is ComputeDevice.CUDA:
         name = torch.cuda.get_device_name()
     else:
@@ -289,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     def work(output: RankOutput) -> None:
         output.progress("loading the plans")
         plans = [read_plan(path) for path in args.plan]
-        with process_group(plans[0].topology["compute_device"]) as group:
+        with process_group(plans[0].topology.compute_device) as group:
             # What exists now lives for the whole job: later collections skip it (a full collection
             # after every plan otherwise walks all of torch's objects: ~0.3 s each).
             gc.freeze()

@@ -63,7 +63,7 @@ def measure_report(plan: Plan, times: PlanTimes, machine: Machine) -> MeasureRep
     critical_predicted, critical_measured = float(predicted.max()), float(measured.max())
     return MeasureReport(
         format=MEASURE_FORMAT, plan_id=plan.plan_id, world_size=plan.world_size,
-        compute_device=str(plan.topology["compute_device"]), batch_size=int(plan.topology["batch_size"]),
+        compute_device=plan.topology.compute_device.value, batch_size=plan.topology.batch_size,
         profile={"name": profile.name, "hash": profile_hash(profile), "default": profile.is_default},
         predicted_ms=_list(predicted), measured_ms=_list(measured),
         measured_p90_ms=_list(np.percentile(total, 90, axis=1)),

@@ -69,7 +69,7 @@ def _refuse_to_plan(*_args: object, **_kwargs: object) -> NoReturn:
 
 def check_world_size(plan: Plan, world_size: int) -> None:
     """InputError unless the job has as many processes as ``plan`` has ranks."""
-    planned = int(plan.topology["world_size"])
+    planned = plan.world_size
     if planned != world_size:
         raise InputError("The plan does not match this job:", [
             Problem(f"plan {plan.plan_id}",

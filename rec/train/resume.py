@@ -95,7 +95,7 @@ def check_resume(source: ResumeSource, new: Plan) -> None:
         problems.append(Problem(source.checkpoint_dir, (
             f"was written under plan {source.plan.plan_id}, but plan {new.plan_id} was replanned from "
             f"plan {new.previous_plan_id}: resume from a training of that plan")))
-    if source.plan.topology.get("compute_device") != new.topology.get("compute_device"):
+    if source.plan.topology.compute_device != new.topology.compute_device:
         problems.append(Problem(source.checkpoint_dir, "was written on another compute device"))
     if not {row_key(r) for r in source.plan.spec_tables} & {row_key(r) for r in new.spec_tables}:
         problems.append(Problem(source.checkpoint_dir, "shares no table with the new plan"))

@@ -75,18 +75,16 @@ class PlanTimes:
         return total
 
     def block_ms(self) -> np.ndarray:
-        """(ranks, blocks): each block's mean iteration time."""
+        """(ranks, blocks): each block's median iteration. A median, not a mean: a host hiccup (one
+        iteration of 20 ms among 3-ms ones on a GPU, and the few after it catching up) moves a block's
+        mean by tens of percent, its median not."""
         total = self.total_ms()
         parts = np.array_split(np.arange(total.shape[1]), min(self.blocks, max(1, total.shape[1])))
-        means: np.ndarray = np.stack([total[:, part].mean(axis=1) for part in parts], axis=1)
-        return means
+        medians: np.ndarray = np.stack([np.median(total[:, part], axis=1) for part in parts], axis=1)
+        return medians
 
     def rank_ms(self) -> np.ndarray:
-        """(ranks,): each rank's iteration time, the median of its blocks' means (of its iterations
-        with one block)."""
-        if self.blocks <= 1:
-            median: np.ndarray = np.median(self.total_ms(), axis=1)
-            return median
+        """(ranks,): each rank's iteration time, the median of its blocks' medians."""
         return np.asarray(np.median(self.block_ms(), axis=1))
 
     def critical_path_ms(self) -> float:

@@ -92,18 +92,19 @@ def test_a_closed_pipe_ends_the_output_quietly(tmp_path):
 def test_compare_fits_its_table_to_the_terminal_most_telling_columns_first():
     from flows.commands.compare import HEADER, render_rows
 
-    cells = {"plan_id": "0123456789abcdef", "spec": "ranking_tables_2025_q3_all_markets", "topology": "h100_2x8",
-             "profile": "default", "tables": "500", "world": "16", "pred_ms": "12.35", "lower_ms": "12.30",
-             "gap": "0.407%", "spec_hash": "fedcba9876543210", "backend": "local", "previous": "-",
-             "moved": "-", "trained": "2025-01-02 03:04", "batch": "512", "iters": "2000", "p50_ms": "15.02",
-             "p90_ms": "16.10", "p50/pred": "1.22x", "samples_s": "545,300"}
+    cells = {"plan_id": "0123456789abcdef", "planner": "torchrec-dp", "spec": "ranking_tables_2025_q3_all_markets",
+             "topology": "h100_2x8", "profile": "default", "tables": "500", "world": "16", "pred_ms": "12.35",
+             "lower_ms": "12.30", "gap": "0.407%", "spec_hash": "fedcba9876543210", "backend": "local",
+             "previous": "-", "moved": "-", "run": "measure", "started": "2025-01-02 03:04", "batch": "512",
+             "iters": "2000", "p50_ms": "15.02", "p90_ms": "16.10", "p50/pred": "1.22x", "samples_s": "545,300"}
     rows = [tuple(cells[name] for name in HEADER)] * 2
     narrow = render_rows(rows, 80)
     lines = narrow.splitlines()
     assert max(map(len, lines)) <= 80
-    assert lines[0].split()[:3] == ["plan_id", "spec", "topology"]
-    assert {"pred_ms", "p50_ms", "gap", "batch", "iters"} <= set(lines[0].split())
-    spec = lines[2].split()[1]
+    # Predicted against measured, who planned and which run (train or measure) before all else.
+    assert lines[0].split()[:4] == ["plan_id", "planner", "spec", "topology"]
+    assert {"pred_ms", "p50_ms", "run"} <= set(lines[0].split())
+    spec = lines[2].split()[2]
     assert spec.startswith("ranking_") and spec.endswith("…")  # cut to make room; in full with --wide
     assert lines[-1].startswith("(") and "--wide" in lines[-1]
     wide = render_rows(rows, None).splitlines()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -54,8 +55,11 @@ def test_measure_writes_predicted_against_measured_per_rank_and_records_a_measur
     assert m["error"] == pytest.approx(m["critical_path_measured"] / m["critical_path_predicted"] - 1)
     assert m["iterations"] == 4 and m["warmup"] == 1 and m["profile"]["default"] is True
     assert m["machine"]["device"] == "cpu" and m["machine"]["world_size"] == 2
-    assert "critical path  predicted" in r.stdout and "Traceback" not in r.stderr
-    assert len(r.stdout.splitlines()) <= SCREEN_LINES
+    assert "Traceback" not in r.stderr and len(r.stdout.splitlines()) <= SCREEN_LINES
+    predicted = next(line for line in r.stdout.splitlines() if line.startswith("predicted "))
+    measured = next(line for line in r.stdout.splitlines() if line.startswith("measured "))
+    assert re.fullmatch(r"predicted +\d+\.\d{4} ms per iteration", predicted)  # TorchRec's defaults: no parts
+    assert re.search(r"^measured +\d+\.\d{4} ms per iteration .*: \d+\.\d{3}x predicted$", measured)
 
     from mlflow import MlflowClient
 
@@ -63,9 +67,24 @@ def test_measure_writes_predicted_against_measured_per_rank_and_records_a_measur
     experiment = client.get_experiment_by_name("shardflow")
     (run,) = client.search_runs([experiment.experiment_id], "tags.`shardflow.step` = 'measure'")
     assert run.data.tags["shardflow.plan_id"] == plan.plan_id
-    assert run.data.metrics["critical_path_measured_ms"] == pytest.approx(m["critical_path_measured"])
-    assert run.data.metrics["error"] == pytest.approx(m["error"])
+    metrics = run.data.metrics
+    # What the command printed is what the run logged, under one name each.
+    assert f"{metrics['predicted_iteration_ms']:.4f} ms" in predicted
+    assert f"{metrics['measured_iteration_ms']:.4f} ms" in measured
+    assert f"{metrics['measured_over_predicted']:.3f}x" in measured
+    assert metrics["measured_iteration_ms"] == pytest.approx(m["critical_path_measured"])
+    assert metrics["measured_over_predicted"] == pytest.approx(m["error"] + 1)
+    assert metrics["predicted_iteration_ms"] == pytest.approx(m["critical_path_predicted"])
+    assert not {"critical_path_measured_ms", "critical_path_predicted_ms", "error", "measured_p90_ms"} & set(metrics)
+    assert run.data.params["planner"] == "shardflow" and run.data.params["tables"] == str(len(plan.tables))
     assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["measure.json"]
+
+    # No plan run (the plan was made by `shardflow plan`), yet compare lists the measurement with its plan.
+    assert client.search_runs([experiment.experiment_id], "tags.`shardflow.step` = 'plan'") == []
+    r = shardflow("compare", "--wide", "--tracking-uri", uri, "--state-dir", str(tmp_path / "state"))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (row,) = [line.split() for line in r.stdout.splitlines() if line.startswith(plan.plan_id)]
+    assert row[1] == "shardflow" and "measure" in row and f"{metrics['measured_iteration_ms']:.2f}" in row
 
 
 @pytest.mark.slow
@@ -124,3 +143,39 @@ def test_bad_input_exits_2_with_one_message_before_any_process_starts(args, expe
     err = capsys.readouterr().err
     assert expected in err and "Traceback" not in err
     assert not (tmp_path / "p.yaml").exists() and not (tmp_path / "w").exists()
+
+
+@pytest.mark.slow
+def test_a_second_calibration_into_the_same_profile_is_refused_while_the_first_runs(tmp_path):
+    """Two `shardflow calibrate` into one file: the second exits 2 at once, naming the first; the
+    first, stopped, leaves neither a profile nor a fit report."""
+    import signal
+    import time
+
+    from rec.file_lock import file_lock
+
+    profile = tmp_path / "cpu.yaml"
+    args = ["calibrate", "--topology", str(CPU_2PROC), "--out", str(profile), "--quick", "--iterations", "2"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "SHARDFLOW_"))}
+    first = subprocess.Popen([str(SHARDFLOW), *args, "--work", str(tmp_path / "w1")], cwd=ROOT, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # until the first holds the profile's lock
+            try:
+                with file_lock(tmp_path / ".cpu.yaml.lock", blocking=False):
+                    pass
+            except BlockingIOError:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the first calibration never took the profile's lock")
+        began = time.monotonic()
+        second = shardflow(*args, "--work", str(tmp_path / "w2"))
+        assert second.returncode == 2, second.stdout[-2000:] + second.stderr[-2000:]
+        assert "another shardflow calibrate is writing it" in second.stderr and "Traceback" not in second.stderr
+        assert time.monotonic() - began < 30 and not (tmp_path / "w2" / "timings.json").exists()
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=120)
+    assert not profile.exists() and not (tmp_path / "cpu.fit.json").exists()

@@ -49,6 +49,6 @@ def test_a_plan_waits_in_the_outbox_while_mlflow_is_away_and_is_logged_when_it_r
     (run,) = client.search_runs([experiment])
     assert run.info.run_id == second.logged.run_id
     assert run.data.tags["shardflow.step"] == "plan" and run.data.tags["shardflow.plan_id"] == first.plan_id
-    assert run.data.params["tables"] == "8" and "critical_path" in run.data.metrics
+    assert run.data.params["tables"] == "8" and "critical_path_ms" in run.data.metrics
     assert {a.path for a in client.list_artifacts(run.info.run_id)} == \
         {"plan.json", "shards.parquet", "rank_load.png"}

@@ -90,7 +90,7 @@ def test_run_records_a_pipeline_run_with_nested_plan_and_train_runs(first_run, s
 
     assert {k: plan.data.params[k] for k in ("tables", "world_size", "backend", "groups")} == \
         {"tables": "8", "world_size": "2", "backend": "local", "groups": "1"}
-    assert {"planning_s", "critical_path", "lower_bound", "max_hbm_gib"} <= set(plan.data.metrics)
+    assert {"planning_s", "critical_path_ms", "lower_bound_ms", "max_hbm_gib"} <= set(plan.data.metrics)
     # What a comparison needs, as params and metrics with units (MLflow's UI shows them per run).
     plan_json = json.loads(Path(store.out, "plan", "plan.json").read_text())
     topology = {f"topology.{k}": str(v) for k, v in plan_json["topology"].items()}
@@ -112,18 +112,16 @@ def test_run_records_a_pipeline_run_with_nested_plan_and_train_runs(first_run, s
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     metrics = json.loads(Path(store.out, "train", "train_metrics.json").read_text())
-    assert train.data.metrics["iteration_latency_ms_p50"] == metrics["iteration_latency_ms"]["p50"]
-    assert {"iteration_latency_ms_p90", "samples_per_s"} <= set(train.data.metrics)
-    series = client.get_metric_history(train.info.run_id, "iteration_latency_ms")
+    assert train.data.metrics["measured_iteration_ms"] == metrics["iteration_latency_ms"]["p50"]
+    assert {"measured_iteration_p90_ms", "samples_per_s"} <= set(train.data.metrics)
+    series = client.get_metric_history(train.info.run_id, "per_iteration/latency_ms")
     assert sorted(m.step for m in series) == list(range(6))
-    measured = client.get_metric_history(train.info.run_id, "iteration_latency_ms_measured")
-    assert sorted(m.step for m in measured) == list(range(1, 6))  # after the one warm-up iteration
     # Predicted beside measured: in train_metrics.json, the train run, and the pipeline run's own row.
     assert metrics["predicted_critical_path_ms"] == predicted
-    assert train.data.metrics["predicted_critical_path_ms"] == predicted
+    assert train.data.metrics["predicted_iteration_ms"] == predicted
     headline = {k: pipeline.data.metrics.get(k) for k in (
-        "critical_path_ms", "gap_pct", "predicted_critical_path_ms", "iteration_latency_ms_p50",
-        "iteration_latency_ms_p90", "samples_per_s")}
+        "critical_path_ms", "gap_pct", "predicted_iteration_ms", "measured_iteration_ms",
+        "measured_iteration_p90_ms", "samples_per_s")}
     assert headline == {**{k: plan.data.metrics[k] for k in ("critical_path_ms", "gap_pct")},
                         **{k: train.data.metrics[k] for k in list(headline)[2:]}}
     flow_run = {run.data.tags.get("shardflow.prefect_flow_run") for run in (pipeline, plan, train)}
@@ -154,7 +152,7 @@ def test_a_run_without_a_terminal_shows_progress_lines_and_the_time_of_each_step
     assert set(metrics["loss"]) == {"first", "last", "mean"}
     (train,) = store.runs("train")
     assert train.data.metrics["loss_last"] == metrics["loss"]["last"]
-    assert len(MlflowClient(store.uri).get_metric_history(train.info.run_id, "loss")) == 6
+    assert len(MlflowClient(store.uri).get_metric_history(train.info.run_id, "per_iteration/loss")) == 6
     # The per-rank table is a Prefect artifact naming the plan's MLflow run, which names the flow run.
     (plan_run,) = store.runs("plan")
     artifact = Artifact.get(f"plan-{plan_id_of(store)}")
@@ -261,7 +259,7 @@ def test_compare_shows_predicted_and_measured_in_one_row_fitting_the_terminal(fi
     assert max(len(line) for line in out.splitlines()) <= 80
     assert "more columns with --wide" in out
     narrow = table_rows(out.split("\n\n")[0])
-    assert {"plan_id", "spec", "topology", "pred_ms", "p50_ms", "gap", "batch", "iters"} <= set(narrow[0])
+    assert {"plan_id", "planner", "run", "spec", "topology", "pred_ms", "p50_ms"} <= set(narrow[0])
 
     assert main(["compare", "--wide", *store.args()]) == 0
     out = capsys.readouterr().out
@@ -275,13 +273,13 @@ def test_compare_shows_predicted_and_measured_in_one_row_fitting_the_terminal(fi
         assert float(row["pred_ms"]) == pytest.approx(plan.data.metrics["critical_path_ms"], rel=1e-3)
     finished = [t for t in trains if t.info.status == "FINISHED"]
     assert sorted((r["p50_ms"], r["batch"], r["iters"]) for r in rows if r["p50_ms"] != "FAILED") == sorted(
-        (f"{t.data.metrics['iteration_latency_ms_p50']:.2f}", t.data.params["batch_size"], t.data.params["iterations"])
+        (f"{t.data.metrics['measured_iteration_ms']:.2f}", t.data.params["batch_size"], t.data.params["iterations"])
         for t in finished)
     # Trained at 32 samples per rank, not the 512 the plan predicts for: no ratio is shown.
     assert {r["p50/pred"] for r in rows} == {"-"}
 
     assert main(["compare", "--spec-hash", "ffffffffffffffff", *store.args()]) == 0
-    assert "no plan runs" in capsys.readouterr().out
+    assert "no plan, train or measure runs" in capsys.readouterr().out
     assert main(["compare", "--last", "0", *store.args()]) == 2
 
 

@@ -70,6 +70,17 @@ def test_a_new_plan_on_another_world_size_resumes_from_the_old_checkpoint(traine
                                  "tables_resized": 1, "tables_initialized": 1, "reinitialized": [],
                                  "dense_reinitialized": metrics["resume"]["dense_reinitialized"]}
     assert "Traceback" not in r.stderr
+    # The summary says it, not only train_metrics.json: from which plan and step, and what it restored.
+    (resumed,) = [line for line in r.stdout.splitlines() if line.startswith("resumed")]
+    assert resumed.startswith(f"resumed   from plan {plan_a['plan_id']} at step 4 ({tmp / 'train_a'}): "
+                              "2 tables restored, 1 resized, 1 initialized")
+    # Beside it the plan's predicted iteration time, printed as `plan` and `measure` print it.
+    from rec.plan import read_plan
+    from rec.profile.prediction import prediction
+
+    predicted = prediction(read_plan(tmp / "plan_b"))
+    assert f"predicted {predicted.text()}; measured {metrics['iteration_latency_ms']['p50']:.4f} ms (p50): " \
+           f"{metrics['iteration_latency_ms']['p50'] / predicted.iteration_ms:.3f}x predicted" in r.stdout
 
     old = full_state(step_dir(tmp / "train_a" / "checkpoints", 4), tmp)
     new = full_state(step_dir(tmp / "train_b" / "checkpoints", 4), tmp)  # B's layout, before training on

@@ -3,7 +3,6 @@ lost Prefect server stops serving with one line, leaving no process behind."""
 
 from __future__ import annotations
 
-import inspect
 import os
 import shutil
 import time
@@ -107,19 +106,30 @@ deployments:
     assert "Traceback" not in err
 
 
-def test_every_path_parameter_of_the_flows_is_resolved():
-    from flows.deployments import PATH_PARAMETERS, flow_parameters
+def test_every_path_parameter_and_path_setting_of_the_flows_is_resolved():
+    """A path is named by its parameter (``*_path``, ``*_dir``) or by its knob (``knob(path=True)``),
+    never by a list: every one of every flow resolves, a deprecated flat name included."""
+    import dataclasses
+
+    from flows.deployments import absolute_paths, flow_parameters
     from flows.pipeline import pipeline_flow
     from flows.plan import plan_flow
     from flows.replan import replan_flow
     from flows.train import train_flow
+    from rec.settings import is_path
+    from rec.train.config import TrainConfig
 
-    named_as_paths = {name for flow in (plan_flow, pipeline_flow, replan_flow, train_flow)
-                      for name in flow_parameters(flow) if name.endswith(("_path", "_dir"))}
-    assert named_as_paths <= PATH_PARAMETERS
-    every = set().union(*(inspect.signature(f.fn).parameters
-                          for f in (plan_flow, pipeline_flow, replan_flow, train_flow)))
-    assert PATH_PARAMETERS <= every  # no stale name
+    base = ROOT / "deploy"
+    for flow in (plan_flow, pipeline_flow, replan_flow, train_flow):
+        named = {name: "x" for name in flow_parameters(flow) if name.endswith(("_path", "_dir"))}
+        assert absolute_paths(flow, named, base) == {name: str(base / "x") for name in named}
+    job = {f.name: f.name for f in dataclasses.fields(TrainConfig) if is_path(f)}
+    assert {"data", "checkpoint_dir", "resume_from"} <= set(job)
+    absolute = {name: str(base / name) for name in job}
+    for flow in (pipeline_flow, train_flow):
+        given = {"training": {"job": {**job, "model": "m"}, "nnodes": 2}, **job, "experiment": "e"}
+        assert absolute_paths(flow, given, base) == {
+            "training": {"job": {**absolute, "model": "m"}, "nnodes": 2}, **absolute, "experiment": "e"}
 
 
 def test_a_configured_server_that_does_not_answer_is_named_before_serving(capsys):

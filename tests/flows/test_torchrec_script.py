@@ -62,7 +62,7 @@ def test_plan_with_planner_torchrec_writes_torchrecs_plan_rated_as_torchrec_rate
     out = capsys.readouterr().out
     plan = read_plan(tmp_path / "trec")
     check_plan(plan)
-    assert "planned by:    torchrec" in out and plan.planner["made_by"]["name"] == "torchrec"
+    assert "planned by:    torchrec" in out and plan.planner.made_by.name == "torchrec"
     reported = run_torchrec_planner(read_spec(DEMO), read_topology(H100)).critical_path
     assert plan.metrics.critical_path == pytest.approx(reported, rel=1e-9)
     assert main(["show", str(tmp_path / "trec")]) == 0

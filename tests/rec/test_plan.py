@@ -98,9 +98,9 @@ def test_validation_catches_out_of_range_ranks_and_allow_list_violations(plan):
     t0 = plan.tables[0]
     far = tuple(replace(s, rank=99) for s in t0.shards)
     assert any("out of range" in p.reason for p in validate_plan(_with_table(plan, 0, shards=far)).items)
-    spec_rows = list(plan.spec_tables)
-    spec_rows[0] = {**spec_rows[0], "sharding_types": ["row_wise"]}
-    restricted = replace(plan, spec_tables=tuple(spec_rows))
+    tables = list(plan.spec.tables)
+    tables[0] = replace(tables[0], sharding_types=(ShardingType.ROW_WISE,))
+    restricted = replace(plan, spec=replace(plan.spec, tables=tuple(tables)))
     if t0.sharding_type is not ShardingType.ROW_WISE:
         assert any("allow-list" in p.reason for p in validate_plan(restricted).items)
 

@@ -199,8 +199,7 @@ def test_previous_plan_with_metrics_that_its_shards_do_not_give_is_refused(demo,
 
 def test_a_plan_directory_keeps_only_the_new_plans_files(demo, tmp_path):
     out = tmp_path / "plan"
-    replanned = replan_spec(issue2282_spec(9), topology_from_dict(demo.topology),
-                            plan_spec(issue2282_spec(8), topology_from_dict(demo.topology))).plan
+    replanned = replan_spec(issue2282_spec(9), demo.topology, plan_spec(issue2282_spec(8), demo.topology)).plan
     write_plan(replanned, out, extra=chart_of(replanned))
     (out / "notes.txt").write_text("the user's own")
     assert {"movement.parquet", "rank_load.png"} <= set(os.listdir(out))

@@ -25,6 +25,7 @@ from rec.plan import check_plan, read_plan
 from rec.plan.breakdown import breakdown
 from rec.plan.identity import planner_config
 from rec.plan.io import dumps_plan
+from rec.plan.plan_json import planner_to_dict
 from rec.planning import plan_spec
 from rec.profile import (
     DEFAULT_PROFILE,
@@ -189,7 +190,7 @@ def test_an_edited_profile_record_is_refused_when_the_plan_is_read(tmp_path):
 
 def test_plan_cache_key_covers_the_profile():
     cost = CostConfig(profile=profile_from_dict({"coefficients": {"bwd_compute_multiplier": 3}}))
-    default, other = (planner_config(c, SearchConfig()) for c in (CostConfig(), cost))
+    default, other = (planner_to_dict(planner_config(c, SearchConfig())) for c in (CostConfig(), cost))
     assert "profile" not in default and other["profile"]["hash"] == profile_hash(cost.profile)
     assert {k: v for k, v in other.items() if k != "profile"} == default
 
@@ -246,14 +247,14 @@ def test_unreadable_profile_file_exits_2(name, reason, tmp_path, capsys):
 def test_the_flows_take_the_profile_as_a_path_parameter():
     import inspect
 
-    from flows.deployments import PATH_PARAMETERS
+    from flows.deployments import names_a_path
     from flows.pipeline import pipeline_flow
     from flows.plan import plan_flow
     from flows.replan import replan_flow
 
     for flow in (plan_flow, pipeline_flow, replan_flow):
         assert inspect.signature(flow.fn).parameters["profile_path"].default is None
-    assert "profile_path" in PATH_PARAMETERS  # relative paths in deployments resolve like spec_path
+        assert names_a_path(flow, "profile_path")  # relative paths in deployments resolve like spec_path
 
 
 def test_the_library_refuses_a_profile_of_another_device_too():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import time
 import warnings
+from dataclasses import replace
 
 import pytest
 
@@ -130,7 +131,7 @@ def test_every_module_is_planned_at_its_nested_path_rated_exactly_as_torchrec_ra
     assert set(plan.plan) == set(theirs.plan) == {"towers.0.user.ebc", "towers.1.ebc", "seq.blocks.1.ec"}
     for path, module_plan in plan.plan.items():
         assert set(module_plan) == set(theirs.plan[path])
-    assert planner.last_plan.planner["cost"]["optimizer"] == "rowwise_adagrad"  # read from the model
+    assert planner.last_plan.planner.cost.optimizer == "rowwise_adagrad"  # read from the model
     assert_rated_as_torchrec_rates(planner, model, topology, 256, constraints)
 
 
@@ -154,7 +155,7 @@ def test_a_table_limited_to_row_wise_is_row_wise_and_a_kernel_allow_list_holds()
     # The cache parameters reach the kernel, as TorchRec's planner passes them; the load factor is the
     # cost model's caching ratio.
     assert plan.plan["towers.1.ebc"]["item_id"].cache_params == cache
-    assert planner.last_plan.planner["cost"]["caching_ratio"] == 0.35
+    assert planner.last_plan.planner.cost.caching_ratio == 0.35
     assert_rated_as_torchrec_rates(planner, model, topology, 512, constraints)
 
 
@@ -231,6 +232,7 @@ def test_plan_dir_writes_a_plan_shardflow_reads_back_and_debug_logs_the_summary(
     with caplog.at_level(logging.INFO, logger="rec.torchrec.planner"):
         planner.plan(model, SHARDERS)
     assert "critical path:" in caplog.text and "<- critical path" in caplog.text
+    assert "predicted:" in caplog.text and "ms per iteration" in caplog.text  # as `shardflow plan` prints it
     written = read_plan(tmp_path / "plan")
     check_plan(written)
     assert written.plan_id == planner.last_plan.plan_id
@@ -265,7 +267,7 @@ def test_torchrecs_plan_has_exactly_the_critical_path_torchrec_reports_and_reads
     reported = run_torchrec_planner(spec, topology, proposer=quietly(_proposer, proposer)).critical_path
     assert plan.metrics.critical_path == pytest.approx(reported, rel=1e-9)
     check_plan(plan)
-    assert plan.planner["made_by"]["name"] == proposer.value and plan.planner["made_by"]["seconds"] > 0
+    assert plan.planner.made_by.name == proposer.value and plan.planner.made_by.seconds > 0
     assert plan.metrics.lower_bound <= plan.metrics.critical_path
 
 
@@ -284,7 +286,8 @@ def test_torchrecs_plan_on_cpu_ranks_and_its_id_leaves_the_time_out(tmp_path):
     spec, topology = read_spec(ROOT / "examples/specs/cpu_demo.yaml"), read_topology(CPU_2PROC)
     plan = torchrec_plan(spec, topology)
     check_plan(plan)
-    planner = {**plan.planner, "made_by": {**plan.planner["made_by"], "seconds": 999.0}}
+    assert plan.planner.made_by is not None
+    planner = replace(plan.planner, made_by=replace(plan.planner.made_by, seconds=999.0))
     assert plan_id(plan.spec_hash, topology.topology_hash, planner) == plan.plan_id
     write_plan(plan, tmp_path / "plan")
     check_plan(read_plan(tmp_path / "plan"))

@@ -11,7 +11,7 @@ from rec.errors import InputError
 from rec.planning import plan_spec
 from rec.spec import spec_from_rows
 from rec.topology import topology_from_dict
-from rec.train.config import ModelKind, TrainConfig
+from rec.train.config import ModelKind, PipelineKind, TrainConfig
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchrec")
@@ -45,7 +45,7 @@ def shard_and_train(plan, spec, config: TrainConfig, steps: int):
     device = torch.device("cpu")
     model, source = model_and_batches(plan, spec, config, device)
     dmp, optimizer = shard_with_plan(model, plan, config, device)
-    step = pipeline_step(dmp, optimizer, device, source(0, 1, plan.topology["batch_size"]), config.pipeline)
+    step = pipeline_step(dmp, optimizer, device, source(0, 1, plan.topology.batch_size), config.pipeline)
     return dmp, [float(step()) for _ in range(steps)]
 
 
@@ -56,7 +56,7 @@ def test_every_module_sits_at_its_path_is_sharded_as_planned_and_trains_pipeline
     from rec.train.applied import applied_sharding, applied_tables, differences
 
     plan = plan_spec(spec, TOPOLOGY)
-    dmp, losses = shard_and_train(plan, spec, TrainConfig(model=kind), steps=6)
+    dmp, losses = shard_and_train(plan, spec, TrainConfig(model=kind, pipeline=PipelineKind.SPARSE_DIST), steps=6)
     assert all(np.isfinite(losses)) and len(set(losses)) > 1
     assert differences(plan, applied_tables(dmp)) == []
     assert set(applied_sharding(dmp)) == {f"{USER}.id", f"{USER}.geo", f"{ITEM}.id", f"{SEQUENCE}.id",

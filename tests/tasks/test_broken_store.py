@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tasks import tracking as tracking_module
 from tasks.outbox import ATTEMPTS_FILE, MAX_ATTEMPTS, RECORD_FILE, Outbox
 from tasks.records import PARENT, PARENT_RECORD, EndRecord, RunRecord, RunStatus, RunStep, new_key, now_ms
 from tasks.tracking import Tracking, TrackingUnavailable, connect
+from tasks.tracking import store as store_module
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # SQLAlchemy, from MLflow
 
@@ -116,7 +116,7 @@ KINDS = ["garbage", "damaged", "directory", "file in the way", "locked", "read-o
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_broken_sqlite_store_keeps_records_with_one_line_and_takes_them_once_repaired(
         kind, healthy_db, tmp_path, monkeypatch, request):
-    monkeypatch.setattr(tracking_module, "STORE_WAIT_S", 0.2)  # the locked case: no need to wait 5 s
+    monkeypatch.setattr(store_module, "STORE_WAIT_S", 0.2)  # the locked case: no need to wait 5 s
     db = tmp_path / "store" / "mlflow.db"
     db.parent.mkdir()
     outbox = Outbox(tmp_path / "outbox")

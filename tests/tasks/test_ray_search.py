@@ -38,7 +38,7 @@ def local_plan(spec):
 
 def test_ray_plan_is_as_good_as_the_local_search(local_ray, spec, local_plan):
     plan = plan_spec(spec, TOPO, searcher=RaySearcher(groups=4))
-    assert plan.planner["backend"] == "ray" and plan.planner["groups"] == 4
+    assert plan.planner.backend == "ray" and plan.planner.groups == 4
     assert plan.metrics.critical_path <= 1.01 * local_plan.metrics.critical_path
     assert {t.name for t in plan.tables} == {t.name for t in local_plan.tables}
 
@@ -66,7 +66,7 @@ def test_ray_races_the_exact_stage_and_finds_the_local_plan(local_ray):
     config = SearchConfig(time_limit_s=3)
     local = plan_spec(spec, topology, config=config)
     on_ray = plan_spec(spec, topology, config=config, searcher=RaySearcher())
-    assert on_ray.planner["groups"] == 1
+    assert on_ray.planner.groups == 1
     assert on_ray.metrics.critical_path == local.metrics.critical_path
     assert on_ray.metrics.lower_bound == local.metrics.lower_bound
     assert on_ray.tables == local.tables

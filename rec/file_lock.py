@@ -1,0 +1,79 @@
+"""File locks (``flock(2)``), taken one way wherever shardflow takes one.
+
+A lock file sits in a directory shardflow owns (an output directory, the outbox, a plan cache
+entry, beside a SQLite store) and is opened without following a symbolic link (``O_NOFOLLOW``) and
+without waiting on a FIFO (``O_NONBLOCK``): a link planted in its place would otherwise take the
+lock on, or write to, a file anywhere. Anything but a regular file at its path is moved aside
+(``NAME.not-a-file-<ns>``) and a new file made. The lock belongs to the open file: closing it lets
+go, also when the process dies.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import stat
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+NOT_A_FILE = "{name}.not-a-file-{ns}"  # where something else in a lock file's place goes
+# What opening a path that holds no regular file fails with: a link (O_NOFOLLOW), a directory
+# opened for writing, a FIFO or socket without a reader.
+_NOT_A_FILE_ERRNOS = frozenset({errno.ELOOP, errno.EISDIR, errno.ENXIO})
+
+
+def open_lock_file(path: str | Path, *, write: bool = False) -> int:
+    """A descriptor of the lock file ``path``, created (mode 0600) if missing; ``write`` to write
+    to it as well. Never through a link, never anything but a regular file (see the module)."""
+    path = Path(path)
+    flags = (os.O_RDWR if write else os.O_RDONLY) | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    for first in (True, False):
+        try:
+            fd = os.open(path, flags, 0o600)
+        except OSError as e:
+            if not first or e.errno not in _NOT_A_FILE_ERRNOS:
+                raise
+        else:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                return fd
+            os.close(fd)
+        if first:
+            with suppress(FileNotFoundError):  # another process may have moved it first
+                os.replace(path, path.with_name(NOT_A_FILE.format(name=path.name, ns=time.time_ns())))
+    raise OSError(errno.EEXIST, "not a regular file, and it cannot be moved aside", str(path))
+
+
+def take(fd: int, *, shared: bool = False, blocking: bool = True) -> None:
+    """Lock ``fd`` exclusively, or ``shared`` (a held lock changes kind); without ``blocking``,
+    BlockingIOError at once when another open file holds it in a kind that excludes this one."""
+    fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if blocking else fcntl.LOCK_NB))
+
+
+def release(fd: int) -> None:
+    """Let go of ``fd``'s lock (for every process that shares this open file)."""
+    fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+@contextmanager
+def holding(fd: int, *, shared: bool = False, blocking: bool = True) -> Iterator[int]:
+    """Hold ``fd``'s lock for the block (``take``'s arguments), then close ``fd``, also when
+    taking the lock failed."""
+    try:
+        take(fd, shared=shared, blocking=blocking)
+        try:
+            yield fd
+        finally:
+            release(fd)
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def file_lock(path: str | Path, *, shared: bool = False, blocking: bool = True) -> Iterator[int]:
+    """Hold the lock of the file ``path`` for the block: exclusive, or ``shared``; without
+    ``blocking``, BlockingIOError at once if it is taken. Yields the (read-only) descriptor."""
+    with holding(open_lock_file(path), shared=shared, blocking=blocking) as fd:
+        yield fd

@@ -1,0 +1,52 @@
+"""A plan's one predicted iteration time, as every report prints it and every MLflow run logs it
+(``predicted_iteration_ms``): the critical path of its cost model plus its profile's plan-level
+terms (``rec.profile.predict``), shown as those two parts when the profile has such terms.
+
+``shardflow plan`` once printed the critical path alone and ``measure`` the sum, for one plan: two
+"predicted" numbers. Everything now prints ``Prediction.text``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rec.plan.types import Plan
+from rec.profile.predict import plan_level_ms
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What an iteration of a plan should take under the profile it was made under."""
+
+    critical_path_ms: float  # the busiest rank's shards in the cost model: metrics.critical_path
+    plan_level_ms: float  # the profile's per-iteration terms, the same on every rank (0: TorchRec's defaults)
+    batch_size: int  # per rank: what it predicts for (the topology's); other batch sizes take other times
+
+    @property
+    def iteration_ms(self) -> float:
+        """The prediction: ``rec.profile.predict.predicted_critical_path`` to the last bit."""
+        return self.critical_path_ms + self.plan_level_ms
+
+    def text(self) -> str:
+        """``23.2260 ms per iteration = critical path 13.7530 ms + the profile's plan-level terms
+        9.4730 ms``; the parts only where the profile adds something."""
+        total = f"{ms(self.iteration_ms)} per iteration"
+        if not self.plan_level_ms:
+            return total
+        return (f"{total} = critical path {ms(self.critical_path_ms)} + the profile's plan-level terms "
+                f"{ms(self.plan_level_ms)}")
+
+
+def prediction(plan: Plan) -> Prediction:
+    """The prediction of ``plan`` under its own profile."""
+    return Prediction(plan.metrics.critical_path, plan_level_ms(plan), plan.topology.batch_size)
+
+
+def ms(value: float) -> str:
+    """A time as reports print predicted and measured iteration times: ``23.2260 ms``."""
+    return f"{value:.4f} ms"
+
+
+def ratio_text(measured_ms: float, predicted_ms: float) -> str:
+    """``1.316x predicted``: measured over predicted, as reports print it (MLflow: ``measured_over_predicted``)."""
+    return f"{measured_ms / predicted_ms:.3f}x predicted" if predicted_ms > 0 else "nothing predicted"

@@ -1,0 +1,112 @@
+"""Where runs go: the tracking URI, the experiment and the outbox, as the user names them
+(``TrackingSettings``: flags and flow parameters) and resolved (``Tracking``).
+
+The embedded default is a SQLite file in the working directory (``mlflow.db``) with artifacts in
+``./mlruns``; ``MLFLOW_TRACKING_URI`` (or a flow's ``tracking_uri``) points at a server instead.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rec.errors import InputError, Problem, show
+from rec.settings import knob
+from tasks.paths import DEFAULT_STATE_DIR, OUTBOX, in_work_dir, name_problems, outbox_dir, state_dir_in
+
+SQLITE_SCHEME = "sqlite:///"  # a SQLite store's URI: the scheme, then the database file's path
+DEFAULT_DB = "mlflow.db"
+DEFAULT_EXPERIMENT = "shardflow"
+ARTIFACTS_DIR = "mlruns"  # next to a SQLite store: ARTIFACTS_DIR/<experiment>/...
+
+
+def sqlite_uri(db: str | Path) -> str:
+    """The tracking URI of the SQLite database file ``db``."""
+    return f"{SQLITE_SCHEME}{db}"
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a SQLite tracking URI; None for any other URI."""
+    return Path(uri.removeprefix(SQLITE_SCHEME)) if uri.startswith(SQLITE_SCHEME) else None
+
+
+DEFAULT_TRACKING_URI = sqlite_uri(DEFAULT_DB)
+
+
+@dataclass(frozen=True)
+class Tracking:
+    """Where runs go: the tracking URI, the experiment, and the outbox for when MLflow is away."""
+
+    uri: str
+    experiment: str = DEFAULT_EXPERIMENT
+    outbox_dir: str = str(Path(DEFAULT_STATE_DIR, OUTBOX))
+
+
+@dataclass(frozen=True)
+class TrackingSettings:
+    """Where runs and shardflow's own state go (the flags of every command that talks to MLflow,
+    and the parameters of every flow): checked when made, so the CLI, the flows and deployment
+    parameters all refuse the same names."""
+
+    tracking_uri: str | None = field(default=None, metadata=knob(
+        f"MLflow tracking URI; none: $MLFLOW_TRACKING_URI or {DEFAULT_TRACKING_URI}", metavar="URI"))
+    experiment: str = field(default=DEFAULT_EXPERIMENT, metadata=knob(
+        f"MLflow experiment (a name: its artifacts go to a directory of that name, {ARTIFACTS_DIR}/NAME, "
+        "next to a SQLite store)", metavar="NAME"))
+    state_dir: str = field(default=DEFAULT_STATE_DIR, metadata=knob(
+        "shardflow's own state: the outbox for MLflow and the plan cache", metavar="DIR", path=True))
+    # Only ``shardflow train`` offers --no-track; the flows always record.
+    track: bool = field(default=True, metadata=knob(
+        "record the run in MLflow (through the outbox when MLflow is away); --no-track: files only"))
+
+    def __post_init__(self) -> None:
+        problems = self.problems()
+        if problems:
+            raise InputError("Cannot record in MLflow with these settings:", problems)
+
+    def problems(self) -> list[Problem]:
+        """Every value that cannot be used: an experiment that is no plain name (it names a
+        directory), a URI or state directory that is empty or holds control characters."""
+        problems = [Problem(f"experiment {show(self.experiment)}", why) for why in name_problems(self.experiment)]
+        for name, value in (("tracking URI", self.tracking_uri), ("state directory", self.state_dir)):
+            if value is None:
+                continue
+            if not isinstance(value, str):
+                problems.append(Problem(name, f"must be text, got {type(value).__name__}"))
+            elif name == "state directory" and not value.strip():
+                problems.append(Problem(name, "is empty"))
+            elif not value.isprintable():
+                problems.append(Problem(f"{name} {show(value)}", "contains control characters"))
+        uri = self.tracking_uri
+        if isinstance(uri, str) and uri.startswith(SQLITE_SCHEME) and not uri.removeprefix(SQLITE_SCHEME).strip():
+            problems.append(Problem(f"tracking URI {show(uri)}", "names no database file"))
+        return problems
+
+    def resolve(self) -> Tracking:
+        """The tracking URI (``MLFLOW_TRACKING_URI`` or SQLite in the working directory without one),
+        the experiment and the outbox; paths made absolute."""
+        return Tracking(resolve_uri(self.tracking_uri), self.experiment, outbox_dir(self.state_dir))
+
+    def flow_parameters(self) -> dict[str, Any]:
+        """The flows' parameters for these settings."""
+        return {"tracking_uri": self.tracking_uri, "experiment": self.experiment, "state_dir": self.state_dir}
+
+
+def tracking_for(uri: str | None = None, experiment: str = DEFAULT_EXPERIMENT,
+                 state_dir: str | None = DEFAULT_STATE_DIR, work_dir: str | None = None) -> Tracking:
+    """``TrackingSettings(uri, experiment, state_dir).resolve()``: an InputError for names that
+    cannot be used (the flows start with this). Without a ``uri`` (nor ``MLFLOW_TRACKING_URI``)
+    or a ``state_dir``, the default ones are in ``work_dir`` (none: the working directory)."""
+    if uri is None and work_dir and not os.environ.get("MLFLOW_TRACKING_URI"):
+        uri = sqlite_uri(in_work_dir(work_dir, DEFAULT_DB))
+    return TrackingSettings(uri, experiment, state_dir_in(work_dir, state_dir)).resolve()
+
+
+def resolve_uri(uri: str | None) -> str:
+    """The URI runs go to: ``uri``, else ``MLFLOW_TRACKING_URI``, else ``DEFAULT_TRACKING_URI``;
+    a SQLite database's path made absolute."""
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    db = sqlite_path(uri)
+    return sqlite_uri(db.resolve()) if db is not None else uri

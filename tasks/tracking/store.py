@@ -1,0 +1,223 @@
+"""Whether an MLflow store can be used, and opening it: one process at a time for a SQLite file.
+
+A store that cannot be used — nothing answers, a SQLite file that is no database, damaged, locked
+or read-only, a schema MLflow cannot migrate — is *tracking unavailable*: ``connect`` raises
+``TrackingUnavailable`` with the reason in one line (``tracking_failure`` is the one place that
+reads MLflow's, SQLAlchemy's, SQLite's and the HTTP client's exceptions), and records wait in the
+outbox. The work itself never stops for it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sqlite3
+from collections.abc import Iterator
+from contextlib import ExitStack, closing, contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import quote, urlparse
+
+from rec.file_lock import holding, open_lock_file
+from tasks.paths import safe_dir_name
+from tasks.tracking.settings import ARTIFACTS_DIR, Tracking, sqlite_path
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+STORE_LOCK_SUFFIX = ".lock"  # mlflow.db.lock: held while a process opens (and may migrate) the store
+STORE_WAIT_S = 5.0  # how long a SQLite store locked by another process is waited for
+# MLflow retries a failing server for minutes (7 times, exponential backoff) on every call; the
+# outbox retries on the next delivery anyway. A user's own settings win.
+HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
+# MLflow's own output, which shardflow replaces with its one-line reports: progress bars of artifact
+# transfers and "View run" links. Set wherever MLflow is used — the CLI, and flow runs that a Prefect
+# worker or `shardflow serve` starts — unless SHARDFLOW_VERBOSE=1 (`-v`); a user's own settings win.
+MLFLOW_QUIET_ENV = {
+    "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",  # "🏃 View run ... 🧪 View experiment" on stdout
+}
+QUIET_LOGGERS = ("mlflow", "alembic")  # MLflow's INFO lines and its database migrations
+MAX_REASON = 200  # characters of a failure's reason
+# Log records carrying this attribute say that tracking is unavailable; the CLI says so itself,
+# once, at the end (flows.logs hides them there).
+TRACKING_WARNING = "shardflow_tracking_unavailable"
+
+
+class TrackingUnavailable(ConnectionError):
+    """MLflow cannot be reached, or its store cannot be used; records wait in the outbox."""
+
+
+class RunNotFound(LookupError):
+    """A record refers to a run MLflow does not have (yet)."""
+
+
+def artifact_location(db: Path, experiment: str) -> str:
+    """Where a new experiment of a SQLite store keeps its artifacts: next to the database (not
+    wherever the process runs), in a directory named for the experiment that stays inside
+    ``mlruns`` whatever the name holds."""
+    root = db.parent / ARTIFACTS_DIR
+    location = root / safe_dir_name(experiment)
+    assert location.parent == root, location  # safe_dir_name gives one plain path component
+    return location.as_uri()
+
+
+def tracking_failure(e: BaseException) -> str | None:
+    """The reason, in one line, if ``e`` is MLflow or its store failing (MLflow, SQLAlchemy,
+    SQLite, alembic, the HTTP client, the file system); None for anything else (a bug: let it
+    raise). The innermost cause says it best ("file is not a database", "Connection refused")."""
+    import alembic.util.exc
+    import sqlalchemy.exc
+    import urllib3.exceptions
+    from mlflow.exceptions import MlflowException
+
+    known = (MlflowException, sqlalchemy.exc.SQLAlchemyError, sqlite3.Error, alembic.util.exc.CommandError,
+             urllib3.exceptions.HTTPError, OSError, RunNotFound)
+    chain = _chain(e)
+    if not any(isinstance(x, known) for x in chain):
+        return None
+    innermost = [x for x in chain if isinstance(x, known)][-1]
+    return one_line(innermost)
+
+
+def _chain(e: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    current: BaseException | None = e
+    while current is not None and current not in out:
+        out.append(current)
+        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
+    return out
+
+
+def one_line(e: BaseException) -> str:
+    """An exception's message on one line, without SQLAlchemy's SQL dump or "[Errno N]"."""
+    if isinstance(e, OSError) and e.strerror:
+        text = f"{e.strerror}: {e.filename}" if e.filename else e.strerror
+    else:
+        noise = ("[SQL", "[param", "(Background")  # SQLAlchemy's statement dump
+        lines = [line for line in str(e).splitlines() if line.strip() and not line.startswith(noise)]
+        text = lines[0] if lines else type(e).__name__
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."
+
+
+def reachable(uri: str, timeout_s: float = 3.0) -> bool:
+    """A quick TCP check for servers: MLflow's client retries a dead server for minutes."""
+    parsed = urlparse(uri)
+    if parsed.scheme not in ("http", "https"):
+        return True
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parsed.hostname or "127.0.0.1", port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def check_store(uri: str) -> None:
+    """TrackingUnavailable, in a moment, for a store MLflow could not use: nothing answers at a
+    server's address; a SQLite file that is no database, is damaged, locked past STORE_WAIT_S, or
+    cannot be written (a write is tried, and rolled back). MLflow itself would retry such a file
+    for 100 s, or log a traceback per call."""
+    if not reachable(uri):
+        raise TrackingUnavailable("nothing answers at this address")
+    db = sqlite_path(uri)
+    if db is None or "?" in str(db):  # a server, or SQLite with driver options: MLflow's to open
+        return
+    try:
+        db.parent.mkdir(parents=True, exist_ok=True)
+        if db.is_dir():
+            raise TrackingUnavailable(f"{db} is a directory, not a database file")
+        with closing(sqlite3.connect(f"file:{quote(str(db))}?mode=rwc", uri=True, timeout=STORE_WAIT_S,
+                                     isolation_level=None)) as con:
+            version = int(con.execute("PRAGMA user_version").fetchone()[0])
+            con.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            con.execute("BEGIN IMMEDIATE")
+            con.execute(f"PRAGMA user_version = {version}")
+            con.execute("ROLLBACK")
+    except (sqlite3.Error, OSError) as e:
+        raise TrackingUnavailable(one_line(e)) from e
+
+
+def connect(tracking: Tracking) -> tuple[MlflowClient, str]:
+    """A client and the experiment id (created if missing); TrackingUnavailable, with the reason,
+    if the store cannot be used."""
+    check_store(tracking.uri)
+    for key, value in HTTP_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    from mlflow import MlflowClient
+
+    quiet_mlflow()  # after MLflow's import, which sets up its loggers
+
+    db = sqlite_path(tracking.uri)
+    try:
+        with _setting_up(db):
+            client = MlflowClient(tracking.uri)  # a SQLite store opens (and may fail) right here
+            experiment = client.get_experiment_by_name(tracking.experiment)
+            if experiment is None:
+                location = artifact_location(db, tracking.experiment) if db is not None else None
+                try:
+                    return client, str(client.create_experiment(tracking.experiment, artifact_location=location))
+                except Exception:  # created meanwhile by another process (a server has no lock of ours)
+                    experiment = client.get_experiment_by_name(tracking.experiment)
+                    if experiment is None:
+                        raise
+            if experiment.lifecycle_stage != "active":
+                raise TrackingUnavailable(f"experiment {tracking.experiment!r} is deleted: restore it "
+                                          "(mlflow experiments restore) or use another --experiment")
+            return client, str(experiment.experiment_id)
+    except TrackingUnavailable:
+        raise
+    except Exception as e:
+        why = tracking_failure(e)
+        if why is None:
+            raise
+        raise TrackingUnavailable(why) from e
+
+
+@contextmanager
+def _setting_up(db: Path | None) -> Iterator[None]:
+    """One process at a time opens a SQLite store: MLflow creates and migrates the schema on first
+    use, and two processes doing that at once leave it half-migrated ("table _alembic_tmp_... already
+    exists") for good. The lock file sits beside the database; where it cannot be made, no lock."""
+    with ExitStack() as stack:
+        if db is not None:
+            try:
+                fd = open_lock_file(db.with_name(f"{db.name}{STORE_LOCK_SUFFIX}"))
+            except OSError:
+                pass
+            else:
+                stack.enter_context(holding(fd))
+        yield
+
+
+def quiet_mlflow() -> None:
+    """MLflow without its progress bars, links and log lines (``MLFLOW_QUIET_ENV``, ``QUIET_LOGGERS``),
+    unless SHARDFLOW_VERBOSE=1: shardflow reports what a person needs of MLflow itself."""
+    import logging
+
+    from tasks.launch import verbose
+
+    if verbose():
+        return
+    for key, value in MLFLOW_QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    if "MLFLOW_LOGGING_LEVEL" not in os.environ:
+        for name in QUIET_LOGGERS:
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def store_problem(client: MlflowClient, experiment_id: str, uri: str) -> str | None:
+    """Why the store fails as a whole right now (None if it works): after a record failed, this
+    tells a store that went away from a record MLflow does not take."""
+    try:
+        check_store(uri)
+        client.get_experiment(experiment_id)
+    except TrackingUnavailable as e:
+        return str(e)
+    except Exception as e:
+        why = tracking_failure(e)
+        if why is None:
+            raise
+        return why
+    return None

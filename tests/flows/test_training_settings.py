@@ -1,0 +1,205 @@
+"""A training setting travels whole and by its own name: the CLI builds ``TrainSettings`` once and
+the pipeline takes it as its ``training`` parameter; a deployment names the field
+(``training.job.NAME``) and Prefect's parameter schema lists it; the training job gets it on its
+command line. Every field of ``TrainConfig`` is tried, so one added later is tried too: it needs
+no edit outside ``TrainConfig`` (``SAMPLES`` only if no value of its type passes the checks)."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from enum import Enum
+from typing import Any
+
+import pytest
+import yaml
+
+from flows.cli import main
+from rec.settings import to_dict, to_flags
+from rec.train.config import ModelKind, TrainConfig
+from tasks.train import TrainSettings
+from tests.paths import CPU_2PROC, DEMO
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # SQLAlchemy, from MLflow+Prefect
+
+FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+SAMPLES: dict[str, Any] = {"model": ModelKind.CONCAT.value}  # a text the job's own checks accept
+FLOWS = {"pipeline": "flows.pipeline.pipeline_flow", "train": "flows.train.train_flow"}
+
+
+def other_value(name: str) -> Any:
+    """A value of ``TrainConfig.<name>`` other than its default that passes the settings' checks."""
+    if name in SAMPLES:
+        return SAMPLES[name]
+    f, tp = FIELDS[name], typing.get_type_hints(TrainConfig)[name]
+    default: Any = f.default
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        (tp,) = [a for a in typing.get_args(tp) if a is not type(None)]
+    if tp is bool:
+        return not default
+    if isinstance(tp, type) and issubclass(tp, Enum):
+        return next(m for m in tp if m != default)
+    if tp is int:
+        value = (default if default is not None else f.metadata["minimum"] or 0) + 1
+        return value if f.metadata["maximum"] is None else min(value, f.metadata["maximum"])
+    if tp is float:
+        return default + 0.5
+    if typing.get_origin(tp) is tuple:
+        return (2, *default)
+    if tp is str:
+        return "some/where"
+    raise AssertionError(f"no sample value for TrainConfig.{name} ({tp}): add one to SAMPLES")
+
+
+def plain(name: str, value: Any) -> Any:
+    """``value`` as a deployment file or ``--set`` writes it (YAML: enums by value, lists)."""
+    return to_dict(dataclasses.replace(TrainConfig(), **{name: value}))[name]
+
+
+def job_gets(job: TrainConfig) -> TrainConfig:
+    """What the training job makes of the command line torchrun starts it with."""
+    from rec.train.job import parse_args
+    from tasks.launch import TRAIN_JOB, Launch, torchrun_command
+
+    command = torchrun_command(Launch("plan.json", "out", 2, job=job))
+    return parse_args(command[command.index(TRAIN_JOB) + 1:])[1]
+
+
+@pytest.mark.parametrize("flow_name", FLOWS)
+def test_the_flows_parameter_schema_lists_every_training_setting(flow_name):
+    from flows.deployments import load_flow
+
+    schema = load_flow(FLOWS[flow_name]).parameters.model_dump()
+    assert schema["properties"]["training"]["$ref"] == "#/definitions/TrainSettings"
+    assert schema["properties"]["training"]["default"] == to_dict(TrainSettings())
+    settings, job = schema["definitions"]["TrainSettings"], schema["definitions"]["TrainConfig"]
+    assert set(settings["properties"]) == {f.name for f in dataclasses.fields(TrainSettings)}
+    assert settings["properties"]["job"]["$ref"] == "#/definitions/TrainConfig"
+    assert set(job["properties"]) == set(FIELDS)
+
+
+def test_a_deployment_sets_every_training_setting_by_its_name_and_the_job_gets_it(tmp_path, monkeypatch):
+    """In the deployment file and with ``serve --set training.job.NAME=VALUE``; a path setting
+    resolves against the file's directory, or the working directory for ``--set``."""
+    from flows.deployments import load_flow, runner_deployments
+    from rec.settings import is_path
+
+    values = {name: other_value(name) for name in FIELDS}
+    written = {name: plain(name, value) for name, value in values.items()}
+    deploy, elsewhere = tmp_path / "deploy", tmp_path / "elsewhere"
+    deploy.mkdir()
+    elsewhere.mkdir()
+    inputs = {"pipeline": {"spec_path": str(DEMO), "topology_path": str(CPU_2PROC)},
+              "train": {"plan_path": "plan.json"}}
+    for file, training in [("prefect.yaml", {"training": {"job": written}}), ("plain.yaml", {})]:
+        (deploy / file).write_text(yaml.safe_dump({"deployments": [
+            {"name": flow_name, "entrypoint": entrypoint, "parameters": {**inputs[flow_name], **training}}
+            for flow_name, entrypoint in FLOWS.items()]}))
+    monkeypatch.chdir(elsewhere)
+
+    for prefect_file, overrides, base in [
+            ("prefect.yaml", {}, deploy),
+            ("plain.yaml", {f"training.job.{name}": value for name, value in written.items()}, elsewhere)]:
+        job = TrainConfig(**{name: str(base / value) if is_path(FIELDS[name]) else value
+                             for name, value in values.items()})
+        for deployment in runner_deployments(deploy / prefect_file, overrides=overrides):
+            training = load_flow(FLOWS[deployment.name]).validate_parameters(deployment.parameters)["training"]
+            assert training == TrainSettings(job=job), deployment.name
+            assert job_gets(training.job) == job
+
+
+@pytest.mark.parametrize("name", FIELDS)
+def test_the_cli_builds_the_training_settings_once_and_the_pipeline_takes_them_whole(name, monkeypatch):
+    from flows.parameters import DEPRECATED_TRAINING
+
+    training = TrainSettings(job=dataclasses.replace(TrainConfig(), **{name: other_value(name)}))
+    handed = run_handing_over(monkeypatch, to_flags(training.job))
+    assert handed["training"] == training
+    assert not set(handed) & set(DEPRECATED_TRAINING)  # no setting goes by a second name
+
+
+def test_run_reads_validates_and_hashes_the_spec_once(monkeypatch):
+    import tasks.ingest
+
+    read = []
+    real = tasks.ingest.read_spec
+    monkeypatch.setattr(tasks.ingest, "read_spec", lambda path: read.append(path) or real(path))
+    handed = run_handing_over(monkeypatch, ["--train-iterations", "50"], ingest_in_flow=True)
+    assert handed["training"].job.iterations == 50  # the flag's first name still works
+    assert read == [str(DEMO)]  # the CLI's check read it; the flow's ingest step took that
+
+
+class HandedOver(Exception):
+    """The pipeline flow was called: the test stops there."""
+
+
+def run_handing_over(monkeypatch, flags: list[str], ingest_in_flow: bool = False) -> dict[str, Any]:
+    """``shardflow run DEMO ... FLAGS`` up to the pipeline flow (no Prefect, no training); the
+    parameters the flow was given. Preflight's checks of this machine are skipped."""
+    import flows.ephemeral_api
+    import flows.pipeline
+    import tasks.train
+    from tasks.ingest import ingest
+
+    handed: dict[str, Any] = {}
+
+    def pipeline_flow(spec_path: str, topology_path: str, **parameters: Any) -> None:
+        handed.update(parameters)
+        if ingest_in_flow:
+            ingest(spec_path, topology_path)  # what the flow's ingest step does
+        raise HandedOver
+
+    monkeypatch.setattr(flows.pipeline, "pipeline_flow", pipeline_flow)
+    monkeypatch.setattr(flows.ephemeral_api, "start_ephemeral_api", lambda: None)
+    monkeypatch.setattr(tasks.train, "preflight", lambda *args, **kwargs: 2)
+    with pytest.raises(HandedOver):
+        main(["run", str(DEMO), "--topology", str(CPU_2PROC), *flags])
+    return handed
+
+
+def test_the_flows_ingest_step_takes_the_inputs_the_cli_checked(prefect_api, tmp_path, monkeypatch):
+    """Through Prefect's real task run: ``ingested`` reaches the flow's ``ingest-spec`` task."""
+    import tasks.ingest
+    from flows.plan import plan_flow
+    from tasks.ingest import ingest, ingested
+
+    inputs = ingest(str(DEMO), str(CPU_2PROC))
+    monkeypatch.setattr(tasks.ingest, "read_spec", lambda path: pytest.fail(f"read {path} again"))
+    with ingested(inputs):
+        outcome = plan_flow(str(DEMO), str(CPU_2PROC), out_dir=str(tmp_path / "out"), chart=False,
+                            tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", state_dir=str(tmp_path / "state"))
+    assert outcome.plan_id
+
+
+def test_a_deployment_with_the_old_flat_names_trains_as_they_say(tmp_path):
+    """Contracts extend, never rename: the first flows' flat parameters (``train_iterations``,
+    ``train_pipeline``, ``data`` ...) still reach the training, a relative path resolved."""
+    from flows.deployments import load_flow, runner_deployments
+    from flows.parameters import with_deprecated
+    from rec.train.config import PipelineKind
+
+    (tmp_path / "prefect.yaml").write_text(yaml.safe_dump({"deployments": [{
+        "name": "pipeline", "entrypoint": FLOWS["pipeline"],
+        "parameters": {"spec_path": str(DEMO), "topology_path": str(CPU_2PROC), "train_iterations": 7,
+                       "train_pipeline": "naive", "data": "d.parquet", "max_restarts": 1}}]}))
+    (deployment,) = runner_deployments(tmp_path / "prefect.yaml", overrides={"warmup": 2})
+    parameters = load_flow(FLOWS["pipeline"]).validate_parameters(deployment.parameters)
+    job = dataclasses.replace(TrainConfig(), iterations=7, warmup=2, pipeline=PipelineKind.NAIVE,
+                              data=str(tmp_path / "d.parquet"))
+    assert with_deprecated(parameters["training"], parameters) == TrainSettings(job=job, max_restarts=1)
+
+
+def test_serve_sets_one_setting_and_keeps_the_deployments_others_or_names_one_no_flow_has(tmp_path):
+    from flows.deployments import runner_deployments
+    from rec.errors import InputError
+
+    (tmp_path / "prefect.yaml").write_text(yaml.safe_dump({"deployments": [{
+        "name": "train", "entrypoint": FLOWS["train"],
+        "parameters": {"plan_path": "plan.json", "training": {"job": {"warmup": 2}, "nnodes": 1}}}]}))
+    (deployment,) = runner_deployments(tmp_path / "prefect.yaml", overrides={"training.job.iterations": 5})
+    assert deployment.parameters["training"] == {"job": {"warmup": 2, "iterations": 5}, "nnodes": 1}
+    with pytest.raises(InputError) as refused:
+        runner_deployments(tmp_path / "prefect.yaml", overrides={"training.job.iteratons": 5})
+    assert [(p.where, p.reason) for p in refused.value.problems] == [
+        ("--set training.job.iteratons", "training has no setting job.iteratons")]

@@ -1,0 +1,87 @@
+"""The NCCL rule: a collective's tensors live on the process group's device. CI has no GPU to catch a
+CPU tensor in an NCCL all-reduce ("No backend type associated with device type cpu", the end of
+every cuda training before), so every collective of shardflow's own code goes through
+``rec.train.collectives.Group``, which puts them there, and this test keeps raw
+``torch.distributed`` collectives out of every other module."""
+
+from __future__ import annotations
+
+import ast
+
+from tests.paths import ROOT
+
+COLLECTIVES = {
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all", "all_to_all_single",
+    "barrier", "monitored_barrier", "broadcast", "broadcast_object_list", "gather", "gather_object", "reduce",
+    "reduce_scatter", "reduce_scatter_tensor", "scatter", "scatter_object_list", "send", "recv", "isend", "irecv",
+}
+HOME = ROOT / "rec" / "train" / "collectives.py"
+CHECKED = ("rec", "tasks", "flows", "bench")
+
+# The training loop's reduction before this rule: CPU tensors handed to whatever backend the group has.
+OLD_REDUCED = '''
+import torch
+import torch.distributed as dist
+
+def _reduced(start, latencies, losses, warmup):
+    local = torch.tensor(latencies, dtype=torch.float64)
+    dist.all_reduce(local, op=dist.ReduceOp.MAX)
+    total = torch.stack(losses).to(torch.float64) if losses else torch.zeros(0, dtype=torch.float64)
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+'''
+
+
+def raw_collectives(source: str) -> list[str]:
+    """``name(line)`` of every call of a torch.distributed collective in ``source``, through any alias."""
+    tree = ast.parse(source)
+    aliases = {"torch.distributed"}
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            aliases |= {a.asname for a in node.names if a.name == "torch.distributed" and a.asname}
+        elif isinstance(node, ast.ImportFrom) and node.module == "torch.distributed":
+            names |= {a.asname or a.name for a in node.names if a.name in COLLECTIVES}
+        elif isinstance(node, ast.ImportFrom) and node.module == "torch":
+            aliases |= {a.asname or a.name for a in node.names if a.name == "distributed"}
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        if isinstance(f, ast.Attribute) and f.attr in COLLECTIVES and ast.unparse(f.value) in aliases:
+            found.append(f"{f.attr}({node.lineno})")
+        elif isinstance(f, ast.Name) and f.id in names:
+            found.append(f"{f.id}({node.lineno})")
+    return found
+
+
+def test_the_guard_catches_the_old_training_loop_reduction():
+    assert raw_collectives(OLD_REDUCED) == ["all_reduce(7)", "all_reduce(9)"]
+    assert raw_collectives("from torch.distributed import barrier as b\nb()\n") == ["b(2)"]
+    assert raw_collectives("import torch\ntorch.distributed.all_gather(x, y)\n") == ["all_gather(2)"]
+
+
+def test_no_module_but_collectives_calls_a_torch_distributed_collective():
+    offenders = {}
+    for folder in CHECKED:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path == HOME:
+                continue
+            found = raw_collectives(path.read_text())
+            if found:
+                offenders[str(path.relative_to(ROOT))] = found
+    assert not offenders, f"use rec.train.collectives.Group (tensors on the group's device): {offenders}"
+
+
+def test_group_reduces_gathers_and_waits_on_the_cpu_group(single_process_group):
+    import torch
+
+    from rec.train.collectives import Group
+
+    group = Group.current()
+    assert group.device == torch.device("cpu")
+    assert group.max([1.0, 5.0]).tolist() == [1.0, 5.0]
+    assert group.sum(torch.tensor([0.5, 0.25])).tolist() == [0.5, 0.25]
+    assert [t.tolist() for t in group.all_gather([3.0])] == [[3.0]]
+    assert group.any(True) and not group.any(False)
+    group.barrier()

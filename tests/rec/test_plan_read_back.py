@@ -1,0 +1,150 @@
+"""A plan is a typed value, read back from plan.json once, validated, and written back byte for byte.
+
+``plans_before/`` holds plans written by the code before the Plan was typed (commit a0c9f3a, where
+``Plan.topology`` and ``Plan.planner`` were dicts): every kind of planner identity (local, Ray keys,
+replanned, a profile, TorchRec's made_by), format v3 (modules), data_parallel replicas, a bound the
+MILP proved, and one plan directory with its shards.parquet and movement.parquet."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from rec.errors import InputError
+from rec.plan import (
+    BoundMethod,
+    MadeBy,
+    Movement,
+    PlannerIdentity,
+    SearchConfig,
+    check_plan,
+    dumps_plan,
+    parse_plan,
+    plan_from_dict,
+    read_plan,
+    write_plan,
+)
+from rec.plan.identity import identity_problems, plan_id
+from rec.planning import plan_spec
+from rec.profile import Profile
+from rec.spec.synthetic import issue2282_spec
+from rec.spec.types import Spec
+from rec.topology import Topology, topology_from_dict
+from tests.paths import ROOT
+
+BEFORE = ROOT / "tests" / "rec" / "plans_before"
+PLAN_IDS = {"cpu_demo": "5e1e111ad8e76c0f", "two_tower_seq_v3": "0f2113817ccb77c7", "replanned": "b3b01ec9e3ef4693",
+            "profile": "258eb7cdcfda315e", "cuda_dp_rw": "47829faee745bad9", "ray_keys": "2aa58b673a5d798b",
+            "made_by_torchrec": "8a5a5a9f891c7846"}
+
+
+@pytest.mark.parametrize("name", sorted(PLAN_IDS))
+def test_plans_written_before_the_plan_was_typed_read_back_and_write_byte_identical(name):
+    text = (BEFORE / f"{name}.json").read_text()
+    plan = parse_plan(text, name)
+    check_plan(plan)
+    assert plan.plan_id == PLAN_IDS[name] == plan_id(plan.spec_hash, plan.topology.topology_hash, plan.planner)
+    assert dumps_plan(plan) == text
+
+
+def test_a_plan_directory_written_before_is_written_again_byte_identical(tmp_path):
+    plan = read_plan(BEFORE / "replanned_dir")
+    check_plan(plan)
+    write_plan(plan, tmp_path / "again")
+    for name in ("plan.json", "shards.parquet", "movement.parquet"):
+        assert (tmp_path / "again" / name).read_bytes() == (BEFORE / "replanned_dir" / name).read_bytes(), name
+
+
+def test_a_plan_read_back_is_typed_all_the_way_down():
+    plan = parse_plan((BEFORE / "replanned.json").read_text(), "replanned")
+    assert isinstance(plan.topology, Topology) and isinstance(plan.spec, Spec)
+    assert isinstance(plan.planner, PlannerIdentity) and isinstance(plan.planner.search, SearchConfig)
+    assert plan.planner.previous_plan_id is not None and plan.planner.max_regress == 0.02
+    assert isinstance(plan.metrics.bound_method, BoundMethod) and isinstance(plan.metrics.movement, Movement)
+    assert len(plan.metrics.movement.bytes_in) == plan.world_size
+    ray = parse_plan((BEFORE / "ray_keys.json").read_text(), "ray").planner
+    assert (ray.backend, ray.groups) == ("ray", 3)
+    torchrec = parse_plan((BEFORE / "made_by_torchrec.json").read_text(), "torchrec").planner
+    assert torchrec.search is None and isinstance(torchrec.made_by, MadeBy) and torchrec.made_by.seconds == 12.346
+    profiled = parse_plan((BEFORE / "profile.json").read_text(), "profile").planner
+    assert isinstance(profiled.profile, Profile) and profiled.profile.name == "cpu-loopback"
+
+
+def test_a_number_keeps_the_form_it_was_written_in_so_its_plan_id_holds(tmp_path):
+    """A library caller's ``time_limit_s=5`` (an int where a float is typed) is part of the plan_id as
+    5, not 5.0: read back, the plan keeps its id."""
+    topology = topology_from_dict({"world_size": 2, "compute_device": "cpu"})
+    plan = plan_spec(issue2282_spec(6), topology, config=SearchConfig(time_limit_s=5))
+    assert '"time_limit_s":5}' in dumps_plan(plan)
+    again = parse_plan(dumps_plan(plan), "plan")
+    assert identity_problems(again) == [] and dumps_plan(again) == dumps_plan(plan)
+
+
+def refused(d: dict) -> str:
+    with pytest.raises(InputError) as e:
+        plan_from_dict(d)
+    return e.value.render()
+
+
+def test_the_format_is_checked_against_the_content():
+    v3 = json.loads((BEFORE / "two_tower_seq_v3.json").read_text())
+    assert "such a plan is shardflow.plan/v3" in refused({**v3, "format": "shardflow.plan/v2"})
+    v2 = json.loads((BEFORE / "cpu_demo.json").read_text())
+    assert "every table is in the default module" in refused({**v2, "format": "shardflow.plan/v3"})
+    text = refused({**v2, "format": "shardflow.plan/v1"})
+    assert "format shardflow.plan/v1 has no such key" in text and "replicated" not in text  # cpu_demo: none
+    dp = json.loads((BEFORE / "cuda_dp_rw.json").read_text())
+    assert "table 'dense'.replicated, metrics.bound_method" in refused({**dp, "format": "shardflow.plan/v1"})
+
+
+def test_an_embedded_profile_is_checked_against_the_topology_when_read_and_when_checked():
+    plan = parse_plan((BEFORE / "profile.json").read_text(), "profile")
+    other = topology_from_dict({"world_size": 2, "compute_device": "cuda"})
+    moved = replace(plan, topology=other)
+    with pytest.raises(InputError, match=r"planner\.profile\.machine\.device: the profile was measured on cpu"):
+        check_plan(replace(moved, plan_id=plan_id(plan.spec_hash, other.topology_hash, plan.planner)))
+    with pytest.raises(InputError, match="the topology plans for cuda"):
+        parse_plan(dumps_plan(moved), "moved")
+
+
+def test_edits_to_what_the_plan_id_covers_are_named_when_read(tmp_path):
+    d = json.loads((BEFORE / "cpu_demo.json").read_text())
+    d["topology"]["batch_size"] = 1024
+    d["planner"]["search"]["refine_top"] = 3
+    text = refused(d)
+    assert "its content gives plan_id" in text and "was edited after planning" in text
+    d = json.loads((BEFORE / "cpu_demo.json").read_text())
+    d["spec"][0]["pooling_factor"] = 2.0
+    assert "its spec rows hash to" in refused(d)
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (lambda d: d["planner"].update(backend="ray"), "groups: is required with backend"),
+    (lambda d: d["planner"].update(backend="cloud", groups=0), "expected one of ray, auto, got 'cloud'"),
+    (lambda d: d["planner"]["cost"].update(optimizer="lion"), "planner.cost.optimizer: expected one of none"),
+    (lambda d: d["planner"]["search"].update(shard_limits=0), "planner.search.shard_limits: must be > 0"),
+    (lambda d: d["planner"].update(made_by={"name": "shardflow"}), "planner.made_by.name: expected one of torchrec"),
+    (lambda d: d["planner"]["search"].pop("switch_steps"), "planner.search.switch_steps: is required"),
+    (lambda d: d.update(plan_id="../../etc/passwd"), "plan_id: expected 16 hexadecimal digits"),
+    (lambda d: d.update(previous_plan_id="0123456789abcdef"), "previous_plan_id: says 0123456789abcdef, the "
+                                                              "planner (which the plan_id covers) None"),
+    (lambda d: d["tables"][0]["est"].update(perf=-1.0), "est.perf: must be >= 0"),
+    (lambda d: d["tables"][0]["shards"].clear(), "shards: expected a list of shards, got []"),
+    (lambda d: d["tables"][0].update(name="a\x1bb"), "tables[0].name: 'a\\x1bb' holds a control character"),
+])
+def test_the_planner_tables_and_ids_are_validated_key_by_key(edit, expected):
+    d = json.loads((BEFORE / "cpu_demo.json").read_text())
+    edit(d)
+    assert expected in refused(d)
+
+
+def test_a_plan_from_anywhere_is_read_by_the_one_reader(tmp_path):
+    """plan.json named on its own, its directory, and the text (the plan cache, rank 0's broadcast)."""
+    path = tmp_path / "plan.json"
+    path.write_text((BEFORE / "cpu_demo.json").read_text())
+    plans = [read_plan(path), parse_plan(path.read_bytes(), path), plan_from_dict(json.loads(path.read_text()))]
+    assert plans[0] == plans[1] == plans[2]
+    assert Path(BEFORE / "cpu_demo.json").read_text() == dumps_plan(plans[0])

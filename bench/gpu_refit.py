@@ -8,7 +8,7 @@ The GPU check (``python -m bench.gpu_check``) keeps every plan it measured and e
 
 Measurement: each calibration plan was measured 3 times (blocks of 8 iterations, 3 blocks); a
 repeat's value is the median of its blocks' means (as the check ran) or of their medians (as the
-measuring job now reports), the spread (max - min) / median of the 3. Fit: ``rec.profile.fit`` on the
+measuring job now reports), the spread (max - min) / median of the 3. Fit: ``rec.calibrate.fit`` on the
 probes the check's calibration measured, then predicted against measured on the calibration plans;
 beside it the same fit given every workload the check measured (the calibration and the TorchRec
 comparison plans; in-sample: what the cost model's form can explain at all) and TorchRec's default
@@ -79,9 +79,9 @@ def main() -> int:
 
     from scipy.stats import spearmanr
 
+    from rec.analysis.predict import predicted_ms
+    from rec.calibrate.fit import Measured, fit_profile
     from rec.profile import DEFAULT_PROFILE
-    from rec.profile.fit import Measured, fit_profile
-    from rec.profile.predict import predicted_ms
     from rec.topology import read_topology
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -35,6 +35,8 @@ def main() -> int:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--profile", default=None, help="a profile calibrated on these ranks (default: calibrate now)")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--iterations", type=int, default=24, help="timed iterations per plan and repeat (3 blocks)")
+    p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--out", default=str(ROOT / "bench/results/measured_vs_torchrec.json"))
     args = p.parse_args()
 
@@ -42,6 +44,7 @@ def main() -> int:
     from bench.gpu_check.context import Context
     from bench.gpu_check.machine import find_ranks
     from rec.sharding import ComputeDevice
+    from rec.train.measure_config import MeasureConfig
 
     ranks = find_ranks(ComputeDevice(args.device))
     began = time.perf_counter()
@@ -60,10 +63,11 @@ def main() -> int:
             calibration_s = round(time.perf_counter() - started, 1)
             print(f"calibrated on {ranks.world_size} {ranks.device.value} ranks in {calibration_s} s", flush=True)
         shapes = workloads.torchrec_shapes(ranks)
-        repeats, results = compare.compare_measured(ctx, shapes, args.repeats, 24 * 3600.0)
+        config = MeasureConfig(iterations=args.iterations, warmup=args.warmup, blocks=3)
+        repeats, results = compare.compare_measured(ctx, shapes, args.repeats, 24 * 3600.0, config)
 
     header = f"{'shape':14} {'planner':21} {'plan s':>8} {'measured ms':>12} {'spread':>7} {'vs TorchRec':>11}"
-    print(f"\n{header}  sharding")
+    print(f"\n{header}  {'verdict':17s} sharding")
     ratios = []
     for shape, row in results.items():
         for planner, entry in row.items():
@@ -74,7 +78,7 @@ def main() -> int:
                 continue
             same = f" (= {', '.join(entry['same_layout_as'])})" if entry["same_layout_as"] else ""
             print(f"{shape:14} {planner:21} {entry['plan_s']:8.3f} {entry['measured_ms']:12.2f} {entry['spread']:7.1%} "
-                  f"{entry['vs_torchrec']:11.3f}  {entry['sharding']}{same}")
+                  f"{entry['vs_torchrec']:11.3f}  {entry['verdict']:17s} {entry['sharding']}{same}")
             if planner == "shardflow-calibrated" and math.isfinite(entry["vs_torchrec"]):
                 ratios.append(entry["vs_torchrec"])
     geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios)) if ratios else math.nan

@@ -53,13 +53,14 @@ class PipelineOutcome:
     def summary(self) -> str:
         """The plan and training lines ``shardflow run`` prints first and the flow run's log ends with."""
         m = self.trained.metrics
-        lat, loss = m["iteration_latency_ms"], m.get("loss") or {}
+        assert m is not None, "the pipeline trains on one node: it has the metrics"
+        lat = m.iteration_latency_ms
         chart = Path(self.plan_path).parent / CHART_FILE
         return "\n".join([
             f"{plan_summary(self.plan_path, self.plan_id, self.cached)}; chart {chart}",
-            f"training  {Path(self.trained.out_dir) / METRICS_FILE}: p50 {lat['p50']:.2f} ms, "
-            f"p90 {lat['p90']:.2f} ms, {m['samples_per_s']:,.0f} samples/s on {m['world_size']} ranks"
-            + (f", loss {loss['first']:.4f} -> {loss['last']:.4f}" if loss else "")
+            f"training  {Path(self.trained.out_dir) / METRICS_FILE}: p50 {lat.p50:.2f} ms, "
+            f"p90 {lat.p90:.2f} ms, {m.samples_per_s:,.0f} samples/s on {m.world_size} ranks"
+            + f", loss {m.loss.first:.4f} -> {m.loss.last:.4f}"
             + (f" ({self.trained.attempts} attempts)" if self.trained.attempts > 1 else ""),
             predicted_line(read_plan(self.plan_path), m),
         ])

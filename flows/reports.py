@@ -4,13 +4,14 @@ topology with the defaults it relies on, and commands that work as typed."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from flows.text_table import render_table
 
 if TYPE_CHECKING:
     from rec.plan import Plan
     from rec.topology import Topology
+    from rec.train.metrics import TrainMetrics
 
 # What each topology key means (the defaults themselves live in rec.topology.validate).
 TOPOLOGY_KEYS = {
@@ -30,9 +31,9 @@ TOPOLOGY_KEYS = {
 
 def render_plan(plan: Plan, all_ranks: bool = False) -> str:
     """Per-rank load and memory (critical rank marked), then the plan's quality and its predicted
-    iteration time (``rec.profile.prediction``: printed alike by ``plan``, ``train`` and ``measure``)."""
+    iteration time (``rec.analysis.prediction``: printed alike by ``plan``, ``train`` and ``measure``)."""
+    from rec.analysis.prediction import prediction
     from rec.plan.report import rank_table, sharding_types
-    from rec.profile.prediction import prediction
 
     m = plan.metrics
     table = rank_table(plan, all_ranks)
@@ -164,14 +165,14 @@ def command(name: str) -> str:
         return str(own)
 
 
-def predicted_line(plan: Plan, metrics: dict[str, Any]) -> str:
+def predicted_line(plan: Plan, metrics: TrainMetrics) -> str:
     """``predicted ...; measured ... (p50): 1.316x predicted``: a training's measured p50 beside its
     plan's prediction, as ``train`` and ``run`` print it (only at the plan's batch size)."""
-    from rec.profile.prediction import ms, prediction, ratio_text
+    from rec.analysis.prediction import ms, prediction, ratio_text
 
     predicted = prediction(plan)
-    p50 = metrics["iteration_latency_ms"]["p50"]
+    p50 = metrics.iteration_latency_ms.p50
     versus = (f"measured {ms(p50)} (p50): {ratio_text(p50, predicted.iteration_ms)}"
-              if metrics["batch_size"] == predicted.batch_size else
-              f"at the plan's batch size {predicted.batch_size} per rank, not this training's {metrics['batch_size']}")
+              if metrics.batch_size == predicted.batch_size else
+              f"at the plan's batch size {predicted.batch_size} per rank, not this training's {metrics.batch_size}")
     return f"predicted {predicted.text()}; {versus}"

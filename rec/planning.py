@@ -11,14 +11,14 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from rec import progress
+from rec.analysis.build import build_plan
+from rec.analysis.predict import predicted_critical_path
 from rec.cost.types import CostConfig
 from rec.errors import InputError, Problem
-from rec.plan.build import build_plan
 from rec.plan.identity import replan_keys
 from rec.plan.movement import Movement, movement
 from rec.plan.types import Plan
 from rec.profile import check_profile_for
-from rec.profile.predict import predicted_critical_path
 from rec.search import SearchConfig, SearchResult, build_search_space, search_result
 from rec.search.feasibility import packing_failure
 from rec.search.least_moved import least_moved
@@ -44,7 +44,7 @@ class LocalSearcher:
 def plan_spec(spec: Spec, topology: Topology, cost: CostConfig = CostConfig(),
               config: SearchConfig = SearchConfig(), searcher: Searcher | None = None) -> Plan:
     """The plan for ``spec`` on ``topology`` (search and merge); InputError if it cannot fit.
-    ``rec.plan.check_plan`` validates it (the write step does, before writing). InputError too if
+    ``rec.analysis.check_plan`` validates it (the write step does, before writing). InputError too if
     ``cost.profile`` was measured on another kind of device than ``topology``'s."""
     check_profile_for(cost.profile, topology)
     progress.update(f"cost model: the options of {len(spec):,} tables on {topology.world_size:,} ranks")
@@ -76,7 +76,7 @@ def replan_spec(spec: Spec, topology: Topology, previous: Plan, max_regress: flo
                 searcher: Searcher | None = None) -> Replanned:
     """The plan for ``spec`` that moves least of ``previous``'s data while its critical path stays
     within ``(1 + max_regress)`` x that of a plan searched from scratch (``rec.search.warm``)."""
-    from rec.plan import check_plan
+    from rec.analysis import check_plan
 
     check_profile_for(cost.profile, topology)
     check_plan(previous, source=f"the previous plan {previous.plan_id}")

@@ -231,6 +231,16 @@ def text_list(value: object) -> tuple[str, ...]:
 # ---------------------------------------------------------------- mappings and keys
 
 
+def validated(read: Callable[[object, Problems], T | None], value: object, source: str, what: str) -> T:
+    """``read``'s value of ``value``, or InputError titled ``Invalid WHAT SOURCE`` naming every
+    problem it recorded: a file's validator, from the reader a plan reader shares."""
+    problems = Problems(root=source)
+    out = read(value, problems)
+    problems.raise_if_any(f"Invalid {what} {source}")
+    assert out is not None  # no problem recorded: the reader made its value
+    return out
+
+
 def did_you_mean(key: str, known: Iterable[str]) -> str:
     """``"did you mean 'x'? "`` for the known key closest to ``key``, or nothing."""
     hint = difflib.get_close_matches(key, list(known), n=1) if len(key) <= MAX_SUGGESTED_KEY else []

@@ -1,15 +1,15 @@
 """``shardflow calibrate``: measure probe plans on the topology's ranks and fit a hardware profile.
 
-The probes (``rec.profile.probes``) are planned for the topology, written under the run's work
+The probes (``rec.calibrate.probes``) are planned for the topology, written under the run's work
 directory, and measured in ONE launch of the measuring job (starting torch and torchrec costs
 seconds per process), each ``rounds`` times. On cuda a probe's model is built and sharded once and
 its rounds are blocks of that build (building costs more than a GPU's iterations, whose timing is
 steady). On cpu every round builds it again, the probes in another order each round: a burst of load
-on shared cores then hits one measurement of a probe, not all (measured under load, blocks of one
-build fitted the probes 15% off, rebuilt rounds 6%: bench/RESULTS.md §8). A probe's time is the
-median over its rounds of the critical path (the slowest rank's). The fit (``rec.profile.fit``) then gives the
-profile; only once it succeeds are the profile and its fit report written, each whole: a failed
-calibration leaves no profile behind.
+on shared cores then hits one measurement of a probe, not all (with the machine loaded, blocks of
+one build left the fit 15.2% off the probes, rebuilt rounds 5.7%: bench/RESULTS.md §8). A probe's
+time is the median over its rounds of the critical path (the slowest rank's). The fit
+(``rec.calibrate.fit``) then gives the profile; only once it succeeds are the profile and its fit
+report written, each whole: a failed calibration leaves no profile behind.
 """
 
 from __future__ import annotations
@@ -26,14 +26,14 @@ from typing import Any
 import numpy as np
 
 from rec import progress
+from rec.calibrate.fit import Fit, Measured, fit_profile
+from rec.calibrate.probes import Probe, probe_plans
 from rec.cost.types import CostConfig
 from rec.disk_full import write_whole
 from rec.errors import InputError, Problem
 from rec.file_lock import file_lock
 from rec.plan.io import write_plan
 from rec.profile import dumps_profile, profile_hash
-from rec.profile.fit import Fit, Measured, fit_profile
-from rec.profile.probes import Probe, probe_plans
 from rec.settings import MAX_TIME_LIMIT_S, check, knob, to_dict
 from rec.sharding import ComputeDevice
 from rec.topology import Topology, read_topology, topology_to_dict

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rec import progress
+from rec.analysis import check_plan
 from rec.errors import InputError, Problem
-from rec.plan import check_plan, plan_file, read_plan
+from rec.plan import plan_file, read_plan
 from rec.settings import check
 from rec.topology.types import Topology
 from rec.train.measure_config import MeasureConfig

@@ -73,7 +73,7 @@ class ParentRun:
 
     def add_training(self, trained: Trained) -> None:
         if trained.metrics:  # node 0's
-            self.params["batch_size"] = str(trained.metrics["batch_size"])
+            self.params["batch_size"] = str(trained.metrics.batch_size)
             plan_batch = self.params.get("topology.batch_size")
             self.metrics.update(records.train_metrics(trained.metrics, int(plan_batch) if plan_batch else None,
                                                       self.metrics.get(records.PREDICTED)))
@@ -255,8 +255,9 @@ def previous_plan_task(tracking: Tracking, plan_id: str) -> Plan | None:
     warning, when it cannot be had: the replan then starts from scratch."""
     import tempfile
 
+    from rec.analysis import check_plan
     from rec.errors import InputError
-    from rec.plan import check_plan, read_plan
+    from rec.plan import read_plan
 
     with tempfile.TemporaryDirectory(prefix="shardflow-previous-") as tmp:
         try:

@@ -6,7 +6,7 @@ directory (``CACHE_DIR.key``, 32 random bytes, mode 0600, beside the cache rathe
 search writes the digest with the plan, atomically (``rec.plan.io.write_plan_files``). An entry is
 used only if its digest verifies, the plan is the one the request asks for (spec, topology,
 planner configuration, previous plan) and it passes every check of a plan read back
-(``rec.plan.check_plan``: sound, unedited, its metrics recomputed from its shards). Whoever can
+(``rec.analysis.check_plan``: sound, unedited, its metrics recomputed from its shards). Whoever can
 write the cache directory but not read the secret can delete entries, but not plant or edit one:
 a planted or edited entry is searched again. Nothing is unpickled.
 """
@@ -26,11 +26,12 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
+from rec.analysis import check_plan
 from rec.errors import InputError
 from rec.file_lock import file_lock
 from rec.hashing import canonical_json
 from rec.input_files import MAX_SPEC_FILE_BYTES
-from rec.plan import PLAN_FILE, SHARDS_FILE, Plan, check_plan
+from rec.plan import PLAN_FILE, SHARDS_FILE, Plan
 from rec.plan.io import WRITE_LOCK, parse_plan, shards_problems, write_plan
 
 log = logging.getLogger(__name__)

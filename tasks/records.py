@@ -16,10 +16,10 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rec.analysis.prediction import prediction
 from rec.plan.chart import CHART_FILE
 from rec.plan.io import MOVEMENT_FILE, PLAN_FILE, SHARDS_FILE
-from rec.profile.prediction import prediction
-from rec.train.metrics import ITERATIONS_FILE, METRICS_FILE
+from rec.train.metrics import ITERATIONS_FILE, METRICS_FILE, TrainMetrics
 from tasks.clock import now_ms as now_ms  # re-exported: the time every record carries
 
 if TYPE_CHECKING:
@@ -70,7 +70,7 @@ TRAIN_ARTIFACTS = (METRICS_FILE, ITERATIONS_FILE)
 # point beside the headline metrics, where an unprefixed name read like another measured latency.
 LATENCY_SERIES = "per_iteration/latency_ms"  # every iteration, warm-up included
 LOSS_SERIES = "per_iteration/loss"
-PREDICTED = "predicted_iteration_ms"  # the plan's, on every run (rec.profile.prediction)
+PREDICTED = "predicted_iteration_ms"  # the plan's, on every run (rec.analysis.prediction)
 MEASURED = "measured_iteration_ms"  # train runs: p50 of the slowest rank; measure runs: the slowest rank's median
 RATIO = "measured_over_predicted"
 MOVEMENT_COUNTS = ("kept", "moved", "resized", "added", "removed", "reinitialized")  # <kind>_tables
@@ -235,19 +235,19 @@ def plan_tags(params: dict[str, str]) -> dict[str, str]:
     return {SPEC_HASH: params["spec.hash"], TOPOLOGY_HASH: params["topology.hash"]}
 
 
-def train_metrics(metrics: dict[str, Any], plan_batch_size: int | None = None,
+def train_metrics(metrics: TrainMetrics, plan_batch_size: int | None = None,
                   predicted_ms: float | None = None) -> dict[str, float]:
     """A training's headline (train_metrics.json): the measured iteration time (the slowest rank's,
     over the iterations after the warm-up: p50 and its spread), samples/s, the plan's predicted
     iteration time beside it and, trained at the batch size the plan predicts for, their ratio."""
-    lat = metrics["iteration_latency_ms"]
-    predicted = metrics.get("predicted_critical_path_ms") if predicted_ms is None else predicted_ms
-    out = {MEASURED: lat["p50"], "measured_iteration_p90_ms": lat["p90"], "measured_iteration_p99_ms": lat["p99"],
-           "measured_iteration_mean_ms": lat["mean"], "samples_per_s": metrics["samples_per_s"]}
+    lat = metrics.iteration_latency_ms
+    predicted = metrics.predicted_critical_path_ms if predicted_ms is None else predicted_ms
+    out = {MEASURED: lat.p50, "measured_iteration_p90_ms": lat.p90, "measured_iteration_p99_ms": lat.p99,
+           "measured_iteration_mean_ms": lat.mean, "samples_per_s": metrics.samples_per_s}
     if predicted is not None:
         out[PREDICTED] = float(predicted)
-        if predicted > 0 and plan_batch_size == metrics["batch_size"]:
-            out[RATIO] = lat["p50"] / predicted
+        if predicted > 0 and plan_batch_size == metrics.batch_size:
+            out[RATIO] = lat.p50 / predicted
     return out
 
 
@@ -260,24 +260,24 @@ def train_record(trained: Trained, parent_key: str | None = None, tags: dict[str
     from rec.plan import read_plan
 
     m = trained.metrics
+    assert m is not None, "node 0 records the training: it has the metrics"
     plan = read_plan(trained.plan_path) if trained.plan_path else None
     rows = pq.read_table(Path(trained.out_dir) / ITERATIONS_FILE).to_pydict()
     series = {name: [[int(i), float(v)] for i, v in zip(rows["iteration"], rows[column], strict=True)]
               for name, column in ((LATENCY_SERIES, "latency_ms"), (LOSS_SERIES, "loss")) if column in rows}
     if legacy_names() and LATENCY_SERIES in series:
         series.update(_legacy_series(series, rows))
-    loss = {f"loss_{k}": v for k, v in (m.get("loss") or {}).items()}
+    loss = {f"loss_{k}": v for k, v in asdict(m.loss).items()}
     params = plan_params(plan) if plan else {}
-    resume = m.get("resume") or {}
     predicted = prediction(plan) if plan else None
     return RunRecord(
         key=new_key(), step=RunStep.TRAIN, name=f"train-{trained.plan_id}", parent_key=parent_key,
         tags={STEP: RunStep.TRAIN, PLAN_ID: trained.plan_id, ATTEMPTS: str(trained.attempts),
               **(plan_tags(params) if plan else {}), **(tags or {})},
         params={**_train_params(trained.settings, trained.nproc_per_node),
-                "world_size": str(m["world_size"]), "batch_size": str(m["batch_size"]),
-                "model": m["model"], "resumed_from": str(m["resumed_from"]),
-                **({"resumed_from_plan_id": str(resume["from_plan_id"])} if "from_plan_id" in resume else {}),
+                "world_size": str(m.world_size), "batch_size": str(m.batch_size),
+                "model": m.model, "resumed_from": str(m.resumed_from),
+                **({"resumed_from_plan_id": m.resume.from_plan_id} if m.resume else {}),
                 **(input_params(inputs) if inputs else {}), **params},
         metrics=with_legacy_names(RunStep.TRAIN, {
             **(plan_metrics(plan) if plan else {}),

@@ -10,20 +10,19 @@ it with retries, which skip InputErrors and failures that would repeat.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from rec import progress
+from rec.analysis import check_plan
 from rec.errors import InputError, Problem
-from rec.plan import Plan, check_plan, plan_file, read_plan
+from rec.plan import Plan, plan_file, read_plan
 from rec.settings import check, knob
 from rec.spec.types import Spec
 from rec.topology.types import Topology
 from rec.train.config import FAIL_AT_ENV, TrainConfig
-from rec.train.metrics import METRICS_FILE
+from rec.train.metrics import TrainMetrics, read_metrics
 from rec.train.rank_log import log_dir
 from tasks.launch import Launch, failure_cause, run_training
 
@@ -64,7 +63,7 @@ class Trained:
 
     plan_id: str
     out_dir: str
-    metrics: dict[str, Any]
+    metrics: TrainMetrics | None  # None on a node other than 0 (node 0 reads train_metrics.json)
     settings: TrainSettings
     nproc_per_node: int
     attempts: int  # attempts it took, 1 when the first one succeeded
@@ -216,6 +215,6 @@ def train(plan_path: str, out_dir: str, settings: TrainSettings = TrainSettings(
         if finished.code != 0:
             cause = failure_cause(launch, finished)
             raise TrainingFailed(cause.text, cause.deterministic, str(log_dir(out_dir)), attempt)
-    metrics = json.loads((Path(out_dir) / METRICS_FILE).read_text()) if launch.node_rank == 0 else {}
+    metrics = read_metrics(out_dir) if launch.node_rank == 0 else None
     return Trained(plan_id, out_dir, metrics, settings, launch.nproc_per_node, attempt, started,
                    launch.plan_path)

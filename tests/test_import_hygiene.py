@@ -28,7 +28,8 @@ CASES = {
         "assert main(['spec', 'validate', f'{specs}/cpu_demo.csv']) == 0",
         TORCH + ORCHESTRATION),
     "planning, writing and reading back a plan of several modules": (
-        "from rec.plan import check_plan, read_plan, write_plan\n"
+        "from rec.analysis import check_plan\n"
+        "from rec.plan import read_plan, write_plan\n"
         "from rec.planning import plan_spec\n"
         "from rec.spec import read_spec\n"
         "from rec.topology import topology_from_dict\n"

@@ -84,7 +84,7 @@ def _shardflow(workload: Workload, topology: Any, profile: Profile) -> Plan:
 
 
 def predicted(plan: Plan, profile: Profile) -> float:
-    from rec.profile.predict import predicted_ms
+    from rec.analysis.predict import predicted_ms
 
     return float(predicted_ms(plan, profile).max())
 
@@ -119,14 +119,16 @@ def _order(count: int, repeats: int) -> list[int]:
     return out
 
 
-def measure_alternating(ctx: Context, paths: Sequence[Path], repeats: int, timeout_s: float) -> list[list[PlanTimes]]:
-    """Every plan at ``paths`` measured ``repeats`` times in one launch: per plan, its measurements."""
+def measure_alternating(ctx: Context, paths: Sequence[Path], repeats: int, timeout_s: float,
+                        config: MeasureConfig | None = None) -> list[list[PlanTimes]]:
+    """Every plan at ``paths`` measured ``repeats`` times in one launch (``config``; default: the
+    check's ``measuring``): per plan, its measurements."""
     from rec.settings import to_flags
     from rec.train.timings import read_timings
 
     order = _order(len(paths), repeats)
     out = ctx.work / f"measured-{int(time.time() * 1000) % 10**9}"
-    config = measuring(ctx.ranks.cuda)
+    config = config or measuring(ctx.ranks.cuda)
     ctx.run(["--out", str(out), *to_flags(config), *[str(paths[i]) for i in order]], timeout_s,
             module="bench.gpu_check.measure_plans")
     timings = read_timings(out)
@@ -147,9 +149,10 @@ def summarize(runs: list[PlanTimes]) -> dict[str, Any]:
             "block_spread": float(max(t.spread() for t in runs if t.iterations))}
 
 
-def _estimate(ctx: Context, plans: Sequence[Plan], profile: Profile, repeats: int) -> float:
+def _estimate(ctx: Context, plans: Sequence[Plan], profile: Profile, repeats: int,
+              config: MeasureConfig | None = None) -> float:
     """Seconds the measuring job should take for ``plans``, each ``repeats`` times."""
-    iterations = iterations_per_measurement(measuring(ctx.ranks.cuda))
+    iterations = iterations_per_measurement(config or measuring(ctx.ranks.cuda))
     # GPU-sized tables (GBs) take longer to build than most probes': half a second more each, and a margin.
     overhead = ctx.overhead_s + (0.5 if ctx.ranks.cuda else 0.0)
     return 1.3 * sum(repeats * (overhead + iterations * predicted(p, profile) / 1e3) for p in plans)
@@ -213,6 +216,15 @@ def calibration(ctx: Context) -> Result:
                      f"{cal['median_abs_error']:.1%}, Spearman {cal['spearman']:.2f} (defaults "
                      f"{summary['default']['median_abs_error']:.0%}, {summary['default']['spearman']:.2f}); "
                      f"spread up to {max(spreads):.1%}")
+
+
+def _verdict(ratio: float, noise: float, same_layout: bool) -> str:
+    """Against TorchRec's plan: the same layout, or faster/slower beyond the two measurements' noise."""
+    if same_layout:
+        return "same layout"
+    if not (math.isfinite(ratio) and math.isfinite(noise)):
+        return "not measured"
+    return "faster" if ratio < 1 - noise else "slower" if ratio > 1 + noise else "same within noise"
 
 
 def layout(plan: Plan) -> tuple[Any, ...]:
@@ -289,8 +301,8 @@ def plan_shapes(ctx: Context, shapes: Sequence[Workload], calibrated: Profile | 
     return out
 
 
-def compare_measured(ctx: Context, shapes: Sequence[Workload], repeats: int,
-                     timeout_s: float) -> tuple[int, dict[str, Any]]:
+def compare_measured(ctx: Context, shapes: Sequence[Workload], repeats: int, timeout_s: float,
+                     config: MeasureConfig | None = None) -> tuple[int, dict[str, Any]]:
     """(the repeats, the comparison's figures): per shape and planner, plan time and measured iteration
     time with its spread and its ratio to TorchRec's default planner's plan (plans of one layout measured
     once). Fewer repeats (not below 2), then fewer shapes, where the time would not do."""
@@ -305,23 +317,28 @@ def compare_measured(ctx: Context, shapes: Sequence[Workload], repeats: int,
             unique.setdefault(layout(p.plan), p)
     left = timeout_s - (time.monotonic() - began) - LAUNCH_S[ctx.ranks.cuda]
     profile = calibrated or DEFAULT_PROFILE
-    while repeats > 2 and _estimate(ctx, [p.plan for p in unique.values() if p.plan], profile, repeats) > left:
+
+    def estimate() -> float:
+        return _estimate(ctx, [p.plan for p in unique.values() if p.plan], profile, repeats, config)
+
+    while repeats > 2 and estimate() > left:
         repeats -= 1
-    while len(shapes) > 2 and _estimate(ctx, [p.plan for p in unique.values() if p.plan], profile, repeats) > left:
+    while len(shapes) > 2 and estimate() > left:
         shapes = shapes[:-1]
         unique = {k: p for k, p in unique.items() if p.workload.name in {s.name for s in shapes}}
-    if _estimate(ctx, [p.plan for p in unique.values() if p.plan], profile, repeats) > 1.5 * left:
+    if estimate() > 1.5 * left:
         raise Skipped(f"measuring even {len(shapes)} shapes {repeats} times would take longer than the "
                       f"{max(left, 0):.0f} s left of the --minutes budget")
     layouts = list(unique)
     paths = [p.path for p in unique.values() if p.path is not None]
-    measured = measure_alternating(ctx, paths, repeats, timeout_s - (time.monotonic() - began))
+    measured = measure_alternating(ctx, paths, repeats, timeout_s - (time.monotonic() - began), config)
     by_layout = {key: summarize(runs) for key, runs in zip(layouts, measured, strict=True)}
     result: dict[str, Any] = {}
     for workload in shapes:
         rows = {p.label: p for p in planned if p.workload.name == workload.name}
         base = rows.get("torchrec")
-        base_ms = by_layout[layout(base.plan)]["measured_ms"] if base and base.plan else math.nan
+        base_m = by_layout[layout(base.plan)] if base and base.plan else None
+        base_ms = base_m["measured_ms"] if base_m else math.nan
         entry: dict[str, Any] = {"tables": len(workload.rows), "batch_size": workload.batch_size}
         for label, p in rows.items():
             if p.plan is None:
@@ -330,9 +347,11 @@ def compare_measured(ctx: Context, shapes: Sequence[Workload], repeats: int,
             m = by_layout[layout(p.plan)]
             same = [q.label for q in rows.values()
                     if q.plan is not None and q is not p and layout(q.plan) == layout(p.plan)]
+            ratio = m["measured_ms"] / base_ms if base_ms else math.nan
+            noise = max(m["spread"], base_m["spread"]) if base_m else math.nan
             entry[label] = {"plan_s": round(p.plan_s, 3), "plan_id": p.plan.plan_id, "sharding": _mix(p.plan),
-                            "same_layout_as": same, **m,
-                            "vs_torchrec": m["measured_ms"] / base_ms if base_ms else math.nan}
+                            "same_layout_as": same, **m, "vs_torchrec": ratio,
+                            "verdict": _verdict(ratio, noise, label == "torchrec" or "torchrec" in same)}
         result[workload.name] = entry
     return repeats, result
 

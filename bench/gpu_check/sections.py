@@ -111,7 +111,7 @@ def calibrate(ctx: Context) -> Result:
     from rec.train.timings import read_timings
 
     cuda = ctx.ranks.cuda
-    budget = ctx.share(0.5, 150 if cuda else 60)
+    budget = ctx.share(0.6, 180 if cuda else 60)
     topology = ctx.topology_file("calibrate", 512)
     profile = ctx.out / "profile.yaml"
     work = ctx.work / "calibrate"

@@ -91,7 +91,8 @@ def previous_plan(args: argparse.Namespace) -> Plan | None:
     """The plan ``--previous`` or ``--previous-plan-id`` names, checked; None without either."""
     import tempfile
 
-    from rec.plan import check_plan, read_plan
+    from rec.analysis import check_plan
+    from rec.plan import read_plan
     from rec.settings import from_flags
     from tasks.plan_fetch import fetch_plan
     from tasks.tracking import TrackingSettings

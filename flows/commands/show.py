@@ -52,8 +52,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def run(args: argparse.Namespace) -> int:
     import fnmatch
 
+    from rec.analysis import check_plan
     from rec.errors import InputError, Problem
-    from rec.plan import check_plan, read_plan
+    from rec.plan import read_plan
     from rec.plan.breakdown import breakdown
 
     plan = read_plan(args.plan)

@@ -15,13 +15,14 @@ signal); the ranks die with the command even when it is killed.
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rec.exit_codes import ExitCode
 from rec.settings import add_flags
 
 if TYPE_CHECKING:
     from rec.plan import Plan
+    from rec.train.metrics import TrainMetrics
     from tasks.recorder import Logged
     from tasks.tracking import TrackingSettings
     from tasks.train import Trained, TrainSettings
@@ -130,10 +131,9 @@ def render_trained(trained: Trained, plan: Plan | None = None) -> str:
         return (f"training  done on node {trained.settings.node_rank}; node 0 writes the metrics "
                 f"(logs in {out / LOG_DIR})")
     m = trained.metrics
-    lat, loss = m["iteration_latency_ms"], m.get("loss") or {}
-    loss_text = f"; loss {loss['first']:.4f} -> {loss['last']:.4f}" if loss else ""
-    lines = [f"training  plan {m['plan_id']} on {m['world_size']} ranks: iteration latency p50 {lat['p50']:.2f} ms, "
-             f"p90 {lat['p90']:.2f} ms, {m['samples_per_s']:,.0f} samples/s{loss_text}"]
+    lat = m.iteration_latency_ms
+    lines = [f"training  plan {m.plan_id} on {m.world_size} ranks: iteration latency p50 {lat.p50:.2f} ms, "
+             f"p90 {lat.p90:.2f} ms, {m.samples_per_s:,.0f} samples/s; loss {m.loss.first:.4f} -> {m.loss.last:.4f}"]
     if plan is not None:
         lines.append(predicted_line(plan, m))
     resumed = render_resumed(m, trained.settings.job.resume_from)
@@ -143,18 +143,18 @@ def render_trained(trained: Trained, plan: Plan | None = None) -> str:
     return "\n".join(lines)
 
 
-def render_resumed(metrics: dict[str, Any], resume_from: str | None) -> str:
+def render_resumed(metrics: TrainMetrics, resume_from: str | None) -> str:
     """Where a training that resumed started from: another plan's checkpoint (``--resume-from``:
     which plan and step, tables restored, resized and initialized) or its own; empty otherwise."""
-    resume = metrics.get("resume")
+    resume = metrics.resume
     if resume:
-        dense = len(resume.get("dense_reinitialized") or [])
-        return (f"resumed   from plan {resume['from_plan_id']} at step {resume['step']} ({resume_from}): "
-                f"{resume['tables_restored']} tables restored, {resume['tables_resized']} resized, "
-                f"{resume['tables_initialized']} initialized"
+        dense = len(resume.dense_reinitialized)
+        return (f"resumed   from plan {resume.from_plan_id} at step {resume.step} ({resume_from}): "
+                f"{resume.tables_restored} tables restored, {resume.tables_resized} resized, "
+                f"{resume.tables_initialized} initialized"
                 + (f"; {dense} dense layer{'s' if dense > 1 else ''} initialized" if dense else ""))
-    if metrics.get("resumed_from"):
-        return f"resumed   from this plan's own checkpoint at step {metrics['resumed_from']}"
+    if metrics.resumed_from:
+        return f"resumed   from this plan's own checkpoint at step {metrics.resumed_from}"
     return ""
 
 

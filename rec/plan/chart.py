@@ -145,7 +145,7 @@ def _draw_panel(draw: ImageDraw, font: FreeTypeFont | ImageFont, panel: _Panel, 
 def _ticks(top: float, unit: str) -> list[float]:
     """0 and 3 to 6 round steps up to at least ``top`` (steps of 1, 2, 2.5 or 5 x 10^k; bytes in
     the unit format_bytes shows)."""
-    from rec.search.tolerance import TIME_NOISE  # here: importing rec.search loads the whole search
+    from rec.tolerance import TIME_NOISE  # here: importing rec.search loads the whole search
 
     base = 1.0
     if unit == "bytes":

@@ -7,7 +7,7 @@ downstream meets a value of the wrong type (a traceback) or one too large for 64
 The content is checked against the declared ``format`` (a v3 plan relabelled v2 is refused), the
 embedded profile against the topology, and the spec, topology and planner against the plan's
 ``spec_hash`` and ``plan_id``. Whether the plan is sound and its metrics true is
-``rec.plan.validate.check_plan``'s to say.
+``rec.analysis.check_plan``'s to say.
 """
 
 from __future__ import annotations

@@ -14,12 +14,9 @@ import numpy as np
 from rec.cost.types import COMPUTE_KERNELS, SHARDING_TYPES, ST_CODE
 from rec.errors import ProblemList
 from rec.plan.columns import TableColumns
-from rec.plan.identity import identity_problems
 from rec.plan.types import Plan, Replicas
-from rec.profile.validate import profile_problems_for
 from rec.sharding import ComputeDevice, ModuleKind, Pooling, ShardingType, is_available
 from rec.spec.types import TableSpec
-from rec.validation import Problems
 
 _ST = {st: ST_CODE[st] for st in ShardingType}
 
@@ -44,20 +41,6 @@ def validate_plan(plan: Plan) -> ProblemList:
     _check_tables(plan, c, known, rows, dims, world, local, problems)
     _check_memory(plan, problems)
     return problems
-
-
-def check_plan(plan: Plan, source: str | None = None) -> None:
-    """InputError naming every problem if ``plan`` is unsound, was edited after planning, or claims
-    metrics its shards do not give (``rec.plan.recompute``): what a plan read back (handed to
-    training, replanned from, read from the cache or MLflow) must pass."""
-    from rec.plan.recompute import metrics_problems
-
-    problems = validate_plan(plan)
-    problems.items += identity_problems(plan)
-    profile_problems_for(plan.planner.profile, plan.topology, Problems(items=problems.items).within("planner.profile"))
-    if not problems:  # the estimates need a sound plan of its own spec and topology
-        problems.items += metrics_problems(plan)
-    problems.raise_if_any(f"{source or 'plan ' + plan.plan_id} cannot be used:")
 
 
 def _check_kinds(c: TableColumns, spec: dict[str, TableSpec], known: np.ndarray, device: ComputeDevice,

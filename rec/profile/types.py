@@ -137,7 +137,7 @@ class Extensions:
     dp_optimizer_factor: float = DP_ELEMENTWISE_KERNELS_PERF_FACTOR  # data_parallel optimizer kernels
     # Plan-level terms, the same on every rank: not per shard, so TorchRec's per-shard Perf (and the
     # search, which sums it per rank) leaves them out; a plan's predicted time adds them
-    # (rec.profile.predict). ms per iteration whatever the plan (the framework's own work), and ms
+    # (rec.analysis.predict). ms per iteration whatever the plan (the framework's own work), and ms
     # per iteration for each sharding type the plan uses (TorchRec runs one input and one output
     # distribution per sharding type, however many tables it holds: their collectives' latency).
     iteration_ms: float = 0.0

@@ -35,6 +35,7 @@ from rec.validation import (
     finite_number,
     known_keys,
     positive_integer,
+    validated,
 )
 from rec.validation import mapping as mapping_at
 from rec.validation import name as text_name
@@ -54,11 +55,7 @@ D = TypeVar("D")
 
 def profile_from_dict(d: object, source: str = "profile") -> Profile:
     """Validate a profile mapping (YAML keys and units) into a ``Profile``; InputError naming every problem."""
-    problems = Problems(root=source)
-    profile = read_profile_mapping(d, problems)
-    problems.raise_if_any(f"Invalid profile {source}")
-    assert profile is not None
-    return profile
+    return validated(read_profile_mapping, d, source, "profile")
 
 
 def read_profile_mapping(d: object, problems: Problems) -> Profile | None:
@@ -113,11 +110,7 @@ def profile_record(profile: Profile) -> dict[str, Any]:
 
 def profile_from_record(record: object, source: str) -> Profile:
     """The profile of ``profile_record``; InputError if invalid or its content does not give its hash."""
-    problems = Problems(root=source)
-    profile = read_profile_record(record, problems)
-    problems.raise_if_any(f"Invalid profile {source}")
-    assert profile is not None
-    return profile
+    return validated(read_profile_record, record, source, "profile")
 
 
 def read_profile_record(record: object, problems: Problems) -> Profile | None:

@@ -19,7 +19,7 @@ import numpy as np
 from rec.plan.metrics import BoundMethod
 from rec.search.pricing import PricedTables, Prices, Resource, least_price
 from rec.search.space import SearchSpace, table_starts
-from rec.search.tolerance import TIME_NOISE
+from rec.tolerance import TIME_NOISE
 
 # Rounds of alternating HBM and DDR price searches when both resources bind.
 PRICE_ROUNDS = 3

@@ -44,7 +44,7 @@ from rec.search.milp import (
 from rec.search.placement import Placement
 from rec.search.refine import refine
 from rec.search.space import SearchSpace
-from rec.search.tolerance import SOLVER_TOLERANCE, TIME_NOISE
+from rec.tolerance import SOLVER_TOLERANCE, TIME_NOISE
 
 # Skip the stage when the heuristic is already this close to the bound.
 SKIP_GAP = 0.01

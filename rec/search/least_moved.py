@@ -30,8 +30,8 @@ from rec.search.exact import (
 )
 from rec.search.milp import MilpLimits, MilpModel, build_model, decode, extended, solve, start_vector
 from rec.search.space import SearchSpace
-from rec.search.tolerance import SOLVER_TOLERANCE
 from rec.search.warm import Previous, moved_bytes, moved_per_table
+from rec.tolerance import SOLVER_TOLERANCE
 
 CRITICAL_PATH_WEIGHT = 1e-4  # per unit of critical path / target, against moved bytes / all bytes
 GAP = {"mip_rel_gap": 1e-3, "mip_abs_gap": 1e-5}  # of the moved fraction: stop when this close

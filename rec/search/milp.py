@@ -26,7 +26,7 @@ from rec.search.assignment import Assignment, usage
 from rec.search.highs import quiet_highs, run_status
 from rec.search.placement import Placement
 from rec.search.space import SearchSpace, run_ranks
-from rec.search.tolerance import SOLVER_TOLERANCE
+from rec.tolerance import SOLVER_TOLERANCE
 
 
 @dataclass(frozen=True)

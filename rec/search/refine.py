@@ -7,7 +7,7 @@ import numpy as np
 from rec.search.assignment import Assignment, chosen_shards
 from rec.search.placement import Placement, movable
 from rec.search.space import SearchSpace
-from rec.search.tolerance import lowers
+from rec.tolerance import lowers
 
 MOVE_TARGET_RANKS = 64  # moves try this many least-loaded ranks first
 SWAP_PARTNER_RANKS = 8  # swaps look at shards on this many least-loaded ranks

@@ -17,7 +17,7 @@ import numpy as np
 from rec.search.assignment import Assignment, Placed
 from rec.search.placement import Placement
 from rec.search.space import SearchSpace, add_runs
-from rec.search.tolerance import lowers
+from rec.tolerance import lowers
 
 CANDIDATE_TABLES = 48  # tables (most load on the busiest rank first) tried per step
 

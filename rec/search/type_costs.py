@@ -1,7 +1,7 @@
 """Plans under a profile whose sharding types cost time per iteration (``sharding_type_ms``).
 
 A sharding type's collectives cost the same whether it holds one table or a hundred
-(``rec.profile.predict``): a plan-level term, invisible to a search that balances per-shard times.
+(``rec.analysis.predict``): a plan-level term, invisible to a search that balances per-shard times.
 So a plan can use one more sharding type for a slightly better balance and lose more than it
 gains. After the search, each costly type the plan uses is taken away in turn (its options made
 infeasible) and the rest searched again; a plan that is better with the plan-level terms counted

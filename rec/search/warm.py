@@ -34,9 +34,9 @@ from rec.search.placement import Placement, movable
 from rec.search.refine import refine
 from rec.search.space import SearchSpace
 from rec.search.switch import distinct_options, option_changes, place_option, switch_options
-from rec.search.tolerance import TIME_NOISE
 from rec.sharding import ShardingType
 from rec.spec.types import Spec
+from rec.tolerance import TIME_NOISE
 
 DATA_PARALLEL = ST_CODE[ShardingType.DATA_PARALLEL]
 MAX_REGRESS = 0.02  # default: the critical path may be 2% above a plan searched from scratch

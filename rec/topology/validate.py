@@ -40,6 +40,7 @@ from rec.validation import (
     number_value,
     positive_integer,
     required,
+    validated,
 )
 
 MS_PER_S = 1000
@@ -72,11 +73,7 @@ DEFAULTS = {
 
 def topology_from_dict(d: object, source: str = "topology") -> Topology:
     """Validate a topology mapping (YAML keys and units) into a ``Topology`` with its hash filled."""
-    problems = Problems(root=source)
-    topology = read_topology_mapping(d, problems)
-    problems.raise_if_any(f"Invalid topology {source}")
-    assert topology is not None
-    return topology
+    return validated(read_topology_mapping, d, source, "topology")
 
 
 def read_topology_mapping(d: object, problems: Problems) -> Topology | None:

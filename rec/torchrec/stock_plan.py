@@ -17,9 +17,9 @@ from importlib import metadata
 
 import numpy as np
 
+from rec.analysis.build import build_plan
 from rec.cost.types import CK_CODE, ST_CODE, CostConfig
 from rec.errors import InputError, Problem, ProblemList
-from rec.plan.build import build_plan
 from rec.plan.identity import made_by_keys, plan_id
 from rec.plan.torchrec_score import ChosenOption, run_torchrec_planner
 from rec.plan.types import Plan
@@ -63,9 +63,10 @@ def _run(spec: Spec, topology: Topology, cost: CostConfig, proposer: Planner):  
     from torchrec.distributed.planner.types import PlannerError
 
     chosen = DynamicProgrammingProposer() if proposer is Planner.TORCHREC_DP else None
-    torchrec_log = logging.getLogger("torchrec")
-    level = torchrec_log.level
-    torchrec_log.setLevel(logging.ERROR)  # its warnings are about how run_torchrec_planner builds its inputs
+    # Its warnings are about how run_torchrec_planner builds its inputs, and a data_parallel table's
+    # "Sharding spec not found" (it has none, by design) goes to the root logger: not for the user.
+    disabled = logging.root.manager.disable
+    logging.disable(logging.WARNING)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -75,7 +76,7 @@ def _run(spec: Spec, topology: Topology, cost: CostConfig, proposer: Planner):  
         raise InputError(f"TorchRec's planner ({proposer.value}) found no plan:",
                          [Problem("EmbeddingShardingPlanner", " ".join(lines))]) from None
     finally:
-        torchrec_log.setLevel(level)
+        logging.disable(disabled)
 
 
 def _assignment(space: SearchSpace, spec: Spec, chosen: tuple[ChosenOption, ...]) -> Assignment:

@@ -3,9 +3,9 @@ plan`` prints (``rec.plan.report``), the plan's quality and how long planning to
 
 from __future__ import annotations
 
+from rec.analysis.prediction import prediction
 from rec.plan.report import rank_table, sharding_types
 from rec.plan.types import Plan
-from rec.profile.prediction import prediction
 
 
 def plan_summary(plan: Plan, seconds: float, search_s: float) -> str:

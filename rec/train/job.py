@@ -29,9 +29,9 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
+from rec.analysis.predict import predicted_critical_path
 from rec.plan import Plan, read_plan
 from rec.plan.torchrec_plan import plan_modules, sharders_for, to_sharding_plan
-from rec.profile.predict import predicted_critical_path
 from rec.settings import add_flags, from_flags
 from rec.spec.types import Spec
 from rec.torchrec_internals import optimizer_classes

@@ -11,13 +11,16 @@ renamed): a reader, or a failed write, never sees half a file.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from rec.disk_full import write_whole
+
+if TYPE_CHECKING:
+    from rec.validation import Problems
 
 METRICS_FILE = "train_metrics.json"
 ITERATIONS_FILE = "iterations.parquet"
@@ -95,6 +98,19 @@ def loss_stats(losses: np.ndarray) -> LossStats:
 
 
 @dataclass(frozen=True)
+class Resumed:
+    """What a training resumed from another plan's checkpoint (``--resume-from``) carried over."""
+
+    from_plan_id: str
+    step: int  # the checkpoint's iteration
+    tables_restored: int  # same shape: their rows as they were
+    tables_resized: int  # more or fewer rows: the old rows kept
+    tables_initialized: int  # added, or of another dim or data type
+    reinitialized: tuple[str, ...] = ()  # the tables of another dim or data type
+    dense_reinitialized: tuple[str, ...] = ()  # dense parameters whose shape changed
+
+
+@dataclass(frozen=True)
 class TrainMetrics:
     plan_id: str
     world_size: int
@@ -109,12 +125,110 @@ class TrainMetrics:
     applied_sharding: dict[str, str]
     resumed_from: int  # iteration the run resumed at (0: fresh start)
     planned_in_job: bool = False  # shardflow never plans inside the job; kept for auditors
-    # --resume-from another plan: from_plan_id, step, tables_restored, tables_resized,
-    # tables_initialized, reinitialized (names of tables whose dim or data type changed)
-    resume: dict[str, Any] | None = None
+    resume: Resumed | None = None  # --resume-from another plan: what carried over
     # The plan's critical path in its cost model (plan.json metrics.critical_path), beside the
     # latency measured: predicted against measured in one file.
     predicted_critical_path_ms: float | None = None
+
+
+def read_metrics(out_dir: str | Path) -> TrainMetrics:
+    """``OUT/train_metrics.json`` as the training job wrote it; InputError naming every problem of a
+    file it did not write (damaged, edited, foreign)."""
+    from rec.errors import InputError, Problem
+    from rec.input_files import read_text
+
+    path = Path(out_dir) / METRICS_FILE
+    try:
+        d = json.loads(read_text(path, "the training's metrics", MAX_METRICS_BYTES))
+    except ValueError as e:
+        raise InputError(f"Cannot read {path}:", [Problem(str(path), f"not JSON: {e}")]) from None
+    return metrics_from_dict(d, str(path))
+
+
+MAX_METRICS_BYTES = 64 << 20  # applied_sharding names every table: 100,000 tables stay far below
+
+
+def metrics_from_dict(d: object, source: str) -> TrainMetrics:
+    """Validate train_metrics.json's mapping into ``TrainMetrics``; InputError naming every problem."""
+    from rec.validation import validated
+
+    return validated(_read_metrics, d, source, "training metrics")
+
+
+def _read_metrics(value: object, problems: Problems) -> TrainMetrics | None:
+    from rec.validation import finite_number, known_keys, mapping, required
+
+    if not isinstance(value, dict):
+        problems.add("", "expected a mapping")
+        return None
+    m = known_keys(value, [f.name for f in fields(TrainMetrics)], problems)
+    required(m, [f.name for f in fields(TrainMetrics) if f.default is MISSING], problems)
+    before = len(problems.items)
+    latency = _stats(m, "iteration_latency_ms", problems)
+    loss = _stats(m, "loss", problems)
+    count = {key: problems.take_from(m, key, _count) for key in _COUNTS}
+    text = {key: problems.take_from(m, key, _text) for key in ("plan_id", "pipeline", "model")}
+    samples = problems.take_from(m, "samples_per_s", finite_number)
+    predicted = (None if m.get("predicted_critical_path_ms") is None
+                 else problems.take("predicted_critical_path_ms", finite_number, m["predicted_critical_path_ms"]))
+    block = None if m.get("resume") is None else mapping(m["resume"], problems, "resume")
+    resume = None if block is None else _resumed(block, problems.within("resume"))
+    sharding = m.get("applied_sharding")
+    if not isinstance(sharding, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                 for k, v in sharding.items()):
+        problems.add("applied_sharding", "expected a mapping of table names to sharding types")
+        sharding = {}
+    if len(problems.items) > before:
+        return None
+    counts = {key: int(value or 0) for key, value in count.items()}
+    return TrainMetrics(
+        plan_id=str(text["plan_id"]), world_size=counts["world_size"], iterations=counts["iterations"],
+        warmup=counts["warmup"], batch_size=counts["batch_size"], pipeline=str(text["pipeline"]),
+        model=str(text["model"]), iteration_latency_ms=LatencyStats(*latency), loss=LossStats(*loss),
+        samples_per_s=float(samples or 0.0), applied_sharding=dict(sharding), resumed_from=counts["resumed_from"],
+        planned_in_job=m.get("planned_in_job") is True, resume=resume, predicted_critical_path_ms=predicted)
+
+
+_COUNTS = ("world_size", "iterations", "warmup", "batch_size", "resumed_from")
+_STATS = {"iteration_latency_ms": ("p50", "p90", "p99", "mean"), "loss": ("first", "last", "mean")}
+
+
+def _stats(m: dict[str, Any], key: str, problems: Problems) -> list[float]:
+    from rec.validation import finite_number, mapping
+
+    block = mapping(m.get(key), problems, key)
+    if block is None:
+        return []
+    within = problems.within(key)
+    return [float(within.take_from(block, name, finite_number) or 0.0) for name in _STATS[key]]
+
+
+def _resumed(block: Any, problems: Problems) -> Resumed | None:
+    from rec.validation import text_list
+
+    before = len(problems.items)
+    step, restored, resized, initialized = (problems.take_from(block, key, _count)
+                                            for key in ("step", "tables_restored", "tables_resized",
+                                                        "tables_initialized"))
+    plan_id = problems.take_from(block, "from_plan_id", _text)
+    tables = problems.take_from(block, "reinitialized", text_list) if "reinitialized" in block else ()
+    dense = problems.take_from(block, "dense_reinitialized", text_list) if "dense_reinitialized" in block else ()
+    if len(problems.items) > before:
+        return None
+    return Resumed(str(plan_id), int(step or 0), int(restored or 0), int(resized or 0), int(initialized or 0),
+                   tuple(tables or ()), tuple(dense or ()))
+
+
+def _count(value: object) -> int:
+    from rec.validation import integer
+
+    return integer(value, minimum=0)
+
+
+def _text(value: object) -> str:
+    if not isinstance(value, str):
+        raise ValueError("expected text")
+    return value
 
 
 def write_metrics(out_dir: str | Path, metrics: TrainMetrics, iterations: Iterations) -> None:

@@ -5,7 +5,6 @@ restarted by torchrun), or at another plan's checkpoint resharded into this plan
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch.distributed as dist
 from torchrec.distributed.model_parallel import DistributedModelParallel
@@ -15,7 +14,7 @@ from rec.errors import InputError, Problem
 from rec.plan import Plan
 from rec.train import checkpoint
 from rec.train.config import TrainConfig
-from rec.train.metrics import Iterations, earlier_iterations
+from rec.train.metrics import Iterations, Resumed, earlier_iterations
 from rec.train.rank_log import RankOutput
 from rec.train.rank_process import restart_count
 from rec.train.resume import checkpoint_dir, latest, step_dir
@@ -24,7 +23,7 @@ from rec.train.resume import checkpoint_dir, latest, step_dir
 @dataclass(frozen=True)
 class Start:
     iteration: int  # the first iteration this run trains
-    resume: dict[str, Any] | None  # from another plan's checkpoint: what carried over (train_metrics.json)
+    resume: Resumed | None  # from another plan's checkpoint: what carried over (train_metrics.json)
     earlier: Iterations  # rank 0 resuming its own checkpoint: the rows of the iterations before it
 
 
@@ -59,7 +58,7 @@ def start(plan: Plan, config: TrainConfig, out_dir: str, dmp: DistributedModelPa
 
 
 def _from_other_plan(path: str, plan: Plan, dmp: DistributedModelParallel, optimizer: CombinedOptimizer,
-                     output: RankOutput) -> tuple[int, dict[str, Any]]:
+                     output: RankOutput) -> tuple[int, Resumed]:
     """Load the newest checkpoint of a training with another plan into this plan's layout."""
     from rec.train.reshard import is_table_tensor, load_resharded
     from rec.train.resume import check_resume, resume_source, table_changes
@@ -77,9 +76,7 @@ def _from_other_plan(path: str, plan: Plan, dmp: DistributedModelParallel, optim
                    if not k.startswith("optim.") and not is_table_tensor(k, tables))
     if changes.reinitialized or dense:
         output.progress(f"re-initialized (shape changed): tables {list(changes.reinitialized)}, dense {dense}")
-    return source.step, {
-        "from_plan_id": source.plan.plan_id, "step": source.step,
-        "tables_restored": len(changes.restored), "tables_resized": len(changes.resized),
-        "tables_initialized": len(changes.added) + len(changes.reinitialized),
-        "reinitialized": list(changes.reinitialized), "dense_reinitialized": dense,
-    }
+    return source.step, Resumed(
+        from_plan_id=source.plan.plan_id, step=source.step, tables_restored=len(changes.restored),
+        tables_resized=len(changes.resized), tables_initialized=len(changes.added) + len(changes.reinitialized),
+        reinitialized=tuple(changes.reinitialized), dense_reinitialized=tuple(dense))

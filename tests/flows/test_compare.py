@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import re
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 
 from flows.cli import main
 from rec.plan import read_plan
+from rec.train.metrics import Resumed
 from tests.paths import CPU_2PROC, DEMO
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # SQLAlchemy, from MLflow
@@ -82,9 +82,9 @@ def measured(plan_dir: Path, out: Path, ms: float):
     return Measured(plan.plan_id, str(out), report, MeasureSettings(), 2, now_ms(), str(plan_dir / "plan.json"))
 
 
-def trained(plan_dir: Path, out: Path, resume: dict | None = None):
+def trained(plan_dir: Path, out: Path, resume: Resumed | None = None):
     """A training of the plan as ``shardflow train`` leaves it (train_metrics.json, iterations.parquet)."""
-    from rec.train.metrics import Iterations, LatencyStats, LossStats, TrainMetrics, write_metrics
+    from rec.train.metrics import Iterations, LatencyStats, LossStats, TrainMetrics, read_metrics, write_metrics
     from tasks.records import now_ms
     from tasks.train import Trained, TrainSettings
 
@@ -92,7 +92,7 @@ def trained(plan_dir: Path, out: Path, resume: dict | None = None):
     metrics = TrainMetrics(plan.plan_id, 2, 6, 2, 512, "sparse_dist", "dlrm", LatencyStats(9.0, 11.0, 12.0, 9.5),
                            LossStats(0.7, 0.5, 0.6), 2 * 512 / 9.5e-3, {}, 4 if resume else 0, resume=resume)
     write_metrics(out, metrics, Iterations.of_run(0, np.full(6, 9.0), np.full(6, 0.6), 2))
-    return Trained(plan.plan_id, str(out), json.loads((out / "train_metrics.json").read_text()), TrainSettings(),
+    return Trained(plan.plan_id, str(out), read_metrics(out), TrainSettings(),
                    2, 1, now_ms(), str(plan_dir / "plan.json"))
 
 
@@ -108,8 +108,8 @@ def store(plans, tmp_path_factory) -> tuple[str, str]:
     tracking = TrackingSettings(uri, state_dir=state).resolve()
     for i, (name, (plan_dir, _)) in enumerate(plans.items()):
         assert record_measure(tracking, measured(plan_dir, tmp / f"m-{name}", 6.0 + i)).run_id
-    resume = {"from_plan_id": "0123456789abcdef", "step": 4, "tables_restored": 7, "tables_resized": 1,
-              "tables_initialized": 0, "reinitialized": [], "dense_reinitialized": []}
+    resume = Resumed(from_plan_id="0123456789abcdef", step=4, tables_restored=7, tables_resized=1,
+                     tables_initialized=0)
     assert record_training(tracking, trained(plans["profiled"][0], tmp / "t", resume)).run_id
     return uri, state
 

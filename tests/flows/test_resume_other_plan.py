@@ -75,8 +75,8 @@ def test_a_new_plan_on_another_world_size_resumes_from_the_old_checkpoint(traine
     assert resumed.startswith(f"resumed   from plan {plan_a['plan_id']} at step 4 ({tmp / 'train_a'}): "
                               "2 tables restored, 1 resized, 1 initialized")
     # Beside it the plan's predicted iteration time, printed as `plan` and `measure` print it.
+    from rec.analysis.prediction import prediction
     from rec.plan import read_plan
-    from rec.profile.prediction import prediction
 
     predicted = prediction(read_plan(tmp / "plan_b"))
     assert f"predicted {predicted.text()}; measured {metrics['iteration_latency_ms']['p50']:.4f} ms (p50): " \

@@ -25,7 +25,8 @@ def run(*cmd: str | Path, timeout: int = 600) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_collective_plan_gives_both_ranks_the_same_plan_and_dmp_trains_with_it(tmp_path):
-    from rec.plan import check_plan, read_plan
+    from rec.analysis import check_plan
+    from rec.plan import read_plan
 
     r = run(TORCHRUN, "--standalone", "--nproc-per-node", "2", EXAMPLE, "--out", tmp_path,
             "--plan-dir", tmp_path / "plan", "--iterations", "2")
@@ -52,7 +53,8 @@ def test_a_plan_rank_0_cannot_make_fails_every_rank_at_once_with_its_reasons():
 
 def test_plan_with_planner_torchrec_writes_torchrecs_plan_rated_as_torchrec_rates_it(tmp_path, capsys):
     from flows.cli import main
-    from rec.plan import check_plan, read_plan
+    from rec.analysis import check_plan
+    from rec.plan import read_plan
     from rec.plan.torchrec_score import run_torchrec_planner
     from rec.spec import read_spec
     from rec.topology import read_topology

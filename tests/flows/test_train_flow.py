@@ -24,13 +24,13 @@ def test_prefect_training_checkpoints_and_a_later_run_resumes_from_it(prefect_ap
                   tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", state_dir=str(tmp_path / "state"))
     first = train_flow(train_iterations=6, **common)
     checkpoints = tmp_path / "out" / "train" / "checkpoints"
-    assert first.trained.metrics["resumed_from"] == 0
+    assert first.trained.metrics.resumed_from == 0
     assert (checkpoints / "LATEST").read_text() == step_name(6)
     assert [p.name for p in checkpoints.iterdir() if step_of(p.name) is not None] == [step_name(6)]  # kept 1
 
     second = train_flow(train_iterations=9, resume=True, **common)
     metrics = json.loads((tmp_path / "out" / "train" / "train_metrics.json").read_text())
-    assert second.trained.metrics["resumed_from"] == metrics["resumed_from"] == 6
+    assert second.trained.metrics.resumed_from == metrics["resumed_from"] == 6
     assert (checkpoints / "LATEST").read_text() == step_name(9)
     assert second.logged is not None and second.logged.run_id
 

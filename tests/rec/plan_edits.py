@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from rec.analysis.recompute import recompute
 from rec.plan import Plan
 from rec.plan.chart import CHART_FILE, rank_load_chart
 from rec.plan.io import plan_from_dict
-from rec.plan.recompute import recompute
 from rec.search.exact import OPTIMALITY_TOLERANCE
 
 

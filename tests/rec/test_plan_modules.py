@@ -9,7 +9,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from rec.plan import check_plan, read_plan, write_plan
+from rec.analysis import check_plan
+from rec.plan import read_plan, write_plan
 from rec.plan.io import SHARD_COLUMNS, dumps_plan
 from rec.planning import plan_spec, replan_spec
 from rec.search import build_search_space, search_result

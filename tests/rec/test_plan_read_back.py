@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from rec.analysis import check_plan
 from rec.errors import InputError
 from rec.plan import (
     BoundMethod,
@@ -20,7 +21,6 @@ from rec.plan import (
     Movement,
     PlannerIdentity,
     SearchConfig,
-    check_plan,
     dumps_plan,
     parse_plan,
     plan_from_dict,

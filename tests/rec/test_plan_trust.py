@@ -14,10 +14,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from flows.cli import main
+from rec.analysis import check_plan
+from rec.analysis.recompute import metrics_problems
 from rec.errors import InputError
-from rec.plan import check_plan, read_plan, write_plan
+from rec.plan import read_plan, write_plan
 from rec.plan.io import plan_from_dict, plan_to_dict, write_plan_files
-from rec.plan.recompute import metrics_problems
 from rec.planning import plan_spec, replan_spec
 from rec.search import SearchConfig
 from rec.spec.synthetic import issue2282_spec

@@ -17,11 +17,12 @@ import numpy as np
 import pytest
 
 from flows.cli import main
+from rec.analysis import check_plan
 from rec.cost import CostConfig, enumerate_options
 from rec.cost.bandwidth import kernel_bw, links
 from rec.cost.perf import shard_perf
 from rec.errors import InputError
-from rec.plan import check_plan, read_plan
+from rec.plan import read_plan
 from rec.plan.breakdown import breakdown
 from rec.plan.identity import planner_config
 from rec.plan.io import dumps_plan

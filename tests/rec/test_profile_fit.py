@@ -1,5 +1,5 @@
-"""Fitting a profile to measurements (rec.profile.fit), the probes it fits on, and the prediction
-``shardflow measure`` compares with (rec.profile.predict)."""
+"""Fitting a profile to measurements (rec.calibrate.fit), the probes it fits on, and the prediction
+``shardflow measure`` compares with (rec.analysis.predict)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from rec.cost.unique import expected_distinct
-from rec.errors import InputError
-from rec.planning import plan_spec
-from rec.profile import DEFAULT_PROFILE, profile_from_dict, profile_to_dict
-from rec.profile.fit import (
+from rec.analysis.predict import plan_level_ms, predicted_ms, shard_rank_perf
+from rec.calibrate.fit import (
     Kind,
     Measured,
     base_profile,
@@ -23,8 +20,11 @@ from rec.profile.fit import (
     types_everywhere,
     with_value,
 )
-from rec.profile.predict import plan_level_ms, predicted_ms, shard_rank_perf
-from rec.profile.probes import probe_plans
+from rec.calibrate.probes import probe_plans
+from rec.cost.unique import expected_distinct
+from rec.errors import InputError
+from rec.planning import plan_spec
+from rec.profile import DEFAULT_PROFILE, profile_from_dict, profile_to_dict
 from rec.profile.types import Machine
 from rec.sharding import ComputeDevice
 from rec.spec import read_spec
@@ -181,8 +181,8 @@ def test_distinct_rows_are_few_for_a_small_table_and_all_ids_for_a_huge_one():
 
 
 def test_a_sharding_type_whose_collectives_cost_more_than_it_saves_is_left_out_of_the_plan():
+    from rec.analysis import check_plan
     from rec.cost.types import CostConfig
-    from rec.plan import check_plan
 
     spec, topology = read_spec(DEMO), read_topology(CPU_2PROC)
     free_dp = {"coefficients": {"data_parallel": {"fwd": {"input_read_size_multiplier": 0, "lookup_size_multiplier": 0,
@@ -200,9 +200,9 @@ def test_a_sharding_type_whose_collectives_cost_more_than_it_saves_is_left_out_o
 
 
 def test_a_replan_does_not_keep_a_sharding_type_whose_collectives_cost_more_than_moving_saves():
+    from rec.analysis.predict import predicted_critical_path
     from rec.cost.types import CostConfig
     from rec.planning import replan_spec
-    from rec.profile.predict import predicted_critical_path
 
     spec, topology = read_spec(DEMO), read_topology(CPU_2PROC)
     free_dp = {"coefficients": {"data_parallel": {"fwd": {"input_read_size_multiplier": 0, "lookup_size_multiplier": 0,

@@ -11,8 +11,9 @@ from dataclasses import replace
 
 import pytest
 
+from rec.analysis import check_plan
 from rec.errors import InputError
-from rec.plan import check_plan, read_plan
+from rec.plan import read_plan
 from rec.planning import plan_spec
 from rec.spec.synthetic import issue2282_spec
 from rec.topology import topology_from_dict

@@ -1,6 +1,6 @@
 """A plan's one predicted iteration time, as every report prints it and every MLflow run logs it
 (``predicted_iteration_ms``): the critical path of its cost model plus its profile's plan-level
-terms (``rec.profile.predict``), shown as those two parts when the profile has such terms.
+terms (``rec.analysis.predict``), shown as those two parts when the profile has such terms.
 
 ``shardflow plan`` once printed the critical path alone and ``measure`` the sum, for one plan: two
 "predicted" numbers. Everything now prints ``Prediction.text``.
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rec.analysis.predict import plan_level_ms
 from rec.plan.types import Plan
-from rec.profile.predict import plan_level_ms
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class Prediction:
 
     @property
     def iteration_ms(self) -> float:
-        """The prediction: ``rec.profile.predict.predicted_critical_path`` to the last bit."""
+        """The prediction: ``rec.analysis.predict.predicted_critical_path`` to the last bit."""
         return self.critical_path_ms + self.plan_level_ms
 
     def text(self) -> str:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from rec.search.bound import LowerBound
 
 # Relative: how far the times a plan records may be from the same times summed again here. Looser
-# than one sum's float noise (rec.search.tolerance.TIME_NOISE): the search keeps each rank's load by
+# than one sum's float noise (rec.tolerance.TIME_NOISE): the search keeps each rank's load by
 # adding and removing shard times over thousands of steps, and the check must pass every honest plan
 # (docs/plan-format.md states this value).
 PERF_RTOL = 1e-9
@@ -146,7 +146,7 @@ def _shard_costs(plan: Plan, options: Any, index: dict[str, int]) -> tuple[list[
            for i in np.flatnonzero(~matches)]
     if bad:
         return _named(bad), {}
-    # Per table: each run's estimate times its shards, as the plan was built (rec.plan.build).
+    # Per table: each run's estimate times its shards, as the plan was built (rec.analysis.build).
     times = options.repeat[run].astype(np.int64)
     starts = np.concatenate(([0], np.cumsum(runs)[:-1]))
     table_perf = np.add.reduceat(options.perf[run] * times, starts)

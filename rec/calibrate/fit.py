@@ -1,6 +1,6 @@
 """Fit a profile to measured plans: non-negative least squares on the cost model's own formulas.
 
-Every number a fit estimates enters a plan's predicted time (``rec.profile.predict``) linearly:
+Every number a fit estimates enters a plan's predicted time (``rec.analysis.predict``) linearly:
 a compute coefficient or ``fixed_ms`` with the kernel bandwidth held fixed, a link's inverse
 bandwidth (ms per byte), a plan-level term. So a plan's predicted time is ``A @ theta``, where
 column k of ``A`` is the prediction under the *unit profile* of parameter k: that number at 1
@@ -46,11 +46,11 @@ from typing import Any
 
 import numpy as np
 
+from rec.analysis.predict import predicted_ms
 from rec.cost.bandwidth import kernel_bw, links
 from rec.cost.types import COMPUTE_KERNELS, SHARDING_TYPES
 from rec.errors import InputError, Problem
 from rec.plan.types import Plan
-from rec.profile.predict import predicted_ms
 from rec.profile.types import (
     DEFAULT_PROFILE,
     SHARDING_COEFFICIENTS,

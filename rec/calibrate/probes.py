@@ -1,5 +1,5 @@
 """The plans ``shardflow calibrate`` measures: small specs, each varying one thing the cost model
-depends on, so that every number the fit estimates (``rec.profile.fit``) is pinned down.
+depends on, so that every number the fit estimates (``rec.calibrate.fit``) is pinned down.
 
 Each probe holds identical tables of one or more sharding types (an allow-list per table), in a
 number the ranks share evenly, so every rank carries the same shards and the iteration time is

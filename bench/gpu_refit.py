@@ -114,7 +114,17 @@ def main() -> int:
         from_probes = fit_profile(probe_measured, topology, 0.2)
         every = {name: spreads(runs, lambda t: t.block_ms())[0] for name, _, runs in workloads}
         in_sample = fit_profile([Measured(n, plan, every[n]) for n, plan, _ in workloads], topology, 0.2)
-        summary: dict[str, Any] = {
+        vs: dict[str, dict[str, dict[str, float]]] = {}
+        for name, _, runs in workloads:
+            if not name.startswith("spec"):
+                shape, label = name.rsplit("_", 1)
+                median, spread = spreads(runs, lambda t: t.block_ms())
+                vs.setdefault(shape, {})[label] = {"measured_ms": median, "spread": spread}
+        for row in vs.values():
+            base = row.get("torchrec", {}).get("measured_ms", float("nan"))
+            for v in row.values():
+                v["ratio"] = v["measured_ms"] / base
+        summary: dict[str, Any] = {"vs_torchrec": vs,
             "default": accuracy(DEFAULT_PROFILE), "fitted_to_probes": accuracy(from_probes.profile),
             "fitted_to_the_workloads_in_sample": accuracy(in_sample.profile),
             "probe_residual_median": from_probes.median_abs_error,
@@ -134,6 +144,10 @@ def main() -> int:
               f"Spearman {s['spearman']:.3f}")
     print(f"lookups per iteration, GB: probes {summary['lookup_gb_range']['probes']}, workloads "
           f"{summary['lookup_gb_range']['workloads']}")
+    print("\nthe TorchRec comparison's plans (block medians): measured ms, spread, ratio to TorchRec's plan")
+    for shape, row in summary["vs_torchrec"].items():
+        print(f"  {shape:14s} " + "  ".join(f"{label} {v['measured_ms']:.2f} ms ({v['spread']:.0%}) {v['ratio']:.2f}x"
+                                            for label, v in row.items()))
     Path(args.out).write_text(json.dumps({"plans": rows, "summary": summary}, indent=1) + "\n")
     print(f"wrote {args.out}")
     return 0

@@ -351,7 +351,8 @@ def compare_measured(ctx: Context, shapes: Sequence[Workload], repeats: int, tim
             noise = max(m["spread"], base_m["spread"]) if base_m else math.nan
             entry[label] = {"plan_s": round(p.plan_s, 3), "plan_id": p.plan.plan_id, "sharding": _mix(p.plan),
                             "same_layout_as": same, **m, "vs_torchrec": ratio,
-                            "verdict": _verdict(ratio, noise, label == "torchrec" or "torchrec" in same)}
+                            "verdict": "reference" if label == "torchrec" else
+                            _verdict(ratio, noise, "torchrec" in same)}
         result[workload.name] = entry
     return repeats, result
 

@@ -49,13 +49,15 @@ lock: | $(UV)
 lint: install
 	status=0; $(BIN)/ruff check . || status=1; $(BIN)/mypy || status=1; exit $$status
 
-# Lint first: a static finding fails CI before minutes of tests.
+# Lint first: a static finding fails CI before minutes of tests. On every core (pytest-xdist), a
+# test file per worker: a file's fixtures (a trained checkpoint, a Prefect server) are made once.
+PYTEST_PARALLEL ?= -n auto --dist loadfile
 test: install lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL)
 
 # The tests marked slow start multi-process jobs (torchrun trainings, Prefect servers, Ray clusters).
 test-fast: install lint
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m "not slow"
 
 run: install
 	$(BIN)/shardflow run examples/specs/cpu_demo.yaml --topology examples/topologies/cpu_2proc.yaml

@@ -48,7 +48,7 @@ def test_every_mlflow_tag_param_metric_series_and_artifact_is_documented(tmp_pat
 
     from rec.plan.io import write_plan
     from rec.planning import plan_spec, replan_spec
-    from rec.train.metrics import Iterations, LatencyStats, LossStats, TrainMetrics, write_metrics
+    from rec.train.metrics import Iterations, LatencyStats, LossStats, TrainMetrics, read_metrics, write_metrics
     from tasks import records
     from tasks.ingest import ingest
     from tasks.measure_record import measure_record
@@ -70,10 +70,7 @@ def test_every_mlflow_tag_param_metric_series_and_artifact_is_documented(tmp_pat
     metrics = TrainMetrics(plan.plan_id, 2, 4, 1, 32, "sparse_dist", "concat", stats, LossStats(0.7, 0.5, 0.6),
                            1000.0, {}, 0, predicted_critical_path_ms=plan.metrics.critical_path)
     write_metrics(tmp_path / "train", metrics, Iterations.of_run(0, np.ones(4), np.ones(4), 1))
-    import json
-
-    trained = Trained(plan.plan_id, str(tmp_path / "train"),
-                      json.loads((tmp_path / "train" / "train_metrics.json").read_text()), TrainSettings(), 2, 1, 0,
+    trained = Trained(plan.plan_id, str(tmp_path / "train"), read_metrics(tmp_path / "train"), TrainSettings(), 2, 1, 0,
                       str(plan_path))
     record = records.train_record(trained, inputs=inputs)
     assert record.metrics[records.PREDICTED] == plan.metrics.critical_path  # TorchRec's default profile

@@ -32,7 +32,7 @@ def train(ctx: Context) -> Result:
     budget = ctx.share(0.25, 90 if cuda else 40)
     workload = workloads.dlrm(ctx.ranks)
     ctx.train_plan = _plan(ctx, workload, budget / 3)
-    iterations, warmup = (300, 50) if cuda else (12, 2)
+    iterations, warmup = (300, 50) if cuda else (8, 2)
     figures: dict[str, Any] = {"workload": workload.name, "tables": len(workload.rows),
                                "batch_size": workload.batch_size, "iterations": iterations, "warmup": warmup}
     for pipeline in PIPELINES:
@@ -93,7 +93,7 @@ def measure(ctx: Context) -> Result:
     budget = ctx.share(0.2, 45 if ctx.ranks.cuda else 25)
     plan = ctx.train_plan or _plan(ctx, workloads.dlrm(ctx.ranks), budget / 3)
     out = ctx.work / "measure"
-    small = [] if ctx.ranks.cuda else ["--iterations", "8", "--warmup", "2"]
+    small = [] if ctx.ranks.cuda else ["--iterations", "4", "--warmup", "1"]
     ctx.run(["measure", "--plan", str(plan), "--out", str(out), "--no-track", *small], budget)
     m = read_json(out / "measure.json")
     return ({k: m.get(k) for k in ("plan_id", "critical_path_predicted", "critical_path_measured", "error", "spread",
@@ -117,7 +117,7 @@ def calibrate(ctx: Context) -> Result:
     work = ctx.work / "calibrate"
     args = ["calibrate", "--topology", str(topology), "--out", str(profile), "--work", str(work)]
     if not cuda:
-        args += ["--quick", "--iterations", "4"]
+        args += ["--quick", "--iterations", "2", "--warmup", "1"]
     finished = ctx.run(args, budget)
     fit = read_json(profile.with_name("profile.fit.json"))
     timings = read_timings(work)

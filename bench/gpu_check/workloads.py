@@ -48,8 +48,8 @@ class Workload:
 
 def dlrm(ranks: Ranks, table_bytes: float | None = None, name: str = "dlrm_criteo") -> Workload:
     """A DLRM on Criteo's 26 categorical features, dim 128, one id per feature: the tables scaled
-    so that they fill ``table_bytes`` together (default: 40% of the ranks' HBM on cuda, 100 MB on cpu)."""
-    budget = table_bytes or (0.4 * ranks.hbm_bytes * ranks.world_size if ranks.cuda else 100e6)
+    so that they fill ``table_bytes`` together (default: 40% of the ranks' HBM on cuda, 20 MB on cpu)."""
+    budget = table_bytes or (0.4 * ranks.hbm_bytes * ranks.world_size if ranks.cuda else 20e6)
     dim = 128 if ranks.cuda else 32
     scale = min(1.0, budget / (sum(CRITEO_1TB_ROWS) * dim * 4))
     rows = [{"name": f"cat_{i}", "num_embeddings": max(4, int(r * scale)), "embedding_dim": dim,
@@ -66,7 +66,7 @@ CALIBRATION_SPECS = ((1, 5, 512, 0.0), (2, 12, 128, 0.0), (3, 30, 1024, 0.0), (4
 def calibration_workloads(ranks: Ranks, count: int) -> list[Workload]:
     """The first ``count`` calibration specs. On cuda their batches start 16 times the cpu ones (the
     check then doubles a batch until the plan's iteration is GPU-sized, ``sized_batch``)."""
-    memory = 0.25 * ranks.hbm_bytes * ranks.world_size if ranks.cuda else 1e9
+    memory = 0.25 * ranks.hbm_bytes * ranks.world_size if ranks.cuda else 1e8
     out = []
     for seed, tables, batch, share in CALIBRATION_SPECS[:count]:
         out.append(Workload(f"spec{seed}", random_table_rows(seed, tables, share, memory),
@@ -79,7 +79,7 @@ def torchrec_shapes(ranks: Ranks) -> list[Workload]:
     memory-tight (the topology's HBM a third of the tables), and EmbeddingBagCollection tables beside
     EmbeddingCollection ones."""
     rng = np.random.default_rng(2282)
-    big_rows = int(min(20_000_000, 0.02 * ranks.hbm_bytes / (128 * 4))) if ranks.cuda else 200_000
+    big_rows = int(min(20_000_000, 0.02 * ranks.hbm_bytes / (128 * 4))) if ranks.cuda else 50_000
     batch = 16384 if ranks.cuda else 256
     few_big = [{"name": f"big{i}", "num_embeddings": int(big_rows * (0.3 + 0.7 * rng.random())),
                 "embedding_dim": 128 if ranks.cuda else 64, "pooling_factor": float(np.round(rng.uniform(1, 5), 1))}

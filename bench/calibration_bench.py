@@ -36,7 +36,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARDFLOW = Path(sys.executable).parent / "shardflow"
 sys.path.insert(0, str(ROOT))
 
-DIMS = (8, 16, 32, 64, 128, 256)
 MEMORY_BYTES = 4e9  # all tables of a spec: 2 ranks hold it (replicas twice) well under ~12 GB
 # (seed, tables, batch per rank, share of tables allow-listed column_wise/table_column_wise)
 SPECS = ((1, 5, 512, 0.0), (2, 12, 128, 0.0), (3, 30, 1024, 0.0), (4, 60, 256, 0.2), (5, 100, 512, 0.0),
@@ -45,22 +44,10 @@ SPECS = ((1, 5, 512, 0.0), (2, 12, 128, 0.0), (3, 30, 1024, 0.0), (4, 60, 256, 0
 
 
 def spec_rows(seed: int, tables: int, column_share: float) -> list[dict]:
-    """Random tables in the issue's ranges, their weights under ``MEMORY_BYTES`` together."""
-    rng = np.random.default_rng(seed)
-    rows, total = [], 0.0
-    for i in range(tables):
-        dim = int(rng.choice(DIMS))
-        count = int(10 ** rng.uniform(3, 7))
-        count = max(1000, min(count, int((MEMORY_BYTES - total) / (dim * 4) / max(1, tables - i) * 4),
-                              int(1.5e9 / (dim * 4))))
-        total += count * dim * 4
-        row = {"name": f"t{i}", "num_embeddings": count, "embedding_dim": dim,
-               "pooling_factor": float(np.round(10 ** rng.uniform(0, np.log10(50)), 1))}
-        if rng.random() < column_share:
-            row["embedding_dim"] = 256
-            row["sharding_types"] = ["column_wise", "table_column_wise"]
-        rows.append(row)
-    return rows
+    """Random tables in the issue's ranges, their weights under ``MEMORY_BYTES`` together, each under 1.5 GB."""
+    from rec.spec.synthetic import random_table_rows
+
+    return random_table_rows(seed, tables, column_share, MEMORY_BYTES, max_table_bytes=1.5e9)
 
 
 def shardflow(*args: str) -> subprocess.CompletedProcess:

@@ -40,10 +40,12 @@ def power_law_spec(n_tables: int, seed: int = 0, alpha: float = 0.5) -> Spec:
 RANDOM_DIMS = (8, 16, 32, 64, 128, 256)
 
 
-def random_table_rows(seed: int, tables: int, column_share: float, memory_bytes: float) -> list[dict[str, object]]:
+def random_table_rows(seed: int, tables: int, column_share: float, memory_bytes: float,
+                      max_table_bytes: float | None = None) -> list[dict[str, object]]:
     """Random tables (spec rows) of the shapes recommenders train: dims 8-256, rows 1e3-1e7 (log-uniform),
     pooling factors 1-50 (log-uniform), a share allow-listed column-wise (dim 256); their weights under
-    ``memory_bytes`` together. The calibration bench's specs and the GPU calibration's mixed probes."""
+    ``memory_bytes`` together, each under ``max_table_bytes`` (default: half of it). The calibration
+    bench's specs and the GPU calibration's mixed probes."""
     rng = np.random.default_rng(seed)
     rows: list[dict[str, object]] = []
     total = 0.0
@@ -51,7 +53,7 @@ def random_table_rows(seed: int, tables: int, column_share: float, memory_bytes:
         dim = int(rng.choice(RANDOM_DIMS))
         count = int(10 ** rng.uniform(3, 7))
         count = max(1000, min(count, int((memory_bytes - total) / (dim * 4) / max(1, tables - i) * 4),
-                              int(memory_bytes / 2 / (dim * 4))))
+                              int((max_table_bytes or memory_bytes / 2) / (dim * 4))))
         total += count * dim * 4
         row: dict[str, object] = {"name": f"t{i}", "num_embeddings": count, "embedding_dim": dim,
                                   "pooling_factor": float(np.round(10 ** rng.uniform(0, np.log10(50)), 1))}

@@ -4,30 +4,14 @@ than the limit. Real links, FIFOs, device files and sparse files."""
 from __future__ import annotations
 
 import os
-import signal
 import stat
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from rec.safe_read import UnsafeFile, copy_file, folder, read_fd, read_file
-
-
-@contextmanager
-def deadline(seconds: int) -> Iterator[None]:
-    """Fail instead of hanging: a blocking open or read is interrupted after ``seconds``."""
-    def fail(*_: object) -> None:
-        raise TimeoutError(f"still blocked after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, fail)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
+from tests.deadline import deadline
 
 
 @pytest.fixture

@@ -9,11 +9,9 @@ import json
 import logging
 import os
 import shutil
-import signal
 import sqlite3
 import stat
-from collections.abc import Iterator
-from contextlib import closing, contextmanager
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -22,6 +20,7 @@ from tasks.outbox import ATTEMPTS_FILE, DESTINATION_FILE, RECORD_FILE, Outbox
 from tasks.outbox_entry import MAX_RECORD_BYTES
 from tasks.records import RunRecord, RunStep, new_key, now_ms
 from tasks.tracking import Tracking
+from tests.deadline import deadline
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # SQLAlchemy, from MLflow
 
@@ -34,19 +33,6 @@ def record(step: str = "plan", **kw) -> RunRecord:
                      tags={"shardflow.step": step, "shardflow.plan_id": "p1"}, **kw)
 
 
-@contextmanager
-def deadline(seconds: int) -> Iterator[None]:
-    """Fail instead of hanging (a FIFO opened for reading blocks until someone writes)."""
-    def fail(*_: object) -> None:
-        raise TimeoutError(f"still blocked after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, fail)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,9 @@ repeat's value is the median of its blocks' means (as the check ran) or of their
 measuring job now reports), the spread (max - min) / median of the 3. Fit: ``rec.calibrate.fit`` on the
 probes the check's calibration measured, then predicted against measured on the calibration plans;
 beside it the same fit given every workload the check measured (the calibration and the TorchRec
-comparison plans; in-sample: what the cost model's form can explain at all) and TorchRec's default
-profile. Coverage: the lookup bytes per iteration the
+comparison plans; in-sample: what the cost model's form can explain at all), the fit to every
+workload but one spec's predicting that spec's plans (out of sample: what probes resembling the
+workloads could reach), and TorchRec's default profile. Coverage: the lookup bytes per iteration the
 probes and the workloads span (a fit extrapolates beyond the probes' range).
 """
 
@@ -103,8 +104,8 @@ def main() -> int:
                          "spread_block_medians": s_med, "lookup_gb": lookup_bytes(plan) / 1e9})
         measured = {r["plan"]: r["measured_ms"] for r in rows}
 
-        def accuracy(profile) -> dict:
-            predicted = [float(predicted_ms(plan, profile).max()) for name, plan, _ in calibration]
+        def accuracy(profile, predicted: list[float] | None = None) -> dict:
+            predicted = predicted or [float(predicted_ms(plan, profile).max()) for name, plan, _ in calibration]
             actual = [measured[name] for name, _, _ in calibration]
             errors = [p_ / m - 1 for p_, m in zip(predicted, actual, strict=True)]
             return {"median_abs_error": float(np.median(np.abs(errors))),
@@ -114,6 +115,13 @@ def main() -> int:
         from_probes = fit_profile(probe_measured, topology, 0.2)
         every = {name: spreads(runs, lambda t: t.block_ms())[0] for name, _, runs in workloads}
         in_sample = fit_profile([Measured(n, plan, every[n]) for n, plan, _ in workloads], topology, 0.2)
+        # Out of sample: each spec's plans predicted by the fit to every other workload (what probes
+        # that look like the workloads, the mixed ones, could reach at best).
+        loo_predicted = []
+        for name, plan, _ in calibration:
+            spec = name.split("_")[0]
+            others = [Measured(n, pl, every[n]) for n, pl, _ in workloads if n.split("_")[0] != spec]
+            loo_predicted.append(float(predicted_ms(plan, fit_profile(others, topology, 0.2).profile).max()))
         vs: dict[str, dict[str, dict[str, float]]] = {}
         for name, _, runs in workloads:
             if not name.startswith("spec"):
@@ -127,6 +135,7 @@ def main() -> int:
         summary: dict[str, Any] = {"vs_torchrec": vs,
             "default": accuracy(DEFAULT_PROFILE), "fitted_to_probes": accuracy(from_probes.profile),
             "fitted_to_the_workloads_in_sample": accuracy(in_sample.profile),
+            "fitted_to_the_other_specs": accuracy(None, loo_predicted),
             "probe_residual_median": from_probes.median_abs_error,
             "spread_max": {"block_means": max(r["spread_block_means"] for r in rows),
                            "block_medians": max(r["spread_block_medians"] for r in rows)},
@@ -138,7 +147,7 @@ def main() -> int:
     for r in rows:
         print(f"{r['plan']:22} {r['measured_ms']:11.2f} {r['spread_block_means']:14.1%} "
               f"{r['spread_block_medians']:16.1%} {r['lookup_gb']:10.2f}")
-    for key in ("default", "fitted_to_probes", "fitted_to_the_workloads_in_sample"):
+    for key in ("default", "fitted_to_probes", "fitted_to_the_workloads_in_sample", "fitted_to_the_other_specs"):
         s = summary[key]
         print(f"{key:36s} median |error| {s['median_abs_error']:6.1%}  max {s['max_abs_error']:6.1%}  "
               f"Spearman {s['spearman']:.3f}")

@@ -6,13 +6,36 @@ Prefect starts it on first use and gives up after ``PREFECT_SERVER_EPHEMERAL_STA
 PREFECT_HOME: with one busy core that took longer than 20 s, and the README's first command failed.
 shardflow starts the same server itself, waiting as long as that same setting says, or
 ``STARTUP_TIMEOUT_S`` when the user did not set it, and reports a start that fails in one line.
+
+The server is the one Prefect's ``SubprocessASGIServer`` runs (uvicorn serving
+``prefect.server.api.server:create_app`` on 127.0.0.1, the UI off), started from here because that
+class lives in the server's own module: importing it costs this process the whole server (4-5 s of
+CPU on a slow core) for nothing, as the server runs in its own process. The flows reach it as
+``PREFECT_API_URL`` for the duration of ``ephemeral_api()``, so Prefect's client never loads it.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import importlib
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
 from rec import progress
 
 STARTUP_TIMEOUT_S = 120
+PORTS = range(8000, 9000)  # Prefect's own range for its ephemeral server
+PORT_IN_USE = 3  # uvicorn's exit code when the port was taken between the check and its bind
+STOP_WAIT_S = 5.0
+POLL_S = 0.1
+SERVER_ENV = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
 
 
 class PrefectApiUnavailable(RuntimeError):
@@ -28,26 +51,109 @@ def startup_budget_s() -> int:
         return int(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
 
 
-def start_ephemeral_api() -> None:
-    """Start Prefect's ephemeral API for this process now, unless ``PREFECT_API_URL`` names a
-    server; the flows then use it (Prefect keeps one per process). ``PrefectApiUnavailable`` if it
-    does not answer within ``startup_budget_s``, or exits first."""
-    from prefect.server.api.server import SubprocessASGIServer
-    from prefect.settings import PREFECT_API_URL
+@contextlib.contextmanager
+def ephemeral_api(meanwhile: Sequence[str] = ()) -> Iterator[None]:
+    """Prefect's ephemeral API for the flows run inside, unless ``PREFECT_API_URL`` names a server;
+    stopped on leaving (or at exit). ``PrefectApiUnavailable`` if it does not answer within
+    ``startup_budget_s``, or exits first. ``meanwhile``: modules the flows will need, imported
+    while the server starts (on another core, its start and these imports overlap)."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
 
     if PREFECT_API_URL.value():
+        yield
         return
-    budget = startup_budget_s()
-    server = SubprocessASGIServer()
-    with progress.step("prefect", "starting Prefect's local API"):
+    server = _Server()
+    server.launch()
+    try:
+        for module in meanwhile:
+            importlib.import_module(module)
+        with progress.step("prefect", "starting Prefect's local API"):
+            server.wait(startup_budget_s())
+    except BaseException:
+        server.stop()
+        raise
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
+            yield
+    finally:
+        server.stop()
+
+
+class _Server:
+    def __init__(self) -> None:
+        self.port = 0
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
+
+    def launch(self) -> None:
+        self._launch()
+        atexit.register(self.stop)
+
+    def wait(self, budget_s: float) -> None:
+        """Until the server answers; PrefectApiUnavailable (the server stopped) if it exits first
+        or ``budget_s`` (counted from here) runs out."""
+        import httpx
+
+        deadline = time.monotonic() + budget_s
+        with httpx.Client() as client:
+            while time.monotonic() < deadline:
+                assert self.process is not None
+                code = self.process.poll()
+                if code == PORT_IN_USE:
+                    self._launch()
+                    continue
+                if code is not None:
+                    self._fail(f"its server exited with code {code} before it answered", budget_s)
+                with contextlib.suppress(httpx.TransportError):
+                    if client.get(f"{self.api_url}/health", timeout=max(1.0, POLL_S * 10)).status_code == 200:
+                        return
+                time.sleep(POLL_S)
+        self._fail(f"it did not answer within {budget_s:g} s", budget_s)
+
+    def _launch(self) -> None:
+        import prefect
+        from prefect.settings import get_current_settings
+
+        self.port = _free_port()
+        env = {**os.environ, **SERVER_ENV, **get_current_settings().to_environment_variables(exclude_unset=True)}
+        app_dir = str(Path(prefect.__file__).parent.parent)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "--app-dir", app_dir, "--factory", "prefect.server.api.server:create_app",
+             "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "error", "--lifespan", "on"],
+            env=env, stdin=subprocess.DEVNULL)
+
+    def _fail(self, why: str, budget_s: float) -> None:
+        self.stop()
+        raise PrefectApiUnavailable(
+            f"Prefect's local API did not start: {why}; allow it longer with "
+            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=SECONDS, or set PREFECT_API_URL to a running "
+            "Prefect server")
+
+    def stop(self) -> None:
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
         try:
-            server.start(timeout=budget)
-        except Exception:  # Prefect raises RuntimeError with the server's output; one line says more
-            code = server.server_process.poll() if server.server_process is not None else None
-            server.stop()
-            why = (f"its server exited with code {code} before it answered" if code is not None
-                   else f"it did not answer within {budget} s")
-            raise PrefectApiUnavailable(
-                f"Prefect's local API did not start: {why}; allow it longer with "
-                "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=SECONDS, or set PREFECT_API_URL to a running "
-                "Prefect server") from None
+            process.wait(timeout=STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _free_port() -> int:
+    """A port in Prefect's range that nothing on 127.0.0.1 holds now (uvicorn may still lose it to a
+    race: ``PORT_IN_USE``, then another)."""
+    for _ in range(50):
+        port = random.choice(PORTS)
+        with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise PrefectApiUnavailable("Prefect's local API did not start: no free port from 8000 to 8999 on 127.0.0.1; "
+                                "set PREFECT_API_URL to a running Prefect server")

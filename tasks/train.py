@@ -143,15 +143,20 @@ def check_own_checkpoint(job: TrainConfig, out_dir: str) -> None:
 
 
 def _device_problems(device: str, nproc: int) -> list[Problem]:
-    """The device and the torch.distributed backend the plan needs: CUDA and NCCL, or gloo."""
+    """The device and the torch.distributed backend the plan needs: CUDA and NCCL, or gloo.
+
+    A cpu plan needs only torch here: every torch build with torch.distributed has gloo, and
+    importing torch would cost the launcher seconds before torchrun (which imports it again) starts."""
+    import importlib.util
+
+    where = f"compute_device {device}"
+    if device != "cuda":
+        return [] if importlib.util.find_spec("torch") else [Problem(where, "torch is not installed")]
     import torch
     import torch.distributed as dist
 
-    where = f"compute_device {device}"
     if not dist.is_available():
         return [Problem(where, f"this torch ({torch.__version__}) has no torch.distributed")]
-    if device != "cuda":
-        return [] if dist.is_gloo_available() else [Problem(where, "this torch has no gloo backend")]
     out = []
     if not torch.cuda.is_available():
         why = ("this torch is built without CUDA" if torch.version.cuda is None

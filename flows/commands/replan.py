@@ -35,7 +35,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def run(args: argparse.Namespace) -> int:
-    from flows.ephemeral_api import PrefectApiUnavailable, start_ephemeral_api
+    import contextlib
+
+    from flows.ephemeral_api import PrefectApiUnavailable, ephemeral_api
     from flows.logs import input_errors_without_traceback
     from flows.parameters import search_parameters
     from flows.progress import on_terminal
@@ -54,9 +56,10 @@ def run(args: argparse.Namespace) -> int:
     from flows.replan import replan_flow
 
     # The flow's ingest step takes the inputs read here: read, validated and hashed once.
-    with on_terminal(), input_errors_without_traceback(), ingested(inputs, ingesting):
+    with on_terminal(), input_errors_without_traceback(), ingested(inputs, ingesting), \
+            contextlib.ExitStack() as prefect:
         try:
-            start_ephemeral_api()
+            prefect.enter_context(ephemeral_api(meanwhile=tracking.resolve().client_modules))
         except PrefectApiUnavailable as e:
             print(f"shardflow replan: {e}", file=sys.stderr)
             return ExitCode.FAILED

@@ -56,9 +56,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def run(args: argparse.Namespace) -> int:
+    import contextlib
     import time
 
-    from flows.ephemeral_api import PrefectApiUnavailable, start_ephemeral_api
+    from flows.ephemeral_api import PrefectApiUnavailable, ephemeral_api
     from flows.logs import input_errors_without_traceback
     from flows.parameters import search_parameters
     from flows.progress import on_terminal
@@ -88,9 +89,11 @@ def run(args: argparse.Namespace) -> int:
     common = {**search_parameters(searching), "chart": from_flags(WriteSettings, args).chart,
               "out_dir": args.out, **tracking.flow_parameters()}
     # The flow's ingest step takes the inputs read and checked here: read, validated and hashed once.
-    with on_terminal() as shown, input_errors_without_traceback(), ingested(inputs, ingesting):
+    with on_terminal() as shown, input_errors_without_traceback(), ingested(inputs, ingesting), \
+            contextlib.ExitStack() as prefect:
         try:
-            start_ephemeral_api()
+            flow = "flows.plan" if args.plan_only else "flows.pipeline"
+            prefect.enter_context(ephemeral_api(meanwhile=(flow, *tracking.resolve().client_modules)))
         except PrefectApiUnavailable as e:
             print(f"shardflow run: {e}", file=sys.stderr)
             return ExitCode.FAILED

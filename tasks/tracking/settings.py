@@ -43,6 +43,12 @@ class Tracking:
     experiment: str = DEFAULT_EXPERIMENT
     outbox_dir: str = str(Path(DEFAULT_STATE_DIR, OUTBOX))
 
+    @property
+    def client_modules(self) -> tuple[str, ...]:
+        """The modules recording here loads (seconds of imports; a caller may load them early)."""
+        sqlite = ("mlflow.store.tracking.sqlalchemy_store",) if self.uri.startswith(SQLITE_SCHEME) else ()
+        return ("mlflow", *sqlite)
+
 
 @dataclass(frozen=True)
 class TrackingSettings:

@@ -6,6 +6,7 @@ no edit outside ``TrainConfig`` (``SAMPLES`` only if no value of its type passes
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import types
 import typing
@@ -151,7 +152,7 @@ def run_handing_over(monkeypatch, flags: list[str], ingest_in_flow: bool = False
         raise HandedOver
 
     monkeypatch.setattr(flows.pipeline, "pipeline_flow", pipeline_flow)
-    monkeypatch.setattr(flows.ephemeral_api, "start_ephemeral_api", lambda: None)
+    monkeypatch.setattr(flows.ephemeral_api, "ephemeral_api", lambda meanwhile=(): contextlib.nullcontext())
     monkeypatch.setattr(tasks.train, "preflight", lambda *args, **kwargs: 2)
     with pytest.raises(HandedOver):
         main(["run", str(DEMO), "--topology", str(CPU_2PROC), *flags])

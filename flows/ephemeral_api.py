@@ -29,6 +29,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from rec import progress
+from rec.train.lifetime import parent_death_signal
 
 STARTUP_TIMEOUT_S = 120
 PORTS = range(8000, 9000)  # Prefect's own range for its ephemeral server
@@ -123,7 +124,7 @@ class _Server:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "--app-dir", app_dir, "--factory", "prefect.server.api.server:create_app",
              "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "error", "--lifespan", "on"],
-            env=env, stdin=subprocess.DEVNULL)
+            env=env, stdin=subprocess.DEVNULL, preexec_fn=parent_death_signal())  # dies with this command
 
     def _fail(self, why: str, budget_s: float) -> None:
         self.stop()

@@ -76,3 +76,21 @@ def test_run_starts_prefect_from_an_empty_home_under_cpu_load_or_says_in_one_lin
     lines = [line for line in err.splitlines() if line.startswith("shardflow run:")]
     assert len(lines) == 1 and "Prefect's local API did not start: it did not answer within 1 s" in lines[0], err
     assert "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS" in lines[0]
+
+
+@pytest.mark.slow
+def test_a_killed_run_takes_its_prefect_server_with_it(tmp_path):
+    import signal
+    import time
+
+    import psutil
+
+    run = plan_only(tmp_path, "killed")
+    deadline = time.monotonic() + 120
+    while not servers_of(tmp_path) and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    (server,) = servers_of(tmp_path)
+    run.send_signal(signal.SIGKILL)
+    run.communicate(timeout=30)
+    psutil.Process(server).wait(timeout=30)  # psutil.TimeoutExpired if it outlived the command
+    assert not servers_of(tmp_path)

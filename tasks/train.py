@@ -145,8 +145,9 @@ def check_own_checkpoint(job: TrainConfig, out_dir: str) -> None:
 def _device_problems(device: str, nproc: int) -> list[Problem]:
     """The device and the torch.distributed backend the plan needs: CUDA and NCCL, or gloo.
 
-    A cpu plan needs only torch here: every torch build with torch.distributed has gloo, and
-    importing torch would cost the launcher seconds before torchrun (which imports it again) starts."""
+    A cpu plan needs only torch here: the Linux builds of torch all have torch.distributed with
+    gloo, and importing torch would cost the launcher seconds before torchrun (which imports it
+    again) starts."""
     import importlib.util
 
     where = f"compute_device {device}"

@@ -134,15 +134,11 @@ class _Server:
             "Prefect server")
 
     def stop(self) -> None:
+        from flows.local_server import stop_server
+
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout=STOP_WAIT_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        if process is not None:
+            stop_server(process, STOP_WAIT_S)
 
 
 def _free_port() -> int:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rec.errors import InputError, Problem
 from rec.train.lifetime import parent_death_signal
@@ -96,12 +97,19 @@ def prefect_api(port: int) -> Iterator[PrefectApi]:
         with temporary_settings(updates={PREFECT_API_URL: url}):
             yield PrefectApi(url, server, log)
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop_server(server, STOP_TIMEOUT_S)
+
+
+def stop_server(process: subprocess.Popen[Any], wait_s: float) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within ``wait_s``; reaped either way."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def lost(api: PrefectApi, stopping: threading.Event) -> str | None:

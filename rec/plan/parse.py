@@ -23,7 +23,7 @@ from rec.cost.types import CostConfig
 from rec.errors import InputError, Problem, show
 from rec.plan.identity import identity_problems
 from rec.plan.metrics import UNKNOWN_BOUND, BoundMethod, Movement, PlanMetrics
-from rec.plan.parse_tables import MAX_NAME, V1_HAS_NO, byte_count, milliseconds, read_tables
+from rec.plan.parse_tables import MAX_NAME, byte_count, milliseconds, read_tables, record
 from rec.plan.planner_identity import MadeBy, Planner, PlannerIdentity, SearchConfig
 from rec.plan.types import (
     PLAN_FORMAT,
@@ -271,16 +271,11 @@ def _spec(rows: object, problems: Problems) -> Spec | None:
 # ---------------------------------------------------------------- metrics
 
 
-def _metrics(d: object, world: int | None, v1: bool, problems: Problems) -> PlanMetrics | None:
-    if not isinstance(d, Mapping):
-        problems.add("", f"expected a mapping, got {show(d)}")
-        return None
+def _metrics(record_: object, world: int | None, v1: bool, problems: Problems) -> PlanMetrics | None:
     before = len(problems.items)
-    if v1:
-        for key in ("bound_method", "optimal"):
-            if key in d:
-                problems.add(key, V1_HAS_NO)
-    d = known_keys(d, V1_METRIC_KEYS if v1 else METRIC_KEYS, problems)
+    d = record(record_, V1_METRIC_KEYS if v1 else METRIC_KEYS, ("bound_method", "optimal"), v1, problems)
+    if d is None:
+        return None
     required(d, (*METRIC_KEYS[:8], *(() if v1 else ("bound_method", "optimal"))), problems)
     if v1 and d.get("planning_s") is not None:
         problems.take("planning_s", milliseconds, d["planning_s"])  # measured seconds, not kept

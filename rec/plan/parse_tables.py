@@ -129,16 +129,24 @@ def read_tables(entries: object, world: int | None, v1: bool,
     return None if any(t is None for t in tables) else tuple(t for t in tables if t is not None)
 
 
-def _table(t: object, world: int | None, v1: bool, problems: Problems) -> TablePlan | None:
-    if not isinstance(t, Mapping):
-        problems.add("", f"expected a mapping, got {show(t)}")
+def record(d: object, keys: Sequence[str], new_in_v2: Sequence[str], v1: bool,
+           problems: Problems) -> Mapping[str, object] | None:
+    """A record of a plan file: a mapping (else None, named), its keys known (a v1 file's keys
+    that came with v2 named too)."""
+    if not isinstance(d, Mapping):
+        problems.add("", f"expected a mapping, got {show(d)}")
         return None
+    for key in new_in_v2 if v1 else ():
+        if key in d:
+            problems.add(key, V1_HAS_NO)
+    return known_keys(d, keys, problems)
+
+
+def _table(record_: object, world: int | None, v1: bool, problems: Problems) -> TablePlan | None:
     before = len(problems.items)
-    if v1:
-        for key in ("replicated", "module"):
-            if key in t:
-                problems.add(key, V1_HAS_NO)
-    t = known_keys(t, TABLE_KEYS, problems)
+    t = record(record_, TABLE_KEYS, ("replicated", "module"), v1, problems)
+    if t is None:
+        return None
     replicated = False if t.get("replicated") is None else problems.take("replicated", boolean, t["replicated"])
     required(t, ("name", "sharding_type", "compute_kernel", "shards", "est", *(() if replicated else ("ranks",))),
              problems)

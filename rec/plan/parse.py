@@ -145,12 +145,11 @@ def _check_format(declared: str, tables: Sequence[TablePlan], spec: Spec, proble
 # ---------------------------------------------------------------- the planner identity
 
 
-def _planner(d: object, problems: Problems) -> PlannerIdentity | None:
-    if not isinstance(d, Mapping):
-        problems.add("", f"expected a mapping, got {show(d)}")
-        return None
+def _planner(record_: object, problems: Problems) -> PlannerIdentity | None:
     before = len(problems.items)
-    d = known_keys(d, PLANNER_KEYS, problems)
+    d = record(record_, PLANNER_KEYS, problems)
+    if d is None:
+        return None
     required(d, ("cost",), problems)
     cost = None if d.get("cost") is None else _settings(CostConfig, d["cost"], problems.within("cost"),
                                                          skip=("profile",))
@@ -188,15 +187,14 @@ def _pair(d: Mapping[str, Any], first: str, second: str, problems: Problems) -> 
     return all(has)
 
 
-def _settings(cls: type[Any], d: object, problems: Problems, skip: tuple[str, ...] = ()) -> Any:
+def _settings(cls: type[Any], record_: object, problems: Problems, skip: tuple[str, ...] = ()) -> Any:
     """An instance of the settings dataclass ``cls`` from every one of its fields (but ``skip``),
     each within its knob's bounds; None, with the problems recorded, otherwise. A number keeps the
     form it was written in (5 or 5.0), as the plan_id covers it."""
-    if not isinstance(d, Mapping):
-        problems.add("", f"expected a mapping, got {show(d)}")
-        return None
     names = tuple(f.name for f in fields(cls) if f.name not in skip)
-    d = known_keys(d, names, problems)
+    d = record(record_, names, problems)
+    if d is None:
+        return None
     required(d, names, problems)
     values: dict[str, Any] = {}
     before = len(problems.items)
@@ -237,11 +235,10 @@ def _number_rule(low: float | None, high: float | None) -> Callable[[object], in
     return rule
 
 
-def _made_by(d: object, problems: Problems) -> MadeBy | None:
-    if not isinstance(d, Mapping):
-        problems.add("", f"expected a mapping, got {show(d)}")
+def _made_by(record_: object, problems: Problems) -> MadeBy | None:
+    d = record(record_, MADE_BY_KEYS, problems)
+    if d is None:
         return None
-    d = known_keys(d, MADE_BY_KEYS, problems)
     required(d, MADE_BY_KEYS, problems)
     others = one_of_values([p.value for p in Planner if p is not Planner.SHARDFLOW])
     planner = problems.take_from(d, "name", lambda v: Planner(others(v)))
@@ -273,7 +270,8 @@ def _spec(rows: object, problems: Problems) -> Spec | None:
 
 def _metrics(record_: object, world: int | None, v1: bool, problems: Problems) -> PlanMetrics | None:
     before = len(problems.items)
-    d = record(record_, V1_METRIC_KEYS if v1 else METRIC_KEYS, ("bound_method", "optimal"), v1, problems)
+    d = record(record_, V1_METRIC_KEYS if v1 else METRIC_KEYS, problems, new_in_v2=("bound_method", "optimal"),
+               v1=v1)
     if d is None:
         return None
     required(d, (*METRIC_KEYS[:8], *(() if v1 else ("bound_method", "optimal"))), problems)
@@ -311,12 +309,11 @@ def _per_rank(value: object, world: int, rule: Callable[[object], Any], reason: 
     return None
 
 
-def _movement(d: object, world: int, problems: Problems) -> Movement | None:
-    if not isinstance(d, Mapping):
-        problems.add("", f"expected a mapping, got {show(d)}")
-        return None
+def _movement(record_: object, world: int, problems: Problems) -> Movement | None:
     names = tuple(f.name for f in fields(Movement))
-    d = known_keys(d, names, problems)
+    d = record(record_, names, problems)
+    if d is None:
+        return None
     counts = names[:8]  # the byte and table counts; then fresh_critical_path, bytes_in, bytes_out
     required(d, counts, problems)
     values: dict[str, Any] = {key: problems.take_from(d, key, byte_count) for key in counts}

@@ -129,10 +129,10 @@ def read_tables(entries: object, world: int | None, v1: bool,
     return None if any(t is None for t in tables) else tuple(t for t in tables if t is not None)
 
 
-def record(d: object, keys: Sequence[str], new_in_v2: Sequence[str], v1: bool,
-           problems: Problems) -> Mapping[str, object] | None:
-    """A record of a plan file: a mapping (else None, named), its keys known (a v1 file's keys
-    that came with v2 named too)."""
+def record(d: object, keys: Sequence[str], problems: Problems, *, new_in_v2: Sequence[str] = (),
+           v1: bool = False) -> Mapping[str, object] | None:
+    """A record of a plan file: a mapping (else None, named), its keys known (in a v1 file, its
+    keys that came with v2 named too)."""
     if not isinstance(d, Mapping):
         problems.add("", f"expected a mapping, got {show(d)}")
         return None
@@ -144,7 +144,7 @@ def record(d: object, keys: Sequence[str], new_in_v2: Sequence[str], v1: bool,
 
 def _table(record_: object, world: int | None, v1: bool, problems: Problems) -> TablePlan | None:
     before = len(problems.items)
-    t = record(record_, TABLE_KEYS, ("replicated", "module"), v1, problems)
+    t = record(record_, TABLE_KEYS, problems, new_in_v2=("replicated", "module"), v1=v1)
     if t is None:
         return None
     replicated = False if t.get("replicated") is None else problems.take("replicated", boolean, t["replicated"])

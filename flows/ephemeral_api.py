@@ -70,10 +70,6 @@ def ephemeral_api(meanwhile: Sequence[str] = ()) -> Iterator[None]:
             importlib.import_module(module)
         with progress.step("prefect", "starting Prefect's local API"):
             server.wait(startup_budget_s())
-    except BaseException:
-        server.stop()
-        raise
-    try:
         with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
             yield
     finally:
@@ -94,25 +90,23 @@ class _Server:
         atexit.register(self.stop)
 
     def wait(self, budget_s: float) -> None:
-        """Until the server answers; PrefectApiUnavailable (the server stopped) if it exits first
-        or ``budget_s`` (counted from here) runs out."""
-        import httpx
+        """Until the server answers; PrefectApiUnavailable if it exits first or ``budget_s``
+        (counted from here) runs out."""
+        from flows.local_server import answers
 
         deadline = time.monotonic() + budget_s
-        with httpx.Client() as client:
-            while time.monotonic() < deadline:
-                assert self.process is not None
-                code = self.process.poll()
-                if code == PORT_IN_USE:
-                    self._launch()
-                    continue
-                if code is not None:
-                    self._fail(f"its server exited with code {code} before it answered", budget_s)
-                with contextlib.suppress(httpx.TransportError):
-                    if client.get(f"{self.api_url}/health", timeout=max(1.0, POLL_S * 10)).status_code == 200:
-                        return
-                time.sleep(POLL_S)
-        self._fail(f"it did not answer within {budget_s:g} s", budget_s)
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            code = self.process.poll()
+            if code == PORT_IN_USE:
+                self._launch()
+                continue
+            if code is not None:
+                raise _unavailable(f"its server exited with code {code} before it answered")
+            if answers(self.api_url):
+                return
+            time.sleep(POLL_S)
+        raise _unavailable(f"it did not answer within {budget_s:g} s")
 
     def _launch(self) -> None:
         import prefect
@@ -126,19 +120,19 @@ class _Server:
              "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "error", "--lifespan", "on"],
             env=env, stdin=subprocess.DEVNULL, preexec_fn=parent_death_signal())  # dies with this command
 
-    def _fail(self, why: str, budget_s: float) -> None:
-        self.stop()
-        raise PrefectApiUnavailable(
-            f"Prefect's local API did not start: {why}; allow it longer with "
-            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=SECONDS, or set PREFECT_API_URL to a running "
-            "Prefect server")
-
     def stop(self) -> None:
         from flows.local_server import stop_server
 
         process, self.process = self.process, None
         if process is not None:
             stop_server(process, STOP_WAIT_S)
+
+
+def _unavailable(why: str) -> PrefectApiUnavailable:
+    return PrefectApiUnavailable(
+        f"Prefect's local API did not start: {why}; allow it longer with "
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=SECONDS, or set PREFECT_API_URL to a running "
+        "Prefect server")
 
 
 def _free_port() -> int:

@@ -2,18 +2,19 @@
 estimator, and how well a profile fitted to the probes predicts the GPU-sized workloads.
 
 The GPU check (``python -m bench.gpu_check``) keeps every plan it measured and every iteration's time
-(``DIR/work``); this script needs no GPU. Run on the H100 check of 2026-11-25 (bench/RESULTS.md §7):
+(``DIR/work``); this script needs no GPU. Run on the H100 check of 2026-11-25 and the H200 checks of
+2026-11-26 (bench/RESULTS.md §7):
 
-    .venv/bin/python bench/gpu_refit.py bench/results/gpu_check_h100_2026-11-25.tgz
+    .venv/bin/python bench/gpu_refit.py bench/results/gpu_check_h200_2026-11-26c.tgz
 
-Measurement: each calibration plan was measured 3 times (blocks of 8 iterations, 3 blocks); a
+Measurement: each calibration plan was measured 3 times (in those checks blocks of 8 iterations, 3 blocks); a
 repeat's value is the median of its blocks' means (as the check ran) or of their medians (as the
 measuring job now reports), the spread (max - min) / median of the 3. Fit: ``rec.calibrate.fit`` on the
 probes the check's calibration measured, then predicted against measured on the calibration plans;
-beside it the same fit given every workload the check measured (the calibration and the TorchRec
-comparison plans; in-sample: what the cost model's form can explain at all), the fit to every
-workload but one spec's predicting that spec's plans (out of sample: what probes resembling the
-workloads could reach), and TorchRec's default profile. Coverage: the lookup bytes per iteration the
+beside it the same fit given the probes and every workload the check measured (the calibration and
+the TorchRec comparison plans; in-sample: what the cost model's form can explain at all), the fit to
+the probes and every workload but one spec's predicting that spec's plans (out of sample: what probes
+resembling the workloads could reach), and TorchRec's default profile. Coverage: the lookup bytes per iteration the
 probes and the workloads span (a fit extrapolates beyond the probes' range).
 """
 
@@ -114,13 +115,14 @@ def main() -> int:
         probe_measured = [Measured(n, plan, t.critical_path_ms()) for n, plan, t in probes]
         from_probes = fit_profile(probe_measured, topology, 0.2)
         every = {name: spreads(runs, lambda t: t.block_ms())[0] for name, _, runs in workloads}
-        in_sample = fit_profile([Measured(n, plan, every[n]) for n, plan, _ in workloads], topology, 0.2)
+        in_sample = fit_profile(probe_measured + [Measured(n, plan, every[n]) for n, plan, _ in workloads],
+                                topology, 0.2)
         # Out of sample: each spec's plans predicted by the fit to every other workload (what probes
         # that look like the workloads, the mixed ones, could reach at best).
         loo_predicted = []
         for name, plan, _ in calibration:
             spec = name.split("_")[0]
-            others = [Measured(n, pl, every[n]) for n, pl, _ in workloads if n.split("_")[0] != spec]
+            others = probe_measured + [Measured(n, pl, every[n]) for n, pl, _ in workloads if n.split("_")[0] != spec]
             loo_predicted.append(float(predicted_ms(plan, fit_profile(others, topology, 0.2).profile).max()))
         vs: dict[str, dict[str, dict[str, float]]] = {}
         for name, _, runs in workloads:

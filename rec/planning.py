@@ -13,6 +13,7 @@ from typing import Protocol
 from rec import progress
 from rec.analysis.build import build_plan
 from rec.analysis.predict import predicted_critical_path
+from rec.analysis.split_widths import with_split_widths
 from rec.cost.types import CostConfig
 from rec.errors import InputError, Problem
 from rec.plan.identity import replan_keys
@@ -52,6 +53,7 @@ def plan_spec(spec: Spec, topology: Topology, cost: CostConfig = CostConfig(),
     progress.update("searching")
     result = _search(space, spec, config, searcher)
     result = with_fewer_types(result, cost.profile, lambda s: _search(s, spec, config, searcher))
+    result = with_split_widths(result, spec, topology, cost, config, lambda s: _search(s, spec, config, searcher))
     progress.update("building the plan")
     return build_plan(result, spec, topology, cost, config, result.info)
 
@@ -88,6 +90,7 @@ def replan_spec(spec: Spec, topology: Topology, previous: Plan, max_regress: flo
     progress.update("searching from scratch")
     result = _search(space, spec, config, searcher)
     result = with_fewer_types(result, cost.profile, lambda s: _search(s, spec, config, searcher))
+    result = with_split_widths(result, spec, topology, cost, config, lambda s: _search(s, spec, config, searcher))
     fresh = build_plan(result, spec, topology, cost, config, result.info)
     progress.update(f"keeping shards of plan {previous.plan_id} in place")
     prev = previous_placement(space, spec, previous, cost)
@@ -99,7 +102,8 @@ def replan_spec(spec: Spec, topology: Topology, previous: Plan, max_regress: flo
         exact = least_moved(space, prev, incumbent, target, config.time_limit_s)
         candidates += [exact] if exact is not None else []
     extra = replan_keys(previous, max_regress, result.info)
-    typed = bool(cost.profile.extensions.sharding_type_ms)  # plan-level costs (rec.search.type_costs)
+    # costs the search does not see: plan-level (rec.search.type_costs), kernel groups' widest rows
+    typed = bool(cost.profile.extensions.sharding_type_ms or cost.profile.extensions.widest_dim_multiplier)
     budget = (1 + max_regress) * predicted_critical_path(fresh) * (1 + RELATIVE_GAIN)
     best: tuple[tuple[int, float], Plan, Movement] | None = None
     for assignment in [*candidates, result.assignment]:  # the fresh plan itself is within the budget

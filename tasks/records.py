@@ -196,6 +196,8 @@ def plan_metrics(plan: Plan) -> dict[str, float]:
     out = {PREDICTED: predicted.iteration_ms, "plan_level_ms": predicted.plan_level_ms,
            "critical_path_ms": m.critical_path, "lower_bound_ms": m.lower_bound, "gap_pct": 100 * m.gap,
            "optimal": float(m.optimal)}
+    if predicted.widest_ms:
+        out["widest_ms"] = predicted.widest_ms
     moved = m.movement
     if moved:
         total = moved.total_bytes

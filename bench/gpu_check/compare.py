@@ -38,7 +38,7 @@ LAUNCH_S = {True: 30.0, False: 12.0}  # starting the measuring job's ranks, cuda
 def measuring(cuda: bool) -> MeasureConfig:
     """Enough iterations for blocks of tens of ms on a GPU, few on the cpu (the check's budget)."""
     if cuda:
-        return MeasureConfig(iterations=24, warmup=4, blocks=3, time_limit_s=60.0)
+        return MeasureConfig(iterations=40, warmup=4, blocks=5, time_limit_s=60.0)
     return MeasureConfig(iterations=4, warmup=1, blocks=2, settle_s=0.0, time_limit_s=60.0)
 
 

@@ -2,7 +2,8 @@
 measurements, and the model ``shardflow calibrate`` fits.
 
 Per rank, the cost model's ``Perf.total`` of every shard on it (``rec.cost.perf.shard_perf``, the
-same formulas the search used; a data_parallel replica counts on every rank), plus the profile's
+same formulas the search used; a data_parallel replica counts on every rank), plus the widest-row
+term of its kernel groups (``rec.cost.widest``; a profile's extension, 0 by default), plus the profile's
 plan-level terms (``Extensions.iteration_ms`` and ``sharding_type_ms`` of each sharding type the
 plan uses), which are the same on every rank. Under the plan's own profile the first part is the
 plan's ``metrics.rank_perf``. Under another profile it re-rates the same placement, so two profiles
@@ -16,15 +17,38 @@ from dataclasses import replace
 import numpy as np
 
 from rec.cost.bandwidth import kernel_bw, links
-from rec.cost.perf import shard_perf
+from rec.cost.constants import FULL_BLOCK_EMB_DIM
+from rec.cost.perf import shard_ids, shard_perf
 from rec.cost.tables import table_arrays
 from rec.cost.types import COMPUTE_KERNELS, SHARDING_TYPES
+from rec.cost.widest import KERNEL_FAMILY, padding_ms
 from rec.plan.types import Plan
 from rec.profile.types import Profile
 
 
 def shard_rank_perf(plan: Plan, profile: Profile | None = None) -> np.ndarray:
     """(W,) ms: each rank's shards under ``profile`` (None: the plan's own), as the search sums them."""
+    perf, _ = _entries(plan, profile, widest=False)
+    return _per_rank(plan, perf)
+
+
+def widest_ms(plan: Plan, profile: Profile | None = None) -> np.ndarray:
+    """(W,) ms: each rank's widest-row term (``rec.cost.widest``; zeros at TorchRec's defaults)."""
+    profile = plan.planner.profile if profile is None else profile
+    if not profile.extensions.widest_dim_multiplier:
+        return np.zeros(plan.world_size)
+    _, padding = _entries(plan, profile, widest=True)
+    return _per_rank(plan, padding)
+
+
+def mixes_widths(plan: Plan) -> bool:
+    """Whether some kernel group of ``plan`` holds tables of different widths (``rec.cost.widest``)."""
+    unit = replace(plan.planner.profile, extensions=replace(plan.planner.profile.extensions, widest_dim_multiplier=1.0))
+    return bool(_entries(plan, unit, widest=True)[1].any())
+
+
+def _entries(plan: Plan, profile: Profile | None, widest: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Per shard (run): its ``Perf.total`` and (``widest``) its widest-row term, ms."""
     profile = plan.planner.profile if profile is None else profile
     spec, topology = plan.spec, plan.topology
     cost = replace(plan.planner.cost, profile=profile)
@@ -34,18 +58,67 @@ def shard_rank_perf(plan: Plan, profile: Profile | None = None) -> np.ndarray:
     index = {t.key: i for i, t in enumerate(spec.tables)}
     spec_of_table = np.fromiter((index[key] for key in c.keys), np.int64, len(c))
     entry_table = c.table_of_entry
-    perf = np.zeros(len(entry_table))
+    perf, ids, bw = np.zeros(len(entry_table)), np.zeros(len(entry_table)), np.ones(len(entry_table))
+    family = np.zeros(len(entry_table), np.int64)
     for code in np.unique(c.sharding_type.astype(np.int64) * len(COMPUTE_KERNELS) + c.compute_kernel):
         st, ck = SHARDING_TYPES[code // len(COMPUTE_KERNELS)], COMPUTE_KERNELS[code % len(COMPUTE_KERNELS)]
         mine = np.flatnonzero((c.sharding_type[entry_table] == SHARDING_TYPES.index(st))
                               & (c.compute_kernel[entry_table] == COMPUTE_KERNELS.index(ck)))
         t = spec_of_table[entry_table[mine]]
+        bw[mine] = kernel_bw(hw, profile, KERNEL_FAMILY[ck], cost.caching_ratio)  # lanes idle in HBM's kernel
         perf[mine] = shard_perf(st, ck, topology, profile, hw, kernel_bw(hw, profile, ck, cost.caching_ratio),
-                                c.rows[mine], c.cols[mine], arrays.elem[t], arrays.batch_inputs[t],
-                                arrays.batch_outputs[t], pooled=arrays.pooled[t]).total
-    replica = c.replicated[entry_table]
-    on_rank: np.ndarray = np.bincount(c.rank[~replica], weights=perf[~replica], minlength=plan.world_size)
-    total: np.ndarray = on_rank + perf[replica].sum()
+                                c.rows[mine], c.cols[mine],
+                                arrays.elem[t], arrays.batch_inputs[t], arrays.batch_outputs[t],
+                                pooled=arrays.pooled[t]).total
+        ids[mine] = shard_ids(st, topology.world_size, topology.local_world_size, arrays.batch_inputs[t])
+        family[mine] = COMPUTE_KERNELS.index(KERNEL_FAMILY[ck])
+    if not widest:
+        return perf, np.zeros(len(entry_table))
+    t = spec_of_table[entry_table]
+    return perf, padding_ms(_kernel_groups(plan, family, arrays.elem[t], arrays.pooled[t]), ids,
+                            c.cols.astype(np.float64), arrays.elem[t], bw, profile.extensions.widest_dim_multiplier)
+
+
+def _kernel_groups(plan: Plan, family: np.ndarray, elem: np.ndarray, pooled: np.ndarray) -> np.ndarray:
+    """(E,) the kernel group of each shard (run), numbered from 0: TorchRec's TBE on its rank
+    (``rec.cost.widest``); ``family``, ``elem``, ``pooled`` per shard."""
+    c = plan.columns
+    entry_table = c.table_of_entry
+    module = np.unique(np.asarray(c.modules), return_inverse=True)[1][entry_table]
+    rank = np.where(c.replicated[entry_table], -1, c.rank)  # a replica's group is alike on every rank
+    keys = np.stack([rank, module, c.sharding_type[entry_table], family, elem, pooled], axis=1)
+    group: np.ndarray = np.unique(keys, axis=0, return_inverse=True)[1].reshape(-1)
+    return group
+
+
+def lanes_below_widest(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
+    """(T,) bool each, in the plan's table order: the tables with a shard narrower than the widest
+    of its kernel group, and those with a shard as wide as the widest of a group that mixes widths
+    (widths counted up to 128 columns, as ``rec.cost.widest`` prices them)."""
+    c = plan.columns
+    arrays = table_arrays(plan.spec, plan.topology.batch_size, plan.planner.cost)
+    index = {t.key: i for i, t in enumerate(plan.spec.tables)}
+    t = np.fromiter((index[key] for key in c.keys), np.int64, len(c))[c.table_of_entry]
+    family = np.array([COMPUTE_KERNELS.index(KERNEL_FAMILY[COMPUTE_KERNELS[int(k)]])
+                       for k in c.compute_kernel[c.table_of_entry]], np.int64)
+    group = _kernel_groups(plan, family, arrays.elem[t], arrays.pooled[t])
+    lanes = np.minimum(c.cols, FULL_BLOCK_EMB_DIM)
+    widest, narrowest = np.zeros(int(group.max()) + 1), np.full(int(group.max()) + 1, np.inf)
+    np.maximum.at(widest, group, lanes)
+    np.minimum.at(narrowest, group, lanes)
+    narrow = np.zeros(len(c), bool)
+    wide = np.zeros(len(c), bool)
+    np.logical_or.at(narrow, c.table_of_entry, lanes < widest[group])
+    np.logical_or.at(wide, c.table_of_entry, (lanes == widest[group]) & (narrowest[group] < widest[group]))
+    return narrow, wide
+
+
+def _per_rank(plan: Plan, per_entry: np.ndarray) -> np.ndarray:
+    """(W,) the entries' sum per rank; a data_parallel replica's on every rank."""
+    c = plan.columns
+    replica = c.replicated[c.table_of_entry]
+    on_rank: np.ndarray = np.bincount(c.rank[~replica], weights=per_entry[~replica], minlength=plan.world_size)
+    total: np.ndarray = on_rank + per_entry[replica].sum()
     return total
 
 
@@ -59,11 +132,21 @@ def plan_level_ms(plan: Plan, profile: Profile | None = None) -> float:
 
 def predicted_ms(plan: Plan, profile: Profile | None = None) -> np.ndarray:
     """(W,) ms: the predicted iteration time of every rank under ``profile`` (None: the plan's own)."""
-    total: np.ndarray = shard_rank_perf(plan, profile) + plan_level_ms(plan, profile)
+    perf, padding = _entries(plan, profile, widest=True)
+    total: np.ndarray = _per_rank(plan, perf) + _per_rank(plan, padding) + plan_level_ms(plan, profile)
     return total
 
 
 def predicted_critical_path(plan: Plan) -> float:
-    """ms: what an iteration of ``plan`` should take under its own profile: its critical path plus
-    the profile's plan-level terms (``metrics.critical_path`` itself under the default profile)."""
-    return plan.metrics.critical_path + plan_level_ms(plan)
+    """ms: what an iteration of ``plan`` should take under its own profile: its critical path (with
+    the widest-row term, where the profile sets one) plus the profile's plan-level terms
+    (``metrics.critical_path`` itself under the default profile)."""
+    return plan.metrics.critical_path + widest_excess_ms(plan) + plan_level_ms(plan)
+
+
+def widest_excess_ms(plan: Plan) -> float:
+    """ms the widest-row term adds to the plan's critical path under its own profile (0 without it)."""
+    if not plan.planner.profile.extensions.widest_dim_multiplier:
+        return 0.0
+    rank_perf = np.asarray(plan.metrics.rank_perf, dtype=np.float64)
+    return float((rank_perf + widest_ms(plan)).max() - plan.metrics.critical_path)

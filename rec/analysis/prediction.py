@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rec.analysis.predict import plan_level_ms
+from rec.analysis.predict import plan_level_ms, widest_excess_ms
 from rec.plan.types import Plan
 
 
@@ -21,25 +21,28 @@ class Prediction:
     critical_path_ms: float  # the busiest rank's shards in the cost model: metrics.critical_path
     plan_level_ms: float  # the profile's per-iteration terms, the same on every rank (0: TorchRec's defaults)
     batch_size: int  # per rank: what it predicts for (the topology's); other batch sizes take other times
+    widest_ms: float = 0.0  # what the kernel groups' widest rows add to the critical path (rec.cost.widest)
 
     @property
     def iteration_ms(self) -> float:
         """The prediction: ``rec.analysis.predict.predicted_critical_path`` to the last bit."""
-        return self.critical_path_ms + self.plan_level_ms
+        return self.critical_path_ms + self.widest_ms + self.plan_level_ms
 
     def text(self) -> str:
         """``23.2260 ms per iteration = critical path 13.7530 ms + the profile's plan-level terms
         9.4730 ms``; the parts only where the profile adds something."""
         total = f"{ms(self.iteration_ms)} per iteration"
-        if not self.plan_level_ms:
+        if not (self.plan_level_ms or self.widest_ms):
             return total
-        return (f"{total} = critical path {ms(self.critical_path_ms)} + the profile's plan-level terms "
+        widest = f" + the kernel groups' widest rows {ms(self.widest_ms)}" if self.widest_ms else ""
+        return (f"{total} = critical path {ms(self.critical_path_ms)}{widest} + the profile's plan-level terms "
                 f"{ms(self.plan_level_ms)}")
 
 
 def prediction(plan: Plan) -> Prediction:
     """The prediction of ``plan`` under its own profile."""
-    return Prediction(plan.metrics.critical_path, plan_level_ms(plan), plan.topology.batch_size)
+    return Prediction(plan.metrics.critical_path, plan_level_ms(plan), plan.topology.batch_size,
+                      widest_excess_ms(plan))
 
 
 def ms(value: float) -> str:

@@ -20,6 +20,10 @@ Which numbers are fitted, and why not the others (all else keeps TorchRec's defa
   (it is set to 0 and the link carries the output).
   Backward is TorchRec's default, forward x ``bwd_compute_multiplier``: the measured iteration is
   forward plus backward, so only their sum is identifiable.
+* Per uvm kernel measured (fused_uvm, fused_uvm_caching), its own ``lookup_size_multiplier`` for every
+  sharded type (``coefficients.by_kernel``), whose ``fixed_ms`` is the type's and other byte terms 0.
+* ``widest_dim_multiplier``, where some plan runs tables of different widths in one kernel group
+  (``rec.cost.widest``; the cuda probes do).
 * The kernel bandwidths are pinned to the topology's (coefficients and bandwidth only appear as
   their ratio).
 * ``intra_host_bw`` and ``inter_host_bw`` through their inverse; the per-collective latency
@@ -46,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from rec.analysis.predict import predicted_ms
+from rec.analysis.predict import mixes_widths, predicted_ms
 from rec.cost.bandwidth import kernel_bw, links
 from rec.cost.types import COMPUTE_KERNELS, SHARDING_TYPES
 from rec.errors import InputError, Problem
@@ -55,6 +59,7 @@ from rec.profile.types import (
     DEFAULT_PROFILE,
     SHARDING_COEFFICIENTS,
     KernelBandwidths,
+    KernelCoefficients,
     Machine,
     PerfCoefficient,
     Profile,
@@ -75,6 +80,12 @@ ROW_WISE_TYPES = (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE)
 SHARED_BLOCKS = ("table_wise", "column_wise")  # one lookup kernel: one value for both
 # The dense kernel's backward is a dense gradient of the whole table, not per row touched.
 DENSE_UNFITTED = ("unique_read_size_multiplier", "unique_lookup_size_multiplier")
+# Read over the host link, not from HBM: with the kernel bandwidths pinned, one lookup coefficient for
+# HBM and uvm rows would be fitted to neither (on an H200 it went to 0.002 and the HBM plans came out
+# 40% too fast), so each uvm kernel has its own (``coefficients.by_kernel``) and its other byte terms
+# are 0 (divided by the host link's bandwidth, HBM's per-id terms would be hundreds of times too
+# dear); ``fixed_ms`` is the sharding type's.
+UVM_KERNELS = (ComputeKernel.FUSED_UVM, ComputeKernel.FUSED_UVM_CACHING)
 
 
 class Kind(StrEnum):
@@ -144,21 +155,31 @@ def types_everywhere(plans: Sequence[Plan]) -> tuple[ShardingType, ...]:
     return tuple(s for s in ShardingType if s in common)
 
 
-def parameters(types: Sequence[ShardingType], everywhere: Sequence[ShardingType] = ()) -> tuple[Parameter, ...]:
-    """The numbers a fit on plans using ``types`` estimates (see the module docstring); the
-    ``sharding_type_ms`` of a type in ``everywhere`` (every plan uses it) cannot be told apart from
-    ``iteration_ms``, which then carries it."""
+def parameters(types: Sequence[ShardingType], everywhere: Sequence[ShardingType] = (),
+               kernels: Sequence[ComputeKernel] = (), widths: bool = False) -> tuple[Parameter, ...]:
+    """The numbers a fit on plans using ``types`` on ``kernels`` estimates (see the module
+    docstring); the ``sharding_type_ms`` of a type in ``everywhere`` (every plan uses it) cannot be
+    told apart from ``iteration_ms``, which then carries it; ``widths``: some plan runs tables of
+    different widths in one kernel group (``widest_dim_multiplier``)."""
     blocks = list(dict.fromkeys(SHARDING_COEFFICIENTS[st] for st in types))
+    uvm = [ck for ck in UVM_KERNELS if ck in kernels]
     out: list[Parameter] = []
     for field in ("input_read_size_multiplier", "lookup_size_multiplier", "hash_size_multiplier", "fixed_ms",
                   "unique_read_size_multiplier", "unique_lookup_size_multiplier"):
         kind = Kind.MS if field == "fixed_ms" else Kind.FACTOR
+        own = uvm if field == "fixed_ms" else []  # the uvm kernels' byte terms: their lookups alone, below
         shared = [b for b in blocks if b in SHARED_BLOCKS]
         if shared:
             out.append(Parameter(f"{'+'.join(shared)}.fwd.{field}",
-                                 tuple(f"coefficients.{b}.fwd.{field}" for b in shared), kind))
-        out += [Parameter(f"{b}.fwd.{field}", (f"coefficients.{b}.fwd.{field}",), kind)
+                                 tuple(f"coefficients.{b}.fwd.{field}" for b in shared)
+                                 + _by_kernel_paths(shared, own, field), kind))
+        out += [Parameter(f"{b}.fwd.{field}", (f"coefficients.{b}.fwd.{field}", *_by_kernel_paths([b], own, field)),
+                          kind)
                 for b in blocks if b not in SHARED_BLOCKS and not (b == "data_parallel" and field in DENSE_UNFITTED)]
+    out += [Parameter(f"{ck.value}.fwd.lookup_size_multiplier",
+                      _by_kernel_paths(blocks, [ck], "lookup_size_multiplier"), Kind.FACTOR) for ck in uvm]
+    if widths:
+        out.append(Parameter("widest_dim_multiplier", ("extensions.widest_dim_multiplier",), Kind.FACTOR))
     if "data_parallel" in blocks:
         path = "coefficients.data_parallel.fwd.embedding_output_multiplier"
         out.append(Parameter(path.removeprefix("coefficients."), (path,), Kind.FACTOR))
@@ -168,6 +189,18 @@ def parameters(types: Sequence[ShardingType], everywhere: Sequence[ShardingType]
     out += [Parameter(f"sharding_type_ms.{st.value}", (f"extensions.sharding_type_ms.{st.value}",), Kind.MS)
             for st in types if st not in everywhere]
     return tuple(out)
+
+
+def _by_kernel_paths(blocks: Sequence[str], kernels: Sequence[ComputeKernel], field: str) -> tuple[str, ...]:
+    """``coefficients.by_kernel`` keys of ``field`` for every sharded type of ``blocks`` on ``kernels``."""
+    return tuple(f"coefficients.by_kernel.{st.value}.{ck.value}.fwd.{field}" for st in _types_of(blocks)
+                 for ck in kernels)
+
+
+def _types_of(blocks: Sequence[str]) -> tuple[ShardingType, ...]:
+    """The sharding types (but data_parallel, whose kernel is dense) that ``blocks``' coefficients serve."""
+    return tuple(st for st in ShardingType
+                 if SHARDING_COEFFICIENTS.get(st) in blocks and st is not ShardingType.DATA_PARALLEL)
 
 
 def base_profile(topology: Topology, types: Sequence[ShardingType], kernels: Sequence[ComputeKernel],
@@ -181,6 +214,9 @@ def base_profile(topology: Topology, types: Sequence[ShardingType], kernels: Seq
         coefficients = replace(coefficients, **{block: zero})  # type: ignore[arg-type]
     hw = links(topology, DEFAULT_PROFILE)
     pinned = {ck.value: kernel_bw(hw, DEFAULT_PROFILE, ck, caching_ratio) * MS_PER_S for ck in kernels}
+    blocks = list(dict.fromkeys(SHARDING_COEFFICIENTS[st] for st in types))
+    coefficients = replace(coefficients, by_kernel=tuple(
+        KernelCoefficients(st, ck, zero) for st in _types_of(blocks) for ck in UVM_KERNELS if ck in kernels))
     extensions = replace(DEFAULT_PROFILE.extensions, intra_host_latency_ms=0.0, inter_host_latency_ms=0.0)
     if ShardingType.DATA_PARALLEL in types:
         extensions = replace(extensions, dp_optimizer_factor=0.0)
@@ -203,6 +239,16 @@ def with_value(profile: Profile, parameter: Parameter, value: float) -> Profile:
 
 def _set(profile: Profile, path: list[str], value: float) -> Profile:
     section, *rest = path
+    if section == "coefficients" and rest[0] == "by_kernel":
+        st, ck, phase, field = ShardingType(rest[1]), ComputeKernel(rest[2]), rest[3], rest[4]
+        entries = []
+        for entry in profile.coefficients.by_kernel:
+            if (entry.sharding_type, entry.compute_kernel) == (st, ck):
+                current = getattr(entry.coefficients, phase) or PerfCoefficient()
+                entry = replace(entry, coefficients=replace(entry.coefficients,
+                                                            **{phase: replace(current, **{field: value})}))
+            entries.append(entry)
+        return replace(profile, coefficients=replace(profile.coefficients, by_kernel=tuple(entries)))
     if section == "coefficients":
         block, phase, field = rest
         coefficients: ShardingCoefficients = getattr(profile.coefficients, block)
@@ -240,7 +286,7 @@ def fit_profile(measured: Sequence[Measured], topology: Topology, caching_ratio:
         raise InputError(title, [Problem("measurements", "no plan was measured (all failed or timed out)")])
     plans = [m.plan for m in usable]
     types, kernels = measured_types(plans)
-    params = parameters(types, types_everywhere(plans))
+    params = parameters(types, types_everywhere(plans), kernels, any(map(mixes_widths, plans)))
     base = base_profile(topology, types, kernels, caching_ratio)
     per_rank = design(plans, base, params)
     kept = np.flatnonzero(np.abs(per_rank).max(axis=(0, 1)) > 0)

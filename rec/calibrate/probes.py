@@ -68,6 +68,7 @@ class ProbeSpec:
     groups: tuple[Tables, ...]
     batch_size: int = 512
     rows: tuple[dict[str, Any], ...] = ()  # a mixed probe's own spec rows (no groups), planned freely
+    scaled: bool = True  # False: the batch as given on every device (BATCH_SCALE not applied)
 
 
 @dataclass(frozen=True)
@@ -168,7 +169,7 @@ def probe_specs(device: ComputeDevice, quick: bool = False) -> tuple[ProbeSpec, 
                                   rows=10_000 if st is DP else Tables.rows) for st in mix)
             out.append(ProbeSpec("+".join(st.value for st in mix), groups))
     if device is ComputeDevice.CUDA and not quick:
-        out += mixed_probes()
+        out += [*gpu_probes(types), *mixed_probes()]
     return tuple(replace(p, batch_size=p.batch_size * _scale(p, scale)) for p in out)
 
 
@@ -181,16 +182,56 @@ MIXED = ((101, 10, 256, 0.0), (102, 24, 128, 0.2), (103, 40, 64, 0.0), (104, 80,
 MIXED_MEMORY_BYTES = 8e9  # a mixed probe's tables together (one rank holds them all on one GPU)
 
 
+MIXED_TABLE_WISE = (103, 107, 108)  # planned again with every table table_wise
+
+
 def mixed_probes() -> list[ProbeSpec]:
+    """The random specs planned freely, and some again all table_wise: planned under TorchRec's
+    default profile, which on one GPU puts the big tables row_wise, only the second shows table_wise
+    on big tables with many ids (what a calibrated profile then chooses for them)."""
     from rec.spec.synthetic import random_table_rows
 
-    return [ProbeSpec(f"mixed_{seed}", (), batch, tuple(random_table_rows(seed, tables, share, MIXED_MEMORY_BYTES)))
-            for seed, tables, batch, share in MIXED]
+    out = []
+    for seed, tables, batch, share in MIXED:
+        rows = tuple(random_table_rows(seed, tables, share, MIXED_MEMORY_BYTES))
+        out.append(ProbeSpec(f"mixed_{seed}", (), batch, rows))
+        if seed in MIXED_TABLE_WISE:
+            only = tuple({**row, "sharding_types": [TW.value]} for row in rows)
+            out.append(ProbeSpec(f"mixed_{seed}_table_wise", (), batch, only))
+    return out
+
+
+# What only a GPU shows between the sweeps' points. FBGEMM runs a rank's tables of one sharding type
+# in one kernel at the width of the widest (rec.cost.widest): narrow tables with many ids beside a wide
+# one. And a kernel's tables cost little each, whatever their number: many tables, few ids, at a batch
+# the GPU's fixed costs dominate (not scaled up, unlike every other cuda probe).
+GPU_PROBE_TYPES = (TW, RW, TWRW)
+_GPU_GROUPS: tuple[tuple[str, int, tuple[dict[str, Any], ...], bool], ...] = (
+    ("dims16+256", 512, ({"dim": 16, "pooling_factor": 16.0}, {"dim": 256, "pooling_factor": 1.0, "per_rank": 1}),
+     True),
+    ("dims32+128", 512, ({"dim": 32, "pooling_factor": 8.0, "per_rank": 4},
+                         {"dim": 128, "pooling_factor": 1.0, "per_rank": 1}), True),
+    ("tables128_unscaled", 512, ({"per_rank": 128, "rows": 10_000, "dim": 32, "pooling_factor": 2.0},), False),
+)
+
+
+def gpu_probes(types: list[ShardingType]) -> list[ProbeSpec]:
+    out = []
+    for st in GPU_PROBE_TYPES:
+        if st not in types:
+            continue
+        companion = () if st is COMPANION.sharding_type else (COMPANION,)
+        for suffix, batch, groups, scaled in _GPU_GROUPS:
+            out.append(ProbeSpec(f"{st.value}_{suffix}", (*companion, *(Tables(st, **g) for g in groups)), batch,
+                                 scaled=scaled))
+    return out
 
 
 def _scale(probe: ProbeSpec, scale: int) -> int:
     """The probe's batch multiple: ``scale``, less for fused_uvm (``UVM_BATCH_DIVISOR``), and halved
     until its ids per rank and batch are within ``MAX_PROBE_IDS``."""
+    if not probe.scaled:
+        return 1
     if scale > 1 and any(g.kernel is ComputeKernel.FUSED_UVM for g in probe.groups):
         scale = max(1, scale // UVM_BATCH_DIVISOR)
     ids_per_sample = (sum(g.per_rank * g.pooling_factor for g in probe.groups)

@@ -146,14 +146,19 @@ def _add_unique(time: np.ndarray, c: PerfCoefficient, st: ShardingType, w: int, 
         return time
     from rec.cost.unique import expected_distinct
 
-    if st in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE):
-        ids = bi / (w if st == ShardingType.ROW_WISE else lw) * w
-    else:
-        ids = bi if st == ShardingType.DATA_PARALLEL else bi * w
-    distinct = expected_distinct(ids, rows)
+    distinct = expected_distinct(shard_ids(st, w, lw, bi), rows)
     extra: np.ndarray = time + (c.unique_read_size_multiplier * distinct * INDEX_BYTES
                                 + c.unique_lookup_size_multiplier * distinct * d * e) / bw
     return extra
+
+
+def shard_ids(st: ShardingType, w: int, lw: int, batch_inputs: np.ndarray) -> np.ndarray:
+    """Ids per iteration a shard of ``st`` looks up, as the sizes above count them: every rank's
+    batch for table_wise-like shards, a share of them row-wise, the local batch data-parallel."""
+    if st in (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE):
+        ids: np.ndarray = batch_inputs / (w if st == ShardingType.ROW_WISE else lw) * w
+        return ids
+    return batch_inputs if st == ShardingType.DATA_PARALLEL else batch_inputs * w
 
 
 def _table_row_wise_comms(hw: Links, w: int, lw: int, output: np.ndarray, bo: np.ndarray, d: np.ndarray,

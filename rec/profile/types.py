@@ -135,6 +135,9 @@ class Extensions:
     inter_host_latency_ms: float = 0.0
     batched_copy_factor: float = BATCHED_COPY_PERF_FACTOR  # row_wise/table_row_wise backward copy
     dp_optimizer_factor: float = DP_ELEMENTWISE_KERNELS_PERF_FACTOR  # data_parallel optimizer kernels
+    # Per kernel group on a rank (rec.cost.widest): a shard's ids priced at the group's widest row
+    # instead of its own, as FBGEMM runs them; this multiplies the difference's bytes.
+    widest_dim_multiplier: float = 0.0
     # Plan-level terms, the same on every rank: not per shard, so TorchRec's per-shard Perf (and the
     # search, which sums it per rank) leaves them out; a plan's predicted time adds them
     # (rec.analysis.predict). ms per iteration whatever the plan (the framework's own work), and ms

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from rec.analysis.predict import plan_level_ms, predicted_ms, shard_rank_perf
+from rec.analysis.predict import mixes_widths, plan_level_ms, predicted_ms, shard_rank_perf
 from rec.calibrate.fit import (
     Kind,
     Measured,
@@ -26,9 +26,9 @@ from rec.errors import InputError
 from rec.planning import plan_spec
 from rec.profile import DEFAULT_PROFILE, profile_from_dict, profile_to_dict
 from rec.profile.types import Machine
-from rec.sharding import ComputeDevice
+from rec.sharding import ComputeDevice, ComputeKernel, ShardingType
 from rec.spec import read_spec
-from rec.topology import read_topology
+from rec.topology import read_topology, topology_from_dict
 from rec.topology.validate import MS_PER_S
 from tests.paths import CPU_2PROC, DEMO
 
@@ -217,3 +217,52 @@ def test_a_replan_does_not_keep_a_sharding_type_whose_collectives_cost_more_than
     assert "data_parallel" not in {t.sharding_type.value for t in replanned.plan.tables}
     assert predicted_critical_path(replanned.plan) <= 1.02 * predicted_critical_path(replanned.fresh) + 1e-9
     assert predicted_critical_path(replanned.plan) < 50.0
+
+
+def one_gpu():
+    return topology_from_dict({"world_size": 1, "local_world_size": 1, "compute_device": "cuda", "hbm_cap": "80GB",
+                               "ddr_cap": "128GB", "batch_size": 512}, source="test")
+
+
+@pytest.fixture(scope="module")
+def cuda_probes():
+    return probe_plans(one_gpu())
+
+
+def test_on_cuda_the_fit_recovers_the_uvm_lookups_and_the_widest_rows(cuda_probes):
+    plans = [p.plan for p in cuda_probes]
+    types, kernels = measured_types(plans)
+    assert any(map(mixes_widths, plans))
+    params = parameters(types, types_everywhere(plans), kernels, widths=True)
+    topology = one_gpu()
+    base = base_profile(topology, types, kernels, 0.2)
+    moved = np.abs(design(plans, base, params)).max(axis=(0, 1)) > 0
+    rng = np.random.default_rng(1)
+    truth, values = base, []
+    for parameter in params:
+        value = MS_PER_S / rng.uniform(1e10, 1e12) if parameter.kind is Kind.INVERSE_BANDWIDTH else \
+            rng.uniform(0.001, 0.05) if parameter.kind is Kind.MS else rng.uniform(0.05, 3.0)
+        values.append(value)
+        truth = with_value(truth, parameter, value)
+    measured = [Measured(p.name, p.plan, float(predicted_ms(p.plan, truth).max())) for p in cuda_probes]
+
+    fit = fit_profile(measured, topology, 0.2)
+
+    for parameter, value, ok in zip(params, values, moved, strict=True):
+        if ok:
+            written = MS_PER_S / value if parameter.kind is Kind.INVERSE_BANDWIDTH else value
+            assert fit.values[parameter.name] == pytest.approx(written, rel=1e-4), parameter.name
+    assert {"fused_uvm.fwd.lookup_size_multiplier", "fused_uvm_caching.fwd.lookup_size_multiplier",
+            "widest_dim_multiplier"} <= set(fit.values)
+    assert fit.max_abs_error < 1e-4
+    uvm = fit.profile.coefficients.of(ShardingType.TABLE_WISE, ComputeKernel.FUSED_UVM)
+    assert uvm.fwd.input_read_size_multiplier == 0  # over the host link: its lookups alone
+
+
+def test_the_cuda_probes_pin_down_every_number_they_move(cuda_probes):
+    plans = [p.plan for p in cuda_probes]
+    types, kernels = measured_types(plans)
+    params = parameters(types, types_everywhere(plans), kernels, widths=True)
+    a = design(plans, base_profile(one_gpu(), types, kernels, 0.2), params)[:, 0, :]
+    a = a[:, np.abs(a).max(axis=0) > 0]
+    assert np.linalg.matrix_rank(a / np.linalg.norm(a, axis=0), tol=1e-9) == a.shape[1]

@@ -17,18 +17,17 @@ from dataclasses import replace
 import numpy as np
 
 from rec.cost.bandwidth import kernel_bw, links
-from rec.cost.constants import FULL_BLOCK_EMB_DIM
 from rec.cost.perf import shard_ids, shard_perf
 from rec.cost.tables import table_arrays
 from rec.cost.types import COMPUTE_KERNELS, SHARDING_TYPES
-from rec.cost.widest import KERNEL_FAMILY, padding_ms
+from rec.cost.widest import FAMILY_CODE, KERNEL_FAMILY, group_extremes, lanes, padding_ms
 from rec.plan.types import Plan
 from rec.profile.types import Profile
 
 
 def shard_rank_perf(plan: Plan, profile: Profile | None = None) -> np.ndarray:
     """(W,) ms: each rank's shards under ``profile`` (None: the plan's own), as the search sums them."""
-    perf, _ = _entries(plan, profile, widest=False)
+    perf, _ = _entries(plan, profile)
     return _per_rank(plan, perf)
 
 
@@ -37,18 +36,19 @@ def widest_ms(plan: Plan, profile: Profile | None = None) -> np.ndarray:
     profile = plan.planner.profile if profile is None else profile
     if not profile.extensions.widest_dim_multiplier:
         return np.zeros(plan.world_size)
-    _, padding = _entries(plan, profile, widest=True)
+    _, padding = _entries(plan, profile)
     return _per_rank(plan, padding)
 
 
 def mixes_widths(plan: Plan) -> bool:
     """Whether some kernel group of ``plan`` holds tables of different widths (``rec.cost.widest``)."""
     unit = replace(plan.planner.profile, extensions=replace(plan.planner.profile.extensions, widest_dim_multiplier=1.0))
-    return bool(_entries(plan, unit, widest=True)[1].any())
+    return bool(_entries(plan, unit)[1].any())
 
 
-def _entries(plan: Plan, profile: Profile | None, widest: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Per shard (run): its ``Perf.total`` and (``widest``) its widest-row term, ms."""
+def _entries(plan: Plan, profile: Profile | None) -> tuple[np.ndarray, np.ndarray]:
+    """Per shard (run): its ``Perf.total`` and its widest-row term (zeros where the profile has
+    none), ms."""
     profile = plan.planner.profile if profile is None else profile
     spec, topology = plan.spec, plan.topology
     cost = replace(plan.planner.cost, profile=profile)
@@ -59,7 +59,6 @@ def _entries(plan: Plan, profile: Profile | None, widest: bool) -> tuple[np.ndar
     spec_of_table = np.fromiter((index[key] for key in c.keys), np.int64, len(c))
     entry_table = c.table_of_entry
     perf, ids, bw = np.zeros(len(entry_table)), np.zeros(len(entry_table)), np.ones(len(entry_table))
-    family = np.zeros(len(entry_table), np.int64)
     for code in np.unique(c.sharding_type.astype(np.int64) * len(COMPUTE_KERNELS) + c.compute_kernel):
         st, ck = SHARDING_TYPES[code // len(COMPUTE_KERNELS)], COMPUTE_KERNELS[code % len(COMPUTE_KERNELS)]
         mine = np.flatnonzero((c.sharding_type[entry_table] == SHARDING_TYPES.index(st))
@@ -71,21 +70,22 @@ def _entries(plan: Plan, profile: Profile | None, widest: bool) -> tuple[np.ndar
                                 arrays.elem[t], arrays.batch_inputs[t], arrays.batch_outputs[t],
                                 pooled=arrays.pooled[t]).total
         ids[mine] = shard_ids(st, topology.world_size, topology.local_world_size, arrays.batch_inputs[t])
-        family[mine] = COMPUTE_KERNELS.index(KERNEL_FAMILY[ck])
-    if not widest:
+    multiplier = profile.extensions.widest_dim_multiplier
+    if not multiplier:
         return perf, np.zeros(len(entry_table))
     t = spec_of_table[entry_table]
-    return perf, padding_ms(_kernel_groups(plan, family, arrays.elem[t], arrays.pooled[t]), ids,
-                            c.cols.astype(np.float64), arrays.elem[t], bw, profile.extensions.widest_dim_multiplier)
+    return perf, padding_ms(_kernel_groups(plan, arrays.elem[t], arrays.pooled[t]), ids,
+                            c.cols.astype(np.float64), arrays.elem[t], bw, multiplier)
 
 
-def _kernel_groups(plan: Plan, family: np.ndarray, elem: np.ndarray, pooled: np.ndarray) -> np.ndarray:
+def _kernel_groups(plan: Plan, elem: np.ndarray, pooled: np.ndarray) -> np.ndarray:
     """(E,) the kernel group of each shard (run), numbered from 0: TorchRec's TBE on its rank
-    (``rec.cost.widest``); ``family``, ``elem``, ``pooled`` per shard."""
+    (``rec.cost.widest``); ``elem``, ``pooled`` per shard."""
     c = plan.columns
     entry_table = c.table_of_entry
     module = np.unique(np.asarray(c.modules), return_inverse=True)[1][entry_table]
     rank = np.where(c.replicated[entry_table], -1, c.rank)  # a replica's group is alike on every rank
+    family = FAMILY_CODE[c.compute_kernel[entry_table]]
     keys = np.stack([rank, module, c.sharding_type[entry_table], family, elem, pooled], axis=1)
     group: np.ndarray = np.unique(keys, axis=0, return_inverse=True)[1].reshape(-1)
     return group
@@ -99,17 +99,13 @@ def lanes_below_widest(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     arrays = table_arrays(plan.spec, plan.topology.batch_size, plan.planner.cost)
     index = {t.key: i for i, t in enumerate(plan.spec.tables)}
     t = np.fromiter((index[key] for key in c.keys), np.int64, len(c))[c.table_of_entry]
-    family = np.array([COMPUTE_KERNELS.index(KERNEL_FAMILY[COMPUTE_KERNELS[int(k)]])
-                       for k in c.compute_kernel[c.table_of_entry]], np.int64)
-    group = _kernel_groups(plan, family, arrays.elem[t], arrays.pooled[t])
-    lanes = np.minimum(c.cols, FULL_BLOCK_EMB_DIM)
-    widest, narrowest = np.zeros(int(group.max()) + 1), np.full(int(group.max()) + 1, np.inf)
-    np.maximum.at(widest, group, lanes)
-    np.minimum.at(narrowest, group, lanes)
+    group = _kernel_groups(plan, arrays.elem[t], arrays.pooled[t])
+    own = lanes(c.cols)
+    narrowest, widest = group_extremes(group, own)
     narrow = np.zeros(len(c), bool)
     wide = np.zeros(len(c), bool)
-    np.logical_or.at(narrow, c.table_of_entry, lanes < widest[group])
-    np.logical_or.at(wide, c.table_of_entry, (lanes == widest[group]) & (narrowest[group] < widest[group]))
+    np.logical_or.at(narrow, c.table_of_entry, own < widest[group])
+    np.logical_or.at(wide, c.table_of_entry, (own == widest[group]) & (narrowest[group] < widest[group]))
     return narrow, wide
 
 
@@ -132,7 +128,7 @@ def plan_level_ms(plan: Plan, profile: Profile | None = None) -> float:
 
 def predicted_ms(plan: Plan, profile: Profile | None = None) -> np.ndarray:
     """(W,) ms: the predicted iteration time of every rank under ``profile`` (None: the plan's own)."""
-    perf, padding = _entries(plan, profile, widest=True)
+    perf, padding = _entries(plan, profile)
     total: np.ndarray = _per_rank(plan, perf) + _per_rank(plan, padding) + plan_level_ms(plan, profile)
     return total
 

@@ -19,13 +19,13 @@ import numpy as np
 
 from rec.analysis.build import build_plan
 from rec.analysis.predict import lanes_below_widest, predicted_critical_path
-from rec.cost.types import SHARDING_TYPES, ST_CODE, CostConfig
+from rec.cost.types import CostConfig
 from rec.errors import InputError
+from rec.plan.types import Plan
 from rec.search.config import SearchConfig
 from rec.search.result import SearchResult
-from rec.search.space import SearchSpace
+from rec.search.space import SearchSpace, without_options
 from rec.search.type_costs import RELATIVE_GAIN
-from rec.sharding import ShardingType
 from rec.spec.types import Spec
 from rec.topology.types import Topology
 
@@ -39,39 +39,32 @@ def with_split_widths(result: SearchResult, spec: Spec, topology: Topology, cost
     if not cost.profile.extensions.widest_dim_multiplier:
         return result
 
-    def value(r: SearchResult) -> float:
-        return predicted_critical_path(build_plan(r, spec, topology, cost, config, r.info))
+    def rated(r: SearchResult) -> tuple[float, Plan]:
+        plan = build_plan(r, spec, topology, cost, config, r.info)
+        return predicted_critical_path(plan), plan
 
-    best, best_value = result, value(result)
+    best = result
+    best_value, plan = rated(result)
     for _ in range(MAX_ROUNDS):
-        plan = build_plan(best, spec, topology, cost, config, best.info)
         narrow, wide = lanes_below_widest(plan)  # (T,) bool each, spec order
         st_of_table = plan.columns.sharding_type
         candidates = []
         for code in np.unique(st_of_table[narrow]):
-            st = SHARDING_TYPES[int(code)]
+            of_type = best.space.options.sharding_type == code
             for keep_off in (narrow & (st_of_table == code), wide & (st_of_table == code)):
-                space = _without(best.space, keep_off, st)
+                banned = keep_off[best.space.options.table] & of_type
+                space = without_options(best.space, banned) if banned.any() else None
                 if space is None:
                     continue
                 try:
                     candidates.append(search(space))
                 except InputError:  # they do not fit elsewhere
                     continue
-        scored = [(value(c), i, c) for i, c in enumerate(candidates)]
-        if not scored or min(scored)[0] >= best_value * (1 - RELATIVE_GAIN):
+        scored = [(*rated(c), i, c) for i, c in enumerate(candidates)]
+        winner = min(scored, key=lambda x: (x[0], x[2]), default=None)
+        if winner is None or winner[0] >= best_value * (1 - RELATIVE_GAIN):
             break
-        best_value, _, best = min(scored)
+        best_value, plan, _, best = winner
     if best is result:
         return result
     return replace(best, space=result.space, bound=result.bound, info=result.info)
-
-
-def _without(space: SearchSpace, tables: np.ndarray, st: ShardingType) -> SearchSpace | None:
-    """``space`` with ``tables``' options of ``st`` infeasible; None if one would have none left."""
-    opts = space.options
-    banned = tables[opts.table] & (opts.sharding_type == ST_CODE[st])
-    feasible = space.feasible & ~banned
-    covered = np.zeros(space.num_tables, dtype=bool)
-    np.logical_or.at(covered, opts.table, feasible)
-    return replace(space, feasible=feasible) if covered.all() and banned.any() else None

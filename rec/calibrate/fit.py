@@ -161,7 +161,7 @@ def parameters(types: Sequence[ShardingType], everywhere: Sequence[ShardingType]
     docstring); the ``sharding_type_ms`` of a type in ``everywhere`` (every plan uses it) cannot be
     told apart from ``iteration_ms``, which then carries it; ``widths``: some plan runs tables of
     different widths in one kernel group (``widest_dim_multiplier``)."""
-    blocks = list(dict.fromkeys(SHARDING_COEFFICIENTS[st] for st in types))
+    blocks = _blocks(types)
     uvm = [ck for ck in UVM_KERNELS if ck in kernels]
     out: list[Parameter] = []
     for field in ("input_read_size_multiplier", "lookup_size_multiplier", "hash_size_multiplier", "fixed_ms",
@@ -191,6 +191,11 @@ def parameters(types: Sequence[ShardingType], everywhere: Sequence[ShardingType]
     return tuple(out)
 
 
+def _blocks(types: Sequence[ShardingType]) -> list[str]:
+    """The ``Coefficients`` fields that serve ``types``, in their order, each once."""
+    return list(dict.fromkeys(SHARDING_COEFFICIENTS[st] for st in types))
+
+
 def _by_kernel_paths(blocks: Sequence[str], kernels: Sequence[ComputeKernel], field: str) -> tuple[str, ...]:
     """``coefficients.by_kernel`` keys of ``field`` for every sharded type of ``blocks`` on ``kernels``."""
     return tuple(f"coefficients.by_kernel.{st.value}.{ck.value}.fwd.{field}" for st in _types_of(blocks)
@@ -210,11 +215,11 @@ def base_profile(topology: Topology, types: Sequence[ShardingType], kernels: Seq
     bandwidths): only for computing the design matrix."""
     coefficients = DEFAULT_PROFILE.coefficients
     zero = ShardingCoefficients(PerfCoefficient(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0), None)
-    for block in dict.fromkeys(SHARDING_COEFFICIENTS[st] for st in types):
+    blocks = _blocks(types)
+    for block in blocks:
         coefficients = replace(coefficients, **{block: zero})  # type: ignore[arg-type]
     hw = links(topology, DEFAULT_PROFILE)
     pinned = {ck.value: kernel_bw(hw, DEFAULT_PROFILE, ck, caching_ratio) * MS_PER_S for ck in kernels}
-    blocks = list(dict.fromkeys(SHARDING_COEFFICIENTS[st] for st in types))
     coefficients = replace(coefficients, by_kernel=tuple(
         KernelCoefficients(st, ck, zero) for st in _types_of(blocks) for ck in UVM_KERNELS if ck in kernels))
     extensions = replace(DEFAULT_PROFILE.extensions, intra_host_latency_ms=0.0, inter_host_latency_ms=0.0)

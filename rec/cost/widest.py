@@ -25,12 +25,28 @@ from __future__ import annotations
 import numpy as np
 
 from rec.cost.constants import FULL_BLOCK_EMB_DIM
+from rec.cost.types import COMPUTE_KERNELS
 from rec.sharding import ComputeKernel
 
 # TorchRec's _get_compute_kernel_type: the uvm kernels share the fused TBE.
 KERNEL_FAMILY = {ComputeKernel.DENSE: ComputeKernel.DENSE, ComputeKernel.FUSED: ComputeKernel.FUSED,
                  ComputeKernel.FUSED_UVM: ComputeKernel.FUSED, ComputeKernel.FUSED_UVM_CACHING: ComputeKernel.FUSED,
                  ComputeKernel.KEY_VALUE: ComputeKernel.KEY_VALUE}
+FAMILY_CODE = np.array([COMPUTE_KERNELS.index(KERNEL_FAMILY[ck]) for ck in COMPUTE_KERNELS])  # by kernel code
+
+
+def lanes(cols: np.ndarray) -> np.ndarray:
+    """The columns a shard's bag keeps busy in its kernel group: its own, at most a warp's 128."""
+    out: np.ndarray = np.minimum(cols, FULL_BLOCK_EMB_DIM)
+    return out
+
+
+def group_extremes(group: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(G,) each: the least and the greatest of ``values`` in each group (``group``: 0..G-1 per shard)."""
+    least, greatest = np.full(int(group.max()) + 1, np.inf), np.full(int(group.max()) + 1, -np.inf)
+    np.minimum.at(least, group, values)
+    np.maximum.at(greatest, group, values)
+    return least, greatest
 
 
 def padding_ms(group: np.ndarray, ids: np.ndarray, cols: np.ndarray, elem: np.ndarray, bw: np.ndarray,
@@ -39,8 +55,7 @@ def padding_ms(group: np.ndarray, ids: np.ndarray, cols: np.ndarray, elem: np.nd
     iteration, ``cols`` its columns, ``elem`` its bytes per weight, ``bw`` its kernel's bytes/ms."""
     if not multiplier or not len(group):
         return np.zeros(len(group))
-    lanes = np.minimum(cols, FULL_BLOCK_EMB_DIM)
-    widest = np.zeros(int(group.max()) + 1)
-    np.maximum.at(widest, group, lanes)
-    out: np.ndarray = multiplier * ids * (widest[group] - lanes) * elem / bw
+    own = lanes(cols)
+    _, widest = group_extremes(group, own)
+    out: np.ndarray = multiplier * ids * (widest[group] - own) * elem / bw
     return out

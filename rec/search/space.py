@@ -8,7 +8,7 @@ consecutive ranks starting at the run's position, so the search never expands th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -98,3 +98,11 @@ def table_starts(space: SearchSpace) -> np.ndarray:
     if (np.diff(table) < 0).any() or not (stops > starts).all():
         raise ValueError("options must be grouped by table, with at least one per table")
     return starts
+
+
+def without_options(space: SearchSpace, banned: np.ndarray) -> SearchSpace | None:
+    """``space`` with the ``banned`` options (O,) infeasible; None if a table would have none left."""
+    feasible = space.feasible & ~banned
+    covered = np.zeros(space.num_tables, dtype=bool)
+    np.logical_or.at(covered, space.options.table, feasible)
+    return replace(space, feasible=feasible) if covered.all() else None

@@ -22,7 +22,7 @@ from rec.cost.types import SHARDING_TYPES, ST_CODE
 from rec.errors import InputError
 from rec.profile.types import Profile
 from rec.search.result import SearchResult
-from rec.search.space import SearchSpace
+from rec.search.space import SearchSpace, without_options
 from rec.sharding import ShardingType
 
 RELATIVE_GAIN = 1e-9  # a plan must be better by more than rounding to replace another
@@ -72,9 +72,4 @@ def _value(result: SearchResult, profile: Profile) -> float:
 
 def _without(space: SearchSpace, types: set[ShardingType]) -> SearchSpace | None:
     """``space`` with the options of ``types`` infeasible; None if a table would have none left."""
-    opts = space.options
-    banned = np.isin(opts.sharding_type, [ST_CODE[st] for st in types])
-    feasible = space.feasible & ~banned
-    covered = np.zeros(space.num_tables, dtype=bool)
-    np.logical_or.at(covered, opts.table, feasible)
-    return replace(space, feasible=feasible) if covered.all() else None
+    return without_options(space, np.isin(space.options.sharding_type, [ST_CODE[st] for st in types]))

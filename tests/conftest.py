@@ -5,9 +5,12 @@ Ray clusters); ``make test-fast`` runs the suite without them."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.paths import CPU_2PROC, DEMO
+from tests.stores import make_store, store_from
 
 
 @pytest.fixture(scope="session")
@@ -16,6 +19,18 @@ def demo_inputs():
     from tasks.ingest import ingest
 
     return ingest(str(DEMO), str(CPU_2PROC))
+
+
+@pytest.fixture(scope="session")
+def mlflow_template(tmp_path_factory) -> Path:
+    """An MLflow store with its tables made, once per test process (``tests.stores``)."""
+    return make_store(tmp_path_factory.mktemp("mlflow-template") / "mlflow.db")
+
+
+@pytest.fixture
+def mlflow_uri(mlflow_template, tmp_path) -> str:
+    """An empty MLflow store at tmp_path/mlflow.db (from ``mlflow_template``)."""
+    return store_from(mlflow_template, tmp_path)
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ DIR/gpu_check.md and DIR/commands.log (every command's output); exits 1 if a sec
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import time
@@ -97,15 +98,31 @@ def main(argv: list[str] | None = None) -> int:
     return ExitCode.FAILED if failed else ExitCode.OK
 
 
+HEAVY_PACKAGES = ("torch", "torchrec", "fbgemm_gpu")  # what every rank imports: seconds of bytecode each
+
+
 def cache_bytecode(prefix: Path) -> None:
-    """Compiled bytecode of every module this check and its processes import goes to ``prefix``,
-    written once and read by every later process. GPU images often install torchrec and fbgemm-gpu
-    without bytecode and set PYTHONDONTWRITEBYTECODE: then every rank recompiles them from source
-    (``import torchrec`` 19 s instead of 8 s on this project's cpu machine), each launch."""
+    """Where the installed torch, torchrec or fbgemm-gpu have no bytecode beside their sources, the
+    bytecode of every module this check and its processes import goes to ``prefix``, written once
+    and read by every later process. GPU images often install them without bytecode and set
+    PYTHONDONTWRITEBYTECODE: then every rank recompiles them from source (``import torchrec`` 19 s
+    instead of 8 s on this project's cpu machine), each launch. Where the bytecode is there (a
+    ``make install`` venv), a prefix would hide it and have the first process compile it all again."""
+    if all(_has_bytecode(name) for name in HEAVY_PACKAGES):
+        return
     os.environ["PYTHONPYCACHEPREFIX"] = str(prefix)
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     sys.pycache_prefix = str(prefix)
     sys.dont_write_bytecode = False
+
+
+def _has_bytecode(package: str) -> bool:
+    """The package's ``__init__`` has current bytecode next to it (False where it is not installed)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+        return False
+    cached = Path(importlib.util.cache_from_source(spec.origin))
+    return cached.is_file() and cached.stat().st_mtime >= Path(spec.origin).stat().st_mtime
 
 
 def run_section(name: str, ctx: Context) -> Section:

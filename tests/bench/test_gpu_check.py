@@ -55,3 +55,27 @@ def test_an_unknown_section_or_budget_is_refused_with_exit_2(tmp_path):
                             *flags], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert r.returncode == 2, r.stderr
         assert "Traceback" not in r.stderr
+
+
+def test_the_check_reads_the_installed_bytecode_and_caches_it_only_where_there_is_none(tmp_path, monkeypatch):
+    """A venv from ``make install`` has torch's bytecode: a cache prefix would hide it and the check's
+    first process would compile all of torch again. A package without bytecode (as GPU images
+    install torchrec) gets the check's own cache."""
+    from bench.gpu_check import __main__ as check
+
+    monkeypatch.setenv("PYTHONPYCACHEPREFIX", "")  # so that the test's end restores what was there
+    monkeypatch.delenv("PYTHONPYCACHEPREFIX")
+    monkeypatch.setattr(sys, "pycache_prefix", None)
+    check.cache_bytecode(tmp_path / "pycache")
+    assert "PYTHONPYCACHEPREFIX" not in os.environ and sys.pycache_prefix is None
+
+    bare = tmp_path / "site" / "bare_pkg"
+    bare.mkdir(parents=True)
+    (bare / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(bare.parent))
+    monkeypatch.setattr(check, "HEAVY_PACKAGES", (*check.HEAVY_PACKAGES, "bare_pkg"))
+    monkeypatch.setattr(sys, "dont_write_bytecode", sys.dont_write_bytecode)
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    check.cache_bytecode(tmp_path / "pycache")
+    assert os.environ["PYTHONPYCACHEPREFIX"] == str(tmp_path / "pycache") == sys.pycache_prefix
+    assert "PYTHONDONTWRITEBYTECODE" not in os.environ

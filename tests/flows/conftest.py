@@ -9,6 +9,8 @@ import pytest
 
 @pytest.fixture(scope="session")
 def prefect_api():
+    """The test server's API URL. A ``shardflow`` subprocess given it as PREFECT_API_URL runs its
+    flows there instead of starting a temporary server of its own (seconds of CPU each)."""
     from flows.logs import set_up
 
     # Prefect sets up its logging once per process, the first time it is used: with the CLI's quiet
@@ -21,7 +23,9 @@ def prefect_api():
     os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
     try:
         with prefect_test_harness(server_startup_timeout=180):
-            yield
+            from prefect.settings import PREFECT_API_URL
+
+            yield PREFECT_API_URL.value()
     finally:
         if previous is None:
             os.environ.pop("PREFECT_SERVER_ANALYTICS_ENABLED", None)

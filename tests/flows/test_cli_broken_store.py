@@ -17,9 +17,9 @@ pytestmark = [pytest.mark.slow,  # a Prefect server and a training
               pytest.mark.filterwarnings("ignore::DeprecationWarning")]  # SQLAlchemy, from MLflow
 
 
-def shardflow(cwd: Path, *args: str) -> tuple[int, str]:
+def shardflow(cwd: Path, *args: str, **env_vars: str) -> tuple[int, str]:
     """Exit code and everything printed (stdout and stderr)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "SHARDFLOW_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "SHARDFLOW_"))} | env_vars
     r = subprocess.run([str(SHARDFLOW), *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=900)
     return r.returncode, r.stdout + r.stderr
 
@@ -39,9 +39,11 @@ def assert_quiet(output: str) -> None:
     assert "Downloading artifacts" not in output and "View run" not in output, output
 
 
-def test_a_corrupt_store_neither_stops_planning_nor_blocks_later_runs_and_is_delivered_once_repaired(tmp_path):
+def test_a_corrupt_store_neither_stops_planning_nor_blocks_later_runs_and_is_delivered_once_repaired(
+        tmp_path, prefect_api):
     (tmp_path / "mlflow.db").write_bytes(b"not a database at all " * 1000)  # the default store, corrupt
-    code, out = shardflow(tmp_path, "run", "--plan-only", str(DEMO), "--topology", str(CPU_2PROC))
+    code, out = shardflow(tmp_path, "run", "--plan-only", str(DEMO), "--topology", str(CPU_2PROC),
+                          PREFECT_API_URL=prefect_api)
     assert code == 0, out
     assert_quiet(out)
     (line,) = [x for x in out.splitlines() if "MLflow unavailable" in x]
@@ -54,7 +56,7 @@ def test_a_corrupt_store_neither_stops_planning_nor_blocks_later_runs_and_is_del
     # Every later run works, to a healthy store, while the record for the broken one waits.
     healthy = f"sqlite:///{tmp_path / 'healthy.db'}"
     code, out = shardflow(tmp_path, "run", "--plan-only", str(DEMO), "--topology", str(CPU_2PROC),
-                          "--tracking-uri", healthy)
+                          "--tracking-uri", healthy, PREFECT_API_URL=prefect_api)
     assert code == 0, out
     assert_quiet(out)
     assert len([x for x in out.splitlines() if "MLflow unavailable" in x]) == 1  # the other store's record

@@ -19,6 +19,7 @@ from flows.cli import main
 from rec.plan import read_plan
 from rec.train.metrics import Resumed
 from tests.paths import CPU_2PROC, DEMO
+from tests.stores import store_from
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # SQLAlchemy, from MLflow
 
@@ -97,14 +98,14 @@ def trained(plan_dir: Path, out: Path, resume: Resumed | None = None):
 
 
 @pytest.fixture(scope="module")
-def store(plans, tmp_path_factory) -> tuple[str, str]:
+def store(plans, tmp_path_factory, mlflow_template) -> tuple[str, str]:
     """A SQLite store holding a measure run of each plan and a train run of shardflow's; no plan run."""
     from tasks.measure_record import record_measure
     from tasks.recorder import record_training
     from tasks.tracking import TrackingSettings
 
     tmp = tmp_path_factory.mktemp("mlflow")
-    uri, state = f"sqlite:///{tmp / 'mlflow.db'}", str(tmp / "state")
+    uri, state = store_from(mlflow_template, tmp), str(tmp / "state")
     tracking = TrackingSettings(uri, state_dir=state).resolve()
     for i, (name, (plan_dir, _)) in enumerate(plans.items()):
         assert record_measure(tracking, measured(plan_dir, tmp / f"m-{name}", 6.0 + i)).run_id

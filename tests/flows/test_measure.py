@@ -37,8 +37,9 @@ def plan_dir(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_measure_writes_predicted_against_measured_per_rank_and_records_a_measure_run(plan_dir, tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_measure_writes_predicted_against_measured_per_rank_and_records_a_measure_run(plan_dir, tmp_path,
+                                                                                    mlflow_uri):
+    uri = mlflow_uri
     out = tmp_path / "m"
     r = shardflow("measure", "--plan", str(plan_dir), "--out", str(out), "--iterations", "4", "--warmup", "1",
                   "--tracking-uri", uri, "--state-dir", str(tmp_path / "state"))

@@ -17,6 +17,7 @@ from flows.cli import main
 from rec.train.resume import step_dir
 from tests.flows.checkpoint_state import full_state
 from tests.paths import CPU_2PROC, ROOT, SHARDFLOW, TWO_TOWER_SEQ
+from tests.stores import store_from
 
 pytestmark = [pytest.mark.slow,  # real torchrun trainings
               pytest.mark.filterwarnings("ignore::DeprecationWarning")]  # SQLAlchemy, from MLflow+Prefect
@@ -27,8 +28,9 @@ SEARCH = "model.sequence.ec.embeddings.search_tokens.weight"
 
 
 @pytest.fixture(scope="module")
-def pipeline_run(prefect_api, tmp_path_factory) -> Path:
+def pipeline_run(prefect_api, tmp_path_factory, mlflow_template) -> Path:
     out = tmp_path_factory.mktemp("two_tower_seq")
+    store_from(mlflow_template, out)
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         code = main(["run", str(TWO_TOWER_SEQ), "--topology", str(CPU_2PROC), "--train-iterations", "6",

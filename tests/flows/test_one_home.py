@@ -18,12 +18,12 @@ from tests.paths import CPU_2PROC, DEMO
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # SQLAlchemy, from MLflow+Prefect
 
 
-def test_cli_plan_and_prefect_plan_flow_write_identical_artifacts(prefect_api, tmp_path, capsys):
+def test_cli_plan_and_prefect_plan_flow_write_identical_artifacts(prefect_api, tmp_path, capsys, mlflow_uri):
     from flows.plan import plan_flow
 
     assert main(["plan", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "cli")]) == 0
     outcome = plan_flow(str(DEMO), str(CPU_2PROC), out_dir=str(tmp_path / "flow"),
-                        tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", state_dir=str(tmp_path / "state"))
+                        tracking_uri=mlflow_uri, state_dir=str(tmp_path / "state"))
     cli, flow = tmp_path / "cli", Path(outcome.plan_path).parent
     names = sorted(p.name for p in cli.iterdir() if not p.name.startswith("."))
     assert names == ["plan.json", "rank_load.png", "shards.parquet"]

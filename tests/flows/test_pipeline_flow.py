@@ -16,6 +16,7 @@ import pytest
 from flows.cli import main
 from tests.flows.flow_logs import as_worker, flow_log
 from tests.paths import CPU_2PROC, DEMO, SHARDFLOW
+from tests.stores import store_from
 
 pytestmark = [pytest.mark.slow,  # Prefect and real torchrun trainings
               pytest.mark.filterwarnings("ignore::DeprecationWarning")]  # SQLAlchemy, from MLflow+Prefect
@@ -52,8 +53,10 @@ class Store:
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory) -> Store:
-    return Store(tmp_path_factory.mktemp("pipeline"))
+def store(tmp_path_factory, mlflow_template) -> Store:
+    root = tmp_path_factory.mktemp("pipeline")
+    store_from(mlflow_template, root)
+    return Store(root)
 
 
 @dataclass(frozen=True)
@@ -188,7 +191,8 @@ print("RUNS " + json.dumps({name: [str(state.state_details.flow_run_id), state.r
 """
 
 
-def test_the_plan_and_pipeline_flow_logs_end_with_the_lines_the_cli_prints(prefect_api, first_run, tmp_path):
+def test_the_plan_and_pipeline_flow_logs_end_with_the_lines_the_cli_prints(prefect_api, first_run, tmp_path,
+                                                                           mlflow_uri):
     r = as_worker(FLOWS, str(DEMO), str(CPU_2PROC), str(tmp_path), cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     runs = json.loads(r.stdout.split("RUNS ", 1)[1])

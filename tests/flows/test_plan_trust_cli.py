@@ -5,6 +5,7 @@ a full disk during ``shardflow plan`` is one line, exit 1, with the earlier plan
 from __future__ import annotations
 
 import json
+import os
 import resource
 import signal
 import subprocess
@@ -64,10 +65,11 @@ def test_a_full_disk_during_plan_is_one_line_and_the_earlier_plan_survives(tmp_p
 
 
 @pytest.mark.slow
-def test_run_plan_only_searches_an_edited_cache_entry_again_and_logs_only_the_new_files(tmp_path):
+def test_run_plan_only_searches_an_edited_cache_entry_again_and_logs_only_the_new_files(tmp_path, prefect_api,
+                                                                                         mlflow_uri):
     import mlflow
 
-    state, out, uri = tmp_path / "state", tmp_path / "out", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    state, out, uri = tmp_path / "state", tmp_path / "out", mlflow_uri
     inputs = ingest(str(DEMO), str(CPU_2PROC))
     searched = search_plan(inputs, SearchSettings(), plan_cache_dir(str(state)))  # what run would cache
     key = plan_key(inputs, SearchSettings())
@@ -80,7 +82,7 @@ def test_run_plan_only_searches_an_edited_cache_entry_again_and_logs_only_the_ne
 
     # 1. A table moved to the other rank, metrics left alone.
     (entry / "plan.json").write_text(json.dumps(move_first_table(json.loads(true_plan))))
-    r = shardflow(*run, cwd=tmp_path)
+    r = shardflow(*run, cwd=tmp_path, env={**os.environ, "PREFECT_API_URL": prefect_api})
     assert r.returncode == 0, r.stderr
     assert r.stderr.count(line) == 1 and "searched again" in r.stderr, r.stderr
     assert "searched)" in r.stdout and "from the cache" not in r.stdout
@@ -95,7 +97,7 @@ def test_run_plan_only_searches_an_edited_cache_entry_again_and_logs_only_the_ne
     forged = all_on_rank_0(json.loads((entry / "plan.json").read_text()))
     assert plan_from_dict(forged).metrics.critical_path > 1.5 * searched.plan.metrics.critical_path
     (entry / "plan.json").write_text(json.dumps(forged))
-    r = shardflow(*run, cwd=tmp_path)
+    r = shardflow(*run, cwd=tmp_path, env={**os.environ, "PREFECT_API_URL": prefect_api})
     assert r.returncode == 0, r.stderr
     assert r.stderr.count(line) == 1 and "searched)" in r.stdout, r.stderr
     assert (out / "plan" / "plan.json").read_bytes() == true_plan

@@ -36,7 +36,8 @@ print("OUTCOMES " + json.dumps([first, second, third]))
 NOISE = ("Downloading artifacts", "Uploading artifacts", "mlflow.store", "alembic", "View run", "it/s]")
 
 
-def test_replan_records_nothing_when_unchanged_then_replans_after_a_schema_change(prefect_api, tmp_path):
+def test_replan_records_nothing_when_unchanged_then_replans_after_a_schema_change(prefect_api, tmp_path,
+                                                                                 mlflow_uri):
     from mlflow import MlflowClient
 
     spec = tmp_path / "tables.yaml"

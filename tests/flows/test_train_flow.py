@@ -14,14 +14,14 @@ pytestmark = [pytest.mark.slow,  # Prefect and real torchrun trainings
               pytest.mark.filterwarnings("ignore::DeprecationWarning")]  # SQLAlchemy, from MLflow+Prefect
 
 
-def test_prefect_training_checkpoints_and_a_later_run_resumes_from_it(prefect_api, tmp_path):
+def test_prefect_training_checkpoints_and_a_later_run_resumes_from_it(prefect_api, tmp_path, mlflow_uri):
     from flows.train import train_flow
 
     assert main(["plan", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "plan"),
                  "--no-chart"]) == 0
     common = dict(plan_path=str(tmp_path / "plan" / "plan.json"), warmup=1, batch_size=32,
                   checkpoint_every=3, keep_checkpoints=1, out_dir=str(tmp_path / "out"),
-                  tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", state_dir=str(tmp_path / "state"))
+                  tracking_uri=mlflow_uri, state_dir=str(tmp_path / "state"))
     first = train_flow(train_iterations=6, **common)
     checkpoints = tmp_path / "out" / "train" / "checkpoints"
     assert first.trained.metrics.resumed_from == 0
@@ -35,7 +35,7 @@ def test_prefect_training_checkpoints_and_a_later_run_resumes_from_it(prefect_ap
     assert second.logged is not None and second.logged.run_id
 
 
-def test_a_certain_failure_is_not_retried_by_prefect(prefect_api, tmp_path):
+def test_a_certain_failure_is_not_retried_by_prefect(prefect_api, tmp_path, mlflow_uri):
     import torch
     from prefect import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
@@ -47,7 +47,7 @@ def test_a_certain_failure_is_not_retried_by_prefect(prefect_api, tmp_path):
         pytest.skip("this machine has CUDA")
     assert main(["plan", str(DEMO), "--topology", str(H100), "--out", str(tmp_path / "plan"), "--no-chart"]) == 0
     state = train_flow(plan_path=str(tmp_path / "plan" / "plan.json"), train_retries=2, train_retry_delay_s=0,
-                       out_dir=str(tmp_path / "out"), tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+                       out_dir=str(tmp_path / "out"), tracking_uri=mlflow_uri,
                        state_dir=str(tmp_path / "state"), return_state=True)
     with pytest.raises(InputError, match=r"without CUDA|no CUDA device"):
         state.result()

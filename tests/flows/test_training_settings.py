@@ -159,7 +159,7 @@ def run_handing_over(monkeypatch, flags: list[str], ingest_in_flow: bool = False
     return handed
 
 
-def test_the_flows_ingest_step_takes_the_inputs_the_cli_checked(prefect_api, tmp_path, monkeypatch):
+def test_the_flows_ingest_step_takes_the_inputs_the_cli_checked(prefect_api, tmp_path, monkeypatch, mlflow_uri):
     """Through Prefect's real task run: ``ingested`` reaches the flow's ``ingest-spec`` task."""
     import tasks.ingest
     from flows.plan import plan_flow
@@ -169,7 +169,7 @@ def test_the_flows_ingest_step_takes_the_inputs_the_cli_checked(prefect_api, tmp
     monkeypatch.setattr(tasks.ingest, "read_spec", lambda path: pytest.fail(f"read {path} again"))
     with ingested(inputs):
         outcome = plan_flow(str(DEMO), str(CPU_2PROC), out_dir=str(tmp_path / "out"), chart=False,
-                            tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", state_dir=str(tmp_path / "state"))
+                            tracking_uri=mlflow_uri, state_dir=str(tmp_path / "state"))
     assert outcome.plan_id
 
 

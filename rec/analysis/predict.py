@@ -55,8 +55,7 @@ def _entries(plan: Plan, profile: Profile | None) -> tuple[np.ndarray, np.ndarra
     arrays = table_arrays(spec, topology.batch_size, cost)
     hw = links(topology, profile)
     c = plan.columns
-    index = {t.key: i for i, t in enumerate(spec.tables)}
-    spec_of_table = np.fromiter((index[key] for key in c.keys), np.int64, len(c))
+    spec_of_table = _spec_positions(plan)
     entry_table = c.table_of_entry
     perf, ids, bw = np.zeros(len(entry_table)), np.zeros(len(entry_table)), np.ones(len(entry_table))
     for code in np.unique(c.sharding_type.astype(np.int64) * len(COMPUTE_KERNELS) + c.compute_kernel):
@@ -97,8 +96,7 @@ def lanes_below_widest(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     (widths counted up to 128 columns, as ``rec.cost.widest`` prices them)."""
     c = plan.columns
     arrays = table_arrays(plan.spec, plan.topology.batch_size, plan.planner.cost)
-    index = {t.key: i for i, t in enumerate(plan.spec.tables)}
-    t = np.fromiter((index[key] for key in c.keys), np.int64, len(c))[c.table_of_entry]
+    t = _spec_positions(plan)[c.table_of_entry]
     group = _kernel_groups(plan, arrays.elem[t], arrays.pooled[t])
     own = lanes(c.cols)
     narrowest, widest = group_extremes(group, own)
@@ -107,6 +105,12 @@ def lanes_below_widest(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     np.logical_or.at(narrow, c.table_of_entry, own < widest[group])
     np.logical_or.at(wide, c.table_of_entry, (own == widest[group]) & (narrowest[group] < widest[group]))
     return narrow, wide
+
+
+def _spec_positions(plan: Plan) -> np.ndarray:
+    """(T,) each of the plan's tables' position in its spec (``table_arrays``' order)."""
+    index = {t.key: i for i, t in enumerate(plan.spec.tables)}
+    return np.fromiter((index[key] for key in plan.columns.keys), np.int64, len(plan.columns))
 
 
 def _per_rank(plan: Plan, per_entry: np.ndarray) -> np.ndarray:

@@ -206,12 +206,11 @@ def mixed_probes() -> list[ProbeSpec]:
 # one. And a kernel's tables cost little each, whatever their number: many tables, few ids, at a batch
 # the GPU's fixed costs dominate (not scaled up, unlike every other cuda probe).
 GPU_PROBE_TYPES = (TW, RW, TWRW)
-_GPU_GROUPS: tuple[tuple[str, int, tuple[dict[str, Any], ...], bool], ...] = (
-    ("dims16+256", 512, ({"dim": 16, "pooling_factor": 16.0}, {"dim": 256, "pooling_factor": 1.0, "per_rank": 1}),
-     True),
-    ("dims32+128", 512, ({"dim": 32, "pooling_factor": 8.0, "per_rank": 4},
-                         {"dim": 128, "pooling_factor": 1.0, "per_rank": 1}), True),
-    ("tables128_unscaled", 512, ({"per_rank": 128, "rows": 10_000, "dim": 32, "pooling_factor": 2.0},), False),
+_GPU_GROUPS: tuple[tuple[str, tuple[dict[str, Any], ...], bool], ...] = (
+    ("dims16+256", ({"dim": 16, "pooling_factor": 16.0}, {"dim": 256, "pooling_factor": 1.0, "per_rank": 1}), True),
+    ("dims32+128", ({"dim": 32, "pooling_factor": 8.0, "per_rank": 4},
+                    {"dim": 128, "pooling_factor": 1.0, "per_rank": 1}), True),
+    ("tables128_unscaled", ({"per_rank": 128, "rows": 10_000, "dim": 32, "pooling_factor": 2.0},), False),
 )
 
 
@@ -221,8 +220,8 @@ def gpu_probes(types: list[ShardingType]) -> list[ProbeSpec]:
         if st not in types:
             continue
         companion = () if st is COMPANION.sharding_type else (COMPANION,)
-        for suffix, batch, groups, scaled in _GPU_GROUPS:
-            out.append(ProbeSpec(f"{st.value}_{suffix}", (*companion, *(Tables(st, **g) for g in groups)), batch,
+        for suffix, groups, scaled in _GPU_GROUPS:
+            out.append(ProbeSpec(f"{st.value}_{suffix}", (*companion, *(Tables(st, **g) for g in groups)),
                                  scaled=scaled))
     return out
 

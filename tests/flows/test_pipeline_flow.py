@@ -191,8 +191,8 @@ print("RUNS " + json.dumps({name: [str(state.state_details.flow_run_id), state.r
 """
 
 
-def test_the_plan_and_pipeline_flow_logs_end_with_the_lines_the_cli_prints(prefect_api, first_run, tmp_path,
-                                                                           mlflow_uri):
+@pytest.mark.usefixtures("mlflow_uri")  # the script's store, tmp_path/mlflow.db, made beforehand
+def test_the_plan_and_pipeline_flow_logs_end_with_the_lines_the_cli_prints(prefect_api, first_run, tmp_path):
     r = as_worker(FLOWS, str(DEMO), str(CPU_2PROC), str(tmp_path), cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     runs = json.loads(r.stdout.split("RUNS ", 1)[1])

@@ -79,10 +79,11 @@ def test_run_plan_only_searches_an_edited_cache_entry_again_and_logs_only_the_ne
     run = ("run", str(DEMO), "--topology", str(CPU_2PROC), "--plan-only", "--no-chart", "--out", str(out),
            "--state-dir", str(state), "--tracking-uri", uri)
     line = f"plan cache: entry {key} does not match its inputs"
+    on_test_server = {**os.environ, "PREFECT_API_URL": prefect_api}
 
     # 1. A table moved to the other rank, metrics left alone.
     (entry / "plan.json").write_text(json.dumps(move_first_table(json.loads(true_plan))))
-    r = shardflow(*run, cwd=tmp_path, env={**os.environ, "PREFECT_API_URL": prefect_api})
+    r = shardflow(*run, cwd=tmp_path, env=on_test_server)
     assert r.returncode == 0, r.stderr
     assert r.stderr.count(line) == 1 and "searched again" in r.stderr, r.stderr
     assert "searched)" in r.stdout and "from the cache" not in r.stdout
@@ -97,7 +98,7 @@ def test_run_plan_only_searches_an_edited_cache_entry_again_and_logs_only_the_ne
     forged = all_on_rank_0(json.loads((entry / "plan.json").read_text()))
     assert plan_from_dict(forged).metrics.critical_path > 1.5 * searched.plan.metrics.critical_path
     (entry / "plan.json").write_text(json.dumps(forged))
-    r = shardflow(*run, cwd=tmp_path, env={**os.environ, "PREFECT_API_URL": prefect_api})
+    r = shardflow(*run, cwd=tmp_path, env=on_test_server)
     assert r.returncode == 0, r.stderr
     assert r.stderr.count(line) == 1 and "searched)" in r.stdout, r.stderr
     assert (out / "plan" / "plan.json").read_bytes() == true_plan

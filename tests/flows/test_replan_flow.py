@@ -57,7 +57,7 @@ def test_replan_records_nothing_when_unchanged_then_replans_after_a_schema_chang
         assert flow_log(outcome["flow_run"])[-1] == outcome["summary"]
     assert second["summary"].startswith("unchanged: ")
 
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = MlflowClient(mlflow_uri)  # the script's store: its root's mlflow.db
     experiment = client.get_experiment_by_name("shardflow").experiment_id
     runs = client.search_runs([experiment], order_by=["attributes.start_time ASC"])
     by_step = {step: [r for r in runs if r.data.tags["shardflow.step"] == step]

@@ -28,7 +28,7 @@ from rec import progress
 from rec.disk_full import DiskFull, is_disk_full
 from rec.settings import to_flags
 from rec.train.config import TrainConfig
-from rec.train.lifetime import TORCHRUN_MODULE, parent_death_signal
+from rec.train.lifetime import LAUNCHER_MODULE, parent_death_signal
 from rec.train.measure_config import MeasureConfig
 from rec.train.rank_log import LOG_DIR, RANK_LOG, RankError, clear_errors, error_from_line, log_dir, read_errors
 
@@ -43,6 +43,7 @@ _FAILURE_WORDS = re.compile(r"(?i)error|exception|killed|out of memory|abort|fau
 _ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception|Timeout)\b.*?: \S")
 
 
+START_METHOD = "forkserver"  # how torchrun (rec.train.launcher) starts the ranks
 TRAIN_JOB = "rec.train.job"
 MEASURE_JOB = "rec.train.measure_job"
 
@@ -67,8 +68,9 @@ class Launch:
 def torchrun_command(launch: Launch) -> list[str]:
     # --log-dir /dev/null: torchrun keeps no per-rank directories (a /tmp/torchelastic_* per run);
     # each rank logs to OUT/logs itself, and torchrun's own output comes to the launcher.
-    cmd = [sys.executable, "-m", TORCHRUN_MODULE, f"--nproc-per-node={launch.nproc_per_node}",
-           f"--max-restarts={launch.max_restarts}", f"--log-dir={os.devnull}"]
+    # --start-method forkserver: the ranks are forked from a process that imported the job once.
+    cmd = [sys.executable, "-m", LAUNCHER_MODULE, f"--nproc-per-node={launch.nproc_per_node}",
+           f"--max-restarts={launch.max_restarts}", f"--log-dir={os.devnull}", f"--start-method={START_METHOD}"]
     if launch.nnodes == 1 and not launch.rdzv_endpoint:
         cmd.append("--standalone")
     else:
@@ -84,6 +86,9 @@ def job_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
     # Lets NCCL free all-to-all buffers without recordStream: less memory, no stalls.
     env.setdefault("TORCH_NCCL_AVOID_RECORD_STREAMS", "1")
     env.setdefault("OMP_NUM_THREADS", "1")
+    # The forkserver imports fbgemm-gpu, which asks torch.cuda.is_available() on import: NVML's
+    # answer leaves CUDA uninitialized there, so that the ranks forked from it can use CUDA.
+    env.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     env["PYTHONUNBUFFERED"] = "1"  # progress lines reach the launcher as they are written
     # The job runs `-m rec.train.job`: make the project importable however it was installed.
     root = str(Path(__file__).resolve().parents[1])

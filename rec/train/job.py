@@ -38,11 +38,12 @@ from rec.torchrec_internals import optimizer_classes
 from rec.train.applied import applied_sharding
 from rec.train.config import TrainConfig
 from rec.train.data import parquet_batches, synthetic_batches
+from rec.train.lifetime import exit_skipping_finalization
 from rec.train.loop import train_iterations
 from rec.train.metrics import Iterations, TrainMetrics, latency_stats, loss_stats, write_metrics
 from rec.train.model import build_model, resolve_model_kind
 from rec.train.rank_log import RankOutput
-from rec.train.rank_process import check_world_size, exit_skipping_finalization, process_group, run_rank
+from rec.train.rank_process import check_world_size, process_group, run_rank
 from rec.train.resume import checkpoint_dir
 from rec.train.start import Start, start
 

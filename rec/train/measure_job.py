@@ -52,9 +52,10 @@ from rec.spec.torchrec_modules import embedding_modules, place
 from rec.spec.types import Spec
 from rec.train.collectives import Group
 from rec.train.data import feature_tables
+from rec.train.lifetime import exit_skipping_finalization
 from rec.train.measure_config import LATER_SETTLE_S, SETTLE_BLOCK_MS, SETTLE_TOLERANCE, MeasureConfig
 from rec.train.rank_log import RankOutput
-from rec.train.rank_process import check_world_size, exit_skipping_finalization, process_group, run_rank
+from rec.train.rank_process import check_world_size, process_group, run_rank
 from rec.train.timings import Phases, PlanTimes, Status, Timings, write_timings
 
 

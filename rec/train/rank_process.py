@@ -5,7 +5,6 @@ code and a cause for the launcher, and leave without the race of interpreter fin
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import traceback
@@ -98,16 +97,3 @@ def init_process_group(device: ComputeDevice | str) -> Group:
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
                           is_master=not agent_hosts_store and rank == 0, multi_tenant=True)
     return join(device, dist.PrefixStore(f"shardflow/attempt_{restart_count()}", store), rank, world)
-
-
-def exit_skipping_finalization(code: int) -> NoReturn:
-    """Leave without interpreter finalization once every output is written.
-
-    Gloo's worker threads release a finished collective's tensors a moment after the caller
-    wakes up; if that release lands during finalization it needs the GIL, the thread is torn
-    down inside C++ and the process aborts ("terminate called without an active exception"),
-    failing a job that finished. Skipping finalization removes that race."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)

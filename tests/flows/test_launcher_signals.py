@@ -24,7 +24,9 @@ import pytest
 
 from flows.cli import main
 from rec.train.checkpoint import check_index
+from rec.train.lifetime import LAUNCHER_MODULE
 from rec.train.resume import latest, step_dir
+from tasks.launch import TRAIN_JOB
 from tasks.run_dirs import lock_dir
 from tests.paths import CPU_2PROC, DEMO, ROOT, SHARDFLOW
 
@@ -91,15 +93,19 @@ def training(plan_dir: Path, out: Path, temp: Path):
 
 
 def ranks_and_torchrun(processes: list[psutil.Process]) -> tuple[list[psutil.Process], list[psutil.Process]]:
-    torchrun = [p for p in processes if "torch.distributed.run" in p.cmdline()]
-    ranks = [p for p in processes if "rec.train.job" in p.cmdline() and p not in torchrun]
-    assert len(ranks) == 2 and len(torchrun) == 1, [p.cmdline() for p in processes]
+    """The ranks: the children of torchrun's (``rec.train.launcher``'s) forkserver, which imported the job."""
+    torchrun = [p for p in processes if LAUNCHER_MODULE in p.cmdline()]
+    forkservers = [p for p in processes if p.ppid() in {t.pid for t in torchrun}
+                   and "multiprocessing.forkserver" in " ".join(p.cmdline()) and TRAIN_JOB in " ".join(p.cmdline())]
+    ranks = [p for p in processes if p.ppid() in {f.pid for f in forkservers}]
+    assert len(ranks) == 2 and len(torchrun) == 1 and len(forkservers) == 1, [p.cmdline() for p in processes]
     return ranks, torchrun
 
 
 def leftovers(temp: Path) -> list[str]:
-    """What torchrun left in the temporary directory (torch's compile cache there is meant to stay)."""
-    return [p.name for p in temp.iterdir() if p.name.startswith("torchelastic_")]
+    """What torchrun left in the temporary directory: its own, and its forkserver's (torch's compile
+    cache there is meant to stay)."""
+    return [p.name for p in temp.iterdir() if p.name.startswith(("torchelastic_", "pymp-"))]
 
 
 def second_run_into(plan_dir: Path, out: Path) -> tuple[int, str]:

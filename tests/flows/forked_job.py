@@ -1,0 +1,18 @@
+"""A job for ``rec.train.launcher`` that needs no torch: each rank prints its rank, its parent and
+how many times this process imported the module, then exits with the code SHARDFLOW_TEST_EXIT
+names for it (``RANK:CODE,...``; ``RANK:int`` raises KeyboardInterrupt)."""
+
+from __future__ import annotations
+
+import os
+
+IMPORTED_IN = os.getpid()  # the process that imported the module: the forkserver, for every rank
+
+
+def main(argv: list[str]) -> int:
+    rank = os.environ["RANK"]
+    print(f"rank {rank} parent {os.getppid()} imported-in {IMPORTED_IN} argv {' '.join(argv)}", flush=True)
+    codes = dict(item.split(":") for item in os.environ.get("SHARDFLOW_TEST_EXIT", "").split(",") if item)
+    if codes.get(rank) == "int":
+        raise KeyboardInterrupt
+    return int(codes.get(rank, "0"))

@@ -38,16 +38,17 @@ def test_every_rank_runs_the_job_forked_from_the_one_process_that_imported_it(tm
     assert [p.name for p in tmp_path.iterdir()] == []  # the forkserver's socket directory is gone
 
 
-@pytest.mark.parametrize("exits, code", [("1:2", "2"), ("0:int", "130")])
-def test_a_rank_that_fails_or_is_interrupted_fails_the_launch_with_its_exit_code(tmp_path, exits, code):
-    r = launch(tmp_path, exits)
-    assert r.returncode == 1
-    assert re.search(rf"exitcode\s*:\s*{code}\b", r.stderr), r.stderr[-3000:]
-
-
 def test_a_temporary_directory_too_long_for_a_socket_still_launches(tmp_path):
     long = tmp_path / ("d" * (120 - len(str(tmp_path))))
     long.mkdir()
     r = launch(tmp_path, temp=str(long))
     assert r.returncode == 0, r.stderr[-3000:]
     assert len(RANK_LINE.findall(r.stdout)) == 2
+
+
+@pytest.mark.parametrize("exits, code", [("1:2", "2"), ("0:int", "130")])
+def test_a_rank_that_fails_or_is_interrupted_fails_the_launch_with_its_exit_code(tmp_path, exits, code):
+    r = launch(tmp_path, exits)
+    assert r.returncode == 1
+    assert re.search(rf"exitcode\s*:\s*{code}\b", r.stderr), r.stderr[-3000:]
+

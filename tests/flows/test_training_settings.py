@@ -140,8 +140,13 @@ def run_handing_over(monkeypatch, flags: list[str], ingest_in_flow: bool = False
     parameters the flow was given. Preflight's checks of this machine are skipped."""
     import flows.ephemeral_api
     import flows.pipeline
+    import tasks.measure
     import tasks.train
     from tasks.ingest import ingest
+
+    # tasks.measure binds tasks.train.preflight when first imported (which `run` may do): imported
+    # before the patch, or it keeps the patched one for every later test in this worker.
+    assert tasks.measure.preflight is tasks.train.preflight
 
     handed: dict[str, Any] = {}
 

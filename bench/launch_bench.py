@@ -34,11 +34,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.gpu_check import workloads  # noqa: E402
-from bench.gpu_check.machine import find_ranks  # noqa: E402
+from bench.gpu_check.machine import find_ranks, pick_device  # noqa: E402
 from rec.sharding import ComputeDevice  # noqa: E402
 from rec.train.config import TrainConfig  # noqa: E402
+from rec.train.launcher import FORKSERVER_FLAG  # noqa: E402
 from rec.train.lifetime import LAUNCHER_MODULE  # noqa: E402
-from tasks.launch import START_METHOD, Launch, job_environment, torchrun_command  # noqa: E402
+from tasks.launch import Launch, job_environment, torchrun_command  # noqa: E402
 
 _PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 WAYS = ("torchrun", "shardflow")
@@ -49,7 +50,7 @@ def commands(plan: Path, out: Path, ranks: int, job: TrainConfig) -> dict[str, l
     """The launch shardflow runs, and the same launch with torchrun itself (spawned ranks)."""
     ours = torchrun_command(Launch(plan_path=str(plan), out_dir=str(out), nproc_per_node=ranks, job=job))
     reference = [TORCHRUN if arg == LAUNCHER_MODULE else arg for arg in ours
-                 if arg != f"--start-method={START_METHOD}"]
+                 if arg != FORKSERVER_FLAG]
     return {"shardflow": ours, "torchrun": reference}
 
 
@@ -109,8 +110,7 @@ def main() -> None:
     p.add_argument("--out", required=True, help="the runs' files and launch_bench.json go here")
     a = p.parse_args()
     ctypes.CDLL(None).prctl(_PR_SET_CHILD_SUBREAPER, 1)
-    device = ComputeDevice(a.device) if a.device != "auto" else (
-        ComputeDevice.CUDA if _gpus() else ComputeDevice.CPU)
+    device = pick_device(a.device)
     work = Path(a.out)
     work.mkdir(parents=True, exist_ok=True)
     plan, ranks, job = plan_for(device, work)
@@ -135,12 +135,6 @@ def main() -> None:
               f"p50 {r['p50_ms']['median']:.3f} ms ({r['p50_ms']['spread_pct']:.0f}%)")
     print(f"shardflow/torchrun: wall {ratios['wall_s']:.2f}x, CPU {ratios['cpu_s']:.2f}x, "
           f"p50 iteration {ratios['p50_ms']:.2f}x ({ranks} {device.value} ranks)")
-
-
-def _gpus() -> bool:
-    import torch
-
-    return bool(torch.cuda.is_available())
 
 
 if __name__ == "__main__":

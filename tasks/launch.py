@@ -28,6 +28,7 @@ from rec import progress
 from rec.disk_full import DiskFull, is_disk_full
 from rec.settings import to_flags
 from rec.train.config import TrainConfig
+from rec.train.launcher import FORKSERVER_FLAG
 from rec.train.lifetime import LAUNCHER_MODULE, parent_death_signal
 from rec.train.measure_config import MeasureConfig
 from rec.train.rank_log import LOG_DIR, RANK_LOG, RankError, clear_errors, error_from_line, log_dir, read_errors
@@ -43,7 +44,6 @@ _FAILURE_WORDS = re.compile(r"(?i)error|exception|killed|out of memory|abort|fau
 _ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception|Timeout)\b.*?: \S")
 
 
-START_METHOD = "forkserver"  # how torchrun (rec.train.launcher) starts the ranks
 TRAIN_JOB = "rec.train.job"
 MEASURE_JOB = "rec.train.measure_job"
 
@@ -70,7 +70,7 @@ def torchrun_command(launch: Launch) -> list[str]:
     # each rank logs to OUT/logs itself, and torchrun's own output comes to the launcher.
     # --start-method forkserver: the ranks are forked from a process that imported the job once.
     cmd = [sys.executable, "-m", LAUNCHER_MODULE, f"--nproc-per-node={launch.nproc_per_node}",
-           f"--max-restarts={launch.max_restarts}", f"--log-dir={os.devnull}", f"--start-method={START_METHOD}"]
+           f"--max-restarts={launch.max_restarts}", f"--log-dir={os.devnull}", FORKSERVER_FLAG]
     if launch.nnodes == 1 and not launch.rdzv_endpoint:
         cmd.append("--standalone")
     else:

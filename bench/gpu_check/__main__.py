@@ -26,7 +26,7 @@ from pathlib import Path
 
 from bench.gpu_check import compare, sections
 from bench.gpu_check.context import Context, SectionFailed, Skipped
-from bench.gpu_check.machine import TimedOut, find_ranks, versions
+from bench.gpu_check.machine import TimedOut, find_ranks, pick_device, versions
 from bench.gpu_check.report import Report, Section, Status, write_report
 from rec.exit_codes import ExitCode
 from rec.sharding import ComputeDevice
@@ -62,21 +62,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _device(choice: str) -> ComputeDevice:
-    if choice != "auto":
-        return ComputeDevice(choice)
-    import torch
-
-    return ComputeDevice.CUDA if torch.cuda.is_available() else ComputeDevice.CPU
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     started = time.monotonic()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     cache_bytecode(out / "pycache")
-    device = _device(args.device)
+    device = pick_device(args.device)
     try:
         ranks = find_ranks(device)
     except ValueError as e:

@@ -21,6 +21,15 @@ CPU_HBM = 4 * GIB  # recorded only: TorchRec keeps cpu ranks' tables in DDR
 CPU_DDR = 16 * GIB
 
 
+def pick_device(choice: str) -> ComputeDevice:
+    """``--device``: cuda or cpu as given; auto: cuda if torch sees a GPU."""
+    if choice != "auto":
+        return ComputeDevice(choice)
+    import torch
+
+    return ComputeDevice.CUDA if torch.cuda.is_available() else ComputeDevice.CPU
+
+
 def find_ranks(device: ComputeDevice) -> Ranks:
     """Every visible GPU a rank (cuda), or 2 gloo ranks (cpu). ValueError when cuda has no GPU."""
     if device is ComputeDevice.CPU:

@@ -25,7 +25,7 @@ from multiprocessing import forkserver, util
 
 from rec.train.rank_entry import run_job
 
-FORKSERVER_FLAG = "--start-method=forkserver"
+FORKSERVER_FLAG = "--start-method=forkserver"  # what tasks.launch passes: the ranks forked, the job preloaded
 FORKSERVER_EXIT = "rec.train.forkserver_exit"
 RANK_WRAPPER = "torch.distributed.elastic.multiprocessing.api"  # what every rank runs its function in
 SOCKET_PATH_MAX = 107  # a Unix socket's path, in bytes (Linux's sun_path, less its NUL)

@@ -15,9 +15,9 @@ from rec.train.lifetime import exit_skipping_finalization
 
 def run_job(module: str, *argv: str) -> None:
     """Run ``module.main(argv)`` as this rank's whole life."""
-    from_module = importlib.import_module(module)  # imported already where the rank was forked
+    job = importlib.import_module(module)  # imported already where the rank was forked
     try:
-        code = from_module.main(list(argv))
+        code = job.main(list(argv))
     except KeyboardInterrupt:  # SIGINT; multiprocessing would exit 0 and the launcher wait forever
         code = ExitCode.INTERRUPTED
     if code != ExitCode.OK:

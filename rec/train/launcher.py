@@ -12,7 +12,8 @@ as a fresh interpreter instead.
         -m rec.train.job --plan P --out O
 
 A rank's parent is the forkserver, which exits when this process does; the ranks then get their
-parent-death signal (``rec.train.lifetime``).
+parent-death signal (``rec.train.lifetime``). A failed rank's log line no longer imports
+torch._dynamo here (``rec.train.elastic_internals``): 3 s of CPU on every failed launch and restart.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import tempfile
 import uuid
 from multiprocessing import forkserver, util
 
+from rec.train import elastic_internals
 from rec.train.rank_entry import run_job
 
 FORKSERVER_FLAG = "--start-method=forkserver"  # what tasks.launch passes: the ranks forked, the job preloaded
@@ -65,6 +67,8 @@ def _launch(argv: list[str]) -> None:
     from torch.distributed.elastic.multiprocessing.errors import record
     from torch.distributed.launcher.api import elastic_launch
     from torch.distributed.run import config_from_args, parse_args
+
+    elastic_internals.format_exceptions_first()
 
     @record  # as torchrun's main: a failed rank's error file, and the failure summary on stderr
     def launch() -> None:

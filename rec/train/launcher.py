@@ -13,7 +13,8 @@ as a fresh interpreter instead.
 
 A rank's parent is the forkserver, which exits when this process does; the ranks then get their
 parent-death signal (``rec.train.lifetime``). A failed rank's log line no longer imports
-torch._dynamo here (``rec.train.elastic_internals``): 3 s of CPU on every failed launch and restart.
+torch._dynamo here (``rec.train.elastic_internals``): 3 s of CPU at a launch's first failure, before
+the failure summary or the restart.
 """
 
 from __future__ import annotations

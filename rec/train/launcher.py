@@ -6,7 +6,8 @@ CPU per rank before it does anything, on every launch and every restart. This is
 change: with ``--start-method forkserver`` a rank is the job module's ``main``
 (``rec.train.rank_entry``) in a process forked from a multiprocessing forkserver that imported the
 module once, for all ranks and restarts. torchrun's default start method, spawn, starts every rank
-as a fresh interpreter instead.
+as a fresh interpreter instead. The forkserver is itself a fork of this process, made once torch is
+imported (``rec.train.forked_forkserver``): it imports only what the job adds to torch.
 
     python -m rec.train.launcher --standalone --nproc-per-node=2 --start-method=forkserver \\
         -m rec.train.job --plan P --out O
@@ -19,17 +20,15 @@ the failure summary or the restart.
 
 from __future__ import annotations
 
-import multiprocessing
 import sys
 import tempfile
 import uuid
-from multiprocessing import forkserver, util
+from multiprocessing import util
 
-from rec.train import elastic_internals
+from rec.train import elastic_internals, forked_forkserver
 from rec.train.rank_entry import run_job
 
 FORKSERVER_FLAG = "--start-method=forkserver"  # what tasks.launch passes: the ranks forked, the job preloaded
-FORKSERVER_EXIT = "rec.train.forkserver_exit"
 RANK_WRAPPER = "torch.distributed.elastic.multiprocessing.api"  # what every rank runs its function in
 SOCKET_PATH_MAX = 107  # a Unix socket's path, in bytes (Linux's sun_path, less its NUL)
 SOCKET_IN_TEMP = len("/pymp-XXXXXXXX/listener-XXXXXXXX")  # multiprocessing's socket, under the temp dir
@@ -38,18 +37,16 @@ SHORT_TEMP = "/tmp"
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
-    _start_forkserver(argv)
     _launch(argv)
 
 
 def _start_forkserver(argv: list[str]) -> None:
-    """Start the forkserver (with the job imported) before this process imports torch: the two
-    imports overlap, and the ranks start seconds sooner. The job is the module after ``-m``."""
+    """Start the forkserver (with the job imported), forked from this process once it has imported
+    torch (``rec.train.forked_forkserver``). The job is the module after ``-m``."""
     if FORKSERVER_FLAG not in argv or "-m" not in argv[:-1]:
         return
-    multiprocessing.set_forkserver_preload([RANK_WRAPPER, argv[argv.index("-m") + 1], FORKSERVER_EXIT])
     _socket_dir()
-    forkserver.ensure_running()
+    forked_forkserver.start([RANK_WRAPPER, argv[argv.index("-m") + 1]])
 
 
 def _socket_dir() -> None:
@@ -70,6 +67,7 @@ def _launch(argv: list[str]) -> None:
     from torch.distributed.run import config_from_args, parse_args
 
     elastic_internals.format_exceptions_first()
+    _start_forkserver(argv)
 
     @record  # as torchrun's main: a failed rank's error file, and the failure summary on stderr
     def launch() -> None:

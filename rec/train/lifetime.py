@@ -27,8 +27,9 @@ from rec.file_lock import open_lock_file, take
 OUT_LOCK_ENV = "SHARDFLOW_OUT_LOCK"  # the --out lock file the ranks hold shared; unset: no lock
 LAUNCHER_MODULE = "rec.train.launcher"  # torchrun with forked ranks, as the launcher starts it (``python -m``)
 # A rank's parent: torchrun (torchrun, ``python -m torch.distributed.run``, or the older launch), or the
-# forkserver of ``rec.train.launcher``, which exits with it.
-_RANK_PARENTS = (b"torchrun", b"torch.distributed.", b"multiprocessing.forkserver")
+# forkserver of ``rec.train.launcher``, which exits with it: a fork of the launcher (its command line), or
+# multiprocessing's own.
+_RANK_PARENTS = (b"torchrun", b"torch.distributed.", LAUNCHER_MODULE.encode(), b"multiprocessing.forkserver")
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 

@@ -1,5 +1,5 @@
-"""A job for ``rec.train.launcher`` that needs no torch: each rank prints its rank, its parent and
-how many times this process imported the module, then exits with the code SHARDFLOW_TEST_EXIT
+"""A job for ``rec.train.launcher`` that needs no torch: each rank prints its rank, its parent (pid
+and process name) and which process imported the module, then exits with the code SHARDFLOW_TEST_EXIT
 names for it (``RANK:CODE,...``; ``RANK:int`` raises KeyboardInterrupt)."""
 
 from __future__ import annotations
@@ -11,7 +11,10 @@ IMPORTED_IN = os.getpid()  # the process that imported the module: the forkserve
 
 def main(argv: list[str]) -> int:
     rank = os.environ["RANK"]
-    print(f"rank {rank} parent {os.getppid()} imported-in {IMPORTED_IN} argv {' '.join(argv)}", flush=True)
+    parent = os.getppid()
+    with open(f"/proc/{parent}/comm") as comm:
+        name = comm.read().strip()
+    print(f"rank {rank} parent {parent} {name} imported-in {IMPORTED_IN} argv {' '.join(argv)}", flush=True)
     codes = dict(item.split(":") for item in os.environ.get("SHARDFLOW_TEST_EXIT", "").split(",") if item)
     if codes.get(rank) == "int":
         raise KeyboardInterrupt

@@ -11,13 +11,14 @@ import sys
 
 import pytest
 
+from rec.train import forked_forkserver
 from rec.train.lifetime import LAUNCHER_MODULE
 from tests.paths import ROOT
 
 pytestmark = pytest.mark.slow  # torchrun's agent, two ranks
 
 JOB = "tests.flows.forked_job"
-RANK_LINE = re.compile(r"^rank (\d) parent (\d+) imported-in (\d+) argv (.*)$", re.M)
+RANK_LINE = re.compile(r"^rank (\d) parent (\d+) (\S+) imported-in (\d+) argv (.*)$", re.M)
 
 
 def launch(tmp_path, exits: str = "", temp: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -32,8 +33,10 @@ def test_every_rank_runs_the_job_forked_from_the_one_process_that_imported_it(tm
     assert r.returncode == 0, r.stderr[-3000:]
     ranks = RANK_LINE.findall(r.stdout)
     assert sorted(rank for rank, *_ in ranks) == ["0", "1"]
-    (parent, imported_in), = {(parent, imported) for _, parent, imported, _ in ranks}
+    (parent, name, imported_in), = {(parent, name, imported) for _, parent, name, imported, _ in ranks}
     assert parent == imported_in  # both ranks forked from the process that imported the job, once
+    # ... a fork of the launcher (which had imported torch), not a new interpreter that imports it again
+    assert name == forked_forkserver.PROCESS_NAME.decode()
     assert {argv for *_, argv in ranks} == {"--out o"}
     assert [p.name for p in tmp_path.iterdir()] == []  # the forkserver's socket directory is gone
 

@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from flows.cli import main
+from rec.train import forked_forkserver
 from rec.train.checkpoint import check_index
 from rec.train.lifetime import LAUNCHER_MODULE
 from rec.train.resume import latest, step_dir
@@ -93,10 +94,12 @@ def training(plan_dir: Path, out: Path, temp: Path):
 
 
 def ranks_and_torchrun(processes: list[psutil.Process]) -> tuple[list[psutil.Process], list[psutil.Process]]:
-    """The ranks: the children of torchrun's (``rec.train.launcher``'s) forkserver, which imported the job."""
-    torchrun = [p for p in processes if LAUNCHER_MODULE in p.cmdline()]
-    forkservers = [p for p in processes if p.ppid() in {t.pid for t in torchrun}
-                   and "multiprocessing.forkserver" in " ".join(p.cmdline()) and TRAIN_JOB in " ".join(p.cmdline())]
+    """The ranks: the children of torchrun's (``rec.train.launcher``'s) forkserver, a fork of it that
+    imported the job."""
+    forkserver_name = forked_forkserver.PROCESS_NAME.decode()
+    torchrun = [p for p in processes if LAUNCHER_MODULE in p.cmdline() and p.name() != forkserver_name]
+    forkservers = [p for p in processes if p.ppid() in {t.pid for t in torchrun} and p.name() == forkserver_name
+                   and TRAIN_JOB in " ".join(p.cmdline())]
     ranks = [p for p in processes if p.ppid() in {f.pid for f in forkservers}]
     assert len(ranks) == 2 and len(torchrun) == 1 and len(forkservers) == 1, [p.cmdline() for p in processes]
     return ranks, torchrun

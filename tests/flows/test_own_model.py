@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from flows.cli import main
 from tests.paths import CPU_2PROC, ROOT, SHARDFLOW, TORCHRUN, TWO_TOWER_SEQ
 
 EXAMPLE = "examples/train_own_model.py"
@@ -113,20 +114,22 @@ def users_code(tmp_path):
 
 @pytest.mark.parametrize("function", list(ENDINGS))
 def test_a_users_function_that_exits_or_raises_a_base_exception_exits_2_naming_it(own_plan, users_code, tmp_path,
-                                                                                 function):
+                                                                                 function, capfd):
     """sys.exit(0) is no model read, nor a training done; sys.exit(3) and a BaseException are no
-    crash: each is the user's mistake, named with the target, exit 2, nothing written or launched."""
+    crash: each is the user's mistake, named with the target, exit 2, nothing written or launched.
+    (The commands run in this process: the user's exit must not leave it either.)"""
     target = f"{users_code}:{function}"
     spec = tmp_path / "x.yaml"
-    r = run(SHARDFLOW, "spec", "from-model", target, "--out", spec)
-    assert r.returncode == 2, r.stdout[-3000:] + r.stderr[-3000:]
-    assert f"{target}() {ENDINGS[function]}" in r.stderr and "Traceback" not in r.stderr
+    assert main(["spec", "from-model", target, "--out", str(spec)]) == 2
+    err = capfd.readouterr().err
+    assert f"{target}() {ENDINGS[function]}" in err and "Traceback" not in err
     assert not spec.exists()
 
     directory, _ = own_plan
-    r = run(SHARDFLOW, "train", "--no-track", "--plan", directory, "--out", tmp_path / "train", "--model", target)
-    assert r.returncode == 2, r.stdout[-3000:] + r.stderr[-3000:]
-    assert f"{target}() {ENDINGS[function]}" in r.stderr and "Traceback" not in r.stderr
+    assert main(["train", "--no-track", "--plan", str(directory), "--out", str(tmp_path / "train"),
+                 "--model", target]) == 2
+    err = capfd.readouterr().err
+    assert f"{target}() {ENDINGS[function]}" in err and "Traceback" not in err
     assert not (tmp_path / "train" / "logs").exists()  # nothing was launched
 
 
@@ -147,26 +150,29 @@ def test_batches_that_exit_inside_the_ranks_fail_the_training_with_exit_2_naming
     assert not (tmp_path / "train" / "train_metrics.json").exists()
 
 
-def test_a_model_that_does_not_match_the_plan_exits_2_naming_each_difference_before_launch(tmp_path):
+def test_a_model_that_does_not_match_the_plan_exits_2_naming_each_difference_before_launch(tmp_path, capfd):
     from rec.plan import write_plan
     from rec.planning import plan_spec
     from rec.spec import read_spec
     from rec.topology import read_topology
 
     write_plan(plan_spec(read_spec(TWO_TOWER_SEQ), read_topology(CPU_2PROC)), tmp_path / "plan")
-    r = run(SHARDFLOW, "train", "--no-track", "--plan", tmp_path / "plan", "--out", tmp_path / "train",
-            "--model", f"{EXAMPLE}:shardflow_model")
-    assert r.returncode == 2, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "Traceback" not in r.stderr and "the plan does not shard" in r.stderr
+    code = main(["train", "--no-track", "--plan", str(tmp_path / "plan"), "--out", str(tmp_path / "train"),
+                 "--model", f"{ROOT / EXAMPLE}:shardflow_model"])
+    err = capfd.readouterr().err
+    assert code == 2, err[-3000:]
+    assert "Traceback" not in err and "the plan does not shard" in err
     for where in ("module towers.user.ebc", "module sequence.ec", "module user.ebc", "module sequence.0.ec"):
-        assert where in r.stderr
+        assert where in err
     assert not (tmp_path / "train" / "logs").exists()  # nothing was launched
 
 
-def test_shardflow_run_checks_the_model_target_against_the_spec_before_planning(tmp_path):
-    r = run(SHARDFLOW, "run", TWO_TOWER_SEQ, "--topology", CPU_2PROC, "--out", tmp_path / "run",
-            "--model", f"{EXAMPLE}:shardflow_model", "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    assert r.returncode == 2 and "module towers.user.ebc" in r.stderr and "Traceback" not in r.stderr
+def test_shardflow_run_checks_the_model_target_against_the_spec_before_planning(tmp_path, capfd):
+    code = main(["run", str(TWO_TOWER_SEQ), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "run"),
+                 "--model", f"{ROOT / EXAMPLE}:shardflow_model",
+                 "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"])
+    err = capfd.readouterr().err
+    assert code == 2 and "module towers.user.ebc" in err and "Traceback" not in err
     assert not (tmp_path / "run").exists() and not (tmp_path / "mlflow.db").exists()  # nothing planned or run
 
 

@@ -94,16 +94,17 @@ def test_a_new_plan_on_another_world_size_resumes_from_the_old_checkpoint(traine
     assert f"model.{EBC}.fresh.weight" in new and f"model.{EBC}.gone.weight" not in new
 
 
-def test_a_checkpoint_that_is_not_there_or_of_the_wrong_plan_is_refused_before_launch(trained, tmp_path):
+def test_a_checkpoint_that_is_not_there_or_of_the_wrong_plan_is_refused_before_launch(trained, tmp_path, capfd):
+    from flows.cli import main
+
     tmp = trained
-    r = subprocess.run([str(SHARDFLOW), "train", "--plan", str(tmp / "plan_b"), "--out", str(tmp_path / "x"),
-                        "--iterations", "6", "--warmup", "1", "--resume-from", str(tmp_path / "nowhere"),
-                        "--no-track"], capture_output=True, text=True, cwd=ROOT)
-    assert r.returncode == 2 and "no such directory" in r.stderr and "Traceback" not in r.stderr
-    r = subprocess.run([str(SHARDFLOW), "train", "--plan", str(tmp / "plan_b"), "--out", str(tmp_path / "y"),
-                        "--iterations", "3", "--warmup", "1", "--resume-from", str(tmp / "train_a"),
-                        "--no-track"], capture_output=True, text=True, cwd=ROOT)
-    assert r.returncode == 2 and "not above the checkpoint's iteration 4" in r.stderr
+    code = main(["train", "--plan", str(tmp / "plan_b"), "--out", str(tmp_path / "x"), "--iterations", "6",
+                 "--warmup", "1", "--resume-from", str(tmp_path / "nowhere"), "--no-track"])
+    err = capfd.readouterr().err
+    assert code == 2 and "no such directory" in err and "Traceback" not in err
+    code = main(["train", "--plan", str(tmp / "plan_b"), "--out", str(tmp_path / "y"), "--iterations", "3",
+                 "--warmup", "1", "--resume-from", str(tmp / "train_a"), "--no-track"])
+    assert code == 2 and "not above the checkpoint's iteration 4" in capfd.readouterr().err
 
 
 class _Payload:
@@ -116,18 +117,20 @@ class _Payload:
         return (subprocess.call, (["touch", str(self.marker)],))
 
 
-def test_a_checkpoint_whose_index_would_run_code_is_refused_unopened(trained, tmp_path):
+def test_a_checkpoint_whose_index_would_run_code_is_refused_unopened(trained, tmp_path, capfd):
     import pickle
     import shutil
+
+    from flows.cli import main
 
     crafted = tmp_path / "crafted"
     shutil.copytree(trained / "train_a" / "checkpoints", crafted)
     marker = tmp_path / "pwned"
     step = next(crafted.glob("step_*"))
     (step / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
-    r = subprocess.run([str(SHARDFLOW), "train", "--plan", str(trained / "plan_b"), "--out", str(tmp_path / "z"),
-                        "--iterations", "6", "--warmup", "1", "--resume-from", str(crafted), "--no-track"],
-                       capture_output=True, text=True, cwd=ROOT)
-    assert r.returncode == 2, r.stderr[-2000:]
-    assert "subprocess.call" in r.stderr and "Traceback" not in r.stderr
+    code = main(["train", "--plan", str(trained / "plan_b"), "--out", str(tmp_path / "z"), "--iterations", "6",
+                 "--warmup", "1", "--resume-from", str(crafted), "--no-track"])
+    err = capfd.readouterr().err
+    assert code == 2, err[-2000:]
+    assert "subprocess.call" in err and "Traceback" not in err
     assert not marker.exists() and not (tmp_path / "z").exists()

@@ -1,0 +1,85 @@
+"""multiprocessing's forkserver, forked from the launcher once it has imported torch.
+
+multiprocessing starts its forkserver as a new interpreter, which imports torch again before it
+imports the job: 3 s of CPU on every launch, paid twice over (the launcher imports torch for
+torchrun's agent). Forked from the launcher once torch is imported, the forkserver imports only
+what the job adds (torchrec, the job module). It runs multiprocessing's own forkserver loop, as the
+new interpreter would: the command multiprocessing built for that interpreter, run in the fork.
+
+The fork happens before torchrun's agent starts a thread. The forkserver keeps no file descriptor of
+the launcher's but those multiprocessing passes it (as its new interpreter would), and leaves with
+``os._exit``: nothing the launcher registered (atexit, finalizers) runs in it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import threading
+import traceback
+from collections.abc import Sequence
+from typing import Any
+from multiprocessing import forkserver, util
+
+FORKSERVER_MAIN = "from multiprocessing.forkserver import main"  # the command multiprocessing runs it with
+PROCESS_NAME = b"sf-forkserver"  # what ps and top show for it (the command line stays the launcher's)
+_PR_SET_NAME = 15  # <linux/prctl.h>
+
+
+def start(preload: Sequence[str]) -> None:
+    """Start the forkserver, which imports ``preload``, as a fork of this process."""
+    forkserver.set_forkserver_preload(list(preload))
+    spawn = util.spawnv_passfds
+
+    def fork_instead(path: bytes, args: Sequence[Any], passfds: Sequence[int]) -> int:
+        command = args[-1] if args else None
+        if not isinstance(command, str) or not command.startswith(FORKSERVER_MAIN):  # the resource tracker
+            return spawn(path, args, passfds)
+        return _fork(command, passfds)
+
+    util.spawnv_passfds = fork_instead
+    try:
+        forkserver.ensure_running()
+    finally:
+        util.spawnv_passfds = spawn
+
+
+def _fork(command: str, passfds: Sequence[int]) -> int:
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        _keep_only((0, 1, 2, *passfds))
+        # The parent holds this lock while it forks; a rank that starts a forkserver of its own takes it.
+        forkserver._forkserver._lock = threading.Lock()  # type: ignore[attr-defined]
+        _name_process()
+        exec(command, {"__name__": "__forkserver__"})  # multiprocessing's forkserver loop
+        code = 0
+    except SystemExit as e:  # the loop ends so when the launcher is gone
+        code = e.code if isinstance(e.code, int) else 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _keep_only(fds: Sequence[int]) -> None:
+    """Close every file descriptor but ``fds``, as a new interpreter started with them would have."""
+    low = 0
+    for fd in sorted(set(fds)):
+        if low < fd:  # os.closerange(n, n) closes every descriptor from n up (close_range(2) of n, -1)
+            os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, os.sysconf("SC_OPEN_MAX"))
+
+
+def _name_process() -> None:
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None).prctl(_PR_SET_NAME, PROCESS_NAME, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass

@@ -1,0 +1,71 @@
+"""``rec.train.forked_forkserver``: multiprocessing's forkserver as a fork of the process that starts
+it. Its children run as a new interpreter's would have: the preloaded module imported once, in the
+forkserver; none of the starter's file descriptors; the forkserver gone once the starter is."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from rec.train.forked_forkserver import PROCESS_NAME
+from tests.paths import ROOT
+
+STARTER = """
+import json, multiprocessing, os, sys
+from rec.train import forked_forkserver
+
+def report(queue, secret):
+    fds = {os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd") if fd not in ("0", "1", "2")
+           and os.path.exists(f"/proc/self/fd/{fd}")}
+    with open(f"/proc/{os.getppid()}/comm") as comm:
+        parent_name = comm.read().strip()
+    with open(f"/proc/{os.getppid()}/stat") as stat:
+        grandparent = int(stat.read().rsplit(")", 1)[1].split()[1])
+    queue.put({"parent": os.getppid(), "parent_name": parent_name, "grandparent": grandparent,
+               "secret_open": secret in fds, "preloaded": "decimal" in sys.modules})
+
+if __name__ == "__main__":
+    secret = open(sys.argv[1], "w")  # the starter's own descriptor: its forkserver must not hold it
+    assert "decimal" not in sys.modules
+    forked_forkserver.start(["decimal"])
+    context = multiprocessing.get_context("forkserver")
+    queue = context.Queue()
+    children = [context.Process(target=report, args=(queue, sys.argv[1])) for _ in range(2)]
+    for child in children:
+        child.start()
+    seen = [queue.get(timeout=60) for _ in children]
+    for child in children:
+        child.join(timeout=60)
+    print(json.dumps({"me": os.getpid(), "children": seen, "codes": [c.exitcode for c in children]}), flush=True)
+"""
+
+
+def test_children_of_the_forked_forkserver_hold_none_of_the_starters_files_and_it_leaves_with_the_starter(tmp_path):
+    script = tmp_path / "starter.py"
+    script.write_text(STARTER)
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "secret")], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0 and not r.stderr, r.stderr[-3000:]
+    report = json.loads(r.stdout)
+    assert report["codes"] == [0, 0]
+    (forkserver,) = {child["parent"] for child in report["children"]}
+    for child in report["children"]:
+        assert child["parent_name"] == PROCESS_NAME.decode()  # a fork, named so in ps and top
+        assert child["grandparent"] == report["me"]  # ... of the starter
+        assert not child["secret_open"]
+        assert child["preloaded"]  # imported in the forkserver, once, before the child was forked
+    deadline = time.monotonic() + 10
+    while running(forkserver) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not running(forkserver)  # it left when the starter did
+
+
+def running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

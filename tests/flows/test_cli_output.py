@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main
+from tests.flows.cli_in_process import shardflow_here
 from tests.paths import DEMO, H100, SHARDFLOW, TWO_TOWER_SEQ
 
 
@@ -63,19 +64,21 @@ def test_show_names_each_table_of_another_module_with_its_module(tmp_path, capsy
 
 
 def test_a_cuda_plan_on_a_machine_without_cuda_is_refused_before_anything_starts_with_one_message(
-        cuda_plan, tmp_path):
+        cuda_plan, tmp_path, capfd, monkeypatch):
     pytest.importorskip("torch")
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
+    monkeypatch.chdir(tmp_path)
     for args in (["train", "--plan", str(cuda_plan), "--out", str(tmp_path / "train")],
                  ["run", str(DEMO), "--topology", str(H100), "--out", str(tmp_path / "run"),
                   "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}", "--state-dir", str(tmp_path / "s")]):
-        r = subprocess.run([str(SHARDFLOW), *args], capture_output=True, text=True, cwd=tmp_path, timeout=60)
-        assert r.returncode == 2, r.stderr
-        assert r.stderr.count("without CUDA") == 1 and "NCCL" in r.stderr
-        assert "Traceback" not in r.stderr and len(r.stderr.splitlines()) < 6
+        r = shardflow_here(capfd, *args)
+        err = r.stderr
+        assert r.returncode == 2, err
+        assert err.count("without CUDA") == 1 and "NCCL" in err
+        assert "Traceback" not in err and len(err.splitlines()) < 6
         assert not list(tmp_path.rglob("torchrun-node*.log"))  # nothing was launched, so nothing retried
     assert not (tmp_path / "m.db").exists()  # refused before Prefect and MLflow started
 

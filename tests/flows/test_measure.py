@@ -16,6 +16,7 @@ import pytest
 from flows.cli import main
 from rec.plan import read_plan
 from rec.profile import read_profile
+from tests.flows.cli_in_process import shardflow_here
 from tests.paths import CPU_2PROC, DEMO, H100_2X8, ROOT, SHARDFLOW, TWO_TOWER_SEQ
 
 SCREEN_LINES = 40
@@ -38,7 +39,7 @@ def plan_dir(tmp_path_factory):
 
 @pytest.mark.slow
 def test_measure_writes_predicted_against_measured_per_rank_and_records_a_measure_run(plan_dir, tmp_path,
-                                                                                    mlflow_uri):
+                                                                                    mlflow_uri, capfd):
     uri = mlflow_uri
     out = tmp_path / "m"
     r = shardflow("measure", "--plan", str(plan_dir), "--out", str(out), "--iterations", "4", "--warmup", "1",
@@ -82,7 +83,7 @@ def test_measure_writes_predicted_against_measured_per_rank_and_records_a_measur
 
     # No plan run (the plan was made by `shardflow plan`), yet compare lists the measurement with its plan.
     assert client.search_runs([experiment.experiment_id], "tags.`shardflow.step` = 'plan'") == []
-    r = shardflow("compare", "--wide", "--tracking-uri", uri, "--state-dir", str(tmp_path / "state"))
+    r = shardflow_here(capfd, "compare", "--wide", "--tracking-uri", uri, "--state-dir", str(tmp_path / "state"))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     (row,) = [line.split() for line in r.stdout.splitlines() if line.startswith(plan.plan_id)]
     assert row[1] == "shardflow" and "measure" in row and f"{metrics['measured_iteration_ms']:.2f}" in row

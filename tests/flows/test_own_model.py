@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import main
+from tests.flows.cli_in_process import shardflow_here
 from tests.paths import CPU_2PROC, ROOT, SHARDFLOW, TORCHRUN, TWO_TOWER_SEQ
 
 EXAMPLE = "examples/train_own_model.py"
@@ -58,11 +58,12 @@ def test_the_example_script_trains_the_model_sharded_exactly_as_planned(own_plan
 
 
 @pytest.mark.slow
-def test_shardflow_train_trains_the_users_model_factory_with_the_plan(own_plan, tmp_path):
+def test_shardflow_train_trains_the_users_model_factory_with_the_plan(own_plan, tmp_path, capfd, monkeypatch):
     directory, plan = own_plan
     target = f"{EXAMPLE}:shardflow_model"
-    r = run(SHARDFLOW, "train", "--no-track", "--plan", directory, "--out", tmp_path, "--model", target,
-            "--iterations", "6", "--warmup", "1", "--batch-size", "32")
+    monkeypatch.chdir(ROOT)  # the target is relative to it
+    r = shardflow_here(capfd, "train", "--no-track", "--plan", str(directory), "--out", str(tmp_path), "--model",
+                       target, "--iterations", "6", "--warmup", "1", "--batch-size", "32")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     m = json.loads((tmp_path / "train_metrics.json").read_text())
     assert m["model"] == target and m["plan_id"] == plan.plan_id
@@ -120,15 +121,17 @@ def test_a_users_function_that_exits_or_raises_a_base_exception_exits_2_naming_i
     (The commands run in this process: the user's exit must not leave it either.)"""
     target = f"{users_code}:{function}"
     spec = tmp_path / "x.yaml"
-    assert main(["spec", "from-model", target, "--out", str(spec)]) == 2
-    err = capfd.readouterr().err
+    r = shardflow_here(capfd, "spec", "from-model", target, "--out", str(spec))
+    assert r.returncode == 2
+    err = r.stderr
     assert f"{target}() {ENDINGS[function]}" in err and "Traceback" not in err
     assert not spec.exists()
 
     directory, _ = own_plan
-    assert main(["train", "--no-track", "--plan", str(directory), "--out", str(tmp_path / "train"),
-                 "--model", target]) == 2
-    err = capfd.readouterr().err
+    r = shardflow_here(capfd, "train", "--no-track", "--plan", str(directory), "--out", str(tmp_path / "train"),
+                       "--model", target)
+    assert r.returncode == 2
+    err = r.stderr
     assert f"{target}() {ENDINGS[function]}" in err and "Traceback" not in err
     assert not (tmp_path / "train" / "logs").exists()  # nothing was launched
 
@@ -157,9 +160,9 @@ def test_a_model_that_does_not_match_the_plan_exits_2_naming_each_difference_bef
     from rec.topology import read_topology
 
     write_plan(plan_spec(read_spec(TWO_TOWER_SEQ), read_topology(CPU_2PROC)), tmp_path / "plan")
-    code = main(["train", "--no-track", "--plan", str(tmp_path / "plan"), "--out", str(tmp_path / "train"),
-                 "--model", f"{ROOT / EXAMPLE}:shardflow_model"])
-    err = capfd.readouterr().err
+    r = shardflow_here(capfd, "train", "--no-track", "--plan", str(tmp_path / "plan"), "--out",
+                       str(tmp_path / "train"), "--model", f"{ROOT / EXAMPLE}:shardflow_model")
+    code, err = r.returncode, r.stderr
     assert code == 2, err[-3000:]
     assert "Traceback" not in err and "the plan does not shard" in err
     for where in ("module towers.user.ebc", "module sequence.ec", "module user.ebc", "module sequence.0.ec"):
@@ -168,10 +171,10 @@ def test_a_model_that_does_not_match_the_plan_exits_2_naming_each_difference_bef
 
 
 def test_shardflow_run_checks_the_model_target_against_the_spec_before_planning(tmp_path, capfd):
-    code = main(["run", str(TWO_TOWER_SEQ), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "run"),
-                 "--model", f"{ROOT / EXAMPLE}:shardflow_model",
-                 "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"])
-    err = capfd.readouterr().err
+    r = shardflow_here(capfd, "run", str(TWO_TOWER_SEQ), "--topology", str(CPU_2PROC), "--out",
+                       str(tmp_path / "run"), "--model", f"{ROOT / EXAMPLE}:shardflow_model",
+                       "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    code, err = r.returncode, r.stderr
     assert code == 2 and "module towers.user.ebc" in err and "Traceback" not in err
     assert not (tmp_path / "run").exists() and not (tmp_path / "mlflow.db").exists()  # nothing planned or run
 

@@ -13,6 +13,7 @@ import torch
 
 from rec.train.resume import step_dir
 from tests.flows.checkpoint_state import full_state
+from tests.flows.cli_in_process import shardflow_here
 from tests.paths import ROOT, SHARDFLOW
 
 pytestmark = pytest.mark.slow  # real torchrun trainings
@@ -38,10 +39,11 @@ def topology(path: Path, world: int) -> Path:
     return path
 
 
-def shardflow(*args: str) -> subprocess.CompletedProcess:
-    r = subprocess.run([str(SHARDFLOW), *args], capture_output=True, text=True, cwd=ROOT)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    return r
+def shardflow(*args: str) -> None:
+    """``shardflow ARGS``, in this process, succeeding."""
+    from flows.cli import main
+
+    assert main(list(args)) == 0
 
 
 @pytest.fixture(scope="module")
@@ -60,9 +62,10 @@ def trained(tmp_path_factory) -> Path:
 
 def test_a_new_plan_on_another_world_size_resumes_from_the_old_checkpoint(trained):
     tmp = trained
-    r = shardflow("train", "--plan", str(tmp / "plan_b"), "--out", str(tmp / "train_b"), "--iterations", "6",
-                  "--warmup", "1", "--checkpoint-every", "100", "--resume-from", str(tmp / "train_a"),
-                  "--no-track")
+    r = subprocess.run([str(SHARDFLOW), "train", "--plan", str(tmp / "plan_b"), "--out", str(tmp / "train_b"),
+                        "--iterations", "6", "--warmup", "1", "--checkpoint-every", "100",
+                        "--resume-from", str(tmp / "train_a"), "--no-track"], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     metrics = json.loads((tmp / "train_b" / "train_metrics.json").read_text())
     plan_a = json.loads((tmp / "plan_a" / "plan.json").read_text())
     assert metrics["world_size"] == 3 and metrics["resumed_from"] == 4 and metrics["iterations"] == 6
@@ -95,16 +98,13 @@ def test_a_new_plan_on_another_world_size_resumes_from_the_old_checkpoint(traine
 
 
 def test_a_checkpoint_that_is_not_there_or_of_the_wrong_plan_is_refused_before_launch(trained, tmp_path, capfd):
-    from flows.cli import main
-
     tmp = trained
-    code = main(["train", "--plan", str(tmp / "plan_b"), "--out", str(tmp_path / "x"), "--iterations", "6",
-                 "--warmup", "1", "--resume-from", str(tmp_path / "nowhere"), "--no-track"])
-    err = capfd.readouterr().err
-    assert code == 2 and "no such directory" in err and "Traceback" not in err
-    code = main(["train", "--plan", str(tmp / "plan_b"), "--out", str(tmp_path / "y"), "--iterations", "3",
-                 "--warmup", "1", "--resume-from", str(tmp / "train_a"), "--no-track"])
-    assert code == 2 and "not above the checkpoint's iteration 4" in capfd.readouterr().err
+    r = shardflow_here(capfd, "train", "--plan", str(tmp / "plan_b"), "--out", str(tmp_path / "x"), "--iterations",
+                       "6", "--warmup", "1", "--resume-from", str(tmp_path / "nowhere"), "--no-track")
+    assert r.returncode == 2 and "no such directory" in r.stderr and "Traceback" not in r.stderr
+    r = shardflow_here(capfd, "train", "--plan", str(tmp / "plan_b"), "--out", str(tmp_path / "y"), "--iterations",
+                       "3", "--warmup", "1", "--resume-from", str(tmp / "train_a"), "--no-track")
+    assert r.returncode == 2 and "not above the checkpoint's iteration 4" in r.stderr
 
 
 class _Payload:
@@ -121,16 +121,14 @@ def test_a_checkpoint_whose_index_would_run_code_is_refused_unopened(trained, tm
     import pickle
     import shutil
 
-    from flows.cli import main
-
     crafted = tmp_path / "crafted"
     shutil.copytree(trained / "train_a" / "checkpoints", crafted)
     marker = tmp_path / "pwned"
     step = next(crafted.glob("step_*"))
     (step / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
-    code = main(["train", "--plan", str(trained / "plan_b"), "--out", str(tmp_path / "z"), "--iterations", "6",
-                 "--warmup", "1", "--resume-from", str(crafted), "--no-track"])
-    err = capfd.readouterr().err
-    assert code == 2, err[-2000:]
+    r = shardflow_here(capfd, "train", "--plan", str(trained / "plan_b"), "--out", str(tmp_path / "z"),
+                       "--iterations", "6", "--warmup", "1", "--resume-from", str(crafted), "--no-track")
+    err = r.stderr
+    assert r.returncode == 2, err[-2000:]
     assert "subprocess.call" in err and "Traceback" not in err
     assert not marker.exists() and not (tmp_path / "z").exists()

@@ -19,8 +19,8 @@ import sys
 import threading
 import traceback
 from collections.abc import Sequence
-from typing import Any
 from multiprocessing import forkserver, util
+from typing import Any
 
 FORKSERVER_MAIN = "from multiprocessing.forkserver import main"  # the command multiprocessing runs it with
 PROCESS_NAME = b"sf-forkserver"  # what ps and top show for it (the command line stays the launcher's)

@@ -14,7 +14,9 @@ def main(argv: list[str]) -> int:
     parent = os.getppid()
     with open(f"/proc/{parent}/comm") as comm:
         name = comm.read().strip()
-    print(f"rank {rank} parent {parent} {name} imported-in {IMPORTED_IN} argv {' '.join(argv)}", flush=True)
+    # One write of the whole line: ranks print at once into one pipe, and print() writes the line
+    # and its newline apart where output is unbuffered (PYTHONUNBUFFERED), so lines could interleave.
+    os.write(1, f"rank {rank} parent {parent} {name} imported-in {IMPORTED_IN} argv {' '.join(argv)}\n".encode())
     codes = dict(item.split(":") for item in os.environ.get("SHARDFLOW_TEST_EXIT", "").split(",") if item)
     if codes.get(rank) == "int":
         raise KeyboardInterrupt

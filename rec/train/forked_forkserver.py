@@ -7,8 +7,10 @@ what the job adds (torchrec, the job module). It runs multiprocessing's own fork
 new interpreter would: the command multiprocessing built for that interpreter, run in the fork.
 
 The fork happens before torchrun's agent starts a thread. The forkserver keeps no file descriptor of
-the launcher's but those multiprocessing passes it (as its new interpreter would), and leaves with
-``os._exit``: nothing the launcher registered (atexit, finalizers) runs in it.
+the launcher's but those multiprocessing passes it (as its new interpreter would), leaves with
+``os._exit`` (nothing the launcher registered, atexit or finalizers, runs in it), and hands its
+ranks multiprocessing as a new interpreter has it: a rank that starts a forkserver of its own gets
+a new interpreter, not a fork of itself.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import os
 import sys
 import threading
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing import forkserver, util
 from typing import Any
 
@@ -36,7 +38,7 @@ def start(preload: Sequence[str]) -> None:
         command = args[-1] if args else None
         if not isinstance(command, str) or not command.startswith(FORKSERVER_MAIN):  # the resource tracker
             return spawn(path, args, passfds)
-        return _fork(command, passfds)
+        return _fork(command, passfds, spawn)
 
     util.spawnv_passfds = fork_instead
     try:
@@ -45,15 +47,14 @@ def start(preload: Sequence[str]) -> None:
         util.spawnv_passfds = spawn
 
 
-def _fork(command: str, passfds: Sequence[int]) -> int:
+def _fork(command: str, passfds: Sequence[int], spawn: Callable[..., int]) -> int:
     pid = os.fork()
     if pid:
         return pid
     code = 1
     try:
         _keep_only((0, 1, 2, *passfds))
-        # The parent holds this lock while it forks; a rank that starts a forkserver of its own takes it.
-        forkserver._forkserver._lock = threading.Lock()  # type: ignore[attr-defined]
+        _as_new_interpreter(spawn)
         _name_process()
         exec(command, {"__name__": "__forkserver__"})  # multiprocessing's forkserver loop
         code = 0
@@ -65,6 +66,16 @@ def _fork(command: str, passfds: Sequence[int]) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def _as_new_interpreter(spawn: Callable[..., int]) -> None:
+    """multiprocessing's state as a new interpreter has it, for a rank that starts processes of its
+    own: its forkserver a new interpreter (not a fork of a rank that may hold CUDA and threads),
+    preloading only ``__main__``; and the lock the parent held while it forked, free."""
+    util.spawnv_passfds = spawn
+    server: Any = forkserver._forkserver
+    server._lock = threading.Lock()
+    server._preload_modules = ["__main__"]
 
 
 def _keep_only(fds: Sequence[int]) -> None:

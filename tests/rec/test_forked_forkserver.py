@@ -17,15 +17,30 @@ STARTER = """
 import json, multiprocessing, os, sys
 from rec.train import forked_forkserver
 
+def parent_name():
+    with open(f"/proc/{os.getppid()}/comm") as comm:
+        return comm.read().strip()
+
+
+def nested(queue):
+    queue.put(parent_name())
+
+
 def report(queue, secret):
     fds = {os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd") if fd not in ("0", "1", "2")
            and os.path.exists(f"/proc/self/fd/{fd}")}
-    with open(f"/proc/{os.getppid()}/comm") as comm:
-        parent_name = comm.read().strip()
     with open(f"/proc/{os.getppid()}/stat") as stat:
         grandparent = int(stat.read().rsplit(")", 1)[1].split()[1])
-    queue.put({"parent": os.getppid(), "parent_name": parent_name, "grandparent": grandparent,
-               "secret_open": secret in fds, "preloaded": "decimal" in sys.modules})
+    # A forkserver of the child's own: a new interpreter, as multiprocessing makes one.
+    context = multiprocessing.get_context("forkserver")
+    inner = context.Queue()
+    child = context.Process(target=nested, args=(inner,))
+    child.start()
+    nested_parent = inner.get(timeout=60)
+    child.join(timeout=60)
+    queue.put({"parent": os.getppid(), "parent_name": parent_name(), "grandparent": grandparent,
+               "secret_open": secret in fds, "preloaded": "decimal" in sys.modules,
+               "nested_parent": nested_parent, "nested_code": child.exitcode})
 
 if __name__ == "__main__":
     secret = open(sys.argv[1], "w")  # the starter's own descriptor: its forkserver must not hold it
@@ -57,6 +72,7 @@ def test_children_of_the_forked_forkserver_hold_none_of_the_starters_files_and_i
         assert child["grandparent"] == report["me"]  # ... of the starter
         assert not child["secret_open"]
         assert child["preloaded"]  # imported in the forkserver, once, before the child was forked
+        assert child["nested_code"] == 0 and child["nested_parent"] != PROCESS_NAME.decode()
     deadline = time.monotonic() + 10
     while running(forkserver) and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -75,10 +75,9 @@ def test_a_cuda_plan_on_a_machine_without_cuda_is_refused_before_anything_starts
                  ["run", str(DEMO), "--topology", str(H100), "--out", str(tmp_path / "run"),
                   "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}", "--state-dir", str(tmp_path / "s")]):
         r = shardflow_here(capfd, *args)
-        err = r.stderr
-        assert r.returncode == 2, err
-        assert err.count("without CUDA") == 1 and "NCCL" in err
-        assert "Traceback" not in err and len(err.splitlines()) < 6
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.count("without CUDA") == 1 and "NCCL" in r.stderr
+        assert "Traceback" not in r.stderr and len(r.stderr.splitlines()) < 6
         assert not list(tmp_path.rglob("torchrun-node*.log"))  # nothing was launched, so nothing retried
     assert not (tmp_path / "m.db").exists()  # refused before Prefect and MLflow started
 

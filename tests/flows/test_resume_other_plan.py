@@ -128,7 +128,6 @@ def test_a_checkpoint_whose_index_would_run_code_is_refused_unopened(trained, tm
     (step / ".metadata").write_bytes(pickle.dumps(_Payload(marker)))
     r = shardflow_here(capfd, "train", "--plan", str(trained / "plan_b"), "--out", str(tmp_path / "z"),
                        "--iterations", "6", "--warmup", "1", "--resume-from", str(crafted), "--no-track")
-    err = r.stderr
-    assert r.returncode == 2, err[-2000:]
-    assert "subprocess.call" in err and "Traceback" not in err
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "subprocess.call" in r.stderr and "Traceback" not in r.stderr
     assert not marker.exists() and not (tmp_path / "z").exists()

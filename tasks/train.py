@@ -133,12 +133,13 @@ def check_resume_from(job: TrainConfig, plan: Plan) -> None:
 def check_own_checkpoint(job: TrainConfig, out_dir: str) -> None:
     """For ``--resume``: the newest checkpoint of this training, if there is one, has an index
     shardflow reads safely; InputError otherwise (the ranks would refuse it too, later)."""
-    from rec.train.checkpoint import check_index
     from rec.train.resume import checkpoint_dir, latest, step_dir
 
     directory = checkpoint_dir(job, out_dir)
     step = latest(directory) if directory else None
     if directory and step is not None:
+        from rec.train.checkpoint import check_index  # imports torch: only for a checkpoint to read
+
         check_index(step_dir(directory, step))
 
 

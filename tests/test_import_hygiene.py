@@ -1,5 +1,6 @@
 """The planning path stays light: the library, `shardflow plan` and `shardflow spec` import no torch
-and no orchestration (Prefect, Ray, MLflow); they would add seconds to every command."""
+and no orchestration (Prefect, Ray, MLflow); they would add seconds to every command. Nor do the
+checks `shardflow train` makes before it starts the launcher, which imports torch itself."""
 
 from __future__ import annotations
 
@@ -36,6 +37,15 @@ CASES = {
         "topology = topology_from_dict({'world_size': 2, 'local_world_size': 2, 'compute_device': 'cuda'})\n"
         "write_plan(plan_spec(read_spec(towers), topology), out)\n"
         "check_plan(read_plan(out))",
+        TORCH),
+    # The launcher imports torch anyway; the command before it only where it reads a checkpoint.
+    "the checks before a cpu training that resumes (no checkpoint yet)": (
+        "from flows.cli import main\n"
+        "assert main(['plan', demo, '--topology', cpu, '--out', out]) == 0\n"
+        "from rec.train.config import TrainConfig\n"
+        "from tasks.train import TrainSettings, prepare\n"
+        "job = TrainConfig(resume=True, checkpoint_every=2)\n"
+        "assert prepare(out + '/plan.json', out + '/train', TrainSettings(job=job))[1].nproc_per_node == 2",
         TORCH),
 }
 

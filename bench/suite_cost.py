@@ -39,7 +39,8 @@ BUDGET_MINUTES = 6.0  # the brief's budget for the suite on the CI machine
 IMPORTS = {  # what each kind of process imports before it does anything
     "nothing (python -c pass)": "pass",
     "torch (a launcher)": "import torch, torch.distributed.run",
-    "torch, torchrec and the job (a launcher and its forkserver, together)": "import torch, torch.distributed.run, rec.train.job",
+    "torch, torchrec and the job (a launcher and its forkserver, together)":
+        "import torch, torch.distributed.run, rec.train.job",
     "mlflow (a tracked command)": "import mlflow",
     "prefect (run, serve, a flow-run process)": "import prefect",
     "ray": "import ray",

@@ -55,22 +55,24 @@ class Seen:
     test: str  # the test that started it ("" for a worker's own work and processes outside the suite)
 
 
+KINDS = (  # (a part of the command line, the kind): the first that matches
+    ("multiprocessing.forkserver", "training launch"), ("rec.train.launcher", "training launch"),
+    ("torch.distributed.run", "training launch"), ("resource_tracker", "training launch"),
+    ("-c import sys;exec(eval(sys.stdin.readline()))", "pytest worker"), ("xdist", "pytest worker"),
+    ("-m pytest", "pytest"), ("bin/pytest", "pytest"), ("mypy", "lint"), ("ruff", "lint"), ("compileall", "lint"),
+    ("create_app", "Prefect server"), ("prefect server", "Prefect server"), ("uvicorn", "Prefect server"),
+    ("prefect.engine", "Prefect flow-run process"), ("ray::", "Ray"), ("/ray/", "Ray"), ("gcs_server", "Ray"),
+    ("raylet", "Ray"),
+    ("bench.gpu_check", "GPU check (cpu)"), ("examples/", "examples"), ("while True: pass", "busy loop (test)"),
+)
+
+
 def kind(command: str) -> str:
     """What a process is, from its command line."""
-    rules = (
-        ("multiprocessing.forkserver", "training launch"), ("rec.train.launcher", "training launch"),
-        ("torch.distributed.run", "training launch"), ("resource_tracker", "training launch"),
-        ("-c import sys;exec(eval(sys.stdin.readline()))", "pytest worker"), ("xdist", "pytest worker"),
-        ("-m pytest", "pytest"), ("bin/pytest", "pytest"), ("mypy", "lint"), ("ruff", "lint"), ("compileall", "lint"),
-        ("create_app", "Prefect server"), ("prefect server", "Prefect server"), ("uvicorn", "Prefect server"),
-        ("prefect.engine", "Prefect flow-run process"), ("ray::", "Ray"), ("/ray/", "Ray"), ("gcs_server", "Ray"),
-        ("raylet", "Ray"),
-        ("bench.gpu_check", "GPU check (cpu)"), ("examples/", "examples"), ("while True: pass", "busy loop (test)"),
-    )
     match = re.search(r"(?:bin/shardflow|-m flows\.cli) (\w+)", command)
     if match:
         return f"shardflow {match.group(1)}"
-    return next((name for needle, name in rules if needle in command), "other")
+    return next((name for needle, name in KINDS if needle in command), "other")
 
 
 def sample(seen: dict[tuple[int, float], Seen], started: float, me: int) -> None:
@@ -139,12 +141,13 @@ def report(seen: dict[tuple[int, float], Seen], wall: float, busy: float, code: 
     for k, v in kinds:
         print(f"{v:7.1f} {v / sampled:6.1%} {count[k]:6d}  {k}")
     print(f"\n{'CPU-s':>7}  test file (the processes its tests started)")
-    for f, v in sorted(by_file.items(), key=lambda kv: -kv[1])[:15]:
+    files = sorted(by_file.items(), key=lambda kv: -kv[1])
+    for f, v in files[:15]:
         print(f"{v:7.1f}  {f}")
     return {"command": command, "exit_code": code, "wall_s": round(wall, 1), "cores": cores,
             "busy_cpu_s": round(busy, 1), "sampled_cpu_s": round(sampled, 1),
             "by_kind": {k: {"cpu_s": round(v, 1), "processes": count[k]} for k, v in kinds},
-            "by_test_file": {f: round(v, 1) for f, v in sorted(by_file.items(), key=lambda kv: -kv[1])},
+            "by_test_file": {f: round(v, 1) for f, v in files},
             "processes": sorted(([round(s.cpu, 2), kind(s.command), s.test, s.command] for s in seen.values()),
                                 reverse=True)}
 
@@ -172,12 +175,18 @@ def main() -> int:
     p.add_argument("--imports", type=int, metavar="N", help="only time the imports, N times each")
     p.add_argument("command", nargs="*", default=["make", "test"], help="what to run (default: make test)")
     args = p.parse_args()
+    if (args.imports is not None and args.imports < 1) or args.every <= 0:
+        p.error("--imports must be at least 1 and --every above 0")
     if args.imports:
         medians = import_costs(args.imports)
         if args.out:
             args.out.write_text(json.dumps({"imports_cpu_s": medians}, indent=1) + "\n")
         return 0
-    seen, wall, busy, code = run(args.command, args.every)
+    try:
+        seen, wall, busy, code = run(args.command, args.every)
+    except OSError as e:
+        print(f"suite_cost.py: cannot run {args.command[0]}: {e.strerror or e}", file=sys.stderr)
+        return 2
     result = report(seen, wall, busy, code, args.command)
     own = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
     print(f"\n(this script's own sampling: {own:.1f} CPU-s, in the busy time, not in the sampled sum)")

@@ -10,7 +10,6 @@ it with retries, which skip InputErrors and failures that would repeat.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,12 +82,11 @@ class TrainingFailed(RuntimeError):
         return type(self), (self.cause, self.deterministic, self.logs, self.attempt)
 
 
-def preflight(settings: TrainSettings, topology: Topology,
-              feature_names: Sequence[str] = (), spec: Spec | None = None) -> int:
+def preflight(settings: TrainSettings, topology: Topology, spec: Spec | None = None) -> int:
     """Check, before any process starts, what would fail the job for certain on this machine;
-    InputError naming every problem. ``topology``: the plan's; ``feature_names``
-    are checked against ``--data``, the model of ``--model TARGET`` against ``spec``'s tables.
-    Returns the processes to start on this node."""
+    InputError naming every problem. ``topology``: the plan's; ``--data`` and ``--eval-data``
+    (their files, columns and a sample of rows) are checked against ``spec``'s tables, and so is the
+    model of ``--model TARGET``. Returns the processes to start on this node."""
     problems: list[Problem] = []
     try:
         check(settings, "")
@@ -102,10 +100,8 @@ def preflight(settings: TrainSettings, topology: Topology,
     problems += _device_problems(topology.compute_device.value, nproc)
     if settings.rdzv_endpoint:
         problems += _endpoint_problems(settings.rdzv_endpoint)
-    if settings.job.data:
-        from rec.train.data import data_problems
-
-        problems += data_problems(settings.job.data, feature_names)
+    if spec is not None:
+        problems += _data_problems(settings.job, spec)
     if settings.job.model_target and spec is not None:
         from rec.train.user_model import user_model_problems
 
@@ -113,6 +109,19 @@ def preflight(settings: TrainSettings, topology: Topology,
     if problems:
         raise InputError("Cannot train with this plan here:", problems)
     return nproc
+
+
+def _data_problems(job: TrainConfig, spec: Spec) -> list[Problem]:
+    """What is wrong with ``--data`` and ``--eval-data`` for ``spec``'s model (rec.data.schema)."""
+    sources = [(what, path) for what, path in (("--data", job.data), ("--eval-data", job.evaluation.eval_data))
+               if path and not job.model_target]
+    if not sources:
+        return []
+    from rec.data.layout import DataLayout
+    from rec.data.schema import data_problems
+
+    layout = DataLayout.of_spec(spec, job.dense_in_features)
+    return [p for what, path in sources for p in data_problems(path, layout, job.reading.ids, what)]
 
 
 def check_resume_from(job: TrainConfig, plan: Plan) -> None:
@@ -193,9 +202,7 @@ def prepare(plan_path: str, out_dir: str, settings: TrainSettings) -> tuple[str,
     with progress.step("check", "the plan, and what it needs of this machine"):
         plan = read_plan(plan_path)
         check_plan(plan)
-        features = [f for t in plan.spec.tables for f in t.feature_names] if settings.job.data else ()
-        spec = plan.spec if settings.job.model_target else None
-        nproc = preflight(settings, plan.topology, features, spec)
+        nproc = preflight(settings, plan.topology, plan.spec)
         if settings.job.resume_from:
             check_resume_from(settings.job, plan)
         if settings.job.resume:

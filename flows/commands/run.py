@@ -83,8 +83,7 @@ def run(args: argparse.Namespace) -> int:
     ingesting = from_flags(IngestSettings, args)
     inputs = ingest(args.spec, args.topology, ingesting)
     if not args.plan_only:
-        features = [f for t in inputs.spec.tables for f in t.feature_names] if training.job.data else ()
-        preflight(training, inputs.topology, features, inputs.spec)
+        preflight(training, inputs.topology, inputs.spec)
 
     common = {**search_parameters(searching), "chart": from_flags(WriteSettings, args).chart,
               "out_dir": args.out, **tracking.flow_parameters()}

@@ -1,6 +1,6 @@
 """How many distinct rows a batch touches: the expected count under the ids shardflow measures with.
 
-The measuring and training jobs draw ids as ``rows x u**ID_SKEW`` (``rec.train.data``): a few hot
+The measuring and training jobs draw ids as ``rows x u**ID_SKEW`` (``rec.data.synthetic``): a few hot
 rows and a long tail. ``n`` such ids hit, in expectation, ``rows x g(n / (ID_SKEW x rows))``
 distinct rows, where ``g(lam) = integral over t in (0, 1] of 1 - exp(-lam t**(1/ID_SKEW - 1))``
 (the Poisson limit of the row probabilities): about ``n`` while ``n`` is small against ``rows``,
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-# The measuring and training jobs' synthetic ids (``rec.train.data``) follow this skew; the cost model's
+# The measuring and training jobs' synthetic ids (``rec.data.synthetic``) follow this skew; the cost model's
 # distinct-row terms assume it, so it lives here, upstream of both.
 ID_SKEW = 3.0  # ids = rows * u**ID_SKEW: a few hot rows, a long tail, as in click logs
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from rec.errors import Problem
+from rec.data.ids import IdsPolicy
+from rec.errors import InputError, Problem
 from rec.settings import knob
+from rec.spec.types import Spec
 
 # Fault injection for tests: "ITER:RANK" (the rank exits) or "ITER:RANK:raise" (it raises).
 FAIL_AT_ENV = "SHARDFLOW_FAIL_AT_ITERATION"
@@ -47,6 +49,35 @@ class PipelineKind(StrEnum):
 
 
 @dataclass(frozen=True)
+class ReadSettings:
+    """How the job reads ``--data`` (docs/training.md, "Training data")."""
+
+    ids: IdsPolicy = field(default=IdsPolicy.ERROR, metadata=knob(
+        "an id outside its table's rows [0, num_embeddings): error (the job stops, naming the feature), "
+        "modulo (id mod rows) or hash (a fixed 64-bit hash of the id, mod rows)"))
+    shuffle: bool = field(default=True, metadata=knob(
+        "shuffle every epoch (seeded by --seed and the epoch): the row groups' order, and rows within "
+        "windows of --shuffle-window rows"))
+    shuffle_window: int = field(default=1 << 16, metadata=knob(
+        "rows a rank shuffles together (and reads at once: its memory for data)", minimum=1, maximum=1 << 26))
+    prefetch_batches: int = field(default=4, metadata=knob(
+        "batches a background thread prepares ahead of the training loop", minimum=1, maximum=1024))
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """Held-out evaluation during and after training."""
+
+    eval_data: str | None = field(default=None, metadata=knob(
+        "Parquet data to evaluate on (AUC, logloss, normalized entropy over every rank's samples) every "
+        "--eval-every iterations and at the end; none: no evaluation", metavar="PATH", path=True))
+    eval_every: int = field(default=0, metadata=knob(
+        "evaluate every N iterations (and at the end); 0: at the end only", minimum=0))
+    eval_batches: int = field(default=0, metadata=knob(
+        "batches per rank an evaluation reads; 0: all of --eval-data", minimum=0))
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     iterations: int = field(default=100, metadata=knob(
         "training iterations", minimum=1, maximum=MAX_ITERATIONS))
@@ -64,7 +95,8 @@ class TrainConfig:
         "one's compute); naive: plain loop; auto: sparse_dist on several GPUs, naive on one GPU and on cpu "
         "(docs/gpu.md)"))
     data: str | None = field(default=None, metadata=knob(
-        "Parquet training data (file or directory); none: synthetic batches", metavar="PATH", path=True))
+        "Parquet training data: a file, a directory, a glob or a URI (docs/training.md); none: synthetic "
+        "batches", metavar="PATH", path=True))
     seed: int = field(default=0, metadata=knob("random seed of the model and synthetic data"))
     dense_in_features: int = field(default=13, metadata=knob(
         "dense features per sample", minimum=1, maximum=1 << 16))
@@ -90,6 +122,8 @@ class TrainConfig:
         "start from the newest checkpoint of a training with another plan (its output directory): "
         "tables are matched by name, a resized table keeps its old rows, added ones are initialized; "
         "none: start fresh", metavar="DIR", path=True))
+    reading: ReadSettings = field(default_factory=ReadSettings)
+    evaluation: EvalSettings = field(default_factory=EvalSettings)
 
     @property
     def model_target(self) -> str | None:
@@ -111,6 +145,11 @@ class TrainConfig:
         if self.model_target is not None and self.data:
             out.append(Problem("--data", f"feeds shardflow's own model; the model factory {self.model_target} "
                                          "gives its own batches"))
+        if self.model_target is not None and self.evaluation.eval_data:
+            out.append(Problem("--eval-data", f"evaluates shardflow's own model; the model factory "
+                                              f"{self.model_target} has its own outputs"))
+        if self.evaluation.eval_every and not self.evaluation.eval_data:
+            out.append(Problem("--eval-every", "needs --eval-data, the data to evaluate on"))
         if self.warmup >= self.iterations:
             out.append(Problem("--warmup", f"{self.warmup} leaves no measured iteration of "
                                            f"{self.iterations}; use fewer warm-up iterations or more iterations"))
@@ -122,3 +161,17 @@ class TrainConfig:
         if any(s < 1 for s in self.dense_arch_layer_sizes + self.over_arch_layer_sizes):
             out.append(Problem("--dense-arch-layer-sizes/--over-arch-layer-sizes", "sizes must be >= 1"))
         return out
+
+
+def resolve_model_kind(spec: Spec, kind: ModelKind) -> ModelKind:
+    """``kind`` for ``spec``'s tables: auto resolved (dlrm for one dim, concat otherwise); InputError for
+    an interaction that needs one dim on tables of several."""
+    same_dim = len({t.embedding_dim for t in spec.tables}) == 1
+    if kind is ModelKind.AUTO:
+        return ModelKind.DLRM if same_dim else ModelKind.CONCAT
+    if kind in (ModelKind.DLRM, ModelKind.DLRM_DCN) and not same_dim:
+        dims = sorted({t.embedding_dim for t in spec.tables})
+        raise InputError("Cannot build the model:", [Problem(
+            f"--model {kind.value}", f"needs one embedding_dim for every table, the plan's tables have "
+                                     f"{', '.join(map(str, dims))}; use --model concat or auto")])
+    return kind

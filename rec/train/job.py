@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -36,23 +35,18 @@ from rec.settings import add_flags, from_flags
 from rec.spec.types import Spec
 from rec.torchrec_internals import optimizer_classes
 from rec.train.applied import applied_sharding
-from rec.train.config import TrainConfig
-from rec.train.data import parquet_batches, synthetic_batches
+from rec.train.config import TrainConfig, resolve_model_kind
+from rec.train.evaluate import Evaluator
+from rec.train.feed import Feed
 from rec.train.lifetime import exit_skipping_finalization
-from rec.train.loop import train_iterations
-from rec.train.metrics import Iterations, TrainMetrics, latency_stats, loss_stats, write_metrics
-from rec.train.model import build_model, resolve_model_kind
+from rec.train.loop import Trained, train_iterations
+from rec.train.metrics import DataRead, TrainMetrics, latency_stats, loss_stats, write_metrics
+from rec.train.model import build_model
+from rec.train.model_file import record_model
 from rec.train.rank_log import RankOutput
 from rec.train.rank_process import check_world_size, process_group, run_rank
 from rec.train.resume import checkpoint_dir
 from rec.train.start import Start, start
-
-if TYPE_CHECKING:
-    from torchrec.datasets.utils import Batch
-
-    from rec.train.batch import ModuleBatch
-
-BatchSource = Callable[[int, int, int], Iterator["Batch | ModuleBatch"]]  # (rank, world, batch size) -> batches
 
 
 def train(plan: Plan, config: TrainConfig, out_dir: str, output: RankOutput,
@@ -68,35 +62,52 @@ def train(plan: Plan, config: TrainConfig, out_dir: str, output: RankOutput,
     torch.manual_seed(config.seed)
 
     output.progress("building the model")
-    model, batch_source = model_and_batches(plan, spec, config, device)
+    model, feed = model_and_feed(plan, spec, config, device, world, batch_size)
+    evaluator = _evaluator(spec, config, feed, batch_size, device)
     output.progress(f"sharding {len(plan.tables):,} tables on {world} ranks with the plan")
     dmp, optimizer = shard_with_plan(model, plan, config, device)
-    begin = start(plan, config, out_dir, dmp, optimizer, output, plan_path)
-    rows = train_iterations(dmp, optimizer, device, batch_source(rank, world, batch_size), config, begin,
-                            checkpoint_dir(config, out_dir), out_dir, output)
-    if rows is None:
+    checkpoints = checkpoint_dir(config, out_dir)
+    begin = start(plan, config, out_dir, dmp, optimizer, output, plan_path, feed)
+    if checkpoints and not config.model_target and rank == 0:
+        record_model(checkpoints, spec, config)
+    batches = feed.batches(rank, world, device, config.reading.prefetch_batches)
+    try:
+        done = train_iterations(dmp, optimizer, device, feed, batches, config, begin, checkpoints, out_dir,
+                                output, evaluator)
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
+    if done is None:
         return None
-    metrics = _metrics(plan, spec, config, world, batch_size, rows, begin, dmp)
-    write_metrics(out_dir, metrics, rows)
+    metrics = _metrics(plan, spec, config, world, batch_size, done, begin, dmp, feed)
+    write_metrics(out_dir, metrics, done.iterations)
     return metrics
 
 
-def model_and_batches(plan: Plan, spec: Spec, config: TrainConfig, device: torch.device
-                      ) -> tuple[torch.nn.Module, BatchSource]:
+def model_and_feed(plan: Plan, spec: Spec, config: TrainConfig, device: torch.device, world: int,
+                   batch_size: int) -> tuple[torch.nn.Module, Feed]:
     """The model to shard (embedding modules on meta) and where a rank's batches come from."""
-    cuda = device.type == "cuda"
     if config.model_target:
         from rec.train.user_model import check_user_model
 
         user = check_user_model(config.model_target, spec)
-        return user.model, lambda rank, world, batch_size: iter(user.batches(rank, world, batch_size, device))
-    model = build_model(spec, config, device)
-    if config.data:
-        data = config.data
-        return model, lambda rank, world, batch_size: parquet_batches(
-            data, spec, batch_size, config.dense_in_features, rank, world, cuda)
-    return model, lambda rank, world, batch_size: synthetic_batches(
-        spec, batch_size, config.dense_in_features, config.seed + rank, config.synthetic_batches, cuda)
+        return user.model, Feed.of(spec, config, world, batch_size, user)
+    return build_model(spec, config, device), Feed.of(spec, config, world, batch_size)
+
+
+def _evaluator(spec: Spec, config: TrainConfig, feed: Feed, batch_size: int, device: torch.device
+               ) -> Evaluator | None:
+    evaluation = config.evaluation
+    if not evaluation.eval_data:
+        return None
+    from rec.data.files import open_data
+    from rec.data.parquet import ParquetSource
+
+    files = open_data(evaluation.eval_data, "--eval-data")
+    source = ParquetSource.open(files, feed.layout, shuffle=False, window=config.reading.shuffle_window,
+                                policy=config.reading.ids, what="--eval-data")
+    return Evaluator(source, feed.layout, feed.one_module, batch_size, evaluation.eval_batches, device)
 
 
 def shard_with_plan(model: torch.nn.Module, plan: Plan, config: TrainConfig, device: torch.device
@@ -122,9 +133,11 @@ def _fuse_embedding_optimizer(model: torch.nn.Module, plan: Plan, lr: float) -> 
             apply_optimizer_in_backward(RowWiseAdagrad, params, {"lr": lr})
 
 
-def _metrics(plan: Plan, spec: Spec, config: TrainConfig, world: int, batch_size: int, rows: Iterations,
-             begin: Start, dmp: DistributedModelParallel) -> TrainMetrics:
+def _metrics(plan: Plan, spec: Spec, config: TrainConfig, world: int, batch_size: int, done: Trained,
+             begin: Start, dmp: DistributedModelParallel, feed: Feed) -> TrainMetrics:
+    rows = done.iterations
     stats = latency_stats(rows.measured_ms())
+    evaluations = tuple(e.to_dict() for e in done.evaluations)
     return TrainMetrics(
         plan_id=plan.plan_id, world_size=world, iterations=config.iterations,
         warmup=config.warmup, batch_size=batch_size,
@@ -133,7 +146,27 @@ def _metrics(plan: Plan, spec: Spec, config: TrainConfig, world: int, batch_size
         loss=loss_stats(rows.loss), samples_per_s=world * batch_size / (stats.mean / 1e3),
         applied_sharding=applied_sharding(dmp), resumed_from=begin.iteration, resume=begin.resume,
         predicted_critical_path_ms=predicted_critical_path(plan),
+        data_wait_ms=latency_stats(rows.measured_ms("data_wait_ms")) if len(rows) else None,
+        data=_data_read(config, feed), eval=({k: v for k, v in evaluations[-1].items() if k != "iteration"}
+                                             if evaluations else None),
+        evaluations=evaluations,
     )
+
+
+def _data_read(config: TrainConfig, feed: Feed) -> DataRead | None:
+    """What the training read (None for a model that brings its own batches)."""
+    from rec.data.parquet import ParquetSource
+
+    source = feed.source
+    if source is None:
+        return None
+    if isinstance(source, ParquetSource):
+        end = feed.position_at(config.iterations)
+        per_epoch = source.order.total // end.world_size
+        epochs = end.epoch + (end.rows / per_epoch if per_epoch and not end.splits else 0.0)
+        return DataRead(source.files.source, source.order.total, len(source.files.paths), round(epochs, 6),
+                        config.reading.ids.value, config.reading.shuffle, config.seed)
+    return DataRead("synthetic", 0, 0, 0.0, config.reading.ids.value, False, config.seed)
 
 
 def user_code(config: TrainConfig) -> AbstractContextManager[None]:

@@ -1,11 +1,13 @@
-"""The training loop: one timed iteration after another, checkpoints on the way, and the iterations
-of all ranks reduced to one row each (the slowest rank's latency, the ranks' mean loss)."""
+"""The training loop: one timed iteration after another, checkpoints (with the data position) and
+evaluations on the way, and the iterations of all ranks reduced to one row each (the slowest rank's
+latency and wait for data, the ranks' mean loss)."""
 
 from __future__ import annotations
 
 import os
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -15,12 +17,16 @@ from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from torchrec.optim.keyed import CombinedOptimizer
 
 from rec.errors import InputError, Problem
+from rec.evaluation.metrics import Evaluation
 from rec.train import checkpoint
 from rec.train.collectives import Group
 from rec.train.config import FAIL_AT_ENV, PipelineKind, TrainConfig
+from rec.train.evaluate import Evaluator
+from rec.train.feed import Feed, write_position
 from rec.train.metrics import Iterations, write_iterations
 from rec.train.rank_log import RankOutput
 from rec.train.rank_process import restart_count
+from rec.train.resume import step_dir
 from rec.train.start import Start
 
 if TYPE_CHECKING:
@@ -29,36 +35,66 @@ if TYPE_CHECKING:
     from rec.train.batch import ModuleBatch
 
 
+@dataclass(frozen=True)
+class Trained:
+    """What the loop did (rank 0; the other ranks get None)."""
+
+    iterations: Iterations
+    evaluations: tuple[Evaluation, ...]
+
+
 def train_iterations(dmp: DistributedModelParallel, optimizer: CombinedOptimizer, device: torch.device,
-                     batches: Iterator[Batch | ModuleBatch], config: TrainConfig, start: Start,
-                     checkpoints: str | None, out_dir: str, output: RankOutput) -> Iterations | None:
+                     feed: Feed, batches: Iterator[Batch | ModuleBatch], config: TrainConfig, start: Start,
+                     checkpoints: str | None, out_dir: str, output: RankOutput,
+                     evaluator: Evaluator | None = None) -> Trained | None:
     """Train from ``start.iteration`` to ``config.iterations``, a checkpoint every
-    ``config.checkpoint_every`` into ``checkpoints``; every iteration of the training (rank 0; None
-    on the others: a collective, every rank calls it)."""
+    ``config.checkpoint_every`` into ``checkpoints``, an evaluation every ``--eval-every`` and at the
+    end; every iteration of the training (rank 0; None on the others: a collective, every rank calls it)."""
     rank = dist.get_rank()
     step = pipeline_step(dmp, optimizer, device, batches, config.pipeline.on(dist.get_world_size(), device.type))
     fail_at = _fail_at(rank)
     latencies: list[float] = []
+    waits: list[float] = []
     losses: list[torch.Tensor] = []
+    evaluations: list[Evaluation] = []
+    every = config.evaluation.eval_every
 
     def so_far() -> Iterations | None:
-        mine = _reduced(start.iteration, latencies, losses, config.warmup)
+        mine = _reduced(start.iteration, latencies, waits, losses, config.warmup)
         return start.earlier.then(mine) if mine is not None else None
 
-    def keep_iterations() -> None:  # with a checkpoint: a resume from it keeps the rows before it
-        rows = so_far()
-        if rows is not None:
-            write_iterations(out_dir, rows)
+    def keep_iterations_and_position(done: int) -> Callable[[], None]:
+        def keep() -> None:  # with a checkpoint: a resume from it keeps the rows before it, reads on from there
+            rows = so_far()  # a collective: every rank
+            if rows is not None:
+                write_iterations(out_dir, rows)
+                assert checkpoints is not None
+                write_position(step_dir(checkpoints, done), feed.position_record(feed.position_at(done)))
+        return keep
 
+    def evaluate(done: int) -> None:
+        if evaluator is None:
+            return
+        output.progress(f"evaluating after iteration {done}")
+        result = evaluator.run(step.model(), done)
+        if result is not None:
+            evaluations.append(result)
+            shown = ", ".join(f"{k} {v:.4f}" for k, v in result.values.items() if v is not None)
+            output.progress(f"evaluation after iteration {done} on {result.samples:,} samples: {shown}")
+
+    waited = getattr(batches, "waited_s", None)
     output.progress("training", start.iteration, config.iterations)
     for i in range(start.iteration, config.iterations):
         if fail_at is not None and i == fail_at[0]:
             _fail(i, rank, fail_at[1])
         began = time.perf_counter()
-        loss = step()
+        loss = step.run()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         latencies.append((time.perf_counter() - began) * 1e3)
+        now_waited = getattr(batches, "waited_s", None)
+        waits.append(0.0 if waited is None or now_waited is None else (now_waited - waited) * 1e3)
+        waited = now_waited
         losses.append(loss)
         done = i + 1
         if output.due(done, config.iterations):  # the loss's .item() syncs: only when shown
@@ -66,16 +102,30 @@ def train_iterations(dmp: DistributedModelParallel, optimizer: CombinedOptimizer
                             f"loss {loss.item():.4f}", done, config.iterations)
         if checkpoints and config.checkpoint_every and done % config.checkpoint_every == 0:
             checkpoint.save(checkpoints, done, dmp, optimizer, keep=config.keep_checkpoints,
-                            before_latest=keep_iterations)
-    return so_far()
+                            before_latest=keep_iterations_and_position(done))
+        if every and done % every == 0 and done < config.iterations:
+            evaluate(done)
+    if evaluator is not None and (not evaluations or evaluations[-1].iteration != config.iterations):
+        evaluate(config.iterations)
+    rows = so_far()
+    return None if rows is None else Trained(rows, tuple(evaluations))
+
+
+@dataclass(frozen=True)
+class Step:
+    """One training iteration (``run``: its detached loss), and the model as evaluation calls it
+    (``model``: TorchRec's pipeline, if any, detached; its next ``progress`` attaches it again, the
+    batches in flight kept)."""
+
+    run: Callable[[], torch.Tensor]
+    model: Callable[[], torch.nn.Module]
 
 
 def pipeline_step(dmp: DistributedModelParallel, optimizer: CombinedOptimizer, device: torch.device,
-                  batches: Iterator[Batch | ModuleBatch], kind: PipelineKind) -> Callable[[], torch.Tensor]:
-    """One training iteration as a function returning its (detached) loss (``kind`` resolved:
-    ``PipelineKind.on``). The model's forward
-    returns ``(losses, output)``, TorchRec's convention (``DLRMTrain``): backward runs on the sum
-    of ``losses``, which is the loss reported."""
+                  batches: Iterator[Batch | ModuleBatch], kind: PipelineKind) -> Step:
+    """One training iteration (``kind`` resolved: ``PipelineKind.on``). The model's forward returns
+    ``(losses, output)``, TorchRec's convention (``DLRMTrain``): backward runs on the sum of
+    ``losses``, which is the loss reported."""
     loss = torch.zeros(())
 
     def forward(batch: Batch | ModuleBatch) -> Any:
@@ -93,7 +143,7 @@ def pipeline_step(dmp: DistributedModelParallel, optimizer: CombinedOptimizer, d
             pipeline.progress(batches)  # returns the forward's output; the loss is kept by forward
             return loss
 
-        return pipelined
+        return Step(pipelined, pipeline.detach)
 
     def naive() -> torch.Tensor:
         batch = next(batches).to(device, non_blocking=True)
@@ -103,7 +153,7 @@ def pipeline_step(dmp: DistributedModelParallel, optimizer: CombinedOptimizer, d
         optimizer.step()
         return loss
 
-    return naive
+    return Step(naive, lambda: dmp)
 
 
 def _losses(output: Any) -> torch.Tensor:
@@ -120,15 +170,19 @@ def _shape(value: Any) -> str:
     return f" with a loss of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else ""
 
 
-def _reduced(start: int, latencies: list[float], losses: list[torch.Tensor], warmup: int) -> Iterations | None:
+def _reduced(start: int, latencies: list[float], waits: list[float], losses: list[torch.Tensor],
+             warmup: int) -> Iterations | None:
     """This run's iterations over all ranks (a collective): an iteration takes as long as its
-    slowest rank, its loss is the mean over the ranks. Rank 0 gets them, the others None."""
+    slowest rank, waits for data as long as the rank that waited longest, its loss is the mean over
+    the ranks. Rank 0 gets them, the others None."""
     group = Group.current()
-    slowest = group.max(latencies)
+    slowest = group.max(latencies + waits)
     total = group.sum(torch.stack(losses) if losses else torch.zeros(0))
     if dist.get_rank() != 0:
         return None
-    return Iterations.of_run(start, slowest.numpy(), total.numpy() / dist.get_world_size(), warmup)
+    n = len(latencies)
+    return Iterations.of_run(start, slowest[:n].numpy(), total.numpy() / dist.get_world_size(), warmup,
+                             slowest[n:].numpy())
 
 
 def _fail_at(rank: int) -> tuple[int, str] | None:

@@ -51,7 +51,7 @@ from rec.spec import spec_from_rows
 from rec.spec.torchrec_modules import embedding_modules, place
 from rec.spec.types import Spec
 from rec.train.collectives import Group
-from rec.train.data import feature_tables
+from rec.data.synthetic import feature_tables
 from rec.train.lifetime import exit_skipping_finalization
 from rec.train.measure_config import LATER_SETTLE_S, SETTLE_BLOCK_MS, SETTLE_TOLERANCE, MeasureConfig
 from rec.train.rank_log import RankOutput
@@ -96,7 +96,7 @@ def _as_initialized(weight: torch.Tensor) -> torch.Tensor:
 def synthetic_features(spec: Spec, batch_size: int, seed: int, distinct: int,
                        device: torch.device) -> Iterator[dict[str, KeyedJaggedTensor]]:
     """Each module's ids for ``distinct`` batches, cycled, drawn on ``device`` as the training job
-    draws them (``rec.train.data.synthetic_kjt``: Poisson(pooling factor) ids per sample and
+    draws them (``rec.data.synthetic``: Poisson(pooling factor) ids per sample and
     feature, ``rows x u**ID_SKEW``): on a GPU, probes of millions of ids cost no host time."""
     generator = torch.Generator(device=device)
     generator.manual_seed(seed)

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 METRICS_FILE = "train_metrics.json"
 ITERATIONS_FILE = "iterations.parquet"
-ITERATION_COLUMNS = ("iteration", "latency_ms", "loss", "warmup", "resumed")
+ITERATION_COLUMNS = ("iteration", "latency_ms", "loss", "warmup", "resumed", "data_wait_ms")
 
 
 @dataclass(frozen=True)
@@ -44,16 +44,19 @@ class Iterations:
     loss: np.ndarray  # float64: the mean over the ranks
     warmup: np.ndarray  # bool: iteration < --warmup
     resumed: np.ndarray  # bool: the first iteration after a resume
+    data_wait_ms: np.ndarray  # float64: the longest a rank waited for its batch
 
     @classmethod
-    def of_run(cls, start: int, latency_ms: np.ndarray, loss: np.ndarray, warmup: int) -> Iterations:
+    def of_run(cls, start: int, latency_ms: np.ndarray, loss: np.ndarray, warmup: int,
+               data_wait_ms: np.ndarray | None = None) -> Iterations:
         """This run's iterations, from ``start`` on (a run that resumed marks its first one)."""
         iteration = np.arange(start, start + len(latency_ms), dtype=np.int64)
         resumed = np.zeros(len(iteration), dtype=bool)
         if start > 0 and len(resumed):
             resumed[0] = True
+        wait = np.zeros(len(iteration)) if data_wait_ms is None else np.asarray(data_wait_ms, np.float64)
         return cls(iteration, np.asarray(latency_ms, np.float64), np.asarray(loss, np.float64),
-                   iteration < warmup, resumed)
+                   iteration < warmup, resumed, wait)
 
     @classmethod
     def empty(cls) -> Iterations:
@@ -68,14 +71,15 @@ class Iterations:
         return Iterations(*(np.concatenate([getattr(self, c)[keep], getattr(later, c)])
                             for c in ITERATION_COLUMNS))
 
-    def measured_ms(self) -> np.ndarray:
-        """The latencies the statistics are over: neither warm-up nor the first after a resume
-        (when that leaves none: every iteration but the first after a resume, then every one)."""
+    def measured_ms(self, column: str = "latency_ms") -> np.ndarray:
+        """The latencies (or another column) the statistics are over: neither warm-up nor the first
+        after a resume (when that leaves none: every iteration but the first after a resume, then every one)."""
+        values: np.ndarray = getattr(self, column)
         for rows in (~self.warmup & ~self.resumed, ~self.resumed):
             if rows.any():
-                measured: np.ndarray = self.latency_ms[rows]
+                measured: np.ndarray = values[rows]
                 return measured
-        return self.latency_ms
+        return values
 
 
 def latency_stats(latencies_ms: np.ndarray) -> LatencyStats:
@@ -111,6 +115,19 @@ class Resumed:
 
 
 @dataclass(frozen=True)
+class DataRead:
+    """What a training read: its data (``--data``, or synthetic), how, and how far."""
+
+    source: str  # the --data path as given, or "synthetic"
+    rows: int  # rows in the dataset (0: synthetic)
+    files: int
+    epochs: float  # epochs read by the end, counted in each rank's share (0 for synthetic)
+    ids: str  # the --ids policy
+    shuffle: bool
+    seed: int
+
+
+@dataclass(frozen=True)
 class TrainMetrics:
     plan_id: str
     world_size: int
@@ -129,6 +146,13 @@ class TrainMetrics:
     # The plan's critical path in its cost model (plan.json metrics.critical_path), beside the
     # latency measured: predicted against measured in one file.
     predicted_critical_path_ms: float | None = None
+    # How long the slowest rank waited for its batch per iteration (over the measured iterations).
+    data_wait_ms: LatencyStats | None = None
+    data: DataRead | None = None
+    # The last evaluation (--eval-data): auc, logloss, ne (None where undefined) and samples; and every
+    # evaluation of the run in order, each with its iteration.
+    eval: dict[str, float | int | None] | None = None
+    evaluations: tuple[dict[str, float | int | None], ...] = ()
 
 
 def read_metrics(out_dir: str | Path) -> TrainMetrics:
@@ -173,6 +197,15 @@ def _read_metrics(value: object, problems: Problems) -> TrainMetrics | None:
                  else problems.take("predicted_critical_path_ms", finite_number, m["predicted_critical_path_ms"]))
     block = None if m.get("resume") is None else mapping(m["resume"], problems, "resume")
     resume = None if block is None else _resumed(block, problems.within("resume"))
+    wait = _stats(m, "data_wait_ms", problems) if m.get("data_wait_ms") is not None else None
+    data_block = None if m.get("data") is None else mapping(m["data"], problems, "data")
+    data = None if data_block is None else _data_read(data_block, problems.within("data"))
+    last = None if m.get("eval") is None else _evaluation(m["eval"], problems.within("eval"))
+    series = m.get("evaluations") or []
+    if not isinstance(series, list):
+        problems.add("evaluations", "expected a list")
+        series = []
+    evaluations = [_evaluation(e, problems.within(f"evaluations[{i}]")) for i, e in enumerate(series)]
     sharding = m.get("applied_sharding")
     if not isinstance(sharding, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                  for k, v in sharding.items()):
@@ -186,11 +219,15 @@ def _read_metrics(value: object, problems: Problems) -> TrainMetrics | None:
         warmup=counts["warmup"], batch_size=counts["batch_size"], pipeline=str(text["pipeline"]),
         model=str(text["model"]), iteration_latency_ms=LatencyStats(*latency), loss=LossStats(*loss),
         samples_per_s=float(samples or 0.0), applied_sharding=dict(sharding), resumed_from=counts["resumed_from"],
-        planned_in_job=m.get("planned_in_job") is True, resume=resume, predicted_critical_path_ms=predicted)
+        planned_in_job=m.get("planned_in_job") is True, resume=resume, predicted_critical_path_ms=predicted,
+        data_wait_ms=LatencyStats(*wait) if wait else None, data=data, eval=last,
+        evaluations=tuple(e for e in evaluations if e is not None))
 
 
 _COUNTS = ("world_size", "iterations", "warmup", "batch_size", "resumed_from")
-_STATS = {"iteration_latency_ms": ("p50", "p90", "p99", "mean"), "loss": ("first", "last", "mean")}
+_STATS = {"iteration_latency_ms": ("p50", "p90", "p99", "mean"), "loss": ("first", "last", "mean"),
+          "data_wait_ms": ("p50", "p90", "p99", "mean")}
+EVAL_KEYS = ("iteration", "samples")  # besides one key per metric (rec.evaluation.metrics.METRICS)
 
 
 def _stats(m: dict[str, Any], key: str, problems: Problems) -> list[float]:
@@ -217,6 +254,40 @@ def _resumed(block: Any, problems: Problems) -> Resumed | None:
         return None
     return Resumed(str(plan_id), int(step or 0), int(restored or 0), int(resized or 0), int(initialized or 0),
                    tuple(tables or ()), tuple(dense or ()))
+
+
+def _data_read(block: Any, problems: Problems) -> DataRead | None:
+    from rec.validation import finite_number, known_keys, required
+
+    names = [f.name for f in fields(DataRead)]
+    d = known_keys(block, names, problems)
+    required(d, names, problems)
+    before = len(problems.items)
+    source = problems.take_from(d, "source", _text)
+    rows, files, seed = (problems.take_from(d, k, _count) for k in ("rows", "files", "seed"))
+    epochs = problems.take_from(d, "epochs", finite_number)
+    ids = problems.take_from(d, "ids", _text)
+    if not isinstance(d.get("shuffle"), bool):
+        problems.add("shuffle", "expected true or false")
+    if len(problems.items) > before:
+        return None
+    return DataRead(str(source), int(rows or 0), int(files or 0), float(epochs or 0.0), str(ids),
+                    bool(d["shuffle"]), int(seed or 0))
+
+
+def _evaluation(value: object, problems: Problems) -> dict[str, float | int | None] | None:
+    """One evaluation's mapping: its counts and each metric (a finite number, or null)."""
+    from rec.evaluation.metrics import METRICS
+    from rec.validation import finite_number, known_keys
+
+    if not isinstance(value, dict):
+        problems.add("", "expected a mapping")
+        return None
+    d = known_keys(value, [*EVAL_KEYS, *(m.name for m in METRICS)], problems)
+    before = len(problems.items)
+    out: dict[str, float | int | None] = {k: problems.take_from(d, k, _count) for k in EVAL_KEYS if k in d}
+    out.update({m.name: problems.take_from(d, m.name, finite_number) for m in METRICS})
+    return None if len(problems.items) > before else out
 
 
 def _count(value: object) -> int:
@@ -249,6 +320,7 @@ def write_iterations(out_dir: str | Path, iterations: Iterations) -> None:
         "loss": pa.array(iterations.loss, pa.float64()),
         "warmup": pa.array(iterations.warmup, pa.bool_()),
         "resumed": pa.array(iterations.resumed, pa.bool_()),
+        "data_wait_ms": pa.array(iterations.data_wait_ms, pa.float64()),
     }), sink)
     write_whole(Path(out_dir) / ITERATIONS_FILE, sink.getvalue().to_pybytes())
 
@@ -264,10 +336,11 @@ def earlier_iterations(out_dir: str | Path, before: int) -> tuple[Iterations, st
     try:
         table = pq.read_table(path)
         rows = {c: table.column(c).to_numpy(zero_copy_only=False) for c in ITERATION_COLUMNS[:4]}
-        resumed = (table.column("resumed").to_numpy(zero_copy_only=False) if "resumed" in table.column_names
-                   else np.zeros(table.num_rows, dtype=bool))
+        resumed, wait = ((table.column(c).to_numpy(zero_copy_only=False) if c in table.column_names
+                          else np.zeros(table.num_rows)) for c in ("resumed", "data_wait_ms"))
         found = Iterations(rows["iteration"].astype(np.int64), rows["latency_ms"].astype(np.float64),
-                           rows["loss"].astype(np.float64), rows["warmup"].astype(bool), resumed.astype(bool))
+                           rows["loss"].astype(np.float64), rows["warmup"].astype(bool), resumed.astype(bool),
+                           wait.astype(np.float64))
     except (OSError, KeyError, ValueError, TypeError) as e:
         return Iterations.empty(), f"{path} is unreadable ({type(e).__name__}), its rows are lost"
     keep = found.iteration < before

@@ -28,28 +28,15 @@ from torchrec.modules.crossnet import LowRankCrossNet
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
-from rec.errors import InputError, Problem
 from rec.sharding import ModuleKind
 from rec.spec.torchrec_modules import embedding_modules, place
 from rec.spec.types import DEFAULT_MODULE, Spec
 from rec.train.batch import ModuleBatch
-from rec.train.config import ModelKind, TrainConfig
+from rec.train.config import ModelKind, TrainConfig, resolve_model_kind
 from rec.train.tables import embedding_bag_configs, one_default_ebc
 
 EBC_PATH = DEFAULT_MODULE  # where DLRMTrain(DLRM(ebc)) holds its EmbeddingBagCollection
 DCN_LAYERS = 2
-
-
-def resolve_model_kind(spec: Spec, kind: ModelKind) -> ModelKind:
-    same_dim = len({t.embedding_dim for t in spec.tables}) == 1
-    if kind is ModelKind.AUTO:
-        return ModelKind.DLRM if same_dim else ModelKind.CONCAT
-    if kind in (ModelKind.DLRM, ModelKind.DLRM_DCN) and not same_dim:
-        dims = sorted({t.embedding_dim for t in spec.tables})
-        raise InputError("Cannot build the model:", [Problem(
-            f"--model {kind.value}", f"needs one embedding_dim for every table, the plan's tables have "
-                                     f"{', '.join(map(str, dims))}; use --model concat or auto")])
-    return kind
 
 
 def build_model(spec: Spec, config: TrainConfig, dense_device: torch.device) -> nn.Module:

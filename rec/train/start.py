@@ -1,10 +1,12 @@
 """Where a training starts: at iteration 0, at its own newest checkpoint (``--resume``, or a rank
 restarted by torchrun), or at another plan's checkpoint resharded into this plan's layout
-(``--resume-from``); the model and optimizer are loaded in place."""
+(``--resume-from``); the model and optimizer are loaded in place, and the data is read on from the
+checkpoint's position (``rec.train.feed``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch.distributed as dist
 from torchrec.distributed.model_parallel import DistributedModelParallel
@@ -14,6 +16,7 @@ from rec.errors import InputError, Problem
 from rec.plan import Plan
 from rec.train import checkpoint
 from rec.train.config import TrainConfig
+from rec.train.feed import Feed, read_position, write_position
 from rec.train.metrics import Iterations, Resumed, earlier_iterations
 from rec.train.rank_log import RankOutput
 from rec.train.rank_process import restart_count
@@ -28,9 +31,10 @@ class Start:
 
 
 def start(plan: Plan, config: TrainConfig, out_dir: str, dmp: DistributedModelParallel,
-          optimizer: CombinedOptimizer, output: RankOutput, plan_path: str | None) -> Start:
-    """Load the checkpoint this training starts from, if any, and record the plan the checkpoints
-    are written under (``plan_path``). InputError when the checkpoint leaves nothing to train."""
+          optimizer: CombinedOptimizer, output: RankOutput, plan_path: str | None, feed: Feed) -> Start:
+    """Load the checkpoint this training starts from, if any, set ``feed`` to read on from its data
+    position, and record the plan the checkpoints are written under (``plan_path``). InputError when
+    the checkpoint leaves nothing to train."""
     iteration, resume, own = 0, None, False
     checkpoints = checkpoint_dir(config, out_dir)
     newest = latest(checkpoints) if checkpoints else None
@@ -43,10 +47,14 @@ def start(plan: Plan, config: TrainConfig, out_dir: str, dmp: DistributedModelPa
         output.progress(f"resuming from the checkpoint of iteration {newest}")
         checkpoint.load(checkpoints, newest, dmp, optimizer)
         iteration = newest
+        _read_on(feed, iteration, step_dir(checkpoints, newest), output)
     elif config.resume_from:
-        iteration, resume = _from_other_plan(config.resume_from, plan, dmp, optimizer, output)
+        iteration, resume, source_step = _from_other_plan(config.resume_from, plan, dmp, optimizer, output)
+        _read_on(feed, iteration, source_step, output)
         if checkpoints:  # the old checkpoint in this plan's layout, for restarts
-            checkpoint.save(checkpoints, iteration, dmp, optimizer, keep=config.keep_checkpoints)
+            at = step_dir(checkpoints, iteration)
+            checkpoint.save(checkpoints, iteration, dmp, optimizer, keep=config.keep_checkpoints,
+                            before_latest=lambda: _keep_position(feed, iteration, at))
     if checkpoints and plan_path:
         checkpoint.record_plan(checkpoints, plan_path)
     earlier = Iterations.empty()
@@ -57,8 +65,19 @@ def start(plan: Plan, config: TrainConfig, out_dir: str, dmp: DistributedModelPa
     return Start(iteration, resume, earlier)
 
 
+def _read_on(feed: Feed, iteration: int, step: Path, output: RankOutput) -> None:
+    note = feed.resume_at(iteration, read_position(step), dist.get_world_size())
+    if note:
+        output.progress(note)
+
+
+def _keep_position(feed: Feed, iteration: int, step: Path) -> None:
+    if dist.get_rank() == 0:
+        write_position(step, feed.position_record(feed.position_at(iteration)))
+
+
 def _from_other_plan(path: str, plan: Plan, dmp: DistributedModelParallel, optimizer: CombinedOptimizer,
-                     output: RankOutput) -> tuple[int, Resumed]:
+                     output: RankOutput) -> tuple[int, Resumed, Path]:
     """Load the newest checkpoint of a training with another plan into this plan's layout."""
     from rec.train.reshard import is_table_tensor, load_resharded
     from rec.train.resume import check_resume, resume_source, table_changes
@@ -79,4 +98,4 @@ def _from_other_plan(path: str, plan: Plan, dmp: DistributedModelParallel, optim
     return source.step, Resumed(
         from_plan_id=source.plan.plan_id, step=source.step, tables_restored=len(changes.restored),
         tables_resized=len(changes.resized), tables_initialized=len(changes.added) + len(changes.reinitialized),
-        reinitialized=tuple(changes.reinitialized), dense_reinitialized=tuple(dense))
+        reinitialized=tuple(changes.reinitialized), dense_reinitialized=tuple(dense)), step

@@ -168,7 +168,7 @@ def test_a_fit_outside_the_profile_ranges_fails_instead_of_writing_nonsense(topo
                                            (400_000, 1000), (100, 10_000_000)])
 def test_expected_distinct_rows_match_the_exact_sum_for_the_jobs_ids(ids, rows):
     k = np.arange(rows, dtype=float)
-    p = ((k + 1) / rows) ** (1 / 3) - (k / rows) ** (1 / 3)  # rows x u**3, as rec.train.data draws ids
+    p = ((k + 1) / rows) ** (1 / 3) - (k / rows) ** (1 / 3)  # rows x u**3, as rec.data.synthetic draws ids
     exact = float((1 - (1 - p) ** ids).sum())
     assert float(expected_distinct(ids, rows)) == pytest.approx(exact, rel=2e-3, abs=0.5)
     assert float(expected_distinct(ids, rows)) <= min(ids, rows)

@@ -39,14 +39,14 @@ def spec():
 
 def shard_and_train(plan, spec, config: TrainConfig, steps: int):
     """What the job does on a rank: build, shard with the plan (the tables' optimizer fused), train."""
-    from rec.train.job import model_and_batches, shard_with_plan
+    from rec.train.job import model_and_feed, shard_with_plan
     from rec.train.loop import pipeline_step
 
     device = torch.device("cpu")
-    model, source = model_and_batches(plan, spec, config, device)
+    model, feed = model_and_feed(plan, spec, config, device, 1, plan.topology.batch_size)
     dmp, optimizer = shard_with_plan(model, plan, config, device)
-    step = pipeline_step(dmp, optimizer, device, source(0, 1, plan.topology.batch_size), config.pipeline)
-    return dmp, [float(step()) for _ in range(steps)]
+    step = pipeline_step(dmp, optimizer, device, feed.batches(0, 1, device, 2), config.pipeline)
+    return dmp, [float(step.run()) for _ in range(steps)]
 
 
 @pytest.mark.parametrize("kind", [ModelKind.AUTO, ModelKind.CONCAT, ModelKind.DLRM_DCN])
@@ -69,7 +69,8 @@ def test_every_module_sits_at_its_path_is_sharded_as_planned_and_trains_pipeline
 
 
 def test_dlrm_needs_one_dim_and_auto_picks_concat_for_several(spec):
-    from rec.train.model import build_model, resolve_model_kind
+    from rec.train.config import resolve_model_kind
+    from rec.train.model import build_model
 
     wide = spec_from_rows([*ROWS, dict(name="wide", num_embeddings=10, embedding_dim=32, module=ITEM)])
     assert resolve_model_kind(spec, ModelKind.AUTO) is ModelKind.DLRM
@@ -82,7 +83,6 @@ def test_a_spec_without_modules_still_trains_torchrecs_dlrm_on_torchrecs_batch()
     from torchrec.datasets.utils import Batch
     from torchrec.models.dlrm import DLRMTrain
 
-    from rec.train.data import synthetic_batches
     from rec.train.model import EBC_PATH, build_model
 
     legacy = spec_from_rows([dict(name="a", num_embeddings=100, embedding_dim=8),
@@ -90,15 +90,13 @@ def test_a_spec_without_modules_still_trains_torchrecs_dlrm_on_torchrecs_batch()
     assert one_default_ebc(legacy)
     model = build_model(legacy, TrainConfig(), torch.device("cpu"))
     assert isinstance(model, DLRMTrain) and type(model.get_submodule(EBC_PATH)).__name__ == "EmbeddingBagCollection"
-    batch = next(synthetic_batches(legacy, 4, 13, seed=0, distinct=1))
+    batch = synthetic_batch(legacy, 4, 13, seed=0)
     assert isinstance(batch, Batch) and batch.sparse_features.keys() == ["a", "b1", "b2"]
 
 
 def test_each_module_gets_its_own_features_and_sequences_as_long_as_the_pooling_factor(spec):
-    from rec.train.data import synthetic_batches
-
     assert not one_default_ebc(spec)
-    batch = next(synthetic_batches(spec, 2000, 5, seed=1, distinct=1))
+    batch = synthetic_batch(spec, 2000, 5, seed=1)
     assert isinstance(batch, ModuleBatch) and batch.dense_features.shape == (2000, 5)
     assert {p: k.keys() for p, k in batch.sparse_features.items()} == {
         USER: ["id", "country", "city"], ITEM: ["id"], SEQUENCE: ["id", "query"]}
@@ -112,16 +110,30 @@ def test_parquet_data_feeds_a_feature_to_every_module_that_uses_it(spec, tmp_pat
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from rec.train.data import parquet_batches
+    from rec.data.layout import DataLayout
+    from rec.data.order import Position
+    from rec.data.source import Reading, open_source
+    from rec.train.input import to_batch
 
     ids = {"id": [[1, 2], [3]], "country": [[4], []], "city": [[5], [6]], "query": [[7, 8, 9], [10]]}
     pq.write_table(pa.table({"label": [0, 1], "dense": [[0.5, 0.5], [1.0, 0.0]], **ids}), tmp_path / "d.parquet")
-    batch = next(parquet_batches(str(tmp_path / "d.parquet"), spec, 2, 2, rank=0, world_size=1))
+    source = open_source(str(tmp_path / "d.parquet"), spec, DataLayout.of_spec(spec, 2), Reading(shuffle=False))
+    batch = to_batch(next(source.batches(Position(1), 0, 2)), source.layout, one_module=False)
     assert isinstance(batch, ModuleBatch) and batch.labels.tolist() == [0.0, 1.0]
     features = {p: {k: v.values().tolist() for k, v in kjt.to_dict().items()}
                 for p, kjt in batch.sparse_features.items()}
     assert features == {USER: {"id": [1, 2, 3], "country": [4], "city": [5, 6]}, ITEM: {"id": [1, 2, 3]},
                         SEQUENCE: {"id": [1, 2, 3], "query": [7, 8, 9, 10]}}
+
+
+def synthetic_batch(spec, batch_size, dense_in_features, seed):
+    """The first synthetic batch of rank 0, as the job's input pipeline makes it."""
+    from rec.data.order import Position
+    from rec.data.synthetic import SyntheticSource
+    from rec.train.input import to_batch
+
+    source = SyntheticSource(spec, dense_in_features, seed, distinct=1)
+    return to_batch(next(source.batches(Position(1), 0, batch_size)), source.layout, one_default_ebc(spec))
 
 
 def test_sequence_mean_averages_each_samples_ids_and_gives_zeros_for_an_empty_sequence():

@@ -1,0 +1,210 @@
+"""Rows of training data as numpy arrays, converted from Arrow without a Python object per row.
+
+``Columns`` holds a run of samples: labels, the dense matrix, and per id slot (``DataLayout.slots``:
+a feature column as tables of one size read it) its ids as one flat array with per-sample lengths,
+the layout of a KeyedJaggedTensor's values and lengths; ids mapped under ``--ids modulo|hash``. The
+slots of one column share its lengths. ``from_arrow`` checks every value on the way: a null or non-binary
+label, a dense list of the wrong width or with nulls, a null id, an id out of range under ``--ids
+error``: an ``InputError`` naming the column, how many rows, and the first row where it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from rec.data.ids import IdsPolicy, map_ids, out_of_range
+from rec.data.layout import DENSE, LABEL, DataLayout
+from rec.errors import InputError, Problem
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+Locate = Callable[[int], str]  # row index in the converted table -> "row R of FILE"
+BAD_DATA = "The training data cannot be used:"
+
+
+@dataclass(frozen=True)
+class Columns:
+    labels: np.ndarray  # float32 (n,)
+    dense: np.ndarray  # float32 (n, dense_in_features)
+    lengths: tuple[np.ndarray, ...]  # per slot (layout.slots): int32 (n,)
+    offsets: tuple[np.ndarray, ...]  # per slot: int64 (n + 1,), from 0
+    ids: tuple[np.ndarray, ...]  # per slot: int64, the ids of every row in order
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def slice(self, start: int, stop: int) -> Columns:
+        """Rows ``[start, stop)``."""
+        return Columns(self.labels[start:stop], self.dense[start:stop],
+                       tuple(n[start:stop] for n in self.lengths),
+                       tuple(o[start:stop + 1] - o[start] for o in self.offsets),
+                       tuple(ids[o[start]:o[stop]] for ids, o in zip(self.ids, self.offsets, strict=True)))
+
+
+def concat(parts: Sequence[Columns]) -> Columns:
+    """The rows of ``parts``, one after the other."""
+    if len(parts) == 1:
+        return parts[0]
+    first = parts[0]
+    lengths = tuple(np.concatenate([p.lengths[c] for p in parts]) for c in range(len(first.lengths)))
+    return Columns(np.concatenate([p.labels for p in parts]), np.concatenate([p.dense for p in parts]),
+                   lengths, tuple(_offsets(n) for n in lengths),
+                   tuple(np.concatenate([p.ids[s] for p in parts]) for s in range(len(first.ids))))
+
+
+def _offsets(lengths: np.ndarray) -> np.ndarray:
+    offsets = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return offsets
+
+
+def from_arrow(table: pa.Table, layout: DataLayout, policy: IdsPolicy, locate: Locate,
+               what: str = "--data") -> Columns:
+    """``table``'s rows as ``Columns``; InputError naming every column with a value training cannot use."""
+    problems: list[Problem] = []
+    labels = _labels(table.column(LABEL), locate, what, problems)
+    dense = _dense(table.column(DENSE), layout.dense_in_features, locate, what, problems)
+    lengths, offsets, values = [], [], []
+    for column in layout.id_columns:
+        n, o, v = read_ids(table.column(column), column, locate, what, problems)
+        lengths.append(n)
+        offsets.append(o)
+        values.append(v)
+    column = {c: i for i, c in enumerate(layout.id_columns)}
+    ids = []
+    for slot in layout.slots:
+        c = column[slot.column]
+        v = values[c]
+        if policy is IdsPolicy.ERROR:
+            bad = out_of_range(v, slot.rows)
+            if bad.any():
+                first = int(np.argmax(bad))
+                row = int(np.searchsorted(offsets[c], first, side="right")) - 1
+                problems.append(Problem(
+                    f"{what} column {slot.column!r}",
+                    f"{int(bad.sum()):,} ids in {len(table):,} rows read are outside [0, {slot.rows:,}) "
+                    f"({_tables(slot.tables)}), first {int(v[first])} at {locate(row)}; map them into range "
+                    "with --ids modulo or --ids hash"))
+            ids.append(v)
+        else:
+            ids.append(map_ids(v, slot.rows, policy))
+    if problems:
+        raise InputError(BAD_DATA, problems)
+    at = [column[s.column] for s in layout.slots]
+    return Columns(labels, dense, tuple(lengths[c] for c in at), tuple(offsets[c] for c in at), tuple(ids))
+
+
+def _tables(names: tuple[str, ...]) -> str:
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return f"the rows of table{'s' if len(names) > 1 else ''} {shown}"
+
+
+def _chunk(column: pa.ChunkedArray) -> pa.Array:
+    return column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+
+
+def _first(mask: np.ndarray) -> int:
+    return int(np.argmax(mask))
+
+
+def _labels(column: pa.ChunkedArray, locate: Locate, what: str, problems: list[Problem]) -> np.ndarray:
+    import pyarrow as pa
+
+    array = _chunk(column)
+    where = f"{what} column {LABEL!r}"
+    if not (pa.types.is_integer(array.type) or pa.types.is_floating(array.type) or pa.types.is_boolean(array.type)):
+        problems.append(Problem(where, f"is {array.type}; a label is a number, 0 or 1"))
+        return np.zeros(len(array), np.float32)
+    if array.null_count:
+        nulls = np.asarray(array.is_null())
+        problems.append(Problem(where, f"{array.null_count:,} null labels in {len(array):,} rows read, "
+                                       f"first at {locate(_first(nulls))}"))
+        return np.zeros(len(array), np.float32)
+    values: np.ndarray = array.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+    bad = (values != 0) & (values != 1)
+    if bad.any():
+        first = _first(bad)
+        problems.append(Problem(where, f"{int(bad.sum()):,} labels in {len(values):,} rows read are not 0 or 1, "
+                                       f"first {values[first]:g} at {locate(first)}"))
+    return values
+
+
+def _dense(column: pa.ChunkedArray, width: int, locate: Locate, what: str, problems: list[Problem]) -> np.ndarray:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    array = _chunk(column)
+    where = f"{what} column {DENSE!r}"
+    empty = np.zeros((len(array), width), np.float32)
+    kind = array.type
+    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)) \
+            or not pa.types.is_floating(kind.value_type):
+        problems.append(Problem(where, f"is {kind}; dense features are a list of {width} floats per row "
+                                       f"(list<float> or fixed_size_list<float, {width}>)"))
+        return empty
+    if array.null_count:
+        problems.append(Problem(where, f"{array.null_count:,} null rows in {len(array):,} rows read, first at "
+                                       f"{locate(_first(np.asarray(array.is_null())))}"))
+        return empty
+    lengths = pc.list_value_length(array).to_numpy(zero_copy_only=False)
+    wrong = lengths != width
+    if wrong.any():
+        first = _first(wrong)
+        problems.append(Problem(where, f"{int(wrong.sum()):,} of {len(array):,} rows read do not hold "
+                                       f"{width} values (--dense-in-features), first {int(lengths[first])} at "
+                                       f"{locate(first)}"))
+        return empty
+    values = pc.list_flatten(array)
+    if values.null_count:
+        row = int(np.searchsorted(np.arange(len(array)) * width, _first(np.asarray(values.is_null())), "right")) - 1
+        problems.append(Problem(where, f"{values.null_count:,} null values in {len(array):,} rows read, "
+                                       f"first at {locate(row)}"))
+        return empty
+    flat: np.ndarray = values.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+    return flat.reshape(len(array), width)
+
+
+def read_ids(column: pa.ChunkedArray, name: str, locate: Locate, what: str, problems: list[Problem]
+         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    array = _chunk(column)
+    where = f"{what} column {name!r}"
+    kind = array.type
+    n = len(array)
+    nothing = (np.zeros(n, np.int32), np.zeros(n + 1, np.int64), np.zeros(0, np.int64))
+    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_integer(kind.value_type):
+        hint = "; store one id per row as a list of one" if pa.types.is_integer(kind) else ""
+        problems.append(Problem(where, f"is {kind}; a feature's ids are list<int64> (or list<int32>), "
+                                       f"one list per row{hint}"))
+        return nothing
+    lengths = pc.list_value_length(array)
+    if array.null_count:
+        lengths = pc.fill_null(lengths, 0)  # a null list is an empty bag
+    counts = lengths.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+    values = pc.list_flatten(array)
+    offsets = _offsets(counts)
+    if values.null_count:
+        first = _first(np.asarray(values.is_null()))
+        row = int(np.searchsorted(offsets, first, side="right")) - 1
+        problems.append(Problem(where, f"{values.null_count:,} null ids in {n:,} rows read, first at {locate(row)}"))
+        return nothing
+    ids = values.to_numpy(zero_copy_only=False)
+    if ids.dtype != np.int64:
+        ids = ids.astype(np.uint64).view(np.int64) if ids.dtype == np.uint64 else ids.astype(np.int64)
+    return counts, offsets, ids
+
+
+def empty(layout: DataLayout, rows: int) -> Columns:
+    """``rows`` rows of nothing (label 0, dense zeros, empty bags): padding that metrics leave out."""
+    n = len(layout.slots)
+    return Columns(np.zeros(rows, np.float32), np.zeros((rows, layout.dense_in_features), np.float32),
+                   tuple(np.zeros(rows, np.int32) for _ in range(n)),
+                   tuple(np.zeros(rows + 1, np.int64) for _ in range(n)),
+                   tuple(np.zeros(0, np.int64) for _ in range(n)))

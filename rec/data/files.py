@@ -1,0 +1,160 @@
+"""Where training data is: ``--data`` as a Parquet file, a directory, a glob, or a URI that a
+pyarrow filesystem opens (``s3://``, ``gs://``, ``hdfs://`` where that filesystem is installed).
+
+A directory holds every ``*.parquet``/``*.pq`` file under it (recursively); a glob every file it
+matches; both sorted by path, names starting with ``.`` or ``_`` left out (Spark's ``_SUCCESS``,
+``.crc``), as pyarrow's datasets do. Only the files' footers are read here: their row groups and
+row counts (``DataFiles``), from which the ranks split the rows (``rec.data.order``).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import TYPE_CHECKING, Any
+
+from rec.errors import InputError, Problem
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+
+PARQUET_SUFFIXES = (".parquet", ".pq")
+GLOB_CHARACTERS = "*?["
+MAX_FILES = 1_000_000
+
+
+@dataclass(frozen=True)
+class RowGroup:
+    """One row group of one file: ``file`` indexes ``DataFiles.paths``."""
+
+    file: int
+    index: int
+    rows: int
+
+
+@dataclass(frozen=True, eq=False)
+class DataFiles:
+    """The Parquet files of a dataset, their row groups in path order, and their schemas."""
+
+    source: str  # as the user gave it
+    paths: tuple[str, ...]  # as ``filesystem`` names them
+    row_groups: tuple[RowGroup, ...]
+    schemas: tuple[tuple[int, pa.Schema], ...]  # each distinct schema, with the first file that has it
+    filesystem: pafs.FileSystem
+    fingerprint: str = field(default="")  # of the paths and row counts: the same files, the same rows
+
+    @property
+    def rows(self) -> int:
+        return sum(g.rows for g in self.row_groups)
+
+    def parquet_file(self, file: int) -> pq.ParquetFile:
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(self.filesystem.open_input_file(self.paths[file]))
+
+    def where(self, file: int, row: int) -> str:
+        """A row for a message: ``row 17 of data/part-3.parquet``."""
+        return f"row {row:,} of {self.paths[file]}"
+
+
+def open_data(source: str, what: str = "--data") -> DataFiles:
+    """The files of ``source`` with their row groups; InputError naming every file that cannot be
+    read as Parquet, or what is wrong with ``source`` itself (nothing there, no Parquet file, no rows)."""
+    filesystem, paths = _list(source, what)
+    problems: list[Problem] = []
+    groups: list[RowGroup] = []
+    schemas: list[tuple[int, pa.Schema]] = []
+    digest = hashlib.sha256()
+    for i, path in enumerate(paths):
+        try:
+            metadata = _metadata(filesystem, path)
+        except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+            problems.append(Problem(f"{what} {path}", f"cannot read it as Parquet: {_reason(e)}"))
+            continue
+        schema = metadata.schema.to_arrow_schema()
+        if not any(schema.equals(known) for _, known in schemas):
+            schemas.append((i, schema))
+        digest.update(f"{path}\0{metadata.num_rows}\0{metadata.num_row_groups}\n".encode())
+        groups += [RowGroup(i, g, metadata.row_group(g).num_rows) for g in range(metadata.num_row_groups)
+                   if metadata.row_group(g).num_rows > 0]
+    if problems:
+        raise InputError(f"Cannot read the data {source}:", problems)
+    if not groups:
+        raise InputError(f"Cannot read the data {source}:", [Problem(what, f"{source} holds no rows")])
+    return DataFiles(source, tuple(paths), tuple(groups), tuple(schemas), filesystem, digest.hexdigest()[:16])
+
+
+def _list(source: str, what: str) -> tuple[pafs.FileSystem, list[str]]:
+    """The filesystem of ``source`` and its Parquet files, sorted; InputError when there are none."""
+    import pyarrow.fs as pafs
+
+    title = f"Cannot read the data {source}:"
+    if not source or "\0" in source:
+        raise InputError(title, [Problem(what, "is empty or contains a NUL character")])
+    magic = any(c in source for c in GLOB_CHARACTERS)
+    base = _glob_base(source) if magic else source
+    try:
+        filesystem, root = (pafs.FileSystem.from_uri(base) if "://" in base
+                            else (pafs.LocalFileSystem(), os.path.abspath(base)))
+        info = filesystem.get_file_info(root)
+        if info.type == pafs.FileType.NotFound:
+            raise InputError(title, [Problem(what, f"no such file or directory: {source}")])
+        if info.type == pafs.FileType.File and not magic:
+            return filesystem, [root]
+        found = filesystem.get_file_info(pafs.FileSelector(root, recursive=True))
+    except (OSError, ValueError) as e:
+        raise InputError(title, [Problem(what, f"cannot open {source}: {_reason(e)}")]) from None
+    pattern = _pattern(source, base, root) if magic else None
+    paths = sorted(f.path for f in found if f.type == pafs.FileType.File and _wanted(f.path, root, pattern))
+    if not paths:
+        kind = "nothing it matches is a" if magic else "the directory holds no"
+        raise InputError(title, [Problem(what, f"{source}: {kind} Parquet file "
+                                               f"({'/'.join(PARQUET_SUFFIXES)}, not starting with . or _)")])
+    if len(paths) > MAX_FILES:
+        raise InputError(title, [Problem(what, f"{len(paths):,} files; at most {MAX_FILES:,}")])
+    return filesystem, paths
+
+
+def _glob_base(source: str) -> str:
+    """The directory a glob searches: its path up to the first component with a glob character."""
+    head, sep, rest = source.partition("://")
+    parts = (rest if sep else head).split("/")
+    fixed = []
+    for part in parts:
+        if any(c in part for c in GLOB_CHARACTERS):
+            break
+        fixed.append(part)
+    base = "/".join(fixed) or ("/" if (rest if sep else head).startswith("/") else ".")
+    return f"{head}{sep}{base}" if sep else base
+
+
+def _pattern(source: str, base: str, root: str) -> str:
+    """``source``'s glob as a pattern over the filesystem's paths under ``root``."""
+    rest = source[len(base):].lstrip("/")
+    return f"{root.rstrip('/')}/{rest}"
+
+
+def _wanted(path: str, root: str, pattern: str | None) -> bool:
+    relative = PurePosixPath(path[len(root):].lstrip("/")).parts
+    if any(part.startswith((".", "_")) for part in relative):
+        return False
+    if pattern is not None:
+        return fnmatch.fnmatchcase(path, pattern) and not path.endswith("/")
+    return path.lower().endswith(PARQUET_SUFFIXES)
+
+
+def _metadata(filesystem: pafs.FileSystem, path: str) -> Any:
+    import pyarrow.parquet as pq
+
+    with filesystem.open_input_file(path) as f:
+        return pq.ParquetFile(f).metadata
+
+
+def _reason(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:200] if text else type(e).__name__

@@ -1,0 +1,179 @@
+"""Training data from Parquet: each rank reads its share of the row groups (``rec.data.order``),
+only the columns the model needs, one window at a time, and converts it to ``Columns`` at once.
+
+Memory per rank is bounded by a window (``--shuffle-window`` rows) and one row group, whatever the
+size of the dataset; only the files' footers are read up front.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from rec.data.columns import Columns, from_arrow
+from rec.data.files import DataFiles
+from rec.data.ids import IdsPolicy
+from rec.data.layout import DataLayout
+from rec.data.order import Piece, Position, ReadOrder, skip
+from rec.data.source import Reading, SourceKind
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+OPEN_FILES = 8  # Parquet files kept open by a reader
+
+
+@dataclass
+class ParquetSource:
+    """A Parquet dataset read in ``order`` for ``layout``'s model."""
+
+    files: DataFiles
+    layout: DataLayout
+    order: ReadOrder
+    policy: IdsPolicy = IdsPolicy.ERROR
+    what: str = "--data"
+    _open: OrderedDict[int, Any] = field(default_factory=OrderedDict, repr=False)
+    _cached: tuple[tuple[int, int], pa.Table] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        rows = np.array([g.rows for g in self.files.row_groups], np.int64)
+        first_in_file = np.zeros(len(rows), np.int64)
+        for i in range(1, len(rows)):
+            same = self.files.row_groups[i].file == self.files.row_groups[i - 1].file
+            first_in_file[i] = first_in_file[i - 1] + rows[i - 1] if same else 0
+        self._first_in_file = first_in_file
+
+    @classmethod
+    def open(cls, files: DataFiles, layout: DataLayout, *, seed: int = 0, shuffle: bool = True,
+             window: int = 1 << 16, policy: IdsPolicy = IdsPolicy.ERROR, what: str = "--data") -> ParquetSource:
+        order = ReadOrder(np.array([g.rows for g in files.row_groups], np.int64), seed, shuffle, window)
+        return cls(files, layout, order, policy, what)
+
+    @property
+    def description(self) -> str:
+        files = len(self.files.paths)
+        return f"{self.files.source} ({self.order.total:,} rows in {files:,} file{'s' if files > 1 else ''})"
+
+    def advance(self, position: Position, rows: int) -> Position:
+        return self.order.advance(position, rows)
+
+    def chunks(self, position: Position, rank: int) -> Iterator[Columns]:
+        """Rank ``rank``'s rows from ``position`` on, epoch after epoch, in chunks of at most a window."""
+        while True:
+            base = position.splits[0][0] if position.splits else position.world_size
+            for piece in skip(self.order.pieces(position, rank), position.rows):
+                yield from self._piece(position.epoch, base, piece)
+            position = Position(position.world_size, position.epoch + 1)
+
+    def batches(self, position: Position, rank: int, batch_size: int) -> Iterator[Columns]:
+        """Rank ``rank``'s batches of ``batch_size`` rows from ``position`` on, without end (a
+        batch may span the end of an epoch)."""
+        if self.order.total // position.world_size == 0:
+            raise ValueError("no rows per rank")
+        return rebatch(self.chunks(position, rank), batch_size)
+
+    def share(self, rank: int, world_size: int) -> Iterator[Columns]:
+        """Every row of rank ``rank``'s share of one pass in path order, the shares of the ranks
+        differing by at most one row and covering every row (evaluation, prediction)."""
+        total = self.order.total
+        start, stop = rank * total // world_size, (rank + 1) * total // world_size
+        step = self.order.window
+        for a in range(start, stop, step):
+            b = min(a + step, stop)
+            table, locate = self._positions(0, a, b, unshuffled=True)
+            yield from_arrow(table, self.layout, self.policy, locate, self.what)
+
+    def _piece(self, epoch: int, base_world: int, piece: Piece) -> Iterator[Columns]:
+        window = self.order.window
+        for k in range(piece.start // window, (piece.stop - 1) // window + 1):
+            first, offsets = self.order.window_positions(epoch, base_world, piece.rank, k)
+            lo, hi = max(piece.start - k * window, 0), min(piece.stop - k * window, len(offsets))
+            table, locate = self._positions(epoch, first, first + len(offsets))
+            if self.order.shuffle:
+                import pyarrow as pa
+
+                rows = offsets[lo:hi]
+                table = table.take(pa.array(rows))
+            else:
+                rows = np.arange(lo, hi)
+                table = table.slice(lo, hi - lo)
+            yield from_arrow(table, self.layout, self.policy, _at(locate, rows), self.what)
+
+    def _positions(self, epoch: int, start: int, stop: int, unshuffled: bool = False) -> tuple[pa.Table, Any]:
+        """The rows at positions ``[start, stop)`` of ``epoch``'s order, and how to name each."""
+        import pyarrow as pa
+
+        order = np.arange(len(self.order.group_rows)) if unshuffled else self.order.group_order(epoch)
+        sizes = self.order.group_rows[order]
+        starts = np.concatenate([[0], np.cumsum(sizes)])
+        first = int(np.searchsorted(starts, start, side="right")) - 1
+        parts, owners = [], []
+        g = first
+        while g < len(order) and starts[g] < stop:
+            lo, hi = max(start - starts[g], 0), min(stop - starts[g], sizes[g])
+            parts.append(self._row_group(int(order[g])).slice(int(lo), int(hi - lo)))
+            owners.append((int(order[g]), int(lo), int(starts[g] + lo - start)))
+            g += 1
+        table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+        firsts = np.array([at for _, _, at in owners], np.int64)
+
+        def locate(row: int) -> str:
+            i = int(np.searchsorted(firsts, row, side="right")) - 1
+            group, lo, at = owners[i]
+            rg = self.files.row_groups[group]
+            return self.files.where(rg.file, int(self._first_in_file[group]) + lo + row - at)
+
+        return table, locate
+
+    def _row_group(self, group: int) -> pa.Table:
+        rg = self.files.row_groups[group]
+        key = (rg.file, rg.index)
+        if self._cached is not None and self._cached[0] == key:
+            return self._cached[1]
+        handle = self._open.pop(rg.file, None) or self.files.parquet_file(rg.file)
+        self._open[rg.file] = handle
+        while len(self._open) > OPEN_FILES:
+            self._open.popitem(last=False)
+        table = handle.read_row_group(rg.index, columns=list(self.layout.columns))
+        self._cached = (key, table)
+        return table
+
+
+def _at(locate: Any, rows: np.ndarray) -> Any:
+    """``locate`` for a table of ``rows`` (positions in the window that ``locate`` names)."""
+    return lambda i: locate(int(rows[i]))
+
+
+def rebatch(chunks: Iterator[Columns], batch_size: int) -> Iterator[Columns]:
+    """``chunks`` cut and joined into batches of exactly ``batch_size`` rows (a last partial batch of
+    a finite stream is yielded too)."""
+    from rec.data.columns import concat
+
+    pending: list[Columns] = []
+    held = 0
+    for chunk in chunks:
+        start = 0
+        while start < len(chunk):
+            take = min(batch_size - held, len(chunk) - start)
+            pending.append(chunk.slice(start, start + take) if (start, take) != (0, len(chunk)) else chunk)
+            held += take
+            start += take
+            if held == batch_size:
+                yield concat(pending)
+                pending, held = [], 0
+    if pending:
+        yield concat(pending)
+
+
+def _open(path: str, layout: DataLayout, reading: Reading, what: str) -> ParquetSource:
+    from rec.data.files import open_data
+
+    return ParquetSource.open(open_data(path, what), layout, seed=reading.seed, shuffle=reading.shuffle,
+                              window=reading.window, policy=reading.ids, what=what)
+
+
+KIND = SourceKind("parquet", reads=lambda path: True, open=_open)

@@ -1,0 +1,114 @@
+"""The check before launch: training data whose columns or values cannot work is named in seconds.
+
+``data_problems`` reads the files' footers (schemas, row groups) and a sample of rows spread over
+the dataset, and names every column of the wrong type, every missing column, and every kind of bad
+value the sample shows (null or non-binary labels, dense rows of the wrong width, null ids, ids
+out of range under ``--ids error``), each with how many and an example row. The ranks check every
+row they read the same way (``rec.data.columns.from_arrow``): what the sample misses stops the job
+as bad input.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from rec.data.columns import from_arrow
+from rec.data.files import DataFiles, open_data
+from rec.data.ids import IdsPolicy
+from rec.data.layout import DENSE, LABEL, DataLayout
+from rec.errors import InputError, Problem
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+SAMPLE_ROWS = 20_000  # rows the check reads, spread over up to SAMPLE_GROUPS row groups
+SAMPLE_GROUPS = 8
+
+
+def data_problems(source: str, layout: DataLayout, policy: IdsPolicy, what: str = "--data",
+                  sample_rows: int = SAMPLE_ROWS) -> list[Problem]:
+    """What makes ``source`` unusable as ``layout``'s training data: its files, schemas and a sample."""
+    try:
+        files = open_data(source, what)
+    except InputError as e:
+        return list(e.problems)
+    problems = schema_problems(files, layout, what)
+    if any(c not in schema.names for _, schema in files.schemas for c in layout.columns):
+        return problems  # the sample needs every column
+    named = {p.where for p in problems}
+    return problems + [p for p in sample_problems(files, layout, policy, what, sample_rows) if p.where not in named]
+
+
+def schema_problems(files: DataFiles, layout: DataLayout, what: str = "--data") -> list[Problem]:
+    """Every missing column and column of the wrong type, in each distinct schema of the files."""
+    problems: list[Problem] = []
+    several = len(files.schemas) > 1
+    for file, schema in files.schemas:
+        where = f"{what} column {{!r}}" + (f" of {files.paths[file]}" if several else "")
+        missing = [c for c in layout.columns if c not in schema.names]
+        if missing:
+            problems.append(Problem(f"{what} {files.paths[file]}" if several else what,
+                                    f"has no column {', '.join(map(repr, missing))} (the data needs label, dense "
+                                    "and one column of ids per feature name: docs/training.md)"))
+        for name in layout.columns:
+            if name in schema.names:
+                reason = _type_problem(name, schema.field(name).type, layout.dense_in_features)
+                if reason:
+                    problems.append(Problem(where.format(name), reason))
+    return problems
+
+
+def _type_problem(name: str, kind: pa.DataType, width: int) -> str | None:
+    import pyarrow as pa
+
+    listed = pa.types.is_list(kind) or pa.types.is_large_list(kind)
+    if name == LABEL:
+        numeric = pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
+        return None if numeric else f"is {kind}; a label is a number, 0 or 1"
+    if name == DENSE:
+        if pa.types.is_fixed_size_list(kind) and pa.types.is_floating(kind.value_type):
+            return None if kind.list_size == width else (
+                f"holds {kind.list_size} values per row; --dense-in-features is {width}")
+        if listed and pa.types.is_floating(kind.value_type):
+            return None
+        return (f"is {kind}; dense features are a list of {width} floats per row "
+                f"(list<float> or fixed_size_list<float, {width}>)")
+    if listed and pa.types.is_integer(kind.value_type):
+        return None
+    hint = "; store one id per row as a list of one" if pa.types.is_integer(kind) else ""
+    return f"is {kind}; a feature's ids are list<int64> (or list<int32>), one list per row{hint}"
+
+
+def sample_problems(files: DataFiles, layout: DataLayout, policy: IdsPolicy, what: str = "--data",
+                    sample_rows: int = SAMPLE_ROWS) -> list[Problem]:
+    """Every kind of bad value in a sample of rows from row groups spread over the dataset."""
+    import pyarrow as pa
+
+    groups = files.row_groups
+    picked = np.unique(np.linspace(0, len(groups) - 1, min(SAMPLE_GROUPS, len(groups))).round().astype(int))
+    each = max(1, sample_rows // len(picked))
+    tables, names = [], []
+    for g in picked:
+        rg = groups[int(g)]
+        reader = files.parquet_file(rg.file)
+        first = sum(r.rows for r in groups[:int(g)] if r.file == rg.file)
+        batch = next(reader.iter_batches(batch_size=min(each, rg.rows), row_groups=[rg.index],
+                                         columns=list(layout.columns)), None)
+        if batch is not None:
+            tables.append(pa.Table.from_batches([batch]))
+            names.append((rg.file, first, len(batch)))
+    table = pa.concat_tables(tables)
+    starts = np.cumsum([0] + [n for _, _, n in names])
+
+    def locate(row: int) -> str:
+        i = int(np.searchsorted(starts, row, side="right")) - 1
+        file, first, _ = names[i]
+        return files.where(file, first + row - int(starts[i]))
+
+    try:
+        from_arrow(table, layout, policy, locate, what)
+    except InputError as e:
+        return list(e.problems)
+    return []

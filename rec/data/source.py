@@ -1,0 +1,78 @@
+"""Where a training's batches come from: one small interface, the sources behind it, and the choice.
+
+A ``DataSource`` gives each rank its batches from a ``Position`` (``rec.data.order``) and says how a
+position moves on; the training job turns its ``Columns`` into TorchRec batches
+(``rec.train.input``). ``SOURCES`` lists the sources that read ``--data``, tried in order; a source
+is one module with a ``KIND``, plus its line here. Without ``--data`` the job trains on
+``SyntheticSource``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from rec.data.columns import Columns
+from rec.data.ids import IdsPolicy
+from rec.data.layout import DataLayout
+from rec.data.order import Position
+from rec.spec.types import Spec
+
+
+class DataSource(Protocol):
+    @property
+    def layout(self) -> DataLayout:
+        """Which id slots the source's ``Columns`` hold and how they feed the model's modules."""
+
+    @property
+    def description(self) -> str:
+        """What the data is, in a few words (logs, summaries)."""
+
+    def advance(self, position: Position, rows: int) -> Position:
+        """``position`` after every rank has read ``rows`` more rows."""
+
+    def batches(self, position: Position, rank: int, batch_size: int) -> Iterator[Columns]:
+        """Rank ``rank``'s batches of ``batch_size`` rows from ``position`` on, without end."""
+
+
+@dataclass(frozen=True)
+class Reading:
+    """How a source reads: the seed of its order, whether it shuffles and how widely, the ids policy."""
+
+    seed: int = 0
+    shuffle: bool = True
+    window: int = 1 << 16
+    ids: IdsPolicy = IdsPolicy.ERROR
+
+
+@dataclass(frozen=True)
+class SourceKind:
+    """A source that reads ``--data``: whether it reads ``path``, and how it opens it."""
+
+    name: str
+    reads: Callable[[str], bool]
+    open: Callable[[str, DataLayout, Reading, str], DataSource]  # (path, layout, reading, what) -> source
+
+
+def _parquet() -> SourceKind:
+    from rec.data.parquet import KIND
+
+    return KIND
+
+
+SOURCES: tuple[Callable[[], SourceKind], ...] = (_parquet,)
+
+
+def open_source(data: str | None, spec: Spec, layout: DataLayout, reading: Reading, *,
+                distinct: int = 16, what: str = "--data") -> DataSource:
+    """The source of ``data`` (the first in ``SOURCES`` that reads it), or synthetic batches for None."""
+    if data is None:
+        from rec.data.synthetic import SyntheticSource
+
+        return SyntheticSource(spec, layout.dense_in_features, reading.seed, distinct)
+    for kind in SOURCES:
+        source = kind()
+        if source.reads(data):
+            return source.open(data, layout, reading, what)
+    raise ValueError(f"no source reads {data}")

@@ -1,0 +1,32 @@
+"""The metrics every evaluation reports, in this order (train_metrics.json's ``eval``, MLflow's
+``eval_<name>``, ``shardflow compare``). A metric is one module with a class like ``auc.AUC``, plus
+its line here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from rec.evaluation.auc import AUC
+from rec.evaluation.logloss import Logloss, NormalizedEntropy
+from rec.evaluation.metric import EvalMetric
+
+METRICS: tuple[EvalMetric, ...] = (AUC(), Logloss(), NormalizedEntropy())
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One evaluation: after ``iteration`` iterations, over ``samples`` samples."""
+
+    iteration: int
+    samples: int
+    values: dict[str, float | None]  # metric name -> value (None: undefined on these samples)
+
+    def to_dict(self) -> dict[str, float | int | None]:
+        return {"iteration": self.iteration, "samples": self.samples, **self.values}
+
+
+def evaluate(logits: np.ndarray, labels: np.ndarray, iteration: int) -> Evaluation:
+    """Every metric of ``METRICS`` over these samples."""
+    return Evaluation(iteration, len(labels), {m.name: m(logits, labels) for m in METRICS})

@@ -1,0 +1,141 @@
+"""What a rank trains on: the data source of ``--data`` (or synthetic batches, or the user's model's
+own batches), read from where the training stands, through the input pipeline (``rec.train.input``).
+
+The ranks' reading position follows from the iterations: every iteration each rank takes one batch,
+so after iteration ``i`` the position is the start's advanced by ``(i - start) x batch_size`` rows
+(``Feed.position_at``). Checkpoints save it (``data_position.json``), and a resume reads on from
+there: the same rows in the same order as a training that never stopped.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from rec.data.layout import DataLayout
+from rec.data.order import POSITION_FORMAT, Position, position_to_dict
+from rec.data.source import DataSource, Reading, open_source
+from rec.errors import InputError, Problem
+from rec.spec.types import Spec
+from rec.train.config import TrainConfig
+from rec.train.input import input_pipeline
+from rec.train.tables import one_default_ebc
+
+if TYPE_CHECKING:
+    from rec.train.user_model import UserModel
+
+POSITION_FILE = "data_position.json"  # in each checkpoint's step directory
+
+
+@dataclass
+class Feed:
+    """A rank's batches: ``source`` (shardflow's model) or ``user`` (``--model TARGET``)."""
+
+    source: DataSource | None
+    layout: DataLayout
+    one_module: bool
+    batch_size: int
+    start: Position
+    start_iteration: int = 0
+    user: UserModel | None = None
+
+    @classmethod
+    def of(cls, spec: Spec, config: TrainConfig, world_size: int, batch_size: int,
+           user: UserModel | None = None) -> Feed:
+        layout = DataLayout.of_spec(spec, config.dense_in_features)
+        source = None if user is not None else open_source(
+            config.data, spec, layout, reading(config), distinct=config.synthetic_batches)
+        return cls(source, layout, one_default_ebc(spec), batch_size, Position(world_size), user=user)
+
+    def position_at(self, iteration: int) -> Position:
+        """Where the ranks are in the data after ``iteration`` iterations."""
+        if self.source is None:
+            return self.start
+        return self.source.advance(self.start, (iteration - self.start_iteration) * self.batch_size)
+
+    def batches(self, rank: int, world_size: int, device: torch.device, depth: int) -> Iterator[Any]:
+        """This rank's batches from ``start`` on, made in a background thread (``Prefetched``)."""
+        if self.user is not None:
+            return iter(self.user.batches(rank, world_size, self.batch_size, device))
+        assert self.source is not None
+        columns = self.source.batches(self.start, rank, self.batch_size)
+        return input_pipeline(columns, self.source.layout, self.one_module, depth, device.type == "cuda")
+
+    def resume_at(self, iteration: int, saved: dict[str, Any] | None, world_size: int) -> str | None:
+        """Start reading where a checkpoint of ``iteration`` left off (``saved``: its position file);
+        what was not carried over, for a progress line (None: all of it)."""
+        self.start_iteration = iteration
+        if self.source is None:
+            return None
+        fresh = Position(world_size)
+        if saved is None:
+            self.start = self.source.advance(fresh, iteration * self.batch_size)
+            return "the checkpoint has no data position: the data starts at the rows an unbroken run would read"
+        expected = self.position_record(fresh)
+        changed = [k for k in ("seed", "shuffle", "window", "dataset") if saved.get(k) != expected.get(k)]
+        position = Position(int(saved["world_size"]), int(saved["epoch"]), int(saved["rows"]),
+                            tuple((int(w), int(r)) for w, r in saved["splits"]))
+        if changed:
+            self.start = Position(world_size, position.epoch + 1)
+            return (f"the data or its order changed since the checkpoint ({', '.join(changed)}): reading "
+                    f"starts at epoch {position.epoch + 1}")
+        self.start = position.on(world_size)
+        return None
+
+    def position_record(self, position: Position) -> dict[str, Any]:
+        """``position`` as ``data_position.json`` holds it."""
+        from rec.data.parquet import ParquetSource
+
+        source = self.source
+        if isinstance(source, ParquetSource):
+            return position_to_dict(position, source.order, source.files.fingerprint)
+        return {"format": POSITION_FORMAT, "epoch": position.epoch, "rows": position.rows,
+                "world_size": position.world_size, "splits": [list(s) for s in position.splits],
+                "seed": None, "shuffle": None, "window": None, "dataset": "synthetic"}
+
+
+def reading(config: TrainConfig) -> Reading:
+    r = config.reading
+    return Reading(seed=config.seed, shuffle=r.shuffle, window=r.shuffle_window, ids=r.ids)
+
+
+def write_position(step_dir: Path, record: dict[str, Any]) -> None:
+    from rec.disk_full import write_whole
+
+    write_whole(step_dir / POSITION_FILE, (json.dumps(record, indent=1) + "\n").encode())
+
+
+def read_position(step_dir: Path) -> dict[str, Any] | None:
+    """A checkpoint's data position (None: it has none); InputError for a file shardflow did not write."""
+    from rec.validation import Problems, integer, known_keys, required
+
+    path = step_dir / POSITION_FILE
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise InputError("Cannot resume from this checkpoint:", [Problem(str(path), f"unreadable: {e}")]) from None
+    problems = Problems(str(path))
+    if not isinstance(record, dict) or record.get("format") != POSITION_FORMAT:
+        problems.add("format", f"expected {POSITION_FORMAT}")
+    else:
+        known_keys(record, ["format", "epoch", "rows", "world_size", "splits", "seed", "shuffle", "window",
+                            "dataset"], problems)
+        required(record, ["epoch", "rows", "world_size", "splits"], problems)
+        for key in ("epoch", "rows"):
+            problems.take_from(record, key, lambda v: integer(v, minimum=0))
+        problems.take_from(record, "world_size", lambda v: integer(v, minimum=1))
+        splits = record.get("splits")
+        if not (isinstance(splits, list) and all(isinstance(s, list) and len(s) == 2 and
+                                                 all(isinstance(x, int) and x >= 0 for x in s) for s in splits)):
+            problems.add("splits", "expected a list of [world size, rows] pairs")
+    problems.raise_if_any(f"Cannot resume from this checkpoint's data position {path}:")
+    assert isinstance(record, dict)
+    return record
+

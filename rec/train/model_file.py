@@ -1,0 +1,133 @@
+"""``model.json``: what defines shardflow's model beside its weights, so that a checkpoint (and an
+exported model) can be used outside the job that trained it.
+
+Written into every checkpoint directory (``record_model``, beside the plan copy) and into an
+exported model's directory. It holds the model kind, the dense input width and the dense/over arch
+sizes, the ``--ids`` policy, the tables (spec rows: rows, dim, features, module) and the features in
+the order the model reads them (each feature column with the rows its ids must fall in). Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rec.data.ids import IdsPolicy
+from rec.data.layout import DataLayout
+from rec.errors import InputError, Problem
+from rec.spec.columns import table_to_row
+from rec.spec.types import Spec
+from rec.train.config import ModelKind, TrainConfig, resolve_model_kind
+
+MODEL_FILE = "model.json"
+MODEL_FORMAT = "shardflow.model/v1"
+MAX_MODEL_FILE_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    kind: ModelKind  # resolved: never auto
+    dense_in_features: int
+    dense_arch_layer_sizes: tuple[int, ...]
+    over_arch_layer_sizes: tuple[int, ...]
+    ids: IdsPolicy
+    spec: Spec
+
+    def config(self) -> TrainConfig:
+        """A TrainConfig that builds this model (``rec.train.model.build_model``)."""
+        from dataclasses import replace
+
+        config = TrainConfig(model=self.kind.value, dense_in_features=self.dense_in_features,
+                             dense_arch_layer_sizes=self.dense_arch_layer_sizes,
+                             over_arch_layer_sizes=self.over_arch_layer_sizes)
+        return replace(config, reading=replace(config.reading, ids=self.ids))
+
+    @property
+    def layout(self) -> DataLayout:
+        return DataLayout.of_spec(self.spec, self.dense_in_features)
+
+
+def model_settings(spec: Spec, config: TrainConfig) -> ModelSettings:
+    return ModelSettings(resolve_model_kind(spec, config.model_kind), config.dense_in_features,
+                         config.dense_arch_layer_sizes, config.over_arch_layer_sizes, config.reading.ids, spec)
+
+
+def settings_to_dict(settings: ModelSettings, **extra: Any) -> dict[str, Any]:
+    layout = settings.layout
+    return {
+        "format": MODEL_FORMAT, "model": settings.kind.value, "dense_in_features": settings.dense_in_features,
+        "dense_arch_layer_sizes": list(settings.dense_arch_layer_sizes),
+        "over_arch_layer_sizes": list(settings.over_arch_layer_sizes), "ids": settings.ids.value,
+        "features": [{"column": s.column, "rows": s.rows, "tables": list(s.tables)} for s in layout.slots],
+        "modules": [{"path": m.path, "keys": list(m.keys)} for m in layout.modules],
+        "tables": [table_to_row(t) for t in settings.spec.tables],
+        **extra,
+    }
+
+
+def record_model(directory: str | Path, spec: Spec, config: TrainConfig) -> None:
+    """Write ``directory/model.json`` for the model ``config`` builds from ``spec``."""
+    from rec.disk_full import write_whole
+
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    text = json.dumps(settings_to_dict(model_settings(spec, config)), indent=1) + "\n"
+    write_whole(Path(directory) / MODEL_FILE, text.encode())
+
+
+def read_model(path: str | Path) -> tuple[ModelSettings, dict[str, Any]]:
+    """``model.json`` (a path to it or its directory) as ModelSettings, and the whole mapping;
+    InputError naming every problem of a file shardflow did not write."""
+    from rec.input_files import read_text
+    from rec.spec.validate import spec_from_rows
+    from rec.validation import Problems, choice, integer, known_keys, required
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / MODEL_FILE
+    title = f"Cannot read the model settings {path}:"
+    try:
+        record = json.loads(read_text(path, "model settings", MAX_MODEL_FILE_BYTES))
+    except ValueError as e:
+        raise InputError(title, [Problem(str(path), f"not JSON: {e}")]) from None
+    problems = Problems(str(path))
+    if not isinstance(record, dict) or record.get("format") != MODEL_FORMAT:
+        problems.add("format", f"expected {MODEL_FORMAT}: not a model shardflow wrote")
+        problems.raise_if_any(title)
+    known = ["format", "model", "dense_in_features", "dense_arch_layer_sizes", "over_arch_layer_sizes", "ids",
+             "features", "modules", "tables", "plan_id", "step", "tensors"]
+    d = known_keys(record, known, problems)
+    required(d, known[:9], problems)
+    kind = problems.take_from(d, "model", lambda v: choice(ModelKind, v))
+    dense = problems.take_from(d, "dense_in_features", lambda v: integer(v, minimum=1))
+    ids = problems.take_from(d, "ids", lambda v: choice(IdsPolicy, v))
+    sizes = {key: problems.take_from(d, key, _sizes) for key in ("dense_arch_layer_sizes", "over_arch_layer_sizes")}
+    problems.raise_if_any(title)
+    if kind is ModelKind.AUTO:
+        problems.add("model", "must be a resolved model kind, not auto")
+    try:
+        spec = spec_from_rows(d["tables"] if isinstance(d["tables"], list) else [], source=f"{path} tables")
+    except InputError as e:
+        problems.items += list(e.problems)
+        problems.raise_if_any(title)
+        raise
+    problems.raise_if_any(title)
+    assert kind is not None and dense is not None and ids is not None
+    settings = ModelSettings(kind, dense, tuple(sizes["dense_arch_layer_sizes"] or ()),
+                             tuple(sizes["over_arch_layer_sizes"] or ()), ids, spec)
+    expected = settings_to_dict(settings)
+    for key in ("features", "modules"):
+        if d.get(key) != expected[key]:
+            problems.add(key, "does not match the tables (the file was edited)")
+    problems.raise_if_any(title)
+    return settings, record
+
+
+def _sizes(value: object) -> tuple[int, ...]:
+    from rec.validation import integer
+
+    if not isinstance(value, list) or not value:
+        raise ValueError("expected a list of layer sizes")
+    return tuple(integer(v, minimum=1) for v in value)
+

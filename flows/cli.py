@@ -13,11 +13,28 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from flows.commands import calibrate, compare, measure, outbox, plan, replan, run, serve, show, spec, train
+from flows.commands import (
+    calibrate,
+    compare,
+    data,
+    evaluate,
+    export,
+    measure,
+    outbox,
+    plan,
+    predict,
+    replan,
+    run,
+    serve,
+    show,
+    spec,
+    train,
+)
 from rec.errors import InputError
 from rec.exit_codes import ExitCode
 
-COMMANDS = (spec, plan, show, train, measure, calibrate, run, replan, compare, outbox, serve)
+COMMANDS = (data, spec, plan, show, train, evaluate, export, predict, measure, calibrate, run, replan, compare,
+            outbox, serve)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -87,12 +87,21 @@ def writing(path: str | Path) -> Iterator[None]:
 def write_whole(path: str | Path, data: bytes | str) -> None:
     """Write ``path`` beside it (``.NAME.tmp``) and rename it over: the old file stays whole if
     writing fails (a full disk raises ``DiskFull``)."""
+    with whole(path) as tmp:
+        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+
+
+@contextmanager
+def whole(path: str | Path) -> Iterator[Path]:
+    """The block writes the path it is given (``.NAME.tmp`` beside ``path``), which is renamed over
+    ``path`` when the block ends, or removed if it fails: ``path`` is never half written (a full
+    disk raises ``DiskFull``)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
     with writing(path):
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+            yield tmp
             os.replace(tmp, path)
         except BaseException:
             tmp.unlink(missing_ok=True)

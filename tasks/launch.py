@@ -46,6 +46,7 @@ _ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception|Timeout)\b.*?: \S")
 
 TRAIN_JOB = "rec.train.job"
 MEASURE_JOB = "rec.train.measure_job"
+EVAL_JOB = "rec.train.eval_job"
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ class Launch:
     job: TrainConfig | MeasureConfig = field(default_factory=TrainConfig)
     module: str = TRAIN_JOB  # the job torchrun starts (``python -m``): training, or measuring
     more_plans: tuple[str, ...] = ()  # plans after ``plan_path``, for a job that takes several (measuring)
+    more_flags: tuple[str, ...] = ()  # the job's own flags besides ``job``'s (evaluation: --checkpoint)
 
 
 def torchrun_command(launch: Launch) -> list[str]:
@@ -78,7 +80,7 @@ def torchrun_command(launch: Launch) -> list[str]:
                 "--rdzv-backend=c10d", f"--rdzv-endpoint={launch.rdzv_endpoint}",
                 f"--rdzv-id={launch.rdzv_id}"]
     return [*cmd, "-m", launch.module, "--plan", launch.plan_path, *launch.more_plans, "--out", launch.out_dir,
-            *to_flags(launch.job)]
+            *to_flags(launch.job), *launch.more_flags]
 
 
 def job_environment(extra: dict[str, str] | None = None) -> dict[str, str]:

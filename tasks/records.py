@@ -70,6 +70,8 @@ TRAIN_ARTIFACTS = (METRICS_FILE, ITERATIONS_FILE)
 # point beside the headline metrics, where an unprefixed name read like another measured latency.
 LATENCY_SERIES = "per_iteration/latency_ms"  # every iteration, warm-up included
 LOSS_SERIES = "per_iteration/loss"
+DATA_WAIT_SERIES = "per_iteration/data_wait_ms"
+EVAL_PREFIX = "eval_"  # eval_auc, eval_logloss, eval_ne: stepped by the iteration each evaluation followed
 PREDICTED = "predicted_iteration_ms"  # the plan's, on every run (rec.analysis.prediction)
 MEASURED = "measured_iteration_ms"  # train runs: p50 of the slowest rank; measure runs: the slowest rank's median
 RATIO = "measured_over_predicted"
@@ -266,7 +268,9 @@ def train_record(trained: Trained, parent_key: str | None = None, tags: dict[str
     plan = read_plan(trained.plan_path) if trained.plan_path else None
     rows = pq.read_table(Path(trained.out_dir) / ITERATIONS_FILE).to_pydict()
     series = {name: [[int(i), float(v)] for i, v in zip(rows["iteration"], rows[column], strict=True)]
-              for name, column in ((LATENCY_SERIES, "latency_ms"), (LOSS_SERIES, "loss")) if column in rows}
+              for name, column in ((LATENCY_SERIES, "latency_ms"), (LOSS_SERIES, "loss"),
+                                   (DATA_WAIT_SERIES, "data_wait_ms")) if column in rows}
+    series.update(eval_series(m))
     if legacy_names() and LATENCY_SERIES in series:
         series.update(_legacy_series(series, rows))
     loss = {f"loss_{k}": v for k, v in asdict(m.loss).items()}
@@ -276,7 +280,7 @@ def train_record(trained: Trained, parent_key: str | None = None, tags: dict[str
         key=new_key(), step=RunStep.TRAIN, name=f"train-{trained.plan_id}", parent_key=parent_key,
         tags={STEP: RunStep.TRAIN, PLAN_ID: trained.plan_id, ATTEMPTS: str(trained.attempts),
               **(plan_tags(params) if plan else {}), **(tags or {})},
-        params={**_train_params(trained.settings, trained.nproc_per_node),
+        params={**_train_params(trained.settings, trained.nproc_per_node), **data_params(m),
                 "world_size": str(m.world_size), "batch_size": str(m.batch_size),
                 "model": m.model, "resumed_from": str(m.resumed_from),
                 **({"resumed_from_plan_id": m.resume.from_plan_id} if m.resume else {}),
@@ -284,15 +288,40 @@ def train_record(trained: Trained, parent_key: str | None = None, tags: dict[str
         metrics=with_legacy_names(RunStep.TRAIN, {
             **(plan_metrics(plan) if plan else {}),
             **train_metrics(m, predicted.batch_size if predicted else None,
-                            predicted.iteration_ms if predicted else None), **loss}),
+                            predicted.iteration_ms if predicted else None), **loss,
+            **({"data_wait_p50_ms": m.data_wait_ms.p50} if m.data_wait_ms else {}),
+            **({"eval_samples": float(m.eval["samples"] or 0)} if m.eval else {})}),
         series=series, artifacts=TRAIN_ARTIFACTS, start_ms=trained.started_ms, end_ms=now_ms(),
     )
 
 
 def _train_params(settings: TrainSettings, nproc_per_node: int | None) -> dict[str, str]:
     job = settings.job
+    evaluation = job.evaluation
     return {"nnodes": str(settings.nnodes), "nproc_per_node": str(nproc_per_node or "plan"),
-            "iterations": str(job.iterations), "warmup": str(job.warmup), "pipeline": job.pipeline.value}
+            "iterations": str(job.iterations), "warmup": str(job.warmup), "pipeline": job.pipeline.value,
+            "seed": str(job.seed), "dense_lr": str(job.dense_lr), "embedding_lr": str(job.embedding_lr),
+            "data": job.data or "synthetic", "ids": job.reading.ids.value, "shuffle": str(job.reading.shuffle),
+            "eval_data": evaluation.eval_data or "-", "eval_every": str(evaluation.eval_every),
+            "eval_batches": str(evaluation.eval_batches)}
+
+
+def data_params(metrics: TrainMetrics) -> dict[str, str]:
+    """What the training read, as train_metrics.json's ``data`` says (rows, files, epochs read)."""
+    data = metrics.data
+    if data is None:
+        return {}
+    return {"data.rows": str(data.rows), "data.files": str(data.files), "data.epochs": f"{data.epochs:g}"}
+
+
+def eval_series(metrics: TrainMetrics) -> dict[str, list[list[float]]]:
+    """Each evaluation metric over the run, stepped by the iteration it followed (``eval_auc`` ...)."""
+    series: dict[str, list[list[float]]] = {}
+    for e in metrics.evaluations:
+        for name, value in e.items():
+            if name not in ("iteration", "samples") and value is not None:
+                series.setdefault(f"{EVAL_PREFIX}{name}", []).append([int(e["iteration"] or 0), float(value)])
+    return series
 
 
 def failed_train_record(plan_id: str, settings: TrainSettings, error: str, attempts: int,

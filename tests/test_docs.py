@@ -48,7 +48,15 @@ def test_every_mlflow_tag_param_metric_series_and_artifact_is_documented(tmp_pat
 
     from rec.plan.io import write_plan
     from rec.planning import plan_spec, replan_spec
-    from rec.train.metrics import Iterations, LatencyStats, LossStats, TrainMetrics, read_metrics, write_metrics
+    from rec.train.metrics import (
+        DataRead,
+        Iterations,
+        LatencyStats,
+        LossStats,
+        TrainMetrics,
+        read_metrics,
+        write_metrics,
+    )
     from tasks import records
     from tasks.ingest import ingest
     from tasks.measure_record import measure_record
@@ -68,7 +76,10 @@ def test_every_mlflow_tag_param_metric_series_and_artifact_is_documented(tmp_pat
     plan_path = write_plan(plan, tmp_path / "plan")
     stats = LatencyStats(2.0, 3.0, 4.0, 2.5)
     metrics = TrainMetrics(plan.plan_id, 2, 4, 1, 32, "sparse_dist", "concat", stats, LossStats(0.7, 0.5, 0.6),
-                           1000.0, {}, 0, predicted_critical_path_ms=plan.metrics.critical_path)
+                           1000.0, {}, 0, predicted_critical_path_ms=plan.metrics.critical_path,
+                           data_wait_ms=stats, data=DataRead("train.parquet", 100, 1, 0.5, "error", True, 0),
+                           eval={"samples": 10, "auc": 0.7, "logloss": 0.5, "ne": 0.9},
+                           evaluations=({"iteration": 4, "samples": 10, "auc": 0.7, "logloss": 0.5, "ne": 0.9},))
     write_metrics(tmp_path / "train", metrics, Iterations.of_run(0, np.ones(4), np.ones(4), 1))
     trained = Trained(plan.plan_id, str(tmp_path / "train"), read_metrics(tmp_path / "train"), TrainSettings(), 2, 1, 0,
                       str(plan_path))

@@ -9,7 +9,8 @@ profile), its predicted iteration time (``pred_ms``, as ``plan`` prints it; ``ga
 critical path is above its proven lower bound, ``opt`` when proven optimal), and next to it the
 run (``train`` or ``measure``): batch size per rank, iterations, the iteration time measured
 (``p50_ms``, ``p90_ms``), ``p50/pred`` (measured over predicted, when run at the batch size the plan
-predicts for) and samples/s. The table fits the terminal's width, the most telling columns first
+predicts for), samples/s, and the model's quality on held-out data where the training evaluated it
+(``auc``, ``ne``: its last evaluation). The table fits the terminal's width, the most telling columns first
 and names cut short if need be; ``--wide`` shows every column in full (spec hash, backend, lower
 bound, the plan replanned from and the share of bytes moved, the run's start). A training that
 failed shows FAILED, with its cause under the table.
@@ -33,14 +34,14 @@ if TYPE_CHECKING:
 Row = tuple[str, ...]  # one row of the table, in HEADER's order
 HEADER = ("plan_id", "planner", "spec", "topology", "profile", "tables", "world", "pred_ms", "lower_ms", "gap",
           "spec_hash", "backend", "previous", "moved", "run", "started", "batch", "iters", "p50_ms", "p90_ms",
-          "p50/pred", "samples_s")
+          "p50/pred", "samples_s", "auc", "ne")
 NUMBERS = ("tables", "world", "pred_ms", "lower_ms", "gap", "moved", "batch", "iters", "p50_ms", "p90_ms",
-           "p50/pred", "samples_s")
+           "p50/pred", "samples_s", "auc", "ne")
 # What a narrow terminal shows, most telling first: predicted against measured, who planned, which
 # run, then what explains them.
 PRIORITY = ("plan_id", "pred_ms", "p50_ms", "planner", "run", "spec", "topology", "gap", "batch", "iters",
-            "profile", "p50/pred", "samples_s", "world", "tables", "p90_ms", "started", "moved", "previous",
-            "lower_ms", "backend", "spec_hash")
+            "profile", "p50/pred", "samples_s", "auc", "ne", "world", "tables", "p90_ms", "started", "moved",
+            "previous", "lower_ms", "backend", "spec_hash")
 # Without --wide: what must fit, and how short names (spec, topology, profile) may be cut to fit it.
 ESSENTIAL = PRIORITY[:7]
 NAMES = ("spec", "topology", "profile")
@@ -199,7 +200,8 @@ def _run_columns(run: Run | None, predicted: float | None, plan_batch: str | Non
         ratio = p50 / predicted  # runs logged before the ratio was
     return {**row, "p50_ms": _fixed(p50), "p90_ms": _fixed(p90),
             "p50/pred": f"{_significant(ratio, 3)}x" if ratio is not None else "-",
-            "samples_s": f"{t['samples_per_s']:,.0f}" if "samples_per_s" in t else "-"}
+            "samples_s": f"{t['samples_per_s']:,.0f}" if "samples_per_s" in t else "-",
+            "auc": _fixed(t.get("eval_auc"), 4), "ne": _fixed(t.get("eval_ne"), 4)}
 
 
 def _first(metrics: dict[str, float], names: tuple[str, ...]) -> float | None:
@@ -207,8 +209,8 @@ def _first(metrics: dict[str, float], names: tuple[str, ...]) -> float | None:
     return next((metrics[n] for n in names if n in metrics), None)
 
 
-def _fixed(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
+def _fixed(value: float | None, decimals: int = 2) -> str:
+    return "-" if value is None else f"{value:.{decimals}f}"
 
 
 def _significant(value: float | None, digits: int = 4) -> str:

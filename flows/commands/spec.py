@@ -1,9 +1,12 @@
-"""``shardflow spec validate|show|from-model``: check a table spec and look at it before planning, or
-write the spec of a TorchRec model's embedding modules."""
+"""``shardflow spec validate|show|from-model|stats``: check a table spec and look at it before planning,
+write the spec of a TorchRec model's embedding modules, or measure the tables' statistics from
+training data."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from flows.text_table import render_table
 from rec.exit_codes import ExitCode
@@ -12,10 +15,15 @@ from rec.spec.types import DEFAULT_MODULE
 from rec.topology import Topology, read_topology
 from rec.units import format_bytes
 
+if TYPE_CHECKING:
+    from rec.spec.stats import TableStats
+
+SUMMARY_ROWS = 20  # tables the summary of ``spec stats`` lists before "... N more"
+
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register ``spec validate`` and ``spec show``."""
-    parser = subparsers.add_parser("spec", help="validate or show a table spec", description=__doc__)
+    """Register ``spec validate``, ``spec show``, ``spec from-model`` and ``spec stats``."""
+    parser = subparsers.add_parser("spec", help="validate, show, write or measure a table spec", description=__doc__)
     commands = parser.add_subparsers(title="spec commands", metavar="COMMAND", required=True)
 
     validate = commands.add_parser("validate", help="check every table; print the table count and spec hash")
@@ -42,6 +50,23 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                             help="spec file to write: .parquet .arrow .feather .ipc .csv .yaml .json")
     from_model.set_defaults(handler=run_from_model)
 
+    from rec.settings import add_flags
+    from rec.spec.stats import StatsSettings
+
+    stats = commands.add_parser(
+        "stats", help="measure each table's statistics from training data and write them into a spec",
+        description="Read a sample of DATA (whole row groups chosen at random, only the columns named by the "
+                    "tables' feature_names: one list<int64> column of ids per feature) and write SPEC with each "
+                    "table's measured pooling_factor (it replaces the spec's), distinct ids per batch, ids out "
+                    "of range and hit-rate curve as SPEC2, in the format its extension names (docs/spec.md).")
+    stats.add_argument("data", metavar="DATA", help="training data: a Parquet file, a directory, a glob or a URI")
+    stats.add_argument("--spec", metavar="SPEC", required=True,
+                       help="spec file: .parquet .arrow .feather .ipc .csv .yaml .json")
+    stats.add_argument("--out", metavar="SPEC2", required=True,
+                       help="spec file to write, with the statistics: .parquet .arrow .feather .ipc .csv .yaml .json")
+    add_flags(stats, StatsSettings)
+    stats.set_defaults(handler=run_stats)
+
 
 def run_validate(args: argparse.Namespace) -> int:
     spec = read_spec(args.spec)
@@ -66,6 +91,91 @@ def run_from_model(args: argparse.Namespace) -> int:
         for problem in found.left_out:
             print(f"  - {problem}")
     return ExitCode.OK
+
+
+def run_stats(args: argparse.Namespace) -> int:
+    import sys
+    import time
+
+    from flows.progress import on_terminal
+    from rec import progress
+    from rec.data.layout import DataLayout
+    from rec.disk_full import DISK_FULL_ERRNOS
+    from rec.settings import check, from_flags
+    from rec.spec.data_sample import read_sample
+    from rec.spec.read import spec_format
+    from rec.spec.stats import StatsSettings, spec_stats, with_stats
+
+    settings = from_flags(StatsSettings, args)
+    check(settings, "Cannot measure with these settings:")
+    spec_format(args.out)  # an extension shardflow cannot write fails before the data is read
+    spec = read_spec(args.spec)
+    columns = DataLayout.of_spec(spec, dense_in_features=0).id_columns
+    started = time.perf_counter()
+    with on_terminal():
+        with progress.step("sample", f"reading up to {settings.sample_rows:,} rows of {args.data}"):
+            sample = read_sample(args.data, columns, settings.sample_rows, settings.seed)
+        read_s = time.perf_counter() - started
+        with progress.step("stats", f"counting the ids of {len(spec):,} tables"):
+            stats = spec_stats(spec, sample, settings.batch_size)
+    measured = with_stats(spec, stats, source=f"measured from {args.data}")
+    try:
+        path = write_whole_spec(measured, args.out)
+    except OSError as e:
+        if e.errno not in DISK_FULL_ERRNOS:
+            raise
+        print(f"shardflow spec stats: cannot write {args.out}: {e.strerror}; nothing was written", file=sys.stderr)
+        return ExitCode.FAILED
+    seconds = time.perf_counter() - started
+    print(f"sampled {sample.rows:,} of {sample.total_rows:,} rows ({sample.row_groups:,} row groups) in "
+          f"{seconds:.1f} s ({sample.rows / max(read_s, 1e-9):,.0f} rows/s read), batches of {settings.batch_size:,}")
+    print(render_stats(spec, stats))
+    print(f"wrote {path}: {len(measured)} tables, hash {measured.spec_hash}")
+    return ExitCode.OK
+
+
+def write_whole_spec(spec: Spec, out: str) -> str:
+    """Write ``spec`` beside ``out`` and rename it over: ``out`` is never left half written."""
+    import os
+    from pathlib import Path
+
+    from rec.spec import write_spec
+
+    path = Path(out)
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")  # the extension names the format
+    try:
+        write_spec(spec, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return str(path)
+
+
+def render_stats(spec: Spec, stats: Sequence[TableStats]) -> str:
+    """One line per table (the first ``SUMMARY_ROWS``): pooling factor before and after, distinct ids
+    per batch, ids out of range, hit rate of a cache of 10% of the rows; then what needs a look."""
+    header = ("table", "pooling_factor", "distinct/batch", "out of range", "hit@10%")
+    rows = []
+    for t, s in list(zip(spec.tables, stats, strict=True))[:SUMMARY_ROWS]:
+        new = "kept (no ids)" if s.pooling_factor is None else f"{s.pooling_factor:g}"
+        hit = dict(s.hit_rate_curve or ()).get(0.1)
+        rows.append((t.key, f"{t.pooling_factor:g} -> {new}", f"{s.distinct_per_batch:,.1f}",
+                     f"{s.ids_out_of_range:,}", "-" if hit is None else f"{hit:.1%}"))
+    lines = [render_table(header, rows, right=("distinct/batch", "out of range", "hit@10%"))]
+    if len(stats) > SUMMARY_ROWS:
+        lines.append(f"... {len(stats) - SUMMARY_ROWS:,} more")
+    outside = [s.key for s in stats if s.ids_out_of_range]
+    if outside:
+        named = ", ".join(outside[:3]) + (f" and {len(outside) - 3:,} more" if len(outside) > 3 else "")
+        several = len(outside) > 1
+        lines.append(f"{len(outside):,} table{'s' if several else ''} ({named}) {'see' if several else 'sees'} ids "
+                     "outside their rows: training stops on them under --ids error; --ids modulo or hash maps them")
+    empty = [s.key for s in stats if s.pooling_factor is None]
+    if empty:
+        named = ", ".join(empty[:3]) + (f" and {len(empty) - 3:,} more" if len(empty) > 3 else "")
+        lines.append(f"no ids in the sample for {named}: pooling_factor kept as the spec had it")
+    return "\n".join(lines)
 
 
 def run_show(args: argparse.Namespace) -> int:

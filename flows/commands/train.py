@@ -139,8 +139,36 @@ def render_trained(trained: Trained, plan: Plan | None = None) -> str:
     resumed = render_resumed(m, trained.settings.job.resume_from)
     if resumed:
         lines.append(resumed)
+    lines += render_data(m)
     lines.append(f"wrote     {out / METRICS_FILE}, {out / ITERATIONS_FILE} (logs in {out / LOG_DIR})")
+    from rec.train.resume import checkpoint_dir
+
+    checkpoints = checkpoint_dir(trained.settings.job, out)
+    if checkpoints and trained.settings.job.checkpoint_every:
+        lines.append(f"checkpoints {checkpoints}")
     return "\n".join(lines)
+
+
+def render_data(metrics: TrainMetrics) -> list[str]:
+    """What the training read and how long it waited for it; its last evaluation."""
+    lines = []
+    data, wait = metrics.data, metrics.data_wait_ms
+    if data is not None:
+        read = ("synthetic batches" if data.source == "synthetic" else
+                f"{data.source} ({data.rows:,} rows in {data.files:,} file{'s' if data.files != 1 else ''}): "
+                f"{data.epochs:.2f} epochs, ids {data.ids}, {'shuffled' if data.shuffle else 'in order'} "
+                f"(seed {data.seed})")
+        waited = ""
+        if wait is not None:
+            share = wait.p50 / metrics.iteration_latency_ms.p50 if metrics.iteration_latency_ms.p50 > 0 else 0.0
+            waited = f"; waited for data p50 {wait.p50:.2f} ms per iteration ({share:.1%} of it)"
+        lines.append(f"data      {read}{waited}")
+    if metrics.eval is not None:
+        values = ", ".join(f"{k} {v:.4f}" for k, v in metrics.eval.items() if k != "samples" and v is not None)
+        samples = int(metrics.eval.get("samples") or 0)
+        lines.append(f"eval      {values} on {samples:,} held-out samples"
+                     + (f" ({len(metrics.evaluations)} evaluations)" if len(metrics.evaluations) > 1 else ""))
+    return lines
 
 
 def render_resumed(metrics: TrainMetrics, resume_from: str | None) -> str:

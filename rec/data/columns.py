@@ -67,18 +67,18 @@ def from_arrow(table: pa.Table, layout: DataLayout, policy: IdsPolicy, locate: L
                what: str = "--data") -> Columns:
     """``table``'s rows as ``Columns``; InputError naming every column with a value training cannot use."""
     problems: list[Problem] = []
-    labels = _labels(table.column(LABEL), locate, what, problems)
+    labels = (_labels(table.column(LABEL), locate, what, problems) if layout.labelled
+              else np.zeros(len(table), np.float32))
     dense = _dense(table.column(DENSE), layout.dense_in_features, locate, what, problems)
     lengths, offsets, values = [], [], []
-    for column in layout.id_columns:
-        n, o, v = read_ids(table.column(column), column, locate, what, problems)
+    for name in layout.id_columns:
+        n, o, v = read_ids(table.column(name), name, locate, what, problems)
         lengths.append(n)
         offsets.append(o)
         values.append(v)
-    column = {c: i for i, c in enumerate(layout.id_columns)}
+    at = [layout.id_columns.index(s.column) for s in layout.slots]
     ids = []
-    for slot in layout.slots:
-        c = column[slot.column]
+    for slot, c in zip(layout.slots, at, strict=True):
         v = values[c]
         if policy is IdsPolicy.ERROR:
             bad = out_of_range(v, slot.rows)
@@ -95,7 +95,6 @@ def from_arrow(table: pa.Table, layout: DataLayout, policy: IdsPolicy, locate: L
             ids.append(map_ids(v, slot.rows, policy))
     if problems:
         raise InputError(BAD_DATA, problems)
-    at = [column[s.column] for s in layout.slots]
     return Columns(labels, dense, tuple(lengths[c] for c in at), tuple(offsets[c] for c in at), tuple(ids))
 
 

@@ -39,6 +39,7 @@ class DataLayout:
     slots: tuple[IdSlot, ...]  # in spec order
     modules: tuple[ModuleInput, ...]  # in the spec's module order
     dense_in_features: int
+    labelled: bool = True  # prediction reads data without labels
 
     @classmethod
     def of_spec(cls, spec: Spec, dense_in_features: int) -> DataLayout:
@@ -60,7 +61,8 @@ class DataLayout:
     def per_feature(cls, spec: Spec, dense_in_features: int) -> DataLayout:
         """A slot for every feature of every table, module by module (synthetic data draws each
         feature of each module with its own table's pooling factor)."""
-        slots, modules = [], []
+        slots: list[IdSlot] = []
+        modules: list[ModuleInput] = []
         for path in spec.modules:
             tables = [t for t in spec.tables if t.module == path]
             first = len(slots)
@@ -75,6 +77,6 @@ class DataLayout:
 
     @property
     def columns(self) -> tuple[str, ...]:
-        """Every column read: label, dense and the feature columns."""
-        return (LABEL, DENSE, *self.id_columns)
+        """Every column read: label (when ``labelled``), dense and the feature columns."""
+        return (*((LABEL,) if self.labelled else ()), DENSE, *self.id_columns)
 

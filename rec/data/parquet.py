@@ -50,6 +50,14 @@ class ParquetSource:
     @classmethod
     def open(cls, files: DataFiles, layout: DataLayout, *, seed: int = 0, shuffle: bool = True,
              window: int = 1 << 16, policy: IdsPolicy = IdsPolicy.ERROR, what: str = "--data") -> ParquetSource:
+        """The source of ``files`` for ``layout``; InputError naming every missing column and column
+        of the wrong type (``rec.data.schema``)."""
+        from rec.data.schema import schema_problems
+        from rec.errors import InputError
+
+        problems = schema_problems(files, layout, what)
+        if problems:
+            raise InputError(f"Cannot read the data {files.source}:", problems)
         order = ReadOrder(np.array([g.rows for g in files.row_groups], np.int64), seed, shuffle, window)
         return cls(files, layout, order, policy, what)
 

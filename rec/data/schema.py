@@ -50,8 +50,9 @@ def schema_problems(files: DataFiles, layout: DataLayout, what: str = "--data") 
         missing = [c for c in layout.columns if c not in schema.names]
         if missing:
             problems.append(Problem(f"{what} {files.paths[file]}" if several else what,
-                                    f"has no column {', '.join(map(repr, missing))} (the data needs label, dense "
-                                    "and one column of ids per feature name: docs/training.md)"))
+                                    f"has no column {', '.join(map(repr, missing))} (the data needs "
+                                    f"{'label, ' if layout.labelled else ''}dense and one column of ids per "
+                                    "feature name: docs/training.md)"))
         for name in layout.columns:
             if name in schema.names:
                 reason = _type_problem(name, schema.field(name).type, layout.dense_in_features)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from rec.sharding import DataType, Pooling
-from rec.spec.columns import COLUMNS, REQUIRED
+from rec.spec.columns import COLUMNS, CURVE_FIELDS, REQUIRED, STATS_COLUMNS
 from rec.spec.hashing import spec_hash
 from rec.spec.limits import (
     DIM_MULTIPLE,
@@ -27,7 +27,7 @@ from rec.spec.limits import (
     spec_problems,
 )
 from rec.spec.types import DEFAULT_MODULE, Spec, TableSpec
-from rec.spec.validate import CELL_PARSERS, is_missing, module_problems, raise_problems, spec_from_rows
+from rec.spec.validate import CELL_PARSERS, MAX_COUNT, is_missing, module_problems, raise_problems, spec_from_rows
 
 # RE2 (pyarrow) forms of the row validator's rules, for ASCII text: a table name, and a feature
 # name that is printable with no blank at either end (so Python's strip() leaves it as it is).
@@ -84,10 +84,12 @@ def _columnar(table: Any, source: str) -> Spec:
         if not dense_only(sharding_types[i], compute_kernels[i]):
             raise _Decline
 
+    stats = _stats(columns, n) if any(c in columns for c in STATS_COLUMNS) else ()
     unpooled = np.fromiter((p is Pooling.NONE for p in pooling), bool, n)
     tables = tuple(
         map(TableSpec, table_names, rows.tolist(), dims.tolist(), features, pooling, data_type,
-            pooling_factor.tolist(), sharding_types, compute_kernels, modules)
+            pooling_factor.tolist(), sharding_types, compute_kernels, modules,
+            *(([None] * n, *stats) if stats else ()))  # min_partition: declined above
     )
     if (not one_module or unpooled.any()) and module_problems([vars(t) for t in tables]):
         raise _Decline
@@ -220,3 +222,76 @@ def _cells(column: Any, name: str, default: Any, n: int) -> list[Any]:
         parsed[key] = result
         out.append(result)
     return out
+
+
+def _stats(columns: dict[str, Any], n: int) -> tuple[list[Any], ...]:
+    """The ``STATS_COLUMNS`` in ``TableSpec`` field order, None where a cell is null."""
+    batch = _optional_ints(columns.get("stats_batch_size"), 1, n)
+    distinct = _optional_floats(columns.get("distinct_per_batch"), n)
+    if any(d is not None and b is None for d, b in zip(distinct, batch, strict=True)):
+        raise _Decline  # the row validator names it
+    return (_optional_ints(columns.get("stats_rows"), 1, n), batch, distinct,
+            _optional_ints(columns.get("ids_out_of_range"), 0, n), _curves(columns.get("hit_rate_curve"), n))
+
+
+def _optional_ints(column: Any, minimum: int, n: int) -> list[int | None]:
+    import pyarrow as pa
+
+    if column is None or column.null_count == n:
+        return [None] * n
+    if not pa.types.is_integer(column.type):
+        raise _Decline
+    values = _numpy(column)
+    valid = _mask(column.is_valid())
+    if values.dtype == np.uint64 and np.any(valid & (values > MAX_COUNT)):
+        raise _Decline
+    if np.any(valid & (values.astype(np.int64) < minimum)):
+        raise _Decline
+    return [v if ok else None for v, ok in zip(values.astype(np.int64).tolist(), valid.tolist(), strict=True)]
+
+
+def _optional_floats(column: Any, n: int) -> list[float | None]:
+    import pyarrow as pa
+
+    if column is None or column.null_count == n:
+        return [None] * n
+    if not (pa.types.is_floating(column.type) or pa.types.is_integer(column.type)):
+        raise _Decline
+    values = _numpy(column.cast(pa.float64()))
+    valid = _mask(column.is_valid())
+    if not np.all(~valid | (np.isfinite(values) & (values >= 0))):
+        raise _Decline
+    return [v if ok else None for v, ok in zip(values.tolist(), valid.tolist(), strict=True)]
+
+
+def _curves(column: Any, n: int) -> list[tuple[tuple[float, float], ...] | None]:
+    """Hit-rate curves held as lists of structs (what ``write_spec`` writes) whose every point is valid."""
+    import pyarrow as pa
+
+    if column is None or column.null_count == n:
+        return [None] * n
+    kind = column.type
+    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_struct(kind.value_type) \
+            or sorted(f.name for f in kind.value_type) != sorted(CURVE_FIELDS):
+        raise _Decline
+    flat = column.values
+    if flat.null_count:
+        raise _Decline
+    fields = {f.name: a for f, a in zip(kind.value_type, flat.flatten(), strict=True)}
+    if any(a.null_count or not (pa.types.is_floating(a.type) or pa.types.is_integer(a.type)) for a in fields.values()):
+        raise _Decline
+    fraction, rate = (_numpy(fields[name].cast(pa.float64())) for name in CURVE_FIELDS)
+    if not np.all((fraction > 0) & (fraction <= 1) & (rate >= 0) & (rate <= 1)):  # NaN too
+        raise _Decline
+    offsets = _numpy(column.offsets)
+    valid = _mask(column.is_valid())
+    if np.any(valid & (offsets[1:] == offsets[:-1])):  # an empty curve
+        raise _Decline
+    inner = np.ones(len(fraction), bool)  # a point with one before it in its curve
+    inner[offsets[:-1][offsets[:-1] < len(fraction)]] = False
+    inner[0:1] = False
+    if np.any(inner[1:] & ((fraction[1:] <= fraction[:-1]) | (rate[1:] < rate[:-1]))):
+        raise _Decline
+    points = list(zip(fraction.tolist(), rate.tolist(), strict=True))
+    bounds = offsets.tolist()
+    return [tuple(points[bounds[i]:bounds[i + 1]]) if ok else None for i, ok in enumerate(valid.tolist())]

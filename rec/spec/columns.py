@@ -8,19 +8,26 @@ from rec.sharding import ComputeKernel, DataType, Pooling, ShardingType
 from rec.spec.types import DEFAULT_MODULE, TableSpec
 
 REQUIRED = ("name", "num_embeddings", "embedding_dim")
+# Statistics measured from training data (``shardflow spec stats``): the planner does not read them.
+STATS_COLUMNS = ("stats_rows", "stats_batch_size", "distinct_per_batch", "ids_out_of_range", "hit_rate_curve")
 OPTIONAL = ("feature_names", "pooling", "data_type", "pooling_factor", "sharding_types", "compute_kernels",
-            "module", "min_partition")
+            "module", "min_partition", *STATS_COLUMNS)
 # Written only where a table sets them, so rows (and hashes) of specs without them stay what they were.
-SPARSE_COLUMNS = ("module", "min_partition")
+SPARSE_COLUMNS = ("module", "min_partition", *STATS_COLUMNS)
 COLUMNS = REQUIRED + OPTIONAL
 LIST_COLUMNS = ("feature_names", "sharding_types", "compute_kernels")
 LIST_SEPARATOR = ";"  # how list cells are written in CSV
+# A hit-rate curve's points: (cache_fraction, hit_rate) pairs; Parquet/Arrow hold them as a list of
+# structs with these fields, YAML/JSON as a list of pairs, CSV as ``0.01:0.42;0.1:0.75``.
+CURVE_FIELDS = ("cache_fraction", "hit_rate")
+PAIR_SEPARATOR = ":"
 
 
 def table_to_row(table: TableSpec) -> dict[str, object]:
     """Every column of ``table`` as plain JSON values (enums as their values, tuples as lists);
-    ``module`` only when it is not ``DEFAULT_MODULE`` and ``min_partition`` only when set, so rows (and
-    hashes) of specs without them stay what they were."""
+    ``module`` only when it is not ``DEFAULT_MODULE``, ``min_partition`` and the ``STATS_COLUMNS`` only
+    when set, so rows (and hashes) of specs without them stay what they were; the curve as
+    ``[[cache_fraction, hit_rate], ...]``."""
     row: dict[str, object] = {
         "name": table.name,
         "num_embeddings": table.num_embeddings,
@@ -36,6 +43,10 @@ def table_to_row(table: TableSpec) -> dict[str, object]:
         row["module"] = table.module
     if table.min_partition is not None:
         row["min_partition"] = table.min_partition
+    for column in STATS_COLUMNS:
+        value = getattr(table, column)
+        if value is not None:
+            row[column] = [list(point) for point in value] if column == "hit_rate_curve" else value
     return row
 
 

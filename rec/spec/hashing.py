@@ -43,11 +43,16 @@ def _row_json(t: TableSpec) -> str:
     pooling_factor = float(t.pooling_factor)
     if pooling_factor - pooling_factor != 0:  # inf or NaN: canonical_json refuses them too
         raise ValueError(f"table {t.name}: pooling_factor {pooling_factor} is not a finite number")
+    if (t.stats_rows is None and t.stats_batch_size is None and t.distinct_per_batch is None
+            and t.ids_out_of_range is None and t.hit_rate_curve is None):  # most specs: no statistics
+        distinct = curve = last = ""
+    else:
+        distinct, curve, last = _stats(t)
     return (
-        f'{{"compute_kernels":{_values(t.compute_kernels)},"data_type":"{VALUE[t.data_type]}",'
+        f'{{"compute_kernels":{_values(t.compute_kernels)},"data_type":"{VALUE[t.data_type]}",{distinct}'
         f'"embedding_dim":{int.__repr__(t.embedding_dim)},"feature_names":[{",".join(map(_text, t.feature_names))}],'
-        f'{_min_partition(t.min_partition)}{_module(t.module)}"name":{_text(t.name)},"num_embeddings":{int.__repr__(t.num_embeddings)},"pooling":"{VALUE[t.pooling]}",'
-        f'"pooling_factor":{float.__repr__(pooling_factor)},"sharding_types":{_values(t.sharding_types)}}}'
+        f'{curve}{_min_partition(t.min_partition)}{_module(t.module)}"name":{_text(t.name)},"num_embeddings":{int.__repr__(t.num_embeddings)},"pooling":"{VALUE[t.pooling]}",'
+        f'"pooling_factor":{float.__repr__(pooling_factor)},"sharding_types":{_values(t.sharding_types)}{last}}}'
     )
 
 
@@ -59,6 +64,29 @@ def _module(module: str) -> str:
 def _min_partition(value: int | None) -> str:
     """The ``min_partition`` key of a table that sets it (``table_to_row`` leaves it out otherwise)."""
     return "" if value is None else f'"min_partition":{int.__repr__(value)},'
+
+
+def _stats(t: TableSpec) -> tuple[str, str, str]:
+    """The statistics keys a table sets (``table_to_row`` leaves the others out), where they sort: before
+    ``embedding_dim``, before ``min_partition``, and after ``sharding_types``."""
+    distinct = "" if t.distinct_per_batch is None else f'"distinct_per_batch":{_finite(t.distinct_per_batch)},'
+    curve = "" if t.hit_rate_curve is None else (
+        '"hit_rate_curve":[' + ",".join(f"[{_finite(f)},{_finite(h)}]" for f, h in t.hit_rate_curve) + "],")
+    if t.ids_out_of_range is not None:
+        curve += f'"ids_out_of_range":{_finite(t.ids_out_of_range)},'
+    last = "".join(f',"{key}":{_finite(value)}' for key, value in
+                   (("stats_batch_size", t.stats_batch_size), ("stats_rows", t.stats_rows)) if value is not None)
+    return distinct, curve, last
+
+
+def _finite(value: float) -> str:
+    """``value`` as json writes it (an int as an int, a float by repr); canonical_json refuses inf and NaN."""
+    if type(value) is int:
+        return int.__repr__(value)
+    number = float(value)
+    if number - number != 0:
+        raise ValueError(f"statistic {number} is not a finite number")
+    return float.__repr__(number)
 
 
 def _values(members: tuple[Enum, ...] | None) -> str:

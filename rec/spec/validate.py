@@ -9,6 +9,7 @@ Besides each cell, a table must be one TorchRec can build and the cost model can
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -18,7 +19,7 @@ from typing import Any
 
 from rec.errors import InputError, Problem, ProblemList, show
 from rec.sharding import NOT_PLANNED, ComputeKernel, DataType, ModuleKind, Pooling, ShardingType, offered
-from rec.spec.columns import COLUMNS, LIST_SEPARATOR, REQUIRED
+from rec.spec.columns import COLUMNS, CURVE_FIELDS, LIST_SEPARATOR, PAIR_SEPARATOR, REQUIRED
 from rec.spec.hashing import spec_hash
 from rec.spec.limits import (
     DIM_RULE,
@@ -37,7 +38,9 @@ from rec.spec.limits import (
 )
 from rec.spec.types import DEFAULT_MODULE, Spec, TableSpec
 from rec.units import format_count
-from rec.validation import number_value, positive_integer, unknown_key
+from rec.validation import finite_number, integer, number_value, positive_integer, unknown_key
+
+MAX_COUNT = 2**63 - 1  # the statistics' counts: Parquet and Arrow hold them as int64
 
 
 def spec_from_rows(rows: Sequence[object], source: str = "") -> Spec:
@@ -109,6 +112,8 @@ def _parse_row(number: int, row: Mapping[Any, Any], absent: set[str], problems: 
             problems.add(where, f"{column}: {e}")
     if "name" in values and is_missing(row.get("feature_names")):
         values["feature_names"] = (values["name"],)
+    if "distinct_per_batch" in values and is_missing(row.get("stats_batch_size")):
+        problems.add(where, "distinct_per_batch needs stats_batch_size, the batch size it was counted at")
     if "num_embeddings" in values and "embedding_dim" in values:
         for reason in table_problems(values["num_embeddings"], values["embedding_dim"],
                                      values.get("sharding_types"), values.get("compute_kernels")):
@@ -275,6 +280,58 @@ def _parse_positive_float(value: object) -> float:
     return number
 
 
+def _parse_count(value: object) -> int:
+    return integer(value, "an integer >= 0", minimum=0, maximum=MAX_COUNT, text=True)
+
+
+def _parse_stats_int(value: object) -> int:
+    return positive_integer(value, maximum=MAX_COUNT, text=True)
+
+
+def _parse_distinct(value: object) -> float:
+    return finite_number(value, "a number >= 0", minimum=0.0, text=True)
+
+
+def _parse_curve(value: object) -> tuple[tuple[float, float], ...]:
+    """(cache_fraction, hit_rate) points: fractions in (0, 1] increasing, rates in [0, 1] not decreasing."""
+    if isinstance(value, str):
+        points: list[object] = [item.split(PAIR_SEPARATOR) for item in value.split(LIST_SEPARATOR) if item.strip()]
+    elif isinstance(value, (list, tuple)):
+        points = list(value)
+    else:
+        raise ValueError(f"expected a list of (cache_fraction, hit_rate) pairs (in CSV: "
+                         f"'0.01{PAIR_SEPARATOR}0.4{LIST_SEPARATOR}0.1{PAIR_SEPARATOR}0.8'), got {show(value)}")
+    if not points:
+        raise ValueError("must not be empty (leave the cell empty when not measured)")
+    curve = tuple(_curve_point(number, point) for number, point in enumerate(points, start=1))
+    for number, ((f0, h0), (f1, h1)) in enumerate(itertools.pairwise(curve), start=2):
+        if f1 <= f0:
+            raise ValueError(f"point {number}: cache fractions must increase, got {f1:g} after {f0:g}")
+        if h1 < h0:
+            raise ValueError(f"point {number}: a larger cache cannot serve fewer lookups, hit rate {h1:g} "
+                             f"after {h0:g}")
+    return curve
+
+
+def _curve_point(number: int, point: object) -> tuple[float, float]:
+    if isinstance(point, Mapping) and set(point) == set(CURVE_FIELDS):
+        pair: object = [point[key] for key in CURVE_FIELDS]
+    else:
+        pair = point
+    if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+        raise ValueError(f"point {number}: expected a pair (cache_fraction, hit_rate), got {show(point)}")
+    try:
+        fraction = finite_number(pair[0], "a number", text=True)
+        rate = finite_number(pair[1], "a number", text=True)
+    except ValueError as e:
+        raise ValueError(f"point {number}: {e}") from None
+    if not 0 < fraction <= 1:
+        raise ValueError(f"point {number}: cache_fraction must be in (0, 1], got {fraction:g}")
+    if not 0 <= rate <= 1:
+        raise ValueError(f"point {number}: hit_rate must be in [0, 1], got {rate:g}")
+    return fraction, rate
+
+
 def _parse_names(value: object) -> tuple[str, ...]:
     names = _text_list(value)
     if len(set(names)) == len(names):
@@ -382,4 +439,9 @@ CELL_PARSERS = {
     "compute_kernels": _enum_list_parser(ComputeKernel, "compute kernel"),
     "module": _parse_module,
     "min_partition": _parse_positive_int,
+    "stats_rows": _parse_stats_int,
+    "stats_batch_size": _parse_stats_int,
+    "distinct_per_batch": _parse_distinct,
+    "ids_out_of_range": _parse_count,
+    "hit_rate_curve": _parse_curve,
 }

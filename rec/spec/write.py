@@ -8,7 +8,16 @@ from typing import Any
 
 import yaml
 
-from rec.spec.columns import COLUMNS, LIST_COLUMNS, LIST_SEPARATOR, SPARSE_COLUMNS, table_to_row, table_to_short_row
+from rec.spec.columns import (
+    COLUMNS,
+    CURVE_FIELDS,
+    LIST_COLUMNS,
+    LIST_SEPARATOR,
+    PAIR_SEPARATOR,
+    SPARSE_COLUMNS,
+    table_to_row,
+    table_to_short_row,
+)
 from rec.spec.read import spec_format
 from rec.spec.types import Spec
 
@@ -33,20 +42,29 @@ def _write_tabular(spec: Spec, path: Path, kind: str) -> None:
     import pyarrow as pa
 
     rows = [table_to_row(t) for t in spec.tables]
-    # The module and min_partition columns only where a table has one: other specs are written as before.
+    # The module, min_partition and statistics columns only where a table has one: other specs are
+    # written as before.
     present = {c for row in rows for c in SPARSE_COLUMNS if c in row}
     columns = tuple(c for c in COLUMNS if c not in SPARSE_COLUMNS or c in present)
     if kind == "csv":
         import pyarrow.csv as csv
 
-        for row in rows:
+        for row, t in zip(rows, spec.tables, strict=True):
             for column in LIST_COLUMNS:
                 items = row[column]
                 if isinstance(items, list):
                     row[column] = LIST_SEPARATOR.join(items)
-        csv.write_csv(pa.Table.from_pylist(rows, schema=_schema(columns, list_type=pa.string())), path)
+            if t.hit_rate_curve is not None:
+                row["hit_rate_curve"] = LIST_SEPARATOR.join(
+                    f"{fraction!r}{PAIR_SEPARATOR}{rate!r}" for fraction, rate in t.hit_rate_curve)
+        schema = _schema(columns, list_type=pa.string(), curve_type=pa.string())
+        csv.write_csv(pa.Table.from_pylist(rows, schema=schema), path)
         return
-    table = pa.Table.from_pylist(rows, schema=_schema(columns, list_type=pa.list_(pa.string())))
+    for row, t in zip(rows, spec.tables, strict=True):
+        if t.hit_rate_curve is not None:
+            row["hit_rate_curve"] = [dict(zip(CURVE_FIELDS, point, strict=True)) for point in t.hit_rate_curve]
+    curve_type = pa.list_(pa.struct([(field, pa.float64()) for field in CURVE_FIELDS]))
+    table = pa.Table.from_pylist(rows, schema=_schema(columns, list_type=pa.list_(pa.string()), curve_type=curve_type))
     if kind == "parquet":
         import pyarrow.parquet as pq
 
@@ -57,11 +75,12 @@ def _write_tabular(spec: Spec, path: Path, kind: str) -> None:
         feather.write_feather(table, path)
 
 
-def _schema(columns: tuple[str, ...], list_type: Any) -> Any:
+def _schema(columns: tuple[str, ...], list_type: Any, curve_type: Any) -> Any:
     import pyarrow as pa
 
     types = {"num_embeddings": pa.int64(), "embedding_dim": pa.int64(), "pooling_factor": pa.float64(),
-             "min_partition": pa.int64()}
+             "min_partition": pa.int64(), "stats_rows": pa.int64(), "stats_batch_size": pa.int64(),
+             "distinct_per_batch": pa.float64(), "ids_out_of_range": pa.int64(), "hit_rate_curve": curve_type}
     return pa.schema([(c, list_type if c in LIST_COLUMNS else types.get(c, pa.string())) for c in columns])
 
 

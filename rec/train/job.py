@@ -63,7 +63,7 @@ def train(plan: Plan, config: TrainConfig, out_dir: str, output: RankOutput,
 
     output.progress("building the model")
     model, feed = model_and_feed(plan, spec, config, device, world, batch_size)
-    evaluator = _evaluator(spec, config, feed, batch_size, device)
+    evaluator = evaluator_of(config, feed, batch_size, device)
     output.progress(f"sharding {len(plan.tables):,} tables on {world} ranks with the plan")
     dmp, optimizer = shard_with_plan(model, plan, config, device)
     checkpoints = checkpoint_dir(config, out_dir)
@@ -96,8 +96,7 @@ def model_and_feed(plan: Plan, spec: Spec, config: TrainConfig, device: torch.de
     return build_model(spec, config, device), Feed.of(spec, config, world, batch_size)
 
 
-def _evaluator(spec: Spec, config: TrainConfig, feed: Feed, batch_size: int, device: torch.device
-               ) -> Evaluator | None:
+def evaluator_of(config: TrainConfig, feed: Feed, batch_size: int, device: torch.device) -> Evaluator | None:
     evaluation = config.evaluation
     if not evaluation.eval_data:
         return None

@@ -42,6 +42,7 @@ from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from rec.cost.unique import ID_SKEW
+from rec.data.synthetic import feature_tables
 from rec.plan import Plan, read_plan
 from rec.plan.torchrec_plan import sharders_for, to_sharding_plan
 from rec.profile.types import Machine
@@ -51,7 +52,6 @@ from rec.spec import spec_from_rows
 from rec.spec.torchrec_modules import embedding_modules, place
 from rec.spec.types import Spec
 from rec.train.collectives import Group
-from rec.data.synthetic import feature_tables
 from rec.train.lifetime import exit_skipping_finalization
 from rec.train.measure_config import LATER_SETTLE_S, SETTLE_BLOCK_MS, SETTLE_TOLERANCE, MeasureConfig
 from rec.train.rank_log import RankOutput

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torchrec.datasets.utils import Batch
 from torchrec.models.dlrm import (
     DLRM,
     DLRM_DCN,
@@ -39,14 +40,17 @@ EBC_PATH = DEFAULT_MODULE  # where DLRMTrain(DLRM(ebc)) holds its EmbeddingBagCo
 DCN_LAYERS = 2
 
 
-def build_model(spec: Spec, config: TrainConfig, dense_device: torch.device) -> nn.Module:
-    """The training model of ``spec``: embeddings on meta, dense layers on ``dense_device``."""
+def build_model(spec: Spec, config: TrainConfig, dense_device: torch.device,
+                embedding_device: torch.device | str = "meta") -> nn.Module:
+    """The training model of ``spec``: embeddings on ``embedding_device`` (meta: DMP allocates their
+    shards; a real device for an unsharded model, as export and prediction use), dense layers on
+    ``dense_device``."""
     kind = resolve_model_kind(spec, config.model_kind)
     dense = list(config.dense_arch_layer_sizes)
     over = list(config.over_arch_layer_sizes)
     if not one_default_ebc(spec):
-        return ModulesDLRM(spec, kind, config.dense_in_features, dense, over, dense_device)
-    ebc = EmbeddingBagCollection(tables=embedding_bag_configs(spec), device=torch.device("meta"))
+        return ModulesDLRM(spec, kind, config.dense_in_features, dense, over, dense_device, embedding_device)
+    ebc = EmbeddingBagCollection(tables=embedding_bag_configs(spec), device=torch.device(embedding_device))
     if kind is ModelKind.CONCAT:
         module: nn.Module = ConcatDLRM(ebc, config.dense_in_features, dense, over, dense_device)
     else:
@@ -72,10 +76,13 @@ class ConcatDLRM(nn.Module):
         self.dense_arch = DenseArch(dense_in_features, dense_sizes, dense_device)
         pooled = sum(c.embedding_dim * len(c.feature_names) for c in ebc.embedding_bag_configs())
         self.over_arch = OverArch(dense_sizes[-1] + pooled, over_sizes, dense_device)
+        self._features = [f for c in ebc.embedding_bag_configs() for f in c.feature_names]
 
     def forward(self, dense_features: torch.Tensor, sparse_features: KeyedJaggedTensor) -> torch.Tensor:
-        embedded = self.sparse_arch.embedding_bag_collection(sparse_features).values()
-        logits: torch.Tensor = self.over_arch(torch.cat([self.dense_arch(dense_features), embedded], dim=1))
+        # By name: a sharded collection returns its features grouped by sharding, not in config order.
+        pooled = self.sparse_arch.embedding_bag_collection(sparse_features).to_dict()
+        embedded = [pooled[f] for f in self._features]
+        logits: torch.Tensor = self.over_arch(torch.cat([self.dense_arch(dense_features), *embedded], dim=1))
         return logits
 
 
@@ -84,9 +91,9 @@ class ModulesDLRM(nn.Module):
     under one child whose name no module path starts with)."""
 
     def __init__(self, spec: Spec, kind: ModelKind, dense_in_features: int, dense_sizes: list[int],
-                 over_sizes: list[int], dense_device: torch.device):
+                 over_sizes: list[int], dense_device: torch.device, embedding_device: torch.device | str = "meta"):
         super().__init__()
-        place(self, embedding_modules(spec, "meta"))
+        place(self, embedding_modules(spec, embedding_device))
         self._inputs = [(path, module_kind is ModuleKind.EMBEDDING_COLLECTION,
                          [f for t in spec.tables if t.module == path for f in t.feature_names])
                         for path, module_kind in spec.modules.items()]
@@ -96,6 +103,12 @@ class ModulesDLRM(nn.Module):
                                                   dense_device))
 
     def forward(self, batch: ModuleBatch) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        logits = self.logits(batch)
+        loss = nn.functional.binary_cross_entropy_with_logits(logits, batch.labels.float())
+        return loss, (loss.detach(), logits.detach(), batch.labels.detach())
+
+    def logits(self, batch: ModuleBatch) -> torch.Tensor:
+        """One click logit per sample."""
         vectors: list[torch.Tensor] = []  # one (batch, dim) tensor per feature, in spec order
         for path, unpooled, features in self._inputs:
             out = self.get_submodule(path)(batch.sparse_features[path])
@@ -106,9 +119,8 @@ class ModulesDLRM(nn.Module):
                 vectors += [pooled[f] for f in features]
         arches = self.get_submodule(self._arches)
         assert isinstance(arches, DenseArches)
-        logits = arches(batch.dense_features, vectors).squeeze(-1)
-        loss = nn.functional.binary_cross_entropy_with_logits(logits, batch.labels.float())
-        return loss, (loss.detach(), logits.detach(), batch.labels.detach())
+        logits: torch.Tensor = arches(batch.dense_features, vectors).squeeze(-1)
+        return logits
 
 
 class DenseArches(nn.Module):
@@ -143,6 +155,16 @@ class DenseArches(nn.Module):
             combined = self.inter_arch(dense, torch.stack(vectors, dim=1))
         logits: torch.Tensor = self.over_arch(combined)
         return logits
+
+
+def logits(model: nn.Module, batch: Batch | ModuleBatch) -> torch.Tensor:
+    """The click logits shardflow's model (``build_model``) gives ``batch``, without the loss."""
+    if isinstance(model, DLRMTrain):
+        out: torch.Tensor = model.model(batch.dense_features, batch.sparse_features).squeeze(-1)
+        return out
+    if isinstance(model, ModulesDLRM) and isinstance(batch, ModuleBatch):
+        return model.logits(batch)
+    raise TypeError(f"not shardflow's model and batch: {type(model).__name__}, {type(batch).__name__}")
 
 
 def sequence_mean(sequence: JaggedTensor) -> torch.Tensor:

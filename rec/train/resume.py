@@ -88,6 +88,24 @@ def resume_source(path: str | Path) -> ResumeSource:
     return ResumeSource(str(directory), step, read_plan(directory / PLAN_COPY))
 
 
+def checkpoint_at(path: str | Path) -> tuple[Path, int]:
+    """The checkpoint ``path`` names: one step directory (``.../step_00000100``), or a checkpoint
+    directory or training output directory (its newest step); InputError naming what is missing."""
+    p = Path(path)
+    step = step_of(p.name)
+    if step is not None and p.is_dir() and (p / INDEX_FILE).is_file():
+        return p.parent, step
+    root = p / CHECKPOINTS if (p / CHECKPOINTS).is_dir() else p
+    title = f"Cannot use the checkpoint {path}:"
+    if not root.is_dir():
+        raise InputError(title, [Problem(str(path), "no such directory")])
+    newest = latest(root)
+    if newest is None:
+        raise InputError(title, [Problem(str(root), "holds no complete checkpoint (no LATEST file, no "
+                                                    "step_<N> directory with an index)")])
+    return root, newest
+
+
 def check_resume(source: ResumeSource, new: Plan) -> None:
     """InputError if the checkpoint cannot seed a training with ``new``."""
     problems = []

@@ -1,0 +1,53 @@
+"""``shardflow predict --model DIR2 --data PATH --out FILE.parquet``: an exported model's click
+probability for every row of a dataset.
+
+DIR2 is what ``shardflow export`` wrote. PATH is read as training reads it (a Parquet file, a
+directory, a glob or a URI; the model's feature columns and ``dense``, ``label`` not needed; ids
+treated by the model's ``--ids`` policy, every row checked). FILE gets one column ``prediction``
+(float32), one row per input row, in input order; it is written whole or not at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from rec.exit_codes import ExitCode
+
+DEVICES = ("cpu", "cuda")
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser("predict", help="an exported model's predictions for a dataset (Parquet)",
+                              description=__doc__)
+    p.add_argument("--model", required=True, metavar="DIR2", help="an exported model (shardflow export --out)")
+    p.add_argument("--data", required=True, metavar="PATH", help="Parquet data: a file, a directory, a glob or a URI")
+    p.add_argument("--out", required=True, metavar="FILE", help="the predictions (Parquet, one column: prediction)")
+    p.add_argument("--device", choices=DEVICES, default="cpu", help="where the model runs (default: cpu)")
+    p.add_argument("--batch-size", type=int, default=8192, metavar="N", help="rows per forward (default: 8192)")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from flows.progress import on_terminal
+    from rec import progress
+    from rec.errors import InputError, Problem
+
+    problems = []
+    if not 1 <= args.batch_size <= 1 << 20:
+        problems.append(Problem("--batch-size", f"must be from 1 to {1 << 20:,}, got {args.batch_size}"))
+    if not str(args.out).lower().endswith((".parquet", ".pq")):
+        problems.append(Problem("--out", f"{args.out}: the predictions are Parquet: name a .parquet file"))
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        problems.append(Problem("--device cuda", "no CUDA device is visible here; use --device cpu"))
+    if problems:
+        raise InputError("Cannot predict:", problems)
+    from rec.train.predict import predict
+
+    with on_terminal(), progress.step("predict", "reading the model and the data"):
+        done = predict(args.model, args.data, args.out, torch.device(args.device), args.batch_size,
+                       lambda rows, total: progress.update(f"{rows:,}/{total:,} rows", rows, total))
+    print(f"predicted {done.rows:,} rows")
+    print(f"wrote     {done.out} (column prediction: the click probability, one row per input row, in order)")
+    return ExitCode.OK

@@ -1,0 +1,102 @@
+"""``shardflow export``: a checkpoint's model, unsharded, as ``model.safetensors`` and ``model.json``.
+
+The checkpoint (``torch.distributed.checkpoint``, one shard per rank) is read in this one process
+into the model built on the CPU from the checkpoint's ``model.json`` (``rec.train.model_file``): every
+table whole, whatever the plan that sharded it. The weights are written with safetensors (no
+pickle: loading them runs no code), beside ``model.json`` naming the plan and step they come from
+and every tensor. ``rec.train.predict`` and plain Python load them back (docs/training.md).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+
+from rec.disk_full import whole, write_whole
+from rec.errors import InputError, Problem
+from rec.train.checkpoint import SafeFileSystemReader, SafeLoadPlanner, check_index
+from rec.train.model import build_model
+from rec.train.model_file import MODEL_FILE, ModelSettings, read_model, settings_to_dict
+from rec.train.resume import PLAN_COPY, checkpoint_at, step_dir
+
+WEIGHTS_FILE = "model.safetensors"
+
+
+@dataclass(frozen=True)
+class Exported:
+    out_dir: Path
+    plan_id: str
+    step: int
+    tensors: int
+    parameters: int
+
+
+def load_checkpoint(path: str | Path) -> tuple[nn.Module, ModelSettings, str, int]:
+    """The model of the checkpoint at ``path`` (a checkpoint directory: its newest step; one step;
+    or a training's output directory), unsharded on the CPU, in eval mode; its settings, plan and step."""
+    directory, step = checkpoint_at(path)
+    if not (directory / MODEL_FILE).is_file():
+        raise InputError(f"Cannot use the checkpoint {path}:", [Problem(
+            str(directory), f"has no {MODEL_FILE}: it was written by a training of a model of your own "
+                            "(--model TARGET), or before shardflow recorded its model beside checkpoints")])
+    settings, _ = read_model(directory)
+    from rec.plan import read_plan
+
+    plan_id = read_plan(directory / PLAN_COPY).plan_id if (directory / PLAN_COPY).is_file() else ""
+    at = step_dir(directory, step)
+    check_index(at)
+    model = build_model(settings.spec, settings.config(), torch.device("cpu"), "cpu")
+    state = model.state_dict()
+    try:
+        dcp.load({"model": state}, storage_reader=SafeFileSystemReader(str(at)), planner=SafeLoadPlanner(),
+                 no_dist=True)
+    except (RuntimeError, ValueError, KeyError) as e:  # DCP's CheckpointException is a RuntimeError
+        raise InputError(f"Cannot use the checkpoint {at}:", [Problem(
+            str(at), f"does not hold this model's weights ({str(e).splitlines()[0][:200]})")]) from None
+    model.load_state_dict(state)
+    return model.eval(), settings, plan_id, step
+
+
+def export(checkpoint: str | Path, out_dir: str | Path) -> Exported:
+    """Write the checkpoint's model, unsharded, into ``out_dir`` (created; refused if it holds a model)."""
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    if (out / WEIGHTS_FILE).exists() or (out / MODEL_FILE).exists():
+        raise InputError("Cannot export here:", [Problem(str(out), "already holds an exported model; "
+                                                                   "give a new --out")])
+    model, settings, plan_id, step = load_checkpoint(checkpoint)
+    tensors = {name: t.detach().contiguous() for name, t in model.state_dict().items()}
+    out.mkdir(parents=True, exist_ok=True)
+    record = settings_to_dict(settings, plan_id=plan_id, step=step,
+                              tensors={name: list(t.shape) for name, t in tensors.items()})
+    with whole(out / WEIGHTS_FILE) as path:
+        save_file(tensors, str(path), metadata={"format": "pt"})
+    write_whole(out / MODEL_FILE, json.dumps(record, indent=1) + "\n")
+    return Exported(out, plan_id, step, len(tensors), sum(t.numel() for t in tensors.values()))
+
+
+def load_exported(model_dir: str | Path, device: torch.device) -> tuple[nn.Module, ModelSettings]:
+    """An exported model (``export``'s ``out_dir``) on ``device``, in eval mode, and its settings."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    directory = Path(model_dir)
+    settings, _ = read_model(directory)
+    weights = directory / WEIGHTS_FILE
+    if not weights.is_file():
+        raise InputError(f"Cannot load the model {directory}:", [Problem(str(weights), "no such file")])
+    model = build_model(settings.spec, settings.config(), device, device)
+    try:
+        state = load_file(str(weights), device=str(device))
+        model.load_state_dict(state, strict=True)
+    except (SafetensorError, RuntimeError, OSError) as e:
+        raise InputError(f"Cannot load the model {directory}:", [Problem(
+            str(weights), f"does not hold this model's weights ({str(e).splitlines()[0][:200]})")]) from None
+    return model.eval(), settings
+

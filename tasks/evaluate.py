@@ -1,0 +1,88 @@
+"""``shardflow eval``: a checkpoint's model evaluated on data, on the ranks of the plan it was
+trained with (``rec.train.eval_job`` under the training launcher), writing OUT/eval_metrics.json.
+
+Before any process starts, what would fail for certain is one InputError: the checkpoint (its
+index, its plan, its model.json), this machine for the plan's ranks (``tasks.train.preflight``),
+and the data (its files, columns and a sample of rows, for the model's features).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from rec import progress
+from rec.errors import InputError, Problem
+from rec.settings import check, knob
+from rec.train.config import MAX_BATCH_SIZE, EvalSettings
+from rec.train.rank_log import log_dir
+from tasks.launch import EVAL_JOB, Launch, failure_cause, run_training
+from tasks.measure import Ranks
+from tasks.train import TrainingFailed, preflight
+
+
+@dataclass(frozen=True)
+class EvalCheckpointSettings:
+    batch_size: int | None = field(default=None, metadata=knob(
+        "samples per rank and batch; none: the plan topology's batch_size", minimum=1, maximum=MAX_BATCH_SIZE))
+    eval_batches: int = field(default=0, metadata=knob(
+        "batches per rank to evaluate; 0: all of --data", minimum=0))
+    ranks: Ranks = field(default_factory=Ranks)
+
+    def problems(self) -> list[Problem]:
+        return self.ranks.problems()
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    out_dir: str
+    metrics: dict[str, Any] | None  # eval_metrics.json (node 0)
+
+
+def evaluate_checkpoint(checkpoint: str, data: str, out_dir: str,
+                        settings: EvalCheckpointSettings = EvalCheckpointSettings()) -> Evaluated:
+    """Evaluate the checkpoint at ``checkpoint`` on ``data``; TrainingFailed if a rank failed."""
+    from rec.analysis import check_plan
+    from rec.data.schema import data_problems
+    from rec.plan import read_plan
+    from rec.train.checkpoint import check_index
+    from rec.train.eval_job import EVAL_METRICS_FILE
+    from rec.train.model_file import MODEL_FILE, read_model
+    from rec.train.resume import PLAN_COPY, checkpoint_at, step_dir
+
+    check(settings, "Cannot evaluate with these settings:")
+    with progress.step("check", "the checkpoint, the data, and what they need of this machine"):
+        directory, step = checkpoint_at(checkpoint)
+        missing = [name for name in (PLAN_COPY, MODEL_FILE) if not (directory / name).is_file()]
+        if missing:
+            raise InputError(f"Cannot evaluate the checkpoint {checkpoint}:", [Problem(
+                str(directory), f"has no {' or '.join(missing)}: it was written by a training of a model of your "
+                                "own (--model TARGET), or before shardflow recorded them beside checkpoints")])
+        plan = read_plan(directory / PLAN_COPY)
+        check_plan(plan)
+        model, _ = read_model(directory)
+        at = step_dir(directory, step)
+        check_index(at)
+        config = replace(model.config(), batch_size=settings.batch_size)
+        problems = data_problems(data, model.layout, model.ids, "--data")
+        try:
+            nproc = preflight(replace(settings.ranks.as_training(), job=config), plan.topology)
+        except InputError as e:
+            problems = [*e.problems, *problems]
+        if problems:
+            raise InputError(f"Cannot evaluate the checkpoint {checkpoint} here:", problems)
+        config = replace(config, evaluation=EvalSettings(eval_data=data, eval_batches=settings.eval_batches))
+    launch = Launch(plan_path=str(directory / PLAN_COPY), out_dir=out_dir, nproc_per_node=nproc,
+                    nnodes=settings.ranks.nnodes, node_rank=settings.ranks.node_rank,
+                    rdzv_endpoint=settings.ranks.rdzv_endpoint, rdzv_id=f"eval-{plan.plan_id}", job=config,
+                    module=EVAL_JOB, more_flags=("--checkpoint", str(at)))
+    with progress.step("eval", f"starting {settings.ranks.nnodes * nproc} ranks"):
+        finished = run_training(launch)
+        if finished.code != 0:
+            cause = failure_cause(launch, finished)
+            raise TrainingFailed(cause.text, cause.deterministic, str(log_dir(out_dir)), 1)
+    if settings.ranks.node_rank != 0:
+        return Evaluated(out_dir, None)
+    return Evaluated(out_dir, json.loads((Path(out_dir) / EVAL_METRICS_FILE).read_text()))

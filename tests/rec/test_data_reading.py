@@ -1,0 +1,171 @@
+"""Training data as the ranks read it: found as a file, a directory, a glob or a URI; split by row
+groups over the ranks, each row once per epoch, its values exactly the file's; bad values and
+types named with the column, how many and an example row; ids out of range stopped or mapped."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from rec.data.files import open_data
+from rec.data.ids import IdsPolicy, hash64, map_ids
+from rec.data.layout import DataLayout
+from rec.data.order import Position
+from rec.data.parquet import ParquetSource
+from rec.data.schema import data_problems
+from rec.errors import InputError
+from rec.spec import spec_from_rows
+
+SPEC = spec_from_rows([
+    dict(name="a", num_embeddings=1000, embedding_dim=8, feature_names=["row"]),  # the row's number, as its id
+    dict(name="b", num_embeddings=50, embedding_dim=8, feature_names=["b1", "b2"], pooling_factor=2.0),
+])
+LAYOUT = DataLayout.of_spec(SPEC, 3)
+
+
+def table(rows: range, rng: np.random.Generator) -> pa.Table:
+    n = len(rows)
+    bags = [list(rng.integers(0, 50, rng.integers(0, 4))) for _ in rows]
+    return pa.table({
+        "label": pa.array((np.array(rows) % 3 == 0).astype(np.int8)),
+        "dense": pa.array([[float(r), r / 2, -r] for r in rows], pa.list_(pa.float64())),
+        "row": pa.array([[r] for r in rows], pa.list_(pa.int32())),
+        "b1": pa.array([b or None for b in bags], pa.list_(pa.int64())),  # an empty bag written as null
+        "b2": pa.array([[1, 2][: r % 3] for r in rows], pa.large_list(pa.int64())),
+        "other": pa.array(["ignored"] * n),
+    })
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    """1000 rows in 4 files of uneven row groups, and in a directory with files the reader skips."""
+    rng = np.random.default_rng(0)
+    root = tmp_path / "data"
+    (root / "part=1").mkdir(parents=True)
+    bounds = [0, 130, 400, 401, 1000]
+    for i, (a, b) in enumerate(itertools.pairwise(bounds)):
+        pq.write_table(table(range(a, b), rng), root / f"part=1/f{i}.parquet", row_group_size=97)
+    (root / "_SUCCESS").write_text("")
+    (root / ".f0.parquet.crc").write_text("")
+    return root
+
+
+def test_a_directory_a_glob_a_file_and_a_uri_name_the_files_in_path_order(dataset):
+    files = open_data(str(dataset))
+    assert [p.rsplit("/", 1)[1] for p in files.paths] == ["f0.parquet", "f1.parquet", "f2.parquet", "f3.parquet"]
+    assert files.rows == 1000 and sum(g.rows for g in files.row_groups) == 1000
+    assert open_data(f"{dataset}/*/f[12].parquet").paths == files.paths[1:3]
+    assert open_data(f"file://{dataset}/part=1/f0.parquet").rows == 130
+    assert open_data(str(dataset)).fingerprint == files.fingerprint
+
+
+def test_nothing_to_read_is_named(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "x.parquet").write_text("not parquet")
+    for source, reason in ((tmp_path / "nope", "no such file or directory"),
+                           (tmp_path / "empty", "holds no Parquet file"),
+                           (f"{tmp_path}/*.pq", "nothing it matches is a Parquet file"),
+                           (tmp_path / "x.parquet", "cannot read it as Parquet")):
+        with pytest.raises(InputError, match=reason):
+            open_data(str(source))
+
+
+@pytest.mark.parametrize("world", [1, 3])
+def test_ranks_read_every_row_once_with_its_values(dataset, world):
+    source = ParquetSource.open(open_data(str(dataset)), LAYOUT, seed=1, window=64)
+    share = source.order.share_rows(Position(world))
+    seen = []
+    for rank in range(world):
+        batch = next(source.batches(Position(world), rank, share))
+        assert len(batch) == share
+        rows = batch.ids[0]
+        assert np.array_equal(batch.lengths[0], np.ones(share))  # one id per row: the row number
+        assert np.array_equal(batch.labels, (rows % 3 == 0).astype(np.float32))
+        assert np.array_equal(batch.dense, np.stack([rows, rows / 2, -rows], axis=1).astype(np.float32))
+        assert np.array_equal(batch.lengths[2], rows % 3)  # b2: the first (row % 3) of [1, 2]
+        seen += list(rows)
+    assert len(seen) == len(set(seen)) and 1000 - len(seen) < world
+
+
+def test_a_batch_spans_the_end_of_an_epoch_and_the_next_epoch_reads_every_row_again(dataset):
+    source = ParquetSource.open(open_data(str(dataset)), LAYOUT, seed=2, window=100)
+    batches = source.batches(Position(2), 1, 300)
+    rows = np.concatenate([next(batches).ids[0] for _ in range(5)])  # 1500 rows of a 500-row share
+    assert all(len(set(rows[e * 500:(e + 1) * 500])) == 500 for e in range(3))  # each epoch: 500 rows once
+    other = source.batches(Position(2, epoch=1), 0, 500)
+    assert sorted({*rows[500:1000], *next(other).ids[0]}) == list(range(1000))  # epoch 1: every row
+    later = source.batches(source.advance(Position(2), 700), 1, 100)
+    assert list(next(later).ids[0]) == list(rows[700:800])
+
+
+def test_every_kind_of_bad_value_is_named_with_its_column_count_and_first_row(tmp_path):
+    n = 40
+    bad = pa.table({
+        "label": pa.array([1.0] * 10 + [None] * 5 + [2.0] + [0.0] * 24),
+        "dense": pa.array([[1.0, 2.0, 3.0]] * 39 + [[1.0]]),
+        "row": pa.array([[i] for i in range(n - 1)] + [[5000]], pa.list_(pa.int64())),
+        "b1": pa.array([[1, None]] + [[1]] * (n - 1), pa.list_(pa.int64())),
+        "b2": pa.array([[-3]] * n, pa.list_(pa.int64())),
+    })
+    pq.write_table(bad, tmp_path / "bad.parquet")
+    problems = {p.where: p.reason for p in data_problems(str(tmp_path / "bad.parquet"), LAYOUT, IdsPolicy.ERROR)}
+    assert set(problems) == {f"--data column {c!r}" for c in ("label", "dense", "row", "b1", "b2")}
+    assert problems["--data column 'label'"].startswith("5 null labels in 40 rows read, first at row 10 of ")
+    assert "1 of 40 rows read do not hold 3 values" in problems["--data column 'dense'"]
+    assert "first 5000 at row 39 of" in problems["--data column 'row'"]
+    assert "1 null ids" in problems["--data column 'b1'"]
+    assert problems["--data column 'b2'"].startswith("40 ids in 40 rows read are outside [0, 50)")
+    # mapped instead, the ids are no problem
+    mapped = data_problems(str(tmp_path / "bad.parquet"), LAYOUT, IdsPolicy.MODULO)
+    assert {p.where for p in mapped} == {"--data column 'label'", "--data column 'dense'", "--data column 'b1'"}
+
+
+def test_columns_of_the_wrong_type_or_missing_are_named_before_any_row_is_read(tmp_path):
+    pq.write_table(pa.table({
+        "label": ["yes", "no"], "dense": pa.array([[1, 2, 3]] * 2, pa.list_(pa.int64())),
+        "row": [1, 2], "b1": pa.array([[1.5]] * 2), "b2": pa.array([["x"]] * 2)}), tmp_path / "t.parquet")
+    problems = {p.where: p.reason for p in data_problems(str(tmp_path / "t.parquet"), LAYOUT, IdsPolicy.ERROR)}
+    assert problems["--data column 'label'"] == "is string; a label is a number, 0 or 1"
+    assert problems["--data column 'dense'"].startswith("is list<element: int64>; dense features are a list of 3")
+    assert problems["--data column 'row'"].endswith("store one id per row as a list of one")
+    assert problems["--data column 'b1'"].startswith("is list<element: double>")
+    assert problems["--data column 'b2'"].startswith("is list<element: string>")
+    pq.write_table(pa.table({"label": [1]}), tmp_path / "few.parquet")
+    (missing,) = data_problems(str(tmp_path / "few.parquet"), LAYOUT, IdsPolicy.ERROR)
+    assert missing.reason.startswith("has no column 'dense', 'row', 'b1', 'b2'")
+
+
+def test_an_id_out_of_range_beyond_the_sample_stops_the_ranks_reading_as_bad_input(dataset, tmp_path):
+    rows = table(range(0, 30_000), np.random.default_rng(1))
+    ids = [[i % 1000] for i in range(30_000)]
+    ids[25_000] = [10**6]
+    pq.write_table(rows.set_column(2, "row", pa.array(ids, pa.list_(pa.int64()))), tmp_path / "late.parquet",
+                   row_group_size=30_000)
+    assert data_problems(str(tmp_path / "late.parquet"), LAYOUT, IdsPolicy.ERROR) == []  # the sample misses it
+    source = ParquetSource.open(open_data(str(tmp_path / "late.parquet")), LAYOUT, shuffle=False, window=4096)
+    with pytest.raises(InputError, match=r"column 'row'.*first 1000000 at row 25,000 of .*late.parquet"):
+        for _ in source.batches(Position(1), 0, 1000):
+            pass
+
+
+def test_modulo_and_hash_map_every_id_into_range_with_a_fixed_hash():
+    ids = np.array([-1, 0, 7, 49, 50, 2**40, -(2**63)], np.int64)
+    assert list(map_ids(ids, 50, IdsPolicy.MODULO)) == [(2**64 - 1) % 50, 0, 7, 49, 0, 2**40 % 50, 2**63 % 50]
+    hashed = map_ids(ids, 50, IdsPolicy.HASH)
+    assert ((hashed >= 0) & (hashed < 50)).all()
+    # splitmix64's finalizer, fixed: the same ids map to the same rows on every machine and version
+    some = [0, 1, 2, 12345, -1, 2**62 + 3]
+    assert [int(h) for h in hash64(np.array(some, np.int64))] == [splitmix64_finalizer(i % 2**64) for i in some]
+    assert int(hash64(np.array([1], np.int64))[0]) == 0x5692161D100B05E5
+
+
+def splitmix64_finalizer(z: int) -> int:
+    """The reference, in Python integers."""
+    mask = 2**64 - 1
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    return z ^ (z >> 31)

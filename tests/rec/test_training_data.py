@@ -1,0 +1,140 @@
+"""The training job on Parquet data in one process (gloo, world size 1): the data position a
+checkpoint keeps makes a resumed training the same model as an unbroken one, evaluation does not
+change what is trained, and the model learns a planted signal. Multi-rank runs: tests/flows."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from rec.planning import plan_spec
+from rec.spec import spec_from_rows
+from rec.topology import topology_from_dict
+from rec.train.config import EvalSettings, PipelineKind, ReadSettings, TrainConfig
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torchrec")
+
+SPEC = spec_from_rows([dict(name="user", num_embeddings=300, embedding_dim=8),
+                       dict(name="item", num_embeddings=200, embedding_dim=8, feature_names=["item", "seen"],
+                            pooling_factor=2.0)])
+TOPOLOGY = topology_from_dict(dict(world_size=1, compute_device="cpu", ddr_cap="4GiB", batch_size=64))
+
+
+WEIGHTS = {"user": np.random.default_rng(1).normal(0, 1.5, 300), "item": np.random.default_rng(2).normal(0, 1.5, 200)}
+
+
+class Output:
+    """What the job reports, kept (the job's RankOutput writes to the launcher's pipe)."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def progress(self, message: str, done: int | None = None, total: int | None = None, force: bool = True) -> None:
+        self.lines.append(message)
+
+    def due(self, done: int, total: int) -> bool:
+        return False
+
+
+def planted(n: int, seed: int) -> pa.Table:
+    """Rows whose click probability is a sum of per-id weights: a signal a model can learn."""
+    rng = np.random.default_rng(seed)
+    weights = WEIGHTS
+    columns, logit = {}, np.full(n, -1.0)
+    for feature, table in (("user", "user"), ("item", "item"), ("seen", "item")):
+        ids = (len(weights[table]) * rng.random(n) ** 2).astype(np.int64)
+        columns[feature] = pa.array([[int(i)] for i in ids], pa.list_(pa.int64()))
+        logit += weights[table][ids]
+    labels = (rng.random(n) < 1 / (1 + np.exp(-logit))).astype(np.float32)
+    dense = rng.random((n, 4), np.float32)
+    return pa.table({"label": labels, "dense": [list(map(float, r)) for r in dense], **columns})
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    pq.write_table(planted(3000, 0), root / "train.parquet", row_group_size=500)
+    pq.write_table(planted(1000, 1), root / "eval.parquet", row_group_size=500)
+    return root
+
+
+@pytest.fixture
+def plan_path(tmp_path):
+    from rec.plan import write_plan
+
+    write_plan(plan_spec(SPEC, TOPOLOGY), tmp_path / "plan")
+    return str(tmp_path / "plan" / "plan.json")
+
+
+def train(plan_path: str, out: str, config: TrainConfig):
+    from rec.plan import read_plan
+    from rec.train.job import train as train_job
+
+    output = Output()
+    metrics = train_job(read_plan(plan_path), config, out, output, plan_path)  # type: ignore[arg-type]
+    losses = pq.read_table(f"{out}/iterations.parquet").column("loss").to_numpy()
+    return metrics, losses, output
+
+
+def config(data, **changes) -> TrainConfig:
+    base = TrainConfig(iterations=40, warmup=2, data=str(data / "train.parquet"), dense_in_features=4,
+                       embedding_lr=0.1, dense_lr=0.05, reading=ReadSettings(shuffle_window=256),
+                       evaluation=EvalSettings(eval_data=str(data / "eval.parquet")))
+    return replace(base, **changes)
+
+
+def test_a_resumed_training_is_the_same_model_as_an_unbroken_one(single_process_group, data, plan_path, tmp_path):
+    straight, straight_losses, _ = train(plan_path, str(tmp_path / "a"), config(data))
+    train(plan_path, str(tmp_path / "b"), config(data, iterations=20, checkpoint_every=10))
+    resumed, resumed_losses, output = train(plan_path, str(tmp_path / "b"),
+                                            config(data, checkpoint_every=10, resume=True))
+    assert resumed.resumed_from == 20 and "resuming from the checkpoint of iteration 20" in output.lines
+    assert np.array_equal(resumed_losses, straight_losses)  # every iteration's loss, the ones after the resume too
+    assert resumed.eval["logloss"] == pytest.approx(straight.eval["logloss"], rel=1e-5)
+    assert resumed.eval["auc"] == straight.eval["auc"]
+    position = json.loads((tmp_path / "b/checkpoints/step_00000020/data_position.json").read_text())
+    assert (position["epoch"], position["rows"]) == divmod(20 * 64, 3000)  # 20 batches of 64 read
+    assert (tmp_path / "b/checkpoints/model.json").is_file()
+
+
+@pytest.mark.parametrize("pipeline", [PipelineKind.NAIVE, PipelineKind.SPARSE_DIST])
+def test_evaluating_during_training_changes_nothing_trained(single_process_group, data, plan_path, tmp_path,
+                                                            pipeline):
+    quiet, quiet_losses, _ = train(plan_path, str(tmp_path / "a"), config(data, pipeline=pipeline))
+    often, often_losses, _ = train(plan_path, str(tmp_path / "b"), config(
+        data, pipeline=pipeline, evaluation=EvalSettings(eval_data=str(data / "eval.parquet"), eval_every=15)))
+    assert np.array_equal(often_losses, quiet_losses)
+    assert [e["iteration"] for e in often.evaluations] == [15, 30, 40]
+    assert often.eval == {k: v for k, v in often.evaluations[-1].items() if k != "iteration"}
+    assert often.eval["samples"] == 1000 and quiet.eval == often.eval
+
+
+def test_the_model_learns_the_planted_signal_and_the_run_says_what_it_read(single_process_group, data,
+                                                                            plan_path, tmp_path):
+    metrics, _, _ = train(plan_path, str(tmp_path / "a"), config(data, iterations=150))
+    held_out = pq.read_table(data / "eval.parquet")
+    best = _bayes_auc(held_out)
+    assert metrics.eval["auc"] > 0.9 * best, (metrics.eval, best)
+    assert metrics.eval["ne"] < 1.0
+    assert metrics.data.rows == 3000 and metrics.data.files == 1
+    assert metrics.data.epochs == pytest.approx(150 * 64 / 3000)
+    assert metrics.data_wait_ms is not None and metrics.data_wait_ms.p50 >= 0
+
+
+def _bayes_auc(rows: pa.Table) -> float:
+    """The AUC of the true click probabilities on these rows: what no model beats in expectation."""
+    from rec.evaluation.auc import auc
+
+    weights = WEIGHTS
+    logit = np.full(rows.num_rows, -1.0)
+    for feature, table in (("user", "user"), ("item", "item"), ("seen", "item")):
+        logit += weights[table][np.array([i[0] for i in rows.column(feature).to_pylist()])]
+    result = auc(logit, rows.column("label").to_numpy())
+    assert result is not None
+    return result

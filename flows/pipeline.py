@@ -17,7 +17,7 @@ from prefect import flow, get_run_logger
 from flows.parameters import search_settings, with_deprecated
 from flows.plan import plan_summary
 from flows.progress import progress_in_run_log
-from flows.reports import predicted_line
+from flows.reports import data_lines, predicted_line
 from flows.train import train_with_retries
 from rec.cost.types import CostConfig
 from rec.errors import InputError, Problem
@@ -63,6 +63,7 @@ class PipelineOutcome:
             + f", loss {m.loss.first:.4f} -> {m.loss.last:.4f}"
             + (f" ({self.trained.attempts} attempts)" if self.trained.attempts > 1 else ""),
             predicted_line(read_plan(self.plan_path), m),
+            *data_lines(m),
         ])
 
 

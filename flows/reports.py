@@ -176,3 +176,25 @@ def predicted_line(plan: Plan, metrics: TrainMetrics) -> str:
               if metrics.batch_size == predicted.batch_size else
               f"at the plan's batch size {predicted.batch_size} per rank, not this training's {metrics.batch_size}")
     return f"predicted {predicted.text()}; {versus}"
+
+
+def data_lines(metrics: TrainMetrics) -> list[str]:
+    """What the training read and how long it waited for it; its last evaluation."""
+    lines = []
+    data, wait = metrics.data, metrics.data_wait_ms
+    if data is not None:
+        read = ("synthetic batches" if data.source == "synthetic" else
+                f"{data.source} ({data.rows:,} rows in {data.files:,} file{'s' if data.files != 1 else ''}): "
+                f"{data.epochs:.2f} epochs, ids {data.ids}, {'shuffled' if data.shuffle else 'in order'} "
+                f"(seed {data.seed})")
+        waited = ""
+        if wait is not None:
+            share = wait.p50 / metrics.iteration_latency_ms.p50 if metrics.iteration_latency_ms.p50 > 0 else 0.0
+            waited = f"; waited for data p50 {wait.p50:.2f} ms per iteration ({share:.1%} of it)"
+        lines.append(f"data      {read}{waited}")
+    if metrics.eval is not None:
+        values = ", ".join(f"{k} {v:.4f}" for k, v in metrics.eval.items() if k != "samples" and v is not None)
+        samples = int(metrics.eval.get("samples") or 0)
+        lines.append(f"eval      {values} on {samples:,} held-out samples"
+                     + (f" ({len(metrics.evaluations)} evaluations)" if len(metrics.evaluations) > 1 else ""))
+    return lines

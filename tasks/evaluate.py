@@ -16,7 +16,7 @@ from typing import Any
 from rec import progress
 from rec.errors import InputError, Problem
 from rec.settings import check, knob
-from rec.train.config import MAX_BATCH_SIZE, EvalSettings
+from rec.train.config import MAX_BATCH_SIZE
 from rec.train.rank_log import log_dir
 from tasks.launch import EVAL_JOB, Launch, failure_cause, run_training
 from tasks.measure import Ranks
@@ -73,7 +73,7 @@ def evaluate_checkpoint(checkpoint: str, data: str, out_dir: str,
             problems = [*e.problems, *problems]
         if problems:
             raise InputError(f"Cannot evaluate the checkpoint {checkpoint} here:", problems)
-        config = replace(config, evaluation=EvalSettings(eval_data=data, eval_batches=settings.eval_batches))
+        config = replace(config, eval_data=data, eval_batches=settings.eval_batches)
     launch = Launch(plan_path=str(directory / PLAN_COPY), out_dir=out_dir, nproc_per_node=nproc,
                     nnodes=settings.ranks.nnodes, node_rank=settings.ranks.node_rank,
                     rdzv_endpoint=settings.ranks.rdzv_endpoint, rdzv_id=f"eval-{plan.plan_id}", job=config,

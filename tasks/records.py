@@ -297,13 +297,12 @@ def train_record(trained: Trained, parent_key: str | None = None, tags: dict[str
 
 def _train_params(settings: TrainSettings, nproc_per_node: int | None) -> dict[str, str]:
     job = settings.job
-    evaluation = job.evaluation
     return {"nnodes": str(settings.nnodes), "nproc_per_node": str(nproc_per_node or "plan"),
             "iterations": str(job.iterations), "warmup": str(job.warmup), "pipeline": job.pipeline.value,
             "seed": str(job.seed), "dense_lr": str(job.dense_lr), "embedding_lr": str(job.embedding_lr),
-            "data": job.data or "synthetic", "ids": job.reading.ids.value, "shuffle": str(job.reading.shuffle),
-            "eval_data": evaluation.eval_data or "-", "eval_every": str(evaluation.eval_every),
-            "eval_batches": str(evaluation.eval_batches)}
+            "data": job.data or "synthetic", "ids": job.ids.value, "shuffle": str(job.shuffle),
+            "eval_data": job.eval_data or "-", "eval_every": str(job.eval_every),
+            "eval_batches": str(job.eval_batches)}
 
 
 def data_params(metrics: TrainMetrics) -> dict[str, str]:

@@ -113,7 +113,7 @@ def preflight(settings: TrainSettings, topology: Topology, spec: Spec | None = N
 
 def _data_problems(job: TrainConfig, spec: Spec) -> list[Problem]:
     """What is wrong with ``--data`` and ``--eval-data`` for ``spec``'s model (rec.data.schema)."""
-    sources = [(what, path) for what, path in (("--data", job.data), ("--eval-data", job.evaluation.eval_data))
+    sources = [(what, path) for what, path in (("--data", job.data), ("--eval-data", job.eval_data))
                if path and not job.model_target]
     if not sources:
         return []
@@ -121,7 +121,7 @@ def _data_problems(job: TrainConfig, spec: Spec) -> list[Problem]:
     from rec.data.schema import data_problems
 
     layout = DataLayout.of_spec(spec, job.dense_in_features)
-    return [p for what, path in sources for p in data_problems(path, layout, job.reading.ids, what)]
+    return [p for what, path in sources for p in data_problems(path, layout, job.ids, what)]
 
 
 def check_resume_from(job: TrainConfig, plan: Plan) -> None:

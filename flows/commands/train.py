@@ -122,7 +122,7 @@ def render_trained(trained: Trained, plan: Plan | None = None) -> str:
     ``plan`` and ``measure`` print it); where a resume came from and what it restored."""
     from pathlib import Path
 
-    from flows.reports import predicted_line
+    from flows.reports import data_lines, predicted_line
     from rec.train.metrics import ITERATIONS_FILE, METRICS_FILE
     from rec.train.rank_log import LOG_DIR
 
@@ -139,7 +139,7 @@ def render_trained(trained: Trained, plan: Plan | None = None) -> str:
     resumed = render_resumed(m, trained.settings.job.resume_from)
     if resumed:
         lines.append(resumed)
-    lines += render_data(m)
+    lines += data_lines(m)
     lines.append(f"wrote     {out / METRICS_FILE}, {out / ITERATIONS_FILE} (logs in {out / LOG_DIR})")
     from rec.train.resume import checkpoint_dir
 
@@ -147,28 +147,6 @@ def render_trained(trained: Trained, plan: Plan | None = None) -> str:
     if checkpoints and trained.settings.job.checkpoint_every:
         lines.append(f"checkpoints {checkpoints}")
     return "\n".join(lines)
-
-
-def render_data(metrics: TrainMetrics) -> list[str]:
-    """What the training read and how long it waited for it; its last evaluation."""
-    lines = []
-    data, wait = metrics.data, metrics.data_wait_ms
-    if data is not None:
-        read = ("synthetic batches" if data.source == "synthetic" else
-                f"{data.source} ({data.rows:,} rows in {data.files:,} file{'s' if data.files != 1 else ''}): "
-                f"{data.epochs:.2f} epochs, ids {data.ids}, {'shuffled' if data.shuffle else 'in order'} "
-                f"(seed {data.seed})")
-        waited = ""
-        if wait is not None:
-            share = wait.p50 / metrics.iteration_latency_ms.p50 if metrics.iteration_latency_ms.p50 > 0 else 0.0
-            waited = f"; waited for data p50 {wait.p50:.2f} ms per iteration ({share:.1%} of it)"
-        lines.append(f"data      {read}{waited}")
-    if metrics.eval is not None:
-        values = ", ".join(f"{k} {v:.4f}" for k, v in metrics.eval.items() if k != "samples" and v is not None)
-        samples = int(metrics.eval.get("samples") or 0)
-        lines.append(f"eval      {values} on {samples:,} held-out samples"
-                     + (f" ({len(metrics.evaluations)} evaluations)" if len(metrics.evaluations) > 1 else ""))
-    return lines
 
 
 def render_resumed(metrics: TrainMetrics, resume_from: str | None) -> str:

@@ -49,35 +49,6 @@ class PipelineKind(StrEnum):
 
 
 @dataclass(frozen=True)
-class ReadSettings:
-    """How the job reads ``--data`` (docs/training.md, "Training data")."""
-
-    ids: IdsPolicy = field(default=IdsPolicy.ERROR, metadata=knob(
-        "an id outside its table's rows [0, num_embeddings): error (the job stops, naming the feature), "
-        "modulo (id mod rows) or hash (a fixed 64-bit hash of the id, mod rows)"))
-    shuffle: bool = field(default=True, metadata=knob(
-        "shuffle every epoch (seeded by --seed and the epoch): the row groups' order, and rows within "
-        "windows of --shuffle-window rows"))
-    shuffle_window: int = field(default=1 << 16, metadata=knob(
-        "rows a rank shuffles together (and reads at once: its memory for data)", minimum=1, maximum=1 << 26))
-    prefetch_batches: int = field(default=4, metadata=knob(
-        "batches a background thread prepares ahead of the training loop", minimum=1, maximum=1024))
-
-
-@dataclass(frozen=True)
-class EvalSettings:
-    """Held-out evaluation during and after training."""
-
-    eval_data: str | None = field(default=None, metadata=knob(
-        "Parquet data to evaluate on (AUC, logloss, normalized entropy over every rank's samples) every "
-        "--eval-every iterations and at the end; none: no evaluation", metavar="PATH", path=True))
-    eval_every: int = field(default=0, metadata=knob(
-        "evaluate every N iterations (and at the end); 0: at the end only", minimum=0))
-    eval_batches: int = field(default=0, metadata=knob(
-        "batches per rank an evaluation reads; 0: all of --eval-data", minimum=0))
-
-
-@dataclass(frozen=True)
 class TrainConfig:
     iterations: int = field(default=100, metadata=knob(
         "training iterations", minimum=1, maximum=MAX_ITERATIONS))
@@ -97,7 +68,25 @@ class TrainConfig:
     data: str | None = field(default=None, metadata=knob(
         "Parquet training data: a file, a directory, a glob or a URI (docs/training.md); none: synthetic "
         "batches", metavar="PATH", path=True))
-    seed: int = field(default=0, metadata=knob("random seed of the model and synthetic data"))
+    ids: IdsPolicy = field(default=IdsPolicy.ERROR, metadata=knob(
+        "an id outside its table's rows [0, num_embeddings): error (the job stops, naming the feature), "
+        "modulo (id mod rows) or hash (a fixed 64-bit hash of the id, mod rows)"))
+    shuffle: bool = field(default=True, metadata=knob(
+        "shuffle every epoch (seeded by --seed and the epoch): the row groups' order, and rows within "
+        "windows of --shuffle-window rows"))
+    shuffle_window: int = field(default=1 << 16, metadata=knob(
+        "rows a rank shuffles together (and reads at once: its memory for data)", minimum=1, maximum=1 << 26))
+    prefetch_batches: int = field(default=4, metadata=knob(
+        "batches a background thread prepares ahead of the training loop", minimum=1, maximum=1024))
+    eval_data: str | None = field(default=None, metadata=knob(
+        "Parquet data to evaluate on (AUC, logloss, normalized entropy over every rank's samples) every "
+        "--eval-every iterations and at the end; none: no evaluation", metavar="PATH", path=True))
+    eval_every: int = field(default=0, metadata=knob(
+        "evaluate every N iterations (and at the end); 0: at the end only", minimum=0))
+    eval_batches: int = field(default=0, metadata=knob(
+        "batches per rank an evaluation reads; 0: all of --eval-data", minimum=0))
+    seed: int = field(default=0, metadata=knob(
+        "random seed of the model, the data's order (shuffling) and synthetic data"))
     dense_in_features: int = field(default=13, metadata=knob(
         "dense features per sample", minimum=1, maximum=1 << 16))
     dense_arch_layer_sizes: tuple[int, ...] = field(default=(64, 32), metadata=knob(
@@ -122,8 +111,6 @@ class TrainConfig:
         "start from the newest checkpoint of a training with another plan (its output directory): "
         "tables are matched by name, a resized table keeps its old rows, added ones are initialized; "
         "none: start fresh", metavar="DIR", path=True))
-    reading: ReadSettings = field(default_factory=ReadSettings)
-    evaluation: EvalSettings = field(default_factory=EvalSettings)
 
     @property
     def model_target(self) -> str | None:
@@ -145,10 +132,10 @@ class TrainConfig:
         if self.model_target is not None and self.data:
             out.append(Problem("--data", f"feeds shardflow's own model; the model factory {self.model_target} "
                                          "gives its own batches"))
-        if self.model_target is not None and self.evaluation.eval_data:
+        if self.model_target is not None and self.eval_data:
             out.append(Problem("--eval-data", f"evaluates shardflow's own model; the model factory "
                                               f"{self.model_target} has its own outputs"))
-        if self.evaluation.eval_every and not self.evaluation.eval_data:
+        if self.eval_every and not self.eval_data:
             out.append(Problem("--eval-every", "needs --eval-data, the data to evaluate on"))
         if self.warmup >= self.iterations:
             out.append(Problem("--warmup", f"{self.warmup} leaves no measured iteration of "

@@ -53,7 +53,7 @@ def evaluate_checkpoint(plan: Plan, config: TrainConfig, step: Path, out_dir: st
     result = evaluator.run(dmp, number)
     if rank == 0 and result is not None:
         record = {"plan_id": plan.plan_id, "checkpoint": str(step), "step": number, "world_size": world,
-                  "batch_size": batch_size, "data": config.evaluation.eval_data,
+                  "batch_size": batch_size, "data": config.eval_data,
                   "eval": {k: v for k, v in result.to_dict().items() if k != "iteration"}}
         write_whole(Path(out_dir) / EVAL_METRICS_FILE, json.dumps(record, indent=2) + "\n")
 

@@ -100,8 +100,7 @@ class Feed:
 
 
 def reading(config: TrainConfig) -> Reading:
-    r = config.reading
-    return Reading(seed=config.seed, shuffle=r.shuffle, window=r.shuffle_window, ids=r.ids)
+    return Reading(seed=config.seed, shuffle=config.shuffle, window=config.shuffle_window, ids=config.ids)
 
 
 def write_position(step_dir: Path, record: dict[str, Any]) -> None:

@@ -70,7 +70,7 @@ def train(plan: Plan, config: TrainConfig, out_dir: str, output: RankOutput,
     begin = start(plan, config, out_dir, dmp, optimizer, output, plan_path, feed)
     if checkpoints and not config.model_target and rank == 0:
         record_model(checkpoints, spec, config)
-    batches = feed.batches(rank, world, device, config.reading.prefetch_batches)
+    batches = feed.batches(rank, world, device, config.prefetch_batches)
     try:
         done = train_iterations(dmp, optimizer, device, feed, batches, config, begin, checkpoints, out_dir,
                                 output, evaluator)
@@ -97,16 +97,15 @@ def model_and_feed(plan: Plan, spec: Spec, config: TrainConfig, device: torch.de
 
 
 def evaluator_of(config: TrainConfig, feed: Feed, batch_size: int, device: torch.device) -> Evaluator | None:
-    evaluation = config.evaluation
-    if not evaluation.eval_data:
+    if not config.eval_data:
         return None
     from rec.data.files import open_data
     from rec.data.parquet import ParquetSource
 
-    files = open_data(evaluation.eval_data, "--eval-data")
-    source = ParquetSource.open(files, feed.layout, shuffle=False, window=config.reading.shuffle_window,
-                                policy=config.reading.ids, what="--eval-data")
-    return Evaluator(source, feed.layout, feed.one_module, batch_size, evaluation.eval_batches, device)
+    files = open_data(config.eval_data, "--eval-data")
+    source = ParquetSource.open(files, feed.layout, shuffle=False, window=config.shuffle_window,
+                                policy=config.ids, what="--eval-data")
+    return Evaluator(source, feed.layout, feed.one_module, batch_size, config.eval_batches, device)
 
 
 def shard_with_plan(model: torch.nn.Module, plan: Plan, config: TrainConfig, device: torch.device
@@ -164,8 +163,8 @@ def _data_read(config: TrainConfig, feed: Feed) -> DataRead | None:
         per_epoch = source.order.total // end.world_size
         epochs = end.epoch + (end.rows / per_epoch if per_epoch and not end.splits else 0.0)
         return DataRead(source.files.source, source.order.total, len(source.files.paths), round(epochs, 6),
-                        config.reading.ids.value, config.reading.shuffle, config.seed)
-    return DataRead("synthetic", 0, 0, 0.0, config.reading.ids.value, False, config.seed)
+                        config.ids.value, config.shuffle, config.seed)
+    return DataRead("synthetic", 0, 0, 0.0, config.ids.value, False, config.seed)
 
 
 def user_code(config: TrainConfig) -> AbstractContextManager[None]:

@@ -57,7 +57,7 @@ def train_iterations(dmp: DistributedModelParallel, optimizer: CombinedOptimizer
     waits: list[float] = []
     losses: list[torch.Tensor] = []
     evaluations: list[Evaluation] = []
-    every = config.evaluation.eval_every
+    every = config.eval_every
 
     def so_far() -> Iterations | None:
         mine = _reduced(start.iteration, latencies, waits, losses, config.warmup)

@@ -42,7 +42,7 @@ class ModelSettings:
         config = TrainConfig(model=self.kind.value, dense_in_features=self.dense_in_features,
                              dense_arch_layer_sizes=self.dense_arch_layer_sizes,
                              over_arch_layer_sizes=self.over_arch_layer_sizes)
-        return replace(config, reading=replace(config.reading, ids=self.ids))
+        return replace(config, ids=self.ids)
 
     @property
     def layout(self) -> DataLayout:
@@ -51,7 +51,7 @@ class ModelSettings:
 
 def model_settings(spec: Spec, config: TrainConfig) -> ModelSettings:
     return ModelSettings(resolve_model_kind(spec, config.model_kind), config.dense_in_features,
-                         config.dense_arch_layer_sizes, config.over_arch_layer_sizes, config.reading.ids, spec)
+                         config.dense_arch_layer_sizes, config.over_arch_layer_sizes, config.ids, spec)
 
 
 def settings_to_dict(settings: ModelSettings, **extra: Any) -> dict[str, Any]:

@@ -98,7 +98,8 @@ def test_compare_fits_its_table_to_the_terminal_most_telling_columns_first():
              "topology": "h100_2x8", "profile": "default", "tables": "500", "world": "16", "pred_ms": "12.35",
              "lower_ms": "12.30", "gap": "0.407%", "spec_hash": "fedcba9876543210", "backend": "local",
              "previous": "-", "moved": "-", "run": "measure", "started": "2025-01-02 03:04", "batch": "512",
-             "iters": "2000", "p50_ms": "15.02", "p90_ms": "16.10", "p50/pred": "1.22x", "samples_s": "545,300"}
+             "iters": "2000", "p50_ms": "15.02", "p90_ms": "16.10", "p50/pred": "1.22x", "samples_s": "545,300",
+             "auc": "0.7887", "ne": "0.8114"}
     rows = [tuple(cells[name] for name in HEADER)] * 2
     narrow = render_rows(rows, 80)
     lines = narrow.splitlines()

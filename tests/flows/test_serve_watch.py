@@ -112,6 +112,7 @@ def test_every_path_parameter_and_path_setting_of_the_flows_is_resolved():
     import dataclasses
 
     from flows.deployments import absolute_paths, flow_parameters
+    from flows.parameters import DEPRECATED_TRAINING
     from flows.pipeline import pipeline_flow
     from flows.plan import plan_flow
     from flows.replan import replan_flow
@@ -126,10 +127,12 @@ def test_every_path_parameter_and_path_setting_of_the_flows_is_resolved():
     job = {f.name: f.name for f in dataclasses.fields(TrainConfig) if is_path(f)}
     assert {"data", "checkpoint_dir", "resume_from"} <= set(job)
     absolute = {name: str(base / name) for name in job}
+    flat = {name: name for name in job if name in DEPRECATED_TRAINING}  # the first flows' flat parameters
     for flow in (pipeline_flow, train_flow):
-        given = {"training": {"job": {**job, "model": "m"}, "nnodes": 2}, **job, "experiment": "e"}
+        given = {"training": {"job": {**job, "model": "m"}, "nnodes": 2}, **flat, "experiment": "e"}
         assert absolute_paths(flow, given, base) == {
-            "training": {"job": {**absolute, "model": "m"}, "nnodes": 2}, **absolute, "experiment": "e"}
+            "training": {"job": {**absolute, "model": "m"}, "nnodes": 2},
+            **{name: absolute[name] for name in flat}, "experiment": "e"}
 
 
 def test_a_configured_server_that_does_not_answer_is_named_before_serving(capsys):

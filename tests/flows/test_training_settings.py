@@ -26,6 +26,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # SQLAlch
 
 FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
 SAMPLES: dict[str, Any] = {"model": ModelKind.CONCAT.value}  # a text the job's own checks accept
+WITH: dict[str, dict[str, Any]] = {"eval_every": {"eval_data": "some/where"}}  # what a setting needs beside it
 FLOWS = {"pipeline": "flows.pipeline.pipeline_flow", "train": "flows.train.train_flow"}
 
 
@@ -114,7 +115,7 @@ def test_a_deployment_sets_every_training_setting_by_its_name_and_the_job_gets_i
 def test_the_cli_builds_the_training_settings_once_and_the_pipeline_takes_them_whole(name, monkeypatch):
     from flows.parameters import DEPRECATED_TRAINING
 
-    training = TrainSettings(job=dataclasses.replace(TrainConfig(), **{name: other_value(name)}))
+    training = TrainSettings(job=dataclasses.replace(TrainConfig(), **{name: other_value(name)}, **WITH.get(name, {})))
     handed = run_handing_over(monkeypatch, to_flags(training.job))
     assert handed["training"] == training
     assert not set(handed) & set(DEPRECATED_TRAINING)  # no setting goes by a second name

@@ -15,7 +15,7 @@ import pytest
 from rec.planning import plan_spec
 from rec.spec import spec_from_rows
 from rec.topology import topology_from_dict
-from rec.train.config import EvalSettings, PipelineKind, ReadSettings, TrainConfig
+from rec.train.config import PipelineKind, TrainConfig
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchrec")
@@ -84,8 +84,7 @@ def train(plan_path: str, out: str, config: TrainConfig):
 
 def config(data, **changes) -> TrainConfig:
     base = TrainConfig(iterations=40, warmup=2, data=str(data / "train.parquet"), dense_in_features=4,
-                       embedding_lr=0.1, dense_lr=0.05, reading=ReadSettings(shuffle_window=256),
-                       evaluation=EvalSettings(eval_data=str(data / "eval.parquet")))
+                       embedding_lr=0.1, dense_lr=0.05, shuffle_window=256, eval_data=str(data / "eval.parquet"))
     return replace(base, **changes)
 
 
@@ -108,7 +107,7 @@ def test_evaluating_during_training_changes_nothing_trained(single_process_group
                                                             pipeline):
     quiet, quiet_losses, _ = train(plan_path, str(tmp_path / "a"), config(data, pipeline=pipeline))
     often, often_losses, _ = train(plan_path, str(tmp_path / "b"), config(
-        data, pipeline=pipeline, evaluation=EvalSettings(eval_data=str(data / "eval.parquet"), eval_every=15)))
+        data, pipeline=pipeline, eval_every=15))
     assert np.array_equal(often_losses, quiet_losses)
     assert [e["iteration"] for e in often.evaluations] == [15, 30, 40]
     assert often.eval == {k: v for k, v in often.evaluations[-1].items() if k != "iteration"}

@@ -87,15 +87,19 @@ def from_arrow(table: pa.Table, layout: DataLayout, policy: IdsPolicy, locate: L
                 row = int(np.searchsorted(offsets[c], first, side="right")) - 1
                 problems.append(Problem(
                     f"{what} column {slot.column!r}",
-                    f"{int(bad.sum()):,} ids in {len(table):,} rows read are outside [0, {slot.rows:,}) "
-                    f"({_tables(slot.tables)}), first {int(v[first])} at {locate(row)}; map them into range "
-                    "with --ids modulo or --ids hash"))
+                    f"{_count(int(bad.sum()), 'id')} outside [0, {slot.rows:,}) ({_tables(slot.tables)}) in "
+                    f"{len(table):,} rows read, first {int(v[first])} at {locate(row)}; map ids into range with "
+                    "--ids modulo or --ids hash"))
             ids.append(v)
         else:
             ids.append(map_ids(v, slot.rows, policy))
     if problems:
         raise InputError(BAD_DATA, problems)
     return Columns(labels, dense, tuple(lengths[c] for c in at), tuple(offsets[c] for c in at), tuple(ids))
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n:,} {what}{'' if n == 1 else 's'}"
 
 
 def _tables(names: tuple[str, ...]) -> str:
@@ -121,14 +125,14 @@ def _labels(column: pa.ChunkedArray, locate: Locate, what: str, problems: list[P
         return np.zeros(len(array), np.float32)
     if array.null_count:
         nulls = np.asarray(array.is_null())
-        problems.append(Problem(where, f"{array.null_count:,} null labels in {len(array):,} rows read, "
+        problems.append(Problem(where, f"{_count(array.null_count, 'null label')} in {len(array):,} rows read, "
                                        f"first at {locate(_first(nulls))}"))
         return np.zeros(len(array), np.float32)
     values: np.ndarray = array.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
     bad = (values != 0) & (values != 1)
     if bad.any():
         first = _first(bad)
-        problems.append(Problem(where, f"{int(bad.sum()):,} labels in {len(values):,} rows read are not 0 or 1, "
+        problems.append(Problem(where, f"{_count(int(bad.sum()), 'label')} not 0 or 1 in {len(values):,} rows read, "
                                        f"first {values[first]:g} at {locate(first)}"))
     return values
 
@@ -147,7 +151,7 @@ def _dense(column: pa.ChunkedArray, width: int, locate: Locate, what: str, probl
                                        f"(list<float> or fixed_size_list<float, {width}>)"))
         return empty
     if array.null_count:
-        problems.append(Problem(where, f"{array.null_count:,} null rows in {len(array):,} rows read, first at "
+        problems.append(Problem(where, f"{_count(array.null_count, 'null row')} in {len(array):,} rows read, first at "
                                        f"{locate(_first(np.asarray(array.is_null())))}"))
         return empty
     lengths = pc.list_value_length(array).to_numpy(zero_copy_only=False)
@@ -161,7 +165,7 @@ def _dense(column: pa.ChunkedArray, width: int, locate: Locate, what: str, probl
     values = pc.list_flatten(array)
     if values.null_count:
         row = int(np.searchsorted(np.arange(len(array)) * width, _first(np.asarray(values.is_null())), "right")) - 1
-        problems.append(Problem(where, f"{values.null_count:,} null values in {len(array):,} rows read, "
+        problems.append(Problem(where, f"{_count(values.null_count, 'null value')} in {len(array):,} rows read, "
                                        f"first at {locate(row)}"))
         return empty
     flat: np.ndarray = values.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
@@ -192,7 +196,8 @@ def read_ids(column: pa.ChunkedArray, name: str, locate: Locate, what: str, prob
     if values.null_count:
         first = _first(np.asarray(values.is_null()))
         row = int(np.searchsorted(offsets, first, side="right")) - 1
-        problems.append(Problem(where, f"{values.null_count:,} null ids in {n:,} rows read, first at {locate(row)}"))
+        problems.append(Problem(where, f"{_count(values.null_count, 'null id')} in {n:,} rows read, "
+                                       f"first at {locate(row)}"))
         return nothing
     ids = values.to_numpy(zero_copy_only=False)
     if ids.dtype != np.int64:

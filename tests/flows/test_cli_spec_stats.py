@@ -87,7 +87,7 @@ def test_null_ids_exit_2_naming_the_column_and_row(tmp_path, capsys):
     nulls = pa.array([[1, None]] + [[1]] * 299, pa.list_(pa.int64()))
     data, spec = _data(tmp_path, {"user": nulls})
     assert main(["spec", "stats", str(data), "--spec", str(spec), "--out", str(tmp_path / "o.yaml")]) == 2
-    assert "column 'user': 1 null ids" in capsys.readouterr().err
+    assert "column 'user': 1 null id" in capsys.readouterr().err
     assert not (tmp_path / "o.yaml").exists()
 
 

@@ -117,8 +117,8 @@ def test_every_kind_of_bad_value_is_named_with_its_column_count_and_first_row(tm
     assert problems["--data column 'label'"].startswith("5 null labels in 40 rows read, first at row 10 of ")
     assert "1 of 40 rows read do not hold 3 values" in problems["--data column 'dense'"]
     assert "first 5000 at row 39 of" in problems["--data column 'row'"]
-    assert "1 null ids" in problems["--data column 'b1'"]
-    assert problems["--data column 'b2'"].startswith("40 ids in 40 rows read are outside [0, 50)")
+    assert "1 null id in 40 rows read" in problems["--data column 'b1'"]
+    assert problems["--data column 'b2'"].startswith("40 ids outside [0, 50) (the rows of table b) in 40 rows read")
     # mapped instead, the ids are no problem
     mapped = data_problems(str(tmp_path / "bad.parquet"), LAYOUT, IdsPolicy.MODULO)
     assert {p.where for p in mapped} == {"--data column 'label'", "--data column 'dense'", "--data column 'b1'"}

@@ -1,0 +1,126 @@
+"""Training on your data with real torchrun ranks (gloo, 2 processes): a planted-signal dataset in
+several files, evaluated over both ranks' samples; the checkpoint evaluated again by ``shardflow
+eval``, exported and predicted in one process with the same AUC and logloss; bad data named before
+launch, and bad data the sample missed stopping the ranks as bad input (exit 2, never retried)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import replace
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from examples import make_ctr_data as ctr
+from rec.evaluation.auc import auc
+from rec.evaluation.logloss import logloss
+from tests.flows.cli_in_process import shardflow_here
+from tests.paths import CPU_2PROC, ROOT, SHARDFLOW
+
+SETTINGS = replace(ctr.CtrSettings(), tables=4, rows=2_000, dim=8, dense_in_features=4, train_rows=24_000,
+                   eval_rows=6_000, files=3, rows_per_group=2_000)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ctr")
+    truth = ctr.generate(SETTINGS, root)
+    plan = root / "plan"
+    r = subprocess.run([str(SHARDFLOW), "plan", str(root / "spec.yaml"), "--topology", str(CPU_2PROC),
+                        "--out", str(plan)], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return root, truth
+
+
+def train(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(SHARDFLOW), "train", "--no-track", *args], capture_output=True, text=True,
+                          cwd=ROOT, env=dict(os.environ), timeout=600)
+
+
+@pytest.fixture(scope="module")
+def trained(dataset, tmp_path_factory):
+    root, _ = dataset
+    out = tmp_path_factory.mktemp("run")
+    r = train("--plan", str(root / "plan"), "--out", str(out), "--data", str(root / "train"),
+              "--eval-data", str(root / "eval.parquet"), "--eval-every", "40", "--iterations", "120",
+              "--warmup", "5", "--batch-size", "256", "--dense-in-features", "4", "--checkpoint-every", "120")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return out, r.stdout
+
+
+@pytest.mark.slow
+def test_two_ranks_train_on_files_evaluate_every_sample_and_learn_the_planted_signal(dataset, trained):
+    root, truth = dataset
+    out, summary = trained
+    m = json.loads((out / "train_metrics.json").read_text())
+    assert [e["iteration"] for e in m["evaluations"]] == [40, 80, 120]
+    assert m["eval"]["samples"] == SETTINGS.eval_rows  # every row of the eval data, from both ranks
+    assert m["eval"]["auc"] > 0.9 * truth.bayes_auc_empirical
+    assert m["data"] == {"source": str(root / "train"), "rows": SETTINGS.train_rows, "files": 3,
+                         "epochs": pytest.approx(120 * 256 / (SETTINGS.train_rows // 2)), "ids": "error",
+                         "shuffle": True, "seed": 0}
+    waits = pq.read_table(out / "iterations.parquet").column("data_wait_ms").to_numpy()
+    assert len(waits) == 120 and (waits >= 0).all()
+    assert "eval      auc " in summary and f"on {SETTINGS.eval_rows:,} held-out samples" in summary
+    assert f"data      {root / 'train'} ({SETTINGS.train_rows:,} rows in 3 files)" in summary
+
+
+@pytest.mark.slow
+def test_the_checkpoint_evaluated_exported_and_predicted_gives_the_runs_numbers(dataset, trained, tmp_path, capfd):
+    root, _ = dataset
+    out, _ = trained
+    final = json.loads((out / "train_metrics.json").read_text())["eval"]
+    r = subprocess.run([str(SHARDFLOW), "eval", "--checkpoint", str(out), "--data", str(root / "eval.parquet"),
+                        "--out", str(tmp_path / "eval"), "--batch-size", "256"], capture_output=True, text=True,
+                       cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    again = json.loads((tmp_path / "eval" / "eval_metrics.json").read_text())
+    assert again["step"] == 120 and again["eval"] == pytest.approx(final)
+    assert shardflow_here(capfd, "export", "--checkpoint", str(out / "checkpoints"),
+                          "--out", str(tmp_path / "model")).returncode == 0
+    assert {p.name for p in (tmp_path / "model").iterdir()} == {"model.safetensors", "model.json"}
+    done = shardflow_here(capfd, "predict", "--model", str(tmp_path / "model"), "--data", str(root / "eval.parquet"),
+                          "--out", str(tmp_path / "p.parquet"))
+    assert done.returncode == 0, done.stderr
+    p = pq.read_table(tmp_path / "p.parquet").column("prediction").to_numpy().astype(np.float64)
+    labels = pq.read_table(root / "eval.parquet").column("label").to_numpy()
+    assert len(p) == SETTINGS.eval_rows
+    assert auc(p, labels) == pytest.approx(final["auc"], abs=1e-6)  # the same model, one row per input row in order
+    assert logloss(np.log(p) - np.log1p(-p), labels) == pytest.approx(final["logloss"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_bad_values_the_sample_missed_stop_the_ranks_as_bad_input(dataset, tmp_path):
+    root, _ = dataset
+    rows = pa.concat_tables([pq.read_table(root / "train"), pq.read_table(root / "eval.parquet")])  # 30,000 rows
+    ids = rows.column("cat_2").to_pylist()
+    ids[25_000] = [SETTINGS.rows + 7]  # beyond the 20,000 rows the check before launch reads of this row group
+    column = rows.schema.get_field_index("cat_2")
+    pq.write_table(rows.set_column(column, "cat_2", pa.array(ids, pa.list_(pa.int64()))), tmp_path / "late.parquet",
+                   row_group_size=30_000)
+    r = train("--plan", str(root / "plan"), "--out", str(tmp_path / "out"), "--data", str(tmp_path / "late.parquet"),
+              "--iterations", "60", "--warmup", "1", "--batch-size", "256", "--dense-in-features", "4",
+              "--no-shuffle")
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "the training failed" in r.stderr  # in a rank, after the launch
+    assert "column 'cat_2'" in r.stderr and "first 2007 at row 25,000 of" in r.stderr and "--ids modulo" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_bad_data_is_named_column_by_column_before_launch(dataset, tmp_path, capfd):
+    root, _ = dataset
+    rows = pq.read_table(root / "eval.parquet")
+    bad = rows.set_column(0, "label", pa.array(["yes"] * rows.num_rows)).drop_columns(["cat_1"])
+    pq.write_table(bad, tmp_path / "bad.parquet")
+    r = shardflow_here(capfd, "train", "--no-track", "--plan", str(root / "plan"), "--out", str(tmp_path / "o"),
+                       "--data", str(tmp_path / "bad.parquet"), "--eval-data", str(root / "eval.parquet"),
+                       "--dense-in-features", "5")
+    assert r.returncode == 2
+    assert "--data: has no column 'cat_1'" in r.stderr
+    assert "--data column 'label': is string" in r.stderr
+    assert "--eval-data column 'dense': holds 4 values per row; --dense-in-features is 5" in r.stderr
+    assert not (tmp_path / "o" / "logs").exists()  # nothing launched

@@ -4,7 +4,8 @@
 
 From a plain checkout: nothing installed but torch, torchrec and fbgemm-gpu (and numpy, scipy,
 pyarrow, pyyaml, highspy); Prefect, Ray and MLflow may be absent (tracking is off). The sections
-(docs/gpu.md): ``train`` (a GPU-sized DLRM, both pipelines), ``resume``, ``measure``, ``calibrate``
+(docs/gpu.md): ``train`` (a GPU-sized DLRM, both pipelines), ``data`` (the DLRM fed from Parquet
+against synthetic batches), ``resume``, ``measure``, ``calibrate``
 (the full calibration), ``calibration`` (predicted against measured on GPU-sized workloads),
 ``vs_torchrec`` (TorchRec's planners' plans against shardflow's, measured). Each gets a share of
 ``--minutes``; one that cannot fit is skipped with the reason. Writes DIR/gpu_check.json,
@@ -32,7 +33,7 @@ from rec.exit_codes import ExitCode
 from rec.sharding import ComputeDevice
 
 SECTIONS: dict[str, Callable[[Context], tuple[dict, str]]] = {
-    "train": sections.train, "resume": sections.resume, "measure": sections.measure,
+    "train": sections.train, "data": sections.data, "resume": sections.resume, "measure": sections.measure,
     "calibrate": sections.calibrate, "calibration": compare.calibration, "vs_torchrec": compare.vs_torchrec,
 }
 DEFAULT_MINUTES = {ComputeDevice.CUDA: 8.0, ComputeDevice.CPU: 6.0}

@@ -58,6 +58,53 @@ def train(ctx: Context) -> Result:
                      f"{faster.value} faster; auto picks {auto.value}")
 
 
+DATA_TARGET = 0.9  # samples/s from Parquet over synthetic batches, on cuda (issue 37)
+
+
+def data(ctx: Context) -> Result:
+    """The train section's DLRM fed from Parquet (``--data``: read, converted and prefetched while
+    it trains) against synthetic batches, alternating, same plan and settings: samples/s, and the
+    share of the iteration the ranks waited for data. On cuda, Parquet must keep ``DATA_TARGET``
+    of the synthetic rate."""
+    from bench.gpu_check.data import write_parquet
+
+    cuda = ctx.ranks.cuda
+    budget = ctx.share(0.25, 90 if cuda else 40)
+    workload = workloads.dlrm(ctx.ranks)
+    plan = ctx.train_plan or _plan(ctx, workload, budget / 4)
+    iterations, warmup, repeats = (300, 50, 2) if cuda else (40, 5, 1)
+    rows = min(workload.batch_size * ctx.ranks.world_size * 64, 4_000_000)
+    parquet = ctx.work / "data.parquet"
+    size = write_parquet(workload, rows, parquet)
+    runs: dict[str, list[dict[str, float]]] = {"synthetic": [], "parquet": []}
+    for repeat in range(repeats):
+        for source in runs:
+            out = ctx.work / f"data_{source}_{repeat}"
+            fed = ["--data", str(parquet)] if source == "parquet" else []
+            ctx.run(["train", "--plan", str(plan), "--out", str(out), "--iterations", str(iterations),
+                     "--warmup", str(warmup), "--no-track", *fed], max(30.0, ctx.left() * 0.2))
+            metrics = read_json(out / "train_metrics.json")
+            wait, latency = metrics.get("data_wait_ms") or {}, metrics["iteration_latency_ms"]
+            runs[source].append({"samples_per_s": metrics["samples_per_s"], "p50_ms": latency["p50"],
+                                 "wait_p50_ms": wait.get("p50", 0.0), "wait_mean_ms": wait.get("mean", 0.0),
+                                 "epochs": (metrics.get("data") or {}).get("epochs", 0.0)})
+    rate = {source: float(np.median([r["samples_per_s"] for r in done])) for source, done in runs.items()}
+    ratio = rate["parquet"] / rate["synthetic"]
+    waited = float(np.median([r["wait_mean_ms"] / r["p50_ms"] for r in runs["parquet"]]))
+    met = ratio >= DATA_TARGET
+    figures = {"workload": workload.name, "rows": rows, "parquet_bytes": size, "iterations": iterations,
+               "batch_size": workload.batch_size, "runs": runs, "samples_per_s": rate,
+               "parquet_over_synthetic": ratio, "wait_mean_over_p50": waited,
+               "target": {"name": "parquet_over_synthetic", "value": ratio, "bound": DATA_TARGET,
+                          "met": met, "enforced": cuda}}
+    summary = (f"{rate['parquet']:,.0f} samples/s from Parquet, {rate['synthetic']:,.0f} synthetic "
+               f"({ratio:.2f}x; target {DATA_TARGET:g}x{'' if cuda else ', reported only on cpu'}); waited for "
+               f"data {waited:.1%} of the iteration")
+    if cuda and not met:
+        raise SectionFailed(f"missed its target: {summary}")
+    return figures, summary
+
+
 def resume(ctx: Context) -> Result:
     """A training that checkpoints and stops, then one that resumes from its newest checkpoint (on
     cpu the train section's checkpointed run; on cuda a DLRM of 1 GB of tables, whose checkpoint is

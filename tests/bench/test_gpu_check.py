@@ -12,7 +12,7 @@ import pytest
 
 from tests.paths import ROOT
 
-SECTIONS = ("train", "resume", "measure", "calibrate", "calibration", "vs_torchrec")
+SECTIONS = ("train", "data", "resume", "measure", "calibrate", "calibration", "vs_torchrec")
 
 
 @pytest.mark.slow
@@ -37,6 +37,7 @@ def test_the_cpu_check_runs_every_section_without_prefect_ray_or_mlflow(tmp_path
         assert sections[name]["seconds"] > 0 and sections[name]["figures"]
     figures = {name: sections[name]["figures"] for name in SECTIONS}
     assert figures["train"]["faster"] in ("naive", "sparse_dist")
+    assert figures["data"]["samples_per_s"]["parquet"] > 0 and figures["data"]["runs"]["parquet"][0]["epochs"] > 0
     assert figures["resume"]["resumed_from"] > 0
     assert figures["measure"]["critical_path_measured"] > 0
     assert figures["calibrate"]["probes"] > 0 and figures["calibrate"]["overhead_per_probe_s"] > 0

@@ -1,0 +1,64 @@
+"""What a checkpoint keeps beside its weights, read back as any file shardflow did not just write:
+``model.json`` (the model's settings) and ``data_position.json`` (where the ranks were reading)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rec.data.ids import IdsPolicy
+from rec.errors import InputError
+from rec.spec import spec_from_rows
+from rec.train.config import ModelKind, TrainConfig
+from rec.train.model_file import read_model, record_model
+
+SPEC = spec_from_rows([dict(name="a", num_embeddings=100, embedding_dim=8, feature_names=["f", "g"]),
+                       dict(name="b", num_embeddings=7, embedding_dim=16)])
+
+
+def test_the_model_settings_read_back_as_written_and_build_the_same_model(tmp_path):
+    config = TrainConfig(model="auto", dense_in_features=5, dense_arch_layer_sizes=(8, 4), ids=IdsPolicy.HASH)
+    record_model(tmp_path, SPEC, config)
+    settings, record = read_model(tmp_path)
+    assert settings.kind is ModelKind.CONCAT  # auto resolved: two dims
+    assert settings.spec == SPEC and settings.ids is IdsPolicy.HASH and settings.dense_in_features == 5
+    assert [f["column"] for f in record["features"]] == ["f", "g", "b"]
+    built = settings.config()
+    assert (built.model, built.dense_arch_layer_sizes, built.ids) == ("concat", (8, 4), IdsPolicy.HASH)
+
+
+@pytest.mark.parametrize(("edit", "reason"), [
+    (lambda r: r.update(features=list(reversed(r["features"]))), "features: does not match the tables"),
+    (lambda r: r.update(model="auto"), "must be a resolved model kind"),
+    (lambda r: r.update(format="shardflow.model/v9"), "not a model shardflow wrote"),
+    (lambda r: r.update(dense_in_features=0), "dense_in_features"),
+    (lambda r: r.update(ids="truncate"), "ids"),
+    (lambda r: r.update(surprise=1), "surprise"),
+    (lambda r: r["tables"][0].update(embedding_dim=3), "embedding_dim"),
+])
+def test_an_edited_or_foreign_model_file_is_refused_naming_the_key(tmp_path, edit, reason):
+    record_model(tmp_path, SPEC, TrainConfig())
+    path = tmp_path / "model.json"
+    record = json.loads(path.read_text())
+    edit(record)
+    path.write_text(json.dumps(record))
+    with pytest.raises(InputError, match="Cannot read the model settings") as refused:
+        read_model(tmp_path)
+    assert reason in refused.value.render()
+
+
+def test_a_data_position_shardflow_did_not_write_is_refused(tmp_path):
+    pytest.importorskip("torch")
+    from rec.train.feed import POSITION_FILE, read_position
+
+    assert read_position(tmp_path) is None  # a checkpoint without one
+    (tmp_path / POSITION_FILE).write_text(json.dumps({"format": "shardflow.data_position/v1", "epoch": -1,
+                                                      "rows": 3, "world_size": 2, "splits": [[2]]}))
+    with pytest.raises(InputError) as refused:
+        read_position(tmp_path)
+    text = refused.value.render()
+    assert "epoch" in text and "splits" in text
+    (tmp_path / POSITION_FILE).write_text("not json")
+    with pytest.raises(InputError, match="unreadable"):
+        read_position(tmp_path)

@@ -1,13 +1,13 @@
 """Training data from Parquet: each rank reads its share of the row groups (``rec.data.order``),
 only the columns the model needs, one window at a time, and converts it to ``Columns`` at once.
 
-Memory per rank is bounded by a window (``--shuffle-window`` rows) and one row group, whatever the
-size of the dataset; only the files' footers are read up front.
+``threads`` readers read consecutive windows at once (``rec.data.parallel``), the results in order.
+Memory per rank is bounded by a few windows (``--shuffle-window`` rows each) and row groups per
+reader, whatever the size of the dataset; only the files' footers are read up front.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -19,13 +19,12 @@ from rec.data.files import DataFiles
 from rec.data.ids import IdsPolicy
 from rec.data.layout import DataLayout
 from rec.data.order import Piece, Position, ReadOrder, skip
+from rec.data.parallel import ordered_map
+from rec.data.row_groups import RowGroups
 from rec.data.source import Reading, SourceKind
 
 if TYPE_CHECKING:
     import pyarrow as pa
-
-OPEN_FILES = 8  # Parquet files kept open by a reader
-
 
 @dataclass
 class ParquetSource:
@@ -36,10 +35,11 @@ class ParquetSource:
     order: ReadOrder
     policy: IdsPolicy = IdsPolicy.ERROR
     what: str = "--data"
-    _open: OrderedDict[int, Any] = field(default_factory=OrderedDict, repr=False)
-    _cached: tuple[tuple[int, int], pa.Table] | None = field(default=None, repr=False)
+    threads: int = 1  # readers, each a window at a time
+    _groups: RowGroups = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self._groups = RowGroups(self.files, self.layout.columns, keep=2 * self.threads + 2)
         rows = np.array([g.rows for g in self.files.row_groups], np.int64)
         first_in_file = np.zeros(len(rows), np.int64)
         for i in range(1, len(rows)):
@@ -49,7 +49,8 @@ class ParquetSource:
 
     @classmethod
     def open(cls, files: DataFiles, layout: DataLayout, *, seed: int = 0, shuffle: bool = True,
-             window: int = 1 << 16, policy: IdsPolicy = IdsPolicy.ERROR, what: str = "--data") -> ParquetSource:
+             window: int = 1 << 16, policy: IdsPolicy = IdsPolicy.ERROR, what: str = "--data",
+             threads: int = 1) -> ParquetSource:
         """The source of ``files`` for ``layout``; InputError naming every missing column and column
         of the wrong type (``rec.data.schema``)."""
         from rec.data.schema import schema_problems
@@ -59,7 +60,7 @@ class ParquetSource:
         if problems:
             raise InputError(f"Cannot read the data {files.source}:", problems)
         order = ReadOrder(np.array([g.rows for g in files.row_groups], np.int64), seed, shuffle, window)
-        return cls(files, layout, order, policy, what)
+        return cls(files, layout, order, policy, what, max(1, threads))
 
     @property
     def description(self) -> str:
@@ -71,10 +72,16 @@ class ParquetSource:
 
     def chunks(self, position: Position, rank: int) -> Iterator[Columns]:
         """Rank ``rank``'s rows from ``position`` on, epoch after epoch, in chunks of at most a window."""
+        return ordered_map(self._window, self._windows(position, rank), self.threads)
+
+    def _windows(self, position: Position, rank: int) -> Iterator[tuple[int, int, Piece, int]]:
+        """What ``chunks`` reads, window by window: (epoch, base world size, piece, window)."""
+        window = self.order.window
         while True:
             base = position.splits[0][0] if position.splits else position.world_size
             for piece in skip(self.order.pieces(position, rank), position.rows):
-                yield from self._piece(position.epoch, base, piece)
+                for k in range(piece.start // window, (piece.stop - 1) // window + 1):
+                    yield position.epoch, base, piece, k
             position = Position(position.world_size, position.epoch + 1)
 
     def batches(self, position: Position, rank: int, batch_size: int) -> Iterator[Columns]:
@@ -90,26 +97,29 @@ class ParquetSource:
         total = self.order.total
         start, stop = rank * total // world_size, (rank + 1) * total // world_size
         step = self.order.window
-        for a in range(start, stop, step):
-            b = min(a + step, stop)
-            table, locate = self._positions(0, a, b, unshuffled=True)
-            yield from_arrow(table, self.layout, self.policy, locate, self.what)
 
-    def _piece(self, epoch: int, base_world: int, piece: Piece) -> Iterator[Columns]:
+        def read(a: int) -> Columns:
+            table, locate = self._positions(0, a, min(a + step, stop), unshuffled=True)
+            return from_arrow(table, self.layout, self.policy, locate, self.what)
+
+        return ordered_map(read, range(start, stop, step), self.threads)
+
+    def _window(self, task: tuple[int, int, Piece, int]) -> Columns:
+        """Window ``k`` of ``piece``: the rows of it the piece holds, in reading order, converted."""
+        epoch, base_world, piece, k = task
         window = self.order.window
-        for k in range(piece.start // window, (piece.stop - 1) // window + 1):
-            first, offsets = self.order.window_positions(epoch, base_world, piece.rank, k)
-            lo, hi = max(piece.start - k * window, 0), min(piece.stop - k * window, len(offsets))
-            table, locate = self._positions(epoch, first, first + len(offsets))
-            if self.order.shuffle:
-                import pyarrow as pa
+        first, offsets = self.order.window_positions(epoch, base_world, piece.rank, k)
+        lo, hi = max(piece.start - k * window, 0), min(piece.stop - k * window, len(offsets))
+        table, locate = self._positions(epoch, first, first + len(offsets))
+        if self.order.shuffle:
+            import pyarrow as pa
 
-                rows = offsets[lo:hi]
-                table = table.take(pa.array(rows))
-            else:
-                rows = np.arange(lo, hi)
-                table = table.slice(lo, hi - lo)
-            yield from_arrow(table, self.layout, self.policy, _at(locate, rows), self.what)
+            rows = offsets[lo:hi]
+            table = table.take(pa.array(rows))
+        else:
+            rows = np.arange(lo, hi)
+            table = table.slice(lo, hi - lo)
+        return from_arrow(table, self.layout, self.policy, _at(locate, rows), self.what)
 
     def _positions(self, epoch: int, start: int, stop: int, unshuffled: bool = False) -> tuple[pa.Table, Any]:
         """The rows at positions ``[start, stop)`` of ``epoch``'s order, and how to name each."""
@@ -123,7 +133,7 @@ class ParquetSource:
         g = first
         while g < len(order) and starts[g] < stop:
             lo, hi = max(start - starts[g], 0), min(stop - starts[g], sizes[g])
-            parts.append(self._row_group(int(order[g])).slice(int(lo), int(hi - lo)))
+            parts.append(self._groups.get(int(order[g])).slice(int(lo), int(hi - lo)))
             owners.append((int(order[g]), int(lo), int(starts[g] + lo - start)))
             g += 1
         table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
@@ -136,19 +146,6 @@ class ParquetSource:
             return self.files.where(rg.file, int(self._first_in_file[group]) + lo + row - at)
 
         return table, locate
-
-    def _row_group(self, group: int) -> pa.Table:
-        rg = self.files.row_groups[group]
-        key = (rg.file, rg.index)
-        if self._cached is not None and self._cached[0] == key:
-            return self._cached[1]
-        handle = self._open.pop(rg.file, None) or self.files.parquet_file(rg.file)
-        self._open[rg.file] = handle
-        while len(self._open) > OPEN_FILES:
-            self._open.popitem(last=False)
-        table = handle.read_row_group(rg.index, columns=list(self.layout.columns))
-        self._cached = (key, table)
-        return table
 
 
 def _at(locate: Any, rows: np.ndarray) -> Any:
@@ -181,7 +178,7 @@ def _open(path: str, layout: DataLayout, reading: Reading, what: str) -> Parquet
     from rec.data.files import open_data
 
     return ParquetSource.open(open_data(path, what), layout, seed=reading.seed, shuffle=reading.shuffle,
-                              window=reading.window, policy=reading.ids, what=what)
+                              window=reading.window, policy=reading.ids, what=what, threads=reading.threads)
 
 
 KIND = SourceKind("parquet", reads=lambda path: True, open=_open)

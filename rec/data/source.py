@@ -44,6 +44,7 @@ class Reading:
     shuffle: bool = True
     window: int = 1 << 16
     ids: IdsPolicy = IdsPolicy.ERROR
+    threads: int = 1  # readers, each a window at a time
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,18 @@ def _parquet() -> SourceKind:
 
 
 SOURCES: tuple[Callable[[], SourceKind], ...] = (_parquet,)
+MAX_AUTO_THREADS = 4  # readers per rank chosen for the user: beyond, ranks' other threads starve
+
+
+def reader_threads(requested: int | None, ranks_here: int) -> int:
+    """The threads a rank reads with: ``requested``, or the cores this process may use per rank on
+    this machine, at most ``MAX_AUTO_THREADS``."""
+    if requested is not None:
+        return requested
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(MAX_AUTO_THREADS, cores // max(1, ranks_here)))
 
 
 def open_source(data: str | None, spec: Spec, layout: DataLayout, reading: Reading, *,

@@ -78,6 +78,9 @@ class TrainConfig:
         "rows a rank shuffles together (and reads at once: its memory for data)", minimum=1, maximum=1 << 26))
     prefetch_batches: int = field(default=4, metadata=knob(
         "batches a background thread prepares ahead of the training loop", minimum=1, maximum=1024))
+    read_threads: int | None = field(default=None, metadata=knob(
+        "threads each rank reads and converts its data with, a window each; none: the cores of this "
+        "machine per rank on it, at most 4", minimum=1, maximum=64))
     eval_data: str | None = field(default=None, metadata=knob(
         "Parquet data to evaluate on (AUC, logloss, normalized entropy over every rank's samples) every "
         "--eval-every iterations and at the end; none: no evaluation", metavar="PATH", path=True))

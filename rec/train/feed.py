@@ -100,7 +100,13 @@ class Feed:
 
 
 def reading(config: TrainConfig) -> Reading:
-    return Reading(seed=config.seed, shuffle=config.shuffle, window=config.shuffle_window, ids=config.ids)
+    import os
+
+    from rec.data.source import reader_threads
+
+    threads = reader_threads(config.read_threads, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    return Reading(seed=config.seed, shuffle=config.shuffle, window=config.shuffle_window, ids=config.ids,
+                   threads=threads)
 
 
 def write_position(step_dir: Path, record: dict[str, Any]) -> None:

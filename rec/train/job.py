@@ -37,7 +37,7 @@ from rec.torchrec_internals import optimizer_classes
 from rec.train.applied import applied_sharding
 from rec.train.config import TrainConfig, resolve_model_kind
 from rec.train.evaluate import Evaluator
-from rec.train.feed import Feed
+from rec.train.feed import Feed, reading
 from rec.train.lifetime import exit_skipping_finalization
 from rec.train.loop import Trained, train_iterations
 from rec.train.metrics import DataRead, TrainMetrics, latency_stats, loss_stats, write_metrics
@@ -104,7 +104,7 @@ def evaluator_of(config: TrainConfig, feed: Feed, batch_size: int, device: torch
 
     files = open_data(config.eval_data, "--eval-data")
     source = ParquetSource.open(files, feed.layout, shuffle=False, window=config.shuffle_window,
-                                policy=config.ids, what="--eval-data")
+                                policy=config.ids, what="--eval-data", threads=reading(config).threads)
     return Evaluator(source, feed.layout, feed.one_module, batch_size, config.eval_batches, device)
 
 

@@ -102,6 +102,16 @@ def test_a_batch_spans_the_end_of_an_epoch_and_the_next_epoch_reads_every_row_ag
     assert list(next(later).ids[0]) == list(rows[700:800])
 
 
+def test_several_reader_threads_read_the_same_rows_in_the_same_order(dataset):
+    files = open_data(str(dataset))
+    one, four = (ParquetSource.open(files, LAYOUT, seed=3, window=50, threads=t) for t in (1, 4))
+    start = one.advance(Position(2), 130)
+    for a, b in itertools.islice(zip(one.batches(start, 1, 77), four.batches(start, 1, 77), strict=True), 20):
+        assert np.array_equal(a.ids[0], b.ids[0]) and np.array_equal(a.dense, b.dense)  # across two epochs
+    shares = [np.concatenate([c.ids[0] for c in s.share(0, 1)]) for s in (one, four)]
+    assert np.array_equal(shares[0], shares[1]) and list(shares[0]) == list(range(1000))
+
+
 def test_every_kind_of_bad_value_is_named_with_its_column_count_and_first_row(tmp_path):
     n = 40
     bad = pa.table({

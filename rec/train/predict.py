@@ -16,6 +16,7 @@ import torch
 
 from rec.data.files import open_data
 from rec.data.parquet import ParquetSource, rebatch
+from rec.data.source import reader_threads
 from rec.disk_full import whole
 from rec.train.export import load_exported
 from rec.train.input import to_batch
@@ -40,7 +41,7 @@ def predict(model_dir: str | Path, data: str, out: str | Path, device: torch.dev
     model, settings = load_exported(model_dir, device)
     files = open_data(data, "--data")
     layout = replace(settings.layout, labelled=False)
-    source = ParquetSource.open(files, layout, shuffle=False, policy=settings.ids)
+    source = ParquetSource.open(files, layout, shuffle=False, policy=settings.ids, threads=reader_threads(None, 1))
     one_module = one_default_ebc(settings.spec)
     schema = pa.schema([(PREDICTION, pa.float32())])
     done = 0

@@ -214,19 +214,23 @@ def pin(core: int) -> None:
 
 class Stages:
     """Seconds the new path spends in each stage, added up by wrapping, in place, functions it calls
-    through a module or class attribute: pyarrow's (stable hooks, whatever rec/data's internals) and
-    ``from_arrow`` as ``rec.data.parquet`` calls it. ``Table.take`` calls ``pyarrow.compute.take``."""
+    through a module or class attribute: pyarrow's (stable hooks, whatever rec/data's internals),
+    ``from_arrow`` as ``rec.data.parquet`` calls it, and the window's shuffle (``Columns.take``, or
+    Arrow's ``Table.take``, which calls ``pyarrow.compute.take``, in versions that shuffled with it)."""
 
     def __init__(self) -> None:
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
         import rec.data.parquet as parquet_module
+        from rec.data.columns import Columns
 
         self.s: dict[str, float] = {"parquet_read_decode": 0.0, "take_shuffle": 0.0, "from_arrow": 0.0}
         pq.ParquetFile.read_row_group = self.timed("parquet_read_decode", pq.ParquetFile.read_row_group)
         pc.take = self.timed("take_shuffle", pc.take)
         parquet_module.from_arrow = self.timed("from_arrow", parquet_module.from_arrow)  # type: ignore[attr-defined]
+        if hasattr(Columns, "take"):
+            Columns.take = self.timed("take_shuffle", Columns.take)  # type: ignore[method-assign]
 
     def timed(self, name: str, f: Any) -> Any:
         def wrapper(*args: Any, **kwargs: Any) -> Any:

@@ -45,6 +45,24 @@ class Columns:
                        tuple(o[start:stop + 1] - o[start] for o in self.offsets),
                        tuple(ids[o[start]:o[stop]] for ids, o in zip(self.ids, self.offsets, strict=True)))
 
+    def take(self, rows: np.ndarray) -> Columns:
+        """The rows ``rows`` (indices), in that order."""
+        ones, counting = np.ones(len(rows), np.int32), np.arange(len(rows) + 1, dtype=np.int64)
+        lengths, offsets, ids = [], [], []
+        for n, o, values in zip(self.lengths, self.offsets, self.ids, strict=True):
+            if len(values) == len(n) and (n == 1).all():  # one id per row (Criteo's features): one gather
+                lengths.append(ones)
+                offsets.append(counting)
+                ids.append(values[rows])
+                continue
+            taken = n[rows]
+            starts = o[rows]
+            new = _offsets(taken)
+            lengths.append(taken)
+            offsets.append(new)
+            ids.append(values[np.repeat(starts - new[:-1], taken) + np.arange(int(new[-1]), dtype=np.int64)])
+        return Columns(self.labels[rows], self.dense[rows], tuple(lengths), tuple(offsets), tuple(ids))
+
 
 def concat(parts: Sequence[Columns]) -> Columns:
     """The rows of ``parts``, one after the other."""
@@ -187,12 +205,16 @@ def read_ids(column: pa.ChunkedArray, name: str, locate: Locate, what: str, prob
         problems.append(Problem(where, f"is {kind}; a feature's ids are list<int64> (or list<int32>), "
                                        f"one list per row{hint}"))
         return nothing
-    lengths = pc.list_value_length(array)
     if array.null_count:
-        lengths = pc.fill_null(lengths, 0)  # a null list is an empty bag
-    counts = lengths.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
-    values = pc.list_flatten(array)
-    offsets = _offsets(counts)
+        lengths = pc.fill_null(pc.list_value_length(array), 0)  # a null list is an empty bag
+        counts = lengths.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+        values = pc.list_flatten(array)
+        offsets = _offsets(counts)
+    else:  # Arrow's own offsets, rebased to the slice: no lengths to count
+        raw = np.asarray(array.offsets).astype(np.int64)
+        offsets = raw - raw[0]
+        counts = np.diff(offsets).astype(np.int32)
+        values = array.values.slice(int(raw[0]), int(offsets[-1]))
     if values.null_count:
         first = _first(np.asarray(values.is_null()))
         row = int(np.searchsorted(offsets, first, side="right")) - 1

@@ -39,7 +39,7 @@ class ParquetSource:
     _groups: RowGroups = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._groups = RowGroups(self.files, self.layout.columns, keep=2 * self.threads + 2)
+        self._groups = RowGroups(self.files, self.layout.columns, keep=self.threads + 1)
         rows = np.array([g.rows for g in self.files.row_groups], np.int64)
         first_in_file = np.zeros(len(rows), np.int64)
         for i in range(1, len(rows)):
@@ -111,15 +111,10 @@ class ParquetSource:
         first, offsets = self.order.window_positions(epoch, base_world, piece.rank, k)
         lo, hi = max(piece.start - k * window, 0), min(piece.stop - k * window, len(offsets))
         table, locate = self._positions(epoch, first, first + len(offsets))
-        if self.order.shuffle:
-            import pyarrow as pa
-
-            rows = offsets[lo:hi]
-            table = table.take(pa.array(rows))
-        else:
-            rows = np.arange(lo, hi)
-            table = table.slice(lo, hi - lo)
-        return from_arrow(table, self.layout, self.policy, _at(locate, rows), self.what)
+        if not self.order.shuffle:
+            return from_arrow(table.slice(lo, hi - lo), self.layout, self.policy, lambda i: locate(lo + i), self.what)
+        # The window converted in file order, then shuffled in numpy (cheaper than Arrow's take of lists).
+        return from_arrow(table, self.layout, self.policy, locate, self.what).take(offsets[lo:hi])
 
     def _positions(self, epoch: int, start: int, stop: int, unshuffled: bool = False) -> tuple[pa.Table, Any]:
         """The rows at positions ``[start, stop)`` of ``epoch``'s order, and how to name each."""
@@ -146,11 +141,6 @@ class ParquetSource:
             return self.files.where(rg.file, int(self._first_in_file[group]) + lo + row - at)
 
         return table, locate
-
-
-def _at(locate: Any, rows: np.ndarray) -> Any:
-    """``locate`` for a table of ``rows`` (positions in the window that ``locate`` names)."""
-    return lambda i: locate(int(rows[i]))
 
 
 def rebatch(chunks: Iterator[Columns], batch_size: int) -> Iterator[Columns]:

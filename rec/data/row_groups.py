@@ -19,14 +19,16 @@ from rec.data.files import DataFiles
 if TYPE_CHECKING:
     import pyarrow as pa
 
-OPEN_FILES = 8  # Parquet files a thread keeps open
+# Parquet files a thread keeps open: an open file holds its last row group's pages, and reopening
+# one costs far less than reading a row group.
+OPEN_FILES = 1
 
 
 class RowGroups:
     def __init__(self, files: DataFiles, columns: tuple[str, ...], keep: int):
         self._files = files
         self._columns = list(columns)
-        self._keep = max(2, keep)
+        self._keep = max(1, keep)
         self._lock = threading.Lock()
         self._kept: OrderedDict[int, Future[pa.Table]] = OrderedDict()
         self._local = threading.local()

@@ -16,7 +16,7 @@ from typing import Any
 from rec import progress
 from rec.errors import InputError, Problem
 from rec.settings import check, knob
-from rec.train.config import MAX_BATCH_SIZE
+from rec.train.config import TrainConfig
 from rec.train.rank_log import log_dir
 from tasks.launch import EVAL_JOB, Launch, failure_cause, run_training
 from tasks.measure import Ranks
@@ -25,8 +25,7 @@ from tasks.train import TrainingFailed, preflight
 
 @dataclass(frozen=True)
 class EvalCheckpointSettings:
-    batch_size: int | None = field(default=None, metadata=knob(
-        "samples per rank and batch; none: the plan topology's batch_size", minimum=1, maximum=MAX_BATCH_SIZE))
+    batch_size: int | None = field(default=None, metadata=TrainConfig.__dataclass_fields__["batch_size"].metadata)
     eval_batches: int = field(default=0, metadata=knob(
         "batches per rank to evaluate; 0: all of --data", minimum=0))
     ranks: Ranks = field(default_factory=Ranks)

@@ -151,9 +151,3 @@ def _take(pieces: list[Piece], start: int, rows: int) -> list[Piece]:
         start = 0
     return out
 
-
-def position_to_dict(position: Position, order: ReadOrder, fingerprint: str) -> dict[str, object]:
-    """The position as checkpoints keep it (``data_position.json``)."""
-    return {"format": POSITION_FORMAT, "epoch": position.epoch, "rows": position.rows,
-            "world_size": position.world_size, "splits": [list(s) for s in position.splits],
-            "seed": order.seed, "shuffle": order.shuffle, "window": order.window, "dataset": fingerprint}

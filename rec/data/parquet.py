@@ -21,7 +21,7 @@ from rec.data.layout import DataLayout
 from rec.data.order import Piece, Position, ReadOrder, skip
 from rec.data.parallel import ordered_map
 from rec.data.row_groups import RowGroups
-from rec.data.source import Reading, SourceKind
+from rec.data.source import Extent, Reading, SourceKind
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -69,6 +69,16 @@ class ParquetSource:
 
     def advance(self, position: Position, rows: int) -> Position:
         return self.order.advance(position, rows)
+
+    def identity(self) -> dict[str, object]:
+        return {"seed": self.order.seed, "shuffle": self.order.shuffle, "window": self.order.window,
+                "dataset": self.files.fingerprint}
+
+    def extent(self, end: Position) -> Extent:
+        per_epoch = self.order.total // end.world_size
+        epochs = end.epoch + (end.rows / per_epoch if per_epoch and not end.splits else 0.0)
+        return Extent(self.files.source, self.order.total, len(self.files.paths), round(epochs, 6),
+                      self.order.shuffle)
 
     def chunks(self, position: Position, rank: int) -> Iterator[Columns]:
         """Rank ``rank``'s rows from ``position`` on, epoch after epoch, in chunks of at most a window."""

@@ -35,6 +35,23 @@ class DataSource(Protocol):
     def batches(self, position: Position, rank: int, batch_size: int) -> Iterator[Columns]:
         """Rank ``rank``'s batches of ``batch_size`` rows from ``position`` on, without end."""
 
+    def identity(self) -> dict[str, object]:
+        """What a position in this source means, for a checkpoint to keep beside it (plain JSON
+        values: the data's fingerprint and the settings of its order): a resume reads on from the
+        position only when they are the same."""
+
+    def extent(self, end: Position) -> Extent:
+        """What the source holds, and how far a training that ends at ``end`` has read it."""
+
+
+@dataclass(frozen=True)
+class Extent:
+    source: str  # as the user named it (synthetic: "synthetic")
+    rows: int  # 0 where it has no end
+    files: int
+    epochs: float  # read by the end, counted in each rank's share
+    shuffled: bool  # read in a shuffled order
+
 
 @dataclass(frozen=True)
 class Reading:

@@ -18,6 +18,7 @@ from rec.cost.unique import ID_SKEW
 from rec.data.columns import Columns
 from rec.data.layout import DataLayout
 from rec.data.order import Position
+from rec.data.source import Extent
 from rec.spec.types import Spec, TableSpec
 
 CLICK_RATE = 0.25  # synthetic labels: 1 with this probability
@@ -64,6 +65,12 @@ class SyntheticSource:
 
     def advance(self, position: Position, rows: int) -> Position:
         return Position(position.world_size, 0, position.rows + rows)
+
+    def identity(self) -> dict[str, object]:
+        return {"seed": self.seed, "shuffle": None, "window": None, "dataset": "synthetic"}
+
+    def extent(self, end: Position) -> Extent:
+        return Extent("synthetic", 0, 0, 0.0, shuffled=False)
 
     def batches(self, position: Position, rank: int, batch_size: int) -> Iterator[Columns]:
         key = (rank, batch_size)

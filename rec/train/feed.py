@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rec.data.layout import DataLayout
-from rec.data.order import POSITION_FORMAT, Position, position_to_dict
+from rec.data.order import POSITION_FORMAT, Position
 from rec.data.source import DataSource, Reading, open_source
 from rec.errors import InputError, Problem
 from rec.spec.types import Spec
@@ -76,8 +76,7 @@ class Feed:
         if saved is None:
             self.start = self.source.advance(fresh, iteration * self.batch_size)
             return "the checkpoint has no data position: the data starts at the rows an unbroken run would read"
-        expected = self.position_record(fresh)
-        changed = [k for k in ("seed", "shuffle", "window", "dataset") if saved.get(k) != expected.get(k)]
+        changed = [k for k, v in self.source.identity().items() if saved.get(k) != v]
         position = Position(int(saved["world_size"]), int(saved["epoch"]), int(saved["rows"]),
                             tuple((int(w), int(r)) for w, r in saved["splits"]))
         if changed:
@@ -88,15 +87,10 @@ class Feed:
         return None
 
     def position_record(self, position: Position) -> dict[str, Any]:
-        """``position`` as ``data_position.json`` holds it."""
-        from rec.data.parquet import ParquetSource
-
-        source = self.source
-        if isinstance(source, ParquetSource):
-            return position_to_dict(position, source.order, source.files.fingerprint)
+        """``position`` as ``data_position.json`` holds it: with what it means in its source."""
         return {"format": POSITION_FORMAT, "epoch": position.epoch, "rows": position.rows,
                 "world_size": position.world_size, "splits": [list(s) for s in position.splits],
-                "seed": None, "shuffle": None, "window": None, "dataset": "synthetic"}
+                **(self.source.identity() if self.source is not None else {})}
 
 
 def reading(config: TrainConfig) -> Reading:

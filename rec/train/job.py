@@ -153,18 +153,11 @@ def _metrics(plan: Plan, spec: Spec, config: TrainConfig, world: int, batch_size
 
 def _data_read(config: TrainConfig, feed: Feed) -> DataRead | None:
     """What the training read (None for a model that brings its own batches)."""
-    from rec.data.parquet import ParquetSource
-
-    source = feed.source
-    if source is None:
+    if feed.source is None:
         return None
-    if isinstance(source, ParquetSource):
-        end = feed.position_at(config.iterations)
-        per_epoch = source.order.total // end.world_size
-        epochs = end.epoch + (end.rows / per_epoch if per_epoch and not end.splits else 0.0)
-        return DataRead(source.files.source, source.order.total, len(source.files.paths), round(epochs, 6),
-                        config.ids.value, config.shuffle, config.seed)
-    return DataRead("synthetic", 0, 0, 0.0, config.ids.value, False, config.seed)
+    extent = feed.source.extent(feed.position_at(config.iterations))
+    return DataRead(extent.source, extent.rows, extent.files, extent.epochs, config.ids.value, extent.shuffled,
+                    config.seed)
 
 
 def user_code(config: TrainConfig) -> AbstractContextManager[None]:

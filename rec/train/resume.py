@@ -70,17 +70,10 @@ class ResumeSource:
 
 
 def resume_source(path: str | Path) -> ResumeSource:
-    """The newest checkpoint under ``path`` (a training's output directory, or its checkpoint
-    directory); InputError naming what is missing."""
-    root = Path(path)
-    directory = root / CHECKPOINTS if (root / CHECKPOINTS).is_dir() else root
+    """The checkpoint ``path`` names (``checkpoint_at``: a training's output directory, its checkpoint
+    directory, or one step in it) and the plan it was written under; InputError naming what is missing."""
     title = f"Cannot resume from {path}:"
-    if not directory.is_dir():
-        raise InputError(title, [Problem(str(path), "no such directory")])
-    step = latest(directory)
-    if step is None:
-        raise InputError(title, [Problem(str(directory), "holds no complete checkpoint (no LATEST file); "
-                                                         "train with --checkpoint-every N first")])
+    directory, step = checkpoint_at(path, title, "; train with --checkpoint-every N first")
     if not (directory / PLAN_COPY).is_file():
         raise InputError(title, [Problem(str(directory), f"has no {PLAN_COPY}: the checkpoint was written "
                                                          "before shardflow recorded its plan; resume with "
@@ -88,7 +81,7 @@ def resume_source(path: str | Path) -> ResumeSource:
     return ResumeSource(str(directory), step, read_plan(directory / PLAN_COPY))
 
 
-def checkpoint_at(path: str | Path) -> tuple[Path, int]:
+def checkpoint_at(path: str | Path, title: str = "", hint: str = "") -> tuple[Path, int]:
     """The checkpoint ``path`` names: one step directory (``.../step_00000100``), or a checkpoint
     directory or training output directory (its newest step); InputError naming what is missing."""
     p = Path(path)
@@ -96,13 +89,12 @@ def checkpoint_at(path: str | Path) -> tuple[Path, int]:
     if step is not None and p.is_dir() and (p / INDEX_FILE).is_file():
         return p.parent, step
     root = p / CHECKPOINTS if (p / CHECKPOINTS).is_dir() else p
-    title = f"Cannot use the checkpoint {path}:"
+    title = title or f"Cannot use the checkpoint {path}:"
     if not root.is_dir():
         raise InputError(title, [Problem(str(path), "no such directory")])
     newest = latest(root)
     if newest is None:
-        raise InputError(title, [Problem(str(root), "holds no complete checkpoint (no LATEST file, no "
-                                                    "step_<N> directory with an index)")])
+        raise InputError(title, [Problem(str(root), f"holds no complete checkpoint (no LATEST file){hint}")])
     return root, newest
 
 

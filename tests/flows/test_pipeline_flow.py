@@ -199,7 +199,7 @@ def test_the_plan_and_pipeline_flow_logs_end_with_the_lines_the_cli_prints(prefe
     for flow_run, summary in runs.values():
         assert flow_log(flow_run)[-1] == summary
     assert runs["plan"][1].startswith("plan      ")
-    assert [line.split()[0] for line in runs["pipeline"][1].splitlines()] == ["plan", "training", "predicted"]
+    assert [line.split()[0] for line in runs["pipeline"][1].splitlines()] == ["plan", "training", "predicted", "data"]
     # ``shardflow run`` prints the same lines first (its plan_id and paths differ from this run's).
     assert [line.split()[0] for line in first_run.out.splitlines()[:3]] == ["plan", "training", "predicted"]
 

@@ -173,10 +173,11 @@ def write_file(path: Path, rows: int, rows_per_table: int, seed: int) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from rec.data.criteo import output_schema
+    from rec.data.criteo import CriteoSettings, output_schema
 
     schema = output_schema()
-    with pq.ParquetWriter(path, schema, compression="snappy", use_dictionary=False, write_statistics=False) as w:
+    codec = CriteoSettings(rows_per_table=1).compression.value  # the converter's default
+    with pq.ParquetWriter(path, schema, compression=codec, use_dictionary=False, write_statistics=False) as w:
         for k, start in enumerate(range(0, rows, GROUP_ROWS)):
             n = min(GROUP_ROWS, rows - start)
             rng = np.random.default_rng([seed, k])

@@ -327,7 +327,7 @@ def write_split(rows: RowStream, paths: Sequence[Path], n: int, rows_per_group: 
         writer: pq.ParquetWriter | None = None
         for first in range(start, end, rows_per_group):
             group = rows.take(min(rows_per_group, end - first))
-            writer = writer or pq.ParquetWriter(path, group.schema)
+            writer = writer or pq.ParquetWriter(path, group.schema, compression="lz4")  # decodes ~2x snappy's speed
             writer.write_table(group, row_group_size=len(group))
         if writer is not None:
             writer.close()

@@ -24,7 +24,7 @@ def write_parquet(workload: Workload, rows: int, path: Path, seed: int = 0) -> i
                 for t in workload.rows for f in t.get("feature_names", [t["name"]])]
     schema = pa.schema([("label", pa.float32()), ("dense", pa.list_(pa.float32(), DENSE)),
                         *((f, pa.list_(pa.int64())) for f, _, _ in features)])
-    with pq.ParquetWriter(str(path), schema) as writer:
+    with pq.ParquetWriter(str(path), schema, compression="lz4") as writer:
         for start in range(0, rows, ROW_GROUP):
             n = min(ROW_GROUP, rows - start)
             columns = [pa.array((rng.random(n) < 0.25).astype(np.float32)),

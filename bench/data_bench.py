@@ -489,16 +489,16 @@ def report(a: argparse.Namespace, result: dict[str, Any], pair: str, ratios: dic
     old, new = result["old"], result[pair]
     rows = [("first batch, s", "first_batch_s", 2), ("samples/s after the first", "samples_per_s", 0),
             ("samples/s end to end", "end_to_end_samples_per_s", 0), ("peak RSS growth, MiB", "peak_rss_growth_mib", 0)]
-    print(f"{'':28s}{'old':>34s}{'new':>30s}{'new vs old':>14s}")
+    print(f"{'':28s}{'old':>34s} {'new':>34s}{'new vs old':>14s}")
     for label, key, digits in rows:
         x = new[key]["median"] / old[key]["median"]
-        print(f"{label:28s}{show(old, key, digits=digits):>34s}{show(new, key, digits=digits):>30s}{x:>13.3g}x")
+        print(f"{label:28s}{show(old, key, digits=digits):>34s} {show(new, key, digits=digits):>34s}{x:>13.3g}x")
     print(f"\nthe new path's variants, {a.rows:,} rows ({a.big_factor}x: {a.big_factor} files of as many)")
-    print(f"{'':16s}{'first batch, s':>22s}{'samples/s after it':>34s}{'end to end':>30s}{'peak RSS +MiB':>18s}")
+    print(f"{'':16s}{'first batch, s':>22s}{'samples/s after it':>36s}{'end to end':>36s}{'peak RSS +MiB':>18s}")
     for name, s in result.items():
         if name != "old":
-            print(f"{name:16s}{show(s, 'first_batch_s', digits=2):>22s}{show(s, 'samples_per_s'):>34s}"
-                  f"{show(s, 'end_to_end_samples_per_s'):>30s}{show(s, 'peak_rss_growth_mib'):>18s}")
+            print(f"{name:16s}{show(s, 'first_batch_s', digits=2):>22s}{show(s, 'samples_per_s'):>36s}"
+                  f"{show(s, 'end_to_end_samples_per_s'):>36s}{show(s, 'peak_rss_growth_mib'):>18s}")
     stages = result["new_stages"]["stages_s"]
     total = sum(v["median"] for v in stages.values())
     print("\nnew path with to_batch inline, after the first batch, s (median, share): " + ", ".join(

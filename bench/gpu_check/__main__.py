@@ -1,6 +1,7 @@
 """Check shardflow's cuda path on this machine: every visible GPU a rank, each step a user runs.
 
     PYTHONPATH=. python -m bench.gpu_check --out DIR [--minutes 8] [--device cuda|cpu] [--sections ...]
+        [--specs FILE ... [--also-builtin]] [--profile FILE]
 
 From a plain checkout: nothing installed but torch, torchrec and fbgemm-gpu (and numpy, scipy,
 pyarrow, pyyaml, highspy); Prefect, Ray and MLflow may be absent (tracking is off). The sections
@@ -8,9 +9,15 @@ pyarrow, pyyaml, highspy); Prefect, Ray and MLflow may be absent (tracking is of
 against synthetic batches), ``resume``, ``measure``, ``calibrate``
 (the full calibration), ``calibration`` (predicted against measured on GPU-sized workloads),
 ``vs_torchrec`` (TorchRec's planners' plans against shardflow's, measured). Each gets a share of
-``--minutes``; one that cannot fit is skipped with the reason. Writes DIR/gpu_check.json,
-DIR/gpu_check.md and DIR/commands.log (every command's output); exits 1 if a section failed.
-``--device cpu`` runs the same sections on 2 gloo ranks with small sizes.
+``--minutes``; one that cannot fit is skipped with the reason. Each section has targets
+(``bench.gpu_check.targets``); a section that misses one fails, naming it. ``--specs FILE...``: the
+calibration and TorchRec comparison run your workloads (spec files with ``tables:``, optional
+``batch_size`` and ``hbm_cap`` per rank) instead of the check's own (beside them with
+``--also-builtin``); ``--profile FILE``: the calibration section judges that profile (run without
+the calibrate section, which would replace it). Writes DIR/gpu_check.json, DIR/gpu_check.md and
+DIR/commands.log (every command's output); exits 0 exactly when every section it ran is ok and every
+target met, 1 otherwise (a skipped section included), 2 for bad arguments.
+``--device cpu`` runs the same sections on 2 gloo ranks with small sizes and loose bounds.
 """
 
 from __future__ import annotations
@@ -26,13 +33,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from bench.gpu_check import compare, sections
-from bench.gpu_check.context import Context, SectionFailed, Skipped
+from bench.gpu_check.context import Context, Outcome, SectionFailed, Skipped
 from bench.gpu_check.machine import TimedOut, find_ranks, pick_device, versions
 from bench.gpu_check.report import Report, Section, Status, write_report
+from bench.gpu_check.workloads import read_workloads
+from rec.errors import InputError
 from rec.exit_codes import ExitCode
 from rec.sharding import ComputeDevice
 
-SECTIONS: dict[str, Callable[[Context], tuple[dict, str]]] = {
+SECTIONS: dict[str, Callable[[Context], Outcome]] = {
     "train": sections.train, "data": sections.data, "resume": sections.resume, "measure": sections.measure,
     "calibrate": sections.calibrate, "calibration": compare.calibration, "vs_torchrec": compare.vs_torchrec,
 }
@@ -52,6 +61,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         f"{DEFAULT_MINUTES[ComputeDevice.CPU]:g} on cpu)")
     p.add_argument("--sections", default=",".join(SECTIONS),
                    help=f"comma-separated, run in this order (default: all: {','.join(SECTIONS)})")
+    p.add_argument("--specs", nargs="+", default=[], metavar="FILE",
+                   help="your workloads for the calibration and TorchRec comparison: spec files (YAML/JSON with "
+                        "tables:, optional batch_size and hbm_cap per rank), each named by its file's stem")
+    p.add_argument("--also-builtin", action="store_true",
+                   help="with --specs: the check's own workloads too, reported apart")
+    p.add_argument("--profile", default=None, metavar="FILE",
+                   help="the profile the calibration section judges (leave the calibrate section out)")
     args = p.parse_args(argv)
     wanted = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = [s for s in wanted if s not in SECTIONS]
@@ -67,16 +83,29 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     started = time.monotonic()
     out = Path(args.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".gpu_check-writable"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        print(f"gpu_check: --out {args.out}: cannot write there ({e.strerror or e})", file=sys.stderr)
+        return ExitCode.BAD_INPUT
     cache_bytecode(out / "pycache")
     device = pick_device(args.device)
     try:
         ranks = find_ranks(device)
+        given = read_workloads(args.specs, device is ComputeDevice.CUDA)
+        profile = _profile(args.profile)
     except ValueError as e:
         print(f"gpu_check: {e}", file=sys.stderr)
         return ExitCode.BAD_INPUT
+    except InputError as e:
+        print(f"gpu_check: {e.render()}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
     minutes = args.minutes or DEFAULT_MINUTES[device]
-    ctx = Context(ranks, out, started + minutes * 60, out / "commands.log")
+    ctx = Context(ranks, out, started + minutes * 60, out / "commands.log", profile=profile, given=tuple(given),
+                  builtin=not given or args.also_builtin)
     report = Report(device.value, ranks.world_size, minutes, versions(device),
                     started_at=datetime.now(UTC).replace(microsecond=0).isoformat())
     print(f"gpu_check: {ranks.world_size} {device.value} rank(s) ({report.versions.get('gpu') or 'cpu'}), "
@@ -85,10 +114,23 @@ def main(argv: list[str] | None = None) -> int:
         report.sections.append(run_section(name, ctx))
         report.seconds = time.monotonic() - started
         write_report(out, report)  # after every section: a stopped check keeps what it found
-    failed = report.failed
-    print(f"gpu_check: {len(report.sections) - len(failed)} of {len(report.sections)} sections passed or were "
-          f"skipped in {report.seconds:.0f} s; report: {out / 'gpu_check.md'}", flush=True)
-    return ExitCode.FAILED if failed else ExitCode.OK
+    ok = [s for s in report.sections if s.status is Status.OK]
+    missed = [f"{s.name}: {s.reason}" for s in report.sections if s.status is not Status.OK]
+    print(f"gpu_check: {len(ok)} of {len(report.sections)} sections ok in {report.seconds:.0f} s: "
+          f"{'passed' if report.passed else 'not passed'}; report: {out / 'gpu_check.md'}", flush=True)
+    for line in missed:
+        print(f"gpu_check: not passed: {line}", flush=True)
+    return ExitCode.OK if report.passed else ExitCode.FAILED
+
+
+def _profile(path: str | None) -> Path | None:
+    """``--profile``, read once here so that a bad file is named before any section runs."""
+    if path is None:
+        return None
+    from rec.profile import read_profile
+
+    read_profile(path)
+    return Path(path).resolve()
 
 
 HEAVY_PACKAGES = ("torch", "torchrec", "fbgemm_gpu")  # what every rank imports: seconds of bytecode each
@@ -124,8 +166,12 @@ def run_section(name: str, ctx: Context) -> Section:
     began = time.monotonic()
     print(f"gpu_check: {name} ...", flush=True)
     try:
-        section.figures, section.summary = SECTIONS[name](ctx)
-        section.status = Status.OK
+        outcome = SECTIONS[name](ctx)
+        section.figures, section.summary, section.targets = outcome.figures, outcome.summary, list(outcome.targets)
+        missed = [t.line() for t in outcome.targets if not t.met]
+        section.status = Status.FAILED if missed else Status.OK
+        if missed:
+            section.reason = f"missed {'; '.join(missed)} ({outcome.summary})"
     except Skipped as e:
         section.status, section.reason = Status.SKIPPED, str(e)
     except (SectionFailed, TimedOut) as e:

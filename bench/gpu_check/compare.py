@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from bench.gpu_check import workloads
-from bench.gpu_check.context import Context, SectionFailed, Skipped
+from bench.gpu_check.context import Context, Outcome, SectionFailed, Skipped
+from bench.gpu_check.targets import target
 from bench.gpu_check.workloads import Workload
 from rec.cost.types import CostConfig
 from rec.plan.types import Plan
@@ -27,7 +28,6 @@ from rec.profile.types import DEFAULT_PROFILE, Profile
 from rec.train.measure_config import MeasureConfig
 from rec.train.timings import PlanTimes
 
-Result = tuple[dict[str, Any], str]
 GPU_SIZED_MS = 15.0  # a calibration workload's batch doubles until its predicted iteration reaches this
 MAX_DOUBLINGS = 6
 MAX_BATCH = 1 << 20
@@ -91,8 +91,9 @@ def predicted(plan: Plan, profile: Profile) -> float:
 
 def sized(ctx: Context, workload: Workload, profile: Profile) -> Workload:
     """On cuda, ``workload`` with its batch doubled until the plan's iteration is predicted (under
-    ``profile``) to take ``GPU_SIZED_MS``, within the synthetic ids' memory; unchanged on cpu."""
-    if not ctx.ranks.cuda:
+    ``profile``) to take ``GPU_SIZED_MS``, within the synthetic ids' memory; unchanged on cpu, and
+    a user's workload (``--specs``) as its file says."""
+    if not ctx.ranks.cuda or workload.given:
         return workload
     ids_per_sample = sum(float(r.get("pooling_factor", 1.0)) * len(r.get("feature_names") or [0])
                          for r in workload.rows)
@@ -164,13 +165,15 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float:
     return float(spearmanr(a, b)[0]) if len(a) > 2 else math.nan
 
 
-def calibration(ctx: Context) -> Result:
-    """GPU-sized workloads, each planned under TorchRec's default profile and the calibrated one;
-    every plan measured in alternating repeats; each profile's error and rank correlation."""
+def calibration(ctx: Context) -> Outcome:
+    """GPU-sized workloads (the check's own, the user's ``--specs``, or both), each planned under
+    TorchRec's default profile and the calibrated one (or ``--profile``); every plan measured in
+    alternating repeats; each profile's error and rank correlation, per workload by its name, and
+    the targets: the calibrated profile's median |error|, Spearman, and the repeats' median spread."""
     from rec.profile import read_profile
 
     if ctx.profile is None:
-        raise Skipped("needs the calibrated profile, and the calibrate section did not make one")
+        raise Skipped("needs the calibrated profile (or --profile), and the calibrate section did not make one")
     cuda = ctx.ranks.cuda
     budget = ctx.share(0.5, 90 if cuda else 40)
     calibrated = read_profile(ctx.profile)
@@ -178,7 +181,10 @@ def calibration(ctx: Context) -> Result:
     started = time.monotonic()
     entries: list[dict[str, Any]] = []
     plans: list[Plan] = []
-    for workload in workloads.calibration_workloads(ctx.ranks, len(workloads.CALIBRATION_SPECS) if cuda else 2):
+    builtin = (workloads.calibration_workloads(ctx.ranks, len(workloads.CALIBRATION_SPECS) if cuda else 2)
+               if ctx.builtin else [])
+    candidates = [*ctx.given, *builtin]
+    for workload in candidates:
         workload = sized(ctx, workload, calibrated)
         topology = _topology(ctx, workload.batch_size, workload.hbm_bytes)
         pair = [_shardflow(workload, topology, DEFAULT_PROFILE), _shardflow(workload, topology, calibrated)]
@@ -187,8 +193,8 @@ def calibration(ctx: Context) -> Result:
             break
         for made_under, plan in zip(("default", "calibrated"), pair, strict=True):
             plans.append(plan)
-            entries.append({"spec": workload.name, "tables": len(workload.rows), "batch_size": workload.batch_size,
-                            "made_under": made_under, "plan_id": plan.plan_id,
+            entries.append({"spec": workload.name, "given": workload.given, "tables": len(workload.rows),
+                            "batch_size": workload.batch_size, "made_under": made_under, "plan_id": plan.plan_id,
                             "sharding": _mix(plan),
                             "predicted_default_ms": predicted(plan, DEFAULT_PROFILE),
                             "predicted_calibrated_ms": predicted(plan, calibrated)})
@@ -202,28 +208,57 @@ def calibration(ctx: Context) -> Result:
     if len(ok) < 2:
         raise SectionFailed(f"only {len(ok)} of {len(entries)} plans were measured")
     values = [e["measured_ms"] for e in ok]
-    summary = {model: {"median_abs_error": float(np.median([abs(e[f"error_{model}"]) for e in ok])),
-                       "spearman": spearman([e[f"predicted_{model}_ms"] for e in ok], values)}
-               for model in ("default", "calibrated")}
+    summary = _accuracy(ok)
+    groups = {name: _accuracy(rows) for name, rows in (("given", [e for e in ok if e["given"]]),
+                                                       ("builtin", [e for e in ok if not e["given"]])) if rows}
     spreads = [e["spread"] for e in ok]
+    measured_names = {e["spec"] for e in entries}
     figures = {"specs": len({e["spec"] for e in ok}), "plans": len(ok), "repeats": repeats,
-               "min_measured_ms": min(values), "below_10_ms": [e["spec"] for e in ok if e["measured_ms"] < 10.0],
+               "profile": str(ctx.profile), "min_measured_ms": min(values),
+               "below_10_ms": [e["spec"] for e in ok if e["measured_ms"] < 10.0],
                "max_spread": max(spreads), "median_spread": float(np.median(spreads)),
-               "summary": summary, "choices": _choices(ok), "plans_measured": entries,
-               "targets": {"median_abs_error": 0.10, "spearman": 0.9, "spread": 0.05} if cuda else None}
+               "summary": summary, "by_group": groups, "choices": _choices(ok), "plans_measured": entries,
+               "workloads": _by_workload(entries),
+               "left_out": [w.name for w in candidates if w.name not in measured_names]}
     cal = summary["calibrated"]
-    return figures, (f"{len(ok)} plans of {figures['specs']} specs: calibrated median |error| "
-                     f"{cal['median_abs_error']:.1%}, Spearman {cal['spearman']:.2f} (defaults "
-                     f"{summary['default']['median_abs_error']:.0%}, {summary['default']['spearman']:.2f}); "
-                     f"spread up to {max(spreads):.1%}")
+    targets = (target("calibration_median_abs_error", cal["median_abs_error"], cuda),
+               *((target("calibration_spearman", cal["spearman"], cuda),) if len(ok) > 2 else ()),  # a rank needs 3
+               target("calibration_median_spread", figures["median_spread"], cuda))
+    return Outcome(figures, f"{len(ok)} plans of {figures['specs']} specs: calibrated median |error| "
+                            f"{cal['median_abs_error']:.1%}, Spearman {cal['spearman']:.2f} (defaults "
+                            f"{summary['default']['median_abs_error']:.0%}, {summary['default']['spearman']:.2f}); "
+                            f"spread up to {max(spreads):.1%}", targets)
 
 
-def _verdict(ratio: float, noise: float, same_layout: bool) -> str:
-    """Against TorchRec's plan: the same layout, or faster/slower beyond the two measurements' noise."""
+def _accuracy(entries: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Each profile's median |error| and Spearman over ``entries`` (measured plans)."""
+    values = [e["measured_ms"] for e in entries]
+    return {model: {"median_abs_error": float(np.median([abs(e[f"error_{model}"]) for e in entries])),
+                    "spearman": spearman([e[f"predicted_{model}_ms"] for e in entries], values)}
+            for model in ("default", "calibrated")}
+
+
+def _by_workload(entries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per workload name, each of its plans' predicted (under both profiles) and measured times."""
+    out: dict[str, dict[str, Any]] = {}
+    for e in entries:
+        out.setdefault(e["spec"], {})[e["made_under"]] = {
+            "plan_id": e["plan_id"], "measured_ms": e.get("measured_ms"), "spread": e.get("spread"),
+            "predicted_default_ms": e["predicted_default_ms"], "predicted_calibrated_ms": e["predicted_calibrated_ms"]}
+    return out
+
+
+NOISE_FLOOR = {True: 0.02, False: 0.25}  # below these, cuda's and the shared cpu's repeats do not tell plans apart
+
+
+def _verdict(ratio: float, noise: float, same_layout: bool, cuda: bool) -> str:
+    """Against TorchRec's plan: the same layout, or faster/slower beyond the two measurements' noise
+    (their repeats' spread, at least ``NOISE_FLOOR``)."""
     if same_layout:
         return "same layout"
     if not (math.isfinite(ratio) and math.isfinite(noise)):
         return "not measured"
+    noise = max(noise, NOISE_FLOOR[cuda])
     return "faster" if ratio < 1 - noise else "slower" if ratio > 1 + noise else "same within noise"
 
 
@@ -352,26 +387,35 @@ def compare_measured(ctx: Context, shapes: Sequence[Workload], repeats: int, tim
             entry[label] = {"plan_s": round(p.plan_s, 3), "plan_id": p.plan.plan_id, "sharding": _mix(p.plan),
                             "same_layout_as": same, **m, "vs_torchrec": ratio,
                             "verdict": "reference" if label == "torchrec" else
-                            _verdict(ratio, noise, "torchrec" in same)}
+                            _verdict(ratio, noise, "torchrec" in same, ctx.ranks.cuda)}
         result[workload.name] = entry
     return repeats, result
 
 
-def vs_torchrec(ctx: Context) -> Result:
+def vs_torchrec(ctx: Context) -> Outcome:
     """TorchRec's planners' plans (default proposers, DP proposer) and shardflow's (default and
-    calibrated profile), measured on these ranks in alternating repeats."""
+    calibrated profile), measured on these ranks in alternating repeats, on the check's shapes, the
+    user's ``--specs``, or both. Target: no shape where shardflow's calibrated plan (its default one
+    without a profile) measured slower than TorchRec's beyond the noise."""
     cuda = ctx.ranks.cuda
     budget = ctx.share(1.0, 90 if cuda else 40)
-    shapes = workloads.torchrec_shapes(ctx.ranks)
+    builtin = workloads.torchrec_shapes(ctx.ranks) if ctx.builtin else []
     if not cuda:
-        shapes = [s for s in shapes if s.name in ("few_big", "mixed_ebc_ec")]
-    repeats, results = compare_measured(ctx, shapes, 3 if cuda else 2, budget)
+        builtin = [s for s in builtin if s.name in ("few_big", "mixed_ebc_ec")]
+    repeats, results = compare_measured(ctx, [*ctx.given, *builtin], 3 if cuda else 2, budget)
     geomeans = {label: _geomean([row[label]["vs_torchrec"] for row in results.values()
                                  if isinstance(row.get(label), dict) and "vs_torchrec" in row[label]])
                 for label in ("shardflow", "shardflow-calibrated")}
-    figures = {"repeats": repeats, "shapes": results, "vs_torchrec_geomean": geomeans}
-    return figures, (f"{len(results)} shapes, measured against TorchRec's plan (geometric mean): shardflow's "
-                     f"{geomeans['shardflow']:.2f}x, calibrated {geomeans['shardflow-calibrated']:.2f}x")
+    ours = "shardflow-calibrated" if ctx.profile else "shardflow"
+    slower = [name for name, row in results.items()
+              if isinstance(row.get(ours), dict) and row[ours].get("verdict") == "slower"]
+    figures = {"repeats": repeats, "shapes": results, "vs_torchrec_geomean": geomeans, "judged": ours,
+               "slower_than_torchrec": slower}
+    shapes = f"{len(results)} shape{'s' if len(results) != 1 else ''}"
+    return Outcome(figures, f"{shapes}, measured against TorchRec's plan (geometric mean): shardflow's "
+                            f"{geomeans['shardflow']:.2f}x, calibrated {geomeans['shardflow-calibrated']:.2f}x"
+                            + (f"; slower on {', '.join(slower)}" if slower else ""),
+                   (target("slower_than_torchrec", float(len(slower)), cuda),))
 
 
 def _geomean(values: Sequence[float]) -> float:

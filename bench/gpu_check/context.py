@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from bench.gpu_check.machine import Finished, shardflow
+from bench.gpu_check.targets import Target
 from bench.gpu_check.workloads import Ranks, Workload
 
 
@@ -23,6 +24,15 @@ class Skipped(Exception):
     """The section did not run; the message says why."""
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """What a section found: its figures, one line for a person, and its targets (met or not)."""
+
+    figures: dict[str, Any]
+    summary: str
+    targets: tuple[Target, ...] = ()
+
+
 @dataclass
 class Context:
     ranks: Ranks
@@ -30,10 +40,13 @@ class Context:
     deadline: float  # time.monotonic() by which every section has finished
     log: Path  # every command's output
     train_plan: Path | None = None  # the train section's plan (measure and resume use it)
-    checkpointed: tuple[Path, Path, int] | None = None  # (plan, out dir, iterations) of a run with checkpoints
+    # (plan, out dir, iterations, its other flags) of a run with checkpoints
+    checkpointed: tuple[Path, Path, int, list[str]] | None = None
     profile: Path | None = None  # the calibrated profile
     overhead_s: float = 1.0  # a measured plan's set-up, warm-up and release, per the calibration
     notes: dict[str, Any] = field(default_factory=dict)
+    given: tuple[Workload, ...] = ()  # the user's workloads (--specs): calibration and vs_torchrec run them
+    builtin: bool = True  # the check's own workloads too (without --specs, or with --also-builtin)
 
     @property
     def work(self) -> Path:

@@ -2,7 +2,9 @@
 
 Format ``shardflow.gpu_check/v1``: ``versions`` (what it ran with), ``budget`` and, per section in
 the order run, ``status`` (``ok``, ``failed``, ``skipped``), ``seconds``, ``reason`` (why it failed
-or was skipped; null when ok) and ``figures`` (the section's numbers, docs/gpu.md).
+or was skipped, the targets it missed; null when ok), ``figures`` (the section's numbers,
+docs/gpu.md) and ``targets`` (each ``{name, value, bound, kind, met}``, ``bench.gpu_check.targets``);
+and ``passed``: whether the check passed (every section ok, every target met).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from bench.gpu_check.targets import Target
 from rec.disk_full import write_whole
 
 REPORT_FORMAT = "shardflow.gpu_check/v1"
@@ -35,6 +38,7 @@ class Section:
     reason: str | None = None
     figures: dict[str, Any] = field(default_factory=dict)
     summary: str = ""  # one line for a person
+    targets: list[Target] = field(default_factory=list)
 
 
 @dataclass
@@ -51,13 +55,18 @@ class Report:
     def failed(self) -> list[Section]:
         return [s for s in self.sections if s.status is Status.FAILED]
 
+    @property
+    def passed(self) -> bool:
+        """Every section ran and is ok (every target met): none failed, none skipped."""
+        return all(s.status is Status.OK for s in self.sections)
+
     def to_dict(self) -> dict[str, Any]:
         return {"format": REPORT_FORMAT, "started_at": self.started_at, "seconds": round(self.seconds, 1),
                 "device": self.device, "ranks": self.ranks, "budget_minutes": self.minutes,
-                "versions": self.versions,
-                "sections": {s.name: {**{k: v for k, v in asdict(s).items() if k not in ("name", "summary")},
+                "versions": self.versions, "passed": self.passed,
+                "sections": {s.name: {**{k: v for k, v in asdict(s).items() if k not in ("name", "summary", "targets")},
                                       "status": s.status.value, "seconds": round(s.seconds, 1),
-                                      "figures": _finite(s.figures)}
+                                      "figures": _finite(s.figures), "targets": [t.to_dict() for t in s.targets]}
                              for s in self.sections}}
 
 
@@ -91,6 +100,15 @@ def render_markdown(report: Report) -> str:
     for s in report.sections:
         result = s.summary if s.status is Status.OK else (s.reason or "")
         lines.append(f"| {s.name} | {s.status.value} | {s.seconds:.0f} | {result} |")
+    not_ok = [f"{s.name} {s.status.value}" for s in report.sections if s.status is not Status.OK]
+    lines += ["", "**Passed**: every section ok, every target met." if report.passed
+              else f"**Not passed**: {', '.join(not_ok)}.", "",
+              "| section | target | value | bound | met |", "|---|---|---:|---:|---|"]
+    for s in report.sections:
+        for t in s.targets:
+            shown = "-" if t.to_dict()["value"] is None else f"{t.value:.4g}"
+            sign = "<=" if t.kind.value == "at_most" else ">="
+            lines.append(f"| {s.name} | {t.name} | {shown} | {sign} {t.bound:g} | {'yes' if t.met else '**no**'} |")
     for s in report.sections:
         if s.figures:
             lines += ["", f"## {s.name}", "", "```json", json.dumps(_finite(s.figures), indent=1)[:20_000], "```"]

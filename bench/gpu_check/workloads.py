@@ -44,6 +44,57 @@ class Workload:
     rows: list[dict[str, Any]]  # spec rows
     batch_size: int  # per rank
     hbm_bytes: int | None = None  # a tighter HBM per rank than the device has (memory-tight shapes)
+    given: bool = False  # the user's (--specs): its batch size as given, reported apart from the check's own
+
+
+WORKLOAD_KEYS = ("tables", "batch_size", "hbm_cap")  # a --specs file: a spec, and the two per rank
+DEFAULT_BATCH = {True: 8192, False: 256}  # a --specs file without batch_size: cuda, cpu
+
+
+def read_workloads(paths: list[str], cuda: bool) -> list[Workload]:
+    """The workloads of ``--specs`` files (YAML or JSON: the project's spec with ``tables:``, and
+    optional ``batch_size`` and ``hbm_cap`` per rank), each named by its file's stem; InputError
+    naming every problem of every file."""
+    from pathlib import Path
+
+    from rec.errors import InputError, Problem
+    from rec.input_files import MAX_SPEC_FILE_BYTES, read_yaml_file
+    from rec.spec import spec_from_rows
+    from rec.validation import Problems, byte_size, integer, known_keys, required
+
+    problems: list[Problem] = []
+    out: list[Workload] = []
+    for path in paths:
+        try:
+            document = read_yaml_file(path, "workload", MAX_SPEC_FILE_BYTES, "a spec: tables: [...]")
+        except InputError as e:
+            problems += e.problems
+            continue
+        found = Problems(path)
+        if not isinstance(document, dict):
+            problems.append(Problem(path, "expected a mapping with tables: (a spec), and batch_size, hbm_cap"))
+            continue
+        d = known_keys(document, WORKLOAD_KEYS, found)
+        required(d, ["tables"], found)
+        batch = found.take_from(d, "batch_size", lambda v: integer(v, minimum=1, maximum=1 << 20))
+        hbm = found.take_from(d, "hbm_cap", lambda v: byte_size(v, minimum=1))
+        rows = d.get("tables")
+        if rows is not None and not isinstance(rows, list):
+            found.add("tables", "expected a list of tables")
+        elif rows:
+            try:
+                spec_from_rows(rows, source=path)
+            except InputError as e:
+                problems += e.problems
+        problems += [Problem(f"{path}: {p.where}" if p.where != path else path, p.reason) for p in found.items]
+        name = Path(path).stem
+        if any(w.name == name for w in out):
+            problems.append(Problem(path, f"another file is named {name!r} too: each workload is named by its stem"))
+        if isinstance(rows, list):
+            out.append(Workload(name, rows, batch or DEFAULT_BATCH[cuda], hbm, given=True))
+    if problems:
+        raise InputError("Cannot read the workloads (--specs):", problems)
+    return out
 
 
 def dlrm(ranks: Ranks, table_bytes: float | None = None, name: str = "dlrm_criteo") -> Workload:

@@ -27,7 +27,7 @@ def test_the_cpu_check_runs_every_section_without_prefect_ray_or_mlflow(tmp_path
                         "--minutes", "12"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     report = json.loads((out / "gpu_check.json").read_text())
-    assert report["format"] == "shardflow.gpu_check/v1"
+    assert report["format"] == "shardflow.gpu_check/v1" and report["passed"] is True
     assert report["device"] == "cpu" and report["ranks"] == 2
     assert {"torch", "torchrec", "fbgemm_gpu", "cuda", "python"} <= set(report["versions"])
     sections = report["sections"]
@@ -35,10 +35,13 @@ def test_the_cpu_check_runs_every_section_without_prefect_ray_or_mlflow(tmp_path
     for name in SECTIONS:
         assert sections[name]["status"] == "ok", (name, sections[name]["reason"])
         assert sections[name]["seconds"] > 0 and sections[name]["figures"]
+        targets = sections[name]["targets"]
+        assert targets and all(t["met"] and {"name", "value", "bound", "met"} <= set(t) for t in targets), name
     figures = {name: sections[name]["figures"] for name in SECTIONS}
     assert figures["train"]["faster"] in ("naive", "sparse_dist")
     assert figures["data"]["samples_per_s"]["parquet"] > 0 and figures["data"]["runs"]["parquet"][0]["epochs"] > 0
     assert figures["resume"]["resumed_from"] > 0
+    assert figures["resume"]["resumed_loss_difference"] == 0.0  # on cpu the resumed run is the unbroken one
     assert figures["measure"]["critical_path_measured"] > 0
     assert figures["calibrate"]["probes"] > 0 and figures["calibrate"]["overhead_per_probe_s"] > 0
     assert figures["calibration"]["plans"] >= 4
@@ -80,3 +83,57 @@ def test_the_check_reads_the_installed_bytecode_and_caches_it_only_where_there_i
     check.cache_bytecode(tmp_path / "pycache")
     assert os.environ["PYTHONPYCACHEPREFIX"] == str(tmp_path / "pycache") == sys.pycache_prefix
     assert "PYTHONDONTWRITEBYTECODE" not in os.environ
+
+
+WORKLOAD = """\
+batch_size: 128
+tables:
+  - {name: users, num_embeddings: 20000, embedding_dim: 32, pooling_factor: 2.0}
+  - {name: products, num_embeddings: 5000, embedding_dim: 32}
+  - {name: tags, num_embeddings: 300, embedding_dim: 16, pooling_factor: 4.0}
+"""
+# Every link a thousand times too slow: no plan measures anywhere near what it predicts.
+WRONG_PROFILE = """\
+format: shardflow.profile/v1
+name: wrong on purpose
+bandwidths: {hbm_mem_bw: 1MB/s, ddr_mem_bw: 1MB/s, hbm_to_ddr_mem_bw: 1MB/s, intra_host_bw: 1MB/s,
+             inter_host_bw: 1MB/s}
+machine: {device: cpu, device_name: nowhere}
+"""
+
+
+def check(tmp_path, *flags):
+    return subprocess.run([sys.executable, "-m", "bench.gpu_check", "--out", str(tmp_path / "check"), "--device",
+                           "cpu", *flags], cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_a_wrong_profile_on_your_workload_fails_the_check_naming_the_missed_target(tmp_path):
+    (tmp_path / "shop.yaml").write_text(WORKLOAD)
+    (tmp_path / "wrong.yaml").write_text(WRONG_PROFILE)
+    r = check(tmp_path, "--sections", "calibration", "--specs", str(tmp_path / "shop.yaml"),
+              "--profile", str(tmp_path / "wrong.yaml"))
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "not passed: calibration: missed calibration_median_abs_error" in r.stdout
+    report = json.loads((tmp_path / "check" / "gpu_check.json").read_text())
+    section = report["sections"]["calibration"]
+    assert report["passed"] is False and section["status"] == "failed"
+    missed = {t["name"] for t in section["targets"] if not t["met"]}
+    assert "calibration_median_abs_error" in missed
+    workload = section["figures"]["workloads"]["shop"]  # by the file's stem
+    assert {"default", "calibrated"} <= set(workload) and workload["calibrated"]["measured_ms"] > 0
+    assert section["figures"]["plans_measured"][0]["batch_size"] == 128  # as the file says
+
+
+def test_a_skipped_section_bad_workloads_and_a_bad_out_do_not_pass(tmp_path):
+    skipped = check(tmp_path, "--sections", "calibration")  # no profile: nothing to judge
+    assert skipped.returncode == 1 and "not passed: calibration: needs the calibrated profile" in skipped.stdout
+    (tmp_path / "bad.yaml").write_text("batch_size: -1\nextra: 1\ntables:\n  - {name: t, num_embeddings: 0}\n")
+    bad = check(tmp_path, "--specs", str(tmp_path / "bad.yaml"), str(tmp_path / "missing.yaml"))
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    for named in ("batch_size", "extra", "num_embeddings", "missing.yaml"):
+        assert named in bad.stderr, bad.stderr
+    (tmp_path / "file").write_text("")
+    out = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--out", str(tmp_path / "file" / "x"),
+                          "--device", "cpu"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "cannot write there" in out.stderr

@@ -1,0 +1,68 @@
+"""What each section of the GPU check must reach, and whether it did.
+
+A target is a figure and a bound (``at_most`` or ``at_least``); a value that is not a finite number
+misses it. The bounds are the GPU's (issue 37, 38: calibration median |error| <= 10%, Spearman >= 0.9,
+repeats within 5%, ...). On cpu (2 gloo ranks on a shared machine, a dry run of the same machinery)
+the same targets have loose bounds: they catch what is broken (a wrong profile, a pipeline that
+starves, a resume that loses its weights), not the machine's noise. The check exits 0 exactly when
+every target of every section it ran is met (``bench.gpu_check.__main__``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Bound(StrEnum):
+    AT_MOST = "at_most"
+    AT_LEAST = "at_least"
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    value: float | None
+    bound: float
+    kind: Bound
+    met: bool
+
+    def to_dict(self) -> dict[str, object]:
+        value = self.value if self.value is not None and math.isfinite(self.value) else None
+        return {"name": self.name, "value": value, "bound": self.bound, "kind": self.kind.value, "met": self.met}
+
+    def line(self) -> str:
+        """``calibration_median_abs_error 0.402 > 0.1``: the target in a few words."""
+        shown = "none" if self.value is None or not math.isfinite(self.value) else f"{self.value:.4g}"
+        sign = ("<=" if self.met else ">") if self.kind is Bound.AT_MOST else (">=" if self.met else "<")
+        return f"{self.name} {shown} {sign} {self.bound:g}"
+
+
+# name -> (kind, bound on cuda, bound on cpu)
+BOUNDS: dict[str, tuple[Bound, float, float]] = {
+    # train: --pipeline auto's pick no slower than the faster pipeline beyond the noise (its p50 over the faster's)
+    "auto_pick_over_faster": (Bound.AT_MOST, 1.05, 2.5),
+    # data: samples/s from Parquet over synthetic batches
+    "parquet_over_synthetic": (Bound.AT_LEAST, 0.9, 0.25),
+    # resume: the resumed run's losses against an unbroken run's over the same iterations (max relative difference)
+    "resumed_loss_difference": (Bound.AT_MOST, 0.02, 1e-5),
+    # measure: the spread of the measured blocks
+    "measure_spread": (Bound.AT_MOST, 0.05, 1.0),
+    # calibrate: the full calibration's seconds on cuda (cpu: the quick set, not timed)
+    "calibrate_seconds": (Bound.AT_MOST, 180.0, math.inf),
+    # calibration: predicted against measured under the calibrated (or given) profile
+    "calibration_median_abs_error": (Bound.AT_MOST, 0.10, 0.85),  # cpu: TorchRec's defaults miss by ~0.95
+    "calibration_spearman": (Bound.AT_LEAST, 0.9, -1.0),
+    "calibration_median_spread": (Bound.AT_MOST, 0.05, 1.0),  # the repeats of a plan: (max - min) / median
+    # vs_torchrec: shapes where shardflow's calibrated plan measured slower than TorchRec's beyond the noise
+    "slower_than_torchrec": (Bound.AT_MOST, 0.0, math.inf),  # cpu: 2 repeats on shared cores tell nothing
+}
+
+
+def target(name: str, value: float | None, cuda: bool) -> Target:
+    kind, on_cuda, on_cpu = BOUNDS[name]
+    bound = on_cuda if cuda else on_cpu
+    finite = value is not None and math.isfinite(value)
+    met = finite and (value <= bound if kind is Bound.AT_MOST else value >= bound)  # type: ignore[operator]
+    return Target(name, value, bound, kind, bool(met))

@@ -63,7 +63,8 @@ def _command(title: str, parser: argparse.ArgumentParser) -> str:
             names = ", ".join(f"`{s}`" for s in a.option_strings) or f"`{a.metavar or a.dest}`"
             if a.choices and not isinstance(a, argparse._SubParsersAction):
                 names += " {" + ", ".join(map(str, a.choices)) + "}"
-            lines.append(f"| {names} | {(a.help or '').replace('|', '/')} |")
+            text = (a.help or "").replace("%%", "%")  # argparse's escape of a literal %
+            lines.append(f"| {names} | {text.replace('|', '/')} |")
         lines.append("")
     return "\n".join(lines)
 

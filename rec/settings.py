@@ -109,7 +109,8 @@ def add_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup, cls: ty
             kwargs["metavar"] = "N" if kwargs["type"] is int else "X"
         if f.metadata.get("metavar"):
             kwargs["metavar"] = f.metadata["metavar"]
-        parser.add_argument(*names, help=f"{help_text}{shown}".strip(), **kwargs)
+        # argparse formats help with %: a literal % (``within 2%``) must be doubled.
+        parser.add_argument(*names, help=f"{help_text}{shown}".strip().replace("%", "%%"), **kwargs)
 
 
 def _show(value: Any) -> str:

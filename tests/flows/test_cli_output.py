@@ -112,3 +112,24 @@ def test_compare_fits_its_table_to_the_terminal_most_telling_columns_first():
     assert lines[-1].startswith("(") and "--wide" in lines[-1]
     wide = render_rows(rows, None).splitlines()
     assert wide[0].split() == list(HEADER) and "ranking_tables_2025_q3_all_markets" in wide[2]
+
+
+def test_every_command_and_subcommand_prints_its_help(capsys):
+    """argparse formats help text with %: a knob's help that says "within 2%" must not break --help."""
+    import argparse
+
+    from flows.cli import build_parser
+
+    def commands(parser: argparse.ArgumentParser, path: tuple[str, ...]) -> list[tuple[str, ...]]:
+        out = [path]
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    out += commands(sub, (*path, name))
+        return out
+
+    for path in commands(build_parser(), ()):
+        with pytest.raises(SystemExit) as done:
+            build_parser().parse_args([*path, "--help"])
+        assert done.value.code == 0, path
+        assert "usage: shardflow" in capsys.readouterr().out

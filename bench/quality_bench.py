@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from dataclasses import replace
@@ -28,18 +27,11 @@ import numpy as np
 import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARDFLOW = Path(sys.executable).parent / "shardflow"
 sys.path.insert(0, str(ROOT))
 
+from bench.train_bench import shardflow  # noqa: E402
 from examples import make_ctr_data as ctr  # noqa: E402
 from rec.evaluation.auc import auc  # noqa: E402
-
-
-def shardflow(*args: str) -> str:
-    r = subprocess.run([str(SHARDFLOW), *args], capture_output=True, text=True, cwd=ROOT)
-    if r.returncode != 0:
-        raise RuntimeError(f"shardflow {' '.join(args)} failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
-    return r.stdout
 
 
 def one_seed(seed: int, args: argparse.Namespace, tmp: Path) -> dict[str, float]:

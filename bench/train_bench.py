@@ -25,10 +25,12 @@ sys.path.insert(0, str(ROOT))
 from rec.train.metrics import METRICS_FILE  # noqa: E402
 
 
-def shardflow(*args: str) -> None:
+def shardflow(*args: str) -> str:
+    """``shardflow ARGS`` from the repository root; its output, or RuntimeError with the end of it."""
     r = subprocess.run([str(SHARDFLOW), *args], capture_output=True, text=True, cwd=ROOT)
     if r.returncode != 0:
         raise RuntimeError(f"shardflow {' '.join(args)} failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    return r.stdout
 
 
 def main() -> int:

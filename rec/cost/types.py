@@ -19,6 +19,7 @@ from enum import StrEnum
 import numpy as np
 
 from rec.cost.constants import UVM_CACHING_RATIO
+from rec.errors import Problem
 from rec.profile.types import DEFAULT_PROFILE, Profile
 from rec.settings import knob
 from rec.sharding import ComputeKernel, ShardingType
@@ -51,6 +52,13 @@ class CostConfig:
     # Read from a file (--profile, docs/profile.md); in the plan_id only when not the default.
     profile: Profile = field(default=DEFAULT_PROFILE, metadata=knob(
         "hardware profile: the cost model's bandwidths and coefficients", cli=False))
+
+    def problems(self) -> list[Problem]:
+        """What the bounds alone do not say: a cache holds some of its table (TorchRec's load_factor > 0)."""
+        if self.caching_ratio == 0:
+            return [Problem("--caching-ratio", "must be above 0: a fused_uvm_caching table caches some of its rows "
+                                               "(TorchRec's cache load_factor is in (0, 1])")]
+        return []
 
 
 @dataclass(frozen=True)

@@ -201,6 +201,12 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
             kernel[key] = mapped.kernel
             fused = getattr(m.sharder, "fused_params", None) or {}
             factor = mapped.load_factor if mapped.load_factor is not None else fused.get("cache_load_factor")
+            if factor is not None and not _load_factor_ok(factor):
+                given = ("cache_params.load_factor" if mapped.load_factor is not None
+                         else "the sharder's cache_load_factor")
+                problems.append(Problem(f"{where}: {given}", f"{factor!r} is not a number in (0, 1], the share of "
+                                                            "the table's rows its cache holds (TorchRec's bounds)"))
+                continue
             if _may_cache(device, cells.get("compute_kernels")):
                 load_factors.setdefault(UVM_CACHING_RATIO if factor is None else float(factor), []).append(key)
             optimizers.setdefault(_optimizer(weights[key]), []).append(key)
@@ -216,6 +222,10 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
                 "one optimizer's state for every table"))
         cost = CostConfig(optimizer=next(iter(optimizers), Optimizer.NONE),
                           caching_ratio=next(iter(load_factors), UVM_CACHING_RATIO), profile=self._profile)
+        try:
+            check(cost, "")  # every cost setting within its bounds, whatever the model gave
+        except InputError as e:
+            problems += e.problems
         return rows, kernel, cost, problems
 
     def _torchrec_topology(self) -> Any:
@@ -247,6 +257,14 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
                 module_plan = sharding_plan.plan["" if planned.root else t.module]
                 module_plan[t.name] = replace(module_plan[t.name], **fields)
         return sharding_plan
+
+
+def _load_factor_ok(value: object) -> bool:
+    """A cache's share of its table: a finite number in (0, 1] (TorchRec refuses others when it builds the cache)."""
+    import math
+
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and 0 < value <= 1)
 
 
 def _narrowed(cells: dict[str, Any], types: tuple[str, ...] | None,

@@ -295,3 +295,21 @@ def test_torchrecs_plan_on_cpu_ranks_and_its_id_leaves_the_time_out(tmp_path):
     with pytest.raises(InputError, match="cpu ranks"):
         torchrec_plan(spec, topology, proposer=Planner.TORCHREC_DP)
     assert torchrec_topology(topology).world_size == 2
+
+
+@pytest.mark.parametrize("factor", [-0.5, 0.0, 1.5, float("nan"), float("inf")])
+def test_a_cache_load_factor_outside_torchrecs_bounds_is_named_before_planning(factor):
+    constraints = {"big": ParameterConstraints(cache_params=CacheParams(load_factor=factor))}
+    with pytest.raises(InputError) as e:
+        ShardflowPlanner(topology=cuda(), constraints=constraints).plan(towers(), SHARDERS)
+    text = e.value.render()
+    assert "table big in module towers.1.ebc: cache_params.load_factor" in text
+    assert "is not a number in (0, 1]" in text
+
+
+def test_the_same_load_factor_everywhere_plans_with_it_as_the_caching_ratio():
+    constraints = {name: ParameterConstraints(cache_params=CacheParams(load_factor=0.5))
+                   for name in ("user_id", "country", "item_id", "big", "history")}
+    planner = ShardflowPlanner(topology=cuda(), constraints=constraints)
+    planner.plan(towers(), SHARDERS)
+    assert planner.last_plan.planner.cost.caching_ratio == 0.5

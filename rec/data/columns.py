@@ -133,13 +133,36 @@ def _first(mask: np.ndarray) -> int:
     return int(np.argmax(mask))
 
 
-def _labels(column: pa.ChunkedArray, locate: Locate, what: str, problems: list[Problem]) -> np.ndarray:
+def type_problem(name: str, kind: pa.DataType, width: int) -> str | None:
+    """What is wrong with column ``name`` being of type ``kind`` (label, dense of ``width``, or a
+    feature's ids); None when it is a type training reads."""
     import pyarrow as pa
+
+    listed = pa.types.is_list(kind) or pa.types.is_large_list(kind)
+    if name == LABEL:
+        numeric = pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
+        return None if numeric else f"is {kind}; a label is a number, 0 or 1"
+    if name == DENSE:
+        if pa.types.is_fixed_size_list(kind) and pa.types.is_floating(kind.value_type):
+            return None if kind.list_size == width else (
+                f"holds {kind.list_size} values per row; --dense-in-features is {width}")
+        if listed and pa.types.is_floating(kind.value_type):
+            return None
+        return (f"is {kind}; dense features are a list of {width} floats per row "
+                f"(list<float> or fixed_size_list<float, {width}>)")
+    if listed and pa.types.is_integer(kind.value_type):
+        return None
+    hint = "; store one id per row as a list of one" if pa.types.is_integer(kind) else ""
+    return f"is {kind}; a feature's ids are list<int64> (or list<int32>), one list per row{hint}"
+
+
+def _labels(column: pa.ChunkedArray, locate: Locate, what: str, problems: list[Problem]) -> np.ndarray:
 
     array = _chunk(column)
     where = f"{what} column {LABEL!r}"
-    if not (pa.types.is_integer(array.type) or pa.types.is_floating(array.type) or pa.types.is_boolean(array.type)):
-        problems.append(Problem(where, f"is {array.type}; a label is a number, 0 or 1"))
+    wrong_type = type_problem(LABEL, array.type, 0)
+    if wrong_type:
+        problems.append(Problem(where, wrong_type))
         return np.zeros(len(array), np.float32)
     if array.null_count:
         nulls = np.asarray(array.is_null())
@@ -156,17 +179,14 @@ def _labels(column: pa.ChunkedArray, locate: Locate, what: str, problems: list[P
 
 
 def _dense(column: pa.ChunkedArray, width: int, locate: Locate, what: str, problems: list[Problem]) -> np.ndarray:
-    import pyarrow as pa
     import pyarrow.compute as pc
 
     array = _chunk(column)
     where = f"{what} column {DENSE!r}"
     empty = np.zeros((len(array), width), np.float32)
-    kind = array.type
-    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)) \
-            or not pa.types.is_floating(kind.value_type):
-        problems.append(Problem(where, f"is {kind}; dense features are a list of {width} floats per row "
-                                       f"(list<float> or fixed_size_list<float, {width}>)"))
+    wrong_type = type_problem(DENSE, array.type, width)
+    if wrong_type:
+        problems.append(Problem(where, wrong_type))
         return empty
     if array.null_count:
         problems.append(Problem(where, f"{_count(array.null_count, 'null row')} in {len(array):,} rows read, first at "
@@ -192,18 +212,15 @@ def _dense(column: pa.ChunkedArray, width: int, locate: Locate, what: str, probl
 
 def read_ids(column: pa.ChunkedArray, name: str, locate: Locate, what: str, problems: list[Problem]
          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    import pyarrow as pa
     import pyarrow.compute as pc
 
     array = _chunk(column)
     where = f"{what} column {name!r}"
-    kind = array.type
     n = len(array)
     nothing = (np.zeros(n, np.int32), np.zeros(n + 1, np.int64), np.zeros(0, np.int64))
-    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_integer(kind.value_type):
-        hint = "; store one id per row as a list of one" if pa.types.is_integer(kind) else ""
-        problems.append(Problem(where, f"is {kind}; a feature's ids are list<int64> (or list<int32>), "
-                                       f"one list per row{hint}"))
+    wrong_type = type_problem(name, array.type, 0)
+    if wrong_type:
+        problems.append(Problem(where, wrong_type))
         return nothing
     if array.null_count:
         lengths = pc.fill_null(pc.list_value_length(array), 0)  # a null list is an empty bag

@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rec.data.columns import from_arrow
+from rec.data.columns import from_arrow, type_problem
 from rec.data.files import DataFiles, open_data
 from rec.data.ids import IdsPolicy
-from rec.data.layout import DENSE, LABEL, DataLayout
+from rec.data.layout import DataLayout
 from rec.errors import InputError, Problem
 
 if TYPE_CHECKING:
-    import pyarrow as pa
+    pass
 
 SAMPLE_ROWS = 20_000  # rows the check reads, spread over up to SAMPLE_GROUPS row groups
 SAMPLE_GROUPS = 8
@@ -55,31 +55,10 @@ def schema_problems(files: DataFiles, layout: DataLayout, what: str = "--data") 
                                     "feature name: docs/training.md)"))
         for name in layout.columns:
             if name in schema.names:
-                reason = _type_problem(name, schema.field(name).type, layout.dense_in_features)
+                reason = type_problem(name, schema.field(name).type, layout.dense_in_features)
                 if reason:
                     problems.append(Problem(where.format(name), reason))
     return problems
-
-
-def _type_problem(name: str, kind: pa.DataType, width: int) -> str | None:
-    import pyarrow as pa
-
-    listed = pa.types.is_list(kind) or pa.types.is_large_list(kind)
-    if name == LABEL:
-        numeric = pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
-        return None if numeric else f"is {kind}; a label is a number, 0 or 1"
-    if name == DENSE:
-        if pa.types.is_fixed_size_list(kind) and pa.types.is_floating(kind.value_type):
-            return None if kind.list_size == width else (
-                f"holds {kind.list_size} values per row; --dense-in-features is {width}")
-        if listed and pa.types.is_floating(kind.value_type):
-            return None
-        return (f"is {kind}; dense features are a list of {width} floats per row "
-                f"(list<float> or fixed_size_list<float, {width}>)")
-    if listed and pa.types.is_integer(kind.value_type):
-        return None
-    hint = "; store one id per row as a list of one" if pa.types.is_integer(kind) else ""
-    return f"is {kind}; a feature's ids are list<int64> (or list<int32>), one list per row{hint}"
 
 
 def sample_problems(files: DataFiles, layout: DataLayout, policy: IdsPolicy, what: str = "--data",

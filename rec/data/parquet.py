@@ -8,6 +8,7 @@ reader, whatever the size of the dataset; only the files' footers are read up fr
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -37,9 +38,12 @@ class ParquetSource:
     what: str = "--data"
     threads: int = 1  # readers, each a window at a time
     _groups: RowGroups = field(init=False, repr=False)
+    _layouts: Any = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._groups = RowGroups(self.files, self.layout.columns, keep=self.threads + 1)
+        # Every window of an epoch needs its order: computed once per epoch (the current and the next).
+        self._layouts = functools.lru_cache(maxsize=2)(self._epoch_layout)
         rows = np.array([g.rows for g in self.files.row_groups], np.int64)
         first_in_file = np.zeros(len(rows), np.int64)
         for i in range(1, len(rows)):
@@ -126,13 +130,18 @@ class ParquetSource:
         # The window converted in file order, then shuffled in numpy (cheaper than Arrow's take of lists).
         return from_arrow(table, self.layout, self.policy, locate, self.what).take(offsets[lo:hi])
 
+    def _epoch_layout(self, epoch: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The row groups of ``epoch`` in reading order (None: path order), their sizes, and where
+        each starts in the epoch's positions."""
+        order = np.arange(len(self.order.group_rows)) if epoch is None else self.order.group_order(epoch)
+        sizes = self.order.group_rows[order]
+        return order, sizes, np.concatenate([[0], np.cumsum(sizes)])
+
     def _positions(self, epoch: int, start: int, stop: int, unshuffled: bool = False) -> tuple[pa.Table, Any]:
         """The rows at positions ``[start, stop)`` of ``epoch``'s order, and how to name each."""
         import pyarrow as pa
 
-        order = np.arange(len(self.order.group_rows)) if unshuffled else self.order.group_order(epoch)
-        sizes = self.order.group_rows[order]
-        starts = np.concatenate([[0], np.cumsum(sizes)])
+        order, sizes, starts = self._layouts(None if unshuffled else epoch)
         first = int(np.searchsorted(starts, start, side="right")) - 1
         parts, owners = [], []
         g = first

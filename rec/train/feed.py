@@ -92,6 +92,13 @@ class Feed:
                 "world_size": position.world_size, "splits": [list(s) for s in position.splits],
                 **(self.source.identity() if self.source is not None else {})}
 
+    def keep_position(self, step: Path, iteration: int) -> None:
+        """Write the position after ``iteration`` iterations into the checkpoint directory ``step``."""
+        from rec.disk_full import write_whole
+
+        record = self.position_record(self.position_at(iteration))
+        write_whole(step / POSITION_FILE, (json.dumps(record, indent=1) + "\n").encode())
+
 
 def reading(config: TrainConfig) -> Reading:
     import os
@@ -101,12 +108,6 @@ def reading(config: TrainConfig) -> Reading:
     threads = reader_threads(config.read_threads, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     return Reading(seed=config.seed, shuffle=config.shuffle, window=config.shuffle_window, ids=config.ids,
                    threads=threads)
-
-
-def write_position(step_dir: Path, record: dict[str, Any]) -> None:
-    from rec.disk_full import write_whole
-
-    write_whole(step_dir / POSITION_FILE, (json.dumps(record, indent=1) + "\n").encode())
 
 
 def read_position(step_dir: Path) -> dict[str, Any] | None:

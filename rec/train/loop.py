@@ -22,7 +22,7 @@ from rec.train import checkpoint
 from rec.train.collectives import Group
 from rec.train.config import FAIL_AT_ENV, PipelineKind, TrainConfig
 from rec.train.evaluate import Evaluator
-from rec.train.feed import Feed, write_position
+from rec.train.feed import Feed
 from rec.train.metrics import Iterations, write_iterations
 from rec.train.rank_log import RankOutput
 from rec.train.rank_process import restart_count
@@ -69,7 +69,7 @@ def train_iterations(dmp: DistributedModelParallel, optimizer: CombinedOptimizer
             if rows is not None:
                 write_iterations(out_dir, rows)
                 assert checkpoints is not None
-                write_position(step_dir(checkpoints, done), feed.position_record(feed.position_at(done)))
+                feed.keep_position(step_dir(checkpoints, done), done)
         return keep
 
     def evaluate(done: int) -> None:

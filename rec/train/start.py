@@ -16,7 +16,7 @@ from rec.errors import InputError, Problem
 from rec.plan import Plan
 from rec.train import checkpoint
 from rec.train.config import TrainConfig
-from rec.train.feed import Feed, read_position, write_position
+from rec.train.feed import Feed, read_position
 from rec.train.metrics import Iterations, Resumed, earlier_iterations
 from rec.train.rank_log import RankOutput
 from rec.train.rank_process import restart_count
@@ -73,7 +73,7 @@ def _read_on(feed: Feed, iteration: int, step: Path, output: RankOutput) -> None
 
 def _keep_position(feed: Feed, iteration: int, step: Path) -> None:
     if dist.get_rank() == 0:
-        write_position(step, feed.position_record(feed.position_at(iteration)))
+        feed.keep_position(step, iteration)
 
 
 def _from_other_plan(path: str, plan: Plan, dmp: DistributedModelParallel, optimizer: CombinedOptimizer,

@@ -46,8 +46,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from rec.cost.unique import ID_SKEW  # noqa: E402
 from rec.errors import InputError, Problem  # noqa: E402
+from rec.hit_rates import ID_SKEW  # noqa: E402
 from rec.spec import Spec, spec_from_rows  # noqa: E402
 from rec.spec.types import TableSpec  # noqa: E402
 from rec.train.tables import one_default_ebc  # noqa: E402

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from rec.hit_rates import CACHE_FRACTIONS
 from rec.plan import PLAN_FILE, read_plan
 from rec.planning import plan_spec
 from rec.search import SearchConfig
@@ -76,9 +77,11 @@ def gpu_topology(name: str) -> Topology:
                                "storage_reservation": 0.15}, source=name)
 
 
-def memory_tight_spec(n_tables: int, table_bytes: float, seed: int) -> Spec:
+def memory_tight_spec(n_tables: int, table_bytes: float, seed: int, stats: bool = False) -> Spec:
     """``n_tables`` tables (rows log-uniform, dims 32-256, a quarter FP16, pooling 1-40) scaled to
-    ``table_bytes`` of weights and row-wise optimizer state in all."""
+    ``table_bytes`` of weights and row-wise optimizer state in all; with ``stats``, each with a measured
+    ``hit_rate_curve`` (``shardflow spec stats``'s fractions) of ids ``rows x u**s``, s from 1 (no
+    skew) to 6 (a few rows serve most lookups)."""
     from rec.spec.validate import spec_from_rows
 
     rng = np.random.default_rng(seed)
@@ -87,17 +90,20 @@ def memory_tight_spec(n_tables: int, table_bytes: float, seed: int) -> Spec:
     fp16 = rng.random(n_tables) < 0.25
     pooling = np.round(rng.uniform(1, 40, n_tables), 1)
     rows = np.maximum(1000, np.rint(rows * table_bytes / (rows * dims * np.where(fp16, 2, 4) + rows * 4).sum()))
+    skew = rng.uniform(1.0, 6.0, n_tables)
+    curves = [{"hit_rate_curve": [[f, round(f ** (1 / s), 6)] for f in CACHE_FRACTIONS]} if stats else {} for s in skew]
     return spec_from_rows([{"name": f"t{i:03d}", "num_embeddings": int(rows[i]), "embedding_dim": int(dims[i]),
-                            "pooling_factor": float(pooling[i]), "data_type": "FP16" if fp16[i] else "FP32"}
+                            "pooling_factor": float(pooling[i]), "data_type": "FP16" if fp16[i] else "FP32",
+                            **curves[i]}
                            for i in range(n_tables)], source=f"memory_tight_spec({n_tables}, seed={seed})")
 
 
 def _tight(name: str, n: int, hosts: int, local: int, hbm: int, batch: int, times_hbm: float, seed: int,
-           quick: bool = False) -> Workload:
+           quick: bool = False, stats: bool = False) -> Workload:
     total = times_hbm * hosts * local * hbm * GiB
 
     def spec() -> Spec:
-        return memory_tight_spec(n, total, seed)
+        return memory_tight_spec(n, total, seed, stats)
 
     return Workload(name, spec, f"gpu_{hosts}x{local}_{hbm}_{batch}", quick=quick, memory_tight=True)
 
@@ -114,6 +120,8 @@ WORKLOADS = [
     _tight("mem-8-x10", 40, 1, 8, 8, 1024, 10, seed=3),
     _tight("mem-16-2hosts", 120, 2, 8, 16, 1024, 6, seed=2),
     _tight("mem-64", 300, 8, 8, 16, 1024, 3, seed=5),
+    _tight("mem-8-stats", 60, 1, 8, 8, 2048, 5, seed=7, stats=True),  # skewed ids, measured per table
+    _tight("mem-16-stats", 120, 2, 8, 16, 1024, 6, seed=8, stats=True),
 ]
 
 

@@ -3,14 +3,14 @@
 
 Prefect starts it on first use and gives up after ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS``
 (Prefect's default: 20 s) with a traceback. The first start also creates Prefect's database in
-PREFECT_HOME: with one busy core that took longer than 20 s, and the README's first command failed.
+PREFECT_HOME, which on one busy core can take longer than that, failing the README's first command.
 shardflow starts the same server itself, waiting as long as that same setting says, or
 ``STARTUP_TIMEOUT_S`` when the user did not set it, and reports a start that fails in one line.
 
 The server is the one Prefect's ``SubprocessASGIServer`` runs (uvicorn serving
 ``prefect.server.api.server:create_app`` on 127.0.0.1, the UI off), started from here because that
-class lives in the server's own module: importing it costs this process the whole server (4-5 s of
-CPU on a slow core) for nothing, as the server runs in its own process. The flows reach it as
+class lives in the server's own module: importing it costs this process the whole server (seconds
+of CPU) for nothing, as the server runs in its own process. The flows reach it as
 ``PREFECT_API_URL`` for the duration of ``ephemeral_api()``, so Prefect's client never loads it.
 """
 

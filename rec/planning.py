@@ -10,12 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+import numpy as np
+
 from rec import progress
 from rec.analysis.build import build_plan
 from rec.analysis.predict import predicted_critical_path
-from rec.analysis.split_widths import with_split_widths
 from rec.cost.types import CostConfig
 from rec.errors import InputError, Problem
+from rec.passes import PassContext, after_search
+from rec.passes.context import RELATIVE_GAIN
 from rec.plan.identity import replan_keys
 from rec.plan.movement import Movement, movement
 from rec.plan.types import Plan
@@ -25,7 +28,6 @@ from rec.search.feasibility import packing_failure
 from rec.search.least_moved import least_moved
 from rec.search.pack import PackingError
 from rec.search.space import SearchSpace
-from rec.search.type_costs import RELATIVE_GAIN, with_fewer_types
 from rec.search.warm import MAX_REGRESS, moved_bytes, previous_placement, warm_starts
 from rec.spec.types import Spec
 from rec.topology.types import Topology
@@ -52,10 +54,17 @@ def plan_spec(spec: Spec, topology: Topology, cost: CostConfig = CostConfig(),
     space = build_search_space(spec, topology, cost)
     progress.update("searching")
     result = _search(space, spec, config, searcher)
-    result = with_fewer_types(result, cost.profile, lambda s: _search(s, spec, config, searcher))
-    result = with_split_widths(result, spec, topology, cost, config, lambda s: _search(s, spec, config, searcher))
+    result = after_search(result, _context(spec, topology, cost, config, searcher))
     progress.update("building the plan")
     return build_plan(result, spec, topology, cost, config, result.info)
+
+
+def _context(spec: Spec, topology: Topology, cost: CostConfig, config: SearchConfig,
+             searcher: Searcher | None, may_search: bool = True) -> PassContext:
+    """What the whole-plan passes get: they search again with ``searcher`` (None: in this process)
+    unless ``may_search`` is false."""
+    search = (lambda s: _search(s, spec, config, searcher)) if may_search else None
+    return PassContext(spec, topology, cost, config, search)
 
 
 def _search(space: SearchSpace, spec: Spec, config: SearchConfig, searcher: Searcher | None) -> SearchResult:
@@ -86,12 +95,13 @@ def replan_spec(spec: Spec, topology: Topology, previous: Plan, max_regress: flo
         raise InputError("Cannot replan from this previous plan:", [Problem(
             f"plan {previous.plan_id}", "was made for another topology; replan from a plan of the same "
                                         "topology, or plan from scratch (without --previous)")])
-    space = build_search_space(spec, topology, cost)
+    # The previous plan's cache sizes, so that its shards fit where they are.
+    kept = dict(zip(previous.columns.keys, previous.columns.load_factor.tolist(), strict=True))  # type: ignore[union-attr]
+    space = build_search_space(spec, topology, cost, np.array([kept.get(t.key, np.nan) for t in spec.tables]))
     progress.update("searching from scratch")
     result = _search(space, spec, config, searcher)
-    result = with_fewer_types(result, cost.profile, lambda s: _search(s, spec, config, searcher))
-    result = with_split_widths(result, spec, topology, cost, config, lambda s: _search(s, spec, config, searcher))
-    fresh = build_plan(result, spec, topology, cost, config, result.info)
+    searched = after_search(result, _context(spec, topology, cost, config, searcher))
+    fresh = build_plan(searched, spec, topology, cost, config, searched.info)
     progress.update(f"keeping shards of plan {previous.plan_id} in place")
     prev = previous_placement(space, spec, previous, cost)
     target = (1 + max_regress) * result.critical_path
@@ -102,14 +112,16 @@ def replan_spec(spec: Spec, topology: Topology, previous: Plan, max_regress: flo
         exact = least_moved(space, prev, incumbent, target, config.time_limit_s)
         candidates += [exact] if exact is not None else []
     extra = replan_keys(previous, max_regress, result.info)
-    # costs the search does not see: plan-level (rec.search.type_costs), kernel groups' widest rows
-    typed = bool(cost.profile.extensions.sharding_type_ms or cost.profile.extensions.widest_dim_multiplier)
+    # Costs the search does not see (rec.passes) count: a placement within the budget shard by shard
+    # may not be with them.
     budget = (1 + max_regress) * predicted_critical_path(fresh) * (1 + RELATIVE_GAIN)
+    in_place = _context(spec, topology, cost, config, searcher, may_search=False)
     best: tuple[tuple[int, float], Plan, Movement] | None = None
-    for assignment in [*candidates, result.assignment]:  # the fresh plan itself is within the budget
-        plan = build_plan(replace(result, assignment=assignment), spec, topology, cost, config, extra)
-        if typed and predicted_critical_path(plan) > budget:
-            continue  # within the budget per shard, but a sharding type the fresh plan does without costs more
+    placements = [after_search(replace(result, assignment=a), in_place) for a in candidates]
+    for placed in [*placements, searched]:  # the fresh plan itself is within the budget
+        plan = build_plan(placed, spec, topology, cost, config, extra)
+        if placed is not searched and predicted_critical_path(plan) > budget:
+            continue
         moved = movement(previous, plan, fresh.metrics.critical_path)
         key = (moved.moved_bytes, plan.metrics.critical_path)
         if best is None or key < best[0]:

@@ -214,7 +214,8 @@ def _results(probes: tuple[Probe, ...], order: list[int], timings: Timings) -> t
 
 def _fit_report(fit: Fit, results: tuple[ProbeResult, ...], timed_out: tuple[str, ...], topology_path: str,
                 topology: Topology, profile_path: str, settings: CalibrateSettings) -> dict[str, Any]:
-    """The fit report (docs/profile.md, "Calibration"): per probe measured, predicted and residual."""
+    """The fit report (docs/profile.md, "Calibration"): per probe measured, predicted and residual; per
+    fitted number its relative standard error (null: none, at 0 or undetermined)."""
     by_name = {p.name: p for p in fit.probes}
     probes = []
     for r in results:
@@ -229,6 +230,8 @@ def _fit_report(fit: Fit, results: tuple[ProbeResult, ...], timed_out: tuple[str
         "topology": {"path": str(topology_path), "hash": topology.topology_hash, **topology_to_dict(topology)},
         "machine": None if machine is None else {**asdict(machine), "device": machine.device.value},
         "settings": to_dict(settings), "fitted": fit.values, "left_out": list(fit.left_out),
+        "relative_errors": {k: None if e is None or not np.isfinite(e) else e for k, e in fit.relative_errors.items()},
+        "poorly_determined": list(fit.poorly_determined),
         "median_abs_residual": fit.median_abs_error, "max_abs_residual": fit.max_abs_error,
         "timed_out": list(timed_out), "probes": probes,
     }

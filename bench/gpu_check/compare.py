@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.gpu_check import workloads
+from bench.gpu_check import families, workloads
 from bench.gpu_check.context import Context, Outcome, SectionFailed, Skipped
 from bench.gpu_check.targets import target
 from bench.gpu_check.workloads import Workload
@@ -95,10 +95,19 @@ def sized(ctx: Context, workload: Workload, profile: Profile) -> Workload:
     a user's workload (``--specs``) as its file says."""
     if not ctx.ranks.cuda or workload.given:
         return workload
+    from rec.errors import InputError
+
     ids_per_sample = sum(float(r.get("pooling_factor", 1.0)) * len(r.get("feature_names") or [0])
                          for r in workload.rows)
+    fits = None
     for _ in range(MAX_DOUBLINGS):
-        plan = _shardflow(workload, _topology(ctx, workload.batch_size, workload.hbm_bytes), DEFAULT_PROFILE)
+        try:
+            plan = _shardflow(workload, _topology(ctx, workload.batch_size, workload.hbm_bytes), DEFAULT_PROFILE)
+        except InputError:
+            if fits is None:
+                raise
+            return fits  # a memory-tight workload's buffers outgrew its HBM cap: the last batch that fit
+        fits = workload
         too_many = 2 * workload.batch_size * ids_per_sample * ctx.ranks.world_size > MAX_IDS * ctx.ranks.world_size
         if predicted(plan, profile) >= GPU_SIZED_MS or too_many or workload.batch_size * 2 > MAX_BATCH:
             break
@@ -166,10 +175,13 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float:
 
 
 def calibration(ctx: Context) -> Outcome:
-    """GPU-sized workloads (the check's own, the user's ``--specs``, or both), each planned under
-    TorchRec's default profile and the calibrated one (or ``--profile``); every plan measured in
-    alternating repeats; each profile's error and rank correlation, per workload by its name, and
-    the targets: the calibrated profile's median |error|, Spearman, and the repeats' median spread."""
+    """GPU-sized workloads (the check's own, the user's ``--specs``, or both; beside the check's own,
+    the out-of-family ones, ``bench.gpu_check.families``), each planned under TorchRec's default
+    profile and the calibrated one (or ``--profile``); every plan measured in alternating repeats;
+    each profile's error and rank correlation, per workload by its name and per group, and the
+    targets: the calibrated profile's median |error|, Spearman and the repeats' median spread over
+    the given and built-in plans, and its median |error| and Spearman over the out-of-family ones."""
+    from rec.errors import InputError
     from rec.profile import read_profile
 
     if ctx.profile is None:
@@ -183,17 +195,26 @@ def calibration(ctx: Context) -> Outcome:
     plans: list[Plan] = []
     builtin = (workloads.calibration_workloads(ctx.ranks, len(workloads.CALIBRATION_SPECS) if cuda else 2)
                if ctx.builtin else [])
-    candidates = [*ctx.given, *builtin]
+    oof = families.out_of_family(ctx.ranks) if ctx.builtin else families.OutOfFamily((), {})
+    candidates = [*ctx.given, *_beside(builtin, list(oof.workloads))]
+    not_planned: dict[str, str] = {}
     for workload in candidates:
-        workload = sized(ctx, workload, calibrated)
-        topology = _topology(ctx, workload.batch_size, workload.hbm_bytes)
-        pair = [_shardflow(workload, topology, DEFAULT_PROFILE), _shardflow(workload, topology, calibrated)]
+        try:
+            workload = sized(ctx, workload, calibrated)
+            topology = _topology(ctx, workload.batch_size, workload.hbm_bytes)
+            pair = [_shardflow(workload, topology, DEFAULT_PROFILE), _shardflow(workload, topology, calibrated)]
+        except InputError as e:
+            if not workload.family:
+                raise
+            not_planned[workload.name] = e.render()[:300]  # a finding about the planner, not the profile
+            continue
         spent = time.monotonic() - started
         if plans and spent + LAUNCH_S[cuda] + _estimate(ctx, plans + pair, calibrated, repeats) > budget:
             break
         for made_under, plan in zip(("default", "calibrated"), pair, strict=True):
             plans.append(plan)
-            entries.append({"spec": workload.name, "given": workload.given, "tables": len(workload.rows),
+            entries.append({"spec": workload.name, "given": workload.given, "group": workload.group,
+                            "family": workload.family, "tables": len(workload.rows),
                             "batch_size": workload.batch_size, "made_under": made_under, "plan_id": plan.plan_id,
                             "sharding": _mix(plan),
                             "predicted_default_ms": predicted(plan, DEFAULT_PROFILE),
@@ -208,26 +229,64 @@ def calibration(ctx: Context) -> Outcome:
     if len(ok) < 2:
         raise SectionFailed(f"only {len(ok)} of {len(entries)} plans were measured")
     values = [e["measured_ms"] for e in ok]
-    summary = _accuracy(ok)
-    groups = {name: _accuracy(rows) for name, rows in (("given", [e for e in ok if e["given"]]),
-                                                       ("builtin", [e for e in ok if not e["given"]])) if rows}
+    # The calibration_* targets and ``summary`` judge the given and built-in plans, as before the
+    # out-of-family set existed; that set has targets of its own.
+    judged = [e for e in ok if e["group"] != "out_of_family"]
+    apart = [e for e in ok if e["group"] == "out_of_family"]
+    summary = _accuracy(judged)
+    groups = {name: _accuracy(rows) for name in ("given", "builtin", "out_of_family")
+              if (rows := [e for e in ok if e["group"] == name])}
     spreads = [e["spread"] for e in ok]
+    judged_spread = float(np.median([e["spread"] for e in judged])) if judged else math.nan
     measured_names = {e["spec"] for e in entries}
     figures = {"specs": len({e["spec"] for e in ok}), "plans": len(ok), "repeats": repeats,
                "profile": str(ctx.profile), "min_measured_ms": min(values),
                "below_10_ms": [e["spec"] for e in ok if e["measured_ms"] < 10.0],
-               "max_spread": max(spreads), "median_spread": float(np.median(spreads)),
+               "max_spread": max(spreads), "median_spread": judged_spread,
                "summary": summary, "by_group": groups, "choices": _choices(ok), "plans_measured": entries,
                "workloads": _by_workload(entries),
                "left_out": [w.name for w in candidates if w.name not in measured_names]}
+    if ctx.builtin:
+        figures["out_of_family"] = _apart(oof, apart, not_planned)
     cal = summary["calibrated"]
     targets = (target("calibration_median_abs_error", cal["median_abs_error"], cuda),
-               *((target("calibration_spearman", cal["spearman"], cuda),) if len(ok) > 2 else ()),  # a rank needs 3
+               *((target("calibration_spearman", cal["spearman"], cuda),) if len(judged) > 2 else ()),  # a rank needs 3
                target("calibration_median_spread", figures["median_spread"], cuda))
-    return Outcome(figures, f"{len(ok)} plans of {figures['specs']} specs: calibrated median |error| "
-                            f"{cal['median_abs_error']:.1%}, Spearman {cal['spearman']:.2f} (defaults "
+    line = ""
+    if ctx.builtin:
+        far = groups.get("out_of_family", {}).get("calibrated", {"median_abs_error": math.nan, "spearman": math.nan})
+        targets += (target("out_of_family_median_abs_error", far["median_abs_error"], cuda),
+                    *((target("out_of_family_spearman", far["spearman"], cuda),) if len(apart) > 2 else ()))
+        line = (f"; out of family {len(apart)} plans: median |error| {far['median_abs_error']:.1%}, "
+                f"Spearman {far['spearman']:.2f}")
+    return Outcome(figures, f"{len(judged)} plans of {len({e['spec'] for e in judged})} specs: calibrated median "
+                            f"|error| {cal['median_abs_error']:.1%}, Spearman {cal['spearman']:.2f} (defaults "
                             f"{summary['default']['median_abs_error']:.0%}, {summary['default']['spearman']:.2f}); "
-                            f"spread up to {max(spreads):.1%}", targets)
+                            f"spread up to {max(spreads):.1%}{line}", targets)
+
+
+def _beside(builtin: list[Workload], oof: list[Workload]) -> list[Workload]:
+    """The built-in workloads with the out-of-family set's first round (one per family) between
+    them, its later rounds after them: a budget that reaches only some workloads still reaches both
+    sets, and the built-in ones before the second round."""
+    first = len({w.family for w in oof})  # families.out_of_family orders its workloads round by round
+    head, rest = oof[:first], oof[first:]
+    out: list[Workload] = []
+    for i, workload in enumerate(builtin):
+        out += [workload, *head[i:i + 1]]
+    return out + head[len(builtin):] + rest
+
+
+def _apart(oof: families.OutOfFamily, measured: list[dict[str, Any]], not_planned: dict[str, str]) -> dict[str, Any]:
+    """The out-of-family set's own figures: what it is, what was measured of it, what was not."""
+    spreads = [e["spread"] for e in measured]
+    return {"seeds": f"{families.OOF_SEEDS.start}-{families.OOF_SEEDS.stop - 1}",
+            "families": sorted({w.family for w in oof.workloads if w.family}),
+            "workloads": {w.name: {"family": w.family, "tables": len(w.rows), "hbm_cap": w.hbm_bytes,
+                                   "table_bytes": sum(int(r["num_embeddings"]) * int(r["embedding_dim"]) * 4
+                                                      for r in w.rows)} for w in oof.workloads},
+            "plans": len(measured), "median_spread": float(np.median(spreads)) if spreads else math.nan,
+            "skipped": oof.skipped, "not_planned": not_planned}
 
 
 def _accuracy(entries: list[dict[str, Any]]) -> dict[str, dict[str, float]]:

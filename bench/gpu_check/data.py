@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bench.gpu_check.workloads import Workload
-from rec.cost.unique import ID_SKEW
+from rec.hit_rates import ID_SKEW
 
 DENSE = 13  # the training job's --dense-in-features default
 ROW_GROUP = 1 << 16

@@ -52,9 +52,13 @@ BOUNDS: dict[str, tuple[Bound, float, float]] = {
     # calibrate: the full calibration's seconds on cuda (cpu: the quick set, not timed)
     "calibrate_seconds": (Bound.AT_MOST, 180.0, math.inf),
     # calibration: predicted against measured under the calibrated (or given) profile
+    # (over the given and built-in plans: the user's --specs and the calibration bench's specs)
     "calibration_median_abs_error": (Bound.AT_MOST, 0.10, 0.85),  # cpu: TorchRec's defaults miss by ~0.95
     "calibration_spearman": (Bound.AT_LEAST, 0.9, -1.0),
     "calibration_median_spread": (Bound.AT_MOST, 0.05, 1.0),  # the repeats of a plan: (max - min) / median
+    # calibration, over the out-of-family plans alone (bench.gpu_check.families): shapes the model was not fitted on
+    "out_of_family_median_abs_error": (Bound.AT_MOST, 0.10, 0.85),
+    "out_of_family_spearman": (Bound.AT_LEAST, 0.9, -1.0),
     # vs_torchrec: shapes where shardflow's calibrated plan measured slower than TorchRec's beyond the noise
     "slower_than_torchrec": (Bound.AT_MOST, 0.0, math.inf),  # cpu: 2 repeats on shared cores tell nothing
 }

@@ -45,6 +45,12 @@ class Workload:
     batch_size: int  # per rank
     hbm_bytes: int | None = None  # a tighter HBM per rank than the device has (memory-tight shapes)
     given: bool = False  # the user's (--specs): its batch size as given, reported apart from the check's own
+    family: str | None = None  # an out-of-family generator's (bench.gpu_check.families), reported apart
+
+    @property
+    def group(self) -> str:
+        """How the calibration section reports it: ``given``, ``out_of_family`` or ``builtin``."""
+        return "given" if self.given else "out_of_family" if self.family else "builtin"
 
 
 WORKLOAD_KEYS = ("tables", "batch_size", "hbm_cap")  # a --specs file: a spec, and the two per rank

@@ -7,8 +7,8 @@ and mixes of sharding types), measures them all in one torchrun launch of the me
 `shardflow measure` does), each in three rounds in different orders, and fits the profile by
 non-negative least squares on the cost model's own formulas. Writes the profile (with the machine
 it was measured on) and, beside it, PROFILE.fit.json: each probe's measured and predicted time and
-residual. Prints the probes predicted against measured and the fit's error. 2.5 to 5 minutes on 2
-cpu ranks; `--quick` about half the probes, once, in under a minute. Plan with the result:
+residual. Prints the probes predicted against measured and the fit's error (docs/profile.md says
+how long it takes); `--quick` measures about half the probes, once. Plan with the result:
 `shardflow plan SPEC --topology TOPO --profile profile.yaml`. A fit the measurements cannot give
 (e.g. every probe timed out) exits 2 and writes no profile.
 """
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from tasks.calibrate import Calibrated
 
 MAX_PROBE_ROWS = 60
+MAX_POOR_NAMES = 4  # the summary names the worst determined numbers; the fit report has them all
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -76,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
 
 def render_calibrated(c: Calibrated) -> str:
     from flows.text_table import render_table
+    from rec.calibrate.fit import POOR_RELATIVE_ERROR
     from rec.profile import describe_profile
 
     if c.fit is None:
@@ -89,6 +91,10 @@ def render_calibrated(c: Calibrated) -> str:
     lines = [render_table(header, rows, right=header[1:]), ""]
     lines.append(f"fit       {len(fit.probes)} probes: median |residual| {fit.median_abs_error:.1%}, "
                  f"max {fit.max_abs_error:.1%}" + (f"; timed out: {', '.join(c.timed_out)}" if c.timed_out else ""))
+    if poor := fit.poorly_determined:
+        more = f" and {len(poor) - MAX_POOR_NAMES} more ({c.fit_path})" if len(poor) > MAX_POOR_NAMES else ""
+        lines.append(f"poorly determined (standard error over {POOR_RELATIVE_ERROR:.0%}): "
+                     f"{', '.join(poor[:MAX_POOR_NAMES])}{more}")
     lines.append(f"profile   {describe_profile(fit.profile)}")
     lines.append(f"wrote     {c.profile_path}, {c.fit_path} (probes, timings and logs in {c.work_dir})")
     return "\n".join(lines)

@@ -16,7 +16,7 @@ from rec.topology import Topology, read_topology
 from rec.units import format_bytes
 
 if TYPE_CHECKING:
-    from rec.spec.stats import TableStats
+    from rec.data.stats import TableStats
 
 SUMMARY_ROWS = 20  # tables the summary of ``spec stats`` lists before "... N more"
 
@@ -50,8 +50,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                             help="spec file to write: .parquet .arrow .feather .ipc .csv .yaml .json")
     from_model.set_defaults(handler=run_from_model)
 
+    from rec.data.stats import StatsSettings
     from rec.settings import add_flags
-    from rec.spec.stats import StatsSettings
 
     stats = commands.add_parser(
         "stats", help="measure each table's statistics from training data and write them into a spec",
@@ -100,11 +100,11 @@ def run_stats(args: argparse.Namespace) -> int:
     from flows.progress import on_terminal
     from rec import progress
     from rec.data.layout import DataLayout
+    from rec.data.sample import read_sample
+    from rec.data.stats import StatsSettings, spec_stats, with_stats
     from rec.disk_full import DISK_FULL_ERRNOS
     from rec.settings import check, from_flags
-    from rec.spec.data_sample import read_sample
     from rec.spec.read import spec_format
-    from rec.spec.stats import StatsSettings, spec_stats, with_stats
 
     settings = from_flags(StatsSettings, args)
     check(settings, "Cannot measure with these settings:")

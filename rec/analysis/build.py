@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rec.cost.types import ST_CODE, CostConfig
+from rec.cost.types import CK_CODE, ST_CODE, CostConfig
 from rec.plan.columns import TableColumns
 from rec.plan.identity import plan_id, planner_config
 from rec.plan.planner_identity import PlannerIdentity
@@ -12,7 +12,7 @@ from rec.plan.types import Plan, PlanMetrics
 from rec.search.assignment import chosen_shards
 from rec.search.config import SearchConfig
 from rec.search.result import SearchResult
-from rec.sharding import ShardingType
+from rec.sharding import ComputeKernel, ShardingType
 from rec.spec.types import Spec
 from rec.topology.types import Topology
 
@@ -50,6 +50,7 @@ def build_plan(result: SearchResult, spec: Spec, topology: Topology, cost: CostC
         cols=opts.cols[e].astype(np.int64),
         world_size=world,
         modules=tuple(t.module for t in spec.tables),
+        load_factor=_chosen(space.chosen_load_factor, opts.compute_kernel[choice], len(spec.tables)),
     )
     metrics = PlanMetrics(
         critical_path=result.critical_path,
@@ -73,3 +74,11 @@ def build_plan(result: SearchResult, spec: Spec, topology: Topology, cost: CostC
         metrics=metrics,
         spec=spec,
     )
+
+
+def _chosen(load_factors: np.ndarray | None, kernels: np.ndarray, n: int) -> np.ndarray:
+    """(T,) the cache sizes chosen for tables that got fused_uvm_caching; NaN elsewhere."""
+    if load_factors is None:
+        return np.full(n, np.nan)
+    out: np.ndarray = np.where(kernels == CK_CODE[ComputeKernel.FUSED_UVM_CACHING], load_factors, np.nan)
+    return out

@@ -21,6 +21,7 @@ from rec.cost.perf import shard_ids, shard_perf
 from rec.cost.tables import table_arrays
 from rec.cost.types import COMPUTE_KERNELS, SHARDING_TYPES
 from rec.cost.widest import FAMILY_CODE, KERNEL_FAMILY, group_extremes, lanes, padding_ms
+from rec.plan.load_factors import chosen_load_factors
 from rec.plan.types import Plan
 from rec.profile.types import Profile
 
@@ -52,7 +53,7 @@ def _entries(plan: Plan, profile: Profile | None) -> tuple[np.ndarray, np.ndarra
     profile = plan.planner.profile if profile is None else profile
     spec, topology = plan.spec, plan.topology
     cost = replace(plan.planner.cost, profile=profile)
-    arrays = table_arrays(spec, topology.batch_size, cost)
+    arrays = table_arrays(spec, topology.batch_size, cost, chosen_load_factors(plan))
     hw = links(topology, profile)
     c = plan.columns
     spec_of_table = _spec_positions(plan)
@@ -63,11 +64,12 @@ def _entries(plan: Plan, profile: Profile | None) -> tuple[np.ndarray, np.ndarra
         mine = np.flatnonzero((c.sharding_type[entry_table] == SHARDING_TYPES.index(st))
                               & (c.compute_kernel[entry_table] == COMPUTE_KERNELS.index(ck)))
         t = spec_of_table[entry_table[mine]]
-        bw[mine] = kernel_bw(hw, profile, KERNEL_FAMILY[ck], cost.caching_ratio)  # lanes idle in HBM's kernel
-        perf[mine] = shard_perf(st, ck, topology, profile, hw, kernel_bw(hw, profile, ck, cost.caching_ratio),
+        lf, miss = arrays.load_factor[t], arrays.miss_rate[t]
+        bw[mine] = kernel_bw(hw, profile, KERNEL_FAMILY[ck], lf)  # lanes idle in HBM's kernel
+        perf[mine] = shard_perf(st, ck, topology, profile, hw, kernel_bw(hw, profile, ck, lf),
                                 c.rows[mine], c.cols[mine],
                                 arrays.elem[t], arrays.batch_inputs[t], arrays.batch_outputs[t],
-                                pooled=arrays.pooled[t]).total
+                                pooled=arrays.pooled[t], miss_rate=miss).total
         ids[mine] = shard_ids(st, topology.world_size, topology.local_world_size, arrays.batch_inputs[t])
     multiplier = profile.extensions.widest_dim_multiplier
     if not multiplier:

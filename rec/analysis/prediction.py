@@ -1,9 +1,7 @@
 """A plan's one predicted iteration time, as every report prints it and every MLflow run logs it
 (``predicted_iteration_ms``): the critical path of its cost model plus its profile's plan-level
 terms (``rec.analysis.predict``), shown as those two parts when the profile has such terms.
-
-``shardflow plan`` once printed the critical path alone and ``measure`` the sum, for one plan: two
-"predicted" numbers. Everything now prints ``Prediction.text``.
+Every report prints ``Prediction.text``, so one plan has one predicted number wherever it is shown.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rec.errors import InputError, Problem
+from rec.plan.load_factors import chosen_load_factors
 from rec.plan.metrics import UNKNOWN_BOUND, BoundMethod
 from rec.plan.types import Plan
 
@@ -63,7 +64,8 @@ def recompute(plan: Plan) -> Estimates:
     plan = replace(plan, tables=plan.columns)  # the columns once (a plan read back holds objects)
     spec = plan.spec
     try:
-        space = build_search_space(spec, plan.topology, plan.planner.cost)  # the plan's own cost model
+        # the plan's own cost model, with the cache sizes it chose
+        space = build_search_space(spec, plan.topology, plan.planner.cost, chosen_load_factors(plan))
     except InputError as e:
         raise InputError(title, [Problem(f"plan {plan.plan_id}", "its spec, topology or cost model cannot be "
                                                                  f"rebuilt: {e.problems[0]}")]) from None

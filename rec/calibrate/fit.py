@@ -24,6 +24,14 @@ Which numbers are fitted, and why not the others (all else keeps TorchRec's defa
   sharded type (``coefficients.by_kernel``), whose ``fixed_ms`` is the type's and other byte terms 0.
 * ``widest_dim_multiplier``, where some plan runs tables of different widths in one kernel group
   (``rec.cost.widest``; the cuda probes do).
+* ``cache_miss_multiplier``, where some plan on cuda has a fused_uvm_caching table (``misses_fitted``):
+  the bytes of a cache's missed lookups over fused_uvm's bandwidth, added to the shard's time (its
+  column is that term at multiplier 1; the cuda probes vary the cache's size and the ids' skew, so
+  it is told apart from the caching kernel's ``lookup_size_multiplier``). A multiplier above 0
+  also switches the caching kernel's bandwidth to the fused kernel's (every id is looked up in the
+  HBM cache); so that the switch moves no other column, such a fit pins fused_uvm_caching's kernel
+  bandwidth to fused's in every unit profile (and in the profile it writes, where a multiplier of 0
+  then means the same as one above 0 with free misses): ``A @ theta`` stays the prediction.
 * The kernel bandwidths are pinned to the topology's (coefficients and bandwidth only appear as
   their ratio).
 * ``intra_host_bw`` and ``inter_host_bw`` through their inverse; the per-collective latency
@@ -37,6 +45,14 @@ Rows are weighted by 1 / measured time (relative errors, as the targets are stat
 by Huber's weights (a probe a burst of load slowed counts less), columns scaled to unit norm; a
 column that is all zero (nothing measured moves it) is left out and its number keeps the default.
 The result is validated like any profile file.
+
+Each fitted number's confidence is its relative standard error (standard error / value; of an inverse
+bandwidth, to first order that of the bandwidth), the linearised estimate of the last weighted fit:
+``s**2 (X^T W X)^-1`` over the numbers not at 0, with ``X`` the relative rows, ``W`` the Huber
+weights and ``s**2 = sum(w r**2) / (plans - numbers not at 0)`` from the relative residuals ``r``
+(the active set and the weights taken as given). A number at 0 (the bound) has none; one the
+measurements cannot tell apart from others (or with no residual degree of freedom left) has an
+infinite one. Above ``POOR_RELATIVE_ERROR`` a number is reported as poorly determined.
 """
 
 from __future__ import annotations
@@ -66,7 +82,7 @@ from rec.profile.types import (
     ShardingCoefficients,
 )
 from rec.profile.validate import profile_from_dict, profile_to_dict
-from rec.sharding import ComputeKernel, ShardingType
+from rec.sharding import ComputeDevice, ComputeKernel, ShardingType
 from rec.topology.types import MAX_BANDWIDTH, Topology
 from rec.topology.validate import MS_PER_S
 
@@ -78,6 +94,9 @@ MAD_TO_SD = 1.4826  # median absolute deviation -> standard deviation, for norma
 MIN_HUBER_CUT = 0.02  # relative: residuals below 2% always count fully
 ROW_WISE_TYPES = (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE)
 SHARED_BLOCKS = ("table_wise", "column_wise")  # one lookup kernel: one value for both
+POOR_RELATIVE_ERROR = 0.5  # a number whose standard error exceeds half of it is named poorly determined
+MISSES = "cache_miss_multiplier"  # the parameter's name
+UNDETERMINED = 1e-6  # a column with this much weight in a direction the rows leave free has no standard error
 # The dense kernel's backward is a dense gradient of the whole table, not per row touched.
 DENSE_UNFITTED = ("unique_read_size_multiplier", "unique_lookup_size_multiplier")
 # Read over the host link, not from HBM: with the kernel bandwidths pinned, one lookup coefficient for
@@ -130,6 +149,14 @@ class Fit:
     values: dict[str, float]  # parameter name -> fitted value (inverse bandwidths as bytes/s)
     probes: tuple[ProbeFit, ...]
     left_out: tuple[str, ...]  # parameters nothing measured moves: their defaults stay
+    # parameter name -> relative standard error (module docstring); None at 0, inf where undetermined
+    relative_errors: dict[str, float | None] = dataclasses.field(default_factory=dict)
+
+    @property
+    def poorly_determined(self) -> tuple[str, ...]:
+        """The fitted numbers whose relative standard error exceeds ``POOR_RELATIVE_ERROR``, worst first."""
+        poor = {name: e for name, e in self.relative_errors.items() if e is not None and e > POOR_RELATIVE_ERROR}
+        return tuple(sorted(poor, key=lambda name: -poor[name]))
 
     @property
     def median_abs_error(self) -> float:
@@ -155,12 +182,19 @@ def types_everywhere(plans: Sequence[Plan]) -> tuple[ShardingType, ...]:
     return tuple(s for s in ShardingType if s in common)
 
 
+def misses_fitted(topology: Topology, kernels: Sequence[ComputeKernel]) -> bool:
+    """Whether a fit on ``kernels`` estimates ``cache_miss_multiplier``: a cache on cuda (none on cpu)."""
+    return topology.compute_device is ComputeDevice.CUDA and ComputeKernel.FUSED_UVM_CACHING in kernels
+
+
 def parameters(types: Sequence[ShardingType], everywhere: Sequence[ShardingType] = (),
-               kernels: Sequence[ComputeKernel] = (), widths: bool = False) -> tuple[Parameter, ...]:
+               kernels: Sequence[ComputeKernel] = (), widths: bool = False,
+               misses: bool = False) -> tuple[Parameter, ...]:
     """The numbers a fit on plans using ``types`` on ``kernels`` estimates (see the module
     docstring); the ``sharding_type_ms`` of a type in ``everywhere`` (every plan uses it) cannot be
     told apart from ``iteration_ms``, which then carries it; ``widths``: some plan runs tables of
-    different widths in one kernel group (``widest_dim_multiplier``)."""
+    different widths in one kernel group (``widest_dim_multiplier``); ``misses``: the caches' misses
+    (``cache_miss_multiplier``, ``misses_fitted``)."""
     blocks = _blocks(types)
     uvm = [ck for ck in UVM_KERNELS if ck in kernels]
     out: list[Parameter] = []
@@ -180,6 +214,8 @@ def parameters(types: Sequence[ShardingType], everywhere: Sequence[ShardingType]
                       _by_kernel_paths(blocks, [ck], "lookup_size_multiplier"), Kind.FACTOR) for ck in uvm]
     if widths:
         out.append(Parameter("widest_dim_multiplier", ("extensions.widest_dim_multiplier",), Kind.FACTOR))
+    if misses:
+        out.append(Parameter(MISSES, (f"extensions.{MISSES}",), Kind.FACTOR))
     if "data_parallel" in blocks:
         path = "coefficients.data_parallel.fwd.embedding_output_multiplier"
         out.append(Parameter(path.removeprefix("coefficients."), (path,), Kind.FACTOR))
@@ -209,10 +245,11 @@ def _types_of(blocks: Sequence[str]) -> tuple[ShardingType, ...]:
 
 
 def base_profile(topology: Topology, types: Sequence[ShardingType], kernels: Sequence[ComputeKernel],
-                 caching_ratio: float) -> Profile:
+                 caching_ratio: float, misses: bool = False) -> Profile:
     """Every fitted number at 0 (links infinitely fast) and the terms the fit leaves out at 0;
-    the kernels' bandwidths pinned to the topology's. Not a valid profile file (infinite
-    bandwidths): only for computing the design matrix."""
+    the kernels' bandwidths pinned to the topology's (``misses``: fused_uvm_caching's to fused's,
+    whatever ``cache_miss_multiplier``, and the bandwidths its misses and lookups take pinned too).
+    Not a valid profile file (infinite bandwidths): only for computing the design matrix."""
     coefficients = DEFAULT_PROFILE.coefficients
     zero = ShardingCoefficients(PerfCoefficient(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0), None)
     blocks = _blocks(types)
@@ -220,6 +257,10 @@ def base_profile(topology: Topology, types: Sequence[ShardingType], kernels: Seq
         coefficients = replace(coefficients, **{block: zero})  # type: ignore[arg-type]
     hw = links(topology, DEFAULT_PROFILE)
     pinned = {ck.value: kernel_bw(hw, DEFAULT_PROFILE, ck, caching_ratio) * MS_PER_S for ck in kernels}
+    if misses:
+        for ck in (ComputeKernel.FUSED, ComputeKernel.FUSED_UVM):
+            pinned[ck.value] = kernel_bw(hw, DEFAULT_PROFILE, ck, None) * MS_PER_S
+        pinned[ComputeKernel.FUSED_UVM_CACHING.value] = pinned[ComputeKernel.FUSED.value]
     coefficients = replace(coefficients, by_kernel=tuple(
         KernelCoefficients(st, ck, zero) for st in _types_of(blocks) for ck in UVM_KERNELS if ck in kernels))
     extensions = replace(DEFAULT_PROFILE.extensions, intra_host_latency_ms=0.0, inter_host_latency_ms=0.0)
@@ -291,8 +332,9 @@ def fit_profile(measured: Sequence[Measured], topology: Topology, caching_ratio:
         raise InputError(title, [Problem("measurements", "no plan was measured (all failed or timed out)")])
     plans = [m.plan for m in usable]
     types, kernels = measured_types(plans)
-    params = parameters(types, types_everywhere(plans), kernels, any(map(mixes_widths, plans)))
-    base = base_profile(topology, types, kernels, caching_ratio)
+    misses = misses_fitted(topology, kernels)
+    params = parameters(types, types_everywhere(plans), kernels, any(map(mixes_widths, plans)), misses)
+    base = base_profile(topology, types, kernels, caching_ratio, misses)
     per_rank = design(plans, base, params)
     kept = np.flatnonzero(np.abs(per_rank).max(axis=(0, 1)) > 0)
     if len(usable) < len(kept):
@@ -304,7 +346,7 @@ def fit_profile(measured: Sequence[Measured], topology: Topology, caching_ratio:
     theta = np.zeros(len(params))
     for _ in range(BALANCE_ROUNDS):
         rows = per_rank[np.arange(len(usable)), busiest][:, kept] / target[:, None]
-        theta[kept] = _robust_nnls(rows, nnls)
+        theta[kept], weight = _robust_nnls(rows, nnls)
         now = (per_rank @ theta).argmax(axis=1)
         if np.array_equal(now, busiest):
             break
@@ -312,13 +354,17 @@ def fit_profile(measured: Sequence[Measured], topology: Topology, caching_ratio:
     profile, values = _profile(base, params, kept, theta, name, machine)
     probes = tuple(ProbeFit(m.name, m.measured_ms, float(predicted_ms(m.plan, profile).max())) for m in usable)
     left_out = tuple(params[k].name for k in range(len(params)) if k not in set(kept.tolist()))
-    return Fit(profile, values, probes, left_out)
+    errors = relative_errors(rows, theta[kept], weight)
+    confidence = {params[k].name: None if math.isnan(e) else float(e)
+                  for k, e in zip(kept.tolist(), errors.tolist(), strict=True)}
+    return Fit(profile, values, probes, left_out, confidence)
 
 
-def _robust_nnls(rows: np.ndarray, nnls: Any) -> np.ndarray:
+def _robust_nnls(rows: np.ndarray, nnls: Any) -> tuple[np.ndarray, np.ndarray]:
     """``x >= 0`` with ``rows @ x`` closest to 1, relatively, by iteratively reweighted least squares
     with Huber's weights: a probe that a burst of load slowed (far off the rest) pulls no harder than
-    one at ``HUBER_K`` robust standard deviations. Exact measurements keep every weight at 1."""
+    one at ``HUBER_K`` robust standard deviations. Exact measurements keep every weight at 1. Returns
+    ``x`` and the weights of its last round."""
     scale = np.linalg.norm(rows, axis=0)
     scaled = rows / scale
     weight = np.ones(len(rows))
@@ -332,6 +378,31 @@ def _robust_nnls(rows: np.ndarray, nnls: Any) -> np.ndarray:
             break
         weight = new
     out: np.ndarray = solution / scale
+    return out, weight
+
+
+def relative_errors(rows: np.ndarray, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """Per column of ``rows``: the standard error of ``x`` over ``x`` in the weighted least squares
+    ``rows @ x ~ 1`` (module docstring); NaN where ``x`` is 0, inf where undetermined."""
+    out = np.full(len(x), np.nan)
+    active = np.flatnonzero(x > 0)
+    dof = len(rows) - len(active)
+    if not len(active) or dof <= 0:
+        out[active] = math.inf
+        return out
+    root = np.sqrt(weight)
+    a = rows[:, active] * root[:, None]
+    norm = np.linalg.norm(a, axis=0)
+    residual = (rows @ x - 1) * root
+    variance = float(residual @ residual) / dof
+    _, s, vt = np.linalg.svd(a / norm, full_matrices=False)
+    determined = s > s[0] * max(a.shape) * np.finfo(np.float64).eps
+    # The diagonal of (A^T A)^-1 = V S^-2 V^T over the directions the rows determine.
+    spread = ((vt[determined] / s[determined, None]) ** 2).sum(axis=0)
+    error = np.sqrt(variance * spread) / norm / x[active]
+    if not determined.all():
+        error[np.abs(vt[~determined]).max(axis=0) > UNDETERMINED] = math.inf
+    out[active] = error
     return out
 
 

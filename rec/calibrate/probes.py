@@ -6,17 +6,19 @@ number the ranks share evenly, so every rank carries the same shards and the ite
 every rank's time. Per sharding type the device's EmbeddingBagCollection sharder offers, probes
 vary the tables per rank (``fixed_ms`` against the plan-level terms), the dim (bytes looked up
 against ids read), the pooling factor (lookups against outputs, which the collectives move), the
-batch, and the rows against the ids a batch sends (distinct rows; data_parallel's all-reduce).
+batch, the ids per sample at the same bytes (pooling factor up, dim down), and the rows against the
+ids a batch sends (distinct rows; data_parallel's all-reduce).
 A probe of another type than table_wise holds a table_wise ``COMPANION`` too, as plans do: so
 each type's ``sharding_type_ms`` is what it adds to a plan that has table_wise's collectives
 already (``iteration_ms`` carries table_wise's own). On cuda the other kernels get a probe of their
-own. The sizes stay small: a full calibration of 2 cpu ranks measures about 55 probes and holds at
+own, and fused_uvm_caching tables of a fixed cache size (``CACHE_PROBES``) vary its size and the
+ids' skew, so that its misses (``cache_miss_multiplier``) are told apart from its lookups. The
+sizes stay small: a full calibration of 2 cpu ranks measures about 55 probes and holds at
 most about 500 MB per rank. On cuda every probe's batch is up to ``BATCH_SCALE`` times larger, at
-most ``MAX_PROBE_IDS`` ids per rank and batch: on an H100 a batch of 512 looks its rows up in
-microseconds, far below the fixed cost of an iteration (about 2 ms), and even at 128 times the
-probes stayed under 2 GB of lookups and 8 ms while the workloads GPUs train (and the calibration
-bench measures) take 1-20 GB and 10-30 ms: the fit then extrapolated the byte terms by an order of
-magnitude, 55% too fast (bench/RESULTS.md). At up to 1,024 times they span that range.
+most ``MAX_PROBE_IDS`` ids per rank and batch: on a GPU a batch of 512 looks its rows up far below
+the fixed cost of an iteration, and probes much smaller than the workloads GPUs train leave the fit
+to extrapolate the byte terms (bench/RESULTS.md §6-7 measures both); at up to 1,024 times they span
+the workloads' range.
 """
 
 from __future__ import annotations
@@ -54,6 +56,13 @@ class Tables:
     dim: int = 64
     pooling_factor: float = 4.0
     kernel: ComputeKernel | None = None  # None: the sharding type's first kernel on the device
+    cache_load_factor: float | None = None  # a fused_uvm_caching cache of this size, fixed (the planner grows none)
+    hit_rate_curve: tuple[tuple[float, float], ...] | None = None  # the ids' skew; None: the skew model
+
+    @property
+    def misses(self) -> bool:
+        """Its lookups come over the host link, all (fused_uvm) or a cache's misses."""
+        return self.kernel is ComputeKernel.FUSED_UVM or self.cache_load_factor is not None
 
 
 # Beside every probe of another sharding type: plans mix table_wise with the others (their
@@ -93,6 +102,7 @@ _LOOKUP_SWEEP: tuple[tuple[str, int, dict[str, Any]], ...] = (
     ("pf1", 512, {"pooling_factor": 1.0}),
     ("pf16", 512, {"pooling_factor": 16.0}),
     ("pf48", 512, {"pooling_factor": 48.0}),
+    ("pf16_dim16", 512, {"pooling_factor": 16.0, "dim": 16}),  # the base's bytes in 4 times the ids
     ("batch128", 128, {}),
     ("batch2048", 2048, {}),
     ("batch4096", 4096, {}),
@@ -168,6 +178,8 @@ def probe_specs(device: ComputeDevice, quick: bool = False) -> tuple[ProbeSpec, 
             groups = tuple(Tables(st, per_rank=1, dim=256 if st in (CW, TCW) else 64,
                                   rows=10_000 if st is DP else Tables.rows) for st in mix)
             out.append(ProbeSpec("+".join(st.value for st in mix), groups))
+    if device is ComputeDevice.CUDA:
+        out += cache_probes(types, quick)
     if device is ComputeDevice.CUDA and not quick:
         out += [*gpu_probes(types), *mixed_probes()]
     return tuple(replace(p, batch_size=p.batch_size * _scale(p, scale)) for p in out)
@@ -226,12 +238,46 @@ def gpu_probes(types: list[ShardingType]) -> list[ProbeSpec]:
     return out
 
 
+# fused_uvm_caching tables whose cache size the spec fixes (the planner grows no cache it fixes: the
+# kernel's own probe above gets a cache of the whole table, which misses nothing): the size swept
+# under the skew model of the synthetic ids, and at one size a skewed and a flat hit-rate curve
+# (the measuring job draws each table's ids from its curve). The misses (miss rate x bytes looked
+# up, over the host link) then vary apart from the bytes looked up, which the caching kernel's
+# lookup coefficient prices whatever the cache. A million rows: a batch's ids (a few hundred
+# thousand a table) mostly distinct rows, as in the large tables workloads cache.
+SKEWED_CURVE = ((0.01, 0.5), (0.05, 0.8), (0.2, 0.95))
+FLAT_CURVE = ((0.5, 0.5),)
+CACHE_ROWS = 1_000_000
+CACHE_PROBES: tuple[tuple[str, ShardingType, float, tuple[tuple[float, float], ...] | None], ...] = (
+    ("cache5", TW, 0.05, None),
+    ("cache20", TW, 0.2, None),
+    ("cache60", TW, 0.6, None),
+    ("cache20_skewed", TW, 0.2, SKEWED_CURVE),
+    ("cache20_flat", TW, 0.2, FLAT_CURVE),
+    ("cache20", RW, 0.2, None),
+)
+QUICK_CACHE = frozenset({"cache5", "cache60"})  # on table_wise: the term told apart, roughly
+
+
+def cache_probes(types: list[ShardingType], quick: bool = False) -> list[ProbeSpec]:
+    """The fused_uvm_caching probes of ``CACHE_PROBES`` whose sharding type the device offers."""
+    out = []
+    for suffix, st, load_factor, curve in CACHE_PROBES:
+        if st not in types or (quick and (st is not TW or suffix not in QUICK_CACHE)):
+            continue
+        group = Tables(st, rows=CACHE_ROWS, kernel=ComputeKernel.FUSED_UVM_CACHING, cache_load_factor=load_factor,
+                       hit_rate_curve=curve)
+        companion = () if st is COMPANION.sharding_type else (COMPANION,)
+        out.append(ProbeSpec(f"{st.value}_{ComputeKernel.FUSED_UVM_CACHING.value}_{suffix}", (*companion, group)))
+    return out
+
+
 def _scale(probe: ProbeSpec, scale: int) -> int:
-    """The probe's batch multiple: ``scale``, less for fused_uvm (``UVM_BATCH_DIVISOR``), and halved
-    until its ids per rank and batch are within ``MAX_PROBE_IDS``."""
+    """The probe's batch multiple: ``scale``, less where lookups come over the host link
+    (``UVM_BATCH_DIVISOR``), and halved until its ids per rank and batch are within ``MAX_PROBE_IDS``."""
     if not probe.scaled:
         return 1
-    if scale > 1 and any(g.kernel is ComputeKernel.FUSED_UVM for g in probe.groups):
+    if scale > 1 and any(g.misses for g in probe.groups):
         scale = max(1, scale // UVM_BATCH_DIVISOR)
     ids_per_sample = (sum(g.per_rank * g.pooling_factor for g in probe.groups)
                       + sum(float(r.get("pooling_factor", 1.0)) for r in probe.rows))
@@ -258,10 +304,15 @@ def probe_rows(probe: ProbeSpec, device: ComputeDevice, world_size: int) -> list
             count = group.per_rank  # every table has a shard on every rank (of the host)
         else:
             count = max(1, group.per_rank * world_size // shards)
+        cache: dict[str, Any] = {}
+        if group.cache_load_factor is not None:
+            cache["cache_load_factor"] = group.cache_load_factor
+        if group.hit_rate_curve is not None:
+            cache["hit_rate_curve"] = [list(point) for point in group.hit_rate_curve]
         for i in range(count):
             rows.append({"name": f"g{g}_t{i}", "num_embeddings": group.rows, "embedding_dim": group.dim,
                          "pooling_factor": group.pooling_factor, "sharding_types": [group.sharding_type.value],
-                         "compute_kernels": [kernel.value]})
+                         "compute_kernels": [kernel.value], **cache})
     return rows
 
 

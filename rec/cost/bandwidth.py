@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 import numpy as np
 
@@ -59,14 +60,23 @@ def links(topology: Topology, profile: Profile) -> Links:
     )
 
 
-def kernel_bw(hw: Links, profile: Profile, kernel: ComputeKernel, caching_ratio: float | None) -> float:
+def kernel_bw(hw: Links, profile: Profile, kernel: ComputeKernel, caching_ratio: float | np.ndarray | None) -> Any:
     """``HardwarePerfConfig.get_device_bw`` without a prefetch pipeline (the sharder default): the
-    profile's kernel bandwidth, else ``constants.kernel_bw_lookup``."""
+    profile's kernel bandwidth, else ``constants.kernel_bw_lookup``; per shard (an array) where the
+    caching ratio is one per shard.
+
+    Under a profile with ``cache_miss_multiplier`` (an extension; 0, TorchRec's rule linear in the
+    cache's size, by default) a fused_uvm_caching shard looks every id up in its cache, at the fused
+    kernel's bandwidth; fetching its misses is a term of its own (``rec.cost.perf``)."""
+    if (kernel is ComputeKernel.FUSED_UVM_CACHING and profile.extensions.cache_miss_multiplier
+            and hw.device is ComputeDevice.CUDA):
+        return kernel_bw(hw, profile, ComputeKernel.FUSED, None)
     override = profile.kernel_bandwidths.of(kernel)
     if override is not None:
         return override / MS_PER_S
     cr = caching_ratio if caching_ratio is not None else UVM_CACHING_RATIO
     hbm, ddr = hw.hbm, hw.ddr
+    table: dict[ComputeKernel, Any]
     if hw.device == ComputeDevice.CPU:
         table = {ComputeKernel.DENSE: 0.5 * ddr, ComputeKernel.FUSED: 1 * ddr}
     else:

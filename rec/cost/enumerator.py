@@ -57,10 +57,11 @@ from rec.topology.types import Topology
 
 
 def enumerate_options(
-    spec: Spec, topology: Topology, config: CostConfig = CostConfig()
+    spec: Spec, topology: Topology, config: CostConfig = CostConfig(), load_factors: np.ndarray | None = None
 ) -> Options:
-    """All options of all tables with per-shard ``Perf.total``, HBM and DDR, as TorchRec's."""
-    cols = table_arrays(spec, topology.batch_size, config)
+    """All options of all tables with per-shard ``Perf.total``, HBM and DDR, as TorchRec's;
+    ``load_factors`` (spec order, NaN: none) are cache sizes a plan chose (``rec.cost.tables``)."""
+    cols = table_arrays(spec, topology.batch_size, config, load_factors)
     offered = cols.offered(topology.compute_device)
     blocks: list[_Block] = []
     for st, kernels in _union(cols.kinds, topology.compute_device).items():
@@ -117,7 +118,7 @@ def _blocks(
         st,
         topology.world_size,
         topology.local_world_size,
-        config.caching_ratio,
+        cols.load_factor[t],
         cols.rows[t],
         cols.dims[t],
         cols.elem[t],
@@ -139,13 +140,14 @@ def _blocks(
             topology,
             config.profile,
             hw,
-            kernel_bw(hw, config.profile, ck, config.caching_ratio),
+            kernel_bw(hw, config.profile, ck, cols.load_factor[t]),
             lay.rows,
             lay.cols,
             cols.elem[t],
             cols.batch_inputs[t],
             cols.batch_outputs[t],
             pooled=cols.pooled[t],
+            miss_rate=cols.miss_rate[t],
         ).total
         hbm, ddr = kernel_storage(parts, ck, topology.compute_device)
         runs = {

@@ -5,7 +5,8 @@ Mirrors ``planner/estimator/estimator.py`` under a ``HardwarePerfConfig`` given 
 coefficients 1.0, hash-size coefficient 0, backward = 2 x forward) for training, unweighted features
 of pooled (EmbeddingBagCollection) and unpooled (EmbeddingCollection, ``is_pooled=False``) tables,
 no qcomm codecs (every comm element is the table's element size), 8-byte indices
-and no cache statistics, so ``prefetch_compute`` is 0. Float operations follow TorchRec's order so
+and no cache statistics, so ``prefetch_compute`` is 0 (a profile's ``cache_miss_multiplier`` puts the
+fetching of a cache's misses there). Float operations follow TorchRec's order so
 results agree to the last bit where numpy and Python round alike; the profile's extensions
 (``fixed_ms``, collective latencies) are added as separate terms, so at their default 0 they change
 no bit.
@@ -66,9 +67,11 @@ def shard_perf(
     batch_inputs: np.ndarray,
     batch_outputs: np.ndarray,
     pooled: np.ndarray | None = None,
+    miss_rate: np.ndarray | None = None,
 ) -> ShardPerf:
     """``Perf`` of every shard (run) given its size (``rows`` x ``cols``) and its table's columns;
-    ``pooled`` (default: all) says which tables' outputs are pooled."""
+    ``pooled`` (default: all) says which tables' outputs are pooled; ``miss_rate`` (a profile's
+    ``cache_miss_multiplier`` reads it) the share of a fused_uvm_caching shard's lookups its cache misses."""
     w, lw = topology.world_size, topology.local_world_size
     st, d, e, bi, bo = sharding_type, cols, elem, batch_inputs, batch_outputs
     if st in (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE):
@@ -115,7 +118,14 @@ def shard_perf(
         fwd_comms = comms_ms(hw, Collective.ALL_TO_ALL, sizes.output, w, lw)
         bwd_comms = comms_ms(hw, Collective.ALL_TO_ALL, sizes.output, w, lw)
     zeros = np.zeros(len(rows))
-    return ShardPerf(fwd, fwd_comms + zeros, bwd, bwd_comms + zeros, zeros)
+    prefetch = zeros
+    if kernel is ComputeKernel.FUSED_UVM_CACHING and x.cache_miss_multiplier and miss_rate is not None:
+        # The misses' rows come over the host link before the lookups (FBGEMM's prefetch), at fused_uvm's bandwidth.
+        from rec.cost.bandwidth import kernel_bw
+
+        miss_bw = kernel_bw(hw, profile, ComputeKernel.FUSED_UVM, None)
+        prefetch = x.cache_miss_multiplier * miss_rate * sizes.lookup_fwd / miss_bw + zeros
+    return ShardPerf(fwd, fwd_comms + zeros, bwd, bwd_comms + zeros, prefetch)
 
 
 def block_usage_penalty(dims: np.ndarray) -> np.ndarray:

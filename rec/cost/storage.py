@@ -30,7 +30,7 @@ def storage_parts(
     sharding_type: ShardingType,
     world_size: int,
     local_world_size: int,
-    caching_ratio: float | None,
+    caching_ratio: float | np.ndarray | None,
     table_rows: np.ndarray,
     table_dims: np.ndarray,
     elem: np.ndarray,
@@ -52,7 +52,8 @@ def storage_parts(
     cached = weights[:0]
     if with_cache:
         # The storage estimator falls back to the default for any falsy ratio (0.0 included).
-        cr = caching_ratio if caching_ratio else UVM_CACHING_RATIO
+        given = np.asarray(UVM_CACHING_RATIO if caching_ratio is None else caching_ratio, dtype=np.float64)
+        cr = np.where(given != 0, given, UVM_CACHING_RATIO)
         cache_bytes = np.rint(tensor_bytes * cr).astype(np.int64)  # round(): half to even
         cached = _with_optimizer(cache_bytes, shard_elems, table_elems, dp, optimizer_multiplier)
         # _calculate_cache_aux_state_sizes: 4 B/row index map + 16 B per cached slot.

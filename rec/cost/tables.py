@@ -3,8 +3,9 @@
 Each table becomes one ``EmbeddingBagConfig`` (an ``EmbeddingConfig`` of an ``EmbeddingCollection``
 where pooling is NONE) plus one ``ParameterConstraints`` with
 ``pooling_factors=[pooling_factor] * len(feature_names)`` (TorchRec reads one pooling factor per
-feature; ``num_poolings`` stays the default 1.0), ``cache_params.load_factor=caching_ratio``, the
-table's allow-lists and its ``min_partition``. The element size is ``DataType.bytes_per_element``: 4 for FP32 and 2
+feature; ``num_poolings`` stays the default 1.0), ``cache_params.load_factor`` (the table's
+``load_factor``: the plan's choice, else the spec's ``cache_load_factor``, else ``caching_ratio``),
+the table's allow-lists and its ``min_partition``. The element size is ``DataType.bytes_per_element``: 4 for FP32 and 2
 otherwise, as ``EmbeddingBagCollection`` and ``EmbeddingCollection`` allocate tables for training.
 An unpooled table outputs one vector per id, so its ``batch_outputs`` are its ``batch_inputs``
 (TorchRec's ``is_pooled=False``).
@@ -18,6 +19,7 @@ from typing import TypeVar
 import numpy as np
 
 from rec.cost.types import CK_CODE, COMPUTE_KERNELS, SHARDING_TYPES, ST_CODE, CostConfig, Optimizer
+from rec.hit_rates import miss_rate
 from rec.sharding import ComputeDevice, ModuleKind, Pooling, sharder_options
 from rec.spec.types import Spec
 
@@ -39,6 +41,8 @@ class TableArrays:
     pooled: np.ndarray  # bool: the table's module pools (an EmbeddingBagCollection)
     min_partition: np.ndarray  # int64 least column shard width (ParameterConstraints.min_partition); 0: none
     optimizer_multiplier: np.ndarray  # float64 optimizer state per weight byte
+    load_factor: np.ndarray  # float64 share of the rows a fused_uvm_caching cache holds
+    miss_rate: np.ndarray  # float64 share of the lookups such a cache misses (rec.hit_rates)
     sharding_allowed: np.ndarray  # (T, len(SHARDING_TYPES)) bool; all True where no allow-list
     kernel_allowed: np.ndarray  # (T, len(COMPUTE_KERNELS)) bool; all True where no allow-list
     kinds: tuple[ModuleKind, ...]  # the module kinds in the spec, in ModuleKind order
@@ -54,8 +58,10 @@ class TableArrays:
         return out
 
 
-def table_arrays(spec: Spec, batch_size: int, config: CostConfig) -> TableArrays:
-    """Columns of ``spec`` for a per-rank ``batch_size``."""
+def table_arrays(spec: Spec, batch_size: int, config: CostConfig,
+                 load_factors: np.ndarray | None = None) -> TableArrays:
+    """Columns of ``spec`` for a per-rank ``batch_size``; ``load_factors`` (spec order, NaN: none)
+    are the cache sizes a plan chose, over the spec's and the configuration's."""
     tables = spec.tables
     n = len(tables)
     ints = np.array(
@@ -80,6 +86,7 @@ def table_arrays(spec: Spec, batch_size: int, config: CostConfig) -> TableArrays
     ck_lists = [(i, t.compute_kernels) for i, t in enumerate(tables) if t.compute_kernels]
     _apply_allow_lists(st_ok, st_lists, ST_CODE)
     _apply_allow_lists(ck_ok, ck_lists, CK_CODE)
+    load_factor = resolved_load_factors(spec, config, load_factors)
 
     return TableArrays(
         rows=rows,
@@ -92,6 +99,8 @@ def table_arrays(spec: Spec, batch_size: int, config: CostConfig) -> TableArrays
         pooled=pooled,
         min_partition=min_partition,
         optimizer_multiplier=optimizer_multiplier(config.optimizer, dims),
+        load_factor=load_factor,
+        miss_rate=miss_rates(spec, load_factor),
         sharding_allowed=st_ok,
         kernel_allowed=ck_ok,
         kinds=tuple(k for k in ModuleKind if k in set(spec.modules.values())),
@@ -132,3 +141,23 @@ def optimizer_multiplier(optimizer: Optimizer, dims: np.ndarray) -> np.ndarray:
     if optimizer == Optimizer.ROWWISE_ADAGRAD:
         return 1.0 / dims  # one float32 per row: 1 / shape[-1] of the weight bytes
     return np.ones(len(dims))  # any other optimizer class: one state tensor like the weight
+
+
+def resolved_load_factors(spec: Spec, config: CostConfig, chosen: np.ndarray | None = None) -> np.ndarray:
+    """(T,) each table's cache load factor: ``chosen`` where a number, else the spec's, else the
+    configuration's ``caching_ratio``."""
+    given = np.fromiter((config.caching_ratio if t.cache_load_factor is None else t.cache_load_factor
+                         for t in spec.tables), np.float64, len(spec.tables))
+    if chosen is None:
+        return given
+    return np.where(np.isnan(chosen), given, chosen)
+
+
+def miss_rates(spec: Spec, load_factor: np.ndarray) -> np.ndarray:
+    """(T,) the share of each table's lookups its cache at ``load_factor`` misses: its hit-rate curve,
+    else the skew model (``rec.hit_rates``)."""
+    out = miss_rate(load_factor)
+    for i, t in enumerate(spec.tables):
+        if t.hit_rate_curve is not None:
+            out[i] = miss_rate(load_factor[i], t.hit_rate_curve)
+    return out

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-# The measuring and training jobs' synthetic ids (``rec.data.synthetic``) follow this skew; the cost model's
-# distinct-row terms assume it, so it lives here, upstream of both.
-ID_SKEW = 3.0  # ids = rows * u**ID_SKEW: a few hot rows, a long tail, as in click logs
+from rec.hit_rates import ID_SKEW, Curve, curve_points
 
 _LAM = np.geomspace(1e-9, 1e9, 721)  # g below the grid: lam x ID_SKEW (= n / rows); above: 1
 
@@ -42,3 +40,20 @@ def expected_distinct(ids: np.ndarray | float, rows: np.ndarray | float) -> np.n
     g = np.interp(np.log(np.maximum(lam, _LAM[0])), np.log(_LAM), _G, right=1.0)
     out: np.ndarray = np.where(lam < _LAM[0], ids, safe * g)
     return np.where(rows > 0, np.minimum(out, np.minimum(ids, rows)), 0.0)
+
+
+def expected_touched(ids: float, rows: int, curve: Curve | None = None) -> float:
+    """Expected distinct rows ``ids`` draws of ``row_of`` touch: each piece of the curve spreads its
+    share of the lookups evenly over its rows; the skew model's is ``expected_distinct``."""
+    if curve is None:
+        return float(expected_distinct(ids, rows))
+    f, h = curve_points(curve)
+    bounds = np.floor(f * rows).astype(np.int64)
+    total = 0.0
+    for lo, hi, share in zip(bounds[:-1], bounds[1:], np.diff(h), strict=True):
+        n = int(hi - lo)
+        if n <= 0 or share <= 0:
+            continue
+        p = share / n
+        total += n * -np.expm1(ids * np.log1p(-p)) if p < 1 else n
+    return total

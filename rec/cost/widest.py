@@ -17,7 +17,7 @@ host link) x the multiplier, forward and backward together. (Uncapped, or in who
 steps, the same fit predicted the H200's workloads less well: bench/RESULTS.md §7.) It depends on
 which shards share a rank, so it is not part of a shard's ``Perf``: the search balances without it,
 a plan's predicted time per rank adds it (``rec.analysis.predict``), and after the search narrow and
-wide tables are tried apart (``rec.analysis.split_widths``). At the default 0 it adds nothing.
+wide tables are tried apart (``rec.passes.split_widths``). At the default 0 it adds nothing.
 """
 
 from __future__ import annotations

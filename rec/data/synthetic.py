@@ -1,9 +1,14 @@
-"""Synthetic training data: ids that honour each table's rows and pooling factor, without a file.
+"""Synthetic training data: ids that honour each table's rows, pooling factor and hit-rate curve,
+without a file.
 
 Per sample and feature, Poisson(``pooling_factor``) ids (a pooled feature's bag, or an unpooled
-feature's sequence) drawn as ``rows x u**ID_SKEW``: a few hot rows and a long tail, the skew the
-cost model's distinct-row terms assume (``rec.cost.unique``). ``distinct`` batches are drawn once
-and cycled, so that drawing stays out of the timed loop.
+feature's sequence). Each id is the ``r``-th hottest row of its table for a uniform ``u``
+(``rec.hit_rates.row_of``): through the table's measured ``hit_rate_curve`` where it has one
+(``shardflow spec stats``), else the skew model ``rows x u**ID_SKEW`` (a few hot rows and a long
+tail, what the cost model's distinct-row terms assume, ``rec.cost.unique``). The hottest rows are
+then scattered over the table (``rec.hit_rates.spread``, a bijection), as hashed ids are, so every
+row-wise shard sees the table's skew rather than shard 0 holding its head. ``distinct`` batches are
+drawn once and cycled, so that drawing stays out of the timed loop.
 """
 
 from __future__ import annotations
@@ -14,32 +19,38 @@ from itertools import islice
 
 import numpy as np
 
-from rec.cost.unique import ID_SKEW
 from rec.data.columns import Columns
 from rec.data.layout import DataLayout
 from rec.data.order import Position
 from rec.data.source import Extent
+from rec.hit_rates import Curve, row_of, spread
 from rec.spec.types import Spec, TableSpec
 
 CLICK_RATE = 0.25  # synthetic labels: 1 with this probability
 
 
-def feature_tables(spec: Spec | tuple[TableSpec, ...]) -> list[tuple[str, int, float]]:
-    """(feature, rows of its table, pooling factor) in the module's feature order (spec order)."""
+def feature_tables(spec: Spec | tuple[TableSpec, ...]) -> list[tuple[str, TableSpec]]:
+    """(feature, its table) in the module's feature order (spec order)."""
     tables = spec.tables if isinstance(spec, Spec) else spec
-    return [(f, t.num_embeddings, t.pooling_factor) for t in tables for f in t.feature_names]
+    return [(f, t) for t in tables for f in t.feature_names]
+
+
+def table_ids(u: np.ndarray, rows: int, curve: Curve | None = None) -> np.ndarray:
+    """A table's ids for uniform ``u``: drawn from its hit-rate curve (None: the skew model), the hot
+    rows scattered over the table."""
+    return spread(row_of(u, rows, curve), rows)
 
 
 def synthetic_columns(spec: Spec, batch_size: int, dense_in_features: int, rng: np.random.Generator) -> Columns:
     """One batch in ``DataLayout.per_feature(spec)``: module by module, each feature's ids drawn for
-    its table (Poisson(pooling factor) per sample, ``rows x u**ID_SKEW``), then dense and labels."""
+    its table (Poisson(pooling factor) per sample, ``table_ids``), then dense and labels."""
     lengths, offsets, values = [], [], []
     for path in spec.modules:
-        for _, rows, pooling_factor in feature_tables(tuple(t for t in spec.tables if t.module == path)):
-            n = rng.poisson(pooling_factor, size=batch_size).astype(np.int32)
+        for _, table in feature_tables(tuple(t for t in spec.tables if t.module == path)):
+            n = rng.poisson(table.pooling_factor, size=batch_size).astype(np.int32)
             lengths.append(n)
             offsets.append(np.concatenate([[0], np.cumsum(n, dtype=np.int64)]))
-            values.append((rows * rng.random(int(n.sum())) ** ID_SKEW).astype(np.int64))
+            values.append(table_ids(rng.random(int(n.sum())), table.num_embeddings, table.hit_rate_curve))
     dense = rng.random((batch_size, dense_in_features), np.float32)
     labels = (rng.random(batch_size) < CLICK_RATE).astype(np.float32)
     return Columns(labels, dense, tuple(lengths), tuple(offsets), tuple(values))
@@ -47,7 +58,8 @@ def synthetic_columns(spec: Spec, batch_size: int, dense_in_features: int, rng: 
 
 @dataclass
 class SyntheticSource:
-    """Endless synthetic batches: ``distinct`` of them per rank, drawn once (seeded by the rank), cycled."""
+    """Endless synthetic batches: ``distinct`` of them per rank, drawn once (seeded by the rank), cycled;
+    each table's ids from its hit-rate curve (else the skew model), hot rows scattered (module doc)."""
 
     spec: Spec
     dense_in_features: int

@@ -42,10 +42,13 @@ class TableColumns(Sequence[TablePlan]):
     cols: np.ndarray
     world_size: int
     modules: tuple[str, ...] = ()  # each table's module; left empty: every table in DEFAULT_MODULE
+    load_factor: np.ndarray | None = None  # (T,) float64 TablePlan.cache_load_factor, NaN for None; None: all NaN
 
     def __post_init__(self) -> None:
         if not self.modules:
             object.__setattr__(self, "modules", (DEFAULT_MODULE,) * len(self.names))
+        if self.load_factor is None:
+            object.__setattr__(self, "load_factor", np.full(len(self.names), np.nan))
 
     @functools.cached_property
     def keys(self) -> tuple[str, ...]:
@@ -71,8 +74,10 @@ class TableColumns(Sequence[TablePlan]):
         ranks: Sequence[int] = tuple(s.rank for s in shards)
         if self.replicated[i]:
             seq_shards, ranks = Replicas(shards[0], self.world_size), range(self.world_size)
+        lf = float(self.load_factor[i])  # type: ignore[index]
         return TablePlan(self.names[i], SHARDING_TYPES[self.sharding_type[i]], COMPUTE_KERNELS[self.compute_kernel[i]],
-                         ranks, seq_shards, float(self.perf[i]), int(self.hbm[i]), int(self.ddr[i]), self.modules[i])
+                         ranks, seq_shards, float(self.perf[i]), int(self.hbm[i]), int(self.ddr[i]), self.modules[i],
+                         None if np.isnan(lf) else lf)
 
     def __iter__(self) -> Iterator[TablePlan]:
         return (self[i] for i in range(len(self)))
@@ -80,7 +85,8 @@ class TableColumns(Sequence[TablePlan]):
     def __eq__(self, other: object) -> bool:
         if isinstance(other, TableColumns):
             same = (self.names, self.modules, self.world_size) == (other.names, other.modules, other.world_size)
-            return same and all(np.array_equal(getattr(self, f), getattr(other, f)) for f in _ARRAYS)
+            return same and all(np.array_equal(getattr(self, f), getattr(other, f)) for f in _ARRAYS) \
+                and np.array_equal(self.load_factor, other.load_factor, equal_nan=True)  # type: ignore[arg-type]
         if isinstance(other, Sequence):
             return list(self) == list(other)
         return NotImplemented
@@ -124,5 +130,7 @@ def columns_of(tables: Sequence[TablePlan], world_size: int) -> TableColumns:
         **{f: np.ascontiguousarray(flat[:, j]) for j, f in enumerate(SHARD_FIELDS)},
         world_size=world_size,
         modules=tuple(t.module for t in tables),
+        load_factor=np.fromiter((np.nan if t.cache_load_factor is None else t.cache_load_factor for t in tables),
+                                np.float64, n),
     )
 

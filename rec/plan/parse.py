@@ -27,6 +27,7 @@ from rec.plan.parse_tables import MAX_NAME, byte_count, milliseconds, read_table
 from rec.plan.planner_identity import MadeBy, Planner, PlannerIdentity, SearchConfig
 from rec.plan.types import (
     PLAN_FORMAT,
+    PLAN_FORMAT_CACHES,
     PLAN_FORMAT_MODULES,
     PLAN_FORMAT_V1,
     PLAN_FORMATS,
@@ -130,7 +131,17 @@ def _topology(d: object, problems: Problems) -> Topology | None:
 
 
 def _check_format(declared: str, tables: Sequence[TablePlan], spec: Spec, problems: Problems) -> None:
-    """Only a plan with a table outside the default module is v3; v1 and v2 have none."""
+    """Only a plan with a table whose cache size the planner chose is v4, and only one with a table
+    outside the default module (and none such) is v3; v1 and v2 have neither."""
+    cached = next((t.key for t in tables if t.cache_load_factor is not None), None)
+    if cached is not None or declared == PLAN_FORMAT_CACHES:
+        if cached is None:
+            problems.add("format", f"says {declared}, but no table has a cache_load_factor: such a plan is "
+                                   f"{PLAN_FORMAT} or {PLAN_FORMAT_MODULES}")
+        elif declared != PLAN_FORMAT_CACHES:
+            problems.add("format", f"says {declared}, but table {cached} has a cache_load_factor: such a plan is "
+                                   f"{PLAN_FORMAT_CACHES}")
+        return
     keys = [t.key for t in tables if t.module != DEFAULT_MODULE] + [t.key for t in spec.tables
                                                                    if t.module != DEFAULT_MODULE]
     outside = keys[0] if keys else None

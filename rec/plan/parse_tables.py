@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from rec.cost.types import COMPUTE_KERNELS, SHARDING_TYPES, ST_CODE
+from rec.cost.types import CK_CODE, COMPUTE_KERNELS, SHARDING_TYPES, ST_CODE
 from rec.errors import show
 from rec.plan.columns import SHARD_FIELDS, TableColumns
 from rec.plan.types import Replicas, Shard, TablePlan
@@ -26,7 +26,8 @@ from rec.spec.types import DEFAULT_MODULE
 from rec.topology.types import MAX_WORLD_SIZE
 from rec.validation import Problems, boolean, choice, finite_number, integer, known_keys, name, required
 
-TABLE_KEYS = ("name", "module", "sharding_type", "compute_kernel", "replicated", "ranks", "shards", "est")
+TABLE_KEYS = ("name", "module", "sharding_type", "compute_kernel", "cache_load_factor", "replicated", "ranks", "shards",
+              "est")
 SHARD_KEYS = ("rank", "offsets", "sizes")
 MAX_BYTES = 2**62  # any byte count: the cost model's int64 sums stay exact
 MAX_RANK = 2**31  # a rank outside [0, world_size) is validation's to name; this keeps arithmetic exact
@@ -37,17 +38,21 @@ V1_HAS_NO = "format shardflow.plan/v1 has no such key"
 # replicated (data_parallel, and only it), each with or without ``module``.
 _PLACED = frozenset({"name", "sharding_type", "compute_kernel", "ranks", "shards", "est"})
 _REPLICATED = frozenset({"name", "sharding_type", "compute_kernel", "replicated", "shards", "est"})
-_FORMS = (_PLACED, _PLACED | {"module"}, _REPLICATED, _REPLICATED | {"module"})
+_EXTRAS: tuple[frozenset[str], ...] = (frozenset(), frozenset({"module"}), frozenset({"cache_load_factor"}),
+                                       frozenset({"module", "cache_load_factor"}))
+_FORMS = tuple(form | extra for form in (_PLACED, _REPLICATED) for extra in _EXTRAS)
 _SHARD, _REPLICA, _EST, _STORAGE = frozenset(SHARD_KEYS), frozenset(SHARD_KEYS[1:]), {"perf", "storage"}, {"hbm", "ddr"}
 _ST = {m.value: i for i, m in enumerate(SHARDING_TYPES)}
 _CK = {m.value: i for i, m in enumerate(COMPUTE_KERNELS)}
 _DP = ST_CODE[ShardingType.DATA_PARALLEL]
+_CACHING = CK_CODE[ComputeKernel.FUSED_UVM_CACHING]
 
 
 def table_columns(entries: list[object], world: int) -> TableColumns | None:
     """The entries as columns when every one is in a form shardflow writes, with values of the right
     types and ranges; None otherwise (``read_tables`` then names what is wrong)."""
     names, modules, st, ck, perf, hbm, ddr, replicated, counts = [], [], [], [], [], [], [], [], []
+    load_factors: list[float] = []
     flat: list[object] = []  # rank, row offset, col offset, rows, cols of every shard
     listed: list[object] = []  # the tables' ``ranks``
     for t in entries:
@@ -79,6 +84,10 @@ def table_columns(entries: list[object], world: int) -> TableColumns | None:
             if t["ranks"] != [shard["rank"] for shard in shards]:
                 return None
             listed += t["ranks"]
+        lf = t.get("cache_load_factor", math.nan)
+        if "cache_load_factor" in t and not (type(lf) is float and 0 < lf <= 1 and k == _CACHING):
+            return None
+        load_factors.append(lf)
         names.append(table)
         modules.append(module)
         st.append(s)
@@ -101,7 +110,7 @@ def table_columns(entries: list[object], world: int) -> TableColumns | None:
         replicated=np.array(replicated, bool),
         shard_start=np.concatenate(([0], np.cumsum(counts, dtype=np.int64))).astype(np.int64),
         **{f: np.ascontiguousarray(shard[:, j]) for j, f in enumerate(SHARD_FIELDS)},
-        world_size=world, modules=tuple(modules))
+        world_size=world, modules=tuple(modules), load_factor=np.array(load_factors, np.float64))
 
 
 def _plain_name(text: str) -> bool:
@@ -144,7 +153,7 @@ def record(d: object, keys: Sequence[str], problems: Problems, *, new_in_v2: Seq
 
 def _table(record_: object, world: int | None, v1: bool, problems: Problems) -> TablePlan | None:
     before = len(problems.items)
-    t = record(record_, TABLE_KEYS, problems, new_in_v2=("replicated", "module"), v1=v1)
+    t = record(record_, TABLE_KEYS, problems, new_in_v2=("replicated", "module", "cache_load_factor"), v1=v1)
     if t is None:
         return None
     replicated = False if t.get("replicated") is None else problems.take("replicated", boolean, t["replicated"])
@@ -160,6 +169,10 @@ def _table(record_: object, world: int | None, v1: bool, problems: Problems) -> 
     ranks = None if replicated or t.get("ranks") is None else \
         problems.take("ranks", lambda v: _list_of(v, _rank, "ranks"), t["ranks"])
     est = _est(t.get("est"), problems.within("est"))
+    load_factor = None if t.get("cache_load_factor") is None else \
+        problems.take("cache_load_factor", _load_factor, t["cache_load_factor"])
+    if load_factor is not None and kernel is not None and kernel is not ComputeKernel.FUSED_UVM_CACHING:
+        problems.add("cache_load_factor", f"only a fused_uvm_caching table has a cache, this one is {kernel.value}")
     if len(problems.items) > before or None in (table_name, module, sharding_type, kernel, shards, est) \
             or world is None:
         return None
@@ -169,7 +182,7 @@ def _table(record_: object, world: int | None, v1: bool, problems: Problems) -> 
     held: tuple[int, ...] | range = range(world) if replicated else (ranks or ())
     if not replicated and sharding_type is ShardingType.DATA_PARALLEL:
         placed, held = _as_replicas(shards, tuple(held), world)  # v1 listed every replica
-    return TablePlan(table_name, sharding_type, kernel, held, placed, est[0], est[1], est[2], module)
+    return TablePlan(table_name, sharding_type, kernel, held, placed, est[0], est[1], est[2], module, load_factor)
 
 
 def _shards(value: object, replicated: bool, problems: Problems) -> tuple[Shard, ...] | None:
@@ -229,6 +242,14 @@ def _as_replicas(shards: tuple[Shard, ...], ranks: tuple[int, ...],
                     for k, s in enumerate(shards)):
         return Replicas(shards[0], world), range(world)
     return shards, ranks
+
+
+def _load_factor(value: object) -> float:
+    """A cache's share of its table's rows: a number in (0, 1]."""
+    number = finite_number(value, "a number in (0, 1]")
+    if not 0 < number <= 1:
+        raise ValueError(f"must be in (0, 1], got {number:g}")
+    return number
 
 
 def _name(value: object) -> str:

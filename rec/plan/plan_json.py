@@ -11,6 +11,8 @@ import json
 from dataclasses import asdict, fields
 from typing import Any
 
+import numpy as np
+
 from rec.cost.types import COMPUTE_KERNELS, SHARDING_TYPES
 from rec.plan.metrics import Movement, PlanMetrics
 from rec.plan.planner_identity import PlannerIdentity
@@ -86,11 +88,14 @@ def table_lines(plan: Plan) -> list[str]:
     ck = [KERNEL_VALUES[x] for x in c.compute_kernel.tolist()]
     perf, hbm, ddr = map(list, (c.perf.tolist(), c.hbm.tolist(), c.ddr.tolist()))
     start, replicated = c.shard_start.tolist(), c.replicated.tolist()
+    assert c.load_factor is not None
+    caches = {int(i): f',"cache_load_factor":{float(c.load_factor[i])!r}'
+              for i in np.flatnonzero(~np.isnan(c.load_factor))}
     rank, r0, c0, nr, nc = (getattr(c, f).tolist() for f in ("rank", "row_offset", "col_offset", "rows", "cols"))
     lines = []
     for i in range(len(names)):
         lo, hi = start[i], start[i + 1]
-        head = f'{{"name":{names[i]},"sharding_type":"{st[i]}","compute_kernel":"{ck[i]}",'
+        head = f'{{"name":{names[i]},"sharding_type":"{st[i]}","compute_kernel":"{ck[i]}"{caches.get(i, "")},'
         est = f'"est":{{"perf":{perf[i]!r},"storage":{{"hbm":{hbm[i]},"ddr":{ddr[i]}}}}}}}'
         if replicated[i]:  # v2: one replica stands for one on every rank
             lines.append(f'{head}"replicated":true,"shards":[{{"offsets":[{r0[lo]},{c0[lo]}],'

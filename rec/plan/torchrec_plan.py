@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rec.plan.types import Plan, TablePlan
-from rec.sharding import ModuleKind, Pooling, ShardingType
+from rec.sharding import ComputeKernel, ModuleKind, Pooling, ShardingType
 
 if TYPE_CHECKING:
     from torchrec.distributed.types import EmbeddingModuleShardingPlan, ShardingPlan
@@ -82,7 +82,7 @@ def plan_modules(plan: Plan) -> dict[str, ModuleKind]:
 def _parameter_sharding(plan: Plan, t: TablePlan) -> Any:
     from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata
     from torchrec.distributed.planner.utils import placement
-    from torchrec.distributed.types import ParameterSharding
+    from torchrec.distributed.types import CacheParams, ParameterSharding
 
     device = plan.topology.compute_device.value
     local = plan.topology.local_world_size
@@ -93,9 +93,21 @@ def _parameter_sharding(plan: Plan, t: TablePlan) -> Any:
                           placement=placement(device, s.rank, local))
             for s in t.shards
         ])
+    cache = None
+    if t.compute_kernel is ComputeKernel.FUSED_UVM_CACHING:
+        cache = CacheParams(load_factor=_load_factor(plan, t))
     return ParameterSharding(
         sharding_type=t.sharding_type.value,
         compute_kernel=t.compute_kernel.value,
         ranks=list(t.ranks),
         sharding_spec=spec,
+        cache_params=cache,
     )
+
+
+def _load_factor(plan: Plan, t: TablePlan) -> float:
+    """The share of ``t``'s rows its cache holds: the plan's choice, else the spec's, else the cost model's."""
+    if t.cache_load_factor is not None:
+        return t.cache_load_factor
+    given = next((s.cache_load_factor for s in plan.spec.tables if s.key == t.key), None)
+    return plan.planner.cost.caching_ratio if given is None else given

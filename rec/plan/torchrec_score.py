@@ -17,6 +17,10 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
+from rec.cost.constants import UVM_CACHING_RATIO
+from rec.cost.tables import resolved_load_factors
 from rec.cost.types import CostConfig, Optimizer
 from rec.plan.types import Plan
 from rec.spec.types import Spec
@@ -109,11 +113,12 @@ def torchrec_topology(topology: Topology) -> TorchrecTopology:
     )
 
 
-def torchrec_inputs(spec: Spec, topology: Topology,
-                    cost: CostConfig = CostConfig()) -> tuple[Any, dict[str, Any], TorchrecTopology, list[Any]]:
+def torchrec_inputs(spec: Spec, topology: Topology, cost: CostConfig = CostConfig(),
+                    load_factors: np.ndarray | None = None) -> tuple[Any, dict[str, Any], TorchrecTopology, list[Any]]:
     """(the spec's modules at their paths on the meta device, constraints by table name, TorchRec
     Topology, sharders): what shardflow plans. TorchRec keys constraints by table name alone: tables
-    sharing a name in several modules get the first one's."""
+    sharing a name in several modules get the first one's. Each table's ``cache_params.load_factor``
+    is its own (``rec.cost.tables.resolved_load_factors`` of ``load_factors``, spec order)."""
     from torchrec.distributed.planner.types import ParameterConstraints
     from torchrec.distributed.types import CacheParams
 
@@ -126,12 +131,15 @@ def torchrec_inputs(spec: Spec, topology: Topology,
         for p in model.parameters():
             mark_optimizer(p, optimizer_class)
     constraints: dict[str, Any] = {}
-    for t in spec.tables:
+    factors = resolved_load_factors(spec, cost, load_factors).tolist()
+    for t, factor in zip(spec.tables, factors, strict=True):
         constraints.setdefault(t.name, ParameterConstraints(
             sharding_types=[s.value for s in t.sharding_types] if t.sharding_types else None,
             compute_kernels=[k.value for k in t.compute_kernels] if t.compute_kernels else None,
             pooling_factors=[t.pooling_factor] * len(t.feature_names),
-            cache_params=CacheParams(load_factor=cost.caching_ratio),
+            # TorchRec's default where it is the default, so that its planner reads the same constraints
+            cache_params=None if factor == UVM_CACHING_RATIO and t.cache_load_factor is None else CacheParams(
+                load_factor=factor),
             min_partition=t.min_partition,
         ))
     return model, constraints, torchrec_topology(topology), module_sharders(set(spec.modules.values()))
@@ -183,7 +191,9 @@ def torchrec_score(plan: Plan, spec: Spec, topology: Topology, cost: CostConfig 
     from torchrec.distributed.planner.perf_models import NoopPerfModel
     from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
 
-    model, constraints, trec_topology, sharders = torchrec_inputs(spec, topology, cost)
+    chosen_of = dict(zip(plan.columns.keys, plan.columns.load_factor.tolist(), strict=True))  # type: ignore[union-attr]
+    chosen_factors = np.array([chosen_of.get(t.key, np.nan) for t in spec.tables])
+    model, constraints, trec_topology, sharders = torchrec_inputs(spec, topology, cost, chosen_factors)
     enumerator = EmbeddingEnumerator(
         topology=trec_topology,
         batch_size=topology.batch_size,

@@ -15,6 +15,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
 
+import numpy as np
+
 from rec.plan.metrics import BoundMethod, Movement, PlanMetrics
 from rec.plan.planner_identity import PlannerIdentity
 from rec.sharding import ComputeKernel, ShardingType
@@ -29,11 +31,26 @@ PLAN_FORMAT = "shardflow.plan/v2"
 # v3, so plans of specs without modules stay byte-identical and older readers refuse what they would
 # misread.
 PLAN_FORMAT_MODULES = "shardflow.plan/v3"
+# A plan with a fused_uvm_caching table whose cache size the planner chose (other than its spec's or
+# the cost model's caching_ratio): table entries carry ``cache_load_factor``; modules as in v3.
+PLAN_FORMAT_CACHES = "shardflow.plan/v4"
 PLAN_FORMAT_V1 = "shardflow.plan/v1"
-PLAN_FORMATS = (PLAN_FORMAT_V1, PLAN_FORMAT, PLAN_FORMAT_MODULES)  # what readers accept
+PLAN_FORMATS = (PLAN_FORMAT_V1, PLAN_FORMAT, PLAN_FORMAT_MODULES, PLAN_FORMAT_CACHES)  # what readers accept
 
-__all__ = ["PLAN_FORMAT", "PLAN_FORMATS", "PLAN_FORMAT_MODULES", "PLAN_FORMAT_V1", "BoundMethod", "Movement", "Plan",
-           "PlanMetrics", "Replicas", "Shard", "TablePlan"]
+__all__ = [
+    "PLAN_FORMAT",
+    "PLAN_FORMATS",
+    "PLAN_FORMAT_CACHES",
+    "PLAN_FORMAT_MODULES",
+    "PLAN_FORMAT_V1",
+    "BoundMethod",
+    "Movement",
+    "Plan",
+    "PlanMetrics",
+    "Replicas",
+    "Shard",
+    "TablePlan",
+]
 
 
 @dataclass(frozen=True)
@@ -78,6 +95,9 @@ class TablePlan:
     hbm: int  # estimated bytes, summed over shards
     ddr: int
     module: str = DEFAULT_MODULE  # the embedding module holding the table (its fully qualified name)
+    # A fused_uvm_caching table's share of rows in its cache where the planner chose it; None: its
+    # spec's cache_load_factor, else the cost model's caching_ratio (rec.plan.load_factors).
+    cache_load_factor: float | None = None
 
     @property
     def replicated(self) -> bool:
@@ -109,7 +129,10 @@ class Plan:
     @property
     def format(self) -> str:
         """The plan.json format this plan is written in."""
-        default = all(m == DEFAULT_MODULE for m in self.columns.modules)
+        c = self.columns
+        if c.load_factor is not None and not np.isnan(c.load_factor).all():
+            return PLAN_FORMAT_CACHES
+        default = all(m == DEFAULT_MODULE for m in c.modules)
         return PLAN_FORMAT if default else PLAN_FORMAT_MODULES
 
     @property

@@ -144,6 +144,10 @@ class Extensions:
     # per iteration for each sharding type the plan uses (TorchRec runs one input and one output
     # distribution per sharding type, however many tables it holds: their collectives' latency).
     iteration_ms: float = 0.0
+    # fused_uvm_caching shards priced by their cache's miss rate (rec.cost.bandwidth.kernel_bw): the
+    # weight of a missed lookup's bytes at fused_uvm's bandwidth. 0: TorchRec's rule, linear in the
+    # cache's size whatever the ids.
+    cache_miss_multiplier: float = 0.0
     sharding_type_ms: tuple[tuple[ShardingType, float], ...] = ()  # in ShardingType order, one each
 
     def sharding_type_cost(self, sharding_type: ShardingType) -> float:

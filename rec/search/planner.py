@@ -9,7 +9,10 @@ item, so every mapper finds the same plan.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
+
+import numpy as np
 
 from rec import progress
 from rec.cost.types import CostConfig
@@ -32,15 +35,18 @@ from rec.topology.types import Topology
 __all__ = ["build_search_space", "prepare", "search", "search_result"]
 
 
-def build_search_space(spec: Spec, topology: Topology,
-                       cost: CostConfig = CostConfig()) -> SearchSpace:
-    """Enumerate and cost every option, and the ranks' usable capacity."""
+def build_search_space(spec: Spec, topology: Topology, cost: CostConfig = CostConfig(),
+                       load_factors: np.ndarray | None = None) -> SearchSpace:
+    """Enumerate and cost every option, and the ranks' usable capacity; ``load_factors`` (spec order,
+    NaN: none) are cache sizes a plan chose."""
     from rec.cost import enumerate_options, rank_capacity
 
-    options = enumerate_options(spec, topology, cost)
+    options = enumerate_options(spec, topology, cost, load_factors)
     hbm_cap, ddr_cap = rank_capacity(spec, topology)
     space = build_space(options, len(spec.tables), topology.world_size,
                         topology.local_world_size, hbm_cap, ddr_cap)
+    if load_factors is not None and not np.isnan(load_factors).all():
+        space = replace(space, chosen_load_factor=np.asarray(load_factors, dtype=np.float64))
     check_capacity_left(space, topology)
     check_every_table_fits(space, spec, topology, cost)
     return space

@@ -32,6 +32,9 @@ class SearchSpace:
     feasible: np.ndarray  # (O,) bool: every shard fits on a rank it may go to
     entry_owner: np.ndarray  # (E,) option of each entry
     entry_position: np.ndarray  # (E,) index of the entry's first shard within its option
+    # (T,) the cache sizes the options were costed with where a plan chose them (NaN: the spec's or
+    # the cost model's); None: none chosen
+    chosen_load_factor: np.ndarray | None = None
 
     @property
     def num_hosts(self) -> int:

@@ -62,7 +62,7 @@ def _columnar(table: Any, source: str) -> Spec:
     n = table.num_rows
     if not n or len(set(names)) != len(names) or not set(REQUIRED) <= set(names) <= set(COLUMNS):
         raise _Decline
-    if "min_partition" in names:  # rare: the row validator reads it
+    if "min_partition" in names or "cache_load_factor" in names:  # rare: the row validator reads them
         raise _Decline
     columns = {name: table.column(name).combine_chunks() for name in names}
     modules = _cells(columns.get("module"), "module", DEFAULT_MODULE, n)
@@ -89,7 +89,7 @@ def _columnar(table: Any, source: str) -> Spec:
     tables = tuple(
         map(TableSpec, table_names, rows.tolist(), dims.tolist(), features, pooling, data_type,
             pooling_factor.tolist(), sharding_types, compute_kernels, modules,
-            *(([None] * n, *stats) if stats else ()))  # min_partition: declined above
+            *(([None] * n, *stats) if stats else ()))  # min_partition, cache_load_factor: declined above
     )
     if (not one_module or unpooled.any()) and module_problems([vars(t) for t in tables]):
         raise _Decline
@@ -147,7 +147,7 @@ def _pooling_factors(column: Any, n: int) -> np.ndarray:
 
 def _numpy(array: Any) -> np.ndarray:
     """A numeric array's values as numpy (whatever sits under a null). pyarrow's ``to_numpy()``, and any
-    ``pa.scalar`` (so compute functions given a Python number), would import pandas: 0.2 s."""
+    ``pa.scalar`` (so compute functions given a Python number), would import pandas, which nothing else needs."""
     dtype = np.dtype(_NUMPY_TYPES.get(str(array.type), str(array.type)))
     return np.frombuffer(array.buffers()[1], dtype=dtype, count=len(array), offset=array.offset * dtype.itemsize)
 

@@ -49,7 +49,7 @@ def _row_json(t: TableSpec) -> str:
     else:
         distinct, curve, last = _stats(t)
     return (
-        f'{{"compute_kernels":{_values(t.compute_kernels)},"data_type":"{VALUE[t.data_type]}",{distinct}'
+        f'{{{_load_factor(t.cache_load_factor)}"compute_kernels":{_values(t.compute_kernels)},"data_type":"{VALUE[t.data_type]}",{distinct}'
         f'"embedding_dim":{int.__repr__(t.embedding_dim)},"feature_names":[{",".join(map(_text, t.feature_names))}],'
         f'{curve}{_min_partition(t.min_partition)}{_module(t.module)}"name":{_text(t.name)},"num_embeddings":{int.__repr__(t.num_embeddings)},"pooling":"{VALUE[t.pooling]}",'
         f'"pooling_factor":{float.__repr__(pooling_factor)},"sharding_types":{_values(t.sharding_types)}{last}}}'
@@ -59,6 +59,11 @@ def _row_json(t: TableSpec) -> str:
 def _module(module: str) -> str:
     """The ``module`` key of a table outside ``DEFAULT_MODULE`` (``table_to_row`` leaves it out there)."""
     return "" if module == DEFAULT_MODULE else f'"module":{_text(module)},'
+
+
+def _load_factor(value: float | None) -> str:
+    """The ``cache_load_factor`` key of a table that sets it (first: it sorts before ``compute_kernels``)."""
+    return "" if value is None else f'"cache_load_factor":{_finite(float(value))},'
 
 
 def _min_partition(value: int | None) -> str:

@@ -37,12 +37,15 @@ class TableSpec:
     compute_kernels: tuple[ComputeKernel, ...] | None = None
     module: str = DEFAULT_MODULE  # fully qualified name of the embedding module in the model
     min_partition: int | None = None  # TorchRec's ParameterConstraints.min_partition: column shards' least width
-    # Measured from training data (``shardflow spec stats``, rec.spec.stats); None where not measured.
+    # Measured from training data (``shardflow spec stats``, rec.data.stats); None where not measured.
     stats_rows: int | None = None  # samples the statistics were measured on
     stats_batch_size: int | None = None  # the batch size distinct_per_batch was counted at
     distinct_per_batch: float | None = None  # mean distinct ids in a batch, all the table's features together
     ids_out_of_range: int | None = None  # sampled ids outside [0, num_embeddings)
     hit_rate_curve: tuple[tuple[float, float], ...] | None = None  # (cache fraction of rows, share of lookups)
+    # TorchRec's CacheParams.load_factor: the share of the rows a fused_uvm_caching cache holds, fixed
+    # by the user; None: the planner chooses it (rec.passes.cache_sizes).
+    cache_load_factor: float | None = None
 
     @property
     def bytes(self) -> float:

@@ -292,6 +292,14 @@ def _parse_distinct(value: object) -> float:
     return finite_number(value, "a number >= 0", minimum=0.0, text=True)
 
 
+def _parse_load_factor(value: object) -> float:
+    """A cache's share of its table's rows: in (0, 1], as TorchRec's CacheParams.load_factor."""
+    number = finite_number(value, "a number in (0, 1]", text=True)
+    if not 0 < number <= 1:
+        raise ValueError(f"must be in (0, 1] (the share of the table's rows its cache holds), got {number:g}")
+    return number
+
+
 def _parse_curve(value: object) -> tuple[tuple[float, float], ...]:
     """(cache_fraction, hit_rate) points: fractions in (0, 1] increasing, rates in [0, 1] not decreasing."""
     if isinstance(value, str):
@@ -439,6 +447,7 @@ CELL_PARSERS = {
     "compute_kernels": _enum_list_parser(ComputeKernel, "compute kernel"),
     "module": _parse_module,
     "min_partition": _parse_positive_int,
+    "cache_load_factor": _parse_load_factor,
     "stats_rows": _parse_stats_int,
     "stats_batch_size": _parse_stats_int,
     "distinct_per_batch": _parse_distinct,

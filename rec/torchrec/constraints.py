@@ -4,7 +4,8 @@ What a spec holds is mapped as it is: ``sharding_types``, ``compute_kernels`` (a
 names shardflow never plans are refused by spec validation, with the alternatives), ``min_partition``,
 and ``pooling_factors`` (one per feature, or one for every feature). What changes no estimate passes
 through to the table's ``ParameterSharding``, as TorchRec's planner passes it: ``cache_params``
-(whose ``load_factor`` is the cost model's caching ratio), ``enforce_hbm``, ``stochastic_rounding``,
+(whose ``load_factor`` becomes the table's ``cache_load_factor`` and whose ``stats`` its
+``hit_rate_curve``), ``enforce_hbm``, ``stochastic_rounding``,
 ``bounds_check_mode``; ``feature_names`` is TorchRec's bookkeeping. The rest changes estimates in
 ways a spec cannot express and is refused unless it holds TorchRec's default: ``num_poolings``,
 ``batch_sizes`` other than the planner's batch size, ``is_weighted``, ``output_dtype``,
@@ -30,6 +31,7 @@ class TableConstraints:
     cells: dict[str, Any]  # spec cells
     kernel: dict[str, Any]  # ParameterSharding fields (KERNEL_FIELDS) that are set
     load_factor: float | None  # cache_params.load_factor
+    stats: Any = None  # cache_params.stats: TorchRec's CacheStatistics, or None
 
 
 def table_constraints(c: Any, where: str, num_features: int, pooled: bool, batch_size: int,
@@ -60,7 +62,8 @@ def table_constraints(c: Any, where: str, num_features: int, pooled: bool, batch
     kernel = kernel_fields(c)
     cache = getattr(c, "cache_params", None)
     load_factor = getattr(cache, "load_factor", None) if cache is not None else None
-    return TableConstraints(cells, kernel, load_factor), problems
+    stats = getattr(cache, "stats", None) if cache is not None else None
+    return TableConstraints(cells, kernel, load_factor, stats), problems
 
 
 def kernel_fields(c: Any) -> dict[str, Any]:
@@ -116,3 +119,25 @@ def _refused(c: Any, num_features: int, batch_size: int, device: str) -> list[st
     if cache is not None and getattr(cache, "multipass_prefetch_config", None) is not None:
         out.append("cache_params.multipass_prefetch_config is not modelled by shardflow's cost model")
     return out
+
+
+def stats_curve(stats: Any) -> tuple[list[list[float]] | None, str | None]:
+    """A spec's ``hit_rate_curve`` from TorchRec's ``CacheStatistics`` (its ``expected_miss_rate`` at
+    each of ``CACHE_FRACTIONS`` and 1), and why there is none when ``stats`` cannot give one."""
+    if stats is None:
+        return None, None
+    import math
+
+    from rec.hit_rates import CACHE_FRACTIONS
+
+    points, best = [], 0.0
+    for fraction in (*CACHE_FRACTIONS, 1.0):
+        try:
+            miss = float(stats.expected_miss_rate(fraction))
+        except Exception as e:  # a user's class: say what it raised
+            return None, f"expected_miss_rate({fraction}) raised {type(e).__name__}: {e}"
+        if not math.isfinite(miss) or not 0 <= miss <= 1:
+            return None, f"expected_miss_rate({fraction}) is {miss!r}, not a share of lookups in [0, 1]"
+        best = max(best, 1.0 - miss)  # a larger cache serves at least as many lookups
+        points.append([fraction, best])
+    return points, None

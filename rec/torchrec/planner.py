@@ -22,7 +22,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from rec.cost.constants import UVM_CACHING_RATIO
 from rec.cost.types import CostConfig, Optimizer
 from rec.errors import InputError, Problem
 from rec.plan.types import Plan
@@ -34,7 +33,7 @@ from rec.sharding import ComputeDevice, ComputeKernel
 from rec.spec import spec_from_rows
 from rec.spec.types import table_key
 from rec.topology.types import BATCH_SIZE
-from rec.torchrec.constraints import kernel_fields, table_constraints
+from rec.torchrec.constraints import kernel_fields, stats_curve, table_constraints
 from rec.torchrec.model import ModelTables, model_tables, module_kind
 from rec.torchrec.topology import dense_bytes, reservation_settings, shardflow_topology, topology_problems
 from rec.torchrec_internals import optimizer_classes
@@ -185,7 +184,6 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
         what cannot be planned as TorchRec would."""
         problems: list[Problem] = []
         rows, kernel = [], {}
-        load_factors: dict[float, list[str]] = {}
         optimizers: dict[Optimizer, list[str]] = {}
         modules = {m.path: m for m in tables.modules}
         weights = tables.parameters()
@@ -207,21 +205,20 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
                 problems.append(Problem(f"{where}: {given}", f"{factor!r} is not a number in (0, 1], the share of "
                                                             "the table's rows its cache holds (TorchRec's bounds)"))
                 continue
-            if _may_cache(device, cells.get("compute_kernels")):
-                load_factors.setdefault(UVM_CACHING_RATIO if factor is None else float(factor), []).append(key)
+            if _may_cache(device, rows[-1].get("compute_kernels")):
+                if factor is not None:
+                    rows[-1]["cache_load_factor"] = float(factor)
+                curve, why = stats_curve(mapped.stats)
+                if why:
+                    problems.append(Problem(f"{where}: cache_params.stats", why))
+                elif curve is not None:
+                    rows[-1]["hit_rate_curve"] = curve
             optimizers.setdefault(_optimizer(weights[key]), []).append(key)
-        if len(load_factors) > 1:
-            problems.append(Problem("cache_params.load_factor", "differs between tables (" + "; ".join(
-                f"{v:g}: {_some(keys)}" for v, keys in load_factors.items()) + "): shardflow's cost model has one "
-                "caching ratio for fused_uvm_caching tables (TorchRec's default 0.2 where none is given); give "
-                "every table that may take fused_uvm_caching the same load_factor, or a compute_kernels list "
-                "without it"))
         if len(optimizers) > 1:
             problems.append(Problem("optimizer", "the tables' fused optimizers differ (" + "; ".join(
                 f"{o.value}: {_some(keys)}" for o, keys in optimizers.items()) + "): shardflow's cost model sizes "
                 "one optimizer's state for every table"))
-        cost = CostConfig(optimizer=next(iter(optimizers), Optimizer.NONE),
-                          caching_ratio=next(iter(load_factors), UVM_CACHING_RATIO), profile=self._profile)
+        cost = CostConfig(optimizer=next(iter(optimizers), Optimizer.NONE), profile=self._profile)
         try:
             check(cost, "")  # every cost setting within its bounds, whatever the model gave
         except InputError as e:
@@ -255,6 +252,10 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
             fields = planned.kernel.get(t.key)
             if fields:  # as TorchRec's planner copies them from the constraints
                 module_plan = sharding_plan.plan["" if planned.root else t.module]
+                ours = module_plan[t.name].cache_params
+                given = fields.get("cache_params")
+                if ours is not None and given is not None and given.load_factor is None:
+                    fields = {**fields, "cache_params": replace(given, load_factor=ours.load_factor)}
                 module_plan[t.name] = replace(module_plan[t.name], **fields)
         return sharding_plan
 

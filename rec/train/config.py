@@ -38,11 +38,11 @@ class PipelineKind(StrEnum):
     NAIVE = "naive"  # plain loop: forward, backward, step
 
     def on(self, world_size: int, device: str) -> PipelineKind:
-        """The pipeline this kind runs on ``world_size`` ranks of ``device``. Measured, the naive loop
-        was faster where the next batch's input distribution has nothing to overlap with: one GPU
-        (its all-to-all a local copy; an H100, 100 tables at batch 8192: naive 21.7 ms, sparse_dist
-        23.5 ms per iteration) and gloo on cpu (2 ranks: 0.88x). Across GPUs the all-to-all crosses
-        NVLink or the network, which TorchRec's pipeline overlaps with the current batch's compute."""
+        """The pipeline this kind runs on ``world_size`` ranks of ``device``. The naive loop measured
+        faster where the next batch's input distribution has nothing to overlap with: one GPU (its
+        all-to-all a local copy) and gloo on cpu (bench/RESULTS.md §3). Across GPUs the all-to-all
+        crosses NVLink or the network, which TorchRec's pipeline overlaps with the current batch's
+        compute."""
         if self is not PipelineKind.AUTO:
             return self
         return PipelineKind.SPARSE_DIST if device == "cuda" and world_size > 1 else PipelineKind.NAIVE

@@ -1,10 +1,10 @@
 """What shardflow changes of torchrun's agent (``torch.distributed.elastic``) beyond its API, in one
 place: a cost that buys nothing, removed in ``rec.train.launcher``'s process.
 
-torch's log formatter imports ``torch._dynamo`` (3 s of CPU, in a process that has no other use for
-it) to format a record that carries an exception, and the agent logs one for every failed rank: the
-first failure of a launch waited for that import before its summary or its restart (a failing
-2-rank cpu launch: 11.2 s before, 6.6 s after; bench/RESULTS.md §11). ``ExceptionTextFirst`` formats
+torch's log formatter imports ``torch._dynamo`` (seconds of CPU, in a process that has no other use
+for it) to format a record that carries an exception, and the agent logs one for every failed rank:
+the first failure of a launch would wait for that import before its summary or its restart
+(bench/RESULTS.md §11 measures it). ``ExceptionTextFirst`` formats
 the exception's text beforehand, as that formatter would (its dynamo setting only concerns dynamo's
 own graph-break records), so the formatter finds the text and no exception to format.
 

@@ -1,7 +1,7 @@
 """multiprocessing's forkserver, forked from the launcher once it has imported torch.
 
 multiprocessing starts its forkserver as a new interpreter, which imports torch again before it
-imports the job: 3 s of CPU on every launch, paid twice over (the launcher imports torch for
+imports the job: seconds of CPU on every launch (bench/RESULTS.md §11), paid twice over (the launcher imports torch for
 torchrun's agent). Forked from the launcher once torch is imported, the forkserver imports only
 what the job adds (torchrec, the job module). It runs multiprocessing's own forkserver loop, as the
 new interpreter would: the command multiprocessing built for that interpreter, run in the fork.

@@ -1,7 +1,7 @@
 """torchrun, with every rank forked from a process that has imported the job already.
 
-torchrun starts each rank as a new interpreter, which imports torch and torchrec again: 5-6 s of
-CPU per rank before it does anything, on every launch and every restart. This is torchrun
+torchrun starts each rank as a new interpreter, which imports torch and torchrec again: seconds of
+CPU per rank before it does anything, on every launch and every restart (bench/RESULTS.md §11). This is torchrun
 (``torch.distributed.run``'s flags, rendezvous, restarts, signals and failure summary), with one
 change: with ``--start-method forkserver`` a rank is the job module's ``main``
 (``rec.train.rank_entry``) in a process forked from a multiprocessing forkserver that imported the
@@ -13,9 +13,8 @@ imported (``rec.train.forked_forkserver``): it imports only what the job adds to
         -m rec.train.job --plan P --out O
 
 A rank's parent is the forkserver, which exits when this process does; the ranks then get their
-parent-death signal (``rec.train.lifetime``). A failed rank's log line no longer imports
-torch._dynamo here (``rec.train.elastic_internals``): 3 s of CPU at a launch's first failure, before
-the failure summary or the restart.
+parent-death signal (``rec.train.lifetime``). A failed rank's log line imports no torch._dynamo here
+(``rec.train.elastic_internals``), which would delay a launch's first failure summary or restart.
 """
 
 from __future__ import annotations

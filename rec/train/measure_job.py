@@ -5,8 +5,11 @@ alone, as the cost model rates them, on the ranks the plan is for.
 
 For each plan, in one process group: the spec's embedding modules (no dense layers) sharded by
 ``DistributedModelParallel`` with exactly the plan's ``ShardingPlan`` and fused row-wise Adagrad;
-synthetic ids at the plan's batch size (Poisson with each table's pooling factor); warm-up (on cuda
-until two blocks agree: the clocks have settled), then blocks of timed iterations, each block
+synthetic ids at the plan's batch size (Poisson with each table's pooling factor, each table's ids
+from its hit-rate curve), a pool of batches drawn up front and cycled, sized so that the
+fused_uvm_caching tables' caches see a stream rather than rows they hold whole
+(``rec.train.synthetic_pool``); warm-up (at least until every cache has filled; on cuda until two
+blocks agree: the clocks have settled), then blocks of timed iterations, each block
 started together on every rank and run back to back: forward (input distribution, lookup, output
 distribution, a loss from the outputs) and backward (gradients back through the output
 distribution, lookup backward with the optimizer fused in, data_parallel all-reduce), timed with
@@ -41,7 +44,6 @@ from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backwa
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from rec.cost.unique import ID_SKEW
 from rec.data.synthetic import feature_tables
 from rec.plan import Plan, read_plan
 from rec.plan.torchrec_plan import sharders_for, to_sharding_plan
@@ -50,12 +52,14 @@ from rec.settings import add_flags, from_flags
 from rec.sharding import ComputeDevice, ModuleKind
 from rec.spec import spec_from_rows
 from rec.spec.torchrec_modules import embedding_modules, place
-from rec.spec.types import Spec
+from rec.spec.types import Spec, TableSpec
 from rec.train.collectives import Group
 from rec.train.lifetime import exit_skipping_finalization
-from rec.train.measure_config import LATER_SETTLE_S, SETTLE_BLOCK_MS, SETTLE_TOLERANCE, MeasureConfig
+from rec.train.measure_config import AUTO_POOL, LATER_SETTLE_S, SETTLE_BLOCK_MS, SETTLE_TOLERANCE, MeasureConfig
 from rec.train.rank_log import RankOutput
 from rec.train.rank_process import check_world_size, process_group, run_rank
+from rec.train.synthetic_ids import table_ids
+from rec.train.synthetic_pool import MIN_POOL, synthetic_pool
 from rec.train.timings import Phases, PlanTimes, Status, Timings, write_timings
 
 
@@ -96,26 +100,42 @@ def _as_initialized(weight: torch.Tensor) -> torch.Tensor:
 def synthetic_features(spec: Spec, batch_size: int, seed: int, distinct: int,
                        device: torch.device) -> Iterator[dict[str, KeyedJaggedTensor]]:
     """Each module's ids for ``distinct`` batches, cycled, drawn on ``device`` as the training job
-    draws them (``rec.data.synthetic``: Poisson(pooling factor) ids per sample and
-    feature, ``rows x u**ID_SKEW``): on a GPU, probes of millions of ids cost no host time."""
+    draws them (``rec.data.synthetic``: Poisson(pooling factor) ids per sample and feature, each
+    table's from its hit-rate curve or the skew model, hot rows scattered; ``rec.train.synthetic_ids``).
+    A feature's lengths for every batch come in one draw and one host read, its ids in chunks of at
+    most ``DRAW_CHUNK``: on a GPU, pools of millions of ids cost no host time per id."""
     generator = torch.Generator(device=device)
     generator.manual_seed(seed)
-    made = []
-    for _ in range(distinct):
-        batch = {}
-        for path in spec.modules:
-            features = feature_tables(tuple(t for t in spec.tables if t.module == path))
-            lengths, values = [], []
-            for _, rows, pooling_factor in features:
-                rates = torch.full((batch_size,), float(pooling_factor), device=device)
-                n = torch.poisson(rates, generator=generator).to(torch.int32)
-                lengths.append(n)
-                u = torch.rand(int(n.sum()), generator=generator, device=device, dtype=torch.float64)
-                values.append((rows * u**ID_SKEW).to(torch.int64).clamp_(max=rows - 1))
-            batch[path] = KeyedJaggedTensor.from_lengths_sync(
-                keys=[f for f, _, _ in features], values=torch.cat(values), lengths=torch.cat(lengths))
-        made.append(batch)
+    made: list[dict[str, KeyedJaggedTensor]] = [{} for _ in range(distinct)]
+    for path in spec.modules:
+        features = feature_tables(tuple(t for t in spec.tables if t.module == path))
+        lengths, values, per_key = [], [], []
+        for _, table in features:
+            rates = torch.full((distinct, batch_size), float(table.pooling_factor), device=device)
+            n = torch.poisson(rates, generator=generator).to(torch.int32)
+            counts = [int(c) for c in n.sum(dim=1, dtype=torch.int64).tolist()]
+            lengths.append(n)
+            values.append(torch.split(_drawn_ids(sum(counts), table, generator, device), counts))
+            per_key.append(counts)
+        keys = [f for f, _ in features]
+        for b, batch in enumerate(made):
+            batch[path] = KeyedJaggedTensor(
+                keys=keys, values=torch.cat([v[b] for v in values]), lengths=torch.cat([n[b] for n in lengths]),
+                stride=batch_size, length_per_key=[c[b] for c in per_key]).sync()
+        del lengths, values  # the pool's batches hold their own copies
     return cycle(made)
+
+
+DRAW_CHUNK = 1 << 23  # ids drawn at once: bounds the float64 temporaries of the draw
+
+
+def _drawn_ids(count: int, table: TableSpec, generator: torch.Generator, device: torch.device) -> torch.Tensor:
+    """``count`` ids of ``table``, in chunks of at most ``DRAW_CHUNK``."""
+    chunks = []
+    for first in range(0, count, DRAW_CHUNK):
+        u = torch.rand(min(DRAW_CHUNK, count - first), generator=generator, device=device, dtype=torch.float64)
+        chunks.append(table_ids(u, table.num_embeddings, table.hit_rate_curve))
+    return torch.cat(chunks) if chunks else torch.zeros(0, dtype=torch.int64, device=device)
 
 
 class Clock:
@@ -183,20 +203,22 @@ def measure(plan: Plan, plan_path: str, config: MeasureConfig, output: RankOutpu
     model = Embeddings(spec)
     apply_optimizer_in_backward(RowWiseAdagrad, model.parameters(), {"lr": config.embedding_lr})
     dmp = DistributedModelParallel(model, device=device, plan=to_sharding_plan(plan), sharders=sharders_for(plan))
-    features = synthetic_features(spec, batch_size, config.seed + dist.get_rank(), config.synthetic_batches, device)
+    pool = synthetic_pool(plan, config.synthetic_batches)  # the same on every rank: it depends on the plan alone
+    features = synthetic_features(spec, batch_size, config.seed + dist.get_rank(), pool.batches, device)
     clock = Clock(device)
     built = time.monotonic()
 
     def over(limit: float) -> bool:  # the same answer on every rank: they stop together
         return group.any(time.monotonic() - began > limit)
 
-    fwd, bwd = run_block(dmp, features, config.warmup, clock)
-    warmed = config.warmup
-    sizes = block_sizes(config)
+    warmup = max(config.warmup, pool.fill_iterations)  # the caches full before anything is timed
+    fwd, bwd = run_block(dmp, features, warmup, clock)
+    warmed = warmup
+    sizes = block_sizes(config, pool.batches)
     if device.type == "cuda" and settle_s > 0 and not over(config.time_limit_s):
         steady = (fwd[1:] or fwd or [1.0], bwd[1:] or bwd or [0.0])  # the first iteration pays one-time costs
         per_iteration = (sum(steady[0]) + sum(steady[1])) / len(steady[0])
-        size = _whole_passes(math.ceil(SETTLE_BLOCK_MS / max(per_iteration, 1e-3)), config)
+        size = _whole_passes(math.ceil(SETTLE_BLOCK_MS / max(per_iteration, 1e-3)), config, pool.batches)
         warmed += _settle(dmp, features, size, clock, group, settle_s)
     settled = time.monotonic()
     fwd, bwd = [], []
@@ -217,20 +239,37 @@ def measure(plan: Plan, plan_path: str, config: MeasureConfig, output: RankOutpu
     gc.collect()
     phases = Phases(setup_s=built - began, warmup_s=settled - built, warmup_iterations=warmed,
                     timed_s=timed - settled, teardown_s=time.monotonic() - timed)
-    return PlanTimes(plan_path, plan.plan_id, status, warmed, *times, blocks=max(blocks, 1), phases=phases)
+    return PlanTimes(plan_path, plan.plan_id, status, warmed, *times, blocks=max(blocks, 1), phases=phases,
+                     synthetic_batches=pool.batches, touched_over_cache=pool.touched_over_cache,
+                     touch_target_reached=pool.reached)
 
 
-def block_sizes(config: MeasureConfig) -> list[int]:
-    """The iterations of each timed block: ``config.iterations`` shared out over ``config.blocks`` (fewer
-    blocks where there are too few iterations for a whole pass over the synthetic batches in each),
-    each rounded up to whole passes, so that every block sees each batch as often."""
-    blocks = max(1, min(config.blocks, config.iterations // config.synthetic_batches))
-    per_block = _whole_passes(math.ceil(config.iterations / blocks), config)
+def block_sizes(config: MeasureConfig, pool: int | None = None) -> list[int]:
+    """The iterations of each timed block on a pool of ``pool`` synthetic batches (default: the
+    configured count, ``MIN_POOL`` for auto): ``config.iterations`` shared out over ``config.blocks``
+    (fewer blocks where there are too few iterations for a whole pass over the pool in each), each
+    rounded up to whole passes, so that every block sees each batch as often. An auto pool larger than
+    a block's share is walked instead (``_whole_passes``)."""
+    pool = pool or config.synthetic_batches or MIN_POOL
+    share = math.ceil(config.iterations / config.blocks)
+    if _walked(config, pool, share):
+        return [share] * config.blocks
+    blocks = max(1, min(config.blocks, config.iterations // pool))
+    per_block = _whole_passes(math.ceil(config.iterations / blocks), config, pool)
     return [per_block] * blocks
 
 
-def _whole_passes(iterations: int, config: MeasureConfig) -> int:
-    return math.ceil(iterations / config.synthetic_batches) * config.synthetic_batches
+def _whole_passes(iterations: int, config: MeasureConfig, pool: int) -> int:
+    if _walked(config, pool, iterations):
+        return iterations
+    return math.ceil(iterations / pool) * pool
+
+
+def _walked(config: MeasureConfig, pool: int, iterations: int) -> bool:
+    """Whether ``iterations`` take consecutive batches of the pool rather than whole passes: an auto
+    pool grown for the caches, larger than them. Its batches are draws of one distribution, and what
+    the caches need is the stream, not each batch as often; rounding would multiply the iterations."""
+    return config.synthetic_batches == AUTO_POOL and pool > max(MIN_POOL, iterations)
 
 
 def _settle(dmp: nn.Module, features: Iterator[dict[str, KeyedJaggedTensor]], size: int, clock: Clock,

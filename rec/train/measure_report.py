@@ -6,7 +6,9 @@ under: its ``metrics.rank_perf`` plus that profile's plan-level terms, which Tor
 profile does not have). Measured: each rank's iteration time (the median over the timed blocks of
 their mean iteration, ``PlanTimes.rank_ms``) and 90th percentile of forward plus backward over the
 timed iterations, and the spread of the blocks (the measurement's noise). The critical path is the
-slowest rank, in both; ``error`` is measured / predicted - 1 on it.
+slowest rank, in both; ``error`` is measured / predicted - 1 on it. Beside them, the synthetic pool
+the ranks cycled and how far its ids covered the fused_uvm_caching tables' caches
+(``rec.train.synthetic_pool``), so a reader sees when a cap left the caches flattered.
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ class MeasureReport:
     measured_at: str | None
     blocks: int = 1  # the timed iterations ran in this many blocks
     spread: float = 0.0  # on the slowest rank: (slowest block - fastest block) / median block
+    synthetic_batches: int | None = None  # the pool each rank drew and cycled (None: not recorded)
+    touched_over_cache: float | None = None  # the least, over fused_uvm_caching tables, of rows touched / cached
+    touch_target_reached: bool | None = None  # false: a cap bound the pool (None: no cached table)
 
 
 def measure_report(plan: Plan, times: PlanTimes, machine: Machine) -> MeasureReport:
@@ -75,6 +80,8 @@ def measure_report(plan: Plan, times: PlanTimes, machine: Machine) -> MeasureRep
         machine={k: (v.value if hasattr(v, "value") else v) for k, v in asdict(machine).items()
                  if k != "measured_at"},
         measured_at=machine.measured_at, blocks=times.blocks, spread=times.spread(),
+        synthetic_batches=times.synthetic_batches or None, touched_over_cache=times.touched_over_cache,
+        touch_target_reached=times.touch_target_reached,
     )
 
 

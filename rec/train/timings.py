@@ -54,7 +54,9 @@ class PlanTimes:
     """One plan's timed iterations, ms, ``[rank][iteration]``: forward (input distribution, lookup,
     output distribution) and backward (gradient distribution, lookup backward with the fused
     optimizer, data_parallel all-reduce; up to the next iteration's start). The iterations ran in
-    ``blocks`` consecutive blocks of (nearly) equal length."""
+    ``blocks`` consecutive blocks of (nearly) equal length, on a pool of ``synthetic_batches`` batches
+    per rank (0: not recorded) whose ids touched ``touched_over_cache`` x the rows of the least
+    covered fused_uvm_caching table's cache (``rec.train.synthetic_pool``; None: no such table)."""
 
     plan_path: str
     plan_id: str
@@ -64,6 +66,9 @@ class PlanTimes:
     bwd_ms: tuple[tuple[float, ...], ...]
     blocks: int = 1
     phases: Phases = field(default_factory=Phases)
+    synthetic_batches: int = 0
+    touched_over_cache: float | None = None
+    touch_target_reached: bool | None = None  # every cache's pool reached its target (not the caps)
 
     @property
     def iterations(self) -> int:
@@ -147,5 +152,9 @@ def _plan_times(p: dict[str, Any]) -> PlanTimes:
         raise ValueError("blocks must be at least 1")
     seconds = {k: float(v) for k, v in values.items() if k != "warmup_iterations"}
     warmed = int(values.get("warmup_iterations", p["warmup"]))
+    ratio, reached = p.get("touched_over_cache"), p.get("touch_target_reached")
     return PlanTimes(str(p["plan_path"]), str(p["plan_id"]), Status(p["status"]), int(p["warmup"]),
-                     grid(p["fwd_ms"]), grid(p["bwd_ms"]), blocks, Phases(**seconds, warmup_iterations=warmed))
+                     grid(p["fwd_ms"]), grid(p["bwd_ms"]), blocks, Phases(**seconds, warmup_iterations=warmed),
+                     synthetic_batches=int(p.get("synthetic_batches", 0)),
+                     touched_over_cache=None if ratio is None else float(ratio),
+                     touch_target_reached=None if reached is None else bool(reached))

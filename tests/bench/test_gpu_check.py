@@ -44,8 +44,18 @@ def test_the_cpu_check_runs_every_section_without_prefect_ray_or_mlflow(tmp_path
     assert figures["resume"]["resumed_loss_difference"] == 0.0  # on cpu the resumed run is the unbroken one
     assert figures["measure"]["critical_path_measured"] > 0
     assert figures["calibrate"]["probes"] > 0 and figures["calibrate"]["overhead_per_probe_s"] > 0
-    assert figures["calibration"]["plans"] >= 4
-    assert set(figures["calibration"]["summary"]) == {"default", "calibrated"}
+    calibration = figures["calibration"]
+    assert calibration["plans"] >= 4
+    assert set(calibration["summary"]) == {"default", "calibrated"}
+    # the out-of-family set, measured beside the built-in one and judged apart (memory_tight needs cuda)
+    assert set(calibration["by_group"]) == {"builtin", "out_of_family"}
+    assert set(calibration["by_group"]["out_of_family"]["calibrated"]) == {"median_abs_error", "spearman"}
+    apart = calibration["out_of_family"]
+    assert apart["families"] == ["criteo", "power_law", "two_tower"] and set(apart["skipped"]) == {"memory_tight"}
+    assert apart["plans"] == 6 and all(name in calibration["workloads"] for name in apart["workloads"])
+    assert {e["group"] for e in calibration["plans_measured"]} == {"builtin", "out_of_family"}
+    judged = {t["name"] for t in sections["calibration"]["targets"]}
+    assert {"calibration_median_abs_error", "out_of_family_median_abs_error", "out_of_family_spearman"} <= judged
     shapes = figures["vs_torchrec"]["shapes"]
     assert shapes and all("torchrec" in row and "shardflow" in row for row in shapes.values())
     markdown = (out / "gpu_check.md").read_text()

@@ -56,6 +56,7 @@ def test_measure_writes_predicted_against_measured_per_rank_and_records_a_measur
     assert m["critical_path_measured"] == max(m["measured_ms"])
     assert m["error"] == pytest.approx(m["critical_path_measured"] / m["critical_path_predicted"] - 1)
     assert m["iterations"] == 4 and m["warmup"] == 1 and m["profile"]["default"] is True
+    assert m["synthetic_batches"] == 4 and m["touched_over_cache"] is None  # no cache on cpu: the least pool
     assert m["machine"]["device"] == "cpu" and m["machine"]["world_size"] == 2
     assert "Traceback" not in r.stderr and len(r.stdout.splitlines()) <= SCREEN_LINES
     predicted = next(line for line in r.stdout.splitlines() if line.startswith("predicted "))

@@ -168,6 +168,8 @@ def random_table(rng: np.random.Generator, i: int) -> TableSpec:
         pooling_factor=float(np.round(np.exp(rng.uniform(np.log(0.05), np.log(200))), 3)),
         sharding_types=sharding_types,
         compute_kernels=compute_kernels,
+        # a cache size of its own (TorchRec's per-table CacheParams.load_factor) for some tables
+        cache_load_factor=float(np.round(rng.uniform(0.01, 1.0), 3)) if rng.random() < 0.3 else None,
     )
 
 
@@ -489,7 +491,7 @@ def our_perfs(spec: Spec, topology: Topology, config: CostConfig) -> dict:
             tab = np.flatnonzero(cols.sharding_allowed[:, ST_CODE[st]] & cols.kernel_allowed[:, CK_CODE[ck]])
             lay = layout(st, cols.rows[tab], cols.dims[tab], topology.world_size, topology.local_world_size)
             t = tab[lay.owner]
-            bw = kernel_bw(hw, config.profile, ck, config.caching_ratio)
+            bw = kernel_bw(hw, config.profile, ck, cols.load_factor[t])
             perf = shard_perf(st, ck, topology, config.profile, hw, bw, lay.rows, lay.cols, cols.elem[t],
                               cols.batch_inputs[t], cols.batch_outputs[t])
             parts = np.stack([np.repeat(getattr(perf, p), lay.repeat) for p in PERF_PARTS], axis=1)

@@ -59,7 +59,8 @@ def torchrec_model(spec: Spec, config: CostConfig):
             sharding_types=[s.value for s in t.sharding_types] if t.sharding_types else None,
             compute_kernels=[k.value for k in t.compute_kernels] if t.compute_kernels else None,
             pooling_factors=[t.pooling_factor] * len(t.feature_names),
-            cache_params=CacheParams(load_factor=config.caching_ratio),
+            cache_params=CacheParams(
+                load_factor=config.caching_ratio if t.cache_load_factor is None else t.cache_load_factor),
         )
         assert constraints.setdefault(t.name, c) == c, "tables sharing a name need the same constraints"
     return model, constraints
@@ -122,7 +123,7 @@ def _our_perf_parts(spec: Spec, topology, config: CostConfig) -> dict:
             lay = layout(st, cols.rows[tab], cols.dims[tab], topology.world_size, topology.local_world_size)
             t = tab[lay.owner]
             for ck in kernels:
-                bw = kernel_bw(hw, config.profile, ck, config.caching_ratio)
+                bw = kernel_bw(hw, config.profile, ck, cols.load_factor[t])
                 perf = shard_perf(st, ck, topology, config.profile, hw, bw, lay.rows, lay.cols, cols.elem[t],
                                   cols.batch_inputs[t], cols.batch_outputs[t], pooled=cols.pooled[t])
                 runs = np.stack([np.repeat(getattr(perf, p), lay.repeat) for p in PERF_PARTS], axis=1)

@@ -21,6 +21,8 @@ from rec.plan import read_plan, write_plan
 from rec.plan.io import plan_from_dict, plan_to_dict, write_plan_files
 from rec.planning import plan_spec, replan_spec
 from rec.search import SearchConfig
+from rec.spec import spec_from_rows
+from rec.spec.columns import table_to_row
 from rec.spec.synthetic import issue2282_spec
 from rec.topology import topology_from_dict
 from tasks.ingest import ingest
@@ -38,7 +40,6 @@ def memory_bound_instance():
     """8 tables of up to 3 million rows on 4 cuda ranks with HBM for about half of them."""
     import numpy as np
 
-    from rec.spec import spec_from_rows
 
     rng = np.random.default_rng(16)
     rows = np.rint(10 ** rng.uniform(4, 6.5, 8)).astype(int)
@@ -68,12 +69,13 @@ def test_plans_the_search_makes_pass_the_recomputation(case):
                 {"name": "dense", "num_embeddings": 100, "embedding_dim": 16, "sharding_types": ["data_parallel"]},
                 {"name": "twrw", "num_embeddings": 300_000, "embedding_dim": 64,
                  "sharding_types": ["table_row_wise"]}]
-        from rec.spec import spec_from_rows
 
         plan = plan_spec(spec_from_rows([*rows, *(dict(r) for r in plan_spec(
             issue2282_spec(30), topology_from_dict(cuda)).spec_tables)]), topology_from_dict(cuda))
     elif case == "memory binds":  # UVM caching kernels, a bound the MILP proved
-        plan = plan_spec(*memory_bound_instance(), config=SearchConfig(time_limit_s=5))
+        spec, topology = memory_bound_instance()
+        fixed = spec_from_rows([{**table_to_row(t), "cache_load_factor": 0.2} for t in spec.tables])
+        plan = plan_spec(fixed, topology, config=SearchConfig(time_limit_s=5))  # caches as searched: the MILP's bound
         assert plan.metrics.bound_method == "milp"
     else:
         topology = topology_from_dict({"world_size": 4, "compute_device": "cpu"})

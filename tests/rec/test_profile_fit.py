@@ -229,13 +229,13 @@ def cuda_probes():
     return probe_plans(one_gpu())
 
 
-def test_on_cuda_the_fit_recovers_the_uvm_lookups_and_the_widest_rows(cuda_probes):
+def test_on_cuda_the_fit_recovers_the_uvm_lookups_the_widest_rows_and_the_misses(cuda_probes):
     plans = [p.plan for p in cuda_probes]
     types, kernels = measured_types(plans)
     assert any(map(mixes_widths, plans))
-    params = parameters(types, types_everywhere(plans), kernels, widths=True)
+    params = parameters(types, types_everywhere(plans), kernels, widths=True, misses=True)
     topology = one_gpu()
-    base = base_profile(topology, types, kernels, 0.2)
+    base = base_profile(topology, types, kernels, 0.2, misses=True)
     moved = np.abs(design(plans, base, params)).max(axis=(0, 1)) > 0
     rng = np.random.default_rng(1)
     truth, values = base, []
@@ -253,7 +253,7 @@ def test_on_cuda_the_fit_recovers_the_uvm_lookups_and_the_widest_rows(cuda_probe
             written = MS_PER_S / value if parameter.kind is Kind.INVERSE_BANDWIDTH else value
             assert fit.values[parameter.name] == pytest.approx(written, rel=1e-4), parameter.name
     assert {"fused_uvm.fwd.lookup_size_multiplier", "fused_uvm_caching.fwd.lookup_size_multiplier",
-            "widest_dim_multiplier"} <= set(fit.values)
+            "widest_dim_multiplier", "cache_miss_multiplier"} <= set(fit.values)
     assert fit.max_abs_error < 1e-4
     uvm = fit.profile.coefficients.of(ShardingType.TABLE_WISE, ComputeKernel.FUSED_UVM)
     assert uvm.fwd.input_read_size_multiplier == 0  # over the host link: its lookups alone
@@ -262,7 +262,7 @@ def test_on_cuda_the_fit_recovers_the_uvm_lookups_and_the_widest_rows(cuda_probe
 def test_the_cuda_probes_pin_down_every_number_they_move(cuda_probes):
     plans = [p.plan for p in cuda_probes]
     types, kernels = measured_types(plans)
-    params = parameters(types, types_everywhere(plans), kernels, widths=True)
-    a = design(plans, base_profile(one_gpu(), types, kernels, 0.2), params)[:, 0, :]
+    params = parameters(types, types_everywhere(plans), kernels, widths=True, misses=True)
+    a = design(plans, base_profile(one_gpu(), types, kernels, 0.2, misses=True), params)[:, 0, :]
     a = a[:, np.abs(a).max(axis=0) > 0]
     assert np.linalg.matrix_rank(a / np.linalg.norm(a, axis=0), tol=1e-9) == a.shape[1]

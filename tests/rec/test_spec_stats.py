@@ -1,4 +1,4 @@
-"""``rec.spec.stats`` and ``rec.spec.data_sample`` against brute force, and the statistics columns of a
+"""``rec.data.stats`` and ``rec.data.sample`` against brute force, and the statistics columns of a
 spec: every format holds them, specs without them hash as before, bad values are named."""
 
 from __future__ import annotations
@@ -13,14 +13,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from rec.data.sample import pick_groups, read_sample
+from rec.data.stats import spec_stats, table_stats, with_stats
 from rec.errors import InputError
 from rec.hashing import content_hash
+from rec.hit_rates import CACHE_FRACTIONS
 from rec.spec import read_spec, spec_from_rows, write_spec
 from rec.spec.columnar import columnar_spec
 from rec.spec.columns import STATS_COLUMNS, table_to_row
-from rec.spec.data_sample import pick_groups, read_sample
 from rec.spec.hashing import SPEC_HASH_FORMAT
-from rec.spec.stats import CACHE_FRACTIONS, spec_stats, table_stats, with_stats
 from rec.spec.types import TableSpec
 from tests.paths import SPECS
 

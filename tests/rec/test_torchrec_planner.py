@@ -17,6 +17,7 @@ from rec.plan import read_plan
 from rec.planning import plan_spec
 from rec.spec.synthetic import issue2282_spec
 from rec.topology import topology_from_dict
+from rec.topology.types import BATCH_SIZE
 from tests.paths import CPU_2PROC, DEMO, ROOT
 
 torch = pytest.importorskip("torch")
@@ -109,6 +110,10 @@ def assert_rated_as_torchrec_rates(planner: ShardflowPlanner, model: nn.Module, 
     """Every table's shards, time and memory in shardflow's plan are TorchRec's for the option it
     took; each rank's capacity is what TorchRec's reservation leaves."""
     plan = planner.last_plan
+    chosen = {t.name: t.cache_load_factor for t in plan.tables if t.cache_load_factor is not None}
+    constraints = {**constraints, **{  # the cache sizes shardflow chose, as its sharding plan applies them
+        name: replace(constraints.get(name, ParameterConstraints()), cache_params=CacheParams(load_factor=lf))
+        for name, lf in chosen.items()}}
     rated, caps = torchrec_rates(model, topology, batch_size, constraints)
     for t in plan.tables:
         shards, perf, hbm, ddr = rated[(t.module, t.name, t.sharding_type.value, t.compute_kernel.value)]
@@ -154,9 +159,11 @@ def test_a_table_limited_to_row_wise_is_row_wise_and_a_kernel_allow_list_holds()
         assert sharding_plan.plan["towers.1.ebc"]["item_id"].compute_kernel == "fused_uvm_caching"
         assert sharding_plan.plan["towers.1.ebc"]["big"].compute_kernel in ("fused_uvm", "fused_uvm_caching")
     # The cache parameters reach the kernel, as TorchRec's planner passes them; the load factor is the
-    # cost model's caching ratio.
+    # table's own, fixed: the planner changes no cache size a user gave.
     assert plan.plan["towers.1.ebc"]["item_id"].cache_params == cache
-    assert planner.last_plan.planner.cost.caching_ratio == 0.35
+    given = {t.name: t.cache_load_factor for t in planner.last_plan.spec.tables}
+    assert given == {"user_id": 0.35, "item_id": 0.35, "big": 0.35, "history": 0.35, "country": None}
+    assert all(t.cache_load_factor is None for t in planner.last_plan.tables)
     assert_rated_as_torchrec_rates(planner, model, topology, 512, constraints)
 
 
@@ -213,7 +220,6 @@ def test_options_shardflow_cannot_plan_as_torchrec_would_give_one_error_naming_e
     assert "table user_id in module towers.0.user.ebc: num_poolings" in text
     assert "table item_id in module towers.1.ebc: key-value" in text
     assert "table big in module towers.1.ebc: pooling_factors lists 2 values for a table of 1 feature" in text
-    assert "cache_params.load_factor: differs between tables (0.2: " in text  # one caching ratio in the cost model
 
 
 def test_pooling_factors_on_both_sides_of_one_are_refused_for_a_pooled_table():
@@ -307,9 +313,66 @@ def test_a_cache_load_factor_outside_torchrecs_bounds_is_named_before_planning(f
     assert "is not a number in (0, 1]" in text
 
 
-def test_the_same_load_factor_everywhere_plans_with_it_as_the_caching_ratio():
-    constraints = {name: ParameterConstraints(cache_params=CacheParams(load_factor=0.5))
-                   for name in ("user_id", "country", "item_id", "big", "history")}
+def test_load_factors_that_differ_by_table_are_each_planned_and_applied_as_torchrec_rates_them():
+    factors = {"user_id": 0.1, "item_id": 0.5, "big": 0.05, "history": 0.9}
+    constraints = {name: ParameterConstraints(
+        compute_kernels=["fused_uvm_caching"], cache_params=CacheParams(load_factor=lf),
+        pooling_factors=[1.0, 1.0] if name == "history" else [1.0]) for name, lf in factors.items()}
+    model, topology = towers(), cuda()
+    planner = ShardflowPlanner(topology=topology, batch_size=BATCH_SIZE, constraints=constraints)
+    plan = planner.plan(model, SHARDERS)
+    applied = {name: p.cache_params.load_factor for module_plan in plan.plan.values()
+               for name, p in module_plan.items() if p.cache_params is not None}
+    assert applied == factors
+    assert_rated_as_torchrec_rates(planner, model, topology, BATCH_SIZE, constraints)
+
+
+class Skewed:
+    """TorchRec's CacheStatistics of ids whose hottest rows serve most lookups."""
+
+    expected_lookups = 10_000.0
+    cacheability = 0.2
+
+    def expected_miss_rate(self, clf: float) -> float:
+        return (1.0 - clf) ** 8
+
+
+def test_cache_statistics_become_the_tables_hit_rate_curve_and_bad_ones_are_named():
+    constraints = {"big": ParameterConstraints(cache_params=CacheParams(stats=Skewed()))}
     planner = ShardflowPlanner(topology=cuda(), constraints=constraints)
     planner.plan(towers(), SHARDERS)
-    assert planner.last_plan.planner.cost.caching_ratio == 0.5
+    [big] = [t for t in planner.last_plan.spec.tables if t.name == "big"]
+    assert big.hit_rate_curve is not None and big.hit_rate_curve[-1] == (1.0, 1.0)
+    assert dict(big.hit_rate_curve)[0.1] == pytest.approx(1 - 0.9**8)
+
+    class Broken(Skewed):
+        def expected_miss_rate(self, clf: float) -> float:
+            return float("nan") if clf > 0.3 else 0.5
+
+    constraints = {"big": ParameterConstraints(cache_params=CacheParams(stats=Broken()))}
+    with pytest.raises(InputError) as e:
+        ShardflowPlanner(topology=cuda(), constraints=constraints).plan(towers(), SHARDERS)
+    assert "table big in module towers.1.ebc: cache_params.stats: expected_miss_rate(0.5) is nan" in e.value.render()
+
+
+def test_spare_hbm_grows_caches_and_torchrec_rates_the_plan_at_or_below_its_own_best():
+    """Memory-tight: the tables are several times the ranks' HBM, with skewed ids (cache statistics);
+    every cache size the plan chose is applied, TorchRec rates each table as shardflow does, and its
+    rating of shardflow's plan is no worse than its best proposer's plan."""
+    model = nn.Module()
+    model.ebc = ebc(*((f"t{i}", rows, dim) for i, (rows, dim) in enumerate(
+        [(4_500_000, 128), (3_000_000, 256), (9_000_000, 64), (1_500_000, 128), (6_000_000, 128), (750_000, 256)])))
+    constraints = {f"t{i}": ParameterConstraints(cache_params=CacheParams(stats=Skewed())) for i in range(6)}
+    topology = cuda(hbm_cap=1024**3)
+    planner = ShardflowPlanner(topology=topology, batch_size=BATCH_SIZE, constraints=constraints)
+    plan = planner.plan(model, SHARDERS)
+    ours = planner.last_plan
+    total = sum(t.bytes for t in ours.spec.tables)
+    assert total > 2 * topology.world_size * 1024**3  # tables 2x and more the HBM
+    grown = {t.name: t.cache_load_factor for t in ours.tables if t.cache_load_factor is not None}
+    assert grown and all(v > 0.2 for v in grown.values())  # spare HBM went to caches
+    for name, lf in grown.items():
+        assert plan.plan["ebc"][name].cache_params.load_factor == lf
+    assert_rated_as_torchrec_rates(planner, model, topology, BATCH_SIZE, constraints)
+    best = run_torchrec_planner(ours.spec, ours.topology, ours.planner.cost)
+    assert ours.metrics.critical_path <= best.critical_path * (1 + 1e-9)

@@ -1,6 +1,6 @@
 """The GPU's kernel groups: FBGEMM runs a rank's tables of one sharding type at the widest one's
 width (rec.cost.widest), and the search keeps narrow tables out of a wide table's group when that
-is faster (rec.analysis.split_widths). Its fit on cuda: tests/rec/test_profile_fit.py."""
+is faster (rec.passes.split_widths). Its fit on cuda: tests/rec/test_profile_fit.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Each table's statistics measured from a sample of training data (``rec.spec.data_sample``), and
+"""Each table's statistics measured from a sample of training data (``rec.data.sample``), and
 the spec that holds them (``shardflow spec stats``; docs/spec.md, "Statistics from your data").
 
 Per table, over the ids of all its features:
@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rec import progress
+from rec.hit_rates import CACHE_FRACTIONS
 from rec.settings import knob
 from rec.spec.columns import table_to_row
 from rec.spec.types import Spec, TableSpec
@@ -37,9 +38,8 @@ from rec.spec.validate import spec_from_rows
 from rec.topology.types import BATCH_SIZE, MAX_SAMPLES_PER_STEP
 
 if TYPE_CHECKING:
-    from rec.spec.data_sample import IdSample
+    from rec.data.sample import IdSample
 
-CACHE_FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 SAMPLE_ROWS = 1_000_000
 DIGITS = 6  # significant digits the measured numbers are written with
 _DENSE_SLACK = 1 << 20  # bincount over up to (ids * 4 + this) values: cheaper than sorting the ids

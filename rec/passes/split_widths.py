@@ -21,11 +21,11 @@ from rec.analysis.build import build_plan
 from rec.analysis.predict import lanes_below_widest, predicted_critical_path
 from rec.cost.types import CostConfig
 from rec.errors import InputError
+from rec.passes.context import RELATIVE_GAIN, PassContext
 from rec.plan.types import Plan
 from rec.search.config import SearchConfig
 from rec.search.result import SearchResult
 from rec.search.space import SearchSpace, without_options
-from rec.search.type_costs import RELATIVE_GAIN
 from rec.spec.types import Spec
 from rec.topology.types import Topology
 
@@ -68,3 +68,15 @@ def with_split_widths(result: SearchResult, spec: Spec, topology: Topology, cost
     if best is result:
         return result
     return replace(best, space=result.space, bound=result.bound, info=result.info)
+
+
+class SplitWidths:
+    """``with_split_widths`` as a whole-plan pass: under a profile with ``widest_dim_multiplier``."""
+
+    def applies(self, context: PassContext) -> bool:
+        return bool(context.cost.profile.extensions.widest_dim_multiplier) and context.search is not None
+
+    def run(self, result: SearchResult, context: PassContext) -> SearchResult:
+        assert context.search is not None
+        return with_split_widths(result, context.spec, context.topology, context.cost, context.config,
+                                 context.search)

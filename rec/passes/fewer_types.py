@@ -20,12 +20,11 @@ import numpy as np
 
 from rec.cost.types import SHARDING_TYPES, ST_CODE
 from rec.errors import InputError
+from rec.passes.context import RELATIVE_GAIN, PassContext
 from rec.profile.types import Profile
 from rec.search.result import SearchResult
 from rec.search.space import SearchSpace, without_options
 from rec.sharding import ShardingType
-
-RELATIVE_GAIN = 1e-9  # a plan must be better by more than rounding to replace another
 
 
 def with_fewer_types(result: SearchResult, profile: Profile,
@@ -73,3 +72,14 @@ def _value(result: SearchResult, profile: Profile) -> float:
 def _without(space: SearchSpace, types: set[ShardingType]) -> SearchSpace | None:
     """``space`` with the options of ``types`` infeasible; None if a table would have none left."""
     return without_options(space, np.isin(space.options.sharding_type, [ST_CODE[st] for st in types]))
+
+
+class FewerTypes:
+    """``with_fewer_types`` as a whole-plan pass: under a profile with ``sharding_type_ms``."""
+
+    def applies(self, context: PassContext) -> bool:
+        return bool(context.cost.profile.extensions.sharding_type_ms) and context.search is not None
+
+    def run(self, result: SearchResult, context: PassContext) -> SearchResult:
+        assert context.search is not None
+        return with_fewer_types(result, context.cost.profile, context.search)

@@ -1,0 +1,213 @@
+"""After the search: spare HBM grows the caches of uvm tables, where it saves most time per byte.
+
+The search costs every fused_uvm_caching option at one cache size (the spec's ``cache_load_factor``,
+else the cost model's ``caching_ratio``), so HBM the plan leaves free is wasted on a memory-tight
+workload, and a table the search had to leave on fused_uvm gets no cache at all. This pass takes
+each table whose kernel is fused_uvm or fused_uvm_caching and whose spec fixes no cache size up a
+ladder of cache sizes (``LOAD_FACTORS``), one step at a time, always taking the step that saves
+the most time (its shards' ms over every rank they sit on) per byte of HBM it adds, as TorchRec's
+``EmbeddingOffloadScaleupProposer`` gives memory to the most cacheable tables. A step must fit every
+rank it touches; shards stay where they are. Where the plan holds uvm tables, the search also runs
+with every cache at ``SMALL_CACHE`` (so that more tables get a cache instead of none) and that
+plan, grown the same way, is taken where it is faster. Under TorchRec's default profile a larger cache
+is always faster (its bandwidth rises linearly with the cache's size); under a profile with
+``cache_miss_multiplier`` the gain follows the table's hit-rate curve, so tables whose ids repeat
+get the memory. Where nothing can grow (no uvm table, or no spare HBM) the result is unchanged.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from rec.cost.enumerator import enumerate_options
+from rec.cost.tables import resolved_load_factors
+from rec.cost.types import CK_CODE, CostConfig, Options
+from rec.errors import InputError
+from rec.passes.context import RELATIVE_GAIN, PassContext
+from rec.search.assignment import usage
+from rec.search.bound import lower_bound
+from rec.search.planner import build_search_space
+from rec.search.result import SearchResult
+from rec.search.space import SearchSpace
+from rec.sharding import ComputeDevice, ComputeKernel
+from rec.spec.types import Spec
+from rec.topology.types import Topology
+
+SMALL_CACHE = 0.05  # the other first plan's cache size: more tables cached, each less
+LOAD_FACTORS = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+_UVM, _CACHING = CK_CODE[ComputeKernel.FUSED_UVM], CK_CODE[ComputeKernel.FUSED_UVM_CACHING]
+
+
+@dataclass(frozen=True)
+class _Step:
+    """A table's shards (runs) at one rung of the ladder: their perf and HBM, aligned with the runs
+    of its chosen option."""
+
+    load_factor: float
+    option: int  # the option in the space of this rung's enumeration
+    perf: np.ndarray
+    hbm: np.ndarray
+
+
+def with_cache_sizes(result: SearchResult, spec: Spec, topology: Topology, cost: CostConfig,
+                     search: Callable[[SearchSpace], SearchResult] | None = None) -> SearchResult:
+    """``result`` with the caches of its uvm tables grown into the HBM it leaves free; with ``search``
+    (which searches a space), also the plan searched with ``SMALL_CACHE`` caches and grown so,
+    whichever is faster."""
+    grown = _grown(result, spec, topology, cost)
+    if search is None or not len(_candidates(result, spec, topology)):
+        return grown
+    small = np.where([t.cache_load_factor is None for t in spec.tables], SMALL_CACHE, np.nan)
+    try:
+        other = _grown(search(build_search_space(spec, topology, cost, small)), spec, topology, cost)
+    except InputError:  # cannot happen with smaller caches; the first plan stands if it does
+        return grown
+    return other if other.critical_path < grown.critical_path * (1 - RELATIVE_GAIN) else grown
+
+
+def _candidates(result: SearchResult, spec: Spec, topology: Topology) -> np.ndarray:
+    """Tables on a uvm kernel whose spec fixes no cache size (none on cpu)."""
+    if topology.compute_device is not ComputeDevice.CUDA:
+        return np.zeros(0, np.int64)
+    kernel = result.space.options.compute_kernel[result.assignment.choice]
+    fixed = np.fromiter((t.cache_load_factor is not None for t in spec.tables), bool, len(spec.tables))
+    return np.flatnonzero(((kernel == _UVM) | (kernel == _CACHING)) & ~fixed)
+
+
+def _grown(result: SearchResult, spec: Spec, topology: Topology, cost: CostConfig) -> SearchResult:
+    """``result`` with the caches of its uvm tables grown into the HBM it leaves free."""
+    space, a = result.space, result.assignment
+    kernel = space.options.compute_kernel[a.choice]
+    base = resolved_load_factors(spec, cost, space.chosen_load_factor)
+    candidates = _candidates(result, spec, topology)
+    if not len(candidates):
+        return result
+    ladders = _ladders(result, spec, topology, cost, candidates, kernel, base)
+    if not ladders:
+        return result
+    chosen = _grow(result, ladders)
+    if not chosen:
+        return result
+    return _rebuilt(result, spec, topology, cost, chosen)
+
+
+def _ladders(result: SearchResult, spec: Spec, topology: Topology, cost: CostConfig, candidates: np.ndarray,
+             kernel: np.ndarray, base: np.ndarray) -> dict[int, list[_Step]]:
+    """Each candidate table's rungs above where it is (its cache's size, or none on fused_uvm)."""
+    space, a = result.space, result.assignment
+    opts = space.options
+    sub = Spec(tuple(spec.tables[i] for i in candidates), spec.spec_hash)
+    ladders: dict[int, list[_Step]] = {int(t): [] for t in candidates}
+    for lf in LOAD_FACTORS:
+        above = [int(t) for t in candidates if kernel[t] == _UVM or lf > base[t] * (1 + 1e-12)]
+        if not above:
+            continue
+        rung = enumerate_options(sub, topology, cost, np.full(len(candidates), lf))
+        for k, t in enumerate(candidates.tolist()):
+            if t not in above:
+                continue
+            st = opts.sharding_type[a.choice[t]]
+            match = np.flatnonzero((rung.table == k) & (rung.sharding_type == st) & (rung.compute_kernel == _CACHING))
+            if not len(match):
+                continue  # this table's allow-lists or sharder offer no cache with its sharding type
+            o = int(match[0])
+            ladders[t].append(_Step(lf, o, rung.perf[rung.shards(o)], rung.hbm[rung.shards(o)]))
+    return {t: steps for t, steps in ladders.items() if steps}
+
+
+def _grow(result: SearchResult, ladders: dict[int, list[_Step]]) -> dict[int, float]:
+    """Greedy over steps by ms saved per HBM byte added, each step fitting every rank it touches."""
+    space, a = result.space, result.assignment
+    opts = space.options
+    hbm = a.hbm.astype(np.int64).copy()
+    cap = space.hbm_cap
+    now: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    ranks: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for t in ladders:
+        entries = np.arange(*opts.shards(int(a.choice[t])).indices(len(opts.perf)))
+        now[t] = (opts.perf[entries], opts.hbm[entries])
+        ranks[t] = (a.shard_rank[entries].astype(np.int64), opts.repeat[entries].astype(np.int64))
+    heap: list[tuple[float, int, int]] = []
+    position = dict.fromkeys(ladders, 0)
+
+    def push(t: int) -> None:
+        steps = ladders[t]
+        while position[t] < len(steps):
+            step = steps[position[t]]
+            perf, mem = now[t]
+            _, rep = ranks[t]
+            saved = float(((perf - step.perf) * rep).sum())
+            added = float(((step.hbm - mem) * rep).sum())
+            if saved > 0 and added > 0:
+                heapq.heappush(heap, (-saved / added, t, position[t]))
+                return
+            position[t] += 1  # no faster, or no larger: look further up
+
+    for t in ladders:
+        push(t)
+    chosen: dict[int, float] = {}
+    while heap:
+        _, t, k = heapq.heappop(heap)
+        step = ladders[t][k]
+        first, rep = ranks[t]
+        delta = _per_rank(first, rep, step.hbm - now[t][1], len(hbm))
+        if (hbm + delta > cap).any():
+            continue  # larger rungs need more: this table's cache stops here
+        hbm += delta
+        now[t] = (step.perf, step.hbm)
+        chosen[t] = step.load_factor
+        position[t] = k + 1
+        push(t)
+    return chosen
+
+
+def _per_rank(first: np.ndarray, repeat: np.ndarray, values: np.ndarray, world: int) -> np.ndarray:
+    """(W,) ``values`` of runs starting at ``first`` and covering ``repeat`` ranks each, per rank."""
+    out = np.zeros(world, np.int64)
+    for f, r, v in zip(first.tolist(), repeat.tolist(), values.tolist(), strict=True):
+        out[f:f + r] += v
+    return out
+
+
+def _rebuilt(result: SearchResult, spec: Spec, topology: Topology, cost: CostConfig,
+             chosen: dict[int, float]) -> SearchResult:
+    """The same placement in a space costed with the chosen cache sizes (uvm tables given caches)."""
+    old, a = result.space, result.assignment
+    factors = np.full(len(spec.tables), np.nan) if old.chosen_load_factor is None else old.chosen_load_factor.copy()
+    for t, lf in chosen.items():
+        factors[t] = lf
+    space = build_search_space(spec, topology, cost, factors)
+    choice = a.choice.copy()
+    shard_rank = a.shard_rank.copy()
+    for t in chosen:
+        o = int(a.choice[t])
+        if old.options.compute_kernel[o] == _UVM:
+            caching = _same_option(space.options, old.options, o, _CACHING)
+            shard_rank[space.options.shards(caching)] = a.shard_rank[old.options.shards(o)]
+            shard_rank[old.options.shards(o)] = -1
+            choice[t] = caching
+    assignment = usage(space, choice, shard_rank)
+    if (assignment.hbm > space.hbm_cap).any() or assignment.critical_path > a.critical_path:
+        return result  # cannot happen step by step; kept as a guard for the plan's validity
+    return replace(result, space=space, assignment=assignment, bound=lower_bound(space))
+
+
+def _same_option(new: Options, old: Options, option: int, kernel: int) -> int:
+    """The option of ``new`` with ``option``'s table and sharding type and ``kernel``."""
+    match = np.flatnonzero((new.table == old.table[option]) & (new.sharding_type == old.sharding_type[option])
+                           & (new.compute_kernel == kernel))
+    return int(match[0])
+
+
+class CacheSizes:
+    """``with_cache_sizes`` as a whole-plan pass: on cuda, where uvm kernels exist."""
+
+    def applies(self, context: PassContext) -> bool:
+        return context.topology.compute_device is ComputeDevice.CUDA
+
+    def run(self, result: SearchResult, context: PassContext) -> SearchResult:
+        return with_cache_sizes(result, context.spec, context.topology, context.cost, context.search)

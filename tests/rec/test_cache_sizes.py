@@ -1,0 +1,189 @@
+"""Per-table cache sizes: the hit-rate model, the search giving spare HBM to caches, plans that keep them."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from rec.analysis import check_plan
+from rec.analysis.predict import predicted_ms
+from rec.cost.enumerator import enumerate_options
+from rec.cost.types import CK_CODE, CostConfig
+from rec.cost.unique import expected_touched
+from rec.errors import InputError
+from rec.hit_rates import hit_rate, miss_rate, row_of, spread
+from rec.passes.cache_sizes import LOAD_FACTORS
+from rec.plan import read_plan
+from rec.plan.io import write_plan
+from rec.plan.types import PLAN_FORMAT, PLAN_FORMAT_CACHES
+from rec.planning import plan_spec, replan_spec
+from rec.profile.types import DEFAULT_PROFILE, Extensions, Profile
+from rec.sharding import ComputeKernel, ShardingType
+from rec.spec import spec_from_rows
+from rec.topology import topology_from_dict
+
+GiB = 1024**3
+CACHING = ComputeKernel.FUSED_UVM_CACHING
+SKEWED = [[0.01, 0.5], [0.05, 0.8], [0.2, 0.95]]  # ids that repeat: a small cache serves most lookups
+
+
+def cuda(world_size: int = 2, hbm_cap: int = GiB) -> object:
+    return topology_from_dict({"world_size": world_size, "local_world_size": world_size, "compute_device": "cuda",
+                               "hbm_cap": hbm_cap, "batch_size": 512})
+
+
+def tight_spec(tables: int = 4, rows: int = 10_000_000, **extra: object) -> object:
+    """Tables several times the ranks' HBM: only uvm kernels hold them."""
+    return spec_from_rows([{"name": f"t{i}", "num_embeddings": rows + 100_000 * i, "embedding_dim": 64,
+                            "pooling_factor": 4.0 + i, **extra} for i in range(tables)])
+
+
+# ---------------------------------------------------------------- the hit-rate model
+
+
+def test_the_skew_model_is_the_synthetic_ids_distribution_and_a_curve_is_read_through_its_points():
+    rng = np.random.default_rng(0)
+    u = rng.random(400_000)
+    rows = 100_000
+    hottest = row_of(u, rows)
+    for f in (0.01, 0.1, 0.5):  # share of draws on the f*rows hottest rows = the model's hit rate
+        assert np.mean(hottest < f * rows) == pytest.approx(float(hit_rate(f)), abs=0.01)
+    curve = tuple(map(tuple, SKEWED))
+    drawn = row_of(u, rows, curve)
+    for f, h in curve:
+        assert np.mean(drawn < f * rows) == pytest.approx(h, abs=0.01)
+        assert float(hit_rate(f, curve)) == h
+    assert float(miss_rate(1.0, curve)) == 0.0 and float(hit_rate(0.0, curve)) == 0.0
+    for c in (None, curve):  # distinct rows touched: the model's expectation
+        ids = 50_000
+        assert len(np.unique(row_of(u[:ids], rows, c))) == pytest.approx(expected_touched(ids, rows, c), rel=0.02)
+    assert sorted(spread(np.arange(rows), rows).tolist()) == list(range(rows))  # a bijection
+
+
+def test_a_profile_prices_a_cache_by_its_miss_rate_where_torchrec_prices_its_size_alone():
+    topology = cuda(world_size=1)
+    rows = [{"name": "hot", "num_embeddings": 1_000_000, "embedding_dim": 64, "compute_kernels": ["fused_uvm_caching"],
+             "hit_rate_curve": SKEWED},
+            {"name": "cold", "num_embeddings": 1_000_000, "embedding_dim": 64, "compute_kernels": ["fused_uvm_caching"],
+             "hit_rate_curve": [[0.2, 0.2], [0.5, 0.5]]}]
+    spec = spec_from_rows(rows)
+
+    def perf(profile: Profile) -> list[float]:
+        o = enumerate_options(spec, topology, CostConfig(profile=profile))
+        tw = np.flatnonzero((o.compute_kernel == CK_CODE[CACHING]) & (o.sharding_type == 1))
+        return [float(o.perf[o.shards(int(i))].sum()) for i in tw]
+
+    hot, cold = perf(DEFAULT_PROFILE)
+    assert hot == cold  # TorchRec's rule: the same cache size costs the same whatever the ids
+    priced = replace(DEFAULT_PROFILE, extensions=Extensions(cache_miss_multiplier=1.0))
+    hot, cold = perf(priced)
+    assert hot < cold / 2  # 95% of the hot table's lookups hit a 20% cache, 20% of the cold one's
+
+
+# ---------------------------------------------------------------- the search grows caches
+
+
+def test_spare_hbm_grows_uvm_caches_the_plan_checks_and_nothing_more_fits():
+    spec, topology = tight_spec(), cuda()
+    plan = plan_spec(spec, topology)
+    check_plan(plan)  # every estimate recomputed at the chosen cache sizes
+    c = plan.columns
+    caching = c.compute_kernel == CK_CODE[CACHING]
+    assert plan.format == PLAN_FORMAT_CACHES and caching.any()
+    assert (~np.isnan(c.load_factor[caching])).any() and np.isnan(c.load_factor[~caching]).all()
+    assert all(hbm <= cap for hbm, cap in zip(plan.metrics.rank_hbm, plan.metrics.rank_hbm_cap, strict=True))
+    # Maximal: no table's cache could take one more rung of the ladder on the ranks its shards hold.
+    spare = np.array(plan.metrics.rank_hbm_cap) - np.array(plan.metrics.rank_hbm)
+    grown = np.nan_to_num(c.load_factor, nan=0.2)
+    for i in np.flatnonzero(caching):
+        t = plan.tables[i]
+        higher = [lf for lf in LOAD_FACTORS if lf > grown[i]]
+        if not higher:
+            continue
+        factors = np.full(len(spec.tables), np.nan)
+        factors[i] = higher[0]
+        o = enumerate_options(spec, topology, CostConfig(), factors).expand()
+        [k] = [k for k in range(o.num_options) if o.table[k] == i and o.compute_kernel[k] == CK_CODE[CACHING]
+               and o.sharding_type[k] == c.sharding_type[i]]
+        added = o.hbm[o.shards(k)] - np.array([t.hbm // len(t.shards)] * len(t.shards))
+        assert (added > spare[list(t.ranks)]).any(), t.name
+    without = plan_spec(spec, topology, CostConfig(caching_ratio=0.2))
+    assert plan.metrics.critical_path <= without.metrics.critical_path
+
+
+def test_a_plan_with_chosen_cache_sizes_reads_back_equal_and_trains_with_them(tmp_path):
+    from rec.plan.torchrec_plan import to_sharding_plan
+
+    spec, topology = tight_spec(), cuda()
+    plan = plan_spec(spec, topology)
+    write_plan(plan, tmp_path)
+    back = read_plan(tmp_path)
+    assert back.format == PLAN_FORMAT_CACHES and back.columns == plan.columns
+    pytest.importorskip("torchrec")
+    sharding = to_sharding_plan(back)
+    applied = {name: p.cache_params.load_factor for module in sharding.plan.values() for name, p in module.items()
+               if p.cache_params is not None}
+    assert applied == {t.name: t.cache_load_factor or 0.2 for t in back.tables if t.compute_kernel is CACHING}
+    np.testing.assert_allclose(predicted_ms(back), plan.metrics.rank_perf, rtol=1e-12)
+
+
+def test_an_edited_cache_size_is_named_and_a_v2_plan_with_one_is_refused(tmp_path):
+    spec, topology = tight_spec(), cuda()
+    write_plan(plan_spec(spec, topology), tmp_path)
+    text = (tmp_path / "plan.json").read_text()
+    factor = text.split('"cache_load_factor":')[1].split(",")[0]
+    edited = tmp_path / "edited"
+    edited.mkdir()
+    (edited / "plan.json").write_text(text.replace(f'"cache_load_factor":{factor}', '"cache_load_factor":1.5', 1))
+    with pytest.raises(InputError, match=r"cache_load_factor: must be in \(0, 1\], got 1.5"):
+        read_plan(edited)
+    (edited / "plan.json").write_text(text.replace(PLAN_FORMAT_CACHES, PLAN_FORMAT))
+    with pytest.raises(InputError, match=r"has a cache_load_factor: such a plan is shardflow\.plan/v4"):
+        read_plan(edited)
+    grown = text.replace(f'"cache_load_factor":{factor}', '"cache_load_factor":1.0', 1)
+    (edited / "plan.json").write_text(grown)
+    with pytest.raises(InputError, match="est"):  # its estimates no longer those of its cache size
+        check_plan(read_plan(edited))
+
+
+def test_a_table_whose_spec_fixes_its_cache_keeps_it_and_a_cpu_plan_is_unchanged():
+    spec, topology = tight_spec(cache_load_factor=0.05), cuda()
+    plan = plan_spec(spec, topology)
+    assert plan.format == PLAN_FORMAT and np.isnan(plan.columns.load_factor).all()
+    cpu = spec_from_rows([{"name": "a", "num_embeddings": 1000, "embedding_dim": 16}])
+    assert plan_spec(cpu, topology_from_dict({"world_size": 2, "compute_device": "cpu"})).format == PLAN_FORMAT
+
+
+def test_the_greedy_is_within_a_few_percent_of_every_combination_of_rungs_on_a_small_case():
+    """Oracle: two tables on one rank, every pair of ladder rungs tried (TorchRec's default profile and
+    a miss-priced one with skewed and flat ids)."""
+    topology = cuda(world_size=1, hbm_cap=GiB // 2)
+    rows = [{"name": "hot", "num_embeddings": 4_000_000, "embedding_dim": 64, "pooling_factor": 10.0,
+             "compute_kernels": ["fused_uvm_caching"], "hit_rate_curve": SKEWED},
+            {"name": "flat", "num_embeddings": 3_000_000, "embedding_dim": 64, "pooling_factor": 20.0,
+             "compute_kernels": ["fused_uvm_caching"], "hit_rate_curve": [[0.5, 0.5]]}]
+    spec = spec_from_rows(rows)
+    for profile in (DEFAULT_PROFILE, replace(DEFAULT_PROFILE, extensions=Extensions(cache_miss_multiplier=1.0))):
+        cost = CostConfig(profile=profile)
+        plan = plan_spec(spec, topology, cost)
+        best = np.inf
+        for pair in itertools.product((0.2, *(lf for lf in LOAD_FACTORS if lf > 0.2)), repeat=2):
+            o = enumerate_options(spec, topology, cost, np.array(pair))
+            tw = [i for i in range(o.num_options) if o.sharding_type[i] == 1]
+            hbm = sum(int(o.hbm[o.shards(i)].sum()) for i in tw)
+            if hbm <= plan.metrics.rank_hbm_cap[0]:
+                best = min(best, sum(float(o.perf[o.shards(i)].sum()) for i in tw))
+        assert plan.metrics.critical_path <= best * 1.05, profile.extensions
+
+
+def test_replanning_from_a_plan_with_chosen_cache_sizes_keeps_its_shards():
+    spec, topology = tight_spec(), cuda()
+    first = plan_spec(spec, topology)
+    replanned = replan_spec(spec, topology, first)
+    check_plan(replanned.plan)
+    assert replanned.movement.moved_bytes == 0
+    assert [t.sharding_type for t in replanned.plan.tables] == [t.sharding_type for t in first.tables]
+    assert ShardingType.TABLE_WISE in {t.sharding_type for t in first.tables}

@@ -2,15 +2,20 @@
 estimator, and how well a profile fitted to the probes predicts the GPU-sized workloads.
 
 The GPU check (``python -m bench.gpu_check``) keeps every plan it measured and every iteration's time
-(``DIR/work``); this script needs no GPU. Run on the H100 check of 2026-11-25 and the H200 checks of
-2026-11-26 (bench/RESULTS.md §7):
+(``DIR/work``); this script needs no GPU. It reads a check's ``--out`` directory or a .tgz of it, the
+``work`` folder found whatever the folder above it is called (bench/RESULTS.md §7):
 
     .venv/bin/python bench/gpu_refit.py bench/results/gpu_check_h200_2026-11-26c.tgz
+    .venv/bin/python bench/gpu_refit.py --all     # every bench/results/gpu_check_*.tgz, each apart
 
-Measurement: each calibration plan was measured 3 times (in those checks blocks of 8 iterations, 3 blocks); a
-repeat's value is the median of its blocks' means (as the check ran) or of their medians (as the
-measuring job now reports), the spread (max - min) / median of the 3. Fit: ``rec.calibrate.fit`` on the
-probes the check's calibration measured, then predicted against measured on the calibration plans;
+Each check's figures go to ``--out-dir``/gpu_refit_<name>.json (<name>: the archive's or folder's name
+less ``gpu_check_``), or to ``--out`` when one check is given. A check that is missing or cannot be
+read is one line on stderr naming it; the others are still re-read, and the exit status is then 2.
+
+Measurement: each calibration plan was measured 3 times, each repeat in several blocks of iterations; a
+repeat's value is the median of its blocks' means (as the checks of 2026-11-25 ran) or of their medians
+(as the measuring job now reports), the spread (max - min) / median of the 3. Fit: ``rec.calibrate.fit``
+on the probes the check's calibration measured, then predicted against measured on the calibration plans;
 beside it the same fit given the probes and every workload the check measured (the calibration and
 the TorchRec comparison plans; in-sample: what the cost model's form can explain at all), the fit to
 the probes and every workload but one spec's predicting that spec's plans (out of sample: what probes
@@ -33,6 +38,48 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+RESULTS = ROOT / "bench/results"
+ARCHIVES = "gpu_check_*.tgz"
+ACCURACIES = {"default": "default profile", "fitted_to_probes": "fitted to the probes",
+              "fitted_to_the_workloads_in_sample": "in sample", "fitted_to_the_other_specs": "other specs' fit"}
+
+
+class CheckError(Exception):
+    """A GPU check that cannot be re-read; the message is one line, the check's name put before it."""
+
+
+def label(check: Path) -> str:
+    """The name a check's output is filed under: gpu_check_h200_2026-11-26c.tgz -> h200_2026-11-26c."""
+    name = check.name.removesuffix(".tgz").removesuffix(".tar.gz")
+    return name.removeprefix("gpu_check_") or name
+
+
+def find_work(root: Path) -> Path:
+    """The one ``work`` folder under ``root`` holding a calibration's timings, at any depth: archives
+    differ in the folder above it (none, ``g/``, ...)."""
+    found = sorted({t.parent.parent for t in root.rglob("calibrate/timings.json") if t.parent.parent.name == "work"})
+    if not found:
+        raise CheckError("no GPU check in it (no work/calibrate/timings.json)")
+    if len(found) > 1:
+        raise CheckError(f"several GPU checks in it ({', '.join(str(w.relative_to(root)) for w in found)}); give one")
+    return found[0]
+
+
+def open_check(check: Path, tmp: Path) -> Path:
+    """The work folder of a check's ``--out`` directory, or of a .tgz of it unpacked under ``tmp``."""
+    if not check.exists():
+        raise CheckError("no such file or directory")
+    if check.is_dir():
+        return find_work(check)
+    try:
+        with tarfile.open(check) as tar:
+            tar.extractall(tmp, filter="data")
+    except tarfile.TarError:
+        raise CheckError("not a GPU check's folder or .tgz (tar cannot open it)") from None
+    except OSError as e:
+        raise CheckError(f"cannot be unpacked ({type(e).__name__}: {e})") from None
+    return find_work(tmp)
+
 
 def load(work: Path) -> tuple[list, list]:
     """(probes, workloads): (name, plan, [ms per block or repeat], [PlanTimes])."""
@@ -51,7 +98,7 @@ def load(work: Path) -> tuple[list, list]:
     return probes, workloads
 
 
-def block_means(times) -> np.ndarray:  # the estimator the check ran with
+def block_means(times) -> np.ndarray:  # the estimator the checks of 2026-11-25 ran with
     total = times.total_ms()
     parts = np.array_split(np.arange(total.shape[1]), times.blocks)
     return np.stack([total[:, part].mean(axis=1) for part in parts], axis=1)
@@ -73,12 +120,8 @@ def lookup_bytes(plan) -> float:
                      for t in plan.tables))
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("check", help="a GPU check's --out directory, or a .tgz of it")
-    p.add_argument("--out", default=str(ROOT / "bench/results/gpu_refit.json"))
-    args = p.parse_args()
-
+def refit(work: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(a row per calibration plan, the summary) of the check whose work folder is ``work``."""
     from scipy.stats import spearmanr
 
     from rec.analysis.predict import predicted_ms
@@ -86,82 +129,130 @@ def main() -> int:
     from rec.profile import DEFAULT_PROFILE
     from rec.topology import read_topology
 
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(args.check)
-        if root.is_file():
-            with tarfile.open(root) as tar:
-                tar.extractall(tmp, filter="data")
-            root = Path(tmp)
-        work = root / "work"
-        probes, workloads = load(work)
-        topology = read_topology(work / "calibrate.topology.yaml")
-        calibration = [w for w in workloads if w[0].startswith("spec")]
+    probes, workloads = load(work)
+    topology = read_topology(work / "calibrate.topology.yaml")
+    calibration = [w for w in workloads if w[0].startswith("spec")]
+    if not probes or not calibration:
+        raise CheckError(f"nothing to fit: {len(probes)} probes, {len(calibration)} calibration plans measured")
 
-        rows = []
-        for name, plan, runs in calibration:
-            _, s_mean = spreads(runs, block_means)
-            m_med, s_med = spreads(runs, lambda t: t.block_ms())
-            rows.append({"plan": name, "measured_ms": m_med, "spread_block_means": s_mean,
-                         "spread_block_medians": s_med, "lookup_gb": lookup_bytes(plan) / 1e9})
-        measured = {r["plan"]: r["measured_ms"] for r in rows}
+    rows = []
+    for name, plan, runs in calibration:
+        _, s_mean = spreads(runs, block_means)
+        m_med, s_med = spreads(runs, lambda t: t.block_ms())
+        rows.append({"plan": name, "measured_ms": m_med, "spread_block_means": s_mean,
+                     "spread_block_medians": s_med, "lookup_gb": lookup_bytes(plan) / 1e9})
+    measured = {r["plan"]: r["measured_ms"] for r in rows}
 
-        def accuracy(profile, predicted: list[float] | None = None) -> dict:
-            predicted = predicted or [float(predicted_ms(plan, profile).max()) for name, plan, _ in calibration]
-            actual = [measured[name] for name, _, _ in calibration]
-            errors = [p_ / m - 1 for p_, m in zip(predicted, actual, strict=True)]
-            return {"median_abs_error": float(np.median(np.abs(errors))),
-                    "max_abs_error": float(np.max(np.abs(errors))), "spearman": float(spearmanr(predicted, actual)[0])}
+    def accuracy(profile, predicted: list[float] | None = None) -> dict:
+        predicted = predicted or [float(predicted_ms(plan, profile).max()) for name, plan, _ in calibration]
+        actual = [measured[name] for name, _, _ in calibration]
+        errors = [p_ / m - 1 for p_, m in zip(predicted, actual, strict=True)]
+        return {"median_abs_error": float(np.median(np.abs(errors))),
+                "max_abs_error": float(np.max(np.abs(errors))), "spearman": float(spearmanr(predicted, actual)[0])}
 
-        probe_measured = [Measured(n, plan, t.critical_path_ms()) for n, plan, t in probes]
-        from_probes = fit_profile(probe_measured, topology, 0.2)
-        every = {name: spreads(runs, lambda t: t.block_ms())[0] for name, _, runs in workloads}
-        in_sample = fit_profile(probe_measured + [Measured(n, plan, every[n]) for n, plan, _ in workloads],
-                                topology, 0.2)
-        # Out of sample: each spec's plans predicted by the fit to every other workload (what probes
-        # that look like the workloads, the mixed ones, could reach at best).
-        loo_predicted = []
-        for name, plan, _ in calibration:
-            spec = name.split("_")[0]
-            others = probe_measured + [Measured(n, pl, every[n]) for n, pl, _ in workloads if n.split("_")[0] != spec]
-            loo_predicted.append(float(predicted_ms(plan, fit_profile(others, topology, 0.2).profile).max()))
-        vs: dict[str, dict[str, dict[str, float]]] = {}
-        for name, _, runs in workloads:
-            if not name.startswith("spec"):
-                shape, label = name.rsplit("_", 1)
-                median, spread = spreads(runs, lambda t: t.block_ms())
-                vs.setdefault(shape, {})[label] = {"measured_ms": median, "spread": spread}
-        for row in vs.values():
-            base = row.get("torchrec", {}).get("measured_ms", float("nan"))
-            for v in row.values():
-                v["ratio"] = v["measured_ms"] / base
-        summary: dict[str, Any] = {"vs_torchrec": vs,
-            "default": accuracy(DEFAULT_PROFILE), "fitted_to_probes": accuracy(from_probes.profile),
-            "fitted_to_the_workloads_in_sample": accuracy(in_sample.profile),
-            "fitted_to_the_other_specs": accuracy(None, loo_predicted),
-            "probe_residual_median": from_probes.median_abs_error,
-            "spread_max": {"block_means": max(r["spread_block_means"] for r in rows),
-                           "block_medians": max(r["spread_block_medians"] for r in rows)},
-            "lookup_gb_range": {"probes": [min(lookup_bytes(pl) for _, pl, _ in probes) / 1e9,
-                                           max(lookup_bytes(pl) for _, pl, _ in probes) / 1e9],
-                                "workloads": [min(r["lookup_gb"] for r in rows), max(r["lookup_gb"] for r in rows)]},
-        }
+    probe_measured = [Measured(n, plan, t.critical_path_ms()) for n, plan, t in probes]
+    from_probes = fit_profile(probe_measured, topology, 0.2)
+    every = {name: spreads(runs, lambda t: t.block_ms())[0] for name, _, runs in workloads}
+    in_sample = fit_profile(probe_measured + [Measured(n, plan, every[n]) for n, plan, _ in workloads],
+                            topology, 0.2)
+    # Out of sample: each spec's plans predicted by the fit to every other workload (what probes
+    # that look like the workloads, the mixed ones, could reach at best).
+    loo_predicted = []
+    for name, plan, _ in calibration:
+        spec = name.split("_")[0]
+        others = probe_measured + [Measured(n, pl, every[n]) for n, pl, _ in workloads if n.split("_")[0] != spec]
+        loo_predicted.append(float(predicted_ms(plan, fit_profile(others, topology, 0.2).profile).max()))
+    vs: dict[str, dict[str, dict[str, float]]] = {}
+    for name, _, runs in workloads:
+        if not name.startswith("spec"):
+            shape, kind = name.rsplit("_", 1)
+            median, spread = spreads(runs, lambda t: t.block_ms())
+            vs.setdefault(shape, {})[kind] = {"measured_ms": median, "spread": spread}
+    for row in vs.values():
+        base = row.get("torchrec", {}).get("measured_ms", float("nan"))
+        for v in row.values():
+            v["ratio"] = v["measured_ms"] / base
+    summary: dict[str, Any] = {"probes": len(probes), "vs_torchrec": vs,
+        "default": accuracy(DEFAULT_PROFILE), "fitted_to_probes": accuracy(from_probes.profile),
+        "fitted_to_the_workloads_in_sample": accuracy(in_sample.profile),
+        "fitted_to_the_other_specs": accuracy(None, loo_predicted),
+        "probe_residual_median": from_probes.median_abs_error,
+        "spread_max": {"block_means": max(r["spread_block_means"] for r in rows),
+                       "block_medians": max(r["spread_block_medians"] for r in rows)},
+        "lookup_gb_range": {"probes": [min(lookup_bytes(pl) for _, pl, _ in probes) / 1e9,
+                                       max(lookup_bytes(pl) for _, pl, _ in probes) / 1e9],
+                            "workloads": [min(r["lookup_gb"] for r in rows), max(r["lookup_gb"] for r in rows)]},
+    }
+    return rows, summary
+
+
+def report(rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
     print(f"{'plan':22} {'measured ms':>11} {'spread (means)':>14} {'spread (medians)':>16} {'lookups GB':>10}")
     for r in rows:
         print(f"{r['plan']:22} {r['measured_ms']:11.2f} {r['spread_block_means']:14.1%} "
               f"{r['spread_block_medians']:16.1%} {r['lookup_gb']:10.2f}")
-    for key in ("default", "fitted_to_probes", "fitted_to_the_workloads_in_sample", "fitted_to_the_other_specs"):
+    for key in ACCURACIES:
         s = summary[key]
         print(f"{key:36s} median |error| {s['median_abs_error']:6.1%}  max {s['max_abs_error']:6.1%}  "
               f"Spearman {s['spearman']:.3f}")
-    print(f"lookups per iteration, GB: probes {summary['lookup_gb_range']['probes']}, workloads "
-          f"{summary['lookup_gb_range']['workloads']}")
+    span = summary["lookup_gb_range"]
+    print(f"lookups per iteration, GB: probes [{span['probes'][0]:.3g}, {span['probes'][1]:.3g}], "
+          f"workloads [{span['workloads'][0]:.3g}, {span['workloads'][1]:.3g}]")
     print("\nthe TorchRec comparison's plans (block medians): measured ms, spread, ratio to TorchRec's plan")
     for shape, row in summary["vs_torchrec"].items():
-        print(f"  {shape:14s} " + "  ".join(f"{label} {v['measured_ms']:.2f} ms ({v['spread']:.0%}) {v['ratio']:.2f}x"
-                                            for label, v in row.items()))
-    Path(args.out).write_text(json.dumps({"plans": rows, "summary": summary}, indent=1) + "\n")
-    print(f"wrote {args.out}")
-    return 0
+        print(f"  {shape:14s} " + "  ".join(f"{kind} {v['measured_ms']:.2f} ms ({v['spread']:.0%}) {v['ratio']:.2f}x"
+                                            for kind, v in row.items()))
+
+
+def one_line(e: Exception) -> str:
+    text = " ".join(str(e).split())
+    return text if isinstance(e, CheckError) else f"could not re-read it: {type(e).__name__}: {text}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rec.errors import InputError
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checks", nargs="*", type=Path, help="a GPU check's --out directory, or a .tgz of it")
+    p.add_argument("--all", action="store_true", help=f"every bench/results/{ARCHIVES} as well")
+    p.add_argument("--out", type=Path, help="where one check's figures go (json)")
+    p.add_argument("--out-dir", type=Path, default=RESULTS, help="where each check's gpu_refit_<name>.json goes")
+    args = p.parse_args(argv)
+    checks = list(args.checks) + (sorted(RESULTS.glob(ARCHIVES)) if args.all else [])
+    if not checks:
+        p.error(f"give a GPU check (a folder or .tgz), or --all for bench/results/{ARCHIVES}")
+    if args.out is not None and len(checks) > 1:
+        p.error("--out takes one check's figures; with several, each goes to --out-dir")
+    names = [label(c) for c in checks]
+    if len(set(names)) < len(names):
+        p.error(f"two checks would be filed under one name: {', '.join(names)}")
+
+    done: dict[str, dict[str, Any]] = {}
+    failed: list[str] = []
+    for check, name in zip(checks, names, strict=True):
+        if len(checks) > 1:
+            print(f"\n== {check}", flush=True)
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                rows, summary = refit(open_check(check, Path(tmp)))
+        except (CheckError, InputError, OSError, ValueError, KeyError) as e:
+            print(f"gpu_refit: {check}: {one_line(e)}", file=sys.stderr, flush=True)
+            failed.append(name)
+            continue
+        report(rows, summary)
+        out = args.out or args.out_dir / f"gpu_refit_{name}.json"
+        out.write_text(json.dumps({"check": check.name, "plans": rows, "summary": summary}, indent=1) + "\n")
+        print(f"wrote {out}")
+        done[name] = summary
+    if len(checks) > 1:
+        print(f"\nmedian |error|, max, Spearman\n{'check':20} {'probes':>6}  "
+              + "  ".join(f"{title:>25}" for title in ACCURACIES.values()))
+        for name in names:
+            s = done.get(name)
+            cells = [f"{s[k]['median_abs_error']:6.1%} max {s[k]['max_abs_error']:6.1%} {s[k]['spearman']:.3f}"
+                     for k in ACCURACIES] if s else ["not re-read (above)"]
+            print(f"{name:20} {s['probes'] if s else '-':>6}  " + "  ".join(f"{c:>25}" for c in cells))
+    return 2 if failed else 0
 
 
 if __name__ == "__main__":

@@ -68,10 +68,13 @@ run: install
 	$(BIN)/shardflow run examples/specs/cpu_demo.yaml --topology examples/topologies/cpu_2proc.yaml
 
 # Every visible GPU a rank; nothing installed (PYTHONPATH only), Prefect/Ray/MLflow not needed.
+# GPU_PYTHON: the python with torch, torchrec and fbgemm-gpu (`make gpu-check GPU_PYTHON=.venv/bin/python`);
+# one without them is named in one line, exit 2.
 GPU_PYTHON ?= python3
 GPU_CHECK_OUT ?= out/gpu_check
 GPU_CHECK_FLAGS ?=
 gpu-check:
+	@command -v $(GPU_PYTHON) >/dev/null || { echo "gpu_check: no $(GPU_PYTHON) on this machine: choose the python with torch, torchrec and fbgemm-gpu, e.g. make gpu-check GPU_PYTHON=/path/to/venv/bin/python (docs/gpu.md)" >&2; exit 2; }
 	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m bench.gpu_check --out $(GPU_CHECK_OUT) $(GPU_CHECK_FLAGS)
 
 # docs/cli.md is generated from the parser (tests/test_docs.py checks it is up to date).

@@ -9,7 +9,7 @@ job of `shardflow measure` (`tasks.measure.run_measuring_job`; a plan's numbers 
 burst of load hits one measurement of a plan, not all, and one launch per repeat keeps the whole
 benchmark short (about 15 minutes), so the load stays what it was during the calibration. A plan's
 measured time is the median of its repeats. Per plan: the critical path predicted by
-each profile (the same placement re-rated, `rec.analysis.predict`) and measured, and each model's
+each profile (the same placement re-rated, `rec.analysis.rank_times`) and measured, and each model's
 error; over the plans the median absolute error and the Spearman rank correlation; per spec the
 plan chosen under each profile, both measured, with the spread of the repeats as the noise.
 
@@ -81,7 +81,7 @@ def main() -> int:
     p.add_argument("--out", default=str(ROOT / "bench/results/calibration_bench.json"))
     args = p.parse_args()
 
-    from rec.analysis.predict import predicted_ms
+    from rec.analysis.rank_times import predicted_ms
     from rec.plan import read_plan
     from rec.profile import DEFAULT_PROFILE, read_profile
     from rec.spec import spec_from_rows, write_spec

@@ -124,7 +124,7 @@ def refit(work: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """(a row per calibration plan, the summary) of the check whose work folder is ``work``."""
     from scipy.stats import spearmanr
 
-    from rec.analysis.predict import predicted_ms
+    from rec.analysis.rank_times import predicted_ms
     from rec.calibrate.fit import Measured, fit_profile
     from rec.profile import DEFAULT_PROFILE
     from rec.topology import read_topology

@@ -4,7 +4,7 @@ The workload is a two-tower model with a sequence tower: a user tower and an ite
 (EmbeddingBagCollections at ``towers.user.ebc``, ``towers.item.ebc``) and a sequence encoder (an
 EmbeddingCollection at ``sequence.encoder.ec``: unpooled, one embedding per id of a user's history,
 sequence lengths 20-200), 128 tables in all. TorchRec's ``EmbeddingShardingPlanner.plan(model,
-sharders)`` with its default proposers plans the same module tree (``rec.plan.torchrec_score``:
+sharders)`` with its default proposers plans the same module tree (``rec.torchrec.score``:
 the spec's modules at their paths on the meta device, both sharders, the same constraints, topology
 and storage reservation). Both plans are rated in TorchRec's units: TorchRec's ``NoopPerfModel`` on
 its own best plan, and on shardflow's shards and ranks (``torchrec_score``).
@@ -92,7 +92,7 @@ WORKLOADS = [
 
 
 def bench_workload(w: Workload, repeat: int, tmp: Path) -> dict[str, Any]:
-    from rec.plan.torchrec_score import run_torchrec_planner, torchrec_score
+    from rec.torchrec.score import run_torchrec_planner, torchrec_score
 
     spec = w.spec()
     topology_path = TOPOLOGIES / w.topology

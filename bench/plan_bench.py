@@ -40,10 +40,10 @@ from typing import Any
 import numpy as np
 import yaml
 
+from rec.config.search import SearchConfig
 from rec.hit_rates import CACHE_FRACTIONS
 from rec.plan import PLAN_FILE, read_plan
 from rec.planning import plan_spec
-from rec.search import SearchConfig
 from rec.spec import write_spec
 from rec.spec.synthetic import criteo_1tb_spec, issue2282_spec, mixed_spec
 from rec.spec.types import Spec
@@ -150,7 +150,7 @@ def time_cli(spec_path: Path, topology_path: Path, out: Path, repeat: int) -> li
 
 
 def run_torchrec(spec: Spec, topology: Topology, proposer, timeout_s: int | None) -> dict:
-    from rec.plan.torchrec_score import run_torchrec_planner
+    from rec.torchrec.score import run_torchrec_planner
 
     try:
         return asdict(run_torchrec_planner(spec, topology, proposer=proposer, timeout_s=timeout_s))
@@ -161,7 +161,7 @@ def run_torchrec(spec: Spec, topology: Topology, proposer, timeout_s: int | None
 def bench_workload(w: Workload, args: argparse.Namespace, tmp: Path) -> dict:
     from torchrec.distributed.planner.proposers import DynamicProgrammingProposer
 
-    from rec.plan.torchrec_score import torchrec_score
+    from rec.torchrec.score import torchrec_score
 
     spec = w.spec()
     topology, topology_path = load_topology(w.topology, tmp)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rec.cost.types import CostConfig
+from rec.config.cost import CostConfig
 from rec.plan.movement import movement
 from rec.planning import plan_spec, replan_spec
 from rec.search import build_search_space

@@ -2,6 +2,7 @@
 
 Every row runs the real `shardflow plan` process (Ray start-up included where Ray is used) and
 reports wall time, peak memory (max RSS of the CLI process, from /usr/bin/time) and plan quality.
+Every Ray it starts, the two-node cluster included, listens on loopback only (``tasks.ray_loopback``).
 
     .venv/bin/python bench/scale_bench.py            # 10k/128 and 100k/1024 + actors + 2 nodes
     .venv/bin/python bench/scale_bench.py --quick    # 2k tables only
@@ -71,12 +72,13 @@ def actor_speedup(spec_tables: int, world: int, groups: int) -> list[dict]:
 
     from rec.planning import plan_spec
     from rec.topology import topology_from_dict
+    from tasks.ray_loopback import start_local
     from tasks.ray_search import RaySearcher
 
     spec = power_law_spec(spec_tables, seed=0)
     topo = topology_from_dict(dict(world_size=world, local_world_size=8, compute_device="cuda",
                                    hbm_cap="80GiB", ddr_cap="128GiB"))
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+    start_local(num_cpus=os.cpu_count())  # on loopback only, as `shardflow plan --backend ray` starts it
     rows = []
     try:
         for actors in range(1, (os.cpu_count() or 1) + 1):
@@ -93,25 +95,20 @@ def actor_speedup(spec_tables: int, world: int, groups: int) -> list[dict]:
 
 
 def two_node_cluster(spec: Path, topo: Path, out: Path) -> dict:
-    """`ray start --head` plus a second `ray start --address` on loopback: two Ray nodes."""
-    port = 6390
-    ray_bin = str(BIN / "ray")
-    subprocess.run([ray_bin, "stop", "--force"], capture_output=True)
-    subprocess.run([ray_bin, "start", "--head", f"--port={port}", "--num-cpus=1",
-                    "--include-dashboard=false"], check=True, capture_output=True)
-    try:
-        subprocess.run([ray_bin, "start", f"--address=127.0.0.1:{port}", "--num-cpus=1"],
-                       check=True, capture_output=True)
-        import ray
+    """Two Ray nodes of one CPU each on this machine, every server on loopback
+    (``tasks.ray_loopback.local_cluster``), joined by `shardflow plan` through RAY_ADDRESS."""
+    import ray
 
-        ray.init(address=f"127.0.0.1:{port}", log_to_driver=False)
-        nodes = len([n for n in ray.nodes() if n["Alive"]])
-        ray.shutdown()
-        row = run_plan(spec, topo, out, "ray", groups=4, env={"RAY_ADDRESS": f"127.0.0.1:{port}"})
+    from tasks.ray_loopback import local_cluster, single_machine, single_machine_env
+
+    with local_cluster(nodes=2, cpus_per_node=1) as address:
+        with single_machine():  # this process joins it too, to count the nodes
+            ray.init(address=address, log_to_driver=False)
+            nodes = len([n for n in ray.nodes() if n["Alive"]])
+            ray.shutdown()
+        row = run_plan(spec, topo, out, "ray", groups=4, env={"RAY_ADDRESS": address, **single_machine_env()})
         row["ray_nodes"] = nodes
         return row
-    finally:
-        subprocess.run([ray_bin, "stop", "--force"], capture_output=True)
 
 
 def main() -> int:

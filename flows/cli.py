@@ -8,10 +8,11 @@ module in ``COMMANDS``. Every command takes ``-v/--verbose`` (the libraries' own
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from flows.commands import (
     calibrate,
@@ -29,17 +30,72 @@ from flows.commands import (
     show,
     spec,
     train,
+    ui,
 )
 from rec.errors import InputError
 from rec.exit_codes import ExitCode
 
 COMMANDS = (data, spec, plan, show, train, evaluate, export, predict, measure, calibrate, run, replan, compare,
-            outbox, serve)
+            outbox, serve, ui)
+
+
+class CommandParser(argparse.ArgumentParser):
+    """The parser of ``shardflow`` and of each of its commands (``add_subparsers`` makes its
+    subparsers of the same class): no abbreviations (``--iteration`` is not ``--iterations``), and an
+    unknown flag is the error reported first, by the command it was given to, with that command's
+    usage and the flag it most likely meant."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+        self._parsing: list[str] = []
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        self._parsing = list(sys.argv[1:] if args is None else args)
+        parsed, extras = super().parse_known_args(self._parsing, namespace)
+        if extras:  # here, not in the top-level parser: the usage shown is this command's
+            self.error(self._unrecognized(extras))
+        return parsed, extras
+
+    def error(self, message: str) -> NoReturn:
+        unknown = self._unknown_flags()
+        if unknown and not message.startswith("unrecognized arguments"):
+            message = self._unrecognized(unknown)  # before "--topology is required" and the like
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def _unknown_flags(self) -> list[str]:
+        """The flags among the arguments being parsed that this parser does not know (up to its
+        own subcommand's name, whose flags are that subcommand's)."""
+        commands: set[str] = set()
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                commands.update(action.choices)
+        unknown = []
+        for arg in self._parsing:
+            if arg == "--" or arg in commands:
+                break
+            if len(arg) < 2 or arg[0] not in self.prefix_chars or self._negative_number_matcher.match(arg):
+                continue
+            name = arg.split("=", 1)[0]
+            if name not in self._option_string_actions and arg[:2] not in self._option_string_actions:
+                unknown.append(name)
+        return unknown
+
+    def _unrecognized(self, extras: list[str]) -> str:
+        known = [o for o in self._option_string_actions if o.startswith("--")]
+        shown = []
+        for arg in extras:
+            name = arg.split("=", 1)[0]
+            close = difflib.get_close_matches(name, known, n=1) if name.startswith("-") else []
+            shown.append(f"{arg} (did you mean {close[0]}?)" if close else arg)
+        return "unrecognized arguments: " + " ".join(shown)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with one subparser per module in ``COMMANDS``."""
-    parser = argparse.ArgumentParser(
+    parser: argparse.ArgumentParser = CommandParser(
         prog="shardflow", description="Plan how embedding tables are sharded across GPUs, and train with the plan."
     )
     verbose: dict[str, Any] = {"action": "store_true", "help": "show what Prefect, MLflow, torchrun and warnings print"}

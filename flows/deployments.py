@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from flows.parameters import deprecated_target
 from rec.errors import InputError, Problem
 from rec.settings import is_path, resolve_paths, setting_at
 from tasks.tracking import sqlite_path, sqlite_uri
@@ -34,7 +33,7 @@ PREFECT_FILE = ROOT / "deploy" / "prefect.yaml"
 # inside a settings parameter its knob says so (``knob(path=True)``). Every run reads the input
 # files first: serving refuses to start when they are missing.
 PATH_SUFFIXES = ("_path", "_dir")
-INPUT_FILES = ("spec_path", "topology_path", "profile_path")
+INPUT_FILES = ("spec_path", "topology_path")
 
 
 def read_deployments(prefect_file: str | Path = PREFECT_FILE) -> list[dict[str, Any]]:
@@ -91,9 +90,9 @@ def settings_parameters(flow: Flow[..., Any]) -> dict[str, type]:
 
 
 def setting_of(flow: Flow[..., Any], key: str) -> dataclasses.Field[Any] | None:
-    """The settings field that ``key`` names in ``flow``'s parameters: a path into a settings
-    parameter (``training.job.data``) or a deprecated flat name (``data``); None for anything else."""
-    head, *rest = (deprecated_target(key) or key).split(".")
+    """The settings field that ``key`` names in ``flow``'s parameters, a path into a settings
+    parameter (``training.job.data``); None for anything else."""
+    head, *rest = key.split(".")
     settings = settings_parameters(flow).get(head)
     return setting_at(settings, rest) if settings is not None and rest else None
 
@@ -108,7 +107,7 @@ def names_a_path(flow: Flow[..., Any], key: str) -> bool:
 
 def absolute_paths(flow: Flow[..., Any], parameters: Mapping[str, Any], base: Path) -> dict[str, Any]:
     """``parameters`` of ``flow`` with each relative path (``names_a_path``, the path knobs inside
-    a settings parameter, a SQLite ``tracking_uri``) made absolute against ``base``."""
+    a settings parameter, a SQLite ``tracking.tracking_uri``) made absolute against ``base``."""
 
     def absolute(path: str) -> str:
         return os.path.abspath(base / Path(path).expanduser())
@@ -118,12 +117,11 @@ def absolute_paths(flow: Flow[..., Any], parameters: Mapping[str, Any], base: Pa
     for key, value in parameters.items():
         if isinstance(value, Mapping) and key in settings:
             out[key] = resolve_paths(settings[key], value, absolute)
-        elif not isinstance(value, str) or not value:
-            continue
-        elif names_a_path(flow, key):
+            uri = value.get("tracking_uri")
+            if isinstance(uri, str) and (db := sqlite_path(uri)) is not None and not db.is_absolute():
+                out[key]["tracking_uri"] = sqlite_uri(absolute(str(db)))
+        elif isinstance(value, str) and value and names_a_path(flow, key):
             out[key] = absolute(value)
-        elif key == "tracking_uri" and (db := sqlite_path(value)) is not None and not db.is_absolute():
-            out[key] = sqlite_uri(absolute(str(db)))
     return out
 
 
@@ -194,7 +192,8 @@ def runner_deployments(prefect_file: str | Path = PREFECT_FILE, *,
     workers; serving runs the flows in this process's subprocesses).
 
     ``overrides`` replace parameters of every deployment whose flow has them; ``replan_every``
-    (seconds) replaces the schedules of the deployments that run ``replan_flow``."""
+    (seconds) replaces the schedules of the deployments that run ``replan_flow``. A parameter
+    that a deployment gives and its flow does not have is an InputError, not a failed flow run later."""
     from prefect.deployments.runner import RunnerDeployment
     from prefect.schedules import Cron, Interval, Schedule
     from prefect.types.entrypoint import EntrypointType
@@ -211,6 +210,9 @@ def runner_deployments(prefect_file: str | Path = PREFECT_FILE, *,
         except InputError as e:
             problems += [Problem(f"{prefect_file}: {d['name']}: {p.where}", p.reason) for p in e.problems]
     flows = [flow for _, flow in entries]
+    problems += [Problem(f"{prefect_file}: {d['name']}: {key}", f"{flow.name} has no such parameter; it has "
+                                                                 f"{sorted(flow_parameters(flow))} (docs/prefect.md)")
+                 for d, flow in entries for key in d.get("parameters") or {} if key not in flow_parameters(flow)]
     problems += [Problem(f"--set {key}", why) for key in overrides
                  if (why := override_problem(flows, key)) is not None]
     if replan_every is not None:

@@ -14,28 +14,21 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 
-from flows.parameters import search_settings, with_deprecated
 from flows.plan import plan_summary
-from flows.progress import progress_in_run_log
 from flows.reports import data_lines, predicted_line
+from flows.start import Ingested, inputs_for, started
 from flows.train import train_with_retries
-from rec.cost.types import CostConfig
 from rec.errors import InputError, Problem
 from rec.plan import read_plan
 from rec.plan.chart import CHART_FILE
-from rec.search import SearchConfig
 from rec.settings import check
-from rec.train.config import PipelineKind
 from rec.train.metrics import METRICS_FILE
-from tasks.backend import Backend
-from tasks.ingest import IngestSettings
-from tasks.mlflow_log import Logged, ParentRun, deliver_outbox, log_plan, log_training, parent_run
-from tasks.paths import plan_cache_dir, state_dir_in
+from tasks.mlflow_log import Logged, ParentRun, log_plan, log_training, parent_run
 from tasks.records import RunStep
 from tasks.run_dirs import RunDirs
-from tasks.search import SearchSettings, plan_key
-from tasks.steps import ingest_task, search_task, write_task
-from tasks.tracking import DEFAULT_EXPERIMENT, tracking_for
+from tasks.search import SearchSettings, plan_key, with_profile
+from tasks.steps import search_task, write_task
+from tasks.tracking import TrackingSettings
 from tasks.train import TRAIN_RETRIES, TRAIN_RETRY_DELAY_S, Trained, TrainSettings
 from tasks.write import WriteSettings
 
@@ -71,66 +64,46 @@ class PipelineOutcome:
 def pipeline_flow(
     spec_path: str,
     topology_path: str,
-    profile_path: str | None = None,
-    backend: Backend = SearchSettings.backend,
-    groups: int | None = SearchSettings.groups,
-    max_regress: float = SearchSettings.max_regress,
-    cost: CostConfig = CostConfig(),
-    search: SearchConfig = SearchConfig(),
+    searching: SearchSettings = SearchSettings(),
     chart: bool = WriteSettings.chart,
     training: TrainSettings = TrainSettings(),
     train_retries: int = TRAIN_RETRIES,
     train_retry_delay_s: float = TRAIN_RETRY_DELAY_S,
     out_dir: str | None = None,
-    tracking_uri: str | None = None,
-    experiment: str = DEFAULT_EXPERIMENT,
-    state_dir: str | None = None,
+    tracking: TrackingSettings = TrackingSettings(),
     work_dir: str | None = None,
-    *,  # deprecated: flat names of fields of ``training`` (flows.parameters); None: not given
-    train_iterations: int | None = None, warmup: int | None = None, batch_size: int | None = None,
-    model: str | None = None, train_pipeline: PipelineKind | None = None, data: str | None = None,
-    seed: int | None = None, dense_in_features: int | None = None,
-    dense_arch_layer_sizes: tuple[int, ...] | None = None, over_arch_layer_sizes: tuple[int, ...] | None = None,
-    dense_lr: float | None = None, embedding_lr: float | None = None, synthetic_batches: int | None = None,
-    checkpoint_every: int | None = None, checkpoint_dir: str | None = None, keep_checkpoints: int | None = None,
-    resume: bool | None = None, resume_from: str | None = None, nproc_per_node: int | None = None,
-    nnodes: int | None = None, rdzv_endpoint: str | None = None, max_restarts: int | None = None,
+    ingested: Ingested | None = None,
 ) -> PipelineOutcome:
-    """Plan ``spec_path`` for ``topology_path`` and train with the plan as ``training`` says.
-    Output: OUT_DIR/plan and OUT_DIR/train (OUT_DIR locked for the run), or without ``out_dir``
-    out/<plan_id>/plan and a new out/<plan_id>/train-<time>.
+    """Plan ``spec_path`` for ``topology_path`` as ``searching`` says and train with the plan as
+    ``training`` says. Output: OUT_DIR/plan and OUT_DIR/train (OUT_DIR locked for the run), or
+    without ``out_dir`` out/<plan_id>/plan and a new out/<plan_id>/train-<time>.
 
     The flow runs on node 0; with ``training.nnodes > 1`` the other nodes join the rendezvous with
     ``shardflow train --plan-id ID --node-rank K`` (see deploy/)."""
-    training = with_deprecated(training, locals())
     if training.node_rank != 0:
         raise InputError("The pipeline trains on node 0:", [Problem(
             "training.node_rank", f"is {training.node_rank}; the other nodes join with shardflow train "
                                   "--plan-id ID --node-rank K")])
     check(training, "Cannot train with these settings:")
-    searching = search_settings(backend=backend, groups=groups, max_regress=max_regress, cost=cost, search=search,
-                                profile_path=profile_path)
+    searching = with_profile(searching)
     dirs = RunDirs.of(out_dir, work_dir)
-    state_dir = state_dir_in(work_dir, state_dir)
-    tracking = tracking_for(tracking_uri, experiment, state_dir, work_dir)
-    deliver_outbox(tracking)
 
-    with progress_in_run_log():
-        inputs = ingest_task(spec_path, topology_path, IngestSettings())            # 1. ingest
-        with dirs.locked(), parent_run(tracking, RunStep.PIPELINE, inputs, plan_key(inputs, searching),
+    with started(tracking, work_dir) as start:
+        inputs = inputs_for(spec_path, topology_path, ingested)                     # 1. ingest
+        with dirs.locked(), parent_run(start.tracking, RunStep.PIPELINE, inputs, plan_key(inputs, searching),
                                        params={"backend": searching.backend.value,
                                                "train_iterations": str(training.job.iterations)}) as run:
-            found = search_task(inputs, searching, plan_cache_dir(state_dir))      # 2. search
+            found = search_task(inputs, searching, start.plan_cache_dir)           # 2. search
             plan_id = found.plan.plan_id
             written = write_task(found.plan, dirs.plan_dir(plan_id), WriteSettings(chart))  # 3. write
             run.add_plan(found.plan)
-            plan_run = log_plan(tracking, found.plan, written.plan_path, inputs, run, found.seconds)
+            plan_run = log_plan(start.tracking, found.plan, written.plan_path, inputs, run, found.seconds)
             train_dir = dirs.train_dir(plan_id)
             trained = train_with_retries(plan_id, written.plan_path, train_dir,    # 4. train
-                                         training, train_retries, train_retry_delay_s, tracking, run)
+                                         training, train_retries, train_retry_delay_s, start.tracking, run)
             dirs.mark_latest(train_dir)
             run.add_training(trained)
-            train_run = log_training(tracking, trained, run, inputs)
+            train_run = log_training(start.tracking, trained, run, inputs)
     outcome = PipelineOutcome(found.plan.plan_id, written.plan_path, found.cached, trained, run, plan_run, train_run)
     get_run_logger().info(outcome.summary())
     return outcome

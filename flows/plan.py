@@ -6,18 +6,12 @@ from dataclasses import dataclass
 
 from prefect import flow, get_run_logger
 
-from flows.parameters import search_settings
-from flows.progress import progress_in_run_log
-from rec.cost.types import CostConfig
-from rec.search import SearchConfig
-from tasks.backend import Backend
-from tasks.ingest import IngestSettings
-from tasks.mlflow_log import Logged, deliver_outbox, log_plan
-from tasks.paths import plan_cache_dir, state_dir_in
+from flows.start import Ingested, inputs_for, started
+from tasks.mlflow_log import Logged, log_plan
 from tasks.run_dirs import RunDirs
-from tasks.search import SearchSettings
-from tasks.steps import ingest_task, search_task, write_task
-from tasks.tracking import DEFAULT_EXPERIMENT, tracking_for
+from tasks.search import SearchSettings, with_profile
+from tasks.steps import search_task, write_task
+from tasks.tracking import TrackingSettings
 from tasks.write import WriteSettings
 
 
@@ -43,33 +37,23 @@ class PlanOutcome:
 def plan_flow(
     spec_path: str,
     topology_path: str,
-    profile_path: str | None = None,
-    backend: Backend = SearchSettings.backend,
-    groups: int | None = SearchSettings.groups,
-    max_regress: float = SearchSettings.max_regress,
-    cost: CostConfig = CostConfig(),
-    search: SearchConfig = SearchConfig(),
+    searching: SearchSettings = SearchSettings(),
     chart: bool = WriteSettings.chart,
     out_dir: str | None = None,
-    tracking_uri: str | None = None,
-    experiment: str = DEFAULT_EXPERIMENT,
-    state_dir: str | None = None,
+    tracking: TrackingSettings = TrackingSettings(),
     work_dir: str | None = None,
+    ingested: Ingested | None = None,
 ) -> PlanOutcome:
-    """Plan ``spec_path`` for ``topology_path``; the plan goes to OUT_DIR/plan (default:
-    out/<plan_id>/plan) and to MLflow."""
-    searching = search_settings(backend=backend, groups=groups, max_regress=max_regress, cost=cost, search=search,
-                                profile_path=profile_path)
+    """Plan ``spec_path`` for ``topology_path`` as ``searching`` says; the plan goes to
+    OUT_DIR/plan (default: out/<plan_id>/plan) and to MLflow."""
+    searching = with_profile(searching)
     dirs = RunDirs.of(out_dir, work_dir)
-    state_dir = state_dir_in(work_dir, state_dir)
-    tracking = tracking_for(tracking_uri, experiment, state_dir, work_dir)
-    deliver_outbox(tracking)
 
-    with progress_in_run_log():
-        inputs = ingest_task(spec_path, topology_path, IngestSettings())
-        found = search_task(inputs, searching, plan_cache_dir(state_dir))
+    with started(tracking, work_dir) as start:
+        inputs = inputs_for(spec_path, topology_path, ingested)
+        found = search_task(inputs, searching, start.plan_cache_dir)
         written = write_task(found.plan, dirs.plan_dir(found.plan.plan_id), WriteSettings(chart))
-        logged = log_plan(tracking, found.plan, written.plan_path, inputs, planning_s=found.seconds)
+        logged = log_plan(start.tracking, found.plan, written.plan_path, inputs, planning_s=found.seconds)
     outcome = PlanOutcome(found.plan.plan_id, written.plan_path, found.cached, logged)
     get_run_logger().info(outcome.summary())
     return outcome

@@ -15,25 +15,13 @@ from enum import StrEnum
 
 from prefect import flow, get_run_logger
 
-from flows.parameters import search_settings
-from flows.progress import progress_in_run_log
-from rec.cost.types import CostConfig
-from rec.search import SearchConfig
-from tasks.backend import Backend
-from tasks.ingest import IngestSettings
-from tasks.mlflow_log import (
-    deliver_outbox,
-    find_last_planning,
-    log_plan,
-    parent_run,
-    previous_plan_task,
-)
-from tasks.paths import plan_cache_dir, state_dir_in
+from flows.start import Ingested, inputs_for, started
+from tasks.mlflow_log import find_last_planning, log_plan, parent_run, previous_plan_task
 from tasks.records import PREVIOUS_PLAN_ID, REPLAN, RunStep
 from tasks.run_dirs import RunDirs
-from tasks.search import SearchSettings, plan_key
-from tasks.steps import ingest_task, search_task, write_task
-from tasks.tracking import DEFAULT_EXPERIMENT, tracking_for
+from tasks.search import SearchSettings, plan_key, with_profile
+from tasks.steps import search_task, write_task
+from tasks.tracking import TrackingSettings
 from tasks.write import WriteSettings
 
 
@@ -69,45 +57,37 @@ class ReplanOutcome:
 def replan_flow(
     spec_path: str,
     topology_path: str,
-    profile_path: str | None = None,
-    backend: Backend = SearchSettings.backend,
-    groups: int | None = SearchSettings.groups,
-    max_regress: float = SearchSettings.max_regress,
-    cost: CostConfig = CostConfig(),
-    search: SearchConfig = SearchConfig(),
+    searching: SearchSettings = SearchSettings(),
     chart: bool = WriteSettings.chart,
     out_dir: str | None = None,
-    tracking_uri: str | None = None,
-    experiment: str = DEFAULT_EXPERIMENT,
-    state_dir: str | None = None,
+    tracking: TrackingSettings = TrackingSettings(),
     work_dir: str | None = None,
+    ingested: Ingested | None = None,
 ) -> ReplanOutcome:
     """Replan ``spec_path`` if its spec hash differs from the last successful planning of it; the
-    new plan starts from that planning's plan and moves as little of it as ``max_regress`` allows."""
-    searching = search_settings(backend=backend, groups=groups, max_regress=max_regress, cost=cost, search=search,
-                                profile_path=profile_path)
-    state_dir = state_dir_in(work_dir, state_dir)
-    tracking = tracking_for(tracking_uri, experiment, state_dir, work_dir)
-    delivery = deliver_outbox(tracking)
+    new plan starts from that planning's plan and moves as little of it as
+    ``searching.max_regress`` allows."""
+    searching = with_profile(searching)
 
-    with progress_in_run_log():
-        inputs = ingest_task(spec_path, topology_path, IngestSettings())
+    with started(tracking, work_dir) as start:
+        inputs = inputs_for(spec_path, topology_path, ingested)
         spec_hash = inputs.spec.spec_hash
-        lookup = find_last_planning(tracking, inputs)
+        lookup = find_last_planning(start.tracking, inputs)
         last = lookup.last
         if last is not None and last.spec_hash == spec_hash:
             outcome = ReplanOutcome(Replan.UNCHANGED, last.plan_id, spec_hash, last.spec_hash, None,
-                                    delivery.pending_for(tracking), delivery.errors.get(tracking.uri))
+                                    start.delivery.pending_for(start.tracking),
+                                    start.delivery.errors.get(start.tracking.uri))
         else:
-            previous = previous_plan_task(tracking, last.plan_id) if last is not None else None
-            with parent_run(tracking, RunStep.REPLAN, inputs, plan_key(inputs, searching, previous),
+            previous = previous_plan_task(start.tracking, last.plan_id) if last is not None else None
+            with parent_run(start.tracking, RunStep.REPLAN, inputs, plan_key(inputs, searching, previous),
                             tags={REPLAN: Replan.REPLANNED,
                                   **({PREVIOUS_PLAN_ID: previous.plan_id} if previous else {})}) as run:
-                found = search_task(inputs, searching, plan_cache_dir(state_dir), previous)
+                found = search_task(inputs, searching, start.plan_cache_dir, previous)
                 written = write_task(found.plan, RunDirs.of(out_dir, work_dir).plan_dir(found.plan.plan_id),
                                      WriteSettings(chart))
                 run.add_plan(found.plan)
-                log_plan(tracking, found.plan, written.plan_path, inputs, run, found.seconds)
+                log_plan(start.tracking, found.plan, written.plan_path, inputs, run, found.seconds)
             outcome = ReplanOutcome(Replan.REPLANNED, found.plan.plan_id, spec_hash,
                                     last.spec_hash if last else None, written.plan_path, run.pending,
                                     run.error or lookup.error, lookup.error is None)

@@ -31,8 +31,8 @@ TOPOLOGY_KEYS = {
 
 def render_plan(plan: Plan, all_ranks: bool = False) -> str:
     """Per-rank load and memory (critical rank marked), then the plan's quality and its predicted
-    iteration time (``rec.analysis.prediction``: printed alike by ``plan``, ``train`` and ``measure``)."""
-    from rec.analysis.prediction import prediction
+    iteration time (``rec.analysis.iteration_time``: printed alike by ``plan``, ``train`` and ``measure``)."""
+    from rec.analysis.iteration_time import prediction
     from rec.plan.report import rank_table, sharding_types
 
     m = plan.metrics
@@ -168,7 +168,7 @@ def command(name: str) -> str:
 def predicted_line(plan: Plan, metrics: TrainMetrics) -> str:
     """``predicted ...; measured ... (p50): 1.316x predicted``: a training's measured p50 beside its
     plan's prediction, as ``train`` and ``run`` print it (only at the plan's batch size)."""
-    from rec.analysis.prediction import ms, prediction, ratio_text
+    from rec.analysis.iteration_time import ms, prediction, ratio_text
 
     predicted = prediction(plan)
     p50 = metrics.iteration_latency_ms.p50

@@ -11,19 +11,17 @@ from pathlib import Path
 from prefect import flow
 from prefect.tasks import exponential_backoff
 
-from flows.parameters import with_deprecated
-from flows.progress import progress_in_run_log
+from flows.start import started
 from rec.errors import InputError, Problem
 from rec.plan import read_plan
-from rec.train.config import PipelineKind
 from tasks.clock import now_ms
-from tasks.mlflow_log import Logged, ParentRun, deliver_outbox, fetch_plan_task, log_failed_training, log_training
-from tasks.paths import PLAN_SUBDIR, state_dir_in
+from tasks.mlflow_log import Logged, ParentRun, fetch_plan_task, log_failed_training, log_training
+from tasks.paths import PLAN_SUBDIR
 from tasks.plan_fetch import check_plan_id
 from tasks.records import error_tag
 from tasks.run_dirs import RunDirs
 from tasks.steps import train_task
-from tasks.tracking import DEFAULT_EXPERIMENT, Tracking, tracking_for
+from tasks.tracking import Tracking, TrackingSettings
 from tasks.train import TRAIN_RETRIES, TRAIN_RETRY_DELAY_S, Trained, TrainingFailed, TrainSettings
 
 
@@ -58,44 +56,28 @@ def train_flow(
     train_retries: int = TRAIN_RETRIES,
     train_retry_delay_s: float = TRAIN_RETRY_DELAY_S,
     out_dir: str | None = None,
-    tracking_uri: str | None = None,
-    experiment: str = DEFAULT_EXPERIMENT,
-    state_dir: str | None = None,
+    tracking: TrackingSettings = TrackingSettings(),
     work_dir: str | None = None,
-    *,  # deprecated: flat names of fields of ``training`` (flows.parameters); None: not given
-    train_iterations: int | None = None, warmup: int | None = None, batch_size: int | None = None,
-    model: str | None = None, train_pipeline: PipelineKind | None = None, data: str | None = None,
-    seed: int | None = None, dense_in_features: int | None = None,
-    dense_arch_layer_sizes: tuple[int, ...] | None = None, over_arch_layer_sizes: tuple[int, ...] | None = None,
-    dense_lr: float | None = None, embedding_lr: float | None = None, synthetic_batches: int | None = None,
-    checkpoint_every: int | None = None, checkpoint_dir: str | None = None, keep_checkpoints: int | None = None,
-    resume: bool | None = None, resume_from: str | None = None, nproc_per_node: int | None = None,
-    nnodes: int | None = None, node_rank: int | None = None, rdzv_endpoint: str | None = None,
-    max_restarts: int | None = None,
 ) -> TrainOutcome:
     """Train as ``training`` says with ``plan_path``, or with the plan ``plan_id`` fetched from
     MLflow; never plans. Output: OUT_DIR/train, or a new out/<plan_id>/train-<time> without
     ``out_dir``."""
-    settings = with_deprecated(training, locals())
     if (plan_path is None) == (plan_id is None):
         raise InputError("train_flow needs a plan:", [Problem("plan_path / plan_id", "give exactly one")])
     if plan_id is not None:
         check_plan_id(plan_id)  # it names the output directory
     dirs = RunDirs.of(out_dir, work_dir)
-    state_dir = state_dir_in(work_dir, state_dir)
-    tracking = tracking_for(tracking_uri, experiment, state_dir, work_dir)
-    deliver_outbox(tracking)
 
-    with progress_in_run_log(), dirs.locked(settings.node_rank):
+    with started(tracking, work_dir) as start, dirs.locked(training.node_rank):
         if plan_path is None:
             assert plan_id is not None
             train_dir = dirs.train_dir(plan_id)
-            plan_path = fetch_plan_task(tracking, plan_id, str(Path(train_dir, PLAN_SUBDIR)))
+            plan_path = fetch_plan_task(start.tracking, plan_id, str(Path(train_dir, PLAN_SUBDIR)))
         else:
             plan_id = read_plan(plan_path).plan_id
             train_dir = dirs.train_dir(plan_id)
-        trained = train_with_retries(plan_id, plan_path, train_dir, settings, train_retries,
-                                     train_retry_delay_s, tracking)
+        trained = train_with_retries(plan_id, plan_path, train_dir, training, train_retries,
+                                     train_retry_delay_s, start.tracking)
         dirs.mark_latest(train_dir)
-        logged = log_training(tracking, trained) if settings.node_rank == 0 else None
+        logged = log_training(start.tracking, trained) if training.node_rank == 0 else None
     return TrainOutcome(trained.plan_id, plan_path, trained, logged)

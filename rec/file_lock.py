@@ -77,3 +77,20 @@ def file_lock(path: str | Path, *, shared: bool = False, blocking: bool = True) 
     ``blocking``, BlockingIOError at once if it is taken. Yields the (read-only) descriptor."""
     with holding(open_lock_file(path), shared=shared, blocking=blocking) as fd:
         yield fd
+
+
+RELEASE_WAIT_S = 5.0  # how long a finishing launcher waits for its ranks to let go of a lock
+
+
+def alone(fd: int, wait_s: float = RELEASE_WAIT_S) -> bool:
+    """Whether this process is (within ``wait_s``) the lock's only holder: the ranks it started let go
+    as they exit. Then it holds the lock exclusively."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            take(fd, blocking=False)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)

@@ -1,7 +1,7 @@
 """Plan a spec end to end in the library: build the search space, search (and merge), build the Plan.
 
 The search strategy is pluggable (a one-method protocol): the default searches in this process;
-``tasks.ray_search`` provides one that runs the same search pipeline (``rec.search.planner``) with
+``tasks.ray_search`` provides one that runs the same search pipeline (``rec.search.pipeline``) with
 its tasks on Ray actors.
 """
 
@@ -14,16 +14,17 @@ import numpy as np
 
 from rec import progress
 from rec.analysis.build import build_plan
-from rec.analysis.predict import predicted_critical_path
-from rec.cost.types import CostConfig
+from rec.analysis.rank_times import predicted_critical_path
+from rec.config.cost import CostConfig
+from rec.config.search import SearchConfig
 from rec.errors import InputError, Problem
 from rec.passes import PassContext, after_search
 from rec.passes.context import RELATIVE_GAIN
-from rec.plan.identity import replan_keys
 from rec.plan.movement import Movement, movement
+from rec.plan.plan_id import replan_keys
 from rec.plan.types import Plan
 from rec.profile import check_profile_for
-from rec.search import SearchConfig, SearchResult, build_search_space, search_result
+from rec.search import SearchResult, build_search_space, search_result
 from rec.search.feasibility import packing_failure
 from rec.search.least_moved import least_moved
 from rec.search.pack import PackingError
@@ -63,8 +64,11 @@ def _context(spec: Spec, topology: Topology, cost: CostConfig, config: SearchCon
              searcher: Searcher | None, may_search: bool = True) -> PassContext:
     """What the whole-plan passes get: they search again with ``searcher`` (None: in this process)
     unless ``may_search`` is false."""
-    search = (lambda s: _search(s, spec, config, searcher)) if may_search else None
-    return PassContext(spec, topology, cost, config, search)
+    if not may_search:
+        return PassContext(spec, topology, cost, config)
+    quick = replace(config, time_limit_s=0.0)
+    return PassContext(spec, topology, cost, config, lambda s: _search(s, spec, config, searcher),
+                       lambda s: _search(s, spec, quick, searcher))
 
 
 def _search(space: SearchSpace, spec: Spec, config: SearchConfig, searcher: Searcher | None) -> SearchResult:

@@ -33,6 +33,13 @@ class ComputeDevice(StrEnum):
     CUDA = "cuda"
 
 
+# Integer codes of the search's and the plan's arrays (rec.cost.types.Options, rec.plan.columns):
+# a member's position in its enum, so the order never changes (codes are persisted nowhere).
+SHARDING_TYPES: tuple[ShardingType, ...] = tuple(ShardingType)
+COMPUTE_KERNELS: tuple[ComputeKernel, ...] = tuple(ComputeKernel)
+ST_CODE = {st: i for i, st in enumerate(SHARDING_TYPES)}
+CK_CODE = {ck: i for i, ck in enumerate(COMPUTE_KERNELS)}
+
 FUSED_KERNELS = (ComputeKernel.FUSED, ComputeKernel.FUSED_UVM, ComputeKernel.FUSED_UVM_CACHING)
 _MODEL_PARALLEL = (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE)
 _CUDA_ONLY = (ShardingType.ROW_WISE, ShardingType.TABLE_ROW_WISE)

@@ -28,7 +28,7 @@ import numpy as np
 from rec import progress
 from rec.calibrate.fit import Fit, Measured, fit_profile
 from rec.calibrate.probes import Probe, probe_plans
-from rec.cost.types import CostConfig
+from rec.config.cost import CostConfig
 from rec.disk_full import write_whole
 from rec.errors import InputError, Problem
 from rec.file_lock import file_lock

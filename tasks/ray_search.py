@@ -1,4 +1,4 @@
-"""Search on Ray actors: ``rec.search.planner``'s pipeline with a mapper that runs its tasks on
+"""Search on Ray actors: ``rec.search.pipeline``'s pipeline with a mapper that runs its tasks on
 actors (table groups in parallel, then the exact stage's strategies side by side); the driver
 merges, refines and keeps the best.
 
@@ -22,14 +22,15 @@ from typing import Any, TypeVar
 import numpy as np
 
 from rec import progress
+from rec.config.search import SearchConfig
 from rec.errors import InputError, Problem
-from rec.plan.identity import searcher_keys
-from rec.search import SearchConfig, SearchResult, search_result
+from rec.plan.plan_id import searcher_keys
+from rec.search import SearchResult, search_result
 from rec.search.candidates import Ladder
 from rec.search.group import GroupResult, search_group
 from rec.search.space import SearchSpace
 from tasks.backend import Backend
-from tasks.ray_loopback import single_machine
+from tasks.ray_loopback import start_local
 
 log = logging.getLogger(__name__)
 
@@ -154,8 +155,7 @@ def connect(address: str | None) -> bool:
             ray.init(address=address, log_to_driver=False, configure_logging=False)
             return False
         progress.update("starting a local Ray")
-        with single_machine():
-            ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+        start_local()
         return True
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise InputError("Cannot reach the Ray cluster:",

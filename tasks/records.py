@@ -16,7 +16,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rec.analysis.prediction import prediction
+from rec.analysis.iteration_time import prediction
 from rec.plan.chart import CHART_FILE
 from rec.plan.io import MOVEMENT_FILE, PLAN_FILE, SHARDS_FILE
 from rec.train.metrics import ITERATIONS_FILE, METRICS_FILE, TrainMetrics
@@ -72,7 +72,7 @@ LATENCY_SERIES = "per_iteration/latency_ms"  # every iteration, warm-up included
 LOSS_SERIES = "per_iteration/loss"
 DATA_WAIT_SERIES = "per_iteration/data_wait_ms"
 EVAL_PREFIX = "eval_"  # eval_auc, eval_logloss, eval_ne: stepped by the iteration each evaluation followed
-PREDICTED = "predicted_iteration_ms"  # the plan's, on every run (rec.analysis.prediction)
+PREDICTED = "predicted_iteration_ms"  # the plan's, on every run (rec.analysis.iteration_time)
 MEASURED = "measured_iteration_ms"  # train runs: p50 of the slowest rank; measure runs: the slowest rank's median
 RATIO = "measured_over_predicted"
 MOVEMENT_COUNTS = ("kept", "moved", "resized", "added", "removed", "reinitialized")  # <kind>_tables
@@ -170,7 +170,7 @@ def plan_params(plan: Plan) -> dict[str, str]:
     tables, the spec's hash, the topology's hash and every key (``topology.<key>``, in the topology
     file's units: bytes, bytes/s), the profile, and the cost and search settings (``cost.<knob>``,
     ``search.<knob>``; ``max_regress`` of a replan)."""
-    from rec.plan.identity import made_by, plan_profile
+    from rec.plan.plan_id import made_by, plan_profile
     from rec.plan.plan_json import planner_to_dict
     from rec.profile import profile_hash
     from rec.topology import topology_to_dict

@@ -21,13 +21,12 @@ from pathlib import Path
 
 from rec.disk_full import writing
 from rec.errors import InputError, Problem
-from rec.file_lock import open_lock_file, release, take
+from rec.file_lock import alone, open_lock_file, release, take
 from rec.train.lifetime import OUT_LOCK_ENV
 from tasks.paths import DEFAULT_OUT, PLAN_SUBDIR, TRAIN_SUBDIR, in_work_dir
 
 LOCK_FILE = ".shardflow-node{node}.lock"  # the nodes of one multi-node training share a directory
 LATEST = "latest"
-RELEASE_WAIT_S = 5.0  # how long a finishing run waits for its ranks to let go of the lock
 MAX_HOLDER_BYTES = 4096  # of "pid N since ...", read to say who holds a directory
 
 
@@ -115,25 +114,11 @@ def _held(lock: Path, directory: str) -> Iterator[None]:
             yield
         finally:
             _restore(OUT_LOCK_ENV, previous)
-            if _alone(fd):  # every rank has let go: the directory is free again
+            if alone(fd):  # every rank has let go: the directory is free again
                 _write(fd, "")
             release(fd)
     finally:
         os.close(fd)
-
-
-def _alone(fd: int, wait_s: float = RELEASE_WAIT_S) -> bool:
-    """Whether this process is (within ``wait_s``) the lock's only holder: the ranks it started
-    let go as they exit. Then it holds the lock exclusively."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            take(fd, blocking=False)
-            return True
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.1)
 
 
 def _read(fd: int) -> str:

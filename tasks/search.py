@@ -18,15 +18,14 @@ import logging
 import time
 from dataclasses import dataclass, field, replace
 
-from rec.cost.types import CostConfig
+from rec.config.cost import CostConfig
+from rec.config.planner_identity import Planner, PlannerIdentity
+from rec.config.search import SearchConfig
 from rec.plan import Plan
-from rec.plan.identity import plan_id, planner_config, replan_keys, searcher_keys
-from rec.plan.planner_identity import PlannerIdentity
+from rec.plan.plan_id import plan_id, planner_config, replan_keys, searcher_keys
 from rec.planning import Searcher, plan_spec, replan_spec
-from rec.search import SearchConfig
 from rec.search.warm import MAX_REGRESS
 from rec.settings import check, knob
-from rec.torchrec.planners import Planner
 from tasks.backend import Backend as Backend  # re-exported: SearchSettings.backend's type
 from tasks.ingest import Inputs
 from tasks.plan_cache import read_entry, write_entry
@@ -49,6 +48,9 @@ class SearchSettings:
         "with a previous plan: the critical path may be this much above a plan searched from scratch "
         "(0.02: 2 percent), and within it the fewest bytes move; 0: as good as from scratch", minimum=0.0,
         maximum=1.0))
+    profile: str | None = field(default=None, metadata=knob(
+        "hardware profile YAML: the cost model's bandwidths and coefficients (docs/profile.md); default: TorchRec's",
+        metavar="FILE", path=True))
     cost: CostConfig = field(default_factory=CostConfig)
     config: SearchConfig = field(default_factory=SearchConfig)
 
@@ -133,11 +135,11 @@ def _not_requested(plan: Plan, inputs: Inputs, settings: SearchSettings, previou
     return None
 
 
-def with_profile(settings: SearchSettings, profile_path: str | None) -> SearchSettings:
-    """``settings`` planning under the profile in ``profile_path`` (docs/profile.md); None: unchanged.
-    InputError naming every problem of the file."""
-    if profile_path is None:
+def with_profile(settings: SearchSettings) -> SearchSettings:
+    """``settings`` planning under the profile file ``settings.profile`` names (docs/profile.md); none:
+    unchanged. InputError naming every problem of the file."""
+    if settings.profile is None:
         return settings
     from rec.profile import read_profile
 
-    return replace(settings, cost=replace(settings.cost, profile=read_profile(profile_path)))
+    return replace(settings, cost=replace(settings.cost, profile=read_profile(settings.profile)))

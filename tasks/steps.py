@@ -1,7 +1,8 @@
 """The four steps as Prefect tasks: thin wrappers that add names, retries and progress.
 
-Each step is a plain function with one settings dataclass (``tasks.ingest``, ``tasks.search``,
-``tasks.write``, ``tasks.train``); the CLI calls those functions directly, the flows call these.
+Each step is a plain function (``tasks.ingest``, which reads its two files and has no settings;
+``tasks.search``, ``tasks.write``, ``tasks.train``, each with one settings dataclass); the CLI calls
+those functions directly, the flows call these.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from prefect.runtime import task_run
 from prefect.tasks import exponential_backoff
 
 from rec.plan import Plan
-from tasks.ingest import IngestSettings, Inputs, ingest
+from tasks.ingest import Inputs, ingest
 from tasks.retry import worth_retrying
 from tasks.search import Found, SearchSettings, search_plan
 from tasks.step_progress import ingesting, searching, writing
@@ -21,10 +22,10 @@ from tasks.write import WriteSettings, Written, write_plan_artifact
 
 
 @task(name="ingest-spec", cache_policy=NO_CACHE)
-def ingest_task(spec_path: str, topology_path: str, settings: IngestSettings) -> Inputs:
+def ingest_task(spec_path: str, topology_path: str) -> Inputs:
     """Read, validate and hash the spec and the topology (an InputError is never retried)."""
     with ingesting(spec_path):
-        return ingest(spec_path, topology_path, settings)
+        return ingest(spec_path, topology_path)
 
 
 @task(name="search-plan", cache_policy=NO_CACHE, retries=2,

@@ -10,6 +10,9 @@ it with retries, which skip InputErrors and failures that would repeat.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +25,7 @@ from rec.spec.types import Spec
 from rec.topology.types import Topology
 from rec.train.config import FAIL_AT_ENV, TrainConfig
 from rec.train.metrics import TrainMetrics, read_metrics
+from rec.train.ownership import Run
 from rec.train.rank_log import log_dir
 from tasks.launch import Launch, failure_cause, run_training
 
@@ -139,17 +143,24 @@ def check_resume_from(job: TrainConfig, plan: Plan) -> None:
             "--iterations", f"{job.iterations} is not above the checkpoint's iteration {source.step}")])
 
 
-def check_own_checkpoint(job: TrainConfig, out_dir: str) -> None:
-    """For ``--resume``: the newest checkpoint of this training, if there is one, has an index
-    shardflow reads safely; InputError otherwise (the ranks would refuse it too, later)."""
+def check_own_checkpoint(job: TrainConfig, out_dir: str, run: Run | None = None) -> str:
+    """For ``--resume``: the newest checkpoint in the checkpoint directory, if there is one, has an
+    index shardflow reads safely; InputError otherwise (the ranks would refuse it too, later). Returns
+    a line saying whose checkpoint the run continues when another run (``run``: this one) wrote it."""
+    from rec.train.ownership import another_runs
     from rec.train.resume import checkpoint_dir, latest, step_dir
 
     directory = checkpoint_dir(job, out_dir)
     step = latest(directory) if directory else None
-    if directory and step is not None:
-        from rec.train.checkpoint import check_index  # imports torch: only for a checkpoint to read
+    if not directory or step is None:
+        return ""
+    from rec.train.checkpoint import check_index  # imports torch: only for a checkpoint to read
 
-        check_index(step_dir(directory, step))
+    at = step_dir(directory, step)
+    check_index(at)
+    other = another_runs(at, run or Run.new(out_dir))
+    return f"resume    continues the checkpoint of iteration {step} ({at}) that {other.describe()} wrote" \
+        if other else ""
 
 
 def _device_problems(device: str, nproc: int) -> list[Problem]:
@@ -195,10 +206,12 @@ def _endpoint_problems(endpoint: str) -> list[Problem]:
     return []
 
 
-def prepare(plan_path: str, out_dir: str, settings: TrainSettings) -> tuple[str, Launch]:
-    """The plan's id and the checked torchrun launch; InputError for anything that would fail
-    the job for certain (see ``preflight``), the plan's soundness included."""
+def prepare(plan_path: str, out_dir: str, settings: TrainSettings, run: Run | None = None) -> tuple[str, Launch]:
+    """The plan's id and the checked torchrun launch of ``run``; InputError for anything that would
+    fail the job for certain (see ``preflight``), the plan's soundness included. A ``--resume`` of
+    another run's checkpoint says so on stderr, in one line."""
     check(settings, "Cannot train with these settings:")
+    continues = ""
     with progress.step("check", "the plan, and what it needs of this machine"):
         plan = read_plan(plan_path)
         check_plan(plan)
@@ -206,7 +219,9 @@ def prepare(plan_path: str, out_dir: str, settings: TrainSettings) -> tuple[str,
         if settings.job.resume_from:
             check_resume_from(settings.job, plan)
         if settings.job.resume:
-            check_own_checkpoint(settings.job, out_dir)
+            continues = check_own_checkpoint(settings.job, out_dir, run)
+    if continues:
+        print(continues, file=sys.stderr)
     launch = Launch(plan_path=str(plan_file(plan_path)), out_dir=out_dir,
                     nproc_per_node=nproc, nnodes=settings.nnodes, node_rank=settings.node_rank,
                     rdzv_endpoint=settings.rdzv_endpoint, rdzv_id=plan.plan_id,
@@ -215,20 +230,40 @@ def prepare(plan_path: str, out_dir: str, settings: TrainSettings) -> tuple[str,
 
 
 def train(plan_path: str, out_dir: str, settings: TrainSettings = TrainSettings(), attempt: int = 1) -> Trained:
-    """Train with the plan at ``plan_path``; TrainingFailed if a rank failed for good."""
+    """Train with the plan at ``plan_path``; TrainingFailed if a rank failed for good. The checkpoint
+    directory is this run's for the whole training (``holding_checkpoints``)."""
     from tasks.clock import now_ms
 
     started = now_ms()
-    plan_id, launch = prepare(plan_path, out_dir, settings)
-    # Fault injection means "the first attempt", as inside the job; but a retry is a new torchrun
-    # whose restart count starts at 0 again, so retries switch it off explicitly.
-    env = {FAIL_AT_ENV: ""} if attempt > 1 else None
-    ranks = launch.nnodes * launch.nproc_per_node
-    with progress.step("train", f"starting {ranks} ranks" + (f" (attempt {attempt})" if attempt > 1 else "")):
-        finished = run_training(launch, env=env)
-        if finished.code != 0:
-            cause = failure_cause(launch, finished)
-            raise TrainingFailed(cause.text, cause.deterministic, str(log_dir(out_dir)), attempt)
+    run = Run.new(out_dir)
+    with holding_checkpoints(settings, out_dir, run) as env:
+        plan_id, launch = prepare(plan_path, out_dir, settings, run)
+        # Fault injection means "the first attempt", as inside the job; but a retry is a new torchrun
+        # whose restart count starts at 0 again, so retries switch it off explicitly.
+        if attempt > 1:
+            env[FAIL_AT_ENV] = ""
+        ranks = launch.nnodes * launch.nproc_per_node
+        with progress.step("train", f"starting {ranks} ranks" + (f" (attempt {attempt})" if attempt > 1 else "")):
+            finished = run_training(launch, env=env)
+            if finished.code != 0:
+                cause = failure_cause(launch, finished)
+                raise TrainingFailed(cause.text, cause.deterministic, str(log_dir(out_dir)), attempt)
     metrics = read_metrics(out_dir) if launch.node_rank == 0 else None
     return Trained(plan_id, out_dir, metrics, settings, launch.nproc_per_node, attempt, started,
                    launch.plan_path)
+
+
+@contextmanager
+def holding_checkpoints(settings: TrainSettings, out_dir: str, run: Run) -> Iterator[dict[str, str]]:
+    """Hold the training's checkpoint directory for ``run`` (``rec.train.ownership``): InputError
+    naming the holder, before anything is launched, when another run holds it. Yields the environment
+    that passes ``run`` and the lock to the ranks."""
+    from rec.train.ownership import RUN_ENV, holding
+    from rec.train.resume import checkpoint_dir
+
+    directory = checkpoint_dir(settings.job, out_dir)
+    if directory is None:
+        yield {RUN_ENV: run.to_json()}
+        return
+    with holding(directory, run, settings.node_rank) as env:
+        yield dict(env)

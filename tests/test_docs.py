@@ -118,7 +118,8 @@ def _measured(plan_path, out):
 def _enum_docs() -> list[tuple[str, str, str, set[str], set[str]]]:
     """(what, doc, where the values are listed: a regex whose groups hold them, the values the code
     has, other names allowed there) for every enum whose values reach a file, a flag or MLflow."""
-    from rec.cost.types import Optimizer
+    from rec.config.cost import Optimizer
+    from rec.config.planner_identity import Planner
     from rec.search.bound import BoundMethod
     from rec.sharding import (
         NOT_PLANNED,
@@ -130,7 +131,6 @@ def _enum_docs() -> list[tuple[str, str, str, set[str], set[str]]]:
         ShardingType,
         offered,
     )
-    from rec.torchrec.planners import Planner
     from rec.train.config import ModelKind, PipelineKind
     from rec.train.timings import Status
     from tasks.records import RunStatus, RunStep

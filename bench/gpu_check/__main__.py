@@ -16,7 +16,8 @@ calibration and TorchRec comparison run your workloads (spec files with ``tables
 ``--also-builtin``); ``--profile FILE``: the calibration section judges that profile (run without
 the calibrate section, which would replace it). Writes DIR/gpu_check.json, DIR/gpu_check.md and
 DIR/commands.log (every command's output); exits 0 exactly when every section it ran is ok and every
-target met, 1 otherwise (a skipped section included), 2 for bad arguments.
+target met, 1 otherwise (a skipped section included), 2 for bad arguments or a python without
+the GPU stack (``STACK``; ``make gpu-check GPU_PYTHON=...`` chooses another).
 ``--device cpu`` runs the same sections on 2 gloo ranks with small sizes and loose bounds.
 """
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import platform
 import sys
 import time
 import traceback
@@ -32,14 +34,33 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench.gpu_check import compare, sections
-from bench.gpu_check.context import Context, Outcome, SectionFailed, Skipped
-from bench.gpu_check.machine import TimedOut, find_ranks, pick_device, versions
-from bench.gpu_check.report import Report, Section, Status, write_report
-from bench.gpu_check.workloads import read_workloads
-from rec.errors import InputError
-from rec.exit_codes import ExitCode
-from rec.sharding import ComputeDevice
+# What every section imports (module names); checked before anything imports them.
+STACK = ("torch", "torchrec", "fbgemm_gpu", "numpy", "scipy", "pyarrow", "yaml", "highspy")
+BAD_INPUT = 2  # rec.exit_codes.ExitCode.BAD_INPUT, which this python may not be able to import
+
+
+def missing_stack() -> str | None:
+    """One line naming this python and what of ``STACK`` it lacks, and how to choose another; None if it has it all."""
+    missing = [name for name in STACK if importlib.util.find_spec(name) is None]
+    if not missing:
+        return None
+    return (f"gpu_check: {sys.executable} (Python {platform.python_version()}) has no {', '.join(missing)}: "
+            "run it with a python that has the GPU stack, e.g. make gpu-check GPU_PYTHON=/path/to/venv/bin/python "
+            "(docs/gpu.md)")
+
+
+if __name__ == "__main__" and (_missing := missing_stack()):
+    print(_missing, file=sys.stderr)
+    sys.exit(BAD_INPUT)
+
+from bench.gpu_check import compare, sections  # noqa: E402
+from bench.gpu_check.context import Context, Outcome, SectionFailed, Skipped  # noqa: E402
+from bench.gpu_check.machine import TimedOut, find_ranks, pick_device, versions  # noqa: E402
+from bench.gpu_check.report import Report, Section, Status, write_report  # noqa: E402
+from bench.gpu_check.workloads import read_workloads  # noqa: E402
+from rec.errors import InputError  # noqa: E402
+from rec.exit_codes import ExitCode  # noqa: E402
+from rec.sharding import ComputeDevice  # noqa: E402
 
 SECTIONS: dict[str, Callable[[Context], Outcome]] = {
     "train": sections.train, "data": sections.data, "resume": sections.resume, "measure": sections.measure,

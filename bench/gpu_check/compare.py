@@ -22,7 +22,7 @@ from bench.gpu_check import families, workloads
 from bench.gpu_check.context import Context, Outcome, SectionFailed, Skipped
 from bench.gpu_check.targets import target
 from bench.gpu_check.workloads import Workload
-from rec.cost.types import CostConfig
+from rec.config.cost import CostConfig
 from rec.plan.types import Plan
 from rec.profile.types import DEFAULT_PROFILE, Profile
 from rec.train.measure_config import MeasureConfig
@@ -84,7 +84,7 @@ def _shardflow(workload: Workload, topology: Any, profile: Profile) -> Plan:
 
 
 def predicted(plan: Plan, profile: Profile) -> float:
-    from rec.analysis.predict import predicted_ms
+    from rec.analysis.rank_times import predicted_ms
 
     return float(predicted_ms(plan, profile).max())
 
@@ -362,9 +362,9 @@ def _plan_with(name: str, workload: Workload, topology: Any, calibrated: Profile
         if calibrated is None:
             raise Skipped("no calibrated profile")
         return _shardflow(workload, topology, calibrated)
+    from rec.config.planner_identity import Planner
     from rec.sharding import ComputeDevice
     from rec.torchrec import torchrec_plan
-    from rec.torchrec.planners import Planner
 
     proposer = Planner(name)
     if proposer is Planner.TORCHREC_DP and topology.compute_device is ComputeDevice.CPU:

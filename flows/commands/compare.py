@@ -72,23 +72,26 @@ def run(args: argparse.Namespace) -> int:
     from rec.settings import from_flags
     from tasks.outbox import Outbox
     from tasks.records import ERROR
-    from tasks.tracking import TrackingSettings, TrackingUnavailable, connect, tracking_failure
+    from tasks.tracking import TrackingSettings, TrackingUnavailable, tracking_failure
+    from tasks.tracking.store import open_read_only
 
     if args.last < 1:
         raise InputError("Cannot compare:", [Problem("--last", f"must be at least 1, got {args.last}")])
     tracking = from_flags(TrackingSettings, args).resolve()
     filters = {k: v for k, v in (("spec_hash", args.spec_hash), ("plan_id", args.plan_id)) if v}
-    try:
-        client, experiment_id = connect(tracking)
-        rows, failed = read_rows(client, experiment_id, args.last, filters)
+    try:  # read only: never creates, migrates or writes the store
+        client, experiment_id = open_read_only(tracking)
+        rows, failed = read_rows(client, experiment_id, args.last, filters) if experiment_id else ([], [])
     except TrackingUnavailable as e:
-        raise InputError("Cannot read MLflow:", [Problem(tracking.uri, str(e))]) from None
+        raise InputError(f"Cannot read MLflow at {tracking.uri}: {e}") from None
     except Exception as e:
         why = tracking_failure(e)
         if why is None:
             raise
-        raise InputError("Cannot read MLflow:", [Problem(tracking.uri, why)]) from None
-    if rows:
+        raise InputError(f"Cannot read MLflow at {tracking.uri}: {why}") from None
+    if experiment_id is None:
+        print(f"no experiment {tracking.experiment!r} at {tracking.uri} yet: no runs")
+    elif rows:
         print(render_rows(rows, None if args.wide else _terminal_width()))
         for t in failed:
             print(f"\nFAILED training of plan {t.data.tags['shardflow.plan_id']} on {_started(t)}: "

@@ -20,7 +20,7 @@ from rec.exit_codes import ExitCode
 from rec.settings import add_flags
 
 if TYPE_CHECKING:
-    from rec.analysis.prediction import Prediction
+    from rec.analysis.iteration_time import Prediction
     from rec.train.measure_report import MeasureReport
 
 MAX_RANK_ROWS = 32  # ranks shown one by one; beyond, the critical rank and a summary
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     if measured.report is None:
         print(f"measure   done on node {settings.ranks.node_rank}; node 0 writes measure.json")
     else:
-        from rec.analysis.prediction import prediction
+        from rec.analysis.iteration_time import prediction
 
         print(render_report(measured.report, prediction(read_plan(args.plan))))
         print(f"wrote     {measured.out_dir}/measure.json (logs in {measured.out_dir}/logs)")
@@ -96,7 +96,7 @@ def render_report(report: MeasureReport, predicted: Prediction) -> str:
     """Per rank predicted against measured, then the plan's predicted iteration time (as ``plan``
     prints it) beside the measured one, and their ratio."""
     from flows.text_table import render_table
-    from rec.analysis.prediction import ms, ratio_text
+    from rec.analysis.iteration_time import ms, ratio_text
 
     critical = max(range(report.world_size), key=lambda r: report.measured_ms[r])
     ranks = list(range(report.world_size))

@@ -13,10 +13,10 @@ import argparse
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from rec.config.planner_identity import Planner
 from rec.errors import Problem
 from rec.exit_codes import ExitCode
 from rec.settings import add_flags, knob
-from rec.torchrec.planners import Planner
 
 if TYPE_CHECKING:
     from rec.plan import Plan
@@ -61,9 +61,6 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     parser = subparsers.add_parser("plan", help="search a sharding plan and write plan.json",
                                    description=__doc__)
     add_input_arguments(parser)
-    parser.add_argument("--profile", metavar="FILE", default=None,
-                        help="hardware profile YAML: the cost model's bandwidths and coefficients (docs/profile.md); "
-                             "default: TorchRec's")
     parser.add_argument("--out", metavar="DIR", required=True,
                         help="where plan.json, shards.parquet and rank_load.png go")
     search = parser.add_argument_group("search")
@@ -110,12 +107,9 @@ def previous_plan(args: argparse.Namespace) -> Plan | None:
 
 
 def add_input_arguments(parser: argparse.ArgumentParser) -> None:
-    """SPEC, --topology and ingestion's settings, for every command that plans."""
-    from tasks.ingest import IngestSettings
-
+    """SPEC and --topology, for every command that plans."""
     parser.add_argument("spec", metavar="SPEC", help="table spec: .parquet .arrow .feather .csv .yaml .json")
     parser.add_argument("--topology", metavar="TOPO", required=True, help="topology YAML")
-    add_flags(parser, IngestSettings)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -128,20 +122,20 @@ def run(args: argparse.Namespace) -> int:
     from rec.plan.io import DISK_FULL_ERRNOS
     from rec.profile import describe_profile
     from rec.settings import check, from_flags
-    from tasks.ingest import IngestSettings, ingest
+    from tasks.ingest import ingest
     from tasks.search import SearchSettings, search_plan, torchrec_search, with_profile
     from tasks.step_progress import ingesting, searching, writing
     from tasks.write import WriteSettings, write_plan_artifact
 
     started = time.perf_counter()
-    search_settings = with_profile(from_flags(SearchSettings, args), args.profile)
+    search_settings = with_profile(from_flags(SearchSettings, args))
     check(search_settings, "Cannot plan with these settings:")
     choice = from_flags(PlannerChoice, args)
     if choice.conflicts(args):
         raise InputError("Cannot plan with these settings:", choice.conflicts(args))
     with on_terminal() as shown:
         with ingesting(args.spec):
-            inputs = ingest(args.spec, args.topology, from_flags(IngestSettings, args))
+            inputs = ingest(args.spec, args.topology)
         previous = previous_plan(args)
         with searching(inputs, search_settings):
             if choice.planner is Planner.SHARDFLOW:

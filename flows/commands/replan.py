@@ -39,10 +39,10 @@ def run(args: argparse.Namespace) -> int:
 
     from flows.ephemeral_api import PrefectApiUnavailable, ephemeral_api
     from flows.logs import input_errors_without_traceback
-    from flows.parameters import search_parameters
     from flows.progress import on_terminal
+    from flows.start import Ingested
     from rec.settings import check, from_flags
-    from tasks.ingest import IngestSettings, ingest, ingested
+    from tasks.ingest import ingest
     from tasks.outbox import kept_message
     from tasks.search import SearchSettings
     from tasks.tracking import TrackingSettings
@@ -51,21 +51,19 @@ def run(args: argparse.Namespace) -> int:
     searching = from_flags(SearchSettings, args)
     check(searching, "Cannot plan with these settings:")
     tracking = from_flags(TrackingSettings, args)  # a name that cannot be used exits 2 here
-    ingesting = from_flags(IngestSettings, args)
-    inputs = ingest(args.spec, args.topology, ingesting)  # bad input exits 2 here, before Prefect
+    inputs = ingest(args.spec, args.topology)  # bad input exits 2 here, before Prefect
     from flows.replan import replan_flow
 
-    # The flow's ingest step takes the inputs read here: read, validated and hashed once.
-    with on_terminal(), input_errors_without_traceback(), ingested(inputs, ingesting), \
-            contextlib.ExitStack() as prefect:
+    with on_terminal(), input_errors_without_traceback(), contextlib.ExitStack() as prefect:
         try:
             prefect.enter_context(ephemeral_api(meanwhile=tracking.resolve().client_modules))
         except PrefectApiUnavailable as e:
             print(f"shardflow replan: {e}", file=sys.stderr)
             return ExitCode.FAILED
-        outcome = replan_flow(args.spec, args.topology, **search_parameters(searching),
+        # The flow takes the inputs read here: read, validated and hashed once.
+        outcome = replan_flow(args.spec, args.topology, searching=searching,
                               chart=from_flags(WriteSettings, args).chart, out_dir=args.out,
-                              **tracking.flow_parameters())
+                              tracking=tracking, ingested=Ingested(inputs))
     print(outcome.summary())
     if outcome.pending:
         print(kept_message(tracking.resolve(), outcome.pending, outcome.tracking_error))

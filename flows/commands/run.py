@@ -61,12 +61,13 @@ def run(args: argparse.Namespace) -> int:
 
     from flows.ephemeral_api import PrefectApiUnavailable, ephemeral_api
     from flows.logs import input_errors_without_traceback
-    from flows.parameters import search_parameters
     from flows.progress import on_terminal
+    from flows.start import Ingested
     from rec.errors import InputError, Problem
     from rec.settings import check, from_flags
-    from tasks.ingest import IngestSettings, ingest, ingested
+    from tasks.ingest import ingest
     from tasks.search import SearchSettings
+    from tasks.step_progress import ingesting
     from tasks.tracking import TrackingSettings
     from tasks.train import TrainingFailed, TrainSettings, preflight
     from tasks.write import WriteSettings
@@ -80,35 +81,35 @@ def run(args: argparse.Namespace) -> int:
         check(training, "Cannot train with these settings:")
     if args.train_retries < 0:
         raise InputError("Cannot run:", [Problem("--train-retries", "must be at least 0")])
-    ingesting = from_flags(IngestSettings, args)
-    inputs = ingest(args.spec, args.topology, ingesting)
-    if not args.plan_only:
-        preflight(training, inputs.topology, inputs.spec)
+    with on_terminal() as shown:
+        with ingesting(args.spec):
+            inputs = ingest(args.spec, args.topology)
+        if not args.plan_only:
+            preflight(training, inputs.topology, inputs.spec)
 
-    common = {**search_parameters(searching), "chart": from_flags(WriteSettings, args).chart,
-              "out_dir": args.out, **tracking.flow_parameters()}
-    # The flow's ingest step takes the inputs read and checked here: read, validated and hashed once.
-    with on_terminal() as shown, input_errors_without_traceback(), ingested(inputs, ingesting), \
-            contextlib.ExitStack() as prefect:
-        try:
-            flow = "flows.plan" if args.plan_only else "flows.pipeline"
-            prefect.enter_context(ephemeral_api(meanwhile=(flow, *tracking.resolve().client_modules)))
-        except PrefectApiUnavailable as e:
-            print(f"shardflow run: {e}", file=sys.stderr)
-            return ExitCode.FAILED
-        if args.plan_only:
-            from flows.plan import plan_flow
-
-            plan_outcome = plan_flow(args.spec, args.topology, **common)
-        else:
-            from flows.pipeline import pipeline_flow
-
+        # The flow takes the inputs read and checked here: read, validated and hashed once.
+        common = {"searching": searching, "chart": from_flags(WriteSettings, args).chart, "out_dir": args.out,
+                  "tracking": tracking, "ingested": Ingested(inputs)}
+        with input_errors_without_traceback(), contextlib.ExitStack() as prefect:
             try:
-                outcome = pipeline_flow(args.spec, args.topology, **common, training=training,
-                                        train_retries=args.train_retries)
-            except TrainingFailed as e:
-                print(render_failure(e, tracking.resolve()), file=sys.stderr)
-                return ExitCode.of_failure(e.deterministic)
+                flow = "flows.plan" if args.plan_only else "flows.pipeline"
+                prefect.enter_context(ephemeral_api(meanwhile=(flow, *tracking.resolve().client_modules)))
+            except PrefectApiUnavailable as e:
+                print(f"shardflow run: {e}", file=sys.stderr)
+                return ExitCode.FAILED
+            if args.plan_only:
+                from flows.plan import plan_flow
+
+                plan_outcome = plan_flow(args.spec, args.topology, **common)
+            else:
+                from flows.pipeline import pipeline_flow
+
+                try:
+                    outcome = pipeline_flow(args.spec, args.topology, **common, training=training,
+                                            train_retries=args.train_retries)
+                except TrainingFailed as e:
+                    print(render_failure(e, tracking.resolve()), file=sys.stderr)
+                    return ExitCode.of_failure(e.deterministic)
     total = time.perf_counter() - started
     if args.plan_only:
         print(render_plan_outcome(plan_outcome, tracking.resolve()))

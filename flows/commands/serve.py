@@ -38,8 +38,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--limit", type=int, default=None, help="most flow runs at once")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a parameter of every deployment whose flow has it, or with a dotted KEY one "
-                        "setting of a settings parameter; VALUE is YAML (e.g. --set tracking_uri=sqlite:///runs.db "
-                        "--set training.job.iterations=5); repeatable")
+                        "setting of a settings parameter; VALUE is YAML (e.g. --set "
+                        "tracking.tracking_uri=sqlite:///runs.db --set training.job.iterations=5); repeatable")
     p.add_argument("--replan-every", type=float, default=None, metavar="SECONDS",
                    help="replan on this interval instead of the replan deployment's cron (tests, demos)")
     p.add_argument("--list", action="store_true", help="print the deployments and their schedules; serve nothing")

@@ -5,7 +5,8 @@ Without options: one row per rank (a summary beyond 32 ranks, ``--all-ranks`` fo
 estimated time split into compute and communication, its table count and its costliest tables.
 ``--table NAME`` (a name or a pattern such as ``'user*'``; a table outside the default module is
 ``module.name``, as everywhere in a plan): each shard of the matching tables and its rank.
-``--rank R``: every shard on rank R, costliest first. Times come from the plan's own cost model
+``--rank R``: the shards on rank R, costliest
+first (the first 20; ``--all`` for every one). Times come from the plan's own cost model
 (TorchRec's); communication is what the network's speed decides.
 """
 
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from rec.plan.breakdown import Breakdown
 
 TOP_TABLES = 3  # costliest tables named per rank
+SUMMARY_ROWS = 20  # shards `--rank` lists without --all
 
 
 def memory_columns(plan: Plan, parts: Breakdown) -> tuple[str, ...]:
@@ -44,7 +46,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("plan", metavar="PLAN", help="plan.json or its directory")
     p.add_argument("--table", metavar="NAME", help="the shards of this table (or of tables matching a pattern; "
                    "module.name for a table outside the default module)")
-    p.add_argument("--rank", type=int, metavar="R", help="every shard on rank R")
+    p.add_argument("--rank", type=int, metavar="R", help="the shards on rank R, costliest first")
+    p.add_argument("--all", action="store_true",
+                   help=f"with --rank: every shard (default: the {SUMMARY_ROWS} costliest)")
     add_flags(p, ReportSettings)
     p.set_defaults(handler=run)
 
@@ -71,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     if args.table:
         print(render_tables(plan, parts, chosen))
     if args.rank is not None:
-        print(("\n" if args.table else "") + render_rank(plan, parts, args.rank))
+        print(("\n" if args.table else "") + render_rank(plan, parts, args.rank, None if args.all else SUMMARY_ROWS))
     if not args.table and args.rank is None:
         print(render_ranks(plan, parts, args.all_ranks))
     return ExitCode.OK
@@ -145,9 +149,11 @@ def render_tables(plan: Plan, parts: Breakdown, chosen: list[int]) -> str:
     return "\n\n".join(blocks)
 
 
-def render_rank(plan: Plan, parts: Breakdown, rank: int) -> str:
+def render_rank(plan: Plan, parts: Breakdown, rank: int, limit: int | None = None) -> str:
+    """The shards on ``rank``, costliest first (the first ``limit``), and the rank's totals."""
     import numpy as np
 
+    from flows.commands.spec import more_rows
     from flows.text_table import render_table
 
     on = parts.on_rank(rank)
@@ -162,6 +168,7 @@ def render_rank(plan: Plan, parts: Breakdown, rank: int) -> str:
                      f"{parts.comm_ms[e]:.4f}", *memory_cells(parts, e, memory)))
     compute, comm = float(parts.compute_ms[on].sum()), float(parts.comm_ms[on].sum())
     header = ("table", "sharding_type", "kernel", "shard", "perf_ms", "compute_ms", "comm_ms", *memory)
-    return (render_table(header, rows, right=("perf_ms", "compute_ms", "comm_ms", *memory))
+    return (render_table(header, rows[:limit], right=("perf_ms", "compute_ms", "comm_ms", *memory))
+            + more_rows(len(rows), limit)
             + f"\n\nrank {rank}: {len(rows):,} shards, {compute + comm:.4f} ms = compute {compute:.4f} ms "
               f"+ communication {comm:.4f} ms")

@@ -18,7 +18,7 @@ from rec.units import format_bytes
 if TYPE_CHECKING:
     from rec.data.stats import TableStats
 
-SUMMARY_ROWS = 20  # tables the summary of ``spec stats`` lists before "... N more"
+SUMMARY_ROWS = 20  # tables the summaries of ``spec stats`` and ``spec show`` (without --all) list
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -34,6 +34,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     show.add_argument("spec", metavar="SPEC", help="spec file: .parquet .arrow .feather .ipc .csv .yaml .json")
     show.add_argument("--topology", metavar="TOPO", help="topology YAML: also compare the spec's size with its "
                                                          "memory, and list every key with its value or default")
+    show.add_argument("--all", action="store_true", help=f"every table (default: the first {SUMMARY_ROWS})")
     show.set_defaults(handler=run_show)
 
     from_model = commands.add_parser(
@@ -181,7 +182,7 @@ def render_stats(spec: Spec, stats: Sequence[TableStats]) -> str:
 def run_show(args: argparse.Namespace) -> int:
     spec = read_spec(args.spec)
     topology = read_topology(args.topology) if args.topology else None
-    print(render_spec(spec))
+    print(render_spec(spec, None if args.all else SUMMARY_ROWS))
     if topology is not None:
         from flows.reports import render_topology
 
@@ -190,8 +191,9 @@ def run_show(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-def render_spec(spec: Spec) -> str:
-    """One aligned line per table, then the modules (a spec naming any), the totals and the spec hash."""
+def render_spec(spec: Spec, limit: int | None = None) -> str:
+    """One aligned line per table (the first ``limit``, and a line saying how many more), then the
+    modules (a spec naming any), the totals and the spec hash."""
     header: tuple[str, ...] = ("name", "rows", "dim", "data_type", "pooling", "pooling_factor", "bytes")
     rows: list[tuple[object, ...]] = [
         (t.name, f"{t.num_embeddings:,}", t.embedding_dim, t.data_type.value, t.pooling.value,
@@ -202,13 +204,21 @@ def render_spec(spec: Spec) -> str:
     if modules:
         header += ("module",)
         rows = [(*row, t.module) for row, t in zip(rows, spec.tables, strict=True)]
-    table = render_table(header, rows, right=("rows", "dim", "pooling_factor", "bytes"))
+    table = render_table(header, rows[:limit], right=("rows", "dim", "pooling_factor", "bytes")) + more_rows(
+        len(rows), limit)
     total_rows = sum(t.num_embeddings for t in spec.tables)
     total_bytes = sum(t.bytes for t in spec.tables)
     return (
         f"{table}\n\n{modules}{len(spec)} tables, {total_rows:,} rows, {format_bytes(total_bytes)} of embedding "
         f"weights\nspec hash: {spec.spec_hash}"
     )
+
+
+def more_rows(count: int, limit: int | None) -> str:
+    """The line under a table cut to its first ``limit`` of ``count`` rows ("" if it was not cut)."""
+    if limit is None or count <= limit:
+        return ""
+    return f"\n... {count - limit:,} more rows (--all shows every row)"
 
 
 def render_modules(spec: Spec) -> str:

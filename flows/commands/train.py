@@ -105,11 +105,12 @@ def run(args: argparse.Namespace) -> int:
 def newest_checkpoint(settings: TrainSettings, out: str | None) -> str:
     """``; newest complete checkpoint: DIR`` (--resume continues from it), or nothing."""
     from rec.errors import InputError
-    from rec.train.resume import checkpoint_dir, latest, step_dir
+    from rec.train.ownership import newest_own
+    from rec.train.resume import checkpoint_dir, step_dir
 
     directory = checkpoint_dir(settings.job, out) if out else None
-    try:
-        step = latest(directory) if directory else None
+    try:  # only a step this run wrote: another run's is not where this one stopped
+        step = newest_own(directory, out) if directory and out else None
     except InputError:
         step = None
     if directory is None or step is None:
@@ -159,6 +160,10 @@ def render_resumed(metrics: TrainMetrics, resume_from: str | None) -> str:
                 f"{resume.tables_restored} tables restored, {resume.tables_resized} resized, "
                 f"{resume.tables_initialized} initialized"
                 + (f"; {dense} dense layer{'s' if dense > 1 else ''} initialized" if dense else ""))
+    other = metrics.resumed_run
+    if metrics.resumed_from and other is not None:
+        return (f"resumed   from run {other.run_id}'s checkpoint at step {metrics.resumed_from} "
+                f"(--out {other.out_dir})")
     if metrics.resumed_from:
         return f"resumed   from this plan's own checkpoint at step {metrics.resumed_from}"
     return ""

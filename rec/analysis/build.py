@@ -4,22 +4,22 @@ from __future__ import annotations
 
 import numpy as np
 
-from rec.cost.types import CK_CODE, ST_CODE, CostConfig
+from rec.config.cost import CostConfig
+from rec.config.planner_identity import PlannerIdentity
+from rec.config.search import SearchConfig
 from rec.plan.columns import TableColumns
-from rec.plan.identity import plan_id, planner_config
-from rec.plan.planner_identity import PlannerIdentity
+from rec.plan.plan_id import plan_id, planner_config
 from rec.plan.types import Plan, PlanMetrics
 from rec.search.assignment import chosen_shards
-from rec.search.config import SearchConfig
 from rec.search.result import SearchResult
-from rec.sharding import ComputeKernel, ShardingType
+from rec.sharding import CK_CODE, ST_CODE, ComputeKernel, ShardingType
 from rec.spec.types import Spec
 from rec.topology.types import Topology
 
 
 def build_plan(result: SearchResult, spec: Spec, topology: Topology, cost: CostConfig,
                search: SearchConfig, extra_planner: PlannerIdentity | None = None) -> Plan:
-    """``extra_planner`` (how the search ran, a replan: ``rec.plan.identity``) joins the plan_id too."""
+    """``extra_planner`` (how the search ran, a replan: ``rec.plan.plan_id``) joins the plan_id too."""
     space, a = result.space, result.assignment
     opts = space.options
     choice = a.choice

@@ -6,7 +6,7 @@ the cost model and the search's bound: so this sits above the plan value and the
 from __future__ import annotations
 
 from rec.analysis.recompute import metrics_problems
-from rec.plan.identity import identity_problems
+from rec.plan.plan_id import identity_problems
 from rec.plan.types import Plan
 from rec.plan.validate import validate_plan
 from rec.profile.validate import profile_problems_for

@@ -109,7 +109,7 @@ def _claimed(plan: Plan) -> dict[str, np.ndarray]:
 def _shard_costs(plan: Plan, options: Any, index: dict[str, int]) -> tuple[list[Problem], dict[str, np.ndarray]]:
     """Match every table to its option and every shard to the option's shard in the same place;
     problems name the tables whose shards the cost model does not lay out so."""
-    from rec.cost.types import COMPUTE_KERNELS, SHARDING_TYPES
+    from rec.sharding import COMPUTE_KERNELS, SHARDING_TYPES
 
     c = plan.columns
     world = plan.world_size

@@ -1,6 +1,6 @@
 """Fit a profile to measured plans: non-negative least squares on the cost model's own formulas.
 
-Every number a fit estimates enters a plan's predicted time (``rec.analysis.predict``) linearly:
+Every number a fit estimates enters a plan's predicted time (``rec.analysis.rank_times``) linearly:
 a compute coefficient or ``fixed_ms`` with the kernel bandwidth held fixed, a link's inverse
 bandwidth (ms per byte), a plan-level term. So a plan's predicted time is ``A @ theta``, where
 column k of ``A`` is the prediction under the *unit profile* of parameter k: that number at 1
@@ -66,9 +66,8 @@ from typing import Any
 
 import numpy as np
 
-from rec.analysis.predict import mixes_widths, predicted_ms
+from rec.analysis.rank_times import mixes_widths, predicted_ms
 from rec.cost.bandwidth import kernel_bw, links
-from rec.cost.types import COMPUTE_KERNELS, SHARDING_TYPES
 from rec.errors import InputError, Problem
 from rec.plan.types import Plan
 from rec.profile.types import (
@@ -82,7 +81,7 @@ from rec.profile.types import (
     ShardingCoefficients,
 )
 from rec.profile.validate import profile_from_dict, profile_to_dict
-from rec.sharding import ComputeDevice, ComputeKernel, ShardingType
+from rec.sharding import COMPUTE_KERNELS, SHARDING_TYPES, ComputeDevice, ComputeKernel, ShardingType
 from rec.topology.types import MAX_BANDWIDTH, Topology
 from rec.topology.validate import MS_PER_S
 

@@ -27,10 +27,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from rec.cost.types import CostConfig
+from rec.config.cost import CostConfig
+from rec.config.search import SearchConfig
 from rec.plan.types import Plan
 from rec.profile.types import DEFAULT_PROFILE
-from rec.search.config import SearchConfig
 from rec.sharding import ComputeDevice, ComputeKernel, ShardingType, sharder_options
 from rec.topology.types import Topology
 

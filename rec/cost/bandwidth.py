@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from rec.cost.constants import HBM_TO_DDR_MEM_BW, UVM_CACHING_RATIO
+from rec.config.cost import UVM_CACHING_RATIO
+from rec.cost.constants import HBM_TO_DDR_MEM_BW
 from rec.profile.types import Profile
 from rec.sharding import ComputeDevice, ComputeKernel
 from rec.topology.types import Topology

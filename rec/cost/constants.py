@@ -7,7 +7,7 @@ INDEX_BYTES = 8  # BIGINT_DTYPE: TBE converts indices to int64
 # Our Topology has no key for the HBM<->DDR (UVM) link, so TorchRec's default applies unless a
 # profile sets it, as for a torchrec Topology built without hbm_to_ddr_mem_bw (bytes/ms).
 HBM_TO_DDR_MEM_BW = 32 * 1024 * 1024 * 1024 / 1000
-UVM_CACHING_RATIO = 0.2
+# UVM_CACHING_RATIO is CostConfig's default caching_ratio: rec.config.cost.
 # TorchRec's empirical perf factors (backward multiplier, batched copy, data_parallel optimizer
 # kernels) are a profile's defaults: rec.profile.types.
 MIN_CW_DIM = 128

@@ -43,15 +43,16 @@ from enum import StrEnum
 import numpy as np
 import numpy.typing as npt
 
+from rec.config.cost import CostConfig
 from rec.cost.bandwidth import kernel_bw, links
 from rec.cost.constants import CUDA_DIM_MULTIPLE, CUDA_MAX_SHARD_DIM
 from rec.cost.perf import shard_perf
 from rec.cost.shards import layout
 from rec.cost.storage import kernel_storage, storage_parts
 from rec.cost.tables import TableArrays, table_arrays
-from rec.cost.types import CK_CODE, ST_CODE, CostConfig, Options
+from rec.cost.types import Options
 from rec.errors import ProblemList
-from rec.sharding import ComputeDevice, ComputeKernel, ModuleKind, ShardingType, sharder_options
+from rec.sharding import CK_CODE, ST_CODE, ComputeDevice, ComputeKernel, ModuleKind, ShardingType, sharder_options
 from rec.spec.types import Spec
 from rec.topology.types import Topology
 

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rec.cost.constants import INDEX_BYTES, UVM_CACHING_RATIO
+from rec.config.cost import UVM_CACHING_RATIO
+from rec.cost.constants import INDEX_BYTES
 from rec.sharding import ComputeDevice, ComputeKernel, ShardingType
 
 

@@ -18,9 +18,18 @@ from typing import TypeVar
 
 import numpy as np
 
-from rec.cost.types import CK_CODE, COMPUTE_KERNELS, SHARDING_TYPES, ST_CODE, CostConfig, Optimizer
+from rec.config.cost import CostConfig, Optimizer
 from rec.hit_rates import miss_rate
-from rec.sharding import ComputeDevice, ModuleKind, Pooling, sharder_options
+from rec.sharding import (
+    CK_CODE,
+    COMPUTE_KERNELS,
+    SHARDING_TYPES,
+    ST_CODE,
+    ComputeDevice,
+    ModuleKind,
+    Pooling,
+    sharder_options,
+)
 from rec.spec.types import Spec
 
 K = TypeVar("K")  # ShardingType or ComputeKernel

@@ -13,52 +13,9 @@ of a data_parallel or row_wise option lives on rank k. ``expand()`` gives one en
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from enum import StrEnum
+from dataclasses import dataclass
 
 import numpy as np
-
-from rec.cost.constants import UVM_CACHING_RATIO
-from rec.errors import Problem
-from rec.profile.types import DEFAULT_PROFILE, Profile
-from rec.settings import knob
-from rec.sharding import ComputeKernel, ShardingType
-
-# Integer codes used in the arrays; the order never changes (codes are persisted nowhere).
-SHARDING_TYPES: tuple[ShardingType, ...] = tuple(ShardingType)
-COMPUTE_KERNELS: tuple[ComputeKernel, ...] = tuple(ComputeKernel)
-ST_CODE = {st: i for i, st in enumerate(SHARDING_TYPES)}
-CK_CODE = {ck: i for i, ck in enumerate(COMPUTE_KERNELS)}
-
-
-class Optimizer(StrEnum):
-    """Optimizer whose state TorchRec's storage estimator adds to each shard."""
-
-    NONE = "none"
-    SGD = "sgd"
-    ADAM = "adam"
-    ROWWISE_ADAGRAD = "rowwise_adagrad"
-    ADAGRAD = "adagrad"
-
-
-@dataclass(frozen=True)
-class CostConfig:
-    """Planner knobs that change estimates; part of the plan_id."""
-
-    optimizer: Optimizer = field(default=Optimizer.ROWWISE_ADAGRAD, metadata=knob(
-        "optimizer whose state the storage estimate adds to every shard"))
-    caching_ratio: float = field(default=UVM_CACHING_RATIO, metadata=knob(
-        "share of a fused_uvm_caching table cached in HBM", minimum=0.0, maximum=1.0))
-    # Read from a file (--profile, docs/profile.md); in the plan_id only when not the default.
-    profile: Profile = field(default=DEFAULT_PROFILE, metadata=knob(
-        "hardware profile: the cost model's bandwidths and coefficients", cli=False))
-
-    def problems(self) -> list[Problem]:
-        """What the bounds alone do not say: a cache holds some of its table (TorchRec's load_factor > 0)."""
-        if self.caching_ratio == 0:
-            return [Problem("--caching-ratio", "must be above 0: a fused_uvm_caching table caches some of its rows "
-                                               "(TorchRec's cache load_factor is in (0, 1])")]
-        return []
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ bandwidth of the group's kernel in HBM (fused for the uvm kernels: idle lanes, n
 host link) x the multiplier, forward and backward together. (Uncapped, or in whole 128-column
 steps, the same fit predicted the H200's workloads less well: bench/RESULTS.md §7.) It depends on
 which shards share a rank, so it is not part of a shard's ``Perf``: the search balances without it,
-a plan's predicted time per rank adds it (``rec.analysis.predict``), and after the search narrow and
+a plan's predicted time per rank adds it (``rec.analysis.rank_times``), and after the search narrow and
 wide tables are tried apart (``rec.passes.split_widths``). At the default 0 it adds nothing.
 """
 
@@ -25,8 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from rec.cost.constants import FULL_BLOCK_EMB_DIM
-from rec.cost.types import COMPUTE_KERNELS
-from rec.sharding import ComputeKernel
+from rec.sharding import COMPUTE_KERNELS, ComputeKernel
 
 # TorchRec's _get_compute_kernel_type: the uvm kernels share the fused TBE.
 KERNEL_FAMILY = {ComputeKernel.DENSE: ComputeKernel.DENSE, ComputeKernel.FUSED: ComputeKernel.FUSED,

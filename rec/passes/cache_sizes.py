@@ -23,17 +23,18 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from rec.config.cost import CostConfig
 from rec.cost.enumerator import enumerate_options
 from rec.cost.tables import resolved_load_factors
-from rec.cost.types import CK_CODE, CostConfig, Options
+from rec.cost.types import Options
 from rec.errors import InputError
 from rec.passes.context import RELATIVE_GAIN, PassContext
 from rec.search.assignment import usage
 from rec.search.bound import lower_bound
-from rec.search.planner import build_search_space
+from rec.search.pipeline import build_search_space
 from rec.search.result import SearchResult
 from rec.search.space import SearchSpace
-from rec.sharding import ComputeDevice, ComputeKernel
+from rec.sharding import CK_CODE, ComputeDevice, ComputeKernel
 from rec.spec.types import Spec
 from rec.topology.types import Topology
 
@@ -56,7 +57,8 @@ class _Step:
 def with_cache_sizes(result: SearchResult, spec: Spec, topology: Topology, cost: CostConfig,
                      search: Callable[[SearchSpace], SearchResult] | None = None) -> SearchResult:
     """``result`` with the caches of its uvm tables grown into the HBM it leaves free; with ``search``
-    (which searches a space), also the plan searched with ``SMALL_CACHE`` caches and grown so,
+    (which searches a space: the heuristic, whose exact stage a space of many small caches can keep
+    busy far beyond its time limit), also the plan searched with ``SMALL_CACHE`` caches and grown so,
     whichever is faster."""
     grown = _grown(result, spec, topology, cost)
     if search is None or not len(_candidates(result, spec, topology)):
@@ -210,4 +212,4 @@ class CacheSizes:
         return context.topology.compute_device is ComputeDevice.CUDA
 
     def run(self, result: SearchResult, context: PassContext) -> SearchResult:
-        return with_cache_sizes(result, context.spec, context.topology, context.cost, context.search)
+        return with_cache_sizes(result, context.spec, context.topology, context.cost, context.heuristic)

@@ -6,8 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from rec.cost.types import CostConfig
-from rec.search.config import SearchConfig
+from rec.config.cost import CostConfig
+from rec.config.search import SearchConfig
 from rec.search.result import SearchResult
 from rec.search.space import SearchSpace
 from rec.spec.types import Spec
@@ -26,6 +26,8 @@ class PassContext:
     cost: CostConfig
     config: SearchConfig
     search: Callable[[SearchSpace], SearchResult] | None = None
+    # The same search without its exact stage: the heuristic alone, for spaces a pass tries on the side.
+    heuristic: Callable[[SearchSpace], SearchResult] | None = None
 
 
 class WholePlanPass(Protocol):

@@ -1,7 +1,7 @@
 """Plans under a profile whose sharding types cost time per iteration (``sharding_type_ms``).
 
 A sharding type's collectives cost the same whether it holds one table or a hundred
-(``rec.analysis.predict``): a plan-level term, invisible to a search that balances per-shard times.
+(``rec.analysis.rank_times``): a plan-level term, invisible to a search that balances per-shard times.
 So a plan can use one more sharding type for a slightly better balance and lose more than it
 gains. After the search, each costly type the plan uses is taken away in turn (its options made
 infeasible) and the rest searched again; a plan that is better with the plan-level terms counted
@@ -18,13 +18,12 @@ from dataclasses import replace
 
 import numpy as np
 
-from rec.cost.types import SHARDING_TYPES, ST_CODE
 from rec.errors import InputError
 from rec.passes.context import RELATIVE_GAIN, PassContext
 from rec.profile.types import Profile
 from rec.search.result import SearchResult
 from rec.search.space import SearchSpace, without_options
-from rec.sharding import ShardingType
+from rec.sharding import SHARDING_TYPES, ST_CODE, ShardingType
 
 
 def with_fewer_types(result: SearchResult, profile: Profile,

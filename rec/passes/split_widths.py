@@ -5,7 +5,7 @@ the search balances per-shard times and cannot see it, so under such a profile i
 tables with many ids beside a 256-column one and lose more than the balance gains. After the search,
 for each sharding type whose kernel groups mix widths, two plans are searched again: one with the
 group's narrower tables kept off that type, one with its widest tables kept off it. A plan whose
-predicted time (``rec.analysis.predict.predicted_critical_path``: widest rows and plan-level terms
+predicted time (``rec.analysis.rank_times.predicted_critical_path``: widest rows and plan-level terms
 counted) is lower replaces the first, and the same is tried on it, at most ``MAX_ROUNDS`` times. The
 plan keeps the bound of the whole search space. Under a profile without the term nothing changes.
 """
@@ -18,12 +18,12 @@ from dataclasses import replace
 import numpy as np
 
 from rec.analysis.build import build_plan
-from rec.analysis.predict import lanes_below_widest, predicted_critical_path
-from rec.cost.types import CostConfig
+from rec.analysis.rank_times import lanes_below_widest, predicted_critical_path
+from rec.config.cost import CostConfig
+from rec.config.search import SearchConfig
 from rec.errors import InputError
 from rec.passes.context import RELATIVE_GAIN, PassContext
 from rec.plan.types import Plan
-from rec.search.config import SearchConfig
 from rec.search.result import SearchResult
 from rec.search.space import SearchSpace, without_options
 from rec.spec.types import Spec

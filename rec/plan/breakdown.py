@@ -16,9 +16,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from rec.cost.enumerator import enumerate_options
-from rec.cost.types import CK_CODE, ST_CODE, Options
+from rec.cost.types import Options
 from rec.errors import InputError, Problem
 from rec.plan.types import Plan, Replicas
+from rec.sharding import CK_CODE, ST_CODE
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,8 @@ from typing import overload
 
 import numpy as np
 
-from rec.cost.types import COMPUTE_KERNELS, SHARDING_TYPES, ST_CODE
 from rec.plan.types import Replicas, Shard, TablePlan
-from rec.sharding import ShardingType
+from rec.sharding import COMPUTE_KERNELS, SHARDING_TYPES, ST_CODE, ShardingType
 from rec.spec.types import DEFAULT_MODULE, table_key
 
 DATA_PARALLEL = ST_CODE[ShardingType.DATA_PARALLEL]

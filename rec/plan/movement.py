@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from rec.config.cost import Optimizer
 from rec.cost.tables import optimizer_multiplier
-from rec.cost.types import Optimizer
 from rec.plan.metrics import Movement
 from rec.plan.types import Plan, Replicas, TablePlan
 from rec.spec.types import TableSpec

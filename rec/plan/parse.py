@@ -19,12 +19,13 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
 
-from rec.cost.types import CostConfig
+from rec.config.cost import CostConfig
+from rec.config.planner_identity import MadeBy, Planner, PlannerIdentity
+from rec.config.search import SearchConfig
 from rec.errors import InputError, Problem, show
-from rec.plan.identity import identity_problems
 from rec.plan.metrics import UNKNOWN_BOUND, BoundMethod, Movement, PlanMetrics
 from rec.plan.parse_tables import MAX_NAME, byte_count, milliseconds, read_tables, record
-from rec.plan.planner_identity import MadeBy, Planner, PlannerIdentity, SearchConfig
+from rec.plan.plan_id import identity_problems
 from rec.plan.types import (
     PLAN_FORMAT,
     PLAN_FORMAT_CACHES,

@@ -16,11 +16,10 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from rec.cost.types import CK_CODE, COMPUTE_KERNELS, SHARDING_TYPES, ST_CODE
 from rec.errors import show
 from rec.plan.columns import SHARD_FIELDS, TableColumns
 from rec.plan.types import Replicas, Shard, TablePlan
-from rec.sharding import ComputeKernel, ShardingType
+from rec.sharding import CK_CODE, COMPUTE_KERNELS, SHARDING_TYPES, ST_CODE, ComputeKernel, ShardingType
 from rec.spec.limits import MAX_TABLE_WEIGHTS
 from rec.spec.types import DEFAULT_MODULE
 from rec.topology.types import MAX_WORLD_SIZE

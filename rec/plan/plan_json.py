@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from rec.cost.types import COMPUTE_KERNELS, SHARDING_TYPES
+from rec.config.planner_identity import PlannerIdentity
 from rec.plan.metrics import Movement, PlanMetrics
-from rec.plan.planner_identity import PlannerIdentity
 from rec.plan.types import Plan
 from rec.profile import profile_record
+from rec.sharding import COMPUTE_KERNELS, SHARDING_TYPES
 from rec.spec.columns import table_to_row
 from rec.spec.types import DEFAULT_MODULE
 from rec.topology import topology_to_dict

@@ -37,7 +37,7 @@ def shards_per_rank(plan: Plan) -> np.ndarray:
 
 def sharding_types(plan: Plan) -> dict[str, int]:
     """Tables per sharding type, e.g. ``{"table_wise": 349, "data_parallel": 151}``."""
-    from rec.cost.types import SHARDING_TYPES
+    from rec.sharding import SHARDING_TYPES
 
     counts = np.bincount(plan.columns.sharding_type, minlength=len(SHARDING_TYPES))
     return {st.value: int(n) for st, n in zip(SHARDING_TYPES, counts, strict=True) if n}

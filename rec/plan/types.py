@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
+from rec.config.planner_identity import PlannerIdentity
 from rec.plan.metrics import BoundMethod, Movement, PlanMetrics
-from rec.plan.planner_identity import PlannerIdentity
 from rec.sharding import ComputeKernel, ShardingType
 from rec.spec.types import DEFAULT_MODULE, Spec, table_key
 from rec.topology.types import Topology

@@ -11,11 +11,19 @@ from collections import Counter
 
 import numpy as np
 
-from rec.cost.types import COMPUTE_KERNELS, SHARDING_TYPES, ST_CODE
 from rec.errors import ProblemList
 from rec.plan.columns import TableColumns
 from rec.plan.types import Plan, Replicas
-from rec.sharding import ComputeDevice, ModuleKind, Pooling, ShardingType, is_available
+from rec.sharding import (
+    COMPUTE_KERNELS,
+    SHARDING_TYPES,
+    ST_CODE,
+    ComputeDevice,
+    ModuleKind,
+    Pooling,
+    ShardingType,
+    is_available,
+)
 from rec.spec.types import TableSpec
 
 _ST = {st: ST_CODE[st] for st in ShardingType}

@@ -140,7 +140,7 @@ class Extensions:
     widest_dim_multiplier: float = 0.0
     # Plan-level terms, the same on every rank: not per shard, so TorchRec's per-shard Perf (and the
     # search, which sums it per rank) leaves them out; a plan's predicted time adds them
-    # (rec.analysis.predict). ms per iteration whatever the plan (the framework's own work), and ms
+    # (rec.analysis.rank_times). ms per iteration whatever the plan (the framework's own work), and ms
     # per iteration for each sharding type the plan uses (TorchRec runs one input and one output
     # distribution per sharding type, however many tables it holds: their collectives' latency).
     iteration_ms: float = 0.0

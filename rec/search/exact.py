@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from rec.config.search import SearchConfig
 from rec.search.assignment import Assignment, usage
 from rec.search.bound import BoundMethod, LowerBound
-from rec.search.config import SearchConfig
 from rec.search.milp import (
     MIP_REL_GAP,
     MilpLimits,

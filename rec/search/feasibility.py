@@ -6,11 +6,11 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from rec.config.cost import CostConfig
 from rec.cost import enumerate_options
-from rec.cost.types import COMPUTE_KERNELS, SHARDING_TYPES, CostConfig
 from rec.errors import InputError, Problem, ProblemList
 from rec.search.space import SearchSpace, build_space
-from rec.sharding import ComputeDevice, ComputeKernel, ShardingType
+from rec.sharding import COMPUTE_KERNELS, SHARDING_TYPES, ComputeDevice, ComputeKernel, ShardingType
 from rec.spec.types import Spec, TableSpec
 from rec.topology.types import MAX_CLUSTER_BYTES, MAX_SAMPLES_PER_STEP, MAX_WORLD_SIZE, Topology
 from rec.units import format_bytes
@@ -19,16 +19,20 @@ from rec.units import format_bytes
 def check_capacity_left(space: SearchSpace, topology: Topology) -> None:
     """TorchRec reserves memory for every feature's input batch before any table; when that
     leaves a rank nothing, say so once rather than failing every table."""
-    kind, cap = (("HBM", space.hbm_cap) if topology.compute_device is ComputeDevice.CUDA
-                 else ("DDR", space.ddr_cap))
+    cuda = topology.compute_device is ComputeDevice.CUDA
+    kind, cap = ("HBM", space.hbm_cap) if cuda else ("DDR", space.ddr_cap)
     if cap.max() > 0:
         return
+    # On cpu the reservation's percentage is of HBM, which cpu ranks have none of: only the inputs come off DDR.
+    reserved = f"the storage reservation ({topology.storage_reservation:.0%} of HBM) and " if cuda else ""
+    tables = f"{space.num_tables:,} table{'s' if space.num_tables != 1 else ''}"
     raise InputError("The topology has no memory left for embedding tables:", [Problem(
-        "topology", f"after the storage reservation ({topology.storage_reservation:.0%} of HBM) and "
-                    f"the input buffers of {space.num_tables:,} tables at batch_size "
-                    f"{topology.batch_size} (TorchRec's HeuristicalStorageReservation), each rank "
-                    f"has {format_bytes(cap.max())} {kind}; lower batch_size or pooling factors, or use "
-                    "ranks with more memory")])
+        f"topology {kind.lower()}_cap", f"{format_bytes(topology.hbm_cap if cuda else topology.ddr_cap)} per rank: "
+                                        f"after {reserved}the input buffers of {tables} at batch_size "
+                                        f"{topology.batch_size} (TorchRec's HeuristicalStorageReservation "
+                                        f"takes them off {kind} on {topology.compute_device.value}), each rank has "
+                                        f"{format_bytes(cap.max())} {kind}; lower batch_size or pooling factors, "
+                                        f"or give ranks more {kind}")])
 
 
 def check_every_table_fits(space: SearchSpace, spec: Spec, topology: Topology,

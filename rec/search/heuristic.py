@@ -3,10 +3,10 @@ refined candidate, and the MILP's first plan when no candidate packs."""
 
 from __future__ import annotations
 
+from rec.config.search import SearchConfig
 from rec.search.assignment import Assignment
 from rec.search.bound import LowerBound, lower_bound
 from rec.search.candidates import Ladder, best_of, candidates, priced_steps
-from rec.search.config import SearchConfig
 from rec.search.exact import rescue
 from rec.search.pack import PackingError
 from rec.search.pricing import PricedTables

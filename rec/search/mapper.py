@@ -1,6 +1,6 @@
 """How the search's tasks are run: a one-method protocol, in this process by default.
 
-The pipeline (``rec.search.planner``) describes its work as tasks ``fn(space, item)`` over a
+The pipeline (``rec.search.pipeline``) describes its work as tasks ``fn(space, item)`` over a
 search space the mapper holds; a mapper only decides where and when they run. ``InProcess`` runs
 each task in this process when its result is taken; ``tasks.ray_search`` runs them on Ray actors
 that each hold the space once.

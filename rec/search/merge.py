@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from rec.config.search import SearchConfig
 from rec.search.assignment import Assignment
 from rec.search.bound import LowerBound
 from rec.search.candidates import Candidate, Family, best_of
-from rec.search.config import SearchConfig
 from rec.search.group import GroupResult
 from rec.search.heuristic import polish
 from rec.search.space import SearchSpace

@@ -6,8 +6,7 @@ from enum import IntEnum
 
 import numpy as np
 
-from rec.cost.types import SHARDING_TYPES
-from rec.sharding import ShardingType
+from rec.sharding import SHARDING_TYPES, ShardingType
 
 
 class Placement(IntEnum):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rec.plan.planner_identity import PlannerIdentity
+from rec.config.planner_identity import PlannerIdentity
 from rec.search.assignment import Assignment
 from rec.search.bound import LowerBound
 from rec.search.exact import OPTIMALITY_TOLERANCE

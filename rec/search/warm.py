@@ -26,15 +26,16 @@ from functools import partial
 
 import numpy as np
 
+from rec.config.cost import CostConfig
 from rec.cost.tables import optimizer_multiplier
-from rec.cost.types import COMPUTE_KERNELS, SHARDING_TYPES, ST_CODE, CostConfig, Options
+from rec.cost.types import Options
 from rec.plan.types import Plan, Replicas, Shard
 from rec.search.assignment import Assignment, usage
 from rec.search.placement import Placement, movable
 from rec.search.refine import refine
 from rec.search.space import SearchSpace
 from rec.search.switch import distinct_options, option_changes, place_option, switch_options
-from rec.sharding import ShardingType
+from rec.sharding import COMPUTE_KERNELS, SHARDING_TYPES, ST_CODE, ShardingType
 from rec.spec.types import Spec
 from rec.tolerance import TIME_NOISE
 

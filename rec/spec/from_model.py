@@ -61,6 +61,18 @@ def load_model(target: str) -> tuple[nn.Module, Mapping[str, Any]]:
 def model_spec(model: nn.Module, constraints: Mapping[str, Any] | None = None, source: str = "the model") -> ModelSpec:
     """Every EmbeddingBagCollection and EmbeddingCollection of ``model`` as spec rows (validated),
     found as DistributedModelParallel finds them: depth first, not inside a module it would shard."""
+    rows, left_out = model_rows(model, constraints)
+    if not rows:
+        raise InputError(f"No tables to plan in {source}:", [
+            Problem(source, "the model holds no EmbeddingBagCollection or EmbeddingCollection shardflow plans"),
+            *left_out])
+    return ModelSpec(spec_from_rows(rows, source=f"from {source}"), tuple(left_out))
+
+
+def model_rows(model: nn.Module, constraints: Mapping[str, Any] | None = None
+               ) -> tuple[list[dict[str, Any]], list[Problem]]:
+    """``model_spec``'s rows before validation (each table as TorchRec configures it, with its
+    module path), and what was left out: a caller validates them with its own cells added."""
     constraints = dict(constraints or {})
     rows: list[dict[str, Any]] = []
     left_out: list[Problem] = []
@@ -86,11 +98,7 @@ def model_spec(model: nn.Module, constraints: Mapping[str, Any] | None = None, s
         if ignored:
             left_out.append(Problem(f"constraints '{name}'", f"{', '.join(ignored)} not modelled by shardflow: "
                                                              "ignored"))
-    if not rows:
-        raise InputError(f"No tables to plan in {source}:", [
-            Problem(source, "the model holds no EmbeddingBagCollection or EmbeddingCollection shardflow plans"),
-            *left_out])
-    return ModelSpec(spec_from_rows(rows, source=f"from {source}"), tuple(left_out))
+    return rows, left_out
 
 
 def _embedding_modules(model: nn.Module) -> Iterator[tuple[str, nn.Module, ModuleKind | None, str | None]]:

@@ -1,6 +1,6 @@
 """Cluster topologies: read a YAML file, validate every key, hash the content.
 
-``rec.topology.torchrec_topology.to_torchrec`` converts to TorchRec's ``Topology`` (imports torch).
+``rec.torchrec.topology.torchrec_topology`` converts to TorchRec's ``Topology`` (imports torch).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Units: capacities are bytes per rank. Bandwidths are written in bytes/s (docs/topology.md) and stored in
 bytes/ms, TorchRec's unit (``torchrec/distributed/planner/constants.py``), so the cost model and
-``to_torchrec`` use them as they are.
+``rec.torchrec.topology.torchrec_topology`` use them as they are.
 """
 
 from __future__ import annotations

@@ -2,8 +2,10 @@
 ``EmbeddingShardingPlanner`` (docs/torchrec-planner.md), and ``torchrec_plan``, TorchRec's own
 planner's plan as a shardflow ``Plan`` (``shardflow plan --planner torchrec``).
 
-Both import torch and torchrec when used, not when this package is imported: ``rec.torchrec.planners``
-(the planner names the CLI offers) stays on the planning path, which never loads torch.
+Both import torch and torchrec when used, not when this package is imported. ``score`` rates a plan
+with TorchRec's own planner and estimators, ``topology`` converts topologies both ways. The planner
+names the CLI offers are ``rec.config.planner_identity.Planner``, on the planning path, which never
+loads torch.
 """
 
 from __future__ import annotations

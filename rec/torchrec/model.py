@@ -53,7 +53,7 @@ def model_tables(model: Any, sharders: list[Any], device: ComputeDevice) -> Mode
     from torch import nn
     from torchrec.distributed.planner.utils import sharder_name
 
-    from rec.spec.from_model import model_spec
+    from rec.spec.from_model import model_rows
     from rec.spec.torchrec_modules import place
 
     by_type = {sharder_name(s.module_type): s for s in sharders}
@@ -68,11 +68,8 @@ def model_tables(model: Any, sharders: list[Any], device: ComputeDevice) -> Mode
         taken = [(root, taken[0][1])]
         kinds = {root: kind}
     problems: list[Problem] = []
-    try:
-        found = model_spec(model)
-        rows, left_out = [dict(_row(t)) for t in found.spec.tables], found.left_out
-    except InputError as e:  # nothing shardflow plans in the model: say why for each module taken
-        rows, left_out = [], e.problems
+    # Unvalidated: the planner validates each table with its constraints' cells, naming its own problem.
+    rows, left_out = model_rows(model)
     reasons = {p.where: p.reason for p in left_out}
     modules = []
     for path, module in taken:
@@ -95,19 +92,9 @@ def model_tables(model: Any, sharders: list[Any], device: ComputeDevice) -> Mode
     if problems:
         raise InputError("shardflow cannot plan these modules of the model:", problems)
     planned = {m.path for m in modules}
-    if not planned:
-        raise InputError("No tables to plan in the model:", [Problem(
-            "model", "none of its modules is an EmbeddingBagCollection or EmbeddingCollection that the sharders take")])
-    return ModelTables(tuple(r for r in rows if r.get("module", DEFAULT_MODULE) in planned), tuple(modules), root,
+    # No module (or only modules without tables): no rows, and the planner returns TorchRec's empty plan.
+    return ModelTables(tuple(r for r in rows if r["module"] in planned), tuple(modules), root,
                        tuple(module for _, module in taken))
-
-
-def _row(table: Any) -> dict[str, Any]:
-    from rec.spec.columns import table_to_row
-
-    row = table_to_row(table)
-    row.setdefault("module", DEFAULT_MODULE)
-    return {k: v for k, v in row.items() if v is not None}
 
 
 def _taken(model: Any, by_type: dict[str, Any]) -> Iterator[tuple[str, Any]]:

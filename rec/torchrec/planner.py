@@ -22,14 +22,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from rec.cost.types import CostConfig, Optimizer
+from rec.config.cost import CostConfig, Optimizer
+from rec.config.search import SearchConfig
 from rec.errors import InputError, Problem
 from rec.plan.types import Plan
 from rec.planning import plan_spec
 from rec.profile import DEFAULT_PROFILE, Profile, read_profile
-from rec.search.config import SearchConfig
 from rec.settings import check
-from rec.sharding import ComputeDevice, ComputeKernel
+from rec.sharding import ComputeDevice, ComputeKernel, ShardingType
 from rec.spec import spec_from_rows
 from rec.spec.types import table_key
 from rec.topology.types import BATCH_SIZE
@@ -83,6 +83,8 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
         problems += reserve
         if topology is not None:
             problems += topology_problems(topology)
+        if plan_dir is not None:
+            problems += _plan_dir_problems(Path(plan_dir))
         search = SearchConfig() if timeout_seconds is None else SearchConfig(time_limit_s=float(timeout_seconds))
         try:
             check(search, "", where={"time_limit_s": "timeout_seconds"})
@@ -102,13 +104,16 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
         self.last_search_s = 0.0  # seconds the last search took (plan_spec)
 
     def plan(self, module: Any, sharders: list[Any]) -> Any:
-        """The ``ShardingPlan`` of every embedding module of ``module`` that ``sharders`` take."""
+        """The ``ShardingPlan`` of every embedding module of ``module`` that ``sharders`` take (empty,
+        as TorchRec's, when they take none with tables)."""
         started = time.perf_counter()
         planned = self._planned(module, sharders)
-        if self._debug:
+        if self._debug and planned is not None:
             from rec.torchrec.summary import plan_summary
 
             log.info("%s", plan_summary(planned.plan, time.perf_counter() - started, self.last_search_s))
+        elif self._debug:
+            log.info("shardflow planned no tables: the sharders take no embedding module with tables")
         return self._sharding_plan(planned)
 
     def collective_plan(self, module: Any, sharders: list[Any] | None = None, pg: Any = None) -> Any:
@@ -142,11 +147,13 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
             raise
         from rec.plan.io import dumps_plan
 
-        assert self.last_plan is not None
-        group.broadcast_bytes(json.dumps({"plan": dumps_plan(self.last_plan)}).encode(), pg)
+        if self.last_plan is None:  # no tables: every rank returns the empty plan
+            group.broadcast_bytes(json.dumps({"empty": True}).encode(), pg)
+        else:
+            group.broadcast_bytes(json.dumps({"plan": dumps_plan(self.last_plan)}).encode(), pg)
         return sharding_plan
 
-    def _received(self, message: dict[str, Any], module: Any) -> _Planned:
+    def _received(self, message: dict[str, Any], module: Any) -> _Planned | None:
         from rec.plan.io import parse_plan
 
         if "error" in message:
@@ -154,24 +161,37 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
             raise InputError(error["title"], [Problem(w, r) for w, r in error["problems"]])
         if "failed" in message:
             raise RuntimeError(f"rank 0 could not plan: {message['failed']}")
+        if message.get("empty"):
+            self.last_plan = None
+            return None
         plan = parse_plan(message["plan"], "the plan rank 0 sent")
         self.last_plan = plan
         kernel = {t.key: kernel_fields(self._constraints.get(t.name)) for t in plan.tables}
         return _Planned(plan, kernel, module_kind(module) is not None)
 
-    def _planned(self, module: Any, sharders: list[Any]) -> _Planned:
+    def _planned(self, module: Any, sharders: list[Any]) -> _Planned | None:
+        """shardflow's plan of the model's tables; None when there are none (TorchRec's empty plan)."""
+        self.last_plan, self.last_search_s = None, 0.0
         topology = self._torchrec_topology()
         device = ComputeDevice(topology.compute_device)
         tables = model_tables(module, list(sharders), device)
+        if not tables.rows:
+            return None
         rows, kernel, cost, problems = self._rows(tables, device)
         percentage, multiplier, estimate = self._reservation
         dense = estimate or dense_bytes(module, list(tables.shardable), multiplier)
+        try:
+            spec = spec_from_rows(rows, source="from the model")
+        except InputError as e:  # each table's own problem (its dim, its size), beside its constraints'
+            problems += _labelled(e.problems, rows, tables.root)
         if problems:
             raise InputError("ShardflowPlanner cannot plan these tables as TorchRec would:", problems)
-        spec = spec_from_rows(rows, source="from the model")
         ours = shardflow_topology(topology, self._batch_size, percentage, dense)
         started = time.perf_counter()
-        plan = plan_spec(spec, ours, cost, self._search)
+        try:
+            plan = plan_spec(spec, ours, cost, self._search)
+        except InputError as e:  # the tables named as the planner names them (module path, not spec key)
+            raise InputError(e.title, _labelled(e.problems, rows, tables.root)) from None
         self.last_search_s = time.perf_counter() - started
         self.last_plan = plan
         if self._plan_dir is not None:
@@ -190,12 +210,15 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
         for row in tables.rows:
             m = modules[row["module"]]
             key = table_key(m.path, row["name"])
-            where = f"table {row['name']}" + ("" if tables.root else f" in module {m.path}")
+            where = _where(row, tables.root)
             mapped, found = table_constraints(self._constraints.get(row["name"]), where, len(row["feature_names"]),
                                               row["pooling"] != "NONE", self._batch_size, device.value)
             problems += found
             cells = {**mapped.cells, **_narrowed(mapped.cells, m.sharding_types, m.compute_kernels)}
             rows.append({**row, **cells})
+            why = _dense_dim_problem(device, row["embedding_dim"], cells)
+            if why:
+                problems.append(Problem(where, why))
             kernel[key] = mapped.kernel
             fused = getattr(m.sharder, "fused_params", None) or {}
             factor = mapped.load_factor if mapped.load_factor is not None else fused.get("cache_load_factor")
@@ -244,9 +267,13 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
             raise InputError("ShardflowPlanner cannot plan with these options:", problems)
         return self._topology
 
-    def _sharding_plan(self, planned: _Planned) -> Any:
+    def _sharding_plan(self, planned: _Planned | None) -> Any:
         from rec.plan.torchrec_plan import to_sharding_plan
 
+        if planned is None:
+            from torchrec.distributed.types import ShardingPlan
+
+            return ShardingPlan(plan={})
         sharding_plan = to_sharding_plan(planned.plan, "" if planned.root else None)
         for t in planned.plan.tables:
             fields = planned.kernel.get(t.key)
@@ -258,6 +285,45 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
                     fields = {**fields, "cache_params": replace(given, load_factor=ours.load_factor)}
                 module_plan[t.name] = replace(module_plan[t.name], **fields)
         return sharding_plan
+
+
+def _where(row: dict[str, Any], root: str | None) -> str:
+    """How the planner names a table: by name and module path (name only in a model that is itself the module)."""
+    return f"table {row['name']}" + ("" if root else f" in module {row['module']}")
+
+
+def _labelled(problems: tuple[Problem, ...], rows: list[dict[str, Any]], root: str | None) -> list[Problem]:
+    """Problems found in the spec of the model's tables, each table named as the planner names it:
+    with its module path, and without the stand-in path of a model that is itself the module."""
+    from collections import Counter
+
+    names = Counter(row["name"] for row in rows)  # the spec names a table by name alone: unique ones only
+    ours = {f"table '{row['name']}'": _where(row, root) for row in rows if names[row["name"]] == 1}
+    ours.update({f"table {table_key(row['module'], row['name'])}": _where(row, root) for row in rows})
+
+    def named(text: str) -> str:
+        if root is None:
+            return text
+        return text.replace(f"table {root}.", "table ").replace(f" in module '{root}'", "")
+
+    return [Problem(ours.get(p.where, named(p.where)), named(p.reason)) for p in problems]
+
+
+def _dense_dim_problem(device: ComputeDevice, dim: object, cells: dict[str, Any]) -> str | None:
+    """Why a table left only data_parallel (the dense kernel) cannot be planned on ``device``: on
+    cuda its dim must be a multiple of 4 (the spec allows any dim there, as on cpu)."""
+    from rec.cost.constants import CUDA_DIM_MULTIPLE
+
+    dense = (cells.get("sharding_types") == [ShardingType.DATA_PARALLEL.value]
+             or cells.get("compute_kernels") == [ComputeKernel.DENSE.value])
+    if device is not ComputeDevice.CUDA or not dense or not isinstance(dim, int) or dim <= 0:
+        return None
+    if dim % CUDA_DIM_MULTIPLE == 0:
+        return None
+    below = dim - dim % CUDA_DIM_MULTIPLE
+    choices = f"{below} or {below + CUDA_DIM_MULTIPLE}" if below else f"{CUDA_DIM_MULTIPLE}"
+    return (f"embedding_dim {dim} is not a multiple of {CUDA_DIM_MULTIPLE}, which FBGEMM's dense kernel "
+            f"(data_parallel) needs on cuda: TorchRec plans it and training fails; use {choices}, or cpu ranks")
 
 
 def _load_factor_ok(value: object) -> bool:
@@ -321,6 +387,25 @@ def _group(pg: Any) -> Any:
     if dist.get_backend(pg) == "nccl":
         return Group(torch.device("cuda", torch.cuda.current_device()))
     return Group(torch.device("cpu"))
+
+
+def _plan_dir_problems(directory: Path) -> list[Problem]:
+    """Why plans cannot be written to ``directory``, found before anything is planned."""
+    import os
+
+    where = f"plan_dir {directory}"
+    if directory.is_dir():
+        return [] if os.access(directory, os.W_OK | os.X_OK) else [Problem(where, "is not writable")]
+    if directory.exists() or directory.is_symlink():
+        return [Problem(where, "exists and is not a directory: give a directory (created if missing)")]
+    parent = directory.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        return [Problem(where, f"{parent} is a file, not a directory")]
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return [Problem(where, f"cannot be created: {parent} is not writable")]
+    return []
 
 
 def _write(plan: Plan, directory: Path) -> None:

@@ -1,7 +1,7 @@
 """TorchRec's own planner's plan as a shardflow ``Plan``: ``shardflow plan --planner torchrec``.
 
 TorchRec's ``EmbeddingShardingPlanner`` (its default proposers, or its ``DynamicProgrammingProposer``)
-plans the spec's modules as ``rec.plan.torchrec_score.run_torchrec_planner`` builds them; its best
+plans the spec's modules as ``rec.torchrec.score.run_torchrec_planner`` builds them; its best
 plan becomes a shardflow plan rated by shardflow's cost model (TorchRec's, to the last bit), with
 the same lower bound a shardflow plan gets, so ``show``, ``measure``, ``train`` and ``compare`` take
 it as they take any plan. Its ``planner.made_by`` names the planner and how long it took.
@@ -18,22 +18,23 @@ from importlib import metadata
 import numpy as np
 
 from rec.analysis.build import build_plan
-from rec.cost.types import CK_CODE, ST_CODE, CostConfig
+from rec.config.cost import CostConfig
+from rec.config.planner_identity import Planner
+from rec.config.search import SearchConfig
 from rec.errors import InputError, Problem, ProblemList
-from rec.plan.identity import made_by_keys, plan_id
-from rec.plan.torchrec_score import ChosenOption, run_torchrec_planner
+from rec.plan.plan_id import made_by_keys, plan_id
+from rec.plan.table_placement import TablePlacement
 from rec.plan.types import Plan
 from rec.profile import check_profile_for
 from rec.search import build_search_space
 from rec.search.assignment import Assignment, usage
 from rec.search.bound import lower_bound
-from rec.search.config import SearchConfig
 from rec.search.result import SearchResult
 from rec.search.space import SearchSpace
-from rec.sharding import ComputeDevice, ComputeKernel, ShardingType
-from rec.spec.types import Spec, table_key
+from rec.sharding import CK_CODE, ST_CODE, ComputeDevice, ComputeKernel, ShardingType
+from rec.spec.types import Spec
 from rec.topology.types import Topology
-from rec.torchrec.planners import Planner
+from rec.torchrec.score import run_torchrec_planner
 
 
 def torchrec_plan(spec: Spec, topology: Topology, cost: CostConfig = CostConfig(),
@@ -79,7 +80,7 @@ def _run(spec: Spec, topology: Topology, cost: CostConfig, proposer: Planner):  
         logging.disable(disabled)
 
 
-def _assignment(space: SearchSpace, spec: Spec, chosen: tuple[ChosenOption, ...]) -> Assignment:
+def _assignment(space: SearchSpace, spec: Spec, chosen: tuple[TablePlacement, ...]) -> Assignment:
     """TorchRec's choices as shardflow's option and shard ranks; InputError naming every table
     whose choice shardflow's cost model does not lay out the same way."""
     opts = space.options
@@ -90,7 +91,7 @@ def _assignment(space: SearchSpace, spec: Spec, chosen: tuple[ChosenOption, ...]
     shard_rank = np.full(len(opts.perf), -1, np.int32)
     problems = ProblemList()
     for c in chosen:
-        key = table_key(c.module, c.name)
+        key = c.key
         t = index[key]
         try:
             code = (t, ST_CODE[ShardingType(c.sharding_type)], CK_CODE[ComputeKernel(c.compute_kernel)])
@@ -113,7 +114,7 @@ def _assignment(space: SearchSpace, spec: Spec, chosen: tuple[ChosenOption, ...]
     return usage(space, choice, shard_rank)
 
 
-def _place(opts, o: int, chosen: ChosenOption, shard_rank: np.ndarray) -> str | None:  # type: ignore[no-untyped-def]
+def _place(opts, o: int, chosen: TablePlacement, shard_rank: np.ndarray) -> str | None:  # type: ignore[no-untyped-def]
     """Record the rank of each run of option ``o`` in ``shard_rank``; why not, if TorchRec's shards
     are not the option's, in order, each run on consecutive ranks."""
     shards = chosen.shards
@@ -125,8 +126,8 @@ def _place(opts, o: int, chosen: ChosenOption, shard_rank: np.ndarray) -> str | 
             s = shards[k]
             expected = ((int(opts.row_offset[e] + j * opts.row_step[e]), int(opts.col_offset[e])),
                         (int(opts.rows[e]), int(opts.cols[e])))
-            if (s.offset, s.size) != expected:
-                return f"shard {k} is at {list(s.offset)} of size {list(s.size)}; shardflow lays it out " \
+            if (s.offsets, s.sizes) != expected:
+                return f"shard {k} is at {list(s.offsets)} of size {list(s.sizes)}; shardflow lays it out " \
                        f"at {list(expected[0])} of size {list(expected[1])}"
             if j == 0:
                 shard_rank[e] = s.rank

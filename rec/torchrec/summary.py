@@ -3,7 +3,7 @@ plan`` prints (``rec.plan.report``), the plan's quality and how long planning to
 
 from __future__ import annotations
 
-from rec.analysis.prediction import prediction
+from rec.analysis.iteration_time import prediction
 from rec.plan.report import rank_table, sharding_types
 from rec.plan.types import Plan
 

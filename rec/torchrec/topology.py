@@ -1,5 +1,9 @@
-"""TorchRec's ``Topology``, batch size and storage reservation as shardflow's ``Topology``.
+"""shardflow's ``Topology`` and TorchRec's, both ways.
 
+``torchrec_topology``: TorchRec's ``Topology`` for shardflow's, the one under which TorchRec's
+enumerator and estimators rate every option as ``rec.cost`` does, to the last bit (tests/rec/test_cost.py).
+
+``shardflow_topology``: TorchRec's ``Topology``, batch size and storage reservation as shardflow's.
 What shardflow's topology has no key for is refused, naming it (``topology_problems``), except
 what changes no estimate of what shardflow plans: SSD capacity (no key-value tables are planned)
 and the weighted-feature multiplier (no weighted features are planned). TorchRec's
@@ -11,7 +15,7 @@ exactly the bytes TorchRec's reservation leaves (``dense_reserved``).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rec.cost.constants import HBM_TO_DDR_MEM_BW
 from rec.errors import InputError, Problem
@@ -22,10 +26,31 @@ from rec.topology.validate import MS_PER_S
 from rec.torchrec_internals import reservation_percentage
 from rec.units import format_bytes
 
+if TYPE_CHECKING:
+    from torchrec.distributed.planner.types import Topology as TorchrecTopology
+
 # TorchRec 1.8's default uneven-sharding perf multiplier, which shardflow's cost model does not have.
 UNEVEN_SHARDING_PERF_MULTIPLIER = 1.0
 PARAMETER_MULTIPLIER = 6.0  # HeuristicalStorageReservation: parameters, optimizer state, DDP buckets
 RESERVATION_PERCENTAGE = 0.15  # EmbeddingShardingPlanner's default reservation
+
+
+def torchrec_topology(topology: Topology) -> TorchrecTopology:
+    """TorchRec's ``Topology`` as ``rec.cost`` models it (ssd_cap=0: no SSD tier, so no key_value)."""
+    from torchrec.distributed.planner.types import Topology as TorchrecTopology
+
+    return TorchrecTopology(
+        world_size=topology.world_size,
+        compute_device=topology.compute_device.value,
+        hbm_cap=topology.hbm_cap,
+        ddr_cap=topology.ddr_cap,
+        ssd_cap=0,
+        local_world_size=topology.local_world_size,
+        hbm_mem_bw=topology.hbm_mem_bw,
+        ddr_mem_bw=topology.ddr_mem_bw,
+        intra_host_bw=topology.intra_host_bw,
+        inter_host_bw=topology.inter_host_bw,
+    )
 
 
 def reservation_settings(reservation: Any) -> tuple[float, float, int | None, list[Problem]]:
@@ -65,6 +90,10 @@ def topology_problems(topology: Any) -> list[Problem]:
             problems.append(Problem(f"topology {kind}_cap", (
                 f"differs between ranks ({', '.join(format_bytes(c) for c in caps[:3])}): shardflow plans for ranks "
                 "of one size")))
+        elif caps and caps[0] <= 0 and (kind == "ddr" or topology.compute_device == "cuda"):
+            problems.append(Problem(f"topology {kind}_cap", (
+                f"{format_bytes(caps[0])}: a {topology.compute_device} rank keeps its tables' shards in "
+                f"{kind.upper()}, so it needs some")))
     if getattr(topology, "intra_group_size", topology.local_world_size) != topology.local_world_size:
         problems.append(Problem("topology.pod_size", "a pod of several hosts is not modelled: shardflow's "
                                                      "topology has hosts of local_world_size ranks"))
@@ -92,15 +121,23 @@ def shardflow_topology(topology: Any, batch_size: int, percentage: float, dense:
     cuda = topology.compute_device == "cuda"
     device = topology.devices[0].storage
     hbm, ddr = int(device.hbm) if cuda else 0, int(device.ddr)
+    kind = "HBM" if cuda else "DDR"
+    cap = hbm if cuda else ddr
+    kept = int((1 - percentage) * hbm) if cuda else ddr  # the percentage comes off HBM only
+    if kept <= 0:  # the capacity itself, not the dense parameters
+        reserved = f" less the storage reservation's {percentage:.0%}" if cuda else ""
+        raise InputError("The topology has no memory left for embedding tables:", [Problem(
+            f"topology {kind.lower()}_cap", f"{format_bytes(cap)}{reserved} leaves each rank no {kind} for its "
+                                            "tables' shards")])
     if cuda:
         hbm = _hbm_cap_left(hbm, percentage, dense)
     else:
         ddr -= dense
     if (hbm if cuda else ddr) <= 0:
-        kind = "HBM" if cuda else "DDR"
         raise InputError("The topology has no memory left for embedding tables:", [Problem(
             "storage_reservation", f"the dense parameters ({format_bytes(dense)}: {PARAMETER_MULTIPLIER:g} x their "
-                                   f"bytes, TorchRec's heuristic) take all of each rank's {kind}; pass "
+                                   f"bytes, TorchRec's heuristic) take all of each rank's {format_bytes(kept)} "
+                                   f"{kind} (topology {kind.lower()}_cap {format_bytes(cap)}); pass "
                                    "HeuristicalStorageReservation(percentage, dense_tensor_estimate=...) if that "
                                    "overestimates")])
     return topology_from_dict({

@@ -1,6 +1,7 @@
 """What DistributedModelParallel applied, read back from the sharded modules (not from the plan it
 was given): each table's sharding type and compute kernel, as its lookups are grouped, and its
-shards, as its sharded weight lays them out. ``differences`` compares that with a plan.
+shards, as its sharded weight lays them out, each table a ``rec.plan.table_placement.TablePlacement``.
+``differences`` compares that with a plan.
 
 Reads TorchRec 1.8's sharded EmbeddingBagCollection and EmbeddingCollection (their shardings'
 ``embedding_tables()``, which list every rank's tables); pinned by tests/rec/test_train_modules.py
@@ -9,37 +10,14 @@ and tests/flows/test_own_model.py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 from torch import nn
 
+from rec.plan.table_placement import ShardPlacement, TablePlacement
 from rec.plan.types import Plan
-from rec.spec.types import table_key
 from rec.torchrec_internals import module_shardings
 
-Shard = tuple[int | None, tuple[int, ...], tuple[int, ...]]  # (rank, offsets, sizes); rank None: every rank
 
-
-@dataclass(frozen=True)
-class AppliedTable:
-    module: str  # the embedding module's path in the model
-    name: str
-    sharding_type: str
-    compute_kernel: str
-    shards: tuple[Shard, ...]  # sorted; a data_parallel table: one full replica, rank None
-
-    @property
-    def key(self) -> str:
-        return table_key(self.module, self.name)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"module": self.module, "name": self.name, "sharding_type": self.sharding_type,
-                "compute_kernel": self.compute_kernel,
-                "shards": [{"rank": r, "offsets": list(o), "sizes": list(s)} for r, o, s in self.shards]}
-
-
-def applied_tables(model: nn.Module) -> list[AppliedTable]:
+def applied_tables(model: nn.Module) -> list[TablePlacement]:
     """Every table of every sharded embedding module in ``model`` (a DMP or the module it wraps)."""
     from torch.distributed._shard.sharded_tensor import ShardedTensor
     from torchrec.distributed.embedding import ShardedEmbeddingCollection
@@ -61,29 +39,29 @@ def applied_tables(model: nn.Module) -> list[AppliedTable]:
                     continue
                 seen.add(table.name)
                 weight = weights[table.name]
-                shards: list[Shard]
+                shards: list[ShardPlacement]
                 if isinstance(weight, ShardedTensor):
-                    shards = [(s.placement.rank() if s.placement else None, tuple(s.shard_offsets),
-                               tuple(s.shard_sizes)) for s in weight.metadata().shards_metadata]
+                    shards = [ShardPlacement(s.placement.rank() if s.placement else None, tuple(s.shard_offsets),
+                                             tuple(s.shard_sizes)) for s in weight.metadata().shards_metadata]
                 else:  # data_parallel: a replica on every rank
-                    shards = [(None, (0, 0), tuple(weight.shape))]
-                out.append(AppliedTable(path, table.name, sharding_type, table.compute_kernel.value,
-                                        tuple(sorted(shards, key=_order))))
+                    shards = [ShardPlacement(None, (0, 0), tuple(weight.shape))]
+                out.append(TablePlacement(path, table.name, sharding_type, table.compute_kernel.value,
+                                          tuple(sorted(shards, key=ShardPlacement.order))))
     return out
 
 
-def planned_tables(plan: Plan) -> list[AppliedTable]:
+def planned_tables(plan: Plan) -> list[TablePlacement]:
     """The plan's tables in the same form, to compare with ``applied_tables``."""
     out = []
     for t in plan.tables:
-        shards: list[Shard] = ([(None, (0, 0), tuple(t.shards[0].sizes))] if t.replicated else
-                               [(s.rank, tuple(s.offsets), tuple(s.sizes)) for s in t.shards])
-        out.append(AppliedTable(t.module, t.name, t.sharding_type.value, t.compute_kernel.value,
-                                tuple(sorted(shards, key=_order))))
+        shards = ([ShardPlacement(None, (0, 0), tuple(t.shards[0].sizes))] if t.replicated else
+                  [ShardPlacement(s.rank, tuple(s.offsets), tuple(s.sizes)) for s in t.shards])
+        out.append(TablePlacement(t.module, t.name, t.sharding_type.value, t.compute_kernel.value,
+                                  tuple(sorted(shards, key=ShardPlacement.order))))
     return out
 
 
-def differences(plan: Plan, applied: list[AppliedTable]) -> list[str]:
+def differences(plan: Plan, applied: list[TablePlacement]) -> list[str]:
     """One line per table whose applied sharding is not the planned one (empty: exactly as planned)."""
     planned = {t.key: t for t in planned_tables(plan)}
     got = {t.key: t for t in applied}
@@ -92,8 +70,8 @@ def differences(plan: Plan, applied: list[AppliedTable]) -> list[str]:
     for key in planned.keys() & got.keys():
         p, a = planned[key], got[key]
         if p != a:
-            out.append(f"{key}: planned {p.sharding_type}/{p.compute_kernel} {list(p.shards)}, "
-                       f"applied {a.sharding_type}/{a.compute_kernel} {list(a.shards)}")
+            out.append(f"{key}: planned {p.sharding_type}/{p.compute_kernel} {_listed(p.shards)}, "
+                       f"applied {a.sharding_type}/{a.compute_kernel} {_listed(a.shards)}")
     return sorted(out)
 
 
@@ -102,6 +80,5 @@ def applied_sharding(model: nn.Module) -> dict[str, str]:
     return {t.key: t.sharding_type for t in applied_tables(model)}
 
 
-def _order(shard: Shard) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
-    rank, offsets, sizes = shard
-    return (-1 if rank is None else rank, offsets, sizes)
+def _listed(shards: tuple[ShardPlacement, ...]) -> list[tuple[int | None, tuple[int, ...], tuple[int, ...]]]:
+    return [(s.rank, s.offsets, s.sizes) for s in shards]

@@ -38,6 +38,7 @@ from rec.errors import InputError, Problem
 from rec.plan.io import plan_file
 from rec.train import restricted_pickle
 from rec.train.collectives import Group
+from rec.train.ownership import Run, record_writer
 from rec.train.restricted_pickle import RefusedPickle
 from rec.train.resume import INDEX_FILE, LATEST, PLAN_COPY, step_dir, step_name, step_of
 
@@ -50,11 +51,12 @@ def record_plan(directory: str | Path, plan_path: str | Path) -> None:
 
 
 def save(directory: str | Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-         keep: int, before_latest: Callable[[], None] | None = None) -> None:
-    """Write step ``step``; LATEST names it only once every rank has finished writing (and
-    ``before_latest``, called on every rank, has returned); then all but the ``keep`` newest steps
-    are deleted (rank 0; the filesystem is shared by the ranks of a host, and every node prunes
-    its own). A full disk raises ``DiskFull`` naming the step; LATEST keeps naming the previous one."""
+         keep: int, written_by: Run, before_latest: Callable[[], None] | None = None) -> None:
+    """Write step ``step`` as ``written_by``'s (``rec.train.ownership``: rank 0 records it in the step);
+    LATEST names it only once every rank has finished writing (and ``before_latest``, called on
+    every rank, has returned); then all but the ``keep`` newest steps are deleted (rank 0; the
+    filesystem is shared by the ranks of a host, and every node prunes its own). A full disk raises
+    ``DiskFull`` naming the step; LATEST keeps naming the previous one."""
     root = Path(directory)
     path = step_dir(root, step)
     writer = dcp.FileSystemWriter(str(path))
@@ -71,6 +73,7 @@ def save(directory: str | Path, step: int, model: torch.nn.Module, optimizer: to
     if before_latest is not None:
         before_latest()
     if dist.get_rank() == 0:
+        record_writer(path, written_by)
         write_whole(root / LATEST, step_name(step))
         prune(root, keep)
     Group.current().barrier()

@@ -28,7 +28,7 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
-from rec.analysis.predict import predicted_critical_path
+from rec.analysis.rank_times import predicted_critical_path
 from rec.plan import Plan, read_plan
 from rec.plan.torchrec_plan import plan_modules, sharders_for, to_sharding_plan
 from rec.settings import add_flags, from_flags
@@ -43,6 +43,7 @@ from rec.train.loop import Trained, train_iterations
 from rec.train.metrics import DataRead, TrainMetrics, latency_stats, loss_stats, write_metrics
 from rec.train.model import build_model
 from rec.train.model_file import record_model
+from rec.train.ownership import this_run
 from rec.train.rank_log import RankOutput
 from rec.train.rank_process import check_world_size, process_group, run_rank
 from rec.train.resume import checkpoint_dir
@@ -67,7 +68,7 @@ def train(plan: Plan, config: TrainConfig, out_dir: str, output: RankOutput,
     output.progress(f"sharding {len(plan.tables):,} tables on {world} ranks with the plan")
     dmp, optimizer = shard_with_plan(model, plan, config, device)
     checkpoints = checkpoint_dir(config, out_dir)
-    begin = start(plan, config, out_dir, dmp, optimizer, output, plan_path, feed)
+    begin = start(plan, config, out_dir, dmp, optimizer, output, plan_path, feed, this_run(out_dir))
     if checkpoints and not config.model_target and rank == 0:
         record_model(checkpoints, spec, config)
     batches = feed.batches(rank, world, device, config.prefetch_batches)
@@ -143,6 +144,7 @@ def _metrics(plan: Plan, spec: Spec, config: TrainConfig, world: int, batch_size
         model=config.model_target or resolve_model_kind(spec, config.model_kind).value, iteration_latency_ms=stats,
         loss=loss_stats(rows.loss), samples_per_s=world * batch_size / (stats.mean / 1e3),
         applied_sharding=applied_sharding(dmp), resumed_from=begin.iteration, resume=begin.resume,
+        resumed_run=begin.resumed_run,
         predicted_critical_path_ms=predicted_critical_path(plan),
         data_wait_ms=latency_stats(rows.measured_ms("data_wait_ms")) if len(rows) else None,
         data=_data_read(config, feed), eval=({k: v for k, v in evaluations[-1].items() if k != "iteration"}

@@ -7,7 +7,7 @@ dies, however it died (then stops its ranks), and a rank gets SIGTERM when its p
 the forkserver that exits with torchrun, dies. And the output directory's lock
 (``tasks.run_dirs``) is held, shared, by the launcher and by every rank (the file named by
 ``OUT_LOCK_ENV``), so that no second run starts in the directory while any process of this one
-still lives.
+still lives; the checkpoint directory's lock likewise (``rec.train.ownership``).
 """
 
 from __future__ import annotations
@@ -64,11 +64,12 @@ def die_with_torchrun(sig: int = signal.SIGTERM) -> bool:
     return any(name in command for name in _RANK_PARENTS)
 
 
-def join_run_lock() -> int | None:
-    """In a rank: hold the run's ``--out`` lock shared for the rest of the process (its file
-    descriptor stays open); None when the run has no lock. ``RunLockTaken`` if another run holds
-    it: the launcher that started this rank is gone, and another run owns the directory now."""
-    path = os.environ.get(OUT_LOCK_ENV)
+def join_run_lock(env: str = OUT_LOCK_ENV) -> int | None:
+    """In a rank: hold the run's lock that ``env`` names (``--out``'s; the checkpoint directory's,
+    ``rec.train.ownership``) shared for the rest of the process (its file descriptor stays open);
+    None when the run has no such lock. ``RunLockTaken`` if another run holds it: the launcher that
+    started this rank is gone, and another run owns the directory now."""
+    path = os.environ.get(env)
     if not path:
         return None
     fd = open_lock_file(path)

@@ -101,7 +101,7 @@ def train_iterations(dmp: DistributedModelParallel, optimizer: CombinedOptimizer
             output.progress(f"iteration {done}/{config.iterations}, {latencies[-1]:.1f} ms, "
                             f"loss {loss.item():.4f}", done, config.iterations)
         if checkpoints and config.checkpoint_every and done % config.checkpoint_every == 0:
-            checkpoint.save(checkpoints, done, dmp, optimizer, keep=config.keep_checkpoints,
+            checkpoint.save(checkpoints, done, dmp, optimizer, keep=config.keep_checkpoints, written_by=start.run,
                             before_latest=keep_iterations_and_position(done))
         if every and done % every == 0 and done < config.iterations:
             evaluate(done)

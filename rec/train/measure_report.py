@@ -1,7 +1,7 @@
 """``measure.json``: a plan's predicted time per rank against what its ranks measured
 (docs/measure.md). No torch: the launcher writes it from the job's ``timings.json``.
 
-Predicted: ``rec.analysis.predict.predicted_ms`` under the plan's own profile (the one it was planned
+Predicted: ``rec.analysis.rank_times.predicted_ms`` under the plan's own profile (the one it was planned
 under: its ``metrics.rank_perf`` plus that profile's plan-level terms, which TorchRec's default
 profile does not have). Measured: each rank's iteration time (the median over the timed blocks of
 their mean iteration, ``PlanTimes.rank_ms``) and 90th percentile of forward plus backward over the
@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from rec.analysis.predict import predicted_ms
+from rec.analysis.rank_times import predicted_ms
 from rec.disk_full import write_whole
-from rec.plan.identity import plan_profile
+from rec.plan.plan_id import plan_profile
 from rec.plan.types import Plan
 from rec.profile import profile_hash
 from rec.profile.types import Machine

@@ -20,6 +20,7 @@ import numpy as np
 from rec.disk_full import write_whole
 
 if TYPE_CHECKING:
+    from rec.train.ownership import Run
     from rec.validation import Problems
 
 METRICS_FILE = "train_metrics.json"
@@ -153,6 +154,9 @@ class TrainMetrics:
     # evaluation of the run in order, each with its iteration.
     eval: dict[str, float | int | None] | None = None
     evaluations: tuple[dict[str, float | int | None], ...] = ()
+    # The run whose checkpoint this one resumed from (at ``resumed_from``), when another run's: one
+    # that wrote into another output directory (``rec.train.ownership``).
+    resumed_run: Run | None = None
 
 
 def read_metrics(out_dir: str | Path) -> TrainMetrics:
@@ -206,6 +210,7 @@ def _read_metrics(value: object, problems: Problems) -> TrainMetrics | None:
         problems.add("evaluations", "expected a list")
         series = []
     evaluations = [_evaluation(e, problems.within(f"evaluations[{i}]")) for i, e in enumerate(series)]
+    resumed_run = None if m.get("resumed_run") is None else _run(m["resumed_run"], problems)
     sharding = m.get("applied_sharding")
     if not isinstance(sharding, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                  for k, v in sharding.items()):
@@ -221,7 +226,7 @@ def _read_metrics(value: object, problems: Problems) -> TrainMetrics | None:
         samples_per_s=float(samples or 0.0), applied_sharding=dict(sharding), resumed_from=counts["resumed_from"],
         planned_in_job=m.get("planned_in_job") is True, resume=resume, predicted_critical_path_ms=predicted,
         data_wait_ms=LatencyStats(*wait) if wait else None, data=data, eval=last,
-        evaluations=tuple(e for e in evaluations if e is not None))
+        evaluations=tuple(e for e in evaluations if e is not None), resumed_run=resumed_run)
 
 
 _COUNTS = ("world_size", "iterations", "warmup", "batch_size", "resumed_from")
@@ -254,6 +259,21 @@ def _resumed(block: Any, problems: Problems) -> Resumed | None:
         return None
     return Resumed(str(plan_id), int(step or 0), int(restored or 0), int(resized or 0), int(initialized or 0),
                    tuple(tables or ()), tuple(dense or ()))
+
+
+def _run(value: object, problems: Problems) -> Run | None:
+    from rec.errors import InputError
+    from rec.train.ownership import RUN_FORMAT, parse_run
+
+    if not isinstance(value, dict):
+        problems.add("resumed_run", "expected a mapping")
+        return None
+    try:
+        return parse_run(json.dumps({"format": RUN_FORMAT, **value}), "resumed_run")
+    except InputError as e:
+        for problem in e.problems:
+            problems.add(f"resumed_run.{problem.where}", problem.reason)
+        return None
 
 
 def _data_read(block: Any, problems: Problems) -> DataRead | None:

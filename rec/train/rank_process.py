@@ -21,6 +21,7 @@ from rec.plan import Plan
 from rec.sharding import ComputeDevice
 from rec.train.collectives import Group, join
 from rec.train.lifetime import RunLockTaken, die_with_torchrun, join_run_lock
+from rec.train.ownership import CHECKPOINT_LOCK_ENV
 from rec.train.rank_log import RankOutput
 
 RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"  # torchrun's: 0 on the first attempt
@@ -33,13 +34,15 @@ def restart_count() -> int:
 
 def run_rank(command: str, out_dir: str, work: Callable[[RankOutput], None]) -> ExitCode:
     """Run ``work`` as this rank's whole job: not at all when torchrun is gone or another run holds
-    ``out_dir``; with TorchRec's planner refused. Bad input exits ``BAD_INPUT``, any other failure
-    ``FAILED``; either leaves its cause in the rank's error file for the launcher."""
+    ``out_dir`` or the checkpoint directory; with TorchRec's planner refused. Bad input exits
+    ``BAD_INPUT``, any other failure ``FAILED``; either leaves its cause in the rank's error file
+    for the launcher."""
     if not die_with_torchrun():
         print(f"shardflow {command}: torchrun, this rank's parent, is gone; not starting", file=sys.stderr)
         return ExitCode.FAILED
     try:
         join_run_lock()  # held until this process ends
+        join_run_lock(CHECKPOINT_LOCK_ENV)
     except RunLockTaken as e:
         print(f"shardflow {command}: {e}; not starting", file=sys.stderr)
         return ExitCode.FAILED

@@ -18,6 +18,7 @@ from rec.train import checkpoint
 from rec.train.config import TrainConfig
 from rec.train.feed import Feed, read_position
 from rec.train.metrics import Iterations, Resumed, earlier_iterations
+from rec.train.ownership import Run, another_runs
 from rec.train.rank_log import RankOutput
 from rec.train.rank_process import restart_count
 from rec.train.resume import checkpoint_dir, latest, step_dir
@@ -28,14 +29,17 @@ class Start:
     iteration: int  # the first iteration this run trains
     resume: Resumed | None  # from another plan's checkpoint: what carried over (train_metrics.json)
     earlier: Iterations  # rank 0 resuming its own checkpoint: the rows of the iterations before it
+    run: Run  # this run: the writer of every checkpoint it writes
+    resumed_run: Run | None = None  # the run whose checkpoint this one continues, when another's
 
 
 def start(plan: Plan, config: TrainConfig, out_dir: str, dmp: DistributedModelParallel,
-          optimizer: CombinedOptimizer, output: RankOutput, plan_path: str | None, feed: Feed) -> Start:
+          optimizer: CombinedOptimizer, output: RankOutput, plan_path: str | None, feed: Feed,
+          run: Run) -> Start:
     """Load the checkpoint this training starts from, if any, set ``feed`` to read on from its data
-    position, and record the plan the checkpoints are written under (``plan_path``). InputError when
-    the checkpoint leaves nothing to train."""
-    iteration, resume, own = 0, None, False
+    position, and record the plan the checkpoints are written under (``plan_path``); checkpoints it
+    writes are ``run``'s. InputError when the checkpoint leaves nothing to train."""
+    iteration, resume, own, other = 0, None, False, None
     checkpoints = checkpoint_dir(config, out_dir)
     newest = latest(checkpoints) if checkpoints else None
     if checkpoints and newest is not None and (config.resume or restart_count() > 0 or config.resume_from):
@@ -44,7 +48,9 @@ def start(plan: Plan, config: TrainConfig, out_dir: str, dmp: DistributedModelPa
             raise InputError("Nothing left to train:", [Problem(
                 checkpoints, f"the newest checkpoint is of iteration {newest}; --iterations "
                              f"{config.iterations} must be above it to train on")])
-        output.progress(f"resuming from the checkpoint of iteration {newest}")
+        other = another_runs(step_dir(checkpoints, newest), run)
+        output.progress(f"resuming from the checkpoint of iteration {newest}"
+                        + (f" that {other.describe()} wrote" if other else ""))
         checkpoint.load(checkpoints, newest, dmp, optimizer)
         iteration = newest
         _read_on(feed, iteration, step_dir(checkpoints, newest), output)
@@ -53,7 +59,7 @@ def start(plan: Plan, config: TrainConfig, out_dir: str, dmp: DistributedModelPa
         _read_on(feed, iteration, source_step, output)
         if checkpoints:  # the old checkpoint in this plan's layout, for restarts
             at = step_dir(checkpoints, iteration)
-            checkpoint.save(checkpoints, iteration, dmp, optimizer, keep=config.keep_checkpoints,
+            checkpoint.save(checkpoints, iteration, dmp, optimizer, keep=config.keep_checkpoints, written_by=run,
                             before_latest=lambda: _keep_position(feed, iteration, at))
     if checkpoints and plan_path:
         checkpoint.record_plan(checkpoints, plan_path)
@@ -62,7 +68,7 @@ def start(plan: Plan, config: TrainConfig, out_dir: str, dmp: DistributedModelPa
         earlier, lost = earlier_iterations(out_dir, iteration)
         if lost:
             output.progress(lost)
-    return Start(iteration, resume, earlier)
+    return Start(iteration, resume, earlier, run, other)
 
 
 def _read_on(feed: Feed, iteration: int, step: Path, output: RankOutput) -> None:

@@ -2,7 +2,8 @@
 (``TrackingSettings``: flags and flow parameters) and resolved (``Tracking``).
 
 The embedded default is a SQLite file in the working directory (``mlflow.db``) with artifacts in
-``./mlruns``; ``MLFLOW_TRACKING_URI`` (or a flow's ``tracking_uri``) points at a server instead.
+``./mlruns``; ``MLFLOW_TRACKING_URI`` (or ``--tracking-uri``, a flow's ``tracking.tracking_uri``)
+points at a server instead.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from rec.errors import InputError, Problem, show
 from rec.settings import knob
@@ -63,7 +63,7 @@ class TrackingSettings:
         "next to a SQLite store)", metavar="NAME"))
     state_dir: str = field(default=DEFAULT_STATE_DIR, metadata=knob(
         "shardflow's own state: the outbox for MLflow and the plan cache", metavar="DIR", path=True))
-    # Only ``shardflow train`` offers --no-track; the flows always record.
+    # Only ``shardflow train`` offers --no-track; the flows always record (they refuse false).
     track: bool = field(default=True, metadata=knob(
         "record the run in MLflow (through the outbox when MLflow is away); --no-track: files only"))
 
@@ -94,10 +94,6 @@ class TrackingSettings:
         """The tracking URI (``MLFLOW_TRACKING_URI`` or SQLite in the working directory without one),
         the experiment and the outbox; paths made absolute."""
         return Tracking(resolve_uri(self.tracking_uri), self.experiment, outbox_dir(self.state_dir))
-
-    def flow_parameters(self) -> dict[str, Any]:
-        """The flows' parameters for these settings."""
-        return {"tracking_uri": self.tracking_uri, "experiment": self.experiment, "state_dir": self.state_dir}
 
 
 def tracking_for(uri: str | None = None, experiment: str = DEFAULT_EXPERIMENT,

@@ -139,6 +139,75 @@ def check_store(uri: str) -> None:
         raise TrackingUnavailable(one_line(e)) from e
 
 
+def check_readable(uri: str) -> None:
+    """TrackingUnavailable, in one line, unless ``uri`` names a store MLflow reads as it is: a
+    command that only reads never creates, migrates or writes one. A SQLite file must exist and
+    hold every table of MLflow's schema (else MLflow would make or migrate them) and its default
+    experiment (else MLflow would add it); it is looked at through a read-only connection. A file
+    store (a path or ``file:`` URI) must be a directory holding MLflow's default experiment. A
+    server only has to answer."""
+    if not reachable(uri):
+        raise TrackingUnavailable("nothing answers at this address")
+    db = sqlite_path(uri)
+    if db is not None:
+        if "?" not in str(db):  # with driver options: MLflow's to open
+            _check_sqlite_store(db)
+        return
+    parsed = urlparse(uri)
+    if parsed.scheme in ("", "file"):
+        root = Path(parsed.path if parsed.scheme else uri)
+        if not root.is_dir():
+            raise TrackingUnavailable(f"no MLflow store at {root} (a command that records makes one)")
+        if not any((root / where / "meta.yaml").is_file() for where in ("0", ".trash/0")):
+            raise TrackingUnavailable(f"{root} is not an MLflow store (no experiment 0 in it)")
+
+
+def _check_sqlite_store(db: Path) -> None:
+    if not db.is_file():
+        raise TrackingUnavailable(f"no MLflow store at {db} (a command that records makes one)")
+    try:
+        with closing(sqlite3.connect(f"file:{quote(str(db))}?mode=ro", uri=True, timeout=STORE_WAIT_S)) as con:
+            tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if not {"alembic_version", "experiments"} <= tables:
+                raise TrackingUnavailable(f"{db} is not an MLflow store (it has no MLflow tables)")
+            missing = sorted(mlflow_tables() - tables)
+            if missing:
+                raise TrackingUnavailable(f"{db} was made by an older MLflow (no table {missing[0]}): "
+                                          "upgrade it (mlflow db upgrade) or record a run first")
+            if con.execute("SELECT 1 FROM experiments WHERE experiment_id = 0").fetchone() is None:
+                raise TrackingUnavailable(f"{db} lacks MLflow's default experiment: MLflow would add it")
+    except sqlite3.Error as e:
+        raise TrackingUnavailable(one_line(e)) from e
+
+
+def mlflow_tables() -> set[str]:
+    """The tables of the installed MLflow's schema: where one is missing, MLflow makes (migrates) them."""
+    import mlflow.store.db.utils  # noqa: F401  (registers every model's table)
+    from mlflow.store.db.base_sql_model import Base
+
+    return set(Base.metadata.tables)
+
+
+def open_read_only(tracking: Tracking) -> tuple[MlflowClient, str | None]:
+    """A client and the experiment's id (None: no such experiment yet), for commands that only
+    read: nothing is created or written (``check_readable``; no lock file, no experiment made)."""
+    check_readable(tracking.uri)
+    for key, value in HTTP_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    from mlflow import MlflowClient
+
+    quiet_mlflow()
+    try:
+        client = MlflowClient(tracking.uri)
+        experiment = client.get_experiment_by_name(tracking.experiment)
+    except Exception as e:
+        why = tracking_failure(e)
+        if why is None:
+            raise
+        raise TrackingUnavailable(why) from e
+    return client, None if experiment is None else str(experiment.experiment_id)
+
+
 def connect(tracking: Tracking) -> tuple[MlflowClient, str]:
     """A client and the experiment id (created if missing); TrackingUnavailable, with the reason,
     if the store cannot be used."""

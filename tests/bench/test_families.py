@@ -100,7 +100,7 @@ def test_the_families_have_shapes_the_calibration_bench_generator_cannot_make():
 
 @pytest.mark.parametrize("ranks", [H100, H200_X8], ids=["h100", "h200x8"])
 def test_memory_tight_tables_outgrow_the_hbm_cap_and_plan_onto_uvm(ranks):
-    from rec.cost.types import CostConfig
+    from rec.config.cost import CostConfig
     from rec.planning import plan_spec
     from rec.profile.types import DEFAULT_PROFILE
     from rec.topology import topology_from_dict

@@ -43,7 +43,11 @@ def test_show_lists_every_table_with_sizes_and_totals(capsys):
 
 def test_show_columns_are_aligned(capsys):
     main(["spec", "show", str(SPECS / "criteo_1tb.yaml")])
+    summary = capsys.readouterr().out.split("\n\n")[0].splitlines()
+    assert len(summary) == 2 + 20 + 1 and summary[-1] == "... 6 more rows (--all shows every row)"
+    main(["spec", "show", str(SPECS / "criteo_1tb.yaml"), "--all"])
     table = capsys.readouterr().out.split("\n\n")[0].splitlines()
+    assert len(table) == 2 + 26 and table[2:22] == summary[2:22]
     rule = table[1]
     assert set(rule) == {"-", " "}
     assert len({len(line) for line in table[2:]}) == 1  # right-aligned bytes column ends every row together

@@ -14,7 +14,7 @@ import pytest
 
 from flows.cli import main
 from rec.plan import dumps_plan, parse_plan
-from rec.plan.identity import plan_id
+from rec.plan.plan_id import plan_id
 from rec.sharding import ComputeDevice
 from tests.paths import CPU_2PROC, DEMO, ROOT
 

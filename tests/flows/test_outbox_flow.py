@@ -20,13 +20,13 @@ def test_a_plan_waits_in_the_outbox_while_mlflow_is_away_and_is_logged_when_it_r
     from rec.plan import read_plan
     from tasks.outbox import Outbox
     from tasks.plan_fetch import fetch_plan
-    from tasks.tracking import tracking_for
+    from tasks.tracking import TrackingSettings, tracking_for
 
     state, out = str(tmp_path / "state"), str(tmp_path / "out")
     blocker = tmp_path / "store"
     blocker.write_text("")  # the store's directory cannot exist while this file is in the way
     uri = f"sqlite:///{blocker / 'mlflow.db'}"
-    first = plan_flow(str(DEMO), str(CPU_2PROC), out_dir=out, tracking_uri=uri, state_dir=state)
+    first = plan_flow(str(DEMO), str(CPU_2PROC), out_dir=out, tracking=TrackingSettings(uri, state_dir=state))
     assert first.logged.run_id is None and first.logged.pending == 1
     outbox = Outbox(Path(state, "outbox"))
     (entry,) = outbox.entries()
@@ -34,14 +34,14 @@ def test_a_plan_waits_in_the_outbox_while_mlflow_is_away_and_is_logged_when_it_r
                                                  "rank_load.png", "attempts.json"}  # why it waits
     # Another store in the meantime takes nothing meant for this one.
     elsewhere = f"sqlite:///{tmp_path / 'other.db'}"
-    plan_flow(str(DEMO), str(CPU_2PROC), out_dir=out, tracking_uri=elsewhere, state_dir=state)
+    plan_flow(str(DEMO), str(CPU_2PROC), out_dir=out, tracking=TrackingSettings(elsewhere, state_dir=state))
     assert len(outbox.entries()) == 1
     # Still usable meanwhile: --plan-id finds the plan in the outbox.
     fetched = fetch_plan(tracking_for(uri, state_dir=state), first.plan_id, tmp_path / "fetched")
     assert read_plan(fetched).plan_id == first.plan_id
 
     blocker.unlink()  # the store is back
-    second = plan_flow(str(DEMO), str(CPU_2PROC), out_dir=out, tracking_uri=uri, state_dir=state)
+    second = plan_flow(str(DEMO), str(CPU_2PROC), out_dir=out, tracking=TrackingSettings(uri, state_dir=state))
     assert second.cached and second.plan_id == first.plan_id
     assert outbox.entries() == []
     client = MlflowClient(uri)

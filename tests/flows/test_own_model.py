@@ -180,6 +180,8 @@ def test_the_flows_take_a_model_target_as_their_model_parameter():
     import flows.train
 
     target = f"{EXAMPLE}:shardflow_model"
-    assert flows.train.train_flow.validate_parameters({"plan_path": "p", "model": target})["model"] == target
-    params = {"spec_path": "s", "topology_path": "t", "model": target}
-    assert flows.pipeline.pipeline_flow.validate_parameters(params)["model"] == target
+    training = {"job": {"model": target}}
+    validated = flows.train.train_flow.validate_parameters({"plan_path": "p", "training": training})
+    assert validated["training"].job.model == target
+    params = {"spec_path": "s", "topology_path": "t", "training": training}
+    assert flows.pipeline.pipeline_flow.validate_parameters(params)["training"].job.model == target

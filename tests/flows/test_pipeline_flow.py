@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main
+from tasks.tracking import TrackingSettings
 from tests.flows.flow_logs import as_worker, flow_log
 from tests.paths import CPU_2PROC, DEMO, SHARDFLOW
 from tests.stores import store_from
@@ -41,6 +42,10 @@ class Store:
 
     def args(self) -> list[str]:
         return ["--tracking-uri", self.uri, "--state-dir", self.state]
+
+    def tracking(self) -> TrackingSettings:
+        """The flows' ``tracking`` parameter for this store."""
+        return TrackingSettings(self.uri, state_dir=self.state)
 
     def runs(self, step: str | None = None) -> list:
         from mlflow import MlflowClient
@@ -167,8 +172,7 @@ def test_a_run_without_a_terminal_shows_progress_lines_and_the_time_of_each_step
 def test_rerunning_an_unchanged_plan_searches_nothing_and_adds_no_plan_run(first_run, store):
     from flows.plan import plan_flow
 
-    outcome = plan_flow(str(DEMO), str(CPU_2PROC), out_dir=store.out, tracking_uri=store.uri,
-                        state_dir=store.state)
+    outcome = plan_flow(str(DEMO), str(CPU_2PROC), out_dir=store.out, tracking=store.tracking())
     (plan_run,) = store.runs("plan")
     assert outcome.cached
     assert outcome.plan_id == plan_id_of(store)
@@ -180,12 +184,16 @@ FLOWS = """
 import json, sys
 from flows.pipeline import pipeline_flow
 from flows.plan import plan_flow
+from rec.train.config import TrainConfig
+from tasks.tracking import TrackingSettings
+from tasks.train import TrainSettings
 
 spec, topology, root = sys.argv[1:4]
-common = dict(tracking_uri=f"sqlite:///{root}/mlflow.db", state_dir=f"{root}/state", return_state=True)
+common = dict(tracking=TrackingSettings(f"sqlite:///{root}/mlflow.db", state_dir=f"{root}/state"),
+              return_state=True)
+training = TrainSettings(job=TrainConfig(iterations=4, warmup=1, batch_size=32))
 states = {"plan": plan_flow(spec, topology, out_dir=f"{root}/plan", **common),
-          "pipeline": pipeline_flow(spec, topology, out_dir=f"{root}/run", train_iterations=4, warmup=1,
-                                    batch_size=32, **common)}
+          "pipeline": pipeline_flow(spec, topology, out_dir=f"{root}/run", training=training, **common)}
 print("RUNS " + json.dumps({name: [str(state.state_details.flow_run_id), state.result().summary()]
                             for name, state in states.items()}))
 """
@@ -205,13 +213,17 @@ def test_the_plan_and_pipeline_flow_logs_end_with_the_lines_the_cli_prints(prefe
 
 
 def test_a_failed_training_is_retried_by_prefect_without_replanning(first_run, store, monkeypatch):
+    """The pipeline flow called with its settings objects, as ``shardflow run`` builds them."""
     from flows.pipeline import pipeline_flow
+    from rec.train.config import TrainConfig
+    from tasks.search import SearchSettings
+    from tasks.train import TrainSettings
 
     plan_runs = len(store.runs("plan"))
     monkeypatch.setenv("SHARDFLOW_FAIL_AT_ITERATION", "2:1")  # rank 1 dies at iteration 2
-    outcome = pipeline_flow(str(DEMO), str(CPU_2PROC), train_iterations=6, warmup=1, batch_size=32,
-                            max_restarts=0, train_retries=1, train_retry_delay_s=0,
-                            out_dir=store.out, tracking_uri=store.uri, state_dir=store.state)
+    training = TrainSettings(job=TrainConfig(iterations=6, warmup=1, batch_size=32), max_restarts=0)
+    outcome = pipeline_flow(str(DEMO), str(CPU_2PROC), searching=SearchSettings(), training=training,
+                            train_retries=1, train_retry_delay_s=0, out_dir=store.out, tracking=store.tracking())
     assert outcome.trained.attempts == 2
     assert outcome.cached  # the retry, and this whole re-run, searched nothing
     assert len(store.runs("plan")) == plan_runs

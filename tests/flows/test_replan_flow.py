@@ -19,11 +19,12 @@ REPLANS = """
 import json, sys
 from pathlib import Path
 from flows.replan import replan_flow
+from tasks.tracking import TrackingSettings
 
 spec, topology, root = sys.argv[1:4]
 def replan():
-    state = replan_flow(spec, topology, out_dir=f"{root}/out", tracking_uri=f"sqlite:///{root}/mlflow.db",
-                        state_dir=f"{root}/state", return_state=True)
+    tracking = TrackingSettings(f"sqlite:///{root}/mlflow.db", state_dir=f"{root}/state")
+    state = replan_flow(spec, topology, out_dir=f"{root}/out", tracking=tracking, return_state=True)
     outcome = state.result()
     return {"flow_run": str(state.state_details.flow_run_id), "summary": outcome.summary(),
             **{k: getattr(outcome, k) for k in ("outcome", "plan_id", "spec_hash", "previous_spec_hash", "plan_path")}}

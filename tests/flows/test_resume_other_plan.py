@@ -78,7 +78,7 @@ def test_a_new_plan_on_another_world_size_resumes_from_the_old_checkpoint(traine
     assert resumed.startswith(f"resumed   from plan {plan_a['plan_id']} at step 4 ({tmp / 'train_a'}): "
                               "2 tables restored, 1 resized, 1 initialized")
     # Beside it the plan's predicted iteration time, printed as `plan` and `measure` print it.
-    from rec.analysis.prediction import prediction
+    from rec.analysis.iteration_time import prediction
     from rec.plan import read_plan
 
     predicted = prediction(read_plan(tmp / "plan_b"))

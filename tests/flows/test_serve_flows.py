@@ -23,11 +23,12 @@ def test_serve_lists_the_deployments_of_prefect_yaml(capsys):
 
 def test_serve_overrides_parameters_and_the_replan_schedule(capsys):
     assert main(["serve", "--list", "--replan-every", "30", "--set", "out_dir=/tmp/o",
-                 "--set", "train_iterations=5"]) == 0
+                 "--set", "training.job.iterations=5", "--set", "searching.max_regress=0.1"]) == 0
     plan, pipeline, replan = capsys.readouterr().out.splitlines()
     assert replan.endswith("every 30 s") and "cron" not in replan
-    assert "'out_dir': '/tmp/o'" in plan and "'train_iterations': 5" in pipeline
-    assert "train_iterations" not in plan  # only flows that have the parameter get it
+    assert "'out_dir': '/tmp/o'" in plan and "'training': {'job': {'iterations': 5}}" in pipeline
+    assert "'searching': {'max_regress': 0.1}" in plan and "'searching': {'max_regress': 0.1}" in pipeline
+    assert "training" not in plan  # only flows that have the parameter get it
 
 
 def test_serve_refuses_unknown_parameters_and_bad_intervals(capsys):
@@ -42,8 +43,8 @@ def test_serve_refuses_unknown_parameters_and_bad_intervals(capsys):
 def test_sigterm_stops_serve_its_server_and_the_flow_run_in_progress(tmp_path, mlflow_uri):
     """A real ``shardflow serve`` with the Prefect server it starts; SIGTERM (as a service manager
     stops it) while a scheduled replan runs: serve exits 0 and none of its processes is left."""
-    with served(tmp_path, tmp_path, "--set", f"tracking_uri={mlflow_uri}",
-                "--set", f"state_dir={tmp_path / 'state'}", "--set", f"out_dir={tmp_path / 'out'}") as serving:
+    with served(tmp_path, tmp_path, "--set", f"tracking.tracking_uri={mlflow_uri}",
+                "--set", f"tracking.state_dir={tmp_path / 'state'}", "--set", f"out_dir={tmp_path / 'out'}") as serving:
         serving.wait_for_replans(1, state="RUNNING")
         assert len(serving.tree()) >= 3  # serve, its server, the flow run
         code, left = stop(serving, signal.SIGTERM)

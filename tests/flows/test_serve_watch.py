@@ -33,7 +33,7 @@ deployments:
   - name: replan
     entrypoint: {ROOT}/flows/replan.py:replan_flow
     parameters: {{spec_path: ../inputs/spec.yaml, topology_path: ../inputs/topology.yaml,
-                 state_dir: ../state, tracking_uri: "sqlite:///../mlflow.db"}}
+                 tracking: {{state_dir: ../state, tracking_uri: "sqlite:///../mlflow.db"}}}}
   - name: plan
     entrypoint: flows.plan.plan_flow
     parameters: {{spec_path: {tmp_path}/inputs/spec.yaml, topology_path: ../inputs/topology.yaml}}
@@ -46,8 +46,8 @@ deployments:
     lines = listed(capsys)
     assert f"'spec_path': '{tmp_path}/inputs/spec.yaml'" in lines["replan"]
     assert f"'topology_path': '{tmp_path}/inputs/topology.yaml'" in lines["replan"]
-    assert f"'state_dir': '{tmp_path}/state'" in lines["replan"]
-    assert f"'tracking_uri': 'sqlite:///{tmp_path}/mlflow.db'" in lines["replan"]
+    assert f"'tracking': {{'state_dir': '{tmp_path}/state', 'tracking_uri': 'sqlite:///{tmp_path}/mlflow.db'}}" \
+        in lines["replan"]
     assert f"'out_dir': '{elsewhere}/out'" in lines["replan"]  # --set: relative to the working directory
     assert f"'spec_path': '{tmp_path}/inputs/spec.yaml'" in lines["plan"]  # absolute stays
 
@@ -108,11 +108,10 @@ deployments:
 
 def test_every_path_parameter_and_path_setting_of_the_flows_is_resolved():
     """A path is named by its parameter (``*_path``, ``*_dir``) or by its knob (``knob(path=True)``),
-    never by a list: every one of every flow resolves, a deprecated flat name included."""
+    never by a list: every one of every flow resolves."""
     import dataclasses
 
     from flows.deployments import absolute_paths, flow_parameters
-    from flows.parameters import DEPRECATED_TRAINING
     from flows.pipeline import pipeline_flow
     from flows.plan import plan_flow
     from flows.replan import replan_flow
@@ -127,12 +126,12 @@ def test_every_path_parameter_and_path_setting_of_the_flows_is_resolved():
     job = {f.name: f.name for f in dataclasses.fields(TrainConfig) if is_path(f)}
     assert {"data", "checkpoint_dir", "resume_from"} <= set(job)
     absolute = {name: str(base / name) for name in job}
-    flat = {name: name for name in job if name in DEPRECATED_TRAINING}  # the first flows' flat parameters
+    tracking = {"state_dir": "s", "tracking_uri": "sqlite:///m.db", "experiment": "e"}
     for flow in (pipeline_flow, train_flow):
-        given = {"training": {"job": {**job, "model": "m"}, "nnodes": 2}, **flat, "experiment": "e"}
+        given = {"training": {"job": {**job, "model": "m"}, "nnodes": 2}, "tracking": tracking}
         assert absolute_paths(flow, given, base) == {
             "training": {"job": {**absolute, "model": "m"}, "nnodes": 2},
-            **{name: absolute[name] for name in flat}, "experiment": "e"}
+            "tracking": {"state_dir": str(base / "s"), "tracking_uri": f"sqlite:///{base / 'm.db'}", "experiment": "e"}}
 
 
 def test_a_configured_server_that_does_not_answer_is_named_before_serving(capsys):
@@ -175,8 +174,8 @@ def test_served_from_anywhere_the_replan_schedule_fires_then_a_killed_server_sto
     cwd = tmp_path / "elsewhere"
     cwd.mkdir()
     # --set paths relative to serve's working directory
-    with served(tmp_path, cwd, "--set", "tracking_uri=sqlite:///mlflow.db", "--set", "out_dir=out",
-                "--set", "state_dir=state") as serving:
+    with served(tmp_path, cwd, "--set", "tracking.tracking_uri=sqlite:///mlflow.db", "--set", "out_dir=out",
+                "--set", "tracking.state_dir=state") as serving:
         completed = serving.wait_for_replans(2)
         with temporary_settings(updates={PREFECT_API_URL: serving.url}), get_client(sync_client=True) as client:
             deployments = {d.name: d for d in client.read_deployments()}
@@ -203,9 +202,10 @@ def test_served_from_anywhere_the_replan_schedule_fires_then_a_killed_server_sto
     replan = deployments["replan-on-schema-change"]
     assert [s.schedule.interval for s in replan.schedules] == [timedelta(seconds=REPLAN_EVERY_S)]
     assert replan.parameters["spec_path"] == str(DEMO)  # prefect.yaml's ../examples/...
-    assert replan.parameters["tracking_uri"] == f"sqlite:///{cwd / 'mlflow.db'}"
+    assert replan.parameters["tracking"] == {"tracking_uri": f"sqlite:///{cwd / 'mlflow.db'}",
+                                             "state_dir": str(cwd / "state")}
     # The pipeline trains as `shardflow run` does: prefect.yaml restates none of the flows' defaults.
-    assert not {"train_iterations", "batch_size"} & set(deployments["pipeline"].parameters)
+    assert "training" not in deployments["pipeline"].parameters
     assert all(r.auto_scheduled for r in completed)  # fired by the schedule, not by hand
 
     client = MlflowClient(f"sqlite:///{cwd / 'mlflow.db'}")

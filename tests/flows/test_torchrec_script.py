@@ -55,9 +55,9 @@ def test_plan_with_planner_torchrec_writes_torchrecs_plan_rated_as_torchrec_rate
     from flows.cli import main
     from rec.analysis import check_plan
     from rec.plan import read_plan
-    from rec.plan.torchrec_score import run_torchrec_planner
     from rec.spec import read_spec
     from rec.topology import read_topology
+    from rec.torchrec.score import run_torchrec_planner
 
     assert main(["plan", str(DEMO), "--topology", str(H100), "--out", str(tmp_path / "trec"),
                  "--planner", "torchrec"]) == 0

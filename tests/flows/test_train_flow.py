@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -16,19 +17,22 @@ pytestmark = [pytest.mark.slow,  # Prefect and real torchrun trainings
 
 def test_prefect_training_checkpoints_and_a_later_run_resumes_from_it(prefect_api, tmp_path, mlflow_uri):
     from flows.train import train_flow
+    from rec.train.config import TrainConfig
+    from tasks.tracking import TrackingSettings
+    from tasks.train import TrainSettings
 
     assert main(["plan", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "plan"),
                  "--no-chart"]) == 0
-    common = dict(plan_path=str(tmp_path / "plan" / "plan.json"), warmup=1, batch_size=32,
-                  checkpoint_every=3, keep_checkpoints=1, out_dir=str(tmp_path / "out"),
-                  tracking_uri=mlflow_uri, state_dir=str(tmp_path / "state"))
-    first = train_flow(train_iterations=6, **common)
+    common = dict(plan_path=str(tmp_path / "plan" / "plan.json"), out_dir=str(tmp_path / "out"),
+                  tracking=TrackingSettings(mlflow_uri, state_dir=str(tmp_path / "state")))
+    job = TrainConfig(iterations=6, warmup=1, batch_size=32, checkpoint_every=3, keep_checkpoints=1)
+    first = train_flow(training=TrainSettings(job=job), **common)
     checkpoints = tmp_path / "out" / "train" / "checkpoints"
     assert first.trained.metrics.resumed_from == 0
     assert (checkpoints / "LATEST").read_text() == step_name(6)
     assert [p.name for p in checkpoints.iterdir() if step_of(p.name) is not None] == [step_name(6)]  # kept 1
 
-    second = train_flow(train_iterations=9, resume=True, **common)
+    second = train_flow(training=TrainSettings(job=dataclasses.replace(job, iterations=9, resume=True)), **common)
     metrics = json.loads((tmp_path / "out" / "train" / "train_metrics.json").read_text())
     assert second.trained.metrics.resumed_from == metrics["resumed_from"] == 6
     assert (checkpoints / "LATEST").read_text() == step_name(9)
@@ -42,13 +46,14 @@ def test_a_certain_failure_is_not_retried_by_prefect(prefect_api, tmp_path, mlfl
 
     from flows.train import train_flow
     from rec.errors import InputError
+    from tasks.tracking import TrackingSettings
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     assert main(["plan", str(DEMO), "--topology", str(H100), "--out", str(tmp_path / "plan"), "--no-chart"]) == 0
     state = train_flow(plan_path=str(tmp_path / "plan" / "plan.json"), train_retries=2, train_retry_delay_s=0,
-                       out_dir=str(tmp_path / "out"), tracking_uri=mlflow_uri,
-                       state_dir=str(tmp_path / "state"), return_state=True)
+                       out_dir=str(tmp_path / "out"),
+                       tracking=TrackingSettings(mlflow_uri, state_dir=str(tmp_path / "state")), return_state=True)
     with pytest.raises(InputError, match=r"without CUDA|no CUDA device"):
         state.result()
     with get_client(sync_client=True) as client:

@@ -113,12 +113,24 @@ def test_a_deployment_sets_every_training_setting_by_its_name_and_the_job_gets_i
 
 @pytest.mark.parametrize("name", FIELDS)
 def test_the_cli_builds_the_training_settings_once_and_the_pipeline_takes_them_whole(name, monkeypatch):
-    from flows.parameters import DEPRECATED_TRAINING
-
     training = TrainSettings(job=dataclasses.replace(TrainConfig(), **{name: other_value(name)}, **WITH.get(name, {})))
     handed = run_handing_over(monkeypatch, to_flags(training.job))
     assert handed["training"] == training
-    assert not set(handed) & set(DEPRECATED_TRAINING)  # no setting goes by a second name
+    assert not set(handed) & set(FIELDS)  # no setting goes by a second name
+
+
+def test_the_cli_builds_the_search_and_tracking_settings_and_the_pipeline_takes_them_whole(monkeypatch, tmp_path):
+    from rec.settings import from_dict
+    from tasks.search import SearchSettings
+    from tasks.tracking import TrackingSettings
+
+    handed = run_handing_over(monkeypatch, [
+        "--backend", "ray", "--groups", "3", "--max-regress", "0.5", "--time-limit", "2",
+        "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}", "--experiment", "e", "--state-dir", str(tmp_path)])
+    searching = from_dict(SearchSettings, {"backend": "ray", "groups": 3, "max_regress": 0.5,
+                                           "config": {"time_limit_s": 2.0}})
+    assert handed["searching"] == searching
+    assert handed["tracking"] == TrackingSettings(f"sqlite:///{tmp_path / 'm.db'}", "e", str(tmp_path))
 
 
 def test_run_reads_validates_and_hashes_the_spec_once(monkeypatch):
@@ -129,7 +141,7 @@ def test_run_reads_validates_and_hashes_the_spec_once(monkeypatch):
     monkeypatch.setattr(tasks.ingest, "read_spec", lambda path: read.append(path) or real(path))
     handed = run_handing_over(monkeypatch, ["--train-iterations", "50"], ingest_in_flow=True)
     assert handed["training"].job.iterations == 50  # the flag's first name still works
-    assert read == [str(DEMO)]  # the CLI's check read it; the flow's ingest step took that
+    assert read == [str(DEMO)]  # the CLI's check read it and handed it to the flow
 
 
 class HandedOver(Exception):
@@ -143,7 +155,7 @@ def run_handing_over(monkeypatch, flags: list[str], ingest_in_flow: bool = False
     import flows.pipeline
     import tasks.measure
     import tasks.train
-    from tasks.ingest import ingest
+    from flows.start import inputs_for
 
     # tasks.measure binds tasks.train.preflight when first imported (which `run` may do): imported
     # before the patch, or it keeps the patched one for every later test in this worker.
@@ -154,7 +166,7 @@ def run_handing_over(monkeypatch, flags: list[str], ingest_in_flow: bool = False
     def pipeline_flow(spec_path: str, topology_path: str, **parameters: Any) -> None:
         handed.update(parameters)
         if ingest_in_flow:
-            ingest(spec_path, topology_path)  # what the flow's ingest step does
+            inputs_for(spec_path, topology_path, parameters["ingested"])  # what the flow's step 1 does
         raise HandedOver
 
     monkeypatch.setattr(flows.pipeline, "pipeline_flow", pipeline_flow)
@@ -165,36 +177,49 @@ def run_handing_over(monkeypatch, flags: list[str], ingest_in_flow: bool = False
     return handed
 
 
-def test_the_flows_ingest_step_takes_the_inputs_the_cli_checked(prefect_api, tmp_path, monkeypatch, mlflow_uri):
-    """Through Prefect's real task run: ``ingested`` reaches the flow's ``ingest-spec`` task."""
+def test_a_flow_takes_the_inputs_its_caller_ingested_and_prefect_records_none_of_their_tables(
+        prefect_api, tmp_path, monkeypatch, mlflow_uri):
+    """Through Prefect's real flow run: the flow plans what it was handed (the files are not read
+    again), and the flow run's parameters, which Prefect stores, hold ``<Ingested>``, not the spec
+    (``flows.start.Ingested``), beside the settings the flow took whole."""
+    from prefect import get_client
+
     import tasks.ingest
     from flows.plan import plan_flow
-    from tasks.ingest import ingest, ingested
+    from flows.start import Ingested
+    from rec.settings import to_dict
+    from tasks.ingest import ingest
+    from tasks.search import SearchSettings
+    from tasks.tracking import TrackingSettings
 
     inputs = ingest(str(DEMO), str(CPU_2PROC))
     monkeypatch.setattr(tasks.ingest, "read_spec", lambda path: pytest.fail(f"read {path} again"))
-    with ingested(inputs):
-        outcome = plan_flow(str(DEMO), str(CPU_2PROC), out_dir=str(tmp_path / "out"), chart=False,
-                            tracking_uri=mlflow_uri, state_dir=str(tmp_path / "state"))
-    assert outcome.plan_id
+    tracking = TrackingSettings(mlflow_uri, state_dir=str(tmp_path / "state"))
+    state = plan_flow(str(DEMO), str(CPU_2PROC), searching=SearchSettings(max_regress=0.5), chart=False,
+                      out_dir=str(tmp_path / "out"), tracking=tracking, ingested=Ingested(inputs),
+                      return_state=True)
+    assert state.result().plan_id
+    with get_client(sync_client=True) as client:
+        recorded = client.read_flow_run(state.state_details.flow_run_id).parameters
+    assert recorded["ingested"] == "<Ingested>"
+    assert recorded["tracking"] == to_dict(tracking)
+    assert recorded["searching"]["max_regress"] == 0.5
 
 
-def test_a_deployment_with_the_old_flat_names_trains_as_they_say(tmp_path):
-    """Contracts extend, never rename: the first flows' flat parameters (``train_iterations``,
-    ``train_pipeline``, ``data`` ...) still reach the training, a relative path resolved."""
-    from flows.deployments import load_flow, runner_deployments
-    from flows.parameters import with_deprecated
-    from rec.train.config import PipelineKind
+def test_a_deployment_that_names_a_parameter_its_flow_does_not_have_is_refused_before_serving(tmp_path):
+    """The flat training names of the first flows (``train_iterations``) are gone: a deployment
+    that still gives one is named when serving starts, not in a failed flow run later."""
+    from flows.deployments import runner_deployments
+    from rec.errors import InputError
 
     (tmp_path / "prefect.yaml").write_text(yaml.safe_dump({"deployments": [{
         "name": "pipeline", "entrypoint": FLOWS["pipeline"],
-        "parameters": {"spec_path": str(DEMO), "topology_path": str(CPU_2PROC), "train_iterations": 7,
-                       "train_pipeline": "naive", "data": "d.parquet", "max_restarts": 1}}]}))
-    (deployment,) = runner_deployments(tmp_path / "prefect.yaml", overrides={"warmup": 2})
-    parameters = load_flow(FLOWS["pipeline"]).validate_parameters(deployment.parameters)
-    job = dataclasses.replace(TrainConfig(), iterations=7, warmup=2, pipeline=PipelineKind.NAIVE,
-                              data=str(tmp_path / "d.parquet"))
-    assert with_deprecated(parameters["training"], parameters) == TrainSettings(job=job, max_restarts=1)
+        "parameters": {"spec_path": str(DEMO), "topology_path": str(CPU_2PROC), "train_iterations": 7}}]}))
+    with pytest.raises(InputError) as refused:
+        runner_deployments(tmp_path / "prefect.yaml")
+    ((where, reason),) = [(p.where, p.reason) for p in refused.value.problems]
+    assert where.endswith(": pipeline: train_iterations")
+    assert reason.startswith("shardflow-pipeline has no such parameter") and "'training'" in reason
 
 
 def test_serve_sets_one_setting_and_keeps_the_deployments_others_or_names_one_no_flow_has(tmp_path):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rec.cost.types import CK_CODE, ST_CODE, Options
+from rec.cost.types import Options
 from rec.search.space import build_space
-from rec.sharding import ComputeKernel, ShardingType
+from rec.sharding import CK_CODE, ST_CODE, ComputeKernel, ShardingType
 
 
 def make_options(tables: list[list[tuple[ShardingType, list[float], list[int]]]]) -> Options:

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from rec.analysis import check_plan
-from rec.analysis.predict import predicted_ms
+from rec.analysis.rank_times import predicted_ms
+from rec.config.cost import CostConfig
 from rec.cost.enumerator import enumerate_options
-from rec.cost.types import CK_CODE, CostConfig
 from rec.cost.unique import expected_touched
 from rec.errors import InputError
 from rec.hit_rates import hit_rate, miss_rate, row_of, spread
@@ -21,7 +21,7 @@ from rec.plan.io import write_plan
 from rec.plan.types import PLAN_FORMAT, PLAN_FORMAT_CACHES
 from rec.planning import plan_spec, replan_spec
 from rec.profile.types import DEFAULT_PROFILE, Extensions, Profile
-from rec.sharding import ComputeKernel, ShardingType
+from rec.sharding import CK_CODE, ComputeKernel, ShardingType
 from rec.spec import spec_from_rows
 from rec.topology import topology_from_dict
 

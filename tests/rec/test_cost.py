@@ -9,13 +9,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rec.cost import CostConfig, Optimizer, enumerate_options, rank_capacity
+from rec.config.cost import CostConfig, Optimizer
+from rec.cost import enumerate_options, rank_capacity
 from rec.cost.storage import ceil_true_div
-from rec.cost.types import CK_CODE, COMPUTE_KERNELS, SHARDING_TYPES, ST_CODE
 from rec.errors import InputError
-from rec.plan.torchrec_score import torchrec_inputs, torchrec_topology
 from rec.sharding import (
+    CK_CODE,
+    COMPUTE_KERNELS,
     NOT_PLANNED,
+    SHARDING_TYPES,
+    ST_CODE,
     ComputeDevice,
     ComputeKernel,
     DataType,
@@ -26,6 +29,8 @@ from rec.sharding import (
 from rec.spec.types import Spec, TableSpec
 from rec.topology import types as topo_defaults
 from rec.topology.types import Topology
+from rec.torchrec.score import torchrec_inputs
+from rec.torchrec.topology import torchrec_topology
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchrec")

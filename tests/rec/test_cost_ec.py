@@ -8,16 +8,27 @@ import warnings
 import numpy as np
 import pytest
 
-from rec.cost import CostConfig, Optimizer, enumerate_options, rank_capacity
+from rec.config.cost import CostConfig, Optimizer
+from rec.cost import enumerate_options, rank_capacity
 from rec.cost.bandwidth import kernel_bw, links
 from rec.cost.perf import shard_perf
 from rec.cost.shards import layout
 from rec.cost.tables import table_arrays
-from rec.cost.types import COMPUTE_KERNELS, SHARDING_TYPES
-from rec.plan.torchrec_score import _optimizer_class, torchrec_topology
-from rec.sharding import ComputeDevice, ComputeKernel, ModuleKind, Pooling, ShardingType, offered, sharder_options
+from rec.sharding import (
+    COMPUTE_KERNELS,
+    SHARDING_TYPES,
+    ComputeDevice,
+    ComputeKernel,
+    ModuleKind,
+    Pooling,
+    ShardingType,
+    offered,
+    sharder_options,
+)
 from rec.spec.torchrec_modules import spec_model
 from rec.spec.types import Spec, TableSpec
+from rec.torchrec.score import _optimizer_class
+from rec.torchrec.topology import torchrec_topology
 from tests.rec.test_cost import CASES, DIMS, PERF_PARTS, pick, random_table, random_topology, torchrec_hardware
 
 torch = pytest.importorskip("torch")

@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from rec.analysis.predict import predicted_ms
+from rec.analysis.rank_times import predicted_ms
 from rec.calibrate.fit import (
     MISSES,
     Fit,

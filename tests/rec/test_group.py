@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from rec.search import SearchConfig, search
+from rec.config.search import SearchConfig
+from rec.search import search
 from rec.search.group import search_group, split_groups, subspace
 from rec.search.heuristic import prepare
 from rec.search.merge import merge_groups
@@ -54,7 +55,7 @@ def test_groups_keep_the_plan_when_big_tables_only_balance_across_all_of_them():
     # The bench's mixed workload: a group rates its candidates over an even background, which
     # misjudges selections whose big shards only even out with every table placed; the merge
     # also packs the candidates with the best bound, so the plan stays the single search's.
-    from rec.search.planner import build_search_space
+    from rec.search.pipeline import build_search_space
     from rec.spec.synthetic import mixed_spec
     from rec.topology import topology_from_dict
 
@@ -73,7 +74,7 @@ def test_groups_rate_memory_priced_candidates_that_line_up_across_groups():
     # prices, so candidate i of every group belongs to the same global candidate.
     from rec.search.candidates import Family
     from rec.search.heuristic import heuristic
-    from rec.search.planner import build_search_space
+    from rec.search.pipeline import build_search_space
     from rec.spec.validate import spec_from_rows
     from rec.topology import topology_from_dict
 

@@ -8,9 +8,10 @@ import itertools
 import numpy as np
 import pytest
 
-from rec.cost.types import CostConfig
+from rec.config.cost import CostConfig
+from rec.config.search import SearchConfig
 from rec.planning import plan_spec
-from rec.search import SearchConfig, build_search_space, search_result
+from rec.search import build_search_space, search_result
 from rec.search.assignment import usage
 from rec.search.least_moved import least_moved, movement_floor
 from rec.search.warm import moved_bytes, previous_placement

@@ -8,7 +8,8 @@ import itertools
 import numpy as np
 import pytest
 
-from rec.search import SearchConfig, build_search_space, search_result
+from rec.config.search import SearchConfig
+from rec.search import build_search_space, search_result
 from rec.search.bound import BoundMethod
 from rec.search.exact import exact_tasks, model_options
 from rec.search.heuristic import heuristic, prepare
@@ -171,8 +172,8 @@ torchrec = pytest.importorskip("torchrec")
 def test_torchrec_rates_exact_stage_plans_as_shardflow_does(spec, topology):
     import logging
 
-    from rec.plan.torchrec_score import torchrec_score
     from rec.planning import plan_spec
+    from rec.torchrec.score import torchrec_score
 
     logging.disable(logging.WARNING)
     try:

@@ -44,7 +44,7 @@ def test_identical_inputs_give_identical_plan_files(tmp_path):
 
 
 def test_plan_id_changes_with_spec_topology_and_planner_config():
-    from rec.cost.types import CostConfig, Optimizer
+    from rec.config.cost import CostConfig, Optimizer
 
     topo = topology_from_dict(dict(H100_2X8))
     base = plan_spec(issue2282_spec(20), topo).plan_id

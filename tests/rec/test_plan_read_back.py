@@ -14,20 +14,11 @@ from pathlib import Path
 import pytest
 
 from rec.analysis import check_plan
+from rec.config.planner_identity import MadeBy, PlannerIdentity
+from rec.config.search import SearchConfig
 from rec.errors import InputError
-from rec.plan import (
-    BoundMethod,
-    MadeBy,
-    Movement,
-    PlannerIdentity,
-    SearchConfig,
-    dumps_plan,
-    parse_plan,
-    plan_from_dict,
-    read_plan,
-    write_plan,
-)
-from rec.plan.identity import identity_problems, plan_id
+from rec.plan import BoundMethod, Movement, dumps_plan, parse_plan, plan_from_dict, read_plan, write_plan
+from rec.plan.plan_id import identity_problems, plan_id
 from rec.planning import plan_spec
 from rec.profile import Profile
 from rec.spec.synthetic import issue2282_spec

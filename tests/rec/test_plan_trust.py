@@ -16,11 +16,11 @@ import pytest
 from flows.cli import main
 from rec.analysis import check_plan
 from rec.analysis.recompute import metrics_problems
+from rec.config.search import SearchConfig
 from rec.errors import InputError
 from rec.plan import read_plan, write_plan
 from rec.plan.io import plan_from_dict, plan_to_dict, write_plan_files
 from rec.planning import plan_spec, replan_spec
-from rec.search import SearchConfig
 from rec.spec import spec_from_rows
 from rec.spec.columns import table_to_row
 from rec.spec.synthetic import issue2282_spec

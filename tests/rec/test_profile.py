@@ -18,14 +18,16 @@ import pytest
 
 from flows.cli import main
 from rec.analysis import check_plan
-from rec.cost import CostConfig, enumerate_options
+from rec.config.cost import CostConfig
+from rec.config.search import SearchConfig
+from rec.cost import enumerate_options
 from rec.cost.bandwidth import kernel_bw, links
 from rec.cost.perf import shard_perf
 from rec.errors import InputError
 from rec.plan import read_plan
 from rec.plan.breakdown import breakdown
-from rec.plan.identity import planner_config
 from rec.plan.io import dumps_plan
+from rec.plan.plan_id import planner_config
 from rec.plan.plan_json import planner_to_dict
 from rec.planning import plan_spec
 from rec.profile import (
@@ -39,7 +41,6 @@ from rec.profile import (
 )
 from rec.profile import types as profile_types
 from rec.profile.validate import KEYS, PROFILE_FORMAT
-from rec.search import SearchConfig
 from rec.sharding import ComputeKernel, ShardingType
 from rec.spec import read_spec
 from rec.spec.synthetic import criteo_1tb_spec, issue2282_spec, mixed_spec, power_law_spec
@@ -245,17 +246,15 @@ def test_unreadable_profile_file_exits_2(name, reason, tmp_path, capsys):
     assert reason in capsys.readouterr().err
 
 
-def test_the_flows_take_the_profile_as_a_path_parameter():
-    import inspect
-
-    from flows.deployments import names_a_path
+def test_the_flows_take_the_profile_as_a_path_setting(tmp_path):
+    from flows.deployments import absolute_paths
     from flows.pipeline import pipeline_flow
     from flows.plan import plan_flow
     from flows.replan import replan_flow
 
-    for flow in (plan_flow, pipeline_flow, replan_flow):
-        assert inspect.signature(flow.fn).parameters["profile_path"].default is None
-        assert names_a_path(flow, "profile_path")  # relative paths in deployments resolve like spec_path
+    for flow in (plan_flow, pipeline_flow, replan_flow):  # relative paths in deployments resolve like spec_path
+        resolved = absolute_paths(flow, {"searching": {"profile": "p.yaml"}}, tmp_path)
+        assert resolved["searching"]["profile"] == str(tmp_path / "p.yaml")
 
 
 def test_the_library_refuses_a_profile_of_another_device_too():

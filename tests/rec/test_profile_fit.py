@@ -1,5 +1,5 @@
 """Fitting a profile to measurements (rec.calibrate.fit), the probes it fits on, and the prediction
-``shardflow measure`` compares with (rec.analysis.predict)."""
+``shardflow measure`` compares with (rec.analysis.rank_times)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from rec.analysis.predict import mixes_widths, plan_level_ms, predicted_ms, shard_rank_perf
+from rec.analysis.rank_times import mixes_widths, plan_level_ms, predicted_ms, shard_rank_perf
 from rec.calibrate.fit import (
     Kind,
     Measured,
@@ -127,7 +127,7 @@ def test_under_its_own_profile_the_prediction_is_the_plans_rank_perf(tmp_path):
                                                                           "unique_read_size_multiplier": 400.0}}},
                                  "bandwidths": {"intra_host_bw": "1GB/s"},
                                  "extensions": {"iteration_ms": 2.0, "sharding_type_ms": {"table_wise": 1.5}}})
-    from rec.cost.types import CostConfig
+    from rec.config.cost import CostConfig
 
     for cost in (CostConfig(), CostConfig(profile=profile)):
         plan = plan_spec(spec, topology, cost)
@@ -182,7 +182,7 @@ def test_distinct_rows_are_few_for_a_small_table_and_all_ids_for_a_huge_one():
 
 def test_a_sharding_type_whose_collectives_cost_more_than_it_saves_is_left_out_of_the_plan():
     from rec.analysis import check_plan
-    from rec.cost.types import CostConfig
+    from rec.config.cost import CostConfig
 
     spec, topology = read_spec(DEMO), read_topology(CPU_2PROC)
     free_dp = {"coefficients": {"data_parallel": {"fwd": {"input_read_size_multiplier": 0, "lookup_size_multiplier": 0,
@@ -200,8 +200,8 @@ def test_a_sharding_type_whose_collectives_cost_more_than_it_saves_is_left_out_o
 
 
 def test_a_replan_does_not_keep_a_sharding_type_whose_collectives_cost_more_than_moving_saves():
-    from rec.analysis.predict import predicted_critical_path
-    from rec.cost.types import CostConfig
+    from rec.analysis.rank_times import predicted_critical_path
+    from rec.config.cost import CostConfig
     from rec.planning import replan_spec
 
     spec, topology = read_spec(DEMO), read_topology(CPU_2PROC)

@@ -7,7 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
-from rec.search import InProcess, SearchConfig, build_search_space, search, search_result
+from rec.config.search import SearchConfig
+from rec.search import InProcess, build_search_space, search, search_result
 from rec.search.bound import BoundMethod, lower_bound
 from rec.search.pack import PackingError, PackOrder, pack
 from rec.search.select import select_options

@@ -29,9 +29,9 @@ def test_the_optimizer_mark_is_what_apply_optimizer_in_backward_sets():
 def test_a_planner_run_and_its_reservation_are_read(tmp_path):
     from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
 
-    from rec.plan.torchrec_score import run_torchrec_planner
     from rec.spec.synthetic import issue2282_spec
     from rec.topology import topology_from_dict
+    from rec.torchrec.score import run_torchrec_planner
 
     topology = topology_from_dict({"world_size": 2, "local_world_size": 2, "compute_device": "cuda",
                                    "hbm_cap": 1 << 33, "batch_size": 64})

@@ -41,9 +41,10 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection, Embedding
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward  # noqa: E402
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad  # noqa: E402
 
-from rec.plan.torchrec_score import run_torchrec_planner, torchrec_inputs, torchrec_topology  # noqa: E402
+from rec.config.planner_identity import Planner  # noqa: E402
 from rec.torchrec import ShardflowPlanner, torchrec_plan  # noqa: E402
-from rec.torchrec.planners import Planner  # noqa: E402
+from rec.torchrec.score import run_torchrec_planner, torchrec_inputs  # noqa: E402
+from rec.torchrec.topology import torchrec_topology  # noqa: E402
 
 META = torch.device("meta")
 SHARDERS = [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
@@ -189,7 +190,7 @@ def test_a_model_that_cannot_fit_fails_in_seconds_naming_the_table_as_torchrec_d
         ShardflowPlanner(topology=topology, constraints=constraints).plan(model, SHARDERS)
     assert time.perf_counter() - started < 5
     text = e.value.render()
-    assert "table towers.1.ebc.big: does not fit" in text and "over by" in text and "user_id" not in text
+    assert "table big in module towers.1.ebc: does not fit" in text and "over by" in text and "user_id" not in text
     with pytest.raises(PlannerError):  # TorchRec: no plan either
         quietly(EmbeddingShardingPlanner(topology=topology, constraints=constraints, proposer=GreedyProposer(),
                                          debug=False).plan, model, SHARDERS)
@@ -286,7 +287,7 @@ def _proposer(planner: Planner):
 
 def test_torchrecs_plan_on_cpu_ranks_and_its_id_leaves_the_time_out(tmp_path):
     from rec.plan import write_plan
-    from rec.plan.identity import plan_id
+    from rec.plan.plan_id import plan_id
     from rec.spec import read_spec
     from rec.topology import read_topology
 

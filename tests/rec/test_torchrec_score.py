@@ -14,7 +14,7 @@ from rec.topology import read_topology, topology_from_dict
 
 pytest.importorskip("torchrec")
 
-from rec.plan.torchrec_score import run_torchrec_planner, score_plan, torchrec_score
+from rec.torchrec.score import run_torchrec_planner, score_plan, torchrec_score
 from tests.paths import H100
 
 

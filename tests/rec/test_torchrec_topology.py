@@ -4,7 +4,7 @@ import pytest
 
 from rec.topology import read_topology, topology_from_dict
 from rec.topology import types as ours
-from rec.topology.torchrec_topology import to_torchrec, torchrec_planner_kwargs
+from rec.torchrec.topology import torchrec_topology
 from tests.paths import TOPOLOGIES
 
 constants = pytest.importorskip("torchrec.distributed.planner.constants")
@@ -21,7 +21,7 @@ def test_our_defaults_are_torchrecs_constants():
 @pytest.mark.parametrize("name", ["h100_1x8.yaml", "h100_2x8.yaml"])
 def test_gpu_topology_converts_rank_for_rank(name):
     ours_t = read_topology(TOPOLOGIES / name)
-    theirs = to_torchrec(ours_t)
+    theirs = torchrec_topology(ours_t)
     assert (theirs.world_size, theirs.local_world_size, theirs.compute_device) == (
         ours_t.world_size,
         ours_t.local_world_size,
@@ -30,6 +30,7 @@ def test_gpu_topology_converts_rank_for_rank(name):
     assert len(theirs.devices) == ours_t.world_size
     assert {d.storage.hbm for d in theirs.devices} == {80 * GiB}
     assert {d.storage.ddr for d in theirs.devices} == {128 * GiB}
+    assert {d.storage.ssd for d in theirs.devices} == {0}  # no SSD tier: TorchRec plans no key_value table
 
 
 def test_bandwidths_written_in_bytes_per_second_reach_torchrec_in_bytes_per_ms():
@@ -44,7 +45,7 @@ def test_bandwidths_written_in_bytes_per_second_reach_torchrec_in_bytes_per_ms()
             "ddr_mem_bw": "100GB/s",
         }
     )
-    theirs = to_torchrec(t)
+    theirs = torchrec_topology(t)
     assert theirs.intra_host_bw == 450e9 / 1000
     assert theirs.inter_host_bw == 50e9 / 1000
     assert theirs.hbm_mem_bw == 3e12 / 1000
@@ -52,7 +53,7 @@ def test_bandwidths_written_in_bytes_per_second_reach_torchrec_in_bytes_per_ms()
 
 
 def test_default_bandwidths_are_torchrecs_own():
-    theirs = to_torchrec(topology_from_dict({"world_size": 8, "compute_device": "cuda"}))
+    theirs = torchrec_topology(topology_from_dict({"world_size": 8, "compute_device": "cuda"}))
     assert theirs.intra_host_bw == constants.INTRA_NODE_BANDWIDTH
     assert theirs.inter_host_bw == constants.CROSS_NODE_BANDWIDTH
     assert theirs.hbm_mem_bw == constants.HBM_MEM_BW
@@ -60,17 +61,8 @@ def test_default_bandwidths_are_torchrecs_own():
 
 
 def test_cpu_topology_keeps_tables_in_ddr_as_torchrec_does():
-    theirs = to_torchrec(read_topology(TOPOLOGIES / "cpu_2proc.yaml"))
+    theirs = torchrec_topology(read_topology(TOPOLOGIES / "cpu_2proc.yaml"))
     assert (theirs.world_size, theirs.local_world_size, theirs.compute_device) == (2, 2, "cpu")
     assert [d.storage.hbm for d in theirs.devices] == [0, 0]  # TorchRec ignores hbm_cap on cpu
     assert [d.storage.ddr for d in theirs.devices] == [16 * GiB, 16 * GiB]
 
-
-def test_planner_kwargs_carry_batch_size_and_reservation():
-    from torchrec.distributed.planner import EmbeddingShardingPlanner
-
-    t = topology_from_dict({"world_size": 2, "compute_device": "cpu", "batch_size": 1024, "storage_reservation": 0.3})
-    planner = EmbeddingShardingPlanner(**torchrec_planner_kwargs(t))
-    assert planner._batch_size == 1024
-    assert planner._storage_reservation._percentage == 0.3
-    assert planner._topology.world_size == 2

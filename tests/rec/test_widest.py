@@ -8,10 +8,10 @@ from itertools import product
 
 import pytest
 
-from rec.analysis.predict import mixes_widths, predicted_critical_path, predicted_ms, widest_ms
-from rec.analysis.prediction import prediction
+from rec.analysis.iteration_time import prediction
+from rec.analysis.rank_times import mixes_widths, predicted_critical_path, predicted_ms, widest_ms
+from rec.config.cost import CostConfig
 from rec.cost.bandwidth import kernel_bw, links
-from rec.cost.types import CostConfig
 from rec.planning import plan_spec
 from rec.profile import profile_from_dict
 from rec.sharding import ComputeKernel

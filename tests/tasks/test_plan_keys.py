@@ -3,7 +3,7 @@ and never served for another previous plan, budget or backend."""
 
 from __future__ import annotations
 
-from rec.search import SearchConfig
+from rec.config.search import SearchConfig
 from tasks.search import Backend, SearchSettings, plan_key, search_plan
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rec.cost.types import CostConfig
+from rec.config.cost import CostConfig
 from rec.planning import plan_spec
 from rec.profile import profile_from_dict
 from rec.spec import spec_from_rows

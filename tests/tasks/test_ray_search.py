@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
+from rec.config.search import SearchConfig
 from rec.planning import plan_spec
-from rec.search import SearchConfig
 from rec.spec.synthetic import power_law_spec
 from rec.topology import topology_from_dict
 from tasks.ray_search import GroupSearcher, RaySearcher
@@ -21,7 +21,9 @@ TOPO = topology_from_dict(dict(world_size=32, local_world_size=8, compute_device
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    from tasks.ray_loopback import start_local
+
+    start_local(num_cpus=2)  # on loopback only, as the project starts it
     yield
     ray.shutdown()
 
@@ -92,7 +94,7 @@ def test_a_group_whose_actor_dies_is_searched_again_and_the_plan_is_unchanged(lo
 def test_the_actor_body_is_an_ordinary_class(spec):
     from rec.search import build_search_space
     from rec.search.group import split_groups
-    from rec.search.planner import prepare
+    from rec.search.pipeline import prepare
 
     space = build_search_space(spec, TOPO)
     group = split_groups(space, 4)[0]

@@ -45,6 +45,9 @@ def test_plain_names_with_spaces_dots_and_unicode_are_fine():
 
 @pytest.mark.parametrize("flow_name", ["plan_flow", "pipeline_flow", "replan_flow", "train_flow"])
 def test_every_flow_refuses_the_name_before_it_does_anything(flow_name, tmp_path):
+    """A deployment's (or the UI's) ``tracking`` is made into ``TrackingSettings`` as Prefect
+    validates the flow's parameters: a bad name fails there, before the flow runs. The flows
+    always record: ``track: false`` fails as the flow starts."""
     import flows.pipeline
     import flows.plan
     import flows.replan
@@ -55,9 +58,12 @@ def test_every_flow_refuses_the_name_before_it_does_anything(flow_name, tmp_path
     flow = getattr(module, flow_name)
     inputs = {"plan_path": str(tmp_path / "plan.json")} if flow_name == "train_flow" else \
         {"spec_path": str(DEMO), "topology_path": str(CPU_2PROC)}
+    state = str(tmp_path / "state")
     with pytest.raises(InputError, match="path separator"):
-        flow.fn(**inputs, experiment="../../escaped", out_dir=str(tmp_path / "out"),
-                state_dir=str(tmp_path / "state"))
+        flow.validate_parameters({**inputs, "tracking": {"experiment": "../../escaped", "state_dir": state},
+                                  "out_dir": str(tmp_path / "out")})
+    with pytest.raises(InputError, match="the flows always record"):
+        flow.fn(**inputs, tracking=TrackingSettings(state_dir=state, track=False), out_dir=str(tmp_path / "out"))
     assert not (tmp_path / "out").exists() and not (tmp_path / "state").exists()
 
 
@@ -65,7 +71,8 @@ def test_a_plan_id_that_is_no_plan_id_is_refused_before_it_names_a_directory(tmp
     import flows.train
 
     with pytest.raises(InputError, match="is not a plan_id"):
-        flows.train.train_flow.fn(plan_id="../../x", out_dir=None, state_dir=str(tmp_path / "state"))
+        flows.train.train_flow.fn(plan_id="../../x", out_dir=None,
+                                  tracking=TrackingSettings(state_dir=str(tmp_path / "state")))
 
 
 def test_the_cli_exits_2_naming_the_experiment_before_anything_starts(tmp_path, capsys, monkeypatch):

@@ -8,10 +8,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from rec.cost.types import CostConfig
+from rec.config.cost import CostConfig
+from rec.config.planner_identity import MadeBy, Planner, PlannerIdentity
+from rec.config.search import SearchConfig
 from rec.errors import Problem
 from rec.hashing import content_hash
-from rec.plan.planner_identity import MadeBy, Planner, PlannerIdentity, SearchConfig
 from rec.profile import Profile
 
 if TYPE_CHECKING:

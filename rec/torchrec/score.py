@@ -19,35 +19,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rec.cost.constants import UVM_CACHING_RATIO
+from rec.config.cost import UVM_CACHING_RATIO, CostConfig, Optimizer
 from rec.cost.tables import resolved_load_factors
-from rec.cost.types import CostConfig, Optimizer
+from rec.plan.table_placement import ShardPlacement, TablePlacement
 from rec.plan.types import Plan
 from rec.spec.types import Spec
 from rec.topology.types import Topology
+from rec.torchrec.topology import torchrec_topology
 from rec.torchrec_internals import mark_optimizer, planner_result
 
 if TYPE_CHECKING:
     from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
     from torchrec.distributed.planner.types import Topology as TorchrecTopology
-
-
-@dataclass(frozen=True)
-class ChosenShard:
-    offset: tuple[int, int]  # [row, col]
-    size: tuple[int, int]  # [rows, cols]
-    rank: int
-
-
-@dataclass(frozen=True)
-class ChosenOption:
-    """One table of TorchRec's best plan: what its planner chose, as plain values."""
-
-    module: str  # the embedding module's path in the model
-    name: str
-    sharding_type: str
-    compute_kernel: str
-    shards: tuple[ChosenShard, ...]
 
 
 @dataclass(frozen=True)
@@ -60,7 +43,7 @@ class TorchrecRun:
     num_proposals: int
     num_plans: int
     sharding_types: dict[str, int]
-    chosen: tuple[ChosenOption, ...] = ()  # the best plan, one entry per table
+    chosen: tuple[TablePlacement, ...] = ()  # the best plan, one entry per table, shards in TorchRec's order
 
 
 @dataclass(frozen=True)
@@ -93,24 +76,6 @@ def _optimizer_class(optimizer: Optimizer) -> type[Any] | None:
         Optimizer.ADAGRAD: torch.optim.Adagrad,
     }
     return classes[optimizer]
-
-
-def torchrec_topology(topology: Topology) -> TorchrecTopology:
-    """TorchRec's ``Topology`` as ``rec.cost`` models it (ssd_cap=0: no SSD tier, so no key_value)."""
-    from torchrec.distributed.planner.types import Topology as TorchrecTopology
-
-    return TorchrecTopology(
-        world_size=topology.world_size,
-        compute_device=topology.compute_device.value,
-        hbm_cap=topology.hbm_cap,
-        ddr_cap=topology.ddr_cap,
-        ssd_cap=0,
-        local_world_size=topology.local_world_size,
-        hbm_mem_bw=topology.hbm_mem_bw,
-        ddr_mem_bw=topology.ddr_mem_bw,
-        intra_host_bw=topology.intra_host_bw,
-        inter_host_bw=topology.inter_host_bw,
-    )
 
 
 def torchrec_inputs(spec: Spec, topology: Topology, cost: CostConfig = CostConfig(),
@@ -179,8 +144,8 @@ def run_torchrec_planner(spec: Spec, topology: Topology, cost: CostConfig = Cost
         num_proposals=proposals,
         num_plans=plans,
         sharding_types=dict(sorted(Counter(o.sharding_type for o in best).items())),
-        chosen=tuple(ChosenOption(o.path, o.name, o.sharding_type, o.compute_kernel, tuple(
-            ChosenShard((int(s.offset[0]), int(s.offset[1])), (int(s.size[0]), int(s.size[1])), int(s.rank))
+        chosen=tuple(TablePlacement(o.path, o.name, o.sharding_type, o.compute_kernel, tuple(
+            ShardPlacement(int(s.rank), (int(s.offset[0]), int(s.offset[1])), (int(s.size[0]), int(s.size[1])))
             for s in o.shards)) for o in best),
     )
 

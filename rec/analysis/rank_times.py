@@ -19,11 +19,11 @@ import numpy as np
 from rec.cost.bandwidth import kernel_bw, links
 from rec.cost.perf import shard_ids, shard_perf
 from rec.cost.tables import table_arrays
-from rec.cost.types import COMPUTE_KERNELS, SHARDING_TYPES
 from rec.cost.widest import FAMILY_CODE, KERNEL_FAMILY, group_extremes, lanes, padding_ms
 from rec.plan.load_factors import chosen_load_factors
 from rec.plan.types import Plan
 from rec.profile.types import Profile
+from rec.sharding import COMPUTE_KERNELS, SHARDING_TYPES
 
 
 def shard_rank_perf(plan: Plan, profile: Profile | None = None) -> np.ndarray:

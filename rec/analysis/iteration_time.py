@@ -1,6 +1,6 @@
 """A plan's one predicted iteration time, as every report prints it and every MLflow run logs it
 (``predicted_iteration_ms``): the critical path of its cost model plus its profile's plan-level
-terms (``rec.analysis.predict``), shown as those two parts when the profile has such terms.
+terms (``rec.analysis.rank_times``), shown as those two parts when the profile has such terms.
 Every report prints ``Prediction.text``, so one plan has one predicted number wherever it is shown.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rec.analysis.predict import plan_level_ms, widest_excess_ms
+from rec.analysis.rank_times import plan_level_ms, widest_excess_ms
 from rec.plan.types import Plan
 
 
@@ -23,7 +23,7 @@ class Prediction:
 
     @property
     def iteration_ms(self) -> float:
-        """The prediction: ``rec.analysis.predict.predicted_critical_path`` to the last bit."""
+        """The prediction: ``rec.analysis.rank_times.predicted_critical_path`` to the last bit."""
         return self.critical_path_ms + self.widest_ms + self.plan_level_ms
 
     def text(self) -> str:

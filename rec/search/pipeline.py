@@ -15,11 +15,11 @@ from functools import partial
 import numpy as np
 
 from rec import progress
-from rec.cost.types import CostConfig
+from rec.config.cost import CostConfig
+from rec.config.search import SearchConfig
 from rec.search.assignment import Assignment
 from rec.search.bound import LowerBound
 from rec.search.candidates import Ladder
-from rec.search.config import SearchConfig
 from rec.search.exact import combine, exact_tasks, run_task, within
 from rec.search.feasibility import check_capacity_left, check_every_table_fits
 from rec.search.group import search_group, split_groups

@@ -1,0 +1,139 @@
+"""``rec.train.ownership``: one run holds a checkpoint directory, a stale holder's lock is taken over,
+and each checkpoint's ``run.json`` says which run wrote it (and is checked when read back)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict
+
+import pytest
+
+from rec.errors import InputError
+from rec.train.lifetime import join_run_lock
+from rec.train.metrics import LatencyStats, LossStats, TrainMetrics, metrics_from_dict
+from rec.train.ownership import (
+    CHECKPOINT_LOCK_ENV,
+    RUN_ENV,
+    RUN_FILE,
+    Run,
+    another_runs,
+    holding,
+    newest_own,
+    parse_run,
+    record_writer,
+    this_run,
+    writer_of,
+)
+from rec.train.resume import LATEST, step_dir, step_name
+from tests.paths import ROOT
+
+
+def dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def reasons(error: InputError) -> str:
+    return "\n".join(p.reason for p in error.problems)
+
+
+def test_a_held_directory_refuses_another_run_naming_the_holder_and_is_free_after(tmp_path):
+    directory = tmp_path / "checkpoints"
+    first, second = Run.new(tmp_path / "a"), Run.new(tmp_path / "b")
+    with holding(directory, first) as env:
+        assert parse_run(env[RUN_ENV], RUN_ENV) == first
+        with pytest.raises(InputError) as refused, holding(directory, second):
+            pass
+        assert "in use by another shardflow run" in str(refused.value)
+        assert f"run {first.run_id} (--out {first.out_dir}, pid {os.getpid()} " in reasons(refused.value)
+    assert not directory.exists()  # made for the run, left with nothing in it: gone again
+    with holding(directory, second):
+        pass
+
+
+def test_the_ranks_share_the_lock_and_the_holder_is_named_as_gone_once_its_launcher_died(tmp_path, monkeypatch):
+    directory = tmp_path / "checkpoints"
+    directory.mkdir()
+    with holding(directory, Run.new(tmp_path / "a", pid=dead_pid())) as env:
+        monkeypatch.setenv(CHECKPOINT_LOCK_ENV, env[CHECKPOINT_LOCK_ENV])
+        rank = join_run_lock(CHECKPOINT_LOCK_ENV)  # a rank of this run: shares the lock
+        assert rank is not None
+        os.close(rank)
+        with pytest.raises(InputError) as refused, holding(directory, Run.new(tmp_path / "b")):
+            pass
+        assert "that launcher is gone" in reasons(refused.value)
+
+
+def test_the_lock_of_a_killed_launcher_is_taken_over(tmp_path):
+    directory = tmp_path / "checkpoints"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "from rec.train.ownership import Run, holding\n"
+        f"with holding({str(directory)!r}, Run.new({str(tmp_path / 'a')!r})):\n"
+        "    print('held', flush=True)\n"
+        "    time.sleep(600)\n")], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+    with pytest.raises(InputError):
+        with holding(directory, Run.new(tmp_path / "b")):
+            pass
+    holder.kill()
+    holder.wait()
+    mine = Run.new(tmp_path / "b")
+    with holding(directory, mine):
+        assert mine.run_id in (directory / ".shardflow-checkpoints-node0.lock").read_text()
+
+
+def test_each_checkpoint_names_its_writer_and_only_this_trainings_own_step_is_newest_own(tmp_path):
+    directory = tmp_path / "checkpoints"
+    a, c = Run.new(tmp_path / "a"), Run.new(tmp_path / "c")
+    for step, writer in ((4, a), (8, c)):
+        step_dir(directory, step).mkdir(parents=True)
+        record_writer(step_dir(directory, step), writer)
+    (directory / LATEST).write_text(step_name(8))
+    assert writer_of(step_dir(directory, 4)) == a and writer_of(step_dir(directory, 8)) == c
+    assert another_runs(step_dir(directory, 8), a) == c
+    assert another_runs(step_dir(directory, 8), Run.new(tmp_path / "c")) is None  # a later launch into c
+    assert newest_own(directory, tmp_path / "c") == 8 and newest_own(directory, tmp_path / "a") is None
+    step_dir(directory, 12).mkdir()  # written before shardflow recorded writers: its reader's own
+    (directory / LATEST).write_text(step_name(12))
+    assert writer_of(step_dir(directory, 12)) is None and newest_own(directory, tmp_path / "a") == 12
+
+
+@pytest.mark.parametrize(("edit", "named"), [
+    ({"pid": -3}, "pid"),
+    ({"out_dir": "/a\x1b[2J"}, "out_dir"),
+    ({"shell": "rm -rf /"}, "shell"),
+    ({"format": 2}, "format"),
+])
+def test_an_edited_run_file_is_refused_naming_the_key(tmp_path, edit, named):
+    step = tmp_path / step_name(4)
+    step.mkdir()
+    record_writer(step, Run.new(tmp_path / "a"))
+    record = json.loads((step / RUN_FILE).read_text())
+    (step / RUN_FILE).write_text(json.dumps({**record, **edit}))
+    with pytest.raises(InputError) as refused:
+        writer_of(step)
+    assert any(p.where == named for p in refused.value.problems)
+
+
+def test_a_rank_writes_as_the_run_its_launcher_passed(tmp_path, monkeypatch):
+    launcher = Run.new(tmp_path / "a")
+    monkeypatch.setenv(RUN_ENV, launcher.to_json())
+    assert this_run(tmp_path / "a") == launcher
+    monkeypatch.delenv(RUN_ENV)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "rdzv-7")  # a torchrun of the user's own
+    assert this_run(tmp_path / "a").run_id == "rdzv-7"
+
+
+def test_train_metrics_keep_the_run_a_training_resumed_from():
+    other = Run.new("/runs/a")
+    stats = LatencyStats(1.0, 2.0, 3.0, 1.5)
+    metrics = TrainMetrics("p", 2, 9, 1, 32, "naive", "dlrm", stats, LossStats(0.7, 0.5, 0.6), 100.0, {}, 6,
+                           resumed_run=other)
+    assert metrics_from_dict(json.loads(json.dumps(asdict(metrics))), "m").resumed_run == other
+    with pytest.raises(InputError):
+        metrics_from_dict({**asdict(metrics), "resumed_run": {**asdict(other), "pid": "x"}}, "m")

@@ -21,7 +21,7 @@ from rec.settings import add_flags
 
 HOST = "127.0.0.1"  # never another interface: the UI can delete runs
 DEFAULT_PORT = 5000
-
+STOP_WAIT_S = 5.0  # a UI that has not stopped by then is killed
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("ui", help="MLflow's web UI for the project's runs, on 127.0.0.1",
@@ -84,8 +84,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def stop(server: subprocess.Popen[bytes]) -> None:
-    """The UI and its worker (its own process group), SIGTERM then, after 10 s, SIGKILL."""
-    for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+    """The UI and its worker (its own process group), SIGTERM then, after ``STOP_WAIT_S``, SIGKILL."""
+    for sig, wait_s in ((signal.SIGTERM, STOP_WAIT_S), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(server.pid, sig)
         except ProcessLookupError:

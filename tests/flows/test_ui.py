@@ -38,9 +38,9 @@ def other_address() -> str | None:
     return None if address.startswith("127.") else address
 
 
-def test_ui_serves_the_store_on_loopback_and_stops_on_ctrl_c(tmp_path: Path):
-    tracking = tracking_for(f"sqlite:///{tmp_path / 'mlflow.db'}", state_dir=str(tmp_path / "state"))
-    _, experiment_id = connect(tracking)  # the store as the commands make it
+def test_ui_serves_the_store_on_loopback_and_stops_on_ctrl_c(tmp_path: Path, mlflow_uri: str):
+    tracking = tracking_for(mlflow_uri, state_dir=str(tmp_path / "state"))
+    _, experiment_id = connect(tracking)  # the experiment as the commands make it
     port = free_port()
     ui = subprocess.Popen([sys.executable, "-m", "flows.cli", "ui", "--port", str(port), "--tracking-uri",
                            tracking.uri], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -62,7 +62,7 @@ def test_ui_serves_the_store_on_loopback_and_stops_on_ctrl_c(tmp_path: Path):
             with pytest.raises(OSError), socket.create_connection((address, port), timeout=1):
                 pass
         ui.send_signal(signal.SIGINT)
-        _, err = ui.communicate(timeout=15)
+        _, err = ui.communicate(timeout=30)
         assert ui.returncode in (0, 130)
         assert err.strip().splitlines() == ["shardflow: MLflow UI stopped"]
     finally:

@@ -54,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
 
     if not 0 < args.port < 65536:
         raise InputError(f"Cannot start the MLflow UI: --port must be 1 to 65535, got {args.port}")
+    # Ctrl-C stops it even where it was started with SIGINT ignored (a disposition children inherit).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     tracking = from_flags(TrackingSettings, args).resolve()
     try:  # read only: the store must exist and be MLflow's
         _, experiment_id = open_read_only(tracking)

@@ -94,3 +94,14 @@ def alone(fd: int, wait_s: float = RELEASE_WAIT_S) -> bool:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.1)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

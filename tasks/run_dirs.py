@@ -21,7 +21,7 @@ from pathlib import Path
 
 from rec.disk_full import writing
 from rec.errors import InputError, Problem
-from rec.file_lock import alone, open_lock_file, release, take
+from rec.file_lock import alone, open_lock_file, process_alive, release, take
 from rec.train.lifetime import OUT_LOCK_ENV
 from tasks.paths import DEFAULT_OUT, PLAN_SUBDIR, TRAIN_SUBDIR, in_work_dir
 
@@ -135,19 +135,9 @@ def _holder(text: str) -> str:
     launcher is gone and only processes it started hold it."""
     text = text.strip()
     words = text.split()
-    if len(words) >= 2 and words[0] == "pid" and words[1].isdigit() and not _alive(int(words[1])):
+    if len(words) >= 2 and words[0] == "pid" and words[1].isdigit() and not process_alive(int(words[1])):
         return f"the training processes of {text} (that launcher is gone; they stop within seconds)"
     return text or "another process"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _restore(name: str, value: str | None) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from rec.disk_full import write_whole, writing
 from rec.errors import InputError, Problem
-from rec.file_lock import alone, open_lock_file, release, take
+from rec.file_lock import alone, open_lock_file, process_alive, release, take
 
 RUN_FILE = "run.json"  # in each checkpoint's step directory: the run that wrote it
 RUN_FORMAT = 1
@@ -180,19 +180,9 @@ def _holder(text: str) -> str:
         holder = parse_run(text, "the lock file")
     except InputError:
         return "".join(c if c.isprintable() else "?" for c in text.strip()[:200]) or "another process"
-    if holder.host == socket.gethostname() and not _alive(holder.pid):
+    if holder.host == socket.gethostname() and not process_alive(holder.pid):
         return f"the training processes of {holder.describe()} (that launcher is gone; they stop within seconds)"
     return holder.describe()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _read(fd: int) -> str:

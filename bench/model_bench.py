@@ -108,7 +108,7 @@ def bench_workload(w: Workload, repeat: int, tmp: Path) -> dict[str, Any]:
     cli_s = []
     for _ in range(repeat):
         started = time.perf_counter()
-        done = subprocess.run([str(SHARDFLOW), "plan", str(spec_path), "--topology", str(topology_path),
+        done = subprocess.run([str(SHARDFLOW), "plan", "--no-track", str(spec_path), "--topology", str(topology_path),
                                "--out", str(out), "--no-chart"], capture_output=True, text=True)
         cli_s.append(time.perf_counter() - started)
         if done.returncode != 0:

@@ -141,7 +141,7 @@ def time_cli(spec_path: Path, topology_path: Path, out: Path, repeat: int) -> li
     seconds = []
     for _ in range(repeat):
         started = time.perf_counter()
-        done = subprocess.run([str(SHARDFLOW), "plan", str(spec_path), "--topology", str(topology_path),
+        done = subprocess.run([str(SHARDFLOW), "plan", "--no-track", str(spec_path), "--topology", str(topology_path),
                                "--out", str(out)], capture_output=True, text=True)
         seconds.append(time.perf_counter() - started)
         if done.returncode != 0:

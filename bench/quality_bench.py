@@ -38,7 +38,7 @@ def one_seed(seed: int, args: argparse.Namespace, tmp: Path) -> dict[str, float]
     data = tmp / f"data{seed}"
     truth = ctr.generate(replace(ctr.CtrSettings(), seed=seed, files=args.files), data)
     plan, out = tmp / f"plan{seed}", tmp / f"train{seed}"
-    shardflow("plan", str(data / "spec.yaml"), "--topology", args.topology, "--out", str(plan))
+    shardflow("plan", "--no-track", str(data / "spec.yaml"), "--topology", args.topology, "--out", str(plan))
     shardflow("train", "--no-track", "--plan", str(plan), "--out", str(out),
               "--data", str(data / ("train" if args.files > 1 else "train.parquet")),
               "--eval-data", str(data / "eval.parquet"), "--iterations", str(args.iterations),

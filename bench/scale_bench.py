@@ -42,7 +42,7 @@ def topology_file(directory: Path, world: int, batch: int = 512) -> Path:
 
 def run_plan(spec: Path, topo: Path, out: Path, backend: str, groups: int | None = None,
              env: dict | None = None) -> dict:
-    cmd = ["/usr/bin/time", "-f", "MAXRSS_KB=%M", str(BIN / "shardflow"), "plan", str(spec),
+    cmd = ["/usr/bin/time", "-f", "MAXRSS_KB=%M", str(BIN / "shardflow"), "plan", "--no-track", str(spec),
            "--topology", str(topo), "--out", str(out), "--backend", backend]
     if groups:
         cmd += ["--groups", str(groups)]

@@ -47,7 +47,7 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         plan_dir = Path(tmp) / "plan"
-        shardflow("plan", args.spec, "--topology", args.topology, "--out", str(plan_dir))
+        shardflow("plan", "--no-track", args.spec, "--topology", args.topology, "--out", str(plan_dir))
         for repeat in range(args.repeats):
             for pipeline in ("naive", "sparse_dist"):
                 out = Path(tmp) / f"{pipeline}_{repeat}"

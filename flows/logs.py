@@ -6,8 +6,9 @@ every MLflow failure itself, in one line, where MLflow would log a traceback per
 progress bars and print no "View run" links; the embedded Prefect server sends no telemetry (it
 cannot reach the internet from closed networks and would log an ERROR); Python warnings from
 libraries are hidden, and a training's torchrun output stays in its log files. A failure the CLI
-explains itself (an InputError, a TrainingFailed, MLflow unavailable) is not logged again by
-Prefect, three times over with tracebacks: the CLI prints its one-line cause once.
+explains itself (an InputError, a TrainingFailed, MLflow unavailable, a stop the user asked for
+with Ctrl-C) is not logged again by Prefect, three times over with tracebacks: the CLI prints its
+one-line cause once.
 ``--verbose`` restores the libraries' own output (and ``SHARDFLOW_VERBOSE=1`` shows torchrun's).
 """
 
@@ -24,6 +25,7 @@ from tasks.tracking import MLFLOW_QUIET_ENV
 
 RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
 KNOWN_FAILURES = ("InputError", "TrainingFailed")  # the CLI reports these itself
+INTERRUPTED = "aborted by an interrupt signal"  # Prefect's words for a run stopped by Ctrl-C: the CLI says it
 QUIET_ENV = {
     "PREFECT_LOGGING_LEVEL": "WARNING",
     "MLFLOW_LOGGING_LEVEL": "CRITICAL",
@@ -61,8 +63,10 @@ class _KnownFailures(logging.Filter):
         raised = record.exc_info[1] if record.exc_info else None
         if isinstance(raised, InputError) or type(raised).__name__ in KNOWN_FAILURES:
             return False
+        if isinstance(raised, KeyboardInterrupt):
+            return False
         message = record.getMessage()
-        return not any(name in message for name in KNOWN_FAILURES)
+        return not any(name in message for name in (*KNOWN_FAILURES, INTERRUPTED))
 
 
 @contextmanager

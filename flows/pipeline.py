@@ -15,7 +15,7 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 
 from flows.plan import plan_summary
-from flows.reports import data_lines, predicted_line
+from flows.reports import checkpoint_lines, data_lines, predicted_line, resumed_lines
 from flows.start import Ingested, inputs_for, started
 from flows.train import train_with_retries
 from rec.errors import InputError, Problem
@@ -56,7 +56,9 @@ class PipelineOutcome:
             + f", loss {m.loss.first:.4f} -> {m.loss.last:.4f}"
             + (f" ({self.trained.attempts} attempts)" if self.trained.attempts > 1 else ""),
             predicted_line(read_plan(self.plan_path), m),
+            *resumed_lines(self.trained),
             *data_lines(m),
+            *checkpoint_lines(self.trained),
         ])
 
 

@@ -95,9 +95,10 @@ class TerminalProgress:
                 timing.ok &= event.ok
                 timing.count += 1
             if state.shown:
-                verb = "done in" if event.ok else "failed after"
                 self._remove_live(state)
-                self._line(f"{step_label(state.name)}: {verb} {_seconds(event.elapsed_s)}")
+                if not event.stopped:  # a stop the user asked for: the command says so, in one line
+                    verb = "done in" if event.ok else "failed after"
+                    self._line(f"{step_label(state.name)}: {verb} {_seconds(event.elapsed_s)}")
             if not self._steps:
                 self._stop_live()
 

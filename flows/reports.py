@@ -10,8 +10,10 @@ from flows.text_table import render_table
 
 if TYPE_CHECKING:
     from rec.plan import Plan
+    from rec.profile.types import Profile
     from rec.topology import Topology
     from rec.train.metrics import TrainMetrics
+    from tasks.train import Trained
 
 # What each topology key means (the defaults themselves live in rec.topology.validate).
 TOPOLOGY_KEYS = {
@@ -32,7 +34,7 @@ TOPOLOGY_KEYS = {
 def render_plan(plan: Plan, all_ranks: bool = False) -> str:
     """Per-rank load and memory (critical rank marked), then the plan's quality and its predicted
     iteration time (``rec.analysis.iteration_time``: printed alike by ``plan``, ``train`` and ``measure``)."""
-    from rec.analysis.iteration_time import prediction
+    from rec.analysis.iteration_time import cost_model_label, prediction
     from rec.plan.report import rank_table, sharding_types
 
     m = plan.metrics
@@ -42,7 +44,7 @@ def render_plan(plan: Plan, all_ranks: bool = False) -> str:
     return (
         f"{render_table(table.header, table.rows, right=table.right)}{note}\n\n"
         f"tables:        {len(plan.tables):,} ({kinds_text})\n"
-        f"critical path: {m.critical_path:.4f} ms (TorchRec cost model)\n"
+        f"critical path: {m.critical_path:.4f} ms ({cost_model_label(plan)})\n"
         f"lower bound:   {m.lower_bound:.4f} ms  gap {100 * m.gap:.2f}% ({m.bound_method} bound"
         f"{'; proven optimal' if m.optimal else ''})\n"
         f"predicted:     {prediction(plan).text()}\n"
@@ -107,15 +109,17 @@ def defaulted_keys(topology_path: str) -> list[str]:
     return [k for k in KEYS if k not in document] if isinstance(document, dict) else []
 
 
-def render_topology_line(topology: Topology, topology_path: str) -> str:
-    """Two lines for ``plan``: the cluster, and the defaults the file relies on."""
+def render_topology_line(topology: Topology, topology_path: str, profile: Profile | None = None) -> str:
+    """Two lines for ``plan``: the cluster, and the defaults the file relies on (less the bandwidths
+    ``profile`` sets in their place: the plan never used those defaults)."""
     values = _topology_values(topology)
     t = topology
     memory = "hbm_cap" if t.compute_device.value == "cuda" else "ddr_cap"
     line = (f"topology:      {t.world_size:,} {t.compute_device.value} ranks ({t.num_hosts:,} "
             f"host{'s' if t.num_hosts > 1 else ''} x {t.local_world_size}), {memory} {values[memory]} "
             f"per rank, batch_size {t.batch_size} per rank")
-    items = [f"{k} {values[k]}" for k in defaulted_keys(topology_path)]
+    replaced = {k for k, v in vars(profile.bandwidths).items() if v is not None} if profile else set()
+    items = [f"{k} {values[k]}" for k in defaulted_keys(topology_path) if k not in replaced]
     if items:
         rows = [" " * 15 + "defaults: " + items[0]]
         for item in items[1:]:  # wrapped between items, never inside one
@@ -168,14 +172,15 @@ def command(name: str) -> str:
 def predicted_line(plan: Plan, metrics: TrainMetrics) -> str:
     """``predicted ...; measured ... (p50): 1.316x predicted``: a training's measured p50 beside its
     plan's prediction, as ``train`` and ``run`` print it (only at the plan's batch size)."""
-    from rec.analysis.iteration_time import ms, prediction, ratio_text
+    from rec.analysis.iteration_time import UNCALIBRATED_NOTE, ms, prediction, ratio_text
 
     predicted = prediction(plan)
     p50 = metrics.iteration_latency_ms.p50
     versus = (f"measured {ms(p50)} (p50): {ratio_text(p50, predicted.iteration_ms)}"
               if metrics.batch_size == predicted.batch_size else
               f"at the plan's batch size {predicted.batch_size} per rank, not this training's {metrics.batch_size}")
-    return f"predicted {predicted.text()}; {versus}"
+    note = f"\nnote      {UNCALIBRATED_NOTE}" if plan.planner.profile.is_default else ""
+    return f"predicted {predicted.text()}; {versus}{note}"
 
 
 def data_lines(metrics: TrainMetrics) -> list[str]:
@@ -198,3 +203,38 @@ def data_lines(metrics: TrainMetrics) -> list[str]:
         lines.append(f"eval      {values} on {samples:,} held-out samples"
                      + (f" ({len(metrics.evaluations)} evaluations)" if len(metrics.evaluations) > 1 else ""))
     return lines
+
+
+def render_resumed(metrics: TrainMetrics, resume_from: str | None) -> str:
+    """Where a training that resumed started from: another plan's checkpoint (``--resume-from``:
+    which plan and step, tables restored, resized and initialized) or its own; empty otherwise."""
+    resume = metrics.resume
+    if resume:
+        dense = len(resume.dense_reinitialized)
+        return (f"resumed   from plan {resume.from_plan_id} at step {resume.step} ({resume_from}): "
+                f"{resume.tables_restored} tables restored, {resume.tables_resized} resized, "
+                f"{resume.tables_initialized} initialized"
+                + (f"; {dense} dense layer{'s' if dense > 1 else ''} initialized" if dense else ""))
+    other = metrics.resumed_run
+    if metrics.resumed_from and other is not None:
+        return (f"resumed   from run {other.run_id}'s checkpoint at step {metrics.resumed_from} "
+                f"(--out {other.out_dir})")
+    if metrics.resumed_from:
+        return f"resumed   from this plan's own checkpoint at step {metrics.resumed_from}"
+    return ""
+
+
+def resumed_lines(trained: Trained) -> list[str]:
+    """``resumed ...`` where the training went on from a checkpoint (``render_resumed``)."""
+    assert trained.metrics is not None, "node 0's training: it has the metrics"
+    resumed = render_resumed(trained.metrics, trained.settings.job.resume_from)
+    return [resumed] if resumed else []
+
+
+def checkpoint_lines(trained: Trained) -> list[str]:
+    """``checkpoints DIR`` where the training wrote checkpoints."""
+    from rec.train.resume import checkpoint_dir
+
+    job = trained.settings.job
+    directory = checkpoint_dir(job, trained.out_dir)
+    return [f"checkpoints {directory}"] if directory and job.checkpoint_every else []

@@ -8,7 +8,8 @@ GAP = "  "  # between columns
 
 
 def render_table(header: Sequence[str], rows: Sequence[Sequence[object]], right: Sequence[str] = ()) -> str:
-    """Columns padded to their widest cell; columns named in ``right`` (numbers) are right-aligned."""
+    """Columns padded to their widest cell; columns named in ``right`` (numbers) are right-aligned.
+    A column with an empty name (a marker such as ``<- critical path``) gets no rule under it."""
     cells = [list(map(str, header))] + [[str(c) for c in row] for row in rows]
     widths = column_widths(cells)
     aligned = [
@@ -16,8 +17,8 @@ def render_table(header: Sequence[str], rows: Sequence[Sequence[object]], right:
                  for cell, w, name in zip(row, widths, header, strict=True))
         for row in cells
     ]
-    rule = GAP.join("-" * w for w in widths)
-    return "\n".join([aligned[0].rstrip(), rule, *(line.rstrip() for line in aligned[1:])])
+    rule = GAP.join(("-" if name else " ") * w for w, name in zip(widths, header, strict=True))
+    return "\n".join([aligned[0].rstrip(), rule.rstrip(), *(line.rstrip() for line in aligned[1:])])
 
 
 def column_widths(cells: Sequence[Sequence[str]]) -> list[int]:

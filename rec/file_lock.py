@@ -72,11 +72,45 @@ def holding(fd: int, *, shared: bool = False, blocking: bool = True) -> Iterator
 
 
 @contextmanager
-def file_lock(path: str | Path, *, shared: bool = False, blocking: bool = True) -> Iterator[int]:
+def file_lock(path: str | Path, *, shared: bool = False, blocking: bool = True,
+              removed: bool = False) -> Iterator[int]:
     """Hold the lock of the file ``path`` for the block: exclusive, or ``shared``; without
-    ``blocking``, BlockingIOError at once if it is taken. Yields the (read-only) descriptor."""
-    with holding(open_lock_file(path), shared=shared, blocking=blocking) as fd:
+    ``blocking``, BlockingIOError at once if it is taken. Yields the (read-only) descriptor.
+
+    ``removed``: the lock file is gone again when an exclusive holder lets go (none is left beside a
+    user's files). Every taker of such a lock then checks that the file it locked is still the one
+    at ``path`` (a holder may have removed it meanwhile) and takes the new one if not."""
+    if not removed:
+        with holding(open_lock_file(path), shared=shared, blocking=blocking) as fd:
+            yield fd
+        return
+    while True:
+        fd = open_lock_file(path)
+        try:
+            take(fd, shared=shared, blocking=blocking)
+        except BaseException:
+            os.close(fd)
+            raise
+        if _still_at(fd, path):
+            break
+        os.close(fd)  # taken from a holder that removed it: lock the file now at the path
+    try:
         yield fd
+    finally:
+        if not shared:
+            with suppress(FileNotFoundError):
+                os.unlink(path)  # while holding it: a later taker finds the path empty or new
+        release(fd)
+        os.close(fd)
+
+
+def _still_at(fd: int, path: str | Path) -> bool:
+    try:
+        at_path = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (at_path.st_dev, at_path.st_ino) == (held.st_dev, held.st_ino)
 
 
 RELEASE_WAIT_S = 5.0  # how long a finishing launcher waits for its ranks to let go of a lock

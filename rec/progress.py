@@ -31,6 +31,7 @@ class Event:
     total: int | None = None
     elapsed_s: float = 0.0  # since the step started
     ok: bool = True  # end events: False when the step raised
+    stopped: bool = False  # end events: the step was interrupted (Ctrl-C, a stop signal), as asked
 
 
 Reporter = Callable[[Event], None]
@@ -53,14 +54,17 @@ def step(name: str, message: str = "") -> Iterator[None]:
     with _lock:
         _steps.append(entry)
     _emit(Event("start", name, message))
-    ok = False
+    ok = stopped = False
     try:
         yield
         ok = True
+    except KeyboardInterrupt:
+        stopped = True
+        raise
     finally:
         with _lock:
             _steps.remove(entry)
-        _emit(Event("end", name, elapsed_s=time.perf_counter() - started, ok=ok))
+        _emit(Event("end", name, elapsed_s=time.perf_counter() - started, ok=ok, stopped=stopped))
 
 
 def update(message: str = "", done: int | None = None, total: int | None = None) -> None:

@@ -134,7 +134,7 @@ def _writing(profile_path: str) -> Iterator[None]:
     that may describe different fits."""
     lock = Path(profile_path).with_name(f".{Path(profile_path).name}{LOCK_SUFFIX}")
     try:
-        with file_lock(lock, blocking=False):
+        with file_lock(lock, blocking=False, removed=True):
             yield
     except BlockingIOError:
         raise InputError("Cannot calibrate into this file:", [Problem(

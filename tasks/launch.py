@@ -121,6 +121,7 @@ class Stopped(KeyboardInterrupt):
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = signum
+        self.out_dir: str | None = None  # the stopped training's output directory, once known
 
     @property
     def name(self) -> str:
@@ -159,8 +160,10 @@ def run_training(launch: Launch, env: dict[str, str] | None = None) -> Finished:
                 if echo:
                     sys.stderr.write(line)
             code = proc.wait()
-        except BaseException:  # a signal, Ctrl-C, a cancelled Prefect task: no ranks left behind
+        except BaseException as e:  # a signal, Ctrl-C, a cancelled Prefect task: no ranks left behind
             stop(proc)
+            if isinstance(e, Stopped):
+                e.out_dir = launch.out_dir
             raise
     return Finished(code, tuple(sent))
 

@@ -137,6 +137,7 @@ def log_plan(tracking: Tracking, plan: Plan, plan_path: str, inputs: Inputs,
 def _publish_rank_table(plan: Plan, tracking: Tracking, logged: Logged) -> None:
     from prefect.artifacts import create_markdown_artifact
 
+    from rec.analysis.iteration_time import cost_model_label
     from rec.plan.report import markdown, rank_table
 
     m = plan.metrics
@@ -148,7 +149,7 @@ def _publish_rank_table(plan: Plan, tracking: Tracking, logged: Logged) -> None:
         where = f"`{logged.run_id}` in experiment `{tracking.experiment}` at `{tracking.uri}`"
     text = (f"### Plan `{plan.plan_id}`: {len(plan.tables):,} tables on {plan.world_size:,} ranks\n\n"
             f"critical path {m.critical_path:.4f} ms, lower bound {m.lower_bound:.4f} ms, gap "
-            f"{100 * m.gap:.2f}% (TorchRec cost model)\n\nMLflow plan run: {where}\n\n"
+            f"{100 * m.gap:.2f}% ({cost_model_label(plan)})\n\nMLflow plan run: {where}\n\n"
             f"{markdown(rank_table(plan))}\n")
     create_markdown_artifact(markdown=text, key=f"plan-{plan.plan_id}",
                              description=f"per-rank load of plan {plan.plan_id}")

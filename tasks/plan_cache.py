@@ -65,7 +65,7 @@ def read_entry(cache_dir: str | Path, key: str, fits: Callable[[Plan], str | Non
         secret = cache_secret(cache_dir)
         with ExitStack() as stack:
             if os.path.lexists(entry / WRITE_LOCK):  # a writer of this entry finishes first
-                stack.enter_context(file_lock(entry / WRITE_LOCK, shared=True))
+                stack.enter_context(file_lock(entry / WRITE_LOCK, shared=True, removed=True))
             digest = _read(entry / CACHE_DIGEST_FILE, MAX_DIGEST_BYTES)
             files = {name: _read(entry / name, MAX_SPEC_FILE_BYTES) for name in DIGESTED}
     except FileNotFoundError as e:

@@ -16,6 +16,7 @@ from tasks.tracking import Tracking
 from tasks.train import Trained, TrainSettings
 
 if TYPE_CHECKING:
+    from rec.plan import Plan
     from tasks.ingest import Inputs
 
 
@@ -37,6 +38,17 @@ def record(tracking: Tracking, record: RunRecord | EndRecord, files: dict[str, P
         delivery = outbox.deliver(tracking)
     return Logged(record.key, delivery.run_ids.get(record.key), delivery.pending_for(tracking),
                   delivery.errors.get(tracking.uri))
+
+
+def queue_plan(tracking: Tracking, plan: Plan, plan_path: str, inputs: Inputs,
+               planning_s: float | None = None) -> Path:
+    """A plan run with params, metrics and the plan's files (none if MLflow already has a finished
+    run of this plan_id), put in the outbox for ``tracking`` and not delivered: the next command
+    that records delivers it (``replan`` before it looks for the last planning). What ``shardflow
+    plan`` records without importing MLflow, which would take it seconds. Returns the entry."""
+    rec = records.plan_record(plan, inputs, planning_s=planning_s)
+    plan_dir = Path(plan_path).parent
+    return Outbox(tracking.outbox_dir).put(rec, {name: plan_dir / name for name in rec.artifacts}, to=tracking)
 
 
 def record_training(tracking: Tracking, trained: Trained, parent_key: str | None = None,

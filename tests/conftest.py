@@ -9,8 +9,26 @@ from pathlib import Path
 
 import pytest
 
-from tests.paths import CPU_2PROC, DEMO
+from tests.paths import CPU_2PROC, DEMO, ROOT
 from tests.stores import make_store, store_from
+
+
+def _recorded_in_the_checkout() -> set[str]:
+    """What shardflow records where a command run from the repository root would: the default
+    store and the outbox's entries."""
+    outbox = ROOT / ".shardflow" / "outbox"
+    entries = {f"outbox/{p.name}" for p in outbox.iterdir() if not p.name.startswith(".")} if outbox.is_dir() else set()
+    return entries | {name for name in ("mlflow.db", "mlruns") if (ROOT / name).exists()}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nothing_recorded_in_the_checkout():
+    """A test that runs a recording command from the repository root without a store of its own
+    (or ``--no-track``) fails the session: it would leave runs in the developer's checkout."""
+    before = _recorded_in_the_checkout()
+    yield
+    added = _recorded_in_the_checkout() - before
+    assert not added, f"tests recorded into the checkout: {sorted(added)}"
 
 
 @pytest.fixture(scope="session")

@@ -197,3 +197,15 @@ def test_every_enum_valued_field_documents_exactly_the_values_of_the_code():
             wrong.append(f"{name}, {what}: documents {sorted(listed - code)} not in the code, "
                          f"leaves out {sorted(code - listed)}")
     assert wrong == []
+
+
+def test_the_readme_says_which_training_loop_auto_runs_where_as_the_code_picks_it():
+    from rec.train.config import PipelineKind
+
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert ("`--pipeline auto`: TorchRec's `TrainPipelineSparseDist` on several GPUs, a plain loop on one GPU "
+            "and on cpu") in readme
+    picks = {(world, device): PipelineKind.AUTO.on(world, device) for world, device in
+             ((8, "cuda"), (2, "cuda"), (1, "cuda"), (2, "cpu"), (1, "cpu"))}
+    assert picks == {(8, "cuda"): PipelineKind.SPARSE_DIST, (2, "cuda"): PipelineKind.SPARSE_DIST,
+                     (1, "cuda"): PipelineKind.NAIVE, (2, "cpu"): PipelineKind.NAIVE, (1, "cpu"): PipelineKind.NAIVE}

@@ -19,9 +19,10 @@ CASES = {
     "the library": (
         "import rec.cost, rec.plan, rec.planning, rec.search, rec.spec, rec.spec.synthetic, rec.topology, rec.units",
         TORCH + ORCHESTRATION),
-    "shardflow plan": (
+    "shardflow plan, its plan run queued for MLflow": (
         "from flows.cli import main\n"
-        "assert main(['plan', demo, '--topology', cpu, '--out', out]) == 0",
+        "assert main(['plan', demo, '--topology', cpu, '--out', out, '--state-dir', out + '-state']) == 0\n"
+        "import os; assert os.listdir(out + '-state/outbox')",
         TORCH + ORCHESTRATION),
     "shardflow spec show and validate": (
         "from flows.cli import main\n"
@@ -41,7 +42,7 @@ CASES = {
     # The launcher imports torch anyway; the command before it only where it reads a checkpoint.
     "the checks before a cpu training that resumes (no checkpoint yet)": (
         "from flows.cli import main\n"
-        "assert main(['plan', demo, '--topology', cpu, '--out', out]) == 0\n"
+        "assert main(['plan', '--no-track', demo, '--topology', cpu, '--out', out]) == 0\n"
         "from rec.train.config import TrainConfig\n"
         "from tasks.train import TrainSettings, prepare\n"
         "job = TrainConfig(resume=True, checkpoint_every=2)\n"

@@ -22,7 +22,7 @@ def _plan(ctx: Context, workload: workloads.Workload, timeout_s: float) -> Path:
     spec = ctx.spec_file(workload)
     topology = ctx.topology_file(workload.name, workload.batch_size, workload.hbm_bytes)
     out = ctx.work / f"{workload.name}_plan"
-    ctx.run(["plan", str(spec), "--topology", str(topology), "--out", str(out), "--no-chart"], timeout_s)
+    ctx.run(["plan", "--no-track", str(spec), "--topology", str(topology), "--out", str(out), "--no-chart"], timeout_s)
     return out
 
 

@@ -101,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
               + (" matching the filters" if filters else ""))
     waiting = len(Outbox(tracking.outbox_dir).entries())
     if waiting:
-        print(f"\n{waiting} record(s) wait in {tracking.outbox_dir} for MLflow (not shown)")
+        print(f"\n{waiting} record(s) wait in {tracking.outbox_dir} for MLflow, not shown (plans of `shardflow "
+              "plan` wait there for the next command that records): `shardflow outbox retry` delivers them")
     return ExitCode.OK
 
 

@@ -96,7 +96,7 @@ def render_report(report: MeasureReport, predicted: Prediction) -> str:
     """Per rank predicted against measured, then the plan's predicted iteration time (as ``plan``
     prints it) beside the measured one, and their ratio."""
     from flows.text_table import render_table
-    from rec.analysis.iteration_time import ms, ratio_text
+    from rec.analysis.iteration_time import UNCALIBRATED_NOTE, ms, ratio_text
 
     critical = max(range(report.world_size), key=lambda r: report.measured_ms[r])
     ranks = list(range(report.world_size))
@@ -119,4 +119,5 @@ def render_report(report: MeasureReport, predicted: Prediction) -> str:
         f"{ratio_text(measured, predicted.iteration_ms)}",
         f"profile        {profile} (hash {report.profile['hash']}); measured on {report.machine.get('device_name')}, "
         f"{report.world_size} ranks",
+        *([f"note           {UNCALIBRATED_NOTE}"] if report.profile["default"] else []),
     ])

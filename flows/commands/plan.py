@@ -1,10 +1,13 @@
 """``shardflow plan SPEC --topology TOPO --out DIR``: search a sharding plan and write it.
 
 The same three steps as the Prefect ``plan`` flow (ingest, search, write: plan.json,
-shards.parquet, rank_load.png), without Prefect or MLflow; ``shardflow run --plan-only`` runs them
-as the flow, with the plan cache and an MLflow plan run. Prints the per-rank table (the critical
-rank marked; a summary beyond 32 ranks), the plan's quality, the topology's defaults in use and
-the wall time of each step. ``shardflow show DIR`` tells which tables sit where.
+shards.parquet, rank_load.png), without Prefect or MLflow (whose imports would take seconds):
+the plan run is queued in the outbox (``--no-track``: the files only) and the next command that
+records delivers it, ``shardflow replan`` before it compares, so replan and ``compare`` find it
+as they find the flows' plans. ``shardflow run --plan-only`` runs the steps as the flow, with the
+plan cache. Prints the per-rank table (the critical rank marked; a summary beyond 32 ranks), the
+plan's quality, the topology's defaults in use and the wall time of each step. ``shardflow show
+DIR`` tells which tables sit where.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from rec.settings import add_flags, knob
 
 if TYPE_CHECKING:
     from rec.plan import Plan
+    from tasks.ingest import Inputs
+    from tasks.tracking import TrackingSettings
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,7 @@ class ReportSettings:
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from tasks.search import SearchSettings
+    from tasks.tracking import TrackingSettings
     from tasks.write import WriteSettings
 
     parser = subparsers.add_parser("plan", help="search a sharding plan and write plan.json",
@@ -68,20 +74,19 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     add_flags(search, SearchSettings)
     add_previous_arguments(parser)
     add_flags(parser.add_argument_group("artifact"), WriteSettings)
+    add_flags(parser.add_argument_group("tracking"), TrackingSettings)
     add_flags(parser.add_argument_group("report"), ReportSettings)
     parser.set_defaults(handler=run)
 
 
 def add_previous_arguments(parser: argparse.ArgumentParser) -> None:
-    """--previous / --previous-plan-id: replan from a plan, moving as little of it as --max-regress allows."""
-    from tasks.tracking import TrackingSettings
-
+    """--previous / --previous-plan-id: replan from a plan, moving as little of it as --max-regress allows
+    (a plan id is looked up where the tracking flags say)."""
     group = parser.add_argument_group("replan from a previous plan (moves as little as --max-regress allows)")
     source = group.add_mutually_exclusive_group()
     source.add_argument("--previous", metavar="PLAN", help="the previous plan.json (or its directory)")
     source.add_argument("--previous-plan-id", metavar="ID",
                         help="the previous plan by its plan_id, from MLflow (or the outbox)")
-    add_flags(group, TrackingSettings, skip=("track",))
 
 
 def previous_plan(args: argparse.Namespace) -> Plan | None:
@@ -106,6 +111,17 @@ def previous_plan(args: argparse.Namespace) -> Plan | None:
     return plan
 
 
+def render_queued(plan: Plan, plan_path: str, inputs: Inputs, tracking: TrackingSettings,
+                    seconds: float) -> str:
+    """The plan run, queued in the outbox for MLflow, as one line."""
+    from tasks.recorder import queue_plan
+
+    where = tracking.resolve()
+    queue_plan(where, plan, plan_path, inputs, seconds)
+    return (f"mlflow:        plan run queued for experiment {where.experiment!r} at {where.uri}: the next command "
+            f"that records (train, run, replan, outbox retry) delivers it")
+
+
 def add_input_arguments(parser: argparse.ArgumentParser) -> None:
     """SPEC and --topology, for every command that plans."""
     parser.add_argument("spec", metavar="SPEC", help="table spec: .parquet .arrow .feather .csv .yaml .json")
@@ -125,9 +141,11 @@ def run(args: argparse.Namespace) -> int:
     from tasks.ingest import ingest
     from tasks.search import SearchSettings, search_plan, torchrec_search, with_profile
     from tasks.step_progress import ingesting, searching, writing
+    from tasks.tracking import TrackingSettings
     from tasks.write import WriteSettings, write_plan_artifact
 
     started = time.perf_counter()
+    tracking = from_flags(TrackingSettings, args)  # a name that cannot be used exits 2 here
     search_settings = with_profile(from_flags(SearchSettings, args))
     check(search_settings, "Cannot plan with these settings:")
     choice = from_flags(PlannerChoice, args)
@@ -153,9 +171,11 @@ def run(args: argparse.Namespace) -> int:
             return ExitCode.FAILED
     print(render_plan(found.plan, from_flags(ReportSettings, args).all_ranks))
     print(render_made_by(found.plan), end="")
-    print(render_topology_line(inputs.topology, args.topology))
+    print(render_topology_line(inputs.topology, args.topology, found.plan.planner.profile))
     if args.profile:
         print(f"profile:       {describe_profile(search_settings.cost.profile)}")
+    if tracking.track:
+        print(render_queued(found.plan, written.plan_path, inputs, tracking, found.seconds))
     print(f"time:          {shown.summary(time.perf_counter() - started)}")
     print(f"\nwrote {', '.join(written.files)}")
     return ExitCode.OK

@@ -2,9 +2,10 @@
 
 Runs the Prefect ``replan`` flow once (the ``replan-on-schema-change`` deployment runs it on a
 schedule): it hashes the spec and compares the hash with the newest successful planning of the
-same spec file on the same topology in MLflow. Unchanged: nothing is recorded in MLflow (the check
-is the Prefect flow run). Changed, or never planned: a new plan is searched, written to OUT/plan
-and logged.
+same spec file on the same topology in MLflow (a plan of ``shardflow plan``, ``run`` or an
+earlier replan). Unchanged: nothing is recorded in MLflow (the check is the Prefect flow run).
+Changed, or never planned: a new plan is searched from the last one, written to OUT/plan and
+logged; what it moved is printed as ``shardflow plan --previous`` prints it.
 """
 
 from __future__ import annotations
@@ -65,6 +66,11 @@ def run(args: argparse.Namespace) -> int:
                               chart=from_flags(WriteSettings, args).chart, out_dir=args.out,
                               tracking=tracking, ingested=Ingested(inputs))
     print(outcome.summary())
+    if outcome.plan_path:
+        from flows.reports import render_movement
+        from rec.plan import read_plan
+
+        print(render_movement(read_plan(outcome.plan_path)), end="")
     if outcome.pending:
         print(kept_message(tracking.resolve(), outcome.pending, outcome.tracking_error))
     return ExitCode.OK

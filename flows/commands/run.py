@@ -24,8 +24,9 @@ from rec.settings import add_flags
 if TYPE_CHECKING:
     from flows.pipeline import PipelineOutcome
     from flows.plan import PlanOutcome
+    from tasks.launch import Stopped
     from tasks.tracking import Tracking
-    from tasks.train import TrainingFailed
+    from tasks.train import TrainingFailed, TrainSettings
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -64,8 +65,10 @@ def run(args: argparse.Namespace) -> int:
     from flows.progress import on_terminal
     from flows.start import Ingested
     from rec.errors import InputError, Problem
+    from rec.exit_codes import stopped_by
     from rec.settings import check, from_flags
     from tasks.ingest import ingest
+    from tasks.launch import Stopped
     from tasks.search import SearchSettings
     from tasks.step_progress import ingesting
     from tasks.tracking import TrackingSettings
@@ -110,6 +113,9 @@ def run(args: argparse.Namespace) -> int:
                 except TrainingFailed as e:
                     print(render_failure(e, tracking.resolve()), file=sys.stderr)
                     return ExitCode.of_failure(e.deterministic)
+                except Stopped as e:
+                    print(render_stopped(e, training, args.out, time.perf_counter() - started), file=sys.stderr)
+                    return stopped_by(e.signum)
     total = time.perf_counter() - started
     if args.plan_only:
         print(render_plan_outcome(plan_outcome, tracking.resolve()))
@@ -117,6 +123,20 @@ def run(args: argparse.Namespace) -> int:
         print(render_outcome(outcome, tracking.resolve()))
     print(f"time      {shown.summary(total, other='Prefect and start-up')}")
     return ExitCode.OK
+
+
+def render_stopped(e: Stopped, training: TrainSettings, out: str | None, seconds: float) -> str:
+    """One line for a training stopped as asked (Ctrl-C, SIGTERM): that nothing runs on, and where
+    the same command goes on from (its newest checkpoint) or that it has none to go on from."""
+    from rec.train.ownership import own_checkpoint
+    from rec.train.resume import checkpoint_dir
+
+    line = f"shardflow run: stopped by {e.name} after {seconds:.0f} s: torchrun and every rank have exited"
+    step = own_checkpoint(training.job, e.out_dir) if e.out_dir else None
+    if e.out_dir is None or step is None:
+        return f"{line}; no checkpoint to resume from (--checkpoint-every N writes them)"
+    again = "--resume" if out else f"--checkpoint-dir {checkpoint_dir(training.job, e.out_dir)} --resume"
+    return f"{line}; newest checkpoint {step}: the same command with {again} goes on from it"
 
 
 def render_failure(e: TrainingFailed, tracking: Tracking) -> str:
@@ -159,16 +179,17 @@ def hints(tracking: Tracking, plan_path: str) -> list[str]:
     from tasks.tracking import DEFAULT_EXPERIMENT, resolve_uri, sqlite_path, sqlite_uri
 
     out = [f"show      {command('shardflow')} show {Path(plan_path).parent}"]
+    default = tracking.uri == resolve_uri(None) and tracking.experiment == DEFAULT_EXPERIMENT
     db = sqlite_path(tracking.uri)
     if db is not None:
         try:
             shown = sqlite_uri(db.relative_to(Path.cwd()))
         except ValueError:
             shown = tracking.uri
-        out.append(f"browse    {command('mlflow')} ui --backend-store-uri {shown}")
+        where = "" if default else f" --tracking-uri {shown} --experiment {tracking.experiment}"
+        out.append(f"browse    {command('shardflow')} ui{where}")
     else:
         out.append(f"browse    {tracking.uri}")
-    default = tracking.uri == resolve_uri(None) and tracking.experiment == DEFAULT_EXPERIMENT
     out.append(f"compare   {command('shardflow')} compare" + ("" if default else
                f" --tracking-uri {tracking.uri} --experiment {tracking.experiment}"))
     return out

@@ -22,7 +22,6 @@ from rec.settings import add_flags
 
 if TYPE_CHECKING:
     from rec.plan import Plan
-    from rec.train.metrics import TrainMetrics
     from tasks.recorder import Logged
     from tasks.tracking import TrackingSettings
     from tasks.train import Trained, TrainSettings
@@ -104,18 +103,10 @@ def run(args: argparse.Namespace) -> int:
 
 def newest_checkpoint(settings: TrainSettings, out: str | None) -> str:
     """``; newest complete checkpoint: DIR`` (--resume continues from it), or nothing."""
-    from rec.errors import InputError
-    from rec.train.ownership import newest_own
-    from rec.train.resume import checkpoint_dir, step_dir
+    from rec.train.ownership import own_checkpoint
 
-    directory = checkpoint_dir(settings.job, out) if out else None
-    try:  # only a step this run wrote: another run's is not where this one stopped
-        step = newest_own(directory, out) if directory and out else None
-    except InputError:
-        step = None
-    if directory is None or step is None:
-        return ""
-    return f"; newest complete checkpoint: {step_dir(directory, step)} (--resume continues from it)"
+    step = own_checkpoint(settings.job, out) if out else None  # another run's is not where this one stopped
+    return f"; newest complete checkpoint: {step} (--resume continues from it)" if step else ""
 
 
 def render_trained(trained: Trained, plan: Plan | None = None) -> str:
@@ -123,7 +114,7 @@ def render_trained(trained: Trained, plan: Plan | None = None) -> str:
     ``plan`` and ``measure`` print it); where a resume came from and what it restored."""
     from pathlib import Path
 
-    from flows.reports import data_lines, predicted_line
+    from flows.reports import checkpoint_lines, data_lines, predicted_line, resumed_lines
     from rec.train.metrics import ITERATIONS_FILE, METRICS_FILE
     from rec.train.rank_log import LOG_DIR
 
@@ -137,36 +128,11 @@ def render_trained(trained: Trained, plan: Plan | None = None) -> str:
              f"p90 {lat.p90:.2f} ms, {m.samples_per_s:,.0f} samples/s; loss {m.loss.first:.4f} -> {m.loss.last:.4f}"]
     if plan is not None:
         lines.append(predicted_line(plan, m))
-    resumed = render_resumed(m, trained.settings.job.resume_from)
-    if resumed:
-        lines.append(resumed)
+    lines += resumed_lines(trained)
     lines += data_lines(m)
     lines.append(f"wrote     {out / METRICS_FILE}, {out / ITERATIONS_FILE} (logs in {out / LOG_DIR})")
-    from rec.train.resume import checkpoint_dir
-
-    checkpoints = checkpoint_dir(trained.settings.job, out)
-    if checkpoints and trained.settings.job.checkpoint_every:
-        lines.append(f"checkpoints {checkpoints}")
+    lines += checkpoint_lines(trained)
     return "\n".join(lines)
-
-
-def render_resumed(metrics: TrainMetrics, resume_from: str | None) -> str:
-    """Where a training that resumed started from: another plan's checkpoint (``--resume-from``:
-    which plan and step, tables restored, resized and initialized) or its own; empty otherwise."""
-    resume = metrics.resume
-    if resume:
-        dense = len(resume.dense_reinitialized)
-        return (f"resumed   from plan {resume.from_plan_id} at step {resume.step} ({resume_from}): "
-                f"{resume.tables_restored} tables restored, {resume.tables_resized} resized, "
-                f"{resume.tables_initialized} initialized"
-                + (f"; {dense} dense layer{'s' if dense > 1 else ''} initialized" if dense else ""))
-    other = metrics.resumed_run
-    if metrics.resumed_from and other is not None:
-        return (f"resumed   from run {other.run_id}'s checkpoint at step {metrics.resumed_from} "
-                f"(--out {other.out_dir})")
-    if metrics.resumed_from:
-        return f"resumed   from this plan's own checkpoint at step {metrics.resumed_from}"
-    return ""
 
 
 def render_logged(logged: Logged, tracking: TrackingSettings, what: str) -> str:

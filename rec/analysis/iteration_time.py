@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from rec.analysis.rank_times import plan_level_ms, widest_excess_ms
 from rec.plan.types import Plan
+from rec.profile.validate import profile_hash
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,20 @@ def prediction(plan: Plan) -> Prediction:
     """The prediction of ``plan`` under its own profile."""
     return Prediction(plan.metrics.critical_path, plan_level_ms(plan), plan.topology.batch_size,
                       widest_excess_ms(plan))
+
+
+def cost_model_label(plan: Plan) -> str:
+    """What a plan's critical path is counted in: TorchRec's cost model with its default constants,
+    or with the profile the plan was made under (whose bandwidths replace the topology's)."""
+    profile = plan.planner.profile
+    if profile.is_default:
+        return "TorchRec cost model"
+    return f"TorchRec's cost model under profile {profile.name or profile_hash(profile)}"
+
+
+# Beside a measured time under TorchRec's defaults: why it is far from the prediction, and the fix.
+UNCALIBRATED_NOTE = ("the prediction uses TorchRec's default constants, not this machine's: measure them with "
+                     "`shardflow calibrate --topology TOPO --out profile.yaml`, then plan with --profile profile.yaml")
 
 
 def ms(value: float) -> str:

@@ -76,7 +76,7 @@ def write_plan_files(plan: Plan, out_dir: str | Path, extra: Callable[[Path], No
     OSError naming the file (``DISK_FULL_ERRNOS``)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    with file_lock(out / WRITE_LOCK):  # concurrent writers into one directory take turns
+    with file_lock(out / WRITE_LOCK, removed=True):  # concurrent writers into one directory take turns
         return _write_plan_files(plan, out, extra, (*PLAN_DIR_FILES, *owned))
 
 

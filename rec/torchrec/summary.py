@@ -3,7 +3,7 @@ plan`` prints (``rec.plan.report``), the plan's quality and how long planning to
 
 from __future__ import annotations
 
-from rec.analysis.iteration_time import prediction
+from rec.analysis.iteration_time import cost_model_label, prediction
 from rec.plan.report import rank_table, sharding_types
 from rec.plan.types import Plan
 
@@ -18,15 +18,16 @@ def plan_summary(plan: Plan, seconds: float, search_s: float) -> str:
         return "  ".join(c.rjust(w) if h in table.right else c.ljust(w)
                          for c, w, h in zip(cells, widths, table.header, strict=True)).rstrip()
 
+    rule = "  ".join(("-" if h else " ") * w for w, h in zip(widths, table.header, strict=True))  # none: a marker
     kinds = ", ".join(f"{k} {n:,}" for k, n in sorted(sharding_types(plan).items()))
     optimal = "; proven optimal" if m.optimal else ""
     return "\n".join([
         f"shardflow planned {len(plan.tables):,} tables on {plan.world_size:,} {plan.topology.compute_device.value} "
         f"ranks in {seconds:.2f} s (search {search_s:.2f} s)",
-        line(table.header), "  ".join("-" * w for w in widths), *map(line, table.rows),
+        line(table.header), rule.rstrip(), *map(line, table.rows),
         *([table.note] if table.note else []),
         f"tables:        {len(plan.tables):,} ({kinds})",
-        f"critical path: {m.critical_path:.4f} ms (TorchRec cost model)",
+        f"critical path: {m.critical_path:.4f} ms ({cost_model_label(plan)})",
         f"lower bound:   {m.lower_bound:.4f} ms  gap {100 * m.gap:.2f}% ({m.bound_method} bound{optimal})",
         f"predicted:     {prediction(plan).text()}",
         f"plan_id:       {plan.plan_id}",

@@ -21,10 +21,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rec.disk_full import write_whole, writing
 from rec.errors import InputError, Problem
 from rec.file_lock import alone, open_lock_file, process_alive, release, take
+
+if TYPE_CHECKING:
+    from rec.train.config import TrainConfig
 
 RUN_FILE = "run.json"  # in each checkpoint's step directory: the run that wrote it
 RUN_FORMAT = 1
@@ -134,6 +138,20 @@ def newest_own(directory: str | Path, out_dir: str | Path) -> int | None:
     if step is None or another_runs(step_dir(directory, step), Run.new(out_dir)) is not None:
         return None
     return step
+
+
+def own_checkpoint(config: TrainConfig, out_dir: str | Path) -> str | None:
+    """The newest complete checkpoint the training writing into ``out_dir`` wrote (its step
+    directory), None when there is none or another run wrote the newest one: where a stopped
+    training goes on from."""
+    from rec.train.resume import checkpoint_dir, step_dir
+
+    directory = checkpoint_dir(config, out_dir)
+    try:
+        step = newest_own(directory, out_dir) if directory else None
+    except InputError:  # an unreadable LATEST: nothing to point at
+        return None
+    return str(step_dir(directory, step)) if directory and step is not None else None
 
 
 @contextmanager

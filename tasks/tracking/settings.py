@@ -63,7 +63,7 @@ class TrackingSettings:
         "next to a SQLite store)", metavar="NAME"))
     state_dir: str = field(default=DEFAULT_STATE_DIR, metadata=knob(
         "shardflow's own state: the outbox for MLflow and the plan cache", metavar="DIR", path=True))
-    # Only ``shardflow train`` offers --no-track; the flows always record (they refuse false).
+    # The commands offer --no-track (plan, train, measure); the flows always record (they refuse false).
     track: bool = field(default=True, metadata=knob(
         "record the run in MLflow (through the outbox when MLflow is away); --no-track: files only"))
 

@@ -16,7 +16,7 @@ SECTIONS = ("train", "data", "resume", "measure", "calibrate", "calibration", "v
 
 
 @pytest.mark.slow
-def test_the_cpu_check_runs_every_section_without_prefect_ray_or_mlflow(tmp_path):
+def test_the_cpu_check_runs_every_section_without_prefect_ray_or_mlflow(tmp_path, capsys):
     absent = tmp_path / "absent"
     absent.mkdir()
     for name in ("prefect", "ray", "mlflow"):  # as on a GPU image that ships none of them
@@ -61,6 +61,45 @@ def test_the_cpu_check_runs_every_section_without_prefect_ray_or_mlflow(tmp_path
     markdown = (out / "gpu_check.md").read_text()
     assert all(f"| {name} | ok |" in markdown for name in SECTIONS)
     assert "Traceback" not in r.stderr
+    assert_the_quick_calibration_wrote_a_profile_that_plans(out, capsys)
+
+
+def assert_the_quick_calibration_wrote_a_profile_that_plans(out, capsys) -> None:
+    """The calibrate section's ``shardflow calibrate --quick``: this machine's profile and its fit
+    report; plans made with it name it, and it refuses to plan GPUs."""
+    from flows.cli import main
+    from rec.profile import read_profile
+    from tests.paths import CPU_2PROC, DEMO, H100_2X8
+
+    profile = out / "profile.yaml"
+    assert not (out / ".profile.yaml.lock").exists()  # the calibration's lock is gone with it
+    fitted = read_profile(profile)
+    assert fitted.machine is not None and fitted.machine.device.value == "cpu"
+    assert fitted.machine.world_size == 2 and fitted.machine.torch_version
+    assert fitted.bandwidths.intra_host_bw is not None and fitted.extensions.iteration_ms >= 0
+    report = json.loads((out / "profile.fit.json").read_text())
+    assert report["format"] == "shardflow.calibration/v1" and report["timed_out"] == []
+    assert report["profile_hash"] in profile.read_text()
+    assert len(report["probes"]) >= 20
+    for probe in report["probes"]:
+        assert probe["measured_ms"] > 0 and probe["predicted_ms"] > 0
+        assert probe["residual"] == pytest.approx(probe["predicted_ms"] / probe["measured_ms"] - 1)
+
+    capsys.readouterr()
+    plan_dir = out / "plan"
+    assert main(["plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--profile", str(profile),
+                 "--out", str(plan_dir), "--no-chart"]) == 0
+    plan = json.loads((plan_dir / "plan.json").read_text())
+    assert plan["planner"]["profile"]["hash"] == report["profile_hash"]
+    # The report names the measured profile, not TorchRec's defaults it replaced.
+    printed = capsys.readouterr().out
+    assert "(TorchRec cost model)" not in printed and "TorchRec's cost model under profile " in printed
+    defaults = printed.split("defaults:", 1)[1].split("\n")[0] if "defaults:" in printed else ""
+    assert "intra_host_bw" not in defaults
+    # Measured on cpu ranks, the profile refuses to plan GPUs.
+    assert main(["plan", "--no-track", str(DEMO), "--topology", str(H100_2X8), "--profile", str(profile),
+                 "--out", str(out / "gpu")]) == 2
+    assert not (out / "gpu" / "plan.json").exists()
 
 
 def test_an_unknown_section_or_budget_is_refused_with_exit_2(tmp_path):

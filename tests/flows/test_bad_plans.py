@@ -17,7 +17,7 @@ from tests.paths import CPU_2PROC, DEMO
 @pytest.fixture(scope="module")
 def good(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("plan")
-    assert main(["plan", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(out), "--no-chart"]) == 0
+    assert main(["plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(out), "--no-chart"]) == 0
     return json.loads((out / "plan.json").read_text())
 
 
@@ -132,6 +132,6 @@ def test_an_abandoned_temporary_directory_is_removed_by_the_next_write(tmp_path)
     abandoned = out / f"{TMP_PREFIX}{socket.gethostname()}-{dead}-deadbeef"
     abandoned.mkdir()
     (abandoned / "plan.json").write_text("half")
-    assert main(["plan", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(out), "--no-chart"]) == 0
+    assert main(["plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(out), "--no-chart"]) == 0
     assert not abandoned.exists()
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["plan.json", "shards.parquet"]

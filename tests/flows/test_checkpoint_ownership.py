@@ -29,7 +29,7 @@ EXIT_LINE = re.compile(r"newest complete checkpoint: (\S+) \(--resume continues 
 @pytest.fixture(scope="module")
 def plan_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("plan")
-    assert main(["plan", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(out), "--no-chart"]) == 0
+    assert main(["plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(out), "--no-chart"]) == 0
     return out
 
 

@@ -65,7 +65,7 @@ def test_a_corrupt_store_neither_stops_planning_nor_blocks_later_runs_and_is_del
     assert waiting.is_dir()
 
     # A plan fetched from MLflow shows no progress bars.
-    code, out = shardflow(tmp_path, "plan", str(DEMO), "--topology", str(CPU_2PROC), "--out", "again",
+    code, out = shardflow(tmp_path, "plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--out", "again",
                           "--previous-plan-id", plan_id, "--tracking-uri", healthy)
     assert code == 0, out
     assert_quiet(out)
@@ -80,7 +80,7 @@ def test_a_corrupt_store_neither_stops_planning_nor_blocks_later_runs_and_is_del
 
 
 def test_training_with_mlflow_down_exits_0_with_one_line_and_keeps_the_train_run(tmp_path):
-    assert main(["plan", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "plan")]) == 0
+    assert main(["plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "plan")]) == 0
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -33,7 +33,7 @@ def test_an_abbreviation_is_refused_with_the_flag_it_means(capfd):
 
 
 def test_an_unknown_flag_is_named_before_a_missing_one(capfd):
-    result = shardflow_here(capfd, "plan", str(DEMO), "--topolgy", str(CPU_2PROC))
+    result = shardflow_here(capfd, "plan", "--no-track", str(DEMO), "--topolgy", str(CPU_2PROC))
     assert result.returncode == 2
     assert "--topolgy (did you mean --topology?)" in result.stderr
     assert "is required" not in result.stderr
@@ -42,7 +42,7 @@ def test_an_unknown_flag_is_named_before_a_missing_one(capfd):
 
 
 def test_an_unknown_flag_shows_the_usage_of_its_command(capfd):
-    result = shardflow_here(capfd, "plan", str(DEMO), "--topology", str(CPU_2PROC), "--iters", "3")
+    result = shardflow_here(capfd, "plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--iters", "3")
     assert result.returncode == 2
     assert result.stderr.startswith("usage: shardflow plan"), result.stderr
     assert "unrecognized arguments: --iters" in result.stderr

@@ -10,20 +10,21 @@ import pytest
 
 from flows.cli import main
 from tests.flows.cli_in_process import shardflow_here
-from tests.paths import DEMO, H100, SHARDFLOW, TWO_TOWER_SEQ
+from tests.paths import CPU_2PROC, DEMO, H100, SHARDFLOW, TWO_TOWER_SEQ
 
 
 @pytest.fixture(scope="module")
 def cuda_plan(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("cuda")
-    assert main(["plan", str(DEMO), "--topology", str(H100), "--out", str(out), "--no-chart"]) == 0
+    assert main(["plan", "--no-track", str(DEMO), "--topology", str(H100), "--out", str(out), "--no-chart"]) == 0
     return out
 
 
 def test_plan_and_spec_show_name_the_topology_defaults_they_use(tmp_path, capsys):
     topology = tmp_path / "bare.yaml"
     topology.write_text("world_size: 4\ncompute_device: cuda\n")
-    assert main(["plan", str(DEMO), "--topology", str(topology), "--out", str(tmp_path / "p"), "--no-chart"]) == 0
+    assert main(["plan", "--no-track",
+                 str(DEMO), "--topology", str(topology), "--out", str(tmp_path / "p"), "--no-chart"]) == 0
     out = capsys.readouterr().out
     defaults = out[out.index("defaults:"):]
     for key, value in (("ddr_cap", "128.0 GiB"), ("hbm_cap", "32.0 GiB"), ("batch_size", "512"),
@@ -33,6 +34,27 @@ def test_plan_and_spec_show_name_the_topology_defaults_they_use(tmp_path, capsys
     assert main(["spec", "show", str(DEMO), "--topology", str(topology)]) == 0
     rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.strip()}
     assert "file" in rows["world_size"] and "default" in rows["ddr_cap"] and "128.0 GiB" in rows["ddr_cap"]
+
+
+def test_a_plans_report_names_the_constants_its_critical_path_is_counted_in(tmp_path, capsys):
+    from tests.paths import ROOT
+
+    topology = tmp_path / "bare.yaml"
+    topology.write_text("world_size: 4\ncompute_device: cuda\n")
+    assert main(["plan", "--no-track", str(DEMO), "--topology", str(topology), "--out", str(tmp_path / "d"),
+                 "--no-chart"]) == 0
+    out = capsys.readouterr().out  # without a profile: TorchRec's defaults, every bandwidth among them
+    assert "(TorchRec cost model)" in out and "hbm_mem_bw" in out[out.index("defaults:"):]
+    profile = ROOT / "examples" / "profiles" / "h100_sxm_datasheet.yaml"  # sets every bandwidth
+    assert main(["plan", "--no-track", str(DEMO), "--topology", str(topology), "--profile", str(profile),
+                 "--out", str(tmp_path / "p"), "--no-chart"]) == 0
+    out = capsys.readouterr().out
+    assert "(TorchRec cost model)" not in out
+    assert "critical path:" in out and "(TorchRec's cost model under profile h100-sxm-datasheet)" in out
+    # The defaults line names the topology's defaults the plan used, not the bandwidths the profile replaced.
+    defaults = " ".join(out[out.index("defaults:"):out.index("profile:")].split())
+    assert "ddr_cap 128.0 GiB" in defaults
+    assert not any(bw in defaults for bw in ("hbm_mem_bw", "ddr_mem_bw", "intra_host_bw", "inter_host_bw"))
 
 
 def test_show_tells_which_tables_sit_on_a_rank_and_its_compute_and_communication(cuda_plan, capsys):
@@ -47,14 +69,19 @@ def test_show_tells_which_tables_sit_on_a_rank_and_its_compute_and_communication
     assert main(["show", str(cuda_plan), "--table", sharded["name"]]) == 0
     assert f"table {sharded['name']}: {sharded['sharding_type']}" in capsys.readouterr().out
     assert main(["show", str(cuda_plan)]) == 0
-    header = capsys.readouterr().out.splitlines()[0].split()
+    lines = capsys.readouterr().out.splitlines()
+    header = lines[0].split()
     assert header[:5] == ["rank", "perf_ms", "compute_ms", "comm_ms", "comm"]
+    # a rule under each named column, none under the unnamed one that marks the critical path
+    named = ["rank", "perf_ms", "compute_ms", "comm_ms", "comm", "shards", "costliest (ms)"]
+    assert len(lines[1].split()) == len(named) and "<- critical path" in lines[2]
     assert main(["show", str(cuda_plan), "--table", "no_such_*"]) == 2
 
 
 def test_show_names_each_table_of_another_module_with_its_module(tmp_path, capsys):
     # two_tower_seq has an item_id in the item tower and another in the sequence tower
-    assert main(["plan", str(TWO_TOWER_SEQ), "--topology", str(H100), "--out", str(tmp_path), "--no-chart"]) == 0
+    assert main(["plan", "--no-track", str(TWO_TOWER_SEQ), "--topology", str(H100), "--out", str(tmp_path),
+                 "--no-chart"]) == 0
     capsys.readouterr()
     assert main(["show", str(tmp_path), "--table", "*item_id"]) == 0
     titles = [line.split(":")[0] for line in capsys.readouterr().out.splitlines() if line.startswith("table ")]
@@ -133,3 +160,24 @@ def test_every_command_and_subcommand_prints_its_help(capsys):
             build_parser().parse_args([*path, "--help"])
         assert done.value.code == 0, path
         assert "usage: shardflow" in capsys.readouterr().out
+
+
+def test_show_rank_lists_the_costliest_shards_first_and_every_one_with_all(tmp_path, capsys):
+    spec = tmp_path / "many.yaml"
+    spec.write_text("".join(f"- {{name: t{i:02d}, num_embeddings: {1000 * (i + 1)}, embedding_dim: 16}}\n"
+                            for i in range(60)))
+    assert main(["plan", "--no-track", str(spec), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "p"),
+                 "--no-chart"]) == 0
+    capsys.readouterr()
+    assert main(["show", str(tmp_path / "p"), "--rank", "0"]) == 0
+    summary = capsys.readouterr().out.splitlines()
+    shards = int(summary[-1].split(": ", 1)[1].split()[0])  # rank 0: N shards, ...
+    assert shards > 20
+    rows = [line for line in summary if line.startswith("t") and not line.startswith("table ")]
+    assert len(rows) == 20 and f"... {shards - 20:,} more rows (--all shows every row)" in summary
+    costs = [float(next(cell for cell in line.split() if "." in cell)) for line in rows]  # perf_ms
+    assert costs == sorted(costs, reverse=True)  # costliest first
+    assert main(["show", str(tmp_path / "p"), "--rank", "0", "--all"]) == 0
+    every = capsys.readouterr().out.splitlines()
+    assert len([line for line in every if line.startswith("t") and not line.startswith("table ")]) == shards
+    assert not any(line.startswith("...") for line in every)

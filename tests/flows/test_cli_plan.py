@@ -17,7 +17,7 @@ def shardflow(*args: str) -> subprocess.CompletedProcess:
 
 def test_plan_writes_the_artifact_and_reports_quality(tmp_path):
     out = tmp_path / "plan"
-    r = shardflow("plan", str(SPECS / "criteo_1tb.yaml"), "--topology",
+    r = shardflow("plan", "--no-track", str(SPECS / "criteo_1tb.yaml"), "--topology",
                   str(TOPOLOGIES / "h100_2x8.yaml"), "--out", str(out))
     assert r.returncode == 0, r.stderr
     plan = json.loads((out / "plan.json").read_text())
@@ -34,7 +34,7 @@ def test_bad_spec_exits_2_naming_every_bad_table_and_writes_nothing(tmp_path):
                     "- {name: dup, num_embeddings: 10, embedding_dim: 4}\n"
                     "- {name: negative, num_embeddings: -5, embedding_dim: 4}\n")
     out = tmp_path / "plan"
-    r = shardflow("plan", str(spec), "--topology", str(TOPOLOGIES / "h100_1x8.yaml"), "--out", str(out))
+    r = shardflow("plan", "--no-track", str(spec), "--topology", str(TOPOLOGIES / "h100_1x8.yaml"), "--out", str(out))
     assert r.returncode == 2
     assert "dup" in r.stderr and "negative" in r.stderr
     assert "Traceback" not in r.stderr
@@ -47,7 +47,7 @@ def test_a_table_that_fits_nowhere_says_which_by_how_much_and_what_helps(tmp_pat
     spec.write_text("- {name: ok, num_embeddings: 1000, embedding_dim: 64}\n"
                     "- {name: enormous, num_embeddings: 4000000000, embedding_dim: 512,"
                     " sharding_types: [table_wise], compute_kernels: [fused]}\n")
-    r = shardflow("plan", str(spec), "--topology", str(TOPOLOGIES / "h100_1x8.yaml"),
+    r = shardflow("plan", "--no-track", str(spec), "--topology", str(TOPOLOGIES / "h100_1x8.yaml"),
                   "--out", str(tmp_path / "plan"))
     assert r.returncode == 2
     assert "table enormous" in r.stderr and "over by" in r.stderr
@@ -70,7 +70,7 @@ def test_a_table_whose_smallest_shard_exceeds_a_rank_gets_bigger_ranks_not_a_ran
     spec.write_text("- {name: big, num_embeddings: 100000000, embedding_dim: 128}\n")
     topology = topology_file(tmp_path / "topology.yaml", world_size, local_world_size=min(world_size, 8),
                              compute_device="cpu", ddr_cap="1GiB")
-    r = shardflow("plan", str(spec), "--topology", str(topology), "--out", str(tmp_path / "plan"))
+    r = shardflow("plan", "--no-track", str(spec), "--topology", str(topology), "--out", str(tmp_path / "plan"))
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "table big: does not fit" in r.stderr
     assert "more ranks of this size cannot hold it; it would fit on ranks with 48.1 GiB of usable DDR" in r.stderr
@@ -85,7 +85,8 @@ def test_the_rank_count_a_hint_names_fits_and_one_host_fewer_does_not(tmp_path, 
     spec.write_text(f"- {{name: rows, num_embeddings: {rows}, embedding_dim: 128}}\n")
     host = min(world_size, 8)
     keys = dict(local_world_size=host, compute_device="cuda", hbm_cap=hbm_cap, ddr_cap="1GiB")
-    r = shardflow("plan", str(spec), "--topology", str(topology_file(tmp_path / "t.yaml", world_size, **keys)),
+    r = shardflow("plan", "--no-track", str(spec), "--topology", str(topology_file(tmp_path / "t.yaml", world_size,
+                                                                                   **keys)),
                   "--out", str(tmp_path / "plan"))
     assert r.returncode == 2 and "Traceback" not in r.stderr
     found = re.search(r"it would fit on ([\d,]+) ranks of this size \(row_wise\)", r.stderr)
@@ -93,13 +94,14 @@ def test_the_rank_count_a_hint_names_fits_and_one_host_fewer_does_not(tmp_path, 
     ranks = int(found.group(1).replace(",", ""))
     assert ranks > world_size and "cannot hold it" not in r.stderr
     for world, code in ((ranks, 0), (ranks - host, 2)):
-        r = shardflow("plan", str(spec), "--topology", str(topology_file(tmp_path / f"t{world}.yaml", world, **keys)),
+        r = shardflow("plan", "--no-track", str(spec), "--topology", str(topology_file(tmp_path / f"t{world}.yaml",
+                                                                                       world, **keys)),
                       "--out", str(tmp_path / f"plan{world}"), "--time-limit", "0")
         assert r.returncode == code, (world, r.stderr[-2000:])
 
 
 def test_unknown_topology_file_is_a_user_error(tmp_path):
-    r = shardflow("plan", str(SPECS / "cpu_demo.yaml"), "--topology", str(tmp_path / "nope.yaml"),
+    r = shardflow("plan", "--no-track", str(SPECS / "cpu_demo.yaml"), "--topology", str(tmp_path / "nope.yaml"),
                   "--out", str(tmp_path / "plan"))
     assert r.returncode == 2
     assert "nope.yaml" in r.stderr and "Traceback" not in r.stderr
@@ -108,7 +110,8 @@ def test_unknown_topology_file_is_a_user_error(tmp_path):
 def test_a_topology_whose_reservation_leaves_no_memory_gets_one_clear_error(tmp_path):
     topo = tmp_path / "tiny.yaml"
     topo.write_text("world_size: 2\ncompute_device: cuda\nhbm_cap: 1MiB\nbatch_size: 100000\n")
-    r = shardflow("plan", str(SPECS / "criteo_1tb.yaml"), "--topology", str(topo), "--out", str(tmp_path / "p"))
+    r = shardflow("plan", "--no-track", str(SPECS / "criteo_1tb.yaml"), "--topology", str(topo), "--out",
+                  str(tmp_path / "p"))
     assert r.returncode == 2
     assert "no memory left" in r.stderr and "lower batch_size" in r.stderr
     assert "table " not in r.stderr and len(r.stderr.splitlines()) < 5
@@ -117,10 +120,11 @@ def test_a_topology_whose_reservation_leaves_no_memory_gets_one_clear_error(tmp_
 def test_plan_with_previous_moves_little_and_says_so(tmp_path):
     spec = SPECS / "criteo_1tb.yaml"
     topology = str(TOPOLOGIES / "h100_2x8.yaml")
-    assert shardflow("plan", str(spec), "--topology", topology, "--out", str(tmp_path / "a")).returncode == 0
+    assert shardflow("plan", "--no-track", str(spec), "--topology", topology, "--out",
+                     str(tmp_path / "a")).returncode == 0
     grown = tmp_path / "grown.yaml"
     grown.write_text(spec.read_text() + "- {name: added, num_embeddings: 5000, embedding_dim: 128}\n")
-    r = shardflow("plan", str(grown), "--topology", topology, "--out", str(tmp_path / "b"),
+    r = shardflow("plan", "--no-track", str(grown), "--topology", topology, "--out", str(tmp_path / "b"),
                   "--previous", str(tmp_path / "a"))
     assert r.returncode == 0, r.stderr
     previous = json.loads((tmp_path / "a" / "plan.json").read_text())
@@ -135,7 +139,7 @@ def test_plan_with_previous_moves_little_and_says_so(tmp_path):
                                   "negative time limit", "absurd time limit"])
 def test_bad_previous_plans_and_knobs_exit_2(tmp_path, case):
     spec = str(SPECS / "criteo_1tb.yaml")
-    assert shardflow("plan", spec, "--topology", str(TOPOLOGIES / "h100_1x8.yaml"), "--out",
+    assert shardflow("plan", "--no-track", spec, "--topology", str(TOPOLOGIES / "h100_1x8.yaml"), "--out",
                      str(tmp_path / "a")).returncode == 0
     args = ["--previous", str(tmp_path / "a")]
     if case == "corrupt previous":
@@ -145,7 +149,8 @@ def test_bad_previous_plans_and_knobs_exit_2(tmp_path, case):
     if case.endswith("time limit"):
         args = ["--time-limit", "-5" if case.startswith("negative") else "1e9"]
     topology = "h100_2x8.yaml" if case == "other topology" else "h100_1x8.yaml"
-    r = shardflow("plan", spec, "--topology", str(TOPOLOGIES / topology), "--out", str(tmp_path / "b"), *args)
+    r = shardflow("plan", "--no-track", spec, "--topology", str(TOPOLOGIES / topology), "--out",
+                  str(tmp_path / "b"), *args)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.splitlines()) < 25
     assert {"other topology": "another topology", "corrupt previous": "not valid JSON",

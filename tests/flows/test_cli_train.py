@@ -22,7 +22,7 @@ from tests.paths import CPU_2PROC, DEMO, ROOT, SHARDFLOW
 @pytest.fixture(scope="module")
 def plan_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("plan")
-    assert main(["plan", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(out)]) == 0
+    assert main(["plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(out)]) == 0
     return out
 
 
@@ -70,6 +70,7 @@ def test_a_killed_rank_is_restarted_and_resumes_from_the_last_checkpoint(plan_di
     m = json.loads((tmp_path / "train_metrics.json").read_text())
     assert m["resumed_from"] == 6
     assert (tmp_path / "checkpoints" / "LATEST").read_text() == "step_00000009"  # docs/training.md's format
+    assert f"checkpoints {tmp_path / 'checkpoints'}" in r.stdout.splitlines()  # the summary says where they went
 
 
 def write_training_parquet(path: Path, spec, rows: int, dense: int) -> None:

@@ -55,7 +55,8 @@ def plans(tmp_path_factory) -> dict[str, tuple[Path, str]]:
     made = {}
     for name, extra in (("profiled", ["--profile", str(tmp / "cpu.yaml")]), ("ours", []),
                         ("torchrec", ["--planner", "torchrec"])):
-        code, printed = cli("plan", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(tmp / name), "--no-chart",
+        code, printed = cli("plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(tmp / name),
+                            "--no-chart",
                             *extra)
         assert code == 0, printed
         made[name] = (tmp / name, printed)

@@ -150,6 +150,6 @@ def test_the_plans_all_commands_read_are_the_plans_they_wrote(tmp_path, capfd):
     path = tmp_path / "plan.json"
     path.write_text((BEFORE / "cpu_demo.json").read_text())
     assert main(["show", str(path)]) == 0
-    assert main(["plan", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "out"),
+    assert main(["plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "out"),
                  "--previous", str(path)]) == 0
     assert "Traceback" not in capfd.readouterr().err

@@ -39,7 +39,7 @@ GONE_WITHIN_S = 30  # a bound for the processes to be gone, far above the second
 @pytest.fixture(scope="module")
 def plan_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("plan")
-    assert main(["plan", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(out), "--no-chart"]) == 0
+    assert main(["plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(out), "--no-chart"]) == 0
     return out
 
 

@@ -56,7 +56,8 @@ def test_a_changed_plan_resumes_each_module_table_from_the_checkpoint(pipeline_r
     grown = TWO_TOWER_SEQ.read_text().replace("num_embeddings: 20000", "num_embeddings: 30000")
     assert grown != TWO_TOWER_SEQ.read_text()
     (tmp_path / "grown.yaml").write_text(grown)
-    assert main(["plan", str(tmp_path / "grown.yaml"), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "plan"),
+    assert main(["plan", "--no-track", str(tmp_path / "grown.yaml"), "--topology", str(CPU_2PROC), "--out",
+                 str(tmp_path / "plan"),
                  "--no-chart"]) == 0
     r = subprocess.run([str(SHARDFLOW), "train", "--plan", str(tmp_path / "plan"), "--out", str(tmp_path / "train"),
                         "--iterations", "8", "--warmup", "1", "--batch-size", "32", "--checkpoint-every", "100",

@@ -21,7 +21,7 @@ def test_cli_plan_and_prefect_plan_flow_write_identical_artifacts(prefect_api, t
     from flows.plan import plan_flow
     from tasks.tracking import TrackingSettings
 
-    assert main(["plan", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "cli")]) == 0
+    assert main(["plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "cli")]) == 0
     outcome = plan_flow(str(DEMO), str(CPU_2PROC), out_dir=str(tmp_path / "flow"),
                         tracking=TrackingSettings(mlflow_uri, state_dir=str(tmp_path / "state")))
     cli, flow = tmp_path / "cli", Path(outcome.plan_path).parent

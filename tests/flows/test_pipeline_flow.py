@@ -7,7 +7,9 @@ import io
 import json
 import os
 import shutil
+import signal
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,7 +137,7 @@ def test_run_records_a_pipeline_run_with_nested_plan_and_train_runs(first_run, s
     flow_run = {run.data.tags.get("shardflow.prefect_flow_run") for run in (pipeline, plan, train)}
     assert len(flow_run) == 1 and None not in flow_run  # all three name the flow run that recorded them
 
-    for where in ("plan.json", plan_id, "train_metrics.json", "mlflow ui --backend-store-uri",
+    for where in ("plan.json", plan_id, "train_metrics.json", "shardflow ui",
                   pipeline.info.run_id):
         assert where in first_run.out
 
@@ -207,7 +209,9 @@ def test_the_plan_and_pipeline_flow_logs_end_with_the_lines_the_cli_prints(prefe
     for flow_run, summary in runs.values():
         assert flow_log(flow_run)[-1] == summary
     assert runs["plan"][1].startswith("plan      ")
-    assert [line.split()[0] for line in runs["pipeline"][1].splitlines()] == ["plan", "training", "predicted", "data"]
+    # planned under TorchRec's defaults: a note says why the measured time is far from the prediction
+    assert [line.split()[0] for line in runs["pipeline"][1].splitlines()] == \
+        ["plan", "training", "predicted", "note", "data"]
     # ``shardflow run`` prints the same lines first (its plan_id and paths differ from this run's).
     assert [line.split()[0] for line in first_run.out.splitlines()[:3]] == ["plan", "training", "predicted"]
 
@@ -356,3 +360,44 @@ def test_two_trainings_of_one_plan_id_write_their_own_directories(first_run, sto
     assert (tmp_path / "out" / "latest").resolve() in dirs
     recorded = [t for t in store.runs("train") if t.info.status == "FINISHED" and t.data.params["iterations"] == "4"]
     assert len(recorded) == 2  # standalone training is recorded in MLflow too
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_the_training_of_run_is_one_line_saying_where_to_resume_and_stops_everything(
+        tmp_path, prefect_api, mlflow_uri):
+    """Ctrl-C at a terminal: SIGINT to the foreground process group (the command, and whatever it
+    started in that group). Prefect's crash reports are not the user's news (its own server stays
+    out of the group: tests/flows/test_ephemeral_api.py)."""
+    import psutil
+
+    from rec.train.resume import latest, step_dir
+
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
+    out = tmp_path / "out"
+    run = subprocess.Popen(
+        [str(SHARDFLOW), "run", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(out), "--iterations", "1000000",
+         "--warmup", "1", "--batch-size", "32", "--checkpoint-every", "5", "--keep-checkpoints", "1",
+         "--tracking-uri", mlflow_uri],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env={**clean, "PREFECT_API_URL": prefect_api})
+    try:
+        deadline = time.monotonic() + 300
+        while latest(out / "train" / "checkpoints") is None:
+            assert run.poll() is None and time.monotonic() < deadline, run.communicate(timeout=30)
+            time.sleep(0.2)
+        started = psutil.Process(run.pid).children(recursive=True)
+        os.killpg(run.pid, signal.SIGINT)
+        _, stderr = run.communicate(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(run.pid, signal.SIGKILL)
+    assert run.returncode == 128 + signal.SIGINT, stderr
+    lines = [line for line in stderr.splitlines() if not line.startswith(("Prefect:", "MLflow:", "train:"))]
+    assert len(lines) == 1, stderr
+    step = latest(out / "train" / "checkpoints")
+    assert lines[0].startswith("shardflow run: stopped by SIGINT after ") and "every rank have exited" in lines[0]
+    assert f"newest checkpoint {step_dir(out / 'train' / 'checkpoints', step)}" in lines[0]
+    assert "the same command with --resume goes on from it" in lines[0]
+    assert not any(noise in stderr for noise in ("Crash detected", "Error logging", "failed after", "Traceback"))
+    _, alive = psutil.wait_procs(started, timeout=30)
+    assert not alive, [p.cmdline() for p in alive]

@@ -39,15 +39,18 @@ def earlier_replan(out: Path) -> None:
 def test_plan_no_chart_over_an_earlier_replan_leaves_only_the_new_files(tmp_path):
     out = tmp_path / "plan"
     earlier_replan(out)
-    r = shardflow("plan", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(out), "--no-chart", cwd=tmp_path)
+    r = shardflow("plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(out), "--no-chart",
+                  cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["plan.json", "shards.parquet"]
+    # nothing else: no hidden lock or temporary file left beside the plan
+    assert sorted(p.name for p in out.iterdir()) == ["plan.json", "shards.parquet"]
     assert r.stdout.splitlines()[-1] == f"wrote {out / 'plan.json'}, {out / 'shards.parquet'}"
 
 
 def test_a_full_disk_during_plan_is_one_line_and_the_earlier_plan_survives(tmp_path):
     out = tmp_path / "plan"
-    assert shardflow("plan", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(out), cwd=tmp_path).returncode == 0
+    assert shardflow("plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(out),
+                     cwd=tmp_path).returncode == 0
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
 
     def file_size_limit() -> None:  # the child's files stop at 2 KiB: EFBIG, as a full disk gives ENOSPC
@@ -55,7 +58,7 @@ def test_a_full_disk_during_plan_is_one_line_and_the_earlier_plan_survives(tmp_p
         resource.setrlimit(resource.RLIMIT_FSIZE, (2048, 2048))
 
     # Another plan (a shorter exact stage), so that every file would change.
-    r = shardflow("plan", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(out), "--time-limit", "0",
+    r = shardflow("plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(out), "--time-limit", "0",
                   cwd=tmp_path, preexec_fn=file_size_limit)
     assert r.returncode == 1, r.stderr
     assert r.stderr.count("\n") == 1 and str(out) in r.stderr and "File too large" in r.stderr, r.stderr

@@ -86,3 +86,48 @@ def test_replan_records_nothing_when_unchanged_then_replans_after_a_schema_chang
     assert plan["previous_plan_id"] == first["plan_id"]
     assert plan["metrics"]["movement"]["added_tables"] == 1
     assert (Path(third["plan_path"]).parent / "movement.parquet").exists()
+
+
+def test_plan_replan_and_compare_see_each_others_plans(prefect_api, tmp_path, mlflow_uri, capsys):
+    import re
+
+    from flows.cli import main
+
+    spec = tmp_path / "tables.yaml"
+    spec.write_text(DEMO.read_text())
+    where = ["--topology", str(CPU_2PROC), "--tracking-uri", mlflow_uri, "--state-dir", str(tmp_path / "state")]
+    assert main(["plan", str(spec), *where, "--out", str(tmp_path / "v1"), "--no-chart"]) == 0
+    first = json.loads((tmp_path / "v1" / "plan.json").read_text())
+    assert re.search(r"^mlflow: +plan run queued for experiment 'shardflow'", capsys.readouterr().out, re.M)
+
+    # replan finds the plan `shardflow plan` made: the spec is unchanged
+    assert main(["replan", str(spec), *where, "--out", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert f"unchanged: spec hash {first['spec_hash']} was last planned as plan {first['plan_id']}" in out
+
+    # a schema change is replanned from it, and the replan prints what it moved
+    spec.write_text(spec.read_text() + "- {name: new_table, num_embeddings: 3000, embedding_dim: 16}\n")
+    assert main(["replan", str(spec), *where, "--out", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    second_id = re.search(rf"\(was {first['spec_hash']}\) -> plan (\w+) in ", out).group(1)
+    assert re.search(rf"^moved: +.* from plan {first['plan_id']}", out, re.M), out
+    assert re.search(r"^tables: +\d+ kept, \d+ moved, \d+ resized, 1 added, 0 removed", out, re.M), out
+
+    # plan --previous-plan-id finds the replan's plan
+    assert main(["plan", str(spec), *where, "--out", str(tmp_path / "v3"), "--no-chart",
+                 "--previous-plan-id", second_id]) == 0
+    assert re.search(rf"^moved: +.* from plan {second_id}", capsys.readouterr().out, re.M)
+    third_id = json.loads((tmp_path / "v3" / "plan.json").read_text())["plan_id"]
+
+    # compare names the spec and the topology of every plan, whoever made it; the plan run of the
+    # last `shardflow plan` waits for the next command that records, and compare says so
+    state = ["--tracking-uri", mlflow_uri, "--state-dir", str(tmp_path / "state")]
+    assert main(["compare", *state, "--wide"]) == 0
+    out = capsys.readouterr().out
+    assert "1 record(s) wait in" in out and "`shardflow outbox retry` delivers them" in out
+    assert main(["outbox", "retry", *state]) == 0
+    capsys.readouterr()
+    assert main(["compare", *state, "--wide"]) == 0
+    rows = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[2:] if line.strip()}
+    assert set(rows) == {first["plan_id"], second_id, third_id}
+    assert all(row[2:4] == ["tables", "cpu_2proc"] for row in rows.values()), rows

@@ -10,7 +10,7 @@ from tests.paths import CPU_2PROC, DEMO
 
 
 def test_a_second_run_into_a_directory_in_use_is_refused_at_once(tmp_path, capfd):
-    assert main(["plan", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "plan"),
+    assert main(["plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "plan"),
                  "--no-chart"]) == 0
     out = tmp_path / "busy"
     with lock_dir(str(out)):  # another run holds it

@@ -59,7 +59,7 @@ def test_plan_with_planner_torchrec_writes_torchrecs_plan_rated_as_torchrec_rate
     from rec.topology import read_topology
     from rec.torchrec.score import run_torchrec_planner
 
-    assert main(["plan", str(DEMO), "--topology", str(H100), "--out", str(tmp_path / "trec"),
+    assert main(["plan", "--no-track", str(DEMO), "--topology", str(H100), "--out", str(tmp_path / "trec"),
                  "--planner", "torchrec"]) == 0
     out = capsys.readouterr().out
     plan = read_plan(tmp_path / "trec")
@@ -73,8 +73,9 @@ def test_plan_with_planner_torchrec_writes_torchrecs_plan_rated_as_torchrec_rate
 def test_the_default_planner_writes_the_plan_it_always_wrote(tmp_path):
     from flows.cli import main
 
-    assert main(["plan", str(DEMO), "--topology", str(H100), "--out", str(tmp_path / "a"), "--no-chart"]) == 0
-    assert main(["plan", str(DEMO), "--topology", str(H100), "--out", str(tmp_path / "b"), "--no-chart",
+    assert main(["plan", "--no-track", str(DEMO), "--topology", str(H100), "--out", str(tmp_path / "a"),
+                 "--no-chart"]) == 0
+    assert main(["plan", "--no-track", str(DEMO), "--topology", str(H100), "--out", str(tmp_path / "b"), "--no-chart",
                  "--planner", "shardflow"]) == 0
     for name in ("plan.json", "shards.parquet"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
@@ -84,10 +85,10 @@ def test_the_default_planner_writes_the_plan_it_always_wrote(tmp_path):
 def test_torchrecs_planner_cannot_replan_and_its_dp_proposer_needs_cuda(tmp_path, capsys):
     from flows.cli import main
 
-    assert main(["plan", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "p")]) == 0
-    assert main(["plan", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "q"),
+    assert main(["plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "p")]) == 0
+    assert main(["plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "q"),
                  "--planner", "torchrec", "--previous", str(tmp_path / "p")]) == 2
-    assert main(["plan", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "q"),
+    assert main(["plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "q"),
                  "--planner", "torchrec-dp"]) == 2
     err = capsys.readouterr().err
     assert "--previous: --planner torchrec plans from scratch" in err and "cpu ranks" in err
@@ -98,7 +99,7 @@ def test_torchrecs_planner_cannot_replan_and_its_dp_proposer_needs_cuda(tmp_path
 def test_shardflow_train_trains_with_torchrecs_plan(tmp_path):
     from flows.cli import main
 
-    assert main(["plan", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "plan"),
+    assert main(["plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "plan"),
                  "--planner", "torchrec"]) == 0
     r = run(SHARDFLOW, "train", "--no-track", "--plan", tmp_path / "plan", "--out", tmp_path / "train",
             "--iterations", "6", "--warmup", "1", "--batch-size", "32")

@@ -21,7 +21,7 @@ def test_prefect_training_checkpoints_and_a_later_run_resumes_from_it(prefect_ap
     from tasks.tracking import TrackingSettings
     from tasks.train import TrainSettings
 
-    assert main(["plan", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "plan"),
+    assert main(["plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "plan"),
                  "--no-chart"]) == 0
     common = dict(plan_path=str(tmp_path / "plan" / "plan.json"), out_dir=str(tmp_path / "out"),
                   tracking=TrackingSettings(mlflow_uri, state_dir=str(tmp_path / "state")))
@@ -50,7 +50,8 @@ def test_a_certain_failure_is_not_retried_by_prefect(prefect_api, tmp_path, mlfl
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    assert main(["plan", str(DEMO), "--topology", str(H100), "--out", str(tmp_path / "plan"), "--no-chart"]) == 0
+    assert main(["plan", "--no-track", str(DEMO), "--topology", str(H100), "--out", str(tmp_path / "plan"),
+                 "--no-chart"]) == 0
     state = train_flow(plan_path=str(tmp_path / "plan" / "plan.json"), train_retries=2, train_retry_delay_s=0,
                        out_dir=str(tmp_path / "out"),
                        tracking=TrackingSettings(mlflow_uri, state_dir=str(tmp_path / "state")), return_state=True)

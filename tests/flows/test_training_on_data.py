@@ -30,7 +30,7 @@ def dataset(tmp_path_factory):
     root = tmp_path_factory.mktemp("ctr")
     truth = ctr.generate(SETTINGS, root)
     plan = root / "plan"
-    r = subprocess.run([str(SHARDFLOW), "plan", str(root / "spec.yaml"), "--topology", str(CPU_2PROC),
+    r = subprocess.run([str(SHARDFLOW), "plan", "--no-track", str(root / "spec.yaml"), "--topology", str(CPU_2PROC),
                         "--out", str(plan)], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 0, r.stderr
     return root, truth

@@ -23,6 +23,35 @@ def test_exclusive_and_shared_locks_exclude_each_other_as_flock_does(tmp_path):
         pass
 
 
+def test_a_removed_lock_is_gone_after_use_and_a_waiter_locks_the_file_then_at_its_path(tmp_path):
+    import threading
+
+    path = tmp_path / ".lock"
+    held = threading.Event()
+    order: list[str] = []
+
+    def waiter() -> None:
+        with file_lock(path, removed=True):  # waits for the holder, who removes the file it locked
+            order.append("waiter")
+            held.set()
+            threading.Event().wait(0.3)
+
+    with file_lock(path, removed=True):
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        threading.Event().wait(0.3)
+        order.append("holder")
+    assert held.wait(10)
+    # the waiter holds the lock of the file now at the path: nobody else takes it meanwhile
+    with pytest.raises(BlockingIOError), file_lock(path, removed=True, blocking=False):
+        pass
+    thread.join()
+    assert order == ["holder", "waiter"]
+    assert not path.exists()  # nothing left beside the files it guarded
+    with file_lock(path, shared=True, removed=True), file_lock(path, shared=True, removed=True, blocking=False):
+        pass
+
+
 def test_a_held_lock_changes_kind_and_a_failed_take_leaves_no_descriptor_open(tmp_path):
     path = tmp_path / ".lock"
     fd = open_lock_file(path, write=True)

@@ -190,7 +190,7 @@ def test_previous_plan_with_metrics_that_its_shards_do_not_give_is_refused(demo,
     edited = tmp_path / "edited"
     edited.mkdir()
     (edited / "plan.json").write_text(json.dumps(move_first_table(plan_to_dict(demo))))
-    code = main(["plan", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "out"),
+    code = main(["plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "out"),
                  "--previous", str(edited / "plan.json")])
     err = capsys.readouterr().err
     assert code == 2 and "the previous plan" in err and "metrics.rank_perf says" in err, err

@@ -144,6 +144,6 @@ def test_shardflow_plan_exits_2_with_the_ddr_cap_named(tmp_path, capsys):
     spec, topo = tmp_path / "s.yaml", tmp_path / "t.yaml"
     spec.write_text("- {name: t, num_embeddings: 100, embedding_dim: 8}\n")
     topo.write_text("world_size: 2\ncompute_device: cpu\nddr_cap: 1\n")
-    assert main(["plan", str(spec), "--topology", str(topo), "--out", str(tmp_path / "plan")]) == 2
+    assert main(["plan", "--no-track", str(spec), "--topology", str(topo), "--out", str(tmp_path / "plan")]) == 2
     err = capsys.readouterr().err
     assert "topology ddr_cap: 1 B per rank" in err and "HBM" not in err and "Traceback" not in err

@@ -137,8 +137,8 @@ def test_default_profile_leaves_every_estimate_bit_identical(spec_name, topology
 def test_cli_plan_with_a_profile_of_defaults_writes_the_same_files_as_without(tmp_path, capsys):
     defaults = write(tmp_path, "# TorchRec's numbers, spelled out\ncoefficients:\n  bwd_compute_multiplier: 2\n"
                                "  table_wise: {fwd: {lookup_size_multiplier: 1.0}}\n")
-    assert main(["plan", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "a")]) == 0
-    assert main(["plan", str(DEMO), "--topology", str(CPU_2PROC), "--profile", str(defaults),
+    assert main(["plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "a")]) == 0
+    assert main(["plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--profile", str(defaults),
                  "--out", str(tmp_path / "b")]) == 0
     for name in ("plan.json", "shards.parquet"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
@@ -151,7 +151,7 @@ def test_cli_plan_with_a_profile_of_defaults_writes_the_same_files_as_without(tm
 def test_a_profile_changes_estimates_plan_id_and_plan_json_records_it(tmp_path, capsys):
     profile_path = write(tmp_path, CPU_PROFILE)
     out = tmp_path / "plan"
-    assert main(["plan", str(DEMO), "--topology", str(CPU_2PROC), "--profile", str(profile_path),
+    assert main(["plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--profile", str(profile_path),
                  "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     profile = read_profile(profile_path)
@@ -180,7 +180,8 @@ def test_a_profile_changes_estimates_plan_id_and_plan_json_records_it(tmp_path, 
 
 def test_an_edited_profile_record_is_refused_when_the_plan_is_read(tmp_path):
     out = tmp_path / "plan"
-    assert main(["plan", str(DEMO), "--topology", str(CPU_2PROC), "--profile", str(write(tmp_path, CPU_PROFILE)),
+    assert main(["plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--profile", str(write(tmp_path,
+                                                                                                       CPU_PROFILE)),
                  "--out", str(out)]) == 0
     text = (out / "plan.json").read_text()
     edited = text.replace('"ddr_mem_bw":20000000000.0', '"ddr_mem_bw":40000000000.0')
@@ -227,7 +228,7 @@ BAD_PROFILES = [
 @pytest.mark.parametrize("text, expected", [c[1:] for c in BAD_PROFILES], ids=[c[0] for c in BAD_PROFILES])
 def test_bad_profile_exits_2_naming_every_problem_and_writes_nothing(text, expected, tmp_path, capsys):
     out = tmp_path / "out"
-    code = main(["plan", str(DEMO), "--topology", str(CPU_2PROC), "--profile", str(write(tmp_path, text)),
+    code = main(["plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--profile", str(write(tmp_path, text)),
                  "--out", str(out)])
     captured = capsys.readouterr()
     screen = captured.out + captured.err
@@ -241,7 +242,7 @@ def test_bad_profile_exits_2_naming_every_problem_and_writes_nothing(text, expec
 @pytest.mark.parametrize("name, reason", [("profile.txt", "unsupported extension"), ("missing.yaml", "no such file")])
 def test_unreadable_profile_file_exits_2(name, reason, tmp_path, capsys):
     path = write(tmp_path, "{}", "profile.txt") if name.endswith(".txt") else tmp_path / name
-    assert main(["plan", str(DEMO), "--topology", str(CPU_2PROC), "--profile", str(path),
+    assert main(["plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--profile", str(path),
                  "--out", str(tmp_path / "out")]) == 2
     assert reason in capsys.readouterr().err
 

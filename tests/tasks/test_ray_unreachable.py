@@ -15,7 +15,8 @@ TOPO = topology_from_dict(dict(world_size=8, compute_device="cuda", hbm_cap="80G
 
 
 def test_unreachable_cluster_with_explicit_ray_backend_exits_2(tmp_path):
-    r = subprocess.run([str(SHARDFLOW), "plan", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "p"),
+    r = subprocess.run([str(SHARDFLOW), "plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--out",
+                        str(tmp_path / "p"),
                         "--backend", "ray"], capture_output=True, text=True,
                        env={"PATH": "/usr/bin:/bin", "RAY_ADDRESS": "127.0.0.1:1"}, timeout=120)
     assert r.returncode == 2

@@ -163,6 +163,25 @@ def check_own_checkpoint(job: TrainConfig, out_dir: str, run: Run | None = None)
         if other else ""
 
 
+def check_not_anothers(job: TrainConfig, out_dir: str, run: Run | None = None) -> None:
+    """For a training from scratch that writes checkpoints: InputError when the newest checkpoint in
+    its checkpoint directory is another run's (another ``--out``), whose steps it would overwrite
+    and prune; its own earlier training's (the same ``--out``) it starts over."""
+    from rec.train.ownership import another_runs
+    from rec.train.resume import checkpoint_dir, latest, step_dir
+
+    directory = checkpoint_dir(job, out_dir)
+    step = latest(directory) if directory and job.checkpoint_every else None
+    if directory is None or step is None:
+        return
+    other = another_runs(step_dir(directory, step), run or Run.new(out_dir))
+    if other is not None:
+        title = f"Cannot train from scratch into {directory}: it would overwrite another run's checkpoints"
+        raise InputError(title, [Problem(f"run {other.run_id}", (
+            f"wrote them (--out {other.out_dir}; the newest of iteration {step}): --resume goes on from them, "
+            "or give this training another --checkpoint-dir"))])
+
+
 def _device_problems(device: str, nproc: int) -> list[Problem]:
     """The device and the torch.distributed backend the plan needs: CUDA and NCCL, or gloo.
 
@@ -220,6 +239,8 @@ def prepare(plan_path: str, out_dir: str, settings: TrainSettings, run: Run | No
             check_resume_from(settings.job, plan)
         if settings.job.resume:
             continues = check_own_checkpoint(settings.job, out_dir, run)
+        else:
+            check_not_anothers(settings.job, out_dir, run)
     if continues:
         print(continues, file=sys.stderr)
     launch = Launch(plan_path=str(plan_file(plan_path)), out_dir=out_dir,

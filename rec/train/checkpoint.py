@@ -128,10 +128,17 @@ def steps(directory: str | Path) -> list[Path]:
 
 
 def prune(directory: str | Path, keep: int) -> None:
-    """Delete all but the ``keep`` newest checkpoints (never the one LATEST names)."""
-    newest = (Path(directory) / LATEST).read_text().strip()
-    for old in steps(directory)[:-keep]:
-        if old.name != newest:
+    """Keep the ``keep`` newest complete checkpoints up to the one LATEST names (which is one) and
+    delete the other steps before it, complete or not (an incomplete one is a write that failed).
+    A step after LATEST's is left as it is: none is being written when LATEST has just moved."""
+    root = Path(directory)
+    newest = step_of((root / LATEST).read_text().strip())
+    if newest is None:
+        return
+    chain = [s for s in steps(root) if (step_of(s.name) or 0) <= newest]
+    kept = {s.name for s in [s for s in chain if (s / INDEX_FILE).is_file()][-keep:]} | {step_name(newest)}
+    for old in chain:
+        if old.name not in kept:
             shutil.rmtree(old, ignore_errors=True)
 
 

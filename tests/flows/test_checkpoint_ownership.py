@@ -1,7 +1,8 @@
 """A checkpoint directory belongs to one run at a time (docs/training.md): a second training given it
 is refused before any rank starts, naming the holder; every checkpoint names the run that wrote it,
-so a resume of another run's checkpoints says whose it continues and a stopped run's exit line
-names a step it wrote. Real 2-rank gloo trainings."""
+so a resume of another run's checkpoints says whose it continues, a training from scratch is
+refused their directory, and a stopped run's exit line names a step it wrote. Real 2-rank gloo
+trainings."""
 
 from __future__ import annotations
 
@@ -131,6 +132,13 @@ def test_resuming_a_finished_runs_checkpoints_under_a_new_out_says_whose_it_cont
     step = latest(checkpoints) or 0
     earlier = writer_of(step_dir(checkpoints, step))
     assert earlier is not None and Path(earlier.out_dir) == stopped.out
+    # From scratch (no --resume), a training would overwrite and prune that run's steps: refused.
+    before = _files(checkpoints)
+    code, err = _cli(train_args(plan_dir, tmp_path / "fresh", checkpoints, "--iterations", "10",
+                                "--checkpoint-every", "1", "--keep-checkpoints", "1"))
+    assert code == 2 and f"run {earlier.run_id}: wrote them (--out {earlier.out_dir}; " in err, err[-3000:]
+    assert "--resume goes on from them" in err and "Traceback" not in err
+    assert _files(checkpoints) == before and not (tmp_path / "fresh").exists()
     out = tmp_path / "c"
     code, err = _cli(train_args(plan_dir, out, checkpoints, "--resume", "--iterations", str(step + 2),
                                 "--checkpoint-every", "1", "--keep-checkpoints", "10"))

@@ -137,3 +137,17 @@ def test_train_metrics_keep_the_run_a_training_resumed_from():
     assert metrics_from_dict(json.loads(json.dumps(asdict(metrics))), "m").resumed_run == other
     with pytest.raises(InputError):
         metrics_from_dict({**asdict(metrics), "resumed_run": {**asdict(other), "pid": "x"}}, "m")
+
+
+def test_pruning_keeps_the_newest_complete_checkpoints_not_counting_a_failed_write(tmp_path):
+    from rec.train.checkpoint import prune
+    from rec.train.resume import INDEX_FILE
+
+    # step 5 and 8: writes that failed (no index); steps after LATEST's (8, 20) are left as they are
+    for step, complete in ((2, True), (4, True), (5, False), (6, True), (8, False), (20, True)):
+        (tmp_path / step_name(step)).mkdir()
+        if complete:
+            (tmp_path / step_name(step) / INDEX_FILE).write_bytes(b"")
+    (tmp_path / LATEST).write_text(step_name(6))
+    prune(tmp_path, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == [step_name(s) for s in (4, 6, 8, 20)]

@@ -1,9 +1,9 @@
 """Every server the project, its tests and benches start listens on loopback only (docs/security.md):
-a local Ray as ``shardflow plan --backend ray`` and the Ray tests start it, the scale bench's
-two-node Ray cluster (and Prefect's ephemeral API as ``shardflow run`` starts it, in
-tests/flows/test_ephemeral_api.py): each test lists the listening sockets of the processes it
-started and their children. MLflow's UI (``shardflow ui``) is
-checked by its command line here, served in tests/flows/test_ui.py."""
+the scale bench's two-node Ray cluster here; a local Ray as ``shardflow plan --backend ray`` and the
+Ray tests start it in tests/tasks/test_ray_search.py, and Prefect's ephemeral API as ``shardflow
+run`` starts it in tests/flows/test_ephemeral_api.py, where those tests start them already. Each
+lists the listening sockets of the processes it started and their children. MLflow's UI
+(``shardflow ui``) is checked by its command line here, served in tests/flows/test_ui.py."""
 
 from __future__ import annotations
 
@@ -16,21 +16,6 @@ from tests.listening import listening, not_loopback
 from tests.paths import ROOT
 
 pytestmark = pytest.mark.slow  # Ray clusters, a Prefect server
-
-
-def test_a_local_ray_as_the_project_and_its_tests_start_it_listens_on_loopback_only():
-    import ray
-
-    from tasks.ray_loopback import start_local
-
-    start_local(num_cpus=1)
-    try:
-        assert ray.get(ray.remote(lambda: 1).remote()) == 1  # a worker process is up too
-        found = listening(os.getpid())
-    finally:
-        ray.shutdown()
-    assert found, "found no listening socket of the local Ray"
-    assert not_loopback(found) == {}
 
 
 def test_the_scale_benchs_two_node_ray_cluster_listens_on_loopback_only_and_shardflow_joins_it(tmp_path,

@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
 import subprocess
 
 import pytest
 
-from tests.paths import ROOT, SHARDFLOW, SPECS, TOPOLOGIES
+from flows.cli import main
+from tests.paths import SPECS, TOPOLOGIES
 
 
 def shardflow(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(SHARDFLOW), *args], capture_output=True, text=True, cwd=ROOT)
+    """The command in this process (a new one would import the CLI again: a second each), what it
+    printed on stdout and stderr captured (the tests of a command's own process are elsewhere)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return subprocess.CompletedProcess(["shardflow", *args], code, out.getvalue(), err.getvalue())
 
 
 def test_plan_writes_the_artifact_and_reports_quality(tmp_path):

@@ -45,6 +45,19 @@ def test_ray_plan_is_as_good_as_the_local_search(local_ray, spec, local_plan):
     assert {t.name for t in plan.tables} == {t.name for t in local_plan.tables}
 
 
+def test_the_local_ray_the_project_starts_listens_on_loopback_only(local_ray):
+    """Its GCS, raylet, agents and workers (docs/security.md; the other servers:
+    tests/test_loopback_servers.py)."""
+    import os
+
+    from tests.listening import listening, not_loopback
+
+    assert ray.get(ray.remote(lambda: 1).remote()) == 1  # a worker process is up too
+    found = listening(os.getpid())
+    assert found, "found no listening socket of the local Ray"
+    assert not_loopback(found) == {}
+
+
 def test_same_inputs_and_groups_give_the_same_plan_id(local_ray, spec):
     a = plan_spec(spec, TOPO, searcher=RaySearcher(groups=3))
     b = plan_spec(spec, TOPO, searcher=RaySearcher(groups=3))

@@ -15,9 +15,11 @@ import fcntl
 import os
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
+
+from rec.disk_full import writing
 
 NOT_A_FILE = "{name}.not-a-file-{ns}"  # where something else in a lock file's place goes
 # What opening a path that holds no regular file fails with: a link (O_NOFOLLOW), a directory
@@ -139,3 +141,47 @@ def process_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+@contextmanager
+def holding_directory(directory: str | Path, lock_name: str, holder: str, refused: Callable[[str], Exception],
+                      max_holder_bytes: int) -> Iterator[Path]:
+    """Hold ``directory`` for the block through its lock file ``lock_name``: taken exclusively at
+    once (``refused(what the holder wrote)``, at most ``max_holder_bytes`` of it, is raised when any
+    other process holds it), ``holder`` written in it, then held shared, so that processes this one
+    starts can take it shared too (yields the lock file's path) and the directory stays taken while
+    any of them lives. The text is cleared when this process is its last holder at the end; a
+    directory the block created and left holding only the lock file is removed."""
+    path = Path(directory)
+    created = not path.exists()
+    path.mkdir(parents=True, exist_ok=True)
+    lock = path / lock_name
+    try:
+        fd = open_lock_file(lock, write=True)
+        try:
+            try:
+                take(fd, blocking=False)
+            except BlockingIOError:
+                raise refused(os.pread(fd, max_holder_bytes, 0).decode("utf-8", "replace")) from None
+            with writing(lock):
+                _write(fd, holder)
+            take(fd, shared=True)  # from exclusive: no other process could take it meanwhile
+            try:
+                yield lock
+            finally:
+                if alone(fd):  # every process that joined has let go: the directory is free again
+                    _write(fd, "")
+                release(fd)
+        finally:
+            os.close(fd)
+    finally:
+        if created:  # a run that wrote nothing there leaves nothing behind
+            with suppress(OSError):
+                if [p.name for p in path.iterdir()] == [lock.name]:
+                    lock.unlink()
+                    path.rmdir()
+
+
+def _write(fd: int, text: str) -> None:
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, text.encode(), 0)

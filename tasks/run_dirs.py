@@ -15,13 +15,12 @@ import os
 import secrets
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from rec.disk_full import writing
 from rec.errors import InputError, Problem
-from rec.file_lock import alone, open_lock_file, process_alive, release, take
+from rec.file_lock import holding_directory, process_alive
 from rec.train.lifetime import OUT_LOCK_ENV
 from tasks.paths import DEFAULT_OUT, PLAN_SUBDIR, TRAIN_SUBDIR, in_work_dir
 
@@ -80,54 +79,19 @@ def lock_dir(directory: str, node_rank: int = 0) -> Iterator[None]:
     any process of another run holds it. The lock is taken exclusively (no one else holds it), then
     shared with the training ranks (``OUT_LOCK_ENV`` names the file for them: they hold it too, so
     the directory stays taken while any rank lives, even after this process died)."""
-    path = Path(directory)
-    created = not path.exists()
-    path.mkdir(parents=True, exist_ok=True)
-    lock = path / LOCK_FILE.format(node=node_rank)
-    try:
-        with _held(lock, directory):
-            yield
-    finally:
-        if created:  # a run that wrote nothing leaves nothing behind
-            with suppress(OSError):
-                if [p.name for p in path.iterdir()] == [lock.name]:
-                    lock.unlink()
-                    path.rmdir()
+    def refused(text: str) -> InputError:
+        return InputError(f"{directory} is in use by another shardflow run:", [Problem(
+            directory, f"locked by {_holder(text)}; wait for it to finish, or use another "
+                       "--out (without --out every run gets its own directory)")])
 
-
-@contextmanager
-def _held(lock: Path, directory: str) -> Iterator[None]:
-    fd = open_lock_file(lock, write=True)
-    try:
-        try:
-            take(fd, blocking=False)
-        except BlockingIOError:
-            raise InputError(f"{directory} is in use by another shardflow run:", [Problem(
-                directory, f"locked by {_holder(_read(fd))}; wait for it to finish, or use another "
-                           "--out (without --out every run gets its own directory)")]) from None
-        with writing(lock):
-            _write(fd, f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-        take(fd, shared=True)  # from exclusive: no other process could take it meanwhile
+    holder = f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+    with holding_directory(directory, LOCK_FILE.format(node=node_rank), holder, refused, MAX_HOLDER_BYTES) as lock:
         previous = os.environ.get(OUT_LOCK_ENV)
         os.environ[OUT_LOCK_ENV] = str(lock.resolve())
         try:
             yield
         finally:
             _restore(OUT_LOCK_ENV, previous)
-            if alone(fd):  # every rank has let go: the directory is free again
-                _write(fd, "")
-            release(fd)
-    finally:
-        os.close(fd)
-
-
-def _read(fd: int) -> str:
-    return os.pread(fd, MAX_HOLDER_BYTES, 0).decode("utf-8", "replace")
-
-
-def _write(fd: int, text: str) -> None:
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, text.encode(), 0)
 
 
 def _holder(text: str) -> str:

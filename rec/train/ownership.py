@@ -18,14 +18,14 @@ import secrets
 import socket
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rec.disk_full import write_whole, writing
+from rec.disk_full import write_whole
 from rec.errors import InputError, Problem
-from rec.file_lock import alone, open_lock_file, process_alive, release, take
+from rec.file_lock import holding_directory, process_alive
 
 if TYPE_CHECKING:
     from rec.train.config import TrainConfig
@@ -159,36 +159,14 @@ def holding(directory: str | Path, run: Run, node_rank: int = 0) -> Iterator[dic
     """Hold the checkpoint directory ``directory`` for ``run`` (on this node) for the block; InputError
     at once, naming the holder, if any process of another run holds it. Yields the environment that
     passes the run and the lock to the ranks, who hold it too (``rec.train.lifetime.join_run_lock``)."""
-    path = Path(directory)
-    created = not path.exists()
-    path.mkdir(parents=True, exist_ok=True)
-    lock = path / CHECKPOINT_LOCK.format(node=node_rank)
-    try:
-        fd = open_lock_file(lock, write=True)
-        try:
-            try:
-                take(fd, blocking=False)
-            except BlockingIOError:
-                raise InputError(f"{directory} is in use by another shardflow run:", [Problem(
-                    str(directory), f"its checkpoints are held by {_holder(_read(fd))}; wait for it to "
-                                    "finish, or give this run another --checkpoint-dir")]) from None
-            with writing(lock):
-                _write(fd, run.to_json() + "\n")
-            take(fd, shared=True)  # from exclusive: no other process could take it meanwhile
-            try:
-                yield {RUN_ENV: run.to_json(), CHECKPOINT_LOCK_ENV: str(lock.resolve())}
-            finally:
-                if alone(fd):  # every rank has let go: the directory is free again
-                    _write(fd, "")
-                release(fd)
-        finally:
-            os.close(fd)
-    finally:
-        if created:  # a run that wrote no checkpoint leaves nothing behind
-            with suppress(OSError):
-                if [p.name for p in path.iterdir()] == [lock.name]:
-                    lock.unlink()
-                    path.rmdir()
+    def refused(text: str) -> InputError:
+        return InputError(f"{directory} is in use by another shardflow run:", [Problem(
+            str(directory), f"its checkpoints are held by {_holder(text)}; wait for it to finish, or give this "
+                            "run another --checkpoint-dir")])
+
+    with holding_directory(directory, CHECKPOINT_LOCK.format(node=node_rank), run.to_json() + "\n", refused,
+                           MAX_RUN_BYTES) as lock:
+        yield {RUN_ENV: run.to_json(), CHECKPOINT_LOCK_ENV: str(lock.resolve())}
 
 
 def _holder(text: str) -> str:
@@ -201,12 +179,3 @@ def _holder(text: str) -> str:
     if holder.host == socket.gethostname() and not process_alive(holder.pid):
         return f"the training processes of {holder.describe()} (that launcher is gone; they stop within seconds)"
     return holder.describe()
-
-
-def _read(fd: int) -> str:
-    return os.pread(fd, MAX_RUN_BYTES, 0).decode("utf-8", "replace")
-
-
-def _write(fd: int, text: str) -> None:
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, text.encode(), 0)

@@ -148,14 +148,14 @@ def check_own_checkpoint(job: TrainConfig, out_dir: str, run: Run | None = None)
     index shardflow reads safely; InputError otherwise (the ranks would refuse it too, later). Returns
     a line saying whose checkpoint the run continues when another run (``run``: this one) wrote it."""
     from rec.train.ownership import another_runs
-    from rec.train.resume import checkpoint_dir, latest, step_dir
+    from rec.train.resume import step_dir
 
-    directory = checkpoint_dir(job, out_dir)
-    step = latest(directory) if directory else None
-    if not directory or step is None:
+    newest = _newest_checkpoint(job, out_dir)
+    if newest is None:
         return ""
     from rec.train.checkpoint import check_index  # imports torch: only for a checkpoint to read
 
+    directory, step = newest
     at = step_dir(directory, step)
     check_index(at)
     other = another_runs(at, run or Run.new(out_dir))
@@ -168,18 +168,27 @@ def check_not_anothers(job: TrainConfig, out_dir: str, run: Run | None = None) -
     its checkpoint directory is another run's (another ``--out``), whose steps it would overwrite
     and prune; its own earlier training's (the same ``--out``) it starts over."""
     from rec.train.ownership import another_runs
-    from rec.train.resume import checkpoint_dir, latest, step_dir
+    from rec.train.resume import step_dir
 
-    directory = checkpoint_dir(job, out_dir)
-    step = latest(directory) if directory and job.checkpoint_every else None
-    if directory is None or step is None:
+    newest = _newest_checkpoint(job, out_dir) if job.checkpoint_every else None
+    if newest is None:
         return
+    directory, step = newest
     other = another_runs(step_dir(directory, step), run or Run.new(out_dir))
     if other is not None:
         title = f"Cannot train from scratch into {directory}: it would overwrite another run's checkpoints"
         raise InputError(title, [Problem(f"run {other.run_id}", (
             f"wrote them (--out {other.out_dir}; the newest of iteration {step}): --resume goes on from them, "
             "or give this training another --checkpoint-dir"))])
+
+
+def _newest_checkpoint(job: TrainConfig, out_dir: str) -> tuple[str, int] | None:
+    """The training's checkpoint directory and the step its LATEST names; None without either."""
+    from rec.train.resume import checkpoint_dir, latest
+
+    directory = checkpoint_dir(job, out_dir)
+    step = latest(directory) if directory else None
+    return (directory, step) if directory and step is not None else None
 
 
 def _device_problems(device: str, nproc: int) -> list[Problem]:

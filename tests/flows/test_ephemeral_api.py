@@ -25,15 +25,17 @@ def plan_only(tmp_path, name: str, **env: str) -> subprocess.Popen[str]:
         env={**clean, "PREFECT_HOME": str(tmp_path / f"{name}-prefect"), **env})
 
 
-def servers_of(tmp_path) -> list[int]:
-    """The pids of Prefect servers still running with a Prefect home under ``tmp_path``."""
+def servers_of(tmp_path, name: str | None = None) -> list[int]:
+    """The pids of Prefect servers still running with a Prefect home under ``tmp_path`` (that of
+    run ``name``, if given)."""
     import psutil
 
+    home = str(tmp_path / f"{name}-prefect") if name else str(tmp_path)
     found = []
     for process in psutil.process_iter(["cmdline"]):
         try:
             if "prefect.server.api.server:create_app" in " ".join(process.info["cmdline"] or ()) and \
-                    process.environ().get("PREFECT_HOME", "").startswith(str(tmp_path)):
+                    process.environ().get("PREFECT_HOME", "").startswith(home):
                 found.append(process.pid)
         except psutil.Error:
             continue
@@ -42,14 +44,40 @@ def servers_of(tmp_path) -> list[int]:
 
 @pytest.mark.slow
 def test_run_starts_prefect_from_an_empty_home_under_cpu_load_or_says_in_one_line_why_not(tmp_path):
-    """Side by side, on cores the other run and the suite's other worker keep busy (as when the
+    """Side by side, on cores the other runs and the suite's other worker keep busy (as when the
     first `make run` failed, issue 27): with shardflow's default budget (a first start here can take
     longer than Prefect's own 20 s), and with a budget of 1 s from the server's launch, which no
-    start can meet."""
-    runs = {"default": plan_only(tmp_path, "default"),
-            "short": plan_only(tmp_path, "short", PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="1")}
-    ended = {name: (*p.communicate(timeout=600), p.returncode) for name, p in runs.items()}
+    start can meet. The default run's server listens on loopback only, in a session of its own (so
+    that Ctrl-C at the terminal reaches the command, which stops the server once the flow's last
+    states are sent); a third run, SIGKILLed once its server has started, takes that server with it."""
+    import signal
+    import time
 
+    import psutil
+
+    from tests.listening import listening, not_loopback
+
+    runs = {"default": plan_only(tmp_path, "default"),
+            "short": plan_only(tmp_path, "short", PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="1"),
+            "killed": plan_only(tmp_path, "killed")}
+    deadline = time.monotonic() + 120
+    killed = runs["killed"]
+    while not servers_of(tmp_path, "killed") and killed.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    (orphan,) = servers_of(tmp_path, "killed")
+    killed.send_signal(signal.SIGKILL)
+    killed.communicate(timeout=30)
+    psutil.Process(orphan).wait(timeout=30)  # psutil.TimeoutExpired if it outlived the command
+
+    default, found, server = runs["default"], {}, None
+    while not found and default.poll() is None and time.monotonic() < deadline:
+        server = server or next(iter(servers_of(tmp_path, "default")), None)
+        found = listening(server) if server else {}
+        time.sleep(0.2)
+    assert found and not_loopback(found) == {}, found  # docs/security.md
+    assert server is not None and os.getsid(server) != os.getsid(default.pid)
+
+    ended = {name: (*p.communicate(timeout=600), p.returncode) for name, p in runs.items() if name != "killed"}
     assert not servers_of(tmp_path)  # each run stopped the server it started
 
     out, err, code = ended["default"]
@@ -64,30 +92,3 @@ def test_run_starts_prefect_from_an_empty_home_under_cpu_load_or_says_in_one_lin
     lines = [line for line in err.splitlines() if line.startswith("shardflow run:")]
     assert len(lines) == 1 and "Prefect's local API did not start: it did not answer within 1 s" in lines[0], err
     assert "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS" in lines[0]
-
-
-@pytest.mark.slow
-def test_the_server_run_starts_listens_on_loopback_in_a_session_of_its_own_and_dies_with_a_killed_run(tmp_path):
-    import signal
-    import time
-
-    import psutil
-
-    from tests.listening import listening, not_loopback
-
-    run = plan_only(tmp_path, "killed")
-    deadline = time.monotonic() + 120
-    while not servers_of(tmp_path) and run.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    (server,) = servers_of(tmp_path)
-    while not (found := listening(server)) and run.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    # It listens on loopback only (docs/security.md), in a session of its own: Ctrl-C at the
-    # terminal reaches the command, which stops the server once the flow's last states are sent.
-    assert found and not_loopback(found) == {}, found
-    assert os.getsid(server) != os.getsid(run.pid)
-    run.send_signal(signal.SIGKILL)
-    run.communicate(timeout=30)
-    psutil.Process(server).wait(timeout=30)  # psutil.TimeoutExpired if it outlived the command
-    assert not servers_of(tmp_path)
-

@@ -165,11 +165,12 @@ def test_the_highs_module_was_checked_with_the_installed_highspy():
 torchrec = pytest.importorskip("torchrec")
 
 
-@pytest.mark.parametrize("spec, topology", [
-    (criteo_1tb_spec(), cuda(8, 8, "80GiB")),  # whole MILP, proven optimal
-    (tight_spec(24, 1), cuda(8, 4, "2GiB", 1024)),  # two hosts, memory-tight: neighbourhoods too
+@pytest.mark.parametrize("spec, topology, config", [
+    (criteo_1tb_spec(), cuda(8, 8, "80GiB"), SearchConfig()),  # whole MILP, proven optimal
+    # two hosts, memory-tight: neighbourhoods too, on a budget sized from 5 s (not the default 30)
+    (tight_spec(24, 1), cuda(8, 4, "2GiB", 1024), SearchConfig(time_limit_s=5.0)),
 ])
-def test_torchrec_rates_exact_stage_plans_as_shardflow_does(spec, topology):
+def test_torchrec_rates_exact_stage_plans_as_shardflow_does(spec, topology, config):
     import logging
 
     from rec.planning import plan_spec
@@ -177,7 +178,7 @@ def test_torchrec_rates_exact_stage_plans_as_shardflow_does(spec, topology):
 
     logging.disable(logging.WARNING)
     try:
-        plan = plan_spec(spec, topology)
+        plan = plan_spec(spec, topology, config=config)
         score = torchrec_score(plan, spec, topology)
     finally:
         logging.disable(logging.NOTSET)

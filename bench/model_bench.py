@@ -178,7 +178,7 @@ def environment() -> dict[str, Any]:
 
 
 def render(results: list[dict[str, Any]]) -> str:
-    from flows.text_table import render_table
+    from rec.text_table import render_table
 
     rows = []
     for r in results:

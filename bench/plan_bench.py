@@ -264,7 +264,7 @@ def _progress(line: str) -> None:
 
 def render(results: list[dict]) -> str:
     """Timing table, quality table (critical paths, ms) and the quality targets met or not."""
-    from flows.text_table import render_table
+    from rec.text_table import render_table
 
     def secs(r: dict) -> str:
         return f"{r['seconds']:.2f}" if "seconds" in r else ("skipped" if "skipped" in r else "error")

@@ -123,7 +123,7 @@ def bench(w: Workload, steps: int) -> list[dict]:
 
 
 def render(results: list[dict]) -> str:
-    from flows.text_table import render_table
+    from rec.text_table import render_table
 
     rows = [(r["workload"], r["step"], r["change"], r["tables"], f"{r['changed_fraction']:.1%}",
              f"{r['moved_fraction']:.2%}", f"{r['floor_fraction']:.2%}", f"{r['fresh_moved_fraction']:.2%}",

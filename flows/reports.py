@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from flows.text_table import render_table
+from rec.text_table import render_table
 
 if TYPE_CHECKING:
     from rec.plan import Plan
@@ -34,20 +34,15 @@ TOPOLOGY_KEYS = {
 def render_plan(plan: Plan, all_ranks: bool = False) -> str:
     """Per-rank load and memory (critical rank marked), then the plan's quality and its predicted
     iteration time (``rec.analysis.iteration_time``: printed alike by ``plan``, ``train`` and ``measure``)."""
-    from rec.analysis.iteration_time import cost_model_label, prediction
-    from rec.plan.report import rank_table, sharding_types
+    from rec.analysis.plan_quality import quality_lines
+    from rec.plan.report import rank_table
 
-    m = plan.metrics
     table = rank_table(plan, all_ranks)
-    kinds_text = ", ".join(f"{k} {n:,}" for k, n in sorted(sharding_types(plan).items()))
     note = f"\n{table.note}" if table.note else ""
+    quality = "".join(f"{line}\n" for line in quality_lines(plan))
     return (
         f"{render_table(table.header, table.rows, right=table.right)}{note}\n\n"
-        f"tables:        {len(plan.tables):,} ({kinds_text})\n"
-        f"critical path: {m.critical_path:.4f} ms ({cost_model_label(plan)})\n"
-        f"lower bound:   {m.lower_bound:.4f} ms  gap {100 * m.gap:.2f}% ({m.bound_method} bound"
-        f"{'; proven optimal' if m.optimal else ''})\n"
-        f"predicted:     {prediction(plan).text()}\n"
+        f"{quality}"
         f"{render_movement(plan)}"
         f"plan_id:       {plan.plan_id}  spec_hash {plan.spec_hash}"
     )

@@ -76,9 +76,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def render_calibrated(c: Calibrated) -> str:
-    from flows.text_table import render_table
     from rec.calibrate.fit import POOR_RELATIVE_ERROR
     from rec.profile import describe_profile
+    from rec.text_table import render_table
 
     if c.fit is None:
         return f"calibrate done on this node; node 0 fits and writes the profile (work in {c.work_dir})"

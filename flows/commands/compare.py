@@ -114,7 +114,7 @@ def _terminal_width() -> int:
 
 def render_rows(rows: list[Row], width: int | None) -> str:
     """The table in ``width`` characters (None: every column), and a line naming what it left out."""
-    from flows.text_table import fit_columns, render_table, select
+    from rec.text_table import fit_columns, render_table, select
 
     if width is None:
         return render_table(HEADER, rows, right=NUMBERS)

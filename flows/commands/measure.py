@@ -95,8 +95,8 @@ def run(args: argparse.Namespace) -> int:
 def render_report(report: MeasureReport, predicted: Prediction) -> str:
     """Per rank predicted against measured, then the plan's predicted iteration time (as ``plan``
     prints it) beside the measured one, and their ratio."""
-    from flows.text_table import render_table
     from rec.analysis.iteration_time import UNCALIBRATED_NOTE, ms, ratio_text
+    from rec.text_table import render_table
 
     critical = max(range(report.world_size), key=lambda r: report.measured_ms[r])
     ranks = list(range(report.world_size))

@@ -35,9 +35,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from flows.text_table import render_table
     from rec.errors import printable
     from rec.settings import from_flags
+    from rec.text_table import render_table
     from tasks.outbox import Outbox
     from tasks.tracking import TrackingSettings
 

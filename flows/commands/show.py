@@ -84,8 +84,8 @@ def run(args: argparse.Namespace) -> int:
 def render_ranks(plan: Plan, parts: Breakdown, all_ranks: bool) -> str:
     import numpy as np
 
-    from flows.text_table import render_table
     from rec.plan.report import CRITICAL, SUMMARY_ABOVE, TOP
+    from rec.text_table import render_table
 
     compute, comm = parts.rank_compute(), parts.rank_comm()
     total = compute + comm
@@ -122,7 +122,7 @@ def render_ranks(plan: Plan, parts: Breakdown, all_ranks: bool) -> str:
 def render_tables(plan: Plan, parts: Breakdown, chosen: list[int]) -> str:
     import numpy as np
 
-    from flows.text_table import render_table
+    from rec.text_table import render_table
     from rec.units import format_bytes
 
     memory = memory_columns(plan, parts)
@@ -154,7 +154,7 @@ def render_rank(plan: Plan, parts: Breakdown, rank: int, limit: int | None = Non
     import numpy as np
 
     from flows.commands.spec import more_rows
-    from flows.text_table import render_table
+    from rec.text_table import render_table
 
     on = parts.on_rank(rank)
     cost = parts.compute_ms[on] + parts.comm_ms[on]

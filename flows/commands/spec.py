@@ -8,10 +8,10 @@ import argparse
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from flows.text_table import render_table
 from rec.exit_codes import ExitCode
 from rec.spec import Spec, read_spec
 from rec.spec.types import DEFAULT_MODULE
+from rec.text_table import render_table
 from rec.topology import Topology, read_topology
 from rec.units import format_bytes
 

@@ -1,4 +1,4 @@
-"""Aligned plain-text tables for the CLI's reports."""
+"""Aligned plain-text tables for the reports of the CLI and of the drop-in planner."""
 
 from __future__ import annotations
 

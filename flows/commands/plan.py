@@ -23,8 +23,7 @@ from rec.settings import add_flags, knob
 
 if TYPE_CHECKING:
     from rec.plan import Plan
-    from tasks.ingest import Inputs
-    from tasks.tracking import TrackingSettings
+    from tasks.tracking import Tracking
 
 
 @dataclass(frozen=True)
@@ -111,13 +110,8 @@ def previous_plan(args: argparse.Namespace) -> Plan | None:
     return plan
 
 
-def render_queued(plan: Plan, plan_path: str, inputs: Inputs, tracking: TrackingSettings,
-                    seconds: float) -> str:
-    """The plan run, queued in the outbox for MLflow, as one line."""
-    from tasks.recorder import queue_plan
-
-    where = tracking.resolve()
-    queue_plan(where, plan, plan_path, inputs, seconds)
+def render_queued(where: Tracking) -> str:
+    """The plan run, queued in the outbox for MLflow (``tasks.recorder.queue_plan``), as one line."""
     return (f"mlflow:        plan run queued for experiment {where.experiment!r} at {where.uri}: the next command "
             f"that records (train, run, replan, outbox retry) delivers it")
 
@@ -175,7 +169,11 @@ def run(args: argparse.Namespace) -> int:
     if args.profile:
         print(f"profile:       {describe_profile(search_settings.cost.profile)}")
     if tracking.track:
-        print(render_queued(found.plan, written.plan_path, inputs, tracking, found.seconds))
+        from tasks.recorder import queue_plan
+
+        where = tracking.resolve()
+        queue_plan(where, found.plan, written.plan_path, inputs, found.seconds)
+        print(render_queued(where))
     print(f"time:          {shown.summary(time.perf_counter() - started)}")
     print(f"\nwrote {', '.join(written.files)}")
     return ExitCode.OK

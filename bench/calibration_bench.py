@@ -120,9 +120,8 @@ def main() -> int:
             for made_under in ("default", "calibrated"):
                 out = work / f"spec{seed}_{made_under}"
                 extra = ["--profile", profile_path] if made_under == "calibrated" else []
-                shardflow("plan", "--no-track",
-                          str(spec_file), "--topology", str(topology), "--out", str(out), "--no-chart",
-                          *extra)
+                shardflow("plan", "--no-track", str(spec_file), "--topology", str(topology), "--out", str(out),
+                          "--no-chart", *extra)
                 plan = read_plan(out)
                 mix: dict[str, int] = {}
                 for t in plan.tables:

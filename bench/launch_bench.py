@@ -98,9 +98,8 @@ def plan_for(device: ComputeDevice, work: Path) -> tuple[Path, int, TrainConfig]
         job = TrainConfig(iterations=200, warmup=50)
     plan = work / "plan"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    subprocess.run([sys.executable, "-m", "flows.cli", "plan", "--no-track",
-                                                       str(spec), "--topology", str(topology), "--out",
-                    str(plan), "--no-chart"], env=env, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([sys.executable, "-m", "flows.cli", "plan", "--no-track", str(spec), "--topology", str(topology),
+                    "--out", str(plan), "--no-chart"], env=env, check=True, stdout=subprocess.DEVNULL)
     return plan, ranks.world_size, job
 
 

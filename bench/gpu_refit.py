@@ -82,18 +82,22 @@ def open_check(check: Path, tmp: Path) -> Path:
 
 
 def load(work: Path) -> tuple[list, list]:
-    """(probes, workloads): (name, plan, [ms per block or repeat], [PlanTimes])."""
+    """(probes, workloads): (name, plan, [ms per block or repeat], [PlanTimes]); plans that failed or
+    timed out (no iterations) are left out, as the calibration leaves them out."""
     from rec.plan import read_plan
     from rec.train.timings import read_timings
 
     probes = []
     for p in read_timings(work / "calibrate").plans:
+        if not p.iterations:
+            continue
         name = Path(p.plan_path).parent.name
         probes.append((name, read_plan(work / "calibrate/probes" / name / "plan.json"), p))
     measured: dict[str, list] = {}
     for folder in sorted(work.glob("measured-*")):
         for p in read_timings(folder).plans:
-            measured.setdefault(Path(p.plan_path).parent.name, []).append(p)
+            if p.iterations:
+                measured.setdefault(Path(p.plan_path).parent.name, []).append(p)
     workloads = [(name, read_plan(work / "plans" / name / "plan.json"), runs) for name, runs in measured.items()]
     return probes, workloads
 

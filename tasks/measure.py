@@ -131,6 +131,8 @@ def measure(plan_path: str, out_dir: str, settings: MeasureSettings = MeasureSet
     if timings is None:
         return Measured(plan.plan_id, out_dir, None, settings, nproc, started, plan_json)
     times = timings.plans[0]
+    if times.status is Status.FAILED:
+        raise MeasureFailed(f"the plan could not be built on its ranks: {times.error}", False, str(log_dir(out_dir)))
     if times.status is Status.TIMED_OUT:
         raise MeasureFailed(f"the warm-up and first timed iteration took longer than --time-limit "
                             f"{settings.job.time_limit_s:g} s: nothing was measured", True, str(log_dir(out_dir)))

@@ -164,7 +164,7 @@ def _enum_docs() -> list[tuple[str, str, str, set[str], set[str]]]:
         ("profile device", "profile.md", r"\| `device` \|(.*)", values(ComputeDevice), set()),
         ("--model", "training.md", r"^(`--model [a-z_|]*`)", values(ModelKind), {"--model"}),
         ("train_metrics.json pipeline", "training.md", r"^`pipeline` \(([^)]*)\)", values(PipelineKind), set()),
-        ("timings.json status", "measure.md", r"`status` \((`[^`]*`, or `[^`]*`)", values(Status), set()),
+        ("timings.json status", "measure.md", r"`status` \(((?:`[^`]*`, )+or `[^`]*`)", values(Status), set()),
         ("MLflow shardflow.step", "mlflow.md", r"^\| \w+ \| (`\w+`) \|", values(RunStep), set()),
         ("MLflow run statuses", "mlflow.md", r"^Run statuses \(MLflow's\): (.*)", values(RunStatus), set()),
         ("MLflow plan run backend", "mlflow.md", r"`backend` \(([^)]*)\)", values(Backend), set()),

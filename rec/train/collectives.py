@@ -85,10 +85,20 @@ class Group:
         dist.all_gather(every, tensor)
         return [t.cpu() for t in every]
 
-    def broadcast_bytes(self, data: bytes, group: dist.ProcessGroup | None = None) -> bytes:
-        """``data`` of ``group``'s first rank (the default group: rank 0) on every rank of ``group``;
-        the other ranks' ``data`` is ignored. Sent as tensors on ``device``: nothing is unpickled."""
-        src = 0 if group is None else dist.get_global_rank(group, 0)
+    def first_text(self, text: str | None) -> str | None:
+        """The ``text`` of the lowest rank that has one, on every rank; None on every rank when none
+        has. Every rank calls it, text or not: how ranks agree on a failure some of them met alone."""
+        world = dist.get_world_size()
+        first = int(self.all_reduce([float(world if text is None else dist.get_rank())], dist.ReduceOp.MIN)[0])
+        if first == world:
+            return None
+        return self.broadcast_bytes((text or "").encode(), src=first).decode(errors="replace")
+
+    def broadcast_bytes(self, data: bytes, group: dist.ProcessGroup | None = None, src: int = 0) -> bytes:
+        """``data`` of ``group``'s rank ``src`` (default: its first; the default group's ranks are the
+        global ones) on every rank of ``group``; the other ranks' ``data`` is ignored. Sent as tensors
+        on ``device``: nothing is unpickled."""
+        src = src if group is None else dist.get_global_rank(group, src)
         mine = dist.get_rank() == src
         size = torch.tensor([len(data) if mine else 0], dtype=torch.int64, device=self.device)
         dist.broadcast(size, src, group=group)

@@ -18,6 +18,13 @@ it beyond the work's own). Rank 0 gathers every rank's times and writes
 OUT/timings.json (``rec.train.timings``); logs and failures as the training job's
 (``rec.train.rank_log``). Many plans share one launch because starting torch and torchrec costs
 seconds per process (``shardflow calibrate`` measures dozens).
+
+A plan that cannot be built, sharded or given its batches on some rank (out of memory, a kernel
+that refuses it) is recorded as failed, with the lowest such rank's one-line cause, and the job goes
+on to the next plan. The ranks agree on that in one collective after building, which every rank
+reaches: building runs no collective, except sharding a plan with ``_COLLECTIVE_SHARDING`` tables,
+where a failure ends the job, as does one while a plan runs. There the other ranks may be waiting in
+a collective the failed rank never joins, and mismatched collectives hang or mix up data.
 """
 
 from __future__ import annotations
@@ -29,7 +36,9 @@ import math
 import os
 import platform
 import time
+import traceback
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from itertools import cycle
 from pathlib import Path
@@ -45,21 +54,22 @@ from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from rec.data.synthetic import feature_tables
+from rec.errors import InputError
 from rec.plan import Plan, read_plan
 from rec.plan.torchrec_plan import sharders_for, to_sharding_plan
 from rec.profile.types import Machine
 from rec.settings import add_flags, from_flags
-from rec.sharding import ComputeDevice, ModuleKind
+from rec.sharding import ComputeDevice, ModuleKind, ShardingType
 from rec.spec import spec_from_rows
 from rec.spec.torchrec_modules import embedding_modules, place
 from rec.spec.types import Spec, TableSpec
 from rec.train.collectives import Group
 from rec.train.lifetime import exit_skipping_finalization
 from rec.train.measure_config import AUTO_POOL, LATER_SETTLE_S, SETTLE_BLOCK_MS, SETTLE_TOLERANCE, MeasureConfig
-from rec.train.rank_log import RankOutput
+from rec.train.rank_log import RankOutput, one_line
 from rec.train.rank_process import check_world_size, process_group, run_rank
 from rec.train.synthetic_ids import table_ids
-from rec.train.synthetic_pool import MIN_POOL, synthetic_pool
+from rec.train.synthetic_pool import MIN_POOL, Pool, synthetic_pool
 from rec.train.timings import Phases, PlanTimes, Status, Timings, write_timings
 
 
@@ -69,7 +79,7 @@ class Embeddings(nn.Module):
 
     def __init__(self, spec: Spec):
         super().__init__()
-        modules = embedding_modules(spec, "meta")
+        modules = embedding_modules(spec, "meta", trained=True)
         for module in modules.values():
             configs: list[Any] = (module.embedding_bag_configs() if isinstance(module, EmbeddingBagCollection)
                                   else module.embedding_configs())  # type: ignore[operator]
@@ -187,26 +197,77 @@ def run_block(dmp: nn.Module, features: Iterator[dict[str, KeyedJaggedTensor]], 
     return spans[0::2], spans[1::2]
 
 
+# Sharding types whose sharding itself runs collectives in TorchRec 1.8: data_parallel broadcasts rank
+# 0's replica (ShardedEmbeddingBagCollection.reset_parameters), table_row_wise and grid_shard make
+# the intra- and cross-node groups on first use (comm.intra_and_cross_node_pg: new_group, barrier).
+# DMP's own (init_collective_validation, a process's first DMP) runs before any table is sharded.
+_COLLECTIVE_SHARDING = frozenset({ShardingType.DATA_PARALLEL, ShardingType.TABLE_ROW_WISE, ShardingType.GRID_SHARD})
+
+
+@dataclass
+class Built:
+    """A plan's sharded modules on this rank (data parallelism not yet set up) and its batches."""
+
+    dmp: DistributedModelParallel
+    features: Iterator[dict[str, KeyedJaggedTensor]]
+    pool: Pool
+
+
+def build(plan: Plan, config: MeasureConfig, device: torch.device) -> Built | str:
+    """``plan``'s sharded modules and synthetic batches on this rank, or why not (``rank R: Type:
+    message``; the traceback goes to the rank's log). Runs no collective where the plan's sharding
+    runs none; where it does, a failure while sharding is raised (no agreement could reach the ranks
+    waiting in one). Bad input is raised: it is the same on every rank and ends the job."""
+    sharding = False
+    try:
+        spec = spec_from_rows(list(plan.spec_tables))
+        model = Embeddings(spec)
+        apply_optimizer_in_backward(RowWiseAdagrad, model.parameters(), {"lr": config.embedding_lr})
+        sharding_plan, sharders = to_sharding_plan(plan), sharders_for(plan)
+        sharding = True
+        # DDP (data_parallel tables' gradients) is set up once every rank has built: its set-up is collective.
+        dmp = DistributedModelParallel(model, device=device, plan=sharding_plan, sharders=sharders,
+                                       init_data_parallel=False)
+        sharding = False
+        pool = synthetic_pool(plan, config.synthetic_batches)  # the same on every rank: it depends on the plan alone
+        features = synthetic_features(spec, plan.topology.batch_size, config.seed + dist.get_rank(), pool.batches,
+                                      device)
+    except InputError:
+        raise
+    except Exception as e:
+        if sharding and any(t.sharding_type in _COLLECTIVE_SHARDING for t in plan.tables):
+            raise
+        traceback.print_exc()
+        return f"rank {dist.get_rank()}: {one_line(e)}"
+    return Built(dmp, features, pool)
+
+
 def measure(plan: Plan, plan_path: str, config: MeasureConfig, output: RankOutput, label: str,
             group: Group, settle_s: float) -> PlanTimes:
     """Time ``plan``'s sharded embedding modules on this process group (a collective): the warm-up,
     on cuda further warm-up blocks until the clocks settle (at most ``settle_s``), then
-    ``config.blocks`` timed blocks."""
+    ``config.blocks`` timed blocks. A plan that could not be built on some rank is failed on every
+    rank (``build``)."""
     world = dist.get_world_size()
     check_world_size(plan, world)
     device = group.device
     began = time.monotonic()
-    spec = spec_from_rows(list(plan.spec_tables))
-    batch_size = plan.topology.batch_size
     torch.manual_seed(config.seed)
     output.progress(f"{label}sharding {len(plan.tables):,} tables with the plan")
-    model = Embeddings(spec)
-    apply_optimizer_in_backward(RowWiseAdagrad, model.parameters(), {"lr": config.embedding_lr})
-    dmp = DistributedModelParallel(model, device=device, plan=to_sharding_plan(plan), sharders=sharders_for(plan))
-    pool = synthetic_pool(plan, config.synthetic_batches)  # the same on every rank: it depends on the plan alone
-    features = synthetic_features(spec, batch_size, config.seed + dist.get_rank(), pool.batches, device)
+    built = build(plan, config, device)
+    error = group.first_text(built if isinstance(built, str) else None)  # the same answer on every rank
+    if error is not None:
+        del built
+        _release(device)
+        output.progress(f"{label}failed: {error}")
+        return PlanTimes(plan_path, plan.plan_id, Status.FAILED, 0, (), (), phases=Phases(
+            setup_s=time.monotonic() - began), error=error)
+    assert isinstance(built, Built)
+    dmp, features, pool = built.dmp, built.features, built.pool
+    del built
+    dmp.init_data_parallel()
     clock = Clock(device)
-    built = time.monotonic()
+    built_at = time.monotonic()
 
     def over(limit: float) -> bool:  # the same answer on every rank: they stop together
         return group.any(time.monotonic() - began > limit)
@@ -235,13 +296,21 @@ def measure(plan: Plan, plan_path: str, config: MeasureConfig, output: RankOutpu
     # The ranks stop together, so each has timed the same iterations: none when the limit came first.
     status = Status.MEASURED if fwd else Status.TIMED_OUT
     times = _gathered(fwd, group), _gathered(bwd, group)
-    del dmp, model, features
-    gc.collect()
-    phases = Phases(setup_s=built - began, warmup_s=settled - built, warmup_iterations=warmed,
+    del dmp, features
+    _release(device)
+    phases = Phases(setup_s=built_at - began, warmup_s=settled - built_at, warmup_iterations=warmed,
                     timed_s=timed - settled, teardown_s=time.monotonic() - timed)
     return PlanTimes(plan_path, plan.plan_id, status, warmed, *times, blocks=max(blocks, 1), phases=phases,
                      synthetic_batches=pool.batches, touched_over_cache=pool.touched_over_cache,
                      touch_target_reached=pool.reached)
+
+
+def _release(device: torch.device) -> None:
+    """Free what the last plan held before the next one builds (on cuda its cached blocks too: a plan
+    that failed for memory may have left them reserved)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def block_sizes(config: MeasureConfig, pool: int | None = None) -> list[int]:
@@ -323,6 +392,20 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
+def measure_plans(paths: list[str], plans: list[Plan], config: MeasureConfig, output: RankOutput,
+                  group: Group) -> tuple[PlanTimes, ...]:
+    """Each plan measured in turn (``measure``), a failed one among them recorded as failed."""
+    measured: list[PlanTimes] = []
+    for k, (path, plan) in enumerate(zip(paths, plans, strict=True)):
+        label = f"plan {k + 1}/{len(plans)}: " if len(plans) > 1 else ""
+        # The clocks ramp up once, with the first plan that runs; later plans keep the GPU busy but
+        # for their short set-up.
+        ran = any(m.status is not Status.FAILED for m in measured)
+        settle_s = min(config.settle_s, LATER_SETTLE_S) if ran else config.settle_s
+        measured.append(measure(plan, path, config, output, label, group, settle_s))
+    return tuple(measured)
+
+
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, MeasureConfig]:
     p = argparse.ArgumentParser(prog="rec.train.measure_job", description=__doc__)
     p.add_argument("--plan", required=True, nargs="+", help="plan.json files, measured in this order")
@@ -342,14 +425,9 @@ def main(argv: list[str] | None = None) -> int:
             # What exists now lives for the whole job: later collections skip it (a full collection
             # after every plan otherwise walks all of torch's objects: ~0.3 s each).
             gc.freeze()
-            measured = []
-            for k, (path, plan) in enumerate(zip(args.plan, plans, strict=True)):
-                label = f"plan {k + 1}/{len(plans)}: " if len(plans) > 1 else ""
-                # The clocks ramp up once; later plans keep the GPU busy but for their short set-up.
-                settle_s = config.settle_s if k == 0 else min(config.settle_s, LATER_SETTLE_S)
-                measured.append(measure(plan, path, config, output, label, group, settle_s))
+            measured = measure_plans(args.plan, plans, config, output, group)
             if dist.get_rank() == 0:
-                write_timings(args.out, Timings(machine(plans[0]), tuple(measured)))
+                write_timings(args.out, Timings(machine(plans[0]), measured))
             group.barrier()
 
     return run_rank("measure", args.out, work)

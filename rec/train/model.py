@@ -93,7 +93,7 @@ class ModulesDLRM(nn.Module):
     def __init__(self, spec: Spec, kind: ModelKind, dense_in_features: int, dense_sizes: list[int],
                  over_sizes: list[int], dense_device: torch.device, embedding_device: torch.device | str = "meta"):
         super().__init__()
-        place(self, embedding_modules(spec, embedding_device))
+        place(self, embedding_modules(spec, embedding_device, trained=True))
         self._inputs = [(path, module_kind is ModuleKind.EMBEDDING_COLLECTION,
                          [f for t in spec.tables if t.module == path for f in t.feature_names])
                         for path, module_kind in spec.modules.items()]

@@ -10,7 +10,13 @@ the rows its cache holds, or ``REACH`` of the rows its ids can touch where that 
 cache, or a curve that leaves rows untouched). Two caps bound it: ``MAX_POOL`` batches and
 ``POOL_BYTES`` of ids per rank (the pool sits in HBM beside the plan's tables, which the plan did
 not budget for). Fixed caps rather than the free memory: every rank must size the same pool, or the
-ranks' blocks would differ. No torch here: tests and the report read it.
+ranks' blocks would differ. The byte cap wins over ``MIN_POOL``: batches so large that ``MIN_POOL``
+of them exceed it make a pool of fewer, down to one (however large that one is). The fewer the
+batches, the fewer rows their ids touch: a cache that holds them all hits on nearly every lookup
+after the first pass (with one batch, every lookup after the first iteration), so the measurement
+flatters fused_uvm_caching tables; the pool then says so (``reached`` false, ``touched_over_cache``).
+Without cached tables (cpu) the pool's size matters only for the memory it takes.
+No torch here: tests and the report read it.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from rec.sharding import ComputeDevice, ComputeKernel
 
 TOUCH_FACTOR = 4.0  # rows touched over the pool / rows the cache holds
 REACH = 0.9  # ... or this share of the rows the table's ids can touch, where that is less
-MIN_POOL = 4
+MIN_POOL = 4  # unless POOL_BYTES allows fewer only
 MAX_POOL = 256
 POOL_BYTES = 2 << 30  # per rank: the pool's ids, lengths and offsets
 SAMPLE_BYTES = 12  # per sample and feature: its int32 length and int64 offset
@@ -83,17 +89,19 @@ def pool_of(tables: Sequence[CachedTable], batches: int) -> Pool:
 def pool_size(tables: Sequence[CachedTable], batch_bytes: float, *, budget: float = POOL_BYTES,
               most: int = MAX_POOL) -> Pool:
     """The smallest pool, from ``MIN_POOL`` batches up to the caps (``most``, ``budget`` bytes of
-    ``batch_bytes`` each, never under ``MIN_POOL``), over which every table touches its target."""
-    cap = max(MIN_POOL, min(most, int(budget // max(batch_bytes, 1.0))))
-    needed = max((_batches_for(t, cap) for t in tables), default=MIN_POOL)
+    ``batch_bytes`` each: fewer than ``MIN_POOL`` where the budget holds fewer, never under one),
+    over which every table touches its target."""
+    cap = max(1, min(most, int(budget // max(batch_bytes, 1.0))))
+    least = min(MIN_POOL, cap)
+    needed = max((_batches_for(t, least, cap) for t in tables), default=least)
     return pool_of(tables, min(needed, cap))
 
 
-def _batches_for(table: CachedTable, cap: int) -> int:
-    """The fewest batches in [MIN_POOL, cap] whose ids touch ``table``'s target (``cap`` if none do):
+def _batches_for(table: CachedTable, least: int, cap: int) -> int:
+    """The fewest batches in [least, cap] whose ids touch ``table``'s target (``cap`` if none do):
     ``touched`` grows with the batches, so a bisection."""
     target = table.target * (1 - 1e-9)
-    lo, hi = MIN_POOL, cap
+    lo, hi = least, cap
     if table.touched(lo) >= target:
         return lo
     while lo + 1 < hi:  # touched(lo) short, and hi reaches it or is the cap

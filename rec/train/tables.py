@@ -15,10 +15,11 @@ def one_default_ebc(spec: Spec) -> bool:
 
 
 def embedding_bag_configs(spec: Spec) -> list[Any]:
-    """The tables of a pooled spec as TorchRec ``EmbeddingBagConfig``s (tables of pooling NONE:
-    ``rec.spec.torchrec_modules.embedding_configs``, which gives each table its own config)."""
+    """The tables of a pooled spec as TorchRec ``EmbeddingBagConfig``s, of the types they train as
+    (tables of pooling NONE: ``rec.spec.torchrec_modules.embedding_configs``, which gives each table
+    its own config)."""
     from rec.spec.torchrec_modules import embedding_configs
 
     if any(t.pooling.module_kind is ModuleKind.EMBEDDING_COLLECTION for t in spec.tables):
         raise ValueError("a spec with pooling NONE tables has EmbeddingConfigs: use embedding_configs")
-    return embedding_configs(spec.tables)
+    return embedding_configs(spec.tables, trained=True)

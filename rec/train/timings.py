@@ -1,9 +1,9 @@
 """What the measuring job (``rec.train.measure_job``) hands back: per plan, every rank's timed
 iterations, forward and backward, in ``OUT/timings.json`` (rank 0 writes it, whole, at the end),
-with the blocks they ran in and where the plan's wall time went.
+with the blocks they ran in and where the plan's wall time went; or why the plan failed.
 
-No torch here: the launcher and the fit read it. Format v2; v1 files (no blocks, no phases) are
-read as one block.
+No torch here: the launcher and the fit read it. Format v3; v2 files have no failed plans, and v1
+files (no blocks, no phases) are read as one block.
 """
 
 from __future__ import annotations
@@ -22,13 +22,14 @@ from rec.profile.types import Machine
 from rec.sharding import ComputeDevice
 
 TIMINGS_FILE = "timings.json"
-TIMINGS_FORMAT = "shardflow.timings/v2"
-READABLE_FORMATS = ("shardflow.timings/v1", TIMINGS_FORMAT)
+TIMINGS_FORMAT = "shardflow.timings/v3"  # v3: a plan may be failed, with its error
+READABLE_FORMATS = ("shardflow.timings/v1", "shardflow.timings/v2", TIMINGS_FORMAT)
 
 
 class Status(StrEnum):
     MEASURED = "measured"
     TIMED_OUT = "timed_out"  # the warm-up and first timed block took longer than --time-limit
+    FAILED = "failed"  # building it, sharding it or drawing its batches raised on some rank: see ``error``
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,9 @@ class PlanTimes:
     optimizer, data_parallel all-reduce; up to the next iteration's start). The iterations ran in
     ``blocks`` consecutive blocks of (nearly) equal length, on a pool of ``synthetic_batches`` batches
     per rank (0: not recorded) whose ids touched ``touched_over_cache`` x the rows of the least
-    covered fused_uvm_caching table's cache (``rec.train.synthetic_pool``; None: no such table)."""
+    covered fused_uvm_caching table's cache (``rec.train.synthetic_pool``; None: no such table).
+    A plan that failed has no iterations and its ``error``: ``rank R: Type: message`` of the lowest
+    rank it failed on."""
 
     plan_path: str
     plan_id: str
@@ -69,6 +72,7 @@ class PlanTimes:
     synthetic_batches: int = 0
     touched_over_cache: float | None = None
     touch_target_reached: bool | None = None  # every cache's pool reached its target (not the caps)
+    error: str | None = None  # why the plan failed (status failed), in one line
 
     @property
     def iterations(self) -> int:
@@ -157,4 +161,5 @@ def _plan_times(p: dict[str, Any]) -> PlanTimes:
                      grid(p["fwd_ms"]), grid(p["bwd_ms"]), blocks, Phases(**seconds, warmup_iterations=warmed),
                      synthetic_batches=int(p.get("synthetic_batches", 0)),
                      touched_over_cache=None if ratio is None else float(ratio),
-                     touch_target_reached=None if reached is None else bool(reached))
+                     touch_target_reached=None if reached is None else bool(reached),
+                     error=None if p.get("error") is None else str(p["error"]))

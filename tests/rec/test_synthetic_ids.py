@@ -146,8 +146,10 @@ def test_the_auto_pool_stops_at_ninety_percent_of_a_tables_rows_and_at_its_caps(
     huge = CachedTable("t", 10**10, 2 * 10**9, 10_000)
     assert pool_size([huge], batch_bytes=1e6) == Pool(MAX_POOL, huge.touched(MAX_POOL) / huge.cache_rows, False)
     assert pool_size([huge], batch_bytes=1e6, budget=20e6).batches == 20  # the memory budget
-    assert pool_size([huge], batch_bytes=1e9, budget=1e6).batches == MIN_POOL  # never fewer than before
+    assert pool_size([huge], batch_bytes=1e6, budget=3e6) == Pool(3, huge.touched(3) / huge.cache_rows, False)
+    assert pool_size([huge], batch_bytes=1e9, budget=1e6).batches == 1  # the budget holds, down to one batch
     assert pool_size([], batch_bytes=1e6) == Pool(MIN_POOL)
+    assert pool_size([], batch_bytes=1.5e9) == Pool(1)  # cpu: 4 batches of 1.5 GB would be 6 GB
 
 
 def cuda_plan() -> Plan:

@@ -23,11 +23,12 @@ USER, ITEM, SEQUENCE = "towers.user.ebc", "towers.items.0.ebc", "history.encoder
 ROWS = [
     dict(name="id", num_embeddings=400, embedding_dim=16, module=USER),
     dict(name="geo", num_embeddings=50, embedding_dim=16, pooling="MEAN", module=USER,
-         feature_names=["country", "city"], pooling_factor=2.0),
+         feature_names=["country", "city"], pooling_factor=2.0, data_type="INT8"),
     dict(name="id", num_embeddings=300, embedding_dim=16, module=ITEM),
     # The same table name and feature name as the item tower's, in an EmbeddingCollection.
     dict(name="id", num_embeddings=300, embedding_dim=16, pooling="NONE", module=SEQUENCE, pooling_factor=12.0),
-    dict(name="query", num_embeddings=90, embedding_dim=16, pooling="NONE", module=SEQUENCE, pooling_factor=3.0),
+    dict(name="query", num_embeddings=90, embedding_dim=16, pooling="NONE", module=SEQUENCE, pooling_factor=3.0,
+         data_type="BF16"),
 ]
 TOPOLOGY = topology_from_dict(dict(world_size=1, compute_device="cpu", ddr_cap="4GiB", batch_size=16))
 
@@ -66,6 +67,42 @@ def test_every_module_sits_at_its_path_is_sharded_as_planned_and_trains_pipeline
                        SEQUENCE: "ShardedEmbeddingCollection"}
     # TrainPipelineSparseDist found every module's input in the batch: all are pipelined.
     assert all(m.is_pipelined for m in dmp.modules() if isinstance(m, ShardedModule))
+    # INT8 and BF16 tables train as float16: the 2 bytes per weight they were planned with.
+    weights = dmp.state_dict()
+    assert weights[f"{USER}.embedding_bags.geo.weight"].dtype == torch.float16
+    assert weights[f"{SEQUENCE}.embeddings.query.weight"].dtype == torch.float16
+    assert weights[f"{USER}.embedding_bags.id.weight"].dtype == torch.float32
+
+
+def test_a_quantized_table_in_the_default_module_trains_as_float16(single_process_group):
+    """A spec without ``module`` (TorchRec's DLRM around one EmbeddingBagCollection) of INT8 and BF16 tables."""
+    one = spec_from_rows([dict(name="a", num_embeddings=60, embedding_dim=8, data_type="INT8"),
+                          dict(name="b", num_embeddings=40, embedding_dim=8, data_type="BF16")])
+    assert one_default_ebc(one)
+    config = TrainConfig(model=ModelKind.DLRM, pipeline=PipelineKind.SPARSE_DIST)
+    dmp, losses = shard_and_train(plan_spec(one, TOPOLOGY), one, config, steps=2)
+    weights = {k.rsplit(".", 2)[-2]: v for k, v in dmp.state_dict().items() if k.endswith((".a.weight", ".b.weight"))}
+    assert all(np.isfinite(losses)) and {t: w.dtype for t, w in weights.items()} == {"a": torch.float16,
+                                                                                      "b": torch.float16}
+
+
+def test_the_planned_and_the_trained_modules_give_torchrec_the_same_bytes_per_weight():
+    """TorchRec's estimators size a table by its unsharded weight's element size: the trained
+    modules keep it for every data type, and hand the sharded kernel only FP32 and FP16."""
+    from rec.sharding import DataType
+    from rec.spec.torchrec_modules import embedding_modules, spec_model
+
+    typed = spec_from_rows([dict(name=t.value, num_embeddings=10, embedding_dim=4, data_type=t.value, module=m,
+                                 pooling="NONE" if m == SEQUENCE else "SUM")
+                            for t in DataType for m in (USER, SEQUENCE)])
+    planned = dict(spec_model(typed).named_parameters())
+    for path, module in embedding_modules(typed, trained=True).items():
+        configs = module.embedding_bag_configs() if path == USER else module.embedding_configs()
+        assert {c.name: c.data_type.value for c in configs} == {t.value: "FP32" if t is DataType.FP32 else "FP16"
+                                                                for t in DataType}
+        for name, weight in module.named_parameters():
+            table = DataType(name.split(".")[-2])
+            assert weight.element_size() == planned[f"{path}.{name}"].element_size() == table.bytes_per_element
 
 
 def test_dlrm_needs_one_dim_and_auto_picks_concat_for_several(spec):

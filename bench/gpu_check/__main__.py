@@ -11,13 +11,14 @@ against synthetic batches), ``resume``, ``measure``, ``calibrate``
 ``vs_torchrec`` (TorchRec's planners' plans against shardflow's, measured). Each gets a share of
 ``--minutes``; one that cannot fit is skipped with the reason. Each section has targets
 (``bench.gpu_check.targets``); a section that misses one fails, naming it. ``--specs FILE...``: the
-calibration and TorchRec comparison run your workloads (spec files with ``tables:``, optional
-``batch_size`` and ``hbm_cap`` per rank) instead of the check's own (beside them with
-``--also-builtin``); ``--profile FILE``: the calibration section judges that profile (run without
-the calibrate section, which would replace it). Writes DIR/gpu_check.json, DIR/gpu_check.md and
-DIR/commands.log (every command's output); exits 0 exactly when every section it ran is ok and every
-target met, 1 otherwise (a skipped section included), 2 for bad arguments or a python without
-the GPU stack (``STACK``; ``make gpu-check GPU_PYTHON=...`` chooses another).
+calibration and TorchRec comparison run your workloads (spec files of any format; YAML or JSON
+with ``tables:`` may set ``batch_size`` and ``hbm_cap`` per rank) instead of the check's own (beside
+them with ``--also-builtin``), and fail where one of them was not measured; ``--profile FILE``: the
+calibration section judges that profile (run without the calibrate section, which would replace it).
+Writes DIR/gpu_check.json, DIR/gpu_check.md and DIR/commands.log (every command's output); exits 0
+exactly when every section it ran is ok and every target met, 1 otherwise (a skipped section
+included), 2 for bad arguments or a python without the GPU stack (``STACK``; ``make gpu-check
+GPU_PYTHON=...`` chooses another).
 ``--device cpu`` runs the same sections on 2 gloo ranks with small sizes and loose bounds.
 """
 
@@ -80,17 +81,18 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--minutes", type=float, default=None,
                    help=f"the whole check's budget (default {DEFAULT_MINUTES[ComputeDevice.CUDA]:g} on cuda, "
                         f"{DEFAULT_MINUTES[ComputeDevice.CPU]:g} on cpu)")
-    p.add_argument("--sections", default=",".join(SECTIONS),
-                   help=f"comma-separated, run in this order (default: all: {','.join(SECTIONS)})")
+    p.add_argument("--sections", nargs="+", default=[",".join(SECTIONS)], metavar="SECTION",
+                   help=f"comma- or space-separated, run in this order (default: all: {','.join(SECTIONS)})")
     p.add_argument("--specs", nargs="+", default=[], metavar="FILE",
-                   help="your workloads for the calibration and TorchRec comparison: spec files (YAML/JSON with "
-                        "tables:, optional batch_size and hbm_cap per rank), each named by its file's stem")
+                   help="your workloads for the calibration and TorchRec comparison: spec files (any format of "
+                        "docs/spec.md; a YAML/JSON mapping with tables: may set batch_size and hbm_cap per rank), "
+                        "each named by its file's stem")
     p.add_argument("--also-builtin", action="store_true",
                    help="with --specs: the check's own workloads too, reported apart")
     p.add_argument("--profile", default=None, metavar="FILE",
                    help="the profile the calibration section judges (leave the calibrate section out)")
     args = p.parse_args(argv)
-    wanted = [s.strip() for s in args.sections.split(",") if s.strip()]
+    wanted = [s.strip() for given in args.sections for s in given.split(",") if s.strip()]
     unknown = [s for s in wanted if s not in SECTIONS]
     if unknown or not wanted:
         p.error(f"--sections: unknown {', '.join(unknown) or '(none given)'}; known: {', '.join(SECTIONS)}")
@@ -116,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     device = pick_device(args.device)
     try:
         ranks = find_ranks(device)
-        given = read_workloads(args.specs, device is ComputeDevice.CUDA)
+        given = read_workloads(args.specs, ranks, compare.builtin_names(ranks) if args.also_builtin else ())
         profile = _profile(args.profile)
     except ValueError as e:
         print(f"gpu_check: {e}", file=sys.stderr)
@@ -202,6 +204,7 @@ def run_section(name: str, ctx: Context) -> Section:
         with ctx.log.open("a") as log:
             log.write(f"\n{name} failed:\n{traceback.format_exc()}\n")
     section.seconds = time.monotonic() - began
+    section.reason = " ".join(section.reason.split()) if section.reason else section.reason  # one line: a table cell
     print(f"gpu_check: {name} {section.status.value} in {section.seconds:.0f} s: "
           f"{section.summary if section.status is Status.OK else section.reason}", flush=True)
     return section

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import math
 import random
+import signal
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -115,6 +118,13 @@ def sized(ctx: Context, workload: Workload, profile: Profile) -> Workload:
     return workload
 
 
+def builtin_names(ranks: workloads.Ranks) -> set[str]:
+    """The names of the check's own workloads on ``ranks`` (a given workload's must differ)."""
+    drawn = [*workloads.calibration_workloads(ranks, len(workloads.CALIBRATION_SPECS)),
+             *families.out_of_family(ranks).workloads, *workloads.torchrec_shapes(ranks)]
+    return {w.name for w in drawn}
+
+
 def _order(count: int, repeats: int) -> list[int]:
     """Each plan once per repeat: in order, then reversed, then shuffled (seeded): alternating, so
     that a drift of the machine falls on every plan alike."""
@@ -169,9 +179,15 @@ def _estimate(ctx: Context, plans: Sequence[Plan], profile: Profile, repeats: in
 
 
 def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    import warnings
+
     from scipy.stats import spearmanr
 
-    return float(spearmanr(a, b)[0]) if len(a) > 2 else math.nan
+    if len(a) < 3:
+        return math.nan
+    with warnings.catch_warnings():  # constant values: no rank correlation, NaN
+        warnings.simplefilter("ignore")
+        return float(spearmanr(a, b)[0])
 
 
 def calibration(ctx: Context) -> Outcome:
@@ -197,20 +213,26 @@ def calibration(ctx: Context) -> Outcome:
                if ctx.builtin else [])
     oof = families.out_of_family(ctx.ranks) if ctx.builtin else families.OutOfFamily((), {})
     candidates = [*ctx.given, *_beside(builtin, list(oof.workloads))]
-    not_planned: dict[str, str] = {}
+    not_planned: dict[str, str] = {}  # the given and out-of-family workloads shardflow could not plan here
+    too_long: dict[str, str] = {}  # workloads whose measuring alone would not fit the budget
     for workload in candidates:
         try:
             workload = sized(ctx, workload, calibrated)
             topology = _topology(ctx, workload.batch_size, workload.hbm_bytes)
             pair = [_shardflow(workload, topology, DEFAULT_PROFILE), _shardflow(workload, topology, calibrated)]
         except InputError as e:
-            if not workload.family:
+            if workload.group == "builtin":
                 raise
-            not_planned[workload.name] = e.render()[:300]  # a finding about the planner, not the profile
+            not_planned[workload.name] = _one_line(e.render())[:300]  # a finding, not the end of the section
             continue
         spent = time.monotonic() - started
-        if plans and spent + LAUNCH_S[cuda] + _estimate(ctx, plans + pair, calibrated, repeats) > budget:
+        needed = spent + LAUNCH_S[cuda] + _estimate(ctx, plans + pair, calibrated, repeats)
+        if needed > budget and plans:
             break
+        if needed > budget:  # alone: its measuring job would run past the section's budget and lose every plan
+            too_long[workload.name] = (f"measuring its plans would take about {needed:.0f} s, more than the "
+                                       f"section's {budget:.0f} s (--minutes)")
+            continue
         for made_under, plan in zip(("default", "calibrated"), pair, strict=True):
             plans.append(plan)
             entries.append({"spec": workload.name, "given": workload.given, "group": workload.group,
@@ -219,6 +241,9 @@ def calibration(ctx: Context) -> Outcome:
                             "sharding": _mix(plan),
                             "predicted_default_ms": predicted(plan, DEFAULT_PROFILE),
                             "predicted_calibrated_ms": predicted(plan, calibrated)})
+    if not plans:
+        raise SectionFailed("no workload could be planned and measured: "
+                            + "; ".join(f"{k}: {v}" for k, v in {**not_planned, **too_long}.items()))
     paths = [_write(ctx, p, f"{e['spec']}_{e['made_under']}") for p, e in zip(plans, entries, strict=True)]
     measured = measure_alternating(ctx, paths, repeats, max(30.0, budget - (time.monotonic() - started)))
     for entry, runs in zip(entries, measured, strict=True):
@@ -239,30 +264,56 @@ def calibration(ctx: Context) -> Outcome:
     spreads = [e["spread"] for e in ok]
     judged_spread = float(np.median([e["spread"] for e in judged])) if judged else math.nan
     measured_names = {e["spec"] for e in entries}
+    missing = _not_measured(ctx.given, ok, {**not_planned, **too_long}, measured_names)
     figures = {"specs": len({e["spec"] for e in ok}), "plans": len(ok), "repeats": repeats,
                "profile": str(ctx.profile), "min_measured_ms": min(values),
-               "below_10_ms": [e["spec"] for e in ok if e["measured_ms"] < 10.0],
+               "below_10_ms": list(dict.fromkeys(e["spec"] for e in ok if e["measured_ms"] < 10.0)),
                "max_spread": max(spreads), "median_spread": judged_spread,
-               "summary": summary, "by_group": groups, "choices": _choices(ok), "plans_measured": entries,
-               "workloads": _by_workload(entries),
-               "left_out": [w.name for w in candidates if w.name not in measured_names]}
+               "summary": summary, "by_group": groups, "choices": _choices(ok, {p.plan_id: layout(p) for p in plans}),
+               "plans_measured": entries, "workloads": _by_workload(entries),
+               "left_out": [w.name for w in candidates if w.name not in measured_names],
+               "given": {w.name: _given(w) for w in ctx.given}, "given_not_measured": missing}
     if ctx.builtin:
-        figures["out_of_family"] = _apart(oof, apart, not_planned)
+        figures["out_of_family"] = _apart(oof, apart, {k: v for k, v in not_planned.items() if k not in missing})
     cal = summary["calibrated"]
     targets = (target("calibration_median_abs_error", cal["median_abs_error"], cuda),
                *((target("calibration_spearman", cal["spearman"], cuda),) if len(judged) > 2 else ()),  # a rank needs 3
-               target("calibration_median_spread", figures["median_spread"], cuda))
-    line = ""
+               target("calibration_median_spread", figures["median_spread"], cuda),
+               *((target("given_not_measured", float(len(missing)), cuda),) if ctx.given else ()))
+    line = _missing_line(missing)
     if ctx.builtin:
         far = groups.get("out_of_family", {}).get("calibrated", {"median_abs_error": math.nan, "spearman": math.nan})
         targets += (target("out_of_family_median_abs_error", far["median_abs_error"], cuda),
                     *((target("out_of_family_spearman", far["spearman"], cuda),) if len(apart) > 2 else ()))
-        line = (f"; out of family {len(apart)} plans: median |error| {far['median_abs_error']:.1%}, "
-                f"Spearman {far['spearman']:.2f}")
+        line += (f"; out of family {len(apart)} plans: median |error| {far['median_abs_error']:.1%}, "
+                 f"Spearman {far['spearman']:.2f}")
     return Outcome(figures, f"{len(judged)} plans of {len({e['spec'] for e in judged})} specs: calibrated median "
                             f"|error| {cal['median_abs_error']:.1%}, Spearman {cal['spearman']:.2f} (defaults "
                             f"{summary['default']['median_abs_error']:.0%}, {summary['default']['spearman']:.2f}); "
                             f"spread up to {max(spreads):.1%}{line}", targets)
+
+
+def _given(workload: Workload) -> dict[str, Any]:
+    """What the report says of a given workload: its file and what it ran with."""
+    return {"file": workload.source, "tables": len(workload.rows), "batch_size": workload.batch_size,
+            "hbm_cap": workload.hbm_bytes}
+
+
+def _not_measured(given: Sequence[Workload], measured: list[dict[str, Any]], not_planned: dict[str, str],
+                  reached: set[str]) -> dict[str, str]:
+    """Per given workload with no plan measured: why."""
+    done = {e["spec"] for e in measured}
+    return {w.name: not_planned.get(w.name) or ("its plans' measurements failed (commands.log)" if w.name in reached
+                                                else "the --minutes budget did not reach it")
+            for w in given if w.name not in done}
+
+
+def _missing_line(missing: dict[str, str]) -> str:
+    return f"; not measured: {', '.join(missing)}" if missing else ""
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 def _beside(builtin: list[Workload], oof: list[Workload]) -> list[Workload]:
@@ -335,8 +386,9 @@ def _mix(plan: Plan) -> dict[str, int]:
     return mix
 
 
-def _choices(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per spec: the plan chosen under the calibrated profile against the one chosen under the defaults."""
+def _choices(entries: list[dict[str, Any]], layouts: dict[str, tuple[Any, ...]]) -> list[dict[str, Any]]:
+    """Per spec: the plan chosen under the calibrated profile against the one chosen under the defaults
+    (``same plan``: one layout, ``layouts`` by plan_id; their plan_ids differ by the profile)."""
     out = []
     for spec in dict.fromkeys(e["spec"] for e in entries):
         pair = {e["made_under"]: e for e in entries if e["spec"] == spec}
@@ -345,7 +397,7 @@ def _choices(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
         d, c = pair["default"], pair["calibrated"]
         noise = max(d["spread"], c["spread"])
         ratio = c["measured_ms"] / d["measured_ms"]
-        verdict = ("same plan" if d["plan_id"] == c["plan_id"] else "faster" if ratio < 1 - noise
+        verdict = ("same plan" if layouts[d["plan_id"]] == layouts[c["plan_id"]] else "faster" if ratio < 1 - noise
                    else "slower" if ratio > 1 + noise else "same within noise")
         out.append({"spec": spec, "ratio": ratio, "noise": noise, "verdict": verdict})
     return out
@@ -373,17 +425,52 @@ def _plan_with(name: str, workload: Workload, topology: Any, calibrated: Profile
     return plan
 
 
+MIN_TORCHREC_PLAN_S = 10.0  # a TorchRec planner's time on a shape when the planning share is spent
+
+
+class PlanningTimedOut(BaseException):
+    """A planner ran past its time (a BaseException: TorchRec's ``except Exception`` must not swallow it)."""
+
+
+@contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """PlanningTimedOut in this (main) thread after ``seconds``; no limit elsewhere or where infinite."""
+    if not math.isfinite(seconds) or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise PlanningTimedOut(f"did not finish within {seconds:.0f} s (the section's planning share)")
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.01))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def plan_shapes(ctx: Context, shapes: Sequence[Workload], calibrated: Profile | None,
-                write: Callable[[Plan, str], Path]) -> list[Planned]:
-    """Every shape planned by every planner; a planner that finds no plan is recorded, not fatal."""
+                write: Callable[[Plan, str], Path], planning_s: float = math.inf) -> list[Planned]:
+    """Every shape planned by every planner; a planner that finds no plan is recorded, not fatal.
+    TorchRec's planners take minutes for hundreds of tables on 8 ranks: they get what is left of
+    ``planning_s`` (at least ``MIN_TORCHREC_PLAN_S``), then are stopped, which is recorded too."""
     out = []
+    until = time.monotonic() + planning_s
     for workload in shapes:
         topology = _topology(ctx, workload.batch_size, workload.hbm_bytes)
         for name in PLANNERS:
             began = time.perf_counter()
+            limit = max(MIN_TORCHREC_PLAN_S, until - time.monotonic()) if name.startswith("torchrec") else math.inf
             try:
-                plan = _plan_with(name, workload, topology, calibrated)
+                with time_limit(limit):
+                    plan = _plan_with(name, workload, topology, calibrated)
             except Skipped:
+                continue
+            except PlanningTimedOut as e:
+                out.append(Planned(f"{workload.name}/{name}", workload, name, None, None,
+                                   time.perf_counter() - began, f"{name}'s planner {e}"))
                 continue
             except Exception as e:  # TorchRec's planner failing on a shape is a result
                 out.append(Planned(f"{workload.name}/{name}", workload, name, None, None,
@@ -398,17 +485,18 @@ def plan_shapes(ctx: Context, shapes: Sequence[Workload], calibrated: Profile | 
 def compare_measured(ctx: Context, shapes: Sequence[Workload], repeats: int, timeout_s: float,
                      config: MeasureConfig | None = None) -> tuple[int, dict[str, Any]]:
     """(the repeats, the comparison's figures): per shape and planner, plan time and measured iteration
-    time with its spread and its ratio to TorchRec's default planner's plan (plans of one layout measured
-    once). Fewer repeats (not below 2), then fewer shapes, where the time would not do."""
+    time with its spread and its ratio to TorchRec's default planner's plan (a shape's plans of one
+    layout measured once). Fewer repeats (not below 2), then fewer shapes, where the time would not do."""
     from rec.profile import read_profile
 
     calibrated = read_profile(ctx.profile) if ctx.profile else None
     began = time.monotonic()
-    planned = plan_shapes(ctx, shapes, calibrated, lambda plan, name: _write(ctx, plan, name))
+    planned = plan_shapes(ctx, shapes, calibrated, lambda plan, name: _write(ctx, plan, name), timeout_s / 2)
+    # Keyed by the shape too: one layout at two shapes' batch sizes is two measurements.
     unique: dict[tuple[Any, ...], Planned] = {}
     for p in planned:
         if p.plan is not None and p.path is not None:
-            unique.setdefault(layout(p.plan), p)
+            unique.setdefault((p.workload.name, layout(p.plan)), p)
     left = timeout_s - (time.monotonic() - began) - LAUNCH_S[ctx.ranks.cuda]
     profile = calibrated or DEFAULT_PROFILE
 
@@ -425,20 +513,27 @@ def compare_measured(ctx: Context, shapes: Sequence[Workload], repeats: int, tim
                       f"{max(left, 0):.0f} s left of the --minutes budget")
     layouts = list(unique)
     paths = [p.path for p in unique.values() if p.path is not None]
+    if not paths:
+        why: dict[str, str] = {}
+        for p in planned:  # each shape's first planner's error
+            why.setdefault(p.workload.name, _one_line(p.error or ""))
+        raise SectionFailed("no shape could be planned: " + "; ".join(f"{k}: {v}" for k, v in why.items()))
     measured = measure_alternating(ctx, paths, repeats, timeout_s - (time.monotonic() - began), config)
     by_layout = {key: summarize(runs) for key, runs in zip(layouts, measured, strict=True)}
     result: dict[str, Any] = {}
     for workload in shapes:
         rows = {p.label: p for p in planned if p.workload.name == workload.name}
         base = rows.get("torchrec")
-        base_m = by_layout[layout(base.plan)] if base and base.plan else None
+        base_m = by_layout[(workload.name, layout(base.plan))] if base and base.plan else None
         base_ms = base_m["measured_ms"] if base_m else math.nan
         entry: dict[str, Any] = {"tables": len(workload.rows), "batch_size": workload.batch_size}
+        if workload.given:
+            entry["file"] = workload.source
         for label, p in rows.items():
             if p.plan is None:
                 entry[label] = {"plan_s": round(p.plan_s, 3), "error": p.error}
                 continue
-            m = by_layout[layout(p.plan)]
+            m = by_layout[(workload.name, layout(p.plan))]
             same = [q.label for q in rows.values()
                     if q.plan is not None and q is not p and layout(q.plan) == layout(p.plan)]
             ratio = m["measured_ms"] / base_ms if base_ms else math.nan
@@ -446,6 +541,7 @@ def compare_measured(ctx: Context, shapes: Sequence[Workload], repeats: int, tim
             entry[label] = {"plan_s": round(p.plan_s, 3), "plan_id": p.plan.plan_id, "sharding": _mix(p.plan),
                             "same_layout_as": same, **m, "vs_torchrec": ratio,
                             "verdict": "reference" if label == "torchrec" else
+                            "no TorchRec plan" if base_m is None else
                             _verdict(ratio, noise, "torchrec" in same, ctx.ranks.cuda)}
         result[workload.name] = entry
     return repeats, result
@@ -468,13 +564,27 @@ def vs_torchrec(ctx: Context) -> Outcome:
     ours = "shardflow-calibrated" if ctx.profile else "shardflow"
     slower = [name for name, row in results.items()
               if isinstance(row.get(ours), dict) and row[ours].get("verdict") == "slower"]
+    missing = {w.name: why for w in ctx.given if (why := _judged_missing(results.get(w.name), ours))}
     figures = {"repeats": repeats, "shapes": results, "vs_torchrec_geomean": geomeans, "judged": ours,
-               "slower_than_torchrec": slower}
+               "slower_than_torchrec": slower, "given_not_measured": missing}
     shapes = f"{len(results)} shape{'s' if len(results) != 1 else ''}"
     return Outcome(figures, f"{shapes}, measured against TorchRec's plan (geometric mean): shardflow's "
                             f"{geomeans['shardflow']:.2f}x, calibrated {geomeans['shardflow-calibrated']:.2f}x"
-                            + (f"; slower on {', '.join(slower)}" if slower else ""),
-                   (target("slower_than_torchrec", float(len(slower)), cuda),))
+                            + (f"; slower on {', '.join(slower)}" if slower else "") + _missing_line(missing),
+                   (target("slower_than_torchrec", float(len(slower)), cuda),
+                    *((target("given_not_measured", float(len(missing)), cuda),) if ctx.given else ())))
+
+
+def _judged_missing(row: dict[str, Any] | None, judged: str) -> str | None:
+    """Why a given shape's judged plan (shardflow's) has no measurement; None when it has one."""
+    if row is None:
+        return "the --minutes budget did not reach it"
+    mine = row.get(judged)
+    if not isinstance(mine, dict):
+        return "not planned"
+    if mine.get("error"):
+        return _one_line(str(mine["error"]))[:300]
+    return None if math.isfinite(mine.get("measured_ms", math.nan)) else "its measurement failed (commands.log)"
 
 
 def _geomean(values: Sequence[float]) -> float:

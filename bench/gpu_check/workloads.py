@@ -7,7 +7,9 @@ No torch here: the check plans in its own process and measures in torchrun's.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -46,6 +48,7 @@ class Workload:
     hbm_bytes: int | None = None  # a tighter HBM per rank than the device has (memory-tight shapes)
     given: bool = False  # the user's (--specs): its batch size as given, reported apart from the check's own
     family: str | None = None  # an out-of-family generator's (bench.gpu_check.families), reported apart
+    source: str | None = None  # the --specs file of a given workload
 
     @property
     def group(self) -> str:
@@ -53,54 +56,107 @@ class Workload:
         return "given" if self.given else "out_of_family" if self.family else "builtin"
 
 
-WORKLOAD_KEYS = ("tables", "batch_size", "hbm_cap")  # a --specs file: a spec, and the two per rank
+WORKLOAD_KEYS = ("tables", "batch_size", "hbm_cap")  # a YAML/JSON --specs file: a spec, and the two per rank
 DEFAULT_BATCH = {True: 8192, False: 256}  # a --specs file without batch_size: cuda, cpu
+GIVEN = "given/"  # before the name of a --specs workload whose stem is a built-in workload's
 
 
-def read_workloads(paths: list[str], cuda: bool) -> list[Workload]:
-    """The workloads of ``--specs`` files (YAML or JSON: the project's spec with ``tables:``, and
-    optional ``batch_size`` and ``hbm_cap`` per rank), each named by its file's stem; InputError
-    naming every problem of every file."""
-    from pathlib import Path
-
+def read_workloads(paths: list[str], ranks: Ranks, reserved: Collection[str] = ()) -> list[Workload]:
+    """The workloads of ``--specs`` files: any spec file (docs/spec.md); a YAML or JSON mapping with
+    ``tables:`` may set ``batch_size`` and ``hbm_cap`` per rank too (an ``hbm_cap`` above the GPU's
+    is the GPU's). Each is named by its file's stem; stems that several files share by their
+    directories too (``a/spec``, ``b/spec``), a stem among ``reserved`` (the built-in workloads
+    run beside them) as ``given/<stem>``. InputError naming every problem of every file."""
     from rec.errors import InputError, Problem
-    from rec.input_files import MAX_SPEC_FILE_BYTES, read_yaml_file
-    from rec.spec import spec_from_rows
-    from rec.validation import Problems, byte_size, integer, known_keys, required
+    from rec.input_files import YAML_EXTENSIONS
 
     problems: list[Problem] = []
-    out: list[Workload] = []
+    read: dict[Path, tuple[list[dict[str, Any]], int | None, int | None]] = {}
     for path in paths:
+        resolved = Path(path).resolve()
+        if resolved in read:  # the same file twice: one workload
+            continue
         try:
-            document = read_yaml_file(path, "workload", MAX_SPEC_FILE_BYTES, "a spec: tables: [...]")
+            if Path(path).suffix.lower() in YAML_EXTENSIONS:
+                rows, batch, hbm = _read_document(path)
+            else:
+                rows, batch, hbm = _spec_rows(path, path), None, None
         except InputError as e:
-            problems += e.problems
+            problems += [p if p.where.startswith(path) else Problem(f"{path}: {p.where}", p.reason)
+                         for p in e.problems]
             continue
-        found = Problems(path)
-        if not isinstance(document, dict):
-            problems.append(Problem(path, "expected a mapping with tables: (a spec), and batch_size, hbm_cap"))
-            continue
-        d = known_keys(document, WORKLOAD_KEYS, found)
-        required(d, ["tables"], found)
-        batch = found.take_from(d, "batch_size", lambda v: integer(v, minimum=1, maximum=1 << 20))
-        hbm = found.take_from(d, "hbm_cap", lambda v: byte_size(v, minimum=1))
-        rows = d.get("tables")
-        if rows is not None and not isinstance(rows, list):
-            found.add("tables", "expected a list of tables")
-        elif rows:
-            try:
-                spec_from_rows(rows, source=path)
-            except InputError as e:
-                problems += e.problems
-        problems += [Problem(f"{path}: {p.where}" if p.where != path else path, p.reason) for p in found.items]
-        name = Path(path).stem
-        if any(w.name == name for w in out):
-            problems.append(Problem(path, f"another file is named {name!r} too: each workload is named by its stem"))
-        if isinstance(rows, list):
-            out.append(Workload(name, rows, batch or DEFAULT_BATCH[cuda], hbm, given=True))
+        if ranks.cuda and hbm is not None:
+            hbm = min(hbm, ranks.hbm_bytes)  # more than the GPU has would only fail when measured
+        read[resolved] = rows, batch, hbm
     if problems:
         raise InputError("Cannot read the workloads (--specs):", problems)
+    names = _names(list(read), reserved)
+    return [Workload(names[path], rows, batch or DEFAULT_BATCH[ranks.cuda], hbm, given=True, source=str(path))
+            for path, (rows, batch, hbm) in read.items()]
+
+
+def _read_document(path: str) -> tuple[list[dict[str, Any]], int | None, int | None]:
+    """(rows, batch_size, hbm_cap) of a YAML or JSON ``--specs`` file: a spec's list of tables, or a
+    mapping with ``tables:`` and optional ``batch_size`` and ``hbm_cap``; InputError naming every problem."""
+    from rec.errors import InputError, Problem
+    from rec.input_files import MAX_SPEC_FILE_BYTES, read_yaml_file
+    from rec.validation import Problems, byte_size, integer, known_keys, required
+
+    document = read_yaml_file(path, "workload", MAX_SPEC_FILE_BYTES, "a spec: tables: [...]")
+    if isinstance(document, list):
+        return _spec_rows(document, path), None, None
+    if not isinstance(document, dict):
+        raise InputError(path, [Problem(path, "expected a spec: a list of tables, or a mapping with tables: "
+                                              "(and batch_size, hbm_cap)")])
+    found = Problems(path)
+    d = known_keys(document, WORKLOAD_KEYS, found)
+    required(d, ["tables"], found)
+    batch = found.take_from(d, "batch_size", lambda v: integer(v, minimum=1, maximum=1 << 20))
+    hbm = found.take_from(d, "hbm_cap", lambda v: byte_size(v, minimum=1))
+    problems = [Problem(f"{path}: {p.where}" if p.where != path else path, p.reason) for p in found.items]
+    tables, rows = d.get("tables"), []
+    if tables is not None and not isinstance(tables, list):
+        problems.append(Problem(f"{path}: tables", "expected a list of tables"))
+    elif tables is not None:
+        try:
+            rows = _spec_rows(tables, path)
+        except InputError as e:
+            problems += e.problems
+    if problems:
+        raise InputError(path, problems)
+    return rows, batch, hbm
+
+
+def _spec_rows(source: str | list[Any], path: str) -> list[dict[str, Any]]:
+    """The validated spec's rows (a spec file's, or rows as a YAML file holds them), each table as
+    ``rec.spec`` writes it; InputError naming every problem."""
+    from rec.spec import read_spec, spec_from_rows
+    from rec.spec.columns import table_to_short_row
+
+    spec = read_spec(source) if isinstance(source, str) else spec_from_rows(source, source=path)
+    return [table_to_short_row(t) for t in spec.tables]
+
+
+def _names(paths: list[Path], reserved: Collection[str]) -> dict[Path, str]:
+    """Each file's workload name: its stem; where several files share a stem, with as many of its
+    directories as tell them apart (``a/spec``, ``b/spec``), and its extension where they are in
+    one directory (``spec.yaml``, ``spec.json``); ``given/`` before a ``reserved`` name."""
+    out: dict[Path, str] = {}
+    for path in paths:
+        same = [p for p in paths if p.stem == path.stem]
+        depth = 0
+        while len({_tail(p, depth) for p in same}) < len({p.parent for p in same}):
+            depth += 1  # ends: files in different directories differ there
+        twins = sum(p.parent == path.parent for p in same) > 1
+        name = _tail(path, depth) + (path.suffix if twins else "")
+        out[path] = f"{GIVEN}{name}" if name in reserved else name
     return out
+
+
+def _tail(path: Path, depth: int) -> str:
+    """``path``'s stem after its last ``depth`` directories, joined by ``/``."""
+    dirs = path.parent.parts[1:]  # not the root
+    return "/".join([*dirs[max(0, len(dirs) - depth):], path.stem])
 
 
 def dlrm(ranks: Ranks, table_bytes: float | None = None, name: str = "dlrm_criteo") -> Workload:

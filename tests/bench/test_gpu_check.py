@@ -160,15 +160,19 @@ def check(tmp_path, *flags):
 def test_a_wrong_profile_on_your_workload_fails_the_check_naming_the_missed_target(tmp_path):
     (tmp_path / "shop.yaml").write_text(WORKLOAD)
     (tmp_path / "wrong.yaml").write_text(WRONG_PROFILE)
+    # 48 GiB in one table: more than a cpu rank's DDR; named, and the shop measured all the same
+    (tmp_path / "giant.yaml").write_text("tables: [{name: giant, num_embeddings: 1e8, embedding_dim: 128}]\n")
     r = check(tmp_path, "--sections", "calibration", "--specs", str(tmp_path / "shop.yaml"),
-              "--profile", str(tmp_path / "wrong.yaml"))
+              str(tmp_path / "giant.yaml"), "--profile", str(tmp_path / "wrong.yaml"))
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
     assert "not passed: calibration: missed calibration_median_abs_error" in r.stdout
     report = json.loads((tmp_path / "check" / "gpu_check.json").read_text())
     section = report["sections"]["calibration"]
     assert report["passed"] is False and section["status"] == "failed"
     missed = {t["name"] for t in section["targets"] if not t["met"]}
-    assert "calibration_median_abs_error" in missed
+    assert {"calibration_median_abs_error", "given_not_measured"} <= missed
+    assert list(section["figures"]["given_not_measured"]) == ["giant"] and "not measured: giant" in r.stdout
+    assert "does not fit" in section["figures"]["given_not_measured"]["giant"]
     workload = section["figures"]["workloads"]["shop"]  # by the file's stem
     assert {"default", "calibrated"} <= set(workload) and workload["calibrated"]["measured_ms"] > 0
     assert section["figures"]["plans_measured"][0]["batch_size"] == 128  # as the file says
@@ -178,11 +182,63 @@ def test_a_skipped_section_bad_workloads_and_a_bad_out_do_not_pass(tmp_path):
     skipped = check(tmp_path, "--sections", "calibration")  # no profile: nothing to judge
     assert skipped.returncode == 1 and "not passed: calibration: needs the calibrated profile" in skipped.stdout
     (tmp_path / "bad.yaml").write_text("batch_size: -1\nextra: 1\ntables:\n  - {name: t, num_embeddings: 0}\n")
-    bad = check(tmp_path, "--specs", str(tmp_path / "bad.yaml"), str(tmp_path / "missing.yaml"))
+    (tmp_path / "empty.yaml").write_text("tables: []\n")
+    bad = check(tmp_path, "--specs", str(tmp_path / "bad.yaml"), str(tmp_path / "missing.yaml"),
+                str(tmp_path / "empty.yaml"), str(ROOT / "README.md"))
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
-    for named in ("batch_size", "extra", "num_embeddings", "missing.yaml"):
+    for named in ("batch_size", "extra", "bad.yaml: table 't': num_embeddings", "missing.yaml",
+                  "empty.yaml: the spec has no tables", "README.md: unsupported extension"):
         assert named in bad.stderr, bad.stderr
     (tmp_path / "file").write_text("")
     out = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--out", str(tmp_path / "file" / "x"),
                           "--device", "cpu"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "cannot write there" in out.stderr
+
+
+def test_your_workloads_are_read_from_any_spec_format_and_named_apart(tmp_path):
+    """A Parquet or CSV spec, a YAML list of tables, and a mapping with batch_size and hbm_cap; files
+    sharing a stem are told apart by their directories (or extensions), a stem of a built-in workload
+    becomes ``given/<stem>`` (its plans would overwrite the built-in one's), the same file given twice is one
+    workload, and an hbm_cap above the GPU's is the GPU's."""
+    from bench.gpu_check.workloads import GIB, Ranks, read_workloads
+    from rec.sharding import ComputeDevice
+    from rec.spec import read_spec, write_spec
+    from tests.paths import DEMO
+
+    for path in ("a/spec.parquet", "b/spec.csv", "b/spec.yaml"):
+        (tmp_path / path).parent.mkdir(exist_ok=True)
+        write_spec(read_spec(DEMO), tmp_path / path)
+    (tmp_path / "few_big.yaml").write_text("- {name: t, num_embeddings: 100, embedding_dim: 16}\n")
+    (tmp_path / "capped.json").write_text('{"batch_size": 64, "hbm_cap": "1TiB", "tables": '
+                                          '[{"name": "t", "num_embeddings": 100, "embedding_dim": 16}]}')
+    files = [str(tmp_path / f) for f in ("a/spec.parquet", "b/spec.csv", "b/spec.yaml", "few_big.yaml",
+                                         "capped.json", "capped.json")]
+    h100 = Ranks(ComputeDevice.CUDA, 8, 80 * GIB, 200 * GIB)
+    read = read_workloads(files, h100, reserved={"few_big", "spec1"})
+    assert [w.name for w in read] == ["a/spec", "b/spec.csv", "b/spec.yaml", "given/few_big", "capped"]
+    assert all(w.given and len(w.rows) == len(read_spec(DEMO)) for w in read[:3])
+    assert read[0].batch_size == 8192 and read[0].source == files[0]
+    assert (read[4].batch_size, read[4].hbm_bytes) == (64, 80 * GIB)
+    assert read_workloads(files[4:5], Ranks(ComputeDevice.CPU, 2, 4 * GIB, 16 * GIB))[0].hbm_bytes == 1 << 40
+
+
+def test_a_planner_past_its_time_is_stopped_and_one_layout_under_both_profiles_is_the_same_plan():
+    """TorchRec's planner takes minutes for hundreds of tables on 8 ranks: the comparison stops it
+    at its share. The default and calibrated plans differ in plan_id (the profile) even where
+    their layout is one."""
+    import time
+
+    from bench.gpu_check import compare
+
+    began = time.monotonic()
+    with pytest.raises(compare.PlanningTimedOut), compare.time_limit(0.2):
+        while time.monotonic() - began < 30:
+            pass
+    assert time.monotonic() - began < 5
+    with compare.time_limit(5.0):
+        pass
+    time.sleep(0.05)  # no alarm left behind
+    entries = [{"spec": "s", "made_under": made, "plan_id": made, "spread": 0.01, "measured_ms": ms}
+               for made, ms in (("default", 10.0), ("calibrated", 5.0))]
+    assert compare._choices(entries, {"default": ("L",), "calibrated": ("L",)})[0]["verdict"] == "same plan"
+    assert compare._choices(entries, {"default": ("L",), "calibrated": ("M",)})[0]["verdict"] == "faster"

@@ -53,7 +53,8 @@ def _entries(plan: Plan, profile: Profile | None) -> tuple[np.ndarray, np.ndarra
     profile = plan.planner.profile if profile is None else profile
     spec, topology = plan.spec, plan.topology
     cost = replace(plan.planner.cost, profile=profile)
-    arrays = table_arrays(spec, topology.batch_size, cost, chosen_load_factors(plan))
+    arrays = table_arrays(spec, topology.batch_size, cost, chosen_load_factors(plan),
+                          world_size=topology.world_size)
     hw = links(topology, profile)
     c = plan.columns
     spec_of_table = _spec_positions(plan)
@@ -69,7 +70,8 @@ def _entries(plan: Plan, profile: Profile | None) -> tuple[np.ndarray, np.ndarra
         perf[mine] = shard_perf(st, ck, topology, profile, hw, kernel_bw(hw, profile, ck, lf),
                                 c.rows[mine], c.cols[mine],
                                 arrays.elem[t], arrays.batch_inputs[t], arrays.batch_outputs[t],
-                                pooled=arrays.pooled[t], miss_rate=miss).total
+                                pooled=arrays.pooled[t], miss_rate=miss,
+                                cache_fetches=arrays.cache_fetches[t]).total
         ids[mine] = shard_ids(st, topology.world_size, topology.local_world_size, arrays.batch_inputs[t])
     multiplier = profile.extensions.widest_dim_multiplier
     if not multiplier:
@@ -97,7 +99,7 @@ def lanes_below_widest(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     of its kernel group, and those with a shard as wide as the widest of a group that mixes widths
     (widths counted up to 128 columns, as ``rec.cost.widest`` prices them)."""
     c = plan.columns
-    arrays = table_arrays(plan.spec, plan.topology.batch_size, plan.planner.cost)
+    arrays = table_arrays(plan.spec, plan.topology.batch_size, plan.planner.cost, world_size=plan.world_size)
     t = _spec_positions(plan)[c.table_of_entry]
     group = _kernel_groups(plan, arrays.elem[t], arrays.pooled[t])
     own = lanes(c.cols)

@@ -62,7 +62,7 @@ def enumerate_options(
 ) -> Options:
     """All options of all tables with per-shard ``Perf.total``, HBM and DDR, as TorchRec's;
     ``load_factors`` (spec order, NaN: none) are cache sizes a plan chose (``rec.cost.tables``)."""
-    cols = table_arrays(spec, topology.batch_size, config, load_factors)
+    cols = table_arrays(spec, topology.batch_size, config, load_factors, world_size=topology.world_size)
     offered = cols.offered(topology.compute_device)
     blocks: list[_Block] = []
     for st, kernels in _union(cols.kinds, topology.compute_device).items():
@@ -149,6 +149,7 @@ def _blocks(
             cols.batch_outputs[t],
             pooled=cols.pooled[t],
             miss_rate=cols.miss_rate[t],
+            cache_fetches=cols.cache_fetches[t],
         ).total
         hbm, ddr = kernel_storage(parts, ck, topology.compute_device)
         runs = {

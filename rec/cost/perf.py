@@ -4,9 +4,10 @@ Mirrors ``planner/estimator/estimator.py`` under a ``HardwarePerfConfig`` given 
 (``rec.profile``; ``Profile()`` is TorchRec's default ``EmbeddingPerfEstimatorConfig``: all
 coefficients 1.0, hash-size coefficient 0, backward = 2 x forward) for training, unweighted features
 of pooled (EmbeddingBagCollection) and unpooled (EmbeddingCollection, ``is_pooled=False``) tables,
-no qcomm codecs (every comm element is the table's element size), 8-byte indices
-and no cache statistics, so ``prefetch_compute`` is 0 (a profile's ``cache_miss_multiplier`` puts the
-fetching of a cache's misses there). Float operations follow TorchRec's order so
+no qcomm codecs (every comm element is the table's element size) and 8-byte indices.
+``prefetch_compute`` is TorchRec's for a table with cache statistics (``CacheParams.stats``: the rows
+its cache fetches, over the host link) and 0 for one without; a profile's ``cache_miss_multiplier``
+puts its own price of fetching a cache's misses there instead. Float operations follow TorchRec's order so
 results agree to the last bit where numpy and Python round alike; the profile's extensions
 (``fixed_ms``, collective latencies) are added as separate terms, so at their default 0 they change
 no bit.
@@ -68,10 +69,13 @@ def shard_perf(
     batch_outputs: np.ndarray,
     pooled: np.ndarray | None = None,
     miss_rate: np.ndarray | None = None,
+    cache_fetches: np.ndarray | None = None,
 ) -> ShardPerf:
     """``Perf`` of every shard (run) given its size (``rows`` x ``cols``) and its table's columns;
     ``pooled`` (default: all) says which tables' outputs are pooled; ``miss_rate`` (a profile's
-    ``cache_miss_multiplier`` reads it) the share of a fused_uvm_caching shard's lookups its cache misses."""
+    ``cache_miss_multiplier`` reads it) the share of a fused_uvm_caching shard's lookups its cache
+    misses; ``cache_fetches`` (``rec.cost.tables``; None or 0: no statistics) the rows its table's
+    cache fetches per global batch, as TorchRec's estimator reads them from ``CacheStatistics``."""
     w, lw = topology.world_size, topology.local_world_size
     st, d, e, bi, bo = sharding_type, cols, elem, batch_inputs, batch_outputs
     if st in (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE):
@@ -125,6 +129,10 @@ def shard_perf(
 
         miss_bw = kernel_bw(hw, profile, ComputeKernel.FUSED_UVM, None)
         prefetch = x.cache_miss_multiplier * miss_rate * sizes.lookup_fwd / miss_bw + zeros
+    elif kernel is ComputeKernel.FUSED_UVM_CACHING and cache_fetches is not None:
+        # TorchRec's _default_prefetch_comp: a row_wise shard fetches its share of the rows.
+        divisor = w if st == ShardingType.ROW_WISE else lw if st == ShardingType.TABLE_ROW_WISE else 1
+        prefetch = cache_fetches / divisor * d * e / hw.hbm_to_ddr + zeros
     return ShardPerf(fwd, fwd_comms + zeros, bwd, bwd_comms + zeros, prefetch)
 
 

@@ -8,7 +8,12 @@ feature; ``num_poolings`` stays the default 1.0), ``cache_params.load_factor`` (
 the table's allow-lists and its ``min_partition``. The element size is ``DataType.bytes_per_element``: 4 for FP32 and 2
 otherwise, as ``EmbeddingBagCollection`` and ``EmbeddingCollection`` allocate tables for training.
 An unpooled table outputs one vector per id, so its ``batch_outputs`` are its ``batch_inputs``
-(TorchRec's ``is_pooled=False``).
+(TorchRec's ``is_pooled=False``). A table whose statistics hold the distinct ids of a global batch
+(``distinct_per_batch`` counted at ``batch_size x world_size``) beside its hit-rate curve carries what
+TorchRec's ``CacheParams.stats`` (``CacheStatistics``) gives its estimator: ``cache_fetches``, the rows
+its cache fetches per iteration (``expected_miss_rate(load_factor) x expected_lookups``). TorchRec
+prices them where it is given the cache's size, and a shardflow plan gives every cache's
+(``rec.plan.torchrec_plan``).
 """
 
 from __future__ import annotations
@@ -52,6 +57,8 @@ class TableArrays:
     optimizer_multiplier: np.ndarray  # float64 optimizer state per weight byte
     load_factor: np.ndarray  # float64 share of the rows a fused_uvm_caching cache holds
     miss_rate: np.ndarray  # float64 share of the lookups such a cache misses (rec.hit_rates)
+    cache_fetches: np.ndarray  # float64 rows such a cache fetches per global batch, TorchRec's
+    # expected_cache_fetches; 0 where the table has no CacheStatistics (statistics of a global batch)
     sharding_allowed: np.ndarray  # (T, len(SHARDING_TYPES)) bool; all True where no allow-list
     kernel_allowed: np.ndarray  # (T, len(COMPUTE_KERNELS)) bool; all True where no allow-list
     kinds: tuple[ModuleKind, ...]  # the module kinds in the spec, in ModuleKind order
@@ -67,10 +74,10 @@ class TableArrays:
         return out
 
 
-def table_arrays(spec: Spec, batch_size: int, config: CostConfig,
-                 load_factors: np.ndarray | None = None) -> TableArrays:
-    """Columns of ``spec`` for a per-rank ``batch_size``; ``load_factors`` (spec order, NaN: none)
-    are the cache sizes a plan chose, over the spec's and the configuration's."""
+def table_arrays(spec: Spec, batch_size: int, config: CostConfig, load_factors: np.ndarray | None = None, *,
+                 world_size: int) -> TableArrays:
+    """Columns of ``spec`` for a per-rank ``batch_size`` on ``world_size`` ranks; ``load_factors``
+    (spec order, NaN: none) are the cache sizes a plan chose, over the spec's and the configuration's."""
     tables = spec.tables
     n = len(tables)
     ints = np.array(
@@ -96,6 +103,7 @@ def table_arrays(spec: Spec, batch_size: int, config: CostConfig,
     _apply_allow_lists(st_ok, st_lists, ST_CODE)
     _apply_allow_lists(ck_ok, ck_lists, CK_CODE)
     load_factor = resolved_load_factors(spec, config, load_factors)
+    misses = miss_rates(spec, load_factor)
 
     return TableArrays(
         rows=rows,
@@ -109,7 +117,8 @@ def table_arrays(spec: Spec, batch_size: int, config: CostConfig,
         min_partition=min_partition,
         optimizer_multiplier=optimizer_multiplier(config.optimizer, dims),
         load_factor=load_factor,
-        miss_rate=miss_rates(spec, load_factor),
+        miss_rate=misses,
+        cache_fetches=misses * global_distinct(spec, batch_size * world_size),
         sharding_allowed=st_ok,
         kernel_allowed=ck_ok,
         kinds=tuple(k for k in ModuleKind if k in set(spec.modules.values())),
@@ -160,6 +169,15 @@ def resolved_load_factors(spec: Spec, config: CostConfig, chosen: np.ndarray | N
     if chosen is None:
         return given
     return np.where(np.isnan(chosen), given, chosen)
+
+
+def global_distinct(spec: Spec, global_batch: int) -> np.ndarray:
+    """(T,) TorchRec's ``CacheStatistics.expected_lookups`` of each table: its distinct ids in a batch
+    of ``global_batch`` samples, where its statistics were counted at that batch beside a hit-rate
+    curve; 0 elsewhere (TorchRec prices no cache fetches without statistics)."""
+    return np.fromiter((t.distinct_per_batch if t.distinct_per_batch is not None and t.hit_rate_curve is not None
+                        and t.stats_batch_size == global_batch else 0.0 for t in spec.tables),
+                       np.float64, len(spec.tables))
 
 
 def miss_rates(spec: Spec, load_factor: np.ndarray) -> np.ndarray:

@@ -9,8 +9,12 @@ the most time (its shards' ms over every rank they sit on) per byte of HBM it ad
 ``EmbeddingOffloadScaleupProposer`` gives memory to the most cacheable tables. A step must fit every
 rank it touches; shards stay where they are. Where the plan holds uvm tables, the search also runs
 with every cache at ``SMALL_CACHE`` (so that more tables get a cache instead of none) and that
-plan, grown the same way, is taken where it is faster. Under TorchRec's default profile a larger cache
-is always faster (its bandwidth rises linearly with the cache's size); under a profile with
+plan, grown the same way, is taken where it is faster. The search placed the tables knowing only
+their first cache sizes, so the faster plan is then searched again with the sizes it grew (which
+spreads the tables whose caches grew over the ranks) and grown again, up to
+``RESEARCH_ROUNDS`` times while that is faster. Under TorchRec's default profile a larger cache
+is always faster (its bandwidth rises linearly with the cache's size, and a table with TorchRec's
+cache statistics fetches fewer rows); under a profile with
 ``cache_miss_multiplier`` the gain follows the table's hit-rate curve, so tables whose ids repeat
 get the memory. Where nothing can grow (no uvm table, or no spare HBM) the result is unchanged.
 """
@@ -38,6 +42,7 @@ from rec.sharding import CK_CODE, ComputeDevice, ComputeKernel
 from rec.spec.types import Spec
 from rec.topology.types import Topology
 
+RESEARCH_ROUNDS = 3  # searches again with the grown sizes: the first gains most, a third rarely anything
 SMALL_CACHE = 0.05  # the other first plan's cache size: more tables cached, each less
 LOAD_FACTORS = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 _UVM, _CACHING = CK_CODE[ComputeKernel.FUSED_UVM], CK_CODE[ComputeKernel.FUSED_UVM_CACHING]
@@ -59,7 +64,7 @@ def with_cache_sizes(result: SearchResult, spec: Spec, topology: Topology, cost:
     """``result`` with the caches of its uvm tables grown into the HBM it leaves free; with ``search``
     (which searches a space: the heuristic, whose exact stage a space of many small caches can keep
     busy far beyond its time limit), also the plan searched with ``SMALL_CACHE`` caches and grown so,
-    whichever is faster."""
+    whichever is faster, then that plan's sizes searched and grown again while faster."""
     grown = _grown(result, spec, topology, cost)
     if search is None or not len(_candidates(result, spec, topology)):
         return grown
@@ -68,7 +73,25 @@ def with_cache_sizes(result: SearchResult, spec: Spec, topology: Topology, cost:
         other = _grown(search(build_search_space(spec, topology, cost, small)), spec, topology, cost)
     except InputError:  # cannot happen with smaller caches; the first plan stands if it does
         return grown
-    return other if other.critical_path < grown.critical_path * (1 - RELATIVE_GAIN) else grown
+    best = other if other.critical_path < grown.critical_path * (1 - RELATIVE_GAIN) else grown
+    return _researched(best, spec, topology, cost, search)
+
+
+def _researched(result: SearchResult, spec: Spec, topology: Topology, cost: CostConfig,
+                search: Callable[[SearchSpace], SearchResult]) -> SearchResult:
+    """``result`` searched again with the cache sizes it grew, and grown again, while that is faster."""
+    for _ in range(RESEARCH_ROUNDS):
+        factors = result.space.chosen_load_factor
+        if factors is None:
+            break
+        try:
+            again = _grown(search(build_search_space(spec, topology, cost, factors)), spec, topology, cost)
+        except InputError:
+            break
+        if not again.critical_path < result.critical_path * (1 - RELATIVE_GAIN):
+            break
+        result = again
+    return result
 
 
 def _candidates(result: SearchResult, spec: Spec, topology: Topology) -> np.ndarray:

@@ -1,16 +1,16 @@
 """TorchRec's ``ParameterConstraints`` as spec cells, or refused naming the table and the field.
 
 What a spec holds is mapped as it is: ``sharding_types``, ``compute_kernels`` (allow-lists; the
-names shardflow never plans are refused by spec validation, with the alternatives), ``min_partition``,
-and ``pooling_factors`` (one per feature, or one for every feature). What changes no estimate passes
-through to the table's ``ParameterSharding``, as TorchRec's planner passes it: ``cache_params``
-(whose ``load_factor`` becomes the table's ``cache_load_factor`` and whose ``stats`` its
-``hit_rate_curve``), ``enforce_hbm``, ``stochastic_rounding``,
-``bounds_check_mode``; ``feature_names`` is TorchRec's bookkeeping. The rest changes estimates in
-ways a spec cannot express and is refused unless it holds TorchRec's default: ``num_poolings``,
-``batch_sizes`` other than the planner's batch size, ``is_weighted``, ``output_dtype``,
-``device_group`` other than the topology's device, ``key_value_params``, ``use_virtual_table``, and
-``cache_params`` with prefetching.
+names shardflow never plans are refused by spec validation, with the alternatives),
+``min_partition``, and ``pooling_factors`` (one per feature, or one for every feature). What changes
+no estimate passes through to the table's ``ParameterSharding``, as TorchRec's planner passes it:
+``cache_params`` (whose ``load_factor`` becomes the table's ``cache_load_factor``, and whose
+``stats`` its ``hit_rate_curve`` and its ``distinct_per_batch`` of a global batch, ``stats_cells``),
+``enforce_hbm``, ``stochastic_rounding``, ``bounds_check_mode``; ``feature_names`` is TorchRec's
+bookkeeping. The rest changes estimates in ways a spec cannot express and is refused unless it holds
+TorchRec's default: ``num_poolings``, ``batch_sizes`` other than the planner's batch size,
+``is_weighted``, ``output_dtype``, ``device_group`` other than the topology's device,
+``key_value_params``, ``use_virtual_table``, and ``cache_params`` with prefetching.
 """
 
 from __future__ import annotations
@@ -121,23 +121,37 @@ def _refused(c: Any, num_features: int, batch_size: int, device: str) -> list[st
     return out
 
 
-def stats_curve(stats: Any) -> tuple[list[list[float]] | None, str | None]:
-    """A spec's ``hit_rate_curve`` from TorchRec's ``CacheStatistics`` (its ``expected_miss_rate`` at
-    each of ``CACHE_FRACTIONS`` and 1), and why there is none when ``stats`` cannot give one."""
+def stats_cells(stats: Any, global_batch: int, load_factor: float | None) -> tuple[dict[str, Any], str | None]:
+    """The spec cells of TorchRec's ``CacheStatistics`` ``stats`` (None: none), and why there are
+    none when ``stats`` cannot give them: ``hit_rate_curve``, its ``expected_miss_rate`` at every
+    cache size the planner may price (``CACHE_FRACTIONS``, the cache-size ladder, ``load_factor``,
+    1), so that the cost model reads TorchRec's own miss rate wherever it looks; and its
+    ``expected_lookups``, the distinct ids of a global batch, as ``distinct_per_batch`` counted at
+    ``global_batch`` samples."""
     if stats is None:
-        return None, None
+        return {}, None
     import math
 
+    from rec.config.cost import UVM_CACHING_RATIO
     from rec.hit_rates import CACHE_FRACTIONS
+    from rec.passes.cache_sizes import LOAD_FACTORS, SMALL_CACHE
 
+    fractions = sorted({*CACHE_FRACTIONS, *LOAD_FACTORS, SMALL_CACHE, UVM_CACHING_RATIO, 1.0,
+                        *(() if load_factor is None else (float(load_factor),))})
     points, best = [], 0.0
-    for fraction in (*CACHE_FRACTIONS, 1.0):
+    for fraction in fractions:
         try:
             miss = float(stats.expected_miss_rate(fraction))
         except Exception as e:  # a user's class: say what it raised
-            return None, f"expected_miss_rate({fraction}) raised {type(e).__name__}: {e}"
+            return {}, f"expected_miss_rate({fraction}) raised {type(e).__name__}: {e}"
         if not math.isfinite(miss) or not 0 <= miss <= 1:
-            return None, f"expected_miss_rate({fraction}) is {miss!r}, not a share of lookups in [0, 1]"
+            return {}, f"expected_miss_rate({fraction}) is {miss!r}, not a share of lookups in [0, 1]"
         best = max(best, 1.0 - miss)  # a larger cache serves at least as many lookups
         points.append([fraction, best])
-    return points, None
+    try:
+        lookups = float(stats.expected_lookups)
+    except Exception as e:
+        return {}, f"expected_lookups raised {type(e).__name__}: {e}"
+    if not math.isfinite(lookups) or lookups < 0:
+        return {}, f"expected_lookups is {lookups!r}, not a count of distinct ids per batch (>= 0)"
+    return {"hit_rate_curve": points, "distinct_per_batch": lookups, "stats_batch_size": global_batch}, None

@@ -33,7 +33,7 @@ from rec.sharding import ComputeDevice, ComputeKernel, ShardingType
 from rec.spec import spec_from_rows
 from rec.spec.types import table_key
 from rec.topology.types import BATCH_SIZE
-from rec.torchrec.constraints import kernel_fields, stats_curve, table_constraints
+from rec.torchrec.constraints import kernel_fields, stats_cells, table_constraints
 from rec.torchrec.model import ModelTables, model_tables, module_kind
 from rec.torchrec.topology import dense_bytes, reservation_settings, shardflow_topology, topology_problems
 from rec.torchrec_internals import optimizer_classes
@@ -177,7 +177,7 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
         tables = model_tables(module, list(sharders), device)
         if not tables.rows:
             return None
-        rows, kernel, cost, problems = self._rows(tables, device)
+        rows, kernel, cost, problems = self._rows(tables, device, self._batch_size * topology.world_size)
         percentage, multiplier, estimate = self._reservation
         dense = estimate or dense_bytes(module, list(tables.shardable), multiplier)
         try:
@@ -198,10 +198,10 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
             _write(plan, self._plan_dir)
         return _Planned(plan, kernel, tables.root is not None)
 
-    def _rows(self, tables: ModelTables, device: ComputeDevice
+    def _rows(self, tables: ModelTables, device: ComputeDevice, global_batch: int
               ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]], CostConfig, list[Problem]]:
-        """Spec rows with each table's constraints, kernel fields by table key, the cost model, and
-        what cannot be planned as TorchRec would."""
+        """Spec rows with each table's constraints (cache statistics as counted at ``global_batch``
+        samples), kernel fields by table key, the cost model, and what cannot be planned as TorchRec would."""
         problems: list[Problem] = []
         rows, kernel = [], {}
         optimizers: dict[Optimizer, list[str]] = {}
@@ -231,11 +231,10 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
             if _may_cache(device, rows[-1].get("compute_kernels")):
                 if factor is not None:
                     rows[-1]["cache_load_factor"] = float(factor)
-                curve, why = stats_curve(mapped.stats)
+                cells, why = stats_cells(mapped.stats, global_batch, factor)
                 if why:
                     problems.append(Problem(f"{where}: cache_params.stats", why))
-                elif curve is not None:
-                    rows[-1]["hit_rate_curve"] = curve
+                rows[-1].update(cells)
             optimizers.setdefault(_optimizer(weights[key]), []).append(key)
         if len(optimizers) > 1:
             problems.append(Problem("optimizer", "the tables' fused optimizers differ (" + "; ".join(

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rec.config.cost import UVM_CACHING_RATIO, CostConfig, Optimizer
-from rec.cost.tables import resolved_load_factors
+from rec.cost.tables import global_distinct, resolved_load_factors
+from rec.hit_rates import Curve, miss_rate
 from rec.plan.table_placement import ShardPlacement, TablePlacement
 from rec.plan.types import Plan
 from rec.spec.types import Spec
@@ -64,6 +65,26 @@ class TorchrecScore:
                      if self.rank_hbm[r] > self.rank_hbm_cap[r] or self.rank_ddr[r] > self.rank_ddr_cap[r])
 
 
+class CurveStatistics:
+    """TorchRec's ``CacheStatistics`` of a spec table's statistics: its hit-rate curve (``rec.hit_rates``)
+    and its distinct ids in a global batch."""
+
+    def __init__(self, curve: Curve, lookups: float) -> None:
+        self._curve, self._lookups = curve, lookups
+
+    @property
+    def expected_lookups(self) -> float:
+        return self._lookups
+
+    def expected_miss_rate(self, clf: float) -> float:
+        return float(miss_rate(clf, self._curve))
+
+    @property
+    def cacheability(self) -> float:
+        """The mean miss rate over cache sizes: 0 very cacheable, 1 not at all (TorchRec's scale)."""
+        return float(np.mean(miss_rate(np.linspace(0.0, 1.0, 101), self._curve)))
+
+
 def _optimizer_class(optimizer: Optimizer) -> type[Any] | None:
     import torch
     import torchrec.optim as trec_optim
@@ -83,7 +104,10 @@ def torchrec_inputs(spec: Spec, topology: Topology, cost: CostConfig = CostConfi
     """(the spec's modules at their paths on the meta device, constraints by table name, TorchRec
     Topology, sharders): what shardflow plans. TorchRec keys constraints by table name alone: tables
     sharing a name in several modules get the first one's. Each table's ``cache_params.load_factor``
-    is its own (``rec.cost.tables.resolved_load_factors`` of ``load_factors``, spec order)."""
+    is its own (``rec.cost.tables.resolved_load_factors`` of ``load_factors``, spec order); a table
+    whose statistics TorchRec can read (``rec.cost.tables.global_distinct``) gets them as its
+    ``cache_params.stats``, its load factor given (as a shardflow plan gives it), so that TorchRec
+    prices its cache's fetches."""
     from torchrec.distributed.planner.types import ParameterConstraints
     from torchrec.distributed.types import CacheParams
 
@@ -97,14 +121,16 @@ def torchrec_inputs(spec: Spec, topology: Topology, cost: CostConfig = CostConfi
             mark_optimizer(p, optimizer_class)
     constraints: dict[str, Any] = {}
     factors = resolved_load_factors(spec, cost, load_factors).tolist()
-    for t, factor in zip(spec.tables, factors, strict=True):
+    distinct = global_distinct(spec, topology.batch_size * topology.world_size).tolist()
+    for t, factor, lookups in zip(spec.tables, factors, distinct, strict=True):
+        stats = CurveStatistics(t.hit_rate_curve, lookups) if lookups and t.hit_rate_curve else None
         constraints.setdefault(t.name, ParameterConstraints(
             sharding_types=[s.value for s in t.sharding_types] if t.sharding_types else None,
             compute_kernels=[k.value for k in t.compute_kernels] if t.compute_kernels else None,
             pooling_factors=[t.pooling_factor] * len(t.feature_names),
             # TorchRec's default where it is the default, so that its planner reads the same constraints
-            cache_params=None if factor == UVM_CACHING_RATIO and t.cache_load_factor is None else CacheParams(
-                load_factor=factor),
+            cache_params=None if factor == UVM_CACHING_RATIO and t.cache_load_factor is None and stats is None
+            else CacheParams(load_factor=factor, stats=stats),
             min_partition=t.min_partition,
         ))
     return model, constraints, torchrec_topology(topology), module_sharders(set(spec.modules.values()))

@@ -84,9 +84,10 @@ def table(name: str = "t", rows: int = 1000, dim: int = 64, **kw) -> TableSpec:
     return TableSpec(name=name, num_embeddings=rows, embedding_dim=dim, feature_names=(name,), **kw)
 
 
-def torchrec_model(spec: Spec, config: CostConfig):
-    """The EBC on the meta device and the ParameterConstraints shardflow's model stands for."""
-    ebc, constraints, _, _ = torchrec_inputs(spec, make_topology(), config)
+def torchrec_model(spec: Spec, config: CostConfig, topology: Topology | None = None):
+    """The EBC on the meta device and the ParameterConstraints shardflow's model stands for on
+    ``topology`` (whose global batch decides which tables' statistics TorchRec reads)."""
+    ebc, constraints, _, _ = torchrec_inputs(spec, topology or make_topology(), config)
     return ebc, constraints
 
 
@@ -471,7 +472,7 @@ def torchrec_perfs(spec: Spec, topology: Topology, config: CostConfig) -> dict:
     prefetch_compute) from TorchRec's EmbeddingPerfEstimator under the profile's HardwarePerfConfig."""
     from torchrec.distributed.planner.estimator import EmbeddingPerfEstimatorFactory
 
-    ebc, constraints = torchrec_model(spec, config)
+    ebc, constraints = torchrec_model(spec, config, topology)
     trec_topology, hardware = torchrec_hardware(config.profile, topology)
     estimator = EmbeddingPerfEstimatorFactory.create_with_config(hardware, topology=trec_topology,
                                                                  constraints=constraints)
@@ -488,7 +489,7 @@ def torchrec_perfs(spec: Spec, topology: Topology, config: CostConfig) -> dict:
 
 def our_perfs(spec: Spec, topology: Topology, config: CostConfig) -> dict:
     """The same from rec.cost's estimator, option by option (runs expanded to shards)."""
-    cols = table_arrays(spec, topology.batch_size, config)
+    cols = table_arrays(spec, topology.batch_size, config, world_size=topology.world_size)
     hw = links(topology, config.profile)
     out = {}
     for st, kernels in sharder_options(topology.compute_device).items():
@@ -498,7 +499,8 @@ def our_perfs(spec: Spec, topology: Topology, config: CostConfig) -> dict:
             t = tab[lay.owner]
             bw = kernel_bw(hw, config.profile, ck, cols.load_factor[t])
             perf = shard_perf(st, ck, topology, config.profile, hw, bw, lay.rows, lay.cols, cols.elem[t],
-                              cols.batch_inputs[t], cols.batch_outputs[t])
+                              cols.batch_inputs[t], cols.batch_outputs[t], miss_rate=cols.miss_rate[t],
+                              cache_fetches=cols.cache_fetches[t])
             parts = np.stack([np.repeat(getattr(perf, p), lay.repeat) for p in PERF_PARTS], axis=1)
             if not len(tab):
                 continue
@@ -540,13 +542,28 @@ def random_profile(rng: np.random.Generator, device: ComputeDevice) -> Profile:
     )
 
 
+def with_statistics(rng: np.random.Generator, spec: Spec, topology: Topology) -> Spec:
+    """``spec`` with TorchRec's cache statistics (a hit-rate curve, the distinct ids of a global batch)
+    for about half its tables; some others are counted at another batch, which TorchRec never sees."""
+    global_batch = topology.batch_size * topology.world_size
+    tables = []
+    for t in spec.tables:
+        if rng.random() < 0.6:
+            skew = float(rng.uniform(1, 6))
+            t = replace(t, hit_rate_curve=tuple((f, f ** (1 / skew)) for f in (0.01, 0.05, 0.2, 0.5)),
+                        distinct_per_batch=float(rng.uniform(0, 2 * global_batch)),
+                        stats_batch_size=global_batch if rng.random() < 0.8 else global_batch + 1)
+        tables.append(t)
+    return make_spec(*tables)
+
+
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_per_shard_perf_matches_torchrec_under_an_equivalent_hardware_perf_config(case):
     device, world, local, optimizer, caching_ratio = CASES[case]
     rng = np.random.default_rng(100 + case)
     topology = random_topology(rng, device, world, local)
     config = CostConfig(optimizer=optimizer, caching_ratio=caching_ratio, profile=random_profile(rng, device))
-    spec = make_spec(*(random_table(rng, i) for i in range(20)))
+    spec = with_statistics(rng, make_spec(*(random_table(rng, i) for i in range(20))), topology)
 
     expected = torchrec_perfs(spec, topology, config)
     got = our_perfs(spec, topology, config)
@@ -555,6 +572,9 @@ def test_per_shard_perf_matches_torchrec_under_an_equivalent_hardware_perf_confi
     assert all(got[k][0][0] != default[k][0][0] for k in got)  # the profile changes every forward compute
     for key, shards in got.items():  # to the last bit: the same float operations in the same order
         assert shards == expected[key], key
+    if device is ComputeDevice.CUDA:  # cache statistics price the fetches of some caches, row_wise ones a share
+        fetching = {key[1] for key, shards in got.items() if any(p[4] > 0 for p in shards)}
+        assert fetching >= {"table_wise", "row_wise", "table_row_wise"}
     # The search's per-shard perf is Perf.total of the same parts.
     totals = our_options(spec, topology, config)
     for key, shards in totals.items():

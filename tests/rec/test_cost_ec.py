@@ -123,7 +123,7 @@ def our_options(spec: Spec, topology, config: CostConfig) -> dict:
 
 
 def _our_perf_parts(spec: Spec, topology, config: CostConfig) -> dict:
-    cols = table_arrays(spec, topology.batch_size, config)
+    cols = table_arrays(spec, topology.batch_size, config, world_size=topology.world_size)
     hw = links(topology, config.profile)
     device = topology.compute_device
     out = {}
@@ -233,7 +233,7 @@ def test_unpooled_outputs_are_per_id_and_row_wise_splits_them_across_ranks():
     b, w, pf, dim = topology.batch_size, 8, 20.0, 64
     bag = TableSpec("a", 80_000, dim, ("a",), pooling_factor=pf)
     seq = TableSpec("a", 80_000, dim, ("a",), pooling=Pooling.NONE, pooling_factor=pf, module="seq")
-    cols = table_arrays(make_spec(bag, seq), b, CostConfig())
+    cols = table_arrays(make_spec(bag, seq), b, CostConfig(), world_size=w)
     assert cols.batch_outputs.tolist() == [b, pf * b]
     rows, col = np.array([10_000, 10_000]), np.array([dim, dim])
     for st, ids, per_rank in ((ShardingType.TABLE_WISE, pf * b * w, [b * w, pf * b * w]),

@@ -93,7 +93,8 @@ def test_the_planned_cache_probes_keep_their_cache_size_and_miss_differently(cud
         plan = probe.plan
         if "_cache" not in probe.name:
             continue
-        arrays = table_arrays(plan.spec, plan.topology.batch_size, plan.planner.cost, chosen_load_factors(plan))
+        arrays = table_arrays(plan.spec, plan.topology.batch_size, plan.planner.cost, chosen_load_factors(plan),
+                              world_size=plan.world_size)
         cached = np.array([t.compute_kernel is ComputeKernel.FUSED_UVM_CACHING for t in plan.tables])
         assert cached.any(), probe.name
         misses.add(round(float(arrays.miss_rate[cached].max()), 3))

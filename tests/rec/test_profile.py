@@ -306,7 +306,7 @@ def test_compute_time_is_linear_in_the_coefficients_which_is_what_a_least_square
     from rec.cost.shards import layout
     from rec.cost.tables import table_arrays
 
-    cols = table_arrays(spec, topology.batch_size, CostConfig())
+    cols = table_arrays(spec, topology.batch_size, CostConfig(), world_size=topology.world_size)
     lay = layout(ShardingType.TABLE_WISE, cols.rows, cols.dims, topology.world_size, topology.local_world_size)
 
     def fwd(**coefficients: float) -> np.ndarray:

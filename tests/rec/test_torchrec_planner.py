@@ -110,11 +110,15 @@ def assert_rated_as_torchrec_rates(planner: ShardflowPlanner, model: nn.Module, 
                                    batch_size: int, constraints: dict) -> None:
     """Every table's shards, time and memory in shardflow's plan are TorchRec's for the option it
     took; each rank's capacity is what TorchRec's reservation leaves."""
+    from rec.plan.torchrec_plan import to_sharding_plan
+
     plan = planner.last_plan
-    chosen = {t.name: t.cache_load_factor for t in plan.tables if t.cache_load_factor is not None}
-    constraints = {**constraints, **{  # the cache sizes shardflow chose, as its sharding plan applies them
-        name: replace(constraints.get(name, ParameterConstraints()), cache_params=CacheParams(load_factor=lf))
-        for name, lf in chosen.items()}}
+    applied = {name: p.cache_params.load_factor for module_plan in to_sharding_plan(plan).plan.values()
+               for name, p in module_plan.items() if p.cache_params is not None}
+    given = {name: constraints.get(name, ParameterConstraints()) for name in applied}
+    constraints = {**constraints, **{  # every cache's size, as shardflow's sharding plan gives it
+        name: replace(c, cache_params=replace(c.cache_params or CacheParams(), load_factor=applied[name]))
+        for name, c in given.items()}}
     rated, caps = torchrec_rates(model, topology, batch_size, constraints)
     for t in plan.tables:
         shards, perf, hbm, ddr = rated[(t.module, t.name, t.sharding_type.value, t.compute_kernel.value)]
@@ -345,6 +349,9 @@ def test_cache_statistics_become_the_tables_hit_rate_curve_and_bad_ones_are_name
     [big] = [t for t in planner.last_plan.spec.tables if t.name == "big"]
     assert big.hit_rate_curve is not None and big.hit_rate_curve[-1] == (1.0, 1.0)
     assert dict(big.hit_rate_curve)[0.1] == pytest.approx(1 - 0.9**8)
+    assert dict(big.hit_rate_curve)[0.3] == pytest.approx(1 - 0.7**8)  # every cache size the planner may choose
+    # expected_lookups: the distinct ids of a global batch (TorchRec's prefetch term reads them)
+    assert (big.distinct_per_batch, big.stats_batch_size) == (10_000.0, BATCH_SIZE * cuda().world_size)
 
     class Broken(Skewed):
         def expected_miss_rate(self, clf: float) -> float:
@@ -353,7 +360,15 @@ def test_cache_statistics_become_the_tables_hit_rate_curve_and_bad_ones_are_name
     constraints = {"big": ParameterConstraints(cache_params=CacheParams(stats=Broken()))}
     with pytest.raises(InputError) as e:
         ShardflowPlanner(topology=cuda(), constraints=constraints).plan(towers(), SHARDERS)
-    assert "table big in module towers.1.ebc: cache_params.stats: expected_miss_rate(0.5) is nan" in e.value.render()
+    assert "table big in module towers.1.ebc: cache_params.stats: expected_miss_rate(0.4) is nan" in e.value.render()
+
+    class Uncounted(Skewed):
+        expected_lookups = -1.0
+
+    constraints = {"big": ParameterConstraints(cache_params=CacheParams(stats=Uncounted()))}
+    with pytest.raises(InputError) as e:
+        ShardflowPlanner(topology=cuda(), constraints=constraints).plan(towers(), SHARDERS)
+    assert "cache_params.stats: expected_lookups is -1.0, not a count of distinct ids" in e.value.render()
 
 
 def test_spare_hbm_grows_caches_and_torchrec_rates_the_plan_at_or_below_its_own_best():

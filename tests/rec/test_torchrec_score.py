@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
 
 from rec.planning import plan_spec
@@ -90,3 +91,36 @@ def test_torchrec_plans_and_rates_a_model_of_several_modules_as_shardflow_does()
     theirs = run_torchrec_planner(spec, topology)
     assert theirs.num_plans > 0
     assert score.critical_path <= theirs.critical_path * (1 + 1e-9)
+
+
+def test_a_memory_tight_plan_with_cache_statistics_is_rated_by_torchrec_as_shardflow_rates_it():
+    """Tables 4x the ranks' HBM, each with statistics counted at the global batch (TorchRec's
+    CacheStatistics: a hit-rate curve and the distinct ids of a batch): TorchRec, given them, rates
+    shardflow's plan, caches grown, at shardflow's critical path, its cache fetches priced, and
+    no worse than what its default and dynamic-programming proposers find with the same statistics."""
+    from torchrec.distributed.planner.proposers import DynamicProgrammingProposer
+
+    rng = np.random.default_rng(5)
+    topology = cuda(4, 4, hbm_cap="1GiB", batch_size=1024)
+    global_batch = topology.batch_size * topology.world_size
+    rows = []
+    for i in range(12):
+        alpha = rng.uniform(0.6, 1.3)  # Zipf ids: the hottest f of the rows serve about f ** (1 - alpha)
+        rows.append(dict(name=f"t{i}", num_embeddings=int(10 ** rng.uniform(6, 7.2)),
+                         embedding_dim=int(rng.choice((64, 128))), pooling_factor=float(rng.uniform(1, 20)),
+                         hit_rate_curve=[[f, round(f ** max(0.05, 1 - alpha), 6)] for f in (0.01, 0.05, 0.2, 0.5)],
+                         distinct_per_batch=float(rng.uniform(0.2, 0.9) * global_batch),
+                         stats_batch_size=global_batch))
+    spec = spec_from_rows(rows)
+    assert sum(t.bytes for t in spec.tables) > 4 * topology.world_size * 1024**3
+    plan = plan_spec(spec, topology)
+    score = torchrec_score(plan, spec, topology)
+    assert score.critical_path == pytest.approx(plan.metrics.critical_path, rel=1e-9)
+    assert score.rank_perf == pytest.approx(plan.metrics.rank_perf, rel=1e-9)
+    assert score.over_capacity == ()
+    assert any(t.cache_load_factor is not None for t in plan.tables)  # caches sized by the plan
+    unpriced = spec_from_rows([{**r, "stats_batch_size": global_batch + 1} for r in rows])  # not TorchRec's
+    assert sum(score.rank_perf) > sum(torchrec_score(plan, unpriced, topology).rank_perf)  # fetches priced
+    best = min(run_torchrec_planner(spec, topology).critical_path,
+               run_torchrec_planner(spec, topology, proposer=DynamicProgrammingProposer()).critical_path)
+    assert score.critical_path <= best * (1 + 1e-9)

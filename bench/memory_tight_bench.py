@@ -1,0 +1,370 @@
+"""Memory-tight workloads nobody tuned for: the drop-in planner against TorchRec's proposers, in TorchRec's units.
+
+Each workload comes from one of four generators that choose nothing in shardflow (power-law sizes,
+Criteo-like, a few giant tables among small ones, two towers with sequence features), with seeds
+from ``SEEDS`` (3000-3999, used nowhere else), on H100-like ranks whose HBM the tables exceed 2-10
+times, and per-table statistics: every table gets TorchRec ``CacheStatistics`` of Zipf-distributed
+ids (exponent 0.5-1.4), as a drop-in user hands them to the planner in ``CacheParams(stats=...)``.
+
+Planned by ``ShardflowPlanner`` (default settings) and TorchRec's ``EmbeddingShardingPlanner`` with
+its default proposers, its ``DynamicProgrammingProposer`` and its ``EmbeddingOffloadScaleupProposer``
+(the one that grows caches by cacheability), all from the same model and constraints. Every plan is
+rated by one rater from the ``ShardingPlan`` it returns: TorchRec's enumerator and estimators at the
+plan's own per-table cache sizes, its ranks, ``NoopPerfModel`` (the busiest rank) under TorchRec's
+default profile, twice: with the statistics (TorchRec adds their prefetch term for a cache whose load
+factor the plan gives) and without. A plan
+over any rank's HBM after TorchRec's storage reservation is flagged.
+
+    .venv/bin/python bench/memory_tight_bench.py [--count 16] [--out bench/results/memory_tight_bench.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import statistics
+import sys
+import time
+import warnings
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rec.spec.types import Spec
+from rec.spec.validate import spec_from_rows
+
+GiB = 2**30
+SEEDS = range(3000, 4000)  # reserved for this bench: no term, probe or default was chosen on them
+DDR_PER_RANK = 512 * GiB
+
+
+# ---------------------------------------------------------------- the workloads
+
+
+def zipf_hit_rate(fraction: float, rows: int, alpha: float) -> float:
+    """Share of lookups the ``fraction x rows`` hottest rows serve when ids are Zipf(``alpha``) over ``rows``."""
+
+    def harmonic(n: float) -> float:  # generalized harmonic number, by its integral
+        if n <= 1:
+            return n
+        return 1 + (math.log(n) if abs(alpha - 1) < 1e-9 else (n ** (1 - alpha) - 1) / (1 - alpha))
+
+    return min(1.0, harmonic(fraction * rows) / harmonic(rows))
+
+
+class ZipfStats:
+    """TorchRec's ``CacheStatistics`` of Zipf ids: the miss rate at a cache of ``clf`` of the rows; distinct ids."""
+
+    def __init__(self, rows: int, alpha: float, lookups: float) -> None:
+        self.rows, self.alpha, self._lookups = rows, alpha, lookups
+
+    @property
+    def expected_lookups(self) -> float:
+        return self._lookups
+
+    def expected_miss_rate(self, clf: float) -> float:
+        return 1.0 - zipf_hit_rate(clf, self.rows, self.alpha)
+
+    @property
+    def cacheability(self) -> float:  # the mean miss rate over cache sizes: 0 easy to cache, 1 hard
+        return float(np.mean([self.expected_miss_rate(f) for f in np.linspace(0.01, 1.0, 100)]))
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    rows: int
+    dim: int
+    pooling: float
+    fp16: bool
+    alpha: float  # Zipf exponent of its ids
+    features: int = 1
+    pooled: bool = True
+
+
+def _power_law(rng: np.random.Generator) -> list[Table]:
+    n = int(rng.integers(20, 121))
+    rows = (rng.pareto(1.1, n) + 1) * 1e5
+    return [Table(f"pl{i}", int(rows[i]), int(rng.choice((16, 32, 64, 128, 256, 512))),
+                  float(np.clip(rng.lognormal(1.5, 1.2), 1, 200)), bool(rng.random() < 0.5),
+                  float(rng.uniform(0.5, 1.4))) for i in range(n)]
+
+
+def _criteo_like(rng: np.random.Generator) -> list[Table]:
+    sizes = [4e7, 4e7, 4e7, 3e7, 2e7, 1e7, 5e6, 3e6, 1e6, 6e5, 3e5, 2e5, 1e5, 5e4, 2e4, 1e4, 5e3, 3e3, 2e3, 1e3,
+             600, 300, 100, 50, 20, 10]
+    dim = int(rng.choice((64, 128)))
+    return [Table(f"c{i}", max(4, int(s * rng.uniform(0.5, 2.0))), dim, 1.0, bool(rng.random() < 0.3),
+                  float(rng.uniform(0.8, 1.3))) for i, s in enumerate(sizes)]
+
+
+def _few_giants(rng: np.random.Generator) -> list[Table]:
+    giants = [Table(f"g{i}", int(rng.uniform(2e7, 2e8)), int(rng.choice((64, 128, 256))),
+                    float(rng.uniform(1, 60)), bool(rng.random() < 0.5), float(rng.uniform(0.5, 1.2)))
+              for i in range(int(rng.integers(3, 9)))]
+    small = [Table(f"s{i}", int(10 ** rng.uniform(2, 5.5)), int(rng.choice((8, 16, 32, 64))),
+                   float(rng.uniform(1, 5)), False, float(rng.uniform(0.8, 1.4)))
+             for i in range(int(rng.integers(10, 41)))]
+    return giants + small
+
+
+def _two_towers(rng: np.random.Generator) -> list[Table]:
+    dim = int(rng.choice((64, 128)))
+    ids = [Table("user_id", int(rng.uniform(5e7, 3e8)), dim, 1.0, True, float(rng.uniform(0.6, 1.0))),
+           Table("item_id", int(rng.uniform(1e7, 1e8)), dim, 1.0, True, float(rng.uniform(0.8, 1.3))),
+           Table("item_seq", int(rng.uniform(1e7, 1e8)), dim, float(rng.uniform(20, 100)), True,
+                 float(rng.uniform(0.8, 1.3)), features=2, pooled=False)]
+    side = [Table(f"side{i}", int(10 ** rng.uniform(3, 6.5)), int(rng.choice((16, 32, 64))),
+                  float(rng.uniform(1, 10)), bool(rng.random() < 0.5), float(rng.uniform(0.6, 1.4)),
+                  features=int(rng.integers(1, 3))) for i in range(int(rng.integers(10, 30)))]
+    return ids + side
+
+
+GENERATORS: dict[str, Callable[[np.random.Generator], list[Table]]] = {
+    "power_law": _power_law, "criteo_like": _criteo_like, "few_giants": _few_giants, "two_towers": _two_towers}
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    tables: tuple[Table, ...]
+    world_size: int
+    local_world_size: int
+    hbm_gib: int
+    batch_size: int
+    times_hbm: float
+
+
+def workload(seed: int) -> Workload:
+    """Seed ``seed``'s workload: a generator, a topology, and the tables scaled to ``times_hbm`` the ranks' HBM."""
+    rng = np.random.default_rng(seed)
+    kind = list(GENERATORS)[seed % len(GENERATORS)]
+    tables = GENERATORS[kind](rng)
+    hosts, local = [(1, 8), (2, 8), (1, 4)][int(rng.integers(3))]
+    hbm = int(rng.choice((8, 16, 24, 40)))
+    batch = int(rng.choice((512, 1024, 2048, 4096, 8192)))
+    world = hosts * local
+    times = float(min(rng.uniform(2, 10), 0.5 * DDR_PER_RANK / (hbm * GiB)))
+    def weights(t: Table) -> int:
+        return t.rows * (t.dim * (2 if t.fp16 else 4) + 4)
+
+    big = [t for t in tables if t.rows >= 100_000]  # small tables keep their size: a vocabulary is what it is
+    spare = times * world * hbm * GiB - sum(weights(t) for t in tables if t.rows < 100_000)
+    scale = spare / sum(weights(t) for t in big)
+    grown = tuple(Table(t.name, max(1, int(t.rows * scale)), t.dim, t.pooling, t.fp16, t.alpha, t.features, t.pooled)
+                  if t.rows >= 100_000 else t for t in tables)
+    return Workload(f"{kind}-{seed}", grown, world, local, hbm, batch, times)
+
+
+def spec_of(w: Workload) -> Spec:
+    rows = []
+    for t in w.tables:
+        rows.append({"name": t.name, "num_embeddings": t.rows, "embedding_dim": t.dim, "pooling_factor": t.pooling,
+                     "data_type": "FP16" if t.fp16 else "FP32", "pooling": "SUM" if t.pooled else "NONE",
+                     "feature_names": [f"{t.name}_f{j}" for j in range(t.features)],
+                     "module": "model.ebc" if t.pooled else "model.ec"})
+    return spec_from_rows(rows, source=w.name)
+
+
+# ---------------------------------------------------------------- planning and rating
+
+
+def _quiet(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    disabled = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return fn(*args, **kwargs)
+    finally:
+        logging.disable(disabled)
+
+
+def constraints_of(w: Workload, with_stats: bool) -> dict[str, Any]:
+    from torchrec.distributed.planner.types import ParameterConstraints
+    from torchrec.distributed.types import CacheParams
+
+    out = {}
+    for t in w.tables:
+        lookups = w.batch_size * w.world_size * t.pooling * t.features
+        distinct = t.rows * (1 - math.exp(-lookups / t.rows))  # an upper bound on the distinct ids, uniform draws
+        stats = ZipfStats(t.rows, t.alpha, distinct) if with_stats else None
+        out[t.name] = ParameterConstraints(pooling_factors=[t.pooling] * t.features,
+                                           cache_params=CacheParams(stats=stats) if stats else None)
+    return out
+
+
+def torchrec_topology(w: Workload) -> Any:
+    from torchrec.distributed.planner.types import Topology
+
+    return Topology(world_size=w.world_size, local_world_size=w.local_world_size, compute_device="cuda",
+                    hbm_cap=w.hbm_gib * GiB, ddr_cap=DDR_PER_RANK)
+
+
+@dataclass(frozen=True)
+class Rating:
+    critical_path: float  # ms, NoopPerfModel: the busiest rank
+    over_hbm_ranks: tuple[int, ...]
+    cached_tables: int  # fused_uvm_caching tables
+    mean_load_factor: float  # over them
+
+
+def rate(plan: Any, model: Any, w: Workload, sharders: list[Any], with_stats: bool) -> Rating:
+    """TorchRec's rating of a ``ShardingPlan``: each table's option enumerated at the plan's cache size,
+    its shards on the plan's ranks."""
+    from dataclasses import replace
+
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+    from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
+    from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
+    from torchrec.distributed.types import CacheParams
+
+    constraints = constraints_of(w, with_stats)
+    factors = []
+    for module_plan in plan.plan.values():
+        for name, p in module_plan.items():
+            if p.compute_kernel == "fused_uvm_caching":
+                given = p.cache_params.load_factor if p.cache_params else None
+                factors.append(0.2 if given is None else given)  # FBGEMM's default where none is given
+                old = constraints[name].cache_params
+                # As TorchRec rates it: with no load factor given, it prices no fetches.
+                constraints[name] = replace(constraints[name], cache_params=CacheParams(
+                    load_factor=given, stats=old.stats if old else None))
+    topology = torchrec_topology(w)
+    enumerator = EmbeddingEnumerator(topology=topology, batch_size=w.batch_size, constraints=constraints, estimator=[
+        EmbeddingPerfEstimator(topology, constraints), EmbeddingStorageEstimator(topology, constraints)])
+    options = _quiet(enumerator.enumerate, model, sharders)
+    reserved = _quiet(HeuristicalStorageReservation(percentage=0.15).reserve, topology, w.batch_size, model,
+                      sharders, constraints)
+    by_key = {(o.path, o.name, o.sharding_type, o.compute_kernel): o for o in options}
+    perf, hbm = [0.0] * w.world_size, [0] * w.world_size
+    for path, module_plan in plan.plan.items():
+        for name, p in module_plan.items():
+            option = by_key[(path, name, p.sharding_type, p.compute_kernel)]
+            if p.sharding_spec is None:  # data_parallel: one shard per rank
+                ranks = list(p.ranks)
+            else:
+                at: dict[tuple[tuple[int, ...], tuple[int, ...]], list[int]] = defaultdict(list)
+                for s in p.sharding_spec.shards:
+                    at[(tuple(s.shard_offsets), tuple(s.shard_sizes))].append(s.placement.rank())
+                ranks = [at[(tuple(s.offset), tuple(s.size))].pop(0) for s in option.shards]
+            for shard, r in zip(option.shards, ranks, strict=True):
+                perf[r] += shard.perf.total
+                hbm[r] += shard.storage.hbm
+    over = tuple(r for r in range(w.world_size) if hbm[r] > reserved.devices[r].storage.hbm)
+    return Rating(max(perf), over, len(factors), float(np.mean(factors)) if factors else 0.0)
+
+
+def plan_all(w: Workload, timeout_s: int) -> dict[str, Any]:
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+    from torchrec.distributed.planner.proposers import (
+        DynamicProgrammingProposer,
+        EmbeddingOffloadScaleupProposer,
+        GreedyProposer,
+    )
+
+    from rec.spec.torchrec_modules import spec_model
+    from rec.torchrec import ShardflowPlanner
+
+    sharders = [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
+    model = spec_model(spec_of(w))
+    planners: dict[str, Callable[[dict[str, Any]], Any]] = {
+        "shardflow": lambda c: ShardflowPlanner(topology=torchrec_topology(w), batch_size=w.batch_size, constraints=c),
+        "torchrec_default": lambda c: EmbeddingShardingPlanner(
+            topology=torchrec_topology(w), batch_size=w.batch_size, constraints=c, timeout_seconds=timeout_s),
+        "torchrec_dp": lambda c: EmbeddingShardingPlanner(
+            topology=torchrec_topology(w), batch_size=w.batch_size, constraints=c, timeout_seconds=timeout_s,
+            proposer=DynamicProgrammingProposer()),
+        "torchrec_scaleup": lambda c: EmbeddingShardingPlanner(
+            topology=torchrec_topology(w), batch_size=w.batch_size, constraints=c, timeout_seconds=timeout_s,
+            proposer=[GreedyProposer(), EmbeddingOffloadScaleupProposer()]),
+    }
+    out: dict[str, Any] = {}
+    for name, make in planners.items():
+        started = time.perf_counter()
+        planner = make(constraints_of(w, True))
+        try:
+            plan = _quiet(planner.plan, model, sharders)
+        except Exception as e:  # a planner that finds no plan is a result, not a crash of the bench
+            out[name] = {"error": f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"}
+            continue
+        seconds = time.perf_counter() - started
+        stats, plain = rate(plan, model, w, sharders, True), rate(plan, model, w, sharders, False)
+        out[name] = {"seconds": seconds, "critical_path": stats.critical_path,
+                     "critical_path_without_stats": plain.critical_path, "over_hbm_ranks": list(stats.over_hbm_ranks),
+                     "cached_tables": stats.cached_tables, "mean_load_factor": stats.mean_load_factor}
+        if isinstance(planner, ShardflowPlanner):  # its own rating: TorchRec's, statistics included
+            out[name]["own_critical_path"] = planner.last_plan.metrics.critical_path
+    return out
+
+
+def summary(w: Workload, result: dict[str, Any]) -> dict[str, Any]:
+    """Shardflow's critical path over TorchRec's best plan that fits, with and without the statistics."""
+    ours = result["shardflow"]
+    row: dict[str, Any] = {"workload": w.name, "tables": len(w.tables), "ranks": w.world_size, "hbm_gib": w.hbm_gib,
+                           "batch": w.batch_size, "times_hbm": round(w.times_hbm, 2)}
+    theirs = {k: v for k, v in result.items() if k != "shardflow" and "error" not in v and not v["over_hbm_ranks"]}
+    if "error" in ours or not theirs:
+        row["ratio"] = row["ratio_without_stats"] = None
+        return row
+    for key, field in (("ratio", "critical_path"), ("ratio_without_stats", "critical_path_without_stats")):
+        best = min(v[field] for v in theirs.values())
+        row[key] = ours[field] / best
+    row["best_torchrec"] = min(theirs, key=lambda k: theirs[k]["critical_path"])
+    row["shardflow_over_hbm"] = bool(ours["over_hbm_ranks"])
+    row["own_is_torchrecs"] = abs(ours["own_critical_path"] - ours["critical_path"]) <= 1e-9 * ours["critical_path"]
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--count", type=int, default=16, help="workloads, seeds 3000 on (default 16: 4 of each generator)")
+    p.add_argument("--first-seed", type=int, default=SEEDS.start)
+    p.add_argument("--timeout", type=int, default=300, help="TorchRec planner timeout_seconds (default 300)")
+    p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "memory_tight_bench.json",
+                   help="the results as JSON (default bench/results/memory_tight_bench.json)")
+    args = p.parse_args(argv)
+    logging.disable(logging.WARNING)  # TorchRec's advice on how the bench builds its topology and reservation
+    warnings.simplefilter("ignore")
+    rows, raw = [], []
+    for seed in range(args.first_seed, args.first_seed + args.count):
+        if seed not in SEEDS:
+            p.error(f"seed {seed} is outside the bench's reserved range {SEEDS.start}-{SEEDS.stop - 1}")
+        w = workload(seed)
+        result = plan_all(w, args.timeout)
+        row = summary(w, result)
+        rows.append(row)
+        raw.append({"workload": row, "planners": result})
+        brief = " ".join(f"{k}=error" if "error" in v else f"{k}={v['critical_path']:.4g}"
+                         + ("(over)" if v["over_hbm_ranks"] else "") for k, v in result.items())
+        print(f"{w.name:>18} {len(w.tables):>3} tables {w.world_size:>2}x{w.hbm_gib}GiB b{w.batch_size:<5} "
+              f"x{w.times_hbm:.1f} HBM  ratio {row['ratio'] if row['ratio'] is None else round(row['ratio'], 3)}  "
+              f"{brief}", flush=True)
+    ratios = [r["ratio"] for r in rows if r["ratio"] is not None]
+    plain = [r["ratio_without_stats"] for r in rows if r["ratio_without_stats"] is not None]
+    if ratios:
+        print(f"shardflow / TorchRec's best, with statistics: median {statistics.median(ratios):.3f}, "
+              f"max {max(ratios):.3f}; without: median {statistics.median(plain):.3f}, max {max(plain):.3f}; "
+              f"{sum(r > 1 + 1e-9 for r in ratios)} of {len(ratios)} above 1; shardflow's own critical path is "
+              f"TorchRec's rating (1e-9) on {sum(r.get('own_is_torchrecs', False) for r in rows)} of {len(ratios)}, "
+              f"over HBM on {sum(r.get('shardflow_over_hbm', False) for r in rows)}")
+    args.out.write_text(json.dumps(raw, indent=1, default=str) + "\n", encoding="utf-8")
+    by_kind: dict[str, list[float]] = defaultdict(list)
+    for r in rows:
+        if r["ratio"] is not None:
+            by_kind[r["workload"].rsplit("-", 1)[0]].append(r["ratio"])
+    for kind, values in by_kind.items():
+        print(f"  {kind}: {', '.join(f'{v:.3f}' for v in values)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -385,6 +385,9 @@ def solve(model: MilpModel, limits: MilpLimits, start: np.ndarray | None = None,
     for name, value in (("threads", 1), ("random_seed", 0),
                         ("mip_max_nodes", int(limits.nodes)), ("time_limit", float(limits.seconds)),
                         ("mip_rel_gap", MIP_REL_GAP), ("mip_abs_gap", 0.0),
+                        # HiGHS 1.16 can loop for good, past its time limit, restarting a MIP whose
+                        # integer columns mostly went inactive (a 289-column neighbourhood did).
+                        ("mip_allow_restart", False),
                         ("mip_feasibility_tolerance", SOLVER_TOLERANCE),
                         ("primal_feasibility_tolerance", SOLVER_TOLERANCE), *(options or {}).items()):
         h.setOptionValue(name, value)

@@ -132,12 +132,10 @@ def stats_cells(stats: Any, global_batch: int, load_factor: float | None) -> tup
         return {}, None
     import math
 
-    from rec.config.cost import UVM_CACHING_RATIO
     from rec.hit_rates import CACHE_FRACTIONS
-    from rec.passes.cache_sizes import LOAD_FACTORS, SMALL_CACHE
+    from rec.passes.cache_sizes import LOAD_FACTORS  # from 0.01 to 1: the small caches and the default among them
 
-    fractions = sorted({*CACHE_FRACTIONS, *LOAD_FACTORS, SMALL_CACHE, UVM_CACHING_RATIO, 1.0,
-                        *(() if load_factor is None else (float(load_factor),))})
+    fractions = sorted({*CACHE_FRACTIONS, *LOAD_FACTORS, *(() if load_factor is None else (float(load_factor),))})
     points, best = [], 0.0
     for fraction in fractions:
         try:

@@ -350,6 +350,10 @@ def test_cache_statistics_become_the_tables_hit_rate_curve_and_bad_ones_are_name
     assert big.hit_rate_curve is not None and big.hit_rate_curve[-1] == (1.0, 1.0)
     assert dict(big.hit_rate_curve)[0.1] == pytest.approx(1 - 0.9**8)
     assert dict(big.hit_rate_curve)[0.3] == pytest.approx(1 - 0.7**8)  # every cache size the planner may choose
+    from rec.config.cost import UVM_CACHING_RATIO
+    from rec.passes.cache_sizes import LOAD_FACTORS, SMALL_CACHE
+
+    assert {*LOAD_FACTORS, SMALL_CACHE, UVM_CACHING_RATIO} <= {f for f, _ in big.hit_rate_curve}
     # expected_lookups: the distinct ids of a global batch (TorchRec's prefetch term reads them)
     assert (big.distinct_per_batch, big.stats_batch_size) == (10_000.0, BATCH_SIZE * cuda().world_size)
 

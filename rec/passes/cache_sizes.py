@@ -7,14 +7,16 @@ each table whose kernel is fused_uvm or fused_uvm_caching and whose spec fixes n
 ladder of cache sizes (``LOAD_FACTORS``), one step at a time, always taking the step that saves
 the most time (its shards' ms over every rank they sit on) per byte of HBM it adds, as TorchRec's
 ``EmbeddingOffloadScaleupProposer`` gives memory to the most cacheable tables. A step must fit every
-rank it touches; shards stay where they are. Where the plan holds uvm tables, the search also runs
-with every cache at ``SMALL_CACHE`` (so that more tables get a cache instead of none) and that
-plan, grown the same way, is taken where it is faster. The search placed the tables knowing only
-their first cache sizes, so the faster plan is then searched again with the sizes it grew (which
-spreads the tables whose caches grew over the ranks) and grown again, up to
-``RESEARCH_ROUNDS`` times while that is faster. Under TorchRec's default profile a larger cache
-is always faster (its bandwidth rises linearly with the cache's size, and a table with TorchRec's
-cache statistics fetches fewer rows); under a profile with
+rank it touches; shards stay where they are. The search placed the tables knowing only their first
+cache sizes, so a grown plan is searched again with the sizes it grew (which spreads the tables
+whose caches grew over the ranks) and grown again, up to ``RESEARCH_ROUNDS`` times while that is
+faster. Where the plan holds uvm tables, the search also starts from every cache at each of
+``START_SIZES`` (small ones cache more tables, each less), each start grown and searched again so,
+and the fastest plan is taken. Under TorchRec's default profile a larger cache
+is faster (its bandwidth rises linearly with the cache's size, and a table with TorchRec's cache
+statistics fetches fewer rows), but the first step off TorchRec's default size states the size and
+so adds the fetches TorchRec then prices (``rec.cost.tables.stated_load_factors``): such a table
+climbs past rungs that are slower until one pays; under a profile with
 ``cache_miss_multiplier`` the gain follows the table's hit-rate curve, so tables whose ids repeat
 get the memory. Where nothing can grow (no uvm table, or no spare HBM) the result is unchanged.
 """
@@ -27,7 +29,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from rec.config.cost import CostConfig
+from rec.config.cost import UVM_CACHING_RATIO, CostConfig
 from rec.cost.enumerator import enumerate_options
 from rec.cost.tables import resolved_load_factors
 from rec.cost.types import Options
@@ -43,8 +45,11 @@ from rec.spec.types import Spec
 from rec.topology.types import Topology
 
 RESEARCH_ROUNDS = 3  # searches again with the grown sizes: the first gains most, a third rarely anything
-SMALL_CACHE = 0.05  # the other first plan's cache size: more tables cached, each less
 LOAD_FACTORS = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+# Where the search starts the caches: every rung up to twice TorchRec's default size. The search
+# places tables knowing only their first sizes and growing keeps them where they are, so which start
+# ends fastest differs by workload; each is one heuristic search.
+START_SIZES = tuple(lf for lf in LOAD_FACTORS if lf <= 2 * UVM_CACHING_RATIO)
 _UVM, _CACHING = CK_CODE[ComputeKernel.FUSED_UVM], CK_CODE[ComputeKernel.FUSED_UVM_CACHING]
 
 
@@ -63,18 +68,23 @@ def with_cache_sizes(result: SearchResult, spec: Spec, topology: Topology, cost:
                      search: Callable[[SearchSpace], SearchResult] | None = None) -> SearchResult:
     """``result`` with the caches of its uvm tables grown into the HBM it leaves free; with ``search``
     (which searches a space: the heuristic, whose exact stage a space of many small caches can keep
-    busy far beyond its time limit), also the plan searched with ``SMALL_CACHE`` caches and grown so,
-    whichever is faster, then that plan's sizes searched and grown again while faster."""
+    busy far beyond its time limit), searched again with the sizes it grew while faster, and the
+    same from a search with every free cache at each of ``START_SIZES``: the fastest of them."""
     grown = _grown(result, spec, topology, cost)
     if search is None or not len(_candidates(result, spec, topology)):
         return grown
-    small = np.where([t.cache_load_factor is None for t in spec.tables], SMALL_CACHE, np.nan)
-    try:
-        other = _grown(search(build_search_space(spec, topology, cost, small)), spec, topology, cost)
-    except InputError:  # cannot happen with smaller caches; the first plan stands if it does
-        return grown
-    best = other if other.critical_path < grown.critical_path * (1 - RELATIVE_GAIN) else grown
-    return _researched(best, spec, topology, cost, search)
+    best = _researched(grown, spec, topology, cost, search)
+    free = [t.cache_load_factor is None for t in spec.tables]
+    for start in START_SIZES:
+        try:
+            other = _grown(search(build_search_space(spec, topology, cost, np.where(free, start, np.nan))),
+                           spec, topology, cost)
+        except InputError:  # larger caches may not fit; the other starts stand
+            continue
+        other = _researched(other, spec, topology, cost, search)
+        if other.critical_path < best.critical_path * (1 - RELATIVE_GAIN):
+            best = other
+    return best
 
 
 def _researched(result: SearchResult, spec: Spec, topology: Topology, cost: CostConfig,

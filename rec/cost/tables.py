@@ -12,10 +12,8 @@ An unpooled table outputs one vector per id, so its ``batch_outputs`` are its ``
 (``distinct_per_batch`` counted at ``batch_size x world_size``) beside its hit-rate curve carries what
 TorchRec's ``CacheParams.stats`` (``CacheStatistics``) gives its estimator: ``cache_fetches``, the rows
 its cache fetches per iteration (``expected_miss_rate(load_factor) x expected_lookups``). TorchRec
-prices them only where it is told the cache's size (``ShardingOption.cache_load_factor``), so they
-count where the size is stated (``stated_load_factors``): the spec fixes it, or it is not FBGEMM's
-default. A cache at the default size that nothing fixed is left unstated, in a shardflow plan
-(``rec.plan.torchrec_plan``) as in TorchRec's own.
+prices them where it is given the cache's size, and a shardflow plan gives every cache's
+(``rec.plan.torchrec_plan``).
 """
 
 from __future__ import annotations
@@ -25,7 +23,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from rec.config.cost import UVM_CACHING_RATIO, CostConfig, Optimizer
+from rec.config.cost import CostConfig, Optimizer
 from rec.hit_rates import miss_rate
 from rec.sharding import (
     CK_CODE,
@@ -61,7 +59,6 @@ class TableArrays:
     miss_rate: np.ndarray  # float64 share of the lookups such a cache misses (rec.hit_rates)
     cache_fetches: np.ndarray  # float64 rows such a cache fetches per global batch, TorchRec's
     # expected_cache_fetches; 0 where the table has no CacheStatistics (statistics of a global batch)
-    # or its cache's size is not stated
     sharding_allowed: np.ndarray  # (T, len(SHARDING_TYPES)) bool; all True where no allow-list
     kernel_allowed: np.ndarray  # (T, len(COMPUTE_KERNELS)) bool; all True where no allow-list
     kinds: tuple[ModuleKind, ...]  # the module kinds in the spec, in ModuleKind order
@@ -121,8 +118,7 @@ def table_arrays(spec: Spec, batch_size: int, config: CostConfig, load_factors: 
         optimizer_multiplier=optimizer_multiplier(config.optimizer, dims),
         load_factor=load_factor,
         miss_rate=misses,
-        cache_fetches=np.where(stated_load_factors(spec, config, load_factors),
-                               misses * global_distinct(spec, batch_size * world_size), 0.0),
+        cache_fetches=misses * global_distinct(spec, batch_size * world_size),
         sharding_allowed=st_ok,
         kernel_allowed=ck_ok,
         kinds=tuple(k for k in ModuleKind if k in set(spec.modules.values())),
@@ -173,21 +169,6 @@ def resolved_load_factors(spec: Spec, config: CostConfig, chosen: np.ndarray | N
     if chosen is None:
         return given
     return np.where(np.isnan(chosen), given, chosen)
-
-
-def stated_load_factors(spec: Spec, config: CostConfig, chosen: np.ndarray | None = None) -> np.ndarray:
-    """(T,) bool: where a plan states the table's cache size to TorchRec (``CacheParams.load_factor``
-    in its ``ShardingPlan``): the spec fixes it, or it is not FBGEMM's default (``UVM_CACHING_RATIO``).
-    TorchRec prices a cache's fetches only where it is told the size; its own plans leave a table
-    whose constraints give none at the default, unstated and unpriced, and so does shardflow."""
-    given = np.fromiter((t.cache_load_factor is not None for t in spec.tables), bool, len(spec.tables))
-    return np.asarray(given | (resolved_load_factors(spec, config, chosen) != UVM_CACHING_RATIO), bool)
-
-
-def stated_load_factor(given: float | None, chosen: float | None, config: CostConfig) -> float | None:
-    """One table's ``stated_load_factors``: the size its ``CacheParams`` states, None where unstated."""
-    size = chosen if chosen is not None else given if given is not None else config.caching_ratio
-    return None if given is None and size == UVM_CACHING_RATIO else size
 
 
 def global_distinct(spec: Spec, global_batch: int) -> np.ndarray:

@@ -13,10 +13,8 @@ whose caches grew over the ranks) and grown again, up to ``RESEARCH_ROUNDS`` tim
 faster. Where the plan holds uvm tables, the search also starts from every cache at each of
 ``START_SIZES`` (small ones cache more tables, each less), each start grown and searched again so,
 and the fastest plan is taken. Under TorchRec's default profile a larger cache
-is faster (its bandwidth rises linearly with the cache's size, and a table with TorchRec's cache
-statistics fetches fewer rows), but the first step off TorchRec's default size states the size and
-so adds the fetches TorchRec then prices (``rec.cost.tables.stated_load_factors``): such a table
-climbs past rungs that are slower until one pays; under a profile with
+is always faster (its bandwidth rises linearly with the cache's size, and a table with TorchRec's
+cache statistics fetches fewer rows); under a profile with
 ``cache_miss_multiplier`` the gain follows the table's hit-rate curve, so tables whose ids repeat
 get the memory. Where nothing can grow (no uvm table, or no spare HBM) the result is unchanged.
 """

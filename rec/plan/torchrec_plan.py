@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rec.cost.tables import stated_load_factor
 from rec.plan.types import Plan, TablePlan
 from rec.sharding import ComputeKernel, ModuleKind, Pooling, ShardingType
 
@@ -96,8 +95,7 @@ def _parameter_sharding(plan: Plan, t: TablePlan) -> Any:
         ])
     cache = None
     if t.compute_kernel is ComputeKernel.FUSED_UVM_CACHING:
-        load_factor = _load_factor(plan, t)
-        cache = None if load_factor is None else CacheParams(load_factor=load_factor)
+        cache = CacheParams(load_factor=_load_factor(plan, t))
     return ParameterSharding(
         sharding_type=t.sharding_type.value,
         compute_kernel=t.compute_kernel.value,
@@ -107,9 +105,9 @@ def _parameter_sharding(plan: Plan, t: TablePlan) -> Any:
     )
 
 
-def _load_factor(plan: Plan, t: TablePlan) -> float | None:
-    """The share of ``t``'s rows its cache holds: the plan's choice, else the spec's, else the cost
-    model's; None (FBGEMM's default, the sharder's where it sets one) where TorchRec's own plan would
-    leave it unstated (``rec.cost.tables.stated_load_factor``)."""
+def _load_factor(plan: Plan, t: TablePlan) -> float:
+    """The share of ``t``'s rows its cache holds: the plan's choice, else the spec's, else the cost model's."""
+    if t.cache_load_factor is not None:
+        return t.cache_load_factor
     given = next((s.cache_load_factor for s in plan.spec.tables if s.key == t.key), None)
-    return stated_load_factor(given, t.cache_load_factor, plan.planner.cost)
+    return plan.planner.cost.caching_ratio if given is None else given

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rec.config.cost import CostConfig, Optimizer
-from rec.cost.tables import global_distinct, resolved_load_factors, stated_load_factors
+from rec.config.cost import UVM_CACHING_RATIO, CostConfig, Optimizer
+from rec.cost.tables import global_distinct, resolved_load_factors
 from rec.hit_rates import Curve, miss_rate
 from rec.plan.table_placement import ShardPlacement, TablePlacement
 from rec.plan.types import Plan
@@ -104,10 +104,10 @@ def torchrec_inputs(spec: Spec, topology: Topology, cost: CostConfig = CostConfi
     """(the spec's modules at their paths on the meta device, constraints by table name, TorchRec
     Topology, sharders): what shardflow plans. TorchRec keys constraints by table name alone: tables
     sharing a name in several modules get the first one's. Each table's ``cache_params.load_factor``
-    is its own (``rec.cost.tables.resolved_load_factors`` of ``load_factors``, spec order) where a
-    plan states it (``rec.cost.tables.stated_load_factors``); a table whose statistics TorchRec can
-    read (``rec.cost.tables.global_distinct``) gets them as its ``cache_params.stats``, so that
-    TorchRec prices its cache's fetches where the size is stated, as shardflow does."""
+    is its own (``rec.cost.tables.resolved_load_factors`` of ``load_factors``, spec order); a table
+    whose statistics TorchRec can read (``rec.cost.tables.global_distinct``) gets them as its
+    ``cache_params.stats``, its load factor given (as a shardflow plan gives it), so that TorchRec
+    prices its cache's fetches."""
     from torchrec.distributed.planner.types import ParameterConstraints
     from torchrec.distributed.types import CacheParams
 
@@ -121,17 +121,16 @@ def torchrec_inputs(spec: Spec, topology: Topology, cost: CostConfig = CostConfi
             mark_optimizer(p, optimizer_class)
     constraints: dict[str, Any] = {}
     factors = resolved_load_factors(spec, cost, load_factors).tolist()
-    stated = stated_load_factors(spec, cost, load_factors).tolist()
     distinct = global_distinct(spec, topology.batch_size * topology.world_size).tolist()
-    for t, factor, told, lookups in zip(spec.tables, factors, stated, distinct, strict=True):
+    for t, factor, lookups in zip(spec.tables, factors, distinct, strict=True):
         stats = CurveStatistics(t.hit_rate_curve, lookups) if lookups and t.hit_rate_curve else None
         constraints.setdefault(t.name, ParameterConstraints(
             sharding_types=[s.value for s in t.sharding_types] if t.sharding_types else None,
             compute_kernels=[k.value for k in t.compute_kernels] if t.compute_kernels else None,
             pooling_factors=[t.pooling_factor] * len(t.feature_names),
-            # TorchRec's default unstated, so that its planner reads the constraints a user gives it
-            cache_params=None if not told and stats is None
-            else CacheParams(load_factor=factor if told else None, stats=stats),
+            # TorchRec's default where it is the default, so that its planner reads the same constraints
+            cache_params=None if factor == UVM_CACHING_RATIO and t.cache_load_factor is None and stats is None
+            else CacheParams(load_factor=factor, stats=stats),
             min_partition=t.min_partition,
         ))
     return model, constraints, torchrec_topology(topology), module_sharders(set(spec.modules.values()))

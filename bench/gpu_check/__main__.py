@@ -204,7 +204,7 @@ def run_section(name: str, ctx: Context) -> Section:
         with ctx.log.open("a") as log:
             log.write(f"\n{name} failed:\n{traceback.format_exc()}\n")
     section.seconds = time.monotonic() - began
-    section.reason = " ".join(section.reason.split()) if section.reason else section.reason  # one line: a table cell
+    section.reason = compare.one_line(section.reason) if section.reason else section.reason  # a table cell
     print(f"gpu_check: {name} {section.status.value} in {section.seconds:.0f} s: "
           f"{section.summary if section.status is Status.OK else section.reason}", flush=True)
     return section

@@ -223,7 +223,7 @@ def calibration(ctx: Context) -> Outcome:
         except InputError as e:
             if workload.group == "builtin":
                 raise
-            not_planned[workload.name] = _one_line(e.render())[:300]  # a finding, not the end of the section
+            not_planned[workload.name] = one_line(e.render())[:300]  # a finding, not the end of the section
             continue
         spent = time.monotonic() - started
         needed = spent + LAUNCH_S[cuda] + _estimate(ctx, plans + pair, calibrated, repeats)
@@ -312,7 +312,8 @@ def _missing_line(missing: dict[str, str]) -> str:
     return f"; not measured: {', '.join(missing)}" if missing else ""
 
 
-def _one_line(text: str) -> str:
+def one_line(text: str) -> str:
+    """``text`` on one line: its whitespace runs, newlines included, as one space (a table cell, a summary)."""
     return " ".join(text.split())
 
 
@@ -516,7 +517,7 @@ def compare_measured(ctx: Context, shapes: Sequence[Workload], repeats: int, tim
     if not paths:
         why: dict[str, str] = {}
         for p in planned:  # each shape's first planner's error
-            why.setdefault(p.workload.name, _one_line(p.error or ""))
+            why.setdefault(p.workload.name, one_line(p.error or ""))
         raise SectionFailed("no shape could be planned: " + "; ".join(f"{k}: {v}" for k, v in why.items()))
     measured = measure_alternating(ctx, paths, repeats, timeout_s - (time.monotonic() - began), config)
     by_layout = {key: summarize(runs) for key, runs in zip(layouts, measured, strict=True)}
@@ -583,7 +584,7 @@ def _judged_missing(row: dict[str, Any] | None, judged: str) -> str | None:
     if not isinstance(mine, dict):
         return "not planned"
     if mine.get("error"):
-        return _one_line(str(mine["error"]))[:300]
+        return one_line(str(mine["error"]))[:300]
     return None if math.isfinite(mine.get("measured_ms", math.nan)) else "its measurement failed (commands.log)"
 
 

@@ -19,12 +19,14 @@ from rec.config.cost import CostConfig
 from rec.config.search import SearchConfig
 from rec.errors import InputError, Problem
 from rec.passes import PassContext, after_search
+from rec.passes.cache_sizes import FIRST_EXACT_SHARE, memory_decides
 from rec.passes.context import RELATIVE_GAIN
 from rec.plan.movement import Movement, movement
 from rec.plan.plan_id import replan_keys
 from rec.plan.types import Plan
 from rec.profile import check_profile_for
 from rec.search import SearchResult, build_search_space, search_result
+from rec.search.assignment import Assignment
 from rec.search.feasibility import packing_failure
 from rec.search.least_moved import least_moved
 from rec.search.pack import PackingError
@@ -35,14 +37,16 @@ from rec.topology.types import Topology
 
 
 class Searcher(Protocol):
-    def search(self, space: SearchSpace, config: SearchConfig) -> SearchResult: ...
+    """Searches a space (``rec.search.search_result``); from ``start``, its exact stage alone."""
+
+    def search(self, space: SearchSpace, config: SearchConfig, start: Assignment | None = None) -> SearchResult: ...
 
 
 class LocalSearcher:
     """Search every table in this process."""
 
-    def search(self, space: SearchSpace, config: SearchConfig) -> SearchResult:
-        return search_result(space, config)
+    def search(self, space: SearchSpace, config: SearchConfig, start: Assignment | None = None) -> SearchResult:
+        return search_result(space, config, start=start)
 
 
 def plan_spec(spec: Spec, topology: Topology, cost: CostConfig = CostConfig(),
@@ -54,27 +58,41 @@ def plan_spec(spec: Spec, topology: Topology, cost: CostConfig = CostConfig(),
     progress.update(f"cost model: the options of {len(spec):,} tables on {topology.world_size:,} ranks")
     space = build_search_space(spec, topology, cost)
     progress.update("searching")
-    result = _search(space, spec, config, searcher)
-    result = after_search(result, _context(spec, topology, cost, config, searcher))
+    # Where memory decides, the cache-size pass searches again on other cache sizes: the full exact
+    # stage waits for the sizes it ends with. A first search that packs nothing in its share of the
+    # limit (the MILP's rescue) runs again with all of it.
+    exact_last = memory_decides(space, topology) and config.time_limit_s > 0
+    first = replace(config, time_limit_s=config.time_limit_s * FIRST_EXACT_SHARE) if exact_last else config
+    try:
+        result = _search(space, spec, first, searcher)
+    except InputError:
+        if not exact_last:
+            raise
+        exact_last = False
+        result = _search(space, spec, config, searcher)
+    result = after_search(result, _context(spec, topology, cost, config, searcher, exact_last=exact_last))
     progress.update("building the plan")
     return build_plan(result, spec, topology, cost, config, result.info)
 
 
 def _context(spec: Spec, topology: Topology, cost: CostConfig, config: SearchConfig,
-             searcher: Searcher | None, may_search: bool = True) -> PassContext:
+             searcher: Searcher | None, may_search: bool = True, exact_last: bool = False) -> PassContext:
     """What the whole-plan passes get: they search again with ``searcher`` (None: in this process)
-    unless ``may_search`` is false."""
+    unless ``may_search`` is false; with ``exact_last``, the search's exact stage is theirs to run."""
     if not may_search:
         return PassContext(spec, topology, cost, config)
     quick = replace(config, time_limit_s=0.0)
+    exact = (lambda r: _search(r.space, spec, config, searcher, r.assignment)) if exact_last else None
     return PassContext(spec, topology, cost, config, lambda s: _search(s, spec, config, searcher),
-                       lambda s: _search(s, spec, quick, searcher))
+                       lambda s: _search(s, spec, quick, searcher), exact)
 
 
-def _search(space: SearchSpace, spec: Spec, config: SearchConfig, searcher: Searcher | None) -> SearchResult:
-    """The searcher's result (local by default); InputError naming the tables that cannot fit."""
+def _search(space: SearchSpace, spec: Spec, config: SearchConfig, searcher: Searcher | None,
+            start: Assignment | None = None) -> SearchResult:
+    """The searcher's result (local by default; from ``start``, its exact stage alone); InputError
+    naming the tables that cannot fit."""
     try:
-        return (searcher or LocalSearcher()).search(space, config)
+        return (searcher or LocalSearcher()).search(space, config, start)
     except PackingError as e:
         raise packing_failure(space, spec, e.tables) from None
 

@@ -15,7 +15,8 @@ import logging
 import os
 import socket
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -26,6 +27,7 @@ from rec.config.search import SearchConfig
 from rec.errors import InputError, Problem
 from rec.plan.plan_id import searcher_keys
 from rec.search import SearchResult, search_result
+from rec.search.assignment import Assignment
 from rec.search.candidates import Ladder
 from rec.search.group import GroupResult, search_group
 from rec.search.space import SearchSpace
@@ -71,7 +73,7 @@ class RaySearcher:
         self.address = address if address is not None else os.environ.get("RAY_ADDRESS")
         self.max_group_retries = max_group_retries
 
-    def search(self, space: SearchSpace, config: SearchConfig) -> SearchResult:
+    def search(self, space: SearchSpace, config: SearchConfig, start: Assignment | None = None) -> SearchResult:
         import ray
 
         started_here = connect(self.address)
@@ -80,7 +82,7 @@ class RaySearcher:
             groups = self.groups or default_groups(space.num_tables, cpus)
             mapper = ActorMapper(space, self.actors or min(groups, cpus), self.max_group_retries,
                                  self.after_first_wave)
-            result = search_result(space, config, mapper, groups)
+            result = search_result(space, config, mapper, groups, start)
         finally:
             if started_here:
                 ray.shutdown()
@@ -175,21 +177,50 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
 
 
 class AutoSearcher:
-    """Local search for small specs; Ray for large ones, falling back to local if Ray fails."""
+    """Local search for small specs; Ray for large ones, falling back to local if Ray fails (after
+    which it searches locally without trying Ray again)."""
 
     def __init__(self, groups: int | None = None, min_tables: int = AUTO_RAY_MIN_TABLES):
         self.groups, self.min_tables = groups, min_tables
+        self.ray_failed = False
 
-    def search(self, space: SearchSpace, config: SearchConfig) -> SearchResult:
+    def uses_ray(self, num_tables: int) -> bool:
+        return num_tables >= self.min_tables and not self.ray_failed
+
+    def search(self, space: SearchSpace, config: SearchConfig, start: Assignment | None = None) -> SearchResult:
         from rec.planning import LocalSearcher
 
-        if space.num_tables < self.min_tables:
-            return LocalSearcher().search(space, config)
+        if not self.uses_ray(space.num_tables):
+            return LocalSearcher().search(space, config, start)
         try:
-            return RaySearcher(self.groups).search(space, config)
+            return RaySearcher(self.groups).search(space, config, start)
         except InputError as e:
+            self.ray_failed = True
             log.warning("Ray is not available (%s); searching locally", e.problems[0])
-            return LocalSearcher().search(space, config)
+            return LocalSearcher().search(space, config, start)
+
+
+@contextmanager
+def one_ray(searcher: object, num_tables: int) -> Iterator[None]:
+    """Around a whole plan, whose passes search many times: where ``searcher`` searches on Ray, Ray
+    is joined (or started) once, before the first search, and a Ray started here is shut down after
+    the last, instead of once per search. An unreachable cluster is each searcher's to report."""
+    import ray
+
+    uses = isinstance(searcher, RaySearcher) or (isinstance(searcher, AutoSearcher) and searcher.uses_ray(num_tables))
+    if not uses or ray.is_initialized():
+        yield
+        return
+    address = searcher.address if isinstance(searcher, RaySearcher) else os.environ.get("RAY_ADDRESS")
+    try:
+        started_here = connect(address)
+    except InputError:  # RaySearcher raises it on its first search; AutoSearcher falls back there
+        started_here = False
+    try:
+        yield
+    finally:
+        if started_here:
+            ray.shutdown()
 
 
 def searcher_for_backend(backend: Backend, num_tables: int, groups: int | None = None) -> RaySearcher | AutoSearcher:

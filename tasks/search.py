@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 
 from rec.config.cost import CostConfig
@@ -62,6 +63,14 @@ class SearchSettings:
 
         return searcher_for_backend(self.backend, num_tables, self.groups)
 
+    def connected(self, searcher: Searcher | None, num_tables: int) -> AbstractContextManager[None]:
+        """Around a plan with ``searcher``: Ray joined once for all its searches (``local``: nothing)."""
+        if self.backend is Backend.LOCAL:
+            return nullcontext()
+        from tasks.ray_search import one_ray
+
+        return one_ray(searcher, num_tables)
+
     def request(self, previous: Plan | None = None) -> PlannerIdentity:
         """What the plan cache key adds: a non-local backend, a previous plan to replan from."""
         out = PlannerIdentity() if self.backend is Backend.LOCAL else searcher_keys(self.backend.value, self.groups)
@@ -99,11 +108,12 @@ def search_plan(inputs: Inputs, settings: SearchSettings = SearchSettings(),
         if found.refused is not None:
             log.warning("plan cache: entry %s does not match its inputs (%s); searched again", key, found.refused)
     searcher = settings.searcher(len(inputs.spec))
-    if previous is None:
-        plan = plan_spec(inputs.spec, inputs.topology, settings.cost, settings.config, searcher)
-    else:
-        plan = replan_spec(inputs.spec, inputs.topology, previous, settings.max_regress, settings.cost,
-                           settings.config, searcher).plan
+    with settings.connected(searcher, len(inputs.spec)):
+        if previous is None:
+            plan = plan_spec(inputs.spec, inputs.topology, settings.cost, settings.config, searcher)
+        else:
+            plan = replan_spec(inputs.spec, inputs.topology, previous, settings.max_regress, settings.cost,
+                               settings.config, searcher).plan
     seconds = time.perf_counter() - started
     if cache_dir:
         write_entry(cache_dir, key, plan)

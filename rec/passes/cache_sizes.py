@@ -12,7 +12,10 @@ cache sizes, so a grown plan is searched again with the sizes it grew (which spr
 whose caches grew over the ranks) and grown again, up to ``RESEARCH_ROUNDS`` times while that is
 faster. Where the plan holds uvm tables, the search also starts from every cache at each of
 ``START_SIZES`` (small ones cache more tables, each less), each start grown and searched again so,
-and the fastest plan is taken. Under TorchRec's default profile a larger cache
+and the fastest plan is taken. Where the tables do not all fit in HBM (``memory_decides``), the
+planner gives the first search a short exact stage (``FIRST_EXACT_SHARE``) and leaves the full one
+to this pass, which runs it once, from the fastest plan on its cache sizes, and grows the result
+again. Under TorchRec's default profile a larger cache
 is always faster (its bandwidth rises linearly with the cache's size, and a table with TorchRec's
 cache statistics fetches fewer rows); under a profile with
 ``cache_miss_multiplier`` the gain follows the table's hit-rate curve, so tables whose ids repeat
@@ -48,6 +51,12 @@ LOAD_FACTORS = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 
 # places tables knowing only their first sizes and growing keeps them where they are, so which start
 # ends fastest differs by workload; each is one heuristic search.
 START_SIZES = tuple(lf for lf in LOAD_FACTORS if lf <= 2 * UVM_CACHING_RATIO)
+# Where memory decides, the first search (at the first cache sizes) gets this share of the time limit
+# for its exact stage, before the starts are compared: there the heuristic alone can miss by far
+# what the MILP finds at once (two_towers-3015 of bench/memory_tight_bench.py: 42.9 ms against
+# 14.9, a row_wise cache on every rank beside small tables spread thin). The whole limit goes to the
+# fastest plan, on the sizes it ends with.
+FIRST_EXACT_SHARE = 0.125
 _UVM, _CACHING = CK_CODE[ComputeKernel.FUSED_UVM], CK_CODE[ComputeKernel.FUSED_UVM_CACHING]
 
 
@@ -62,15 +71,29 @@ class _Step:
     hbm: np.ndarray
 
 
+def memory_decides(space: SearchSpace, topology: Topology) -> bool:
+    """On cuda, whether the tables do not all fit in HBM (each at its smallest option without a uvm
+    kernel), so that every plan keeps some on uvm kernels and this pass chooses their cache sizes."""
+    if topology.compute_device is not ComputeDevice.CUDA:
+        return False
+    opts = space.options
+    in_hbm = space.feasible & (opts.compute_kernel != _UVM) & (opts.compute_kernel != _CACHING)
+    least = np.full(space.num_tables, np.inf)
+    np.minimum.at(least, opts.table[in_hbm], opts.total(opts.hbm)[in_hbm])
+    return bool(least.sum() > space.hbm_cap.sum())
+
+
 def with_cache_sizes(result: SearchResult, spec: Spec, topology: Topology, cost: CostConfig,
-                     search: Callable[[SearchSpace], SearchResult] | None = None) -> SearchResult:
+                     search: Callable[[SearchSpace], SearchResult] | None = None,
+                     exact: Callable[[SearchResult], SearchResult] | None = None) -> SearchResult:
     """``result`` with the caches of its uvm tables grown into the HBM it leaves free; with ``search``
     (which searches a space: the heuristic, whose exact stage a space of many small caches can keep
     busy far beyond its time limit), searched again with the sizes it grew while faster, and the
-    same from a search with every free cache at each of ``START_SIZES``: the fastest of them."""
+    same from a search with every free cache at each of ``START_SIZES``: the fastest of them. With
+    ``exact`` (the exact stage from a result), that plan improved by it on its sizes, grown again."""
     grown = _grown(result, spec, topology, cost)
     if search is None or not len(_candidates(result, spec, topology)):
-        return grown
+        return grown if exact is None else _grown(exact(grown), spec, topology, cost)
     best = _researched(grown, spec, topology, cost, search)
     free = [t.cache_load_factor is None for t in spec.tables]
     for start in START_SIZES:
@@ -82,7 +105,8 @@ def with_cache_sizes(result: SearchResult, spec: Spec, topology: Topology, cost:
         other = _researched(other, spec, topology, cost, search)
         if other.critical_path < best.critical_path * (1 - RELATIVE_GAIN):
             best = other
-    return best
+    # The exact stage never returns a slower plan, nor does growing.
+    return best if exact is None else _grown(exact(best), spec, topology, cost)
 
 
 def _researched(result: SearchResult, spec: Spec, topology: Topology, cost: CostConfig,
@@ -243,4 +267,5 @@ class CacheSizes:
         return context.topology.compute_device is ComputeDevice.CUDA
 
     def run(self, result: SearchResult, context: PassContext) -> SearchResult:
-        return with_cache_sizes(result, context.spec, context.topology, context.cost, context.heuristic)
+        return with_cache_sizes(result, context.spec, context.topology, context.cost, context.heuristic,
+                                context.exact)

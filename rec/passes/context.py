@@ -28,6 +28,9 @@ class PassContext:
     search: Callable[[SearchSpace], SearchResult] | None = None
     # The same search without its exact stage: the heuristic alone, for spaces a pass tries on the side.
     heuristic: Callable[[SearchSpace], SearchResult] | None = None
+    # The exact stage from a result, where the first search left it to the passes (None: it ran):
+    # where they change the search space, it is worth its time only on the space they end with.
+    exact: Callable[[SearchResult], SearchResult] | None = None
 
 
 class WholePlanPass(Protocol):

@@ -53,14 +53,17 @@ def build_search_space(spec: Spec, topology: Topology, cost: CostConfig = CostCo
 
 
 def search_result(space: SearchSpace, config: SearchConfig = SearchConfig(), mapper: Mapper | None = None,
-                  groups: int = 1) -> SearchResult:
+                  groups: int = 1, start: Assignment | None = None) -> SearchResult:
     """Search every table of ``space``: a first plan (``groups`` > 1: from that many table groups
-    searched apart, then merged), then the exact stage. ``mapper`` runs the tasks (default: in
-    this process, one after the other)."""
+    searched apart, then merged), then the exact stage. From ``start`` (a plan of ``space``), the
+    exact stage alone. ``mapper`` runs the tasks (default: in this process, one after the other)."""
     mapper = mapper or InProcess(space)
     bound, ladder = prepare(space, config)
-    progress.update(f"heuristic: {len(ladder.limits)} shard limits, bound {bound.value:.4g} ms")
-    a = _first_plan(space, config, bound, ladder, mapper, groups)
+    if start is None:
+        progress.update(f"heuristic: {len(ladder.limits)} shard limits, bound {bound.value:.4g} ms")
+        a = _first_plan(space, config, bound, ladder, mapper, groups)
+    else:
+        a = start.copy()
     progress.update(f"exact stage: best {a.critical_path:.4g} ms, bound {bound.value:.4g} ms")
     # One after the other, the tasks share the time limit and stop once one proves the plan
     # optimal; side by side, each has all of it and the outcomes after that proof are not taken.

@@ -179,6 +179,26 @@ def test_the_greedy_is_within_a_few_percent_of_every_combination_of_rungs_on_a_s
         assert plan.metrics.critical_path <= best * 1.05, profile.extensions
 
 
+def test_where_memory_decides_the_exact_stage_runs_on_the_cache_sizes_the_plan_ends_with():
+    """The caches are sized after the search, so its exact stage waits for them: the plan is proven
+    optimal at its own sizes, where the heuristic alone leaves a gap."""
+    from rec.config.search import SearchConfig
+    from rec.passes.cache_sizes import memory_decides
+    from rec.plan.metrics import BoundMethod
+    from rec.search import build_search_space
+
+    spec, topology = tight_spec(12), cuda(4)
+    fits = spec_from_rows([{"name": "a", "num_embeddings": 1000, "embedding_dim": 16}])
+    assert memory_decides(build_search_space(spec, topology), topology)
+    assert not memory_decides(build_search_space(fits, topology), topology)
+    plan, heuristic = plan_spec(spec, topology), plan_spec(spec, topology, config=SearchConfig(time_limit_s=0))
+    assert plan.metrics.optimal and plan.metrics.bound_method is BoundMethod.MILP
+    assert not heuristic.metrics.optimal
+    assert plan.metrics.critical_path <= heuristic.metrics.critical_path
+    assert (~np.isnan(plan.columns.load_factor)).any()  # sizes the pass chose
+    check_plan(plan)
+
+
 def test_replanning_from_a_plan_with_chosen_cache_sizes_keeps_its_shards():
     spec, topology = tight_spec(), cuda()
     first = plan_spec(spec, topology)

@@ -38,6 +38,29 @@ def local_plan(spec):
     return plan_spec(spec, TOPO)
 
 
+def test_a_plan_whose_passes_search_many_times_starts_ray_once_and_stops_it_after():
+    """Where memory decides, the cache-size pass searches from every start on Ray: one local Ray
+    serves them all (first in this file: no Ray is running yet)."""
+    from rec import progress
+    from rec.spec.validate import spec_from_rows
+    from tasks.ingest import Inputs
+    from tasks.search import Backend, SearchSettings, search_plan
+
+    assert not ray.is_initialized()
+    tight = spec_from_rows([{"name": f"t{i}", "num_embeddings": 10_000_000 + 100_000 * i, "embedding_dim": 64,
+                             "pooling_factor": 4.0 + i} for i in range(4)])
+    topology = topology_from_dict(dict(world_size=2, local_world_size=2, compute_device="cuda", hbm_cap="1GiB",
+                                       batch_size=512))
+    events: list[progress.Event] = []
+    with progress.reporting(events.append), progress.step("search"):
+        found = search_plan(Inputs(tight, topology, "tight.yaml", "topology.yaml"),
+                            SearchSettings(backend=Backend.RAY, config=SearchConfig(time_limit_s=0)))
+    starts = [e for e in events if e.message == "starting a local Ray"]
+    assert len(starts) == 1 and not ray.is_initialized()
+    assert found.plan.planner.backend == "ray"
+    assert plan_spec(tight, topology, config=SearchConfig(time_limit_s=0)).tables == found.plan.tables
+
+
 def test_ray_plan_is_as_good_as_the_local_search(local_ray, spec, local_plan):
     plan = plan_spec(spec, TOPO, searcher=RaySearcher(groups=4))
     assert plan.planner.backend == "ray" and plan.planner.groups == 4
@@ -123,10 +146,10 @@ class InProcessGroups:
     def __init__(self, groups):
         self.groups = groups
 
-    def search(self, space, config):
+    def search(self, space, config, start=None):
         from rec.search import search_result
 
-        return search_result(space, config, groups=self.groups)
+        return search_result(space, config, groups=self.groups, start=start)
 
 
 def test_ray_runs_the_pipeline_of_this_process_and_finds_its_plan(local_ray, spec):

@@ -48,8 +48,8 @@ def test_a_plan_whose_passes_search_many_times_starts_ray_once_and_stops_it_afte
 
     assert not ray.is_initialized()
     tight = spec_from_rows([{"name": f"t{i}", "num_embeddings": 10_000_000 + 100_000 * i, "embedding_dim": 64,
-                             "pooling_factor": 4.0 + i} for i in range(4)])
-    topology = topology_from_dict(dict(world_size=2, local_world_size=2, compute_device="cuda", hbm_cap="1GiB",
+                             "pooling_factor": 4.0 + i} for i in range(2)])
+    topology = topology_from_dict(dict(world_size=1, local_world_size=1, compute_device="cuda", hbm_cap="1GiB",
                                        batch_size=512))
     events: list[progress.Event] = []
     with progress.reporting(events.append), progress.step("search"):

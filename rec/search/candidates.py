@@ -6,7 +6,6 @@ candidate for the same family and ladder step: groups searched apart line up ind
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -129,44 +128,26 @@ def pack_any_order(space: SearchSpace, choice: np.ndarray, start: Assignment | N
 
 def pack_candidate(space: SearchSpace, cand: Candidate, start: Assignment | None = None) -> Assignment:
     """Pack a candidate. Priced selections fill the ranks' memory in total, so the last tables
-    placed may find no rank with room: those tables' memory prices are doubled (each time) and
-    they take the option that is then cheapest among those using less memory. Other selections
-    that fit the ranks' memory in total may not rank by rank (a row_wise cache on every rank leaves
-    each a little room): their failing tables take their least-work option whose largest shard
-    needs less HBM, spread over more ranks. Either at most ``REPAIR_ROUNDS`` times."""
+    placed may find no rank with room: those tables' memory prices are doubled (repeatedly, at
+    most ``REPAIR_ROUNDS`` times) and they take the option that is then cheapest among those
+    using less memory."""
+    if cand.family is not Family.PRICED:
+        return pack_any_order(space, cand.choice, start)
+    choice = cand.choice.copy()
     opts = space.options
     hbm, ddr = opts.total(opts.hbm).astype(float), opts.total(opts.ddr).astype(float)
-    if cand.family is not Family.PRICED:
-        if hbm[cand.choice].sum() > space.hbm_cap.sum() or ddr[cand.choice].sum() > space.ddr_cap.sum():
-            return pack_any_order(space, cand.choice, start)  # over in total: spreading cannot make it fit
-        largest = opts.largest(opts.hbm)
-
-        def spread(failed: np.ndarray, choice: np.ndarray) -> np.ndarray:
-            return np.where(largest < largest[choice][opts.table], space.work, np.inf)
-
-        return _repaired(space, cand.choice, start, spread)
-    memory = cand.prices.hbm * hbm + cand.prices.ddr * ddr
     weight = np.ones(space.num_tables)
-
-    def cheaper(failed: np.ndarray, choice: np.ndarray) -> np.ndarray:
-        weight[failed] *= 2
-        return np.where(memory < memory[choice][opts.table], space.work + weight[opts.table] * memory, np.inf)
-
-    return _repaired(space, cand.choice, start, cheaper)
-
-
-def _repaired(space: SearchSpace, choice: np.ndarray, start: Assignment | None,
-              cost_of: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Assignment:
-    """Pack ``choice``; while tables find no rank with room (at most ``REPAIR_ROUNDS`` times), each
-    takes its option of least ``cost_of(failed tables, choice)`` (per option; inf: not allowed), and
-    the failure is raised again when none can move."""
-    choice = choice.copy()
     for _ in range(REPAIR_ROUNDS):
         try:
             return pack_any_order(space, choice, start)
         except PackingError as e:
             failed = np.asarray(e.tables, dtype=np.int64)
-            cost = np.where(space.feasible & np.isin(space.options.table, failed), cost_of(failed, choice), np.inf)
+            weight[failed] *= 2
+            w = weight[opts.table]
+            memory = cand.prices.hbm * hbm + cand.prices.ddr * ddr
+            smaller = memory < memory[choice][opts.table]
+            cost = np.where(space.feasible & smaller & np.isin(opts.table, failed),
+                            space.work + w * memory, np.inf)
             best = first_min_per_table(space, cost)
             can = np.isfinite(cost[best])[failed]
             if not can.any():

@@ -13,7 +13,6 @@ from rec.search.bound import BoundMethod, lower_bound
 from rec.search.pack import PackingError, PackOrder, pack
 from rec.search.select import select_options
 from rec.sharding import ShardingType
-from rec.spec import spec_from_rows
 from rec.spec.synthetic import criteo_1tb_spec
 from rec.topology import topology_from_dict
 
@@ -178,27 +177,3 @@ def test_every_mapper_finds_the_same_plan_and_in_process_stops_at_a_proof(groups
     assert a.bound == b.bound and a.stats["milp_nodes"] == b.stats["milp_nodes"]
     first = ["first_plan"] if groups == 1 else ["search_group"] * groups
     assert here.ran == [*first, "run_task"] and at_once.ran == [*first, "run_task", "run_task"]
-
-
-def test_a_row_wise_cache_on_every_rank_leaves_room_the_heuristic_spreads_small_tables_into():
-    """Oracle: the MILP's proven optimum. A sequence table too large for HBM is fastest row_wise with
-    a cache on all 16 ranks, which leaves each rank a little HBM: the side tables must be split to
-    fit in it. The heuristic alone, packing whole side tables, once missed by 2.9x."""
-    big = [("user_id", 2_420_000_000, 128, 1.0, 1, "SUM"), ("item_id", 888_000_000, 128, 1.0, 1, "SUM"),
-           ("item_seq", 1_837_000_000, 128, 25.2, 2, "NONE")]
-    side = [(f"side{i}", rows, dim, pooling, features, "SUM") for i, (rows, dim, pooling, features) in enumerate(
-        [(1_457, 16, 6.2, 1), (50_000_000, 16, 5.1, 2), (22_000_000, 64, 7.5, 1), (24_114, 32, 5.6, 2),
-         (36_617, 64, 4.3, 2), (8_280_000, 32, 7.0, 1), (12_697, 64, 7.3, 2), (2_157, 16, 7.1, 2),
-         (24_352, 32, 4.8, 1), (19_000_000, 64, 4.5, 2), (84_201, 64, 6.6, 2)])]
-    spec = spec_from_rows([{"name": name, "num_embeddings": rows, "embedding_dim": dim, "pooling_factor": pooling,
-                            "data_type": "FP16", "pooling": kind,
-                            "module": "model.ec" if kind == "NONE" else "model.ebc",
-                            "feature_names": [f"{name}_{j}" for j in range(n)]}
-                           for name, rows, dim, pooling, n, kind in big + side])
-    topology = topology_from_dict({"world_size": 16, "local_world_size": 8, "compute_device": "cuda",
-                                   "hbm_cap": "8GiB", "ddr_cap": "512GiB", "batch_size": 1024})
-    space = build_search_space(spec, topology)
-    exact = search_result(space, SearchConfig(time_limit_s=30))
-    heuristic = search_result(space, SearchConfig(time_limit_s=0))
-    assert exact.optimal
-    assert heuristic.critical_path <= 1.03 * exact.critical_path

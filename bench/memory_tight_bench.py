@@ -225,6 +225,8 @@ def rate(plan: Any, model: Any, w: Workload, sharders: list[Any], with_stats: bo
     from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
     from torchrec.distributed.types import CacheParams
 
+    from rec.torchrec.score import plan_options
+
     constraints = constraints_of(w, with_stats)
     factors = []
     for module_plan in plan.plan.values():
@@ -242,21 +244,11 @@ def rate(plan: Any, model: Any, w: Workload, sharders: list[Any], with_stats: bo
     options = _quiet(enumerator.enumerate, model, sharders)
     reserved = _quiet(HeuristicalStorageReservation(percentage=0.15).reserve, topology, w.batch_size, model,
                       sharders, constraints)
-    by_key = {(o.path, o.name, o.sharding_type, o.compute_kernel): o for o in options}
     perf, hbm = [0.0] * w.world_size, [0] * w.world_size
-    for path, module_plan in plan.plan.items():
-        for name, p in module_plan.items():
-            option = by_key[(path, name, p.sharding_type, p.compute_kernel)]
-            if p.sharding_spec is None:  # data_parallel: one shard per rank
-                ranks = list(p.ranks)
-            else:
-                at: dict[tuple[tuple[int, ...], tuple[int, ...]], list[int]] = defaultdict(list)
-                for s in p.sharding_spec.shards:
-                    at[(tuple(s.shard_offsets), tuple(s.shard_sizes))].append(s.placement.rank())
-                ranks = [at[(tuple(s.offset), tuple(s.size))].pop(0) for s in option.shards]
-            for shard, r in zip(option.shards, ranks, strict=True):
-                perf[r] += shard.perf.total
-                hbm[r] += shard.storage.hbm
+    for option in plan_options(plan, options):
+        for shard in option.shards:
+            perf[shard.rank] += shard.perf.total
+            hbm[shard.rank] += shard.storage.hbm
     over = tuple(r for r in range(w.world_size) if hbm[r] > reserved.devices[r].storage.hbm)
     return Rating(max(perf), over, len(factors), float(np.mean(factors)) if factors else 0.0)
 

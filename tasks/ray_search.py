@@ -16,7 +16,7 @@ import os
 import socket
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -76,16 +76,12 @@ class RaySearcher:
     def search(self, space: SearchSpace, config: SearchConfig, start: Assignment | None = None) -> SearchResult:
         import ray
 
-        started_here = connect(self.address)
-        try:
+        with ray_session(self.address):
             cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
             groups = self.groups or default_groups(space.num_tables, cpus)
             mapper = ActorMapper(space, self.actors or min(groups, cpus), self.max_group_retries,
                                  self.after_first_wave)
             result = search_result(space, config, mapper, groups, start)
-        finally:
-            if started_here:
-                ray.shutdown()
         return replace(result, info=searcher_keys(Backend.RAY.value, groups))
 
     def after_first_wave(self, actors: list[Any]) -> None:
@@ -142,6 +138,20 @@ class ActorMapper:
                 self.actors[self.actors.index(actor)] = replacement
                 idle.append(replacement)
         return results
+
+
+@contextmanager
+def ray_session(address: str | None) -> Iterator[None]:
+    """Ray joined at ``address`` (or started on loopback) for the block, and shut down after it if
+    the block started it; a Ray already initialized is used as it is."""
+    import ray
+
+    started_here = connect(address)
+    try:
+        yield
+    finally:
+        if started_here:
+            ray.shutdown()
 
 
 def connect(address: str | None) -> bool:
@@ -205,22 +215,15 @@ def one_ray(searcher: object, num_tables: int) -> Iterator[None]:
     """Around a whole plan, whose passes search many times: where ``searcher`` searches on Ray, Ray
     is joined (or started) once, before the first search, and a Ray started here is shut down after
     the last, instead of once per search. An unreachable cluster is each searcher's to report."""
-    import ray
-
     uses = isinstance(searcher, RaySearcher) or (isinstance(searcher, AutoSearcher) and searcher.uses_ray(num_tables))
-    if not uses or ray.is_initialized():
-        yield
-        return
     address = searcher.address if isinstance(searcher, RaySearcher) else os.environ.get("RAY_ADDRESS")
-    try:
-        started_here = connect(address)
-    except InputError:  # RaySearcher raises it on its first search; AutoSearcher falls back there
-        started_here = False
-    try:
+    with ExitStack() as stack:
+        if uses:
+            try:
+                stack.enter_context(ray_session(address))
+            except InputError:  # RaySearcher raises it on its first search; AutoSearcher falls back there
+                pass
         yield
-    finally:
-        if started_here:
-            ray.shutdown()
 
 
 def searcher_for_backend(backend: Backend, num_tables: int, groups: int | None = None) -> RaySearcher | AutoSearcher:

@@ -4,22 +4,22 @@ The search costs every fused_uvm_caching option at one cache size (the spec's ``
 else the cost model's ``caching_ratio``), so HBM the plan leaves free is wasted on a memory-tight
 workload, and a table the search had to leave on fused_uvm gets no cache at all. This pass takes
 each table whose kernel is fused_uvm or fused_uvm_caching and whose spec fixes no cache size up a
-ladder of cache sizes (``LOAD_FACTORS``), one step at a time, always taking the step that saves
-the most time (its shards' ms over every rank they sit on) per byte of HBM it adds, as TorchRec's
+ladder of cache sizes (``LOAD_FACTORS``), one step at a time, always taking the step that saves the
+most time (its shards' ms over every rank they sit on) per byte of HBM it adds, as TorchRec's
 ``EmbeddingOffloadScaleupProposer`` gives memory to the most cacheable tables. A step must fit every
 rank it touches; shards stay where they are. The search placed the tables knowing only their first
-cache sizes, so a grown plan is searched again with the sizes it grew (which spreads the tables
-whose caches grew over the ranks) and grown again, up to ``RESEARCH_ROUNDS`` times while that is
-faster. Where the plan holds uvm tables and the tables do not all fit in HBM (``memory_decides``),
-the search also starts from every cache at each of ``START_SIZES`` (small ones cache more tables,
-each less), each start grown and searched again so, and the fastest plan is taken. There the
-planner gives the first search a short exact stage (``FIRST_EXACT_SHARE``) and leaves the full one
-to this pass, which runs it once, from the fastest plan on its cache sizes, and grows the result
-again. Under TorchRec's default profile a larger cache
-is always faster (its bandwidth rises linearly with the cache's size, and a table with TorchRec's
-cache statistics fetches fewer rows); under a profile with
-``cache_miss_multiplier`` the gain follows the table's hit-rate curve, so tables whose ids repeat
-get the memory. Where nothing can grow (no uvm table, or no spare HBM) the result is unchanged.
+cache sizes, so where growing shortened the critical path (or memory decides, below) a grown plan is
+searched again with the sizes it grew (which spreads the tables whose caches grew over the ranks)
+and grown again, up to ``RESEARCH_ROUNDS`` times while that is faster. Where the plan holds uvm
+tables and the tables do not all fit in HBM (``memory_decides``), the search also starts from every
+cache at each of ``START_SIZES`` (small ones cache more tables, each less), each start grown and
+searched again so, and the fastest plan is taken. There the planner gives the first search a short
+exact stage (``FIRST_EXACT_SHARE``) and leaves the full one to this pass, which runs it once, from
+the fastest plan on its cache sizes, and grows the result again. Under TorchRec's default profile a
+larger cache is always faster (its bandwidth rises linearly with the cache's size, and a table with
+TorchRec's cache statistics fetches fewer rows); under a profile with ``cache_miss_multiplier`` the
+gain follows the table's hit-rate curve, so tables whose ids repeat get the memory. Where nothing
+can grow (no uvm table, or no spare HBM) the result is unchanged.
 """
 
 from __future__ import annotations
@@ -94,11 +94,14 @@ def with_cache_sizes(result: SearchResult, spec: Spec, topology: Topology, cost:
     ``exact`` (the exact stage from a result), that plan improved by it on its sizes, grown again."""
     best = _grown(result, spec, topology, cost)
     if search is not None and len(_candidates(result, spec, topology)):
-        best = _researched(best, spec, topology, cost, search)
+        # Each search covers every table again: worth it where memory decides the plan, or where the
+        # grown caches shortened the critical path, not for a few uvm tables off the busiest ranks
+        # among many that fit (100,000 tables on 1,024 ranks: 30 s became 192 s with the starts).
+        decides = memory_decides(result.space, topology)
+        if decides or best.critical_path < result.critical_path * (1 - RELATIVE_GAIN):
+            best = _researched(best, spec, topology, cost, search)
         free = [t.cache_load_factor is None for t in spec.tables]
-        # Each start searches every table again: worth it where memory decides the plan, not for a
-        # few uvm tables among many that fit (100,000 tables on 1,024 ranks: 30 s became 192 s).
-        for start in START_SIZES if memory_decides(result.space, topology) else ():
+        for start in START_SIZES if decides else ():
             try:
                 other = _grown(search(build_search_space(spec, topology, cost, np.where(free, start, np.nan))),
                                spec, topology, cost)

@@ -10,7 +10,9 @@ the best change if it lowers the busiest rank.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -20,32 +22,51 @@ from rec.search.space import SearchSpace, add_runs
 from rec.tolerance import lowers
 
 CANDIDATE_TABLES = 48  # tables (most load on the busiest rank first) tried per step
+# Plain ints: place_option runs up to a million times a plan, and enum attribute lookups add up.
+_EVERY_RANK, _HOST_UNIFORM = int(Placement.EVERY_RANK), int(Placement.HOST_UNIFORM)
+_HOST_FREE = int(Placement.HOST_FREE)
+SKIP_MARGIN = 1e-9  # an option is skipped only where its bound exceeds the bar by more than rounding
 
 
-def distinct_options(space: SearchSpace) -> dict[int, np.ndarray]:
-    """Per table, its feasible options minus those another option beats on time, largest
-    shard and memory within the same placement (e.g. fused_uvm next to fused)."""
-    opts = space.options
-    total_hbm = opts.total(opts.hbm)
-    total_ddr = opts.total(opts.ddr)
-    out: dict[int, list[int]] = {}
-    for i in np.flatnonzero(space.feasible):
-        out.setdefault(int(opts.table[i]), []).append(int(i))
-    keep: dict[int, np.ndarray] = {}
-    for t, mine in out.items():
-        kept = []
-        for o in mine:
-            dominated = any(
-                p != o and space.placement[p] == space.placement[o]
-                and space.work[p] <= space.work[o] and space.max_shard[p] <= space.max_shard[o]
-                and total_hbm[p] <= total_hbm[o] and total_ddr[p] <= total_ddr[o]
-                and (space.work[p], space.max_shard[p], total_hbm[p], total_ddr[p], p)
-                < (space.work[o], space.max_shard[o], total_hbm[o], total_ddr[o], o)
-                for p in mine)
-            if not dominated:
-                kept.append(o)
-        keep[t] = np.array(kept, dtype=np.int64)
-    return keep
+class DistinctOptions:
+    """Per table, its feasible options minus those another option beats on time, largest shard and
+    memory within the same placement (e.g. fused_uvm next to fused), worked out when first asked
+    for: a local search asks about the few tables on its busiest ranks, not all of them."""
+
+    def __init__(self, space: SearchSpace):
+        opts = space.options
+        self.space = space
+        self.total_hbm = opts.total(opts.hbm)
+        self.total_ddr = opts.total(opts.ddr)
+        self.starts = np.searchsorted(opts.table, np.arange(space.num_tables + 1))
+        self._kept: dict[int, np.ndarray] = {}
+
+    def get(self, t: int, default: np.ndarray | tuple[()] = ()) -> np.ndarray | tuple[()]:
+        """Table ``t``'s distinct options; ``default`` where it has no feasible one."""
+        if t not in self._kept:
+            self._kept[t] = self._distinct(t)
+        kept = self._kept[t]
+        return kept if len(kept) else default
+
+    def _distinct(self, t: int) -> np.ndarray:
+        space = self.space
+        mine = np.arange(self.starts[t], self.starts[t + 1])
+        mine = mine[space.feasible[mine]]
+        keys = np.stack([space.work[mine], space.max_shard[mine], self.total_hbm[mine].astype(float),
+                         self.total_ddr[mine].astype(float)])
+        # beats[p, o]: p is no worse than o on every measure, in the same placement, and strictly
+        # better on one (or, tied on all, the lower index): p dominates o.
+        no_worse = (keys[:, :, None] <= keys[:, None, :]).all(axis=0)
+        better = (keys[:, :, None] < keys[:, None, :]).any(axis=0) | (mine[:, None] < mine[None, :])
+        same = space.placement[mine][:, None] == space.placement[mine][None, :]
+        beats = no_worse & better & same
+        kept: np.ndarray = mine[~beats.any(axis=0)].astype(np.int64)
+        return kept
+
+
+def distinct_options(space: SearchSpace) -> DistinctOptions:
+    """Per table (``.get(t, default)``), its options that no other option of it dominates."""
+    return DistinctOptions(space)
 
 
 def switch_options(space: SearchSpace, a: Assignment, max_steps: int = 200) -> bool:
@@ -56,10 +77,12 @@ def switch_options(space: SearchSpace, a: Assignment, max_steps: int = 200) -> b
         r = int(np.argmax(a.loads))
         cp = a.loads[r]
         best: tuple[float, int, int, Placed] | None = None
-        for t, o, placed in option_changes(space, a, r, alternatives):
+        bar = Bar(float(cp))  # a change must lower the busiest rank and beat the best one so far
+        for t, o, placed in option_changes(space, a, r, alternatives, bar):
             peak = float(placed.loads.max())
             if best is None or peak < best[0]:
                 best = (peak, t, o, placed)
+                bar.value = min(bar.value, peak)
         if best is None or not lowers(best[0], cp):
             break
         _, t, o, placed = best
@@ -68,14 +91,32 @@ def switch_options(space: SearchSpace, a: Assignment, max_steps: int = 200) -> b
     return changed
 
 
-def option_changes(space: SearchSpace, a: Assignment, rank: int,
-                   alternatives: dict[int, np.ndarray]) -> Iterator[tuple[int, int, Placed]]:
+@dataclass
+class Bar:
+    """The busiest rank an option change must stay at or under; the caller may lower it while
+    changes come."""
+
+    value: float = math.inf
+
+
+def option_changes(space: SearchSpace, a: Assignment, rank: int, alternatives: DistinctOptions,
+                   bar: Bar | None = None) -> Iterator[tuple[int, int, Placed]]:
     """(table, option, placement) for each other option (of ``alternatives``) of the tables with
-    most load on ``rank`` that fits, placed greedily on top of the other tables."""
+    most load on ``rank`` that fits, placed greedily on top of the other tables. An option whose
+    busiest rank must exceed ``bar`` is skipped without placing it."""
+    bar = bar or Bar()
     for t in tables_on(space, a, rank)[:CANDIDATE_TABLES]:
         base = without(space, a, int(t))
+        loads = base[0]
+        floor, least, total = float(loads.max()), float(loads.min()), float(loads.sum())
         for o in alternatives.get(int(t), ()):
             if o == a.choice[t]:
+                continue
+            # The busiest rank after placing o is at least the other tables' busiest, the least
+            # loaded plus o's largest shard, and the mean.
+            peak_at_least = max(floor, least + float(space.max_shard[o]),
+                                (total + float(space.work[o])) / space.world_size)
+            if peak_at_least > bar.value * (1 + SKIP_MARGIN):
                 continue
             placed = place_option(space, base, int(o))
             if placed is not None:
@@ -119,26 +160,19 @@ def place_option(space: SearchSpace, base: Usage, o: int) -> Placed | None:
     loads, hbm, ddr = (x.copy() for x in base)
     opts = space.options
     entries = np.arange(opts.shard_start[o], opts.shard_start[o + 1])
-    kind = space.placement[o]
+    kind = int(space.placement[o])
     position = space.entry_position[entries]
     lws = space.local_world_size
-    if kind == Placement.EVERY_RANK:
+    if kind == _EVERY_RANK:
         first = position.astype(np.int64)
-    elif kind == Placement.HOST_UNIFORM:
-        best = None
-        for host in range(space.num_hosts):
-            trial = host * lws + position
-            p, h, d = _usage(space, entries, trial)
-            if ((hbm + h <= space.hbm_cap) & (ddr + d <= space.ddr_cap)).all():
-                peak = (loads + p).max()
-                if best is None or peak < best[0]:
-                    best = (peak, trial)
-        if best is None:
+    elif kind == _HOST_UNIFORM:
+        host = _least_peak_host(space, loads, hbm, ddr, entries, position)
+        if host is None:
             return None
-        first = best[1]
+        first = host * lws + position
     else:
         ranks = np.arange(space.world_size)
-        if kind == Placement.HOST_FREE:
+        if kind == _HOST_FREE:
             host_load = loads.reshape(space.num_hosts, lws).sum(axis=1)
             ranks = int(np.argmin(host_load)) * lws + np.arange(lws)
         first = np.empty(len(entries), dtype=np.int64)
@@ -159,3 +193,25 @@ def place_option(space: SearchSpace, base: Usage, o: int) -> Placed | None:
     if (hbm > space.hbm_cap).any() or (ddr > space.ddr_cap).any():
         return None
     return Placed(loads, hbm, ddr, first)
+
+
+def _least_peak_host(space: SearchSpace, loads: np.ndarray, hbm: np.ndarray, ddr: np.ndarray,
+                     entries: np.ndarray, position: np.ndarray) -> int | None:
+    """The host whose ranks take the option's shards (at their ``position`` within it) with the
+    lowest busiest rank overall, the first of equals; None where no host has room. Every host gets
+    the same shards at the same positions, so their usage is computed once, on host 0."""
+    lws, hosts = space.local_world_size, space.num_hosts
+    p, h, d = _usage(space, entries, position.astype(np.int64))
+    shape = (hosts, lws)
+    room = ((hbm.reshape(shape) + h[:lws] <= space.hbm_cap.reshape(shape))
+            & (ddr.reshape(shape) + d[:lws] <= space.ddr_cap.reshape(shape))).all(axis=1)
+    if not room.any():
+        return None
+    base = loads.reshape(shape)
+    own = (base + p[:lws]).max(axis=1)
+    others = base.max(axis=1)
+    top = int(np.argmax(others))
+    rest = np.delete(others, top)
+    elsewhere = np.full(hosts, others[top])
+    elsewhere[top] = rest.max() if len(rest) else -np.inf
+    return int(np.argmin(np.where(room, np.maximum(own, elsewhere), np.inf)))

@@ -34,7 +34,7 @@ from rec.search.assignment import Assignment, usage
 from rec.search.placement import Placement, movable
 from rec.search.refine import refine
 from rec.search.space import SearchSpace
-from rec.search.switch import distinct_options, option_changes, place_option, switch_options
+from rec.search.switch import Bar, distinct_options, option_changes, place_option, switch_options
 from rec.sharding import COMPUTE_KERNELS, SHARDING_TYPES, ST_CODE, ShardingType
 from rec.spec.types import Spec
 from rec.tolerance import TIME_NOISE
@@ -287,7 +287,7 @@ def _repair(space: SearchSpace, a: Assignment, prev: Previous, target: float) ->
                 cost = float(_cost(prev, np.array([e]), np.array([r]), np.array([q]))[0])
                 if best is None or (cost / gain, -gain) < best[0]:
                     best = ((cost / gain, -gain), partial(a.move, space, int(e), r, q))
-        for t, o, placed in option_changes(space, a, r, alternatives):
+        for t, o, placed in option_changes(space, a, r, alternatives, Bar(cp * (1 + TIME_NOISE))):
             if placed.loads.max() > cp * (1 + TIME_NOISE):
                 continue
             gain = cp - float(placed.loads[r])  # several ranks may tie at the top: lower this one

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -182,6 +183,8 @@ def torchrec_score(plan: Plan, spec: Spec, topology: Topology, cost: CostConfig 
     from torchrec.distributed.planner.perf_models import NoopPerfModel
     from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
 
+    from rec.plan.torchrec_plan import to_sharding_plan
+
     chosen_of = dict(zip(plan.columns.keys, plan.columns.load_factor.tolist(), strict=True))  # type: ignore[union-attr]
     chosen_factors = np.array([chosen_of.get(t.key, np.nan) for t in spec.tables])
     model, constraints, trec_topology, sharders = torchrec_inputs(spec, topology, cost, chosen_factors)
@@ -197,27 +200,7 @@ def torchrec_score(plan: Plan, spec: Spec, topology: Topology, cost: CostConfig 
         options = enumerator.enumerate(model, sharders)
         reserved = _storage_reservation(topology).reserve(
             trec_topology, topology.batch_size, model, sharders, constraints)
-    by_key = {(o.path, o.name, o.sharding_type, o.compute_kernel): o for o in options}
-
-    chosen = []
-    for t in plan.tables:
-        key = (t.module, t.name, t.sharding_type.value, t.compute_kernel.value)
-        if key not in by_key:
-            raise ValueError(f"TorchRec enumerates no {key[2]}/{key[3]} option for table {t.key}")
-        option = by_key[key]
-        # Shards are matched by (offsets, sizes); repeated keys (data_parallel replicas, empty
-        # row_wise shards) take the plan's ranks in order, as TorchRec's partitioner does.
-        ranks = defaultdict(list)
-        for s in t.shards:
-            ranks[(tuple(s.offsets), tuple(s.sizes))].append(s.rank)
-        if len(t.shards) != len(option.shards):
-            raise ValueError(f"table {t.key}: plan has {len(t.shards)} shards, TorchRec {len(option.shards)}")
-        for shard in option.shards:
-            queue = ranks.get((tuple(shard.offset), tuple(shard.size)))
-            if not queue:
-                raise ValueError(f"table {t.key}: no plan shard at offset {shard.offset} size {shard.size}")
-            shard.rank = queue.pop(0)
-        chosen.append(option)
+    chosen = plan_options(to_sharding_plan(plan), options)
 
     world = topology.world_size
     perf, hbm, ddr = [0.0] * world, [0] * world, [0] * world
@@ -234,6 +217,41 @@ def torchrec_score(plan: Plan, spec: Spec, topology: Topology, cost: CostConfig 
         rank_hbm_cap=tuple(int(d.storage.hbm) for d in reserved.devices),
         rank_ddr_cap=tuple(int(d.storage.ddr) for d in reserved.devices),
     )
+
+
+def plan_options(sharding_plan: Any, options: Iterable[Any]) -> list[Any]:
+    """TorchRec's option (its enumerator's ``ShardingOption``) for each table of ``sharding_plan`` (a
+    ``ShardingPlan``), matched by module path, table, sharding type and kernel, its shards on the
+    plan's ranks. Shards are matched by (offsets, sizes); repeated keys (empty row_wise shards) take
+    the plan's ranks in order, as TorchRec's partitioner does; a data_parallel table's replicas go
+    to its ranks."""
+    by_key = {(o.path, o.name, o.sharding_type, o.compute_kernel): o for o in options}
+    chosen = []
+    for path, module_plan in sharding_plan.plan.items():
+        for name, p in module_plan.items():
+            key = (path, name, p.sharding_type, p.compute_kernel)
+            if key not in by_key:
+                raise ValueError(f"TorchRec enumerates no {key[2]}/{key[3]} option for table {path}.{name}")
+            option = by_key[key]
+            if p.sharding_spec is None:
+                ranks = list(p.ranks)
+            else:
+                at: dict[tuple[tuple[int, ...], tuple[int, ...]], list[int]] = defaultdict(list)
+                for s in p.sharding_spec.shards:
+                    at[(tuple(s.shard_offsets), tuple(s.shard_sizes))].append(s.placement.rank())
+                ranks = []
+                for shard in option.shards:
+                    queue = at.get((tuple(shard.offset), tuple(shard.size)))
+                    if not queue:
+                        raise ValueError(f"table {path}.{name}: no plan shard at offset {shard.offset} "
+                                         f"size {shard.size}")
+                    ranks.append(queue.pop(0))
+            if len(ranks) != len(option.shards):
+                raise ValueError(f"table {path}.{name}: plan has {len(ranks)} shards, TorchRec {len(option.shards)}")
+            for shard, r in zip(option.shards, ranks, strict=True):
+                shard.rank = r
+            chosen.append(option)
+    return chosen
 
 
 def score_plan(plan: Plan, spec: Spec, topology: Topology, cost: CostConfig = CostConfig()) -> float:

@@ -38,7 +38,7 @@ from rec.errors import InputError
 from rec.passes.context import RELATIVE_GAIN, PassContext
 from rec.search.assignment import usage
 from rec.search.bound import lower_bound
-from rec.search.pipeline import build_search_space
+from rec.search.pipeline import build_search_space, recosted_space
 from rec.search.result import SearchResult
 from rec.search.space import SearchSpace
 from rec.sharding import CK_CODE, ComputeDevice, ComputeKernel
@@ -118,11 +118,11 @@ def _researched(result: SearchResult, spec: Spec, topology: Topology, cost: Cost
                 search: Callable[[SearchSpace], SearchResult]) -> SearchResult:
     """``result`` searched again with the cache sizes it grew, and grown again, while that is faster."""
     for _ in range(RESEARCH_ROUNDS):
-        factors = result.space.chosen_load_factor
-        if factors is None:
+        if result.space.chosen_load_factor is None:
             break
+        # result.space is costed with the sizes it grew (``_rebuilt``): the search starts afresh on it.
         try:
-            again = _grown(search(build_search_space(spec, topology, cost, factors)), spec, topology, cost)
+            again = _grown(search(result.space), spec, topology, cost)
         except InputError:
             break
         if not again.critical_path < result.critical_path * (1 - RELATIVE_GAIN):
@@ -242,7 +242,7 @@ def _rebuilt(result: SearchResult, spec: Spec, topology: Topology, cost: CostCon
     factors = np.full(len(spec.tables), np.nan) if old.chosen_load_factor is None else old.chosen_load_factor.copy()
     for t, lf in chosen.items():
         factors[t] = lf
-    space = build_search_space(spec, topology, cost, factors)
+    space = recosted_space(old, spec, topology, cost, factors, np.array(sorted(chosen)))
     choice = a.choice.copy()
     shard_rank = a.shard_rank.copy()
     for t in chosen:

@@ -52,6 +52,41 @@ def build_search_space(spec: Spec, topology: Topology, cost: CostConfig = CostCo
     return space
 
 
+def recosted_space(space: SearchSpace, spec: Spec, topology: Topology, cost: CostConfig,
+                   load_factors: np.ndarray, tables: np.ndarray) -> SearchSpace:
+    """``build_search_space(spec, topology, cost, load_factors)`` where ``load_factors`` differ from
+    those ``space`` was built with only for ``tables``: only their options are costed again. A cache
+    size changes an option's costs, never its shards, so the other tables' options are kept as they
+    are."""
+    from rec.cost import enumerate_options
+
+    opts = space.options
+    tables = np.asarray(tables, dtype=np.int64)
+    factors = np.asarray(load_factors, dtype=np.float64)
+    sub = enumerate_options(Spec(tuple(spec.tables[int(t)] for t in tables), spec.spec_hash), topology, cost,
+                            factors[tables])
+    # Each option of the changed tables, found in ``space`` by (table, sharding type, kernel).
+    changing = np.flatnonzero(np.isin(opts.table, tables))
+    where = {(int(opts.table[o]), int(opts.sharding_type[o]), int(opts.compute_kernel[o])): int(o)
+             for o in changing}
+    perf, hbm, ddr = opts.perf.copy(), opts.hbm.copy(), opts.ddr.copy()
+    for k in range(sub.num_options):
+        o = where[(int(tables[sub.table[k]]), int(sub.sharding_type[k]), int(sub.compute_kernel[k]))]
+        mine, theirs = opts.shards(o), sub.shards(k)
+        if not (np.array_equal(opts.rows[mine], sub.rows[theirs]) and np.array_equal(opts.cols[mine], sub.cols[theirs])
+                and np.array_equal(opts.repeat[mine], sub.repeat[theirs])):
+            raise ValueError(f"option {o}: a cache size changed its shards")
+        perf[mine], hbm[mine], ddr[mine] = sub.perf[theirs], sub.hbm[theirs], sub.ddr[theirs]
+    options = replace(opts, perf=perf, hbm=hbm, ddr=ddr)
+    rebuilt = build_space(options, space.num_tables, space.world_size, space.local_world_size,
+                          space.hbm_cap, space.ddr_cap)
+    if not np.isnan(factors).all():
+        rebuilt = replace(rebuilt, chosen_load_factor=factors)
+    check_capacity_left(rebuilt, topology)
+    check_every_table_fits(rebuilt, spec, topology, cost)
+    return rebuilt
+
+
 def search_result(space: SearchSpace, config: SearchConfig = SearchConfig(), mapper: Mapper | None = None,
                   groups: int = 1, start: Assignment | None = None) -> SearchResult:
     """Search every table of ``space``: a first plan (``groups`` > 1: from that many table groups

@@ -21,6 +21,8 @@ from rec.plan.io import write_plan
 from rec.plan.types import PLAN_FORMAT, PLAN_FORMAT_CACHES
 from rec.planning import plan_spec, replan_spec
 from rec.profile.types import DEFAULT_PROFILE, Extensions, Profile
+from rec.search import build_search_space
+from rec.search.pipeline import recosted_space
 from rec.sharding import CK_CODE, ComputeKernel, ShardingType
 from rec.spec import spec_from_rows
 from rec.topology import topology_from_dict
@@ -155,6 +157,27 @@ def test_a_table_whose_spec_fixes_its_cache_keeps_it_and_a_cpu_plan_is_unchanged
     assert plan.format == PLAN_FORMAT and np.isnan(plan.columns.load_factor).all()
     cpu = spec_from_rows([{"name": "a", "num_embeddings": 1000, "embedding_dim": 16}])
     assert plan_spec(cpu, topology_from_dict({"world_size": 2, "compute_device": "cpu"})).format == PLAN_FORMAT
+
+
+def test_a_space_recosted_for_a_few_tables_cache_sizes_is_the_space_built_afresh():
+    spec = spec_from_rows([{"name": f"t{i}", "num_embeddings": 2_000_000 + 300_000 * i,
+                            "embedding_dim": 32 * (1 + i % 3), "pooling_factor": 2.0 + i,
+                            **({"hit_rate_curve": SKEWED} if i % 2 else {})} for i in range(6)])
+    topology = cuda(4, GiB)
+    before = np.full(6, np.nan)
+    space = build_search_space(spec, topology, load_factors=None)
+    for changed, sizes in (([1, 4], [0.3, 0.05]), ([0, 2, 5], [1.0, 0.4, 0.01])):
+        factors = before.copy()
+        factors[changed] = sizes
+        ours = recosted_space(space, spec, topology, CostConfig(), factors, np.array(changed))
+        afresh = build_search_space(spec, topology, load_factors=factors)
+        for name in ("work", "max_shard", "placement", "feasible", "hbm_cap", "ddr_cap", "chosen_load_factor"):
+            np.testing.assert_array_equal(getattr(ours, name), getattr(afresh, name), err_msg=name)
+        for name in ("table", "sharding_type", "compute_kernel", "shard_start", "perf", "hbm", "ddr", "rows", "cols"):
+            np.testing.assert_array_equal(getattr(ours.options, name), getattr(afresh.options, name), err_msg=name)
+        caching = afresh.options.compute_kernel == CK_CODE[CACHING]
+        assert not np.array_equal(afresh.work[caching], space.work[caching])  # the sizes did change the costs
+        space, before = ours, factors
 
 
 def test_the_greedy_is_within_a_few_percent_of_every_combination_of_rungs_on_a_small_case():

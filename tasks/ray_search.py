@@ -58,6 +58,10 @@ class GroupSearcher:
     def run(self, fn: Callable[[SearchSpace, T], R], item: T) -> R:
         return fn(self.space, item)
 
+    def load(self, space: SearchSpace) -> None:
+        """Hold another search's space (an actor kept for the next search of a plan)."""
+        self.space = space
+
     def search(self, tables: np.ndarray) -> GroupResult:
         """One group's candidates, as the pipeline's group task rates them (``ladder``: the global one)."""
         assert self.ladder is not None, "a GroupSearcher made without the ladder searches no group"
@@ -72,6 +76,7 @@ class RaySearcher:
         self.groups, self.actors = groups, actors
         self.address = address if address is not None else os.environ.get("RAY_ADDRESS")
         self.max_group_retries = max_group_retries
+        self.kept: list[Any] | None = None  # inside session(): the last search's actors, for the next
 
     def search(self, space: SearchSpace, config: SearchConfig, start: Assignment | None = None) -> SearchResult:
         import ray
@@ -80,9 +85,31 @@ class RaySearcher:
             cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
             groups = self.groups or default_groups(space.num_tables, cpus)
             mapper = ActorMapper(space, self.actors or min(groups, cpus), self.max_group_retries,
-                                 self.after_first_wave)
-            result = search_result(space, config, mapper, groups, start)
+                                 self.after_first_wave, self.kept or [])
+            try:
+                result = search_result(space, config, mapper, groups, start)
+            finally:
+                if self.kept is not None:
+                    self.kept = mapper.actors
         return replace(result, info=searcher_keys(Backend.RAY.value, groups))
+
+    @contextmanager
+    def session(self) -> Iterator[None]:
+        """Around several searches on the Ray already joined: each search's actors are sent the next
+        search's space instead of new actors starting for it (about half a second each), and are
+        stopped at the end. Without a running Ray (each search starts its own) nothing is kept."""
+        import ray
+
+        if self.kept is not None or not ray.is_initialized():
+            yield
+            return
+        self.kept = []
+        try:
+            yield
+        finally:
+            kept, self.kept = self.kept, None
+            for actor in kept:
+                ray.kill(actor)
 
     def after_first_wave(self, actors: list[Any]) -> None:
         """Called once every actor has a group in flight (fault-injection point for tests)."""
@@ -94,12 +121,24 @@ class ActorMapper:
     actor, up to ``max_retries`` times."""
 
     def __init__(self, space: SearchSpace, n_actors: int, max_retries: int,
-                 after_first_wave: Callable[[list[Any]], None] | None = None):
+                 after_first_wave: Callable[[list[Any]], None] | None = None, reuse: list[Any] | None = None):
         import ray
 
         self.actor_cls = ray.remote(num_cpus=1)(GroupSearcher)
         self.space_ref = ray.put(space)
-        self.actors: list[Any] = [self.actor_cls.remote(self.space_ref) for _ in range(n_actors)]
+        self.actors: list[Any] = []
+        for actor in (reuse or [])[:n_actors]:  # an earlier search's actors, given this space
+            try:
+                ray.get(actor.load.remote(self.space_ref))
+                self.actors.append(actor)
+            except ray.exceptions.RayActorError:
+                log.warning("a kept Ray actor died; starting another")
+        for actor in (reuse or [])[n_actors:]:
+            ray.kill(actor)
+        self.started = n_actors - len(self.actors)
+        if self.started:
+            progress.update(f"starting {self.started} Ray actor{'s' if self.started > 1 else ''}")
+        self.actors += [self.actor_cls.remote(self.space_ref) for _ in range(self.started)]
         self.max_retries = max_retries
         self.after_first_wave = after_first_wave  # called once, with the first tasks in flight
 
@@ -193,6 +232,7 @@ class AutoSearcher:
     def __init__(self, groups: int | None = None, min_tables: int = AUTO_RAY_MIN_TABLES):
         self.groups, self.min_tables = groups, min_tables
         self.ray_failed = False
+        self.ray = RaySearcher(groups)
 
     def uses_ray(self, num_tables: int) -> bool:
         return num_tables >= self.min_tables and not self.ray_failed
@@ -203,7 +243,7 @@ class AutoSearcher:
         if not self.uses_ray(space.num_tables):
             return LocalSearcher().search(space, config, start)
         try:
-            return RaySearcher(self.groups).search(space, config, start)
+            return self.ray.search(space, config, start)
         except InputError as e:
             self.ray_failed = True
             log.warning("Ray is not available (%s); searching locally", e.problems[0])
@@ -214,15 +254,18 @@ class AutoSearcher:
 def one_ray(searcher: object, num_tables: int) -> Iterator[None]:
     """Around a whole plan, whose passes search many times: where ``searcher`` searches on Ray, Ray
     is joined (or started) once, before the first search, and a Ray started here is shut down after
-    the last, instead of once per search. An unreachable cluster is each searcher's to report."""
-    uses = isinstance(searcher, RaySearcher) or (isinstance(searcher, AutoSearcher) and searcher.uses_ray(num_tables))
-    address = searcher.address if isinstance(searcher, RaySearcher) else os.environ.get("RAY_ADDRESS")
+    the last, instead of once per search; the searches share one set of actors
+    (``RaySearcher.session``). An unreachable cluster is each searcher's to report."""
+    on_ray = searcher if isinstance(searcher, RaySearcher) else searcher.ray if (
+        isinstance(searcher, AutoSearcher) and searcher.uses_ray(num_tables)) else None
     with ExitStack() as stack:
-        if uses:
+        if on_ray is not None:
             try:
-                stack.enter_context(ray_session(address))
+                stack.enter_context(ray_session(on_ray.address))
             except InputError:  # RaySearcher raises it on its first search; AutoSearcher falls back there
                 pass
+            else:
+                stack.enter_context(on_ray.session())  # one set of actors for all the searches
         yield
 
 

@@ -40,7 +40,7 @@ def local_plan(spec):
 
 def test_a_plan_whose_passes_search_many_times_starts_ray_once_and_stops_it_after():
     """Where memory decides, the cache-size pass searches from every start on Ray: one local Ray
-    serves them all (first in this file: no Ray is running yet)."""
+    and one set of actors serve them all (first in this file: no Ray is running yet)."""
     from rec import progress
     from rec.spec.validate import spec_from_rows
     from tasks.ingest import Inputs
@@ -57,6 +57,9 @@ def test_a_plan_whose_passes_search_many_times_starts_ray_once_and_stops_it_afte
                             SearchSettings(backend=Backend.RAY, config=SearchConfig(time_limit_s=0)))
     starts = [e for e in events if e.message == "starting a local Ray"]
     assert len(starts) == 1 and not ray.is_initialized()
+    # every search after the first runs on the first one's actors, each given the new space
+    actors = [e.message for e in events if "Ray actor" in e.message]
+    assert len(actors) == 1 and actors[0].startswith("starting "), actors
     assert found.plan.planner.backend == "ray"
     assert plan_spec(tight, topology, config=SearchConfig(time_limit_s=0)).tables == found.plan.tables
 

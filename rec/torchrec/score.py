@@ -233,6 +233,9 @@ def plan_options(sharding_plan: Any, options: Iterable[Any]) -> list[Any]:
             if key not in by_key:
                 raise ValueError(f"TorchRec enumerates no {key[2]}/{key[3]} option for table {path}.{name}")
             option = by_key[key]
+            planned = len(p.ranks) if p.sharding_spec is None else len(p.sharding_spec.shards)
+            if planned != len(option.shards):
+                raise ValueError(f"table {path}.{name}: plan has {planned} shards, TorchRec {len(option.shards)}")
             if p.sharding_spec is None:
                 ranks = list(p.ranks)
             else:
@@ -246,8 +249,6 @@ def plan_options(sharding_plan: Any, options: Iterable[Any]) -> list[Any]:
                         raise ValueError(f"table {path}.{name}: no plan shard at offset {shard.offset} "
                                          f"size {shard.size}")
                     ranks.append(queue.pop(0))
-            if len(ranks) != len(option.shards):
-                raise ValueError(f"table {path}.{name}: plan has {len(ranks)} shards, TorchRec {len(option.shards)}")
             for shard, r in zip(option.shards, ranks, strict=True):
                 shard.rank = r
             chosen.append(option)

@@ -90,8 +90,8 @@ def with_cache_sizes(result: SearchResult, spec: Spec, topology: Topology, cost:
     (which searches a space: the heuristic, whose exact stage a space of many small caches can keep
     busy far beyond its time limit), searched again with the sizes it grew while faster, and where
     memory decides, the same from a search with every free cache at each of ``START_SIZES``: the
-    fastest of them. With
-    ``exact`` (the exact stage from a result), that plan improved by it on its sizes, grown again."""
+    fastest of them. With ``exact`` (the exact stage from a result), that plan improved by it on
+    its sizes, grown again."""
     best = _grown(result, spec, topology, cost)
     if search is not None and len(_candidates(result, spec, topology)):
         # Each search covers every table again: worth it where memory decides the plan, or where the

@@ -17,6 +17,7 @@ import numpy as np
 from rec import progress
 from rec.config.cost import CostConfig
 from rec.config.search import SearchConfig
+from rec.cost.types import Options
 from rec.search.assignment import Assignment
 from rec.search.bound import LowerBound
 from rec.search.candidates import Ladder
@@ -43,8 +44,14 @@ def build_search_space(spec: Spec, topology: Topology, cost: CostConfig = CostCo
 
     options = enumerate_options(spec, topology, cost, load_factors)
     hbm_cap, ddr_cap = rank_capacity(spec, topology)
-    space = build_space(options, len(spec.tables), topology.world_size,
-                        topology.local_world_size, hbm_cap, ddr_cap)
+    return _checked_space(options, spec, topology, cost, load_factors, hbm_cap, ddr_cap)
+
+
+def _checked_space(options: Options, spec: Spec, topology: Topology, cost: CostConfig,
+                   load_factors: np.ndarray | None, hbm_cap: np.ndarray, ddr_cap: np.ndarray) -> SearchSpace:
+    """The space of ``options`` on the ranks' capacity, with the cache sizes a plan chose; InputError
+    where no memory is left for tables or a table fits no rank."""
+    space = build_space(options, len(spec.tables), topology.world_size, topology.local_world_size, hbm_cap, ddr_cap)
     if load_factors is not None and not np.isnan(load_factors).all():
         space = replace(space, chosen_load_factor=np.asarray(load_factors, dtype=np.float64))
     check_capacity_left(space, topology)
@@ -78,13 +85,7 @@ def recosted_space(space: SearchSpace, spec: Spec, topology: Topology, cost: Cos
             raise ValueError(f"option {o}: a cache size changed its shards")
         perf[mine], hbm[mine], ddr[mine] = sub.perf[theirs], sub.hbm[theirs], sub.ddr[theirs]
     options = replace(opts, perf=perf, hbm=hbm, ddr=ddr)
-    rebuilt = build_space(options, space.num_tables, space.world_size, space.local_world_size,
-                          space.hbm_cap, space.ddr_cap)
-    if not np.isnan(factors).all():
-        rebuilt = replace(rebuilt, chosen_load_factor=factors)
-    check_capacity_left(rebuilt, topology)
-    check_every_table_fits(rebuilt, spec, topology, cost)
-    return rebuilt
+    return _checked_space(options, spec, topology, cost, factors, space.hbm_cap, space.ddr_cap)
 
 
 def search_result(space: SearchSpace, config: SearchConfig = SearchConfig(), mapper: Mapper | None = None,

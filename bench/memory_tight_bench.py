@@ -15,7 +15,12 @@ default profile, twice: with the statistics (TorchRec adds their prefetch term f
 factor the plan gives) and without. A plan
 over any rank's HBM after TorchRec's storage reservation is flagged.
 
-    .venv/bin/python bench/memory_tight_bench.py [--count 16] [--out bench/results/memory_tight_bench.json]
+``--constrained`` gives some tables what a user sets in ``ParameterConstraints`` (``user_settings``):
+a sharding-type or kernel allow-list, a fixed cache load factor, and statistics of a hot set of rows
+instead of Zipf ones; every planner gets the same constraints.
+
+    .venv/bin/python bench/memory_tight_bench.py [--count 16] [--first-seed 3000] [--constrained] \\
+        [--out bench/results/memory_tight_bench.json]
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import time
 import warnings
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,22 +63,58 @@ def zipf_hit_rate(fraction: float, rows: int, alpha: float) -> float:
     return min(1.0, harmonic(fraction * rows) / harmonic(rows))
 
 
-class ZipfStats:
-    """TorchRec's ``CacheStatistics`` of Zipf ids: the miss rate at a cache of ``clf`` of the rows; distinct ids."""
+class Stats:
+    """TorchRec's ``CacheStatistics``: the miss rate at a cache of ``clf`` of the rows (a subclass's);
+    the distinct ids per batch, ``lookups``."""
 
-    def __init__(self, rows: int, alpha: float, lookups: float) -> None:
-        self.rows, self.alpha, self._lookups = rows, alpha, lookups
+    def __init__(self, lookups: float) -> None:
+        self._lookups = lookups
 
     @property
     def expected_lookups(self) -> float:
         return self._lookups
 
     def expected_miss_rate(self, clf: float) -> float:
-        return 1.0 - zipf_hit_rate(clf, self.rows, self.alpha)
+        raise NotImplementedError
 
     @property
     def cacheability(self) -> float:  # the mean miss rate over cache sizes: 0 easy to cache, 1 hard
         return float(np.mean([self.expected_miss_rate(f) for f in np.linspace(0.01, 1.0, 100)]))
+
+
+class ZipfStats(Stats):
+    """The statistics of Zipf(``alpha``) ids over ``rows``."""
+
+    def __init__(self, rows: int, alpha: float, lookups: float) -> None:
+        super().__init__(lookups)
+        self.rows, self.alpha = rows, alpha
+
+    def expected_miss_rate(self, clf: float) -> float:
+        return 1.0 - zipf_hit_rate(clf, self.rows, self.alpha)
+
+
+class HotSetStats(Stats):
+    """The statistics of ids that are not Zipf: a hot ``hot`` share of the rows serves ``share`` of the
+    lookups, uniform within the hot and within the cold rows."""
+
+    def __init__(self, hot: float, share: float, lookups: float) -> None:
+        super().__init__(lookups)
+        self.hot, self.share = hot, share
+
+    def expected_miss_rate(self, clf: float) -> float:
+        if clf <= self.hot:
+            return 1.0 - self.share * clf / self.hot
+        return max(0.0, (1.0 - self.share) * (1.0 - (clf - self.hot) / (1.0 - self.hot)))
+
+
+@dataclass(frozen=True)
+class UserSettings:
+    """What a drop-in user may set on a table's ``ParameterConstraints`` (``--constrained``)."""
+
+    sharding_types: tuple[str, ...] | None = None
+    compute_kernels: tuple[str, ...] | None = None
+    load_factor: float | None = None  # CacheParams.load_factor, fixed
+    hot_set: tuple[float, float] | None = None  # HotSetStats (hot, share) instead of Zipf statistics
 
 
 @dataclass(frozen=True)
@@ -86,6 +127,7 @@ class Table:
     alpha: float  # Zipf exponent of its ids
     features: int = 1
     pooled: bool = True
+    user: UserSettings = UserSettings()
 
 
 def _power_law(rng: np.random.Generator) -> list[Table]:
@@ -141,8 +183,9 @@ class Workload:
     times_hbm: float
 
 
-def workload(seed: int) -> Workload:
-    """Seed ``seed``'s workload: a generator, a topology, and the tables scaled to ``times_hbm`` the ranks' HBM."""
+def workload(seed: int, constrained: bool = False) -> Workload:
+    """Seed ``seed``'s workload: a generator, a topology, and the tables scaled to ``times_hbm`` the ranks'
+    HBM; ``constrained``: the same tables, some with a user's settings (``user_settings``)."""
     rng = np.random.default_rng(seed)
     kind = list(GENERATORS)[seed % len(GENERATORS)]
     tables = GENERATORS[kind](rng)
@@ -159,7 +202,26 @@ def workload(seed: int) -> Workload:
     scale = spare / sum(weights(t) for t in big)
     grown = tuple(Table(t.name, max(1, int(t.rows * scale)), t.dim, t.pooling, t.fp16, t.alpha, t.features, t.pooled)
                   if t.rows >= 100_000 else t for t in tables)
-    return Workload(f"{kind}-{seed}", grown, world, local, hbm, batch, times)
+    if constrained:
+        settings = np.random.default_rng([seed, 1])
+        grown = tuple(replace(t, user=user_settings(settings, t)) for t in grown)
+    return Workload(f"{kind}-{seed}" + ("-constrained" if constrained else ""), grown, world, local, hbm, batch,
+                    times)
+
+
+def user_settings(rng: np.random.Generator, t: Table) -> UserSettings:
+    """A table's settings as users give them: half the tables hot-set statistics; 15% a sharding-type
+    allow-list, 10% a kernel allow-list, 7% of the large ones a fixed cache load factor."""
+    pick, stats, hot, share = rng.random(), rng.random(), rng.uniform(0.01, 0.2), rng.uniform(0.6, 0.99)
+    load_factor = float(rng.choice((0.05, 0.1, 0.3)))
+    user = UserSettings(hot_set=(float(hot), float(share)) if stats < 0.5 else None)
+    if pick < 0.15:
+        return replace(user, sharding_types=("table_wise", "row_wise"))
+    if pick < 0.25:
+        return replace(user, compute_kernels=("fused", "fused_uvm_caching"))
+    if pick < 0.32 and t.rows >= 100_000:
+        return replace(user, load_factor=load_factor)
+    return user
 
 
 def spec_of(w: Workload) -> Spec:
@@ -194,9 +256,15 @@ def constraints_of(w: Workload, with_stats: bool) -> dict[str, Any]:
     for t in w.tables:
         lookups = w.batch_size * w.world_size * t.pooling * t.features
         distinct = t.rows * (1 - math.exp(-lookups / t.rows))  # an upper bound on the distinct ids, uniform draws
-        stats = ZipfStats(t.rows, t.alpha, distinct) if with_stats else None
-        out[t.name] = ParameterConstraints(pooling_factors=[t.pooling] * t.features,
-                                           cache_params=CacheParams(stats=stats) if stats else None)
+        stats: Stats | None = None
+        if with_stats:
+            stats = HotSetStats(*t.user.hot_set, distinct) if t.user.hot_set else ZipfStats(t.rows, t.alpha, distinct)
+        given = stats is not None or t.user.load_factor is not None
+        out[t.name] = ParameterConstraints(
+            pooling_factors=[t.pooling] * t.features,
+            sharding_types=list(t.user.sharding_types) if t.user.sharding_types else None,
+            compute_kernels=list(t.user.compute_kernels) if t.user.compute_kernels else None,
+            cache_params=CacheParams(load_factor=t.user.load_factor, stats=stats) if given else None)
     return out
 
 
@@ -218,8 +286,6 @@ class Rating:
 def rate(plan: Any, model: Any, w: Workload, sharders: list[Any], with_stats: bool) -> Rating:
     """TorchRec's rating of a ``ShardingPlan``: each table's option enumerated at the plan's cache size,
     its shards on the plan's ranks."""
-    from dataclasses import replace
-
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
     from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
     from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
@@ -320,6 +386,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--count", type=int, default=16, help="workloads, seeds 3000 on (default 16: 4 of each generator)")
     p.add_argument("--first-seed", type=int, default=SEEDS.start)
+    p.add_argument("--constrained", action="store_true",
+                   help="tables carry a user's settings too: sharding-type and kernel allow-lists, fixed cache load "
+                        "factors, hot-set statistics instead of Zipf ones (user_settings)")
     p.add_argument("--timeout", type=int, default=300, help="TorchRec planner timeout_seconds (default 300)")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "memory_tight_bench.json",
                    help="the results as JSON (default bench/results/memory_tight_bench.json)")
@@ -330,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     for seed in range(args.first_seed, args.first_seed + args.count):
         if seed not in SEEDS:
             p.error(f"seed {seed} is outside the bench's reserved range {SEEDS.start}-{SEEDS.stop - 1}")
-        w = workload(seed)
+        w = workload(seed, args.constrained)
         result = plan_all(w, args.timeout)
         row = summary(w, result)
         rows.append(row)
@@ -352,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     by_kind: dict[str, list[float]] = defaultdict(list)
     for r in rows:
         if r["ratio"] is not None:
-            by_kind[r["workload"].rsplit("-", 1)[0]].append(r["ratio"])
+            by_kind[r["workload"].split("-", 1)[0]].append(r["ratio"])
     for kind, values in by_kind.items():
         print(f"  {kind}: {', '.join(f'{v:.3f}' for v in values)}")
     return 0

@@ -36,3 +36,42 @@ def test_zipf_statistics_are_torchrecs_cache_statistics(bench):
     assert misses[0] == 1.0 and misses[-1] == 0.0 and misses == sorted(misses, reverse=True)
     assert 0 < stats.cacheability < 1 and stats.expected_lookups == 1e5
     assert math.isclose(bench.zipf_hit_rate(1.0, 1000, 1.0), 1.0)
+
+
+def test_a_constrained_workload_is_the_same_tables_with_the_settings_a_user_gives_torchrec(bench):
+    """``--constrained``: the plain workload's tables, some with an allow-list, a fixed load factor or
+    hot-set statistics, handed to every planner as TorchRec ``ParameterConstraints``."""
+    given = {"sharding_types": 0, "compute_kernels": 0, "load_factor": 0, "hot_set": 0}
+    for seed in range(bench.SEEDS.start, bench.SEEDS.start + 8):
+        plain, constrained = bench.workload(seed), bench.workload(seed, constrained=True)
+        assert constrained.name == f"{plain.name}-constrained"
+        assert [replace_user(t) for t in constrained.tables] == list(plain.tables)
+        constraints = bench.constraints_of(constrained, with_stats=True)
+        for t in constrained.tables:
+            c = constraints[t.name]
+            assert c.sharding_types == (list(t.user.sharding_types) if t.user.sharding_types else None)
+            assert c.compute_kernels == (list(t.user.compute_kernels) if t.user.compute_kernels else None)
+            assert c.cache_params.load_factor == t.user.load_factor
+            kind = bench.HotSetStats if t.user.hot_set else bench.ZipfStats
+            assert isinstance(c.cache_params.stats, kind)
+            for name in given:
+                given[name] += getattr(t.user, name) is not None
+        without = bench.constraints_of(constrained, with_stats=False)
+        assert all(without[t.name].cache_params is None for t in constrained.tables if t.user.load_factor is None)
+    assert all(given.values()), given
+
+
+def replace_user(table):
+    from dataclasses import replace
+
+    from bench.memory_tight_bench import UserSettings
+
+    return replace(table, user=UserSettings())
+
+
+def test_hot_set_statistics_are_torchrecs_cache_statistics(bench):
+    stats = bench.HotSetStats(hot=0.05, share=0.9, lookups=1e4)
+    misses = [stats.expected_miss_rate(f) for f in (0.0, 0.025, 0.05, 0.5, 1.0)]
+    assert misses[0] == 1.0 and misses[-1] == 0.0 and misses == sorted(misses, reverse=True)
+    assert misses[1] == pytest.approx(0.55) and misses[2] == pytest.approx(0.1)  # the hot rows serve 90%
+    assert 0 < stats.cacheability < 1 and stats.expected_lookups == 1e4

@@ -29,6 +29,7 @@ from rec.train.lifetime import LAUNCHER_MODULE
 from rec.train.resume import latest, step_dir
 from tasks.launch import TRAIN_JOB
 from tasks.run_dirs import lock_dir
+from tests.bytecode import without_bytecode
 from tests.paths import CPU_2PROC, DEMO, ROOT, SHARDFLOW
 
 pytestmark = pytest.mark.slow  # real torchrun trainings
@@ -190,8 +191,8 @@ def test_a_full_disk_during_training_is_one_line_naming_the_path_and_earlier_out
 
     r = subprocess.run(shardflow_train(plan_dir, out, "--resume", "--iterations", str(step + 3),
                                        "--checkpoint-every", "1"),
-                       cwd=ROOT, capture_output=True, text=True, env=environment(stopped.temp), timeout=600,
-                       preexec_fn=file_size_limit)
+                       cwd=ROOT, capture_output=True, text=True, env=without_bytecode(environment(stopped.temp)),
+                       timeout=600, preexec_fn=file_size_limit)
     assert r.returncode == 1, r.stderr[-3000:]
     assert "Traceback" not in r.stderr
     failure = [line for line in r.stderr.splitlines() if line.startswith("shardflow train:")]

@@ -19,6 +19,7 @@ from rec.planning import replan_spec
 from tasks.ingest import ingest
 from tasks.paths import plan_cache_dir
 from tasks.search import SearchSettings, plan_key, search_plan
+from tests.bytecode import without_bytecode
 from tests.paths import CPU_2PROC, DEMO, SHARDFLOW
 from tests.rec.plan_edits import all_on_rank_0, chart_of, move_first_table
 
@@ -59,7 +60,7 @@ def test_a_full_disk_during_plan_is_one_line_and_the_earlier_plan_survives(tmp_p
 
     # Another plan (a shorter exact stage), so that every file would change.
     r = shardflow("plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(out), "--time-limit", "0",
-                  cwd=tmp_path, preexec_fn=file_size_limit)
+                  cwd=tmp_path, preexec_fn=file_size_limit, env=without_bytecode())
     assert r.returncode == 1, r.stderr
     assert r.stderr.count("\n") == 1 and str(out) in r.stderr and "File too large" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr

@@ -13,6 +13,7 @@ import pytest
 
 from rec.disk_full import DiskFull, disk_full_cause, writing
 from rec.train.rank_log import error_from_line, read_errors
+from tests.bytecode import without_bytecode
 from tests.paths import ROOT
 
 
@@ -21,8 +22,9 @@ def run_limited(code: str, file_size_limit: int, cwd: Path) -> subprocess.Comple
     (writing more fails with EFBIG, as a full disk fails with ENOSPC)."""
     prelude = (f"import resource\nresource.setrlimit(resource.RLIMIT_FSIZE, ({file_size_limit}, "
                f"{file_size_limit}))\n")
+    env = without_bytecode({"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], cwd=cwd, capture_output=True,
-                          text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=120)
+                          text=True, env=env, timeout=120)
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")

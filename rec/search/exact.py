@@ -209,6 +209,9 @@ def _neighbourhoods(space: SearchSpace, incumbent: Assignment, bound: LowerBound
     deadline = time.perf_counter() + task.seconds
     a = incumbent.copy()
     stale, step, spent, capped = 0, 0, 0, False
+    # The rank sets solved since the incumbent last changed: on few ranks the steps' partners run
+    # out and a step would solve the same MILP from the same start again, to the same end.
+    tried: set[tuple[int, ...]] = set()
     while spent < task.budget and stale < NEIGHBOURHOOD_PATIENCE:
         if a.critical_path <= (1 + OPTIMALITY_TOLERANCE) * bound.value:
             break
@@ -216,8 +219,13 @@ def _neighbourhoods(space: SearchSpace, incumbent: Assignment, bound: LowerBound
         if left <= 0:
             capped = True
             break
-        found, out = _neighbourhood_step(space, a, step, left)
+        ranks = _neighbourhood_ranks(a, step)
         step += 1
+        if ranks is None or tuple(ranks.tolist()) in tried:
+            stale += 1
+            continue
+        tried.add(tuple(ranks.tolist()))
+        found, out = _neighbourhood_step(space, a, ranks, left)
         if out is None:
             stale += 1
             continue
@@ -225,26 +233,31 @@ def _neighbourhoods(space: SearchSpace, incumbent: Assignment, bound: LowerBound
         capped |= out.capped
         if found is not None and found.critical_path < a.critical_path * (1 - TIME_NOISE):
             refine(space, found)
-            a, stale = found, 0
+            a, stale, tried = found, 0, set()
         else:
             stale += 1
     better = a if a.critical_path < incumbent.critical_path else None
     return ExactOutcome(better, 0.0, capped, {"neighbourhood_steps": step, "neighbourhood_iterations": spent})
 
 
-def _neighbourhood_step(space: SearchSpace, a: Assignment, step: int,
-                        seconds: float) -> tuple[Assignment | None, MilpOutcome | None]:
-    """Free the tables on the busiest ranks and ``step``'s partners; solve that MILP."""
+def _neighbourhood_ranks(a: Assignment, step: int) -> np.ndarray | None:
+    """The busiest ranks and ``step``'s partners among the others, sorted; None if there are no others."""
     cp = a.critical_path
     busiest = np.flatnonzero(a.loads >= cp * (1 - SOLVER_TOLERANCE))
     partners_n = NEIGHBOURHOOD_PARTNERS[step % len(NEIGHBOURHOOD_PARTNERS)]
     order = np.argsort(a.loads, kind="stable")
     order = order[~np.isin(order, busiest)]
     if not len(order):
-        return None, None
+        return None
     offset = (step // len(NEIGHBOURHOOD_PARTNERS)) * partners_n % len(order)
     partners = np.roll(order, -offset)[:partners_n]
-    ranks = np.sort(np.concatenate((busiest, partners)))
+    return np.sort(np.concatenate((busiest, partners)))
+
+
+def _neighbourhood_step(space: SearchSpace, a: Assignment, ranks: np.ndarray,
+                        seconds: float) -> tuple[Assignment | None, MilpOutcome | None]:
+    """Free the tables on ``ranks``; solve that MILP."""
+    cp = a.critical_path
     tables = tables_within(space, a, ranks)
     if not len(tables):
         return None, None

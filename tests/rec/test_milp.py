@@ -184,3 +184,27 @@ def test_torchrec_rates_exact_stage_plans_as_shardflow_does(spec, topology, conf
         logging.disable(logging.NOTSET)
     assert score.critical_path == pytest.approx(plan.metrics.critical_path, rel=1e-9)
     assert score.over_capacity == ()
+
+
+def test_the_neighbourhood_search_solves_no_milp_twice_from_one_incumbent(monkeypatch):
+    """On 4 ranks the steps' partners run out: a step whose ranks were solved from the same incumbent
+    would solve the same MILP to the same end again. Each is solved once; the plan only improves."""
+    from rec.search import exact
+
+    space = build_search_space(tight_spec(12, 3), cuda(4, 4, "2GiB", 1024))
+    config = SearchConfig()
+    bound, ladder = prepare(space, config)
+    incumbent = heuristic(space, ladder, config, bound)
+    solved: list[tuple[bytes, bytes]] = []
+
+    def recorded(model, limits, start=None, options=None):
+        solved.append((np.asarray(model.cost).tobytes() + np.asarray(model.col_upper).tobytes(),
+                       np.asarray(start).tobytes()))
+        return solve(model, limits, start, options)
+
+    monkeypatch.setattr(exact, "solve", recorded)
+    task = exact.ExactTask(exact.Strategy.NEIGHBOURHOODS, 30_000, 60.0)
+    outcome = exact.run_task(space, task, incumbent, bound)
+    assert len(solved) >= 3 and len(set(solved)) == len(solved)
+    assert outcome.info["neighbourhood_steps"] > len(solved)  # steps whose MILP was solved already
+    assert outcome.assignment is None or outcome.assignment.critical_path < incumbent.critical_path

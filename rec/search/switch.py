@@ -40,6 +40,7 @@ class DistinctOptions:
         self.total_ddr = opts.total(opts.ddr)
         self.starts = np.searchsorted(opts.table, np.arange(space.num_tables + 1))
         self._kept: dict[int, np.ndarray] = {}
+        self.shapes = Shapes(space)  # what place_option places them with
 
     def get(self, t: int, default: np.ndarray | tuple[()] = ()) -> np.ndarray | tuple[()]:
         """Table ``t``'s distinct options; ``default`` where it has no feasible one."""
@@ -118,7 +119,7 @@ def option_changes(space: SearchSpace, a: Assignment, rank: int, alternatives: D
                                 (total + float(space.work[o])) / space.world_size)
             if peak_at_least > bar.value * (1 + SKIP_MARGIN):
                 continue
-            placed = place_option(space, base, int(o))
+            placed = place_option(space, base, int(o), alternatives.shapes)
             if placed is not None:
                 yield int(t), int(o), placed
 
@@ -155,60 +156,111 @@ def without(space: SearchSpace, a: Assignment, t: int) -> Usage:
     return a.loads - perf, a.hbm - hbm, a.ddr - ddr
 
 
-def place_option(space: SearchSpace, base: Usage, o: int) -> Placed | None:
-    """Greedy placement of option ``o`` on top of ``base``; None if it does not fit."""
+@dataclass(frozen=True)
+class Shape:
+    """What option ``o`` adds to the ranks wherever it is placed: an EVERY_RANK option's usage on
+    every rank; a HOST_UNIFORM option's on the ranks of the host it takes (the same on each host),
+    and the sum's rounding that the ranks after that host get (``add_runs`` adds and subtracts each
+    run), so that a placement adds exactly what ``_usage`` gives for it."""
+
+    loads: np.ndarray
+    hbm: np.ndarray
+    ddr: np.ndarray
+    after: float = 0.0
+
+
+class Shapes:
+    """Each option's ``Shape``, worked out when first placed: a local search places the same few
+    options again at every step."""
+
+    def __init__(self, space: SearchSpace):
+        self.space = space
+        self._shapes: dict[int, Shape] = {}
+
+    def get(self, o: int) -> Shape:
+        if o not in self._shapes:
+            self._shapes[o] = _shape(self.space, o)
+        return self._shapes[o]
+
+
+def _shape(space: SearchSpace, o: int) -> Shape:
+    entries = np.arange(space.options.shard_start[o], space.options.shard_start[o + 1])
+    p, h, d = _usage(space, entries, space.entry_position[entries].astype(np.int64))
+    if int(space.placement[o]) == _EVERY_RANK:
+        return Shape(p, h, d)
+    lws = space.local_world_size
+    return Shape(p[:lws], h[:lws], d[:lws], float(p[lws]) if lws < space.world_size else 0.0)
+
+
+def place_option(space: SearchSpace, base: Usage, o: int, shapes: Shapes | None = None) -> Placed | None:
+    """Greedy placement of option ``o`` on top of ``base``; None if it does not fit. ``shapes``:
+    the options' shapes worked out so far (a local search's), else worked out here."""
+    kind = int(space.placement[o])
+    if kind == _EVERY_RANK or kind == _HOST_UNIFORM:
+        return _place_fixed(space, base, o, (shapes or Shapes(space)).get(o))
     loads, hbm, ddr = (x.copy() for x in base)
     opts = space.options
     entries = np.arange(opts.shard_start[o], opts.shard_start[o + 1])
-    kind = int(space.placement[o])
-    position = space.entry_position[entries]
     lws = space.local_world_size
-    if kind == _EVERY_RANK:
+    start = 0  # the shards go to ranks start, start + 1, ... of ``ranks`` ranks: all, or one host's
+    ranks = space.world_size
+    if kind == _HOST_FREE:
+        host_load = loads.reshape(space.num_hosts, lws).sum(axis=1)
+        start, ranks = int(np.argmin(host_load)) * lws, lws
+    on = slice(start, start + ranks)
+    first = np.empty(len(entries), dtype=np.int64)
+    order = np.argsort(-opts.perf[entries], kind="stable") if len(entries) > 1 else (0,)
+    for i in order:
+        e = entries[i]
+        room = ((hbm[on] + opts.hbm[e] <= space.hbm_cap[on]) & (ddr[on] + opts.ddr[e] <= space.ddr_cap[on]))
+        if not room.any():
+            return None
+        r = start + int(np.argmin(np.where(room, loads[on], np.inf)))
+        first[i] = r
+        loads[r] += opts.perf[e]
+        hbm[r] += opts.hbm[e]
+        ddr[r] += opts.ddr[e]
+    return Placed(loads, hbm, ddr, first)
+
+
+def _place_fixed(space: SearchSpace, base: Usage, o: int, shape: Shape) -> Placed | None:
+    """An EVERY_RANK option on every rank; a HOST_UNIFORM one on the host with the lowest peak."""
+    loads, hbm, ddr = base
+    position = space.entry_position[space.options.shard_start[o]:space.options.shard_start[o + 1]]
+    if int(space.placement[o]) == _EVERY_RANK:
+        loads, hbm, ddr = loads + shape.loads, hbm + shape.hbm, ddr + shape.ddr
         first = position.astype(np.int64)
-    elif kind == _HOST_UNIFORM:
-        host = _least_peak_host(space, loads, hbm, ddr, entries, position)
+    else:
+        host = _least_peak_host(space, loads, hbm, ddr, shape)
         if host is None:
             return None
+        lws = space.local_world_size
+        ranks = slice(host * lws, (host + 1) * lws)
+        loads, hbm, ddr = loads.copy(), hbm.copy(), ddr.copy()
+        loads[ranks] += shape.loads
+        hbm[ranks] += shape.hbm
+        ddr[ranks] += shape.ddr
+        if shape.after:
+            loads[ranks.stop:] += shape.after
         first = host * lws + position
-    else:
-        ranks = np.arange(space.world_size)
-        if kind == _HOST_FREE:
-            host_load = loads.reshape(space.num_hosts, lws).sum(axis=1)
-            ranks = int(np.argmin(host_load)) * lws + np.arange(lws)
-        first = np.empty(len(entries), dtype=np.int64)
-        for i in np.argsort(-opts.perf[entries], kind="stable"):
-            e = entries[i]
-            room = ((hbm[ranks] + opts.hbm[e] <= space.hbm_cap[ranks])
-                    & (ddr[ranks] + opts.ddr[e] <= space.ddr_cap[ranks]))
-            if not room.any():
-                return None
-            r = int(ranks[np.argmin(np.where(room, loads[ranks], np.inf))])
-            first[i] = r
-            loads[r] += opts.perf[e]
-            hbm[r] += opts.hbm[e]
-            ddr[r] += opts.ddr[e]
-        return Placed(loads, hbm, ddr, first)
-    p, h, d = _usage(space, entries, first)
-    loads, hbm, ddr = loads + p, hbm + h, ddr + d
     if (hbm > space.hbm_cap).any() or (ddr > space.ddr_cap).any():
         return None
     return Placed(loads, hbm, ddr, first)
 
 
 def _least_peak_host(space: SearchSpace, loads: np.ndarray, hbm: np.ndarray, ddr: np.ndarray,
-                     entries: np.ndarray, position: np.ndarray) -> int | None:
-    """The host whose ranks take the option's shards (at their ``position`` within it) with the
-    lowest busiest rank overall, the first of equals; None where no host has room. Every host gets
-    the same shards at the same positions, so their usage is computed once, on host 0."""
+                     shape: Shape) -> int | None:
+    """The host whose ranks take the option's shards (``shape``, the same on every host) with the
+    lowest busiest rank overall, the first of equals; None where no host has room."""
     lws, hosts = space.local_world_size, space.num_hosts
-    p, h, d = _usage(space, entries, position.astype(np.int64))
-    shape = (hosts, lws)
-    room = ((hbm.reshape(shape) + h[:lws] <= space.hbm_cap.reshape(shape))
-            & (ddr.reshape(shape) + d[:lws] <= space.ddr_cap.reshape(shape))).all(axis=1)
+    p, h, d = shape.loads, shape.hbm, shape.ddr
+    shape_ = (hosts, lws)
+    room = ((hbm.reshape(shape_) + h <= space.hbm_cap.reshape(shape_))
+            & (ddr.reshape(shape_) + d <= space.ddr_cap.reshape(shape_))).all(axis=1)
     if not room.any():
         return None
-    base = loads.reshape(shape)
-    own = (base + p[:lws]).max(axis=1)
+    base = loads.reshape(shape_)
+    own = (base + p).max(axis=1)
     others = base.max(axis=1)
     top = int(np.argmax(others))
     rest = np.delete(others, top)

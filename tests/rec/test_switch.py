@@ -74,3 +74,37 @@ def test_the_options_tried_are_exactly_those_no_other_option_of_the_table_domina
         feasible = np.flatnonzero((opts.table == t) & space.feasible).tolist()
         expected = [o for o in feasible if not any(dominates(p, o) for p in feasible)]
         assert list(kept.get(t, ())) == expected
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_a_placed_option_adds_exactly_its_shards_usage_on_the_ranks_it_names(seed):
+    """Every option placed on a random plan, with the shapes a local search keeps across its steps:
+    the loads and memory are the plan's plus the option's shards at the ranks the placement names
+    (to the last bit where the shards' ranks are fixed by the option, as ``usage`` sums them; shards
+    placed one by one add one by one), and within every rank's memory."""
+    from rec.search.placement import Placement
+    from rec.search.space import add_runs
+    from rec.search.switch import Shapes
+
+    fixed = (Placement.EVERY_RANK, Placement.HOST_UNIFORM)
+
+    space = random_space(seed)
+    opts = space.options
+    a = random_assignment(space, seed)
+    shapes = Shapes(space)
+    for o in np.flatnonzero(space.feasible):
+        for _ in range(2):  # the second placement reads the kept shape
+            placed = place_option(space, (a.loads, a.hbm, a.ddr), int(o), shapes)
+            if placed is None:
+                continue
+            entries = opts.shards(int(o))
+            rep = opts.repeat[entries].astype(np.int64)
+            first = placed.first.astype(np.int64)
+            expected = a.loads + add_runs(space, opts.perf[entries], first, rep)
+            if space.placement[o] in fixed:
+                assert (placed.loads == expected).all()
+            else:
+                assert placed.loads == pytest.approx(expected, rel=1e-12, abs=1e-12)
+            assert (placed.hbm == a.hbm + np.rint(add_runs(space, opts.hbm[entries].astype(float), first, rep))).all()
+            assert (placed.ddr == a.ddr + np.rint(add_runs(space, opts.ddr[entries].astype(float), first, rep))).all()
+            assert (placed.hbm <= space.hbm_cap).all() and (placed.ddr <= space.ddr_cap).all()

@@ -158,7 +158,7 @@ def without(space: SearchSpace, a: Assignment, t: int) -> Usage:
 
 @dataclass(frozen=True)
 class Shape:
-    """What option ``o`` adds to the ranks wherever it is placed: an EVERY_RANK option's usage on
+    """What an option adds to the ranks wherever it is placed: an EVERY_RANK option's usage on
     every rank; a HOST_UNIFORM option's on the ranks of the host it takes (the same on each host),
     and the sum's rounding that the ranks after that host get (``add_runs`` adds and subtracts each
     run), so that a placement adds exactly what ``_usage`` gives for it."""
@@ -202,12 +202,10 @@ def place_option(space: SearchSpace, base: Usage, o: int, shapes: Shapes | None 
     opts = space.options
     entries = np.arange(opts.shard_start[o], opts.shard_start[o + 1])
     lws = space.local_world_size
-    start = 0  # the shards go to ranks start, start + 1, ... of ``ranks`` ranks: all, or one host's
-    ranks = space.world_size
+    on = slice(0, space.world_size)  # the ranks the shards may take: all, or the least loaded host's
     if kind == _HOST_FREE:
-        host_load = loads.reshape(space.num_hosts, lws).sum(axis=1)
-        start, ranks = int(np.argmin(host_load)) * lws, lws
-    on = slice(start, start + ranks)
+        host = int(np.argmin(loads.reshape(space.num_hosts, lws).sum(axis=1)))
+        on = slice(host * lws, (host + 1) * lws)
     first = np.empty(len(entries), dtype=np.int64)
     order = np.argsort(-opts.perf[entries], kind="stable") if len(entries) > 1 else (0,)
     for i in order:
@@ -215,7 +213,7 @@ def place_option(space: SearchSpace, base: Usage, o: int, shapes: Shapes | None 
         room = ((hbm[on] + opts.hbm[e] <= space.hbm_cap[on]) & (ddr[on] + opts.ddr[e] <= space.ddr_cap[on]))
         if not room.any():
             return None
-        r = start + int(np.argmin(np.where(room, loads[on], np.inf)))
+        r = on.start + int(np.argmin(np.where(room, loads[on], np.inf)))
         first[i] = r
         loads[r] += opts.perf[e]
         hbm[r] += opts.hbm[e]
@@ -254,12 +252,12 @@ def _least_peak_host(space: SearchSpace, loads: np.ndarray, hbm: np.ndarray, ddr
     lowest busiest rank overall, the first of equals; None where no host has room."""
     lws, hosts = space.local_world_size, space.num_hosts
     p, h, d = shape.loads, shape.hbm, shape.ddr
-    shape_ = (hosts, lws)
-    room = ((hbm.reshape(shape_) + h <= space.hbm_cap.reshape(shape_))
-            & (ddr.reshape(shape_) + d <= space.ddr_cap.reshape(shape_))).all(axis=1)
+    grid = (hosts, lws)
+    room = ((hbm.reshape(grid) + h <= space.hbm_cap.reshape(grid))
+            & (ddr.reshape(grid) + d <= space.ddr_cap.reshape(grid))).all(axis=1)
     if not room.any():
         return None
-    base = loads.reshape(shape_)
+    base = loads.reshape(grid)
     own = (base + p).max(axis=1)
     others = base.max(axis=1)
     top = int(np.argmax(others))

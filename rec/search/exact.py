@@ -221,10 +221,11 @@ def _neighbourhoods(space: SearchSpace, incumbent: Assignment, bound: LowerBound
             break
         ranks = _neighbourhood_ranks(a, step)
         step += 1
-        if ranks is None or tuple(ranks.tolist()) in tried:
+        key = () if ranks is None else tuple(ranks.tolist())
+        if ranks is None or key in tried:
             stale += 1
             continue
-        tried.add(tuple(ranks.tolist()))
+        tried.add(key)
         found, out = _neighbourhood_step(space, a, ranks, left)
         if out is None:
             stale += 1

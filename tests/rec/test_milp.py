@@ -191,7 +191,7 @@ def test_the_neighbourhood_search_solves_no_milp_twice_from_one_incumbent(monkey
     would solve the same MILP to the same end again. Each is solved once; the plan only improves."""
     from rec.search import exact
 
-    space = build_search_space(tight_spec(12, 3), cuda(4, 4, "2GiB", 1024))
+    space = build_search_space(tight_spec(8, 3), cuda(4, 4, "2GiB", 1024))
     config = SearchConfig()
     bound, ladder = prepare(space, config)
     incumbent = heuristic(space, ladder, config, bound)

@@ -221,12 +221,11 @@ def _neighbourhoods(space: SearchSpace, incumbent: Assignment, bound: LowerBound
             break
         ranks = _neighbourhood_ranks(a, step)
         step += 1
-        key = () if ranks is None else tuple(ranks.tolist())
-        if ranks is None or key in tried:
+        if not ranks or ranks in tried:
             stale += 1
             continue
-        tried.add(key)
-        found, out = _neighbourhood_step(space, a, ranks, left)
+        tried.add(ranks)
+        found, out = _neighbourhood_step(space, a, np.array(ranks, dtype=np.int64), left)
         if out is None:
             stale += 1
             continue
@@ -241,18 +240,18 @@ def _neighbourhoods(space: SearchSpace, incumbent: Assignment, bound: LowerBound
     return ExactOutcome(better, 0.0, capped, {"neighbourhood_steps": step, "neighbourhood_iterations": spent})
 
 
-def _neighbourhood_ranks(a: Assignment, step: int) -> np.ndarray | None:
-    """The busiest ranks and ``step``'s partners among the others, sorted; None if there are no others."""
+def _neighbourhood_ranks(a: Assignment, step: int) -> tuple[int, ...]:
+    """The busiest ranks and ``step``'s partners among the others, sorted; none if there are no others."""
     cp = a.critical_path
     busiest = np.flatnonzero(a.loads >= cp * (1 - SOLVER_TOLERANCE))
     partners_n = NEIGHBOURHOOD_PARTNERS[step % len(NEIGHBOURHOOD_PARTNERS)]
     order = np.argsort(a.loads, kind="stable")
     order = order[~np.isin(order, busiest)]
     if not len(order):
-        return None
+        return ()
     offset = (step // len(NEIGHBOURHOOD_PARTNERS)) * partners_n % len(order)
     partners = np.roll(order, -offset)[:partners_n]
-    return np.sort(np.concatenate((busiest, partners)))
+    return tuple(np.sort(np.concatenate((busiest, partners))).tolist())
 
 
 def _neighbourhood_step(space: SearchSpace, a: Assignment, ranks: np.ndarray,

@@ -197,7 +197,7 @@ def place_option(space: SearchSpace, base: Usage, o: int, shapes: Shapes | None 
     the options' shapes worked out so far (a local search's), else worked out here."""
     kind = int(space.placement[o])
     if kind == _EVERY_RANK or kind == _HOST_UNIFORM:
-        return _place_fixed(space, base, o, (shapes or Shapes(space)).get(o))
+        return _place_fixed(space, base, o, kind, (shapes or Shapes(space)).get(o))
     loads, hbm, ddr = (x.copy() for x in base)
     opts = space.options
     entries = np.arange(opts.shard_start[o], opts.shard_start[o + 1])
@@ -221,11 +221,11 @@ def place_option(space: SearchSpace, base: Usage, o: int, shapes: Shapes | None 
     return Placed(loads, hbm, ddr, first)
 
 
-def _place_fixed(space: SearchSpace, base: Usage, o: int, shape: Shape) -> Placed | None:
-    """An EVERY_RANK option on every rank; a HOST_UNIFORM one on the host with the lowest peak."""
+def _place_fixed(space: SearchSpace, base: Usage, o: int, kind: int, shape: Shape) -> Placed | None:
+    """An EVERY_RANK option (``kind``) on every rank; a HOST_UNIFORM one on the host with the lowest peak."""
     loads, hbm, ddr = base
     position = space.entry_position[space.options.shard_start[o]:space.options.shard_start[o + 1]]
-    if int(space.placement[o]) == _EVERY_RANK:
+    if kind == _EVERY_RANK:
         loads, hbm, ddr = loads + shape.loads, hbm + shape.hbm, ddr + shape.ddr
         first = position.astype(np.int64)
     else:

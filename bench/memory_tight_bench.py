@@ -17,9 +17,11 @@ over any rank's HBM after TorchRec's storage reservation is flagged.
 
 ``--constrained`` gives some tables what a user sets in ``ParameterConstraints`` (``user_settings``):
 a sharding-type or kernel allow-list, a fixed cache load factor, and statistics of a hot set of rows
-instead of Zipf ones; every planner gets the same constraints.
+instead of Zipf ones; every planner gets the same constraints. ``--weighted`` puts 40% of the pooled
+tables in a weighted EmbeddingBagCollection (id-score lists, TorchRec's ``is_weighted``), which
+TorchRec's estimator prices with their weights.
 
-    .venv/bin/python bench/memory_tight_bench.py [--count 16] [--first-seed 3000] [--constrained] \\
+    .venv/bin/python bench/memory_tight_bench.py [--count 16] [--first-seed 3000] [--constrained] [--weighted] \\
         [--out bench/results/memory_tight_bench.json]
 """
 
@@ -128,6 +130,7 @@ class Table:
     features: int = 1
     pooled: bool = True
     user: UserSettings = UserSettings()
+    weighted: bool = False  # in the weighted EmbeddingBagCollection (id-score lists, ``--weighted``)
 
 
 def _power_law(rng: np.random.Generator) -> list[Table]:
@@ -183,9 +186,10 @@ class Workload:
     times_hbm: float
 
 
-def workload(seed: int, constrained: bool = False) -> Workload:
+def workload(seed: int, constrained: bool = False, weighted: bool = False) -> Workload:
     """Seed ``seed``'s workload: a generator, a topology, and the tables scaled to ``times_hbm`` the ranks'
-    HBM; ``constrained``: the same tables, some with a user's settings (``user_settings``)."""
+    HBM; ``constrained``: the same tables, some with a user's settings (``user_settings``);
+    ``weighted``: the same tables, 40% of the pooled ones in a weighted EmbeddingBagCollection."""
     rng = np.random.default_rng(seed)
     kind = list(GENERATORS)[seed % len(GENERATORS)]
     tables = GENERATORS[kind](rng)
@@ -205,8 +209,11 @@ def workload(seed: int, constrained: bool = False) -> Workload:
     if constrained:
         settings = np.random.default_rng([seed, 1])
         grown = tuple(replace(t, user=user_settings(settings, t)) for t in grown)
-    return Workload(f"{kind}-{seed}" + ("-constrained" if constrained else ""), grown, world, local, hbm, batch,
-                    times)
+    if weighted:
+        scored = np.random.default_rng([seed, 2])
+        grown = tuple(replace(t, weighted=t.pooled and bool(scored.random() < 0.4)) for t in grown)
+    name = f"{kind}-{seed}" + ("-constrained" if constrained else "") + ("-weighted" if weighted else "")
+    return Workload(name, grown, world, local, hbm, batch, times)
 
 
 def user_settings(rng: np.random.Generator, t: Table) -> UserSettings:
@@ -230,7 +237,8 @@ def spec_of(w: Workload) -> Spec:
         rows.append({"name": t.name, "num_embeddings": t.rows, "embedding_dim": t.dim, "pooling_factor": t.pooling,
                      "data_type": "FP16" if t.fp16 else "FP32", "pooling": "SUM" if t.pooled else "NONE",
                      "feature_names": [f"{t.name}_f{j}" for j in range(t.features)],
-                     "module": "model.ebc" if t.pooled else "model.ec"})
+                     "module": "model.weighted_ebc" if t.weighted else "model.ebc" if t.pooled else "model.ec",
+                     **({"is_weighted": True} if t.weighted else {})})
     return spec_from_rows(rows, source=w.name)
 
 
@@ -389,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--constrained", action="store_true",
                    help="tables carry a user's settings too: sharding-type and kernel allow-lists, fixed cache load "
                         "factors, hot-set statistics instead of Zipf ones (user_settings)")
+    p.add_argument("--weighted", action="store_true",
+                   help="40%% of the pooled tables in a weighted EmbeddingBagCollection (id-score lists, is_weighted)")
     p.add_argument("--timeout", type=int, default=300, help="TorchRec planner timeout_seconds (default 300)")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "memory_tight_bench.json",
                    help="the results as JSON (default bench/results/memory_tight_bench.json)")
@@ -399,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     for seed in range(args.first_seed, args.first_seed + args.count):
         if seed not in SEEDS:
             p.error(f"seed {seed} is outside the bench's reserved range {SEEDS.start}-{SEEDS.stop - 1}")
-        w = workload(seed, args.constrained)
+        w = workload(seed, args.constrained, args.weighted)
         result = plan_all(w, args.timeout)
         row = summary(w, result)
         rows.append(row)

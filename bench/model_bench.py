@@ -12,6 +12,9 @@ its own best plan, and on shardflow's shards and ranks (``torchrec_score``).
 shardflow is timed as the whole ``shardflow plan`` process (Parquet spec in, plan.json out; median
 of ``--repeat``) and in process (``plan_spec``); TorchRec's planner in process, once.
 
+Two more workloads (``weighted-8``, ``weighted-16``) hold a weighted EmbeddingBagCollection
+(id-score lists, ``is_weighted``) beside an unweighted one, as TorchRec's ``TestSparseNN`` does.
+
     .venv/bin/python bench/model_bench.py [--only two-tower-seq-8] [--repeat 3]
 """
 
@@ -78,6 +81,34 @@ def two_tower_seq_spec(seed: int = 0) -> Spec:
     return spec_from_rows(rows, source=f"two_tower_seq_spec(seed={seed})")
 
 
+SPARSE, WEIGHTED = "sparse.ebc", "sparse.weighted_ebc"
+
+
+def weighted_spec(seed: int = 0) -> Spec:
+    """A ranking model's two kinds of sparse features, as TorchRec's ``TestSparseNN`` holds them: 48
+    id lists in an EmbeddingBagCollection at ``sparse.ebc`` (2 id tables of 10^7.5-10^8 rows, 14
+    medium, 32 small) and 32 id-score lists in a weighted one at ``sparse.weighted_ebc``
+    (``is_weighted``: 10^3-10^7.5 rows, dims 32-128, 5-100 scored ids per sample)."""
+    rng = np.random.default_rng(seed)
+    rows: list[dict[str, Any]] = []
+    for i in range(2):
+        rows.append({"name": f"id_{i}", "num_embeddings": int(10 ** rng.uniform(7.5, 8)), "embedding_dim": 128,
+                     "pooling_factor": float(np.round(rng.uniform(1, 3), 1)), "module": SPARSE})
+    for i in range(14):
+        rows.append({"name": f"medium_{i:02d}", "num_embeddings": int(10 ** rng.uniform(5, 7)),
+                     "embedding_dim": int(rng.choice((32, 64, 128, 256))),
+                     "pooling_factor": float(np.round(rng.uniform(1, 40), 1)), "module": SPARSE})
+    for i in range(32):
+        rows.append({"name": f"small_{i:02d}", "num_embeddings": int(10 ** rng.uniform(1, 4)),
+                     "embedding_dim": int(rng.choice((16, 32, 64))),
+                     "pooling_factor": float(np.round(rng.uniform(1, 4), 1)), "module": SPARSE})
+    for i in range(32):
+        rows.append({"name": f"scored_{i:02d}", "num_embeddings": int(10 ** rng.uniform(3, 7.5)),
+                     "embedding_dim": int(rng.choice((32, 64, 128))), "is_weighted": True,
+                     "pooling_factor": float(np.round(rng.uniform(5, 100), 1)), "module": WEIGHTED})
+    return spec_from_rows(rows, source=f"weighted_spec(seed={seed})")
+
+
 @dataclass(frozen=True)
 class Workload:
     name: str
@@ -88,6 +119,8 @@ class Workload:
 WORKLOADS = [
     Workload("two-tower-seq-8", two_tower_seq_spec, "h100_1x8.yaml"),
     Workload("two-tower-seq-16", two_tower_seq_spec, "h100_2x8.yaml"),
+    Workload("weighted-8", weighted_spec, "h100_1x8.yaml"),
+    Workload("weighted-16", weighted_spec, "h100_2x8.yaml"),
 ]
 
 
@@ -103,6 +136,7 @@ def bench_workload(w: Workload, repeat: int, tmp: Path) -> dict[str, Any]:
         "workload": w.name, "tables": len(spec.tables), "world_size": topology.world_size,
         "topology": w.topology, "modules": {path: kind.value for path, kind in spec.modules.items()},
         "tables_per_module": _count(t.module for t in spec.tables),
+        "weighted_tables": sum(t.is_weighted for t in spec.tables),
         "loadavg_1m_at_start": os.getloadavg()[0],  # other work on the machine skews timings
     }
     cli_s = []

@@ -71,7 +71,7 @@ def _entries(plan: Plan, profile: Profile | None) -> tuple[np.ndarray, np.ndarra
                                 c.rows[mine], c.cols[mine],
                                 arrays.elem[t], arrays.batch_inputs[t], arrays.batch_outputs[t],
                                 pooled=arrays.pooled[t], miss_rate=miss,
-                                cache_fetches=arrays.cache_fetches[t]).total
+                                cache_fetches=arrays.cache_fetches[t], weighted=arrays.weighted[t]).total
         ids[mine] = shard_ids(st, topology.world_size, topology.local_world_size, arrays.batch_inputs[t])
     multiplier = profile.extensions.widest_dim_multiplier
     if not multiplier:

@@ -150,6 +150,7 @@ def _blocks(
             pooled=cols.pooled[t],
             miss_rate=cols.miss_rate[t],
             cache_fetches=cols.cache_fetches[t],
+            weighted=cols.weighted[t],
         ).total
         hbm, ddr = kernel_storage(parts, ck, topology.compute_device)
         runs = {

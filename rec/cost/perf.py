@@ -2,8 +2,9 @@
 
 Mirrors ``planner/estimator/estimator.py`` under a ``HardwarePerfConfig`` given by a profile
 (``rec.profile``; ``Profile()`` is TorchRec's default ``EmbeddingPerfEstimatorConfig``: all
-coefficients 1.0, hash-size coefficient 0, backward = 2 x forward) for training, unweighted features
-of pooled (EmbeddingBagCollection) and unpooled (EmbeddingCollection, ``is_pooled=False``) tables,
+coefficients 1.0, hash-size coefficient 0, backward = 2 x forward) for training, unweighted and
+weighted (``is_weighted``: ids and their weights are read, and backward adds the weights' gradient
+kernel) features of pooled (EmbeddingBagCollection) and unpooled (EmbeddingCollection, ``is_pooled=False``) tables,
 no qcomm codecs (every comm element is the table's element size) and 8-byte indices.
 ``prefetch_compute`` is TorchRec's for a table with cache statistics (``CacheParams.stats``: the rows
 its cache fetches, over the host link) and 0 for one without; a profile's ``cache_miss_multiplier``
@@ -15,7 +16,7 @@ no bit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -70,12 +71,14 @@ def shard_perf(
     pooled: np.ndarray | None = None,
     miss_rate: np.ndarray | None = None,
     cache_fetches: np.ndarray | None = None,
+    weighted: np.ndarray | None = None,
 ) -> ShardPerf:
     """``Perf`` of every shard (run) given its size (``rows`` x ``cols``) and its table's columns;
     ``pooled`` (default: all) says which tables' outputs are pooled; ``miss_rate`` (a profile's
     ``cache_miss_multiplier`` reads it) the share of a fused_uvm_caching shard's lookups its cache
     misses; ``cache_fetches`` (``rec.cost.tables``; None or 0: no statistics) the rows its table's
-    cache fetches per global batch, as TorchRec's estimator reads them from ``CacheStatistics``."""
+    cache fetches per global batch, as TorchRec's estimator reads them from ``CacheStatistics``;
+    ``weighted`` (None: none) which tables' features carry weights (an ``is_weighted`` module)."""
     w, lw = topology.world_size, topology.local_world_size
     st, d, e, bi, bo = sharding_type, cols, elem, batch_inputs, batch_outputs
     if st in (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE, ShardingType.TABLE_COLUMN_WISE):
@@ -95,6 +98,8 @@ def shard_perf(
     else:
         raise ValueError(f"unsupported sharding type {st}")
 
+    if weighted is not None and weighted.any():  # the weights are read beside the ids
+        sizes = replace(sizes, input_read=np.where(weighted, sizes.input_read * 2, sizes.input_read))
     coefficients = profile.coefficients.of(st, kernel)
     fwd = _compute(coefficients.fwd, sizes.input_read, sizes.lookup_fwd, sizes.output, rows, sizes.penalty,
                    device_bw)
@@ -105,6 +110,8 @@ def shard_perf(
         bwd = _compute(coefficients.bwd, sizes.input_read, sizes.lookup_bwd, sizes.output, rows, None, device_bw)
         fwd = _add_unique(fwd, coefficients.fwd, st, w, lw, bi, rows, d, e, device_bw)
         bwd = _add_unique(bwd, coefficients.bwd, st, w, lw, bi, rows, d, e, device_bw)
+    if weighted is not None and weighted.any():
+        bwd = _weighted_bwd(bwd, fwd, weighted, profile)
 
     x = profile.extensions
     fwd_comms: np.ndarray | float
@@ -134,6 +141,15 @@ def shard_perf(
         divisor = w if st == ShardingType.ROW_WISE else lw if st == ShardingType.TABLE_ROW_WISE else 1
         prefetch = cache_fetches / divisor * d * e / hw.hbm_to_ddr + zeros
     return ShardPerf(fwd, fwd_comms + zeros, bwd, bwd_comms + zeros, prefetch)
+
+
+def _weighted_bwd(bwd: np.ndarray, fwd: np.ndarray, weighted: np.ndarray, profile: Profile) -> np.ndarray:
+    """``compute_bwd_comp`` of weighted tables: the weighted-feature multiplier, then the weights'
+    gradient kernel (``weighted_kernel_multiplier`` x forward), in TorchRec's order."""
+    c = profile.coefficients
+    kernel = fwd * c.weighted_kernel_multiplier
+    out: np.ndarray = np.where(weighted, bwd * c.weighted_feature_bwd_compute_multiplier + kernel, bwd)
+    return out
 
 
 def block_usage_penalty(dims: np.ndarray) -> np.ndarray:

@@ -53,6 +53,7 @@ class TableArrays:
     batch_outputs: np.ndarray  # float64 output rows per rank batch: pooled, sum of min(1, pf) * 1.0 * B;
     # unpooled, batch_inputs
     pooled: np.ndarray  # bool: the table's module pools (an EmbeddingBagCollection)
+    weighted: np.ndarray  # bool: the table's ids carry weights (an is_weighted EmbeddingBagCollection)
     min_partition: np.ndarray  # int64 least column shard width (ParameterConstraints.min_partition); 0: none
     optimizer_multiplier: np.ndarray  # float64 optimizer state per weight byte
     load_factor: np.ndarray  # float64 share of the rows a fused_uvm_caching cache holds
@@ -114,6 +115,7 @@ def table_arrays(spec: Spec, batch_size: int, config: CostConfig, load_factors: 
         batch_inputs=inputs,
         batch_outputs=outputs,
         pooled=pooled,
+        weighted=np.fromiter((t.is_weighted for t in tables), bool, n),
         min_partition=min_partition,
         optimizer_multiplier=optimizer_multiplier(config.optimizer, dims),
         load_factor=load_factor,

@@ -3,9 +3,13 @@
 ``Columns`` holds a run of samples: labels, the dense matrix, and per id slot (``DataLayout.slots``:
 a feature column as tables of one size read it) its ids as one flat array with per-sample lengths,
 the layout of a KeyedJaggedTensor's values and lengths; ids mapped under ``--ids modulo|hash``. The
-slots of one column share its lengths. ``from_arrow`` checks every value on the way: a null or non-binary
-label, a dense list of the wrong width or with nulls, a null id, an id out of range under ``--ids
-error``: an ``InputError`` naming the column, how many rows, and the first row where it is.
+slots of one column share its lengths. A weighted feature's slots also hold its weights (the column
+``<feature>_weights``), float32, one per id, aligned with the ids: a KeyedJaggedTensor's weights.
+``from_arrow`` checks every value on the way: a null or non-binary label, a dense list of the wrong
+width or with nulls, a null id, an id out of range under ``--ids error``, a weights column missing or
+of another type, a weights list that is null (for a row with ids) or not as long as the row's ids, a
+null or non-finite weight: an ``InputError`` naming the column, how many rows, and the first row
+where it is.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rec.data.ids import IdsPolicy, map_ids, out_of_range
-from rec.data.layout import DENSE, LABEL, DataLayout
+from rec.data.layout import DENSE, LABEL, DataLayout, weights_column
 from rec.errors import InputError, Problem
 
 if TYPE_CHECKING:
@@ -34,34 +38,46 @@ class Columns:
     lengths: tuple[np.ndarray, ...]  # per slot (layout.slots): int32 (n,)
     offsets: tuple[np.ndarray, ...]  # per slot: int64 (n + 1,), from 0
     ids: tuple[np.ndarray, ...]  # per slot: int64, the ids of every row in order
+    weights: tuple[np.ndarray | None, ...]  # per slot: float32, one per id (aligned with ids); None: unweighted
 
     def __len__(self) -> int:
         return len(self.labels)
+
+    def weights_of(self, slot: int) -> np.ndarray:
+        """The weights of a weighted slot."""
+        weights = self.weights[slot]
+        if weights is None:
+            raise ValueError(f"slot {slot} is not weighted")
+        return weights
 
     def slice(self, start: int, stop: int) -> Columns:
         """Rows ``[start, stop)``."""
         return Columns(self.labels[start:stop], self.dense[start:stop],
                        tuple(n[start:stop] for n in self.lengths),
                        tuple(o[start:stop + 1] - o[start] for o in self.offsets),
-                       tuple(ids[o[start]:o[stop]] for ids, o in zip(self.ids, self.offsets, strict=True)))
+                       tuple(ids[o[start]:o[stop]] for ids, o in zip(self.ids, self.offsets, strict=True)),
+                       tuple(None if w is None else w[o[start]:o[stop]]
+                             for w, o in zip(self.weights, self.offsets, strict=True)))
 
     def take(self, rows: np.ndarray) -> Columns:
         """The rows ``rows`` (indices), in that order."""
         ones, counting = np.ones(len(rows), np.int32), np.arange(len(rows) + 1, dtype=np.int64)
-        lengths, offsets, ids = [], [], []
-        for n, o, values in zip(self.lengths, self.offsets, self.ids, strict=True):
+        lengths, offsets, ids, weights = [], [], [], []
+        for n, o, values, w in zip(self.lengths, self.offsets, self.ids, self.weights, strict=True):
             if len(values) == len(n) and (n == 1).all():  # one id per row (Criteo's features): one gather
                 lengths.append(ones)
                 offsets.append(counting)
-                ids.append(values[rows])
-                continue
-            taken = n[rows]
-            starts = o[rows]
-            new = _offsets(taken)
-            lengths.append(taken)
-            offsets.append(new)
-            ids.append(values[np.repeat(starts - new[:-1], taken) + np.arange(int(new[-1]), dtype=np.int64)])
-        return Columns(self.labels[rows], self.dense[rows], tuple(lengths), tuple(offsets), tuple(ids))
+                at = rows
+            else:
+                taken = n[rows]
+                new = _offsets(taken)
+                lengths.append(taken)
+                offsets.append(new)
+                at = np.repeat(o[rows] - new[:-1], taken) + np.arange(int(new[-1]), dtype=np.int64)
+            ids.append(values[at])
+            weights.append(None if w is None else w[at])
+        return Columns(self.labels[rows], self.dense[rows], tuple(lengths), tuple(offsets), tuple(ids),
+                       tuple(weights))
 
 
 def concat(parts: Sequence[Columns]) -> Columns:
@@ -72,7 +88,9 @@ def concat(parts: Sequence[Columns]) -> Columns:
     lengths = tuple(np.concatenate([p.lengths[c] for p in parts]) for c in range(len(first.lengths)))
     return Columns(np.concatenate([p.labels for p in parts]), np.concatenate([p.dense for p in parts]),
                    lengths, tuple(_offsets(n) for n in lengths),
-                   tuple(np.concatenate([p.ids[s] for p in parts]) for s in range(len(first.ids))))
+                   tuple(np.concatenate([p.ids[s] for p in parts]) for s in range(len(first.ids))),
+                   tuple(None if first.weights[s] is None else np.concatenate([p.weights_of(s) for p in parts])
+                         for s in range(len(first.weights))))
 
 
 def _offsets(lengths: np.ndarray) -> np.ndarray:
@@ -89,11 +107,16 @@ def from_arrow(table: pa.Table, layout: DataLayout, policy: IdsPolicy, locate: L
               else np.zeros(len(table), np.float32))
     dense = _dense(table.column(DENSE), layout.dense_in_features, locate, what, problems)
     lengths, offsets, values = [], [], []
+    weights: dict[str, np.ndarray] = {}
+    weighted = set(layout.weighted_columns)
     for name in layout.id_columns:
+        before = len(problems)
         n, o, v = read_ids(table.column(name), name, locate, what, problems)
         lengths.append(n)
         offsets.append(o)
         values.append(v)
+        if name in weighted:  # read once, whichever slots (tables of several sizes) read the ids
+            weights[name] = read_weights(table, name, n if len(problems) == before else None, locate, what, problems)
     at = [layout.id_columns.index(s.column) for s in layout.slots]
     ids = []
     for slot, c in zip(layout.slots, at, strict=True):
@@ -113,7 +136,8 @@ def from_arrow(table: pa.Table, layout: DataLayout, policy: IdsPolicy, locate: L
             ids.append(map_ids(v, slot.rows, policy))
     if problems:
         raise InputError(BAD_DATA, problems)
-    return Columns(labels, dense, tuple(lengths[c] for c in at), tuple(offsets[c] for c in at), tuple(ids))
+    return Columns(labels, dense, tuple(lengths[c] for c in at), tuple(offsets[c] for c in at), tuple(ids),
+                   tuple(weights[s.column] if s.weighted else None for s in layout.slots))
 
 
 def _count(n: int, what: str) -> str:
@@ -133,12 +157,18 @@ def _first(mask: np.ndarray) -> int:
     return int(np.argmax(mask))
 
 
-def type_problem(name: str, kind: pa.DataType, width: int) -> str | None:
-    """What is wrong with column ``name`` being of type ``kind`` (label, dense of ``width``, or a
-    feature's ids); None when it is a type training reads."""
+def type_problem(name: str, kind: pa.DataType, width: int, weights: bool = False) -> str | None:
+    """What is wrong with column ``name`` being of type ``kind`` (label, dense of ``width``, a
+    feature's ids, or with ``weights`` a weighted feature's weights); None when it is a type training
+    reads."""
     import pyarrow as pa
 
     listed = pa.types.is_list(kind) or pa.types.is_large_list(kind)
+    if weights:
+        if listed and (pa.types.is_floating(kind.value_type) or pa.types.is_integer(kind.value_type)):
+            return None
+        hint = "; store a row's weights as a list, as its ids" if pa.types.is_floating(kind) else ""
+        return f"is {kind}; a weighted feature's weights are list<float32> (or list<float64>), one per id{hint}"
     if name == LABEL:
         numeric = pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
         return None if numeric else f"is {kind}; a label is a number, 0 or 1"
@@ -244,10 +274,67 @@ def read_ids(column: pa.ChunkedArray, name: str, locate: Locate, what: str, prob
     return counts, offsets, ids
 
 
+def read_weights(table: pa.Table, feature: str, id_lengths: np.ndarray | None, locate: Locate, what: str,
+                 problems: list[Problem]) -> np.ndarray:
+    """Weighted feature ``feature``'s weights (column ``<feature>_weights``): float32, one per id, in
+    the order of its ids (``id_lengths``: the ids per row; None where the ids could not be read, and
+    the lengths are not compared). Every kind of problem is one line; zeros where there is one."""
+    import pyarrow.compute as pc
+
+    name = weights_column(feature)
+    where = f"{what} column {name!r}"
+    nothing = np.zeros(0 if id_lengths is None else int(id_lengths.sum()), np.float32)
+    if name not in table.column_names:
+        problems.append(Problem(where, f"is missing: weighted feature {feature!r} needs its weights, a list of one "
+                                       "float per id in each row (docs/training.md)"))
+        return nothing
+    array = _chunk(table.column(name))
+    wrong_type = type_problem(name, array.type, 0, weights=True)
+    if wrong_type:
+        problems.append(Problem(where, wrong_type))
+        return nothing
+    found = len(problems)
+    n = len(array)
+    null_rows = np.asarray(array.is_null()) if array.null_count else np.zeros(n, bool)
+    lengths = pc.fill_null(pc.list_value_length(array), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    if id_lengths is not None:
+        # A null list is an empty bag's weights, as a null list of ids is an empty bag.
+        nulls = null_rows & (id_lengths > 0)
+        if nulls.any():
+            problems.append(Problem(where, f"{_count(int(nulls.sum()), 'null list')} for rows with ids in {n:,} rows "
+                                           f"read, first at {locate(_first(nulls))}"))
+        wrong = ~null_rows & (lengths != id_lengths)
+        if wrong.any():
+            first = _first(wrong)
+            problems.append(Problem(where, (
+                f"{int(wrong.sum()):,} of {n:,} rows read do not hold one weight per id of {feature!r}, first "
+                f"{_count(int(lengths[first]), 'weight')} for {_count(int(id_lengths[first]), 'id')} at "
+                f"{locate(first)}")))
+    values = pc.list_flatten(array)
+    offsets = _offsets(lengths)
+    null_values = np.asarray(values.is_null()) if values.null_count else np.zeros(len(values), bool)
+    if values.null_count:
+        row = int(np.searchsorted(offsets, _first(null_values), side="right")) - 1
+        problems.append(Problem(where, f"{_count(values.null_count, 'null weight')} in {n:,} rows read, first at "
+                                       f"{locate(row)}"))
+    raw = values.to_numpy(zero_copy_only=False)  # nulls as NaN
+    with np.errstate(over="ignore", invalid="ignore"):
+        weights = raw.astype(np.float32, copy=False)
+    not_finite = ~np.isfinite(weights) & ~null_values
+    if not_finite.any():
+        first = _first(not_finite)
+        row = int(np.searchsorted(offsets, first, side="right")) - 1
+        problems.append(Problem(where, (
+            f"{_count(int(not_finite.sum()), 'weight')} not finite as float32 (NaN, infinite, or beyond "
+            f"+-3.4e38) in {n:,} rows read, first {float(raw[first]):g} at {locate(row)}")))
+    return nothing if len(problems) > found else weights
+
+
 def empty(layout: DataLayout, rows: int) -> Columns:
     """``rows`` rows of nothing (label 0, dense zeros, empty bags): padding that metrics leave out."""
     n = len(layout.slots)
     return Columns(np.zeros(rows, np.float32), np.zeros((rows, layout.dense_in_features), np.float32),
                    tuple(np.zeros(rows, np.int32) for _ in range(n)),
                    tuple(np.zeros(rows + 1, np.int64) for _ in range(n)),
-                   tuple(np.zeros(0, np.int64) for _ in range(n)))
+                   tuple(np.zeros(0, np.int64) for _ in range(n)),
+                   tuple(np.zeros(0, np.float32) if s.weighted else None for s in layout.slots))

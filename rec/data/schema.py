@@ -3,7 +3,9 @@
 ``data_problems`` reads the files' footers (schemas, row groups) and a sample of rows spread over
 the dataset, and names every column of the wrong type, every missing column, and every kind of bad
 value the sample shows (null or non-binary labels, dense rows of the wrong width, null ids, ids
-out of range under ``--ids error``), each with how many and an example row. The ranks check every
+out of range under ``--ids error``, weights that are null, non-finite or not one per id), each with
+how many and an example row. A spec whose feature is named as a weighted feature's weights column
+(``<feature>_weights``) is named first: no data can hold both. The ranks check every
 row they read the same way (``rec.data.columns.from_arrow``): what the sample misses stops the job
 as bad input.
 """
@@ -35,27 +37,34 @@ def data_problems(source: str, layout: DataLayout, policy: IdsPolicy, what: str 
     except InputError as e:
         return list(e.problems)
     problems = schema_problems(files, layout, what)
-    if any(c not in schema.names for _, schema in files.schemas for c in layout.columns):
-        return problems  # the sample needs every column
+    if layout.clashes(what) or any(c not in schema.names for _, schema in files.schemas for c in layout.columns):
+        return problems  # the sample needs every column, each of one meaning
     named = {p.where for p in problems}
     return problems + [p for p in sample_problems(files, layout, policy, what, sample_rows) if p.where not in named]
 
 
 def schema_problems(files: DataFiles, layout: DataLayout, what: str = "--data") -> list[Problem]:
-    """Every missing column and column of the wrong type, in each distinct schema of the files."""
+    """Every missing column and column of the wrong type, in each distinct schema of the files; only
+    the clashes of feature names with weights columns where the spec has any (``DataLayout.clashes``:
+    the spec, not the data, needs changing)."""
+    clashes = layout.clashes(what)
+    if clashes:
+        return clashes
     problems: list[Problem] = []
     several = len(files.schemas) > 1
+    weights = set(layout.weight_columns)
+    needs = ("label, " if layout.labelled else "") + "dense and one column of ids per feature name" + (
+        ", and one column <feature>_weights per feature of a weighted table" if weights else "")
     for file, schema in files.schemas:
         where = f"{what} column {{!r}}" + (f" of {files.paths[file]}" if several else "")
         missing = [c for c in layout.columns if c not in schema.names]
         if missing:
             problems.append(Problem(f"{what} {files.paths[file]}" if several else what,
-                                    f"has no column {', '.join(map(repr, missing))} (the data needs "
-                                    f"{'label, ' if layout.labelled else ''}dense and one column of ids per "
-                                    "feature name: docs/training.md)"))
+                                    f"has no column {', '.join(map(repr, missing))} (the data needs {needs}: "
+                                    "docs/training.md)"))
         for name in layout.columns:
             if name in schema.names:
-                reason = type_problem(name, schema.field(name).type, layout.dense_in_features)
+                reason = type_problem(name, schema.field(name).type, layout.dense_in_features, name in weights)
                 if reason:
                     problems.append(Problem(where.format(name), reason))
     return problems

@@ -7,8 +7,9 @@ feature's sequence). Each id is the ``r``-th hottest row of its table for a unif
 (``shardflow spec stats``), else the skew model ``rows x u**ID_SKEW`` (a few hot rows and a long
 tail, what the cost model's distinct-row terms assume, ``rec.cost.unique``). The hottest rows are
 then scattered over the table (``rec.hit_rates.spread``, a bijection), as hashed ids are, so every
-row-wise shard sees the table's skew rather than shard 0 holding its head. ``distinct`` batches are
-drawn once and cycled, so that drawing stays out of the timed loop.
+row-wise shard sees the table's skew rather than shard 0 holding its head. A weighted table's ids
+(``is_weighted``) each get a weight uniform in (0, 1], float32. ``distinct`` batches are drawn once
+and cycled, so that drawing stays out of the timed loop.
 """
 
 from __future__ import annotations
@@ -41,19 +42,27 @@ def table_ids(u: np.ndarray, rows: int, curve: Curve | None = None) -> np.ndarra
     return spread(row_of(u, rows, curve), rows)
 
 
+def synthetic_weights(count: int, rng: np.random.Generator) -> np.ndarray:
+    """``count`` weights of a weighted table's ids: uniform in (0, 1], float32."""
+    return 1 - rng.random(count, np.float32)
+
+
 def synthetic_columns(spec: Spec, batch_size: int, dense_in_features: int, rng: np.random.Generator) -> Columns:
     """One batch in ``DataLayout.per_feature(spec)``: module by module, each feature's ids drawn for
-    its table (Poisson(pooling factor) per sample, ``table_ids``), then dense and labels."""
-    lengths, offsets, values = [], [], []
+    its table (Poisson(pooling factor) per sample, ``table_ids``; a weighted table's then their
+    weights, ``synthetic_weights``), then dense and labels."""
+    lengths, offsets, values, weights = [], [], [], []
     for path in spec.modules:
         for _, table in feature_tables(tuple(t for t in spec.tables if t.module == path)):
             n = rng.poisson(table.pooling_factor, size=batch_size).astype(np.int32)
+            count = int(n.sum())
             lengths.append(n)
             offsets.append(np.concatenate([[0], np.cumsum(n, dtype=np.int64)]))
-            values.append(table_ids(rng.random(int(n.sum())), table.num_embeddings, table.hit_rate_curve))
+            values.append(table_ids(rng.random(count), table.num_embeddings, table.hit_rate_curve))
+            weights.append(synthetic_weights(count, rng) if table.is_weighted else None)
     dense = rng.random((batch_size, dense_in_features), np.float32)
     labels = (rng.random(batch_size) < CLICK_RATE).astype(np.float32)
-    return Columns(labels, dense, tuple(lengths), tuple(offsets), tuple(values))
+    return Columns(labels, dense, tuple(lengths), tuple(offsets), tuple(values), tuple(weights))
 
 
 @dataclass

@@ -15,6 +15,8 @@ from rec.sharding import ComputeDevice, ComputeKernel, ShardingType
 
 # TorchRec 1.8's empirical factors (torchrec/distributed/planner/constants.py), the defaults here.
 BWD_COMPUTE_MULTIPLIER = 2.0
+WEIGHTED_FEATURE_BWD_COMPUTE_MULTIPLIER = 1.0
+WEIGHTED_KERNEL_MULTIPLIER = 1.1
 BATCHED_COPY_PERF_FACTOR = 2.455
 DP_ELEMENTWISE_KERNELS_PERF_FACTOR = 9.22
 
@@ -61,8 +63,10 @@ class KernelCoefficients:
 
 @dataclass(frozen=True)
 class Coefficients:
-    """TorchRec's ``PerfCoefficientConfig`` for unweighted pooled features (the weighted-feature
-    multipliers and prefetch regression coefficients never apply to what shardflow plans).
+    """TorchRec's ``PerfCoefficientConfig`` (its prefetch regression coefficients never apply to what
+    shardflow plans), with the weighted-feature multipliers: a weighted table's backward is
+    ``weighted_feature_bwd_compute_multiplier`` x its unweighted backward, plus
+    ``weighted_kernel_multiplier`` x its forward for the weights' gradient kernel.
 
     Lookup order, as TorchRec's ``get_coefficients``: ``by_kernel`` (exact sharding type and
     kernel), then the sharding type's field (``column_wise`` also serves table_column_wise)."""
@@ -74,6 +78,8 @@ class Coefficients:
     data_parallel: ShardingCoefficients = field(default_factory=ShardingCoefficients)
     by_kernel: tuple[KernelCoefficients, ...] = ()  # sorted by (sharding type, kernel), one each
     bwd_compute_multiplier: float = BWD_COMPUTE_MULTIPLIER
+    weighted_feature_bwd_compute_multiplier: float = WEIGHTED_FEATURE_BWD_COMPUTE_MULTIPLIER
+    weighted_kernel_multiplier: float = WEIGHTED_KERNEL_MULTIPLIER
 
     def of(self, sharding_type: ShardingType, kernel: ComputeKernel) -> ShardingCoefficients:
         """The coefficients TorchRec's estimator uses for ``sharding_type`` on ``kernel``."""

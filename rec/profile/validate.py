@@ -42,7 +42,8 @@ from rec.validation import name as text_name
 
 PROFILE_FORMAT = "shardflow.profile/v1"
 KEYS = ("format", "name", "bandwidths", "kernel_bandwidths", "coefficients", "extensions", "machine")
-COEFFICIENT_KEYS = (*dict.fromkeys(SHARDING_COEFFICIENTS.values()), "by_kernel", "bwd_compute_multiplier")
+MULTIPLIER_KEYS = ("bwd_compute_multiplier", "weighted_feature_bwd_compute_multiplier", "weighted_kernel_multiplier")
+COEFFICIENT_KEYS = (*dict.fromkeys(SHARDING_COEFFICIENTS.values()), "by_kernel", *MULTIPLIER_KEYS)
 PASSES = ("fwd", "bwd")
 MAX_FACTOR = 1e6  # coefficients, multipliers and factors: far above any fit, and keeps estimates finite
 MAX_MS = 1e6  # fixed and latency terms: 1,000 s per shard
@@ -252,11 +253,12 @@ def _coefficients(value: object, problems: Problems) -> Coefficients:
         key: _sharding_coefficients(mapping[key], f"coefficients.{key}", problems)
         for key in dict.fromkeys(SHARDING_COEFFICIENTS.values()) if key in mapping
     }
-    if "bwd_compute_multiplier" in mapping:
-        try:
-            values["bwd_compute_multiplier"] = _FACTOR(mapping["bwd_compute_multiplier"])
-        except ValueError as e:
-            problems.add("coefficients.bwd_compute_multiplier", str(e))
+    for key in MULTIPLIER_KEYS:
+        if key in mapping:
+            try:
+                values[key] = _FACTOR(mapping[key])
+            except ValueError as e:
+                problems.add(f"coefficients.{key}", str(e))
     values["by_kernel"] = _by_kernel(mapping.get("by_kernel"), problems)
     return Coefficients(**values)
 
@@ -398,8 +400,9 @@ def _coefficients_to_dict(c: Coefficients) -> dict[str, Any]:
             by_kernel.setdefault(e.sharding_type.value, {})[e.compute_kernel.value] = \
                 _sharding_to_dict(e.coefficients, always=True)
         out["by_kernel"] = by_kernel
-    if c.bwd_compute_multiplier != Coefficients().bwd_compute_multiplier:
-        out["bwd_compute_multiplier"] = float(c.bwd_compute_multiplier)
+    for key in MULTIPLIER_KEYS:
+        if getattr(c, key) != getattr(Coefficients(), key):
+            out[key] = float(getattr(c, key))
     return out
 
 

@@ -62,7 +62,7 @@ def _columnar(table: Any, source: str) -> Spec:
     n = table.num_rows
     if not n or len(set(names)) != len(names) or not set(REQUIRED) <= set(names) <= set(COLUMNS):
         raise _Decline
-    if "min_partition" in names or "cache_load_factor" in names:  # rare: the row validator reads them
+    if {"min_partition", "cache_load_factor", "is_weighted"} & set(names):  # rare: the row validator reads them
         raise _Decline
     columns = {name: table.column(name).combine_chunks() for name in names}
     modules = _cells(columns.get("module"), "module", DEFAULT_MODULE, n)
@@ -89,7 +89,7 @@ def _columnar(table: Any, source: str) -> Spec:
     tables = tuple(
         map(TableSpec, table_names, rows.tolist(), dims.tolist(), features, pooling, data_type,
             pooling_factor.tolist(), sharding_types, compute_kernels, modules,
-            *(([None] * n, *stats) if stats else ()))  # min_partition, cache_load_factor: declined above
+            *(([None] * n, *stats) if stats else ()))  # min_partition, cache_load_factor (and is_weighted): declined
     )
     if (not one_module or unpooled.any()) and module_problems([vars(t) for t in tables]):
         raise _Decline

@@ -144,9 +144,9 @@ def _embedding_modules(model: nn.Module) -> Iterator[tuple[str, nn.Module, Modul
 def _table_rows(module: nn.Module, kind: ModuleKind, path: str,
                 constraints: Mapping[str, Any]) -> tuple[list[dict[str, Any]], str | None]:
     """The module's tables as spec rows, or why the module cannot be planned."""
+    weighted = False
     if kind is ModuleKind.EMBEDDING_BAG_COLLECTION:
-        if module.is_weighted():  # type: ignore[operator]
-            return [], "weighted (ids with per-id weights): shardflow's cost model rates unweighted features"
+        weighted = bool(module.is_weighted())  # type: ignore[operator]
         configs = module.embedding_bag_configs()  # type: ignore[operator]
     else:
         configs = module.embedding_configs()  # type: ignore[operator]
@@ -161,6 +161,8 @@ def _table_rows(module: nn.Module, kind: ModuleKind, path: str,
             "pooling": config.pooling.value if kind is ModuleKind.EMBEDDING_BAG_COLLECTION else Pooling.NONE.value,
             "module": path,
         }
+        if weighted:
+            row["is_weighted"] = True
         row.update(_constraint_cells(constraints.get(config.name)))
         rows.append(row)
     return rows, None

@@ -54,8 +54,9 @@ def embedding_configs(tables: Sequence[TableSpec], trained: bool = False) -> lis
 
 def embedding_module(kind: ModuleKind, tables: Sequence[TableSpec], device: torch.device | str = "meta",
                      trained: bool = False) -> nn.Module:
-    """The TorchRec module of ``kind`` holding ``tables`` (meta device: nothing is allocated);
-    ``trained``: its tables of the types they train as (``embedding_configs``)."""
+    """The TorchRec module of ``kind`` holding ``tables`` (meta device: nothing is allocated), weighted
+    where its tables are (``is_weighted``); ``trained``: its tables of the types they train as
+    (``embedding_configs``)."""
     import torch
     from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
@@ -64,7 +65,8 @@ def embedding_module(kind: ModuleKind, tables: Sequence[TableSpec], device: torc
     if kind is ModuleKind.EMBEDDING_COLLECTION:
         module = EmbeddingCollection(tables=configs, device=torch.device(device))
     else:
-        module = EmbeddingBagCollection(tables=configs, device=torch.device(device))
+        module = EmbeddingBagCollection(tables=configs, is_weighted=any(t.is_weighted for t in tables),
+                                        device=torch.device(device))
     return module
 
 

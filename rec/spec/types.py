@@ -46,6 +46,9 @@ class TableSpec:
     # TorchRec's CacheParams.load_factor: the share of the rows a fused_uvm_caching cache holds, fixed
     # by the user; None: the planner chooses it (rec.passes.cache_sizes).
     cache_load_factor: float | None = None
+    # TorchRec's EmbeddingBagCollection(is_weighted=True): each id comes with a weight (id-score lists),
+    # the pooled vector is the weighted sum or mean. Every table of a module agrees.
+    is_weighted: bool = False
 
     @property
     def bytes(self) -> float:

@@ -38,7 +38,7 @@ from rec.spec.limits import (
 )
 from rec.spec.types import DEFAULT_MODULE, Spec, TableSpec
 from rec.units import format_count
-from rec.validation import finite_number, integer, number_value, positive_integer, unknown_key
+from rec.validation import boolean, finite_number, integer, number_value, positive_integer, unknown_key
 
 MAX_COUNT = 2**63 - 1  # the statistics' counts: Parquet and Arrow hold them as int64
 
@@ -159,9 +159,9 @@ def _check_unique(parsed: list[tuple[int, dict[str, Any]]], problems: ProblemLis
 
 def module_problems(tables: Sequence[Mapping[str, Any]]) -> list[Problem]:
     """What TorchRec refuses in one module, given each table's parsed values (``TableSpec`` fields):
-    pooling NONE (an EmbeddingCollection) beside SUM/MEAN (an EmbeddingBagCollection), an
-    EmbeddingCollection's tables of different dims, allow-lists naming what the module's sharder
-    never offers."""
+    pooling NONE (an EmbeddingCollection) beside SUM/MEAN (an EmbeddingBagCollection), weighted
+    tables beside unweighted ones or in an EmbeddingCollection, an EmbeddingCollection's tables of
+    different dims, allow-lists naming what the module's sharder never offers."""
     problems = []
     by_module: dict[str, list[Mapping[str, Any]]] = {}
     for values in tables:
@@ -183,7 +183,17 @@ def module_problems(tables: Sequence[Mapping[str, Any]]) -> list[Problem]:
                 f"mixes pooling NONE (an EmbeddingCollection: {_list_some(unpooled)}) with SUM/MEAN (an "
                 f"EmbeddingBagCollection: {_list_some(pooled)}); a module is one or the other: give them "
                 "different modules")))
-        elif unpooled:
+        weighted = list(dict.fromkeys(v["name"] for v in members if v.get("is_weighted")))
+        if weighted and unpooled:
+            problems.append(Problem(f"module '{module}'", (
+                f"has weighted tables ({_list_some(weighted)}) and pooling NONE: an EmbeddingCollection takes "
+                "no per-id weights (TorchRec's is_weighted is an EmbeddingBagCollection's)")))
+        elif weighted and len(weighted) < len(pooled):
+            plain = [name for name in pooled if name not in weighted]
+            problems.append(Problem(f"module '{module}'", (
+                f"mixes weighted tables ({_list_some(weighted)}) with unweighted ones ({_list_some(plain)}); an "
+                "EmbeddingBagCollection is weighted or not as a whole: give them different modules")))
+        if unpooled and not pooled:
             dims = Counter(v["embedding_dim"] for v in members if "embedding_dim" in v)
             if len(dims) > 1:
                 found = ", ".join(f"{dim} ({_list_some([v['name'] for v in members if v.get('embedding_dim') == dim])})"
@@ -290,6 +300,13 @@ def _parse_stats_int(value: object) -> int:
 
 def _parse_distinct(value: object) -> float:
     return finite_number(value, "a number >= 0", minimum=0.0, text=True)
+
+
+def _parse_weighted(value: object) -> bool:
+    """true or false; CSV's text ``true``/``false`` too."""
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    return boolean(value)
 
 
 def _parse_load_factor(value: object) -> float:
@@ -448,6 +465,7 @@ CELL_PARSERS = {
     "module": _parse_module,
     "min_partition": _parse_positive_int,
     "cache_load_factor": _parse_load_factor,
+    "is_weighted": _parse_weighted,
     "stats_rows": _parse_stats_int,
     "stats_batch_size": _parse_stats_int,
     "distinct_per_batch": _parse_distinct,

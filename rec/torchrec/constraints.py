@@ -9,8 +9,10 @@ no estimate passes through to the table's ``ParameterSharding``, as TorchRec's p
 ``enforce_hbm``, ``stochastic_rounding``, ``bounds_check_mode``; ``feature_names`` is TorchRec's
 bookkeeping. The rest changes estimates in ways a spec cannot express and is refused unless it holds
 TorchRec's default: ``num_poolings``, ``batch_sizes`` other than the planner's batch size,
-``is_weighted``, ``output_dtype``, ``device_group`` other than the topology's device,
-``key_value_params``, ``use_virtual_table``, and ``cache_params`` with prefetching.
+``output_dtype``, ``device_group`` other than the topology's device,
+``key_value_params``, ``use_virtual_table``, and ``cache_params`` with prefetching. ``is_weighted``
+is an EmbeddingBagCollection's own (its ``is_weighted()``, which TorchRec's estimator reads before
+the constraint) and refused on an EmbeddingCollection's table, which takes no weights.
 """
 
 from __future__ import annotations
@@ -59,6 +61,9 @@ def table_constraints(c: Any, where: str, num_features: int, pooled: bool, batch
     elif factor != 1.0:
         cells["pooling_factor"] = factor
     problems += [Problem(where, reason) for reason in _refused(c, num_features, batch_size, device)]
+    if getattr(c, "is_weighted", False) and not pooled:
+        problems.append(Problem(where, "is_weighted on an EmbeddingCollection's table: TorchRec prices it as "
+                                       "weighted, but an EmbeddingCollection takes no per-id weights"))
     kernel = kernel_fields(c)
     cache = getattr(c, "cache_params", None)
     load_factor = getattr(cache, "load_factor", None) if cache is not None else None
@@ -102,8 +107,6 @@ def _refused(c: Any, num_features: int, batch_size: int, device: str) -> list[st
     if c.batch_sizes and any(b != batch_size for b in c.batch_sizes):
         out.append(f"batch_sizes other than the planner's batch_size {batch_size} are not modelled: every "
                    "feature is planned at batch_size")
-    if getattr(c, "is_weighted", False):
-        out.append("is_weighted: weighted features are not modelled by shardflow's cost model")
     if getattr(c, "output_dtype", None) is not None:
         out.append("output_dtype is not modelled: outputs are counted at the table's data type")
     group = getattr(c, "device_group", None)

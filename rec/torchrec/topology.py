@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from rec.cost.constants import HBM_TO_DDR_MEM_BW
 from rec.errors import InputError, Problem
-from rec.profile.types import BWD_COMPUTE_MULTIPLIER
+from rec.profile.types import BWD_COMPUTE_MULTIPLIER, WEIGHTED_FEATURE_BWD_COMPUTE_MULTIPLIER
 from rec.topology import topology_from_dict
 from rec.topology.types import Topology
 from rec.topology.validate import MS_PER_S
@@ -103,6 +103,8 @@ def topology_problems(topology: Any) -> list[Problem]:
             f"{type(comms).__name__} is not modelled: shardflow takes intra_host_bw and inter_host_bw")))
     hints = {
         "bwd_compute_multiplier": (BWD_COMPUTE_MULTIPLIER, "a profile's coefficients.bwd_compute_multiplier"),
+        "weighted_feature_bwd_compute_multiplier": (WEIGHTED_FEATURE_BWD_COMPUTE_MULTIPLIER,
+                                                    "a profile's coefficients.weighted_feature_bwd_compute_multiplier"),
         "hbm_to_ddr_mem_bw": (HBM_TO_DDR_MEM_BW, "a profile's bandwidths.hbm_to_ddr_mem_bw (bytes/s)"),
         "uneven_sharding_perf_multiplier": (UNEVEN_SHARDING_PERF_MULTIPLIER, None),
     }

@@ -4,7 +4,7 @@ and the training loop's wait for each batch is measured.
 
 A spec of one EmbeddingBagCollection at the default path (``one_default_ebc``) gets TorchRec's
 ``Batch`` (one KJT, shardflow's DLRM); any other a ``ModuleBatch``: one KJT per embedding module, so
-each module is fed its own features.
+each module is fed its own features. A weighted module's KJT carries its ids' weights.
 """
 
 from __future__ import annotations
@@ -30,13 +30,16 @@ STOP_POLL_S = 0.1  # how often a blocked producer looks whether the consumer has
 
 
 def module_kjts(columns: Columns, layout: DataLayout) -> dict[str, KeyedJaggedTensor]:
-    """Each embedding module's features of ``columns`` as one KeyedJaggedTensor."""
+    """Each embedding module's features of ``columns`` as one KeyedJaggedTensor; a weighted module's
+    with its features' weights (float32, one per id)."""
     out = {}
     for module in layout.modules:
         lengths = np.concatenate([columns.lengths[s] for s in module.slots])
         values = np.concatenate([columns.ids[s] for s in module.slots])
+        weights = torch.from_numpy(np.concatenate([columns.weights_of(s) for s in module.slots])) \
+            if module.weighted else None
         out[module.path] = KeyedJaggedTensor(keys=list(module.keys), values=torch.from_numpy(values),
-                                             lengths=torch.from_numpy(lengths))
+                                             weights=weights, lengths=torch.from_numpy(lengths))
     return out
 
 

@@ -111,7 +111,8 @@ def synthetic_features(spec: Spec, batch_size: int, seed: int, distinct: int,
                        device: torch.device) -> Iterator[dict[str, KeyedJaggedTensor]]:
     """Each module's ids for ``distinct`` batches, cycled, drawn on ``device`` as the training job
     draws them (``rec.data.synthetic``: Poisson(pooling factor) ids per sample and feature, each
-    table's from its hit-rate curve or the skew model, hot rows scattered; ``rec.train.synthetic_ids``).
+    table's from its hit-rate curve or the skew model, hot rows scattered; ``rec.train.synthetic_ids``;
+    a weighted table's ids each with a weight uniform in (0, 1], float32).
     A feature's lengths for every batch come in one draw and one host read, its ids in chunks of at
     most ``DRAW_CHUNK``: on a GPU, pools of millions of ids cost no host time per id."""
     generator = torch.Generator(device=device)
@@ -119,20 +120,24 @@ def synthetic_features(spec: Spec, batch_size: int, seed: int, distinct: int,
     made: list[dict[str, KeyedJaggedTensor]] = [{} for _ in range(distinct)]
     for path in spec.modules:
         features = feature_tables(tuple(t for t in spec.tables if t.module == path))
-        lengths, values, per_key = [], [], []
+        weighted = any(table.is_weighted for _, table in features)  # every table of a module agrees
+        lengths, values, weights, per_key = [], [], [], []
         for _, table in features:
             rates = torch.full((distinct, batch_size), float(table.pooling_factor), device=device)
             n = torch.poisson(rates, generator=generator).to(torch.int32)
             counts = [int(c) for c in n.sum(dim=1, dtype=torch.int64).tolist()]
             lengths.append(n)
             values.append(torch.split(_drawn_ids(sum(counts), table, generator, device), counts))
+            if weighted:
+                weights.append(torch.split(_drawn_weights(sum(counts), generator, device), counts))
             per_key.append(counts)
         keys = [f for f, _ in features]
         for b, batch in enumerate(made):
             batch[path] = KeyedJaggedTensor(
                 keys=keys, values=torch.cat([v[b] for v in values]), lengths=torch.cat([n[b] for n in lengths]),
+                weights=torch.cat([w[b] for w in weights]) if weighted else None,
                 stride=batch_size, length_per_key=[c[b] for c in per_key]).sync()
-        del lengths, values  # the pool's batches hold their own copies
+        del lengths, values, weights  # the pool's batches hold their own copies
     return cycle(made)
 
 
@@ -146,6 +151,12 @@ def _drawn_ids(count: int, table: TableSpec, generator: torch.Generator, device:
         u = torch.rand(min(DRAW_CHUNK, count - first), generator=generator, device=device, dtype=torch.float64)
         chunks.append(table_ids(u, table.num_embeddings, table.hit_rate_curve))
     return torch.cat(chunks) if chunks else torch.zeros(0, dtype=torch.int64, device=device)
+
+
+def _drawn_weights(count: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
+    """``count`` weights of a weighted table's ids: uniform in (0, 1], float32 (``rec.data.synthetic``)."""
+    u = torch.rand(count, generator=generator, device=device, dtype=torch.float32)
+    return u.neg_().add_(1.0)
 
 
 class Clock:

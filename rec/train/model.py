@@ -4,9 +4,10 @@ with a BCE loss, as TorchRec's ``DLRMTrain``, which the sparse-dist pipeline acc
 
 A spec of one EmbeddingBagCollection at ``EBC_PATH`` (every spec without ``module``) gets TorchRec's
 ``DLRMTrain`` around its DLRM (or DLRM_DCN, or ``ConcatDLRM`` for tables of several dims), as
-always. Any other spec — several modules, any nesting, EmbeddingCollections — gets ``ModulesDLRM``:
-each module at its path, and each EmbeddingCollection feature's per-id outputs averaged over the
-sequence, so that every feature gives one vector per sample to the same interactions.
+always (a weighted EmbeddingBagCollection where its tables are ``is_weighted``). Any other spec —
+several modules, any nesting, EmbeddingCollections — gets ``ModulesDLRM``: each module at its path
+(weighted where its tables are), and each EmbeddingCollection feature's per-id outputs averaged over
+the sequence, so that every feature gives one vector per sample to the same interactions.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ def build_model(spec: Spec, config: TrainConfig, dense_device: torch.device,
     over = list(config.over_arch_layer_sizes)
     if not one_default_ebc(spec):
         return ModulesDLRM(spec, kind, config.dense_in_features, dense, over, dense_device, embedding_device)
-    ebc = EmbeddingBagCollection(tables=embedding_bag_configs(spec), device=torch.device(embedding_device))
+    ebc = EmbeddingBagCollection(tables=embedding_bag_configs(spec), device=torch.device(embedding_device),
+                                 is_weighted=any(t.is_weighted for t in spec.tables))
     if kind is ModelKind.CONCAT:
         module: nn.Module = ConcatDLRM(ebc, config.dense_in_features, dense, over, dense_device)
     else:

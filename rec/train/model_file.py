@@ -4,7 +4,8 @@ exported model) can be used outside the job that trained it.
 Written into every checkpoint directory (``record_model``, beside the plan copy) and into an
 exported model's directory. It holds the model kind, the dense input width and the dense/over arch
 sizes, the ``--ids`` policy, the tables (spec rows: rows, dim, features, module) and the features in
-the order the model reads them (each feature column with the rows its ids must fall in). Torch-free.
+the order the model reads them (each feature column with the rows its ids must fall in, and a
+weighted feature's weights column). Torch-free.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rec.data.ids import IdsPolicy
-from rec.data.layout import DataLayout
+from rec.data.layout import DataLayout, weights_column
 from rec.errors import InputError, Problem
 from rec.spec.columns import table_to_row
 from rec.spec.types import Spec
@@ -60,8 +61,12 @@ def settings_to_dict(settings: ModelSettings, **extra: Any) -> dict[str, Any]:
         "format": MODEL_FORMAT, "model": settings.kind.value, "dense_in_features": settings.dense_in_features,
         "dense_arch_layer_sizes": list(settings.dense_arch_layer_sizes),
         "over_arch_layer_sizes": list(settings.over_arch_layer_sizes), "ids": settings.ids.value,
-        "features": [{"column": s.column, "rows": s.rows, "tables": list(s.tables)} for s in layout.slots],
-        "modules": [{"path": m.path, "keys": list(m.keys)} for m in layout.modules],
+        # A weighted feature's weights column and a weighted module are named only where the spec has
+        # them: the records of other models stay what they were.
+        "features": [{"column": s.column, "rows": s.rows, "tables": list(s.tables),
+                      **({"weights": weights_column(s.column)} if s.weighted else {})} for s in layout.slots],
+        "modules": [{"path": m.path, "keys": list(m.keys), **({"weighted": True} if m.weighted else {})}
+                    for m in layout.modules],
         "tables": [table_to_row(t) for t in settings.spec.tables],
         **extra,
     }

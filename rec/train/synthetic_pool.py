@@ -35,9 +35,10 @@ TOUCH_FACTOR = 4.0  # rows touched over the pool / rows the cache holds
 REACH = 0.9  # ... or this share of the rows the table's ids can touch, where that is less
 MIN_POOL = 4  # unless POOL_BYTES allows fewer only
 MAX_POOL = 256
-POOL_BYTES = 2 << 30  # per rank: the pool's ids, lengths and offsets
+POOL_BYTES = 2 << 30  # per rank: the pool's ids, weights, lengths and offsets
 SAMPLE_BYTES = 12  # per sample and feature: its int32 length and int64 offset
 ID_BYTES = 8  # int64 ids
+WEIGHT_BYTES = 4  # a weighted table's float32 weight per id
 
 
 @dataclass(frozen=True)
@@ -127,9 +128,10 @@ def cached_tables(plan: Plan) -> list[CachedTable]:
 
 
 def batch_bytes(plan: Plan) -> float:
-    """About the bytes one rank's synthetic batch takes on the device: every feature's ids, lengths
-    and offsets."""
-    per_sample = sum(len(t.feature_names) * (ID_BYTES * t.pooling_factor + SAMPLE_BYTES) for t in plan.spec.tables)
+    """About the bytes one rank's synthetic batch takes on the device: every feature's ids (and a
+    weighted table's weights), lengths and offsets."""
+    per_sample = sum(len(t.feature_names) * ((ID_BYTES + (WEIGHT_BYTES if t.is_weighted else 0)) * t.pooling_factor
+                                             + SAMPLE_BYTES) for t in plan.spec.tables)
     return float(plan.topology.batch_size * per_sample)
 
 

@@ -11,9 +11,9 @@ from-model`` resolves it. The function takes no arguments and returns ``(model, 
   ``.record_stream``, ``.pin_memory``): TorchRec's ``Batch``, or ``rec.train.batch.ModuleBatch``.
 
 The model must match the plan: every planned module at its path, of its kind, with the planned
-tables (rows, dim, data type), and no other EmbeddingBagCollection or EmbeddingCollection that the
-plan does not shard. ``model_problems`` names every difference; the launcher checks before any
-process starts, and each rank again before sharding.
+tables (rows, dim, data type, weighted or not), and no other EmbeddingBagCollection or
+EmbeddingCollection that the plan does not shard. ``model_problems`` names every difference; the
+launcher checks before any process starts, and each rank again before sharding.
 """
 
 from __future__ import annotations
@@ -110,6 +110,8 @@ def model_problems(model: nn.Module, spec: Spec, source: str) -> list[Problem]:
                   for column in ("num_embeddings", "embedding_dim") if getattr(h, column) != getattr(p, column)]
         if h.data_type is not p.data_type:
             differ.append(f"data_type {h.data_type.value} (planned {p.data_type.value})")
+        if h.is_weighted != p.is_weighted:
+            differ.append(f"is_weighted {str(h.is_weighted).lower()} (planned {str(p.is_weighted).lower()})")
         if differ:
             problems.append(Problem(f"table {key}", f"has {', '.join(differ)} in {source}"))
     return sorted(problems, key=lambda p: p.where)

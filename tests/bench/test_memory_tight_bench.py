@@ -3,6 +3,7 @@ seeds reserved apart from the ones the model and the out-of-family set were chos
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -75,3 +76,23 @@ def test_hot_set_statistics_are_torchrecs_cache_statistics(bench):
     assert misses[0] == 1.0 and misses[-1] == 0.0 and misses == sorted(misses, reverse=True)
     assert misses[1] == pytest.approx(0.55) and misses[2] == pytest.approx(0.1)  # the hot rows serve 90%
     assert 0 < stats.cacheability < 1 and stats.expected_lookups == 1e4
+
+
+def test_a_weighted_workload_is_the_same_tables_with_some_in_a_weighted_bag_collection(bench):
+    """``--weighted``: the plain workload's tables, about 40% of the pooled ones in a weighted
+    EmbeddingBagCollection of their own, which the model every planner sees holds as weighted."""
+    from rec.spec.torchrec_modules import spec_model
+
+    moved = total = 0
+    for seed in range(bench.SEEDS.start, bench.SEEDS.start + 8):
+        plain, weighted = bench.workload(seed), bench.workload(seed, weighted=True)
+        assert weighted.name == f"{plain.name}-weighted"
+        assert [dataclasses.replace(t, weighted=False) for t in weighted.tables] == list(plain.tables)
+        assert not any(t.weighted and not t.pooled for t in weighted.tables)
+        spec = bench.spec_of(weighted)
+        assert {t.name for t in spec.tables if t.is_weighted} == {t.name for t in weighted.tables if t.weighted}
+        if any(t.weighted for t in weighted.tables):
+            assert spec_model(spec).get_submodule("model.weighted_ebc").is_weighted()
+        moved += sum(t.weighted for t in weighted.tables)
+        total += sum(t.pooled for t in weighted.tables)
+    assert 0.3 < moved / total < 0.5

@@ -219,7 +219,7 @@ def test_options_shards_perf_and_storage_match_torchrec(case):
     rng = np.random.default_rng(case)
     topology = random_topology(rng, device, world, local)
     config = CostConfig(optimizer=optimizer, caching_ratio=caching_ratio)
-    spec = make_spec(*(random_table(rng, i) for i in range(20)))
+    spec = with_weighted_module(rng, make_spec(*(random_table(rng, i) for i in range(20))))
 
     expected = torchrec_options(spec, topology, config)
     got = our_options(spec, topology, config)
@@ -443,8 +443,11 @@ def torchrec_hardware(profile: Profile, topology: Topology):
         by_kernel={(e.sharding_type.value, e.compute_kernel.value): coefficients(e.coefficients)
                    for e in c.by_kernel},
         bwd_compute_multiplier=c.bwd_compute_multiplier,
+        weighted_kernel_multiplier=c.weighted_kernel_multiplier,
+        weighted_feature_bwd_compute_multiplier=c.weighted_feature_bwd_compute_multiplier,
     )
     config._bwd_compute_multiplier = c.bwd_compute_multiplier
+    config._weighted_feature_bwd_compute_multiplier = c.weighted_feature_bwd_compute_multiplier
     device = topology.compute_device.value
     config.kernel_device_bandwidths = {(device, k): v / 1000 for k, v in asdict(
         profile.kernel_bandwidths).items() if v is not None}
@@ -500,7 +503,7 @@ def our_perfs(spec: Spec, topology: Topology, config: CostConfig) -> dict:
             bw = kernel_bw(hw, config.profile, ck, cols.load_factor[t])
             perf = shard_perf(st, ck, topology, config.profile, hw, bw, lay.rows, lay.cols, cols.elem[t],
                               cols.batch_inputs[t], cols.batch_outputs[t], miss_rate=cols.miss_rate[t],
-                              cache_fetches=cols.cache_fetches[t])
+                              cache_fetches=cols.cache_fetches[t], weighted=cols.weighted[t])
             parts = np.stack([np.repeat(getattr(perf, p), lay.repeat) for p in PERF_PARTS], axis=1)
             if not len(tab):
                 continue
@@ -538,6 +541,8 @@ def random_profile(rng: np.random.Generator, device: ComputeDevice) -> Profile:
             data_parallel=sharding(),
             by_kernel=tuple(KernelCoefficients(pairs[i][0], pairs[i][1], sharding()) for i in chosen),
             bwd_compute_multiplier=float(rng.uniform(0.5, 4)),
+            weighted_feature_bwd_compute_multiplier=float(rng.uniform(0.5, 2)),
+            weighted_kernel_multiplier=float(rng.uniform(0.5, 2)),
         ),
     )
 
@@ -557,6 +562,13 @@ def with_statistics(rng: np.random.Generator, spec: Spec, topology: Topology) ->
     return make_spec(*tables)
 
 
+def with_weighted_module(rng: np.random.Generator, spec: Spec) -> Spec:
+    """``spec`` with about a third of its tables moved to a weighted EmbeddingBagCollection (id-score
+    lists, TorchRec's ``is_weighted=True``) of their own."""
+    return make_spec(*(replace(t, module="sparse.weighted_ebc", is_weighted=True) if rng.random() < 0.35 else t
+                       for t in spec.tables))
+
+
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_per_shard_perf_matches_torchrec_under_an_equivalent_hardware_perf_config(case):
     device, world, local, optimizer, caching_ratio = CASES[case]
@@ -564,6 +576,7 @@ def test_per_shard_perf_matches_torchrec_under_an_equivalent_hardware_perf_confi
     topology = random_topology(rng, device, world, local)
     config = CostConfig(optimizer=optimizer, caching_ratio=caching_ratio, profile=random_profile(rng, device))
     spec = with_statistics(rng, make_spec(*(random_table(rng, i) for i in range(20))), topology)
+    spec = with_weighted_module(rng, spec)
 
     expected = torchrec_perfs(spec, topology, config)
     got = our_perfs(spec, topology, config)

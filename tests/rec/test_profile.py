@@ -56,6 +56,8 @@ bandwidths: {ddr_mem_bw: 20GB/s, intra_host_bw: 1.5GB/s, inter_host_bw: 1GB/s}
 kernel_bandwidths: {dense: 8GB/s}
 coefficients:
   bwd_compute_multiplier: 3.0
+  weighted_feature_bwd_compute_multiplier: 1.25
+  weighted_kernel_multiplier: 0.9
   table_wise: {fwd: {lookup_size_multiplier: 1.5, fixed_ms: 0.02}}
   data_parallel: {fwd: {input_read_size_multiplier: 2.0}, bwd: {lookup_size_multiplier: 4.0}}
 extensions: {intra_host_latency_ms: 0.05, inter_host_latency_ms: 0.2}
@@ -204,11 +206,13 @@ def test_plan_cache_key_covers_the_profile():
 
 BAD_PROFILES = [
     ("unknown keys and bad numbers", "bandwith: {}\nbandwidths: {hbm_mem_bw: -3GB/s, intra_host_bw: fast}\n"
-     "coefficients: {table_wise: {fwd: {lookup_size_multiplier: -1, fixed_ms: .nan}}, row_wize: {}}\n"
+     "coefficients: {table_wise: {fwd: {lookup_size_multiplier: -1, fixed_ms: .nan}}, row_wize: {}, "
+     "weighted_kernel_multiplier: 2e7}\n"
      "extensions: {intra_host_latency_ms: '1ms'}\n",
      ["bandwith: unknown key; did you mean 'bandwidths'?", "bandwidths.hbm_mem_bw", "bandwidths.intra_host_bw",
       "coefficients.table_wise.fwd.lookup_size_multiplier: must be between 0 and", "fixed_ms: expected a finite",
-      "row_wize: unknown key; did you mean 'row_wise'?", "intra_host_latency_ms: expected a number"]),
+      "row_wize: unknown key; did you mean 'row_wise'?", "intra_host_latency_ms: expected a number",
+      "coefficients.weighted_kernel_multiplier: must be between 0 and"]),
     ("machine block", "machine: {device: tpu, torch_version: 2.5, world_size: 3, local_world_size: 2, "
      "measured_at: yesterday}\n",
      ["machine.device: expected one of cpu, cuda", "write it in quotes", "not a multiple of local_world_size",
@@ -273,6 +277,8 @@ def test_written_profile_reads_back_equal_with_the_same_hash(tmp_path):
     assert again == profile and profile_hash(again) == profile_hash(profile)
     assert profile_from_dict(json.loads(json.dumps(profile_to_dict(profile)))) == profile  # JSON too
     assert profile.machine is not None and profile.machine.measured_at == "2025-06-01T12:00:00+00:00"
+    c = profile.coefficients
+    assert (c.weighted_feature_bwd_compute_multiplier, c.weighted_kernel_multiplier) == (1.25, 0.9)
 
 
 def test_hash_ignores_how_a_profile_is_written_but_not_what_it_says():

@@ -136,3 +136,47 @@ def test_unpooled_outputs_count_toward_the_output_width_bound_per_id():
     spec_from_rows([wide])  # one id per sample: 65,536 values wide
     assert any("values wide" in p for p in problems_of([{**wide, "pooling_factor": 2100}]))
     spec_from_rows([{**wide, "pooling": "SUM", "pooling_factor": 2100}])  # pooled: still one vector
+
+
+WEIGHTED = [
+    {"name": "clicks", "num_embeddings": 1000, "embedding_dim": 16, "module": "sparse.weighted_ebc",
+     "is_weighted": True},
+    {"name": "scores", "num_embeddings": 500, "embedding_dim": 16, "module": "sparse.weighted_ebc",
+     "is_weighted": True, "pooling": "MEAN"},
+    {"name": "user_id", "num_embeddings": 1000, "embedding_dim": 16, "module": "sparse.ebc"},
+]
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".arrow", ".csv", ".yaml", ".json"])
+def test_weighted_tables_survive_every_format_and_hash_as_their_rows(tmp_path, suffix):
+    spec = spec_from_rows(WEIGHTED)
+    assert [t.is_weighted for t in spec.tables] == [True, True, False]
+    again = read_spec(write_spec(spec, tmp_path / f"weighted{suffix}"))
+    assert again == spec and again.spec_hash == spec.spec_hash
+    assert spec.spec_hash == rows_hash([table_to_row(t) for t in spec.tables])
+    unweighted = spec_from_rows([{k: v for k, v in r.items() if k != "is_weighted"} for r in WEIGHTED])
+    assert unweighted.spec_hash != spec.spec_hash  # the weights are part of what a table is
+    # is_weighted false, given or not, is the same table (a spec without the column hashes as before)
+    assert spec_from_rows([{**r, "is_weighted": False} for r in WEIGHTED[2:]]).spec_hash == \
+        spec_from_rows(WEIGHTED[2:]).spec_hash
+    assert "is_weighted" not in pq.read_schema(write_spec(unweighted, tmp_path / "u.parquet")).names
+
+
+def test_a_module_is_weighted_as_a_whole_and_only_a_bag_collection(tmp_path):
+    rows = [
+        {**WEIGHTED[0]},
+        {**WEIGHTED[2], "module": "sparse.weighted_ebc"},
+        {"name": "seq", "num_embeddings": 10, "embedding_dim": 8, "module": "s.ec", "pooling": "NONE",
+         "is_weighted": True},
+        {"name": "odd", "num_embeddings": 10, "embedding_dim": 8, "is_weighted": "maybe"},
+    ]
+    expected = [
+        "module 'sparse.weighted_ebc': mixes weighted tables (clicks) with unweighted ones (user_id)",
+        "module 's.ec': has weighted tables (seq) and pooling NONE",
+        "table 'odd': is_weighted: expected true or false, got 'maybe'",
+    ]
+    as_text = [{**r, "is_weighted": str(r["is_weighted"]).lower()} if "is_weighted" in r else r for r in rows]
+    for found in (problems_of(rows), _parquet_problems(as_text, tmp_path)):  # CSV-like text cells too
+        assert len(found) == len(expected), found
+        for line, start in zip(sorted(found), sorted(expected), strict=True):
+            assert line.startswith(start), (line, start)

@@ -206,12 +206,14 @@ def test_the_model_itself_as_the_embedding_module_is_planned_at_the_empty_path()
 
 
 def test_options_shardflow_cannot_plan_as_torchrec_would_give_one_error_naming_every_one():
-    odd = Topology(world_size=2, compute_device="cuda", bwd_compute_multiplier=3.0)
+    odd = Topology(world_size=2, compute_device="cuda", bwd_compute_multiplier=3.0,
+                   weighted_feature_bwd_compute_multiplier=1.5)
     with pytest.raises(InputError) as e:
         ShardflowPlanner(topology=odd, proposer=GreedyProposer(), partitioner=object(), enumerator=object(),
                          performance_model=object())
     text = e.value.render()
-    for name in ("proposer", "partitioner", "enumerator", "performance_model", "bwd_compute_multiplier"):
+    for name in ("proposer", "partitioner", "enumerator", "performance_model", "topology.bwd_compute_multiplier",
+                 "topology.weighted_feature_bwd_compute_multiplier"):
         assert f"{name}" in text
     constraints = {
         "user_id": ParameterConstraints(num_poolings=[2.0]),
@@ -416,3 +418,35 @@ def test_spare_hbm_grows_caches_and_torchrec_rates_the_plan_at_or_below_its_own_
     assert_rated_as_torchrec_rates(planner, model, topology, BATCH_SIZE, constraints)
     best = run_torchrec_planner(ours.spec, ours.topology, ours.planner.cost)
     assert ours.metrics.critical_path <= best.critical_path * (1 + 1e-9)
+
+
+def test_torchrecs_own_test_model_with_a_weighted_module_is_planned_and_rated_as_torchrec_rates_it():
+    """TorchRec's TestSparseNN: an EmbeddingBagCollection beside a weighted one (id-score lists, whose
+    ids TorchRec prices with their weights and a weights' gradient kernel). Every table is planned,
+    rated exactly as TorchRec rates it, and the plan rates no worse than TorchRec's best proposer."""
+    from torchrec.distributed.test_utils.test_model import TestSparseNN
+
+    tables = [EmbeddingBagConfig(name=f"t{i}", num_embeddings=rows, embedding_dim=64, feature_names=[f"f{i}"])
+              for i, rows in enumerate([40_000, 300_000, 2_000_000, 8_000])]
+    weighted = [EmbeddingBagConfig(name=f"w{i}", num_embeddings=rows, embedding_dim=32, feature_names=[f"wf{i}"])
+                for i, rows in enumerate([500_000, 60_000])]
+    model = TestSparseNN(tables=tables, weighted_tables=weighted, dense_device=META, sparse_device=META)
+    constraints = {name: ParameterConstraints(pooling_factors=[12.0]) for name in ("w0", "t1")}
+    topology = cuda()
+    planner = ShardflowPlanner(topology=topology, batch_size=512, constraints=constraints)
+    plan = planner.plan(model, SHARDERS)
+    assert set(plan.plan) == {"sparse.ebc", "sparse.weighted_ebc"}
+    assert set(plan.plan["sparse.weighted_ebc"]) == {"w0", "w1"}
+    ours = planner.last_plan
+    assert {t.name for t in ours.spec.tables if t.is_weighted} == {"w0", "w1"}
+    assert_rated_as_torchrec_rates(planner, model, topology, 512, constraints)
+    best = run_torchrec_planner(ours.spec, ours.topology, ours.planner.cost)
+    assert ours.metrics.critical_path <= best.critical_path * (1 + 1e-9)
+
+
+def test_is_weighted_on_an_embedding_collections_table_is_named():
+    topology = cuda()
+    constraints = {"history": ParameterConstraints(is_weighted=True)}
+    with pytest.raises(InputError) as e:
+        ShardflowPlanner(topology=topology, batch_size=512, constraints=constraints).plan(towers(), SHARDERS)
+    assert "is_weighted on an EmbeddingCollection's table" in str(e.value)

@@ -69,7 +69,7 @@ def _entries(plan: Plan, profile: Profile | None) -> tuple[np.ndarray, np.ndarra
         bw[mine] = kernel_bw(hw, profile, KERNEL_FAMILY[ck], lf)  # lanes idle in HBM's kernel
         perf[mine] = shard_perf(st, ck, topology, profile, hw, kernel_bw(hw, profile, ck, lf),
                                 c.rows[mine], c.cols[mine],
-                                arrays.elem[t], arrays.batch_inputs[t], arrays.batch_outputs[t],
+                                arrays.elem[t], arrays.batch_inputs[t], arrays.priced_outputs[t],
                                 pooled=arrays.pooled[t], miss_rate=miss,
                                 cache_fetches=arrays.cache_fetches[t], weighted=arrays.weighted[t]).total
         ids[mine] = shard_ids(st, topology.world_size, topology.local_world_size, arrays.batch_inputs[t])

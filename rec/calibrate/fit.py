@@ -37,7 +37,8 @@ Which numbers are fitted, and why not the others (all else keeps TorchRec's defa
 * ``intra_host_bw`` and ``inter_host_bw`` through their inverse; the per-collective latency
   extensions are 0 (per shard, like ``fixed_ms``); data_parallel's ``dp_optimizer_factor`` is 0 and
   its all-reduce bandwidth carries the optimizer too (both scale with the table's bytes), the
-  row-wise ``batched_copy_factor`` likewise.
+  row-wise ``batched_copy_factor`` likewise; ``empty_bag_output_multiplier`` is 1 (the measuring job
+  gives every sample a pooled vector per feature, however many of its bags are empty).
 * The plan-level ``iteration_ms`` and ``sharding_type_ms`` of each sharding type measured, but
   for one that every plan uses (the probes' table_wise companion): ``iteration_ms`` carries it.
 
@@ -262,7 +263,9 @@ def base_profile(topology: Topology, types: Sequence[ShardingType], kernels: Seq
         pinned[ComputeKernel.FUSED_UVM_CACHING.value] = pinned[ComputeKernel.FUSED.value]
     coefficients = replace(coefficients, by_kernel=tuple(
         KernelCoefficients(st, ck, zero) for st in _types_of(blocks) for ck in UVM_KERNELS if ck in kernels))
-    extensions = replace(DEFAULT_PROFILE.extensions, intra_host_latency_ms=0.0, inter_host_latency_ms=0.0)
+    # Every measured sample gets a pooled vector per feature (no variable batches): empty bags too.
+    extensions = replace(DEFAULT_PROFILE.extensions, intra_host_latency_ms=0.0, inter_host_latency_ms=0.0,
+                         empty_bag_output_multiplier=1.0)
     if ShardingType.DATA_PARALLEL in types:
         extensions = replace(extensions, dp_optimizer_factor=0.0)
     if any(st in ROW_WISE_TYPES for st in types):

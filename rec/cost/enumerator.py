@@ -146,7 +146,7 @@ def _blocks(
             lay.cols,
             cols.elem[t],
             cols.batch_inputs[t],
-            cols.batch_outputs[t],
+            cols.priced_outputs[t],
             pooled=cols.pooled[t],
             miss_rate=cols.miss_rate[t],
             cache_fetches=cols.cache_fetches[t],

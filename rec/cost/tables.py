@@ -52,6 +52,9 @@ class TableArrays:
     batch_inputs: np.ndarray  # float64 ids per rank batch: sum over features of pf * 1.0 * B
     batch_outputs: np.ndarray  # float64 output rows per rank batch: pooled, sum of min(1, pf) * 1.0 * B;
     # unpooled, batch_inputs
+    priced_outputs: np.ndarray  # float64 the output rows the perf estimate prices: batch_outputs plus the
+    # profile's empty_bag_output_multiplier x a pooled table's empty bags (rec.profile.types.Extensions);
+    # storage keeps TorchRec's batch_outputs
     pooled: np.ndarray  # bool: the table's module pools (an EmbeddingBagCollection)
     weighted: np.ndarray  # bool: the table's ids carry weights (an is_weighted EmbeddingBagCollection)
     min_partition: np.ndarray  # int64 least column shard width (ParameterConstraints.min_partition); 0: none
@@ -95,6 +98,10 @@ def table_arrays(spec: Spec, batch_size: int, config: CostConfig, load_factors: 
     pooled = np.fromiter((t.pooling is not Pooling.NONE for t in tables), bool, n)
     min_partition = np.fromiter((t.min_partition or 0 for t in tables), np.int64, n)
     outputs = np.where(pooled, outputs, inputs)
+    priced = outputs
+    empty_bags = config.profile.extensions.empty_bag_output_multiplier
+    if empty_bags:  # a pooled table's samples without ids get a vector too (pooling factor below 1)
+        priced = outputs + empty_bags * np.where(pooled & (pf < 1), nf * float(batch_size) - outputs, 0.0)
 
     st_ok = np.ones((n, len(SHARDING_TYPES)), dtype=bool)
     ck_ok = np.ones((n, len(COMPUTE_KERNELS)), dtype=bool)
@@ -114,6 +121,7 @@ def table_arrays(spec: Spec, batch_size: int, config: CostConfig, load_factors: 
         pooling_factor=pf,
         batch_inputs=inputs,
         batch_outputs=outputs,
+        priced_outputs=priced,
         pooled=pooled,
         weighted=np.fromiter((t.is_weighted for t in tables), bool, n),
         min_partition=min_partition,

@@ -154,6 +154,11 @@ class Extensions:
     # weight of a missed lookup's bytes at fused_uvm's bandwidth. 0: TorchRec's rule, linear in the
     # cache's size whatever the ids.
     cache_miss_multiplier: float = 0.0
+    # A pooled table's outputs for the samples whose bag is empty (pooling factor below 1): TorchRec
+    # 1.8 counts min(1, pooling factor) outputs per sample and feature (0, its rule, which suits
+    # variable-batch features); without variable batches every sample gets a pooled vector, which the
+    # kernel writes and the output all-to-all moves (1: one per sample, as TorchRec 1.6 counts them).
+    empty_bag_output_multiplier: float = 0.0
     sharding_type_ms: tuple[tuple[ShardingType, float], ...] = ()  # in ShardingType order, one each
 
     def sharding_type_cost(self, sharding_type: ShardingType) -> float:

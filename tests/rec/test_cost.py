@@ -502,7 +502,7 @@ def our_perfs(spec: Spec, topology: Topology, config: CostConfig) -> dict:
             t = tab[lay.owner]
             bw = kernel_bw(hw, config.profile, ck, cols.load_factor[t])
             perf = shard_perf(st, ck, topology, config.profile, hw, bw, lay.rows, lay.cols, cols.elem[t],
-                              cols.batch_inputs[t], cols.batch_outputs[t], miss_rate=cols.miss_rate[t],
+                              cols.batch_inputs[t], cols.priced_outputs[t], miss_rate=cols.miss_rate[t],
                               cache_fetches=cols.cache_fetches[t], weighted=cols.weighted[t])
             parts = np.stack([np.repeat(getattr(perf, p), lay.repeat) for p in PERF_PARTS], axis=1)
             if not len(tab):
@@ -664,3 +664,28 @@ def test_min_partition_sets_the_column_shard_width_as_torchrec_does(device):
     widths = {name: {s[0][1] for s in shards} for (name, st, _), shards in got.items() if st == "column_wise"}
     assert widths["t0"] == {256} and widths["t1"] == {128} and widths["t2"] == {384} and widths["t3"] == {256}
     assert widths["t4"] == {8} and widths["t5"] == {4}  # below TorchRec's 128 default: narrower shards
+
+
+def test_empty_bags_are_priced_as_outputs_when_the_profile_says_so_and_storage_stays_torchrecs():
+    """A sparse pooled feature (pooling factor below 1) still outputs a vector per sample without
+    variable batches: under ``empty_bag_output_multiplier`` 1 its output comms are those of the same
+    table at pooling factor 1; at 0 (the default) they are TorchRec 1.8's, and memory is TorchRec's
+    either way. Tables with a pooling factor of 1 or more, and unpooled ones, are priced alike."""
+    topology = make_topology(world_size=4, local_world_size=4)
+    one_per_sample = replace(DEFAULT_PROFILE, extensions=replace(DEFAULT_PROFILE.extensions,
+                                                                 empty_bag_output_multiplier=1.0))
+    spec = make_spec(table("sparse", pooling_factor=0.1), table("dense_feature", pooling_factor=1.0),
+                     table("busy", pooling_factor=7.0),
+                     replace(table("sequence", pooling_factor=0.3), pooling=Pooling.NONE, module="seq.ec"))
+    default, physical = (our_perfs(spec, topology, CostConfig(profile=p)) for p in (DEFAULT_PROFILE, one_per_sample))
+    theirs = torchrec_perfs(spec, topology, CostConfig())  # the bag collection's tables
+    assert theirs and all(default[key] == shards for key, shards in theirs.items())  # the default is TorchRec's
+    for key, shards in physical.items():
+        if key[0] == "sparse":
+            dense_key = ("dense_feature", *key[1:])
+            assert [s[1] for s in shards] == [s[1] for s in physical[dense_key]], key  # fwd comms, a vector each
+            assert all(s[1] > d[1] for s, d in zip(shards, default[key], strict=True) if d[1]), key
+        else:
+            assert shards == default[key], key
+    options = {p: enumerate_options(spec, topology, CostConfig(profile=p)) for p in (DEFAULT_PROFILE, one_per_sample)}
+    assert options[DEFAULT_PROFILE].hbm.tobytes() == options[one_per_sample].hbm.tobytes()

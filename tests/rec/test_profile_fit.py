@@ -79,6 +79,8 @@ def test_the_fit_recovers_the_numbers_that_made_the_measurements(topology, probe
     assert fit.max_abs_error < 1e-5
     assert fit.profile.machine == machine and fit.profile.name == "oracle"
     assert profile_from_dict(profile_to_dict(fit.profile)) == fit.profile  # a valid profile file
+    # The measuring job gives every sample a pooled vector (no variable batches): so does the profile.
+    assert fit.profile.extensions.empty_bag_output_multiplier == 1.0
 
 
 def test_every_probe_loads_every_rank_alike_so_its_time_is_one_number(probes):

@@ -222,12 +222,13 @@ def more_rows(count: int, limit: int | None) -> str:
 
 
 def render_modules(spec: Spec) -> str:
-    """One line per embedding module: its path, kind and table count, in model order."""
+    """One line per embedding module: its path, kind (weighted or not) and table count, in model order."""
     counts: dict[str, int] = {}
+    weighted = {t.module for t in spec.tables if t.is_weighted}
     for t in spec.tables:
         counts[t.module] = counts.get(t.module, 0) + 1
-    lines = [f"module {path}: {kind.value}, {counts[path]} table{'s' if counts[path] > 1 else ''}"
-             for path, kind in spec.modules.items()]
+    lines = [f"module {path}: {kind.value}{' (weighted)' if path in weighted else ''}, "
+             f"{counts[path]} table{'s' if counts[path] > 1 else ''}" for path, kind in spec.modules.items()]
     return "\n".join(lines) + "\n"
 
 

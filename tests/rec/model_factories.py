@@ -73,3 +73,15 @@ def fails():
 
 def nothing_to_plan():
     return nn.Sequential(nn.Linear(4, 4))
+
+
+def sparse_nn():
+    """TorchRec's own test model: an EmbeddingBagCollection of id lists beside a weighted one of
+    id-score lists."""
+    from torchrec.distributed.test_utils.test_model import TestSparseNN
+
+    tables = [EmbeddingBagConfig(name=f"t{i}", num_embeddings=1_000, embedding_dim=16, feature_names=[f"f{i}"])
+              for i in range(3)]
+    weighted = [EmbeddingBagConfig(name=f"w{i}", num_embeddings=500, embedding_dim=16, feature_names=[f"wf{i}"])
+                for i in range(2)]
+    return TestSparseNN(tables=tables, weighted_tables=weighted, dense_device=META, sparse_device=META)

@@ -17,6 +17,18 @@ pytest.importorskip("torchrec")
 FACTORIES = Path(__file__).with_name("model_factories.py")
 
 
+def test_a_weighted_bag_collection_becomes_weighted_rows_and_says_so(tmp_path, capsys):
+    out = tmp_path / "sparse_nn.csv"
+    assert main(["spec", "from-model", "model_factories:sparse_nn", "--out", str(out)]) == 0
+    spec = read_spec(out)
+    assert {t.key: t.is_weighted for t in spec.tables} == {
+        "sparse.ebc.t0": False, "sparse.ebc.t1": False, "sparse.ebc.t2": False,
+        "sparse.weighted_ebc.w0": True, "sparse.weighted_ebc.w1": True}
+    printed = capsys.readouterr().out
+    assert "module sparse.weighted_ebc: EmbeddingBagCollection (weighted), 2 tables" in printed
+    assert "module sparse.ebc: EmbeddingBagCollection, 3 tables" in printed and "left out" not in printed
+
+
 def test_every_embedding_module_becomes_rows_with_its_module(tmp_path, capsys):
     out = tmp_path / "model.yaml"
     assert main(["spec", "from-model", "model_factories:rec_model", "--out", str(out)]) == 0

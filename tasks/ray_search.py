@@ -256,8 +256,7 @@ def one_ray(searcher: object, num_tables: int) -> Iterator[None]:
     is joined (or started) once, before the first search, and a Ray started here is shut down after
     the last, instead of once per search; the searches share one set of actors
     (``RaySearcher.session``). An unreachable cluster is each searcher's to report."""
-    on_ray = searcher if isinstance(searcher, RaySearcher) else searcher.ray if (
-        isinstance(searcher, AutoSearcher) and searcher.uses_ray(num_tables)) else None
+    on_ray = _ray_searcher_of(searcher, num_tables)
     with ExitStack() as stack:
         if on_ray is not None:
             try:
@@ -267,6 +266,15 @@ def one_ray(searcher: object, num_tables: int) -> Iterator[None]:
             else:
                 stack.enter_context(on_ray.session())  # one set of actors for all the searches
         yield
+
+
+def _ray_searcher_of(searcher: object, num_tables: int) -> RaySearcher | None:
+    """The Ray searcher ``searcher`` plans ``num_tables`` tables with, or None where it plans locally."""
+    if isinstance(searcher, RaySearcher):
+        return searcher
+    if isinstance(searcher, AutoSearcher) and searcher.uses_ray(num_tables):
+        return searcher.ray
+    return None
 
 
 def searcher_for_backend(backend: Backend, num_tables: int, groups: int | None = None) -> RaySearcher | AutoSearcher:

@@ -4,8 +4,8 @@ Mirrors ``planner/estimator/estimator.py`` under a ``HardwarePerfConfig`` given 
 (``rec.profile``; ``Profile()`` is TorchRec's default ``EmbeddingPerfEstimatorConfig``: all
 coefficients 1.0, hash-size coefficient 0, backward = 2 x forward) for training, unweighted and
 weighted (``is_weighted``: ids and their weights are read, and backward adds the weights' gradient
-kernel) features of pooled (EmbeddingBagCollection) and unpooled (EmbeddingCollection, ``is_pooled=False``) tables,
-no qcomm codecs (every comm element is the table's element size) and 8-byte indices.
+kernel) features of pooled (EmbeddingBagCollection) and unpooled (EmbeddingCollection,
+``is_pooled=False``) tables, no qcomm codecs (every comm element is the table's element size) and 8-byte indices.
 ``prefetch_compute`` is TorchRec's for a table with cache statistics (``CacheParams.stats``: the rows
 its cache fetches, over the host link) and 0 for one without; a profile's ``cache_miss_multiplier``
 puts its own price of fetching a cache's misses there instead. Float operations follow TorchRec's order so

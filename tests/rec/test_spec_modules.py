@@ -180,3 +180,14 @@ def test_a_module_is_weighted_as_a_whole_and_only_a_bag_collection(tmp_path):
         assert len(found) == len(expected), found
         for line, start in zip(sorted(found), sorted(expected), strict=True):
             assert line.startswith(start), (line, start)
+
+
+def test_the_weighted_example_names_its_weighted_module_and_plans():
+    from rec.planning import plan_spec
+    from rec.topology import read_topology
+    from tests.paths import CPU_2PROC, SPECS
+
+    spec = read_spec(SPECS / "sparse_nn.yaml")
+    assert {t.module for t in spec.tables if t.is_weighted} == {"sparse.weighted_ebc"}
+    plan = plan_spec(spec, read_topology(CPU_2PROC))
+    assert {t.key for t in plan.tables} == set(spec.keys)

@@ -62,7 +62,7 @@ def _columnar(table: Any, source: str) -> Spec:
     n = table.num_rows
     if not n or len(set(names)) != len(names) or not set(REQUIRED) <= set(names) <= set(COLUMNS):
         raise _Decline
-    if {"min_partition", "cache_load_factor", "is_weighted"} & set(names):  # rare: the row validator reads them
+    if {"min_partition", "cache_load_factor"} & set(names):  # rare: the row validator reads them
         raise _Decline
     columns = {name: table.column(name).combine_chunks() for name in names}
     modules = _cells(columns.get("module"), "module", DEFAULT_MODULE, n)
@@ -85,13 +85,15 @@ def _columnar(table: Any, source: str) -> Spec:
             raise _Decline
 
     stats = _stats(columns, n) if any(c in columns for c in STATS_COLUMNS) else ()
+    weighted = _weighted(columns.get("is_weighted"), n)
     unpooled = np.fromiter((p is Pooling.NONE for p in pooling), bool, n)
+    none = [None] * n  # min_partition, cache_load_factor: declined above
     tables = tuple(
         map(TableSpec, table_names, rows.tolist(), dims.tolist(), features, pooling, data_type,
-            pooling_factor.tolist(), sharding_types, compute_kernels, modules,
-            *(([None] * n, *stats) if stats else ()))  # min_partition, cache_load_factor (and is_weighted): declined
+            pooling_factor.tolist(), sharding_types, compute_kernels, modules, none,
+            *(stats or (none,) * len(STATS_COLUMNS)), none, weighted.tolist())
     )
-    if (not one_module or unpooled.any()) and module_problems([vars(t) for t in tables]):
+    if (not one_module or unpooled.any() or weighted.any()) and module_problems([vars(t) for t in tables]):
         raise _Decline
     feature_count = np.fromiter(map(len, features), np.int64, n)
     raise_problems(
@@ -143,6 +145,18 @@ def _pooling_factors(column: Any, n: int) -> np.ndarray:
     if not np.all(np.isfinite(values) & (values > 0)):  # NaN too
         raise _Decline
     return values
+
+
+def _weighted(column: Any, n: int) -> np.ndarray:
+    """``is_weighted`` of a boolean column (null: false); other types go to the row validator."""
+    import pyarrow as pa
+
+    if column is None:
+        return np.zeros(n, bool)
+    if not pa.types.is_boolean(column.type):
+        raise _Decline
+    values = _mask(column)
+    return values & _mask(column.is_valid()) if column.null_count else values
 
 
 def _numpy(array: Any) -> np.ndarray:

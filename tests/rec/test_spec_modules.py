@@ -191,3 +191,14 @@ def test_the_weighted_example_names_its_weighted_module_and_plans():
     assert {t.module for t in spec.tables if t.is_weighted} == {"sparse.weighted_ebc"}
     plan = plan_spec(spec, read_topology(CPU_2PROC))
     assert {t.key for t in plan.tables} == set(spec.keys)
+
+
+def test_typed_weighted_files_take_the_fast_path_and_a_mixed_module_goes_to_the_row_validator():
+    spec = spec_from_rows(WEIGHTED)
+    rows = [table_to_row(t) | {"module": t.module, "is_weighted": t.is_weighted or None} for t in spec.tables]
+    fast = columnar_spec(pa.Table.from_pylist(rows))  # a boolean column, null where unweighted
+    assert fast is not None and fast == spec and fast.spec_hash == spec.spec_hash
+    mixed = [{**rows[0], "is_weighted": False}, *rows[1:]]
+    assert columnar_spec(pa.Table.from_pylist(mixed)) is None  # the row validator names the module
+    with pytest.raises(InputError, match="mixes weighted tables"):
+        spec_from_rows(mixed)

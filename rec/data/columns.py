@@ -242,8 +242,6 @@ def _dense(column: pa.ChunkedArray, width: int, locate: Locate, what: str, probl
 
 def read_ids(column: pa.ChunkedArray, name: str, locate: Locate, what: str, problems: list[Problem]
          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    import pyarrow.compute as pc
-
     array = _chunk(column)
     where = f"{what} column {name!r}"
     n = len(array)
@@ -252,19 +250,9 @@ def read_ids(column: pa.ChunkedArray, name: str, locate: Locate, what: str, prob
     if wrong_type:
         problems.append(Problem(where, wrong_type))
         return nothing
-    if array.null_count:
-        lengths = pc.fill_null(pc.list_value_length(array), 0)  # a null list is an empty bag
-        counts = lengths.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
-        values = pc.list_flatten(array)
-        offsets = _offsets(counts)
-    else:  # Arrow's own offsets, rebased to the slice: no lengths to count
-        raw = np.asarray(array.offsets).astype(np.int64)
-        offsets = raw - raw[0]
-        counts = np.diff(offsets).astype(np.int32)
-        values = array.values.slice(int(raw[0]), int(offsets[-1]))
+    counts, offsets, values = _lists(array)
     if values.null_count:
-        first = _first(np.asarray(values.is_null()))
-        row = int(np.searchsorted(offsets, first, side="right")) - 1
+        row = _row_of(offsets, _first(np.asarray(values.is_null())))
         problems.append(Problem(where, f"{_count(values.null_count, 'null id')} in {n:,} rows read, "
                                        f"first at {locate(row)}"))
         return nothing
@@ -274,13 +262,31 @@ def read_ids(column: pa.ChunkedArray, name: str, locate: Locate, what: str, prob
     return counts, offsets, ids
 
 
+def _lists(array: pa.Array) -> tuple[np.ndarray, np.ndarray, pa.Array]:
+    """A list array's items per row (int32; a null list holds none), their offsets from 0, and the
+    items in row order."""
+    import pyarrow.compute as pc
+
+    if array.null_count:
+        lengths = pc.fill_null(pc.list_value_length(array), 0)
+        counts = lengths.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+        return counts, _offsets(counts), pc.list_flatten(array)
+    # Arrow's own offsets, rebased to the slice: no lengths to count
+    raw = np.asarray(array.offsets).astype(np.int64)
+    offsets = raw - raw[0]
+    return np.diff(offsets).astype(np.int32), offsets, array.values.slice(int(raw[0]), int(offsets[-1]))
+
+
+def _row_of(offsets: np.ndarray, item: int) -> int:
+    """The row whose list holds the ``item``-th item (``offsets`` from ``_lists``)."""
+    return int(np.searchsorted(offsets, item, side="right")) - 1
+
+
 def read_weights(table: pa.Table, feature: str, id_lengths: np.ndarray | None, locate: Locate, what: str,
                  problems: list[Problem]) -> np.ndarray:
     """Weighted feature ``feature``'s weights (column ``<feature>_weights``): float32, one per id, in
     the order of its ids (``id_lengths``: the ids per row; None where the ids could not be read, and
     the lengths are not compared). Every kind of problem is one line; zeros where there is one."""
-    import pyarrow.compute as pc
-
     name = weights_column(feature)
     where = f"{what} column {name!r}"
     nothing = np.zeros(0 if id_lengths is None else int(id_lengths.sum()), np.float32)
@@ -296,7 +302,7 @@ def read_weights(table: pa.Table, feature: str, id_lengths: np.ndarray | None, l
     found = len(problems)
     n = len(array)
     null_rows = np.asarray(array.is_null()) if array.null_count else np.zeros(n, bool)
-    lengths = pc.fill_null(pc.list_value_length(array), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    lengths, offsets, values = _lists(array)
     if id_lengths is not None:
         # A null list is an empty bag's weights, as a null list of ids is an empty bag.
         nulls = null_rows & (id_lengths > 0)
@@ -310,11 +316,9 @@ def read_weights(table: pa.Table, feature: str, id_lengths: np.ndarray | None, l
                 f"{int(wrong.sum()):,} of {n:,} rows read do not hold one weight per id of {feature!r}, first "
                 f"{_count(int(lengths[first]), 'weight')} for {_count(int(id_lengths[first]), 'id')} at "
                 f"{locate(first)}")))
-    values = pc.list_flatten(array)
-    offsets = _offsets(lengths)
     null_values = np.asarray(values.is_null()) if values.null_count else np.zeros(len(values), bool)
     if values.null_count:
-        row = int(np.searchsorted(offsets, _first(null_values), side="right")) - 1
+        row = _row_of(offsets, _first(null_values))
         problems.append(Problem(where, f"{_count(values.null_count, 'null weight')} in {n:,} rows read, first at "
                                        f"{locate(row)}"))
     raw = values.to_numpy(zero_copy_only=False)  # nulls as NaN
@@ -323,7 +327,7 @@ def read_weights(table: pa.Table, feature: str, id_lengths: np.ndarray | None, l
     not_finite = ~np.isfinite(weights) & ~null_values
     if not_finite.any():
         first = _first(not_finite)
-        row = int(np.searchsorted(offsets, first, side="right")) - 1
+        row = _row_of(offsets, first)
         problems.append(Problem(where, (
             f"{_count(int(not_finite.sum()), 'weight')} not finite as float32 (NaN, infinite, or beyond "
             f"+-3.4e38) in {n:,} rows read, first {float(raw[first]):g} at {locate(row)}")))

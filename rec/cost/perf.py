@@ -98,7 +98,9 @@ def shard_perf(
     else:
         raise ValueError(f"unsupported sharding type {st}")
 
-    if weighted is not None and weighted.any():  # the weights are read beside the ids
+    if weighted is not None and not weighted.any():
+        weighted = None
+    if weighted is not None:  # the weights are read beside the ids
         sizes = replace(sizes, input_read=np.where(weighted, sizes.input_read * 2, sizes.input_read))
     coefficients = profile.coefficients.of(st, kernel)
     fwd = _compute(coefficients.fwd, sizes.input_read, sizes.lookup_fwd, sizes.output, rows, sizes.penalty,
@@ -110,7 +112,7 @@ def shard_perf(
         bwd = _compute(coefficients.bwd, sizes.input_read, sizes.lookup_bwd, sizes.output, rows, None, device_bw)
         fwd = _add_unique(fwd, coefficients.fwd, st, w, lw, bi, rows, d, e, device_bw)
         bwd = _add_unique(bwd, coefficients.bwd, st, w, lw, bi, rows, d, e, device_bw)
-    if weighted is not None and weighted.any():
+    if weighted is not None:
         bwd = _weighted_bwd(bwd, fwd, weighted, profile)
 
     x = profile.extensions

@@ -31,11 +31,11 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
 from rec.sharding import ModuleKind
-from rec.spec.torchrec_modules import embedding_modules, place
+from rec.spec.torchrec_modules import embedding_module, embedding_modules, place
 from rec.spec.types import DEFAULT_MODULE, Spec
 from rec.train.batch import ModuleBatch
 from rec.train.config import ModelKind, TrainConfig, resolve_model_kind
-from rec.train.tables import embedding_bag_configs, one_default_ebc
+from rec.train.tables import one_default_ebc
 
 EBC_PATH = DEFAULT_MODULE  # where DLRMTrain(DLRM(ebc)) holds its EmbeddingBagCollection
 DCN_LAYERS = 2
@@ -51,8 +51,8 @@ def build_model(spec: Spec, config: TrainConfig, dense_device: torch.device,
     over = list(config.over_arch_layer_sizes)
     if not one_default_ebc(spec):
         return ModulesDLRM(spec, kind, config.dense_in_features, dense, over, dense_device, embedding_device)
-    ebc = EmbeddingBagCollection(tables=embedding_bag_configs(spec), device=torch.device(embedding_device),
-                                 is_weighted=any(t.is_weighted for t in spec.tables))
+    ebc = embedding_module(ModuleKind.EMBEDDING_BAG_COLLECTION, spec.tables, embedding_device, trained=True)
+    assert isinstance(ebc, EmbeddingBagCollection)
     if kind is ModelKind.CONCAT:
         module: nn.Module = ConcatDLRM(ebc, config.dense_in_features, dense, over, dense_device)
     else:

@@ -20,7 +20,10 @@ beside it the same fit given the probes and every workload the check measured (t
 the TorchRec comparison plans; in-sample: what the cost model's form can explain at all), the fit to
 the probes and every workload but one spec's predicting that spec's plans (out of sample: what probes
 resembling the workloads could reach), and TorchRec's default profile. Coverage: the lookup bytes per iteration the
-probes and the workloads span (a fit extrapolates beyond the probes' range).
+probes and the workloads span (a fit extrapolates beyond the probes' range). Shapes of another generator: the
+TorchRec comparison's plans (``bench.gpu_check.workloads.torchrec_shapes``) predicted by the same fit to the
+probes, every plan and those without a fused_uvm_caching table apart (the checks archived until 2026-11-26
+cycled 4 batches, whose ids flattered caches).
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ RESULTS = ROOT / "bench/results"
 ARCHIVES = "gpu_check_*.tgz"
 ACCURACIES = {"default": "default profile", "fitted_to_probes": "fitted to the probes",
               "fitted_to_the_workloads_in_sample": "in sample", "fitted_to_the_other_specs": "other specs' fit"}
+UNCACHED = "no fused_uvm_caching"
+COMPARED = "TorchRec shapes, no cache"  # the comparison's plans without a fused_uvm_caching table, fitted to the probes
 
 
 class CheckError(Exception):
@@ -124,6 +129,27 @@ def lookup_bytes(plan) -> float:
                      for t in plan.tables))
 
 
+def caches(plan) -> bool:
+    """Whether some table of ``plan`` sits on a fused_uvm_caching kernel."""
+    from rec.sharding import COMPUTE_KERNELS, ComputeKernel
+
+    return bool((plan.columns.compute_kernel == COMPUTE_KERNELS.index(ComputeKernel.FUSED_UVM_CACHING)).any())
+
+
+def agreement(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The plans' count, median and max |error| and Spearman of ``rows``' predicted against measured
+    ms (only the count for none; Spearman None below 3)."""
+    from scipy.stats import spearmanr
+
+    if not rows:
+        return {"plans": 0}
+    errors = np.abs([r["error"] for r in rows])
+    rho = float(spearmanr([r["predicted_ms"] for r in rows], [r["measured_ms"] for r in rows])[0]) \
+        if len(rows) > 2 else None
+    return {"plans": len(rows), "median_abs_error": float(np.median(errors)), "max_abs_error": float(errors.max()),
+            "spearman": rho}
+
+
 def refit(work: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """(a row per calibration plan, the summary) of the check whose work folder is ``work``."""
     from scipy.stats import spearmanr
@@ -166,17 +192,25 @@ def refit(work: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         spec = name.split("_")[0]
         others = probe_measured + [Measured(n, pl, every[n]) for n, pl, _ in workloads if n.split("_")[0] != spec]
         loo_predicted.append(float(predicted_ms(plan, fit_profile(others, topology, 0.2).profile).max()))
-    vs: dict[str, dict[str, dict[str, float]]] = {}
-    for name, _, runs in workloads:
+    # The TorchRec comparison's plans: shapes of another generator (``workloads.torchrec_shapes``),
+    # predicted by the same fit to the probes. Those with a fused_uvm_caching table are told apart: the
+    # checks archived so far cycled 4 batches, whose ids flattered caches (bench/RESULTS.md §7).
+    vs: dict[str, dict[str, dict[str, Any]]] = {}
+    for name, plan, runs in workloads:
         if not name.startswith("spec"):
             shape, kind = name.rsplit("_", 1)
             median, spread = spreads(runs, lambda t: t.block_ms())
-            vs.setdefault(shape, {})[kind] = {"measured_ms": median, "spread": spread}
+            predicted = float(predicted_ms(plan, from_probes.profile).max())
+            vs.setdefault(shape, {})[kind] = {"measured_ms": median, "spread": spread, "predicted_ms": predicted,
+                                              "error": predicted / median - 1, "caching": caches(plan)}
     for row in vs.values():
         base = row.get("torchrec", {}).get("measured_ms", float("nan"))
         for v in row.values():
             v["ratio"] = v["measured_ms"] / base
+    compared = [v for row in vs.values() for v in row.values()]
     summary: dict[str, Any] = {"probes": len(probes), "vs_torchrec": vs,
+        "vs_torchrec_fitted_to_probes": {"every plan": agreement(compared),
+                                         UNCACHED: agreement([v for v in compared if not v["caching"]])},
         "default": accuracy(DEFAULT_PROFILE), "fitted_to_probes": accuracy(from_probes.profile),
         "fitted_to_the_workloads_in_sample": accuracy(in_sample.profile),
         "fitted_to_the_other_specs": accuracy(None, loo_predicted),
@@ -202,10 +236,19 @@ def report(rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
     span = summary["lookup_gb_range"]
     print(f"lookups per iteration, GB: probes [{span['probes'][0]:.3g}, {span['probes'][1]:.3g}], "
           f"workloads [{span['workloads'][0]:.3g}, {span['workloads'][1]:.3g}]")
-    print("\nthe TorchRec comparison's plans (block medians): measured ms, spread, ratio to TorchRec's plan")
+    if not summary["vs_torchrec"]:
+        return
+    print("\nthe TorchRec comparison's plans (block medians): measured ms, spread, ratio to TorchRec's plan; "
+          "predicted by the fit to the probes, error")
     for shape, row in summary["vs_torchrec"].items():
-        print(f"  {shape:14s} " + "  ".join(f"{kind} {v['measured_ms']:.2f} ms ({v['spread']:.0%}) {v['ratio']:.2f}x"
-                                            for kind, v in row.items()))
+        print(f"  {shape:14s} " + "  ".join(
+            f"{kind} {v['measured_ms']:.2f} ms ({v['spread']:.0%}) {v['ratio']:.2f}x pred {v['predicted_ms']:.2f} "
+            f"{v['error']:+.0%}" for kind, v in row.items()))
+    for group, s in summary["vs_torchrec_fitted_to_probes"].items():
+        if s["plans"]:
+            rho = "-" if s["spearman"] is None else f"{s['spearman']:.3f}"
+            print(f"  fitted to the probes, {group} ({s['plans']} plans): median |error| {s['median_abs_error']:.1%}  "
+                  f"max {s['max_abs_error']:.1%}  Spearman {rho}")
 
 
 def one_line(e: Exception) -> str:
@@ -250,11 +293,13 @@ def main(argv: list[str] | None = None) -> int:
         done[name] = summary
     if len(checks) > 1:
         print(f"\nmedian |error|, max, Spearman\n{'check':20} {'probes':>6}  "
-              + "  ".join(f"{title:>25}" for title in ACCURACIES.values()))
+              + "  ".join(f"{title:>25}" for title in (*ACCURACIES.values(), COMPARED)))
         for name in names:
             s = done.get(name)
-            cells = [f"{s[k]['median_abs_error']:6.1%} max {s[k]['max_abs_error']:6.1%} {s[k]['spearman']:.3f}"
-                     for k in ACCURACIES] if s else ["not re-read (above)"]
+            figures = [*(s[k] for k in ACCURACIES), s["vs_torchrec_fitted_to_probes"][UNCACHED]] if s else []
+            cells = [f"{f['median_abs_error']:6.1%} max {f['max_abs_error']:6.1%} "
+                     + ("-" if f["spearman"] is None else f"{f['spearman']:.3f}")
+                     if f.get("plans", 1) else "-" for f in figures] if s else ["not re-read (above)"]
             print(f"{name:20} {s['probes'] if s else '-':>6}  " + "  ".join(f"{c:>25}" for c in cells))
     return 2 if failed else 0
 

@@ -57,3 +57,12 @@ def test_a_missing_or_unreadable_archive_is_one_line_naming_it_and_exit_2(tmp_pa
         assert r.stderr.count("\n") == 1 and str(check) in r.stderr and reason in r.stderr, r.stderr
         assert "Traceback" not in r.stderr and not list(tmp_path.glob("gpu_refit_*.json"))
 
+
+
+def test_the_comparison_plans_are_judged_by_their_own_errors():
+    rows = [{"predicted_ms": 2.0, "measured_ms": 1.0, "error": 1.0},
+            {"predicted_ms": 3.0, "measured_ms": 4.0, "error": -0.25},
+            {"predicted_ms": 5.0, "measured_ms": 5.0, "error": 0.0}]
+    assert gpu_refit.agreement(rows) == {"plans": 3, "median_abs_error": 0.25, "max_abs_error": 1.0, "spearman": 1.0}
+    assert gpu_refit.agreement(rows[:2])["spearman"] is None  # too few to rank
+    assert gpu_refit.agreement([]) == {"plans": 0}

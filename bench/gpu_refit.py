@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tarfile
 import tempfile
@@ -45,6 +46,9 @@ RESULTS = ROOT / "bench/results"
 ARCHIVES = "gpu_check_*.tgz"
 ACCURACIES = {"default": "default profile", "fitted_to_probes": "fitted to the probes",
               "fitted_to_the_workloads_in_sample": "in sample", "fitted_to_the_other_specs": "other specs' fit"}
+CALIBRATION_KINDS = ("default", "calibrated")  # the calibration section plans each workload under both profiles
+JUDGED = ("builtin", "given")  # the groups the calibration's own targets are over; out_of_family apart
+OUT_OF_FAMILY_PREFIX = "oof_"  # bench.gpu_check.families names its workloads so
 UNCACHED = "no fused_uvm_caching"
 COMPARED = "TorchRec shapes, no cache"  # the comparison's plans without a fused_uvm_caching table, fitted to the probes
 
@@ -102,9 +106,42 @@ def load(work: Path) -> tuple[list, list]:
     for folder in sorted(work.glob("measured-*")):
         for p in read_timings(folder).plans:
             if p.iterations:
-                measured.setdefault(Path(p.plan_path).parent.name, []).append(p)
+                measured.setdefault(plan_name(p.plan_path), []).append(p)
     workloads = [(name, read_plan(work / "plans" / name / "plan.json"), runs) for name, runs in measured.items()]
     return probes, workloads
+
+
+def plan_name(plan_path: str) -> str:
+    """A measured plan's folder under ``work/plans`` (``given/spec1_default`` where a given workload's
+    name has a folder in it), from the path the GPU machine recorded."""
+    parts = Path(plan_path).parts
+    at = len(parts) - 1 - parts[::-1].index("plans") if "plans" in parts else len(parts) - 2
+    return "/".join(parts[at + 1:-1])
+
+
+def calibration_groups(work: Path) -> dict[str, str]:
+    """The calibration plans' groups (``builtin``, ``given``, ``out_of_family``) by folder name, as the
+    check's ``gpu_check.json`` records them; {} where it records none (the checks of 2026-11-25/26)."""
+    try:
+        report = json.loads((work.parent / "gpu_check.json").read_text())
+        entries = report["sections"]["calibration"]["figures"]["plans_measured"]
+        return {f"{e['spec']}_{e['made_under']}": str(e["group"]) for e in entries}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def group_of(name: str, groups: dict[str, str]) -> str | None:
+    """A measured plan's calibration group, None for a TorchRec comparison plan: as ``groups`` says,
+    else by its name (a workload under the ``default`` or ``calibrated`` profile is a calibration plan;
+    ``spec<N>`` built in, ``oof_...`` out of family, any other given)."""
+    if name in groups:
+        return groups[name]
+    workload, _, kind = name.rpartition("_")
+    if kind not in CALIBRATION_KINDS:
+        return None
+    if re.fullmatch(r"spec\d+", workload):
+        return "builtin"
+    return "out_of_family" if workload.startswith(OUT_OF_FAMILY_PREFIX) else "given"
 
 
 def block_means(times) -> np.ndarray:  # the estimator the checks of 2026-11-25 ran with
@@ -161,17 +198,21 @@ def refit(work: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
 
     probes, workloads = load(work)
     topology = read_topology(work / "calibrate.topology.yaml")
-    calibration = [w for w in workloads if w[0].startswith("spec")]
+    groups = calibration_groups(work)
+    group = {name: group_of(name, groups) for name, _, _ in workloads}
+    calibration = [w for w in workloads if group[w[0]] in JUDGED]
+    apart = [w for w in workloads if group[w[0]] == "out_of_family"]
     if not probes or not calibration:
         raise CheckError(f"nothing to fit: {len(probes)} probes, {len(calibration)} calibration plans measured")
 
     rows = []
-    for name, plan, runs in calibration:
+    for name, plan, runs in calibration + apart:
         _, s_mean = spreads(runs, block_means)
         m_med, s_med = spreads(runs, lambda t: t.block_ms())
-        rows.append({"plan": name, "measured_ms": m_med, "spread_block_means": s_mean,
+        rows.append({"plan": name, "group": group[name], "measured_ms": m_med, "spread_block_means": s_mean,
                      "spread_block_medians": s_med, "lookup_gb": lookup_bytes(plan) / 1e9})
     measured = {r["plan"]: r["measured_ms"] for r in rows}
+    judged = [r for r in rows if r["group"] in JUDGED]
 
     def accuracy(profile, predicted: list[float] | None = None) -> dict:
         predicted = predicted or [float(predicted_ms(plan, profile).max()) for name, plan, _ in calibration]
@@ -189,15 +230,18 @@ def refit(work: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     # that look like the workloads, the mixed ones, could reach at best).
     loo_predicted = []
     for name, plan, _ in calibration:
-        spec = name.split("_")[0]
-        others = probe_measured + [Measured(n, pl, every[n]) for n, pl, _ in workloads if n.split("_")[0] != spec]
+        spec = name.rpartition("_")[0]
+        others = probe_measured + [Measured(n, pl, every[n]) for n, pl, _ in workloads if n.rpartition("_")[0] != spec]
         loo_predicted.append(float(predicted_ms(plan, fit_profile(others, topology, 0.2).profile).max()))
+    # The out-of-family set (bench.gpu_check.families): generators no term or probe was chosen on.
+    far = [{"predicted_ms": (p := float(predicted_ms(plan, from_probes.profile).max())),
+            "measured_ms": measured[name], "error": p / measured[name] - 1} for name, plan, _ in apart]
     # The TorchRec comparison's plans: shapes of another generator (``workloads.torchrec_shapes``),
     # predicted by the same fit to the probes. Those with a fused_uvm_caching table are told apart: the
     # checks archived so far cycled 4 batches, whose ids flattered caches (bench/RESULTS.md §7).
     vs: dict[str, dict[str, dict[str, Any]]] = {}
     for name, plan, runs in workloads:
-        if not name.startswith("spec"):
+        if group[name] is None:
             shape, kind = name.rsplit("_", 1)
             median, spread = spreads(runs, lambda t: t.block_ms())
             predicted = float(predicted_ms(plan, from_probes.profile).max())
@@ -214,25 +258,28 @@ def refit(work: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         "default": accuracy(DEFAULT_PROFILE), "fitted_to_probes": accuracy(from_probes.profile),
         "fitted_to_the_workloads_in_sample": accuracy(in_sample.profile),
         "fitted_to_the_other_specs": accuracy(None, loo_predicted),
+        "out_of_family_fitted_to_probes": agreement(far),
         "probe_residual_median": from_probes.median_abs_error,
-        "spread_max": {"block_means": max(r["spread_block_means"] for r in rows),
-                       "block_medians": max(r["spread_block_medians"] for r in rows)},
+        "spread_max": {"block_means": max(r["spread_block_means"] for r in judged),
+                       "block_medians": max(r["spread_block_medians"] for r in judged)},
         "lookup_gb_range": {"probes": [min(lookup_bytes(pl) for _, pl, _ in probes) / 1e9,
                                        max(lookup_bytes(pl) for _, pl, _ in probes) / 1e9],
-                            "workloads": [min(r["lookup_gb"] for r in rows), max(r["lookup_gb"] for r in rows)]},
+                            "workloads": [min(r["lookup_gb"] for r in judged), max(r["lookup_gb"] for r in judged)]},
     }
     return rows, summary
 
 
 def report(rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
-    print(f"{'plan':22} {'measured ms':>11} {'spread (means)':>14} {'spread (medians)':>16} {'lookups GB':>10}")
+    print(f"{'plan':32} {'group':13} {'measured ms':>11} {'spread (means)':>14} {'spread (medians)':>16} "
+          f"{'lookups GB':>10}")
     for r in rows:
-        print(f"{r['plan']:22} {r['measured_ms']:11.2f} {r['spread_block_means']:14.1%} "
+        print(f"{r['plan']:32} {r['group']:13} {r['measured_ms']:11.2f} {r['spread_block_means']:14.1%} "
               f"{r['spread_block_medians']:16.1%} {r['lookup_gb']:10.2f}")
     for key in ACCURACIES:
         s = summary[key]
         print(f"{key:36s} median |error| {s['median_abs_error']:6.1%}  max {s['max_abs_error']:6.1%}  "
               f"Spearman {s['spearman']:.3f}")
+    _agreement_line("out of family, fitted to the probes", summary["out_of_family_fitted_to_probes"])
     span = summary["lookup_gb_range"]
     print(f"lookups per iteration, GB: probes [{span['probes'][0]:.3g}, {span['probes'][1]:.3g}], "
           f"workloads [{span['workloads'][0]:.3g}, {span['workloads'][1]:.3g}]")
@@ -245,10 +292,15 @@ def report(rows: list[dict[str, Any]], summary: dict[str, Any]) -> None:
             f"{kind} {v['measured_ms']:.2f} ms ({v['spread']:.0%}) {v['ratio']:.2f}x pred {v['predicted_ms']:.2f} "
             f"{v['error']:+.0%}" for kind, v in row.items()))
     for group, s in summary["vs_torchrec_fitted_to_probes"].items():
-        if s["plans"]:
-            rho = "-" if s["spearman"] is None else f"{s['spearman']:.3f}"
-            print(f"  fitted to the probes, {group} ({s['plans']} plans): median |error| {s['median_abs_error']:.1%}  "
-                  f"max {s['max_abs_error']:.1%}  Spearman {rho}")
+        _agreement_line(f"  fitted to the probes, {group}", s)
+
+
+def _agreement_line(title: str, s: dict[str, Any]) -> None:
+    """One line of an ``agreement``'s figures; none where it has no plans."""
+    if s["plans"]:
+        rho = "-" if s["spearman"] is None else f"{s['spearman']:.3f}"
+        print(f"{title} ({s['plans']} plans): median |error| {s['median_abs_error']:.1%}  "
+              f"max {s['max_abs_error']:.1%}  Spearman {rho}")
 
 
 def one_line(e: Exception) -> str:

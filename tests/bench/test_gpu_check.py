@@ -4,6 +4,7 @@ plain checkout (only PYTHONPATH set) where Prefect, Ray and MLflow cannot be imp
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -61,7 +62,24 @@ def test_the_cpu_check_runs_every_section_without_prefect_ray_or_mlflow(tmp_path
     markdown = (out / "gpu_check.md").read_text()
     assert all(f"| {name} | ok |" in markdown for name in SECTIONS)
     assert "Traceback" not in r.stderr
+    assert_the_refit_reads_the_check_as_it_judged_it(out, report)
     assert_the_quick_calibration_wrote_a_profile_that_plans(out, capsys)
+
+
+def assert_the_refit_reads_the_check_as_it_judged_it(out, report) -> None:
+    """``bench/gpu_refit.py`` on the check's folder: every measured plan in the group the check gave it,
+    the TorchRec comparison's shapes apart, and from the raw timings the check's own accuracy figures."""
+    from bench import gpu_refit
+
+    rows, summary = gpu_refit.refit(gpu_refit.find_work(out))
+    calibration = report["sections"]["calibration"]["figures"]
+    measured = [e for e in calibration["plans_measured"] if math.isfinite(e["measured_ms"] or math.nan)]
+    assert {r["plan"]: r["group"] for r in rows} == {f"{e['spec']}_{e['made_under']}": e["group"] for e in measured}
+    assert set(summary["vs_torchrec"]) == set(report["sections"]["vs_torchrec"]["figures"]["shapes"])
+    for group, key in (("builtin", "fitted_to_probes"), ("out_of_family", "out_of_family_fitted_to_probes")):
+        own = calibration["by_group"][group]["calibrated"]
+        assert summary[key]["median_abs_error"] == pytest.approx(own["median_abs_error"], rel=1e-9)
+        assert summary[key]["spearman"] == pytest.approx(own["spearman"], rel=1e-9)
 
 
 def assert_the_quick_calibration_wrote_a_profile_that_plans(out, capsys) -> None:

@@ -338,7 +338,18 @@ def _apart(oof: families.OutOfFamily, measured: list[dict[str, Any]], not_planne
                                    "table_bytes": sum(int(r["num_embeddings"]) * int(r["embedding_dim"]) * 4
                                                       for r in w.rows)} for w in oof.workloads},
             "plans": len(measured), "median_spread": float(np.median(spreads)) if spreads else math.nan,
-            "skipped": oof.skipped, "not_planned": not_planned}
+            "by_family": _by_family(measured), "skipped": oof.skipped, "not_planned": not_planned}
+
+
+def _by_family(measured: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per family measured, the calibrated profile's errors: how many plans, the median |error| and the
+    median signed error (below 0: predicted too fast), where a missed target comes from."""
+    out: dict[str, dict[str, Any]] = {}
+    for family in sorted({str(e["family"]) for e in measured}):
+        errors = [e["error_calibrated"] for e in measured if str(e["family"]) == family]
+        out[family] = {"plans": len(errors), "median_abs_error": float(np.median(np.abs(errors))),
+                       "median_error": float(np.median(errors))}
+    return out
 
 
 def _accuracy(entries: list[dict[str, Any]]) -> dict[str, dict[str, float]]:

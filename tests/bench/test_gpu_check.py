@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from tests.paths import ROOT
@@ -54,6 +55,12 @@ def test_the_cpu_check_runs_every_section_without_prefect_ray_or_mlflow(tmp_path
     apart = calibration["out_of_family"]
     assert apart["families"] == ["criteo", "power_law", "two_tower"] and set(apart["skipped"]) == {"memory_tight"}
     assert apart["plans"] == 6 and all(name in calibration["workloads"] for name in apart["workloads"])
+    far = [e for e in calibration["plans_measured"] if e["group"] == "out_of_family"]
+    for family, figures_of in apart["by_family"].items():  # where a missed out-of-family target comes from
+        errors = [e["error_calibrated"] for e in far if e["family"] == family]
+        assert figures_of == {"plans": 2, "median_abs_error": pytest.approx(float(np.median(np.abs(errors)))),
+                              "median_error": pytest.approx(float(np.median(errors)))}
+    assert set(apart["by_family"]) == set(apart["families"])
     assert {e["group"] for e in calibration["plans_measured"]} == {"builtin", "out_of_family"}
     judged = {t["name"] for t in sections["calibration"]["targets"]}
     assert {"calibration_median_abs_error", "out_of_family_median_abs_error", "out_of_family_spearman"} <= judged

@@ -15,7 +15,9 @@ read is one line on stderr naming it; the others are still re-read, and the exit
 Measurement: each calibration plan was measured 3 times, each repeat in several blocks of iterations; a
 repeat's value is the median of its blocks' means (as the checks of 2026-11-25 ran) or of their medians
 (as the measuring job now reports), the spread (max - min) / median of the 3. Fit: ``rec.calibrate.fit``
-on the probes the check's calibration measured, then predicted against measured on the calibration plans;
+on the probes the check's calibration measured, then predicted against measured on the calibration plans
+the check judges (built-in and given; each plan's group as its ``gpu_check.json`` gives it) and, apart, on
+its out-of-family ones;
 beside it the same fit given the probes and every workload the check measured (the calibration and
 the TorchRec comparison plans; in-sample: what the cost model's form can explain at all), the fit to
 the probes and every workload but one spec's predicting that spec's plans (out of sample: what probes
@@ -234,8 +236,11 @@ def refit(work: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         others = probe_measured + [Measured(n, pl, every[n]) for n, pl, _ in workloads if n.rpartition("_")[0] != spec]
         loo_predicted.append(float(predicted_ms(plan, fit_profile(others, topology, 0.2).profile).max()))
     # The out-of-family set (bench.gpu_check.families): generators no term or probe was chosen on.
-    far = [{"predicted_ms": (p := float(predicted_ms(plan, from_probes.profile).max())),
-            "measured_ms": measured[name], "error": p / measured[name] - 1} for name, plan, _ in apart]
+    def judged_by_probes(plan, measured_ms: float) -> dict[str, float]:
+        predicted = float(predicted_ms(plan, from_probes.profile).max())
+        return {"predicted_ms": predicted, "measured_ms": measured_ms, "error": predicted / measured_ms - 1}
+
+    far = [judged_by_probes(plan, measured[name]) for name, plan, _ in apart]
     # The TorchRec comparison's plans: shapes of another generator (``workloads.torchrec_shapes``),
     # predicted by the same fit to the probes. Those with a fused_uvm_caching table are told apart: the
     # checks archived so far cycled 4 batches, whose ids flattered caches (bench/RESULTS.md §7).
@@ -244,9 +249,8 @@ def refit(work: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         if group[name] is None:
             shape, kind = name.rsplit("_", 1)
             median, spread = spreads(runs, lambda t: t.block_ms())
-            predicted = float(predicted_ms(plan, from_probes.profile).max())
-            vs.setdefault(shape, {})[kind] = {"measured_ms": median, "spread": spread, "predicted_ms": predicted,
-                                              "error": predicted / median - 1, "caching": caches(plan)}
+            vs.setdefault(shape, {})[kind] = {"measured_ms": median, "spread": spread,
+                                              **judged_by_probes(plan, median), "caching": caches(plan)}
     for row in vs.values():
         base = row.get("torchrec", {}).get("measured_ms", float("nan"))
         for v in row.values():

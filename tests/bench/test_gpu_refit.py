@@ -58,7 +58,6 @@ def test_a_missing_or_unreadable_archive_is_one_line_naming_it_and_exit_2(tmp_pa
         assert "Traceback" not in r.stderr and not list(tmp_path.glob("gpu_refit_*.json"))
 
 
-
 def test_the_comparison_plans_are_judged_by_their_own_errors():
     rows = [{"predicted_ms": 2.0, "measured_ms": 1.0, "error": 1.0},
             {"predicted_ms": 3.0, "measured_ms": 4.0, "error": -0.25},

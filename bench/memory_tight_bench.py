@@ -22,6 +22,7 @@ tables in a weighted EmbeddingBagCollection (id-score lists, TorchRec's ``is_wei
 TorchRec's estimator prices with their weights.
 
     .venv/bin/python bench/memory_tight_bench.py [--count 16] [--first-seed 3000] [--constrained] [--weighted] \\
+        [--shardflow-timeout SECONDS] \\
         [--out bench/results/memory_tight_bench.json]
 """
 
@@ -327,7 +328,7 @@ def rate(plan: Any, model: Any, w: Workload, sharders: list[Any], with_stats: bo
     return Rating(max(perf), over, len(factors), float(np.mean(factors)) if factors else 0.0)
 
 
-def plan_all(w: Workload, timeout_s: int) -> dict[str, Any]:
+def plan_all(w: Workload, timeout_s: int, shardflow_timeout_s: float | None = None) -> dict[str, Any]:
     from torchrec.distributed.embedding import EmbeddingCollectionSharder
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import EmbeddingShardingPlanner
@@ -343,7 +344,8 @@ def plan_all(w: Workload, timeout_s: int) -> dict[str, Any]:
     sharders = [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
     model = spec_model(spec_of(w))
     planners: dict[str, Callable[[dict[str, Any]], Any]] = {
-        "shardflow": lambda c: ShardflowPlanner(topology=torchrec_topology(w), batch_size=w.batch_size, constraints=c),
+        "shardflow": lambda c: ShardflowPlanner(topology=torchrec_topology(w), batch_size=w.batch_size, constraints=c,
+                                                timeout_seconds=shardflow_timeout_s),
         "torchrec_default": lambda c: EmbeddingShardingPlanner(
             topology=torchrec_topology(w), batch_size=w.batch_size, constraints=c, timeout_seconds=timeout_s),
         "torchrec_dp": lambda c: EmbeddingShardingPlanner(
@@ -400,6 +402,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--weighted", action="store_true",
                    help="40%% of the pooled tables in a weighted EmbeddingBagCollection (id-score lists, is_weighted)")
     p.add_argument("--timeout", type=int, default=300, help="TorchRec planner timeout_seconds (default 300)")
+    p.add_argument("--shardflow-timeout", type=float, default=None, metavar="SECONDS",
+                   help="ShardflowPlanner's timeout_seconds, the cap of its exact stage (default: its own, 30)")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "memory_tight_bench.json",
                    help="the results as JSON (default bench/results/memory_tight_bench.json)")
     args = p.parse_args(argv)
@@ -410,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
         if seed not in SEEDS:
             p.error(f"seed {seed} is outside the bench's reserved range {SEEDS.start}-{SEEDS.stop - 1}")
         w = workload(seed, args.constrained, args.weighted)
-        result = plan_all(w, args.timeout)
+        result = plan_all(w, args.timeout, args.shardflow_timeout)
         row = summary(w, result)
         rows.append(row)
         raw.append({"workload": row, "planners": result})

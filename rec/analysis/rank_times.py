@@ -4,14 +4,15 @@ measurements, and the model ``shardflow calibrate`` fits.
 Per rank, the cost model's ``Perf.total`` of every shard on it (``rec.cost.perf.shard_perf``, the
 same formulas the search used; a data_parallel replica counts on every rank), plus the widest-row
 term of its kernel groups (``rec.cost.widest``; a profile's extension, 0 by default), plus the profile's
-plan-level terms (``Extensions.iteration_ms`` and ``sharding_type_ms`` of each sharding type the
-plan uses), which are the same on every rank. Under the plan's own profile the first part is the
-plan's ``metrics.rank_perf``. Under another profile it re-rates the same placement, so two profiles
-can be compared on one plan.
+plan-level terms (``Extensions.iteration_ms``, ``sharding_type_ms`` of each sharding type the plan
+uses and ``module_sharding_type_ms`` of each further module using it), which are the same on every
+rank. Under the plan's own profile the first part is the plan's ``metrics.rank_perf``. Under another
+profile it re-rates the same placement, so two profiles can be compared on one plan.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -23,7 +24,7 @@ from rec.cost.widest import FAMILY_CODE, KERNEL_FAMILY, group_extremes, lanes, p
 from rec.plan.load_factors import chosen_load_factors
 from rec.plan.types import Plan
 from rec.profile.types import Profile
-from rec.sharding import COMPUTE_KERNELS, SHARDING_TYPES
+from rec.sharding import COMPUTE_KERNELS, SHARDING_TYPES, ShardingType
 
 
 def shard_rank_perf(plan: Plan, profile: Profile | None = None) -> np.ndarray:
@@ -129,9 +130,17 @@ def _per_rank(plan: Plan, per_entry: np.ndarray) -> np.ndarray:
 def plan_level_ms(plan: Plan, profile: Profile | None = None) -> float:
     """The profile's plan-level terms for ``plan``: the same on every rank."""
     profile = plan.planner.profile if profile is None else profile
-    x = profile.extensions
-    used = {SHARDING_TYPES[int(code)] for code in np.unique(plan.columns.sharding_type)}
-    return x.iteration_ms + sum(x.sharding_type_cost(st) for st in sorted(used))
+    c = plan.columns
+    return profile.extensions.iteration_ms + profile.extensions.type_costs(modules_using(c.sharding_type, c.modules))
+
+
+def modules_using(sharding_type: np.ndarray, modules: Sequence[str]) -> dict[ShardingType, int]:
+    """How many embedding modules each sharding type serves, given each table's type code and module."""
+    pairs = set(zip(np.asarray(sharding_type).tolist(), modules, strict=True))
+    out: dict[ShardingType, int] = {}
+    for code, _ in pairs:
+        out[SHARDING_TYPES[int(code)]] = out.get(SHARDING_TYPES[int(code)], 0) + 1
+    return out
 
 
 def predicted_ms(plan: Plan, profile: Profile | None = None) -> np.ndarray:

@@ -40,7 +40,9 @@ Which numbers are fitted, and why not the others (all else keeps TorchRec's defa
   row-wise ``batched_copy_factor`` likewise; ``empty_bag_output_multiplier`` is 1 (the measuring job
   gives every sample a pooled vector per feature, however many of its bags are empty).
 * The plan-level ``iteration_ms`` and ``sharding_type_ms`` of each sharding type measured, but
-  for one that every plan uses (the probes' table_wise companion): ``iteration_ms`` carries it.
+  for one that every plan uses (the probes' table_wise companion): ``iteration_ms`` carries it; and
+  ``module_sharding_type_ms`` of each type some plan uses in several embedding modules (the probes
+  that split a type's tables over two modules).
 
 Rows are weighted by 1 / measured time (relative errors, as the targets are stated) and, robustly,
 by Huber's weights (a probe a burst of load slowed counts less), columns scaled to unit norm; a
@@ -67,7 +69,7 @@ from typing import Any
 
 import numpy as np
 
-from rec.analysis.rank_times import mixes_widths, predicted_ms
+from rec.analysis.rank_times import mixes_widths, modules_using, predicted_ms
 from rec.cost.bandwidth import kernel_bw, links
 from rec.errors import InputError, Problem
 from rec.plan.types import Plan
@@ -189,12 +191,13 @@ def misses_fitted(topology: Topology, kernels: Sequence[ComputeKernel]) -> bool:
 
 def parameters(types: Sequence[ShardingType], everywhere: Sequence[ShardingType] = (),
                kernels: Sequence[ComputeKernel] = (), widths: bool = False,
-               misses: bool = False) -> tuple[Parameter, ...]:
+               misses: bool = False, modules: Sequence[ShardingType] = ()) -> tuple[Parameter, ...]:
     """The numbers a fit on plans using ``types`` on ``kernels`` estimates (see the module
     docstring); the ``sharding_type_ms`` of a type in ``everywhere`` (every plan uses it) cannot be
     told apart from ``iteration_ms``, which then carries it; ``widths``: some plan runs tables of
     different widths in one kernel group (``widest_dim_multiplier``); ``misses``: the caches' misses
-    (``cache_miss_multiplier``, ``misses_fitted``)."""
+    (``cache_miss_multiplier``, ``misses_fitted``); ``modules``: the types some plan uses in several
+    embedding modules (their ``module_sharding_type_ms``)."""
     blocks = _blocks(types)
     uvm = [ck for ck in UVM_KERNELS if ck in kernels]
     out: list[Parameter] = []
@@ -224,7 +227,16 @@ def parameters(types: Sequence[ShardingType], everywhere: Sequence[ShardingType]
     out.append(Parameter("iteration_ms", ("extensions.iteration_ms",), Kind.MS))
     out += [Parameter(f"sharding_type_ms.{st.value}", (f"extensions.sharding_type_ms.{st.value}",), Kind.MS)
             for st in types if st not in everywhere]
+    out += [Parameter(f"module_sharding_type_ms.{st.value}", (f"extensions.module_sharding_type_ms.{st.value}",),
+                      Kind.MS) for st in types if st in modules]
     return tuple(out)
+
+
+def types_in_several_modules(plans: Sequence[Plan]) -> tuple[ShardingType, ...]:
+    """The sharding types some plan uses in more than one embedding module."""
+    several = {st for p in plans for st, n in modules_using(p.columns.sharding_type, p.columns.modules).items()
+               if n > 1}
+    return tuple(st for st in ShardingType if st in several)
 
 
 def _blocks(types: Sequence[ShardingType]) -> list[str]:
@@ -303,11 +315,11 @@ def _set(profile: Profile, path: list[str], value: float) -> Profile:
         current = getattr(coefficients, phase) or PerfCoefficient()
         coefficients = replace(coefficients, **{phase: replace(current, **{field: value})})
         return replace(profile, coefficients=replace(profile.coefficients, **{block: coefficients}))  # type: ignore[arg-type]
-    if section == "extensions" and rest[0] == "sharding_type_ms":
+    if section == "extensions" and rest[0] in ("sharding_type_ms", "module_sharding_type_ms"):
         st = ShardingType(rest[1])
-        pairs = {**dict(profile.extensions.sharding_type_ms), st: value}
+        pairs = {**dict(getattr(profile.extensions, rest[0])), st: value}
         ordered = tuple((s, pairs[s]) for s in ShardingType if s in pairs)
-        return replace(profile, extensions=replace(profile.extensions, sharding_type_ms=ordered))
+        return replace(profile, extensions=replace(profile.extensions, **{rest[0]: ordered}))  # type: ignore[arg-type]
     return replace(profile, **{section: replace(getattr(profile, section), **{rest[0]: value})})
 
 
@@ -335,7 +347,8 @@ def fit_profile(measured: Sequence[Measured], topology: Topology, caching_ratio:
     plans = [m.plan for m in usable]
     types, kernels = measured_types(plans)
     misses = misses_fitted(topology, kernels)
-    params = parameters(types, types_everywhere(plans), kernels, any(map(mixes_widths, plans)), misses)
+    params = parameters(types, types_everywhere(plans), kernels, any(map(mixes_widths, plans)), misses,
+                        types_in_several_modules(plans))
     base = base_profile(topology, types, kernels, caching_ratio, misses)
     per_rank = design(plans, base, params)
     kept = np.flatnonzero(np.abs(per_rank).max(axis=(0, 1)) > 0)

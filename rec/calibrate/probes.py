@@ -58,6 +58,7 @@ class Tables:
     kernel: ComputeKernel | None = None  # None: the sharding type's first kernel on the device
     cache_load_factor: float | None = None  # a fused_uvm_caching cache of this size, fixed (the planner grows none)
     hit_rate_curve: tuple[tuple[float, float], ...] | None = None  # the ids' skew; None: the skew model
+    module: str | None = None  # the embedding module holding them; None: the spec's default one
 
     @property
     def misses(self) -> bool:
@@ -178,6 +179,7 @@ def probe_specs(device: ComputeDevice, quick: bool = False) -> tuple[ProbeSpec, 
             groups = tuple(Tables(st, per_rank=1, dim=256 if st in (CW, TCW) else 64,
                                   rows=10_000 if st is DP else Tables.rows) for st in mix)
             out.append(ProbeSpec("+".join(st.value for st in mix), groups))
+    out += module_probes(types, quick)
     if device is ComputeDevice.CUDA:
         out += cache_probes(types, quick)
     if device is ComputeDevice.CUDA and not quick:
@@ -272,6 +274,26 @@ def cache_probes(types: list[ShardingType], quick: bool = False) -> list[ProbeSp
     return out
 
 
+# Each embedding module runs its own input and output distribution per sharding type: a type's tables
+# split over two modules (beside the companion, in the default module) show what a further module of
+# that type adds (``module_sharding_type_ms``). On 2 cpu ranks 4 table_wise tables took 4.6 ms in one
+# module and 13-15 ms in four (bench/RESULTS.md §17).
+MODULES = ("probe.first", "probe.second")
+
+
+def module_probes(types: list[ShardingType], quick: bool = False) -> list[ProbeSpec]:
+    """A probe per sharding type (``quick``: table_wise's alone) whose tables of that type sit in two modules."""
+    out = []
+    for st in types:
+        if quick and st is not COMPANION.sharding_type:
+            continue
+        dim = 256 if st in (CW, TCW) else 64
+        rows = 10_000 if st is DP else Tables.rows
+        groups = tuple(Tables(st, per_rank=1, dim=dim, rows=rows, module=m) for m in MODULES)
+        out.append(ProbeSpec(f"{st.value}_modules2", (COMPANION, *groups)))
+    return out
+
+
 def _scale(probe: ProbeSpec, scale: int) -> int:
     """The probe's batch multiple: ``scale``, less where lookups come over the host link
     (``UVM_BATCH_DIVISOR``), and halved until its ids per rank and batch are within ``MAX_PROBE_IDS``."""
@@ -309,10 +331,11 @@ def probe_rows(probe: ProbeSpec, device: ComputeDevice, world_size: int) -> list
             cache["cache_load_factor"] = group.cache_load_factor
         if group.hit_rate_curve is not None:
             cache["hit_rate_curve"] = [list(point) for point in group.hit_rate_curve]
+        module = {"module": group.module} if group.module is not None else {}
         for i in range(count):
             rows.append({"name": f"g{g}_t{i}", "num_embeddings": group.rows, "embedding_dim": group.dim,
                          "pooling_factor": group.pooling_factor, "sharding_types": [group.sharding_type.value],
-                         "compute_kernels": [kernel.value], **cache})
+                         "compute_kernels": [kernel.value], **cache, **module})
     return rows
 
 

@@ -1,7 +1,8 @@
-"""Plans under a profile whose sharding types cost time per iteration (``sharding_type_ms``).
+"""Plans under a profile whose sharding types cost time per iteration (``sharding_type_ms``, and
+``module_sharding_type_ms`` per further embedding module using a type).
 
-A sharding type's collectives cost the same whether it holds one table or a hundred
-(``rec.analysis.rank_times``): a plan-level term, invisible to a search that balances per-shard times.
+A sharding type's collectives cost the same whether it holds one table or a hundred (once per module
+using it: ``rec.analysis.rank_times``): a plan-level term, invisible to a search that balances per-shard times.
 So a plan can use one more sharding type for a slightly better balance and lose more than it
 gains. After the search, each costly type the plan uses is taken away in turn (its options made
 infeasible) and the rest searched again; a plan that is better with the plan-level terms counted
@@ -13,31 +14,35 @@ changes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import numpy as np
 
+from rec.analysis.rank_times import modules_using
 from rec.errors import InputError
 from rec.passes.context import RELATIVE_GAIN, PassContext
 from rec.profile.types import Profile
 from rec.search.result import SearchResult
 from rec.search.space import SearchSpace, without_options
-from rec.sharding import SHARDING_TYPES, ST_CODE, ShardingType
+from rec.sharding import ST_CODE, ShardingType
 
 
-def with_fewer_types(result: SearchResult, profile: Profile,
-                     search: Callable[[SearchSpace], SearchResult]) -> SearchResult:
+def with_fewer_types(result: SearchResult, profile: Profile, search: Callable[[SearchSpace], SearchResult],
+                     modules: Sequence[str] | None = None) -> SearchResult:
     """``result``, or the plan with fewer costly sharding types whose critical path plus their
-    ``sharding_type_ms`` is lowest (``search`` searches a space)."""
+    ``sharding_type_ms`` (and ``module_sharding_type_ms`` for each further module of ``modules``,
+    each table's, using them) is lowest (``search`` searches a space)."""
     costs = profile.extensions
-    if not costs.sharding_type_ms:
+    if not (costs.sharding_type_ms or costs.module_sharding_type_ms):
         return result
+    modules = modules if modules is not None else [""] * result.space.num_tables
     full = result.space
-    best, best_value, removed = result, _value(result, profile), set[ShardingType]()
+    best, best_value, removed = result, _value(result, profile, modules), set[ShardingType]()
     while True:
-        tried = [st for st in sorted(_types(best), key=lambda st: -costs.sharding_type_cost(st))
-                 if costs.sharding_type_cost(st) > 0]
+        using = _modules_using(best, modules)
+        tried = [st for st in sorted(using, key=lambda st: (-costs.type_costs({st: using[st]}), st.value))
+                 if costs.type_costs({st: using[st]}) > 0]
         for st in tried:
             space = _without(full, removed | {st})
             if space is None:
@@ -46,7 +51,7 @@ def with_fewer_types(result: SearchResult, profile: Profile,
                 candidate = search(space)
             except InputError:  # the tables do not fit without it
                 continue
-            value = _value(candidate, profile)
+            value = _value(candidate, profile, modules)
             if value < best_value * (1 - RELATIVE_GAIN):
                 best, best_value = candidate, value
                 removed.add(st)
@@ -58,14 +63,14 @@ def with_fewer_types(result: SearchResult, profile: Profile,
     return replace(best, space=full, bound=result.bound, info=result.info)
 
 
-def _types(result: SearchResult) -> set[ShardingType]:
-    codes = result.space.options.sharding_type[result.assignment.choice]
-    return {SHARDING_TYPES[int(c)] for c in np.unique(codes)}
+def _modules_using(result: SearchResult, modules: Sequence[str]) -> dict[ShardingType, int]:
+    """How many modules each sharding type of the plan serves (``modules``: each table's)."""
+    return modules_using(result.space.options.sharding_type[result.assignment.choice], modules)
 
 
-def _value(result: SearchResult, profile: Profile) -> float:
+def _value(result: SearchResult, profile: Profile, modules: Sequence[str]) -> float:
     """The critical path with the plan-level terms of the types the plan uses."""
-    return result.critical_path + sum(profile.extensions.sharding_type_cost(st) for st in _types(result))
+    return result.critical_path + profile.extensions.type_costs(_modules_using(result, modules))
 
 
 def _without(space: SearchSpace, types: set[ShardingType]) -> SearchSpace | None:
@@ -77,8 +82,10 @@ class FewerTypes:
     """``with_fewer_types`` as a whole-plan pass: under a profile with ``sharding_type_ms``."""
 
     def applies(self, context: PassContext) -> bool:
-        return bool(context.cost.profile.extensions.sharding_type_ms) and context.search is not None
+        x = context.cost.profile.extensions
+        return bool(x.sharding_type_ms or x.module_sharding_type_ms) and context.search is not None
 
     def run(self, result: SearchResult, context: PassContext) -> SearchResult:
         assert context.search is not None
-        return with_fewer_types(result, context.cost.profile, context.search)
+        return with_fewer_types(result, context.cost.profile, context.search,
+                                [t.module for t in context.spec.tables])

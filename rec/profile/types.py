@@ -160,10 +160,23 @@ class Extensions:
     # kernel writes and the output all-to-all moves (1: one per sample, as TorchRec 1.6 counts them).
     empty_bag_output_multiplier: float = 0.0
     sharding_type_ms: tuple[tuple[ShardingType, float], ...] = ()  # in ShardingType order, one each
+    # Per sharding type, what each further embedding module using it adds per iteration: each module
+    # runs its own input and output distribution per sharding type, so a second module of a type
+    # repeats them (rec.analysis.rank_times; bench/RESULTS.md §17). In ShardingType order, one each.
+    module_sharding_type_ms: tuple[tuple[ShardingType, float], ...] = ()
 
     def sharding_type_cost(self, sharding_type: ShardingType) -> float:
         """``sharding_type_ms`` of ``sharding_type`` (0 where it names none)."""
         return next((ms for st, ms in self.sharding_type_ms if st == sharding_type), 0.0)
+
+    def module_sharding_type_cost(self, sharding_type: ShardingType) -> float:
+        """``module_sharding_type_ms`` of ``sharding_type`` (0 where it names none)."""
+        return next((ms for st, ms in self.module_sharding_type_ms if st == sharding_type), 0.0)
+
+    def type_costs(self, modules_using: dict[ShardingType, int]) -> float:
+        """The per-type plan-level terms of a plan whose sharding types each serve this many modules."""
+        return sum(self.sharding_type_cost(st) + (n - 1) * self.module_sharding_type_cost(st)
+                   for st, n in sorted(modules_using.items()) if n > 0)
 
 
 @dataclass(frozen=True)

@@ -291,17 +291,19 @@ def _extensions(value: object, problems: Problems) -> Extensions:
     if mapping is None:
         return Extensions()
     parsers = {f.name: (_MS if f.name.endswith("_ms") else _FACTOR) for f in dataclasses.fields(Extensions)}
-    per_type = mapping.get("sharding_type_ms") if isinstance(mapping, Mapping) else None
-    values: dict[str, Any] = _fields_of(Extensions, {k: v for k, v in mapping.items() if k != "sharding_type_ms"},
+    values: dict[str, Any] = _fields_of(Extensions, {k: v for k, v in mapping.items() if k not in PER_TYPE},
                                         "extensions", problems, parsers)
-    if per_type is not None:
-        values["sharding_type_ms"] = _sharding_type_ms(per_type, problems)
+    for key in PER_TYPE:
+        if mapping.get(key) is not None:
+            values[key] = _sharding_type_ms(mapping[key], f"extensions.{key}", problems)
     return Extensions(**values)
 
 
-def _sharding_type_ms(value: object, problems: Problems) -> tuple[tuple[ShardingType, float], ...]:
+PER_TYPE = ("sharding_type_ms", "module_sharding_type_ms")  # extensions given as {sharding_type: ms}
+
+
+def _sharding_type_ms(value: object, where: str, problems: Problems) -> tuple[tuple[ShardingType, float], ...]:
     """``{sharding_type: ms}`` -> pairs in ShardingType order."""
-    where = "extensions.sharding_type_ms"
     mapping = _mapping(value, where, problems)
     if mapping is None:
         return ()

@@ -22,6 +22,7 @@ from rec.calibrate.fit import (
     parameters,
     relative_errors,
     types_everywhere,
+    types_in_several_modules,
     with_value,
 )
 from rec.calibrate.probes import FLAT_CURVE, SKEWED_CURVE, probe_plans, probe_specs
@@ -45,7 +46,8 @@ def planted(cuda_probes):
     the values, and the probes' times under it."""
     plans = [p.plan for p in cuda_probes]
     types, kernels = measured_types(plans)
-    params = parameters(types, types_everywhere(plans), kernels, widths=True, misses=True)
+    params = parameters(types, types_everywhere(plans), kernels, widths=True, misses=True,
+                        modules=types_in_several_modules(plans))
     truth = base_profile(one_gpu(), types, kernels, CACHING, misses=True)
     rng = np.random.default_rng(7)
     values = []

@@ -12,8 +12,9 @@ A probe of another type than table_wise holds a table_wise ``COMPANION`` too, as
 each type's ``sharding_type_ms`` is what it adds to a plan that has table_wise's collectives
 already (``iteration_ms`` carries table_wise's own). On cuda the other kernels get a probe of their
 own, and fused_uvm_caching tables of a fixed cache size (``CACHE_PROBES``) vary its size and the
-ids' skew, so that its misses (``cache_miss_multiplier``) are told apart from its lookups. The
-sizes stay small: a full calibration of 2 cpu ranks measures about 55 probes and holds at
+ids' skew, so that its misses (``cache_miss_multiplier``) are told apart from its lookups. Per
+type, one probe splits its tables over two further embedding modules (``module_sharding_type_ms``). The
+sizes stay small: a full calibration of 2 cpu ranks measures about 60 probes and holds at
 most about 500 MB per rank. On cuda every probe's batch is up to ``BATCH_SCALE`` times larger, at
 most ``MAX_PROBE_IDS`` ids per rank and batch: on a GPU a batch of 512 looks its rows up far below
 the fixed cost of an iteration, and probes much smaller than the workloads GPUs train leave the fit

@@ -98,8 +98,9 @@ def measured_ms(plan_dir: Path, out: Path, repeats: int) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rec.analysis.rank_times import modules_using, predicted_ms
+    from rec.analysis.rank_times import predicted_ms
     from rec.profile import DEFAULT_PROFILE
+    from rec.sharding import modules_using
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--topology", type=Path, default=ROOT / "examples/topologies/cpu_2proc.yaml")

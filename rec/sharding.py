@@ -7,7 +7,12 @@ written by shardflow convert one to one into torchrec objects.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class ShardingType(StrEnum):
@@ -133,3 +138,13 @@ class DataType(StrEnum):
         """Bytes per weight as TorchRec trains the table: ``EmbeddingBagCollection`` allocates FP32
         tables as float32 and every other data type as float16, and its estimators size them so."""
         return 4 if self is DataType.FP32 else 2
+
+
+def modules_using(sharding_type: Sequence[int] | np.ndarray, modules: Sequence[str]) -> dict[ShardingType, int]:
+    """How many embedding modules each sharding type serves, given each table's type code
+    (``SHARDING_TYPES`` index) and module."""
+    codes = sharding_type.tolist() if hasattr(sharding_type, "tolist") else list(sharding_type)
+    out: dict[ShardingType, int] = {}
+    for code, _ in set(zip(codes, modules, strict=True)):
+        out[SHARDING_TYPES[int(code)]] = out.get(SHARDING_TYPES[int(code)], 0) + 1
+    return out

@@ -12,7 +12,6 @@ profile it re-rates the same placement, so two profiles can be compared on one p
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -24,7 +23,7 @@ from rec.cost.widest import FAMILY_CODE, KERNEL_FAMILY, group_extremes, lanes, p
 from rec.plan.load_factors import chosen_load_factors
 from rec.plan.types import Plan
 from rec.profile.types import Profile
-from rec.sharding import COMPUTE_KERNELS, SHARDING_TYPES, ShardingType
+from rec.sharding import COMPUTE_KERNELS, SHARDING_TYPES, modules_using
 
 
 def shard_rank_perf(plan: Plan, profile: Profile | None = None) -> np.ndarray:
@@ -132,15 +131,6 @@ def plan_level_ms(plan: Plan, profile: Profile | None = None) -> float:
     profile = plan.planner.profile if profile is None else profile
     c = plan.columns
     return profile.extensions.iteration_ms + profile.extensions.type_costs(modules_using(c.sharding_type, c.modules))
-
-
-def modules_using(sharding_type: np.ndarray, modules: Sequence[str]) -> dict[ShardingType, int]:
-    """How many embedding modules each sharding type serves, given each table's type code and module."""
-    pairs = set(zip(np.asarray(sharding_type).tolist(), modules, strict=True))
-    out: dict[ShardingType, int] = {}
-    for code, _ in pairs:
-        out[SHARDING_TYPES[int(code)]] = out.get(SHARDING_TYPES[int(code)], 0) + 1
-    return out
 
 
 def predicted_ms(plan: Plan, profile: Profile | None = None) -> np.ndarray:

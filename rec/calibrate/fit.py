@@ -69,7 +69,7 @@ from typing import Any
 
 import numpy as np
 
-from rec.analysis.rank_times import mixes_widths, modules_using, predicted_ms
+from rec.analysis.rank_times import mixes_widths, predicted_ms
 from rec.cost.bandwidth import kernel_bw, links
 from rec.errors import InputError, Problem
 from rec.plan.types import Plan
@@ -84,7 +84,14 @@ from rec.profile.types import (
     ShardingCoefficients,
 )
 from rec.profile.validate import profile_from_dict, profile_to_dict
-from rec.sharding import COMPUTE_KERNELS, SHARDING_TYPES, ComputeDevice, ComputeKernel, ShardingType
+from rec.sharding import (
+    COMPUTE_KERNELS,
+    SHARDING_TYPES,
+    ComputeDevice,
+    ComputeKernel,
+    ShardingType,
+    modules_using,
+)
 from rec.topology.types import MAX_BANDWIDTH, Topology
 from rec.topology.validate import MS_PER_S
 

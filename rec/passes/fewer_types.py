@@ -19,13 +19,12 @@ from dataclasses import replace
 
 import numpy as np
 
-from rec.analysis.rank_times import modules_using
 from rec.errors import InputError
 from rec.passes.context import RELATIVE_GAIN, PassContext
 from rec.profile.types import Profile
 from rec.search.result import SearchResult
 from rec.search.space import SearchSpace, without_options
-from rec.sharding import ST_CODE, ShardingType
+from rec.sharding import ST_CODE, ShardingType, modules_using
 
 
 def with_fewer_types(result: SearchResult, profile: Profile, search: Callable[[SearchSpace], SearchResult],

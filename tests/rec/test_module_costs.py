@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rec.analysis.rank_times import modules_using, plan_level_ms, predicted_ms
+from rec.analysis.rank_times import plan_level_ms, predicted_ms
 from rec.calibrate.fit import (
     Kind,
     Measured,
@@ -23,7 +23,7 @@ from rec.calibrate.probes import probe_plans
 from rec.config.cost import CostConfig
 from rec.planning import plan_spec
 from rec.profile import DEFAULT_PROFILE, profile_from_dict, profile_to_dict
-from rec.sharding import ShardingType
+from rec.sharding import ShardingType, modules_using
 from rec.spec import spec_from_rows
 from rec.topology import read_topology
 from rec.topology.validate import MS_PER_S

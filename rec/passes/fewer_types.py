@@ -28,20 +28,18 @@ from rec.sharding import ST_CODE, ShardingType, modules_using
 
 
 def with_fewer_types(result: SearchResult, profile: Profile, search: Callable[[SearchSpace], SearchResult],
-                     modules: Sequence[str] | None = None) -> SearchResult:
+                     modules: Sequence[str]) -> SearchResult:
     """``result``, or the plan with fewer costly sharding types whose critical path plus their
     ``sharding_type_ms`` (and ``module_sharding_type_ms`` for each further module of ``modules``,
     each table's, using them) is lowest (``search`` searches a space)."""
     costs = profile.extensions
     if not (costs.sharding_type_ms or costs.module_sharding_type_ms):
         return result
-    modules = modules if modules is not None else [""] * result.space.num_tables
     full = result.space
     best, best_value, removed = result, _value(result, profile, modules), set[ShardingType]()
     while True:
-        using = _modules_using(best, modules)
-        tried = [st for st in sorted(using, key=lambda st: (-costs.type_costs({st: using[st]}), st.value))
-                 if costs.type_costs({st: using[st]}) > 0]
+        cost = {st: costs.type_costs({st: n}) for st, n in _modules_using(best, modules).items()}
+        tried = [st for st in sorted(cost, key=lambda st: (-cost[st], st.value)) if cost[st] > 0]
         for st in tried:
             space = _without(full, removed | {st})
             if space is None:
@@ -78,7 +76,8 @@ def _without(space: SearchSpace, types: set[ShardingType]) -> SearchSpace | None
 
 
 class FewerTypes:
-    """``with_fewer_types`` as a whole-plan pass: under a profile with ``sharding_type_ms``."""
+    """``with_fewer_types`` as a whole-plan pass: under a profile with ``sharding_type_ms`` or
+    ``module_sharding_type_ms``."""
 
     def applies(self, context: PassContext) -> bool:
         x = context.cost.profile.extensions

@@ -23,8 +23,9 @@ A plan that cannot be built, sharded or given its batches on some rank (out of m
 that refuses it) is recorded as failed, with the lowest such rank's one-line cause, and the job goes
 on to the next plan. The ranks agree on that in one collective after building, which every rank
 reaches: building runs no collective, except sharding a plan with ``_COLLECTIVE_SHARDING`` tables,
-where a failure ends the job, as does one while a plan runs. There the other ranks may be waiting in
-a collective the failed rank never joins, and mismatched collectives hang or mix up data.
+where a failure on several ranks ends the job, as does one while a plan runs. There the other ranks
+may be waiting in a collective the failed rank never joins, and mismatched collectives hang or mix up
+data. A job of one rank (one GPU) has no other rank to wait: such a plan is failed like any other.
 """
 
 from __future__ import annotations
@@ -227,8 +228,9 @@ class Built:
 def build(plan: Plan, config: MeasureConfig, device: torch.device) -> Built | str:
     """``plan``'s sharded modules and synthetic batches on this rank, or why not (``rank R: Type:
     message``; the traceback goes to the rank's log). Runs no collective where the plan's sharding
-    runs none; where it does, a failure while sharding is raised (no agreement could reach the ranks
-    waiting in one). Bad input is raised: it is the same on every rank and ends the job."""
+    runs none; where it does on several ranks, a failure while sharding is raised (no agreement could
+    reach the ranks waiting in one; a single rank waits for none). Bad input is raised: it is the same
+    on every rank and ends the job."""
     sharding = False
     try:
         spec = spec_from_rows(list(plan.spec_tables))
@@ -246,7 +248,8 @@ def build(plan: Plan, config: MeasureConfig, device: torch.device) -> Built | st
     except InputError:
         raise
     except Exception as e:
-        if sharding and any(t.sharding_type in _COLLECTIVE_SHARDING for t in plan.tables):
+        if sharding and dist.get_world_size() > 1 and any(t.sharding_type in _COLLECTIVE_SHARDING
+                                                          for t in plan.tables):
             raise
         traceback.print_exc()
         return f"rank {dist.get_rank()}: {one_line(e)}"

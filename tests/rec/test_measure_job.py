@@ -1,7 +1,8 @@
 """The measuring job's plans one after another (``rec.train.measure_job.measure_plans``), in this
 process and in two forked gloo ranks: a plan that cannot be built on some rank is failed on every
 rank with the lowest such rank's cause, and the next plan is still measured; where sharding itself
-runs collectives (data_parallel), a failure while sharding ends the job instead of hanging it. The
+runs collectives (data_parallel) on several ranks, a failure while sharding ends the job instead of
+hanging it (one rank has none to hang: the plan is failed and the next measured). The
 plans' INT8 and BF16 tables are measured as the float16 tables they were planned as."""
 
 from __future__ import annotations
@@ -52,14 +53,14 @@ def quiet_output() -> RankOutput:
     return cast(RankOutput, Quiet())
 
 
-def failing_on(rank: int, calls: int, monkeypatch) -> None:
-    """Sharding runs out of memory on ``rank`` for its first ``calls`` plans: in DMP's constructor,
-    where a real allocation fails (after its own collective of a process's first DMP)."""
+def failing_on(rank: int | None, calls: int, monkeypatch) -> None:
+    """Sharding runs out of memory on ``rank`` (None: every rank) for its first ``calls`` plans: in DMP's
+    constructor, where a real allocation fails (after its own collective of a process's first DMP)."""
     real, seen = DistributedModelParallel._init_dmp, []
 
     def init_dmp(self, module):
         seen.append(1)
-        if torch.distributed.get_rank() == rank and len(seen) <= calls:
+        if rank in (None, torch.distributed.get_rank()) and len(seen) <= calls:
             raise torch.OutOfMemoryError(OOM)
         return real(self, module)
 
@@ -78,21 +79,27 @@ def test_a_plan_that_fails_to_shard_is_reported_and_the_next_is_measured(single_
     assert read_timings(tmp_path).plans == out  # what callers read back
 
 
-def test_a_failure_inside_a_sharding_that_runs_collectives_ends_the_job(single_process_group, monkeypatch):
+def test_one_rank_fails_a_plan_whose_sharding_runs_collectives_and_measures_the_next(single_process_group,
+                                                                                      monkeypatch):
+    """One GPU is one rank: no other rank waits in the sharding's collectives, so an out-of-memory
+    data_parallel plan costs that plan, not the calibration's other probes."""
+    plan = plan_of(1, "data_parallel")
     failing_on(0, 1, monkeypatch)
-    with pytest.raises(torch.OutOfMemoryError):
-        measure_job.measure_plans(["p"], [plan_of(1, "data_parallel")], CONFIG, quiet_output(), Group.current())
+    failed, measured = measure_job.measure_plans(["p1", "p2"], [plan, plan], CONFIG, quiet_output(),
+                                                 Group.current())
+    assert (failed.status, failed.error) == (Status.FAILED, f"rank 0: OutOfMemoryError: {OOM}")
+    assert measured.status is Status.MEASURED and measured.iterations == 2
 
 
-def _rank(rank: int, folder: Path) -> None:
+def _rank(rank: int, folder: Path, failing: int | None = 1, sharding: str = "table_wise") -> None:
     """One rank of two, in a forked process: its results, or its traceback, in ``folder/rank-R.json``."""
     try:
         torch.set_num_threads(1)
         torch.distributed.init_process_group("gloo", init_method=f"file://{folder / 'rdzv'}", rank=rank,
                                              world_size=2)
         with pytest.MonkeyPatch.context() as mp:
-            failing_on(1, 1, mp)
-            plan = plan_of(2, "table_wise")
+            failing_on(failing, 1, mp)
+            plan = plan_of(2, sharding)
             out = measure_job.measure_plans(["p1", "p2"], [plan, plan], CONFIG, quiet_output(), Group.current())
         result: object = [[t.status.value, t.error, t.iterations] for t in out]
     except BaseException:
@@ -101,18 +108,30 @@ def _rank(rank: int, folder: Path) -> None:
     os._exit(0)
 
 
-def test_ranks_agree_on_a_failure_only_one_of_them_met(tmp_path):
-    """Rank 1 alone runs out of memory sharding the first plan: both ranks record it failed with
-    rank 1's cause, and both measure the second plan."""
+def two_ranks(folder: Path, *args: object) -> list[object]:
+    """``_rank``'s results of two forked ranks (None for a rank that wrote none)."""
     fork = multiprocessing.get_context("fork")
-    ranks = [fork.Process(target=_rank, args=(r, tmp_path)) for r in range(2)]
+    ranks = [fork.Process(target=_rank, args=(r, folder, *args)) for r in range(2)]
     for p in ranks:
         p.start()
     for p in ranks:
         p.join(timeout=60)
         if p.is_alive():
             p.kill()
-    files = [tmp_path / f"rank-{r}.json" for r in range(2)]
-    got = [json.loads(f.read_text()) if f.exists() else None for f in files]
+    files = [folder / f"rank-{r}.json" for r in range(2)]
+    return [json.loads(f.read_text()) if f.exists() else None for f in files]
+
+
+def test_ranks_agree_on_a_failure_only_one_of_them_met(tmp_path):
+    """Rank 1 alone runs out of memory sharding the first plan: both ranks record it failed with
+    rank 1's cause, and both measure the second plan."""
+    got = two_ranks(tmp_path)
     expected = [["failed", f"rank 1: OutOfMemoryError: {OOM}", 0], ["measured", None, 2]]
     assert got == [expected, expected]
+
+
+def test_a_failure_inside_a_sharding_that_runs_collectives_ends_a_job_of_several_ranks(tmp_path):
+    """Sharding a data_parallel plan runs collectives: on two ranks its failure ends each rank's job
+    (raised) rather than leave a rank waiting in one the other never joins."""
+    got = two_ranks(tmp_path, None, "data_parallel")
+    assert all(isinstance(r, str) and "OutOfMemoryError" in r for r in got), got

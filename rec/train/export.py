@@ -10,7 +10,7 @@ and every tensor. ``rec.train.predict`` and plain Python load them back (docs/tr
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -19,6 +19,8 @@ from torch import nn
 
 from rec.disk_full import whole, write_whole
 from rec.errors import InputError, Problem
+from rec.sharding import Pooling
+from rec.spec.types import Spec
 from rec.train.checkpoint import SafeFileSystemReader, SafeLoadPlanner, check_index
 from rec.train.model import build_model
 from rec.train.model_file import MODEL_FILE, ModelSettings, read_model, settings_to_dict
@@ -81,8 +83,20 @@ def export(checkpoint: str | Path, out_dir: str | Path) -> Exported:
     return Exported(out, plan_id, step, len(tensors), sum(t.numel() for t in tensors.values()))
 
 
+def inference_spec(spec: Spec) -> Spec:
+    """``spec`` as the unsharded model computes it: a weighted MEAN table pooled as SUM. TorchRec's
+    unsharded bags (``nn.EmbeddingBag``) take weights only when summing; FBGEMM, which trained the
+    table, divides the weighted sum by the bag's length, so ``rec.train.predict`` gives such a bag's
+    weights divided by its length (``weighted_means``)."""
+    tables = tuple(replace(t, pooling=Pooling.SUM) if t.is_weighted and t.pooling is Pooling.MEAN else t
+                   for t in spec.tables)
+    return replace(spec, tables=tables) if tables != spec.tables else spec
+
+
 def load_exported(model_dir: str | Path, device: torch.device) -> tuple[nn.Module, ModelSettings]:
-    """An exported model (``export``'s ``out_dir``) on ``device``, in eval mode, and its settings."""
+    """An exported model (``export``'s ``out_dir``) on ``device``, in eval mode, and its settings. Its
+    tables in float32 (a float16 table's rows exactly; an unsharded bag takes weights of its own type
+    only), its bags as ``inference_spec`` says."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -91,7 +105,8 @@ def load_exported(model_dir: str | Path, device: torch.device) -> tuple[nn.Modul
     weights = directory / WEIGHTS_FILE
     if not weights.is_file():
         raise InputError(f"Cannot load the model {directory}:", [Problem(str(weights), "no such file")])
-    model = build_model(settings.spec, settings.config(), device, device)
+    # .to: TorchRec's LowRankCrossNet (the DCN model) takes no device and builds on the CPU.
+    model = build_model(inference_spec(settings.spec), settings.config(), device, device).to(device).float()
     try:
         state = load_file(str(weights), device=str(device))
         model.load_state_dict(state, strict=True)

@@ -38,6 +38,7 @@ from rec.train.applied import applied_sharding
 from rec.train.config import TrainConfig, resolve_model_kind
 from rec.train.evaluate import Evaluator
 from rec.train.feed import Feed, reading
+from rec.train.float32_adagrad import Float32Adagrad
 from rec.train.lifetime import exit_skipping_finalization
 from rec.train.loop import Trained, train_iterations
 from rec.train.metrics import DataRead, TrainMetrics, latency_stats, loss_stats, write_metrics
@@ -112,14 +113,19 @@ def evaluator_of(config: TrainConfig, feed: Feed, batch_size: int, device: torch
 def shard_with_plan(model: torch.nn.Module, plan: Plan, config: TrainConfig, device: torch.device
                     ) -> tuple[DistributedModelParallel, CombinedOptimizer]:
     """``model`` sharded with exactly ``plan``, and its optimizer: fused row-wise Adagrad on the
-    planned tables (applied in backward, inside the sharded kernels), Adagrad on the rest."""
+    planned tables (applied in backward, inside the sharded kernels), Adagrad on the rest (the dense
+    layers, and data_parallel tables, as TorchRec trains them): in float32 for parameters of other
+    types (``Float32Adagrad``)."""
     _fuse_embedding_optimizer(model, plan, config.embedding_lr)
     dmp = DistributedModelParallel(model, device=device, plan=to_sharding_plan(plan), sharders=sharders_for(plan))
     optimizers: list[Any] = [dmp.fused_optimizer]
     dense_params = dict(in_backward_optimizer_filter(dmp.named_parameters()))
-    if dense_params:
-        optimizers.append(KeyedOptimizerWrapper(dense_params,
-                                                lambda params: torch.optim.Adagrad(params, lr=config.dense_lr)))
+    full = {name: p for name, p in dense_params.items() if p.dtype is torch.float32}
+    half = {name: p for name, p in dense_params.items() if p.dtype is not torch.float32}
+    if full:
+        optimizers.append(KeyedOptimizerWrapper(full, lambda params: torch.optim.Adagrad(params, lr=config.dense_lr)))
+    if half:
+        optimizers.append(KeyedOptimizerWrapper(half, lambda params: Float32Adagrad(params, lr=config.dense_lr)))
     return dmp, CombinedOptimizer(optimizers)
 
 

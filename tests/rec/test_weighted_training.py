@@ -247,3 +247,34 @@ def test_model_json_names_the_weights_and_a_user_model_must_be_weighted_as_plann
     problems = model_problems(place(nn.Module(), embedding_modules(unweighted_spec())), SPEC, "t")
     assert [str(p) for p in problems] == [f"table {WEIGHTED}.{name}: has is_weighted false (planned true) in t"
                                           for name in ("kw", "topic")]
+
+
+def test_an_exported_model_of_float16_and_mean_weighted_tables_predicts_what_training_evaluated(
+        single_process_group, tmp_path):
+    """Weighted tables trained as float16, one of them pooled MEAN (FBGEMM: the weighted sum over the
+    bag's length): the exported model's predictions on the evaluation rows give the training's own
+    evaluation logloss and AUC; TorchRec's unsharded bags take neither as they are."""
+    from rec.evaluation.auc import auc
+    from rec.evaluation.logloss import logloss
+    from rec.plan import read_plan, write_plan
+    from rec.train.export import export
+    from rec.train.job import train
+    from rec.train.predict import predict
+
+    spec = spec_from_rows([{**r, "data_type": "FP16", **({"pooling": "MEAN"} if r["name"] == "kw" else {})}
+                           if r.get("is_weighted") else r for r in ROWS])
+    pq.write_table(rows(1000, seed=5), tmp_path / "train.parquet")
+    pq.write_table(rows(500, seed=6), tmp_path / "eval.parquet")
+    write_plan(plan_spec(spec, TOPOLOGY), tmp_path / "plan")
+    plan_path = str(tmp_path / "plan" / "plan.json")
+    config = TrainConfig(model=ModelKind.CONCAT, iterations=10, warmup=1, data=str(tmp_path / "train.parquet"),
+                         eval_data=str(tmp_path / "eval.parquet"), dense_in_features=2, embedding_lr=0.1,
+                         dense_lr=0.05, checkpoint_every=10)
+    metrics = train(read_plan(plan_path), config, str(tmp_path / "out"), Output(), plan_path)
+    assert metrics is not None and metrics.eval is not None
+    export(tmp_path / "out" / "checkpoints", tmp_path / "model")
+    predict(tmp_path / "model", str(tmp_path / "eval.parquet"), tmp_path / "p.parquet", torch.device("cpu"))
+    p = pq.read_table(tmp_path / "p.parquet").column("prediction").to_numpy().astype(np.float64)
+    labels = pq.read_table(tmp_path / "eval.parquet").column("label").to_numpy()
+    assert logloss(np.log(p) - np.log1p(-p), labels) == pytest.approx(metrics.eval["logloss"], rel=1e-5)
+    assert auc(p, labels) == pytest.approx(metrics.eval["auc"], abs=1e-6)

@@ -23,7 +23,7 @@ A plan that cannot be built, sharded or given its batches on some rank (out of m
 that refuses it) is recorded as failed, with the lowest such rank's one-line cause, and the job goes
 on to the next plan. The ranks agree on that in one collective after building, which every rank
 reaches: building runs no collective, except sharding a plan with ``_COLLECTIVE_SHARDING`` tables,
-where a failure on several ranks ends the job, as does one while a plan runs. There the other ranks
+where a failure on several ranks ends the job, as does one while a plan runs there. The other ranks
 may be waiting in a collective the failed rank never joins, and mismatched collectives hang or mix up
 data. A job of one rank (one GPU) has no other rank to wait: such a plan is failed like any other.
 """
@@ -224,6 +224,13 @@ class Built:
     features: Iterator[dict[str, KeyedJaggedTensor]]
     pool: Pool
 
+    def take(self) -> tuple[DistributedModelParallel, Iterator[dict[str, KeyedJaggedTensor]], Pool]:
+        """Its parts, which it then no longer holds: the taker's frame is their one owner, so deleting
+        them there frees the plan's memory."""
+        parts = self.dmp, self.features, self.pool
+        del self.dmp, self.features
+        return parts
+
 
 def build(plan: Plan, config: MeasureConfig, device: torch.device) -> Built | str:
     """``plan``'s sharded modules and synthetic batches on this rank, or why not (``rank R: Type:
@@ -261,7 +268,8 @@ def measure(plan: Plan, plan_path: str, config: MeasureConfig, output: RankOutpu
     """Time ``plan``'s sharded embedding modules on this process group (a collective): the warm-up,
     on cuda further warm-up blocks until the clocks settle (at most ``settle_s``), then
     ``config.blocks`` timed blocks. A plan that could not be built on some rank is failed on every
-    rank (``build``)."""
+    rank (``build``); on a single rank, so is one that fails while it runs (out of memory in DDP's
+    buckets or an iteration): no other rank waits in a collective it never joins."""
     world = dist.get_world_size()
     check_world_size(plan, world)
     device = group.device
@@ -277,8 +285,27 @@ def measure(plan: Plan, plan_path: str, config: MeasureConfig, output: RankOutpu
         return PlanTimes(plan_path, plan.plan_id, Status.FAILED, 0, (), (), phases=Phases(
             setup_s=time.monotonic() - began), error=error)
     assert isinstance(built, Built)
-    dmp, features, pool = built.dmp, built.features, built.pool
-    del built
+    failed: str | None = None
+    try:
+        return _run(plan, plan_path, config, output, label, group, settle_s, built, began)
+    except InputError:
+        raise
+    except Exception as e:
+        if world > 1:
+            raise
+        traceback.print_exc()
+        failed = f"rank 0: {one_line(e)}"
+    _release(device)  # outside the handler, whose traceback's frames held the plan's modules
+    output.progress(f"{label}failed: {failed}")
+    return PlanTimes(plan_path, plan.plan_id, Status.FAILED, 0, (), (), phases=Phases(
+        setup_s=time.monotonic() - began), error=failed)
+
+
+def _run(plan: Plan, plan_path: str, config: MeasureConfig, output: RankOutput, label: str, group: Group,
+         settle_s: float, built: Built, began: float) -> PlanTimes:
+    """``measure``'s part after a plan is built: DDP, warm-up, settling and the timed blocks."""
+    device = group.device
+    dmp, features, pool = built.take()
     dmp.init_data_parallel()
     clock = Clock(device)
     built_at = time.monotonic()

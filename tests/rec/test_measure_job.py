@@ -91,6 +91,26 @@ def test_one_rank_fails_a_plan_whose_sharding_runs_collectives_and_measures_the_
     assert measured.status is Status.MEASURED and measured.iterations == 2
 
 
+def test_one_rank_fails_a_plan_that_runs_out_of_memory_after_sharding_and_measures_the_next(
+        single_process_group, monkeypatch):
+    """DDP's buckets or an iteration may run out of memory after sharding; on one rank nobody waits for
+    this one in a collective, so the plan is failed with its cause and the next one measured."""
+    real, seen = DistributedModelParallel.init_data_parallel, []
+
+    def init_data_parallel(self):
+        seen.append(1)
+        if len(seen) == 1:
+            raise torch.OutOfMemoryError(OOM)
+        return real(self)
+
+    monkeypatch.setattr(DistributedModelParallel, "init_data_parallel", init_data_parallel)
+    plan = plan_of(1, "data_parallel")
+    failed, measured = measure_job.measure_plans(["p1", "p2"], [plan, plan], CONFIG, quiet_output(),
+                                                 Group.current())
+    assert (failed.status, failed.error, failed.iterations) == (Status.FAILED, f"rank 0: OutOfMemoryError: {OOM}", 0)
+    assert measured.status is Status.MEASURED and measured.iterations == 2
+
+
 def _rank(rank: int, folder: Path, failing: int | None = 1, sharding: str = "table_wise") -> None:
     """One rank of two, in a forked process: its results, or its traceback, in ``folder/rank-R.json``."""
     try:

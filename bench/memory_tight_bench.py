@@ -6,6 +6,10 @@ from ``SEEDS`` (3000-3999, used nowhere else), on H100-like ranks whose HBM the 
 times, and per-table statistics: every table gets TorchRec ``CacheStatistics`` of Zipf-distributed
 ids (exponent 0.5-1.4), as a drop-in user hands them to the planner in ``CacheParams(stats=...)``.
 
+``--other-shapes`` draws from a second set of four generators (uniform mid-sized tables, heavy
+pooling, one giant table among small ones, sequences beside pooled tables) on 2-32 ranks of 12-80
+GiB and batches of 64-32768, written after the first set had been planned (seeds from 3200).
+
 Planned by ``ShardflowPlanner`` (default settings) and TorchRec's ``EmbeddingShardingPlanner`` with
 its default proposers, its ``DynamicProgrammingProposer`` and its ``EmbeddingOffloadScaleupProposer``
 (the one that grows caches by cacheability), all from the same model and constraints. Every plan is
@@ -22,6 +26,7 @@ tables in a weighted EmbeddingBagCollection (id-score lists, TorchRec's ``is_wei
 TorchRec's estimator prices with their weights.
 
     .venv/bin/python bench/memory_tight_bench.py [--count 16] [--first-seed 3000] [--constrained] [--weighted] \\
+        [--other-shapes] \\
         [--shardflow-timeout SECONDS] \\
         [--out bench/results/memory_tight_bench.json]
 """
@@ -176,6 +181,45 @@ GENERATORS: dict[str, Callable[[np.random.Generator], list[Table]]] = {
     "power_law": _power_law, "criteo_like": _criteo_like, "few_giants": _few_giants, "two_towers": _two_towers}
 
 
+# ``--other-shapes``: a second set, written after the first had been planned, to try the class
+# beyond it: other table mixes, and topologies from 2 ranks to 32 with 12-80 GiB, batches 64-32768.
+def _uniform_mid(rng: np.random.Generator) -> list[Table]:
+    return [Table(f"u{i}", int(10 ** rng.uniform(5.5, 7)), int(rng.choice((32, 48, 64, 96, 128))),
+                  float(rng.uniform(1, 30)), bool(rng.random() < 0.3), float(rng.uniform(0.7, 1.2)))
+            for i in range(int(rng.integers(40, 160)))]
+
+
+def _heavy_pooling(rng: np.random.Generator) -> list[Table]:
+    big = [Table(f"h{i}", int(10 ** rng.uniform(6.5, 8)), int(rng.choice((64, 128, 256))),
+                 float(rng.uniform(50, 400)), bool(rng.random() < 0.5), float(rng.uniform(0.6, 1.4)))
+           for i in range(int(rng.integers(4, 12)))]
+    return big + [Table(f"t{i}", int(10 ** rng.uniform(1, 4)), 16, 1.0, False, 1.0)
+                  for i in range(int(rng.integers(2, 20)))]
+
+
+def _one_giant(rng: np.random.Generator) -> list[Table]:
+    giant = Table("giant", int(5e8), int(rng.choice((128, 256))), float(rng.uniform(1, 20)),
+                  bool(rng.random() < 0.5), float(rng.uniform(0.5, 1.3)))
+    return [giant] + [Table(f"r{i}", int(10 ** rng.uniform(4, 6.5)), int(rng.choice((16, 32, 64))),
+                            float(rng.uniform(1, 8)), False, float(rng.uniform(0.8, 1.4)))
+                      for i in range(int(rng.integers(5, 60)))]
+
+
+def _sequences(rng: np.random.Generator) -> list[Table]:
+    dim = int(rng.choice((32, 64, 128)))
+    sequences = [Table(f"seq{i}", int(10 ** rng.uniform(6, 8)), dim, float(rng.uniform(10, 200)),
+                       bool(rng.random() < 0.5), float(rng.uniform(0.7, 1.3)), features=int(rng.integers(1, 4)),
+                       pooled=False) for i in range(int(rng.integers(2, 8)))]
+    return sequences + [Table(f"p{i}", int(10 ** rng.uniform(3, 7)), int(rng.choice((16, 32, 64))),
+                              float(rng.uniform(1, 20)), bool(rng.random() < 0.5), float(rng.uniform(0.6, 1.4)))
+                        for i in range(int(rng.integers(5, 40)))]
+
+
+OTHER_GENERATORS: dict[str, Callable[[np.random.Generator], list[Table]]] = {
+    "uniform_mid": _uniform_mid, "heavy_pooling": _heavy_pooling, "one_giant": _one_giant, "sequences": _sequences}
+OTHER_TOPOLOGIES = ((1, 2), (1, 8), (2, 8), (4, 8), (1, 4))  # (hosts, ranks per host)
+
+
 @dataclass(frozen=True)
 class Workload:
     name: str
@@ -187,18 +231,27 @@ class Workload:
     times_hbm: float
 
 
-def workload(seed: int, constrained: bool = False, weighted: bool = False) -> Workload:
+def workload(seed: int, constrained: bool = False, weighted: bool = False, other: bool = False) -> Workload:
     """Seed ``seed``'s workload: a generator, a topology, and the tables scaled to ``times_hbm`` the ranks'
     HBM; ``constrained``: the same tables, some with a user's settings (``user_settings``);
-    ``weighted``: the same tables, 40% of the pooled ones in a weighted EmbeddingBagCollection."""
+    ``weighted``: the same tables, 40% of the pooled ones in a weighted EmbeddingBagCollection;
+    ``other``: from the second set of generators and topologies (``OTHER_GENERATORS``)."""
     rng = np.random.default_rng(seed)
-    kind = list(GENERATORS)[seed % len(GENERATORS)]
-    tables = GENERATORS[kind](rng)
-    hosts, local = [(1, 8), (2, 8), (1, 4)][int(rng.integers(3))]
-    hbm = int(rng.choice((8, 16, 24, 40)))
-    batch = int(rng.choice((512, 1024, 2048, 4096, 8192)))
+    generators = OTHER_GENERATORS if other else GENERATORS
+    kind = list(generators)[seed % len(generators)]
+    tables = generators[kind](rng)
+    if other:
+        hosts, local = OTHER_TOPOLOGIES[int(rng.integers(len(OTHER_TOPOLOGIES)))]
+        hbm = int(rng.choice((12, 16, 32, 80)))
+        batch = int(rng.choice((64, 256, 2048, 16384, 32768)))
+        least, most = 2.0, 12.0
+    else:
+        hosts, local = [(1, 8), (2, 8), (1, 4)][int(rng.integers(3))]
+        hbm = int(rng.choice((8, 16, 24, 40)))
+        batch = int(rng.choice((512, 1024, 2048, 4096, 8192)))
+        least, most = 2.0, 10.0
     world = hosts * local
-    times = float(min(rng.uniform(2, 10), 0.5 * DDR_PER_RANK / (hbm * GiB)))
+    times = float(min(rng.uniform(least, most), 0.5 * DDR_PER_RANK / (hbm * GiB)))
     def weights(t: Table) -> int:
         return t.rows * (t.dim * (2 if t.fp16 else 4) + 4)
 
@@ -401,6 +454,9 @@ def main(argv: list[str] | None = None) -> int:
                         "factors, hot-set statistics instead of Zipf ones (user_settings)")
     p.add_argument("--weighted", action="store_true",
                    help="40%% of the pooled tables in a weighted EmbeddingBagCollection (id-score lists, is_weighted)")
+    p.add_argument("--other-shapes", action="store_true",
+                   help="the second set of generators (uniform mid-sized tables, heavy pooling, one giant table, "
+                        "sequences) on 2-32 ranks of 12-80 GiB, batches 64-32768; run it on seeds from 3200")
     p.add_argument("--timeout", type=int, default=300, help="TorchRec planner timeout_seconds (default 300)")
     p.add_argument("--shardflow-timeout", type=float, default=None, metavar="SECONDS",
                    help="ShardflowPlanner's timeout_seconds, the cap of its exact stage (default: its own, 30)")
@@ -413,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
     for seed in range(args.first_seed, args.first_seed + args.count):
         if seed not in SEEDS:
             p.error(f"seed {seed} is outside the bench's reserved range {SEEDS.start}-{SEEDS.stop - 1}")
-        w = workload(seed, args.constrained, args.weighted)
+        w = workload(seed, args.constrained, args.weighted, args.other_shapes)
         result = plan_all(w, args.timeout, args.shardflow_timeout)
         row = summary(w, result)
         rows.append(row)

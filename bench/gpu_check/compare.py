@@ -23,6 +23,7 @@ import numpy as np
 
 from bench.gpu_check import families, workloads
 from bench.gpu_check.context import Context, Outcome, SectionFailed, Skipped
+from bench.gpu_check.machine import TimedOut
 from bench.gpu_check.targets import target
 from bench.gpu_check.workloads import Workload
 from rec.config.cost import CostConfig
@@ -43,12 +44,6 @@ def measuring(cuda: bool) -> MeasureConfig:
     if cuda:
         return MeasureConfig(iterations=40, warmup=4, blocks=5, time_limit_s=60.0)
     return MeasureConfig(iterations=4, warmup=1, blocks=2, settle_s=0.0, time_limit_s=60.0)
-
-
-def iterations_per_measurement(config: MeasureConfig) -> int:
-    from rec.train.measure_job import block_sizes
-
-    return config.warmup + sum(block_sizes(config)) + (8 if config.settle_s else 0)
 
 
 @dataclass(frozen=True)
@@ -161,21 +156,43 @@ def measure_alternating(ctx: Context, paths: Sequence[Path], repeats: int, timeo
 def summarize(runs: list[PlanTimes]) -> dict[str, Any]:
     """A plan's measurements: the median critical path over the repeats, each repeat's, and their spread."""
     values = [t.critical_path_ms() for t in runs if t.iterations]
-    if not values:
-        return {"measured_ms": math.nan, "repeats_ms": [], "spread": math.nan, "block_spread": math.nan}
+    if not values:  # with the measuring job's cause (e.g. a rank out of memory), where it gave one
+        return {"measured_ms": math.nan, "repeats_ms": [], "spread": math.nan, "block_spread": math.nan,
+                "measure_error": next((t.error for t in runs if t.error), None)}
     median = float(np.median(values))
     return {"measured_ms": median, "repeats_ms": [round(v, 4) for v in values],
             "spread": float((max(values) - min(values)) / median),
             "block_spread": float(max(t.spread() for t in runs if t.iterations))}
 
 
+# Bytes of uvm tables the measuring job sets up per second: on one H200 (2026-11-26, run e) plans
+# with 11.5-12.1 GB of them took 4.9-9.1 s to build, those without 0.02-0.5 s.
+HOST_INIT_BYTES_PER_S = 2e9
+
+
 def _estimate(ctx: Context, plans: Sequence[Plan], profile: Profile, repeats: int,
               config: MeasureConfig | None = None) -> float:
-    """Seconds the measuring job should take for ``plans``, each ``repeats`` times."""
-    iterations = iterations_per_measurement(config or measuring(ctx.ranks.cuda))
-    # GPU-sized tables (GBs) take longer to build than most probes': half a second more each, and a margin.
+    """Seconds the measuring job should take for ``plans``, each ``repeats`` times, with a margin."""
+    config = config or measuring(ctx.ranks.cuda)
+    # GPU-sized tables (GBs) take longer to build than most probes': half a second more each.
     overhead = ctx.overhead_s + (0.5 if ctx.ranks.cuda else 0.0)
-    return 1.3 * sum(repeats * (overhead + iterations * predicted(p, profile) / 1e3) for p in plans)
+    return 1.3 * sum(repeats * (overhead + _plan_seconds(p, profile, config)) for p in plans)
+
+
+def _plan_seconds(plan: Plan, profile: Profile, config: MeasureConfig) -> float:
+    """One measurement of ``plan`` after the common set-up: its uvm tables built on the host, the
+    warm-up (as long as the caches take to fill, ``rec.train.synthetic_pool``) and the timed blocks,
+    which the job stops starting past ``config.time_limit_s``."""
+    from rec.train.measure_job import block_sizes
+    from rec.train.synthetic_pool import synthetic_pool
+
+    pool = synthetic_pool(plan, config.synthetic_batches)
+    iteration_s = predicted(plan, profile) / 1e3
+    warmup_s = (max(config.warmup, pool.fill_iterations) + (8 if config.settle_s else 0)) * iteration_s
+    sizes = block_sizes(config, pool.batches)
+    timed_s = sum(sizes) * iteration_s
+    build_s = max(plan.metrics.rank_ddr, default=0) / HOST_INIT_BYTES_PER_S
+    return build_s + min(warmup_s + timed_s, max(config.time_limit_s, warmup_s) + max(sizes, default=0) * iteration_s)
 
 
 def spearman(a: Sequence[float], b: Sequence[float]) -> float:
@@ -227,8 +244,10 @@ def calibration(ctx: Context) -> Outcome:
             continue
         spent = time.monotonic() - started
         needed = spent + LAUNCH_S[cuda] + _estimate(ctx, plans + pair, calibrated, repeats)
-        if needed > budget and plans:
-            break
+        if needed > budget and plans:  # a smaller workload further on may still fit
+            if spent + LAUNCH_S[cuda] > budget:
+                break
+            continue
         if needed > budget:  # alone: its measuring job would run past the section's budget and lose every plan
             too_long[workload.name] = (f"measuring its plans would take about {needed:.0f} s, more than the "
                                        f"section's {budget:.0f} s (--minutes)")
@@ -245,14 +264,26 @@ def calibration(ctx: Context) -> Outcome:
         raise SectionFailed("no workload could be planned and measured: "
                             + "; ".join(f"{k}: {v}" for k, v in {**not_planned, **too_long}.items()))
     paths = [_write(ctx, p, f"{e['spec']}_{e['made_under']}") for p, e in zip(plans, entries, strict=True)]
-    measured = measure_alternating(ctx, paths, repeats, max(30.0, budget - (time.monotonic() - started)))
+    try:
+        measured = measure_alternating(ctx, paths, repeats, max(30.0, budget - (time.monotonic() - started)))
+    except (SectionFailed, TimedOut) as e:
+        if not ctx.given:
+            raise
+        return launch_failed(ctx, e, {**not_planned, **too_long})
     for entry, runs in zip(entries, measured, strict=True):
         entry.update(summarize(runs))
         for model in ("default", "calibrated"):
             entry[f"error_{model}"] = entry[f"predicted_{model}_ms"] / entry["measured_ms"] - 1
     ok = [e for e in entries if math.isfinite(e["measured_ms"])]
+    measured_names = {e["spec"] for e in entries}
+    causes = {e["spec"]: e["measure_error"] for e in entries if e.get("measure_error")}
+    missing = _not_measured(ctx.given, ok, {**not_planned, **too_long}, measured_names, causes)
     if len(ok) < 2:
-        raise SectionFailed(f"only {len(ok)} of {len(entries)} plans were measured")
+        failure = SectionFailed(f"only {len(ok)} of {len(entries)} plans were measured"
+                                + (f" ({next(iter(causes.values()))})" if causes else ""))
+        if not missing:
+            raise failure
+        return launch_failed(ctx, failure, missing)
     values = [e["measured_ms"] for e in ok]
     # The calibration_* targets and ``summary`` judge the given and built-in plans, as before the
     # out-of-family set existed; that set has targets of its own.
@@ -263,8 +294,6 @@ def calibration(ctx: Context) -> Outcome:
               if (rows := [e for e in ok if e["group"] == name])}
     spreads = [e["spread"] for e in ok]
     judged_spread = float(np.median([e["spread"] for e in judged])) if judged else math.nan
-    measured_names = {e["spec"] for e in entries}
-    missing = _not_measured(ctx.given, ok, {**not_planned, **too_long}, measured_names)
     figures = {"specs": len({e["spec"] for e in ok}), "plans": len(ok), "repeats": repeats,
                "profile": str(ctx.profile), "min_measured_ms": min(values),
                "below_10_ms": list(dict.fromkeys(e["spec"] for e in ok if e["measured_ms"] < 10.0)),
@@ -300,12 +329,28 @@ def _given(workload: Workload) -> dict[str, Any]:
 
 
 def _not_measured(given: Sequence[Workload], measured: list[dict[str, Any]], not_planned: dict[str, str],
-                  reached: set[str]) -> dict[str, str]:
+                  reached: set[str], causes: dict[str, str]) -> dict[str, str]:
     """Per given workload with no plan measured: why."""
     done = {e["spec"] for e in measured}
-    return {w.name: not_planned.get(w.name) or ("its plans' measurements failed (commands.log)" if w.name in reached
+    return {w.name: not_planned.get(w.name) or (measurement_failed(causes.get(w.name)) if w.name in reached
                                                 else "the --minutes budget did not reach it")
             for w in given if w.name not in done}
+
+
+def measurement_failed(cause: str | None) -> str:
+    """Why a plan has no measurement: the measuring job's cause where it gave one."""
+    return f"its measurement failed: {one_line(cause)[:300]}" if cause else "its measurement failed (commands.log)"
+
+
+def launch_failed(ctx: Context, error: Exception, not_planned: dict[str, str]) -> Outcome:
+    """A section whose measuring failed as a whole (its one launch failed or ran out of time, or too
+    few plans were measured to judge): every given workload named with that cause (or why it was not
+    planned or measured, ``not_planned``), and the ``given_not_measured`` target missed."""
+    cause = one_line(str(error))[:300]
+    missing = {w.name: not_planned.get(w.name) or f"the measuring launch failed: {cause}" for w in ctx.given}
+    return Outcome({"given_not_measured": missing, "launch_error": cause},
+                   f"the measuring launch failed: {cause}{_missing_line(missing)}",
+                   (target("given_not_measured", float(len(missing)), ctx.ranks.cuda),))
 
 
 def _missing_line(missing: dict[str, str]) -> str:
@@ -569,7 +614,12 @@ def vs_torchrec(ctx: Context) -> Outcome:
     builtin = workloads.torchrec_shapes(ctx.ranks) if ctx.builtin else []
     if not cuda:
         builtin = [s for s in builtin if s.name in ("few_big", "mixed_ebc_ec")]
-    repeats, results = compare_measured(ctx, [*ctx.given, *builtin], 3 if cuda else 2, budget)
+    try:
+        repeats, results = compare_measured(ctx, [*ctx.given, *builtin], 3 if cuda else 2, budget)
+    except (SectionFailed, TimedOut) as e:
+        if not ctx.given:
+            raise
+        return launch_failed(ctx, e, {})
     geomeans = {label: _geomean([row[label]["vs_torchrec"] for row in results.values()
                                  if isinstance(row.get(label), dict) and "vs_torchrec" in row[label]])
                 for label in ("shardflow", "shardflow-calibrated")}
@@ -596,7 +646,7 @@ def _judged_missing(row: dict[str, Any] | None, judged: str) -> str | None:
         return "not planned"
     if mine.get("error"):
         return one_line(str(mine["error"]))[:300]
-    return None if math.isfinite(mine.get("measured_ms", math.nan)) else "its measurement failed (commands.log)"
+    return None if math.isfinite(mine.get("measured_ms", math.nan)) else measurement_failed(mine.get("measure_error"))
 
 
 def _geomean(values: Sequence[float]) -> float:

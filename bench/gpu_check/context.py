@@ -70,8 +70,8 @@ class Context:
         """The shardflow command (or ``python -m module``); SectionFailed unless it exits 0."""
         finished = shardflow(args, self.work, min(timeout_s, max(self.left(), 1.0)), self.log, module)
         if finished.code != 0:
-            name = "shardflow" if module == "flows.cli" else module
-            raise SectionFailed(f"{name} {args[0]} exited {finished.code}: {finished.cause}")
+            what = f"shardflow {args[0]}" if module == "flows.cli" else module
+            raise SectionFailed(f"{what} exited {finished.code}: {finished.cause}")
         return finished
 
     def topology_file(self, name: str, batch_size: int, hbm_bytes: int | None = None) -> Path:

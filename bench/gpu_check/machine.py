@@ -44,11 +44,28 @@ def find_ranks(device: ComputeDevice) -> Ranks:
     return Ranks(device, count, hbm, _host_memory() // count)
 
 
+# The share of the host's memory the ranks' plans may put there (fused_uvm tables, caches' backing
+# rows): the rest is the processes' own (torch, CUDA's context, the synthetic batches) and the system's.
+# A plan that filled it all had the measuring rank killed for memory, and with it every plan of the launch.
+HOST_SHARE = 0.75
+CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
 def _host_memory() -> int:
+    """``HOST_SHARE`` of the memory this process may use: the machine's, or its container's limit
+    (cgroup v2 or v1) where lower."""
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
-        return 64 * GIB
+        total = 64 * GIB
+    for path in CGROUP_LIMITS:
+        try:
+            limit = Path(path).read_text(encoding="ascii").strip()
+        except OSError:
+            continue
+        if limit.isdigit():  # "max" (v2) or a huge number (v1): no limit below the machine's
+            total = min(total, int(limit))
+    return int(HOST_SHARE * total)
 
 
 def versions(device: ComputeDevice) -> dict[str, Any]:

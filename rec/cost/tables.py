@@ -12,8 +12,14 @@ An unpooled table outputs one vector per id, so its ``batch_outputs`` are its ``
 (``distinct_per_batch`` counted at ``batch_size x world_size``) beside its hit-rate curve carries what
 TorchRec's ``CacheParams.stats`` (``CacheStatistics``) gives its estimator: ``cache_fetches``, the rows
 its cache fetches per iteration (``expected_miss_rate(load_factor) x expected_lookups``). TorchRec
-prices them where it is given the cache's size, and a shardflow plan gives every cache's
-(``rec.plan.torchrec_plan``).
+prices them where it is given the cache's size. A shardflow plan gives every cache's
+(``rec.plan.torchrec_plan``) unless the planner chose none and every table's is TorchRec's default
+(``UVM_CACHING_RATIO``): then it gives none but those the spec fixes (``implicit_caches``), as
+TorchRec's own plans leave them. TorchRec and FBGEMM build that size when given none, and TorchRec
+prices no fetches for such a cache, so the same caches cost the same in either plan. (Not where
+some cache has another size: TorchRec gives the caching tables of one kernel group one cache, sized
+by the load factors its tables state, so an unstated one would get the others'. A profile's
+``cache_miss_multiplier`` prices every cache's misses, whatever size was given.)
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from rec.config.cost import CostConfig, Optimizer
+from rec.config.cost import UVM_CACHING_RATIO, CostConfig, Optimizer
 from rec.hit_rates import miss_rate
 from rec.sharding import (
     CK_CODE,
@@ -128,7 +134,8 @@ def table_arrays(spec: Spec, batch_size: int, config: CostConfig, load_factors: 
         optimizer_multiplier=optimizer_multiplier(config.optimizer, dims),
         load_factor=load_factor,
         miss_rate=misses,
-        cache_fetches=misses * global_distinct(spec, batch_size * world_size),
+        cache_fetches=np.where(implicit_caches(spec, load_factors, load_factor), 0.0,
+                               misses * global_distinct(spec, batch_size * world_size)),
         sharding_allowed=st_ok,
         kernel_allowed=ck_ok,
         kinds=tuple(k for k in ModuleKind if k in set(spec.modules.values())),
@@ -179,6 +186,18 @@ def resolved_load_factors(spec: Spec, config: CostConfig, chosen: np.ndarray | N
     if chosen is None:
         return given
     return np.where(np.isnan(chosen), given, chosen)
+
+
+def implicit_caches(spec: Spec, chosen: np.ndarray | None, load_factor: np.ndarray) -> np.ndarray:
+    """(T,) bool: the ``ShardingPlan`` gives the table's cache, if it has one, no load factor: the
+    planner ``chosen`` no size (spec order, NaN: none), every table's ``load_factor`` (resolved) is
+    TorchRec's default, and the spec does not fix this one's. (A plan whose pass chose that size
+    states it, as the plan file records it.)"""
+    fixed = np.fromiter((t.cache_load_factor is not None for t in spec.tables), bool, len(spec.tables))
+    none_chosen = chosen is None or bool(np.isnan(chosen).all())
+    if none_chosen and bool(np.all(load_factor == UVM_CACHING_RATIO)):
+        return ~fixed
+    return np.zeros(len(spec.tables), bool)
 
 
 def global_distinct(spec: Spec, global_batch: int) -> np.ndarray:

@@ -19,7 +19,10 @@ the fastest plan on its cache sizes, and grows the result again. Under TorchRec'
 larger cache is always faster (its bandwidth rises linearly with the cache's size, and a table with
 TorchRec's cache statistics fetches fewer rows); under a profile with ``cache_miss_multiplier`` the
 gain follows the table's hit-rate curve, so tables whose ids repeat get the memory. Where nothing
-can grow (no uvm table, or no spare HBM) the result is unchanged.
+can grow (no uvm table, or no spare HBM) the result is unchanged, and so it is where growing would
+be slower: with every cache at TorchRec's default size the plan states none, as TorchRec's own
+plans, and TorchRec prices no fetches for them (``rec.cost.tables.implicit_caches``); once one grows,
+every cache states its size and pays them.
 """
 
 from __future__ import annotations
@@ -110,8 +113,18 @@ def with_cache_sizes(result: SearchResult, spec: Spec, topology: Topology, cost:
             other = _researched(other, spec, topology, cost, search)
             if other.critical_path < best.critical_path * (1 - RELATIVE_GAIN):
                 best = other
-    # The exact stage never returns a slower plan, nor does growing.
-    return best if exact is None else _grown(exact(best), spec, topology, cost)
+    # Growing may be slower where every cache was at TorchRec's default size: then every cache
+    # states its size, and TorchRec prices the fetches it priced none for (rec.cost.tables.implicit_caches).
+    best = _faster(result, best)
+    if exact is None:
+        return best
+    improved = exact(best)  # never slower than best
+    return _faster(improved, _grown(improved, spec, topology, cost))
+
+
+def _faster(first: SearchResult, other: SearchResult) -> SearchResult:
+    """``other`` where its critical path is shorter, else ``first``."""
+    return other if other.critical_path < first.critical_path else first
 
 
 def _researched(result: SearchResult, spec: Spec, topology: Topology, cost: CostConfig,

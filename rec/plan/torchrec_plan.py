@@ -33,10 +33,21 @@ def module_sharding_plan(plan: Plan, module: str | None = None) -> EmbeddingModu
     if module not in modules:
         raise ValueError(f"plan {plan.plan_id} has no tables in module {module!r} (it has {', '.join(modules)})")
     module_plan = EmbeddingModuleShardingPlan()
+    implicit = _implicit(plan)
     for t in plan.tables:
         if t.module == module:
-            module_plan[t.name] = _parameter_sharding(plan, t)
+            module_plan[t.name] = _parameter_sharding(plan, t, t.key in implicit)
     return module_plan
+
+
+def _implicit(plan: Plan) -> set[str]:
+    """The keys of the tables whose cache goes without a load factor (``rec.cost.tables.implicit_caches``)."""
+    from rec.cost.tables import implicit_caches, resolved_load_factors
+    from rec.plan.load_factors import chosen_load_factors
+
+    chosen = chosen_load_factors(plan)
+    flags = implicit_caches(plan.spec, chosen, resolved_load_factors(plan.spec, plan.planner.cost, chosen))
+    return {t.key for t, flag in zip(plan.spec.tables, flags, strict=True) if flag}
 
 
 def to_sharding_plan(plan: Plan, module_path: str | None = None) -> ShardingPlan:
@@ -79,7 +90,7 @@ def plan_modules(plan: Plan) -> dict[str, ModuleKind]:
     return modules
 
 
-def _parameter_sharding(plan: Plan, t: TablePlan) -> Any:
+def _parameter_sharding(plan: Plan, t: TablePlan, implicit: bool) -> Any:
     from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata
     from torchrec.distributed.planner.utils import placement
     from torchrec.distributed.types import CacheParams, ParameterSharding
@@ -95,7 +106,7 @@ def _parameter_sharding(plan: Plan, t: TablePlan) -> Any:
         ])
     cache = None
     if t.compute_kernel is ComputeKernel.FUSED_UVM_CACHING:
-        cache = CacheParams(load_factor=_load_factor(plan, t))
+        cache = CacheParams(load_factor=None if implicit else _load_factor(plan, t))
     return ParameterSharding(
         sharding_type=t.sharding_type.value,
         compute_kernel=t.compute_kernel.value,

@@ -62,14 +62,20 @@ def _checked_space(options: Options, spec: Spec, topology: Topology, cost: CostC
 def recosted_space(space: SearchSpace, spec: Spec, topology: Topology, cost: CostConfig,
                    load_factors: np.ndarray, tables: np.ndarray) -> SearchSpace:
     """``build_search_space(spec, topology, cost, load_factors)`` where ``load_factors`` differ from
-    those ``space`` was built with only for ``tables``: only their options are costed again. A cache
-    size changes an option's costs, never its shards, so the other tables' options are kept as they
-    are."""
+    those ``space`` was built with only for ``tables``: only their options are costed again (and
+    those of caches whose fetches become priced). A cache size changes an option's costs, never its
+    shards, so the other tables' options are kept as they are."""
     from rec.cost import enumerate_options
+    from rec.cost.tables import implicit_caches, resolved_load_factors
 
     opts = space.options
-    tables = np.asarray(tables, dtype=np.int64)
     factors = np.asarray(load_factors, dtype=np.float64)
+    # A plan that chose no cache size, every cache at TorchRec's default, prices no fetches; once it
+    # chooses one, every cache does (rec.cost.tables.implicit_caches): those tables are costed again too.
+    flipped = np.flatnonzero(
+        implicit_caches(spec, space.chosen_load_factor, resolved_load_factors(spec, cost, space.chosen_load_factor))
+        != implicit_caches(spec, factors, resolved_load_factors(spec, cost, factors)))
+    tables = np.union1d(np.asarray(tables, dtype=np.int64), flipped).astype(np.int64)
     sub = enumerate_options(Spec(tuple(spec.tables[int(t)] for t in tables), spec.spec_hash), topology, cost,
                             factors[tables])
     # Each option of the changed tables, found in ``space`` by (table, sharding type, kernel).

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rec.config.cost import UVM_CACHING_RATIO, CostConfig, Optimizer
-from rec.cost.tables import global_distinct, resolved_load_factors
+from rec.cost.tables import global_distinct, implicit_caches, resolved_load_factors
 from rec.hit_rates import Curve, miss_rate
 from rec.plan.table_placement import ShardPlacement, TablePlacement
 from rec.plan.types import Plan
@@ -107,8 +107,9 @@ def torchrec_inputs(spec: Spec, topology: Topology, cost: CostConfig = CostConfi
     sharing a name in several modules get the first one's. Each table's ``cache_params.load_factor``
     is its own (``rec.cost.tables.resolved_load_factors`` of ``load_factors``, spec order); a table
     whose statistics TorchRec can read (``rec.cost.tables.global_distinct``) gets them as its
-    ``cache_params.stats``, its load factor given (as a shardflow plan gives it), so that TorchRec
-    prices its cache's fetches."""
+    ``cache_params.stats``, its load factor given as a shardflow plan gives it (none for a cache of
+    TorchRec's default size the spec does not fix, ``rec.cost.tables.implicit_caches``), so that
+    TorchRec prices its cache's fetches where shardflow's cost model does."""
     from torchrec.distributed.planner.types import ParameterConstraints
     from torchrec.distributed.types import CacheParams
 
@@ -121,9 +122,10 @@ def torchrec_inputs(spec: Spec, topology: Topology, cost: CostConfig = CostConfi
         for p in model.parameters():
             mark_optimizer(p, optimizer_class)
     constraints: dict[str, Any] = {}
-    factors = resolved_load_factors(spec, cost, load_factors).tolist()
+    resolved = resolved_load_factors(spec, cost, load_factors)
+    factors, implicit = resolved.tolist(), implicit_caches(spec, load_factors, resolved).tolist()
     distinct = global_distinct(spec, topology.batch_size * topology.world_size).tolist()
-    for t, factor, lookups in zip(spec.tables, factors, distinct, strict=True):
+    for t, factor, lookups, default in zip(spec.tables, factors, distinct, implicit, strict=True):
         stats = CurveStatistics(t.hit_rate_curve, lookups) if lookups and t.hit_rate_curve else None
         constraints.setdefault(t.name, ParameterConstraints(
             sharding_types=[s.value for s in t.sharding_types] if t.sharding_types else None,
@@ -131,7 +133,7 @@ def torchrec_inputs(spec: Spec, topology: Topology, cost: CostConfig = CostConfi
             pooling_factors=[t.pooling_factor] * len(t.feature_names),
             # TorchRec's default where it is the default, so that its planner reads the same constraints
             cache_params=None if factor == UVM_CACHING_RATIO and t.cache_load_factor is None and stats is None
-            else CacheParams(load_factor=factor, stats=stats),
+            else CacheParams(load_factor=None if default else factor, stats=stats),
             min_partition=t.min_partition,
         ))
     return model, constraints, torchrec_topology(topology), module_sharders(set(spec.modules.values()))

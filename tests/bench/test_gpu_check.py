@@ -267,3 +267,42 @@ def test_a_planner_past_its_time_is_stopped_and_one_layout_under_both_profiles_i
                for made, ms in (("default", 10.0), ("calibrated", 5.0))]
     assert compare._choices(entries, {"default": ("L",), "calibrated": ("L",)})[0]["verdict"] == "same plan"
     assert compare._choices(entries, {"default": ("L",), "calibrated": ("M",)})[0]["verdict"] == "faster"
+
+
+def test_a_measuring_launch_that_dies_names_each_of_your_workloads_with_its_cause(tmp_path, monkeypatch):
+    """The one launch that measures a section's plans was killed (a rank out of host memory) or ran
+    out of time: each given workload is named with that cause and ``given_not_measured`` is missed,
+    in both sections that measure them; a workload whose plans failed in the job, with the job's cause."""
+    import time
+
+    from bench.gpu_check import compare
+    from bench.gpu_check.context import Context
+    from bench.gpu_check.machine import CPU_DDR, CPU_HBM, CPU_RANKS, TimedOut
+    from bench.gpu_check.workloads import Ranks, read_workloads
+    from rec.sharding import ComputeDevice
+
+    def killed(*args, **kwargs):
+        raise TimedOut("bench.gpu_check.measure_plans did not finish within 30 s")
+
+    monkeypatch.setattr(compare, "measure_alternating", killed)
+    (tmp_path / "shop.yaml").write_text(WORKLOAD)
+    (tmp_path / "wrong.yaml").write_text(WRONG_PROFILE)
+    ranks = Ranks(ComputeDevice.CPU, CPU_RANKS, CPU_HBM, CPU_DDR)
+    ctx = Context(ranks, tmp_path / "out", time.monotonic() + 300, tmp_path / "log", profile=tmp_path / "wrong.yaml",
+                  given=tuple(read_workloads([str(tmp_path / "shop.yaml")], ranks)), builtin=False)
+    for section in (compare.calibration, compare.vs_torchrec):
+        outcome = section(ctx)
+        assert outcome.figures["given_not_measured"] == {
+            "shop": "the measuring launch failed: bench.gpu_check.measure_plans did not finish within 30 s"}
+        assert [(t.name, t.met) for t in outcome.targets] == [("given_not_measured", False)]
+
+    def out_of_memory(ctx, paths, repeats, *args, **kwargs):
+        return [[PlanTimes(str(p), "id", Status.FAILED, 0, (), (), error=f"rank 0: OutOfMemoryError: {p.name}")]
+                for p in paths]
+
+    from rec.train.timings import PlanTimes, Status
+
+    monkeypatch.setattr(compare, "measure_alternating", out_of_memory)
+    for section in (compare.calibration, compare.vs_torchrec):
+        (why,) = section(ctx).figures["given_not_measured"].values()
+        assert why.count("OutOfMemoryError") == 1 and "(commands.log)" not in why, why

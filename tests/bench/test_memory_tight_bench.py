@@ -20,15 +20,17 @@ def test_every_workload_holds_its_tables_several_times_over_the_hbm_and_within_t
     from bench.gpu_check.families import OOF_SEEDS
 
     assert not set(bench.SEEDS) & set(OOF_SEEDS)
-    kinds = set()
-    for seed in range(bench.SEEDS.start, bench.SEEDS.start + 12):
-        w = bench.workload(seed)
-        kinds.add(w.name.rsplit("-", 1)[0])
-        spec = bench.spec_of(w)  # a valid spec: spec_from_rows names every problem
-        weights = sum(t.num_embeddings * t.embedding_dim * t.data_type.bytes_per_element for t in spec.tables)
-        hbm = w.world_size * w.hbm_gib * bench.GiB
-        assert 1.9 * hbm < weights <= 0.5 * w.world_size * bench.DDR_PER_RANK, w.name
-    assert kinds == set(bench.GENERATORS)
+    for other, generators, first in ((False, bench.GENERATORS, bench.SEEDS.start),
+                                     (True, bench.OTHER_GENERATORS, 3200)):  # --other-shapes
+        kinds = set()
+        for seed in range(first, first + 12):
+            w = bench.workload(seed, other=other)
+            kinds.add(w.name.rsplit("-", 1)[0])
+            spec = bench.spec_of(w)  # a valid spec: spec_from_rows names every problem
+            weights = sum(t.num_embeddings * t.embedding_dim * t.data_type.bytes_per_element for t in spec.tables)
+            hbm = w.world_size * w.hbm_gib * bench.GiB
+            assert 1.9 * hbm < weights <= 0.5 * w.world_size * bench.DDR_PER_RANK, w.name
+        assert kinds == set(generators)
 
 
 def test_zipf_statistics_are_torchrecs_cache_statistics(bench):

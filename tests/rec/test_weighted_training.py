@@ -133,21 +133,28 @@ def test_a_feature_named_as_a_weighted_features_weights_column_is_refused(tmp_pa
                             "features in the spec")
 
 
-def test_a_model_trained_on_weights_that_alone_carry_the_label_learns_them(single_process_group, tmp_path):
-    """The label is the weight of the sample's ``topic`` id above 0.5: a model blind to weights
-    cannot beat an AUC of 0.5 (the same training of the spec without ``is_weighted``: 0.51)."""
+def trained_on_files(tmp_path, spec, samples: tuple[int, int], **settings):
+    """``spec``'s model trained in this process on ``rows`` files (training, evaluation: ``samples``
+    rows each, seeds 3 and 4) under ``tmp_path``: its metrics."""
     from rec.plan import read_plan, write_plan
     from rec.train.job import train
 
-    pq.write_table(rows(2000, seed=3), tmp_path / "train.parquet", row_group_size=500)
-    pq.write_table(rows(1000, seed=4), tmp_path / "eval.parquet")
-    write_plan(plan_spec(SPEC, TOPOLOGY), tmp_path / "plan")
+    pq.write_table(rows(samples[0], seed=3), tmp_path / "train.parquet", row_group_size=500)
+    pq.write_table(rows(samples[1], seed=4), tmp_path / "eval.parquet")
+    write_plan(plan_spec(spec, TOPOLOGY), tmp_path / "plan")
     plan_path = str(tmp_path / "plan" / "plan.json")
-    config = TrainConfig(model=ModelKind.CONCAT, iterations=30, warmup=2, data=str(tmp_path / "train.parquet"),
+    config = TrainConfig(model=ModelKind.CONCAT, data=str(tmp_path / "train.parquet"),
                          eval_data=str(tmp_path / "eval.parquet"), dense_in_features=2, embedding_lr=0.1,
-                         dense_lr=0.05, shuffle_window=256)
+                         dense_lr=0.05, **settings)
     metrics = train(read_plan(plan_path), config, str(tmp_path / "out"), Output(), plan_path)
     assert metrics is not None and metrics.eval is not None
+    return metrics
+
+
+def test_a_model_trained_on_weights_that_alone_carry_the_label_learns_them(single_process_group, tmp_path):
+    """The label is the weight of the sample's ``topic`` id above 0.5: a model blind to weights
+    cannot beat an AUC of 0.5 (the same training of the spec without ``is_weighted``: 0.51)."""
+    metrics = trained_on_files(tmp_path, SPEC, (2000, 1000), iterations=30, warmup=2, shuffle_window=256)
     assert metrics.eval["auc"] > 0.9, metrics.eval
     assert metrics.eval["samples"] == 1000 and np.isfinite(metrics.loss.last)
     assert set(metrics.applied_sharding) == {f"{WEIGHTED}.topic", f"{WEIGHTED}.kw", f"{PLAIN}.user", f"{PLAIN}.kw"}
@@ -256,22 +263,12 @@ def test_an_exported_model_of_float16_and_mean_weighted_tables_predicts_what_tra
     evaluation logloss and AUC; TorchRec's unsharded bags take neither as they are."""
     from rec.evaluation.auc import auc
     from rec.evaluation.logloss import logloss
-    from rec.plan import read_plan, write_plan
     from rec.train.export import export
-    from rec.train.job import train
     from rec.train.predict import predict
 
     spec = spec_from_rows([{**r, "data_type": "FP16", **({"pooling": "MEAN"} if r["name"] == "kw" else {})}
                            if r.get("is_weighted") else r for r in ROWS])
-    pq.write_table(rows(1000, seed=5), tmp_path / "train.parquet")
-    pq.write_table(rows(500, seed=6), tmp_path / "eval.parquet")
-    write_plan(plan_spec(spec, TOPOLOGY), tmp_path / "plan")
-    plan_path = str(tmp_path / "plan" / "plan.json")
-    config = TrainConfig(model=ModelKind.CONCAT, iterations=10, warmup=1, data=str(tmp_path / "train.parquet"),
-                         eval_data=str(tmp_path / "eval.parquet"), dense_in_features=2, embedding_lr=0.1,
-                         dense_lr=0.05, checkpoint_every=10)
-    metrics = train(read_plan(plan_path), config, str(tmp_path / "out"), Output(), plan_path)
-    assert metrics is not None and metrics.eval is not None
+    metrics = trained_on_files(tmp_path, spec, (1000, 500), iterations=10, warmup=1, checkpoint_every=10)
     export(tmp_path / "out" / "checkpoints", tmp_path / "model")
     predict(tmp_path / "model", str(tmp_path / "eval.parquet"), tmp_path / "p.parquet", torch.device("cpu"))
     p = pq.read_table(tmp_path / "p.parquet").column("prediction").to_numpy().astype(np.float64)

@@ -133,7 +133,7 @@ def test_a_feature_named_as_a_weighted_features_weights_column_is_refused(tmp_pa
                             "features in the spec")
 
 
-def trained_on_files(tmp_path, spec, samples: tuple[int, int], **settings):
+def trained_on_files(tmp_path, spec, samples, **settings):
     """``spec``'s model trained in this process on ``rows`` files (training, evaluation: ``samples``
     rows each, seeds 3 and 4) under ``tmp_path``: its metrics."""
     from rec.plan import read_plan, write_plan

@@ -33,7 +33,7 @@ def with_fewer_types(result: SearchResult, profile: Profile, search: Callable[[S
     ``sharding_type_ms`` (and ``module_sharding_type_ms`` for each further module of ``modules``,
     each table's, using them) is lowest (``search`` searches a space)."""
     costs = profile.extensions
-    if not (costs.sharding_type_ms or costs.module_sharding_type_ms):
+    if not costs.prices_types:
         return result
     full = result.space
     best, best_value, removed = result, _value(result, profile, modules), set[ShardingType]()
@@ -80,8 +80,7 @@ class FewerTypes:
     ``module_sharding_type_ms``."""
 
     def applies(self, context: PassContext) -> bool:
-        x = context.cost.profile.extensions
-        return bool(x.sharding_type_ms or x.module_sharding_type_ms) and context.search is not None
+        return context.cost.profile.extensions.prices_types and context.search is not None
 
     def run(self, result: SearchResult, context: PassContext) -> SearchResult:
         assert context.search is not None

@@ -42,11 +42,10 @@ def module_sharding_plan(plan: Plan, module: str | None = None) -> EmbeddingModu
 
 def _implicit(plan: Plan) -> set[str]:
     """The keys of the tables whose cache goes without a load factor (``rec.cost.tables.implicit_caches``)."""
-    from rec.cost.tables import implicit_caches, resolved_load_factors
-    from rec.plan.load_factors import chosen_load_factors
+    from rec.cost.tables import implicit_caches
+    from rec.plan.load_factors import chosen_load_factors, load_factors
 
-    chosen = chosen_load_factors(plan)
-    flags = implicit_caches(plan.spec, chosen, resolved_load_factors(plan.spec, plan.planner.cost, chosen))
+    flags = implicit_caches(plan.spec, chosen_load_factors(plan), load_factors(plan))
     return {t.key for t, flag in zip(plan.spec.tables, flags, strict=True) if flag}
 
 

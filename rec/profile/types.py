@@ -169,6 +169,12 @@ class Extensions:
         """``sharding_type_ms`` of ``sharding_type`` (0 where it names none)."""
         return next((ms for st, ms in self.sharding_type_ms if st == sharding_type), 0.0)
 
+    @property
+    def prices_types(self) -> bool:
+        """Whether some sharding type costs time per iteration (``sharding_type_ms`` or
+        ``module_sharding_type_ms``)."""
+        return bool(self.sharding_type_ms or self.module_sharding_type_ms)
+
     def module_sharding_type_cost(self, sharding_type: ShardingType) -> float:
         """``module_sharding_type_ms`` of ``sharding_type`` (0 where it names none)."""
         return next((ms for st, ms in self.module_sharding_type_ms if st == sharding_type), 0.0)

@@ -20,7 +20,7 @@ from torch import nn
 from rec.disk_full import whole, write_whole
 from rec.errors import InputError, Problem
 from rec.sharding import Pooling
-from rec.spec.types import Spec
+from rec.spec.types import Spec, TableSpec
 from rec.train.checkpoint import SafeFileSystemReader, SafeLoadPlanner, check_index
 from rec.train.model import build_model
 from rec.train.model_file import MODEL_FILE, ModelSettings, read_model, settings_to_dict
@@ -83,13 +83,17 @@ def export(checkpoint: str | Path, out_dir: str | Path) -> Exported:
     return Exported(out, plan_id, step, len(tensors), sum(t.numel() for t in tensors.values()))
 
 
+def weighted_mean(t: TableSpec) -> bool:
+    """A weighted table pooled MEAN: FBGEMM's weighted sum over the bag's length (``inference_spec``)."""
+    return t.is_weighted and t.pooling is Pooling.MEAN
+
+
 def inference_spec(spec: Spec) -> Spec:
     """``spec`` as the unsharded model computes it: a weighted MEAN table pooled as SUM. TorchRec's
     unsharded bags (``nn.EmbeddingBag``) take weights only when summing; FBGEMM, which trained the
     table, divides the weighted sum by the bag's length, so ``rec.train.predict`` gives such a bag's
     weights divided by its length (``weighted_means``)."""
-    tables = tuple(replace(t, pooling=Pooling.SUM) if t.is_weighted and t.pooling is Pooling.MEAN else t
-                   for t in spec.tables)
+    tables = tuple(replace(t, pooling=Pooling.SUM) if weighted_mean(t) else t for t in spec.tables)
     return replace(spec, tables=tables) if tables != spec.tables else spec
 
 

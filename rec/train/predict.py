@@ -20,10 +20,9 @@ from rec.data.files import open_data
 from rec.data.parquet import ParquetSource, rebatch
 from rec.data.source import reader_threads
 from rec.disk_full import whole
-from rec.sharding import Pooling
 from rec.spec.types import Spec
 from rec.train.batch import ModuleBatch
-from rec.train.export import load_exported
+from rec.train.export import load_exported, weighted_mean
 from rec.train.input import to_batch
 from rec.train.model import logits
 from rec.train.tables import one_default_ebc
@@ -41,7 +40,7 @@ def weighted_means(spec: Spec) -> dict[str, frozenset[str]]:
     """Per module path, the features of its weighted MEAN tables (``rec.train.export.inference_spec``)."""
     out: dict[str, set[str]] = {}
     for t in spec.tables:
-        if t.is_weighted and t.pooling is Pooling.MEAN:
+        if weighted_mean(t):
             out.setdefault(t.module, set()).update(t.feature_names)
     return {module: frozenset(features) for module, features in out.items()}
 

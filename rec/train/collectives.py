@@ -85,6 +85,28 @@ class Group:
         dist.all_gather(every, tensor)
         return [t.cpu() for t in every]
 
+    def gather_rows(self, rows: torch.Tensor, chunk: int = 1 << 20) -> list[torch.Tensor] | None:
+        """Every rank's ``rows`` (float64 ``(k, n_rank)``; ``n_rank`` may differ) on rank 0, in rank
+        order; None on the others. Sent ``chunk`` columns a round, so that the device holds at most
+        ``world x chunk`` columns, whatever the total."""
+        rows = rows.to(torch.float64)
+        rank, world = dist.get_rank(), dist.get_world_size()
+        lengths = [int(t[0]) for t in self.all_gather([float(rows.shape[1])])]
+        pieces: list[list[torch.Tensor]] = [[] for _ in range(world)]
+        for start in range(0, max(lengths), chunk):
+            width = min(chunk, max(lengths) - start)
+            send = torch.zeros((rows.shape[0], width), dtype=torch.float64, device=self.device)
+            mine = rows[:, start:start + width]
+            send[:, :mine.shape[1]] = mine.to(self.device)
+            every = [torch.empty_like(send) for _ in range(world)] if rank == 0 else None
+            dist.gather(send, every, dst=0)
+            if every is not None:
+                for r, t in enumerate(every):
+                    pieces[r].append(t[:, :max(0, min(width, lengths[r] - start))].cpu())
+        if rank != 0:
+            return None
+        return [torch.cat(p, dim=1) if p else rows.new_zeros((rows.shape[0], 0)) for p in pieces]
+
     def first_text(self, text: str | None) -> str | None:
         """The ``text`` of the lowest rank that has one, on every rank; None on every rank when none
         has. Every rank calls it, text or not: how ranks agree on a failure some of them met alone."""

@@ -42,36 +42,43 @@ class Evaluator:
         batches = rebatch(self.source.share(rank, world), self.batch_size)
         return itertools.islice(batches, self.max_batches) if self.max_batches else batches
 
+    def _count(self, world: int) -> int:
+        """Batches every rank runs: the largest share's (the shares' sizes come from the files'
+        metadata, the same on every rank), at most ``max_batches``."""
+        total = self.source.order.total
+        largest = max((r + 1) * total // world - r * total // world for r in range(world))
+        count = -(-largest // self.batch_size)
+        return min(count, self.max_batches) if self.max_batches else count
+
     def run(self, model: nn.Module, iteration: int) -> Evaluation | None:
-        """The metrics after ``iteration`` iterations (rank 0; None on the others: a collective)."""
+        """The metrics after ``iteration`` iterations (rank 0; None on the others: a collective).
+        The share is read batch by batch, and a rank keeps only its samples' logits and labels."""
         rank, world = dist.get_rank(), dist.get_world_size()
         group = Group.current()
-        mine = list(self._mine(rank, world))  # Columns of one batch each: bounded by the share
-        count = int(group.max([len(mine)])[0])
-        logits, labels, valid = [], [], []
+        count = self._count(world)
+        if not count:
+            raise InputError("Cannot evaluate:", [Problem("--eval-data", f"{self.source.files.source} has no rows")])
+        mine = self._mine(rank, world)
+        logits, labels = [], []
         was_training = model.training
         model.eval()
         try:
             with torch.no_grad():
-                for k in range(count):
-                    rows = mine[k] if k < len(mine) else empty(self.layout, 0)
+                for _ in range(count):
+                    rows = next(mine, None)
+                    rows = empty(self.layout, 0) if rows is None else rows
                     padded = concat([rows, empty(self.layout, self.batch_size - len(rows))]) \
                         if len(rows) < self.batch_size else rows
                     batch = to_batch(padded, self.layout, self.one_module).to(self.device, non_blocking=True)
-                    logits.append(_logits(model(batch)).to(torch.float64).cpu())
-                    labels.append(torch.from_numpy(padded.labels.astype(np.float64)))
-                    valid.append(torch.arange(self.batch_size) < len(rows))
+                    logits.append(_logits(model(batch))[:len(rows)].to(torch.float64).cpu())
+                    labels.append(torch.from_numpy(rows.labels.astype(np.float64)))
         finally:
             model.train(was_training)
-        if not count:
-            raise InputError("Cannot evaluate:", [Problem("--eval-data", f"{self.source.files.source} has no rows")])
-        local = torch.stack([torch.cat(logits), torch.cat(labels), torch.cat(valid).to(torch.float64)])
-        every = group.all_gather(local.flatten())
-        if rank != 0:
+        every = group.gather_rows(torch.stack([torch.cat(logits), torch.cat(labels)]))
+        if every is None:
             return None
-        stacked = torch.cat([t.view(3, -1) for t in every], dim=1).numpy()
-        keep = stacked[2] > 0.5
-        return evaluate(stacked[0][keep], stacked[1][keep], iteration)
+        stacked = torch.cat(every, dim=1).numpy()
+        return evaluate(stacked[0], stacked[1], iteration)
 
 
 def _logits(output: Any) -> torch.Tensor:

@@ -85,3 +85,45 @@ def test_group_reduces_gathers_and_waits_on_the_cpu_group(single_process_group):
     assert [t.tolist() for t in group.all_gather([3.0])] == [[3.0]]
     assert group.any(True) and not group.any(False)
     group.barrier()
+
+
+def _gathering_rank(rank: int, folder) -> None:
+    """One of two forked ranks: gathers rows of a different length on each, three columns a round."""
+    import json
+    import os
+    import traceback
+
+    import torch
+    import torch.distributed as dist
+
+    try:
+        from rec.train.collectives import Group
+
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"file://{folder / 'rdzv'}", rank=rank, world_size=2)
+        rows = torch.arange(2 * (7 + 3 * rank), dtype=torch.float64).view(2, -1) + 100 * rank
+        every = Group.current().gather_rows(rows, chunk=3)
+        result = None if every is None else [t.tolist() for t in every]
+    except BaseException:
+        result = traceback.format_exc()
+    (folder / f"rank-{rank}.json").write_text(json.dumps(result))
+    os._exit(0)
+
+
+def test_rank_zero_gathers_every_ranks_rows_whole_and_in_order_a_chunk_at_a_time(tmp_path):
+    """What evaluation sends rank 0: each rank's (logits, labels) of its own length, in rank order,
+    in chunks smaller than either rank's share; the other rank holds nothing of them."""
+    import json
+    import multiprocessing
+
+    fork = multiprocessing.get_context("fork")
+    ranks = [fork.Process(target=_gathering_rank, args=(r, tmp_path)) for r in range(2)]
+    for p in ranks:
+        p.start()
+    for p in ranks:
+        p.join(timeout=60)
+        if p.is_alive():
+            p.kill()
+    got = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(2)]
+    expected = [[list(range(0, 7)), list(range(7, 14))], [list(range(100, 110)), list(range(110, 120))]]
+    assert got == [expected, None]

@@ -114,31 +114,41 @@ def synthetic_features(spec: Spec, batch_size: int, seed: int, distinct: int,
     draws them (``rec.data.synthetic``: Poisson(pooling factor) ids per sample and feature, each
     table's from its hit-rate curve or the skew model, hot rows scattered; ``rec.train.synthetic_ids``;
     a weighted table's ids each with a weight uniform in (0, 1], float32).
-    A feature's lengths for every batch come in one draw and one host read, its ids in chunks of at
-    most ``DRAW_CHUNK``: on a GPU, pools of millions of ids cost no host time per id."""
+    Every feature's lengths for every batch come first, in one draw each and one host read; then each
+    feature's ids, in chunks of at most ``DRAW_CHUNK``, copied straight into the batches: on a GPU,
+    pools of millions of ids cost no host time per id, and the draw takes the pool's memory and one
+    feature's ids, not twice the pool."""
     generator = torch.Generator(device=device)
     generator.manual_seed(seed)
     made: list[dict[str, KeyedJaggedTensor]] = [{} for _ in range(distinct)]
     for path in spec.modules:
         features = feature_tables(tuple(t for t in spec.tables if t.module == path))
         weighted = any(table.is_weighted for _, table in features)  # every table of a module agrees
-        lengths, values, weights, per_key = [], [], [], []
-        for _, table in features:
-            rates = torch.full((distinct, batch_size), float(table.pooling_factor), device=device)
-            n = torch.poisson(rates, generator=generator).to(torch.int32)
-            counts = [int(c) for c in n.sum(dim=1, dtype=torch.int64).tolist()]
-            lengths.append(n)
-            values.append(torch.split(_drawn_ids(sum(counts), table, generator, device), counts))
-            if weighted:
-                weights.append(torch.split(_drawn_weights(sum(counts), generator, device), counts))
-            per_key.append(counts)
+        lengths = [torch.poisson(torch.full((distinct, batch_size), float(table.pooling_factor), device=device),
+                                 generator=generator).to(torch.int32) for _, table in features]
+        per_feature = torch.stack([n.sum(dim=1, dtype=torch.int64) for n in lengths]).cpu()  # (feature, batch)
+        ends = per_feature.cumsum(dim=0)
+        counts, offsets, totals = per_feature.tolist(), (ends - per_feature).tolist(), ends[-1].tolist()
+        values = [torch.empty(n, dtype=torch.int64, device=device) for n in totals]
+        weights = [torch.empty(n, dtype=torch.float32, device=device) for n in totals] if weighted else []
+        for f, (_, table) in enumerate(features):
+            ids = _drawn_ids(sum(counts[f]), table, generator, device)
+            drawn_weights = _drawn_weights(sum(counts[f]), generator, device) if weighted else None
+            at = 0
+            for b in range(distinct):
+                n, o = counts[f][b], offsets[f][b]
+                values[b][o:o + n].copy_(ids[at:at + n])
+                if drawn_weights is not None:
+                    weights[b][o:o + n].copy_(drawn_weights[at:at + n])
+                at += n
+            del ids, drawn_weights
         keys = [f for f, _ in features]
         for b, batch in enumerate(made):
             batch[path] = KeyedJaggedTensor(
-                keys=keys, values=torch.cat([v[b] for v in values]), lengths=torch.cat([n[b] for n in lengths]),
-                weights=torch.cat([w[b] for w in weights]) if weighted else None,
-                stride=batch_size, length_per_key=[c[b] for c in per_key]).sync()
-        del lengths, values, weights  # the pool's batches hold their own copies
+                keys=keys, values=values[b], lengths=torch.cat([n[b] for n in lengths]),
+                weights=weights[b] if weighted else None,
+                stride=batch_size, length_per_key=[c[b] for c in counts]).sync()
+        del lengths
     return cycle(made)
 
 

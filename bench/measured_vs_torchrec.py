@@ -64,7 +64,8 @@ def main() -> int:
             print(f"calibrated on {ranks.world_size} {ranks.device.value} ranks in {calibration_s} s", flush=True)
         shapes = workloads.torchrec_shapes(ranks)
         config = MeasureConfig(iterations=args.iterations, warmup=args.warmup, blocks=3)
-        repeats, results = compare.compare_measured(ctx, shapes, args.repeats, 24 * 3600.0, config)
+        compared = compare.compare_measured(ctx, shapes, args.repeats, 24 * 3600.0, config)
+        repeats, results = compared.repeats, compared.shapes
 
     header = f"{'shape':14} {'planner':21} {'plan s':>8} {'measured ms':>12} {'spread':>7} {'vs TorchRec':>11}"
     print(f"\n{header}  {'verdict':17s} sharding")

@@ -134,23 +134,46 @@ def _order(count: int, repeats: int) -> list[int]:
     return out
 
 
+@dataclass(frozen=True)
+class Measured:
+    """Per plan, its measurements; ``stopped``: why the launch ended before measuring them all (its
+    plans not reached are failed with that cause), None when it finished."""
+
+    per_plan: list[list[PlanTimes]]
+    stopped: str | None = None
+
+
 def measure_alternating(ctx: Context, paths: Sequence[Path], repeats: int, timeout_s: float,
-                        config: MeasureConfig | None = None) -> list[list[PlanTimes]]:
+                        config: MeasureConfig | None = None) -> Measured:
     """Every plan at ``paths`` measured ``repeats`` times in one launch (``config``; default: the
-    check's ``measuring``): per plan, its measurements."""
+    check's ``measuring``). A launch that fails or runs past ``timeout_s`` keeps what it measured
+    before (the job writes its timings after every plan); SectionFailed or TimedOut where it measured
+    nothing."""
     from rec.settings import to_flags
-    from rec.train.timings import read_timings
+    from rec.train.timings import Status, read_timings
 
     order = _order(len(paths), repeats)
     out = ctx.work / f"measured-{int(time.time() * 1000) % 10**9}"
     config = config or measuring(ctx.ranks.cuda)
-    ctx.run(["--out", str(out), *to_flags(config), *[str(paths[i]) for i in order]], timeout_s,
-            module="bench.gpu_check.measure_plans")
-    timings = read_timings(out)
+    stopped = None
+    try:
+        ctx.run(["--out", str(out), *to_flags(config), *[str(paths[i]) for i in order]], timeout_s,
+                module="bench.gpu_check.measure_plans")
+        done = list(read_timings(out).plans)
+    except (SectionFailed, TimedOut) as e:
+        try:
+            done = list(read_timings(out).plans)
+        except (OSError, ValueError):
+            raise e from None
+        if not done:
+            raise
+        stopped = one_line(str(e))[:300]
+        cause = f"the measuring launch ended before it: {stopped}"
+        done += [PlanTimes(str(paths[i]), "", Status.FAILED, 0, (), (), error=cause) for i in order[len(done):]]
     per_plan: list[list[PlanTimes]] = [[] for _ in paths]
-    for i, times in zip(order, timings.plans, strict=True):
+    for i, times in zip(order, done, strict=True):
         per_plan[i].append(times)
-    return per_plan
+    return Measured(per_plan, stopped)
 
 
 def summarize(runs: list[PlanTimes]) -> dict[str, Any]:
@@ -261,6 +284,8 @@ def calibration(ctx: Context) -> Outcome:
                             "predicted_default_ms": predicted(plan, DEFAULT_PROFILE),
                             "predicted_calibrated_ms": predicted(plan, calibrated)})
     if not plans:
+        if ctx.given:
+            return none_measured(ctx, "the --minutes budget did not reach it", {**not_planned, **too_long})
         raise SectionFailed("no workload could be planned and measured: "
                             + "; ".join(f"{k}: {v}" for k, v in {**not_planned, **too_long}.items()))
     paths = [_write(ctx, p, f"{e['spec']}_{e['made_under']}") for p, e in zip(plans, entries, strict=True)]
@@ -270,7 +295,7 @@ def calibration(ctx: Context) -> Outcome:
         if not ctx.given:
             raise
         return launch_failed(ctx, e, {**not_planned, **too_long})
-    for entry, runs in zip(entries, measured, strict=True):
+    for entry, runs in zip(entries, measured.per_plan, strict=True):
         entry.update(summarize(runs))
         for model in ("default", "calibrated"):
             entry[f"error_{model}"] = entry[f"predicted_{model}_ms"] / entry["measured_ms"] - 1
@@ -302,6 +327,8 @@ def calibration(ctx: Context) -> Outcome:
                "plans_measured": entries, "workloads": _by_workload(entries),
                "left_out": [w.name for w in candidates if w.name not in measured_names],
                "given": {w.name: _given(w) for w in ctx.given}, "given_not_measured": missing}
+    if measured.stopped:
+        figures["launch_error"] = measured.stopped
     if ctx.builtin:
         figures["out_of_family"] = _apart(oof, apart, {k: v for k, v in not_planned.items() if k not in missing})
     cal = summary["calibrated"]
@@ -309,7 +336,7 @@ def calibration(ctx: Context) -> Outcome:
                *((target("calibration_spearman", cal["spearman"], cuda),) if len(judged) > 2 else ()),  # a rank needs 3
                target("calibration_median_spread", figures["median_spread"], cuda),
                *((target("given_not_measured", float(len(missing)), cuda),) if ctx.given else ()))
-    line = _missing_line(missing)
+    line = _missing_line(missing) + _stopped_line(measured.stopped)
     if ctx.builtin:
         far = groups.get("out_of_family", {}).get("calibrated", {"median_abs_error": math.nan, "spearman": math.nan})
         targets += (target("out_of_family_median_abs_error", far["median_abs_error"], cuda),
@@ -347,14 +374,24 @@ def launch_failed(ctx: Context, error: Exception, not_planned: dict[str, str]) -
     few plans were measured to judge): every given workload named with that cause (or why it was not
     planned or measured, ``not_planned``), and the ``given_not_measured`` target missed."""
     cause = one_line(str(error))[:300]
-    missing = {w.name: not_planned.get(w.name) or f"the measuring launch failed: {cause}" for w in ctx.given}
-    return Outcome({"given_not_measured": missing, "launch_error": cause},
-                   f"the measuring launch failed: {cause}{_missing_line(missing)}",
+    outcome = none_measured(ctx, f"the measuring launch failed: {cause}", not_planned)
+    return replace(outcome, figures={**outcome.figures, "launch_error": cause})
+
+
+def none_measured(ctx: Context, cause: str, known: dict[str, str]) -> Outcome:
+    """A section that measured none of the given workloads: each named with its own reason where
+    ``known`` has one, else ``cause``; the ``given_not_measured`` target missed."""
+    missing = {w.name: known.get(w.name) or cause for w in ctx.given}
+    return Outcome({"given_not_measured": missing}, f"{cause}{_missing_line(missing)}",
                    (target("given_not_measured", float(len(missing)), ctx.ranks.cuda),))
 
 
 def _missing_line(missing: dict[str, str]) -> str:
     return f"; not measured: {', '.join(missing)}" if missing else ""
+
+
+def _stopped_line(stopped: str | None) -> str:
+    return f"; the measuring launch ended early ({stopped}): the plans after it were not measured" if stopped else ""
 
 
 def one_line(text: str) -> str:
@@ -512,7 +549,8 @@ def plan_shapes(ctx: Context, shapes: Sequence[Workload], calibrated: Profile | 
                 write: Callable[[Plan, str], Path], planning_s: float = math.inf) -> list[Planned]:
     """Every shape planned by every planner; a planner that finds no plan is recorded, not fatal.
     TorchRec's planners take minutes for hundreds of tables on 8 ranks: they get what is left of
-    ``planning_s`` (at least ``MIN_TORCHREC_PLAN_S``), then are stopped, which is recorded too."""
+    ``planning_s`` (at least ``MIN_TORCHREC_PLAN_S``), then are stopped, and are not started once it
+    is spent; both are recorded too."""
     out = []
     until = time.monotonic() + planning_s
     for workload in shapes:
@@ -520,6 +558,10 @@ def plan_shapes(ctx: Context, shapes: Sequence[Workload], calibrated: Profile | 
         for name in PLANNERS:
             began = time.perf_counter()
             limit = max(MIN_TORCHREC_PLAN_S, until - time.monotonic()) if name.startswith("torchrec") else math.inf
+            if name.startswith("torchrec") and time.monotonic() >= until:
+                out.append(Planned(f"{workload.name}/{name}", workload, name, None, None, 0.0,
+                                   f"{name}'s planner was not run: the section's planning share was spent"))
+                continue
             try:
                 with time_limit(limit):
                     plan = _plan_with(name, workload, topology, calibrated)
@@ -539,11 +581,28 @@ def plan_shapes(ctx: Context, shapes: Sequence[Workload], calibrated: Profile | 
     return out
 
 
+class NotPlanned(SectionFailed):
+    """No shape could be planned by any planner; ``why``: per shape, its first planner's error."""
+
+    def __init__(self, why: dict[str, str]):
+        super().__init__("no shape could be planned: " + "; ".join(f"{k}: {v}" for k, v in why.items()))
+        self.why = why
+
+
+@dataclass(frozen=True)
+class Comparison:
+    repeats: int
+    shapes: dict[str, Any]  # per shape name, per planner: its figures
+    stopped: str | None = None  # why the measuring launch ended before measuring every plan
+
+
 def compare_measured(ctx: Context, shapes: Sequence[Workload], repeats: int, timeout_s: float,
-                     config: MeasureConfig | None = None) -> tuple[int, dict[str, Any]]:
-    """(the repeats, the comparison's figures): per shape and planner, plan time and measured iteration
+                     config: MeasureConfig | None = None) -> Comparison:
+    """The repeats and the comparison's figures: per shape and planner, plan time and measured iteration
     time with its spread and its ratio to TorchRec's default planner's plan (a shape's plans of one
-    layout measured once). Fewer repeats (not below 2), then fewer shapes, where the time would not do."""
+    layout measured once). Fewer repeats (not below 2), then only the shapes, in order, whose plans
+    still fit the time (a later, smaller one may where an earlier does not) where the time would not
+    do; Skipped where none does."""
     from rec.profile import read_profile
 
     calibrated = read_profile(ctx.profile) if ctx.profile else None
@@ -557,26 +616,31 @@ def compare_measured(ctx: Context, shapes: Sequence[Workload], repeats: int, tim
     left = timeout_s - (time.monotonic() - began) - LAUNCH_S[ctx.ranks.cuda]
     profile = calibrated or DEFAULT_PROFILE
 
-    def estimate() -> float:
-        return _estimate(ctx, [p.plan for p in unique.values() if p.plan], profile, repeats, config)
+    def estimate(names: set[str]) -> float:
+        return _estimate(ctx, [p.plan for p in unique.values() if p.plan and p.workload.name in names], profile,
+                         repeats, config)
 
-    while repeats > 2 and estimate() > left:
+    every = {s.name for s in shapes}
+    while repeats > 2 and estimate(every) > left:
         repeats -= 1
-    while len(shapes) > 2 and estimate() > left:
-        shapes = shapes[:-1]
-        unique = {k: p for k, p in unique.items() if p.workload.name in {s.name for s in shapes}}
-    if estimate() > 1.5 * left:
-        raise Skipped(f"measuring even {len(shapes)} shapes {repeats} times would take longer than the "
+    kept: set[str] = set()
+    for shape in shapes:
+        if estimate(kept | {shape.name}) <= left:
+            kept.add(shape.name)
+    if not kept and unique:
+        raise Skipped(f"measuring even one shape {repeats} times would take longer than the "
                       f"{max(left, 0):.0f} s left of the --minutes budget")
+    shapes = [s for s in shapes if s.name in kept or not any(p.workload.name == s.name for p in unique.values())]
+    unique = {k: p for k, p in unique.items() if p.workload.name in kept}
     layouts = list(unique)
     paths = [p.path for p in unique.values() if p.path is not None]
     if not paths:
         why: dict[str, str] = {}
         for p in planned:  # each shape's first planner's error
             why.setdefault(p.workload.name, one_line(p.error or ""))
-        raise SectionFailed("no shape could be planned: " + "; ".join(f"{k}: {v}" for k, v in why.items()))
+        raise NotPlanned(why)
     measured = measure_alternating(ctx, paths, repeats, timeout_s - (time.monotonic() - began), config)
-    by_layout = {key: summarize(runs) for key, runs in zip(layouts, measured, strict=True)}
+    by_layout = {key: summarize(runs) for key, runs in zip(layouts, measured.per_plan, strict=True)}
     result: dict[str, Any] = {}
     for workload in shapes:
         rows = {p.label: p for p in planned if p.workload.name == workload.name}
@@ -601,7 +665,7 @@ def compare_measured(ctx: Context, shapes: Sequence[Workload], repeats: int, tim
                             "no TorchRec plan" if base_m is None else
                             _verdict(ratio, noise, "torchrec" in same, ctx.ranks.cuda)}
         result[workload.name] = entry
-    return repeats, result
+    return Comparison(repeats, result, measured.stopped)
 
 
 def vs_torchrec(ctx: Context) -> Outcome:
@@ -615,11 +679,20 @@ def vs_torchrec(ctx: Context) -> Outcome:
     if not cuda:
         builtin = [s for s in builtin if s.name in ("few_big", "mixed_ebc_ec")]
     try:
-        repeats, results = compare_measured(ctx, [*ctx.given, *builtin], 3 if cuda else 2, budget)
+        compared = compare_measured(ctx, [*ctx.given, *builtin], 3 if cuda else 2, budget)
+    except NotPlanned as e:
+        if not ctx.given:
+            raise
+        return none_measured(ctx, "no planner could plan it", {k: f"not planned: {v[:300]}" for k, v in e.why.items()})
+    except Skipped as e:
+        if not ctx.given:
+            raise
+        return none_measured(ctx, f"the --minutes budget did not reach it ({e})", {})
     except (SectionFailed, TimedOut) as e:
         if not ctx.given:
             raise
         return launch_failed(ctx, e, {})
+    repeats, results = compared.repeats, compared.shapes
     geomeans = {label: _geomean([row[label]["vs_torchrec"] for row in results.values()
                                  if isinstance(row.get(label), dict) and "vs_torchrec" in row[label]])
                 for label in ("shardflow", "shardflow-calibrated")}
@@ -627,12 +700,19 @@ def vs_torchrec(ctx: Context) -> Outcome:
     slower = [name for name, row in results.items()
               if isinstance(row.get(ours), dict) and row[ours].get("verdict") == "slower"]
     missing = {w.name: why for w in ctx.given if (why := _judged_missing(results.get(w.name), ours))}
+    # A shape TorchRec's planner gave no plan for: shardflow's is not slower, but nothing was compared.
+    not_compared = {name: one_line(str(row["torchrec"]["error"]))[:300] for name, row in results.items()
+                    if name not in missing and isinstance(row.get("torchrec"), dict) and row["torchrec"].get("error")}
     figures = {"repeats": repeats, "shapes": results, "vs_torchrec_geomean": geomeans, "judged": ours,
-               "slower_than_torchrec": slower, "given_not_measured": missing}
+               "slower_than_torchrec": slower, "given_not_measured": missing, "not_compared": not_compared}
+    if compared.stopped:
+        figures["launch_error"] = compared.stopped
     shapes = f"{len(results)} shape{'s' if len(results) != 1 else ''}"
     return Outcome(figures, f"{shapes}, measured against TorchRec's plan (geometric mean): shardflow's "
                             f"{geomeans['shardflow']:.2f}x, calibrated {geomeans['shardflow-calibrated']:.2f}x"
-                            + (f"; slower on {', '.join(slower)}" if slower else "") + _missing_line(missing),
+                            + (f"; slower on {', '.join(slower)}" if slower else "")
+                            + (f"; no TorchRec plan to compare with on {', '.join(not_compared)}" if not_compared
+                               else "") + _missing_line(missing) + _stopped_line(compared.stopped),
                    (target("slower_than_torchrec", float(len(slower)), cuda),
                     *((target("given_not_measured", float(len(missing)), cuda),) if ctx.given else ())))
 

@@ -140,7 +140,8 @@ def shardflow(args: list[str], cwd: Path, timeout_s: float, log: Path, module: s
             output, _ = proc.communicate(timeout=max(1.0, timeout_s))
         except subprocess.TimeoutExpired:
             _stop(proc)
-            raise TimedOut(f"{module} {args[0]} ran past its {timeout_s:.0f}-s share of the budget") from None
+            what = f"shardflow {args[0]}" if module == "flows.cli" else module
+            raise TimedOut(f"{what} ran past its {timeout_s:.0f}-s share of the budget") from None
         sink.write(output)
     return Finished(proc.returncode, time.monotonic() - started, output[-8000:])
 

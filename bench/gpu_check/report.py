@@ -66,12 +66,14 @@ class Report:
                 "versions": self.versions, "passed": self.passed,
                 "sections": {s.name: {**{k: v for k, v in asdict(s).items() if k not in ("name", "summary", "targets")},
                                       "status": s.status.value, "seconds": round(s.seconds, 1),
-                                      "figures": _finite(s.figures), "targets": [t.to_dict() for t in s.targets]}
+                                      "figures": _finite(s.figures),
+                                      "targets": [_finite(t.to_dict()) for t in s.targets]}
                              for s in self.sections}}
 
 
 def _finite(value: Any) -> Any:
-    """JSON has no NaN or infinity: such a figure is written as null."""
+    """JSON has no NaN or infinity: such a figure (or a bound that is none, cpu's infinite ones) is
+    written as null."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
@@ -85,7 +87,7 @@ def write_report(out_dir: Path, report: Report) -> tuple[Path, Path]:
     """Both files, each replaced whole."""
     data = report.to_dict()
     json_path, md_path = out_dir / JSON_FILE, out_dir / MD_FILE
-    write_whole(json_path, json.dumps(data, indent=1) + "\n")
+    write_whole(json_path, json.dumps(data, indent=1, allow_nan=False) + "\n")
     write_whole(md_path, render_markdown(report))
     return json_path, md_path
 
@@ -99,7 +101,7 @@ def render_markdown(report: Report) -> str:
              "| section | status | seconds | result |", "|---|---|---:|---|"]
     for s in report.sections:
         result = s.summary if s.status is Status.OK else (s.reason or "")
-        lines.append(f"| {s.name} | {s.status.value} | {s.seconds:.0f} | {result} |")
+        lines.append(f"| {s.name} | {s.status.value} | {s.seconds:.0f} | {_cell(result)} |")
     not_ok = [f"{s.name} {s.status.value}" for s in report.sections if s.status is not Status.OK]
     lines += ["", "**Passed**: every section ok, every target met." if report.passed
               else f"**Not passed**: {', '.join(not_ok)}.", "",
@@ -113,3 +115,8 @@ def render_markdown(report: Report) -> str:
         if s.figures:
             lines += ["", f"## {s.name}", "", "```json", json.dumps(_finite(s.figures), indent=1)[:20_000], "```"]
     return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    """``text`` in a Markdown table's cell: its own ``|`` (a median |error|, a workload's name) escaped."""
+    return text.replace("|", "\\|")

@@ -7,6 +7,7 @@ No torch here: the check plans in its own process and measures in torchrun's.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,10 +73,12 @@ def read_workloads(paths: list[str], ranks: Ranks, reserved: Collection[str] = (
 
     problems: list[Problem] = []
     read: dict[Path, tuple[list[dict[str, Any]], int | None, int | None]] = {}
+    given: dict[Path, Path] = {}  # per file, the path it was first given by (links not followed: its name)
     for path in paths:
         resolved = Path(path).resolve()
         if resolved in read:  # the same file twice: one workload
             continue
+        given[resolved] = Path(os.path.normpath(Path(path).absolute()))
         try:
             if Path(path).suffix.lower() in YAML_EXTENSIONS:
                 rows, batch, hbm = _read_document(path)
@@ -90,9 +93,9 @@ def read_workloads(paths: list[str], ranks: Ranks, reserved: Collection[str] = (
         read[resolved] = rows, batch, hbm
     if problems:
         raise InputError("Cannot read the workloads (--specs):", problems)
-    names = _names(list(read), reserved)
-    return [Workload(names[path], rows, batch or DEFAULT_BATCH[ranks.cuda], hbm, given=True, source=str(path))
-            for path, (rows, batch, hbm) in read.items()]
+    names = _names([given[path] for path in read], reserved)
+    return [Workload(names[given[path]], rows, batch or DEFAULT_BATCH[ranks.cuda], hbm, given=True,
+                     source=str(given[path])) for path, (rows, batch, hbm) in read.items()]
 
 
 def _read_document(path: str) -> tuple[list[dict[str, Any]], int | None, int | None]:

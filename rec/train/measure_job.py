@@ -38,7 +38,7 @@ import os
 import platform
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from itertools import cycle
@@ -444,8 +444,9 @@ def _cpu_name() -> str:
 
 
 def measure_plans(paths: list[str], plans: list[Plan], config: MeasureConfig, output: RankOutput,
-                  group: Group) -> tuple[PlanTimes, ...]:
-    """Each plan measured in turn (``measure``), a failed one among them recorded as failed."""
+                  group: Group, each: Callable[[tuple[PlanTimes, ...]], None] | None = None) -> tuple[PlanTimes, ...]:
+    """Each plan measured in turn (``measure``), a failed one among them recorded as failed; ``each``
+    is given the measurements so far after every plan."""
     measured: list[PlanTimes] = []
     for k, (path, plan) in enumerate(zip(paths, plans, strict=True)):
         label = f"plan {k + 1}/{len(plans)}: " if len(plans) > 1 else ""
@@ -454,6 +455,8 @@ def measure_plans(paths: list[str], plans: list[Plan], config: MeasureConfig, ou
         ran = any(m.status is not Status.FAILED for m in measured)
         settle_s = min(config.settle_s, LATER_SETTLE_S) if ran else config.settle_s
         measured.append(measure(plan, path, config, output, label, group, settle_s))
+        if each is not None:
+            each(tuple(measured))
     return tuple(measured)
 
 
@@ -476,9 +479,14 @@ def main(argv: list[str] | None = None) -> int:
             # What exists now lives for the whole job: later collections skip it (a full collection
             # after every plan otherwise walks all of torch's objects: ~0.3 s each).
             gc.freeze()
-            measured = measure_plans(args.plan, plans, config, output, group)
-            if dist.get_rank() == 0:
-                write_timings(args.out, Timings(machine(plans[0]), measured))
+            where = machine(plans[0])
+
+            def written(so_far: tuple[PlanTimes, ...]) -> None:
+                # After every plan, whole: a job stopped from outside (a budget) leaves what it measured.
+                if dist.get_rank() == 0:
+                    write_timings(args.out, Timings(where, so_far))
+
+            measure_plans(args.plan, plans, config, output, group, written)
             group.barrier()
 
     return run_rank("measure", args.out, work)

@@ -245,6 +245,63 @@ def test_your_workloads_are_read_from_any_spec_format_and_named_apart(tmp_path):
     assert read[0].batch_size == 8192 and read[0].source == files[0]
     assert (read[4].batch_size, read[4].hbm_bytes) == (64, 80 * GIB)
     assert read_workloads(files[4:5], Ranks(ComputeDevice.CPU, 2, 4 * GIB, 16 * GIB))[0].hbm_bytes == 1 << 40
+    (tmp_path / "current.json").symlink_to(tmp_path / "capped.json")  # named as given, not as linked
+    (linked,) = read_workloads([str(tmp_path / "current.json")], h100)
+    assert (linked.name, linked.source) == ("current", str(tmp_path / "current.json"))
+
+
+def test_a_measuring_launch_stopped_part_way_keeps_the_plans_it_measured(tmp_path, monkeypatch):
+    """The measuring job writes its timings after every plan: a launch stopped at the budget (or
+    dead) keeps what it measured, the plans after it failed with the cause; one that measured nothing
+    still raises."""
+    import time
+
+    from bench.gpu_check import compare
+    from bench.gpu_check.context import Context
+    from bench.gpu_check.machine import CPU_DDR, CPU_HBM, CPU_RANKS, TimedOut
+    from bench.gpu_check.workloads import Ranks
+    from rec.profile.types import Machine
+    from rec.sharding import ComputeDevice
+    from rec.train.timings import PlanTimes, Status, Timings, write_timings
+
+    measured_before_stop = 3
+
+    def stopped(self, args, timeout_s, module="flows.cli"):
+        out, plans = args[1], [a for a in args if a.endswith(".json")]
+        done = [PlanTimes(p, "id", Status.MEASURED, 1, ((1.0, 1.0),), ((2.0, 2.0),))
+                for p in plans[:measured_before_stop]]
+        if done:
+            (tmp_path / out).mkdir(parents=True, exist_ok=True)
+            write_timings(out, Timings(Machine(ComputeDevice.CPU), tuple(done)))
+        raise TimedOut("bench.gpu_check.measure_plans ran past its 30-s share of the budget")
+
+    monkeypatch.setattr(Context, "run", stopped)
+    ctx = Context(Ranks(ComputeDevice.CPU, CPU_RANKS, CPU_HBM, CPU_DDR), tmp_path / "out", time.monotonic() + 300,
+                  tmp_path / "log")
+    paths = [tmp_path / f"p{i}.json" for i in range(2)]
+    got = compare.measure_alternating(ctx, paths, 2, 30.0)  # order p0 p1 p1 p0: the last p0 not reached
+    assert got.stopped == "bench.gpu_check.measure_plans ran past its 30-s share of the budget"
+    assert [[t.status for t in runs] for runs in got.per_plan] == [[Status.MEASURED, Status.FAILED],
+                                                                   [Status.MEASURED, Status.MEASURED]]
+    assert compare.summarize(got.per_plan[0])["measured_ms"] == 3.0
+    assert got.per_plan[0][1].error == f"the measuring launch ended before it: {got.stopped}"
+    measured_before_stop = 0
+    with pytest.raises(TimedOut):
+        compare.measure_alternating(ctx, paths, 2, 30.0)
+
+
+def test_the_report_is_strict_json_where_a_bound_is_none():
+    """cpu's ``slower_than_torchrec`` has no bound (infinite): written as null, not ``Infinity``,
+    which JSON parsers other than Python's refuse; a ``|`` in a summary stays inside its table cell."""
+    from bench.gpu_check.report import Report, Section, Status, render_markdown
+    from bench.gpu_check.targets import target
+
+    report = Report("cpu", 2, 6.0, {})
+    report.sections.append(Section("vs_torchrec", Status.OK, 1.0, summary="median |error| 5%",
+                                   targets=[target("slower_than_torchrec", 0.0, cuda=False)]))
+    written = json.loads(json.dumps(report.to_dict(), allow_nan=False))
+    assert written["sections"]["vs_torchrec"]["targets"][0]["bound"] is None
+    assert "median \\|error\\| 5%" in render_markdown(report)
 
 
 def test_a_planner_past_its_time_is_stopped_and_one_layout_under_both_profiles_is_the_same_plan():
@@ -297,8 +354,8 @@ def test_a_measuring_launch_that_dies_names_each_of_your_workloads_with_its_caus
         assert [(t.name, t.met) for t in outcome.targets] == [("given_not_measured", False)]
 
     def out_of_memory(ctx, paths, repeats, *args, **kwargs):
-        return [[PlanTimes(str(p), "id", Status.FAILED, 0, (), (), error=f"rank 0: OutOfMemoryError: {p.name}")]
-                for p in paths]
+        return compare.Measured([[PlanTimes(str(p), "id", Status.FAILED, 0, (), (),
+                                            error=f"rank 0: OutOfMemoryError: {p.name}")] for p in paths])
 
     from rec.train.timings import PlanTimes, Status
 

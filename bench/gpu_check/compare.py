@@ -382,7 +382,8 @@ def none_measured(ctx: Context, cause: str, known: dict[str, str]) -> Outcome:
     """A section that measured none of the given workloads: each named with its own reason where
     ``known`` has one, else ``cause``; the ``given_not_measured`` target missed."""
     missing = {w.name: known.get(w.name) or cause for w in ctx.given}
-    return Outcome({"given_not_measured": missing}, f"{cause}{_missing_line(missing)}",
+    headline = cause if any(w.name not in known for w in ctx.given) else "none of the given workloads was measured"
+    return Outcome({"given_not_measured": missing}, f"{headline}{_missing_line(missing)}",
                    (target("given_not_measured", float(len(missing)), ctx.ranks.cuda),))
 
 

@@ -58,7 +58,7 @@ from bench.gpu_check import compare, sections  # noqa: E402
 from bench.gpu_check.context import Context, Outcome, SectionFailed, Skipped  # noqa: E402
 from bench.gpu_check.machine import TimedOut, find_ranks, pick_device, versions  # noqa: E402
 from bench.gpu_check.report import Report, Section, Status, write_report  # noqa: E402
-from bench.gpu_check.workloads import read_workloads  # noqa: E402
+from bench.gpu_check.workloads import Workload, read_workloads  # noqa: E402
 from rec.errors import InputError  # noqa: E402
 from rec.exit_codes import ExitCode  # noqa: E402
 from rec.sharding import ComputeDevice  # noqa: E402
@@ -118,13 +118,26 @@ def main(argv: list[str] | None = None) -> int:
     device = pick_device(args.device)
     try:
         ranks = find_ranks(device)
-        given = read_workloads(args.specs, ranks, compare.builtin_names(ranks) if args.also_builtin else ())
-        profile = _profile(args.profile)
     except ValueError as e:
         print(f"gpu_check: {e}", file=sys.stderr)
         return ExitCode.BAD_INPUT
+    bad: list[str] = []  # every bad input file at once: --specs and --profile
+    given: list[Workload] = []
+    profile = None
+    try:
+        given = read_workloads(args.specs, ranks, compare.builtin_names(ranks) if args.also_builtin else ())
     except InputError as e:
-        print(f"gpu_check: {e.render()}", file=sys.stderr)
+        bad.append(e.render())
+    except ValueError as e:
+        bad.append(str(e))
+    try:
+        profile = _profile(args.profile)
+    except InputError as e:
+        bad.append(e.render())
+    except ValueError as e:
+        bad.append(str(e))
+    if bad:
+        print("gpu_check: " + "\n".join(bad), file=sys.stderr)
         return ExitCode.BAD_INPUT
     minutes = args.minutes or DEFAULT_MINUTES[device]
     ctx = Context(ranks, out, started + minutes * 60, out / "commands.log", profile=profile, given=tuple(given),

@@ -325,7 +325,7 @@ def calibration(ctx: Context) -> Outcome:
                "max_spread": max(spreads), "median_spread": judged_spread,
                "summary": summary, "by_group": groups, "choices": _choices(ok, {p.plan_id: layout(p) for p in plans}),
                "plans_measured": entries, "workloads": _by_workload(entries),
-               "left_out": [w.name for w in candidates if w.name not in measured_names],
+               "left_out": [w.name for w in candidates if w.name not in measured_names and w.name not in not_planned],
                "given": {w.name: _given(w) for w in ctx.given}, "given_not_measured": missing}
     if measured.stopped:
         figures["launch_error"] = measured.stopped

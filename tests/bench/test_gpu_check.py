@@ -209,10 +209,10 @@ def test_a_skipped_section_bad_workloads_and_a_bad_out_do_not_pass(tmp_path):
     (tmp_path / "bad.yaml").write_text("batch_size: -1\nextra: 1\ntables:\n  - {name: t, num_embeddings: 0}\n")
     (tmp_path / "empty.yaml").write_text("tables: []\n")
     bad = check(tmp_path, "--specs", str(tmp_path / "bad.yaml"), str(tmp_path / "missing.yaml"),
-                str(tmp_path / "empty.yaml"), str(ROOT / "README.md"))
+                str(tmp_path / "empty.yaml"), str(ROOT / "README.md"), "--profile", str(tmp_path / "no_profile.yaml"))
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     for named in ("batch_size", "extra", "bad.yaml: table 't': num_embeddings", "missing.yaml",
-                  "empty.yaml: the spec has no tables", "README.md: unsupported extension"):
+                  "empty.yaml: the spec has no tables", "README.md: unsupported extension", "no_profile.yaml"):
         assert named in bad.stderr, bad.stderr
     (tmp_path / "file").write_text("")
     out = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--out", str(tmp_path / "file" / "x"),

@@ -67,17 +67,24 @@ def read_text(path: Path, what: str, limit: int) -> str:
 def read_yaml_file(path: str | Path, what: str, limit: int, when_empty: str) -> object:
     """The one YAML (or JSON) document in ``path``; InputError for another extension, a file
     ``read_text`` refuses, text that is no document, or an empty file (``when_empty`` says what to write)."""
-    from rec.documents import DocumentError, load_yaml
+    from rec.documents import DocumentError, load_json, load_yaml
 
     path = Path(path)
     title = f"Cannot read {what} {path}"
     if path.suffix.lower() not in YAML_EXTENSIONS:
         reason = f"unsupported extension (use one of {', '.join(YAML_EXTENSIONS)})"
         raise InputError(title, [Problem(str(path), reason)])
+    text = read_text(path, what, limit)
     try:
-        document = load_yaml(read_text(path, what, limit))
+        document = load_yaml(text)
     except DocumentError as e:
-        raise InputError(title, [Problem(str(path), str(e))]) from None
+        reason = str(e)
+        if path.suffix.lower() == ".json":  # read as YAML (JSON's superset); said in JSON's terms
+            try:
+                load_json(text)
+            except DocumentError as as_json:
+                reason = str(as_json)
+        raise InputError(title, [Problem(str(path), reason)]) from None
     if document is None:
         raise InputError(title, [Problem(str(path), f"the file is empty ({when_empty})")])
     return document

@@ -330,3 +330,13 @@ def test_unusual_but_valid_specs_still_plan(tmp_path, capsys, case, name, conten
     assert main(["plan", "--no-track", str(spec), "--topology", str(topology), "--out",
                  str(out)]) == 0, capsys.readouterr().err
     assert (out / "plan.json").is_file()
+
+
+def test_a_broken_json_topology_is_named_in_jsons_terms(tmp_path, capsys):
+    """A .json file is read as YAML (JSON's superset); where it is broken, the error is JSON's own."""
+    spec, topology = tmp_path / "spec.yaml", tmp_path / "topology.json"
+    spec.write_text(GOOD_SPEC)
+    topology.write_text('{"world_size": 2, "compute_device": "cpu"\n')
+    out = tmp_path / "out"
+    assert_clear_refusal(*run_cli(plan_argv(spec, topology, out), capsys), "not valid JSON")
+    assert not out.exists()

@@ -167,7 +167,7 @@ def measure_alternating(ctx: Context, paths: Sequence[Path], repeats: int, timeo
             raise e from None
         if not done:
             raise
-        stopped = one_line(str(e))[:300]
+        stopped = clipped(str(e))
         cause = f"the measuring launch ended before it: {stopped}"
         done += [PlanTimes(str(paths[i]), "", Status.FAILED, 0, (), (), error=cause) for i in order[len(done):]]
     per_plan: list[list[PlanTimes]] = [[] for _ in paths]
@@ -263,7 +263,7 @@ def calibration(ctx: Context) -> Outcome:
         except InputError as e:
             if workload.group == "builtin":
                 raise
-            not_planned[workload.name] = one_line(e.render())[:300]  # a finding, not the end of the section
+            not_planned[workload.name] = clipped(e.render())  # a finding, not the end of the section
             continue
         spent = time.monotonic() - started
         needed = spent + LAUNCH_S[cuda] + _estimate(ctx, plans + pair, calibrated, repeats)
@@ -366,14 +366,14 @@ def _not_measured(given: Sequence[Workload], measured: list[dict[str, Any]], not
 
 def measurement_failed(cause: str | None) -> str:
     """Why a plan has no measurement: the measuring job's cause where it gave one."""
-    return f"its measurement failed: {one_line(cause)[:300]}" if cause else "its measurement failed (commands.log)"
+    return f"its measurement failed: {clipped(cause)}" if cause else "its measurement failed (commands.log)"
 
 
 def launch_failed(ctx: Context, error: Exception, not_planned: dict[str, str]) -> Outcome:
     """A section whose measuring failed as a whole (its one launch failed or ran out of time, or too
     few plans were measured to judge): every given workload named with that cause (or why it was not
     planned or measured, ``not_planned``), and the ``given_not_measured`` target missed."""
-    cause = one_line(str(error))[:300]
+    cause = clipped(str(error))
     outcome = none_measured(ctx, f"the measuring launch failed: {cause}", not_planned)
     return replace(outcome, figures={**outcome.figures, "launch_error": cause})
 
@@ -398,6 +398,17 @@ def _stopped_line(stopped: str | None) -> str:
 def one_line(text: str) -> str:
     """``text`` on one line: its whitespace runs, newlines included, as one space (a table cell, a summary)."""
     return " ".join(text.split())
+
+
+CLIP = 400  # characters of a cause in a report: TorchRec's and the planner's errors run to pages
+
+
+def clipped(text: str, limit: int = CLIP) -> str:
+    """``text`` on one line, cut after a word within ``limit`` characters, ``...`` marking the cut."""
+    line = one_line(text)
+    if len(line) <= limit:
+        return line
+    return line[:limit - 3].rsplit(" ", 1)[0] + "..."
 
 
 def _beside(builtin: list[Workload], oof: list[Workload]) -> list[Workload]:
@@ -574,7 +585,7 @@ def plan_shapes(ctx: Context, shapes: Sequence[Workload], calibrated: Profile | 
                 continue
             except Exception as e:  # TorchRec's planner failing on a shape is a result
                 out.append(Planned(f"{workload.name}/{name}", workload, name, None, None,
-                                   time.perf_counter() - began, f"{type(e).__name__}: {e}"[:300]))
+                                   time.perf_counter() - began, clipped(f"{type(e).__name__}: {e}")))
                 continue
             seconds = time.perf_counter() - began
             out.append(Planned(f"{workload.name}/{name}", workload, name, plan,
@@ -684,7 +695,8 @@ def vs_torchrec(ctx: Context) -> Outcome:
     except NotPlanned as e:
         if not ctx.given:
             raise
-        return none_measured(ctx, "no planner could plan it", {k: f"not planned: {v[:300]}" for k, v in e.why.items()})
+        reasons = {k: f"not planned: {clipped(v)}" for k, v in e.why.items()}
+        return none_measured(ctx, "no planner could plan it", reasons)
     except Skipped as e:
         if not ctx.given:
             raise
@@ -702,7 +714,7 @@ def vs_torchrec(ctx: Context) -> Outcome:
               if isinstance(row.get(ours), dict) and row[ours].get("verdict") == "slower"]
     missing = {w.name: why for w in ctx.given if (why := _judged_missing(results.get(w.name), ours))}
     # A shape TorchRec's planner gave no plan for: shardflow's is not slower, but nothing was compared.
-    not_compared = {name: one_line(str(row["torchrec"]["error"]))[:300] for name, row in results.items()
+    not_compared = {name: clipped(str(row["torchrec"]["error"])) for name, row in results.items()
                     if name not in missing and isinstance(row.get("torchrec"), dict) and row["torchrec"].get("error")}
     figures = {"repeats": repeats, "shapes": results, "vs_torchrec_geomean": geomeans, "judged": ours,
                "slower_than_torchrec": slower, "given_not_measured": missing, "not_compared": not_compared}
@@ -726,7 +738,7 @@ def _judged_missing(row: dict[str, Any] | None, judged: str) -> str | None:
     if not isinstance(mine, dict):
         return "not planned"
     if mine.get("error"):
-        return one_line(str(mine["error"]))[:300]
+        return clipped(str(mine["error"]))
     return None if math.isfinite(mine.get("measured_ms", math.nan)) else measurement_failed(mine.get("measure_error"))
 
 

@@ -63,6 +63,7 @@ from rec.errors import InputError  # noqa: E402
 from rec.exit_codes import ExitCode  # noqa: E402
 from rec.sharding import ComputeDevice  # noqa: E402
 
+GIVEN_SECTIONS = ("calibration", "vs_torchrec")  # the sections that run --specs workloads
 SECTIONS: dict[str, Callable[[Context], Outcome]] = {
     "train": sections.train, "data": sections.data, "resume": sections.resume, "measure": sections.measure,
     "calibrate": sections.calibrate, "calibration": compare.calibration, "vs_torchrec": compare.vs_torchrec,
@@ -146,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
                     started_at=datetime.now(UTC).replace(microsecond=0).isoformat())
     print(f"gpu_check: {ranks.world_size} {device.value} rank(s) ({report.versions.get('gpu') or 'cpu'}), "
           f"{len(args.sections)} sections in {minutes:g} minutes; files in {out}", flush=True)
+    if given and not set(args.sections) & set(GIVEN_SECTIONS):
+        print(f"gpu_check: --specs: only {' and '.join(GIVEN_SECTIONS)} run your workloads, and --sections "
+              f"leaves both out", flush=True)
     for name in args.sections:
         report.sections.append(run_section(name, ctx))
         report.seconds = time.monotonic() - started

@@ -39,7 +39,9 @@ class MeasureConfig:
     synthetic_batches: int = field(default=AUTO_POOL, metadata=knob(
         "distinct synthetic batches, cycled; 0: enough that every fused_uvm_caching table's ids touch "
         f"{TOUCH_FACTOR:g}x the rows its cache holds (at least {MIN_POOL} batches, at most {MAX_POOL} and "
-        f"{POOL_BYTES >> 30} GiB per rank: fewer, down to 1, for larger batches; docs/measure.md)",
+        f"{POOL_BYTES >> 30} GiB per rank: fewer, down to 1, for larger batches; docs/measure.md); a number "
+        "given is drawn as given, beside the plan's tables (a pool the GPU cannot hold fails the plan: out of "
+        "memory)",
         minimum=0, maximum=1 << 10))
     embedding_lr: float = field(default=0.05, metadata=knob(
         "learning rate of the fused row-wise Adagrad the backward applies", minimum=0.0))

@@ -113,17 +113,8 @@ def _gathering_rank(rank: int, folder) -> None:
 def test_rank_zero_gathers_every_ranks_rows_whole_and_in_order_a_chunk_at_a_time(tmp_path):
     """What evaluation sends rank 0: each rank's (logits, labels) of its own length, in rank order,
     in chunks smaller than either rank's share; the other rank holds nothing of them."""
-    import json
-    import multiprocessing
+    from tests.forked_ranks import forked_ranks
 
-    fork = multiprocessing.get_context("fork")
-    ranks = [fork.Process(target=_gathering_rank, args=(r, tmp_path)) for r in range(2)]
-    for p in ranks:
-        p.start()
-    for p in ranks:
-        p.join(timeout=60)
-        if p.is_alive():
-            p.kill()
-    got = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(2)]
+    got = forked_ranks(_gathering_rank, tmp_path)
     expected = [[list(range(0, 7)), list(range(7, 14))], [list(range(100, 110)), list(range(110, 120))]]
     assert got == [expected, None]

@@ -8,7 +8,6 @@ plans' INT8 and BF16 tables are measured as the float16 tables they were planned
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import traceback
 from pathlib import Path
@@ -22,6 +21,7 @@ from rec.topology import topology_from_dict
 from rec.train.measure_config import MeasureConfig
 from rec.train.rank_log import RankOutput
 from rec.train.timings import Status, Timings, read_timings, write_timings
+from tests.forked_ranks import forked_ranks
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchrec")
@@ -130,16 +130,7 @@ def _rank(rank: int, folder: Path, failing: int | None = 1, sharding: str = "tab
 
 def two_ranks(folder: Path, *args: object) -> list[object]:
     """``_rank``'s results of two forked ranks (None for a rank that wrote none)."""
-    fork = multiprocessing.get_context("fork")
-    ranks = [fork.Process(target=_rank, args=(r, folder, *args)) for r in range(2)]
-    for p in ranks:
-        p.start()
-    for p in ranks:
-        p.join(timeout=60)
-        if p.is_alive():
-            p.kill()
-    files = [folder / f"rank-{r}.json" for r in range(2)]
-    return [json.loads(f.read_text()) if f.exists() else None for f in files]
+    return forked_ranks(_rank, folder, *args)
 
 
 def test_ranks_agree_on_a_failure_only_one_of_them_met(tmp_path):

@@ -87,7 +87,7 @@ def test_group_reduces_gathers_and_waits_on_the_cpu_group(single_process_group):
     group.barrier()
 
 
-def _gathering_rank(rank: int, folder) -> None:
+def _gathering_rank(rank, folder):
     """One of two forked ranks: gathers rows of a different length on each, three columns a round."""
     import json
     import os

@@ -425,6 +425,40 @@ def test_spare_hbm_grows_caches_and_torchrec_rates_the_plan_at_or_below_its_own_
     assert ours.metrics.critical_path <= best.critical_path * (1 + 1e-9)
 
 
+# A table of 6.3 TiB that only row-wise uvm over all 64 ranks holds, beside tables whose cheapest
+# options fill a whole host's HBM (a stress workload, reduced to the tables that make it fail).
+HUGE_BESIDE_HOST_FILLING = [
+    ("st1", 1963084834, 128, 18.3, "FP16"), ("st8", 803229591, 256, 16.5, None), ("ns9", 92803413, 256, 6.4, None),
+    ("ns14", 1848329370, 64, 12.5, None), ("ns15", 84967477, 256, 11.5, None), ("ns29", 277059994, 64, 1.0, "FP16"),
+    ("st31", 326362601, 64, 16.4, "FP16"), ("ns32", 53092925694, 32, 1.55, None),
+    ("ns33", 155705250, 128, 5.7, None), ("ns36", 43807624, 256, 4.3, "FP16"), ("ns37", 760797333, 32, 9.9, "FP16"),
+    ("st38", 1159998645, 128, 1.6, None), ("st43", 38953744, 32, 11.7, "FP16")]
+
+
+def test_a_table_only_all_ranks_ddr_holds_beside_host_filling_tables_is_planned_as_torchrec_plans_it():
+    """Every selection by least work overflowed some rank's HBM, and the least total HBM put a whole
+    table on one rank's DDR beside every rank's share of the huge one: shardflow refused the model
+    ("fit one by one but not all together") that TorchRec plans. The selection that fills each rank
+    least packs, and the search goes on from it: TorchRec rates the plan at or below its own best."""
+    from rec.planning import plan_spec
+    from rec.spec import spec_from_rows
+    from rec.topology import topology_from_dict
+
+    spec = spec_from_rows([{"name": n, "num_embeddings": rows, "embedding_dim": dim, "pooling_factor": pf,
+                            **({"data_type": dt} if dt else {})} for n, rows, dim, pf, dt in HUGE_BESIDE_HOST_FILLING],
+                          source="test")
+    topology = topology_from_dict({"world_size": 64, "local_world_size": 8, "compute_device": "cuda",
+                                   "hbm_cap": 80 * 2**30, "ddr_cap": 512 * 2**30, "batch_size": 8192}, source="test")
+    plan = plan_spec(spec, topology)
+    m = plan.metrics
+    assert all(h <= c for h, c in zip(m.rank_hbm, m.rank_hbm_cap, strict=True))
+    assert all(d <= c for d, c in zip(m.rank_ddr, m.rank_ddr_cap, strict=True))
+    huge = next(t for t in plan.tables if t.name == "ns32")
+    assert huge.compute_kernel.value in ("fused_uvm", "fused_uvm_caching")
+    best = run_torchrec_planner(plan.spec, plan.topology, plan.planner.cost)
+    assert m.critical_path <= best.critical_path * (1 + 1e-9)
+
+
 def test_torchrecs_own_test_model_with_a_weighted_module_is_planned_and_rated_as_torchrec_rates_it():
     """TorchRec's TestSparseNN: an EmbeddingBagCollection beside a weighted one (id-score lists, whose
     ids TorchRec prices with their weights and a weights' gradient kernel). Every table is planned,

@@ -46,8 +46,11 @@ from rec.search.refine import refine
 from rec.search.space import SearchSpace
 from rec.tolerance import SOLVER_TOLERANCE, TIME_NOISE
 
-# Skip the stage when the heuristic is already this close to the bound.
+# Skip the stage when the heuristic is already this close to the bound, unless its whole model is
+# this small (integer columns), given at most this long.
 SKIP_GAP = 0.01
+SMALL_MODEL_COLUMNS = 150
+SMALL_MODEL_S = 1.0
 # The whole MILP only up to this many integer columns (estimated before building it) per second
 # of time limit: HiGHS's root node (cuts, sub-MIP heuristics), which no node limit stops, takes
 # about ``ROOT_S_PER_COLUMN`` on a 2-core machine. Its node budget is the time left after the
@@ -101,8 +104,16 @@ def exact_tasks(space: SearchSpace, incumbent: Assignment, bound: LowerBound,
     """What to run for this plan: nothing when the gap is small or no time is allowed."""
     t = config.time_limit_s
     cp = incumbent.critical_path
-    if t <= 0 or bound.value <= 0 or cp <= (1 + SKIP_GAP) * bound.value:
+    if t <= 0 or bound.value <= 0:
         return []
+    if cp <= (1 + SKIP_GAP) * bound.value:
+        # Close to the bound: only a model small enough to solve in moments is worth it (another
+        # planner's plan may sit in that last percent).
+        columns = full_model_columns(space, cp, SMALL_MODEL_COLUMNS)
+        if columns > SMALL_MODEL_COLUMNS:
+            return []
+        t = min(t, SMALL_MODEL_S)
+        return [ExactTask(Strategy.FULL, max(1, int(t * FULL_COLUMNS_PER_NODE_S / max(columns, 1))), t)]
     columns = full_model_columns(space, cp, FULL_COLUMNS_PER_S * t)
     if columns > FULL_COLUMNS_PER_S * t:
         return [ExactTask(Strategy.NEIGHBOURHOODS, max(1, int(ITERATIONS_PER_S * t)), t)]

@@ -101,7 +101,7 @@ def test_a_table_moved_with_its_metrics_left_alone_is_refused(demo):
     (lambda d: d["metrics"].update(lower_bound=d["metrics"]["critical_path"] * 2), "is no bound"),
     (lambda d: d["metrics"].update(bound_method="lagrangian"), "metrics.lower_bound"),
     (lambda d: d["metrics"].update(gap=0.0), "metrics.gap"),
-    (lambda d: d["metrics"].update(optimal=True), "metrics.optimal"),
+    (lambda d: d["metrics"].update(optimal=not d["metrics"]["optimal"]), "metrics.optimal"),
     (lambda d: d["metrics"].update(rank_perf=["fast", "faster"]), "rank_perf must list 2 numbers"),
 ])
 def test_every_metric_is_checked_against_the_shards(demo, edit, expected):

@@ -105,21 +105,8 @@ def test_one_giant_cache_nearly_filling_the_hbm_rates_at_or_below_torchrecs_plan
     default size nearly filling their HBM. The heuristic packs that start badly (535 ms against 148
     after the exact stage), and the exact stage from the fastest start alone gave 168 ms against
     TorchRec's 149; the exact stage also runs from the start at TorchRec's default size."""
-    from torchrec.distributed.embedding import EmbeddingCollectionSharder
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.planner import EmbeddingShardingPlanner
-
-    from rec.spec.torchrec_modules import spec_model
-    from rec.torchrec import ShardflowPlanner
-
     w = bench.workload(3214, other=True)
-    sharders = [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
-    model = spec_model(bench.spec_of(w))
-    rated = {}
-    for name, planner in (("shardflow", ShardflowPlanner), ("torchrec", EmbeddingShardingPlanner)):
-        made = planner(topology=bench.torchrec_topology(w), batch_size=w.batch_size,
-                       constraints=bench.constraints_of(w, True))
-        rated[name] = bench.rate(bench._quiet(made.plan, model, sharders), model, w, sharders, True)
+    rated = rated_by_both(bench, w)
     assert not rated["shardflow"].over_hbm_ranks
     assert rated["shardflow"].critical_path <= rated["torchrec"].critical_path
 
@@ -129,6 +116,15 @@ def test_a_plan_within_a_percent_of_its_bound_still_rates_at_or_below_torchrecs_
     seeds): 8 tables on 4 ranks, the heuristic's plan within 1% of the bound, where the exact stage
     was skipped, and 0.012% slower than TorchRec's in TorchRec's units. A model this small is
     solved in moments: now the exact stage runs, and the plan rates at or below TorchRec's."""
+    w = bench.workload(9302, constrained=True, weighted=True, other=True)
+    rated = rated_by_both(bench, w)
+    assert (len(w.tables), w.world_size) == (8, 4)
+    assert rated["shardflow"].critical_path <= rated["torchrec"].critical_path
+
+
+def rated_by_both(bench, w):
+    """TorchRec's rating (the bench's rater, with the statistics) of shardflow's drop-in planner's
+    plan and of TorchRec's default planner's, by planner."""
     from torchrec.distributed.embedding import EmbeddingCollectionSharder
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import EmbeddingShardingPlanner
@@ -136,7 +132,6 @@ def test_a_plan_within_a_percent_of_its_bound_still_rates_at_or_below_torchrecs_
     from rec.spec.torchrec_modules import spec_model
     from rec.torchrec import ShardflowPlanner
 
-    w = bench.workload(9302, constrained=True, weighted=True, other=True)
     sharders = [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
     model = spec_model(bench.spec_of(w))
     rated = {}
@@ -144,5 +139,4 @@ def test_a_plan_within_a_percent_of_its_bound_still_rates_at_or_below_torchrecs_
         made = planner(topology=bench.torchrec_topology(w), batch_size=w.batch_size,
                        constraints=bench.constraints_of(w, True))
         rated[name] = bench.rate(bench._quiet(made.plan, model, sharders), model, w, sharders, True)
-    assert (len(w.tables), w.world_size) == (8, 4)
-    assert rated["shardflow"].critical_path <= rated["torchrec"].critical_path
+    return rated

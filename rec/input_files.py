@@ -78,13 +78,12 @@ def read_yaml_file(path: str | Path, what: str, limit: int, when_empty: str) -> 
     try:
         document = load_yaml(text)
     except DocumentError as e:
-        reason = str(e)
-        if path.suffix.lower() == ".json":  # read as YAML (JSON's superset); said in JSON's terms
-            try:
-                load_json(text)
-            except DocumentError as as_json:
-                reason = str(as_json)
-        raise InputError(title, [Problem(str(path), reason)]) from None
+        if path.suffix.lower() != ".json":
+            raise InputError(title, [Problem(str(path), str(e))]) from None
+        try:  # read as YAML (JSON's superset, but for a few characters YAML refuses): JSON's own word
+            document = load_json(text)
+        except DocumentError as as_json:
+            raise InputError(title, [Problem(str(path), str(as_json))]) from None
     if document is None:
         raise InputError(title, [Problem(str(path), f"the file is empty ({when_empty})")])
     return document

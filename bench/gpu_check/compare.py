@@ -147,7 +147,7 @@ def measure_alternating(ctx: Context, paths: Sequence[Path], repeats: int, timeo
                         config: MeasureConfig | None = None) -> Measured:
     """Every plan at ``paths`` measured ``repeats`` times in one launch (``config``; default: the
     check's ``measuring``). A launch that fails or runs past ``timeout_s`` keeps what it measured
-    before (the job writes its timings after every plan); SectionFailed or TimedOut where it measured
+    before (the job writes its timings as it goes); SectionFailed or TimedOut where it measured
     nothing."""
     from rec.settings import to_flags
     from rec.train.timings import Status, read_timings
@@ -167,9 +167,10 @@ def measure_alternating(ctx: Context, paths: Sequence[Path], repeats: int, timeo
             raise e from None
         if not done:
             raise
-        stopped = clipped(str(e))
-        cause = f"the measuring launch ended before it: {stopped}"
-        done += [PlanTimes(str(paths[i]), "", Status.FAILED, 0, (), (), error=cause) for i in order[len(done):]]
+        if len(done) < len(order):  # a failure after the last plan (its release) loses nothing
+            stopped = clipped(str(e))
+            cause = f"the measuring launch ended before it: {stopped}"
+            done += [PlanTimes(str(paths[i]), "", Status.FAILED, 0, (), (), error=cause) for i in order[len(done):]]
     per_plan: list[list[PlanTimes]] = [[] for _ in paths]
     for i, times in zip(order, done, strict=True):
         per_plan[i].append(times)
@@ -593,6 +594,23 @@ def plan_shapes(ctx: Context, shapes: Sequence[Workload], calibrated: Profile | 
     return out
 
 
+def _first_errors(planned: Sequence[Planned], but: set[str]) -> dict[str, str]:
+    """Per shape not in ``but`` (none of whose planners gave a plan): its first planner's error."""
+    why: dict[str, str] = {}
+    for p in planned:
+        if p.workload.name not in but:
+            why.setdefault(p.workload.name, one_line(p.error or ""))
+    return why
+
+
+class NotReached(Skipped):
+    """No planned shape's measuring fits the time left; ``why``: the shapes no planner could plan."""
+
+    def __init__(self, message: str, why: dict[str, str]):
+        super().__init__(message)
+        self.why = why
+
+
 class NotPlanned(SectionFailed):
     """No shape could be planned by any planner; ``why``: per shape, its first planner's error."""
 
@@ -619,10 +637,10 @@ def compare_measured(ctx: Context, shapes: Sequence[Workload], repeats: int, tim
 
     calibrated = read_profile(ctx.profile) if ctx.profile else None
     began = time.monotonic()
-    planned = plan_shapes(ctx, shapes, calibrated, lambda plan, name: _write(ctx, plan, name), timeout_s / 2)
+    planned_by_all = plan_shapes(ctx, shapes, calibrated, lambda plan, name: _write(ctx, plan, name), timeout_s / 2)
     # Keyed by the shape too: one layout at two shapes' batch sizes is two measurements.
     unique: dict[tuple[Any, ...], Planned] = {}
-    for p in planned:
+    for p in planned_by_all:
         if p.plan is not None and p.path is not None:
             unique.setdefault((p.workload.name, layout(p.plan)), p)
     left = timeout_s - (time.monotonic() - began) - LAUNCH_S[ctx.ranks.cuda]
@@ -632,30 +650,27 @@ def compare_measured(ctx: Context, shapes: Sequence[Workload], repeats: int, tim
         return _estimate(ctx, [p.plan for p in unique.values() if p.plan and p.workload.name in names], profile,
                          repeats, config)
 
-    every = {s.name for s in shapes}
-    while repeats > 2 and estimate(every) > left:
+    planned = {p.workload.name for p in unique.values()}
+    while repeats > 2 and estimate(planned) > left:
         repeats -= 1
     kept: set[str] = set()
     for shape in shapes:
-        if estimate(kept | {shape.name}) <= left:
+        if shape.name in planned and estimate(kept | {shape.name}) <= left:
             kept.add(shape.name)
-    if not kept and unique:
-        raise Skipped(f"measuring even one shape {repeats} times would take longer than the "
-                      f"{max(left, 0):.0f} s left of the --minutes budget")
+    if planned and not kept:
+        raise NotReached(f"measuring even one shape {repeats} times would take longer than the "
+                         f"{max(left, 0):.0f} s left of the --minutes budget", _first_errors(planned_by_all, planned))
     shapes = [s for s in shapes if s.name in kept or not any(p.workload.name == s.name for p in unique.values())]
     unique = {k: p for k, p in unique.items() if p.workload.name in kept}
     layouts = list(unique)
     paths = [p.path for p in unique.values() if p.path is not None]
     if not paths:
-        why: dict[str, str] = {}
-        for p in planned:  # each shape's first planner's error
-            why.setdefault(p.workload.name, one_line(p.error or ""))
-        raise NotPlanned(why)
+        raise NotPlanned(_first_errors(planned_by_all, set()))
     measured = measure_alternating(ctx, paths, repeats, timeout_s - (time.monotonic() - began), config)
     by_layout = {key: summarize(runs) for key, runs in zip(layouts, measured.per_plan, strict=True)}
     result: dict[str, Any] = {}
     for workload in shapes:
-        rows = {p.label: p for p in planned if p.workload.name == workload.name}
+        rows = {p.label: p for p in planned_by_all if p.workload.name == workload.name}
         base = rows.get("torchrec")
         base_m = by_layout[(workload.name, layout(base.plan))] if base and base.plan else None
         base_ms = base_m["measured_ms"] if base_m else math.nan
@@ -697,10 +712,11 @@ def vs_torchrec(ctx: Context) -> Outcome:
             raise
         reasons = {k: f"not planned: {clipped(v)}" for k, v in e.why.items()}
         return none_measured(ctx, "no planner could plan it", reasons)
-    except Skipped as e:
+    except NotReached as e:
         if not ctx.given:
             raise
-        return none_measured(ctx, f"the --minutes budget did not reach it ({e})", {})
+        reasons = {k: f"not planned: {clipped(v)}" for k, v in e.why.items()}
+        return none_measured(ctx, f"the --minutes budget did not reach it ({e})", reasons)
     except (SectionFailed, TimedOut) as e:
         if not ctx.given:
             raise

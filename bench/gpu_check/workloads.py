@@ -78,7 +78,9 @@ def read_workloads(paths: list[str], ranks: Ranks, reserved: Collection[str] = (
         resolved = Path(path).resolve()
         if resolved in read:  # the same file twice: one workload
             continue
-        given[resolved] = Path(os.path.normpath(Path(path).absolute()))
+        written = Path(path).absolute()
+        normal = Path(os.path.normpath(written))  # "a/../b" as "b", unless a link made it another file
+        given[resolved] = normal if normal.resolve() == resolved else written
         try:
             if Path(path).suffix.lower() in YAML_EXTENSIONS:
                 rows, batch, hbm = _read_document(path)

@@ -113,7 +113,8 @@ def exact_tasks(space: SearchSpace, incumbent: Assignment, bound: LowerBound,
         if columns > SMALL_MODEL_COLUMNS:
             return []
         t = min(t, SMALL_MODEL_S)
-        return [ExactTask(Strategy.FULL, max(1, int(t * FULL_COLUMNS_PER_NODE_S / max(columns, 1))), t)]
+        nodes = (FULL_SHARE * t - ROOT_S_PER_COLUMN * columns) * FULL_COLUMNS_PER_NODE_S / max(columns, 1)
+        return [ExactTask(Strategy.FULL, max(1, int(nodes)), t)]
     columns = full_model_columns(space, cp, FULL_COLUMNS_PER_S * t)
     if columns > FULL_COLUMNS_PER_S * t:
         return [ExactTask(Strategy.NEIGHBOURHOODS, max(1, int(ITERATIONS_PER_S * t)), t)]

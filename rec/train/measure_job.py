@@ -460,6 +460,9 @@ def measure_plans(paths: list[str], plans: list[Plan], config: MeasureConfig, ou
     return tuple(measured)
 
 
+PARTIAL_TIMINGS_S = 5.0  # timings.json holds every plan measured more than this long ago
+
+
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, MeasureConfig]:
     p = argparse.ArgumentParser(prog="rec.train.measure_job", description=__doc__)
     p.add_argument("--plan", required=True, nargs="+", help="plan.json files, measured in this order")
@@ -480,13 +483,18 @@ def main(argv: list[str] | None = None) -> int:
             # after every plan otherwise walks all of torch's objects: ~0.3 s each).
             gc.freeze()
             where = machine(plans[0])
+            last = [time.monotonic()]
 
             def written(so_far: tuple[PlanTimes, ...]) -> None:
-                # After every plan, whole: a job stopped from outside (a budget) leaves what it measured.
-                if dist.get_rank() == 0:
+                # Whole, now and then while plans are measured: a job stopped from outside (a budget)
+                # leaves what it measured; not after every plan (each write holds all plans so far).
+                if dist.get_rank() == 0 and time.monotonic() - last[0] >= PARTIAL_TIMINGS_S:
                     write_timings(args.out, Timings(where, so_far))
+                    last[0] = time.monotonic()
 
-            measure_plans(args.plan, plans, config, output, group, written)
+            measured = measure_plans(args.plan, plans, config, output, group, written)
+            if dist.get_rank() == 0:
+                write_timings(args.out, Timings(where, measured))
             group.barrier()
 
     return run_rank("measure", args.out, work)

@@ -1,5 +1,5 @@
 """What the measuring job (``rec.train.measure_job``) hands back: per plan, every rank's timed
-iterations, forward and backward, in ``OUT/timings.json`` (rank 0 writes it, whole, after every plan),
+iterations, forward and backward, in ``OUT/timings.json`` (rank 0 writes it, whole, as it goes),
 with the blocks they ran in and where the plan's wall time went; or why the plan failed.
 
 No torch here: the launcher and the fit read it. Format v3; v2 files have no failed plans, and v1

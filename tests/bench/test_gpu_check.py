@@ -363,3 +363,38 @@ def test_a_measuring_launch_that_dies_names_each_of_your_workloads_with_its_caus
     for section in (compare.calibration, compare.vs_torchrec):
         (why,) = section(ctx).figures["given_not_measured"].values()
         assert why.count("OutOfMemoryError") == 1 and "(commands.log)" not in why, why
+
+
+def test_a_shape_too_long_to_measure_beside_one_no_planner_planned_is_named_for_each_reason(tmp_path, monkeypatch):
+    """vs_torchrec with two given shapes: X no planner could plan, Y planned but too long to measure
+    in the time left. Each is named with its own reason; without given shapes the section is
+    skipped for the budget, not failed as if nothing had been planned."""
+    import time
+    from types import SimpleNamespace
+
+    from bench.gpu_check import compare
+    from bench.gpu_check.context import Context, Skipped
+    from bench.gpu_check.workloads import Ranks, Workload
+    from rec.sharding import ComputeDevice
+
+    def plan_shapes(ctx, shapes, calibrated, write, planning_s=math.inf):
+        out = []
+        for w in shapes:
+            for name in compare.PLANNERS[:3]:
+                plan = None if w.name == "X" else SimpleNamespace(tables=(w.name + name,), plan_id=w.name + name)
+                out.append(compare.Planned(f"{w.name}/{name}", w, name, plan, None if plan is None else tmp_path,
+                                           0.1, f"{name} failed on X" if plan is None else None))
+        return out
+
+    monkeypatch.setattr(compare, "plan_shapes", plan_shapes)
+    monkeypatch.setattr(compare, "_estimate", lambda ctx, plans, *args, **kwargs: 1e6 * len(plans))
+    monkeypatch.setattr(compare, "layout", lambda plan: plan.tables)
+    ranks = Ranks(ComputeDevice.CPU, 2, 1 << 30, 1 << 30)
+    shapes = [Workload("X", [], 256, given=True, source="x.yaml"), Workload("Y", [], 256, given=True, source="y.yaml")]
+    ctx = Context(ranks, tmp_path, time.monotonic() + 1000, tmp_path / "log", given=tuple(shapes), builtin=False)
+    missing = compare.vs_torchrec(ctx).figures["given_not_measured"]
+    assert missing["X"] == "not planned: torchrec failed on X"
+    assert missing["Y"].startswith("the --minutes budget did not reach it")
+    ctx = Context(ranks, tmp_path, time.monotonic() + 1000, tmp_path / "log")
+    with pytest.raises(Skipped, match="would take longer than"):
+        compare.compare_measured(ctx, [Workload("X", [], 256), Workload("Y", [], 256)], 2, 100.0)

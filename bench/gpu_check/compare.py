@@ -284,18 +284,19 @@ def calibration(ctx: Context) -> Outcome:
                             "sharding": _mix(plan),
                             "predicted_default_ms": predicted(plan, DEFAULT_PROFILE),
                             "predicted_calibrated_ms": predicted(plan, calibrated)})
+    passed_over = {**not_planned, **too_long}  # the workloads not measured before the launch, and why
     if not plans:
         if ctx.given:
-            return none_measured(ctx, "the --minutes budget did not reach it", {**not_planned, **too_long})
+            return none_measured(ctx, "the --minutes budget did not reach it", passed_over)
         raise SectionFailed("no workload could be planned and measured: "
-                            + "; ".join(f"{k}: {v}" for k, v in {**not_planned, **too_long}.items()))
+                            + "; ".join(f"{k}: {v}" for k, v in passed_over.items()))
     paths = [_write(ctx, p, f"{e['spec']}_{e['made_under']}") for p, e in zip(plans, entries, strict=True)]
     try:
         measured = measure_alternating(ctx, paths, repeats, max(30.0, budget - (time.monotonic() - started)))
     except (SectionFailed, TimedOut) as e:
         if not ctx.given:
             raise
-        return launch_failed(ctx, e, {**not_planned, **too_long})
+        return launch_failed(ctx, e, passed_over)
     for entry, runs in zip(entries, measured.per_plan, strict=True):
         entry.update(summarize(runs))
         for model in ("default", "calibrated"):
@@ -303,7 +304,7 @@ def calibration(ctx: Context) -> Outcome:
     ok = [e for e in entries if math.isfinite(e["measured_ms"])]
     measured_names = {e["spec"] for e in entries}
     causes = {e["spec"]: e["measure_error"] for e in entries if e.get("measure_error")}
-    missing = _not_measured(ctx.given, ok, {**not_planned, **too_long}, measured_names, causes)
+    missing = _not_measured(ctx.given, ok, passed_over, measured_names, causes)
     if len(ok) < 2:
         failure = SectionFailed(f"only {len(ok)} of {len(entries)} plans were measured"
                                 + (f" ({next(iter(causes.values()))})" if causes else ""))

@@ -105,11 +105,15 @@ class ParquetSource:
             raise ValueError("no rows per rank")
         return rebatch(self.chunks(position, rank), batch_size)
 
+    def share_bounds(self, rank: int, world_size: int) -> tuple[int, int]:
+        """The positions ``[start, stop)`` of rank ``rank``'s share (``share``), from the files' metadata."""
+        total = self.order.total
+        return rank * total // world_size, (rank + 1) * total // world_size
+
     def share(self, rank: int, world_size: int) -> Iterator[Columns]:
         """Every row of rank ``rank``'s share of one pass in path order, the shares of the ranks
         differing by at most one row and covering every row (evaluation, prediction)."""
-        total = self.order.total
-        start, stop = rank * total // world_size, (rank + 1) * total // world_size
+        start, stop = self.share_bounds(rank, world_size)
         step = self.order.window
 
         def read(a: int) -> Columns:

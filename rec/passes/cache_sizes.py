@@ -124,14 +124,17 @@ def with_cache_sizes(result: SearchResult, spec: Spec, topology: Topology, cost:
     best = _faster(result, best)
     if exact is None:
         return best
-    searched, improved = best, exact(best)  # never slower than best
-    best = _faster(improved, _grown(improved, spec, topology, cost))
+
+    def exact_grown(start: SearchResult) -> SearchResult:
+        improved = exact(start)  # never slower than start
+        return _faster(improved, _grown(improved, spec, topology, cost))
+
+    searched, best = best, exact_grown(best)
     if at_default is not None and at_default is not searched:
         # TorchRec's plans cache at its default size; where the caches nearly fill the HBM the heuristic
         # packs that start badly and only the exact stage finds its plan (memory_tight_bench
         # --other-shapes one_giant-3214: 535 ms heuristic, 148 exact, against 168 from the best start).
-        improved = exact(at_default)
-        best = _faster(best, _faster(improved, _grown(improved, spec, topology, cost)))
+        best = _faster(best, exact_grown(at_default))
     return best
 
 

@@ -93,7 +93,7 @@ def candidates(space: SearchSpace, ladder: Ladder) -> list[Candidate]:
     # least total HBM can put a whole table on one rank's DDR, beside what every rank holds.
     fill = (opts.largest(opts.hbm) / max(float(space.hbm_cap.min()), 1.0)
             + opts.largest(opts.ddr) / max(float(space.ddr_cap.min()), 1.0))
-    out.append(Candidate(Family.ANY, select_options(space, np.inf, cost=fill.astype(float))))
+    out.append(Candidate(Family.ANY, select_options(space, np.inf, cost=fill)))
     out += [Candidate(Family.WHOLE, select_options(space, limit, allowed=whole)) for limit in limits]
     out += [Candidate(Family.ANY, select_options(space, limit, allowed=small)) for limit in limits]
     out += [Candidate(Family.WHOLE, select_options(space, limit, allowed=whole & small)) for limit in limits]

@@ -113,14 +113,18 @@ def exact_tasks(space: SearchSpace, incumbent: Assignment, bound: LowerBound,
         if columns > SMALL_MODEL_COLUMNS:
             return []
         t = min(t, SMALL_MODEL_S)
-        nodes = (FULL_SHARE * t - ROOT_S_PER_COLUMN * columns) * FULL_COLUMNS_PER_NODE_S / max(columns, 1)
-        return [ExactTask(Strategy.FULL, max(1, int(nodes)), t)]
+        return [ExactTask(Strategy.FULL, _full_nodes(t, columns), t)]
     columns = full_model_columns(space, cp, FULL_COLUMNS_PER_S * t)
     if columns > FULL_COLUMNS_PER_S * t:
         return [ExactTask(Strategy.NEIGHBOURHOODS, max(1, int(ITERATIONS_PER_S * t)), t)]
-    nodes = (FULL_SHARE * t - ROOT_S_PER_COLUMN * columns) * FULL_COLUMNS_PER_NODE_S / max(columns, 1)
-    return [ExactTask(Strategy.FULL, max(1, int(nodes)), t),
+    return [ExactTask(Strategy.FULL, _full_nodes(t, columns), t),
             ExactTask(Strategy.NEIGHBOURHOODS, max(1, int(ITERATIONS_PER_S * (1 - FULL_SHARE) * t)), t)]
+
+
+def _full_nodes(seconds: float, columns: float) -> int:
+    """The whole MILP's node budget: its share of ``seconds`` after the root node."""
+    nodes = (FULL_SHARE * seconds - ROOT_S_PER_COLUMN * columns) * FULL_COLUMNS_PER_NODE_S / max(columns, 1)
+    return max(1, int(nodes))
 
 
 def within(tasks: list[ExactTask], seconds: float) -> Iterator[ExactTask]:

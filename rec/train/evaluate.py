@@ -45,8 +45,7 @@ class Evaluator:
     def _count(self, world: int) -> int:
         """Batches every rank runs: the largest share's (the shares' sizes come from the files'
         metadata, the same on every rank), at most ``max_batches``."""
-        total = self.source.order.total
-        largest = max((r + 1) * total // world - r * total // world for r in range(world))
+        largest = max(stop - start for start, stop in (self.source.share_bounds(r, world) for r in range(world)))
         count = -(-largest // self.batch_size)
         return min(count, self.max_batches) if self.max_batches else count
 

@@ -20,8 +20,10 @@ factor the plan gives) and without. A plan
 over any rank's HBM after TorchRec's storage reservation is flagged.
 
 ``--constrained`` gives some tables what a user sets in ``ParameterConstraints`` (``user_settings``):
-a sharding-type or kernel allow-list, a fixed cache load factor, and statistics of a hot set of rows
-instead of Zipf ones; every planner gets the same constraints. ``--weighted`` puts 40% of the pooled
+a sharding-type or kernel allow-list, a stated cache load factor (beside the statistics every table
+has: the cache's floor, which TorchRec's scale-up proposer and shardflow grow, TorchRec's other
+proposers keep), and statistics of a hot set of rows instead of Zipf ones; every planner gets the
+same constraints. ``--weighted`` puts 40% of the pooled
 tables in a weighted EmbeddingBagCollection (id-score lists, TorchRec's ``is_weighted``), which
 TorchRec's estimator prices with their weights.
 
@@ -121,7 +123,7 @@ class UserSettings:
 
     sharding_types: tuple[str, ...] | None = None
     compute_kernels: tuple[str, ...] | None = None
-    load_factor: float | None = None  # CacheParams.load_factor, fixed
+    load_factor: float | None = None  # CacheParams.load_factor: beside statistics, the cache's floor
     hot_set: tuple[float, float] | None = None  # HotSetStats (hot, share) instead of Zipf statistics
 
 
@@ -272,7 +274,7 @@ def workload(seed: int, constrained: bool = False, weighted: bool = False, other
 
 def user_settings(rng: np.random.Generator, t: Table) -> UserSettings:
     """A table's settings as users give them: half the tables hot-set statistics; 15% a sharding-type
-    allow-list, 10% a kernel allow-list, 7% of the large ones a fixed cache load factor."""
+    allow-list, 10% a kernel allow-list, 7% of the large ones a stated cache load factor."""
     pick, stats, hot, share = rng.random(), rng.random(), rng.uniform(0.01, 0.2), rng.uniform(0.6, 0.99)
     load_factor = float(rng.choice((0.05, 0.1, 0.3)))
     user = UserSettings(hot_set=(float(hot), float(share)) if stats < 0.5 else None)

@@ -4,7 +4,8 @@ Each table becomes one ``EmbeddingBagConfig`` (an ``EmbeddingConfig`` of an ``Em
 where pooling is NONE) plus one ``ParameterConstraints`` with
 ``pooling_factors=[pooling_factor] * len(feature_names)`` (TorchRec reads one pooling factor per
 feature; ``num_poolings`` stays the default 1.0), ``cache_params.load_factor`` (the table's
-``load_factor``: the plan's choice, else the spec's ``cache_load_factor``, else ``caching_ratio``),
+``load_factor``: the plan's choice, else the spec's ``cache_load_factor``, else ``caching_ratio``, at
+least the spec's ``min_cache_load_factor``),
 the table's allow-lists and its ``min_partition``. The element size is ``DataType.bytes_per_element``: 4 for FP32 and 2
 otherwise, as ``EmbeddingBagCollection`` and ``EmbeddingCollection`` allocate tables for training.
 An unpooled table outputs one vector per id, so its ``batch_outputs`` are its ``batch_inputs``
@@ -179,21 +180,30 @@ def optimizer_multiplier(optimizer: Optimizer, dims: np.ndarray) -> np.ndarray:
 
 
 def resolved_load_factors(spec: Spec, config: CostConfig, chosen: np.ndarray | None = None) -> np.ndarray:
-    """(T,) each table's cache load factor: ``chosen`` where a number, else the spec's, else the
-    configuration's ``caching_ratio``."""
+    """(T,) each table's cache load factor: ``chosen`` where a number, else the spec's
+    ``cache_load_factor``, else the configuration's ``caching_ratio`` raised to the spec's
+    ``min_cache_load_factor``."""
     given = np.fromiter((config.caching_ratio if t.cache_load_factor is None else t.cache_load_factor
                          for t in spec.tables), np.float64, len(spec.tables))
+    np.maximum(given, cache_floors(spec), out=given)
     if chosen is None:
         return given
     return np.where(np.isnan(chosen), given, chosen)
 
 
+def cache_floors(spec: Spec) -> np.ndarray:
+    """(T,) the least cache load factor each table's spec allows (``min_cache_load_factor``; 0: none)."""
+    return np.fromiter((t.min_cache_load_factor or 0.0 for t in spec.tables), np.float64, len(spec.tables))
+
+
 def implicit_caches(spec: Spec, chosen: np.ndarray | None, load_factor: np.ndarray) -> np.ndarray:
     """(T,) bool: the ``ShardingPlan`` gives the table's cache, if it has one, no load factor: the
     planner ``chosen`` no size (spec order, NaN: none), every table's ``load_factor`` (resolved) is
-    TorchRec's default, and the spec does not fix this one's. (A plan whose pass chose that size
+    TorchRec's default, and the spec gives this one no size (``cache_load_factor``) or floor
+    (``min_cache_load_factor``: a sharder's default could lie below it). (A plan whose pass chose that size
     states it, as the plan file records it.)"""
-    fixed = np.fromiter((t.cache_load_factor is not None for t in spec.tables), bool, len(spec.tables))
+    fixed = np.fromiter((t.cache_load_factor is not None or t.min_cache_load_factor is not None
+                         for t in spec.tables), bool, len(spec.tables))
     none_chosen = chosen is None or bool(np.isnan(chosen).all())
     if none_chosen and bool(np.all(load_factor == UVM_CACHING_RATIO)):
         return ~fixed

@@ -37,7 +37,7 @@ import numpy as np
 
 from rec.config.cost import UVM_CACHING_RATIO, CostConfig
 from rec.cost.enumerator import enumerate_options
-from rec.cost.tables import resolved_load_factors
+from rec.cost.tables import cache_floors, resolved_load_factors
 from rec.cost.types import Options
 from rec.errors import InputError
 from rec.passes.context import RELATIVE_GAIN, PassContext
@@ -107,10 +107,14 @@ def with_cache_sizes(result: SearchResult, spec: Spec, topology: Topology, cost:
         decides = memory_decides(result.space, topology)
         if decides or best.critical_path < result.critical_path * (1 - RELATIVE_GAIN):
             best = _researched(best, spec, topology, cost, search)
-        free = [t.cache_load_factor is None for t in spec.tables]
+        free = np.fromiter((t.cache_load_factor is None for t in spec.tables), bool, len(spec.tables))
+        floors = cache_floors(spec)
         for start in START_SIZES if decides else ():
+            # At TorchRec's default size a floor is the size itself, as TorchRec's own proposers keep
+            # a stated load factor; elsewhere a start below the floor starts at the floor.
+            sizes = np.where(floors > 0, floors, start) if start == UVM_CACHING_RATIO else np.maximum(start, floors)
             try:
-                first = search(build_search_space(spec, topology, cost, np.where(free, start, np.nan)))
+                first = search(build_search_space(spec, topology, cost, np.where(free, sizes, np.nan)))
                 other = _grown(first, spec, topology, cost)
             except InputError:  # larger caches may not fit; the other starts stand
                 continue
@@ -193,8 +197,10 @@ def _ladders(result: SearchResult, spec: Spec, topology: Topology, cost: CostCon
     opts = space.options
     sub = Spec(tuple(spec.tables[i] for i in candidates), spec.spec_hash)
     ladders: dict[int, list[_Step]] = {int(t): [] for t in candidates}
+    floors = cache_floors(spec)
     for lf in LOAD_FACTORS:
-        above = [int(t) for t in candidates if kernel[t] == _UVM or lf > base[t] * (1 + 1e-12)]
+        above = [int(t) for t in candidates
+                 if (kernel[t] == _UVM and lf >= floors[t]) or lf > base[t] * (1 + 1e-12)]
         if not above:
             continue
         rung = enumerate_options(sub, topology, cost, np.full(len(candidates), lf))

@@ -1,4 +1,5 @@
-"""Each table's cache size in a plan: the planner's choice, else the spec's, else the cost model's."""
+"""Each table's cache size in a plan: the planner's choice, else the spec's, else the cost model's
+(at least the spec's floor)."""
 
 from __future__ import annotations
 

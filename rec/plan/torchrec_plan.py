@@ -22,7 +22,6 @@ def module_sharding_plan(plan: Plan, module: str | None = None) -> EmbeddingModu
     """The ``EmbeddingModuleShardingPlan`` of the tables of ``module`` (the embedding module's path in
     the model), what its sharder takes, EmbeddingBagCollectionSharder and EmbeddingCollectionSharder
     alike. ``module`` None: every table of a plan whose tables are all in one module."""
-    from torchrec.distributed.types import EmbeddingModuleShardingPlan
 
     modules = plan_modules(plan)
     if module is None:
@@ -32,21 +31,30 @@ def module_sharding_plan(plan: Plan, module: str | None = None) -> EmbeddingModu
         module = next(iter(modules))
     if module not in modules:
         raise ValueError(f"plan {plan.plan_id} has no tables in module {module!r} (it has {', '.join(modules)})")
+    return _module_plan(plan, module, _cache_sizes(plan))
+
+
+def _module_plan(plan: Plan, module: str, sizes: dict[str, float | None]) -> EmbeddingModuleShardingPlan:
+    """``module_sharding_plan`` of a module the plan has, its caches of ``sizes`` (``_cache_sizes``)."""
+    from torchrec.distributed.types import EmbeddingModuleShardingPlan
+
     module_plan = EmbeddingModuleShardingPlan()
-    implicit = _implicit(plan)
     for t in plan.tables:
         if t.module == module:
-            module_plan[t.name] = _parameter_sharding(plan, t, t.key in implicit)
+            module_plan[t.name] = _parameter_sharding(plan, t, sizes[t.key])
     return module_plan
 
 
-def _implicit(plan: Plan) -> set[str]:
-    """The keys of the tables whose cache goes without a load factor (``rec.cost.tables.implicit_caches``)."""
+def _cache_sizes(plan: Plan) -> dict[str, float | None]:
+    """Each table's cache load factor (``rec.plan.load_factors``) by key; None where its cache goes
+    without one (``rec.cost.tables.implicit_caches``)."""
     from rec.cost.tables import implicit_caches
     from rec.plan.load_factors import chosen_load_factors, load_factors
 
-    flags = implicit_caches(plan.spec, chosen_load_factors(plan), load_factors(plan))
-    return {t.key for t, flag in zip(plan.spec.tables, flags, strict=True) if flag}
+    factors = load_factors(plan)
+    flags = implicit_caches(plan.spec, chosen_load_factors(plan), factors)
+    return {t.key: None if flag else float(factor)
+            for t, factor, flag in zip(plan.spec.tables, factors, flags, strict=True)}
 
 
 def to_sharding_plan(plan: Plan, module_path: str | None = None) -> ShardingPlan:
@@ -59,7 +67,8 @@ def to_sharding_plan(plan: Plan, module_path: str | None = None) -> ShardingPlan
 
     if module_path is not None:
         return ShardingPlan({module_path: module_sharding_plan(plan)})
-    return ShardingPlan({module: module_sharding_plan(plan, module) for module in plan_modules(plan)})
+    sizes = _cache_sizes(plan)  # once for every module
+    return ShardingPlan({module: _module_plan(plan, module, sizes) for module in plan_modules(plan)})
 
 
 def sharders_for(plan: Plan) -> list[Any]:
@@ -89,7 +98,7 @@ def plan_modules(plan: Plan) -> dict[str, ModuleKind]:
     return modules
 
 
-def _parameter_sharding(plan: Plan, t: TablePlan, implicit: bool) -> Any:
+def _parameter_sharding(plan: Plan, t: TablePlan, load_factor: float | None) -> Any:
     from torch.distributed._shard.sharding_spec import EnumerableShardingSpec, ShardMetadata
     from torchrec.distributed.planner.utils import placement
     from torchrec.distributed.types import CacheParams, ParameterSharding
@@ -105,7 +114,7 @@ def _parameter_sharding(plan: Plan, t: TablePlan, implicit: bool) -> Any:
         ])
     cache = None
     if t.compute_kernel is ComputeKernel.FUSED_UVM_CACHING:
-        cache = CacheParams(load_factor=None if implicit else _load_factor(plan, t))
+        cache = CacheParams(load_factor=load_factor)
     return ParameterSharding(
         sharding_type=t.sharding_type.value,
         compute_kernel=t.compute_kernel.value,
@@ -113,11 +122,3 @@ def _parameter_sharding(plan: Plan, t: TablePlan, implicit: bool) -> Any:
         sharding_spec=spec,
         cache_params=cache,
     )
-
-
-def _load_factor(plan: Plan, t: TablePlan) -> float:
-    """The share of ``t``'s rows its cache holds: the plan's choice, else the spec's, else the cost model's."""
-    if t.cache_load_factor is not None:
-        return t.cache_load_factor
-    given = next((s.cache_load_factor for s in plan.spec.tables if s.key == t.key), None)
-    return plan.planner.cost.caching_ratio if given is None else given

@@ -96,7 +96,8 @@ class TablePlan:
     ddr: int
     module: str = DEFAULT_MODULE  # the embedding module holding the table (its fully qualified name)
     # A fused_uvm_caching table's share of rows in its cache where the planner chose it; None: its
-    # spec's cache_load_factor, else the cost model's caching_ratio (rec.plan.load_factors).
+    # spec's cache_load_factor, else the cost model's caching_ratio raised to the spec's
+    # min_cache_load_factor (rec.plan.load_factors).
     cache_load_factor: float | None = None
 
     @property

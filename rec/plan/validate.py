@@ -1,5 +1,5 @@
 """Check a plan before anyone trusts it: every table once, shards tile each table, ranks and
-hosts as the sharding type requires, memory within capacity, allow-lists honoured.
+hosts as the sharding type requires, memory within capacity, allow-lists and cache sizes honoured.
 
 The checks run on the plan's columns (``rec.plan.columns``), vectorized over all shards: a
 100,000-table plan validates in a fraction of a second. Messages name each bad table.
@@ -46,6 +46,7 @@ def validate_plan(plan: Plan) -> ProblemList:
     rows = np.array([spec[n].num_embeddings if n in spec else 0 for n in c.keys], np.int64)
     dims = np.array([spec[n].embedding_dim if n in spec else 0 for n in c.keys], np.int64)
     _check_kinds(c, spec, known, device, problems)
+    _check_cache_sizes(c, spec, known, problems)
     _check_tables(plan, c, known, rows, dims, world, local, problems)
     _check_memory(plan, problems)
     return problems
@@ -70,6 +71,20 @@ def _check_kinds(c: TableColumns, spec: dict[str, TableSpec], known: np.ndarray,
         if table.compute_kernels and ck not in table.compute_kernels:
             allowed = [k.value for k in table.compute_kernels]
             problems.add(f"table {c.keys[i]}", f"compute kernel {ck.value} is not in its allow-list {allowed}")
+
+
+def _check_cache_sizes(c: TableColumns, spec: dict[str, TableSpec], known: np.ndarray, problems: ProblemList) -> None:
+    """A cache size the plan gives is the one the spec fixes, and at least the spec's floor."""
+    if c.load_factor is None:
+        return
+    for i in np.flatnonzero(known & ~np.isnan(c.load_factor)):
+        table, given = spec[c.keys[i]], float(c.load_factor[i])
+        if table.cache_load_factor is not None and given != table.cache_load_factor:
+            problems.add(f"table {c.keys[i]}", f"cache_load_factor {given!r}, but its spec fixes "
+                                               f"{table.cache_load_factor!r}")
+        if table.min_cache_load_factor is not None and given < table.min_cache_load_factor:
+            problems.add(f"table {c.keys[i]}", f"cache_load_factor {given!r} is below its spec's "
+                                               f"min_cache_load_factor {table.min_cache_load_factor!r}")
 
 
 def _check_tables(plan: Plan, c: TableColumns, known: np.ndarray, rows: np.ndarray, dims: np.ndarray,

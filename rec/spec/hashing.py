@@ -51,7 +51,7 @@ def _row_json(t: TableSpec) -> str:
     return (
         f'{{{_load_factor(t.cache_load_factor)}"compute_kernels":{_values(t.compute_kernels)},"data_type":"{VALUE[t.data_type]}",{distinct}'
         f'"embedding_dim":{int.__repr__(t.embedding_dim)},"feature_names":[{",".join(map(_text, t.feature_names))}],'
-        f'{curve}{_WEIGHTED if t.is_weighted else ""}'
+        f'{curve}{_WEIGHTED if t.is_weighted else ""}{_min_load_factor(t.min_cache_load_factor)}'
         f'{_min_partition(t.min_partition)}{_module(t.module)}"name":{_text(t.name)},"num_embeddings":{int.__repr__(t.num_embeddings)},"pooling":"{VALUE[t.pooling]}",'
         f'"pooling_factor":{float.__repr__(pooling_factor)},"sharding_types":{_values(t.sharding_types)}{last}}}'
     )
@@ -68,6 +68,11 @@ def _load_factor(value: float | None) -> str:
 
 
 _WEIGHTED = '"is_weighted":true,'  # a weighted table's key (``table_to_row`` leaves it out otherwise)
+
+
+def _min_load_factor(value: float | None) -> str:
+    """The ``min_cache_load_factor`` key of a table that sets it (it sorts before ``min_partition``)."""
+    return "" if value is None else f'"min_cache_load_factor":{_finite(float(value))},'
 
 
 def _min_partition(value: int | None) -> str:

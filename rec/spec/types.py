@@ -49,6 +49,10 @@ class TableSpec:
     # TorchRec's EmbeddingBagCollection(is_weighted=True): each id comes with a weight (id-score lists),
     # the pooled vector is the weighted sum or mean. Every table of a module agrees.
     is_weighted: bool = False
+    # The least share of the rows a fused_uvm_caching cache holds; the planner chooses the size from
+    # there up, as TorchRec's EmbeddingOffloadScaleupProposer takes a stated load factor beside
+    # statistics. None: no floor. (Last: the columnar reader builds tables positionally.)
+    min_cache_load_factor: float | None = None
 
     @property
     def bytes(self) -> float:

@@ -112,6 +112,9 @@ def _parse_row(number: int, row: Mapping[Any, Any], absent: set[str], problems: 
             problems.add(where, f"{column}: {e}")
     if "name" in values and is_missing(row.get("feature_names")):
         values["feature_names"] = (values["name"],)
+    if "cache_load_factor" in values and "min_cache_load_factor" in values:
+        problems.add(where, "cache_load_factor and min_cache_load_factor: give one (cache_load_factor fixes the "
+                            "cache's size, min_cache_load_factor lets the planner grow it from there)")
     if "distinct_per_batch" in values and is_missing(row.get("stats_batch_size")):
         problems.add(where, "distinct_per_batch needs stats_batch_size, the batch size it was counted at")
     if "num_embeddings" in values and "embedding_dim" in values:
@@ -465,6 +468,7 @@ CELL_PARSERS = {
     "module": _parse_module,
     "min_partition": _parse_positive_int,
     "cache_load_factor": _parse_load_factor,
+    "min_cache_load_factor": _parse_load_factor,
     "is_weighted": _parse_weighted,
     "stats_rows": _parse_stats_int,
     "stats_batch_size": _parse_stats_int,

@@ -42,7 +42,7 @@ def _write_tabular(spec: Spec, path: Path, kind: str) -> None:
     import pyarrow as pa
 
     rows = [table_to_row(t) for t in spec.tables]
-    # The module, min_partition, cache_load_factor, is_weighted and statistics columns only where a table has
+    # The module, min_partition, cache load factor, is_weighted and statistics columns only where a table has
     # one: other specs are written as before.
     present = {c for row in rows for c in SPARSE_COLUMNS if c in row}
     columns = tuple(c for c in COLUMNS if c not in SPARSE_COLUMNS or c in present)
@@ -79,7 +79,8 @@ def _schema(columns: tuple[str, ...], list_type: Any, curve_type: Any) -> Any:
     import pyarrow as pa
 
     types = {"num_embeddings": pa.int64(), "embedding_dim": pa.int64(), "pooling_factor": pa.float64(),
-             "min_partition": pa.int64(), "cache_load_factor": pa.float64(), "is_weighted": pa.bool_(),
+             "min_partition": pa.int64(), "cache_load_factor": pa.float64(), "min_cache_load_factor": pa.float64(),
+             "is_weighted": pa.bool_(),
              "stats_rows": pa.int64(), "stats_batch_size": pa.int64(),
              "distinct_per_batch": pa.float64(), "ids_out_of_range": pa.int64(), "hit_rate_curve": curve_type}
     return pa.schema([(c, list_type if c in LIST_COLUMNS else types.get(c, pa.string())) for c in columns])

@@ -229,11 +229,14 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
                                                             "the table's rows its cache holds (TorchRec's bounds)"))
                 continue
             if _may_cache(device, rows[-1].get("compute_kernels")):
-                if factor is not None:
-                    rows[-1]["cache_load_factor"] = float(factor)
                 cells, why = stats_cells(mapped.stats, global_batch, factor)
                 if why:
                     problems.append(Problem(f"{where}: cache_params.stats", why))
+                if factor is not None:
+                    # Beside statistics, TorchRec's EmbeddingOffloadScaleupProposer takes a stated load
+                    # factor as the cache's least size and grows it; without, every proposer keeps it.
+                    floor = mapped.load_factor is not None and "hit_rate_curve" in cells
+                    rows[-1]["min_cache_load_factor" if floor else "cache_load_factor"] = float(factor)
                 rows[-1].update(cells)
             optimizers.setdefault(_optimizer(weights[key]), []).append(key)
         if len(optimizers) > 1:
@@ -280,7 +283,7 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
                 module_plan = sharding_plan.plan["" if planned.root else t.module]
                 ours = module_plan[t.name].cache_params
                 given = fields.get("cache_params")
-                if ours is not None and given is not None and given.load_factor is None:
+                if ours is not None and given is not None:  # the size the plan gives (at least a floor given)
                     fields = {**fields, "cache_params": replace(given, load_factor=ours.load_factor)}
                 module_plan[t.name] = replace(module_plan[t.name], **fields)
         return sharding_plan

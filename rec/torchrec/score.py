@@ -132,7 +132,8 @@ def torchrec_inputs(spec: Spec, topology: Topology, cost: CostConfig = CostConfi
             compute_kernels=[k.value for k in t.compute_kernels] if t.compute_kernels else None,
             pooling_factors=[t.pooling_factor] * len(t.feature_names),
             # TorchRec's default where it is the default, so that its planner reads the same constraints
-            cache_params=None if factor == UVM_CACHING_RATIO and t.cache_load_factor is None and stats is None
+            cache_params=None if (factor == UVM_CACHING_RATIO and t.cache_load_factor is None
+                                  and t.min_cache_load_factor is None and stats is None)
             else CacheParams(load_factor=None if default else factor, stats=stats),
             min_partition=t.min_partition,
         ))

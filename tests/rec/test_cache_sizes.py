@@ -155,8 +155,31 @@ def test_a_table_whose_spec_fixes_its_cache_keeps_it_and_a_cpu_plan_is_unchanged
     spec, topology = tight_spec(cache_load_factor=0.05), cuda()
     plan = plan_spec(spec, topology)
     assert plan.format == PLAN_FORMAT and np.isnan(plan.columns.load_factor).all()
+    first = next(i for i, t in enumerate(plan.tables) if t.compute_kernel is CACHING)
+    other = replace(plan, tables=tuple(replace(t, cache_load_factor=0.5) if i == first else t
+                                       for i, t in enumerate(plan.tables)))
+    with pytest.raises(InputError, match=r"cache_load_factor 0.5, but its spec fixes 0.05"):
+        check_plan(other)
     cpu = spec_from_rows([{"name": "a", "num_embeddings": 1000, "embedding_dim": 16}])
     assert plan_spec(cpu, topology_from_dict({"world_size": 2, "compute_device": "cpu"})).format == PLAN_FORMAT
+
+
+def test_a_cache_floor_bounds_every_size_the_plan_gives_and_a_plan_below_it_is_refused(tmp_path):
+    from rec.plan.load_factors import load_factors
+
+    topology = cuda()
+    free = plan_spec(tight_spec(), topology)
+    assert min(t.cache_load_factor for t in free.tables if t.compute_kernel is CACHING) < 0.15
+    plan = plan_spec(tight_spec(min_cache_load_factor=0.15), topology)
+    cached = [t.compute_kernel is CACHING for t in plan.tables]
+    assert any(cached) and all(load_factors(plan)[cached] >= 0.15)
+    write_plan(plan, tmp_path)
+    check_plan(read_plan(tmp_path))
+    first = cached.index(True)
+    below = replace(plan, tables=tuple(replace(t, cache_load_factor=0.1) if i == first else t
+                                       for i, t in enumerate(plan.tables)))
+    with pytest.raises(InputError, match=r"cache_load_factor 0.1 is below its spec's min_cache_load_factor 0.15"):
+        check_plan(below)
 
 
 def test_a_space_recosted_for_a_few_tables_cache_sizes_is_the_space_built_afresh():

@@ -570,3 +570,21 @@ def test_min_partition_is_kept_through_every_format_and_leaves_other_specs_hashe
     assert "min_partition" not in pq.read_schema(tmp_path / "plain.parquet").names  # written as before
     with pytest.raises(InputError, match="min_partition"):
         spec_from_rows([{**rows[0], "min_partition": 0}])
+
+
+def test_a_cache_floor_is_kept_through_every_format_and_given_beside_a_fixed_size_is_named(tmp_path):
+    rows = [{"name": "big", "num_embeddings": 10_000, "embedding_dim": 64, "min_cache_load_factor": 0.05},
+            {"name": "plain", "num_embeddings": 100, "embedding_dim": 64, "cache_load_factor": 0.3}]
+    spec = spec_from_rows(rows)
+    assert [(t.min_cache_load_factor, t.cache_load_factor) for t in spec.tables] == [(0.05, None), (None, 0.3)]
+    fixed = spec_from_rows([{**rows[0], "min_cache_load_factor": None, "cache_load_factor": 0.05}, rows[1]])
+    assert spec.spec_hash != fixed.spec_hash  # a floor is not a fixed size
+    for ext in ("parquet", "csv", "yaml", "json", "arrow"):
+        assert read_spec(write_spec(spec, tmp_path / f"s.{ext}")) == spec
+    write_spec(fixed, tmp_path / "fixed.parquet")
+    assert "min_cache_load_factor" not in pq.read_schema(tmp_path / "fixed.parquet").names  # written as before
+    with pytest.raises(InputError) as e:
+        spec_from_rows([{**rows[0], "cache_load_factor": 0.2}, {**rows[1], "min_cache_load_factor": 1.5}])
+    text = e.value.render()
+    assert "table 'big': cache_load_factor and min_cache_load_factor: give one" in text
+    assert "table 'plain': min_cache_load_factor: must be in (0, 1]" in text

@@ -400,6 +400,61 @@ def test_every_cache_states_its_size_so_that_torchrecs_shared_cache_holds_what_w
     assert_rated_as_torchrec_rates(planner, model, topology, BATCH_SIZE, constraints)
 
 
+def test_a_floor_below_the_default_on_a_table_left_uncached_leaves_the_default_caches_unstated():
+    """A load factor stated beside statistics is the cache's floor; below TorchRec's default it changes
+    nothing, so the caches at the default size still state none (as TorchRec's own plans leave them)
+    and TorchRec prices no fetches for them. As a fixed size it made every cache state its size and pay
+    them: stress workloads one_giant-9306 and -9382 rated 1.011-1.013x TorchRec's plan so."""
+    model = nn.Module()
+    model.ebc = ebc(("big", 4_000_000, 128), ("small", 1000, 64))
+    constraints = {"big": ParameterConstraints(compute_kernels=["fused_uvm_caching"], sharding_types=["table_wise"],
+                                               cache_params=CacheParams(stats=Skewed())),
+                   "small": ParameterConstraints(cache_params=CacheParams(load_factor=0.1, stats=Skewed()))}
+    topology = cuda(world_size=2, local_world_size=2, hbm_cap=int(0.6 * 1024**3))
+    planner = ShardflowPlanner(topology=topology, batch_size=BATCH_SIZE, constraints=constraints)
+    plan = planner.plan(model, SHARDERS).plan["ebc"]
+    assert plan["small"].compute_kernel == "fused"
+    assert plan["big"].compute_kernel == "fused_uvm_caching" and plan["big"].cache_params.load_factor is None
+    [small] = [t for t in planner.last_plan.spec.tables if t.name == "small"]
+    assert (small.min_cache_load_factor, small.cache_load_factor) == (0.1, None)
+    assert_rated_as_torchrec_rates(planner, model, topology, BATCH_SIZE, constraints)
+
+
+def test_a_load_factor_stated_beside_statistics_is_a_floor_the_plan_grows_as_torchrecs_scaleup_proposer_does():
+    """TorchRec's EmbeddingOffloadScaleupProposer takes a load factor stated beside CacheStatistics as
+    the cache's least size ("a floor or minimum size") and grows it into spare HBM. Kept at 0.05, the
+    heaviest table's small cache made shardflow's plan 1.11x the scale-up proposer's best (stress
+    workload heavy_pooling-9321: 1.076x); as a floor it grows, the ShardingPlan gives the size chosen,
+    and TorchRec rates the plan at or below its scale-up proposer's best. (Without statistics a load
+    factor stays fixed: every TorchRec proposer keeps it.)"""
+    from torchrec.distributed.planner.perf_models import NoopPerfModel
+    from torchrec.distributed.planner.proposers import EmbeddingOffloadScaleupProposer
+
+    from rec.torchrec_internals import planner_result
+
+    model = nn.Module()
+    model.ebc = ebc(*((f"t{i}", rows, dim) for i, (rows, dim) in enumerate(
+        [(4_500_000, 128), (3_000_000, 256), (9_000_000, 64), (1_500_000, 128), (6_000_000, 128), (750_000, 256)])))
+
+    def constraints():  # TorchRec's proposers write into the cache params they are given
+        return {f"t{i}": ParameterConstraints(pooling_factors=[20.0], cache_params=CacheParams(
+            stats=Skewed(), load_factor=0.05 if i == 1 else None)) for i in range(6)}
+
+    topology = cuda(hbm_cap=1024**3)
+    planner = ShardflowPlanner(topology=topology, batch_size=512, constraints=constraints())
+    plan = planner.plan(model, SHARDERS).plan["ebc"]
+    ours = planner.last_plan
+    [t1] = [t for t in ours.spec.tables if t.name == "t1"]
+    assert (t1.min_cache_load_factor, t1.cache_load_factor) == (0.05, None)
+    if plan["t1"].compute_kernel == "fused_uvm_caching":
+        assert plan["t1"].cache_params.load_factor > 0.05
+    assert_rated_as_torchrec_rates(planner, model, topology, 512, constraints())
+    scaleup = EmbeddingShardingPlanner(topology=topology, batch_size=512, constraints=constraints(),
+                                       proposer=[GreedyProposer(), EmbeddingOffloadScaleupProposer()])
+    quietly(scaleup.plan, model, SHARDERS)
+    assert ours.metrics.critical_path <= NoopPerfModel(topology).rate(planner_result(scaleup)[0]) * (1 + 1e-9)
+
+
 def test_spare_hbm_grows_caches_and_torchrec_rates_the_plan_at_or_below_its_own_best():
     """Memory-tight: the tables are several times the ranks' HBM, with skewed ids (cache statistics);
     every cache size the plan chose is applied, TorchRec rates each table as shardflow does, and its

@@ -77,14 +77,18 @@ def _check_cache_sizes(c: TableColumns, spec: dict[str, TableSpec], known: np.nd
     """A cache size the plan gives is the one the spec fixes, and at least the spec's floor."""
     if c.load_factor is None:
         return
-    for i in np.flatnonzero(known & ~np.isnan(c.load_factor)):
-        table, given = spec[c.keys[i]], float(c.load_factor[i])
-        if table.cache_load_factor is not None and given != table.cache_load_factor:
-            problems.add(f"table {c.keys[i]}", f"cache_load_factor {given!r}, but its spec fixes "
-                                               f"{table.cache_load_factor!r}")
-        if table.min_cache_load_factor is not None and given < table.min_cache_load_factor:
-            problems.add(f"table {c.keys[i]}", f"cache_load_factor {given!r} is below its spec's "
-                                               f"min_cache_load_factor {table.min_cache_load_factor!r}")
+    given = np.flatnonzero(known & ~np.isnan(c.load_factor))
+    tables = [spec[c.keys[i]] for i in given]
+    fixed = np.array([np.nan if t.cache_load_factor is None else t.cache_load_factor for t in tables])
+    floor = np.array([t.min_cache_load_factor or 0.0 for t in tables])
+    size = c.load_factor[given]
+    for k in np.flatnonzero((~np.isnan(fixed) & (size != fixed)) | (size < floor)):
+        t, lf = tables[k], float(size[k])
+        if t.cache_load_factor is not None:
+            problems.add(f"table {t.key}", f"cache_load_factor {lf!r}, but its spec fixes {t.cache_load_factor!r}")
+        else:
+            problems.add(f"table {t.key}", f"cache_load_factor {lf!r} is below its spec's min_cache_load_factor "
+                                           f"{t.min_cache_load_factor!r}")
 
 
 def _check_tables(plan: Plan, c: TableColumns, known: np.ndarray, rows: np.ndarray, dims: np.ndarray,

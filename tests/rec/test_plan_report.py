@@ -8,7 +8,7 @@ import pytest
 from rec.plan.breakdown import breakdown
 from rec.plan.report import CRITICAL, TOP, rank_table
 from rec.planning import plan_spec
-from rec.spec import read_spec
+from rec.spec import read_spec, spec_from_rows
 from rec.spec.synthetic import criteo_1tb_spec, issue2282_spec
 from rec.topology import read_topology
 from rec.topology.validate import topology_from_dict
@@ -49,10 +49,16 @@ def test_beyond_32_ranks_the_table_summarizes_and_all_ranks_shows_every_one(wide
     assert len(rank_table(wide_plan, all_ranks=True).rows) == 64
 
 
-@pytest.mark.parametrize("which", ["cpu_plan", "wide_plan", "issue2282"])
+@pytest.mark.parametrize("which", ["cpu_plan", "wide_plan", "issue2282", "cache_sizes"])
 def test_compute_and_communication_add_up_to_the_plans_own_estimate_per_rank(which, request):
     if which == "issue2282":
         plan = plan_spec(issue2282_spec(200), read_topology(ROOT / "examples/topologies/h100_2x8.yaml"))
+    elif which == "cache_sizes":  # tables 5x the HBM: the plan chooses its caches' sizes
+        plan = plan_spec(spec_from_rows([{"name": f"t{i}", "num_embeddings": 10_000_000, "embedding_dim": 64,
+                                          "pooling_factor": 4.0 + i} for i in range(4)]),
+                         topology_from_dict({"world_size": 2, "compute_device": "cuda", "hbm_cap": "1GiB",
+                                             "batch_size": 512}))
+        assert any(t.cache_load_factor not in (None, 0.2) for t in plan.tables)
     else:
         plan = request.getfixturevalue(which)
     parts = breakdown(plan)

@@ -17,6 +17,7 @@ from rec.analysis.build import build_plan
 from rec.analysis.rank_times import predicted_critical_path
 from rec.config.cost import CostConfig
 from rec.config.search import SearchConfig
+from rec.cost.tables import allowed_load_factors
 from rec.errors import InputError, Problem
 from rec.passes import PassContext, after_search
 from rec.passes.cache_sizes import FIRST_EXACT_SHARE, memory_decides
@@ -117,9 +118,11 @@ def replan_spec(spec: Spec, topology: Topology, previous: Plan, max_regress: flo
         raise InputError("Cannot replan from this previous plan:", [Problem(
             f"plan {previous.plan_id}", "was made for another topology; replan from a plan of the same "
                                         "topology, or plan from scratch (without --previous)")])
-    # The previous plan's cache sizes, so that its shards fit where they are.
+    # The previous plan's cache sizes, so that its shards fit where they are; not where the spec now
+    # fixes a size, nor below a floor it now gives.
     kept = dict(zip(previous.columns.keys, previous.columns.load_factor.tolist(), strict=True))  # type: ignore[union-attr]
-    space = build_search_space(spec, topology, cost, np.array([kept.get(t.key, np.nan) for t in spec.tables]))
+    sizes = allowed_load_factors(spec, np.array([kept.get(t.key, np.nan) for t in spec.tables]))
+    space = build_search_space(spec, topology, cost, sizes)
     progress.update("searching from scratch")
     result = _search(space, spec, config, searcher)
     searched = after_search(result, _context(spec, topology, cost, config, searcher))

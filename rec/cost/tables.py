@@ -191,6 +191,14 @@ def resolved_load_factors(spec: Spec, config: CostConfig, chosen: np.ndarray | N
     return np.where(np.isnan(chosen), given, chosen)
 
 
+def allowed_load_factors(spec: Spec, chosen: np.ndarray) -> np.ndarray:
+    """(T,) cache sizes ``chosen`` for another spec (NaN: none), as ``spec`` allows them: none where it
+    fixes a table's size, at least its floor elsewhere."""
+    fixed = np.fromiter((t.cache_load_factor is not None for t in spec.tables), bool, len(spec.tables))
+    out: np.ndarray = np.where(fixed, np.nan, np.maximum(chosen, cache_floors(spec)))
+    return out
+
+
 def cache_floors(spec: Spec) -> np.ndarray:
     """(T,) the least cache load factor each table's spec allows (``min_cache_load_factor``; 0: none)."""
     return np.fromiter((t.min_cache_load_factor or 0.0 for t in spec.tables), np.float64, len(spec.tables))

@@ -233,9 +233,7 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
                 if why:
                     problems.append(Problem(f"{where}: cache_params.stats", why))
                 if factor is not None:
-                    # Beside statistics, TorchRec's EmbeddingOffloadScaleupProposer takes a stated load
-                    # factor as the cache's least size and grows it; without, every proposer keeps it.
-                    floor = mapped.load_factor is not None and "hit_rate_curve" in cells
+                    floor = mapped.load_factor is not None and "hit_rate_curve" in cells and _scalable(mapped.stats)
                     rows[-1]["min_cache_load_factor" if floor else "cache_load_factor"] = float(factor)
                 rows[-1].update(cells)
             optimizers.setdefault(_optimizer(weights[key]), []).append(key)
@@ -350,6 +348,16 @@ def _narrowed(cells: dict[str, Any], types: tuple[str, ...] | None,
         listed = cells.get(column)
         out[column] = list(offered) if not listed else [v for v in listed if v in offered or v in refused]
     return out
+
+
+def _scalable(stats: Any) -> bool:
+    """Whether TorchRec's EmbeddingOffloadScaleupProposer grows a cache whose load factor is stated
+    beside ``stats`` (its ``get_scalable_sharding_options``: cacheability x expected lookups > 0),
+    taking the stated size as the least; every other proposer keeps it."""
+    try:
+        return float(stats.cacheability) * float(stats.expected_lookups) > 0
+    except Exception:  # a user's statistics without cacheability: TorchRec's proposer cannot grow it either
+        return False
 
 
 def _may_cache(device: ComputeDevice, kernels: list[str] | None) -> bool:

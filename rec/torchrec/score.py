@@ -105,7 +105,8 @@ def torchrec_inputs(spec: Spec, topology: Topology, cost: CostConfig = CostConfi
     """(the spec's modules at their paths on the meta device, constraints by table name, TorchRec
     Topology, sharders): what shardflow plans. TorchRec keys constraints by table name alone: tables
     sharing a name in several modules get the first one's. Each table's ``cache_params.load_factor``
-    is its own (``rec.cost.tables.resolved_load_factors`` of ``load_factors``, spec order); a table
+    is its own (``rec.cost.tables.resolved_load_factors`` of ``load_factors``, spec order: a floor
+    raised to the cost model's ``caching_ratio`` where none is given, the size shardflow starts at); a table
     whose statistics TorchRec can read (``rec.cost.tables.global_distinct``) gets them as its
     ``cache_params.stats``, its load factor given as a shardflow plan gives it (none for a cache of
     TorchRec's default size the spec does not fix, ``rec.cost.tables.implicit_caches``), so that

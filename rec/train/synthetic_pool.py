@@ -117,7 +117,7 @@ def _batches_for(table: CachedTable, least: int, cap: int) -> int:
 def cached_tables(plan: Plan) -> list[CachedTable]:
     """The plan's fused_uvm_caching tables (none on cpu: no cache there), each cache holding the
     load factor the job builds it with (``rec.plan.load_factors``: the plan's, else the spec's, else
-    the cost model's ``caching_ratio``)."""
+    the cost model's ``caching_ratio`` raised to the spec's floor)."""
     if plan.topology.compute_device is not ComputeDevice.CUDA:
         return []
     cached = {t.key for t in plan.tables if t.compute_kernel is ComputeKernel.FUSED_UVM_CACHING}

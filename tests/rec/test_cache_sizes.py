@@ -171,8 +171,9 @@ def test_a_cache_floor_bounds_every_size_the_plan_gives_and_a_plan_below_it_is_r
     free = plan_spec(tight_spec(), topology)
     assert min(t.cache_load_factor for t in free.tables if t.compute_kernel is CACHING) < 0.15
     plan = plan_spec(tight_spec(min_cache_load_factor=0.15), topology)
+    size = dict(zip([t.key for t in plan.spec.tables], load_factors(plan).tolist(), strict=True))
     cached = [t.compute_kernel is CACHING for t in plan.tables]
-    assert any(cached) and all(load_factors(plan)[cached] >= 0.15)
+    assert any(cached) and all(size[t.key] >= 0.15 for t in plan.tables if t.compute_kernel is CACHING)
     write_plan(plan, tmp_path)
     check_plan(read_plan(tmp_path))
     first = cached.index(True)
@@ -253,3 +254,25 @@ def test_replanning_from_a_plan_with_chosen_cache_sizes_keeps_its_shards():
     assert replanned.movement.moved_bytes == 0
     assert [t.sharding_type for t in replanned.plan.tables] == [t.sharding_type for t in first.tables]
     assert ShardingType.TABLE_WISE in {t.sharding_type for t in first.tables}
+
+
+@pytest.mark.parametrize("given", [{"min_cache_load_factor": 0.3}, {"cache_load_factor": 0.05}])
+def test_a_replan_after_the_spec_gains_a_floor_or_a_fixed_size_honours_it(given):
+    """The previous plan's sizes (0.1-0.15) are kept so that its shards fit where they are, but not
+    below a floor the spec now gives, nor where it now fixes a size."""
+    from rec.plan.load_factors import load_factors
+
+    topology = cuda()
+    first = plan_spec(tight_spec(), topology)
+    assert max(t.cache_load_factor or 0 for t in first.tables) < 0.3
+    spec = tight_spec(**given)
+    replanned = replan_spec(spec, topology, first)
+    for plan in (replanned.plan, replanned.fresh):
+        check_plan(plan)
+        size = dict(zip([t.key for t in plan.spec.tables], load_factors(plan).tolist(), strict=True))
+        sizes = np.array([size[t.key] for t in plan.tables if t.compute_kernel is CACHING])
+        assert len(sizes)
+        if "cache_load_factor" in given:
+            assert (sizes == 0.05).all()
+        else:
+            assert (sizes >= 0.3).all()

@@ -455,6 +455,22 @@ def test_a_load_factor_stated_beside_statistics_is_a_floor_the_plan_grows_as_tor
     assert ours.metrics.critical_path <= NoopPerfModel(topology).rate(planner_result(scaleup)[0]) * (1 + 1e-9)
 
 
+def test_a_load_factor_beside_statistics_torchrecs_scaleup_cannot_grow_stays_fixed():
+    """TorchRec's scale-up proposer grows a stated cache only where cacheability x expected lookups > 0;
+    elsewhere every TorchRec proposer keeps the size, and so does shardflow."""
+
+    class Uncacheable(Skewed):
+        cacheability = 0.0
+
+    constraints = {"big": ParameterConstraints(cache_params=CacheParams(load_factor=0.05, stats=Uncacheable())),
+                   "item_id": ParameterConstraints(cache_params=CacheParams(load_factor=0.05, stats=Skewed()))}
+    planner = ShardflowPlanner(topology=cuda(), constraints=constraints)
+    planner.plan(towers(), SHARDERS)
+    tables = {t.name: t for t in planner.last_plan.spec.tables}
+    assert (tables["big"].cache_load_factor, tables["big"].min_cache_load_factor) == (0.05, None)
+    assert (tables["item_id"].cache_load_factor, tables["item_id"].min_cache_load_factor) == (None, 0.05)
+
+
 def test_spare_hbm_grows_caches_and_torchrec_rates_the_plan_at_or_below_its_own_best():
     """Memory-tight: the tables are several times the ranks' HBM, with skewed ids (cache statistics);
     every cache size the plan chose is applied, TorchRec rates each table as shardflow does, and its

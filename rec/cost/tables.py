@@ -194,9 +194,13 @@ def resolved_load_factors(spec: Spec, config: CostConfig, chosen: np.ndarray | N
 def allowed_load_factors(spec: Spec, chosen: np.ndarray) -> np.ndarray:
     """(T,) cache sizes ``chosen`` for another spec (NaN: none), as ``spec`` allows them: none where it
     fixes a table's size, at least its floor elsewhere."""
-    fixed = np.fromiter((t.cache_load_factor is not None for t in spec.tables), bool, len(spec.tables))
-    out: np.ndarray = np.where(fixed, np.nan, np.maximum(chosen, cache_floors(spec)))
+    out: np.ndarray = np.where(cache_fixed(spec), np.nan, np.maximum(chosen, cache_floors(spec)))
     return out
+
+
+def cache_fixed(spec: Spec) -> np.ndarray:
+    """(T,) bool: the spec fixes the table's cache size (``cache_load_factor``)."""
+    return np.fromiter((t.cache_load_factor is not None for t in spec.tables), bool, len(spec.tables))
 
 
 def cache_floors(spec: Spec) -> np.ndarray:
@@ -210,8 +214,7 @@ def implicit_caches(spec: Spec, chosen: np.ndarray | None, load_factor: np.ndarr
     TorchRec's default, and the spec gives this one no size (``cache_load_factor``) or floor
     (``min_cache_load_factor``: a sharder's default could lie below it). (A plan whose pass chose that size
     states it, as the plan file records it.)"""
-    fixed = np.fromiter((t.cache_load_factor is not None or t.min_cache_load_factor is not None
-                         for t in spec.tables), bool, len(spec.tables))
+    fixed = cache_fixed(spec) | (cache_floors(spec) > 0)
     none_chosen = chosen is None or bool(np.isnan(chosen).all())
     if none_chosen and bool(np.all(load_factor == UVM_CACHING_RATIO)):
         return ~fixed

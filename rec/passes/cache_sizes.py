@@ -1,7 +1,8 @@
 """After the search: spare HBM grows the caches of uvm tables, where it saves most time per byte.
 
 The search costs every fused_uvm_caching option at one cache size (the spec's ``cache_load_factor``,
-else the cost model's ``caching_ratio``), so HBM the plan leaves free is wasted on a memory-tight
+else the cost model's ``caching_ratio`` raised to the spec's ``min_cache_load_factor``; a size the
+pass grows or starts from is never below that floor), so HBM the plan leaves free is wasted on a memory-tight
 workload, and a table the search had to leave on fused_uvm gets no cache at all. This pass takes
 each table whose kernel is fused_uvm or fused_uvm_caching and whose spec fixes no cache size up a
 ladder of cache sizes (``LOAD_FACTORS``), one step at a time, always taking the step that saves the
@@ -37,7 +38,7 @@ import numpy as np
 
 from rec.config.cost import UVM_CACHING_RATIO, CostConfig
 from rec.cost.enumerator import enumerate_options
-from rec.cost.tables import cache_floors, resolved_load_factors
+from rec.cost.tables import cache_fixed, cache_floors, resolved_load_factors
 from rec.cost.types import Options
 from rec.errors import InputError
 from rec.passes.context import RELATIVE_GAIN, PassContext
@@ -107,8 +108,7 @@ def with_cache_sizes(result: SearchResult, spec: Spec, topology: Topology, cost:
         decides = memory_decides(result.space, topology)
         if decides or best.critical_path < result.critical_path * (1 - RELATIVE_GAIN):
             best = _researched(best, spec, topology, cost, search)
-        free = np.fromiter((t.cache_load_factor is None for t in spec.tables), bool, len(spec.tables))
-        floors = cache_floors(spec)
+        free, floors = ~cache_fixed(spec), cache_floors(spec)
         for start in START_SIZES if decides else ():
             # At TorchRec's default size a floor is the size itself, as TorchRec's own proposers keep
             # a stated load factor; elsewhere a start below the floor starts at the floor.
@@ -169,8 +169,7 @@ def _candidates(result: SearchResult, spec: Spec, topology: Topology) -> np.ndar
     if topology.compute_device is not ComputeDevice.CUDA:
         return np.zeros(0, np.int64)
     kernel = result.space.options.compute_kernel[result.assignment.choice]
-    fixed = np.fromiter((t.cache_load_factor is not None for t in spec.tables), bool, len(spec.tables))
-    return np.flatnonzero(((kernel == _UVM) | (kernel == _CACHING)) & ~fixed)
+    return np.flatnonzero(((kernel == _UVM) | (kernel == _CACHING)) & ~cache_fixed(spec))
 
 
 def _grown(result: SearchResult, spec: Spec, topology: Topology, cost: CostConfig) -> SearchResult:

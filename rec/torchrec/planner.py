@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -355,7 +356,8 @@ def _scalable(stats: Any) -> bool:
     beside ``stats`` (its ``get_scalable_sharding_options``: cacheability x expected lookups > 0),
     taking the stated size as the least; every other proposer keeps it."""
     try:
-        return float(stats.cacheability) * float(stats.expected_lookups) > 0
+        growth = float(stats.cacheability) * float(stats.expected_lookups)
+        return math.isfinite(growth) and growth > 0
     except Exception:  # a user's statistics without cacheability: TorchRec's proposer cannot grow it either
         return False
 

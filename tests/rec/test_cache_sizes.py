@@ -183,6 +183,20 @@ def test_a_cache_floor_bounds_every_size_the_plan_gives_and_a_plan_below_it_is_r
         check_plan(below)
 
 
+def test_a_cache_with_a_floor_grows_beyond_where_it_starts_and_a_fixed_one_beside_it_stays():
+    spec = spec_from_rows([
+        {"name": "big", "num_embeddings": 40_000_000, "embedding_dim": 128, "pooling_factor": 20.0,
+         "min_cache_load_factor": 0.05},
+        {"name": "mid", "num_embeddings": 20_000_000, "embedding_dim": 64, "pooling_factor": 5.0,
+         "cache_load_factor": 0.1},
+        {"name": "small", "num_embeddings": 1000, "embedding_dim": 16}])
+    plan = plan_spec(spec, cuda(2, 4 * GiB))
+    check_plan(plan)
+    tables = {t.name: t for t in plan.tables}
+    assert tables["big"].compute_kernel is CACHING and (tables["big"].cache_load_factor or 0) > 0.2  # grown
+    assert tables["mid"].cache_load_factor is None  # its spec's 0.1
+
+
 def test_a_space_recosted_for_a_few_tables_cache_sizes_is_the_space_built_afresh():
     spec = spec_from_rows([{"name": f"t{i}", "num_embeddings": 2_000_000 + 300_000 * i,
                             "embedding_dim": 32 * (1 + i % 3), "pooling_factor": 2.0 + i,

@@ -19,9 +19,10 @@ from tests.paths import CPU_2PROC, ROOT, SHARDFLOW, TORCHRUN, TWO_TOWER_SEQ
 EXAMPLE = "examples/train_own_model.py"
 
 
-def run(*cmd: str | Path) -> subprocess.CompletedProcess:
+def run(temp: Path, *cmd: str | Path) -> subprocess.CompletedProcess:
+    """``cmd`` as a user runs it; torchrun's per-run directory (its default log directory) lands in ``temp``."""
     return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, cwd=ROOT, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(temp)})
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,7 @@ def test_the_example_script_trains_the_model_sharded_exactly_as_planned(own_plan
     from rec.train.applied import planned_tables
 
     directory, plan = own_plan
-    r = run(TORCHRUN, "--standalone", "--nproc-per-node", "2", EXAMPLE, "--plan", directory,
+    r = run(tmp_path, TORCHRUN, "--standalone", "--nproc-per-node", "2", EXAMPLE, "--plan", directory,
             "--iterations", "4", "--applied", tmp_path / "applied.json")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     losses = [float(line.rsplit(" ", 1)[1]) for line in r.stdout.splitlines() if line.startswith("iteration ")]
@@ -141,8 +142,8 @@ def test_batches_that_exit_inside_the_ranks_fail_the_training_with_exit_2_naming
     the target as its cause (a failure a retry would repeat), not a rank that ends as if it finished."""
     directory, _ = own_plan
     target = f"{users_code}:exits_in_its_batches"
-    r = run(SHARDFLOW, "train", "--no-track", "--plan", directory, "--out", tmp_path / "train", "--model", target,
-            "--iterations", "6", "--warmup", "1", "--batch-size", "32")
+    r = run(tmp_path, SHARDFLOW, "train", "--no-track", "--plan", directory, "--out", tmp_path / "train",
+            "--model", target, "--iterations", "6", "--warmup", "1", "--batch-size", "32")
     assert r.returncode == 2, r.stdout[-3000:] + r.stderr[-3000:]
     assert "the training failed" in r.stderr and "Traceback" not in r.stderr
     assert f"{target}: its code called sys.exit(0) while training" in r.stderr

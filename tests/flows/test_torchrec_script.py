@@ -18,9 +18,10 @@ from tests.paths import CPU_2PROC, DEMO, H100, ROOT, SHARDFLOW, TORCHRUN
 EXAMPLE = "examples/torchrec_planner.py"
 
 
-def run(*cmd: str | Path, timeout: int = 600) -> subprocess.CompletedProcess:
+def run(temp: Path, *cmd: str | Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``cmd`` as a user runs it; torchrun's per-run directory (its default log directory) lands in ``temp``."""
     return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, cwd=ROOT, timeout=timeout,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(temp)})
 
 
 @pytest.mark.slow
@@ -28,7 +29,7 @@ def test_collective_plan_gives_both_ranks_the_same_plan_and_dmp_trains_with_it(t
     from rec.analysis import check_plan
     from rec.plan import read_plan
 
-    r = run(TORCHRUN, "--standalone", "--nproc-per-node", "2", EXAMPLE, "--out", tmp_path,
+    r = run(tmp_path, TORCHRUN, "--standalone", "--nproc-per-node", "2", EXAMPLE, "--out", tmp_path,
             "--plan-dir", tmp_path / "plan", "--iterations", "2")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     plans = [json.loads((tmp_path / f"plan-{rank}.json").read_text()) for rank in (0, 1)]
@@ -42,9 +43,9 @@ def test_collective_plan_gives_both_ranks_the_same_plan_and_dmp_trains_with_it(t
 
 
 @pytest.mark.slow
-def test_a_plan_rank_0_cannot_make_fails_every_rank_at_once_with_its_reasons():
+def test_a_plan_rank_0_cannot_make_fails_every_rank_at_once_with_its_reasons(tmp_path):
     started = time.perf_counter()
-    r = run(TORCHRUN, "--standalone", "--nproc-per-node", "2", EXAMPLE, "--ddr-cap", "2000000", timeout=300)
+    r = run(tmp_path, TORCHRUN, "--standalone", "--nproc-per-node", "2", EXAMPLE, "--ddr-cap", "2000000", timeout=300)
     assert r.returncode != 0 and time.perf_counter() - started < 120  # no collective waits for a plan
     for rank in (0, 1):
         assert f"rank {rank}: The tables fit one by one but not all together" in r.stderr
@@ -101,7 +102,7 @@ def test_shardflow_train_trains_with_torchrecs_plan(tmp_path):
 
     assert main(["plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "plan"),
                  "--planner", "torchrec"]) == 0
-    r = run(SHARDFLOW, "train", "--no-track", "--plan", tmp_path / "plan", "--out", tmp_path / "train",
+    r = run(tmp_path, SHARDFLOW, "train", "--no-track", "--plan", tmp_path / "plan", "--out", tmp_path / "train",
             "--iterations", "6", "--warmup", "1", "--batch-size", "32")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     metrics = json.loads((tmp_path / "train" / "train_metrics.json").read_text())

@@ -27,8 +27,10 @@ from bench.gpu_check.machine import TimedOut
 from bench.gpu_check.targets import target
 from bench.gpu_check.workloads import Workload
 from rec.config.cost import CostConfig
+from rec.plan.load_factors import load_factors
 from rec.plan.types import Plan
 from rec.profile.types import DEFAULT_PROFILE, Profile
+from rec.sharding import ComputeKernel
 from rec.train.measure_config import MeasureConfig
 from rec.train.timings import PlanTimes
 
@@ -481,9 +483,12 @@ def _verdict(ratio: float, noise: float, same_layout: bool, cuda: bool) -> str:
 
 
 def layout(plan: Plan) -> tuple[Any, ...]:
-    """What DMP does with a plan: every table's sharding type, kernel and shards. Plans of different
-    planners (different plan_ids) with one layout are measured once."""
-    return tuple((t.key, t.sharding_type, t.compute_kernel, tuple((s.rank, s.offsets, s.sizes) for s in t.shards))
+    """What DMP does with a plan: every table's sharding type, kernel and shards, and a fused_uvm_caching
+    table's cache size (its load factor, TorchRec's default where the plan gives none). Plans of
+    different planners (different plan_ids) with one layout are measured once."""
+    factor = dict(zip((t.key for t in plan.spec.tables), load_factors(plan).tolist(), strict=True))
+    return tuple((t.key, t.sharding_type, t.compute_kernel, tuple((s.rank, s.offsets, s.sizes) for s in t.shards),
+                  factor[t.key] if t.compute_kernel is ComputeKernel.FUSED_UVM_CACHING else None)
                  for t in plan.tables)
 
 

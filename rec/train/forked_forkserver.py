@@ -29,9 +29,13 @@ PROCESS_NAME = b"sf-forkserver"  # what ps and top show for it (the command line
 _PR_SET_NAME = 15  # <linux/prctl.h>
 
 
-def start(preload: Sequence[str]) -> None:
-    """Start the forkserver, which imports ``preload``, as a fork of this process."""
+def start(preload: Sequence[str], fork: bool = True) -> None:
+    """Start the forkserver, which imports ``preload``, as a fork of this process (``fork``; else as
+    multiprocessing starts it, a new interpreter)."""
     forkserver.set_forkserver_preload(list(preload))
+    if not fork:
+        forkserver.ensure_running()
+        return
     spawn = util.spawnv_passfds
 
     def fork_instead(path: bytes, args: Sequence[Any], passfds: Sequence[int]) -> int:

@@ -42,10 +42,15 @@ def main(argv: list[str] | None = None) -> None:
 def _start_forkserver(argv: list[str]) -> None:
     """Start the forkserver (with the job imported), forked from this process once it has imported
     torch (``rec.train.forked_forkserver``). The job is the module after ``-m``."""
+    import torch
+
     if FORKSERVER_FLAG not in argv or "-m" not in argv[:-1]:
         return
     _socket_dir()
-    forked_forkserver.start([RANK_WRAPPER, argv[argv.index("-m") + 1]])
+    # A fork of a process that has started CUDA cannot use it (torch refuses in the fork): then the
+    # forkserver is a new interpreter, as multiprocessing starts it. torch alone leaves CUDA unstarted.
+    started = torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
+    forked_forkserver.start([RANK_WRAPPER, argv[argv.index("-m") + 1]], fork=not started)
 
 
 def _socket_dir() -> None:

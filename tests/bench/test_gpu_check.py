@@ -398,3 +398,56 @@ def test_a_shape_too_long_to_measure_beside_one_no_planner_planned_is_named_for_
     ctx = Context(ranks, tmp_path, time.monotonic() + 1000, tmp_path / "log")
     with pytest.raises(Skipped, match="would take longer than"):
         compare.compare_measured(ctx, [Workload("X", [], 256), Workload("Y", [], 256)], 2, 100.0)
+
+
+def test_plans_that_differ_only_in_a_caches_size_are_measured_apart():
+    """DMP builds each fused_uvm_caching table's cache at the size its plan gives: two plans of one
+    sharding with other cache sizes are two measurements, and a size stated at TorchRec's default is
+    the plan that states none."""
+    from dataclasses import replace
+
+    from bench.gpu_check import compare
+    from rec.planning import plan_spec
+    from rec.sharding import ComputeKernel
+    from rec.spec import spec_from_rows
+    from rec.topology import topology_from_dict
+
+    spec = spec_from_rows([{"name": f"t{i}", "num_embeddings": 10_000_000, "embedding_dim": 64,
+                            "pooling_factor": 4.0} for i in range(3)])
+    topology = topology_from_dict({"world_size": 2, "local_world_size": 2, "compute_device": "cuda",
+                                   "hbm_cap": 2**30, "batch_size": 512})
+    plan = plan_spec(spec, topology)
+    cached = [i for i, t in enumerate(plan.tables) if t.compute_kernel is ComputeKernel.FUSED_UVM_CACHING]
+    assert cached
+
+    def sized(factor):
+        return replace(plan, tables=tuple(replace(t, cache_load_factor=factor) if i == cached[0] else t
+                                          for i, t in enumerate(plan.tables)))
+
+    assert compare.layout(sized(0.5)) != compare.layout(sized(0.3))
+    assert compare.layout(sized(0.2)) == compare.layout(sized(None))
+
+
+def test_the_data_sections_parquet_ids_are_the_synthetic_batches_ids(tmp_path):
+    """The data section compares Parquet with synthetic batches: both draw a table's ids alike, the
+    hot rows scattered over the table (not all at its head) and a hit-rate curve where the table
+    has one."""
+    import pyarrow.parquet as pq
+
+    from bench.gpu_check.data import write_parquet
+    from bench.gpu_check.workloads import Workload
+    from rec.data.synthetic import table_ids
+
+    curve = [[0.001, 0.6], [0.01, 0.9]]
+    rows = [{"name": "skewed", "num_embeddings": 100_000, "embedding_dim": 16, "pooling_factor": 3.0},
+            {"name": "curved", "num_embeddings": 50_000, "embedding_dim": 16, "hit_rate_curve": curve}]
+    write_parquet(Workload("w", rows, 256), 40_000, tmp_path / "d.parquet")
+    written = pq.read_table(tmp_path / "d.parquet")
+    rng = np.random.default_rng(1)
+    for name, n, table_curve in (("skewed", 100_000, None), ("curved", 50_000, tuple(map(tuple, curve)))):
+        ids = written.column(name).combine_chunks().flatten().to_numpy()
+        drawn = table_ids(rng.random(len(ids)), n, table_curve)
+        hottest = set(np.argsort(np.bincount(ids, minlength=n))[-50:].tolist())
+        expected = set(np.argsort(np.bincount(drawn, minlength=n))[-50:].tolist())
+        assert len(hottest & expected) >= 40, name
+        assert ids.min() >= 0 and ids.max() < n

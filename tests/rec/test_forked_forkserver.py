@@ -85,3 +85,19 @@ def running(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_a_starter_that_may_not_fork_gets_multiprocessings_own_forkserver_with_the_module_preloaded(tmp_path):
+    """The launcher does not fork a process that has started CUDA (``fork=False``): its ranks'
+    forkserver is then a new interpreter, as multiprocessing starts one, that still imported the job."""
+    script = tmp_path / "starter.py"
+    script.write_text(STARTER.replace('forked_forkserver.start(["decimal"])',
+                                      'forked_forkserver.start(["decimal"], fork=False)'))
+    r = subprocess.run([sys.executable, str(script), str(tmp_path / "secret")], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0 and not r.stderr, r.stderr[-3000:]
+    report = json.loads(r.stdout)
+    assert report["codes"] == [0, 0]
+    for child in report["children"]:
+        assert child["parent_name"] != PROCESS_NAME.decode() and child["grandparent"] == report["me"]
+        assert not child["secret_open"] and child["preloaded"]

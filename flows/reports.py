@@ -39,13 +39,35 @@ def render_plan(plan: Plan, all_ranks: bool = False) -> str:
 
     table = rank_table(plan, all_ranks)
     note = f"\n{table.note}" if table.note else ""
-    quality = "".join(f"{line}\n" for line in quality_lines(plan))
+    quality = "".join(f"{line}\n" for line in [*quality_lines(plan), *cache_lines(plan)])
     return (
         f"{render_table(table.header, table.rows, right=table.right)}{note}\n\n"
         f"{quality}"
         f"{render_movement(plan)}"
         f"plan_id:       {plan.plan_id}  spec_hash {plan.spec_hash}"
     )
+
+
+def cache_lines(plan: Plan) -> list[str]:
+    """One line where FBGEMM's caches (one per kernel group, at its widest cached row) would take
+    some rank past its usable HBM, though the plan's own count fits (``rec.analysis.fbgemm_caches``)."""
+    import numpy as np
+
+    from rec.analysis.fbgemm_caches import cache_hbm
+    from rec.sharding import ComputeDevice
+    from rec.units import format_bytes
+
+    if plan.topology.compute_device is not ComputeDevice.CUDA:
+        return []
+    caches = cache_hbm(plan)
+    over = np.asarray(plan.metrics.rank_hbm) + caches.extra - np.asarray(plan.metrics.rank_hbm_cap)
+    if not (over > 0).any():
+        return []
+    r = int(np.argmax(over))
+    ranks = f"on {int((over > 0).sum())} ranks, most on rank {r}" if (over > 0).sum() > 1 else f"on rank {r}"
+    return [f"caches:        FBGEMM makes a kernel group's caches as wide as its widest: {ranks} they take "
+            f"{format_bytes(caches.built[r])}, not the {format_bytes(caches.planned[r])} planned, "
+            f"{format_bytes(over[r])} past the usable HBM (docs/gpu.md)"]
 
 
 def render_made_by(plan: Plan) -> str:

@@ -84,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
 def render_ranks(plan: Plan, parts: Breakdown, all_ranks: bool) -> str:
     import numpy as np
 
+    from flows.reports import cache_lines
     from rec.plan.report import CRITICAL, SUMMARY_ABOVE, TOP
     from rec.text_table import render_table
 
@@ -113,10 +114,11 @@ def render_ranks(plan: Plan, parts: Breakdown, all_ranks: bool) -> str:
                 f"{compute.max():.4f} ms, communication {comm.min():.4f}-{comm.max():.4f} ms over all ranks "
                 "(--all-ranks for every rank)")
     header = ("rank", "perf_ms", "compute_ms", "comm_ms", "comm", "shards", "costliest (ms)", "")
+    caches = "".join(f"\n{line}" for line in cache_lines(plan))
     return (render_table(header, [row(r) for r in ranks], right=("rank", "perf_ms", "compute_ms", "comm_ms",
                                                                    "comm", "shards"))
             + note + f"\n\nplan {plan.plan_id}: {len(plan.tables):,} tables on {plan.world_size:,} ranks; "
-                     f"critical path {plan.metrics.critical_path:.4f} ms on rank {critical}")
+                     f"critical path {plan.metrics.critical_path:.4f} ms on rank {critical}{caches}")
 
 
 def render_tables(plan: Plan, parts: Breakdown, chosen: list[int]) -> str:

@@ -57,7 +57,7 @@ def _entries(plan: Plan, profile: Profile | None) -> tuple[np.ndarray, np.ndarra
                           world_size=topology.world_size)
     hw = links(topology, profile)
     c = plan.columns
-    spec_of_table = _spec_positions(plan)
+    spec_of_table = spec_positions(plan)
     entry_table = c.table_of_entry
     perf, ids, bw = np.zeros(len(entry_table)), np.zeros(len(entry_table)), np.ones(len(entry_table))
     for code in np.unique(c.sharding_type.astype(np.int64) * len(COMPUTE_KERNELS) + c.compute_kernel):
@@ -77,11 +77,11 @@ def _entries(plan: Plan, profile: Profile | None) -> tuple[np.ndarray, np.ndarra
     if not multiplier:
         return perf, np.zeros(len(entry_table))
     t = spec_of_table[entry_table]
-    return perf, padding_ms(_kernel_groups(plan, arrays.elem[t], arrays.pooled[t]), ids,
+    return perf, padding_ms(kernel_groups(plan, arrays.elem[t], arrays.pooled[t]), ids,
                             c.cols.astype(np.float64), arrays.elem[t], bw, multiplier)
 
 
-def _kernel_groups(plan: Plan, elem: np.ndarray, pooled: np.ndarray) -> np.ndarray:
+def kernel_groups(plan: Plan, elem: np.ndarray, pooled: np.ndarray) -> np.ndarray:
     """(E,) the kernel group of each shard (run), numbered from 0: TorchRec's TBE on its rank
     (``rec.cost.widest``); ``elem``, ``pooled`` per shard."""
     c = plan.columns
@@ -100,8 +100,8 @@ def lanes_below_widest(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     (widths counted up to 128 columns, as ``rec.cost.widest`` prices them)."""
     c = plan.columns
     arrays = table_arrays(plan.spec, plan.topology.batch_size, plan.planner.cost, world_size=plan.world_size)
-    t = _spec_positions(plan)[c.table_of_entry]
-    group = _kernel_groups(plan, arrays.elem[t], arrays.pooled[t])
+    t = spec_positions(plan)[c.table_of_entry]
+    group = kernel_groups(plan, arrays.elem[t], arrays.pooled[t])
     own = lanes(c.cols)
     narrowest, widest = group_extremes(group, own)
     narrow = np.zeros(len(c), bool)
@@ -111,7 +111,7 @@ def lanes_below_widest(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     return narrow, wide
 
 
-def _spec_positions(plan: Plan) -> np.ndarray:
+def spec_positions(plan: Plan) -> np.ndarray:
     """(T,) each of the plan's tables' position in its spec (``table_arrays``' order)."""
     index = {t.key: i for i, t in enumerate(plan.spec.tables)}
     return np.fromiter((index[key] for key in plan.columns.keys), np.int64, len(plan.columns))

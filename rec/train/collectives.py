@@ -81,6 +81,8 @@ class Group:
     def all_gather(self, values: torch.Tensor | Sequence[float]) -> list[torch.Tensor]:
         """Every rank's ``values`` (the same length on each), in rank order, on the CPU."""
         tensor = self._on_device(values)
+        if not tensor.numel():  # empty on every rank alike: nothing to send (NCCL is not asked for 0 bytes)
+            return [tensor.cpu() for _ in range(dist.get_world_size())]
         every = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
         dist.all_gather(every, tensor)
         return [t.cpu() for t in every]

@@ -24,6 +24,7 @@ from rec.errors import Problem
 
 # Fields whose value reaches the table's ParameterSharding, as TorchRec's planner copies them.
 KERNEL_FIELDS = ("cache_params", "enforce_hbm", "stochastic_rounding", "bounds_check_mode")
+SHARE_SLACK = 1e-9  # a miss rate this far outside [0, 1] is float noise (e.g. 1 - a hit rate) and is clipped
 
 
 @dataclass(frozen=True)
@@ -139,16 +140,21 @@ def stats_cells(stats: Any, global_batch: int, load_factor: float | None) -> tup
     from rec.passes.cache_sizes import LOAD_FACTORS  # from 0.01 to 1: the small caches and the default among them
 
     fractions = sorted({*CACHE_FRACTIONS, *LOAD_FACTORS, *(() if load_factor is None else (float(load_factor),))})
-    points, best = [], 0.0
+    hits = []
     for fraction in fractions:
         try:
             miss = float(stats.expected_miss_rate(fraction))
         except Exception as e:  # a user's class: say what it raised
             return {}, f"expected_miss_rate({fraction}) raised {type(e).__name__}: {e}"
-        if not math.isfinite(miss) or not 0 <= miss <= 1:
+        if math.isfinite(miss) and -SHARE_SLACK <= miss <= 1 + SHARE_SLACK:  # a share, up to float noise
+            miss = min(max(miss, 0.0), 1.0)
+        else:
             return {}, f"expected_miss_rate({fraction}) is {miss!r}, not a share of lookups in [0, 1]"
-        best = max(best, 1.0 - miss)  # a larger cache serves at least as many lookups
-        points.append([fraction, best])
+        hits.append(1.0 - miss)
+    # A larger cache serves at least as many lookups: where the user's curve falls again, each size
+    # gets the least hit rate of any size from it up, so no size is priced fewer fetches than
+    # TorchRec's estimator prices at it (``expected_miss_rate`` as it is).
+    points = [[fraction, min(hits[i:])] for i, fraction in enumerate(fractions)]
     try:
         lookups = float(stats.expected_lookups)
     except Exception as e:

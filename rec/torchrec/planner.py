@@ -36,7 +36,7 @@ from rec.spec.types import table_key
 from rec.topology.types import BATCH_SIZE
 from rec.torchrec.constraints import kernel_fields, stats_cells, table_constraints
 from rec.torchrec.model import ModelTables, model_tables, module_kind
-from rec.torchrec.topology import dense_bytes, reservation_settings, shardflow_topology, topology_problems
+from rec.torchrec.topology import reservation_settings, shardflow_topology, topology_problems, torchrec_kjt_bytes
 from rec.torchrec_internals import optimizer_classes
 
 try:  # the interface, so that isinstance(planner, ShardingPlanner) holds where TorchRec checks it
@@ -80,7 +80,7 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
                  "performance_model": performance_model, "callbacks": callbacks, "plan_loader": plan_loader}
         problems = [Problem(name, f"{type(value).__name__} is not supported: {UNSUPPORTED[name]}")
                     for name, value in given.items() if value]
-        percentage, multiplier, estimate, reserve = reservation_settings(storage_reservation)
+        reservation, reserve = reservation_settings(storage_reservation)
         problems += reserve
         if topology is not None:
             problems += topology_problems(topology)
@@ -95,7 +95,7 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
             raise InputError("ShardflowPlanner cannot plan with these options:", problems)
         self._topology = topology
         self._batch_size = batch_size or BATCH_SIZE
-        self._reservation = (percentage, multiplier, estimate)
+        self._reservation = reservation
         self._constraints = dict(constraints or {})
         self._debug = debug
         self._search = search
@@ -179,15 +179,20 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
         if not tables.rows:
             return None
         rows, kernel, cost, problems = self._rows(tables, device, self._batch_size * topology.world_size)
-        percentage, multiplier, estimate = self._reservation
-        dense = estimate or dense_bytes(module, list(tables.shardable), multiplier)
         try:
             spec = spec_from_rows(rows, source="from the model")
         except InputError as e:  # each table's own problem (its dim, its size), beside its constraints'
             problems += _labelled(e.problems, rows, tables.root)
         if problems:
             raise InputError("ShardflowPlanner cannot plan these tables as TorchRec would:", problems)
-        ours = shardflow_topology(topology, self._batch_size, percentage, dense)
+        inputs = []
+        for row in tables.rows:  # TorchRec's input lengths: a table's constraints' pooling factors, else [1.0]
+            c = self._constraints.get(row["name"])
+            inputs.append(([1.0], None) if not c else (list(c.pooling_factors), list(c.batch_sizes or []) or None))
+        dense, shown = self._reservation.dense(module, list(tables.shardable),
+                                               torchrec_kjt_bytes(inputs, self._batch_size), spec, self._batch_size,
+                                               device is ComputeDevice.CUDA)
+        ours = shardflow_topology(topology, self._batch_size, self._reservation.percentage, dense, shown)
         started = time.perf_counter()
         try:
             plan = plan_spec(spec, ours, cost, self._search)

@@ -9,17 +9,23 @@ what changes no estimate of what shardflow plans: SSD capacity (no key-value tab
 and the weighted-feature multiplier (no weighted features are planned). TorchRec's
 ``HeuristicalStorageReservation`` also reserves memory for the model's dense parameters; shardflow's
 topology has no key for it, so it comes off ``hbm_cap`` (``ddr_cap`` on cpu) such that each rank keeps
-exactly the bytes TorchRec's reservation leaves (``dense_reserved``).
+exactly the bytes TorchRec's reservation leaves; so do ``FixedAbsoluteStorageReservation``'s bytes,
+and where a reservation (``FixedPercentageStorageReservation``, ``FixedAbsoluteStorageReservation``)
+keeps no room for the input batches, which shardflow's always does, those bytes are given back
+(``Reservation``).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rec.cost.constants import HBM_TO_DDR_MEM_BW
+from rec.cost.constants import HBM_TO_DDR_MEM_BW, INDEX_BYTES, KJT_COPIES
+from rec.cost.reservation import kjt_bytes
 from rec.errors import InputError, Problem
 from rec.profile.types import BWD_COMPUTE_MULTIPLIER, WEIGHTED_FEATURE_BWD_COMPUTE_MULTIPLIER
+from rec.spec.types import Spec
 from rec.topology import topology_from_dict
 from rec.topology.types import Topology
 from rec.topology.validate import MS_PER_S
@@ -53,25 +59,74 @@ def torchrec_topology(topology: Topology) -> TorchrecTopology:
     )
 
 
-def reservation_settings(reservation: Any) -> tuple[float, float, int | None, list[Problem]]:
-    """(percentage, parameter multiplier, dense estimate or None, problems) of a TorchRec storage
-    reservation: ``HeuristicalStorageReservation`` or None (its default, 15%)."""
-    from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
+@dataclass(frozen=True)
+class Reservation:
+    """What a TorchRec storage reservation keeps free on each rank: ``percentage`` of HBM, and, for
+    ``HeuristicalStorageReservation``, the dense parameters (``multiplier`` x their bytes, or its
+    ``estimate``) and the input KJTs (``kjt``); ``FixedPercentageStorageReservation`` neither;
+    ``FixedAbsoluteStorageReservation`` ``absolute`` bytes of HBM instead."""
+
+    percentage: float = RESERVATION_PERCENTAGE
+    multiplier: float = PARAMETER_MULTIPLIER
+    estimate: int | None = None
+    kjt: bool = True
+    absolute: int | None = None
+
+    def dense(self, module: Any, shardable: list[Any], input_kjt: int, spec: Spec, batch_size: int,
+              cuda: bool) -> tuple[int, str]:
+        """The bytes to take off each rank's capacity beside the percentage (``shardflow_topology``'s
+        ``dense``), and what they are, for a message. shardflow's reservation always takes the input
+        KJTs as its spec counts them (``rec.cost.reservation.kjt_bytes``); TorchRec's takes
+        ``input_kjt`` (``torchrec_kjt_bytes``) or, where ``kjt`` is False, none: the difference is
+        given back here (negative bytes where TorchRec keeps less free)."""
+        given_back = (input_kjt if self.kjt else 0) - kjt_bytes(spec, batch_size)
+        if self.absolute is not None:
+            return (self.absolute if cuda else 0) + given_back, f"{format_bytes(self.absolute)} reserved"
+        if not self.kjt:
+            return given_back, "none"
+        if self.estimate:  # as TorchRec: an estimate of 0 leaves its heuristic
+            return self.estimate + given_back, f"{format_bytes(self.estimate)}: your dense_tensor_estimate"
+        dense = dense_bytes(module, shardable, self.multiplier)
+        return dense + given_back, f"{format_bytes(dense)}: {self.multiplier:g} x their bytes, TorchRec's heuristic"
+
+
+def torchrec_kjt_bytes(inputs: list[tuple[list[float], list[int] | None]], batch_size: int) -> int:
+    """TorchRec's reservation for the input KJTs (``_get_kjt_storage`` of
+    ``_get_batch_inputs_and_shardable_parameters``): per shardable table in the model's order, its
+    constraints' ``pooling_factors`` and ``batch_sizes`` (``inputs``; TorchRec's [1.0] and the batch
+    size where it has none), 8 bytes an id, 20 copies."""
+    batch_inputs = [pf * bs for factors, sizes in inputs
+                    for pf, bs in zip(factors, sizes or [batch_size] * len(factors), strict=True)]
+    return math.ceil(sum(batch_inputs) * float(INDEX_BYTES)) * KJT_COPIES
+
+
+def reservation_settings(reservation: Any) -> tuple[Reservation, list[Problem]]:
+    """A TorchRec storage reservation as shardflow reserves it, and what cannot be: None (TorchRec's
+    default, ``HeuristicalStorageReservation(0.15)``), ``HeuristicalStorageReservation``,
+    ``FixedPercentageStorageReservation`` and ``FixedAbsoluteStorageReservation``."""
+    from torchrec.distributed.planner import storage_reservations as kinds
 
     if reservation is None:
-        return RESERVATION_PERCENTAGE, PARAMETER_MULTIPLIER, None, []
-    if type(reservation) is not HeuristicalStorageReservation:
-        return RESERVATION_PERCENTAGE, PARAMETER_MULTIPLIER, None, [Problem(
+        return Reservation(), []
+    fixed = getattr(kinds, "FixedPercentageStorageReservation", None)
+    absolute = getattr(kinds, "FixedAbsoluteStorageReservation", None)
+    known = [k for k in (kinds.HeuristicalStorageReservation, fixed, absolute) if k is not None]
+    if type(reservation) not in known:
+        return Reservation(), [Problem(
             "storage_reservation", f"{type(reservation).__name__} is not supported: shardflow's cost model "
-                                   "reserves as TorchRec's HeuristicalStorageReservation does (give one, with "
-                                   "your percentage)")]
+                                   f"reserves as TorchRec's {', '.join(k.__name__ for k in known)} do")]
     percentage = reservation_percentage(reservation)
     problems = []
     if not 0 <= percentage < 1:
         problems.append(Problem("storage_reservation", f"percentage {percentage:g} leaves no memory: it must be "
                                                        "in [0, 1)"))
+    if type(reservation) is absolute:
+        return Reservation(percentage, kjt=False, absolute=int(reservation._hbm_reserved_bytes)), problems
+    if type(reservation) is fixed:
+        return Reservation(percentage, kjt=False), problems
     estimate = getattr(reservation, "_dense_tensor_estimate", None)
-    return percentage, float(getattr(reservation, "_parameter_multiplier", PARAMETER_MULTIPLIER)), estimate, problems
+    multiplier = float(getattr(reservation, "_parameter_multiplier", PARAMETER_MULTIPLIER))
+    return Reservation(percentage, multiplier, None if estimate is None else int(estimate)), problems
 
 
 def topology_problems(topology: Any) -> list[Problem]:
@@ -116,10 +171,14 @@ def topology_problems(topology: Any) -> list[Problem]:
     return problems
 
 
-def shardflow_topology(topology: Any, batch_size: int, percentage: float, dense: int) -> Topology:
+def shardflow_topology(topology: Any, batch_size: int, percentage: float, dense: int,
+                       dense_shown: str | None = None) -> Topology:
     """shardflow's topology for TorchRec's (checked by ``topology_problems``): ``batch_size`` per
-    rank, ``percentage`` of HBM reserved, and ``dense`` bytes of dense parameters taken off the
-    capacity TorchRec's reservation takes them from. InputError if nothing is left."""
+    rank, ``percentage`` of HBM reserved, and ``dense`` bytes of dense parameters (``dense_shown``:
+    how a message names them) taken off the capacity TorchRec's reservation takes them from.
+    InputError if nothing is left."""
+    if dense_shown is None:
+        dense_shown = f"{format_bytes(dense)}: {PARAMETER_MULTIPLIER:g} x their bytes, TorchRec's heuristic"
     cuda = topology.compute_device == "cuda"
     device = topology.devices[0].storage
     hbm, ddr = int(device.hbm) if cuda else 0, int(device.ddr)
@@ -137,11 +196,9 @@ def shardflow_topology(topology: Any, batch_size: int, percentage: float, dense:
         ddr -= dense
     if (hbm if cuda else ddr) <= 0:
         raise InputError("The topology has no memory left for embedding tables:", [Problem(
-            "storage_reservation", f"the dense parameters ({format_bytes(dense)}: {PARAMETER_MULTIPLIER:g} x their "
-                                   f"bytes, TorchRec's heuristic) take all of each rank's {format_bytes(kept)} "
-                                   f"{kind} (topology {kind.lower()}_cap {format_bytes(cap)}); pass "
-                                   "HeuristicalStorageReservation(percentage, dense_tensor_estimate=...) if that "
-                                   "overestimates")])
+            "storage_reservation", f"the dense parameters ({dense_shown}) take all of "
+                                   f"each rank's {format_bytes(kept)} {kind} (topology {kind.lower()}_cap "
+                                   f"{format_bytes(cap)}){_overestimate_hint(dense_shown)}")])
     return topology_from_dict({
         "world_size": topology.world_size, "local_world_size": topology.local_world_size,
         "compute_device": topology.compute_device, "hbm_cap": hbm, "ddr_cap": ddr,
@@ -149,6 +206,12 @@ def shardflow_topology(topology: Any, batch_size: int, percentage: float, dense:
            for key in ("intra_host_bw", "inter_host_bw", "hbm_mem_bw", "ddr_mem_bw")},
         "batch_size": batch_size, "storage_reservation": percentage,
     }, source="from TorchRec's Topology")
+
+
+def _overestimate_hint(dense_shown: str) -> str:
+    if "heuristic" not in dense_shown:
+        return ""
+    return "; pass HeuristicalStorageReservation(percentage, dense_tensor_estimate=...) if that overestimates"
 
 
 def _hbm_cap_left(hbm: int, percentage: float, dense: int) -> int:

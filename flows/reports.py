@@ -49,8 +49,9 @@ def render_plan(plan: Plan, all_ranks: bool = False) -> str:
 
 
 def cache_lines(plan: Plan) -> list[str]:
-    """One line where FBGEMM's caches (one per kernel group, at its widest cached row) would take
-    some rank past its usable HBM, though the plan's own count fits (``rec.analysis.fbgemm_caches``)."""
+    """One line where FBGEMM's caches (one per kernel group, at its widest cached row) and a rowwise
+    optimizer's state of uvm tables (every row in HBM) would take some rank past its usable HBM,
+    though the plan's own count fits (``rec.analysis.fbgemm_caches``)."""
     import numpy as np
 
     from rec.analysis.fbgemm_caches import cache_hbm
@@ -64,9 +65,9 @@ def cache_lines(plan: Plan) -> list[str]:
     if not (over > 0).any():
         return []
     r = int(np.argmax(over))
-    ranks = f"on {int((over > 0).sum())} ranks, most on rank {r}" if (over > 0).sum() > 1 else f"on rank {r}"
-    return [f"caches:        FBGEMM makes a kernel group's caches as wide as its widest: {ranks} they take "
-            f"{format_bytes(caches.built[r])}, not the {format_bytes(caches.planned[r])} planned, "
+    ranks = f"on {int((over > 0).sum())} ranks, most on rank {r}," if (over > 0).sum() > 1 else f"on rank {r}"
+    return [f"caches:        FBGEMM keeps more of the uvm tables in HBM than planned: {ranks} "
+            f"{format_bytes(caches.built[r])}, not {format_bytes(caches.planned[r])}, "
             f"{format_bytes(over[r])} past the usable HBM (docs/gpu.md)"]
 
 

@@ -6,7 +6,13 @@ factors averaged by rows (``_get_weighted_avg_cache_load_factor``), in sets of 3
 wide as the group's widest cached table (FBGEMM's ``max_D_cache``). TorchRec's estimator, and the
 cost model that follows it, count each table's cache at its own width: a narrow table cached beside
 a wide one takes more HBM than its plan counted (read from TorchRec 1.6.1 and FBGEMM 1.6.0, the
-same in TorchRec 1.8; docs/gpu.md).
+same in TorchRec 1.8; docs/gpu.md). The optimizer's state sits elsewhere than TorchRec counts it
+too (FBGEMM's ``construct_split_state``): a rowwise optimizer keeps one float32 per row of a uvm
+table in HBM, every row, and a full one (Adam, Adagrad) keeps a cached table's in host memory, where
+TorchRec counts the load factor's share of either in HBM (none of a fused_uvm table's). Assumed:
+every cache states its size in the plan (shardflow's plans do where any differs from TorchRec's
+default), and no prefetch pipeline (with one, TorchRec puts cached tables of other widths in TBEs
+of their own: nothing is widened).
 """
 
 from __future__ import annotations
@@ -16,18 +22,22 @@ from dataclasses import dataclass
 import numpy as np
 
 from rec.analysis.rank_times import kernel_groups, spec_positions
+from rec.config.cost import Optimizer
 from rec.cost.tables import table_arrays
 from rec.plan.load_factors import chosen_load_factors
 from rec.plan.types import Plan
 from rec.sharding import CK_CODE, ComputeKernel
 
 CACHE_ASSOCIATIVITY = 32  # FBGEMM's DEFAULT_ASSOC: rows per cache set
+ROWWISE_STATE_BYTES = 4  # a rowwise optimizer's momentum: one float32 per row
 
 
 @dataclass(frozen=True)
 class CacheHbm:
-    planned: np.ndarray  # (W,) bytes: each rank's caches, each at its own width, as the plan counts them
-    built: np.ndarray  # (W,) bytes: the same caches as FBGEMM builds them
+    """Per rank, the HBM of its uvm tables' caches and optimizer state."""
+
+    planned: np.ndarray  # (W,) bytes: as the plan (TorchRec's estimator) counts it
+    built: np.ndarray  # (W,) bytes: as FBGEMM builds it
 
     @property
     def extra(self) -> np.ndarray:
@@ -37,26 +47,36 @@ class CacheHbm:
 
 
 def cache_hbm(plan: Plan) -> CacheHbm:
-    """Each rank's fused_uvm_caching caches, as planned and as FBGEMM builds them."""
+    """Each rank's fused_uvm_caching caches and uvm tables' optimizer state in HBM, as planned and as
+    FBGEMM builds them."""
     c = plan.columns
     world = plan.world_size
-    caching = c.compute_kernel[c.table_of_entry] == CK_CODE[ComputeKernel.FUSED_UVM_CACHING]
+    kernel = c.compute_kernel[c.table_of_entry]
+    caching = kernel == CK_CODE[ComputeKernel.FUSED_UVM_CACHING]
+    rowwise = plan.planner.cost.optimizer is Optimizer.ROWWISE_ADAGRAD
+    # A fused_uvm table's weights and state are in host memory as TorchRec counts them; a rowwise state is not.
+    uvm_state = np.bincount(c.rank[kernel == CK_CODE[ComputeKernel.FUSED_UVM]],
+                            weights=c.rows[kernel == CK_CODE[ComputeKernel.FUSED_UVM]] * ROWWISE_STATE_BYTES,
+                            minlength=world) if rowwise else np.zeros(world)
     if not caching.any():
-        return CacheHbm(np.zeros(world), np.zeros(world))
+        return CacheHbm(np.zeros(world), uvm_state)
     arrays = table_arrays(plan.spec, plan.topology.batch_size, plan.planner.cost, chosen_load_factors(plan),
                           world_size=world)
     t = spec_positions(plan)[c.table_of_entry]
     group = kernel_groups(plan, arrays.elem[t], arrays.pooled[t])[caching]
     rows, cols = c.rows[caching].astype(np.float64), c.cols[caching].astype(np.float64)
     elem, factor = arrays.elem[t][caching].astype(np.float64), arrays.load_factor[t][caching]
+    multiplier = arrays.optimizer_multiplier[t][caching]
     rank = c.rank[caching]
-    planned = np.bincount(rank, weights=factor * rows * cols * elem, minlength=world)
+    planned = np.bincount(rank, weights=factor * rows * cols * elem * (1 + multiplier), minlength=world)
+    state = rows * ROWWISE_STATE_BYTES if rowwise else np.zeros(len(rows))  # a full optimizer's: host memory
     groups = int(group.max()) + 1
-    cached_rows = np.bincount(group, weights=factor * rows, minlength=groups)  # average load factor x rows
+    cached_rows = np.floor(np.bincount(group, weights=factor * rows, minlength=groups))  # average factor x rows
     widest = np.zeros(groups)
     np.maximum.at(widest, group, cols * elem)
-    sets = np.maximum(1, np.ceil(np.floor(cached_rows) / CACHE_ASSOCIATIVITY))
+    sets = np.where(cached_rows >= 1, np.maximum(1, np.ceil(cached_rows / CACHE_ASSOCIATIVITY)), 0)  # none: no cache
     group_rank = np.zeros(groups, np.int64)
     group_rank[group] = rank
-    built = np.bincount(group_rank, weights=sets * CACHE_ASSOCIATIVITY * widest, minlength=world)
+    built = (np.bincount(group_rank, weights=sets * CACHE_ASSOCIATIVITY * widest, minlength=world)
+             + np.bincount(rank, weights=state, minlength=world) + uvm_state)
     return CacheHbm(planned, built)

@@ -81,13 +81,16 @@ class Reservation:
         given back here (negative bytes where TorchRec keeps less free)."""
         given_back = (input_kjt if self.kjt else 0) - kjt_bytes(spec, batch_size)
         if self.absolute is not None:
-            return (self.absolute if cuda else 0) + given_back, f"{format_bytes(self.absolute)} reserved"
+            return ((self.absolute if cuda else 0) + given_back,
+                    f"FixedAbsoluteStorageReservation's {format_bytes(self.absolute)}")
         if not self.kjt:
-            return given_back, "none"
+            return given_back, "the reservation"
         if self.estimate:  # as TorchRec: an estimate of 0 leaves its heuristic
-            return self.estimate + given_back, f"{format_bytes(self.estimate)}: your dense_tensor_estimate"
+            return (self.estimate + given_back,
+                    f"the dense parameters ({format_bytes(self.estimate)}: your dense_tensor_estimate)")
         dense = dense_bytes(module, shardable, self.multiplier)
-        return dense + given_back, f"{format_bytes(dense)}: {self.multiplier:g} x their bytes, TorchRec's heuristic"
+        return dense + given_back, (f"the dense parameters ({format_bytes(dense)}: {self.multiplier:g} x their "
+                                    "bytes, TorchRec's heuristic)")
 
 
 def torchrec_kjt_bytes(inputs: list[tuple[list[float], list[int] | None]], batch_size: int) -> int:
@@ -95,8 +98,13 @@ def torchrec_kjt_bytes(inputs: list[tuple[list[float], list[int] | None]], batch
     ``_get_batch_inputs_and_shardable_parameters``): per shardable table in the model's order, its
     constraints' ``pooling_factors`` and ``batch_sizes`` (``inputs``; TorchRec's [1.0] and the batch
     size where it has none), 8 bytes an id, 20 copies."""
-    batch_inputs = [pf * bs for factors, sizes in inputs
-                    for pf, bs in zip(factors, sizes or [batch_size] * len(factors), strict=True)]
+    lengths: list[float] = []
+    sizes: list[int] = []
+    for factors, given in inputs:
+        lengths.extend(factors)
+        sizes.extend(given or [batch_size] * len(factors))
+    # As TorchRec: one list of every table's lengths, one of sizes, paired up to the shorter.
+    batch_inputs = [pf * bs for pf, bs in zip(lengths, sizes, strict=False)]
     return math.ceil(sum(batch_inputs) * float(INDEX_BYTES)) * KJT_COPIES
 
 
@@ -174,11 +182,12 @@ def topology_problems(topology: Any) -> list[Problem]:
 def shardflow_topology(topology: Any, batch_size: int, percentage: float, dense: int,
                        dense_shown: str | None = None) -> Topology:
     """shardflow's topology for TorchRec's (checked by ``topology_problems``): ``batch_size`` per
-    rank, ``percentage`` of HBM reserved, and ``dense`` bytes of dense parameters (``dense_shown``:
-    how a message names them) taken off the capacity TorchRec's reservation takes them from.
-    InputError if nothing is left."""
+    rank, ``percentage`` of HBM reserved, and ``dense`` bytes more (``dense_shown``: how a message
+    names them) taken off the capacity TorchRec's reservation takes them from. InputError if nothing
+    is left."""
     if dense_shown is None:
-        dense_shown = f"{format_bytes(dense)}: {PARAMETER_MULTIPLIER:g} x their bytes, TorchRec's heuristic"
+        dense_shown = (f"the dense parameters ({format_bytes(dense)}: {PARAMETER_MULTIPLIER:g} x their bytes, "
+                       "TorchRec's heuristic)")
     cuda = topology.compute_device == "cuda"
     device = topology.devices[0].storage
     hbm, ddr = int(device.hbm) if cuda else 0, int(device.ddr)
@@ -196,9 +205,9 @@ def shardflow_topology(topology: Any, batch_size: int, percentage: float, dense:
         ddr -= dense
     if (hbm if cuda else ddr) <= 0:
         raise InputError("The topology has no memory left for embedding tables:", [Problem(
-            "storage_reservation", f"the dense parameters ({dense_shown}) take all of "
-                                   f"each rank's {format_bytes(kept)} {kind} (topology {kind.lower()}_cap "
-                                   f"{format_bytes(cap)}){_overestimate_hint(dense_shown)}")])
+            "storage_reservation", f"nothing of each rank's {format_bytes(kept)} {kind} (topology "
+                                   f"{kind.lower()}_cap {format_bytes(cap)}) is left after {dense_shown}"
+                                   f"{_overestimate_hint(dense_shown)}")])
     return topology_from_dict({
         "world_size": topology.world_size, "local_world_size": topology.local_world_size,
         "compute_device": topology.compute_device, "hbm_cap": hbm, "ddr_cap": ddr,

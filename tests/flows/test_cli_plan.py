@@ -167,37 +167,43 @@ def test_bad_previous_plans_and_knobs_exit_2(tmp_path, case):
     assert not (tmp_path / "b").exists()
 
 
-def test_a_plan_whose_caches_fbgemm_makes_wider_than_planned_says_so_in_one_line(tmp_path, capsys):
+def test_a_plan_whose_uvm_tables_fbgemm_keeps_more_of_in_hbm_than_planned_says_so_in_one_line(tmp_path, capsys):
     """One rank, caches of 16-column tables beside 128-column ones in one kernel group: FBGEMM makes
-    every cache row 128 columns wide, past the HBM the plan counted. Tables of one width: no line."""
+    every cache row 128 columns wide, past the HBM the plan counted. Tables of one width: no line.
+    A rowwise optimizer keeps every row's state of a cached table in HBM, not the load factor's share."""
     from flows.reports import render_plan
     from rec.analysis.fbgemm_caches import cache_hbm
+    from rec.config.cost import CostConfig, Optimizer
+    from rec.plan.io import write_plan
     from rec.planning import plan_spec
     from rec.spec import spec_from_rows
     from rec.topology import topology_from_dict
 
     topology = topology_from_dict({"world_size": 1, "local_world_size": 1, "compute_device": "cuda",
                                    "hbm_cap": 2**30, "batch_size": 512})
-    printed = {}
-    for dims in ((64, 64, 64, 64), (16, 16, 128, 128)):
-        spec = spec_from_rows([{"name": f"t{i}", "num_embeddings": 10_000_000 + 100_000 * i, "embedding_dim": d,
-                                "pooling_factor": 4.0, "sharding_types": ["table_wise"]} for i, d in enumerate(dims)])
-        plan = plan_spec(spec, topology)
-        caches = cache_hbm(plan)
-        assert caches.planned[0] > 0
-        printed[dims] = [line for line in render_plan(plan).splitlines() if line.startswith("caches:")]
-        if dims[0] == dims[-1]:  # one width: as planned, but for sets of 32 rows
-            assert caches.built[0] == pytest.approx(caches.planned[0], rel=1e-4)
-        else:  # every row of the group's one cache at 128 columns
-            factors = {t.name: t.cache_load_factor or 0.2 for t in plan.tables}
-            cached = sum(factors[f"t{i}"] * (10_000_000 + 100_000 * i) for i in range(4))
-            assert caches.built[0] == pytest.approx(cached * 128 * 4, rel=1e-4)
-    assert printed[(64, 64, 64, 64)] == []
-    (line,) = printed[(16, 16, 128, 128)]
-    assert "on rank 0" in line and "past the usable HBM" in line and "docs/gpu.md" in line
-    from rec.plan.io import write_plan
+    rows = [10_000_000 + 100_000 * i for i in range(4)]
 
+    def planned(dims, optimizer):
+        spec = spec_from_rows([{"name": f"t{i}", "num_embeddings": n, "embedding_dim": d, "pooling_factor": 4.0,
+                                "sharding_types": ["table_wise"]}
+                               for i, (n, d) in enumerate(zip(rows, dims, strict=True))])
+        plan = plan_spec(spec, topology, CostConfig(optimizer=optimizer))
+        assert all(t.compute_kernel.value == "fused_uvm_caching" for t in plan.tables)
+        factors = [t.cache_load_factor or 0.2 for t in sorted(plan.tables, key=lambda t: t.name)]
+        lines = [line for line in render_plan(plan).splitlines() if line.startswith("caches:")]
+        return plan, cache_hbm(plan), factors, lines
+
+    _, caches, factors, lines = planned((64, 64, 64, 64), Optimizer.SGD)
+    assert caches.built[0] == pytest.approx(caches.planned[0], rel=1e-4) and lines == []  # one width, no state
+    plan, caches, factors, lines = planned((16, 16, 128, 128), Optimizer.SGD)
+    cached = sum(f * n for f, n in zip(factors, rows, strict=True))
+    assert caches.built[0] == pytest.approx(cached * 128 * 4, rel=1e-4)  # every row of the one cache 128 wide
+    (line,) = lines
+    assert "on rank 0" in line and "past the usable HBM" in line and "docs/gpu.md" in line
     write_plan(plan, tmp_path / "plan")
     capsys.readouterr()
     assert main(["show", str(tmp_path / "plan")]) == 0
     assert line in capsys.readouterr().out.splitlines()
+    _, caches, factors, _ = planned((64, 64, 64, 64), Optimizer.ROWWISE_ADAGRAD)
+    state = sum((1 - f) * n * 4 for f, n in zip(factors, rows, strict=True))  # every row's, not f's share
+    assert caches.built[0] - caches.planned[0] == pytest.approx(state, rel=1e-3)

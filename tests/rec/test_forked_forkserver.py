@@ -101,3 +101,17 @@ def test_a_starter_that_may_not_fork_gets_multiprocessings_own_forkserver_with_t
     for child in report["children"]:
         assert child["parent_name"] != PROCESS_NAME.decode() and child["grandparent"] == report["me"]
         assert not child["secret_open"] and child["preloaded"]
+
+
+def test_the_launcher_forks_its_forkserver_only_where_cuda_is_unstarted(monkeypatch):
+    import torch
+
+    from rec.train import launcher
+
+    started = []
+    monkeypatch.setattr(launcher.forked_forkserver, "start", lambda preload, fork=True: started.append(fork))
+    argv = [launcher.FORKSERVER_FLAG, "-m", "rec.train.job", "--plan", "p"]
+    launcher._start_forkserver(argv)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    launcher._start_forkserver(argv)
+    assert started == [True, False]

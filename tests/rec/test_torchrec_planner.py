@@ -664,5 +664,5 @@ def test_a_reservation_that_leaves_nothing_names_where_its_dense_bytes_come_from
     planner = ShardflowPlanner(topology=cuda(hbm_cap=4 * 1024**3), storage_reservation=reservation)
     with pytest.raises(InputError) as e:
         quietly(planner.plan, towers(), SHARDERS)
-    assert "the dense parameters (2.0 GiB: your dense_tensor_estimate) take all" in e.value.render()
+    assert "is left after the dense parameters (2.0 GiB: your dense_tensor_estimate)" in e.value.render()
     assert "pass HeuristicalStorageReservation" not in e.value.render()

@@ -43,5 +43,17 @@ def planner_result(planner: Any) -> tuple[list[Any], str, int, int]:
 
 
 def reservation_percentage(reservation: Any) -> float:
-    """The share of HBM a ``HeuristicalStorageReservation`` keeps free."""
+    """The share of HBM a ``HeuristicalStorageReservation`` or ``FixedPercentageStorageReservation``
+    keeps free."""
     return float(reservation._percentage)
+
+
+def reservation_dense(reservation: Any) -> tuple[float, int | None]:
+    """A ``HeuristicalStorageReservation``'s parameter multiplier and dense tensor estimate (None: none)."""
+    estimate = reservation._dense_tensor_estimate
+    return float(reservation._parameter_multiplier), None if estimate is None else int(estimate)
+
+
+def reservation_absolute_bytes(reservation: Any) -> int:
+    """The bytes of HBM a ``FixedAbsoluteStorageReservation`` keeps free."""
+    return int(reservation._hbm_reserved_bytes)

@@ -29,7 +29,7 @@ from rec.spec.types import Spec
 from rec.topology import topology_from_dict
 from rec.topology.types import Topology
 from rec.topology.validate import MS_PER_S
-from rec.torchrec_internals import reservation_percentage
+from rec.torchrec_internals import reservation_absolute_bytes, reservation_dense, reservation_percentage
 from rec.units import format_bytes
 
 if TYPE_CHECKING:
@@ -129,12 +129,11 @@ def reservation_settings(reservation: Any) -> tuple[Reservation, list[Problem]]:
         problems.append(Problem("storage_reservation", f"percentage {percentage:g} leaves no memory: it must be "
                                                        "in [0, 1)"))
     if type(reservation) is absolute:
-        return Reservation(percentage, kjt=False, absolute=int(reservation._hbm_reserved_bytes)), problems
+        return Reservation(percentage, kjt=False, absolute=reservation_absolute_bytes(reservation)), problems
     if type(reservation) is fixed:
         return Reservation(percentage, kjt=False), problems
-    estimate = getattr(reservation, "_dense_tensor_estimate", None)
-    multiplier = float(getattr(reservation, "_parameter_multiplier", PARAMETER_MULTIPLIER))
-    return Reservation(percentage, multiplier, None if estimate is None else int(estimate)), problems
+    multiplier, estimate = reservation_dense(reservation)
+    return Reservation(percentage, multiplier, estimate), problems
 
 
 def topology_problems(topology: Any) -> list[Problem]:

@@ -39,6 +39,16 @@ def test_a_planner_run_and_its_reservation_are_read(tmp_path):
     assert run.num_proposals >= 1 and run.num_plans >= 1 and sum(run.sharding_types.values()) == 6
     assert "Proposer" in run.proposer
     assert internals.reservation_percentage(HeuristicalStorageReservation(percentage=0.3)) == pytest.approx(0.3)
+    heuristic = HeuristicalStorageReservation(percentage=0.3, parameter_multiplier=2.0, dense_tensor_estimate=7)
+    assert internals.reservation_dense(heuristic) == (2.0, 7)
+    assert internals.reservation_dense(HeuristicalStorageReservation(percentage=0.3)) == (6.0, None)
+    from torchrec.distributed.planner.storage_reservations import (
+        FixedAbsoluteStorageReservation,
+        FixedPercentageStorageReservation,
+    )
+
+    assert internals.reservation_percentage(FixedPercentageStorageReservation(0.25)) == pytest.approx(0.25)
+    assert internals.reservation_absolute_bytes(FixedAbsoluteStorageReservation(1 << 20)) == 1 << 20
 
 
 @pytest.mark.parametrize("unpooled", [False, True])

@@ -64,11 +64,11 @@ def cache_lines(plan: Plan) -> list[str]:
     over = np.asarray(plan.metrics.rank_hbm) + caches.extra - np.asarray(plan.metrics.rank_hbm_cap)
     if not (over > 0).any():
         return []
-    r = int(np.argmax(over))
-    ranks = f"on {int((over > 0).sum())} ranks, most on rank {r}," if (over > 0).sum() > 1 else f"on rank {r}"
-    return [f"caches:        FBGEMM keeps more of the uvm tables in HBM than planned: {ranks} "
-            f"{format_bytes(caches.built[r])}, not {format_bytes(caches.planned[r])}, "
-            f"{format_bytes(over[r])} past the usable HBM (docs/gpu.md)"]
+    r, n = int(np.argmax(over)), int((over > 0).sum())
+    where = f"rank {r}" if n == 1 else f"{n} ranks, most rank {r}"
+    return [f"caches:        FBGEMM keeps more of the uvm tables in HBM than planned, past the usable HBM on "
+            f"{where}: {format_bytes(caches.built[r])} against {format_bytes(caches.planned[r])} planned, "
+            f"{format_bytes(over[r])} over (docs/gpu.md)"]
 
 
 def render_made_by(plan: Plan) -> str:

@@ -199,7 +199,7 @@ def test_a_plan_whose_uvm_tables_fbgemm_keeps_more_of_in_hbm_than_planned_says_s
     cached = sum(f * n for f, n in zip(factors, rows, strict=True))
     assert caches.built[0] == pytest.approx(cached * 128 * 4, rel=1e-4)  # every row of the one cache 128 wide
     (line,) = lines
-    assert "on rank 0" in line and "past the usable HBM" in line and "docs/gpu.md" in line
+    assert "past the usable HBM on rank 0: " in line and "planned" in line and "docs/gpu.md" in line
     write_plan(plan, tmp_path / "plan")
     capsys.readouterr()
     assert main(["show", str(tmp_path / "plan")]) == 0

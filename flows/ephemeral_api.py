@@ -34,6 +34,7 @@ from rec.train.lifetime import parent_death_signal
 STARTUP_TIMEOUT_S = 120
 PORTS = range(8000, 9000)  # Prefect's own range for its ephemeral server
 PORT_IN_USE = 3  # uvicorn's exit code when the port was taken between the check and its bind
+RELAUNCHES = 3  # ... and when the app failed to start (a broken database): relaunched this often at most
 STOP_WAIT_S = 5.0
 POLL_S = 0.1
 SERVER_ENV = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
@@ -98,10 +99,12 @@ class _Server:
         from flows.local_server import answers
 
         deadline = self.launched + budget_s
+        relaunches = 0
         while True:  # asked at least once: it may have started while this process was busy
             assert self.process is not None
             code = self.process.poll()
-            if code == PORT_IN_USE:
+            if code == PORT_IN_USE and relaunches < RELAUNCHES:
+                relaunches += 1
                 self._launch()
                 continue
             if code is not None:

@@ -55,9 +55,9 @@ def cache_hbm(plan: Plan) -> CacheHbm:
     caching = kernel == CK_CODE[ComputeKernel.FUSED_UVM_CACHING]
     rowwise = plan.planner.cost.optimizer is Optimizer.ROWWISE_ADAGRAD
     # A fused_uvm table's weights and state are in host memory as TorchRec counts them; a rowwise state is not.
-    uvm_state = np.bincount(c.rank[kernel == CK_CODE[ComputeKernel.FUSED_UVM]],
-                            weights=c.rows[kernel == CK_CODE[ComputeKernel.FUSED_UVM]] * ROWWISE_STATE_BYTES,
-                            minlength=world) if rowwise else np.zeros(world)
+    uvm = kernel == CK_CODE[ComputeKernel.FUSED_UVM]
+    uvm_state = (np.bincount(c.rank[uvm], weights=c.rows[uvm] * ROWWISE_STATE_BYTES, minlength=world)
+                 if rowwise else np.zeros(world))
     if not caching.any():
         return CacheHbm(np.zeros(world), uvm_state)
     arrays = table_arrays(plan.spec, plan.topology.batch_size, plan.planner.cost, chosen_load_factors(plan),

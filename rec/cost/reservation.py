@@ -22,7 +22,12 @@ def kjt_bytes(spec: Spec, batch_size: int) -> int:
     pf = np.fromiter((t.pooling_factor for t in tables), np.float64, n)
     nf = np.fromiter((max(len(t.feature_names), 1) for t in tables), np.int64, n)
     # One term per feature in module order, summed with Python's sum() like TorchRec.
-    batch_inputs = (np.repeat(pf, nf) * batch_size).tolist()
+    return kjt_reserved((np.repeat(pf, nf) * batch_size).tolist())
+
+
+def kjt_reserved(batch_inputs: list[float]) -> int:
+    """``_get_kjt_storage``: the bytes of 20 copies of ``batch_inputs`` ids (per input, its pooling
+    factor x batch size), 8 bytes an id, summed in order with Python's sum() as TorchRec sums them."""
     return math.ceil(sum(batch_inputs) * float(INDEX_BYTES)) * KJT_COPIES
 
 

@@ -21,8 +21,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from rec.cost.constants import HBM_TO_DDR_MEM_BW, INDEX_BYTES, KJT_COPIES
-from rec.cost.reservation import kjt_bytes
+from rec.cost.constants import HBM_TO_DDR_MEM_BW
+from rec.cost.reservation import kjt_bytes, kjt_reserved
 from rec.errors import InputError, Problem
 from rec.profile.types import BWD_COMPUTE_MULTIPLIER, WEIGHTED_FEATURE_BWD_COMPUTE_MULTIPLIER
 from rec.spec.types import Spec
@@ -90,7 +90,8 @@ class Reservation:
                     f"the dense parameters ({format_bytes(self.estimate)}: your dense_tensor_estimate)")
         dense = dense_bytes(module, shardable, self.multiplier)
         return dense + given_back, (f"the dense parameters ({format_bytes(dense)}: {self.multiplier:g} x their "
-                                    "bytes, TorchRec's heuristic)")
+                                    "bytes, TorchRec's heuristic); pass HeuristicalStorageReservation("
+                                    "percentage, dense_tensor_estimate=...) if that overestimates")
 
 
 def torchrec_kjt_bytes(inputs: list[tuple[list[float], list[int] | None]], batch_size: int) -> int:
@@ -104,8 +105,7 @@ def torchrec_kjt_bytes(inputs: list[tuple[list[float], list[int] | None]], batch
         lengths.extend(factors)
         sizes.extend(given or [batch_size] * len(factors))
     # As TorchRec: one list of every table's lengths, one of sizes, paired up to the shorter.
-    batch_inputs = [pf * bs for pf, bs in zip(lengths, sizes, strict=False)]
-    return math.ceil(sum(batch_inputs) * float(INDEX_BYTES)) * KJT_COPIES
+    return kjt_reserved([pf * bs for pf, bs in zip(lengths, sizes, strict=False)])
 
 
 def reservation_settings(reservation: Any) -> tuple[Reservation, list[Problem]]:
@@ -178,15 +178,11 @@ def topology_problems(topology: Any) -> list[Problem]:
     return problems
 
 
-def shardflow_topology(topology: Any, batch_size: int, percentage: float, dense: int,
-                       dense_shown: str | None = None) -> Topology:
+def shardflow_topology(topology: Any, batch_size: int, percentage: float, dense: int, dense_shown: str) -> Topology:
     """shardflow's topology for TorchRec's (checked by ``topology_problems``): ``batch_size`` per
     rank, ``percentage`` of HBM reserved, and ``dense`` bytes more (``dense_shown``: how a message
-    names them) taken off the capacity TorchRec's reservation takes them from. InputError if nothing
-    is left."""
-    if dense_shown is None:
-        dense_shown = (f"the dense parameters ({format_bytes(dense)}: {PARAMETER_MULTIPLIER:g} x their bytes, "
-                       "TorchRec's heuristic)")
+    names them, ``Reservation.dense``) taken off the capacity TorchRec's reservation takes them from.
+    InputError if nothing is left."""
     cuda = topology.compute_device == "cuda"
     device = topology.devices[0].storage
     hbm, ddr = int(device.hbm) if cuda else 0, int(device.ddr)
@@ -205,8 +201,7 @@ def shardflow_topology(topology: Any, batch_size: int, percentage: float, dense:
     if (hbm if cuda else ddr) <= 0:
         raise InputError("The topology has no memory left for embedding tables:", [Problem(
             "storage_reservation", f"nothing of each rank's {format_bytes(kept)} {kind} (topology "
-                                   f"{kind.lower()}_cap {format_bytes(cap)}) is left after {dense_shown}"
-                                   f"{_overestimate_hint(dense_shown)}")])
+                                   f"{kind.lower()}_cap {format_bytes(cap)}) is left after {dense_shown}")])
     return topology_from_dict({
         "world_size": topology.world_size, "local_world_size": topology.local_world_size,
         "compute_device": topology.compute_device, "hbm_cap": hbm, "ddr_cap": ddr,
@@ -214,12 +209,6 @@ def shardflow_topology(topology: Any, batch_size: int, percentage: float, dense:
            for key in ("intra_host_bw", "inter_host_bw", "hbm_mem_bw", "ddr_mem_bw")},
         "batch_size": batch_size, "storage_reservation": percentage,
     }, source="from TorchRec's Topology")
-
-
-def _overestimate_hint(dense_shown: str) -> str:
-    if "heuristic" not in dense_shown:
-        return ""
-    return "; pass HeuristicalStorageReservation(percentage, dense_tensor_estimate=...) if that overestimates"
 
 
 def _hbm_cap_left(hbm: int, percentage: float, dense: int) -> int:

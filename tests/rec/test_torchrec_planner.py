@@ -107,6 +107,16 @@ def torchrec_rates(model: nn.Module, topology: Topology, batch_size: int, constr
     return rated, [(int(d.storage.hbm), int(d.storage.ddr)) for d in reserved.devices]
 
 
+def stated_cache_sizes(sharding_plan, constraints):
+    """``constraints`` with every cache's size as ``sharding_plan`` states it."""
+    applied = {name: p.cache_params.load_factor for module_plan in sharding_plan.plan.values()
+               for name, p in module_plan.items() if p.cache_params is not None}
+    given = {name: constraints.get(name, ParameterConstraints()) for name in applied}
+    return {**constraints, **{
+        name: replace(c, cache_params=replace(c.cache_params or CacheParams(), load_factor=applied[name]))
+        for name, c in given.items()}}
+
+
 def assert_rated_as_torchrec_rates(planner: ShardflowPlanner, model: nn.Module, topology: Topology,
                                    batch_size: int, constraints: dict) -> None:
     """Every table's shards, time and memory in shardflow's plan are TorchRec's for the option it
@@ -114,13 +124,7 @@ def assert_rated_as_torchrec_rates(planner: ShardflowPlanner, model: nn.Module, 
     from rec.plan.torchrec_plan import to_sharding_plan
 
     plan = planner.last_plan
-    applied = {name: p.cache_params.load_factor for module_plan in to_sharding_plan(plan).plan.values()
-               for name, p in module_plan.items() if p.cache_params is not None}
-    given = {name: constraints.get(name, ParameterConstraints()) for name in applied}
-    constraints = {**constraints, **{  # every cache's size, as shardflow's sharding plan gives it
-        name: replace(c, cache_params=replace(c.cache_params or CacheParams(), load_factor=applied[name]))
-        for name, c in given.items()}}
-    rated, caps = torchrec_rates(model, topology, batch_size, constraints)
+    rated, caps = torchrec_rates(model, topology, batch_size, stated_cache_sizes(to_sharding_plan(plan), constraints))
     for t in plan.tables:
         shards, perf, hbm, ddr = rated[(t.module, t.name, t.sharding_type.value, t.compute_kernel.value)]
         if not t.replicated:
@@ -582,10 +586,7 @@ def busiest_rank_as_torchrec_rates(sharding_plan, model, topology, batch_size, c
     (with the statistics), the busiest rank's total."""
     from rec.torchrec.score import plan_options
 
-    stated = {name: p.cache_params.load_factor for module_plan in sharding_plan.plan.values()
-              for name, p in module_plan.items() if p.cache_params is not None}
-    constraints = {name: replace(c, cache_params=replace(c.cache_params, load_factor=stated[name]))
-                   if name in stated else c for name, c in constraints.items()}
+    constraints = stated_cache_sizes(sharding_plan, constraints)
     enumerator = EmbeddingEnumerator(topology=topology, batch_size=batch_size, constraints=constraints, estimator=[
         EmbeddingPerfEstimator(topology, constraints), EmbeddingStorageEstimator(topology, constraints)])
     perf = [0.0] * topology.world_size

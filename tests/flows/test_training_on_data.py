@@ -47,7 +47,10 @@ def trained(dataset, tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
     r = train("--plan", str(root / "plan"), "--out", str(out), "--data", str(root / "train"),
               "--eval-data", str(root / "eval.parquet"), "--eval-every", "40", "--iterations", "120",
-              "--warmup", "5", "--batch-size", "256", "--dense-in-features", "4", "--checkpoint-every", "120")
+              "--warmup", "5", "--batch-size", "256", "--dense-in-features", "4", "--checkpoint-every", "120",
+              # TorchRec's pipeline, detached for each evaluation and attached again with its batches in flight
+              # (auto picks the naive loop on cpu; its evaluations are the same numbers)
+              "--pipeline", "sparse_dist")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return out, r.stdout
 

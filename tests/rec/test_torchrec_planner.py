@@ -477,14 +477,27 @@ def test_a_load_factor_beside_statistics_torchrecs_scaleup_cannot_grow_stays_fix
     assert (tables["item_id"].cache_load_factor, tables["item_id"].min_cache_load_factor) == (None, 0.05)
 
 
-def test_spare_hbm_grows_caches_and_torchrec_rates_the_plan_at_or_below_its_own_best():
+def offload_stats(rows: int):
+    """TorchRec's own ``EmbeddingOffloadStats``: an LRU miss-ratio curve as a histogram of 50 bins over
+    the cache sizes (skewed ids), read as a staircase at the bins' edges."""
+    from torchrec.distributed.planner.shard_estimators import EmbeddingOffloadStats
+
+    edges = torch.linspace(0, 1, 51)
+    hits = 1 - (1 - edges) ** 8
+    return EmbeddingOffloadStats(cacheability=0.11, expected_lookups=10_000, mrc_hist_counts=torch.diff(hits) * 1e6,
+                                 height=rows)
+
+
+@pytest.mark.parametrize("stats", ["a class of the user's", "TorchRec's EmbeddingOffloadStats"])
+def test_spare_hbm_grows_caches_and_torchrec_rates_the_plan_at_or_below_its_own_best(stats):
     """Memory-tight: the tables are several times the ranks' HBM, with skewed ids (cache statistics);
     every cache size the plan chose is applied, TorchRec rates each table as shardflow does, and its
     rating of shardflow's plan is no worse than its best proposer's plan."""
     model = nn.Module()
-    model.ebc = ebc(*((f"t{i}", rows, dim) for i, (rows, dim) in enumerate(
-        [(4_500_000, 128), (3_000_000, 256), (9_000_000, 64), (1_500_000, 128), (6_000_000, 128), (750_000, 256)])))
-    constraints = {f"t{i}": ParameterConstraints(cache_params=CacheParams(stats=Skewed())) for i in range(6)}
+    shapes = [(4_500_000, 128), (3_000_000, 256), (9_000_000, 64), (1_500_000, 128), (6_000_000, 128), (750_000, 256)]
+    model.ebc = ebc(*((f"t{i}", rows, dim) for i, (rows, dim) in enumerate(shapes)))
+    constraints = {f"t{i}": ParameterConstraints(cache_params=CacheParams(
+        stats=Skewed() if stats.startswith("a class") else offload_stats(rows))) for i, (rows, _) in enumerate(shapes)}
     topology = cuda(hbm_cap=1024**3)
     planner = ShardflowPlanner(topology=topology, batch_size=BATCH_SIZE, constraints=constraints)
     plan = planner.plan(model, SHARDERS)

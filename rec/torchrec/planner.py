@@ -36,7 +36,13 @@ from rec.spec.types import table_key
 from rec.topology.types import BATCH_SIZE
 from rec.torchrec.constraints import kernel_fields, stats_cells, table_constraints
 from rec.torchrec.model import ModelTables, model_tables, module_kind
-from rec.torchrec.topology import reservation_settings, shardflow_topology, topology_problems, torchrec_kjt_bytes
+from rec.torchrec.topology import (
+    reservation_settings,
+    shardflow_topology,
+    topology_problems,
+    topology_profile,
+    torchrec_kjt_bytes,
+)
 from rec.torchrec_internals import optimizer_classes
 
 try:  # the interface, so that isinstance(planner, ShardingPlanner) holds where TorchRec checks it
@@ -178,7 +184,9 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
         tables = model_tables(module, list(sharders), device)
         if not tables.rows:
             return None
-        rows, kernel, cost, problems = self._rows(tables, device, self._batch_size * topology.world_size)
+        profile, problems = topology_profile(self._profile, topology)
+        rows, kernel, cost, found = self._rows(tables, device, self._batch_size * topology.world_size, profile)
+        problems += found
         try:
             spec = spec_from_rows(rows, source="from the model")
         except InputError as e:  # each table's own problem (its dim, its size), beside its constraints'
@@ -204,10 +212,11 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
             _write(plan, self._plan_dir)
         return _Planned(plan, kernel, tables.root is not None)
 
-    def _rows(self, tables: ModelTables, device: ComputeDevice, global_batch: int
+    def _rows(self, tables: ModelTables, device: ComputeDevice, global_batch: int, profile: Profile
               ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]], CostConfig, list[Problem]]:
         """Spec rows with each table's constraints (cache statistics as counted at ``global_batch``
-        samples), kernel fields by table key, the cost model, and what cannot be planned as TorchRec would."""
+        samples), kernel fields by table key, the cost model (under ``profile``), and what cannot be
+        planned as TorchRec would."""
         problems: list[Problem] = []
         rows, kernel = [], {}
         optimizers: dict[Optimizer, list[str]] = {}
@@ -247,7 +256,7 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
             problems.append(Problem("optimizer", "the tables' fused optimizers differ (" + "; ".join(
                 f"{o.value}: {_some(keys)}" for o, keys in optimizers.items()) + "): shardflow's cost model sizes "
                 "one optimizer's state for every table"))
-        cost = CostConfig(optimizer=next(iter(optimizers), Optimizer.NONE), profile=self._profile)
+        cost = CostConfig(optimizer=next(iter(optimizers), Optimizer.NONE), profile=profile)
         try:
             check(cost, "")  # every cost setting within its bounds, whatever the model gave
         except InputError as e:

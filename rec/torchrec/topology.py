@@ -6,7 +6,9 @@ enumerator and estimators rate every option as ``rec.cost`` does, to the last bi
 ``shardflow_topology``: TorchRec's ``Topology``, batch size and storage reservation as shardflow's.
 What shardflow's topology has no key for is refused, naming it (``topology_problems``), except
 what changes no estimate of what shardflow plans: SSD capacity (no key-value tables are planned)
-and the weighted-feature multiplier (no weighted features are planned). TorchRec's
+and ``uneven_sharding_perf_multiplier`` (TorchRec's default estimator does not apply it), and the
+numbers a profile holds (its backward multipliers, its host-to-GPU bandwidth), which go into the
+planner's profile (``topology_profile``). TorchRec's
 ``HeuristicalStorageReservation`` also reserves memory for the model's dense parameters; shardflow's
 topology has no key for it, so it comes off ``hbm_cap`` (``ddr_cap`` on cpu) such that each rank keeps
 exactly the bytes TorchRec's reservation leaves; so do ``FixedAbsoluteStorageReservation``'s bytes,
@@ -18,13 +20,13 @@ keeps no room for the input batches, which shardflow's always does, those bytes 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from rec.cost.constants import HBM_TO_DDR_MEM_BW
 from rec.cost.reservation import kjt_bytes, kjt_reserved
 from rec.errors import InputError, Problem
-from rec.profile.types import BWD_COMPUTE_MULTIPLIER, WEIGHTED_FEATURE_BWD_COMPUTE_MULTIPLIER
+from rec.profile.types import BWD_COMPUTE_MULTIPLIER, WEIGHTED_FEATURE_BWD_COMPUTE_MULTIPLIER, Profile
 from rec.spec.types import Spec
 from rec.topology import topology_from_dict
 from rec.topology.types import Topology
@@ -35,8 +37,6 @@ from rec.units import format_bytes
 if TYPE_CHECKING:
     from torchrec.distributed.planner.types import Topology as TorchrecTopology
 
-# TorchRec 1.8's default uneven-sharding perf multiplier, which shardflow's cost model does not have.
-UNEVEN_SHARDING_PERF_MULTIPLIER = 1.0
 PARAMETER_MULTIPLIER = 6.0  # HeuristicalStorageReservation: parameters, optimizer state, DDP buckets
 RESERVATION_PERCENTAGE = 0.15  # EmbeddingShardingPlanner's default reservation
 
@@ -163,19 +163,60 @@ def topology_problems(topology: Any) -> list[Problem]:
     if comms is not None and type(comms).__name__ != "BasicCommsBandwidths":
         problems.append(Problem("topology.generalized_comms_bandwidths", (
             f"{type(comms).__name__} is not modelled: shardflow takes intra_host_bw and inter_host_bw")))
-    hints = {
-        "bwd_compute_multiplier": (BWD_COMPUTE_MULTIPLIER, "a profile's coefficients.bwd_compute_multiplier"),
-        "weighted_feature_bwd_compute_multiplier": (WEIGHTED_FEATURE_BWD_COMPUTE_MULTIPLIER,
-                                                    "a profile's coefficients.weighted_feature_bwd_compute_multiplier"),
-        "hbm_to_ddr_mem_bw": (HBM_TO_DDR_MEM_BW, "a profile's bandwidths.hbm_to_ddr_mem_bw (bytes/s)"),
-        "uneven_sharding_perf_multiplier": (UNEVEN_SHARDING_PERF_MULTIPLIER, None),
-    }
-    for name, (default, where) in hints.items():
-        value = getattr(topology, name, default)
-        if value != default:
-            how = f"give it as {where} (profile=, docs/profile.md)" if where else "shardflow's cost model has none"
-            problems.append(Problem(f"topology.{name}", f"{value:g} is not TorchRec's default {default:g}: {how}"))
+    for knob in PROFILE_KNOBS:
+        value = getattr(topology, knob.name, knob.default)
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0
+                and (value > 0 or knob.name == "weighted_feature_bwd_compute_multiplier")):
+            problems.append(Problem(f"topology.{knob.name}", f"{value!r} is not a number {knob.bounds}"))
     return problems
+
+
+@dataclass(frozen=True)
+class ProfileKnob:
+    """A number TorchRec's estimator reads from its ``Topology`` that shardflow's profile holds."""
+
+    name: str  # the Topology attribute
+    default: float  # TorchRec's
+    field: str  # where in a profile: "coefficients.<name>" or "bandwidths.<name>"
+    per_ms: bool = False  # TorchRec gives it in bytes/ms, a profile in bytes/s
+
+    @property
+    def bounds(self) -> str:
+        return ">= 0" if self.name == "weighted_feature_bwd_compute_multiplier" else "above 0"
+
+
+# TorchRec's default estimator reads these from the topology (EstimatorContext); a profile sets the same
+# numbers. (uneven_sharding_perf_multiplier reaches only post_process_perfs, which TorchRec's default
+# estimator leaves as it is: it changes no estimate.)
+PROFILE_KNOBS = (
+    ProfileKnob("bwd_compute_multiplier", BWD_COMPUTE_MULTIPLIER, "coefficients.bwd_compute_multiplier"),
+    ProfileKnob("weighted_feature_bwd_compute_multiplier", WEIGHTED_FEATURE_BWD_COMPUTE_MULTIPLIER,
+                "coefficients.weighted_feature_bwd_compute_multiplier"),
+    ProfileKnob("hbm_to_ddr_mem_bw", HBM_TO_DDR_MEM_BW, "bandwidths.hbm_to_ddr_mem_bw", per_ms=True),
+)
+
+
+def topology_profile(profile: Profile, topology: Any) -> tuple[Profile, list[Problem]]:
+    """``profile`` with each number TorchRec's ``topology`` sets away from TorchRec's default
+    (``PROFILE_KNOBS``: its backward multipliers, its host-to-GPU bandwidth), so that the cost model
+    prices what TorchRec's estimator prices under that topology; a problem where the profile itself
+    sets another value (both were meant: say which)."""
+    problems = []
+    for knob in PROFILE_KNOBS:
+        value = float(getattr(topology, knob.name, knob.default))
+        if value == knob.default:
+            continue
+        part, name = knob.field.split(".")
+        own = getattr(getattr(profile, part), name)
+        unset = own is None if knob.per_ms else own == knob.default
+        wanted = value * MS_PER_S if knob.per_ms else value
+        if unset:
+            profile = replace(profile, **{part: replace(getattr(profile, part), **{name: wanted})})
+        elif own != wanted:
+            shown = f"{value:g} bytes/ms ({wanted:g} bytes/s)" if knob.per_ms else f"{value:g}"
+            problems.append(Problem(f"topology.{knob.name}", f"{shown}, but the profile's {knob.field} is {own:g}: "
+                                                             "give it in one of them"))
+    return profile, problems
 
 
 def shardflow_topology(topology: Any, batch_size: int, percentage: float, dense: int, dense_shown: str) -> Topology:

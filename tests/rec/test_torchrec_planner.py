@@ -211,14 +211,13 @@ def test_the_model_itself_as_the_embedding_module_is_planned_at_the_empty_path()
 
 
 def test_options_shardflow_cannot_plan_as_torchrec_would_give_one_error_naming_every_one():
-    odd = Topology(world_size=2, compute_device="cuda", bwd_compute_multiplier=3.0,
-                   weighted_feature_bwd_compute_multiplier=1.5)
+    odd = Topology(world_size=2, compute_device="cuda", bwd_compute_multiplier=float("nan"), pod_size=2)
     with pytest.raises(InputError) as e:
         ShardflowPlanner(topology=odd, proposer=GreedyProposer(), partitioner=object(), enumerator=object(),
                          performance_model=object())
     text = e.value.render()
-    for name in ("proposer", "partitioner", "enumerator", "performance_model", "topology.bwd_compute_multiplier",
-                 "topology.weighted_feature_bwd_compute_multiplier"):
+    for name in ("proposer", "partitioner", "enumerator", "performance_model", "topology.pod_size",
+                 "topology.bwd_compute_multiplier: nan is not a number above 0"):
         assert f"{name}" in text
     constraints = {
         "user_id": ParameterConstraints(num_poolings=[2.0]),
@@ -232,6 +231,45 @@ def test_options_shardflow_cannot_plan_as_torchrec_would_give_one_error_naming_e
     assert "table user_id in module towers.0.user.ebc: num_poolings" in text
     assert "table item_id in module towers.1.ebc: key-value" in text
     assert "table big in module towers.1.ebc: pooling_factors lists 2 values for a table of 1 feature" in text
+
+
+def test_the_topologys_multipliers_and_host_bandwidth_are_priced_as_torchrecs_estimator_prices_them():
+    """TorchRec's estimator reads the backward multipliers and the host-to-GPU bandwidth from the
+    Topology: the plan's profile takes them, and TorchRec rates every table as shardflow does (weighted
+    tables, uvm caches with statistics). uneven_sharding_perf_multiplier changes no TorchRec estimate
+    and is taken as it is. Where a profile sets one of them to another value, both are named."""
+    from torchrec.distributed.test_utils.test_model import TestSparseNN
+
+    from rec.profile import Profile
+    from rec.profile.types import Coefficients
+
+    tables = [EmbeddingBagConfig(name=f"t{i}", num_embeddings=rows, embedding_dim=64, feature_names=[f"f{i}"])
+              for i, rows in enumerate([40_000, 300_000, 2_000_000, 8_000])]
+    weighted = [EmbeddingBagConfig(name=f"w{i}", num_embeddings=rows, embedding_dim=32, feature_names=[f"wf{i}"])
+                for i, rows in enumerate([500_000, 60_000])]
+    model = TestSparseNN(tables=tables, weighted_tables=weighted, dense_device=META, sparse_device=META)
+    constraints = {"t2": ParameterConstraints(compute_kernels=["fused_uvm_caching"], cache_params=CacheParams(
+        load_factor=0.3, stats=Skewed())), "w0": ParameterConstraints(pooling_factors=[12.0])}
+    knobs = {"bwd_compute_multiplier": 3.0, "weighted_feature_bwd_compute_multiplier": 1.5,
+             "hbm_to_ddr_mem_bw": 8 * 1024**3 / 1000, "uneven_sharding_perf_multiplier": 1.7}
+    topology = Topology(world_size=2, local_world_size=2, compute_device="cuda", hbm_cap=1024**3, **knobs)
+    planner = ShardflowPlanner(topology=topology, batch_size=512, constraints=constraints)
+    planner.plan(model, SHARDERS)
+    profile = planner.last_plan.planner.profile
+    assert (profile.coefficients.bwd_compute_multiplier, profile.coefficients.weighted_feature_bwd_compute_multiplier,
+            profile.bandwidths.hbm_to_ddr_mem_bw) == (3.0, 1.5, 8 * 1024**3)
+    assert next(t for t in planner.last_plan.tables if t.name == "t2").compute_kernel.value == "fused_uvm_caching"
+    assert_rated_as_torchrec_rates(planner, model, topology, 512, constraints)
+    uneven, even = (Topology(world_size=3, local_world_size=3, compute_device="cuda", hbm_cap=1024**3,
+                             **{**knobs, "uneven_sharding_perf_multiplier": m}) for m in (1.7, 1.0))
+    assert torchrec_rates(model, uneven, 512, constraints) == torchrec_rates(model, even, 512, constraints)
+
+    other = Profile(coefficients=Coefficients(bwd_compute_multiplier=2.5))
+    with pytest.raises(InputError) as e:
+        ShardflowPlanner(topology=topology, batch_size=512, constraints=constraints, profile=other).plan(
+            model, SHARDERS)
+    assert ("topology.bwd_compute_multiplier: 3, but the profile's coefficients.bwd_compute_multiplier is 2.5"
+            in e.value.render())
 
 
 def test_pooling_factors_on_both_sides_of_one_are_refused_for_a_pooled_table():

@@ -131,34 +131,49 @@ def stats_cells(stats: Any, global_batch: int, load_factor: float | None) -> tup
     cache size the planner may price (``CACHE_FRACTIONS``, the cache-size ladder, ``load_factor``,
     1), so that the cost model reads TorchRec's own miss rate wherever it looks; and its
     ``expected_lookups``, the distinct ids of a global batch, as ``distinct_per_batch`` counted at
-    ``global_batch`` samples."""
+    ``global_batch`` samples. Statistics that raise at some sizes (measured at a few) answer for the
+    sizes they were measured at: the cache's size is then fixed (``cache_load_factor``) at
+    ``load_factor``, else at the measured size nearest TorchRec's default, which TorchRec's estimator
+    asks about; never grown to a size where TorchRec's would raise."""
     if stats is None:
         return {}, None
     import math
 
+    from rec.config.cost import UVM_CACHING_RATIO
     from rec.hit_rates import CACHE_FRACTIONS
     from rec.passes.cache_sizes import LOAD_FACTORS  # from 0.01 to 1: the small caches and the default among them
 
     fractions = sorted({*CACHE_FRACTIONS, *LOAD_FACTORS, *(() if load_factor is None else (float(load_factor),))})
-    hits = []
+    answered, hits, raised = [], [], []
     for fraction in fractions:
         try:
             miss = float(stats.expected_miss_rate(fraction))
-        except Exception as e:  # a user's class: say what it raised
-            return {}, f"expected_miss_rate({fraction}) raised {type(e).__name__}: {e}"
+        except Exception as e:  # a user's class: measured at some sizes, say, or broken
+            raised.append(f"expected_miss_rate({fraction}) raised {type(e).__name__}: {e}")
+            continue
         if math.isfinite(miss) and -SHARE_SLACK <= miss <= 1 + SHARE_SLACK:  # a share, up to float noise
             miss = min(max(miss, 0.0), 1.0)
         else:
             return {}, f"expected_miss_rate({fraction}) is {miss!r}, not a share of lookups in [0, 1]"
+        answered.append(fraction)
         hits.append(1.0 - miss)
+    fixed = None
+    if raised:
+        wanted = UVM_CACHING_RATIO if load_factor is None else float(load_factor)
+        if load_factor is not None and wanted not in answered:  # where TorchRec's estimator asks too
+            return {}, next(m for m in raised if m.startswith(f"expected_miss_rate({wanted})"))
+        if not answered:
+            return {}, raised[0]
+        fixed = min(answered, key=lambda f: (abs(f - wanted), f))
     # A larger cache serves at least as many lookups: where the user's curve falls again, each size
     # gets the least hit rate of any size from it up, so no size is priced fewer fetches than
     # TorchRec's estimator prices at it (``expected_miss_rate`` as it is).
-    points = [[fraction, min(hits[i:])] for i, fraction in enumerate(fractions)]
+    points = [[fraction, min(hits[i:])] for i, fraction in enumerate(answered)]
     try:
         lookups = float(stats.expected_lookups)
     except Exception as e:
         return {}, f"expected_lookups raised {type(e).__name__}: {e}"
     if not math.isfinite(lookups) or lookups < 0:
         return {}, f"expected_lookups is {lookups!r}, not a count of distinct ids per batch (>= 0)"
-    return {"hit_rate_curve": points, "distinct_per_batch": lookups, "stats_batch_size": global_batch}, None
+    cells = {"hit_rate_curve": points, "distinct_per_batch": lookups, "stats_batch_size": global_batch}
+    return cells if fixed is None else {**cells, "cache_load_factor": fixed}, None

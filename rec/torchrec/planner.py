@@ -247,7 +247,7 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
                 cells, why = stats_cells(mapped.stats, global_batch, factor)
                 if why:
                     problems.append(Problem(f"{where}: cache_params.stats", why))
-                if factor is not None:
+                if factor is not None and "cache_load_factor" not in cells:  # else statistics measured at few sizes
                     floor = mapped.load_factor is not None and "hit_rate_curve" in cells and _scalable(mapped.stats)
                     rows[-1]["min_cache_load_factor" if floor else "cache_load_factor"] = float(factor)
                 rows[-1].update(cells)

@@ -117,6 +117,21 @@ def stated_cache_sizes(sharding_plan, constraints):
         for name, c in given.items()}}
 
 
+def torchrec_critical_path(sharding_plan, model, topology, batch_size, constraints):
+    """TorchRec's rating of ``sharding_plan``: its busiest rank's estimated time, each table's option
+    enumerated at the cache size the plan states (none: TorchRec prices no fetches)."""
+    from rec.torchrec.score import plan_options
+
+    stated = stated_cache_sizes(sharding_plan, constraints)
+    enumerator = EmbeddingEnumerator(topology=topology, batch_size=batch_size, constraints=stated, estimator=[
+        EmbeddingPerfEstimator(topology, stated), EmbeddingStorageEstimator(topology, stated)])
+    perf = [0.0] * topology.world_size
+    for option in plan_options(sharding_plan, quietly(enumerator.enumerate, model, SHARDERS)):
+        for shard in option.shards:
+            perf[shard.rank] += shard.perf.total
+    return max(perf)
+
+
 def assert_rated_as_torchrec_rates(planner: ShardflowPlanner, model: nn.Module, topology: Topology,
                                    batch_size: int, constraints: dict) -> None:
     """Every table's shards, time and memory in shardflow's plan are TorchRec's for the option it
@@ -681,6 +696,51 @@ def test_a_miss_rate_off_by_float_noise_is_taken_as_the_share_it_is():
     planner.plan(towers(), SHARDERS)
     [big] = [t for t in planner.last_plan.spec.tables if t.name == "big"]
     assert big.hit_rate_curve[0][1] == 0.0 and big.hit_rate_curve[-1] == (1.0, 1.0)
+
+
+class MeasuredAtFew(Skewed):
+    """Statistics measured at caches of 5% to 60% of the rows, which raise elsewhere."""
+
+    def expected_miss_rate(self, clf: float) -> float:
+        if not 0.05 <= clf <= 0.6:
+            raise ValueError(f"no measurement at load factor {clf} (measured 0.05-0.6)")
+        return super().expected_miss_rate(clf)
+
+
+@pytest.mark.parametrize("stated", [None, 0.3])
+def test_statistics_measured_at_a_few_sizes_fix_the_cache_where_torchrec_asks_them(stated):
+    """TorchRec's default proposers ask a table's statistics only at its stated size, or none: with
+    statistics that raise elsewhere they plan, so shardflow plans too, with that cache fixed at the
+    stated size (none stated: TorchRec's default), rated as TorchRec rates it and no worse than its
+    best proposer. A stated size the statistics raise at is named: TorchRec's estimator raises there."""
+    model = nn.Module()
+    shapes = [(4_500_000, 128), (3_000_000, 256), (9_000_000, 64), (1_500_000, 128)]
+    model.ebc = ebc(*((f"t{i}", rows, dim) for i, (rows, dim) in enumerate(shapes)))
+    constraints = {f"t{i}": ParameterConstraints(cache_params=CacheParams(stats=Skewed())) for i in range(4)}
+    constraints["t2"] = ParameterConstraints(cache_params=CacheParams(load_factor=stated, stats=MeasuredAtFew()))
+    topology = cuda(hbm_cap=1024**3)
+    planner = ShardflowPlanner(topology=topology, batch_size=BATCH_SIZE, constraints=constraints)
+    plan = planner.plan(model, SHARDERS)
+    ours = planner.last_plan
+    [t2] = [t for t in ours.spec.tables if t.name == "t2"]
+    assert t2.cache_load_factor == (stated or 0.2) and t2.min_cache_load_factor is None
+    assert {f for f, _ in t2.hit_rate_curve} == {0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6}
+    [cache] = [t for t in ours.tables if t.name == "t2"]
+    assert cache.compute_kernel.value != "fused_uvm_caching" or (
+        plan.plan["ebc"]["t2"].cache_params.load_factor == (stated or 0.2))
+    assert_rated_as_torchrec_rates(planner, model, topology, BATCH_SIZE, constraints)
+    theirs = quietly(EmbeddingShardingPlanner(topology=topology, batch_size=BATCH_SIZE, constraints=constraints,
+                                              debug=False).plan, model, SHARDERS)
+    rated = torchrec_critical_path(theirs, model, topology, BATCH_SIZE, constraints)
+    assert ours.metrics.critical_path <= rated * (1 + 1e-9)
+    assert torchrec_critical_path(plan, model, topology, BATCH_SIZE, constraints) == pytest.approx(
+        ours.metrics.critical_path, rel=1e-9)
+
+    constraints["t2"] = ParameterConstraints(cache_params=CacheParams(load_factor=0.01, stats=MeasuredAtFew()))
+    with pytest.raises(InputError) as e:
+        ShardflowPlanner(topology=topology, batch_size=BATCH_SIZE, constraints=constraints).plan(model, SHARDERS)
+    assert ("table t2 in module ebc: cache_params.stats: expected_miss_rate(0.01) raised ValueError: no measurement "
+            "at load factor 0.01" in e.value.render())
 
 
 @pytest.mark.parametrize("device", ["cuda", "cpu"])

@@ -70,12 +70,13 @@ BOUNDS: dict[str, tuple[Bound, float, float]] = {
 }
 
 
-def target(name: str, value: float | None, cuda: bool, noise: float = 0.0) -> Target:
-    """``name``'s target for ``value``; an ``at_most`` bound on a ratio widens to ``1 + noise`` where the
-    repeats' own spread (``noise``) is larger: a pick within it is not slower beyond the noise."""
+def target(name: str, value: float | None, cuda: bool, noise: float | None = None) -> Target:
+    """``name``'s target for ``value``. ``noise``, for an ``at_most`` bound on a ratio of two measured
+    times only: the repeats' own spread, which widens the bound to ``1 + noise`` where that is larger
+    (a pick within it is not slower beyond the noise)."""
     kind, on_cuda, on_cpu = BOUNDS[name]
     bound = on_cuda if cuda else on_cpu
-    if kind is Bound.AT_MOST and math.isfinite(noise):
+    if noise is not None and kind is Bound.AT_MOST and math.isfinite(noise):
         bound = max(bound, 1.0 + noise)
     finite = value is not None and math.isfinite(value)
     met = finite and (value <= bound if kind is Bound.AT_MOST else value >= bound)  # type: ignore[operator]

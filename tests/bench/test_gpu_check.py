@@ -316,6 +316,9 @@ def test_auto_s_pick_is_judged_against_the_pipelines_own_noise_on_one_gpu():
     assert noisy.met and noisy.bound == pytest.approx(1.10)
     assert not target("auto_pick_over_faster", 1.21, cuda=True, noise=0.10).met
     assert not target("auto_pick_over_faster", float("nan"), cuda=True, noise=0.10).met
+    # no other target widens: one workload not measured misses, an error of 11% misses
+    assert not target("given_not_measured", 1.0, cuda=True).met and not target("given_not_measured", 1.0, False).met
+    assert target("calibration_median_abs_error", 0.11, cuda=True).bound == 0.10
 
 
 def test_a_planner_past_its_time_is_stopped_and_one_layout_under_both_profiles_is_the_same_plan():

@@ -28,6 +28,7 @@ import argparse
 import importlib.util
 import os
 import platform
+import signal
 import sys
 import time
 import traceback
@@ -60,7 +61,7 @@ from bench.gpu_check.machine import TimedOut, find_ranks, pick_device, versions 
 from bench.gpu_check.report import Report, Section, Status, write_report  # noqa: E402
 from bench.gpu_check.workloads import Workload, read_workloads  # noqa: E402
 from rec.errors import InputError  # noqa: E402
-from rec.exit_codes import ExitCode  # noqa: E402
+from rec.exit_codes import ExitCode, stopped_by  # noqa: E402
 from rec.sharding import ComputeDevice  # noqa: E402
 
 GIVEN_SECTIONS = ("calibration", "vs_torchrec")  # the sections that run --specs workloads
@@ -150,8 +151,17 @@ def main(argv: list[str] | None = None) -> int:
     if given and not set(args.sections) & set(GIVEN_SECTIONS):
         print(f"gpu_check: --specs: only {' and '.join(GIVEN_SECTIONS)} run your workloads, and --sections "
               f"leaves both out", flush=True)
+    signal.signal(signal.SIGTERM, _stopped)
     for name in args.sections:
-        report.sections.append(run_section(name, ctx))
+        try:
+            report.sections.append(run_section(name, ctx))
+        except (KeyboardInterrupt, Stopped) as e:  # the running command and its processes are stopped by now
+            signum = e.signum if isinstance(e, Stopped) else signal.SIGINT
+            report.seconds = time.monotonic() - started
+            write_report(out, report)
+            print(f"gpu_check: stopped by {signal.Signals(signum).name} in the {name} section; the "
+                  f"{len(report.sections)} sections before it are in {out / 'gpu_check.md'}", file=sys.stderr)
+            return stopped_by(signum)
         report.seconds = time.monotonic() - started
         write_report(out, report)  # after every section: a stopped check keeps what it found
     ok = [s for s in report.sections if s.status is Status.OK]
@@ -161,6 +171,19 @@ def main(argv: list[str] | None = None) -> int:
     for line in missed:
         print(f"gpu_check: not passed: {line}", flush=True)
     return ExitCode.OK if report.passed else ExitCode.FAILED
+
+
+class Stopped(BaseException):
+    """SIGTERM, raised where the check is (as Ctrl-C raises KeyboardInterrupt), so that the command
+    running then is stopped with its processes (``machine.shardflow``) and the report kept."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stopped(signum: int, frame: object) -> None:
+    raise Stopped(signum)
 
 
 def _profile(path: str | None) -> Path | None:
@@ -228,4 +251,8 @@ def run_section(name: str, ctx: Context) -> Section:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # before or after the sections: nothing of the check's own is running
+        print("gpu_check: stopped by SIGINT", file=sys.stderr)
+        sys.exit(ExitCode.INTERRUPTED)

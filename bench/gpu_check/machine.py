@@ -142,6 +142,9 @@ def shardflow(args: list[str], cwd: Path, timeout_s: float, log: Path, module: s
             _stop(proc)
             what = f"shardflow {args[0]}" if module == "flows.cli" else module
             raise TimedOut(f"{what} ran past its {timeout_s:.0f}-s share of the budget") from None
+        except BaseException:  # Ctrl-C or SIGTERM of the check: its own session would outlive it
+            _stop(proc)
+            raise
         sink.write(output)
     return Finished(proc.returncode, time.monotonic() - started, output[-8000:])
 

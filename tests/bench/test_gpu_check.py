@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -302,6 +304,33 @@ def test_the_report_is_strict_json_where_a_bound_is_none():
     written = json.loads(json.dumps(report.to_dict(), allow_nan=False))
     assert written["sections"]["vs_torchrec"]["targets"][0]["bound"] is None
     assert "median \\|error\\| 5%" in render_markdown(report)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_stopped_check_stops_the_training_it_runs_and_says_so_in_one_line(tmp_path, signum):
+    """The check runs each command in a session of its own (a timeout stops it whole): stopped itself
+    (Ctrl-C, or SIGTERM from a job runner), it stops the command and its ranks too, and exits 128 + N."""
+    import psutil
+
+    proc = subprocess.Popen([sys.executable, "-m", "bench.gpu_check", "--out", str(tmp_path / "check"), "--device",
+                             "cpu", "--sections", "train"], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    check = psutil.Process(proc.pid)
+    started = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not any("train" in " ".join(c.cmdline()) for c in started):
+        time.sleep(0.2)
+        started = [c for c in check.children(recursive=True) if c.is_running()]
+    assert started, "the check started no training"
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signum, out + err
+    assert err.strip().splitlines()[-1].startswith(f"gpu_check: stopped by {signal.Signals(signum).name} in the "
+                                                   "train section"), err
+    assert "Traceback" not in err
+    gone, alive = psutil.wait_procs(started, timeout=10)
+    assert not alive, [c.cmdline() for c in alive]
 
 
 def test_auto_s_pick_is_judged_against_the_pipelines_own_noise_on_one_gpu():

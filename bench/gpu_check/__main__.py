@@ -28,6 +28,7 @@ import argparse
 import importlib.util
 import os
 import platform
+import shutil
 import signal
 import sys
 import time
@@ -108,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     started = time.monotonic()
     out = Path(args.out).resolve()
+    created = not out.exists()  # removed again where the check does not start: no empty report folder
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".gpu_check-writable"
@@ -122,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         ranks = find_ranks(device)
     except ValueError as e:
         print(f"gpu_check: {e}", file=sys.stderr)
+        _remove_if(created, out)
         return ExitCode.BAD_INPUT
     bad: list[str] = []  # every bad input file at once: --specs and --profile
     given: list[Workload] = []
@@ -140,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         bad.append(str(e))
     if bad:
         print("gpu_check: " + "\n".join(bad), file=sys.stderr)
+        _remove_if(created, out)
         return ExitCode.BAD_INPUT
     minutes = args.minutes or DEFAULT_MINUTES[device]
     ctx = Context(ranks, out, started + minutes * 60, out / "commands.log", profile=profile, given=tuple(given),
@@ -171,6 +175,12 @@ def main(argv: list[str] | None = None) -> int:
     for line in missed:
         print(f"gpu_check: not passed: {line}", flush=True)
     return ExitCode.OK if report.passed else ExitCode.FAILED
+
+
+def _remove_if(created: bool, out: Path) -> None:
+    """The --out folder this run made (and the bytecode written there), where the check never started."""
+    if created:
+        shutil.rmtree(out, ignore_errors=True)
 
 
 class Stopped(BaseException):

@@ -743,8 +743,10 @@ def vs_torchrec(ctx: Context) -> Outcome:
     if compared.stopped:
         figures["launch_error"] = compared.stopped
     shapes = f"{len(results)} shape{'s' if len(results) != 1 else ''}"
+    calibrated = geomeans.get("shardflow-calibrated", math.nan)  # none without a profile
     return Outcome(figures, f"{shapes}, measured against TorchRec's plan (geometric mean): shardflow's "
-                            f"{geomeans['shardflow']:.2f}x, calibrated {geomeans['shardflow-calibrated']:.2f}x"
+                            f"{geomeans['shardflow']:.2f}x"
+                            + (f", calibrated {calibrated:.2f}x" if math.isfinite(calibrated) else "")
                             + (f"; slower on {', '.join(slower)}" if slower else "")
                             + (f"; no TorchRec plan to compare with on {', '.join(not_compared)}" if not_compared
                                else "") + _missing_line(missing) + _stopped_line(compared.stopped),

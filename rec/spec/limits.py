@@ -38,7 +38,7 @@ MODULE_RULE = (
     "e.g. 'towers.0.user_ebc'"
 )
 NAME_RULE = (
-    f"use letters, digits, '_' and '-' (at most {MAX_NAME_LENGTH}, not starting with '-'): TorchRec makes "
+    f"use ASCII letters, digits, '_' and '-' (at most {MAX_NAME_LENGTH}, not starting with '-'): TorchRec makes "
     "each table a module, whose name cannot contain '.', and a table name must be safe as a file name"
 )
 # The attributes of torch.nn.ModuleDict (torch 2.13, dunders aside), which holds TorchRec's tables: a

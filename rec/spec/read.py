@@ -52,7 +52,8 @@ def spec_format(path: str | Path) -> str:
     kind = FORMATS.get(Path(path).suffix.lower())
     if kind is None:
         known = ", ".join(sorted(FORMATS))
-        reason = f"unsupported extension (use one of {known})"
+        reason = ("is a directory, not a spec file" if Path(path).is_dir()
+                  else f"unsupported extension (use one of {known})")
         raise InputError(f"Unsupported spec file {path}", [Problem(str(path), reason)])
     return kind
 

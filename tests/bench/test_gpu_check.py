@@ -210,12 +210,17 @@ def test_a_skipped_section_bad_workloads_and_a_bad_out_do_not_pass(tmp_path):
     assert skipped.returncode == 1 and "not passed: calibration: needs the calibrated profile" in skipped.stdout
     (tmp_path / "bad.yaml").write_text("batch_size: -1\nextra: 1\ntables:\n  - {name: t, num_embeddings: 0}\n")
     (tmp_path / "empty.yaml").write_text("tables: []\n")
-    bad = check(tmp_path, "--specs", str(tmp_path / "bad.yaml"), str(tmp_path / "missing.yaml"),
-                str(tmp_path / "empty.yaml"), str(ROOT / "README.md"), "--profile", str(tmp_path / "no_profile.yaml"))
+    bad = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--out", str(tmp_path / "new" / "report"),
+                          "--device", "cpu", "--specs", str(tmp_path / "bad.yaml"), str(tmp_path / "missing.yaml"),
+                          str(tmp_path / "empty.yaml"), str(ROOT / "README.md"), str(ROOT / "examples"),
+                          "--profile", str(tmp_path / "no_profile.yaml")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     for named in ("batch_size", "extra", "bad.yaml: table 't': num_embeddings", "missing.yaml",
-                  "empty.yaml: the spec has no tables", "README.md: unsupported extension", "no_profile.yaml"):
+                  "empty.yaml: the spec has no tables", "README.md: unsupported extension",
+                  "examples: is a directory, not a spec file", "no_profile.yaml"):
         assert named in bad.stderr, bad.stderr
+    assert not (tmp_path / "new" / "report").exists()  # no report folder where the check never started
     (tmp_path / "file").write_text("")
     out = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--out", str(tmp_path / "file" / "x"),
                           "--device", "cpu"], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -329,7 +334,7 @@ def test_a_stopped_check_stops_the_training_it_runs_and_says_so_in_one_line(tmp_
     assert err.strip().splitlines()[-1].startswith(f"gpu_check: stopped by {signal.Signals(signum).name} in the "
                                                    "train section"), err
     assert "Traceback" not in err
-    gone, alive = psutil.wait_procs(started, timeout=10)
+    _, alive = psutil.wait_procs(started, timeout=10)
     assert not alive, [c.cmdline() for c in alive]
 
 

@@ -22,7 +22,7 @@ CPU_TOPOLOGY = "world_size: 2\ncompute_device: cpu\nddr_cap: 16GiB\n"
 CUDA_TOPOLOGY = "world_size: 8\ncompute_device: cuda\nhbm_cap: 80GiB\n"
 GOOD_SPEC = "tables:\n- {name: users, num_embeddings: 1000, embedding_dim: 16}\n"
 SCREEN_LINES = 40
-ALLOWED_NAMES = "use letters, digits, '_' and '-'"
+ALLOWED_NAMES = "use ASCII letters, digits, '_' and '-'"
 
 
 def table(**cells) -> str:

@@ -9,10 +9,10 @@ a wide one takes more HBM than its plan counted (read from TorchRec 1.6.1 and FB
 same in TorchRec 1.8; docs/gpu.md). The optimizer's state sits elsewhere than TorchRec counts it
 too (FBGEMM's ``construct_split_state``): a rowwise optimizer keeps one float32 per row of a uvm
 table in HBM, every row, and a full one (Adam, Adagrad) keeps a cached table's in host memory, where
-TorchRec counts the load factor's share of either in HBM (none of a fused_uvm table's). Assumed:
-every cache states its size in the plan (shardflow's plans do where any differs from TorchRec's
-default), and no prefetch pipeline (with one, TorchRec puts cached tables of other widths in TBEs
-of their own: nothing is widened).
+TorchRec counts the load factor's share of either in HBM (none of a fused_uvm table's). A cache the
+plan gives no size (TorchRec's default, beside sizes a user stated) gets the mean of the sizes its
+group's tables state. Assumed: no prefetch pipeline (with one, TorchRec puts cached tables of other
+widths in TBEs of their own: nothing is widened).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from rec.analysis.rank_times import kernel_groups, spec_positions
-from rec.config.cost import Optimizer
+from rec.config.cost import UVM_CACHING_RATIO, Optimizer
 from rec.cost.tables import table_arrays
-from rec.plan.load_factors import chosen_load_factors
+from rec.plan.load_factors import chosen_load_factors, unstated_caches
 from rec.plan.types import Plan
 from rec.sharding import CK_CODE, ComputeKernel
 
@@ -61,7 +61,7 @@ def cache_hbm(plan: Plan) -> CacheHbm:
     if not caching.any():
         return CacheHbm(np.zeros(world), uvm_state)
     arrays = table_arrays(plan.spec, plan.topology.batch_size, plan.planner.cost, chosen_load_factors(plan),
-                          world_size=world)
+                          world_size=world, every_stated=plan.every_cache_stated)
     t = spec_positions(plan)[c.table_of_entry]
     group = kernel_groups(plan, arrays.elem[t], arrays.pooled[t])[caching]
     rows, cols = c.rows[caching].astype(np.float64), c.cols[caching].astype(np.float64)
@@ -71,7 +71,13 @@ def cache_hbm(plan: Plan) -> CacheHbm:
     planned = np.bincount(rank, weights=factor * rows * cols * elem * (1 + multiplier), minlength=world)
     state = rows * ROWWISE_STATE_BYTES if rowwise else np.zeros(len(rows))  # a full optimizer's: host memory
     groups = int(group.max()) + 1
-    cached_rows = np.floor(np.bincount(group, weights=factor * rows, minlength=groups))  # average factor x rows
+    # TorchRec averages the sizes the group's tables state, weighted by their rows; an unstated cache
+    # (TorchRec's default size, rec.cost.tables.implicit_caches) gets that mean, or FBGEMM's default.
+    stated = ~unstated_caches(plan)[t][caching]
+    stated_rows = np.bincount(group, weights=rows * stated, minlength=groups)
+    mean = np.where(stated_rows > 0, np.bincount(group, weights=factor * rows * stated, minlength=groups)
+                    / np.maximum(stated_rows, 1), UVM_CACHING_RATIO)
+    cached_rows = np.floor(mean * np.bincount(group, weights=rows, minlength=groups))
     widest = np.zeros(groups)
     np.maximum.at(widest, group, cols * elem)
     sets = np.where(cached_rows >= 1, np.maximum(1, np.ceil(cached_rows / CACHE_ASSOCIATIVITY)), 0)  # none: no cache

@@ -54,7 +54,7 @@ def _entries(plan: Plan, profile: Profile | None) -> tuple[np.ndarray, np.ndarra
     spec, topology = plan.spec, plan.topology
     cost = replace(plan.planner.cost, profile=profile)
     arrays = table_arrays(spec, topology.batch_size, cost, chosen_load_factors(plan),
-                          world_size=topology.world_size)
+                          world_size=topology.world_size, every_stated=plan.every_cache_stated)
     hw = links(topology, profile)
     c = plan.columns
     spec_of_table = spec_positions(plan)

@@ -14,13 +14,14 @@ An unpooled table outputs one vector per id, so its ``batch_outputs`` are its ``
 TorchRec's ``CacheParams.stats`` (``CacheStatistics``) gives its estimator: ``cache_fetches``, the rows
 its cache fetches per iteration (``expected_miss_rate(load_factor) x expected_lookups``). TorchRec
 prices them where it is given the cache's size. A shardflow plan gives every cache's
-(``rec.plan.torchrec_plan``) unless the planner chose none and every table's is TorchRec's default
-(``UVM_CACHING_RATIO``): then it gives none but those the spec fixes (``implicit_caches``), as
-TorchRec's own plans leave them. TorchRec and FBGEMM build that size when given none, and TorchRec
-prices no fetches for such a cache, so the same caches cost the same in either plan. (Not where
-some cache has another size: TorchRec gives the caching tables of one kernel group one cache, sized
-by the load factors its tables state, so an unstated one would get the others'. A profile's
-``cache_miss_multiplier`` prices every cache's misses, whatever size was given.)
+(``rec.plan.torchrec_plan``) unless the planner chose none: then a table at TorchRec's default size
+(``UVM_CACHING_RATIO``) whose spec sizes it neither way gets none (``implicit_caches``), as
+TorchRec's own plans give only the sizes a user stated. TorchRec and FBGEMM build that size when
+given none, and TorchRec prices no fetches for such a cache, so the same caches cost the same in
+either plan. (Under a profile with ``cache_miss_multiplier``, which prices every cache's misses
+whatever size was given, only where every table's is the default: TorchRec gives the caching tables
+of one kernel group one cache, sized by the load factors its tables state, so an unstated one gets
+the others'.)
 """
 
 from __future__ import annotations
@@ -86,9 +87,10 @@ class TableArrays:
 
 
 def table_arrays(spec: Spec, batch_size: int, config: CostConfig, load_factors: np.ndarray | None = None, *,
-                 world_size: int) -> TableArrays:
+                 world_size: int, every_stated: bool = False) -> TableArrays:
     """Columns of ``spec`` for a per-rank ``batch_size`` on ``world_size`` ranks; ``load_factors``
-    (spec order, NaN: none) are the cache sizes a plan chose, over the spec's and the configuration's."""
+    (spec order, NaN: none) are the cache sizes a plan chose, over the spec's and the configuration's;
+    ``every_stated``: a plan of a format before v5 (``implicit_caches``)."""
     tables = spec.tables
     n = len(tables)
     ints = np.array(
@@ -135,7 +137,7 @@ def table_arrays(spec: Spec, batch_size: int, config: CostConfig, load_factors: 
         optimizer_multiplier=optimizer_multiplier(config.optimizer, dims),
         load_factor=load_factor,
         miss_rate=misses,
-        cache_fetches=np.where(implicit_caches(spec, load_factors, load_factor), 0.0,
+        cache_fetches=np.where(implicit_caches(spec, load_factors, load_factor, config, every_stated), 0.0,
                                misses * global_distinct(spec, batch_size * world_size)),
         sharding_allowed=st_ok,
         kernel_allowed=ck_ok,
@@ -208,17 +210,27 @@ def cache_floors(spec: Spec) -> np.ndarray:
     return np.fromiter((t.min_cache_load_factor or 0.0 for t in spec.tables), np.float64, len(spec.tables))
 
 
-def implicit_caches(spec: Spec, chosen: np.ndarray | None, load_factor: np.ndarray) -> np.ndarray:
-    """(T,) bool: the ``ShardingPlan`` gives the table's cache, if it has one, no load factor: the
-    planner ``chosen`` no size (spec order, NaN: none), every table's ``load_factor`` (resolved) is
-    TorchRec's default, and the spec gives this one no size (``cache_load_factor``) or floor
-    (``min_cache_load_factor``: a sharder's default could lie below it). (A plan whose pass chose that size
-    states it, as the plan file records it.)"""
+def implicit_caches(spec: Spec, chosen: np.ndarray | None, load_factor: np.ndarray, config: CostConfig,
+                    every_stated: bool = False) -> np.ndarray:
+    """(T,) bool: the ``ShardingPlan`` gives the table's cache, if it has one, no load factor. Only
+    where the planner ``chosen`` no size (spec order, NaN: none): then, as TorchRec's own plans give
+    only the sizes a user stated, every table at TorchRec's default size (``load_factor`` resolved)
+    whose spec gives it no size (``cache_load_factor``) or floor (``min_cache_load_factor``: a
+    sharder's default could lie below it) goes without one, and TorchRec prices no fetches for it.
+    Under a profile that prices cache misses (``cache_miss_multiplier``: measured, the GPU's caches
+    as FBGEMM builds them), and for plans read from formats before v5 (``every_stated``), only where
+    every table's is the default: FBGEMM gives a kernel group's caches the rows-weighted mean of the
+    sizes its tables state, so an unstated cache beside a stated one gets another size than planned.
+    (A plan whose pass chose a size states every cache.)"""
     fixed = cache_fixed(spec) | (cache_floors(spec) > 0)
-    none_chosen = chosen is None or bool(np.isnan(chosen).all())
-    if none_chosen and bool(np.all(load_factor == UVM_CACHING_RATIO)):
-        return ~fixed
-    return np.zeros(len(spec.tables), bool)
+    if chosen is not None and not bool(np.isnan(chosen).all()):
+        return np.zeros(len(spec.tables), bool)
+    default = load_factor == UVM_CACHING_RATIO
+    if every_stated or config.profile.extensions.cache_miss_multiplier > 0:
+        out: np.ndarray = ~fixed if bool(default.all()) else np.zeros(len(spec.tables), bool)
+        return out
+    per_table: np.ndarray = ~fixed & default
+    return per_table
 
 
 def global_distinct(spec: Spec, global_batch: int) -> np.ndarray:

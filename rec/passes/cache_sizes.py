@@ -23,9 +23,9 @@ larger cache is always faster (its bandwidth rises linearly with the cache's siz
 TorchRec's cache statistics fetches fewer rows); under a profile with ``cache_miss_multiplier`` the
 gain follows the table's hit-rate curve, so tables whose ids repeat get the memory. Where nothing
 can grow (no uvm table, or no spare HBM) the result is unchanged, and so it is where growing would
-be slower: with every cache at TorchRec's default size the plan states none, as TorchRec's own
-plans, and TorchRec prices no fetches for them (``rec.cost.tables.implicit_caches``); once one grows,
-every cache states its size and pays them.
+be slower: where the pass chose no size, the caches at TorchRec's default size state none, as in
+TorchRec's own plans, and TorchRec prices no fetches for them (``rec.cost.tables.implicit_caches``);
+once one grows, every cache states its size and pays them.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def with_cache_sizes(result: SearchResult, spec: Spec, topology: Topology, cost:
             other = _researched(other, spec, topology, cost, search)
             if other.critical_path < best.critical_path * (1 - RELATIVE_GAIN):
                 best = other
-    # Growing may be slower where every cache was at TorchRec's default size: then every cache
+    # Growing may be slower where caches went unstated at TorchRec's default size: then every cache
     # states its size, and TorchRec prices the fetches it priced none for (rec.cost.tables.implicit_caches).
     best = _faster(result, best)
     if exact is None:

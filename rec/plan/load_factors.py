@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rec.cost.tables import resolved_load_factors
+from rec.cost.tables import implicit_caches, resolved_load_factors
 from rec.plan.types import Plan
 
 
@@ -22,3 +22,10 @@ def chosen_load_factors(plan: Plan) -> np.ndarray:
 def load_factors(plan: Plan) -> np.ndarray:
     """(T,) in spec order: the share of each table's rows a fused_uvm_caching cache holds in ``plan``."""
     return resolved_load_factors(plan.spec, plan.planner.cost, chosen_load_factors(plan))
+
+
+def unstated_caches(plan: Plan) -> np.ndarray:
+    """(T,) bool in spec order: the plan's sharding plan gives the table's cache no load factor
+    (``rec.cost.tables.implicit_caches``, under the rule of the plan's format)."""
+    return implicit_caches(plan.spec, chosen_load_factors(plan), load_factors(plan), plan.planner.cost,
+                           every_stated=plan.every_cache_stated)

@@ -30,6 +30,7 @@ from rec.plan.types import (
     PLAN_FORMAT,
     PLAN_FORMAT_CACHES,
     PLAN_FORMAT_MODULES,
+    PLAN_FORMAT_UNSTATED,
     PLAN_FORMAT_V1,
     PLAN_FORMATS,
     Plan,
@@ -119,6 +120,11 @@ def _plan(d: dict[Any, Any], declared: str, problems: Problems) -> Plan | None:
     plan = Plan(ids["plan_id"] or "", ids["spec_hash"] or "", topology, planner, tables, metrics, spec,
                 ids.get("previous_plan_id"))
     problems.items += identity_problems(plan)  # the spec, topology and planner give its ids
+    if declared != PLAN_FORMAT_UNSTATED and plan.format == PLAN_FORMAT_UNSTATED:
+        plan = replace(plan, every_cache_stated=True)  # planned so: its caches state their sizes
+    elif declared == PLAN_FORMAT_UNSTATED and plan.format != PLAN_FORMAT_UNSTATED:
+        problems.add("format", f"says {declared}, but no cache of TorchRec's default size goes unstated beside "
+                               f"another size: such a plan is {plan.format}")
     return plan
 
 
@@ -146,7 +152,7 @@ def _check_format(declared: str, tables: Sequence[TablePlan], spec: Spec, proble
     keys = [t.key for t in tables if t.module != DEFAULT_MODULE] + [t.key for t in spec.tables
                                                                    if t.module != DEFAULT_MODULE]
     outside = keys[0] if keys else None
-    if outside is not None and declared != PLAN_FORMAT_MODULES:
+    if outside is not None and declared not in (PLAN_FORMAT_MODULES, PLAN_FORMAT_UNSTATED):
         problems.add("format", f"says {declared}, but table {outside} is in a module other than the default: "
                                f"such a plan is {PLAN_FORMAT_MODULES}")
     if outside is None and declared == PLAN_FORMAT_MODULES:

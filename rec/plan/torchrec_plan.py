@@ -48,11 +48,9 @@ def _module_plan(plan: Plan, module: str, sizes: dict[str, float | None]) -> Emb
 def _cache_sizes(plan: Plan) -> dict[str, float | None]:
     """Each table's cache load factor (``rec.plan.load_factors``) by key; None where its cache goes
     without one (``rec.cost.tables.implicit_caches``)."""
-    from rec.cost.tables import implicit_caches
-    from rec.plan.load_factors import chosen_load_factors, load_factors
+    from rec.plan.load_factors import load_factors, unstated_caches
 
-    factors = load_factors(plan)
-    flags = implicit_caches(plan.spec, chosen_load_factors(plan), factors)
+    factors, flags = load_factors(plan), unstated_caches(plan)
     return {t.key: None if flag else float(factor)
             for t, factor, flag in zip(plan.spec.tables, factors, flags, strict=True)}
 

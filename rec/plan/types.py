@@ -34,14 +34,20 @@ PLAN_FORMAT_MODULES = "shardflow.plan/v3"
 # A plan with a fused_uvm_caching table whose cache size the planner chose (other than its spec's or
 # the cost model's caching_ratio): table entries carry ``cache_load_factor``; modules as in v3.
 PLAN_FORMAT_CACHES = "shardflow.plan/v4"
+# A plan whose sharding plan leaves a cache of TorchRec's default size unstated beside a cache the spec
+# sizes otherwise (rec.cost.tables.implicit_caches); modules as in v3. Readers build the sharding plan of
+# a v2-v4 plan as those were planned: every cache states its size where any table's differs.
+PLAN_FORMAT_UNSTATED = "shardflow.plan/v5"
 PLAN_FORMAT_V1 = "shardflow.plan/v1"
-PLAN_FORMATS = (PLAN_FORMAT_V1, PLAN_FORMAT, PLAN_FORMAT_MODULES, PLAN_FORMAT_CACHES)  # what readers accept
+PLAN_FORMATS = (PLAN_FORMAT_V1, PLAN_FORMAT, PLAN_FORMAT_MODULES, PLAN_FORMAT_CACHES,
+                PLAN_FORMAT_UNSTATED)  # what readers accept
 
 __all__ = [
     "PLAN_FORMAT",
     "PLAN_FORMATS",
     "PLAN_FORMAT_CACHES",
     "PLAN_FORMAT_MODULES",
+    "PLAN_FORMAT_UNSTATED",
     "PLAN_FORMAT_V1",
     "BoundMethod",
     "Movement",
@@ -122,6 +128,9 @@ class Plan:
     metrics: PlanMetrics
     spec: Spec  # the tables the plan was made for, so a training job needs nothing else
     previous_plan_id: str | None = None  # the plan this one was replanned from (minimal movement)
+    # Read from a format before v5: its sharding plan states every cache where any table's size differs
+    # from TorchRec's default, as it was planned (rec.cost.tables.implicit_caches).
+    every_cache_stated: bool = False
 
     def table(self, key: str) -> TablePlan:
         """The table of ``key``: its name in the default module, ``module.name`` in another."""
@@ -133,8 +142,26 @@ class Plan:
         c = self.columns
         if c.load_factor is not None and not np.isnan(c.load_factor).all():
             return PLAN_FORMAT_CACHES
+        if not self.every_cache_stated and self.leaves_caches_unstated:
+            return PLAN_FORMAT_UNSTATED
         default = all(m == DEFAULT_MODULE for m in c.modules)
         return PLAN_FORMAT if default else PLAN_FORMAT_MODULES
+
+    @property
+    def leaves_caches_unstated(self) -> bool:
+        """Some fused_uvm_caching table goes without a load factor that a plan of a format before v5
+        states (rec.cost.tables.implicit_caches)."""
+        from rec.cost.tables import implicit_caches
+        from rec.plan.load_factors import chosen_load_factors, load_factors
+
+        kernels = {t.key: t.compute_kernel for t in self.tables}
+        caching = np.array([kernels.get(t.key) is ComputeKernel.FUSED_UVM_CACHING for t in self.spec.tables])
+        if not caching.any():
+            return False
+        chosen, factors, cost = chosen_load_factors(self), load_factors(self), self.planner.cost
+        differ = implicit_caches(self.spec, chosen, factors, cost) != implicit_caches(self.spec, chosen, factors, cost,
+                                                                                      every_stated=True)
+        return bool((differ & caching).any())
 
     @property
     def world_size(self) -> int:

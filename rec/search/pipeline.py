@@ -70,11 +70,12 @@ def recosted_space(space: SearchSpace, spec: Spec, topology: Topology, cost: Cos
 
     opts = space.options
     factors = np.asarray(load_factors, dtype=np.float64)
-    # A plan that chose no cache size, every cache at TorchRec's default, prices no fetches; once it
+    # A plan that chose no cache size prices no fetches for its caches at TorchRec's default; once it
     # chooses one, every cache does (rec.cost.tables.implicit_caches): those tables are costed again too.
     flipped = np.flatnonzero(
-        implicit_caches(spec, space.chosen_load_factor, resolved_load_factors(spec, cost, space.chosen_load_factor))
-        != implicit_caches(spec, factors, resolved_load_factors(spec, cost, factors)))
+        implicit_caches(spec, space.chosen_load_factor, resolved_load_factors(spec, cost, space.chosen_load_factor),
+                        cost)
+        != implicit_caches(spec, factors, resolved_load_factors(spec, cost, factors), cost))
     tables = np.union1d(np.asarray(tables, dtype=np.int64), flipped).astype(np.int64)
     sub = enumerate_options(Spec(tuple(spec.tables[int(t)] for t in tables), spec.spec_hash), topology, cost,
                             factors[tables])

@@ -101,7 +101,8 @@ def _optimizer_class(optimizer: Optimizer) -> type[Any] | None:
 
 
 def torchrec_inputs(spec: Spec, topology: Topology, cost: CostConfig = CostConfig(),
-                    load_factors: np.ndarray | None = None) -> tuple[Any, dict[str, Any], TorchrecTopology, list[Any]]:
+                    load_factors: np.ndarray | None = None, every_stated: bool = False
+                    ) -> tuple[Any, dict[str, Any], TorchrecTopology, list[Any]]:
     """(the spec's modules at their paths on the meta device, constraints by table name, TorchRec
     Topology, sharders): what shardflow plans. TorchRec keys constraints by table name alone: tables
     sharing a name in several modules get the first one's. Each table's ``cache_params.load_factor``
@@ -124,7 +125,7 @@ def torchrec_inputs(spec: Spec, topology: Topology, cost: CostConfig = CostConfi
             mark_optimizer(p, optimizer_class)
     constraints: dict[str, Any] = {}
     resolved = resolved_load_factors(spec, cost, load_factors)
-    factors, implicit = resolved.tolist(), implicit_caches(spec, load_factors, resolved).tolist()
+    factors, implicit = resolved.tolist(), implicit_caches(spec, load_factors, resolved, cost, every_stated).tolist()
     distinct = global_distinct(spec, topology.batch_size * topology.world_size).tolist()
     for t, factor, lookups, default in zip(spec.tables, factors, distinct, implicit, strict=True):
         stats = CurveStatistics(t.hit_rate_curve, lookups) if lookups and t.hit_rate_curve else None
@@ -191,7 +192,8 @@ def torchrec_score(plan: Plan, spec: Spec, topology: Topology, cost: CostConfig 
 
     chosen_of = dict(zip(plan.columns.keys, plan.columns.load_factor.tolist(), strict=True))  # type: ignore[union-attr]
     chosen_factors = np.array([chosen_of.get(t.key, np.nan) for t in spec.tables])
-    model, constraints, trec_topology, sharders = torchrec_inputs(spec, topology, cost, chosen_factors)
+    model, constraints, trec_topology, sharders = torchrec_inputs(spec, topology, cost, chosen_factors,
+                                                                  plan.every_cache_stated)
     enumerator = EmbeddingEnumerator(
         topology=trec_topology,
         batch_size=topology.batch_size,

@@ -117,7 +117,7 @@ def stated_cache_sizes(sharding_plan, constraints):
         for name, c in given.items()}}
 
 
-def torchrec_critical_path(sharding_plan, model, topology, batch_size, constraints):
+def torchrec_critical_path(sharding_plan, model, topology, batch_size, constraints, sharders=None):
     """TorchRec's rating of ``sharding_plan``: its busiest rank's estimated time, each table's option
     enumerated at the cache size the plan states (none: TorchRec prices no fetches)."""
     from rec.torchrec.score import plan_options
@@ -126,7 +126,7 @@ def torchrec_critical_path(sharding_plan, model, topology, batch_size, constrain
     enumerator = EmbeddingEnumerator(topology=topology, batch_size=batch_size, constraints=stated, estimator=[
         EmbeddingPerfEstimator(topology, stated), EmbeddingStorageEstimator(topology, stated)])
     perf = [0.0] * topology.world_size
-    for option in plan_options(sharding_plan, quietly(enumerator.enumerate, model, SHARDERS)):
+    for option in plan_options(sharding_plan, quietly(enumerator.enumerate, model, sharders or SHARDERS)):
         for shard in option.shards:
             perf[shard.rank] += shard.perf.total
     return max(perf)
@@ -696,6 +696,58 @@ def test_a_miss_rate_off_by_float_noise_is_taken_as_the_share_it_is():
     planner.plan(towers(), SHARDERS)
     [big] = [t for t in planner.last_plan.spec.tables if t.name == "big"]
     assert big.hit_rate_curve[0][1] == 0.0 and big.hit_rate_curve[-1] == (1.0, 1.0)
+
+
+def test_a_size_stated_for_other_tables_leaves_a_default_cache_unstated_as_torchrecs_plan_does(tmp_path):
+    """A sharder's cache_load_factor for an EmbeddingCollection whose tables fit in HBM, beside a giant
+    table cached at TorchRec's default size with statistics (too tight to grow): TorchRec's plan states
+    the sharder's size and leaves the giant's cache unstated, pricing no fetches for it; so does
+    shardflow's (a stress workload rated 1.064x TorchRec's best when every cache stated its size).
+    Its plan file is v5, read back as it was planned; a plan of an older format whose caches were
+    planned stated keeps them stated, and a v5 label on a plan that leaves none unstated is refused."""
+    import json
+
+    from torchrec.modules.embedding_configs import DataType
+
+    from rec.plan.io import dumps_plan, parse_plan
+    from rec.plan.torchrec_plan import to_sharding_plan
+
+    model = nn.Module()
+    model.ebc = EmbeddingBagCollection([
+        EmbeddingBagConfig(name="big", num_embeddings=450_000_000, embedding_dim=128, feature_names=["big_f"],
+                           data_type=DataType.FP16),
+        EmbeddingBagConfig(name="small", num_embeddings=3_000_000, embedding_dim=128, feature_names=["small_f"])],
+        device=META)
+    model.ec = EmbeddingCollection([EmbeddingConfig(name="seq", num_embeddings=100_000, embedding_dim=64,
+                                                    feature_names=["seq_f"])], device=META)
+    sharders = [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder(fused_params={"cache_load_factor": 0.3})]
+    constraints = {"big": ParameterConstraints(pooling_factors=[40.0], cache_params=CacheParams(stats=Skewed()))}
+    topology = Topology(world_size=2, local_world_size=2, compute_device="cuda", hbm_cap=16 * 1024**3)
+    planner = ShardflowPlanner(topology=topology, batch_size=2048, constraints=constraints, plan_dir=tmp_path)
+    ours = planner.plan(model, sharders)
+    assert ours.plan["ebc"]["big"].compute_kernel == "fused_uvm_caching"
+    assert ours.plan["ebc"]["big"].cache_params.load_factor is None
+    theirs = quietly(EmbeddingShardingPlanner(topology=topology, batch_size=2048, constraints=constraints,
+                                              debug=False).plan, model, sharders)
+    rated = torchrec_critical_path(ours, model, topology, 2048, constraints, sharders)
+    assert rated == pytest.approx(planner.last_plan.metrics.critical_path, rel=1e-9)
+    assert rated <= torchrec_critical_path(theirs, model, topology, 2048, constraints, sharders) * (1 + 1e-9)
+
+    written = read_plan(tmp_path)
+    assert json.loads((tmp_path / "plan.json").read_text())["format"] == "shardflow.plan/v5"
+    assert written == planner.last_plan
+    assert to_sharding_plan(written).plan["ebc"]["big"].cache_params.load_factor is None
+    older = json.loads(dumps_plan(written))
+    older["format"] = "shardflow.plan/v3"
+    legacy = parse_plan(json.dumps(older), "a v3 plan")
+    assert legacy.every_cache_stated and legacy.format == "shardflow.plan/v3"
+    assert to_sharding_plan(legacy).plan["ebc"]["big"].cache_params.load_factor == 0.2
+    demo = json.loads(dumps_plan(plan_spec(issue2282_spec(4), topology_from_dict(
+        {"world_size": 2, "local_world_size": 2, "compute_device": "cuda"}))))
+    demo["format"] = "shardflow.plan/v5"
+    with pytest.raises(InputError) as e:
+        parse_plan(json.dumps(demo), "a relabelled plan")
+    assert "format: says shardflow.plan/v5, but no cache of TorchRec's default size goes unstated" in e.value.render()
 
 
 class MeasuredAtFew(Skewed):

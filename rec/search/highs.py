@@ -58,3 +58,15 @@ def run_status(h: highspy.Highs) -> RunStatus:
     return RunStatus(h.modelStatusToString(status), status == highspy.HighsModelStatus.kOptimal,
                      status == highspy.HighsModelStatus.kTimeLimit,
                      h.getInfo().primal_solution_status == feasible)
+
+
+def run_within(h: highspy.Highs, seconds: float) -> bool:
+    """``h.run()``, waited for at most ``seconds``; False where it has not returned by then. highspy
+    releases the GIL while HiGHS runs, so the caller goes on; the run left behind keeps its thread (a
+    daemon: it ends with the process) and its core until it returns, if ever."""
+    import threading
+
+    runner = threading.Thread(target=h.run, name="highs-run", daemon=True)
+    runner.start()
+    runner.join(seconds)
+    return not runner.is_alive()

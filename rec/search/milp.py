@@ -23,7 +23,7 @@ from numpy.typing import ArrayLike
 
 from rec.cost.types import Options
 from rec.search.assignment import Assignment, usage
-from rec.search.highs import quiet_highs, run_status
+from rec.search.highs import quiet_highs, run_status, run_within
 from rec.search.placement import Placement
 from rec.search.space import SearchSpace, run_ranks
 from rec.tolerance import SOLVER_TOLERANCE
@@ -371,6 +371,10 @@ class MilpOutcome:
 
 
 MIP_REL_GAP = 1e-6  # HiGHS stops once within this of its bound
+# How long past its time limit a HiGHS run is waited for. HiGHS 1.16 can loop where it checks neither
+# its clock nor an interrupt callback (a 1691-column model of a stress workload ran for good at a 30 s
+# limit, and returned at 10 s): the search then goes on without that run's answer.
+WATCHDOG_GRACE_S = 10.0
 
 
 def solve(model: MilpModel, limits: MilpLimits, start: np.ndarray | None = None,
@@ -406,7 +410,9 @@ def solve(model: MilpModel, limits: MilpLimits, start: np.ndarray | None = None,
         sol.value_valid = True
         h.setSolution(sol)
     began = time.perf_counter()
-    h.run()
+    if not run_within(h, limits.seconds + WATCHDOG_GRACE_S):
+        return MilpOutcome(None, np.inf, 0.0, f"no answer {WATCHDOG_GRACE_S:g} s past its time limit", 0, 0,
+                           time.perf_counter() - began, False, True)
     seconds = time.perf_counter() - began
     info = h.getInfo()
     status = run_status(h)

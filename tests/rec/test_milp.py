@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 
 import numpy as np
 import pytest
@@ -208,3 +209,35 @@ def test_the_neighbourhood_search_solves_no_milp_twice_from_one_incumbent(monkey
     assert len(solved) >= 3 and len(set(solved)) == len(solved)
     assert outcome.info["neighbourhood_steps"] > len(solved)  # steps whose MILP was solved already
     assert outcome.assignment is None or outcome.assignment.critical_path < incumbent.critical_path
+
+
+def test_a_solver_run_that_never_returns_is_left_behind_past_its_time_limit(monkeypatch):
+    """HiGHS 1.16 can loop for good where it checks neither its clock nor an interrupt (a stress
+    workload's 1691-column model at a 30 s limit): the search waits a grace past the limit, then goes
+    on without that run's answer."""
+    import threading
+
+    import rec.search.milp as milp
+
+    never, real = threading.Event(), milp.quiet_highs
+
+    class Stuck:
+        def __init__(self):
+            self.real = real()
+
+        def __getattr__(self, name):
+            return getattr(self.real, name)
+
+        def run(self):
+            never.wait()
+
+    monkeypatch.setattr(milp, "quiet_highs", Stuck)
+    monkeypatch.setattr(milp, "WATCHDOG_GRACE_S", 0.5)
+    model = milp.MilpModel(1, 0, np.array([1.0]), np.array([0.0]), np.array([1.0]), np.array([True]), np.zeros(0),
+                           np.zeros(0), np.array([0, 0]), np.zeros(0, np.int64), np.zeros(0), 1.0,
+                           *(np.zeros(0, np.int64),) * 7)
+    began = time.perf_counter()
+    out = milp.solve(model, milp.MilpLimits(nodes=10, seconds=0.5))
+    assert time.perf_counter() - began < 5
+    assert out.values is None and out.capped and not out.optimal and out.status == "no answer 0.5 s past its time limit"
+    never.set()

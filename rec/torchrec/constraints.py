@@ -131,10 +131,11 @@ def stats_cells(stats: Any, global_batch: int, load_factor: float | None) -> tup
     cache size the planner may price (``CACHE_FRACTIONS``, the cache-size ladder, ``load_factor``,
     1), so that the cost model reads TorchRec's own miss rate wherever it looks; and its
     ``expected_lookups``, the distinct ids of a global batch, as ``distinct_per_batch`` counted at
-    ``global_batch`` samples. Statistics that raise at some sizes (measured at a few) answer for the
-    sizes they were measured at: the cache's size is then fixed (``cache_load_factor``) at
-    ``load_factor``, else at the measured size nearest TorchRec's default, which TorchRec's estimator
-    asks about; never grown to a size where TorchRec's would raise."""
+    ``global_batch`` samples. Statistics that raise at some sizes (measured at a few) are asked no
+    more than TorchRec's default proposers ask them: at a stated ``load_factor``, where the cache's
+    size is then fixed (``cache_load_factor``, priced by what they answer), else nowhere: the cache
+    keeps TorchRec's default size, which the plan leaves unstated (``unsized_statistics``), priced
+    without statistics, as TorchRec prices such a cache. Never grown to a size where they raise."""
     if stats is None:
         return {}, None
     import math
@@ -159,12 +160,11 @@ def stats_cells(stats: Any, global_batch: int, load_factor: float | None) -> tup
         hits.append(1.0 - miss)
     fixed = None
     if raised:
-        wanted = UVM_CACHING_RATIO if load_factor is None else float(load_factor)
-        if load_factor is not None and wanted not in answered:  # where TorchRec's estimator asks too
-            return {}, next(m for m in raised if m.startswith(f"expected_miss_rate({wanted})"))
-        if not answered:
-            return {}, raised[0]
-        fixed = min(answered, key=lambda f: (abs(f - wanted), f))
+        if load_factor is None:  # TorchRec's default proposers ask nothing, its estimator prices no fetches
+            return {"cache_load_factor": UVM_CACHING_RATIO}, None
+        fixed = float(load_factor)
+        if fixed not in answered:  # where TorchRec's estimator asks too
+            return {}, next(m for m in raised if m.startswith(f"expected_miss_rate({fixed})"))
     # A larger cache serves at least as many lookups: where the user's curve falls again, each size
     # gets the least hit rate of any size from it up, so no size is priced fewer fetches than
     # TorchRec's estimator prices at it (``expected_miss_rate`` as it is).
@@ -177,3 +177,13 @@ def stats_cells(stats: Any, global_batch: int, load_factor: float | None) -> tup
         return {}, f"expected_lookups is {lookups!r}, not a count of distinct ids per batch (>= 0)"
     cells = {"hit_rate_curve": points, "distinct_per_batch": lookups, "stats_batch_size": global_batch}
     return cells if fixed is None else {**cells, "cache_load_factor": fixed}, None
+
+
+def unsized_statistics(stats: Any, load_factor: float | None, spec_table: Any) -> bool:
+    """Whether a table's cache goes without a load factor in the ``ShardingPlan`` although the plan
+    fixes its size: statistics (``stats``) that raise at some sizes, no size given (``load_factor``),
+    so that ``stats_cells`` fixed the cache at TorchRec's default without reading them (the spec
+    table has a ``cache_load_factor`` and no ``hit_rate_curve``), as TorchRec's default proposers
+    leave such a cache."""
+    return (stats is not None and load_factor is None and spec_table.cache_load_factor is not None
+            and spec_table.hit_rate_curve is None)

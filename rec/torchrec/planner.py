@@ -34,7 +34,7 @@ from rec.sharding import ComputeDevice, ComputeKernel, ShardingType
 from rec.spec import spec_from_rows
 from rec.spec.types import table_key
 from rec.topology.types import BATCH_SIZE
-from rec.torchrec.constraints import kernel_fields, stats_cells, table_constraints
+from rec.torchrec.constraints import kernel_fields, stats_cells, table_constraints, unsized_statistics
 from rec.torchrec.model import ModelTables, model_tables, module_kind
 from rec.torchrec.topology import (
     reservation_settings,
@@ -290,6 +290,7 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
 
             return ShardingPlan(plan={})
         sharding_plan = to_sharding_plan(planned.plan, "" if planned.root else None)
+        spec_tables = {t.key: t for t in planned.plan.spec.tables}
         for t in planned.plan.tables:
             fields = planned.kernel.get(t.key)
             if fields:  # as TorchRec's planner copies them from the constraints
@@ -297,7 +298,9 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
                 ours = module_plan[t.name].cache_params
                 given = fields.get("cache_params")
                 if ours is not None and given is not None:  # the size the plan gives (at least a floor given)
-                    fields = {**fields, "cache_params": replace(given, load_factor=ours.load_factor)}
+                    unsized = unsized_statistics(given.stats, given.load_factor, spec_tables[t.key])
+                    fields = {**fields, "cache_params": replace(given, load_factor=None if unsized
+                                                                else ours.load_factor)}
                 module_plan[t.name] = replace(module_plan[t.name], **fields)
         return sharding_plan
 

@@ -133,13 +133,15 @@ def torchrec_critical_path(sharding_plan, model, topology, batch_size, constrain
 
 
 def assert_rated_as_torchrec_rates(planner: ShardflowPlanner, model: nn.Module, topology: Topology,
-                                   batch_size: int, constraints: dict) -> None:
+                                   batch_size: int, constraints: dict, sharding_plan=None) -> None:
     """Every table's shards, time and memory in shardflow's plan are TorchRec's for the option it
-    took; each rank's capacity is what TorchRec's reservation leaves."""
+    took (at the cache sizes ``sharding_plan``, else the plan's own, states); each rank's capacity is
+    what TorchRec's reservation leaves."""
     from rec.plan.torchrec_plan import to_sharding_plan
 
     plan = planner.last_plan
-    rated, caps = torchrec_rates(model, topology, batch_size, stated_cache_sizes(to_sharding_plan(plan), constraints))
+    stated = stated_cache_sizes(sharding_plan or to_sharding_plan(plan), constraints)
+    rated, caps = torchrec_rates(model, topology, batch_size, stated)
     for t in plan.tables:
         shards, perf, hbm, ddr = rated[(t.module, t.name, t.sharding_type.value, t.compute_kernel.value)]
         if not t.replicated:
@@ -763,8 +765,10 @@ class MeasuredAtFew(Skewed):
 def test_statistics_measured_at_a_few_sizes_fix_the_cache_where_torchrec_asks_them(stated):
     """TorchRec's default proposers ask a table's statistics only at its stated size, or none: with
     statistics that raise elsewhere they plan, so shardflow plans too, with that cache fixed at the
-    stated size (none stated: TorchRec's default), rated as TorchRec rates it and no worse than its
-    best proposer. A stated size the statistics raise at is named: TorchRec's estimator raises there."""
+    stated size, priced by the statistics there; none stated, at TorchRec's default size, unstated
+    and priced without them, as TorchRec leaves and prices it. Rated as TorchRec rates it and no
+    worse than its best proposer. A stated size the statistics raise at is named: TorchRec's
+    estimator raises there."""
     model = nn.Module()
     shapes = [(4_500_000, 128), (3_000_000, 256), (9_000_000, 64), (1_500_000, 128)]
     model.ebc = ebc(*((f"t{i}", rows, dim) for i, (rows, dim) in enumerate(shapes)))
@@ -776,11 +780,15 @@ def test_statistics_measured_at_a_few_sizes_fix_the_cache_where_torchrec_asks_th
     ours = planner.last_plan
     [t2] = [t for t in ours.spec.tables if t.name == "t2"]
     assert t2.cache_load_factor == (stated or 0.2) and t2.min_cache_load_factor is None
-    assert {f for f, _ in t2.hit_rate_curve} == {0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6}
+    if stated:
+        assert {f for f, _ in t2.hit_rate_curve} == {0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6}
+    else:
+        assert t2.hit_rate_curve is None and t2.distinct_per_batch is None
     [cache] = [t for t in ours.tables if t.name == "t2"]
-    assert cache.compute_kernel.value != "fused_uvm_caching" or (
-        plan.plan["ebc"]["t2"].cache_params.load_factor == (stated or 0.2))
-    assert_rated_as_torchrec_rates(planner, model, topology, BATCH_SIZE, constraints)
+    assert cache.compute_kernel.value == "fused_uvm_caching"
+    assert plan.plan["ebc"]["t2"].cache_params.load_factor == stated
+    assert isinstance(plan.plan["ebc"]["t2"].cache_params.stats, MeasuredAtFew)
+    assert_rated_as_torchrec_rates(planner, model, topology, BATCH_SIZE, constraints, plan)
     theirs = quietly(EmbeddingShardingPlanner(topology=topology, batch_size=BATCH_SIZE, constraints=constraints,
                                               debug=False).plan, model, SHARDERS)
     rated = torchrec_critical_path(theirs, model, topology, BATCH_SIZE, constraints)

@@ -142,9 +142,9 @@ _DP_SWEEP: tuple[tuple[str, int, dict[str, Any]], ...] = (
     ("tables8_rows1k", 512, {"per_rank": 8, "rows": 1_000}),
     ("pf32_batch2048", 2048, {"rows": 10_000, "pooling_factor": 32.0}),
 )
-QUICK = frozenset({"", "tables8", "dim8", "dim256", "pf48", "batch2048", "rows1k", "rows4m",
-                   "rows1k_pf48_batch2048", "rows4m_pf32_batch1024", "pf32", "rows50k", "dim16_rows50k",
-                   "dim256_rows20k"})
+QUICK = frozenset({"", "tables8", "tables48_rows20k_dim32_pf8_batch128", "dim8", "dim256", "pf48", "batch2048",
+                   "rows1k", "rows4m", "rows1k_pf48_batch2048", "rows4m_pf32_batch1024", "pf32", "rows50k",
+                   "dim16_rows50k", "dim256_rows20k"})
 
 
 def _sweeps(st: ShardingType, quick: bool) -> Iterator[ProbeSpec]:

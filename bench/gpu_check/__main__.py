@@ -168,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             return stopped_by(signum)
         report.seconds = time.monotonic() - started
         write_report(out, report)  # after every section: a stopped check keeps what it found
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     ok = [s for s in report.sections if s.status is Status.OK]
     missed = [f"{s.name}: {s.reason}" for s in report.sections if s.status is not Status.OK]
     print(f"gpu_check: {len(ok)} of {len(report.sections)} sections ok in {report.seconds:.0f} s: "

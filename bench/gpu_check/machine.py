@@ -150,16 +150,22 @@ def shardflow(args: list[str], cwd: Path, timeout_s: float, log: Path, module: s
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:
-    """SIGTERM, as a user's Ctrl-C would (shardflow stops torchrun and its ranks), then SIGKILL."""
+    """SIGTERM, as a user's Ctrl-C would (shardflow stops torchrun and its ranks), then SIGKILL; a
+    second Ctrl-C or SIGTERM meanwhile waits until they are stopped."""
     import signal
 
-    for sig, wait in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.communicate(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    held = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for sig, wait in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                proc.communicate(timeout=wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+    finally:
+        for sig, handler in held.items():
+            signal.signal(sig, handler)

@@ -30,7 +30,8 @@ def train(ctx: Context) -> Outcome:
     """The DLRM example trained with each pipeline on every rank; which was faster, and whether
     ``--pipeline auto`` picks it. On cuda each pipeline runs three times, alternating, and its fastest
     run counts: a run slowed by the host (one of run e's ran 1.2x its others) says nothing of the
-    pipeline. The pick may be slower by the noise: the larger of the pipelines' repeat spreads."""
+    pipeline. The pick may be slower by the noise: the larger of the pipelines' spreads between their
+    two fastest runs."""
     cuda = ctx.ranks.cuda
     budget = ctx.share(0.25, 90 if cuda else 40)
     workload = workloads.dlrm(ctx.ranks)
@@ -58,7 +59,7 @@ def train(ctx: Context) -> Outcome:
                                    "loss_last": metrics["loss"]["last"]})
     for pipeline, done in runs.items():
         figures[pipeline.value] = {**min(done, key=lambda r: r["p50_ms"]), "p50_ms_runs": [r["p50_ms"] for r in done]}
-    noise = max(_spread([r["p50_ms"] for r in done]) for done in runs.values())
+    noise = max(_spread(sorted(r["p50_ms"] for r in done)[:2]) for done in runs.values())  # a slowed run aside
     naive, sparse = (figures[p.value]["p50_ms"] for p in PIPELINES)
     faster = PipelineKind.NAIVE if naive < sparse else PipelineKind.SPARSE_DIST
     auto = PipelineKind.AUTO.on(ctx.ranks.world_size, ctx.ranks.device.value)

@@ -65,7 +65,8 @@ def recompute(plan: Plan) -> Estimates:
     spec = plan.spec
     try:
         # the plan's own cost model, with the cache sizes it chose
-        space = build_search_space(spec, plan.topology, plan.planner.cost, chosen_load_factors(plan))
+        space = build_search_space(spec, plan.topology, plan.planner.cost, chosen_load_factors(plan),
+                                   every_stated=plan.every_cache_stated)
     except InputError as e:
         raise InputError(title, [Problem(f"plan {plan.plan_id}", "its spec, topology or cost model cannot be "
                                                                  f"rebuilt: {e.problems[0]}")]) from None

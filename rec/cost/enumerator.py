@@ -58,11 +58,14 @@ from rec.topology.types import Topology
 
 
 def enumerate_options(
-    spec: Spec, topology: Topology, config: CostConfig = CostConfig(), load_factors: np.ndarray | None = None
+    spec: Spec, topology: Topology, config: CostConfig = CostConfig(), load_factors: np.ndarray | None = None,
+    *, every_stated: bool = False,
 ) -> Options:
     """All options of all tables with per-shard ``Perf.total``, HBM and DDR, as TorchRec's;
-    ``load_factors`` (spec order, NaN: none) are cache sizes a plan chose (``rec.cost.tables``)."""
-    cols = table_arrays(spec, topology.batch_size, config, load_factors, world_size=topology.world_size)
+    ``load_factors`` (spec order, NaN: none) are cache sizes a plan chose (``rec.cost.tables``);
+    ``every_stated``: for a plan of a format before v5 (``rec.cost.tables.implicit_caches``)."""
+    cols = table_arrays(spec, topology.batch_size, config, load_factors, world_size=topology.world_size,
+                        every_stated=every_stated)
     offered = cols.offered(topology.compute_device)
     blocks: list[_Block] = []
     for st, kernels in _union(cols.kinds, topology.compute_device).items():

@@ -15,8 +15,9 @@ TorchRec's ``CacheParams.stats`` (``CacheStatistics``) gives its estimator: ``ca
 its cache fetches per iteration (``expected_miss_rate(load_factor) x expected_lookups``). TorchRec
 prices them where it is given the cache's size. A shardflow plan gives every cache's
 (``rec.plan.torchrec_plan``) unless the planner chose none: then a table at TorchRec's default size
-(``UVM_CACHING_RATIO``) whose spec sizes it neither way gets none (``implicit_caches``), as
-TorchRec's own plans give only the sizes a user stated. TorchRec and FBGEMM build that size when
+(``UVM_CACHING_RATIO``) whose spec sizes it neither way, and no table that may share its kernel group
+sizes otherwise, gets none (``implicit_caches``), as TorchRec's own plans give only the sizes a user
+stated. TorchRec and FBGEMM build that size when
 given none, and TorchRec prices no fetches for such a cache, so the same caches cost the same in
 either plan. (Under a profile with ``cache_miss_multiplier``, which prices every cache's misses
 whatever size was given, only where every table's is the default: TorchRec gives the caching tables
@@ -39,11 +40,12 @@ from rec.sharding import (
     SHARDING_TYPES,
     ST_CODE,
     ComputeDevice,
+    ComputeKernel,
     ModuleKind,
     Pooling,
     sharder_options,
 )
-from rec.spec.types import Spec
+from rec.spec.types import Spec, TableSpec
 
 K = TypeVar("K")  # ShardingType or ComputeKernel
 
@@ -216,7 +218,8 @@ def implicit_caches(spec: Spec, chosen: np.ndarray | None, load_factor: np.ndarr
     where the planner ``chosen`` no size (spec order, NaN: none): then, as TorchRec's own plans give
     only the sizes a user stated, every table at TorchRec's default size (``load_factor`` resolved)
     whose spec gives it no size (``cache_load_factor``) or floor (``min_cache_load_factor``: a
-    sharder's default could lie below it) goes without one, and TorchRec prices no fetches for it.
+    sharder's default could lie below it) goes without one, and TorchRec prices no fetches for it,
+    unless a table that may share its kernel group (``cache_group``) is sized otherwise.
     Under a profile that prices cache misses (``cache_miss_multiplier``: measured, the GPU's caches
     as FBGEMM builds them), and for plans read from formats before v5 (``every_stated``), only where
     every table's is the default: FBGEMM gives a kernel group's caches the rows-weighted mean of the
@@ -229,8 +232,24 @@ def implicit_caches(spec: Spec, chosen: np.ndarray | None, load_factor: np.ndarr
     if every_stated or config.profile.extensions.cache_miss_multiplier > 0:
         out: np.ndarray = ~fixed if bool(default.all()) else np.zeros(len(spec.tables), bool)
         return out
-    per_table: np.ndarray = ~fixed & default
+    # FBGEMM gives the caches of a kernel group the mean of the sizes its tables state: a cache goes
+    # unstated only where no table that may share its group (one module's tables of one element
+    # size, pooling and weighting) states another size.
+    groups = [cache_group(t) for t in spec.tables]
+    sized = {groups[i] for i in np.flatnonzero(fixed & ~default) if may_be_cached(spec.tables[i])}
+    per_table: np.ndarray = ~fixed & default & np.fromiter((g not in sized for g in groups), bool, len(groups))
     return per_table
+
+
+def cache_group(t: TableSpec) -> tuple[str, int, bool, bool]:
+    """What TorchRec's ``group_tables`` puts a table's cache in a kernel group by, known before the
+    search: its module, element size, pooling and weighting (the rank and kernel come with the plan)."""
+    return t.module, t.data_type.bytes_per_element, t.pooling is not Pooling.NONE, t.is_weighted
+
+
+def may_be_cached(t: TableSpec) -> bool:
+    """Whether the table may take the fused_uvm_caching kernel (its allow-list, if any, has it)."""
+    return not t.compute_kernels or ComputeKernel.FUSED_UVM_CACHING in t.compute_kernels
 
 
 def global_distinct(spec: Spec, global_batch: int) -> np.ndarray:

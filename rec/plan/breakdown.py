@@ -57,9 +57,10 @@ def breakdown(plan: Plan) -> Breakdown:
     """Every shard's compute and communication time under the plan's own cost model."""
     spec, topology, cost = plan.spec, plan.topology, plan.planner.cost
     sizes = chosen_load_factors(plan)  # the caches at the sizes the plan chose
-    total = enumerate_options(spec, topology, cost, sizes)
+    total = enumerate_options(spec, topology, cost, sizes, every_stated=plan.every_cache_stated)
     free = enumerate_options(spec, replace(topology, intra_host_bw=math.inf, inter_host_bw=math.inf),
-                             replace(cost, profile=cost.profile.without_network()), sizes)
+                             replace(cost, profile=cost.profile.without_network()), sizes,
+                             every_stated=plan.every_cache_stated)
     index = {t.key: i for i, t in enumerate(spec.tables)}
     keys = _option_keys(total)
     cols: dict[str, list[float]] = {k: [] for k in ("table", "rank", "shard", "compute", "comm", "hbm", "ddr")}

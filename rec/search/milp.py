@@ -15,6 +15,7 @@ loads recomputed exactly; one that overflows a rank by HiGHS's tolerance is reje
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -27,6 +28,8 @@ from rec.search.highs import quiet_highs, run_status, run_within
 from rec.search.placement import Placement
 from rec.search.space import SearchSpace, run_ranks
 from rec.tolerance import SOLVER_TOLERANCE
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -411,6 +414,9 @@ def solve(model: MilpModel, limits: MilpLimits, start: np.ndarray | None = None,
         h.setSolution(sol)
     began = time.perf_counter()
     if not run_within(h, limits.seconds + WATCHDOG_GRACE_S):
+        log.warning("HiGHS gave no answer %g s past its %g-s time limit (%d columns): the search goes on "
+                    "without it; its run keeps a core until it returns or the process ends",
+                    WATCHDOG_GRACE_S, limits.seconds, model.num_cols)
         return MilpOutcome(None, np.inf, 0.0, f"no answer {WATCHDOG_GRACE_S:g} s past its time limit", 0, 0,
                            time.perf_counter() - began, False, True)
     seconds = time.perf_counter() - began

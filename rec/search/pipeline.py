@@ -37,12 +37,12 @@ __all__ = ["build_search_space", "prepare", "search", "search_result"]
 
 
 def build_search_space(spec: Spec, topology: Topology, cost: CostConfig = CostConfig(),
-                       load_factors: np.ndarray | None = None) -> SearchSpace:
+                       load_factors: np.ndarray | None = None, *, every_stated: bool = False) -> SearchSpace:
     """Enumerate and cost every option, and the ranks' usable capacity; ``load_factors`` (spec order,
-    NaN: none) are cache sizes a plan chose."""
+    NaN: none) are cache sizes a plan chose; ``every_stated``: for a plan of a format before v5."""
     from rec.cost import enumerate_options, rank_capacity
 
-    options = enumerate_options(spec, topology, cost, load_factors)
+    options = enumerate_options(spec, topology, cost, load_factors, every_stated=every_stated)
     hbm_cap, ddr_cap = rank_capacity(spec, topology)
     return _checked_space(options, spec, topology, cost, load_factors, hbm_cap, ddr_cap)
 

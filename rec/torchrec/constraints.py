@@ -131,20 +131,18 @@ def stats_cells(stats: Any, global_batch: int, load_factor: float | None) -> tup
     cache size the planner may price (``CACHE_FRACTIONS``, the cache-size ladder, ``load_factor``,
     1), so that the cost model reads TorchRec's own miss rate wherever it looks; and its
     ``expected_lookups``, the distinct ids of a global batch, as ``distinct_per_batch`` counted at
-    ``global_batch`` samples. Statistics that raise at some sizes (measured at a few) are asked no
-    more than TorchRec's default proposers ask them: at a stated ``load_factor``, where the cache's
-    size is then fixed (``cache_load_factor``, priced by what they answer), else nowhere: the cache
-    keeps TorchRec's default size, which the plan leaves unstated (``unsized_statistics``), priced
-    without statistics, as TorchRec prices such a cache. Never grown to a size where they raise."""
+    ``global_batch`` samples. Statistics that raise at some sizes (measured at a few) are read where
+    they answer, and the cache's size is fixed (``cache_load_factor``) where TorchRec's proposers keep
+    it: at a stated ``load_factor``, else at TorchRec's default size, which the ``ShardingPlan``
+    leaves unstated where it can (``unsized_statistics``), as TorchRec's default proposers leave it.
+    Never grown to a size where they raise."""
     if stats is None:
         return {}, None
     import math
 
     from rec.config.cost import UVM_CACHING_RATIO
-    from rec.hit_rates import CACHE_FRACTIONS
-    from rec.passes.cache_sizes import LOAD_FACTORS  # from 0.01 to 1: the small caches and the default among them
 
-    fractions = sorted({*CACHE_FRACTIONS, *LOAD_FACTORS, *(() if load_factor is None else (float(load_factor),))})
+    fractions = _asked_fractions(load_factor)
     answered, hits, raised = [], [], []
     for fraction in fractions:
         try:
@@ -160,11 +158,11 @@ def stats_cells(stats: Any, global_batch: int, load_factor: float | None) -> tup
         hits.append(1.0 - miss)
     fixed = None
     if raised:
-        if load_factor is None:  # TorchRec's default proposers ask nothing, its estimator prices no fetches
-            return {"cache_load_factor": UVM_CACHING_RATIO}, None
-        fixed = float(load_factor)
-        if fixed not in answered:  # where TorchRec's estimator asks too
+        fixed = UVM_CACHING_RATIO if load_factor is None else float(load_factor)
+        if load_factor is not None and fixed not in answered:  # where TorchRec's estimator asks too
             return {}, next(m for m in raised if m.startswith(f"expected_miss_rate({fixed})"))
+        if not answered:
+            return {"cache_load_factor": fixed}, None
     # A larger cache serves at least as many lookups: where the user's curve falls again, each size
     # gets the least hit rate of any size from it up, so no size is priced fewer fetches than
     # TorchRec's estimator prices at it (``expected_miss_rate`` as it is).
@@ -179,11 +177,32 @@ def stats_cells(stats: Any, global_batch: int, load_factor: float | None) -> tup
     return cells if fixed is None else {**cells, "cache_load_factor": fixed}, None
 
 
-def unsized_statistics(stats: Any, load_factor: float | None, spec_table: Any) -> bool:
+def unsized_statistics(stats: Any, load_factor: float | None, spec_table: Any, beside_sized: bool) -> bool:
     """Whether a table's cache goes without a load factor in the ``ShardingPlan`` although the plan
-    fixes its size: statistics (``stats``) that raise at some sizes, no size given (``load_factor``),
-    so that ``stats_cells`` fixed the cache at TorchRec's default without reading them (the spec
-    table has a ``cache_load_factor`` and no ``hit_rate_curve``), as TorchRec's default proposers
-    leave such a cache."""
-    return (stats is not None and load_factor is None and spec_table.cache_load_factor is not None
-            and spec_table.hit_rate_curve is None)
+    fixes its size: statistics (``stats``) that raise at some sizes and no size given
+    (``load_factor``), so that ``stats_cells`` fixed the cache at TorchRec's default, which
+    TorchRec's default proposers leave unstated. Stated all the same where a cache that may share its
+    kernel group has another size (``beside_sized``: FBGEMM would give an unstated one the group's
+    mean), unless the statistics raise at the default size, where TorchRec's estimator would ask."""
+    from rec.config.cost import UVM_CACHING_RATIO
+
+    if stats is None or load_factor is not None or spec_table.cache_load_factor != UVM_CACHING_RATIO:
+        return False
+    raises = []
+    for fraction in _asked_fractions(None):
+        try:
+            stats.expected_miss_rate(fraction)
+            raises.append(False)
+        except Exception:  # measured at a few sizes: the fallback of stats_cells
+            raises.append(True)
+    if not any(raises):
+        return False
+    return not beside_sized or raises[_asked_fractions(None).index(UVM_CACHING_RATIO)]
+
+
+def _asked_fractions(load_factor: float | None) -> list[float]:
+    """The cache sizes ``stats_cells`` asks statistics about, in order."""
+    from rec.hit_rates import CACHE_FRACTIONS
+    from rec.passes.cache_sizes import LOAD_FACTORS
+
+    return sorted({*CACHE_FRACTIONS, *LOAD_FACTORS, *(() if load_factor is None else (float(load_factor),))})

@@ -23,8 +23,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from rec.config.cost import CostConfig, Optimizer
+from rec.config.cost import UVM_CACHING_RATIO, CostConfig, Optimizer
 from rec.config.search import SearchConfig
+from rec.cost.tables import cache_group
 from rec.errors import InputError, Problem
 from rec.plan.types import Plan
 from rec.planning import plan_spec
@@ -291,6 +292,11 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
             return ShardingPlan(plan={})
         sharding_plan = to_sharding_plan(planned.plan, "" if planned.root else None)
         spec_tables = {t.key: t for t in planned.plan.spec.tables}
+        # FBGEMM gives an unstated cache its kernel group's mean of the stated sizes: a cache is left
+        # unstated only beside caches of TorchRec's default size.
+        sized = {cache_group(spec_tables[t.key]) for t in planned.plan.tables
+                 if (given := sharding_plan.plan["" if planned.root else t.module][t.name].cache_params) is not None
+                 and given.load_factor not in (None, UVM_CACHING_RATIO)}
         for t in planned.plan.tables:
             fields = planned.kernel.get(t.key)
             if fields:  # as TorchRec's planner copies them from the constraints
@@ -298,7 +304,8 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
                 ours = module_plan[t.name].cache_params
                 given = fields.get("cache_params")
                 if ours is not None and given is not None:  # the size the plan gives (at least a floor given)
-                    unsized = unsized_statistics(given.stats, given.load_factor, spec_tables[t.key])
+                    unsized = unsized_statistics(given.stats, given.load_factor, spec_tables[t.key],
+                                                 cache_group(spec_tables[t.key]) in sized)
                     fields = {**fields, "cache_params": replace(given, load_factor=None if unsized
                                                                 else ours.load_factor)}
                 module_plan[t.name] = replace(module_plan[t.name], **fields)

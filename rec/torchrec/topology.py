@@ -199,22 +199,24 @@ PROFILE_KNOBS = (
 def topology_profile(profile: Profile, topology: Any) -> tuple[Profile, list[Problem]]:
     """``profile`` with each number TorchRec's ``topology`` sets away from TorchRec's default
     (``PROFILE_KNOBS``: its backward multipliers, its host-to-GPU bandwidth), so that the cost model
-    prices what TorchRec's estimator prices under that topology; a problem where the profile itself
+    prices what TorchRec's estimator prices under that topology. A profile other than TorchRec's
+    default (a calibrated one) has its own numbers, fitted together: a problem where the topology
     sets another value (both were meant: say which)."""
     problems = []
+    default = profile.is_default
     for knob in PROFILE_KNOBS:
         value = float(getattr(topology, knob.name, knob.default))
         if value == knob.default:
             continue
         part, name = knob.field.split(".")
         own = getattr(getattr(profile, part), name)
-        unset = own is None if knob.per_ms else own == knob.default
         wanted = value * MS_PER_S if knob.per_ms else value
-        if unset:
+        if default:
             profile = replace(profile, **{part: replace(getattr(profile, part), **{name: wanted})})
-        elif own != wanted:
+        elif own is None or abs(own - wanted) > 1e-9 * wanted:  # bytes/ms x 1000 may differ in the last bit
+            theirs = "not set (TorchRec's default)" if own is None else f"{own:g}"
             shown = f"{value:g} bytes/ms ({wanted:g} bytes/s)" if knob.per_ms else f"{value:g}"
-            problems.append(Problem(f"topology.{knob.name}", f"{shown}, but the profile's {knob.field} is {own:g}: "
+            problems.append(Problem(f"topology.{knob.name}", f"{shown}, but the profile's {knob.field} is {theirs}: "
                                                              "give it in one of them"))
     return profile, problems
 

@@ -3,7 +3,9 @@
 ``plans_before/`` holds plans written by the code before the Plan was typed (commit a0c9f3a, where
 ``Plan.topology`` and ``Plan.planner`` were dicts): every kind of planner identity (local, Ray keys,
 replanned, a profile, TorchRec's made_by), format v3 (modules), data_parallel replicas, a bound the
-MILP proved, and one plan directory with its shards.parquet and movement.parquet."""
+MILP proved, and one plan directory with its shards.parquet and movement.parquet. And
+``cache_beside_sized_v3``, written by the drop-in planner at commit 20bc2c1 (before v5): a cache of
+TorchRec's default size, with statistics, beside a sharder's other size, which every cache states."""
 
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from tests.paths import ROOT
 BEFORE = ROOT / "tests" / "rec" / "plans_before"
 PLAN_IDS = {"cpu_demo": "5e1e111ad8e76c0f", "two_tower_seq_v3": "0f2113817ccb77c7", "replanned": "b3b01ec9e3ef4693",
             "profile": "258eb7cdcfda315e", "cuda_dp_rw": "47829faee745bad9", "ray_keys": "2aa58b673a5d798b",
-            "made_by_torchrec": "8a5a5a9f891c7846"}
+            "made_by_torchrec": "8a5a5a9f891c7846", "cache_beside_sized_v3": "fd9d975bee53002c"}
 
 
 @pytest.mark.parametrize("name", sorted(PLAN_IDS))
@@ -139,3 +141,14 @@ def test_a_plan_from_anywhere_is_read_by_the_one_reader(tmp_path):
     plans = [read_plan(path), parse_plan(path.read_bytes(), path), plan_from_dict(json.loads(path.read_text()))]
     assert plans[0] == plans[1] == plans[2]
     assert Path(BEFORE / "cpu_demo.json").read_text() == dumps_plan(plans[0])
+
+
+def test_a_plan_made_when_every_cache_stated_its_size_is_built_and_priced_so():
+    """Before format v5 a plan stated every cache's size where any table's differed from TorchRec's
+    default, and priced the fetches of each: read back, its sharding plan states them, and its
+    estimates are recomputed so (check_plan above passes)."""
+    from rec.plan.torchrec_plan import to_sharding_plan
+
+    plan = parse_plan((BEFORE / "cache_beside_sized_v3.json").read_text(), "v3")
+    assert plan.every_cache_stated and plan.format == "shardflow.plan/v3"
+    assert to_sharding_plan(plan).plan["ebc"]["big"].cache_params.load_factor == 0.2

@@ -165,9 +165,9 @@ def topology_problems(topology: Any) -> list[Problem]:
             f"{type(comms).__name__} is not modelled: shardflow takes intra_host_bw and inter_host_bw")))
     for knob in PROFILE_KNOBS:
         value = getattr(topology, knob.name, knob.default)
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0
-                and (value > 0 or knob.name == "weighted_feature_bwd_compute_multiplier")):
-            problems.append(Problem(f"topology.{knob.name}", f"{value!r} is not a number {knob.bounds}"))
+        if not knob.allows(value):
+            problems.append(Problem(f"topology.{knob.name}", f"{value!r} is not a number "
+                                                             f"{'>= 0' if knob.may_be_zero else 'above 0'}"))
     return problems
 
 
@@ -179,10 +179,12 @@ class ProfileKnob:
     default: float  # TorchRec's
     field: str  # where in a profile: "coefficients.<name>" or "bandwidths.<name>"
     per_ms: bool = False  # TorchRec gives it in bytes/ms, a profile in bytes/s
+    may_be_zero: bool = False
 
-    @property
-    def bounds(self) -> str:
-        return ">= 0" if self.name == "weighted_feature_bwd_compute_multiplier" else "above 0"
+    def allows(self, value: object) -> bool:
+        """A finite number above 0 (at least 0 where ``may_be_zero``)."""
+        return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                and (value >= 0 if self.may_be_zero else value > 0))
 
 
 # TorchRec's default estimator reads these from the topology (EstimatorContext); a profile sets the same
@@ -191,7 +193,7 @@ class ProfileKnob:
 PROFILE_KNOBS = (
     ProfileKnob("bwd_compute_multiplier", BWD_COMPUTE_MULTIPLIER, "coefficients.bwd_compute_multiplier"),
     ProfileKnob("weighted_feature_bwd_compute_multiplier", WEIGHTED_FEATURE_BWD_COMPUTE_MULTIPLIER,
-                "coefficients.weighted_feature_bwd_compute_multiplier"),
+                "coefficients.weighted_feature_bwd_compute_multiplier", may_be_zero=True),
     ProfileKnob("hbm_to_ddr_mem_bw", HBM_TO_DDR_MEM_BW, "bandwidths.hbm_to_ddr_mem_bw", per_ms=True),
 )
 

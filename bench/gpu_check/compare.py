@@ -179,6 +179,11 @@ def measure_alternating(ctx: Context, paths: Sequence[Path], repeats: int, timeo
     return Measured(per_plan, stopped)
 
 
+def repeat_spread(values: list[float]) -> float:
+    """The noise of repeated measurements: (max - min) / median (0 for one)."""
+    return float((max(values) - min(values)) / np.median(values))
+
+
 def summarize(runs: list[PlanTimes]) -> dict[str, Any]:
     """A plan's measurements: the median critical path over the repeats, each repeat's, and their spread."""
     values = [t.critical_path_ms() for t in runs if t.iterations]
@@ -187,7 +192,7 @@ def summarize(runs: list[PlanTimes]) -> dict[str, Any]:
                 "measure_error": next((t.error for t in runs if t.error), None)}
     median = float(np.median(values))
     return {"measured_ms": median, "repeats_ms": [round(v, 4) for v in values],
-            "spread": float((max(values) - min(values)) / median),
+            "spread": repeat_spread(values),
             "block_spread": float(max(t.spread() for t in runs if t.iterations))}
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.gpu_check import workloads
+from bench.gpu_check import compare, workloads
 from bench.gpu_check.context import Context, Outcome, SectionFailed, read_json
 from bench.gpu_check.targets import target
 from rec.train.config import PipelineKind
@@ -59,7 +59,8 @@ def train(ctx: Context) -> Outcome:
                                    "loss_last": metrics["loss"]["last"]})
     for pipeline, done in runs.items():
         figures[pipeline.value] = {**min(done, key=lambda r: r["p50_ms"]), "p50_ms_runs": [r["p50_ms"] for r in done]}
-    noise = max(_spread(sorted(r["p50_ms"] for r in done)[:2]) for done in runs.values())  # a slowed run aside
+    # the spread of each pipeline's two fastest runs: a run the host slowed aside
+    noise = max(compare.repeat_spread(sorted(r["p50_ms"] for r in done)[:2]) for done in runs.values())
     naive, sparse = (figures[p.value]["p50_ms"] for p in PIPELINES)
     faster = PipelineKind.NAIVE if naive < sparse else PipelineKind.SPARSE_DIST
     auto = PipelineKind.AUTO.on(ctx.ranks.world_size, ctx.ranks.device.value)
@@ -208,8 +209,3 @@ def calibrate(ctx: Context) -> Outcome:
     return Outcome(figures, f"{figures['probes']} probes in {finished.seconds:.0f} s ({overhead:.2f} s overhead "
                             f"per probe); median |residual| {fit['median_abs_residual']:.1%}",
                    (target("calibrate_seconds", finished.seconds, cuda),))
-
-
-def _spread(values: list[float]) -> float:
-    """The repeats' noise: (max - min) / median (0 for one run)."""
-    return float((max(values) - min(values)) / np.median(values)) if len(values) > 1 else 0.0

@@ -24,8 +24,10 @@ def load_factors(plan: Plan) -> np.ndarray:
     return resolved_load_factors(plan.spec, plan.planner.cost, chosen_load_factors(plan))
 
 
-def unstated_caches(plan: Plan) -> np.ndarray:
+def unstated_caches(plan: Plan, every_stated: bool | None = None) -> np.ndarray:
     """(T,) bool in spec order: the plan's sharding plan gives the table's cache no load factor
-    (``rec.cost.tables.implicit_caches``, under the rule of the plan's format)."""
-    return implicit_caches(plan.spec, chosen_load_factors(plan), load_factors(plan), plan.planner.cost,
-                           every_stated=plan.every_cache_stated)
+    (``rec.cost.tables.implicit_caches``, under the rule of the plan's format, else ``every_stated``'s)."""
+    chosen = chosen_load_factors(plan)
+    return implicit_caches(plan.spec, chosen, resolved_load_factors(plan.spec, plan.planner.cost, chosen),
+                           plan.planner.cost,
+                           every_stated=plan.every_cache_stated if every_stated is None else every_stated)

@@ -151,16 +151,13 @@ class Plan:
     def leaves_caches_unstated(self) -> bool:
         """Some fused_uvm_caching table goes without a load factor that a plan of a format before v5
         states (rec.cost.tables.implicit_caches)."""
-        from rec.cost.tables import implicit_caches
-        from rec.plan.load_factors import chosen_load_factors, load_factors
+        from rec.plan.load_factors import unstated_caches
 
         kernels = {t.key: t.compute_kernel for t in self.tables}
         caching = np.array([kernels.get(t.key) is ComputeKernel.FUSED_UVM_CACHING for t in self.spec.tables])
         if not caching.any():
             return False
-        chosen, factors, cost = chosen_load_factors(self), load_factors(self), self.planner.cost
-        differ = implicit_caches(self.spec, chosen, factors, cost) != implicit_caches(self.spec, chosen, factors, cost,
-                                                                                      every_stated=True)
+        differ = unstated_caches(self, every_stated=False) != unstated_caches(self, every_stated=True)
         return bool((differ & caching).any())
 
     @property

@@ -145,10 +145,9 @@ def stats_cells(stats: Any, global_batch: int, load_factor: float | None) -> tup
     fractions = _asked_fractions(load_factor)
     answered, hits, raised = [], [], []
     for fraction in fractions:
-        try:
-            miss = float(stats.expected_miss_rate(fraction))
-        except Exception as e:  # a user's class: measured at some sizes, say, or broken
-            raised.append(f"expected_miss_rate({fraction}) raised {type(e).__name__}: {e}")
+        miss = _miss_rate(stats, fraction)
+        if isinstance(miss, Exception):  # a user's class: measured at some sizes, say, or broken
+            raised.append(f"expected_miss_rate({fraction}) raised {type(miss).__name__}: {miss}")
             continue
         if math.isfinite(miss) and -SHARE_SLACK <= miss <= 1 + SHARE_SLACK:  # a share, up to float noise
             miss = min(max(miss, 0.0), 1.0)
@@ -188,16 +187,18 @@ def unsized_statistics(stats: Any, load_factor: float | None, spec_table: Any, b
 
     if stats is None or load_factor is not None or spec_table.cache_load_factor != UVM_CACHING_RATIO:
         return False
-    raises = []
-    for fraction in _asked_fractions(None):
-        try:
-            stats.expected_miss_rate(fraction)
-            raises.append(False)
-        except Exception:  # measured at a few sizes: the fallback of stats_cells
-            raises.append(True)
-    if not any(raises):
+    raises = {fraction: isinstance(_miss_rate(stats, fraction), Exception) for fraction in _asked_fractions(None)}
+    if not any(raises.values()):  # not the fallback of stats_cells
         return False
-    return not beside_sized or raises[_asked_fractions(None).index(UVM_CACHING_RATIO)]
+    return not beside_sized or raises[UVM_CACHING_RATIO]
+
+
+def _miss_rate(stats: Any, fraction: float) -> float | Exception:
+    """A user's ``expected_miss_rate(fraction)``, or what it raised."""
+    try:
+        return float(stats.expected_miss_rate(fraction))
+    except Exception as e:
+        return e
 
 
 def _asked_fractions(load_factor: float | None) -> list[float]:

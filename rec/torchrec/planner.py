@@ -295,8 +295,8 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
         # FBGEMM gives an unstated cache its kernel group's mean of the stated sizes: a cache is left
         # unstated only beside caches of TorchRec's default size.
         sized = {cache_group(spec_tables[t.key]) for t in planned.plan.tables
-                 if (given := sharding_plan.plan["" if planned.root else t.module][t.name].cache_params) is not None
-                 and given.load_factor not in (None, UVM_CACHING_RATIO)}
+                 if (stated := sharding_plan.plan["" if planned.root else t.module][t.name].cache_params) is not None
+                 and stated.load_factor not in (None, UVM_CACHING_RATIO)}
         for t in planned.plan.tables:
             fields = planned.kernel.get(t.key)
             if fields:  # as TorchRec's planner copies them from the constraints

@@ -11,6 +11,7 @@ from rec.plan.columns import TableColumns
 from rec.plan.plan_id import plan_id, planner_config
 from rec.plan.types import Plan, PlanMetrics
 from rec.search.assignment import chosen_shards
+from rec.search.placed_caches import with_placed_caches
 from rec.search.result import SearchResult
 from rec.sharding import CK_CODE, ST_CODE, ComputeKernel, ShardingType
 from rec.spec.types import Spec
@@ -19,7 +20,9 @@ from rec.topology.types import Topology
 
 def build_plan(result: SearchResult, spec: Spec, topology: Topology, cost: CostConfig,
                search: SearchConfig, extra_planner: PlannerIdentity | None = None) -> Plan:
-    """``extra_planner`` (how the search ran, a replan: ``rec.plan.plan_id``) joins the plan_id too."""
+    """``extra_planner`` (how the search ran, a replan: ``rec.plan.plan_id``) joins the plan_id too.
+    The caches its ShardingPlan gives no size are costed so first (``rec.search.placed_caches``)."""
+    result = with_placed_caches(result, spec, topology, cost)
     space, a = result.space, result.assignment
     opts = space.options
     choice = a.choice

@@ -61,7 +61,7 @@ def cache_hbm(plan: Plan) -> CacheHbm:
     if not caching.any():
         return CacheHbm(np.zeros(world), uvm_state)
     arrays = table_arrays(plan.spec, plan.topology.batch_size, plan.planner.cost, chosen_load_factors(plan),
-                          world_size=world, every_stated=plan.every_cache_stated)
+                          world_size=world, unstated=unstated_caches(plan))
     t = spec_positions(plan)[c.table_of_entry]
     group = kernel_groups(plan, arrays.elem[t], arrays.pooled[t])[caching]
     rows, cols = c.rows[caching].astype(np.float64), c.cols[caching].astype(np.float64)

@@ -20,7 +20,7 @@ from rec.cost.bandwidth import kernel_bw, links
 from rec.cost.perf import shard_ids, shard_perf
 from rec.cost.tables import table_arrays
 from rec.cost.widest import FAMILY_CODE, KERNEL_FAMILY, group_extremes, lanes, padding_ms
-from rec.plan.load_factors import chosen_load_factors
+from rec.plan.load_factors import chosen_load_factors, unstated_caches
 from rec.plan.types import Plan
 from rec.profile.types import Profile
 from rec.sharding import COMPUTE_KERNELS, SHARDING_TYPES, modules_using
@@ -54,7 +54,7 @@ def _entries(plan: Plan, profile: Profile | None) -> tuple[np.ndarray, np.ndarra
     spec, topology = plan.spec, plan.topology
     cost = replace(plan.planner.cost, profile=profile)
     arrays = table_arrays(spec, topology.batch_size, cost, chosen_load_factors(plan),
-                          world_size=topology.world_size, every_stated=plan.every_cache_stated)
+                          world_size=topology.world_size, unstated=unstated_caches(plan))
     hw = links(topology, profile)
     c = plan.columns
     spec_of_table = spec_positions(plan)

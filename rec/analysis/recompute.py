@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rec.errors import InputError, Problem
-from rec.plan.load_factors import chosen_load_factors
+from rec.plan.load_factors import chosen_load_factors, unstated_caches
 from rec.plan.metrics import UNKNOWN_BOUND, BoundMethod
 from rec.plan.types import Plan
 
@@ -66,7 +66,7 @@ def recompute(plan: Plan) -> Estimates:
     try:
         # the plan's own cost model, with the cache sizes it chose
         space = build_search_space(spec, plan.topology, plan.planner.cost, chosen_load_factors(plan),
-                                   every_stated=plan.every_cache_stated)
+                                   unstated=unstated_caches(plan))
     except InputError as e:
         raise InputError(title, [Problem(f"plan {plan.plan_id}", "its spec, topology or cost model cannot be "
                                                                  f"rebuilt: {e.problems[0]}")]) from None

@@ -59,13 +59,13 @@ from rec.topology.types import Topology
 
 def enumerate_options(
     spec: Spec, topology: Topology, config: CostConfig = CostConfig(), load_factors: np.ndarray | None = None,
-    *, every_stated: bool = False,
+    *, unstated: np.ndarray | None = None,
 ) -> Options:
     """All options of all tables with per-shard ``Perf.total``, HBM and DDR, as TorchRec's;
     ``load_factors`` (spec order, NaN: none) are cache sizes a plan chose (``rec.cost.tables``);
-    ``every_stated``: for a plan of a format before v5 (``rec.cost.tables.implicit_caches``)."""
+    ``unstated``: (T,) the caches a plan gives no size (``rec.cost.tables.table_arrays``)."""
     cols = table_arrays(spec, topology.batch_size, config, load_factors, world_size=topology.world_size,
-                        every_stated=every_stated)
+                        unstated=unstated)
     offered = cols.offered(topology.compute_device)
     blocks: list[_Block] = []
     for st, kernels in _union(cols.kinds, topology.compute_device).items():

@@ -14,9 +14,9 @@ An unpooled table outputs one vector per id, so its ``batch_outputs`` are its ``
 TorchRec's ``CacheParams.stats`` (``CacheStatistics``) gives its estimator: ``cache_fetches``, the rows
 its cache fetches per iteration (``expected_miss_rate(load_factor) x expected_lookups``). TorchRec
 prices them where it is given the cache's size. A shardflow plan gives every cache's
-(``rec.plan.torchrec_plan``) unless the planner chose none: then a table at TorchRec's default size
-(``UVM_CACHING_RATIO``) whose spec sizes it neither way, and no table that may share its kernel group
-sizes otherwise, gets none (``implicit_caches``), as TorchRec's own plans give only the sizes a user
+(``rec.plan.torchrec_plan``) but those at TorchRec's default size (``UVM_CACHING_RATIO``) whose spec
+sizes them neither way and beside which no cache of another size could share a kernel group: those
+get none (``implicit_caches``), as TorchRec's own plans give only the sizes a user
 stated. TorchRec and FBGEMM build that size when
 given none, and TorchRec prices no fetches for such a cache, so the same caches cost the same in
 either plan. (Under a profile with ``cache_miss_multiplier``, which prices every cache's misses
@@ -28,6 +28,7 @@ the others'.)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import TypeVar
 
 import numpy as np
@@ -89,10 +90,11 @@ class TableArrays:
 
 
 def table_arrays(spec: Spec, batch_size: int, config: CostConfig, load_factors: np.ndarray | None = None, *,
-                 world_size: int, every_stated: bool = False) -> TableArrays:
+                 world_size: int, unstated: np.ndarray | None = None) -> TableArrays:
     """Columns of ``spec`` for a per-rank ``batch_size`` on ``world_size`` ranks; ``load_factors``
     (spec order, NaN: none) are the cache sizes a plan chose, over the spec's and the configuration's;
-    ``every_stated``: a plan of a format before v5 (``implicit_caches``)."""
+    ``unstated``: (T,) the caches a plan's ShardingPlan gives no size (default: ``implicit_caches``
+    before tables are placed)."""
     tables = spec.tables
     n = len(tables)
     ints = np.array(
@@ -139,7 +141,8 @@ def table_arrays(spec: Spec, batch_size: int, config: CostConfig, load_factors: 
         optimizer_multiplier=optimizer_multiplier(config.optimizer, dims),
         load_factor=load_factor,
         miss_rate=misses,
-        cache_fetches=np.where(implicit_caches(spec, load_factors, load_factor, config, every_stated), 0.0,
+        cache_fetches=np.where(implicit_caches(spec, load_factors, load_factor, config) if unstated is None
+                               else unstated, 0.0,
                                misses * global_distinct(spec, batch_size * world_size)),
         sharding_allowed=st_ok,
         kernel_allowed=ck_ok,
@@ -212,33 +215,66 @@ def cache_floors(spec: Spec) -> np.ndarray:
     return np.fromiter((t.min_cache_load_factor or 0.0 for t in spec.tables), np.float64, len(spec.tables))
 
 
+class CacheRule(Enum):
+    """Which caches at TorchRec's default size a plan's ``ShardingPlan`` leaves without a load factor
+    (``implicit_caches``): the rule of the plan's format."""
+
+    EVERY = "every"  # formats before v5: each, but only where no table's size is another and none was chosen
+    GROUP = "group"  # v5, and the search: each, unless a table that may share its kernel group is sized otherwise
+    PLACED = "placed"  # v6: each, unless a cache sized otherwise shares its kernel group in the plan
+
+
+@dataclass(frozen=True)
+class CachePlacement:
+    """Where a plan put each table, as far as TorchRec's kernel groups go (spec order): its kernel and
+    sharding type, and the ranks of its shards (``shard_table``, ``shard_rank``: one entry per shard)."""
+
+    kernel: np.ndarray  # (T,) ComputeKernel codes
+    sharding_type: np.ndarray  # (T,) ShardingType codes
+    shard_table: np.ndarray  # (S,) table of each shard
+    shard_rank: np.ndarray  # (S,) rank of each shard
+
+
 def implicit_caches(spec: Spec, chosen: np.ndarray | None, load_factor: np.ndarray, config: CostConfig,
-                    every_stated: bool = False) -> np.ndarray:
-    """(T,) bool: the ``ShardingPlan`` gives the table's cache, if it has one, no load factor. Only
-    where the planner ``chosen`` no size (spec order, NaN: none): then, as TorchRec's own plans give
-    only the sizes a user stated, every table at TorchRec's default size (``load_factor`` resolved)
-    whose spec gives it no size (``cache_load_factor``) or floor (``min_cache_load_factor``: a
-    sharder's default could lie below it) goes without one, and TorchRec prices no fetches for it,
-    unless a table that may share its kernel group (``cache_group``) is sized otherwise.
-    Under a profile that prices cache misses (``cache_miss_multiplier``: measured, the GPU's caches
-    as FBGEMM builds them), and for plans read from formats before v5 (``every_stated``), only where
-    every table's is the default: FBGEMM gives a kernel group's caches the rows-weighted mean of the
-    sizes its tables state, so an unstated cache beside a stated one gets another size than planned.
-    (A plan whose pass chose a size states every cache.)"""
+                    rule: CacheRule = CacheRule.GROUP, placement: CachePlacement | None = None) -> np.ndarray:
+    """(T,) bool: the ``ShardingPlan`` gives the table's cache, if it has one, no load factor, as
+    TorchRec's own plans give only the sizes a user stated: each table at TorchRec's default size
+    (``load_factor`` resolved; ``chosen``: the planner's sizes, spec order, NaN: none) whose spec gives it
+    no size (``cache_load_factor``) or floor (``min_cache_load_factor``: a sharder's default could lie
+    below it), unless a cache of another size could share its kernel group: FBGEMM gives a kernel
+    group's caches the rows-weighted mean of the sizes its tables state, so an unstated cache beside a
+    stated one gets another size than planned. TorchRec prices no fetches for an unstated cache.
+    Under ``CacheRule.GROUP`` (the search, before tables are placed), where the planner chose no size,
+    and where no table that may share the group (``cache_group``) and take a cache is sized otherwise.
+    Under ``CacheRule.PLACED`` with the plan's ``placement``, each fused_uvm_caching table unless one of
+    the same group and sharding type on one of its ranks is sized otherwise, a chosen size of the default
+    counting as none (TorchRec groups each sharding type's tables rank by rank); the other tables are
+    costed as the search costed their options. Under a profile that prices cache misses
+    (``cache_miss_multiplier``: measured, the GPU's caches as FBGEMM builds them), and for plans of a
+    format before v5 (``CacheRule.EVERY``), only where no table's size is another and none was chosen."""
+    n = len(spec.tables)
     fixed = cache_fixed(spec) | (cache_floors(spec) > 0)
-    if chosen is not None and not bool(np.isnan(chosen).all()):
-        return np.zeros(len(spec.tables), bool)
     default = load_factor == UVM_CACHING_RATIO
-    if every_stated or config.profile.extensions.cache_miss_multiplier > 0:
-        out: np.ndarray = ~fixed if bool(default.all()) else np.zeros(len(spec.tables), bool)
-        return out
-    # FBGEMM gives the caches of a kernel group the mean of the sizes its tables state: a cache goes
-    # unstated only where no table that may share its group (one module's tables of one element
-    # size, pooling and weighting) states another size.
-    groups = [cache_group(t) for t in spec.tables]
-    sized = {groups[i] for i in np.flatnonzero(fixed & ~default) if may_be_cached(spec.tables[i])}
-    per_table: np.ndarray = ~fixed & default & np.fromiter((g not in sized for g in groups), bool, len(groups))
-    return per_table
+    none_chosen = chosen is None or bool(np.isnan(chosen).all())
+    if rule is CacheRule.EVERY or config.profile.extensions.cache_miss_multiplier > 0:
+        every: np.ndarray = ~fixed if none_chosen and bool(default.all()) else np.zeros(n, bool)
+        return every
+    free = ~fixed & default
+    ids: dict[tuple[str, int, bool, bool], int] = {}
+    groups = np.array([ids.setdefault(cache_group(t), len(ids)) for t in spec.tables], np.int64)
+    sized = np.unique(groups[~default & np.fromiter(map(may_be_cached, spec.tables), bool, n)])
+    before: np.ndarray = free & ~np.isin(groups, sized) if none_chosen else np.zeros(n, bool)
+    if rule is CacheRule.GROUP or placement is None:
+        return before
+    # One key per kernel group a shard can fall in: (cache group, sharding type, rank).
+    t = placement.shard_table
+    ranks = int(placement.shard_rank.max(initial=0)) + 1
+    key = (groups[t] * len(ST_CODE) + placement.sharding_type[t]) * ranks + placement.shard_rank
+    caching = placement.kernel == CK_CODE[ComputeKernel.FUSED_UVM_CACHING]
+    beside = np.zeros(n, bool)
+    np.logical_or.at(beside, t, np.isin(key, key[(~default & caching)[t]]))
+    placed: np.ndarray = np.where(caching, free & ~beside, before)
+    return placed
 
 
 def cache_group(t: TableSpec) -> tuple[str, int, bool, bool]:

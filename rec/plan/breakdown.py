@@ -18,7 +18,7 @@ import numpy as np
 from rec.cost.enumerator import enumerate_options
 from rec.cost.types import Options
 from rec.errors import InputError, Problem
-from rec.plan.load_factors import chosen_load_factors
+from rec.plan.load_factors import chosen_load_factors, unstated_caches
 from rec.plan.types import Plan, Replicas
 from rec.sharding import CK_CODE, ST_CODE
 
@@ -57,10 +57,11 @@ def breakdown(plan: Plan) -> Breakdown:
     """Every shard's compute and communication time under the plan's own cost model."""
     spec, topology, cost = plan.spec, plan.topology, plan.planner.cost
     sizes = chosen_load_factors(plan)  # the caches at the sizes the plan chose
-    total = enumerate_options(spec, topology, cost, sizes, every_stated=plan.every_cache_stated)
+    unstated = unstated_caches(plan)  # the caches it gives no size
+    total = enumerate_options(spec, topology, cost, sizes, unstated=unstated)
     free = enumerate_options(spec, replace(topology, intra_host_bw=math.inf, inter_host_bw=math.inf),
                              replace(cost, profile=cost.profile.without_network()), sizes,
-                             every_stated=plan.every_cache_stated)
+                             unstated=unstated)
     index = {t.key: i for i, t in enumerate(spec.tables)}
     keys = _option_keys(total)
     cols: dict[str, list[float]] = {k: [] for k in ("table", "rank", "shard", "compute", "comm", "hbm", "ddr")}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rec.cost.tables import implicit_caches, resolved_load_factors
+from rec.cost.tables import CachePlacement, CacheRule, implicit_caches, resolved_load_factors
 from rec.plan.types import Plan
 
 
@@ -24,10 +24,26 @@ def load_factors(plan: Plan) -> np.ndarray:
     return resolved_load_factors(plan.spec, plan.planner.cost, chosen_load_factors(plan))
 
 
-def unstated_caches(plan: Plan, every_stated: bool | None = None) -> np.ndarray:
+def unstated_caches(plan: Plan, rule: CacheRule | None = None) -> np.ndarray:
     """(T,) bool in spec order: the plan's sharding plan gives the table's cache no load factor
-    (``rec.cost.tables.implicit_caches``, under the rule of the plan's format, else ``every_stated``'s)."""
+    (``rec.cost.tables.implicit_caches``, under the plan's rule, else ``rule``)."""
+    rule = plan.cache_rule if rule is None else rule
     chosen = chosen_load_factors(plan)
     return implicit_caches(plan.spec, chosen, resolved_load_factors(plan.spec, plan.planner.cost, chosen),
-                           plan.planner.cost,
-                           every_stated=plan.every_cache_stated if every_stated is None else every_stated)
+                           plan.planner.cost, rule, placement(plan) if rule is CacheRule.PLACED else None)
+
+
+def placement(plan: Plan) -> CachePlacement:
+    """Each table's kernel and sharding type in ``plan`` (spec order; -1 where the plan lacks it), and
+    the rank of each shard of its tables that are in the spec."""
+    c = plan.columns
+    index = {t.key: i for i, t in enumerate(plan.spec.tables)}
+    table = np.array([index.get(key, -1) for key in c.keys], np.int64)
+    known = table >= 0
+    kernel = np.full(len(index), -1, np.int64)
+    sharding_type = np.full(len(index), -1, np.int64)
+    kernel[table[known]] = c.compute_kernel[known]
+    sharding_type[table[known]] = c.sharding_type[known]
+    shard_table = np.repeat(table, np.diff(c.shard_start))
+    return CachePlacement(kernel=kernel, sharding_type=sharding_type, shard_table=shard_table[shard_table >= 0],
+                          shard_rank=c.rank[shard_table >= 0].astype(np.int64))

@@ -22,6 +22,7 @@ from typing import Any, Literal
 from rec.config.cost import CostConfig
 from rec.config.planner_identity import MadeBy, Planner, PlannerIdentity
 from rec.config.search import SearchConfig
+from rec.cost.tables import CacheRule
 from rec.errors import InputError, Problem, show
 from rec.plan.metrics import UNKNOWN_BOUND, BoundMethod, Movement, PlanMetrics
 from rec.plan.parse_tables import MAX_NAME, byte_count, milliseconds, read_tables, record
@@ -30,6 +31,7 @@ from rec.plan.types import (
     PLAN_FORMAT,
     PLAN_FORMAT_CACHES,
     PLAN_FORMAT_MODULES,
+    PLAN_FORMAT_PLACED,
     PLAN_FORMAT_UNSTATED,
     PLAN_FORMAT_V1,
     PLAN_FORMATS,
@@ -120,12 +122,29 @@ def _plan(d: dict[Any, Any], declared: str, problems: Problems) -> Plan | None:
     plan = Plan(ids["plan_id"] or "", ids["spec_hash"] or "", topology, planner, tables, metrics, spec,
                 ids.get("previous_plan_id"))
     problems.items += identity_problems(plan)  # the spec, topology and planner give its ids
-    if declared != PLAN_FORMAT_UNSTATED and plan.format == PLAN_FORMAT_UNSTATED:
-        plan = replace(plan, every_cache_stated=True)  # planned so: its caches state their sizes
-    elif declared == PLAN_FORMAT_UNSTATED and plan.format != PLAN_FORMAT_UNSTATED:
+    rule = _planned_rule(plan, declared) if plan.caches else CacheRule.PLACED
+    if rule is not CacheRule.PLACED and plan.states_otherwise(rule):
+        plan = replace(plan, cache_rule=rule)  # planned so: its caches state their sizes as then
+    if declared == PLAN_FORMAT_UNSTATED and plan.format != declared:
         problems.add("format", f"says {declared}, but no cache of TorchRec's default size goes unstated beside "
                                f"another size: such a plan is {plan.format}")
+    elif declared == PLAN_FORMAT_PLACED and plan.format != declared:
+        problems.add("format", f"says {declared}, but it states no fewer caches than {plan.format} does: "
+                               f"such a plan is {plan.format}")
     return plan
+
+
+def _planned_rule(plan: Plan, declared: str) -> CacheRule:
+    """The rule a plan of the ``declared`` format was costed and is built by (rec.cost.tables.CacheRule):
+    v6's own; v5's; every cache stated in v4; before, v5's unless that leaves a cache unstated that the
+    plan states (it was made before v5)."""
+    if declared == PLAN_FORMAT_PLACED:
+        return CacheRule.PLACED
+    if declared == PLAN_FORMAT_UNSTATED:
+        return CacheRule.GROUP
+    if declared == PLAN_FORMAT_CACHES or plan.states_otherwise(CacheRule.EVERY, CacheRule.GROUP, caching=True):
+        return CacheRule.EVERY
+    return CacheRule.GROUP
 
 
 def _topology(d: object, problems: Problems) -> Topology | None:
@@ -138,9 +157,11 @@ def _topology(d: object, problems: Problems) -> Topology | None:
 
 
 def _check_format(declared: str, tables: Sequence[TablePlan], spec: Spec, problems: Problems) -> None:
-    """Only a plan with a table whose cache size the planner chose is v4, and only one with a table
-    outside the default module (and none such) is v3; v1 and v2 have neither."""
+    """Only a plan with a table whose cache size the planner chose is v4 (or v6), and only one with a
+    table outside the default module (and none such) is v3 (or v5, v6); v1 and v2 have neither."""
     cached = next((t.key for t in tables if t.cache_load_factor is not None), None)
+    if declared == PLAN_FORMAT_PLACED:
+        return  # with chosen sizes and modules or without; what makes it v6 is checked once it is read
     if cached is not None or declared == PLAN_FORMAT_CACHES:
         if cached is None:
             problems.add("format", f"says {declared}, but no table has a cache_load_factor: such a plan is "

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any, overload
 import numpy as np
 
 from rec.config.planner_identity import PlannerIdentity
+from rec.cost.tables import CacheRule
 from rec.plan.metrics import BoundMethod, Movement, PlanMetrics
-from rec.sharding import ComputeKernel, ShardingType
+from rec.sharding import CK_CODE, ComputeKernel, ShardingType
 from rec.spec.types import DEFAULT_MODULE, Spec, table_key
 from rec.topology.types import Topology
 
@@ -38,15 +39,21 @@ PLAN_FORMAT_CACHES = "shardflow.plan/v4"
 # sizes otherwise (rec.cost.tables.implicit_caches); modules as in v3. Readers build the sharding plan of
 # a v2-v4 plan as those were planned: every cache states its size where any table's differs.
 PLAN_FORMAT_UNSTATED = "shardflow.plan/v5"
+# A plan whose sharding plan states a cache's size only where a cache of another size shares its kernel
+# group in the plan (rec.cost.tables.CacheRule.PLACED), where v4 or v5 would state more; a chosen cache
+# size of TorchRec's default counts as none. Tables and modules as in v4. Readers build the sharding plan
+# of a v4 plan with every cache stated, and of a v5 plan as v5 states them.
+PLAN_FORMAT_PLACED = "shardflow.plan/v6"
 PLAN_FORMAT_V1 = "shardflow.plan/v1"
 PLAN_FORMATS = (PLAN_FORMAT_V1, PLAN_FORMAT, PLAN_FORMAT_MODULES, PLAN_FORMAT_CACHES,
-                PLAN_FORMAT_UNSTATED)  # what readers accept
+                PLAN_FORMAT_UNSTATED, PLAN_FORMAT_PLACED)  # what readers accept
 
 __all__ = [
     "PLAN_FORMAT",
     "PLAN_FORMATS",
     "PLAN_FORMAT_CACHES",
     "PLAN_FORMAT_MODULES",
+    "PLAN_FORMAT_PLACED",
     "PLAN_FORMAT_UNSTATED",
     "PLAN_FORMAT_V1",
     "BoundMethod",
@@ -128,9 +135,9 @@ class Plan:
     metrics: PlanMetrics
     spec: Spec  # the tables the plan was made for, so a training job needs nothing else
     previous_plan_id: str | None = None  # the plan this one was replanned from (minimal movement)
-    # Read from a format before v5: its sharding plan states every cache where any table's size differs
-    # from TorchRec's default, as it was planned (rec.cost.tables.implicit_caches).
-    every_cache_stated: bool = False
+    # Which caches its sharding plan states, as it was planned: a plan read from a format before v6 keeps
+    # that format's rule where it states others (rec.cost.tables.implicit_caches).
+    cache_rule: CacheRule = CacheRule.PLACED
 
     def table(self, key: str) -> TablePlan:
         """The table of ``key``: its name in the default module, ``module.name`` in another."""
@@ -140,25 +147,36 @@ class Plan:
     def format(self) -> str:
         """The plan.json format this plan is written in."""
         c = self.columns
-        if c.load_factor is not None and not np.isnan(c.load_factor).all():
+        chosen = c.load_factor is not None and not np.isnan(c.load_factor).all()
+        # Readers of v4 state every cache of a plan that chose sizes; readers of v5 as v5 does.
+        older = CacheRule.EVERY if chosen else CacheRule.GROUP
+        if self.caches and self.cache_rule is CacheRule.PLACED and self.states_otherwise(older):
+            return PLAN_FORMAT_PLACED
+        if chosen:
             return PLAN_FORMAT_CACHES
-        if not self.every_cache_stated and self.leaves_caches_unstated:
+        if self.caches and self.cache_rule is not CacheRule.EVERY and self.states_otherwise(
+                CacheRule.EVERY, CacheRule.GROUP, caching=True):
             return PLAN_FORMAT_UNSTATED
         default = all(m == DEFAULT_MODULE for m in c.modules)
         return PLAN_FORMAT if default else PLAN_FORMAT_MODULES
 
     @property
-    def leaves_caches_unstated(self) -> bool:
-        """Some fused_uvm_caching table goes without a load factor that a plan of a format before v5
-        states (rec.cost.tables.implicit_caches)."""
+    def caches(self) -> bool:
+        """Whether some table takes fused_uvm_caching (else every rule states the same)."""
+        return bool((self.columns.compute_kernel == CK_CODE[ComputeKernel.FUSED_UVM_CACHING]).any())
+
+    def states_otherwise(self, rule: CacheRule, than: CacheRule | None = None, caching: bool = False) -> bool:
+        """Whether ``rule`` leaves other caches without a size than the plan's own rule (or ``than``):
+        of every table (each one's options are costed so), or with ``caching`` of its fused_uvm_caching
+        tables (rec.cost.tables.implicit_caches)."""
         from rec.plan.load_factors import unstated_caches
 
-        kernels = {t.key: t.compute_kernel for t in self.tables}
-        caching = np.array([kernels.get(t.key) is ComputeKernel.FUSED_UVM_CACHING for t in self.spec.tables])
-        if not caching.any():
-            return False
-        differ = unstated_caches(self, every_stated=False) != unstated_caches(self, every_stated=True)
-        return bool((differ & caching).any())
+        differ = unstated_caches(self, rule) != unstated_caches(self, than)
+        if caching:
+            kernels = {t.key: t.compute_kernel for t in self.tables}
+            differ &= np.array([kernels.get(t.key) is ComputeKernel.FUSED_UVM_CACHING for t in self.spec.tables],
+                               bool)
+        return bool(differ.any())
 
     @property
     def world_size(self) -> int:

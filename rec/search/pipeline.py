@@ -37,48 +37,48 @@ __all__ = ["build_search_space", "prepare", "search", "search_result"]
 
 
 def build_search_space(spec: Spec, topology: Topology, cost: CostConfig = CostConfig(),
-                       load_factors: np.ndarray | None = None, *, every_stated: bool = False) -> SearchSpace:
+                       load_factors: np.ndarray | None = None, *, unstated: np.ndarray | None = None) -> SearchSpace:
     """Enumerate and cost every option, and the ranks' usable capacity; ``load_factors`` (spec order,
-    NaN: none) are cache sizes a plan chose; ``every_stated``: for a plan of a format before v5."""
+    NaN: none) are cache sizes a plan chose; ``unstated``: (T,) the caches a plan gives no size
+    (``rec.plan.load_factors.unstated_caches``; default: as before tables are placed)."""
     from rec.cost import enumerate_options, rank_capacity
 
-    options = enumerate_options(spec, topology, cost, load_factors, every_stated=every_stated)
+    options = enumerate_options(spec, topology, cost, load_factors, unstated=unstated)
     hbm_cap, ddr_cap = rank_capacity(spec, topology)
-    return _checked_space(options, spec, topology, cost, load_factors, hbm_cap, ddr_cap)
+    return _checked_space(options, spec, topology, cost, load_factors, hbm_cap, ddr_cap, unstated)
 
 
 def _checked_space(options: Options, spec: Spec, topology: Topology, cost: CostConfig,
-                   load_factors: np.ndarray | None, hbm_cap: np.ndarray, ddr_cap: np.ndarray) -> SearchSpace:
-    """The space of ``options`` on the ranks' capacity, with the cache sizes a plan chose; InputError
-    where no memory is left for tables or a table fits no rank."""
+                   load_factors: np.ndarray | None, hbm_cap: np.ndarray, ddr_cap: np.ndarray,
+                   unstated: np.ndarray | None = None) -> SearchSpace:
+    """The space of ``options`` on the ranks' capacity, with the cache sizes a plan chose and the
+    caches it gives no size; InputError where no memory is left for tables or a table fits no rank."""
     space = build_space(options, len(spec.tables), topology.world_size, topology.local_world_size, hbm_cap, ddr_cap)
     if load_factors is not None and not np.isnan(load_factors).all():
         space = replace(space, chosen_load_factor=np.asarray(load_factors, dtype=np.float64))
+    if unstated is not None:
+        space = replace(space, unstated=np.asarray(unstated, dtype=bool))
     check_capacity_left(space, topology)
     check_every_table_fits(space, spec, topology, cost)
     return space
 
 
 def recosted_space(space: SearchSpace, spec: Spec, topology: Topology, cost: CostConfig,
-                   load_factors: np.ndarray, tables: np.ndarray) -> SearchSpace:
-    """``build_search_space(spec, topology, cost, load_factors)`` where ``load_factors`` differ from
-    those ``space`` was built with only for ``tables``: only their options are costed again (and
-    those of caches whose fetches become priced). A cache size changes an option's costs, never its
-    shards, so the other tables' options are kept as they are."""
+                   load_factors: np.ndarray, tables: np.ndarray, unstated: np.ndarray | None = None) -> SearchSpace:
+    """``build_search_space(spec, topology, cost, load_factors, unstated=unstated)`` where
+    ``load_factors`` differ from those ``space`` was built with only for ``tables``: only their options
+    are costed again (and those of caches whose fetches become priced or unpriced). A cache size changes
+    an option's costs, never its shards, so the other tables' options are kept as they are."""
     from rec.cost import enumerate_options
-    from rec.cost.tables import implicit_caches, resolved_load_factors
 
     opts = space.options
     factors = np.asarray(load_factors, dtype=np.float64)
-    # A plan that chose no cache size prices no fetches for its caches at TorchRec's default; once it
-    # chooses one, every cache does (rec.cost.tables.implicit_caches): those tables are costed again too.
-    flipped = np.flatnonzero(
-        implicit_caches(spec, space.chosen_load_factor, resolved_load_factors(spec, cost, space.chosen_load_factor),
-                        cost)
-        != implicit_caches(spec, factors, resolved_load_factors(spec, cost, factors), cost))
-    tables = np.union1d(np.asarray(tables, dtype=np.int64), flipped).astype(np.int64)
+    # A cache at TorchRec's default size goes unstated, its fetches unpriced, unless a cache of another
+    # size may share its kernel group (rec.cost.tables.implicit_caches): where a size changes, so may that.
+    before, after = unstated_of(space, spec, cost), unstated_of(space, spec, cost, factors, unstated)
+    tables = np.union1d(np.asarray(tables, dtype=np.int64), np.flatnonzero(before != after)).astype(np.int64)
     sub = enumerate_options(Spec(tuple(spec.tables[int(t)] for t in tables), spec.spec_hash), topology, cost,
-                            factors[tables])
+                            factors[tables], unstated=after[tables])
     # Each option of the changed tables, found in ``space`` by (table, sharding type, kernel).
     changing = np.flatnonzero(np.isin(opts.table, tables))
     where = {(int(opts.table[o]), int(opts.sharding_type[o]), int(opts.compute_kernel[o])): int(o)
@@ -92,7 +92,20 @@ def recosted_space(space: SearchSpace, spec: Spec, topology: Topology, cost: Cos
             raise ValueError(f"option {o}: a cache size changed its shards")
         perf[mine], hbm[mine], ddr[mine] = sub.perf[theirs], sub.hbm[theirs], sub.ddr[theirs]
     options = replace(opts, perf=perf, hbm=hbm, ddr=ddr)
-    return _checked_space(options, spec, topology, cost, factors, space.hbm_cap, space.ddr_cap)
+    return _checked_space(options, spec, topology, cost, factors, space.hbm_cap, space.ddr_cap, unstated)
+
+
+def unstated_of(space: SearchSpace, spec: Spec, cost: CostConfig, load_factors: np.ndarray | None = None,
+                unstated: np.ndarray | None = None) -> np.ndarray:
+    """(T,) the caches ``space`` costs as given no size (with ``load_factors`` and ``unstated`` given:
+    those a space recosted so would): ``unstated``, else as before tables are placed."""
+    from rec.cost.tables import implicit_caches, resolved_load_factors
+
+    if load_factors is None:
+        load_factors, unstated = space.chosen_load_factor, space.unstated
+    if unstated is not None:
+        return np.asarray(unstated, dtype=bool)
+    return implicit_caches(spec, load_factors, resolved_load_factors(spec, cost, load_factors), cost)
 
 
 def search_result(space: SearchSpace, config: SearchConfig = SearchConfig(), mapper: Mapper | None = None,

@@ -35,6 +35,9 @@ class SearchSpace:
     # (T,) the cache sizes the options were costed with where a plan chose them (NaN: the spec's or
     # the cost model's); None: none chosen
     chosen_load_factor: np.ndarray | None = None
+    # (T,) the caches the options were costed as given no size where a plan's placement decided them
+    # (rec.cost.tables.CacheRule.PLACED); None: as before tables are placed
+    unstated: np.ndarray | None = None
 
     @property
     def num_hosts(self) -> int:

@@ -23,6 +23,7 @@ import numpy as np
 from rec.config.cost import UVM_CACHING_RATIO, CostConfig, Optimizer
 from rec.cost.tables import global_distinct, implicit_caches, resolved_load_factors
 from rec.hit_rates import Curve, miss_rate
+from rec.plan.load_factors import unstated_caches
 from rec.plan.table_placement import ShardPlacement, TablePlacement
 from rec.plan.types import Plan
 from rec.spec.types import Spec
@@ -101,7 +102,7 @@ def _optimizer_class(optimizer: Optimizer) -> type[Any] | None:
 
 
 def torchrec_inputs(spec: Spec, topology: Topology, cost: CostConfig = CostConfig(),
-                    load_factors: np.ndarray | None = None, every_stated: bool = False
+                    load_factors: np.ndarray | None = None, unstated: np.ndarray | None = None
                     ) -> tuple[Any, dict[str, Any], TorchrecTopology, list[Any]]:
     """(the spec's modules at their paths on the meta device, constraints by table name, TorchRec
     Topology, sharders): what shardflow plans. TorchRec keys constraints by table name alone: tables
@@ -110,7 +111,7 @@ def torchrec_inputs(spec: Spec, topology: Topology, cost: CostConfig = CostConfi
     raised to the cost model's ``caching_ratio`` where none is given, the size shardflow starts at); a table
     whose statistics TorchRec can read (``rec.cost.tables.global_distinct``) gets them as its
     ``cache_params.stats``, its load factor given as a shardflow plan gives it (none for a cache of
-    TorchRec's default size the spec does not fix, ``rec.cost.tables.implicit_caches``), so that
+    TorchRec's default size the spec does not fix: ``unstated``, else ``rec.cost.tables.implicit_caches``), so that
     TorchRec prices its cache's fetches where shardflow's cost model does."""
     from torchrec.distributed.planner.types import ParameterConstraints
     from torchrec.distributed.types import CacheParams
@@ -125,7 +126,8 @@ def torchrec_inputs(spec: Spec, topology: Topology, cost: CostConfig = CostConfi
             mark_optimizer(p, optimizer_class)
     constraints: dict[str, Any] = {}
     resolved = resolved_load_factors(spec, cost, load_factors)
-    factors, implicit = resolved.tolist(), implicit_caches(spec, load_factors, resolved, cost, every_stated).tolist()
+    implicit = (implicit_caches(spec, load_factors, resolved, cost) if unstated is None else unstated).tolist()
+    factors = resolved.tolist()
     distinct = global_distinct(spec, topology.batch_size * topology.world_size).tolist()
     for t, factor, lookups, default in zip(spec.tables, factors, distinct, implicit, strict=True):
         stats = CurveStatistics(t.hit_rate_curve, lookups) if lookups and t.hit_rate_curve else None
@@ -193,7 +195,7 @@ def torchrec_score(plan: Plan, spec: Spec, topology: Topology, cost: CostConfig 
     chosen_of = dict(zip(plan.columns.keys, plan.columns.load_factor.tolist(), strict=True))  # type: ignore[union-attr]
     chosen_factors = np.array([chosen_of.get(t.key, np.nan) for t in spec.tables])
     model, constraints, trec_topology, sharders = torchrec_inputs(spec, topology, cost, chosen_factors,
-                                                                  plan.every_cache_stated)
+                                                                  unstated_caches(plan))
     enumerator = EmbeddingEnumerator(
         topology=trec_topology,
         batch_size=topology.batch_size,

@@ -5,7 +5,10 @@
 replanned, a profile, TorchRec's made_by), format v3 (modules), data_parallel replicas, a bound the
 MILP proved, and one plan directory with its shards.parquet and movement.parquet. And
 ``cache_beside_sized_v3``, written by the drop-in planner at commit 20bc2c1 (before v5): a cache of
-TorchRec's default size, with statistics, beside a sharder's other size, which every cache states."""
+TorchRec's default size, with statistics, beside a sharder's other size, which every cache states.
+Written at commit eb75533 (before v6): ``cache_beside_unplaced_v5``, the search's plan of a cache of
+the default size in the module of a table sized otherwise but kept in HBM, and another cache left
+unstated; ``chosen_beside_default_v4``, a plan that chose one cache's size beside a default one."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import pytest
 from rec.analysis import check_plan
 from rec.config.planner_identity import MadeBy, PlannerIdentity
 from rec.config.search import SearchConfig
+from rec.cost.tables import CacheRule
 from rec.errors import InputError
 from rec.plan import BoundMethod, Movement, dumps_plan, parse_plan, plan_from_dict, read_plan, write_plan
 from rec.plan.plan_id import identity_problems, plan_id
@@ -31,7 +35,8 @@ from tests.paths import ROOT
 BEFORE = ROOT / "tests" / "rec" / "plans_before"
 PLAN_IDS = {"cpu_demo": "5e1e111ad8e76c0f", "two_tower_seq_v3": "0f2113817ccb77c7", "replanned": "b3b01ec9e3ef4693",
             "profile": "258eb7cdcfda315e", "cuda_dp_rw": "47829faee745bad9", "ray_keys": "2aa58b673a5d798b",
-            "made_by_torchrec": "8a5a5a9f891c7846", "cache_beside_sized_v3": "fd9d975bee53002c"}
+            "made_by_torchrec": "8a5a5a9f891c7846", "cache_beside_sized_v3": "fd9d975bee53002c",
+            "cache_beside_unplaced_v5": "c1e1c27e8e6bd908", "chosen_beside_default_v4": "30252089a555cad4"}
 
 
 @pytest.mark.parametrize("name", sorted(PLAN_IDS))
@@ -150,5 +155,19 @@ def test_a_plan_made_when_every_cache_stated_its_size_is_built_and_priced_so():
     from rec.plan.torchrec_plan import to_sharding_plan
 
     plan = parse_plan((BEFORE / "cache_beside_sized_v3.json").read_text(), "v3")
-    assert plan.every_cache_stated and plan.format == "shardflow.plan/v3"
+    assert plan.cache_rule is CacheRule.EVERY and plan.format == "shardflow.plan/v3"
     assert to_sharding_plan(plan).plan["ebc"]["big"].cache_params.load_factor == 0.2
+
+
+@pytest.mark.parametrize("name, stated", [("cache_beside_unplaced_v5", {"big": 0.2, "other": None}),
+                                          ("chosen_beside_default_v4", {"big": 0.2, "mid": 0.1})])
+def test_a_plan_made_before_v6_states_the_caches_it_was_planned_with(name, stated):
+    """A v5 plan stated a default cache in the module of a table sized otherwise, though the table was
+    kept in HBM; a v4 plan stated every cache once it chose one size. v6 would leave those default
+    caches unstated. Read back, each is built and priced as it was planned (check_plan above passes)."""
+    from rec.plan.torchrec_plan import to_sharding_plan
+
+    plan = parse_plan((BEFORE / f"{name}.json").read_text(), name)
+    built = to_sharding_plan(plan).plan["ebc"]
+    assert {t: built[t].cache_params.load_factor if built[t].cache_params else None for t in stated} == stated
+    assert replace(plan, cache_rule=CacheRule.PLACED).format == "shardflow.plan/v6"

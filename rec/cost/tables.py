@@ -15,14 +15,13 @@ TorchRec's ``CacheParams.stats`` (``CacheStatistics``) gives its estimator: ``ca
 its cache fetches per iteration (``expected_miss_rate(load_factor) x expected_lookups``). TorchRec
 prices them where it is given the cache's size. A shardflow plan gives every cache's
 (``rec.plan.torchrec_plan``) but those at TorchRec's default size (``UVM_CACHING_RATIO``) whose spec
-sizes them neither way and beside which no cache of another size could share a kernel group: those
-get none (``implicit_caches``), as TorchRec's own plans give only the sizes a user
-stated. TorchRec and FBGEMM build that size when
-given none, and TorchRec prices no fetches for such a cache, so the same caches cost the same in
-either plan. (Under a profile with ``cache_miss_multiplier``, which prices every cache's misses
-whatever size was given, only where every table's is the default: TorchRec gives the caching tables
-of one kernel group one cache, sized by the load factors its tables state, so an unstated one gets
-the others'.)
+sizes them neither way and beside which no cache of another size shares a kernel group: those get
+none (``implicit_caches``), as TorchRec's own plans give only the sizes a user stated. TorchRec and
+FBGEMM build that size when given none, and TorchRec prices no fetches for such a cache, so the same
+caches cost the same in either plan. (Under a profile with ``cache_miss_multiplier``, which prices
+every cache's misses whatever size was given, only where every table's is the default and none was
+chosen: TorchRec gives the caching tables of one kernel group one cache, sized by the load factors
+its tables state, so an unstated one gets the others'.)
 """
 
 from __future__ import annotations
@@ -264,15 +263,17 @@ def implicit_caches(spec: Spec, chosen: np.ndarray | None, load_factor: np.ndarr
     groups = np.array([ids.setdefault(cache_group(t), len(ids)) for t in spec.tables], np.int64)
     sized = np.unique(groups[~default & np.fromiter(map(may_be_cached, spec.tables), bool, n)])
     before: np.ndarray = free & ~np.isin(groups, sized) if none_chosen else np.zeros(n, bool)
-    if rule is CacheRule.GROUP or placement is None:
+    if rule is CacheRule.GROUP:
         return before
-    # One key per kernel group a shard can fall in: (cache group, sharding type, rank).
-    t = placement.shard_table
-    ranks = int(placement.shard_rank.max(initial=0)) + 1
-    key = (groups[t] * len(ST_CODE) + placement.sharding_type[t]) * ranks + placement.shard_rank
+    if placement is None:
+        raise ValueError("CacheRule.PLACED needs the plan's placement")
+    # One key per kernel group a cached shard falls in: (cache group, sharding type, rank).
     caching = placement.kernel == CK_CODE[ComputeKernel.FUSED_UVM_CACHING]
+    cached = caching[placement.shard_table]
+    t, rank = placement.shard_table[cached], placement.shard_rank[cached]
+    key = (groups[t] * len(ST_CODE) + placement.sharding_type[t]) * (int(rank.max(initial=0)) + 1) + rank
     beside = np.zeros(n, bool)
-    np.logical_or.at(beside, t, np.isin(key, key[(~default & caching)[t]]))
+    np.logical_or.at(beside, t, np.isin(key, key[~default[t]]))
     placed: np.ndarray = np.where(caching, free & ~beside, before)
     return placed
 

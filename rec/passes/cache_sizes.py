@@ -23,9 +23,10 @@ larger cache is always faster (its bandwidth rises linearly with the cache's siz
 TorchRec's cache statistics fetches fewer rows); under a profile with ``cache_miss_multiplier`` the
 gain follows the table's hit-rate curve, so tables whose ids repeat get the memory. Where nothing
 can grow (no uvm table, or no spare HBM) the result is unchanged, and so it is where growing would
-be slower: where the pass chose no size, the caches at TorchRec's default size state none, as in
-TorchRec's own plans, and TorchRec prices no fetches for them (``rec.cost.tables.implicit_caches``);
-once one grows, every cache states its size and pays them.
+be slower: the caches at TorchRec's default size state none, as in TorchRec's own plans, and TorchRec
+prices no fetches for them, unless a cache of another size shares their kernel group
+(``rec.cost.tables.implicit_caches``): one that grows makes them state their size and pay them. The
+pass compares plans by their critical paths as their plans are built (``rec.search.placed_caches``).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from rec.passes.context import RELATIVE_GAIN, PassContext
 from rec.search.assignment import usage
 from rec.search.bound import lower_bound
 from rec.search.pipeline import build_search_space, recosted_space
+from rec.search.placed_caches import with_placed_caches
 from rec.search.result import SearchResult
 from rec.search.space import SearchSpace
 from rec.sharding import CK_CODE, ComputeDevice, ComputeKernel
@@ -99,6 +101,9 @@ def with_cache_sizes(result: SearchResult, spec: Spec, topology: Topology, cost:
     fastest of them. With ``exact`` (the exact stage from a result), that plan improved by it on
     its sizes, grown again, and so the start at TorchRec's default size where it was not the fastest:
     the faster of the two."""
+    def built(r: SearchResult) -> float:  # the critical path as its plan states its caches
+        return with_placed_caches(r, spec, topology, cost).critical_path
+
     best = _grown(result, spec, topology, cost)
     at_default: SearchResult | None = None  # the start at TorchRec's default cache size
     if search is not None and len(_candidates(result, spec, topology)):
@@ -106,8 +111,8 @@ def with_cache_sizes(result: SearchResult, spec: Spec, topology: Topology, cost:
         # grown caches shortened the critical path, not for a few uvm tables off the busiest ranks
         # among many that fit (100,000 tables on 1,024 ranks: 30 s became 192 s with the starts).
         decides = memory_decides(result.space, topology)
-        if decides or best.critical_path < result.critical_path * (1 - RELATIVE_GAIN):
-            best = _researched(best, spec, topology, cost, search)
+        if decides or built(best) < built(result) * (1 - RELATIVE_GAIN):
+            best = _researched(best, spec, topology, cost, search, built)
         free, floors = ~cache_fixed(spec), cache_floors(spec)
         for start in START_SIZES if decides else ():
             # At TorchRec's default size a floor is the size itself, as TorchRec's own proposers keep
@@ -120,35 +125,37 @@ def with_cache_sizes(result: SearchResult, spec: Spec, topology: Topology, cost:
                 continue
             if start == UVM_CACHING_RATIO:
                 at_default = first
-            other = _researched(other, spec, topology, cost, search)
-            if other.critical_path < best.critical_path * (1 - RELATIVE_GAIN):
+            other = _researched(other, spec, topology, cost, search, built)
+            if built(other) < built(best) * (1 - RELATIVE_GAIN):
                 best = other
-    # Growing may be slower where caches went unstated at TorchRec's default size: then every cache
-    # states its size, and TorchRec prices the fetches it priced none for (rec.cost.tables.implicit_caches).
-    best = _faster(result, best)
+    # Growing may be slower where caches went unstated at TorchRec's default size: a cache of another
+    # size states the caches of its kernel group, and TorchRec prices the fetches it priced none for
+    # (rec.cost.tables.implicit_caches).
+    best = _faster(result, best, built)
     if exact is None:
         return best
 
     def exact_grown(start: SearchResult) -> SearchResult:
         improved = exact(start)  # never slower than start
-        return _faster(improved, _grown(improved, spec, topology, cost))
+        return _faster(improved, _grown(improved, spec, topology, cost), built)
 
     searched, best = best, exact_grown(best)
     if at_default is not None and at_default is not searched:
         # TorchRec's plans cache at its default size; where the caches nearly fill the HBM the heuristic
         # packs that start badly and only the exact stage finds its plan (memory_tight_bench
         # --other-shapes one_giant-3214: 535 ms heuristic, 148 exact, against 168 from the best start).
-        best = _faster(best, exact_grown(at_default))
+        best = _faster(best, exact_grown(at_default), built)
     return best
 
 
-def _faster(first: SearchResult, other: SearchResult) -> SearchResult:
-    """``other`` where its critical path is shorter, else ``first``."""
-    return other if other.critical_path < first.critical_path else first
+def _faster(first: SearchResult, other: SearchResult, path: Callable[[SearchResult], float]) -> SearchResult:
+    """``other`` where its critical path (``path``: as its plan is built) is shorter, else ``first``."""
+    return other if path(other) < path(first) else first
 
 
 def _researched(result: SearchResult, spec: Spec, topology: Topology, cost: CostConfig,
-                search: Callable[[SearchSpace], SearchResult]) -> SearchResult:
+                search: Callable[[SearchSpace], SearchResult], path: Callable[[SearchResult], float]
+                ) -> SearchResult:
     """``result`` searched again with the cache sizes it grew, and grown again, while that is faster."""
     for _ in range(RESEARCH_ROUNDS):
         if result.space.chosen_load_factor is None:
@@ -158,7 +165,7 @@ def _researched(result: SearchResult, spec: Spec, topology: Topology, cost: Cost
             again = _grown(search(result.space), spec, topology, cost)
         except InputError:
             break
-        if not again.critical_path < result.critical_path * (1 - RELATIVE_GAIN):
+        if not path(again) < path(result) * (1 - RELATIVE_GAIN):
             break
         result = again
     return result
@@ -287,9 +294,12 @@ def _rebuilt(result: SearchResult, spec: Spec, topology: Topology, cost: CostCon
             shard_rank[old.options.shards(o)] = -1
             choice[t] = caching
     assignment = usage(space, choice, shard_rank)
-    if (assignment.hbm > space.hbm_cap).any() or assignment.critical_path > a.critical_path:
+    grown = replace(result, space=space, assignment=assignment, bound=lower_bound(space))
+    if (assignment.hbm > space.hbm_cap).any():
         return result  # cannot happen step by step; kept as a guard for the plan's validity
-    return replace(result, space=space, assignment=assignment, bound=lower_bound(space))
+    # Slower where a grown cache states the default-size caches of its kernel groups.
+    built = [with_placed_caches(r, spec, topology, cost).critical_path for r in (result, grown)]
+    return result if built[1] > built[0] else grown
 
 
 def _same_option(new: Options, old: Options, option: int, kernel: int) -> int:

@@ -30,10 +30,10 @@ def unstated_caches(plan: Plan, rule: CacheRule | None = None) -> np.ndarray:
     rule = plan.cache_rule if rule is None else rule
     chosen = chosen_load_factors(plan)
     return implicit_caches(plan.spec, chosen, resolved_load_factors(plan.spec, plan.planner.cost, chosen),
-                           plan.planner.cost, rule, placement(plan) if rule is CacheRule.PLACED else None)
+                           plan.planner.cost, rule, plan_placement(plan) if rule is CacheRule.PLACED else None)
 
 
-def placement(plan: Plan) -> CachePlacement:
+def plan_placement(plan: Plan) -> CachePlacement:
     """Each table's kernel and sharding type in ``plan`` (spec order; -1 where the plan lacks it), and
     the rank of each shard of its tables that are in the spec."""
     c = plan.columns

@@ -123,7 +123,7 @@ def _plan(d: dict[Any, Any], declared: str, problems: Problems) -> Plan | None:
                 ids.get("previous_plan_id"))
     problems.items += identity_problems(plan)  # the spec, topology and planner give its ids
     rule = _planned_rule(plan, declared) if plan.caches else CacheRule.PLACED
-    if rule is not CacheRule.PLACED and plan.states_otherwise(rule):
+    if rule is not CacheRule.PLACED and plan.rules_differ(rule):
         plan = replace(plan, cache_rule=rule)  # planned so: its caches state their sizes as then
     if declared == PLAN_FORMAT_UNSTATED and plan.format != declared:
         problems.add("format", f"says {declared}, but no cache of TorchRec's default size goes unstated beside "
@@ -142,7 +142,7 @@ def _planned_rule(plan: Plan, declared: str) -> CacheRule:
         return CacheRule.PLACED
     if declared == PLAN_FORMAT_UNSTATED:
         return CacheRule.GROUP
-    if declared == PLAN_FORMAT_CACHES or plan.states_otherwise(CacheRule.EVERY, CacheRule.GROUP, caching=True):
+    if declared == PLAN_FORMAT_CACHES or plan.rules_differ(CacheRule.EVERY, CacheRule.GROUP, caching_only=True):
         return CacheRule.EVERY
     return CacheRule.GROUP
 

@@ -150,12 +150,12 @@ class Plan:
         chosen = c.load_factor is not None and not np.isnan(c.load_factor).all()
         # Readers of v4 state every cache of a plan that chose sizes; readers of v5 as v5 does.
         older = CacheRule.EVERY if chosen else CacheRule.GROUP
-        if self.caches and self.cache_rule is CacheRule.PLACED and self.states_otherwise(older):
+        if self.caches and self.cache_rule is CacheRule.PLACED and self.rules_differ(older):
             return PLAN_FORMAT_PLACED
         if chosen:
             return PLAN_FORMAT_CACHES
-        if self.caches and self.cache_rule is not CacheRule.EVERY and self.states_otherwise(
-                CacheRule.EVERY, CacheRule.GROUP, caching=True):
+        if self.caches and self.cache_rule is not CacheRule.EVERY and self.rules_differ(
+                CacheRule.EVERY, CacheRule.GROUP, caching_only=True):
             return PLAN_FORMAT_UNSTATED
         default = all(m == DEFAULT_MODULE for m in c.modules)
         return PLAN_FORMAT if default else PLAN_FORMAT_MODULES
@@ -165,17 +165,18 @@ class Plan:
         """Whether some table takes fused_uvm_caching (else every rule states the same)."""
         return bool((self.columns.compute_kernel == CK_CODE[ComputeKernel.FUSED_UVM_CACHING]).any())
 
-    def states_otherwise(self, rule: CacheRule, than: CacheRule | None = None, caching: bool = False) -> bool:
-        """Whether ``rule`` leaves other caches without a size than the plan's own rule (or ``than``):
-        of every table (each one's options are costed so), or with ``caching`` of its fused_uvm_caching
-        tables (rec.cost.tables.implicit_caches)."""
+    def rules_differ(self, rule: CacheRule, than: CacheRule | None = None, caching_only: bool = False) -> bool:
+        """Whether ``rule`` leaves other caches without a size than ``than`` (default: the plan's own
+        rule) for some table (each table's options are costed so), or with ``caching_only`` for some
+        fused_uvm_caching table (rec.cost.tables.implicit_caches)."""
         from rec.plan.load_factors import unstated_caches
 
         differ = unstated_caches(self, rule) != unstated_caches(self, than)
-        if caching:
-            kernels = {t.key: t.compute_kernel for t in self.tables}
-            differ &= np.array([kernels.get(t.key) is ComputeKernel.FUSED_UVM_CACHING for t in self.spec.tables],
-                               bool)
+        if caching_only:
+            c = self.columns
+            cached = {key for key, k in zip(c.keys, c.compute_kernel.tolist(), strict=True)
+                      if k == CK_CODE[ComputeKernel.FUSED_UVM_CACHING]}
+            differ &= np.array([t.key in cached for t in self.spec.tables], bool)
         return bool(differ.any())
 
     @property

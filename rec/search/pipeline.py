@@ -75,7 +75,8 @@ def recosted_space(space: SearchSpace, spec: Spec, topology: Topology, cost: Cos
     factors = np.asarray(load_factors, dtype=np.float64)
     # A cache at TorchRec's default size goes unstated, its fetches unpriced, unless a cache of another
     # size may share its kernel group (rec.cost.tables.implicit_caches): where a size changes, so may that.
-    before, after = unstated_of(space, spec, cost), unstated_of(space, spec, cost, factors, unstated)
+    before = unstated_of(space, spec, cost)
+    after = _unstated_before_placing(spec, cost, factors) if unstated is None else np.asarray(unstated, dtype=bool)
     tables = np.union1d(np.asarray(tables, dtype=np.int64), np.flatnonzero(before != after)).astype(np.int64)
     sub = enumerate_options(Spec(tuple(spec.tables[int(t)] for t in tables), spec.spec_hash), topology, cost,
                             factors[tables], unstated=after[tables])
@@ -95,16 +96,17 @@ def recosted_space(space: SearchSpace, spec: Spec, topology: Topology, cost: Cos
     return _checked_space(options, spec, topology, cost, factors, space.hbm_cap, space.ddr_cap, unstated)
 
 
-def unstated_of(space: SearchSpace, spec: Spec, cost: CostConfig, load_factors: np.ndarray | None = None,
-                unstated: np.ndarray | None = None) -> np.ndarray:
-    """(T,) the caches ``space`` costs as given no size (with ``load_factors`` and ``unstated`` given:
-    those a space recosted so would): ``unstated``, else as before tables are placed."""
+def unstated_of(space: SearchSpace, spec: Spec, cost: CostConfig) -> np.ndarray:
+    """(T,) the caches ``space`` costs as given no size: as a plan's placement decided them, else as
+    before tables are placed (``rec.cost.tables.implicit_caches``)."""
+    if space.unstated is not None:
+        return space.unstated
+    return _unstated_before_placing(spec, cost, space.chosen_load_factor)
+
+
+def _unstated_before_placing(spec: Spec, cost: CostConfig, load_factors: np.ndarray | None) -> np.ndarray:
     from rec.cost.tables import implicit_caches, resolved_load_factors
 
-    if load_factors is None:
-        load_factors, unstated = space.chosen_load_factor, space.unstated
-    if unstated is not None:
-        return np.asarray(unstated, dtype=bool)
     return implicit_caches(spec, load_factors, resolved_load_factors(spec, cost, load_factors), cost)
 
 

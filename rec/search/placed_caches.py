@@ -1,12 +1,14 @@
 """After the search: which caches the plan's ShardingPlan gives no size, now that its tables are placed.
 
 The search costs a cache at TorchRec's default size as stated (its fetches priced, where TorchRec
-prices them) wherever a table that may share its kernel group is sized otherwise
-(``rec.cost.tables.CacheRule.GROUP``): where the tables go is not known yet. Once they are placed, only
-a cache of another size in the same kernel group (TorchRec groups one sharding type's
-fused_uvm_caching tables rank by rank) keeps it stated (``CacheRule.PLACED``); the others go unstated,
-as in TorchRec's own plans, and TorchRec prices no fetches for them. Their tables are costed again: the
-plan only gets faster, and its lower bound is that of its options costed so.
+prices them) wherever a table that may share its kernel group is sized otherwise, and every cache
+once the planner chose a size (``rec.cost.tables.CacheRule.GROUP``): where the tables go is not known
+yet. Once they are placed, only a cache of another size in the same kernel group (TorchRec groups one
+sharding type's fused_uvm_caching tables rank by rank) keeps it stated (``CacheRule.PLACED``); the
+others go unstated, as in TorchRec's own plans, and TorchRec prices no fetches for them. Their tables
+are costed again: the plan only gets faster, and its lower bound is that of its options costed so
+(one the MILP proved for the search's costs no longer holds). So are the options of tables a search
+gave a cache size that ended without a cache: the plan records none for them.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import numpy as np
 from rec.config.cost import CostConfig
 from rec.cost.tables import CachePlacement, CacheRule, implicit_caches, resolved_load_factors
 from rec.search.assignment import Assignment, chosen_shards, usage
-from rec.search.bound import lower_bound
+from rec.search.bound import BoundMethod, lower_bound
 from rec.search.pipeline import recosted_space, unstated_of
 from rec.search.result import SearchResult
 from rec.search.space import SearchSpace
@@ -27,7 +29,7 @@ from rec.spec.types import Spec
 from rec.topology.types import Topology
 
 
-def placement(space: SearchSpace, assignment: Assignment) -> CachePlacement:
+def assignment_placement(space: SearchSpace, assignment: Assignment) -> CachePlacement:
     """Each table's kernel and sharding type in ``assignment``, and the rank of each of its shards."""
     opts, choice = space.options, assignment.choice
     entries = chosen_shards(space, choice)
@@ -40,18 +42,23 @@ def placement(space: SearchSpace, assignment: Assignment) -> CachePlacement:
 
 
 def with_placed_caches(result: SearchResult, spec: Spec, topology: Topology, cost: CostConfig) -> SearchResult:
-    """``result`` with its fused_uvm_caching tables costed as its ShardingPlan states their caches."""
+    """``result`` costed as its plan records it: its fused_uvm_caching tables' caches stated as its
+    ShardingPlan states them, the cache sizes of its other tables dropped."""
     space, a = result.space, result.assignment
-    if space.unstated is not None:
-        return result  # costed so already
-    chosen = space.chosen_load_factor
-    placed = implicit_caches(spec, chosen, resolved_load_factors(spec, cost, chosen), cost, CacheRule.PLACED,
-                             placement(space, a))
     caching = space.options.compute_kernel[a.choice] == CK_CODE[ComputeKernel.FUSED_UVM_CACHING]
-    changed = np.flatnonzero(caching & (placed != unstated_of(space, spec, cost)))
-    if not len(changed):
+    searched = np.full(len(spec.tables), np.nan) if space.chosen_load_factor is None else space.chosen_load_factor
+    factors = np.where(caching, searched, np.nan)  # as rec.analysis.build records them
+    placed = implicit_caches(spec, factors, resolved_load_factors(spec, cost, factors), cost, CacheRule.PLACED,
+                             assignment_placement(space, a))
+    flipped = caching & (placed != unstated_of(space, spec, cost))
+    dropped = ~caching & ~np.isnan(searched)
+    if not flipped.any() and not dropped.any():
         return result
-    factors = np.full(len(spec.tables), np.nan) if chosen is None else chosen
-    recosted = recosted_space(space, spec, topology, cost, factors, changed, unstated=placed)
+    recosted = recosted_space(space, spec, topology, cost, factors, np.flatnonzero(flipped | dropped),
+                              unstated=placed)
     assignment = usage(recosted, a.choice, a.shard_rank)
-    return replace(result, space=recosted, assignment=assignment, bound=lower_bound(recosted))
+    bound = lower_bound(recosted)
+    if result.bound.method is BoundMethod.MILP and not flipped.any():
+        # A dropped size changes no placed shard's cost: the MILP's bound stands where it is the larger.
+        bound = bound.improved(result.bound.value, BoundMethod.MILP)
+    return replace(result, space=recosted, assignment=assignment, bound=bound)

@@ -290,3 +290,48 @@ def test_a_replan_after_the_spec_gains_a_floor_or_a_fixed_size_honours_it(given)
             assert (sizes == 0.05).all()
         else:
             assert (sizes >= 0.3).all()
+
+
+def test_a_plan_whose_searches_sized_tables_it_keeps_in_hbm_checks_without_an_exact_stage():
+    """The pass's start searches size every free table's cache, and a table can end in HBM: its plan
+    records no size for it. With no exact stage its bound is the one recomputed from the plan alone,
+    so the plan passes check_plan (it was refused: its bound came from the searches' sizes)."""
+    from rec.config.search import SearchConfig
+
+    def stats(i):
+        return {"hit_rate_curve": SKEWED, "distinct_per_batch": 30000.0 + i, "stats_batch_size": 2048}
+
+    rows = [{"name": f"t{i}", "num_embeddings": 10_000_000 + 100_000 * i, "embedding_dim": 64,
+             "pooling_factor": 4.0 + i, **stats(i)} for i in range(2)]
+    rows += [{"name": f"s{i}", "num_embeddings": 4_000_000 + 1000 * i, "embedding_dim": 64, "pooling_factor": 30.0,
+              **stats(i)} for i in range(4)]
+    topology = topology_from_dict({"world_size": 2, "local_world_size": 2, "compute_device": "cuda",
+                                   "hbm_cap": int(1.5 * GiB), "batch_size": 1024})
+    plan = plan_spec(spec_from_rows(rows), topology, config=SearchConfig(time_limit_s=0))
+    assert any(t.compute_kernel is not CACHING for t in plan.tables)
+    check_plan(plan)
+
+
+def test_growing_a_cache_beside_a_default_one_on_another_rank_is_judged_as_the_plan_is_built():
+    """Two tables cached table-wise on two ranks, with statistics: growing one cache states only its
+    own kernel group's caches, not the other rank's default one (TorchRec prices no fetches for that),
+    so the pass keeps the grown plan. A spec that floors the first cache (a subset of the options)
+    plans no faster."""
+    from rec.config.search import SearchConfig
+
+    curve = [[0.01, 0.3], [0.05, 0.5], [0.2, 0.7], [0.3, 0.8], [1.0, 1.0]]
+
+    def rows(floor=None):
+        common = {"embedding_dim": 128, "data_type": "FP16", "compute_kernels": ["fused_uvm_caching"],
+                  "sharding_types": ["table_wise"], "hit_rate_curve": curve, "distinct_per_batch": 200000.0,
+                  "stats_batch_size": 1024}
+        a = {"name": "a", "num_embeddings": 40_000_000, "pooling_factor": 60.0, **common}
+        return [a | ({"min_cache_load_factor": floor} if floor else {}),
+                {"name": "b", "num_embeddings": 60_000_000, "pooling_factor": 55.0, **common}]
+
+    topology = cuda(hbm_cap=5 * GiB)
+    free, floored = (plan_spec(spec_from_rows(rows(f)), topology, config=SearchConfig(time_limit_s=0))
+                     for f in (None, 0.4))
+    assert any(t.cache_load_factor and t.cache_load_factor > 0.2 for t in free.tables)
+    assert free.metrics.critical_path <= floored.metrics.critical_path * (1 + 1e-9)
+    check_plan(free)

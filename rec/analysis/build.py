@@ -13,7 +13,7 @@ from rec.plan.types import Plan, PlanMetrics
 from rec.search.assignment import chosen_shards
 from rec.search.placed_caches import with_placed_caches
 from rec.search.result import SearchResult
-from rec.sharding import CK_CODE, ST_CODE, ComputeKernel, ShardingType
+from rec.sharding import ST_CODE, ShardingType
 from rec.spec.types import Spec
 from rec.topology.types import Topology
 
@@ -53,7 +53,9 @@ def build_plan(result: SearchResult, spec: Spec, topology: Topology, cost: CostC
         cols=opts.cols[e].astype(np.int64),
         world_size=world,
         modules=tuple(t.module for t in spec.tables),
-        load_factor=_chosen(space.chosen_load_factor, opts.compute_kernel[choice], len(spec.tables)),
+        # the sizes chosen for tables that got fused_uvm_caching (rec.search.placed_caches dropped the others)
+        load_factor=np.full(len(spec.tables), np.nan) if space.chosen_load_factor is None
+        else space.chosen_load_factor.copy(),
     )
     metrics = PlanMetrics(
         critical_path=result.critical_path,
@@ -78,10 +80,3 @@ def build_plan(result: SearchResult, spec: Spec, topology: Topology, cost: CostC
         spec=spec,
     )
 
-
-def _chosen(load_factors: np.ndarray | None, kernels: np.ndarray, n: int) -> np.ndarray:
-    """(T,) the cache sizes chosen for tables that got fused_uvm_caching; NaN elsewhere."""
-    if load_factors is None:
-        return np.full(n, np.nan)
-    out: np.ndarray = np.where(kernels == CK_CODE[ComputeKernel.FUSED_UVM_CACHING], load_factors, np.nan)
-    return out

@@ -110,18 +110,10 @@ def _claimed(plan: Plan) -> dict[str, np.ndarray]:
 def _shard_costs(plan: Plan, options: Any, index: dict[str, int]) -> tuple[list[Problem], dict[str, np.ndarray]]:
     """Match every table to its option and every shard to the option's shard in the same place;
     problems name the tables whose shards the cost model does not lay out so."""
-    from rec.sharding import COMPUTE_KERNELS, SHARDING_TYPES
-
     c = plan.columns
     world = plan.world_size
-    n_st, n_ck = len(SHARDING_TYPES), len(COMPUTE_KERNELS)
     spec_pos = np.fromiter((index[key] for key in c.keys), np.int64, len(c))
-    option_key = (options.table.astype(np.int64) * n_st + options.sharding_type) * n_ck + options.compute_kernel
-    order = np.argsort(option_key, kind="stable")
-    wanted = (spec_pos * n_st + c.sharding_type.astype(np.int64)) * n_ck + c.compute_kernel
-    at = np.minimum(np.searchsorted(option_key[order], wanted), len(order) - 1)
-    option = order[at]
-    ok = option_key[option] == wanted
+    option, ok = options.find(spec_pos, c.sharding_type, c.compute_kernel)
     # Shards per table as the option lays them out (a replica stands for all; a run for ``repeat``).
     first, stop = options.shard_start[option], options.shard_start[option + 1]
     runs = stop - first

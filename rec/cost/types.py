@@ -48,6 +48,28 @@ class Options:
         """Entries (runs) per option."""
         return np.diff(self.shard_start)
 
+    def find(self, table: np.ndarray, sharding_type: np.ndarray, kernel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(the option of each (table, sharding type, kernel), whether there is one): where there is
+        none the option given is another's."""
+        from rec.sharding import COMPUTE_KERNELS, SHARDING_TYPES
+
+        def key(t: np.ndarray, st: np.ndarray, ck: np.ndarray) -> np.ndarray:
+            out: np.ndarray = (np.asarray(t, np.int64) * len(SHARDING_TYPES) + st) * len(COMPUTE_KERNELS) + ck
+            return out
+
+        mine = key(self.table, self.sharding_type, self.compute_kernel)
+        wanted = key(table, sharding_type, kernel)
+        order = np.argsort(mine, kind="stable")
+        option = order[np.minimum(np.searchsorted(mine[order], wanted), max(len(order) - 1, 0))]
+        return option, mine[option] == wanted
+
+    def entries(self, options: np.ndarray) -> np.ndarray:
+        """Indices of all entries of ``options``, option by option."""
+        starts = self.shard_start[options]
+        counts = self.shard_start[options + 1] - starts
+        offsets = np.repeat(starts - np.concatenate(([0], np.cumsum(counts)[:-1])), counts)
+        return np.asarray(np.arange(counts.sum()) + offsets)
+
     def largest(self, values: np.ndarray) -> np.ndarray:
         """(O,) the largest of a per-entry array over each option's shards."""
         if not self.num_options:

@@ -46,7 +46,7 @@ from rec.passes.context import RELATIVE_GAIN, PassContext
 from rec.search.assignment import usage
 from rec.search.bound import lower_bound
 from rec.search.pipeline import build_search_space, recosted_space
-from rec.search.placed_caches import with_placed_caches
+from rec.search.placed_caches import placed_critical_path
 from rec.search.result import SearchResult
 from rec.search.space import SearchSpace
 from rec.sharding import CK_CODE, ComputeDevice, ComputeKernel
@@ -102,7 +102,7 @@ def with_cache_sizes(result: SearchResult, spec: Spec, topology: Topology, cost:
     its sizes, grown again, and so the start at TorchRec's default size where it was not the fastest:
     the faster of the two."""
     def built(r: SearchResult) -> float:  # the critical path as its plan states its caches
-        return with_placed_caches(r, spec, topology, cost).critical_path
+        return placed_critical_path(r, spec, topology, cost)
 
     best = _grown(result, spec, topology, cost)
     at_default: SearchResult | None = None  # the start at TorchRec's default cache size
@@ -298,7 +298,7 @@ def _rebuilt(result: SearchResult, spec: Spec, topology: Topology, cost: CostCon
     if (assignment.hbm > space.hbm_cap).any():
         return result  # cannot happen step by step; kept as a guard for the plan's validity
     # Slower where a grown cache states the default-size caches of its kernel groups.
-    built = [with_placed_caches(r, spec, topology, cost).critical_path for r in (result, grown)]
+    built = [placed_critical_path(r, spec, topology, cost) for r in (result, grown)]
     return result if built[1] > built[0] else grown
 
 

@@ -169,14 +169,11 @@ class Plan:
         """Whether ``rule`` leaves other caches without a size than ``than`` (default: the plan's own
         rule) for some table (each table's options are costed so), or with ``caching_only`` for some
         fused_uvm_caching table (rec.cost.tables.implicit_caches)."""
-        from rec.plan.load_factors import unstated_caches
+        from rec.plan.load_factors import plan_placement, unstated_caches
 
         differ = unstated_caches(self, rule) != unstated_caches(self, than)
         if caching_only:
-            c = self.columns
-            cached = {key for key, k in zip(c.keys, c.compute_kernel.tolist(), strict=True)
-                      if k == CK_CODE[ComputeKernel.FUSED_UVM_CACHING]}
-            differ &= np.array([t.key in cached for t in self.spec.tables], bool)
+            differ &= plan_placement(self).kernel == CK_CODE[ComputeKernel.FUSED_UVM_CACHING]
         return bool(differ.any())
 
     @property

@@ -72,10 +72,7 @@ def empty_assignment(space: SearchSpace, choice: np.ndarray) -> Assignment:
 
 def chosen_shards(space: SearchSpace, choice: np.ndarray) -> np.ndarray:
     """Indices of all entries of the chosen options, in option order."""
-    starts = space.options.shard_start[choice]
-    counts = space.options.shard_start[choice + 1] - starts
-    offsets = np.repeat(starts - np.concatenate(([0], np.cumsum(counts)[:-1])), counts)
-    return np.asarray(np.arange(counts.sum()) + offsets)
+    return space.options.entries(choice)
 
 
 def usage(space: SearchSpace, choice: np.ndarray, shard_rank: np.ndarray) -> Assignment:

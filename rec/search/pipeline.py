@@ -81,17 +81,12 @@ def recosted_space(space: SearchSpace, spec: Spec, topology: Topology, cost: Cos
     sub = enumerate_options(Spec(tuple(spec.tables[int(t)] for t in tables), spec.spec_hash), topology, cost,
                             factors[tables], unstated=after[tables])
     # Each option of the changed tables, found in ``space`` by (table, sharding type, kernel).
-    changing = np.flatnonzero(np.isin(opts.table, tables))
-    key = _option_key(opts.table[changing], opts.sharding_type[changing], opts.compute_kernel[changing])
-    wanted = _option_key(tables[sub.table], sub.sharding_type, sub.compute_kernel)
-    order = np.argsort(key, kind="stable")
-    at = order[np.minimum(np.searchsorted(key[order], wanted), len(order) - 1)]
-    if not np.array_equal(key[at], wanted):
+    o, found = opts.find(tables[sub.table], sub.sharding_type, sub.compute_kernel)
+    if not found.all():
         raise ValueError("a cache size changed a table's options")
-    o = changing[at]
     if not np.array_equal(opts.shard_start[o + 1] - opts.shard_start[o], np.diff(sub.shard_start)):
         raise ValueError("a cache size changed an option's shards")
-    mine, theirs = _entries(opts.shard_start, o), _entries(sub.shard_start, np.arange(sub.num_options))
+    mine, theirs = opts.entries(o), sub.entries(np.arange(sub.num_options))
     for field in ("rows", "cols", "repeat"):
         if not np.array_equal(getattr(opts, field)[mine], getattr(sub, field)[theirs]):
             raise ValueError("a cache size changed an option's shards")
@@ -99,22 +94,6 @@ def recosted_space(space: SearchSpace, spec: Spec, topology: Topology, cost: Cos
     perf[mine], hbm[mine], ddr[mine] = sub.perf[theirs], sub.hbm[theirs], sub.ddr[theirs]
     options = replace(opts, perf=perf, hbm=hbm, ddr=ddr)
     return _checked_space(options, spec, topology, cost, factors, space.hbm_cap, space.ddr_cap, unstated)
-
-
-def _option_key(table: np.ndarray, sharding_type: np.ndarray, kernel: np.ndarray) -> np.ndarray:
-    from rec.sharding import COMPUTE_KERNELS, SHARDING_TYPES
-
-    out: np.ndarray = (table.astype(np.int64) * len(SHARDING_TYPES) + sharding_type) * len(COMPUTE_KERNELS) + kernel
-    return out
-
-
-def _entries(shard_start: np.ndarray, options: np.ndarray) -> np.ndarray:
-    """The entries of ``options``, option by option (each option's in order)."""
-    starts = shard_start[options].astype(np.int64)
-    counts = shard_start[options + 1].astype(np.int64) - starts
-    offsets = starts - np.concatenate(([0], np.cumsum(counts)[:-1]))
-    out: np.ndarray = np.repeat(offsets, counts) + np.arange(counts.sum())
-    return out
 
 
 def unstated_of(space: SearchSpace, spec: Spec, cost: CostConfig) -> np.ndarray:

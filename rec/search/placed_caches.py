@@ -45,12 +45,7 @@ def with_placed_caches(result: SearchResult, spec: Spec, topology: Topology, cos
     """``result`` costed as its plan records it: its fused_uvm_caching tables' caches stated as its
     ShardingPlan states them, the cache sizes of its other tables dropped."""
     space, a = result.space, result.assignment
-    caching = space.options.compute_kernel[a.choice] == CK_CODE[ComputeKernel.FUSED_UVM_CACHING]
-    searched = np.full(len(spec.tables), np.nan) if space.chosen_load_factor is None else space.chosen_load_factor
-    factors = np.where(caching, searched, np.nan)  # as rec.analysis.build records them
-    placed = implicit_caches(spec, factors, resolved_load_factors(spec, cost, factors), cost, CacheRule.PLACED,
-                             assignment_placement(space, a))
-    flipped = caching & (placed != unstated_of(space, spec, cost))
+    caching, searched, factors, placed, flipped = _restated(result, spec, cost)
     dropped = ~caching & ~np.isnan(searched)
     if not flipped.any() and not dropped.any():
         return result
@@ -62,3 +57,25 @@ def with_placed_caches(result: SearchResult, spec: Spec, topology: Topology, cos
         # A dropped size changes no placed shard's cost: the MILP's bound stands where it is the larger.
         bound = bound.improved(result.bound.value, BoundMethod.MILP)
     return replace(result, space=recosted, assignment=assignment, bound=bound)
+
+
+def placed_critical_path(result: SearchResult, spec: Spec, topology: Topology, cost: CostConfig) -> float:
+    """``with_placed_caches(result, ...).critical_path``, costing nothing again where no cache's
+    statement changes (a dropped size changes no placed shard's cost)."""
+    if not _restated(result, spec, cost)[-1].any():
+        return result.critical_path
+    return with_placed_caches(result, spec, topology, cost).critical_path
+
+
+def _restated(result: SearchResult, spec: Spec, cost: CostConfig
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(T,) each: the tables ``result`` caches, the cache sizes its search gave, those its plan records
+    (the cached tables' only), the caches its ShardingPlan leaves unstated, and the cached ones among
+    them whose statement differs from the search's."""
+    space, a = result.space, result.assignment
+    caching = space.options.compute_kernel[a.choice] == CK_CODE[ComputeKernel.FUSED_UVM_CACHING]
+    searched = np.full(len(spec.tables), np.nan) if space.chosen_load_factor is None else space.chosen_load_factor
+    factors = np.where(caching, searched, np.nan)
+    placed = implicit_caches(spec, factors, resolved_load_factors(spec, cost, factors), cost, CacheRule.PLACED,
+                             assignment_placement(space, a))
+    return caching, searched, factors, placed, caching & (placed != unstated_of(space, spec, cost))

@@ -23,7 +23,7 @@ import numpy as np
 
 from rec.analysis.rank_times import kernel_groups, spec_positions
 from rec.config.cost import UVM_CACHING_RATIO, Optimizer
-from rec.cost.tables import table_arrays
+from rec.cost.tables import table_arrays, table_optimizer
 from rec.plan.load_factors import chosen_load_factors, unstated_caches
 from rec.plan.types import Plan
 from rec.sharding import CK_CODE, ComputeKernel
@@ -53,23 +53,23 @@ def cache_hbm(plan: Plan) -> CacheHbm:
     world = plan.world_size
     kernel = c.compute_kernel[c.table_of_entry]
     caching = kernel == CK_CODE[ComputeKernel.FUSED_UVM_CACHING]
-    rowwise = plan.planner.cost.optimizer is Optimizer.ROWWISE_ADAGRAD
+    t = spec_positions(plan)[c.table_of_entry]
+    rowwise = np.fromiter((table_optimizer(table, plan.planner.cost) is Optimizer.ROWWISE_ADAGRAD
+                           for table in plan.spec.tables), bool, len(plan.spec.tables))[t]
     # A fused_uvm table's weights and state are in host memory as TorchRec counts them; a rowwise state is not.
-    uvm = kernel == CK_CODE[ComputeKernel.FUSED_UVM]
-    uvm_state = (np.bincount(c.rank[uvm], weights=c.rows[uvm] * ROWWISE_STATE_BYTES, minlength=world)
-                 if rowwise else np.zeros(world))
+    uvm = (kernel == CK_CODE[ComputeKernel.FUSED_UVM]) & rowwise
+    uvm_state = np.bincount(c.rank[uvm], weights=c.rows[uvm] * ROWWISE_STATE_BYTES, minlength=world)
     if not caching.any():
         return CacheHbm(np.zeros(world), uvm_state)
     arrays = table_arrays(plan.spec, plan.topology.batch_size, plan.planner.cost, chosen_load_factors(plan),
                           world_size=world, unstated=unstated_caches(plan))
-    t = spec_positions(plan)[c.table_of_entry]
-    group = kernel_groups(plan, arrays.elem[t], arrays.pooled[t])[caching]
+    group = kernel_groups(plan)[caching]
     rows, cols = c.rows[caching].astype(np.float64), c.cols[caching].astype(np.float64)
     elem, factor = arrays.elem[t][caching].astype(np.float64), arrays.load_factor[t][caching]
     multiplier = arrays.optimizer_multiplier[t][caching]
     rank = c.rank[caching]
     planned = np.bincount(rank, weights=factor * rows * cols * elem * (1 + multiplier), minlength=world)
-    state = rows * ROWWISE_STATE_BYTES if rowwise else np.zeros(len(rows))  # a full optimizer's: host memory
+    state = rows * ROWWISE_STATE_BYTES * rowwise[caching]  # a full optimizer's: host memory
     groups = int(group.max()) + 1
     # TorchRec averages the sizes the group's tables state, weighted by their rows; an unstated cache
     # (TorchRec's default size, rec.cost.tables.implicit_caches) gets that mean, or FBGEMM's default.

@@ -18,7 +18,7 @@ import numpy as np
 
 from rec.cost.bandwidth import kernel_bw, links
 from rec.cost.perf import shard_ids, shard_perf
-from rec.cost.tables import table_arrays
+from rec.cost.tables import kernel_group_keys, table_arrays
 from rec.cost.widest import FAMILY_CODE, KERNEL_FAMILY, group_extremes, lanes, padding_ms
 from rec.plan.load_factors import chosen_load_factors, unstated_caches
 from rec.plan.types import Plan
@@ -77,19 +77,18 @@ def _entries(plan: Plan, profile: Profile | None) -> tuple[np.ndarray, np.ndarra
     if not multiplier:
         return perf, np.zeros(len(entry_table))
     t = spec_of_table[entry_table]
-    return perf, padding_ms(kernel_groups(plan, arrays.elem[t], arrays.pooled[t]), ids,
-                            c.cols.astype(np.float64), arrays.elem[t], bw, multiplier)
+    return perf, padding_ms(kernel_groups(plan), ids, c.cols.astype(np.float64), arrays.elem[t], bw, multiplier)
 
 
-def kernel_groups(plan: Plan, elem: np.ndarray, pooled: np.ndarray) -> np.ndarray:
+def kernel_groups(plan: Plan) -> np.ndarray:
     """(E,) the kernel group of each shard (run), numbered from 0: TorchRec's TBE on its rank
-    (``rec.cost.widest``); ``elem``, ``pooled`` per shard."""
+    (``rec.cost.widest``): its table's ``kernel_group_keys``, its rank, sharding type and kernel family."""
     c = plan.columns
     entry_table = c.table_of_entry
-    module = np.unique(np.asarray(c.modules), return_inverse=True)[1][entry_table]
+    table_key = kernel_group_keys(plan.spec, plan.planner.cost)[spec_positions(plan)][entry_table]
     rank = np.where(c.replicated[entry_table], -1, c.rank)  # a replica's group is alike on every rank
     family = FAMILY_CODE[c.compute_kernel[entry_table]]
-    keys = np.stack([rank, module, c.sharding_type[entry_table], family, elem, pooled], axis=1)
+    keys = np.stack([rank, table_key, c.sharding_type[entry_table], family], axis=1)
     group: np.ndarray = np.unique(keys, axis=0, return_inverse=True)[1].reshape(-1)
     return group
 
@@ -99,9 +98,7 @@ def lanes_below_widest(plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     of its kernel group, and those with a shard as wide as the widest of a group that mixes widths
     (widths counted up to 128 columns, as ``rec.cost.widest`` prices them)."""
     c = plan.columns
-    arrays = table_arrays(plan.spec, plan.topology.batch_size, plan.planner.cost, world_size=plan.world_size)
-    t = spec_positions(plan)[c.table_of_entry]
-    group = kernel_groups(plan, arrays.elem[t], arrays.pooled[t])
+    group = kernel_groups(plan)
     own = lanes(c.cols)
     narrowest, widest = group_extremes(group, own)
     narrow = np.zeros(len(c), bool)

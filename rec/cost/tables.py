@@ -137,7 +137,7 @@ def table_arrays(spec: Spec, batch_size: int, config: CostConfig, load_factors: 
         pooled=pooled,
         weighted=np.fromiter((t.is_weighted for t in tables), bool, n),
         min_partition=min_partition,
-        optimizer_multiplier=optimizer_multiplier(config.optimizer, dims),
+        optimizer_multiplier=optimizer_multipliers(spec, config, dims),
         load_factor=load_factor,
         miss_rate=misses,
         cache_fetches=np.where(implicit_caches(spec, load_factors, load_factor, config) if unstated is None
@@ -183,6 +183,21 @@ def optimizer_multiplier(optimizer: Optimizer, dims: np.ndarray) -> np.ndarray:
     if optimizer == Optimizer.ROWWISE_ADAGRAD:
         return 1.0 / dims  # one float32 per row: 1 / shape[-1] of the weight bytes
     return np.ones(len(dims))  # any other optimizer class: one state tensor like the weight
+
+
+def table_optimizer(table: TableSpec, config: CostConfig) -> Optimizer:
+    """The optimizer whose state a table's storage adds: its own (``TableSpec.optimizer``), else the
+    cost model's."""
+    return config.optimizer if table.optimizer is None else table.optimizer
+
+
+def optimizer_multipliers(spec: Spec, config: CostConfig, dims: np.ndarray) -> np.ndarray:
+    """(T,) ``optimizer_multiplier`` of each table's optimizer (``table_optimizer``), ``dims`` its columns."""
+    out = optimizer_multiplier(config.optimizer, dims)
+    for i, t in enumerate(spec.tables):
+        if t.optimizer is not None and t.optimizer is not config.optimizer:
+            out[i] = optimizer_multiplier(t.optimizer, dims[i:i + 1])[0]
+    return out
 
 
 def resolved_load_factors(spec: Spec, config: CostConfig, chosen: np.ndarray | None = None) -> np.ndarray:
@@ -244,7 +259,7 @@ def implicit_caches(spec: Spec, chosen: np.ndarray | None, load_factor: np.ndarr
     group's caches the rows-weighted mean of the sizes its tables state, so an unstated cache beside a
     stated one gets another size than planned. TorchRec prices no fetches for an unstated cache.
     Under ``CacheRule.GROUP`` (the search, before tables are placed), where the planner chose no size,
-    and where no table that may share the group (``cache_group``) and take a cache is sized otherwise.
+    and where no table that may share the group (``kernel_group_keys``) and take a cache is sized otherwise.
     Under ``CacheRule.PLACED`` with the plan's ``placement``, each fused_uvm_caching table unless one of
     the same group and sharding type on one of its ranks is sized otherwise, a chosen size of the default
     counting as none (TorchRec groups each sharding type's tables rank by rank); the other tables are
@@ -259,8 +274,7 @@ def implicit_caches(spec: Spec, chosen: np.ndarray | None, load_factor: np.ndarr
         every: np.ndarray = ~fixed if none_chosen and bool(default.all()) else np.zeros(n, bool)
         return every
     free = ~fixed & default
-    ids: dict[tuple[str, int, bool, bool], int] = {}
-    groups = np.array([ids.setdefault(cache_group(t), len(ids)) for t in spec.tables], np.int64)
+    groups = kernel_group_keys(spec, config)
     sized = np.unique(groups[~default & np.fromiter(map(may_be_cached, spec.tables), bool, n)])
     before: np.ndarray = free & ~np.isin(groups, sized) if none_chosen else np.zeros(n, bool)
     if rule is CacheRule.GROUP:
@@ -278,10 +292,16 @@ def implicit_caches(spec: Spec, chosen: np.ndarray | None, load_factor: np.ndarr
     return placed
 
 
-def cache_group(t: TableSpec) -> tuple[str, int, bool, bool]:
-    """What TorchRec's ``group_tables`` puts a table's cache in a kernel group by, known before the
-    search: its module, element size, pooling and weighting (the rank and kernel come with the plan)."""
-    return t.module, t.data_type.bytes_per_element, t.pooling is not Pooling.NONE, t.is_weighted
+def kernel_group_keys(spec: Spec, config: CostConfig) -> np.ndarray:
+    """(T,) int, numbered from 0 in spec order: what TorchRec's ``group_tables`` puts a table in an
+    FBGEMM kernel group (one table-batched embedding, one cache) by, known before the search: its
+    module, element size, pooling, weighting and optimizer (a fused parameter). Tables of one key share
+    a kernel group where they share a rank, a sharding type and a kernel family
+    (``rec.analysis.rank_times.kernel_groups``)."""
+    ids: dict[tuple[str, int, bool, bool, Optimizer], int] = {}
+    return np.fromiter((ids.setdefault((t.module, t.data_type.bytes_per_element, t.pooling is not Pooling.NONE,
+                                        t.is_weighted, table_optimizer(t, config)), len(ids)) for t in spec.tables),
+                       np.int64, len(spec.tables))
 
 
 def may_be_cached(t: TableSpec) -> bool:

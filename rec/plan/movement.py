@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from rec.config.cost import Optimizer
-from rec.cost.tables import optimizer_multiplier
+from rec.cost.tables import optimizer_multiplier, table_optimizer
 from rec.plan.metrics import Movement
 from rec.plan.types import Plan, Replicas, TablePlan
 from rec.spec.types import TableSpec
@@ -25,14 +25,13 @@ __all__ = ["Movement", "movement"]
 def movement(old: Plan, new: Plan, fresh_critical_path: float | None = None) -> Movement:
     """The movement from ``old`` to ``new`` (plans for the same topology)."""
     world = new.world_size
-    optimizer = new.planner.cost.optimizer
     old_specs = {t.key: t for t in old.spec.tables}  # tables by name and module
     old_tables = {t.key: t for t in old.tables}
     moved, total = 0, 0
     bytes_in, bytes_out = np.zeros(world, np.int64), np.zeros(world, np.int64)
     counts = {"kept": 0, "resized": 0, "reinitialized": 0, "added": 0, "moved": 0}
     for spec, table in zip(new.spec.tables, new.tables, strict=True):
-        per_cell = _bytes_per_cell(spec, optimizer)
+        per_cell = _bytes_per_cell(spec, table_optimizer(spec, new.planner.cost))
         total += round(per_cell * _cells(table))
         before = old_specs.get(spec.key)
         kind = _kind(before, spec)

@@ -27,7 +27,7 @@ from functools import partial
 import numpy as np
 
 from rec.config.cost import CostConfig
-from rec.cost.tables import optimizer_multiplier
+from rec.cost.tables import optimizer_multipliers
 from rec.cost.types import Options
 from rec.plan.types import Plan, Replicas, Shard
 from rec.search.assignment import Assignment, usage
@@ -89,7 +89,7 @@ def previous_placement(space: SearchSpace, spec: Spec, old: Plan, cost: CostConf
     old_specs = {t.key: t for t in old.spec.tables}
     dims = np.array([t.embedding_dim for t in spec.tables], np.int64)
     per_cell = np.array([t.data_type.bytes_per_element for t in spec.tables], float) * \
-        (1.0 + optimizer_multiplier(cost.optimizer, dims))
+        (1.0 + optimizer_multipliers(spec, cost, dims))
     codes = {(s, k): (i, j) for i, s in enumerate(SHARDING_TYPES) for j, k in enumerate(COMPUTE_KERNELS)}
     lws = space.local_world_size
     for t, table in enumerate(spec.tables):

@@ -62,7 +62,8 @@ def _columnar(table: Any, source: str) -> Spec:
     n = table.num_rows
     if not n or len(set(names)) != len(names) or not set(REQUIRED) <= set(names) <= set(COLUMNS):
         raise _Decline
-    if {"min_partition", "cache_load_factor", "min_cache_load_factor"} & set(names):  # rare: the rows' validator
+    # rare: the rows' validator reads them
+    if {"min_partition", "cache_load_factor", "min_cache_load_factor", "optimizer"} & set(names):
         raise _Decline
     columns = {name: table.column(name).combine_chunks() for name in names}
     modules = _cells(columns.get("module"), "module", DEFAULT_MODULE, n)
@@ -87,7 +88,7 @@ def _columnar(table: Any, source: str) -> Spec:
     stats = _stats(columns, n) if any(c in columns for c in STATS_COLUMNS) else ()
     weighted = _weighted(columns.get("is_weighted"), n)
     unpooled = np.fromiter((p is Pooling.NONE for p in pooling), bool, n)
-    none = [None] * n  # min_partition, the cache load factors: declined above
+    none = [None] * n  # min_partition, the cache load factors, optimizer: declined above
     tables = tuple(
         map(TableSpec, table_names, rows.tolist(), dims.tolist(), features, pooling, data_type,
             pooling_factor.tolist(), sharding_types, compute_kernels, modules, none,

@@ -12,10 +12,10 @@ REQUIRED = ("name", "num_embeddings", "embedding_dim")
 STATS_COLUMNS = ("stats_rows", "stats_batch_size", "distinct_per_batch", "ids_out_of_range", "hit_rate_curve")
 OPTIONAL = ("feature_names", "pooling", "data_type", "pooling_factor", "sharding_types", "compute_kernels",
             "module", "min_partition", "cache_load_factor", "is_weighted", *STATS_COLUMNS,
-            "min_cache_load_factor")
+            "min_cache_load_factor", "optimizer")
 # Written only where a table sets them, so rows (and hashes) of specs without them stay what they were.
 SPARSE_COLUMNS = ("module", "min_partition", "cache_load_factor", "is_weighted", *STATS_COLUMNS,
-                  "min_cache_load_factor")
+                  "min_cache_load_factor", "optimizer")
 COLUMNS = REQUIRED + OPTIONAL
 LIST_COLUMNS = ("feature_names", "sharding_types", "compute_kernels")
 LIST_SEPARATOR = ";"  # how list cells are written in CSV
@@ -28,7 +28,7 @@ PAIR_SEPARATOR = ":"
 def table_to_row(table: TableSpec) -> dict[str, object]:
     """Every column of ``table`` as plain JSON values (enums as their values, tuples as lists);
     ``module`` only when it is not ``DEFAULT_MODULE``, ``is_weighted`` only when true, ``min_partition``,
-    ``cache_load_factor``, ``min_cache_load_factor`` and the ``STATS_COLUMNS`` only when set, so rows
+    ``cache_load_factor``, ``min_cache_load_factor``, ``optimizer`` and the ``STATS_COLUMNS`` only when set, so rows
     (and hashes) of specs without them stay what they were; the curve as ``[[cache_fraction, hit_rate], ...]``."""
     row: dict[str, object] = {
         "name": table.name,
@@ -49,6 +49,8 @@ def table_to_row(table: TableSpec) -> dict[str, object]:
         row["cache_load_factor"] = float(table.cache_load_factor)
     if table.min_cache_load_factor is not None:
         row["min_cache_load_factor"] = float(table.min_cache_load_factor)
+    if table.optimizer is not None:
+        row["optimizer"] = table.optimizer.value
     if table.is_weighted:
         row["is_weighted"] = True
     for column in STATS_COLUMNS:

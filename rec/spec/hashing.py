@@ -7,11 +7,14 @@ from collections.abc import Iterable
 from enum import Enum
 from json.encoder import encode_basestring_ascii as _text  # what json.dumps(ensure_ascii=True) uses
 from operator import attrgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rec.hashing import HASH_CHARS
 from rec.spec.columns import VALUE
 from rec.spec.types import DEFAULT_MODULE, TableSpec
+
+if TYPE_CHECKING:
+    from rec.config.cost import Optimizer
 
 SPEC_HASH_FORMAT = "shardflow.spec/v1"
 
@@ -52,7 +55,7 @@ def _row_json(t: TableSpec) -> str:
         f'{{{_load_factor(t.cache_load_factor)}"compute_kernels":{_values(t.compute_kernels)},"data_type":"{VALUE[t.data_type]}",{distinct}'
         f'"embedding_dim":{int.__repr__(t.embedding_dim)},"feature_names":[{",".join(map(_text, t.feature_names))}],'
         f'{curve}{_WEIGHTED if t.is_weighted else ""}{_min_load_factor(t.min_cache_load_factor)}'
-        f'{_min_partition(t.min_partition)}{_module(t.module)}"name":{_text(t.name)},"num_embeddings":{int.__repr__(t.num_embeddings)},"pooling":"{VALUE[t.pooling]}",'
+        f'{_min_partition(t.min_partition)}{_module(t.module)}"name":{_text(t.name)},"num_embeddings":{int.__repr__(t.num_embeddings)},{_optimizer(t.optimizer)}"pooling":"{VALUE[t.pooling]}",'
         f'"pooling_factor":{float.__repr__(pooling_factor)},"sharding_types":{_values(t.sharding_types)}{last}}}'
     )
 
@@ -73,6 +76,11 @@ _WEIGHTED = '"is_weighted":true,'  # a weighted table's key (``table_to_row`` le
 def _min_load_factor(value: float | None) -> str:
     """The ``min_cache_load_factor`` key of a table that sets it (it sorts before ``min_partition``)."""
     return "" if value is None else f'"min_cache_load_factor":{_finite(float(value))},'
+
+
+def _optimizer(value: Optimizer | None) -> str:
+    """The ``optimizer`` key of a table that sets it (it sorts between ``num_embeddings`` and ``pooling``)."""
+    return "" if value is None else f'"optimizer":"{value.value}",'
 
 
 def _min_partition(value: int | None) -> str:

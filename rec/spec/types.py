@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rec.sharding import ComputeKernel, DataType, ModuleKind, Pooling, ShardingType
+
+if TYPE_CHECKING:
+    from rec.config.cost import Optimizer
 
 # The module a table without ``module`` belongs to: the EmbeddingBagCollection of shardflow's own
 # training model (DLRMTrain -> DLRM -> SparseArch), so every spec written before modules existed
@@ -51,8 +55,13 @@ class TableSpec:
     is_weighted: bool = False
     # The least share of the rows a fused_uvm_caching cache holds; the planner chooses the size from
     # there up, as TorchRec's EmbeddingOffloadScaleupProposer takes a stated load factor beside
-    # statistics. None: no floor. (Last: the columnar reader builds tables positionally.)
+    # statistics. None: no floor.
     min_cache_load_factor: float | None = None
+    # The optimizer whose state the storage estimate adds to this table's shards, where it is not the
+    # cost model's (``CostConfig.optimizer``): TorchRec reads each table's from its weight, which
+    # ``apply_optimizer_in_backward`` marked. None: the cost model's. (Last: the columnar reader builds
+    # tables positionally.)
+    optimizer: Optimizer | None = None
 
     @property
     def bytes(self) -> float:

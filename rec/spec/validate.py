@@ -17,6 +17,7 @@ from enum import Enum
 from numbers import Integral
 from typing import Any
 
+from rec.config.cost import Optimizer
 from rec.errors import InputError, Problem, ProblemList, show
 from rec.sharding import NOT_PLANNED, ComputeKernel, DataType, ModuleKind, Pooling, ShardingType, offered
 from rec.spec.columns import COLUMNS, CURVE_FIELDS, LIST_SEPARATOR, PAIR_SEPARATOR, REQUIRED
@@ -469,6 +470,7 @@ CELL_PARSERS = {
     "min_partition": _parse_positive_int,
     "cache_load_factor": _parse_load_factor,
     "min_cache_load_factor": _parse_load_factor,
+    "optimizer": _enum_parser(Optimizer, "optimizer"),
     "is_weighted": _parse_weighted,
     "stats_rows": _parse_stats_int,
     "stats_batch_size": _parse_stats_int,

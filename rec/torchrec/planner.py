@@ -19,13 +19,14 @@ import json
 import logging
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from rec.config.cost import UVM_CACHING_RATIO, CostConfig, Optimizer
 from rec.config.search import SearchConfig
-from rec.cost.tables import cache_group
+from rec.cost.tables import kernel_group_keys
 from rec.errors import InputError, Problem
 from rec.plan.types import Plan
 from rec.planning import plan_spec
@@ -220,7 +221,7 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
         planned as TorchRec would."""
         problems: list[Problem] = []
         rows, kernel = [], {}
-        optimizers: dict[Optimizer, list[str]] = {}
+        optimizers: list[tuple[dict[str, Any], Optimizer]] = []  # each table's row and its optimizer
         modules = {m.path: m for m in tables.modules}
         weights = tables.parameters()
         for row in tables.rows:
@@ -252,12 +253,15 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
                     floor = mapped.load_factor is not None and "hit_rate_curve" in cells and _scalable(mapped.stats)
                     rows[-1]["min_cache_load_factor" if floor else "cache_load_factor"] = float(factor)
                 rows[-1].update(cells)
-            optimizers.setdefault(_optimizer(weights[key]), []).append(key)
-        if len(optimizers) > 1:
-            problems.append(Problem("optimizer", "the tables' fused optimizers differ (" + "; ".join(
-                f"{o.value}: {_some(keys)}" for o, keys in optimizers.items()) + "): shardflow's cost model sizes "
-                "one optimizer's state for every table"))
-        cost = CostConfig(optimizer=next(iter(optimizers), Optimizer.NONE), profile=profile)
+            optimizers.append((rows[-1], _optimizer(weights[key])))
+        # The cost model's optimizer is the tables' most common one (the first of a tie); a table with
+        # another states its own, so that specs of one optimizer read as they did.
+        counts = Counter(optimizer for _, optimizer in optimizers)
+        common = max(counts, key=counts.__getitem__, default=Optimizer.NONE)
+        for row, optimizer in optimizers:
+            if optimizer is not common:
+                row["optimizer"] = optimizer.value
+        cost = CostConfig(optimizer=common, profile=profile)
         try:
             check(cost, "")  # every cost setting within its bounds, whatever the model gave
         except InputError as e:
@@ -291,10 +295,12 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
 
             return ShardingPlan(plan={})
         sharding_plan = to_sharding_plan(planned.plan, "" if planned.root else None)
-        spec_tables = {t.key: t for t in planned.plan.spec.tables}
+        spec = planned.plan.spec
+        spec_tables = {t.key: t for t in spec.tables}
+        group = dict(zip(spec_tables, kernel_group_keys(spec, planned.plan.planner.cost).tolist(), strict=True))
         # FBGEMM gives an unstated cache its kernel group's mean of the stated sizes: a cache is left
         # unstated only beside caches of TorchRec's default size.
-        sized = {cache_group(spec_tables[t.key]) for t in planned.plan.tables
+        sized = {group[t.key] for t in planned.plan.tables
                  if (stated := sharding_plan.plan["" if planned.root else t.module][t.name].cache_params) is not None
                  and stated.load_factor not in (None, UVM_CACHING_RATIO)}
         for t in planned.plan.tables:
@@ -305,7 +311,7 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
                 given = fields.get("cache_params")
                 if ours is not None and given is not None:  # the size the plan gives (at least a floor given)
                     unsized = unsized_statistics(given.stats, given.load_factor, spec_tables[t.key],
-                                                 cache_group(spec_tables[t.key]) in sized)
+                                                 group[t.key] in sized)
                     fields = {**fields, "cache_params": replace(given, load_factor=None if unsized
                                                                 else ours.load_factor)}
                 module_plan[t.name] = replace(module_plan[t.name], **fields)
@@ -407,10 +413,6 @@ def _optimizer(weight: Any) -> Optimizer:
     if cls is trec_optim.RowWiseAdagrad:
         return Optimizer.ROWWISE_ADAGRAD
     return Optimizer.ADAGRAD  # any other: one state tensor the size of the weight
-
-
-def _some(keys: list[str]) -> str:
-    return ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
 
 
 def _group(pg: Any) -> Any:

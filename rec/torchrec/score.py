@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rec.config.cost import UVM_CACHING_RATIO, CostConfig, Optimizer
-from rec.cost.tables import global_distinct, implicit_caches, resolved_load_factors
+from rec.cost.tables import global_distinct, implicit_caches, resolved_load_factors, table_optimizer
 from rec.hit_rates import Curve, miss_rate
 from rec.plan.load_factors import unstated_caches
 from rec.plan.table_placement import ShardPlacement, TablePlacement
@@ -120,10 +120,11 @@ def torchrec_inputs(spec: Spec, topology: Topology, cost: CostConfig = CostConfi
     from rec.spec.torchrec_modules import spec_model
 
     model = spec_model(spec)
-    optimizer_class = _optimizer_class(cost.optimizer)
-    if optimizer_class is not None:
-        for p in model.parameters():
-            mark_optimizer(p, optimizer_class)
+    for t in spec.tables:  # as apply_optimizer_in_backward marks each table's weight
+        optimizer_class = _optimizer_class(table_optimizer(t, cost))
+        if optimizer_class is not None:
+            module: Any = model.get_submodule(t.module)
+            mark_optimizer((module.embedding_bags if t.pooled else module.embeddings)[t.name].weight, optimizer_class)
     constraints: dict[str, Any] = {}
     resolved = resolved_load_factors(spec, cost, load_factors)
     implicit = (implicit_caches(spec, load_factors, resolved, cost) if unstated is None else unstated).tolist()

@@ -4,6 +4,7 @@ TorchRec 1.8's enumerator and estimators run on the same module tree with both s
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from rec.cost import enumerate_options, rank_capacity
 from rec.cost.bandwidth import kernel_bw, links
 from rec.cost.perf import shard_perf
 from rec.cost.shards import layout
-from rec.cost.tables import table_arrays
+from rec.cost.tables import table_arrays, table_optimizer
 from rec.sharding import (
     COMPUTE_KERNELS,
     SHARDING_TYPES,
@@ -60,10 +61,11 @@ def torchrec_model(spec: Spec, config: CostConfig):
     from torchrec.distributed.types import CacheParams
 
     model = spec_model(spec)
-    optimizer_class = _optimizer_class(config.optimizer)
-    if optimizer_class is not None:
-        for p in model.parameters():
-            p._optimizer_classes = [optimizer_class]  # type: ignore[attr-defined]
+    for t in spec.tables:  # each table's own optimizer, else the cost model's, as apply_optimizer_in_backward marks it
+        optimizer_class = _optimizer_class(table_optimizer(t, config))
+        if optimizer_class is not None:
+            tables = getattr(model.get_submodule(t.module), "embedding_bags" if t.pooled else "embeddings")
+            tables[t.name].weight._optimizer_classes = [optimizer_class]
     constraints: dict[str, ParameterConstraints] = {}
     for t in spec.tables:
         c = ParameterConstraints(
@@ -220,6 +222,9 @@ def test_mixed_bag_and_sequence_modules_match_torchrec(case):
     topology = random_topology(rng, device, world, local)
     config = CostConfig(optimizer=optimizer, caching_ratio=caching_ratio)
     spec = random_model_spec(rng, ["user_tower.ebc", "item_tower.blocks.0.ebc"], ["sequence.ec", "history"])
+    # a third of the tables with an optimizer of their own (apply_optimizer_in_backward per table)
+    spec = make_spec(*(replace(t, optimizer=list(Optimizer)[int(rng.integers(len(Optimizer)))])
+                       if rng.random() < 1 / 3 else t for t in spec.tables))
     assert_same_options(spec, topology, config)
 
 

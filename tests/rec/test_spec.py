@@ -535,7 +535,7 @@ def test_spec_hash_is_canonical_json_of_the_sorted_rows():
          "compute_kernels": ["dense", "fused"]},
         {"name": "a", "num_embeddings": 2**41, "embedding_dim": 2, "sharding_types": ["data_parallel"],
          "pooling_factor": 1.25e7, "data_type": "int4", "pooling": "mean"},
-        {"name": "c", "num_embeddings": 3, "embedding_dim": 8, "pooling_factor": 0.1 + 0.2},
+        {"name": "c", "num_embeddings": 3, "embedding_dim": 8, "pooling_factor": 0.1 + 0.2, "optimizer": "adam"},
     ])
     for spec in (odd, spec_from_rows(ROWS), mixed_spec(3), issue2282_spec(300), power_law_spec(300)):
         assert spec.spec_hash == _hash_by_definition(spec)
@@ -554,6 +554,22 @@ def test_the_reserved_names_are_those_of_the_installed_torch():
 
     names = {n for n in dir(torch.nn.ModuleDict()) if not n.startswith("__")}
     assert names == MODULE_DICT_NAMES
+
+
+def test_a_tables_own_optimizer_is_kept_through_every_format_and_leaves_other_specs_hashes_alone(tmp_path):
+    rows = [{"name": "adam", "num_embeddings": 100, "embedding_dim": 64, "optimizer": "Adam"},
+            {"name": "plain", "num_embeddings": 100, "embedding_dim": 64}]
+    spec = spec_from_rows(rows)
+    assert [t.optimizer for t in spec.tables] == ["adam", None]
+    plain = spec_from_rows(rows[1:])
+    assert plain.spec_hash == spec_from_rows([{**rows[1], "optimizer": None}]).spec_hash
+    assert spec.spec_hash != spec_from_rows([{**rows[0], "optimizer": "sgd"}, rows[1]]).spec_hash
+    for ext in ("parquet", "csv", "yaml", "json", "arrow"):
+        assert read_spec(write_spec(spec, tmp_path / f"s.{ext}")) == spec
+    write_spec(plain, tmp_path / "plain.parquet")
+    assert "optimizer" not in pq.read_schema(tmp_path / "plain.parquet").names  # written as before
+    with pytest.raises(InputError, match=r"optimizer: unknown optimizer 'lamb' \(known: none, sgd, adam"):
+        spec_from_rows([{**rows[0], "optimizer": "lamb"}])
 
 
 def test_min_partition_is_kept_through_every_format_and_leaves_other_specs_hashes_alone(tmp_path):

@@ -313,6 +313,33 @@ def test_plan_dir_writes_a_plan_shardflow_reads_back_and_debug_logs_the_summary(
     assert main(["show", str(tmp_path / "plan")]) == 0
 
 
+def test_tables_whose_optimizers_differ_are_each_sized_as_torchrecs_estimator_sizes_them(tmp_path):
+    """apply_optimizer_in_backward with another optimizer for some tables: each table's state is what
+    TorchRec's estimator adds for its own (Adam two tensors, SGD none, row-wise Adagrad one per row),
+    the plan's spec names those not of the cost model's (the most common), and the plan reads back."""
+    model = Towers()
+    apply_optimizer_in_backward(torch.optim.Adam, [model.towers[0].user.ebc.embedding_bags["user_id"].weight],
+                                {"lr": 0.1})
+    apply_optimizer_in_backward(RowWiseAdagrad, [model.towers[0].user.ebc.embedding_bags["country"].weight,
+                                                 *model.towers[1].ebc.parameters()], {"lr": 0.1})
+    apply_optimizer_in_backward(torch.optim.SGD, model.seq.blocks[1].ec.parameters(), {"lr": 0.1})
+    topology = cuda(hbm_cap=2 * 1024**3)  # "big" (8 GiB) caches
+    constraints = {"history": ParameterConstraints(pooling_factors=[1.0, 1.0])}  # TorchRec counts both features
+    planner = ShardflowPlanner(topology=topology, batch_size=BATCH_SIZE, constraints=constraints,
+                               plan_dir=tmp_path / "plan")
+    sharding_plan = planner.plan(model, SHARDERS)
+    plan = planner.last_plan
+    assert plan.planner.cost.optimizer == "rowwise_adagrad"
+    assert {t.key: t.optimizer for t in plan.spec.tables if t.optimizer} == {
+        "towers.0.user.ebc.user_id": "adam", "seq.blocks.1.ec.history": "sgd"}
+    assert_rated_as_torchrec_rates(planner, model, topology, BATCH_SIZE, constraints)
+    assert plan.metrics.critical_path == pytest.approx(
+        torchrec_critical_path(sharding_plan, model, topology, BATCH_SIZE, constraints), rel=1e-9)
+    written = read_plan(tmp_path / "plan")
+    check_plan(written)
+    assert written.spec == plan.spec
+
+
 def test_the_issue_2282_workload_plans_in_well_under_a_second_of_search_as_shardflow_plan_would():
     spec = issue2282_spec(500)
     topology = topology_from_dict({"world_size": 8, "local_world_size": 8, "compute_device": "cuda"})
@@ -335,10 +362,15 @@ def test_torchrecs_plan_has_exactly_the_critical_path_torchrec_reports_and_reads
 
     spec = read_spec(DEMO)
     spec = spec_from_rows([{"name": t.name, "num_embeddings": t.num_embeddings, "embedding_dim": t.embedding_dim,
-                            "pooling_factor": t.pooling_factor} for t in spec.tables[:5]])
+                            "pooling_factor": t.pooling_factor, "optimizer": optimizer}
+                           for t, optimizer in zip(spec.tables[:5], ["adam", "sgd", None, None, None], strict=True)])
     topology = topology_from_dict({"world_size": 4, "local_world_size": 2, "compute_device": "cuda"})
     plan = torchrec_plan(spec, topology, proposer=proposer)
     reported = run_torchrec_planner(spec, topology, proposer=quietly(_proposer, proposer)).critical_path
+    model = torchrec_inputs(spec, topology)[0]  # what TorchRec's storage estimator reads: each table's own optimizer
+    bags = model.get_submodule("model.sparse_arch.embedding_bag_collection").embedding_bags
+    assert [bags[t.name].weight._optimizer_classes for t in spec.tables[:3]] == [
+        [torch.optim.Adam], [torch.optim.SGD], [RowWiseAdagrad]]
     assert plan.metrics.critical_path == pytest.approx(reported, rel=1e-9)
     check_plan(plan)
     assert plan.planner.made_by.name == proposer.value and plan.planner.made_by.seconds > 0
@@ -806,6 +838,41 @@ def test_a_size_stated_for_a_table_kept_in_hbm_leaves_the_cache_beside_it_unstat
     older["format"] = "shardflow.plan/v5"  # v5 would state that cache too: the label is refused
     with pytest.raises(InputError, match=r"says shardflow\.plan/v5, but no cache of TorchRec's default size"):
         parse_plan(json.dumps(older), "a v5 plan")
+
+
+@pytest.mark.parametrize("small_optimizer", ["rowwise_adagrad", "adam"])
+def test_a_cache_sized_beside_one_of_another_optimizer_leaves_the_default_cache_unstated(small_optimizer):
+    """A user's cache_load_factor on one table, TorchRec's default size on a giant one with
+    statistics, both cached table_wise on one GPU: of one optimizer they share an FBGEMM kernel (its
+    fused parameters group the tables), so the giant's cache states its size (unstated, FBGEMM would
+    give it the other's); with another optimizer each has its own kernel, and the giant's cache goes
+    unstated as in TorchRec's plan, which TorchRec then rates no slower than its own."""
+    from torchrec.modules.embedding_configs import DataType
+
+    model = nn.Module()
+    model.ebc = EmbeddingBagCollection([
+        EmbeddingBagConfig(name=name, num_embeddings=rows, embedding_dim=128, feature_names=[f"{name}_f"],
+                           data_type=DataType.FP16) for name, rows in (("big", 50_000_000), ("small", 1_000_000))],
+        device=META)
+    apply_optimizer_in_backward(RowWiseAdagrad, [model.ebc.embedding_bags["big"].weight], {"lr": 0.1})
+    apply_optimizer_in_backward(torch.optim.Adam if small_optimizer == "adam" else RowWiseAdagrad,
+                                [model.ebc.embedding_bags["small"].weight], {"lr": 0.1})
+    cached = {"sharding_types": ["table_wise"], "compute_kernels": ["fused_uvm_caching"]}
+    constraints = {
+        "big": ParameterConstraints(pooling_factors=[40.0], cache_params=CacheParams(stats=Skewed()), **cached),
+        "small": ParameterConstraints(pooling_factors=[2.0], cache_params=CacheParams(load_factor=0.3), **cached)}
+    topology = Topology(world_size=1, local_world_size=1, compute_device="cuda", hbm_cap=4 * 1024**3)
+    planner = ShardflowPlanner(topology=topology, batch_size=2048, constraints=constraints)
+    ours = planner.plan(model, SHARDERS)
+    assert {name: p.compute_kernel for name, p in ours.plan["ebc"].items()} == {
+        "big": "fused_uvm_caching", "small": "fused_uvm_caching"}
+    assert ours.plan["ebc"]["big"].cache_params.load_factor == (None if small_optimizer == "adam" else 0.2)
+    rated = torchrec_critical_path(ours, model, topology, 2048, constraints)
+    assert rated == pytest.approx(planner.last_plan.metrics.critical_path, rel=1e-9)
+    if small_optimizer == "adam":
+        theirs = quietly(EmbeddingShardingPlanner(topology=topology, batch_size=2048, constraints=constraints,
+                                                  debug=False).plan, model, SHARDERS)
+        assert rated <= torchrec_critical_path(theirs, model, topology, 2048, constraints) * (1 + 1e-9)
 
 
 class MeasuredAtFew(Skewed):

@@ -215,6 +215,8 @@ def data_lines(metrics: TrainMetrics) -> list[str]:
             share = wait.p50 / metrics.iteration_latency_ms.p50 if metrics.iteration_latency_ms.p50 > 0 else 0.0
             waited = f"; waited for data p50 {wait.p50:.2f} ms per iteration ({share:.1%} of it)"
         lines.append(f"data      {read}{waited}")
+        if data.resumed:  # under the data line: what the resume read
+            lines.append(f"{'':10}{data.resumed}")
     if metrics.eval is not None:
         values = ", ".join(f"{k} {v:.4f}" for k, v in metrics.eval.items() if k != "samples" and v is not None)
         samples = int(metrics.eval.get("samples") or 0)

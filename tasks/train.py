@@ -105,7 +105,7 @@ def preflight(settings: TrainSettings, topology: Topology, spec: Spec | None = N
     if settings.rdzv_endpoint:
         problems += _endpoint_problems(settings.rdzv_endpoint)
     if spec is not None:
-        problems += _data_problems(settings.job, spec)
+        problems += _data_problems(settings.job, spec, world)
     if settings.job.model_target and spec is not None:
         from rec.train.user_model import user_model_problems
 
@@ -115,8 +115,9 @@ def preflight(settings: TrainSettings, topology: Topology, spec: Spec | None = N
     return nproc
 
 
-def _data_problems(job: TrainConfig, spec: Spec) -> list[Problem]:
-    """What is wrong with ``--data`` and ``--eval-data`` for ``spec``'s model (rec.data.schema)."""
+def _data_problems(job: TrainConfig, spec: Spec, world: int) -> list[Problem]:
+    """What is wrong with ``--data`` and ``--eval-data`` for ``spec``'s model on ``world`` ranks
+    (rec.data.schema)."""
     sources = [(what, path) for what, path in (("--data", job.data), ("--eval-data", job.eval_data))
                if path and not job.model_target]
     if not sources:
@@ -125,7 +126,8 @@ def _data_problems(job: TrainConfig, spec: Spec) -> list[Problem]:
     from rec.data.schema import data_problems
 
     layout = DataLayout.of_spec(spec, job.dense_in_features)
-    return [p for what, path in sources for p in data_problems(path, layout, job.ids, what)]
+    return [p for what, path in sources
+            for p in data_problems(path, layout, job.ids, what, ranks=world if what == "--data" else 1)]
 
 
 def check_resume_from(job: TrainConfig, plan: Plan) -> None:

@@ -6,10 +6,10 @@ the layout of a KeyedJaggedTensor's values and lengths; ids mapped under ``--ids
 slots of one column share its lengths. A weighted feature's slots also hold its weights (the column
 ``<feature>_weights``), float32, one per id, aligned with the ids: a KeyedJaggedTensor's weights.
 ``from_arrow`` checks every value on the way: a null or non-binary label, a dense list of the wrong
-width or with nulls, a null id, an id out of range under ``--ids error``, a weights column missing or
-of another type, a weights list that is null (for a row with ids) or not as long as the row's ids, a
-null or non-finite weight: an ``InputError`` naming the column, how many rows, and the first row
-where it is.
+width, with nulls or with values not finite as float32, a null id, an id out of range under
+``--ids error``, a weights column missing or of another type, a weights list that is null (for a
+row with ids) or not as long as the row's ids, a null or non-finite weight: an ``InputError`` naming
+the column, how many rows, and the first row where it is.
 """
 
 from __future__ import annotations
@@ -29,6 +29,17 @@ if TYPE_CHECKING:
 
 Locate = Callable[[int], str]  # row index in the converted table -> "row R of FILE"
 BAD_DATA = "The training data cannot be used:"
+
+
+@dataclass(frozen=True)
+class Wording:
+    """How bad values are named: the error's title, and what to do about ids out of range."""
+
+    title: str = BAD_DATA
+    out_of_range: str = "map ids into range with --ids modulo or --ids hash"
+
+
+TRAINING = Wording()
 
 
 @dataclass(frozen=True)
@@ -99,8 +110,41 @@ def _offsets(lengths: np.ndarray) -> np.ndarray:
     return offsets
 
 
+def from_arrow_parts(parts: Sequence[tuple[pa.Table, Locate]], layout: DataLayout, policy: IdsPolicy,
+                     what: str = "--data", wording: Wording = TRAINING) -> Columns:
+    """``from_arrow`` of consecutive slices of rows, each with how to name its rows: slices of one
+    schema are joined in Arrow and converted at once; files whose types differ, each of a type
+    training reads (list<int32> and list<int64> ids, bool and float labels, nullability), are
+    converted apart and joined after. InputError naming every problem of every slice."""
+    import pyarrow as pa
+
+    runs: list[list[tuple[pa.Table, Locate]]] = []
+    for part in parts:
+        if runs and runs[-1][0][0].schema.equals(part[0].schema):
+            runs[-1].append(part)
+        else:
+            runs.append([part])
+    converted: list[Columns] = []
+    problems: list[Problem] = []
+    for run in runs:
+        starts = np.cumsum([0] + [len(t) for t, _ in run])
+
+        def locate(row: int, run: list[tuple[pa.Table, Locate]] = run, starts: np.ndarray = starts) -> str:
+            i = int(np.searchsorted(starts, row, side="right")) - 1
+            return run[i][1](row - int(starts[i]))
+
+        table = pa.concat_tables([t for t, _ in run]) if len(run) > 1 else run[0][0]
+        try:
+            converted.append(from_arrow(table, layout, policy, locate, what, wording))
+        except InputError as e:
+            problems += [p for p in e.problems if p.where not in {q.where for q in problems}]
+    if problems:
+        raise InputError(wording.title, problems)
+    return concat(converted)
+
+
 def from_arrow(table: pa.Table, layout: DataLayout, policy: IdsPolicy, locate: Locate,
-               what: str = "--data") -> Columns:
+               what: str = "--data", wording: Wording = TRAINING) -> Columns:
     """``table``'s rows as ``Columns``; InputError naming every column with a value training cannot use."""
     problems: list[Problem] = []
     labels = (_labels(table.column(LABEL), locate, what, problems) if layout.labelled
@@ -126,18 +170,26 @@ def from_arrow(table: pa.Table, layout: DataLayout, policy: IdsPolicy, locate: L
             if bad.any():
                 first = int(np.argmax(bad))
                 row = int(np.searchsorted(offsets[c], first, side="right")) - 1
+                unsigned = _unsigned_ids(table.column(slot.column).type)
+                shown = int(v[first:first + 1].view(np.uint64)[0]) if unsigned else int(v[first])
                 problems.append(Problem(
                     f"{what} column {slot.column!r}",
                     f"{_count(int(bad.sum()), 'id')} outside [0, {slot.rows:,}) ({_tables(slot.tables)}) in "
-                    f"{len(table):,} rows read, first {int(v[first])} at {locate(row)}; map ids into range with "
-                    "--ids modulo or --ids hash"))
+                    f"{len(table):,} rows read, first {shown} at {locate(row)}; {wording.out_of_range}"))
             ids.append(v)
         else:
             ids.append(map_ids(v, slot.rows, policy))
     if problems:
-        raise InputError(BAD_DATA, problems)
+        raise InputError(wording.title, problems)
     return Columns(labels, dense, tuple(lengths[c] for c in at), tuple(offsets[c] for c in at), tuple(ids),
                    tuple(weights[s.column] if s.weighted else None for s in layout.slots))
+
+
+def _unsigned_ids(kind: pa.DataType) -> bool:
+    """Whether a column of ids holds uint64 (read as int64 with the same bits)."""
+    import pyarrow as pa
+
+    return bool((pa.types.is_list(kind) or pa.types.is_large_list(kind)) and pa.types.is_uint64(kind.value_type))
 
 
 def _count(n: int, what: str) -> str:
@@ -236,7 +288,16 @@ def _dense(column: pa.ChunkedArray, width: int, locate: Locate, what: str, probl
         problems.append(Problem(where, f"{_count(values.null_count, 'null value')} in {len(array):,} rows read, "
                                        f"first at {locate(row)}"))
         return empty
-    flat: np.ndarray = values.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+    raw = values.to_numpy(zero_copy_only=False)
+    with np.errstate(over="ignore", invalid="ignore"):
+        flat: np.ndarray = raw.astype(np.float32, copy=False)
+    not_finite = ~np.isfinite(flat)
+    if not_finite.any():
+        first = _first(not_finite)
+        problems.append(Problem(where, (
+            f"{_count(int(not_finite.sum()), 'value')} not finite as float32 (NaN, infinite, or beyond +-3.4e38) "
+            f"in {len(array):,} rows read, first {float(raw[first]):g} at {locate(first // max(width, 1))}")))
+        return empty
     return flat.reshape(len(array), width)
 
 

@@ -464,12 +464,12 @@ def _typed_ints(array: pa.Array, name: str, at: _Batch) -> np.ndarray:
 
 def _text_ints(array: pa.Array, name: str, at: _Batch) -> np.ndarray:
     """An integer column read as bytes, converted as the parser would (spaces around a number are
-    ignored), a missing value 0; every value the parser refuses is a problem."""
+    ignored), a missing (empty) value 0; every value the parser refuses is a problem, spaces alone too."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     trimmed = pc.ascii_trim(array.view(pa.string()), " ").view(pa.binary())
-    values = pc.if_else(pc.equal(pc.binary_length(trimmed), 0), pa.scalar(None, pa.binary()), trimmed)
+    values = pc.if_else(pc.equal(pc.binary_length(array), 0), pa.scalar(None, pa.binary()), trimmed)
     try:
         return pc.cast(values, pa.int64()).fill_null(0).to_numpy(zero_copy_only=False)  # type: ignore[no-any-return]
     except pa.ArrowInvalid:

@@ -2,7 +2,8 @@
 pyarrow filesystem opens (``s3://``, ``gs://``, ``hdfs://`` where that filesystem is installed).
 
 A directory holds every ``*.parquet``/``*.pq`` file under it (recursively); a glob every file it
-matches; both sorted by path, names starting with ``.`` or ``_`` left out (Spark's ``_SUCCESS``,
+matches, component by component as the shell matches (``**``: any number of components), unless the
+path exists as it is written; both sorted by path, names starting with ``.`` or ``_`` left out (Spark's ``_SUCCESS``,
 ``.crc``), as pyarrow's datasets do. Only the files' footers are read here: their row groups and
 row counts (``DataFiles``), from which the ranks split the rows (``rec.data.order``).
 """
@@ -96,11 +97,11 @@ def _list(source: str, what: str) -> tuple[pafs.FileSystem, list[str]]:
     title = f"Cannot read the data {source}:"
     if not source or "\0" in source:
         raise InputError(title, [Problem(what, "is empty or contains a NUL character")])
-    magic = any(c in source for c in GLOB_CHARACTERS)
+    # A path that holds a glob character but names a file or directory is that file or directory.
+    magic = any(c in source for c in GLOB_CHARACTERS) and not _exists(source)
     base = _glob_base(source) if magic else source
     try:
-        filesystem, root = (pafs.FileSystem.from_uri(base) if "://" in base
-                            else (pafs.LocalFileSystem(), os.path.abspath(base)))
+        filesystem, root = _filesystem(base)
         info = filesystem.get_file_info(root)
         if info.type == pafs.FileType.NotFound:
             raise InputError(title, [Problem(what, f"no such file or directory: {source}")])
@@ -118,6 +119,23 @@ def _list(source: str, what: str) -> tuple[pafs.FileSystem, list[str]]:
     if len(paths) > MAX_FILES:
         raise InputError(title, [Problem(what, f"{len(paths):,} files; at most {MAX_FILES:,}")])
     return filesystem, paths
+
+
+def _filesystem(path: str) -> tuple[pafs.FileSystem, str]:
+    """The filesystem of ``path`` (a URI's, else the local one) and the path in it."""
+    import pyarrow.fs as pafs
+
+    return pafs.FileSystem.from_uri(path) if "://" in path else (pafs.LocalFileSystem(), os.path.abspath(path))
+
+
+def _exists(path: str) -> bool:
+    import pyarrow.fs as pafs
+
+    try:
+        filesystem, root = _filesystem(path)
+        return bool(filesystem.get_file_info(root).type != pafs.FileType.NotFound)
+    except (OSError, ValueError):
+        return False
 
 
 def _glob_base(source: str) -> str:
@@ -144,8 +162,19 @@ def _wanted(path: str, root: str, pattern: str | None) -> bool:
     if any(part.startswith((".", "_")) for part in relative):
         return False
     if pattern is not None:
-        return fnmatch.fnmatchcase(path, pattern) and not path.endswith("/")
+        return _matches(path.split("/"), pattern.split("/"))
     return path.lower().endswith(PARQUET_SUFFIXES)
+
+
+def _matches(parts: list[str], pattern: list[str]) -> bool:
+    """Whether a path's components match a glob's, as the shell's: each wildcard within one
+    component (``*`` never crosses a ``/``), ``**`` as any number of whole components."""
+    if not pattern:
+        return not parts
+    head, rest = pattern[0], pattern[1:]
+    if head == "**":
+        return any(_matches(parts[i:], rest) for i in range(len(parts) + 1))
+    return bool(parts) and fnmatch.fnmatchcase(parts[0], head) and _matches(parts[1:], rest)
 
 
 def _metadata(filesystem: pafs.FileSystem, path: str) -> Any:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rec.data.columns import Columns, from_arrow
+from rec.data.columns import TRAINING, Columns, Locate, Wording, from_arrow_parts
 from rec.data.files import DataFiles
 from rec.data.ids import IdsPolicy
 from rec.data.layout import DataLayout
@@ -37,6 +37,7 @@ class ParquetSource:
     policy: IdsPolicy = IdsPolicy.ERROR
     what: str = "--data"
     threads: int = 1  # readers, each a window at a time
+    wording: Wording = TRAINING  # how bad values are named
     _groups: RowGroups = field(init=False, repr=False)
     _layouts: Any = field(init=False, repr=False)
 
@@ -54,7 +55,7 @@ class ParquetSource:
     @classmethod
     def open(cls, files: DataFiles, layout: DataLayout, *, seed: int = 0, shuffle: bool = True,
              window: int = 1 << 16, policy: IdsPolicy = IdsPolicy.ERROR, what: str = "--data",
-             threads: int = 1) -> ParquetSource:
+             threads: int = 1, wording: Wording = TRAINING) -> ParquetSource:
         """The source of ``files`` for ``layout``; InputError naming every missing column and column
         of the wrong type (``rec.data.schema``)."""
         from rec.data.schema import schema_problems
@@ -64,7 +65,7 @@ class ParquetSource:
         if problems:
             raise InputError(f"Cannot read the data {files.source}:", problems)
         order = ReadOrder(np.array([g.rows for g in files.row_groups], np.int64), seed, shuffle, window)
-        return cls(files, layout, order, policy, what, max(1, threads))
+        return cls(files, layout, order, policy, what, max(1, threads), wording)
 
     @property
     def description(self) -> str:
@@ -117,8 +118,7 @@ class ParquetSource:
         step = self.order.window
 
         def read(a: int) -> Columns:
-            table, locate = self._positions(0, a, min(a + step, stop), unshuffled=True)
-            return from_arrow(table, self.layout, self.policy, locate, self.what)
+            return self._converted(self._positions(0, a, min(a + step, stop), unshuffled=True))
 
         return ordered_map(read, range(start, stop, step), self.threads)
 
@@ -128,11 +128,13 @@ class ParquetSource:
         window = self.order.window
         first, offsets = self.order.window_positions(epoch, base_world, piece.rank, k)
         lo, hi = max(piece.start - k * window, 0), min(piece.stop - k * window, len(offsets))
-        table, locate = self._positions(epoch, first, first + len(offsets))
-        if not self.order.shuffle:
-            return from_arrow(table.slice(lo, hi - lo), self.layout, self.policy, lambda i: locate(lo + i), self.what)
+        if not self.order.shuffle:  # the window's positions in order: the piece's rows of it alone
+            return self._converted(self._positions(epoch, first + lo, first + hi))
         # The window converted in file order, then shuffled in numpy (cheaper than Arrow's take of lists).
-        return from_arrow(table, self.layout, self.policy, locate, self.what).take(offsets[lo:hi])
+        return self._converted(self._positions(epoch, first, first + len(offsets))).take(offsets[lo:hi])
+
+    def _converted(self, parts: list[tuple[pa.Table, Locate]]) -> Columns:
+        return from_arrow_parts(parts, self.layout, self.policy, self.what, self.wording)
 
     def _epoch_layout(self, epoch: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The row groups of ``epoch`` in reading order (None: path order), their sizes, and where
@@ -141,29 +143,25 @@ class ParquetSource:
         sizes = self.order.group_rows[order]
         return order, sizes, np.concatenate([[0], np.cumsum(sizes)])
 
-    def _positions(self, epoch: int, start: int, stop: int, unshuffled: bool = False) -> tuple[pa.Table, Any]:
-        """The rows at positions ``[start, stop)`` of ``epoch``'s order, and how to name each."""
-        import pyarrow as pa
-
+    def _positions(self, epoch: int, start: int, stop: int, unshuffled: bool = False
+                   ) -> list[tuple[pa.Table, Locate]]:
+        """The rows at positions ``[start, stop)`` of ``epoch``'s order, a slice of a row group
+        each, and how to name each slice's rows."""
         order, sizes, starts = self._layouts(None if unshuffled else epoch)
-        first = int(np.searchsorted(starts, start, side="right")) - 1
-        parts, owners = [], []
-        g = first
+        g = int(np.searchsorted(starts, start, side="right")) - 1
+        parts: list[tuple[pa.Table, Locate]] = []
         while g < len(order) and starts[g] < stop:
-            lo, hi = max(start - starts[g], 0), min(stop - starts[g], sizes[g])
-            parts.append(self._groups.get(int(order[g])).slice(int(lo), int(hi - lo)))
-            owners.append((int(order[g]), int(lo), int(starts[g] + lo - start)))
-            g += 1
-        table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-        firsts = np.array([at for _, _, at in owners], np.int64)
-
-        def locate(row: int) -> str:
-            i = int(np.searchsorted(firsts, row, side="right")) - 1
-            group, lo, at = owners[i]
+            group = int(order[g])
+            lo, hi = int(max(start - starts[g], 0)), int(min(stop - starts[g], sizes[g]))
             rg = self.files.row_groups[group]
-            return self.files.where(rg.file, int(self._first_in_file[group]) + lo + row - at)
+            first = int(self._first_in_file[group]) + lo
 
-        return table, locate
+            def locate(row: int, file: int = rg.file, first: int = first) -> str:
+                return self.files.where(file, first + row)
+
+            parts.append((self._groups.get(group).slice(lo, hi - lo), locate))
+            g += 1
+        return parts
 
 
 def rebatch(chunks: Iterator[Columns], batch_size: int) -> Iterator[Columns]:

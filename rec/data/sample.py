@@ -16,6 +16,7 @@ import numpy as np
 from rec import progress
 from rec.data.columns import BAD_DATA, read_ids
 from rec.data.files import DataFiles, RowGroup, open_data
+from rec.data.schema import repeated_columns
 from rec.errors import InputError, Problem
 
 if TYPE_CHECKING:
@@ -104,8 +105,9 @@ def _check_schemas(files: DataFiles, columns: tuple[str, ...], what: str) -> Non
             problems.append(Problem(f"{what} {files.paths[file]}" if several else what, (
                 f"has no column {', '.join(map(repr, missing))}: the ids of each feature name of the spec's "
                 "tables are a list<int64> column of that name")))
+        problems += repeated_columns(files, file, schema, columns, what)
         for c in columns:
-            if c in schema.names:  # an empty column of the type gets the message reading it would
+            if schema.names.count(c) == 1:  # an empty column of the type gets the message reading it would
                 read_ids(pa.chunked_array([], type=schema.field(c).type), c, lambda _: "", what + at, problems)
     if problems:
         raise InputError(f"Cannot measure the data {files.source}:", problems)

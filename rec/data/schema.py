@@ -16,29 +16,33 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rec.data.columns import from_arrow, type_problem
+from rec.data.columns import Locate, from_arrow_parts, type_problem
 from rec.data.files import DataFiles, open_data
 from rec.data.ids import IdsPolicy
 from rec.data.layout import DataLayout
 from rec.errors import InputError, Problem
 
 if TYPE_CHECKING:
-    pass
+    import pyarrow as pa
 
 SAMPLE_ROWS = 20_000  # rows the check reads, spread over up to SAMPLE_GROUPS row groups
 SAMPLE_GROUPS = 8
 
 
 def data_problems(source: str, layout: DataLayout, policy: IdsPolicy, what: str = "--data",
-                  sample_rows: int = SAMPLE_ROWS) -> list[Problem]:
-    """What makes ``source`` unusable as ``layout``'s training data: its files, schemas and a sample."""
+                  sample_rows: int = SAMPLE_ROWS, ranks: int = 1) -> list[Problem]:
+    """What makes ``source`` unusable as ``layout``'s training data on ``ranks`` ranks (each reads
+    its share of every epoch: at least a row): its files, schemas and a sample."""
     try:
         files = open_data(source, what)
     except InputError as e:
         return list(e.problems)
     problems = schema_problems(files, layout, what)
-    if layout.clashes(what) or any(c not in schema.names for _, schema in files.schemas for c in layout.columns):
-        return problems  # the sample needs every column, each of one meaning
+    if files.rows < ranks:
+        problems.append(Problem(what, f"{source} holds {files.rows:,} row{'s' if files.rows != 1 else ''}, fewer "
+                                      f"than the {ranks} ranks: each rank reads its share of every epoch"))
+    if layout.clashes(what) or any(schema.names.count(c) != 1 for _, schema in files.schemas for c in layout.columns):
+        return problems  # the sample needs every column, each once and of one meaning
     named = {p.where for p in problems}
     return problems + [p for p in sample_problems(files, layout, policy, what, sample_rows) if p.where not in named]
 
@@ -57,17 +61,29 @@ def schema_problems(files: DataFiles, layout: DataLayout, what: str = "--data") 
         ", and one column <feature>_weights per feature of a weighted table" if weights else "")
     for file, schema in files.schemas:
         where = f"{what} column {{!r}}" + (f" of {files.paths[file]}" if several else "")
+        problems += repeated_columns(files, file, schema, layout.columns, what)
         missing = [c for c in layout.columns if c not in schema.names]
         if missing:
             problems.append(Problem(f"{what} {files.paths[file]}" if several else what,
                                     f"has no column {', '.join(map(repr, missing))} (the data needs {needs}: "
                                     "docs/training.md)"))
         for name in layout.columns:
-            if name in schema.names:
+            if schema.names.count(name) == 1:
                 reason = type_problem(name, schema.field(name).type, layout.dense_in_features, name in weights)
                 if reason:
                     problems.append(Problem(where.format(name), reason))
     return problems
+
+
+def repeated_columns(files: DataFiles, file: int, schema: pa.Schema, columns: tuple[str, ...],
+                     what: str) -> list[Problem]:
+    """Any of ``columns`` that ``schema`` (of ``files``' file ``file``) holds more than once (Parquet
+    allows it; a column is read by its name)."""
+    twice = [c for c in columns if schema.names.count(c) > 1]
+    if not twice:
+        return []
+    return [Problem(f"{what} {files.paths[file]}" if len(files.schemas) > 1 else what,
+                    f"holds column {', '.join(map(repr, twice))} more than once: name each column once")]
 
 
 def sample_problems(files: DataFiles, layout: DataLayout, policy: IdsPolicy, what: str = "--data",
@@ -78,7 +94,7 @@ def sample_problems(files: DataFiles, layout: DataLayout, policy: IdsPolicy, wha
     groups = files.row_groups
     picked = np.unique(np.linspace(0, len(groups) - 1, min(SAMPLE_GROUPS, len(groups))).round().astype(int))
     each = max(1, sample_rows // len(picked))
-    tables, names = [], []
+    parts: list[tuple[pa.Table, Locate]] = []
     for g in picked:
         rg = groups[int(g)]
         reader = files.parquet_file(rg.file)
@@ -86,18 +102,12 @@ def sample_problems(files: DataFiles, layout: DataLayout, policy: IdsPolicy, wha
         batch = next(reader.iter_batches(batch_size=min(each, rg.rows), row_groups=[rg.index],
                                          columns=list(layout.columns)), None)
         if batch is not None:
-            tables.append(pa.Table.from_batches([batch]))
-            names.append((rg.file, first, len(batch)))
-    table = pa.concat_tables(tables)
-    starts = np.cumsum([0] + [n for _, _, n in names])
+            def locate(row: int, file: int = rg.file, first: int = first) -> str:
+                return files.where(file, first + row)
 
-    def locate(row: int) -> str:
-        i = int(np.searchsorted(starts, row, side="right")) - 1
-        file, first, _ = names[i]
-        return files.where(file, first + row - int(starts[i]))
-
+            parts.append((pa.Table.from_batches([batch]), locate))
     try:
-        from_arrow(table, layout, policy, locate, what)
+        from_arrow_parts(parts, layout, policy, what)
     except InputError as e:
         return list(e.problems)
     return []

@@ -42,6 +42,7 @@ class Feed:
     batch_size: int
     start: Position
     start_iteration: int = 0
+    resumed: str | None = None  # how a resume read on where it did not go on from the checkpoint's position
     user: UserModel | None = None
 
     @classmethod
@@ -75,14 +76,16 @@ class Feed:
         fresh = Position(world_size)
         if saved is None:
             self.start = self.source.advance(fresh, iteration * self.batch_size)
-            return "the checkpoint has no data position: the data starts at the rows an unbroken run would read"
+            self.resumed = "the checkpoint has no data position: the data starts at the rows an unbroken run would read"
+            return self.resumed
         changed = [k for k, v in self.source.identity().items() if saved.get(k) != v]
         position = Position(int(saved["world_size"]), int(saved["epoch"]), int(saved["rows"]),
                             tuple((int(w), int(r)) for w, r in saved["splits"]))
         if changed:
             self.start = Position(world_size, position.epoch + 1)
-            return (f"the data or its order changed since the checkpoint ({', '.join(changed)}): reading "
-                    f"starts at epoch {position.epoch + 1}")
+            self.resumed = (f"the data or its order changed since the checkpoint ({', '.join(changed)}): reading "
+                            f"starts at epoch {position.epoch + 1}")
+            return self.resumed
         self.start = position.on(world_size)
         return None
 

@@ -165,7 +165,7 @@ def _data_read(config: TrainConfig, feed: Feed) -> DataRead | None:
         return None
     extent = feed.source.extent(feed.position_at(config.iterations))
     return DataRead(extent.source, extent.rows, extent.files, extent.epochs, config.ids.value, extent.shuffled,
-                    config.seed)
+                    config.seed, feed.resumed)
 
 
 def user_code(config: TrainConfig) -> AbstractContextManager[None]:

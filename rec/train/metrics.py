@@ -126,6 +126,7 @@ class DataRead:
     ids: str  # the --ids policy
     shuffle: bool
     seed: int
+    resumed: str | None = None  # where a resume did not read on from its checkpoint's position: why, and where it read
 
 
 @dataclass(frozen=True)
@@ -281,18 +282,19 @@ def _data_read(block: Any, problems: Problems) -> DataRead | None:
 
     names = [f.name for f in fields(DataRead)]
     d = known_keys(block, names, problems)
-    required(d, names, problems)
+    required(d, [f.name for f in fields(DataRead) if f.default is MISSING], problems)
     before = len(problems.items)
     source = problems.take_from(d, "source", _text)
     rows, files, seed = (problems.take_from(d, k, _count) for k in ("rows", "files", "seed"))
     epochs = problems.take_from(d, "epochs", finite_number)
     ids = problems.take_from(d, "ids", _text)
+    resumed = problems.take_from(d, "resumed", _text) if d.get("resumed") is not None else None
     if not isinstance(d.get("shuffle"), bool):
         problems.add("shuffle", "expected true or false")
     if len(problems.items) > before:
         return None
     return DataRead(str(source), int(rows or 0), int(files or 0), float(epochs or 0.0), str(ids),
-                    bool(d["shuffle"]), int(seed or 0))
+                    bool(d["shuffle"]), int(seed or 0), None if resumed is None else str(resumed))
 
 
 def _evaluation(value: object, problems: Problems) -> dict[str, float | int | None] | None:

@@ -9,6 +9,7 @@ probability of a click), one row per input row, in input order, written whole or
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -16,10 +17,12 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from rec.data.columns import Wording
 from rec.data.files import open_data
 from rec.data.parquet import ParquetSource, rebatch
 from rec.data.source import reader_threads
 from rec.disk_full import whole
+from rec.errors import InputError, Problem
 from rec.spec.types import Spec
 from rec.train.batch import ModuleBatch
 from rec.train.export import load_exported, weighted_mean
@@ -79,11 +82,18 @@ def predict(model_dir: str | Path, data: str, out: str | Path, device: torch.dev
     model, settings = load_exported(model_dir, device)
     files = open_data(data, "--data")
     layout = replace(settings.layout, labelled=False)
-    source = ParquetSource.open(files, layout, shuffle=False, policy=settings.ids, threads=reader_threads(None, 1))
+    source = ParquetSource.open(files, layout, shuffle=False, policy=settings.ids, threads=reader_threads(None, 1),
+                                wording=Wording("The data cannot be used:", "the model takes ids in range only (it "
+                                                "was trained with --ids error): map them before predicting"))
     one_module, means = one_default_ebc(settings.spec), weighted_means(settings.spec)
     schema = pa.schema([(PREDICTION, pa.float32())])
     done = 0
-    with whole(out) as path, pq.ParquetWriter(str(path), schema) as writer, torch.no_grad():
+    with ExitStack() as stack:
+        try:
+            writer = stack.enter_context(pq.ParquetWriter(str(stack.enter_context(whole(out))), schema))
+        except OSError as e:  # a directory that cannot be made or written: the path is at fault
+            raise InputError("Cannot predict:", [Problem("--out", f"cannot write {out}: {e.strerror or e}")]) from None
+        stack.enter_context(torch.no_grad())
         for rows in rebatch(source.share(0, 1), batch_size):
             batch = as_inferred(to_batch(rows, layout, one_module), means).to(device)
             p = torch.sigmoid(logits(model, batch)).to(torch.float32).cpu().numpy()

@@ -74,6 +74,7 @@ def start(plan: Plan, config: TrainConfig, out_dir: str, dmp: DistributedModelPa
 def _read_on(feed: Feed, iteration: int, step: Path, output: RankOutput) -> None:
     note = feed.resume_at(iteration, read_position(step), dist.get_world_size())
     if note:
+        print(note, flush=True)  # the rank's log; train_metrics.json's data.resumed and the summary say it too
         output.progress(note)
 
 

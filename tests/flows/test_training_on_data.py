@@ -65,7 +65,7 @@ def test_two_ranks_train_on_files_evaluate_every_sample_and_learn_the_planted_si
     assert m["eval"]["auc"] > 0.9 * truth.bayes_auc_empirical
     assert m["data"] == {"source": str(root / "train"), "rows": SETTINGS.train_rows, "files": 3,
                          "epochs": pytest.approx(120 * 256 / (SETTINGS.train_rows // 2)), "ids": "error",
-                         "shuffle": True, "seed": 0}
+                         "shuffle": True, "seed": 0, "resumed": None}
     waits = pq.read_table(out / "iterations.parquet").column("data_wait_ms").to_numpy()
     assert len(waits) == 120 and (waits >= 0).all()
     assert "eval      auc " in summary and f"on {SETTINGS.eval_rows:,} held-out samples" in summary
@@ -94,6 +94,18 @@ def test_the_checkpoint_evaluated_exported_and_predicted_gives_the_runs_numbers(
     assert len(p) == SETTINGS.eval_rows
     assert auc(p, labels) == pytest.approx(final["auc"], abs=1e-6)  # the same model, one row per input row in order
     assert logloss(np.log(p) - np.log1p(-p), labels) == pytest.approx(final["logloss"], rel=1e-5)
+    rows = pq.read_table(root / "eval.parquet")
+    ids = rows.column("cat_2").to_pylist()
+    ids[3] = [SETTINGS.rows + 7]
+    pq.write_table(rows.set_column(rows.schema.get_field_index("cat_2"), "cat_2", pa.array(ids, pa.list_(pa.int64()))),
+                   tmp_path / "far.parquet")
+    for data, out, named in ((tmp_path / "far.parquet", tmp_path / "far_p.parquet",
+                              "the model takes ids in range only (it was trained with --ids error)"),
+                             (root / "eval.parquet", tmp_path / "p.parquet/sub.parquet", "--out: cannot write")):
+        refused = shardflow_here(capfd, "predict", "--model", str(tmp_path / "model"), "--data", str(data),
+                                 "--out", str(out))
+        assert refused.returncode == 2 and named in refused.stderr and "Traceback" not in refused.stderr
+        assert "--ids modulo" not in refused.stderr and not out.exists()
 
 
 @pytest.mark.slow

@@ -153,6 +153,7 @@ def test_bad_lines_are_named_by_file_and_line_and_nothing_is_written(tmp_path):
     lines[3] = "\t".join(["1", "12", "x7", *fields[3:]])  # int_1 is no number
     lines[5] = "2" + lines[5][1:]  # label 2
     lines[8] = ""  # an empty line
+    lines[10] = "\t".join(["0", " ", *lines[10].split("\t")[2:]])  # int_0 spaces alone: no number
     tsv = write_tsv(tmp_path / "day_0", lines)
     out = tmp_path / "out"
     with pytest.raises(InputError) as error:
@@ -162,6 +163,7 @@ def test_bad_lines_are_named_by_file_and_line_and_nothing_is_written(tmp_path):
         f"{where} line 2: has 39 fields; a Criteo line has 40 tab-separated fields (label, 13 integers, 26 categories)",
         f"{where} line 6: the label is '2'; a label is 0 or 1",
         f"{where} line 9: the label is empty; a label is 0 or 1",
+        f"{where} line 11: int_0 is ' '; an integer field holds an optional '-' and digits",
         f"{where} line 4: int_1 is 'x7'; an integer field holds an optional '-' and digits",
     ]
     assert not out.exists()

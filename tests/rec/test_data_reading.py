@@ -59,8 +59,56 @@ def test_a_directory_a_glob_a_file_and_a_uri_name_the_files_in_path_order(datase
     assert [p.rsplit("/", 1)[1] for p in files.paths] == ["f0.parquet", "f1.parquet", "f2.parquet", "f3.parquet"]
     assert files.rows == 1000 and sum(g.rows for g in files.row_groups) == 1000
     assert open_data(f"{dataset}/*/f[12].parquet").paths == files.paths[1:3]
+    assert open_data(f"{dataset}/**/*.parquet").paths == files.paths
+    with pytest.raises(InputError, match="nothing it matches"):  # as in the shell, * stays in its directory
+        open_data(f"{dataset}/*.parquet")
     assert open_data(f"file://{dataset}/part=1/f0.parquet").rows == 130
     assert open_data(str(dataset)).fingerprint == files.fingerprint
+    (dataset / "exp[1]").mkdir()
+    (dataset / "part=1/f0.parquet").rename(dataset / "exp[1]/f0.parquet")
+    assert open_data(f"{dataset}/exp[1]").rows == 130  # a path that exists, brackets and all
+    assert open_data(f"{dataset}/exp[1]/f0.parquet").rows == 130
+
+
+def test_files_of_different_types_training_reads_are_read_as_one_dataset(tmp_path):
+    first = table(range(0, 300), np.random.default_rng(0))
+    second = table(range(300, 600), np.random.default_rng(1))
+    second = pa.table({"label": second["label"].cast(pa.float64()),  # int8 labels beside float ones
+                       "dense": second["dense"].cast(pa.list_(pa.float32())),
+                       "row": second["row"].cast(pa.list_(pa.int64())),  # list<int32> ids beside list<int64>
+                       "b1": second["b1"], "b2": second["b2"]})
+    third = table(range(600, 700), np.random.default_rng(2))
+    third = third.set_column(0, "label", pa.array(np.arange(600, 700) % 3 == 0))  # bool labels
+    third = third.cast(pa.schema([f.with_nullable(False) if f.name != "b1" else f for f in third.schema]))
+    for i, t in enumerate((first, second, third)):
+        pq.write_table(t, tmp_path / f"f{i}.parquet", row_group_size=128)
+    assert data_problems(str(tmp_path), LAYOUT, IdsPolicy.ERROR) == []
+    source = ParquetSource.open(open_data(str(tmp_path)), LAYOUT, shuffle=False, window=256)
+    rows = np.concatenate([c.ids[0] for c in source.share(0, 1)])
+    assert list(rows) == list(range(700))
+    read = next(source.batches(Position(1), 0, 700))
+    assert np.array_equal(read.labels, (read.ids[0] % 3 == 0).astype(np.float32))
+    assert np.array_equal(read.dense[:, 0], read.ids[0].astype(np.float32))
+
+
+def test_non_finite_dense_a_repeated_column_and_fewer_rows_than_ranks_are_named(tmp_path):
+    rows = table(range(0, 20), np.random.default_rng(0))
+    dense = [[float(r), 0.0, 0.0] for r in range(20)]
+    dense[7][1] = float("nan")
+    pq.write_table(rows.set_column(1, "dense", pa.array(dense)), tmp_path / "nan.parquet")
+    (problem,) = data_problems(str(tmp_path / "nan.parquet"), LAYOUT, IdsPolicy.ERROR)
+    assert problem.where == "--data column 'dense'"
+    assert problem.reason.startswith("1 value not finite as float32") and "first nan at row 7 of" in problem.reason
+    pq.write_table(rows.append_column("row", rows["row"]), tmp_path / "twice.parquet")
+    (problem,) = data_problems(str(tmp_path / "twice.parquet"), LAYOUT, IdsPolicy.ERROR)
+    assert problem.reason == "holds column 'row' more than once: name each column once"
+    pq.write_table(rows.slice(0, 2), tmp_path / "two.parquet")
+    (problem,) = data_problems(str(tmp_path / "two.parquet"), LAYOUT, IdsPolicy.ERROR, ranks=3)
+    assert "holds 2 rows, fewer than the 3 ranks" in problem.reason
+    big = rows.set_column(2, "row", pa.array([[2**63 + 5]] * 20, pa.list_(pa.uint64())))
+    pq.write_table(big, tmp_path / "u64.parquet")
+    (problem,) = data_problems(str(tmp_path / "u64.parquet"), LAYOUT, IdsPolicy.ERROR)
+    assert f"first {2**63 + 5} at row 0 of" in problem.reason  # the file's value, not its bits as int64
 
 
 def test_nothing_to_read_is_named(tmp_path):

@@ -100,6 +100,11 @@ def test_a_resumed_training_is_the_same_model_as_an_unbroken_one(single_process_
     position = json.loads((tmp_path / "b/checkpoints/step_00000020/data_position.json").read_text())
     assert (position["epoch"], position["rows"]) == divmod(20 * 64, 3000)  # 20 batches of 64 read
     assert (tmp_path / "b/checkpoints/model.json").is_file()
+    assert resumed.data.resumed is None
+    reordered, _, _ = train(plan_path, str(tmp_path / "b"), config(data, iterations=50, checkpoint_every=10,
+                                                                   resume=True, seed=7))
+    assert reordered.data.resumed == ("the data or its order changed since the checkpoint (seed): reading starts "
+                                      "at epoch 1")  # the run says where it read, not only its progress line
 
 
 @pytest.mark.parametrize("pipeline", [PipelineKind.NAIVE, PipelineKind.SPARSE_DIST])

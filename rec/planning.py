@@ -17,10 +17,10 @@ from rec.analysis.build import build_plan
 from rec.analysis.rank_times import predicted_critical_path
 from rec.config.cost import CostConfig
 from rec.config.search import SearchConfig
-from rec.cost.tables import allowed_load_factors
+from rec.cost.tables import allowed_load_factors, cache_fixed, cache_floors, may_be_cached, resolved_load_factors
 from rec.errors import InputError, Problem
 from rec.passes import PassContext, after_search
-from rec.passes.cache_sizes import FIRST_EXACT_SHARE, memory_decides
+from rec.passes.cache_sizes import FIRST_EXACT_SHARE, LOAD_FACTORS, memory_decides
 from rec.passes.context import RELATIVE_GAIN
 from rec.plan.movement import Movement, movement
 from rec.plan.plan_id import replan_keys
@@ -33,6 +33,7 @@ from rec.search.least_moved import least_moved
 from rec.search.pack import PackingError
 from rec.search.space import SearchSpace
 from rec.search.warm import MAX_REGRESS, moved_bytes, previous_placement, warm_starts
+from rec.sharding import ComputeDevice
 from rec.spec.types import Spec
 from rec.topology.types import Topology
 
@@ -52,12 +53,42 @@ class LocalSearcher:
 
 def plan_spec(spec: Spec, topology: Topology, cost: CostConfig = CostConfig(),
               config: SearchConfig = SearchConfig(), searcher: Searcher | None = None) -> Plan:
-    """The plan for ``spec`` on ``topology`` (search and merge); InputError if it cannot fit.
-    ``rec.analysis.check_plan`` validates it (the write step does, before writing). InputError too if
-    ``cost.profile`` was measured on another kind of device than ``topology``'s."""
+    """The plan for ``spec`` on ``topology`` (search and merge); InputError if it cannot fit, with
+    every cache at its first size nor at its least (``least_caches``). ``rec.analysis.check_plan``
+    validates it (the write step does, before writing). InputError too if ``cost.profile`` was
+    measured on another kind of device than ``topology``'s."""
     check_profile_for(cost.profile, topology)
+    try:
+        return _planned(spec, topology, cost, config, searcher)
+    except InputError as refused:
+        # Smaller caches leave more HBM: a spec that does not fit with every cache at its first size
+        # may with each at its least, as TorchRec plans a cache at the floor a user stated.
+        least = least_caches(spec, topology, cost)
+        if least is None:
+            raise
+        progress.update("the caches at their first sizes do not fit: searching from the least sizes")
+        try:
+            return _planned(spec, topology, cost, config, searcher, least)
+        except InputError:
+            raise refused from None
+
+
+def least_caches(spec: Spec, topology: Topology, cost: CostConfig) -> np.ndarray | None:
+    """(T,) the least cache size each table the planner sizes may take (its ``min_cache_load_factor``,
+    else the ladder's first rung; NaN: the spec fixes it, or it cannot cache), where some is below the
+    size the search starts it at; None where none is (or on cpu, without caches)."""
+    if topology.compute_device is not ComputeDevice.CUDA:
+        return None
+    free = ~cache_fixed(spec) & np.fromiter(map(may_be_cached, spec.tables), bool, len(spec.tables))
+    least = np.where(free, np.maximum(cache_floors(spec), LOAD_FACTORS[0]), np.nan)
+    return least if bool((least < resolved_load_factors(spec, cost)).any()) else None
+
+
+def _planned(spec: Spec, topology: Topology, cost: CostConfig, config: SearchConfig, searcher: Searcher | None,
+             load_factors: np.ndarray | None = None) -> Plan:
+    """``plan_spec`` with the search starting the caches at ``load_factors`` (None: their first sizes)."""
     progress.update(f"cost model: the options of {len(spec):,} tables on {topology.world_size:,} ranks")
-    space = build_search_space(spec, topology, cost)
+    space = build_search_space(spec, topology, cost, load_factors)
     progress.update("searching")
     # Where memory decides, the cache-size pass searches again on other cache sizes: the full exact
     # stage waits for the sizes it ends with. A first search that packs nothing in its share of the

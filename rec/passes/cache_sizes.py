@@ -2,31 +2,35 @@
 
 The search costs every fused_uvm_caching option at one cache size (the spec's ``cache_load_factor``,
 else the cost model's ``caching_ratio`` raised to the spec's ``min_cache_load_factor``; a size the
-pass grows or starts from is never below that floor), so HBM the plan leaves free is wasted on a memory-tight
-workload, and a table the search had to leave on fused_uvm gets no cache at all. This pass takes
-each table whose kernel is fused_uvm or fused_uvm_caching and whose spec fixes no cache size up a
-ladder of cache sizes (``LOAD_FACTORS``), one step at a time, always taking the step that saves the
-most time (its shards' ms over every rank they sit on) per byte of HBM it adds, as TorchRec's
-``EmbeddingOffloadScaleupProposer`` gives memory to the most cacheable tables. A step must fit every
-rank it touches; shards stay where they are. The search placed the tables knowing only their first
-cache sizes, so where growing shortened the critical path (or memory decides, below) a grown plan is
-searched again with the sizes it grew (which spreads the tables whose caches grew over the ranks)
-and grown again, up to ``RESEARCH_ROUNDS`` times while that is faster. Where the plan holds uvm
-tables and the tables do not all fit in HBM (``memory_decides``), the search also starts from every
-cache at each of ``START_SIZES`` (small ones cache more tables, each less), each start grown and
-searched again so, and the fastest plan is taken. There the planner gives the first search a short
-exact stage (``FIRST_EXACT_SHARE``) and leaves the full one to this pass, which runs it from the
-fastest plan on its cache sizes, and from the start at TorchRec's default size (the size TorchRec's
-own plans cache at, which the heuristic packs badly where the caches nearly fill the HBM), and grows
-the results again. Under TorchRec's default profile a
-larger cache is always faster (its bandwidth rises linearly with the cache's size, and a table with
-TorchRec's cache statistics fetches fewer rows); under a profile with ``cache_miss_multiplier`` the
-gain follows the table's hit-rate curve, so tables whose ids repeat get the memory. Where nothing
-can grow (no uvm table, or no spare HBM) the result is unchanged, and so it is where growing would
-be slower: the caches at TorchRec's default size state none, as in TorchRec's own plans, and TorchRec
-prices no fetches for them, unless a cache of another size shares their kernel group
-(``rec.cost.tables.implicit_caches``): one that grows makes them state their size and pay them. The
-pass compares plans by their critical paths as their plans are built (``rec.search.placed_caches``).
+pass grows or starts from is never below that floor), so HBM the plan leaves free is wasted on a
+memory-tight workload, and a table the search had to leave on fused_uvm gets no cache at all. This
+pass takes each table whose kernel is fused_uvm or fused_uvm_caching and whose spec fixes no cache
+size up a ladder of cache sizes (``LOAD_FACTORS``), one step at a time, always taking the step that
+saves the most time (its shards' ms over every rank they sit on) per byte of HBM it adds, as
+TorchRec's ``EmbeddingOffloadScaleupProposer`` gives memory to the most cacheable tables. A step
+must fit every rank it touches; shards stay where they are. A cache whose next rung does not fit
+grows as far as its ranks' free HBM allows, between the rungs, and no further (as TorchRec's
+scale-up proposer fills the HBM with caches of any size); where TorchRec prices its fetches, to a size of
+its hit-rate curve (those TorchRec's statistics were asked at), so that both price it alike. The
+search placed the tables knowing only their first cache sizes, so where growing shortened the
+critical path (or memory decides, below) a grown plan is searched again with the sizes it grew
+(which spreads the tables whose caches grew over the ranks) and grown again, up to
+``RESEARCH_ROUNDS`` times while that is faster. Where the plan holds uvm tables and the tables do
+not all fit in HBM (``memory_decides``), the search also starts from every cache at each of
+``START_SIZES`` (small ones cache more tables, each less), each start grown and searched again so,
+and the fastest plan is taken. There the planner gives the first search a short exact stage
+(``FIRST_EXACT_SHARE``) and leaves the full one to this pass, which runs it from the fastest plan on
+its cache sizes, and from the start at TorchRec's default size (the size TorchRec's own plans cache
+at, which the heuristic packs badly where the caches nearly fill the HBM), and grows the results
+again. Under TorchRec's default profile a larger cache is always faster (its bandwidth rises
+linearly with the cache's size, and a table with TorchRec's cache statistics fetches fewer rows);
+under a profile with ``cache_miss_multiplier`` the gain follows the table's hit-rate curve, so
+tables whose ids repeat get the memory. Where nothing can grow (no uvm table, or no spare HBM) the
+result is unchanged, and so it is where growing would be slower: the caches at TorchRec's default
+size state none, as in TorchRec's own plans, and TorchRec prices no fetches for them, unless a cache
+of another size shares their kernel group (``rec.cost.tables.implicit_caches``): one that grows
+makes them state their size and pay them. The pass compares plans by their critical paths as their
+plans are built (``rec.search.placed_caches``).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import numpy as np
 
 from rec.config.cost import UVM_CACHING_RATIO, CostConfig
 from rec.cost.enumerator import enumerate_options
-from rec.cost.tables import cache_fixed, cache_floors, resolved_load_factors
+from rec.cost.tables import cache_fixed, cache_floors, global_distinct, resolved_load_factors
 from rec.cost.types import Options
 from rec.errors import InputError
 from rec.passes.context import RELATIVE_GAIN, PassContext
@@ -133,10 +137,11 @@ def with_cache_sizes(result: SearchResult, spec: Spec, topology: Topology, cost:
     # (rec.cost.tables.implicit_caches).
     best = _faster(result, best, built)
     if exact is None:
-        return best
+        return _filled(best, spec, topology, cost, built)
 
     def exact_grown(start: SearchResult) -> SearchResult:
-        improved = exact(start)  # never slower than start
+        # The caches filled between the rungs first, so that the exact stage's bound is the plan's.
+        improved = exact(_filled(start, spec, topology, cost, built))  # never slower than its start
         return _faster(improved, _grown(improved, spec, topology, cost), built)
 
     searched, best = best, exact_grown(best)
@@ -146,6 +151,14 @@ def with_cache_sizes(result: SearchResult, spec: Spec, topology: Topology, cost:
         # --other-shapes one_giant-3214: 535 ms heuristic, 148 exact, against 168 from the best start).
         best = _faster(best, exact_grown(at_default), built)
     return best
+
+
+def _filled(result: SearchResult, spec: Spec, topology: Topology, cost: CostConfig,
+            path: Callable[[SearchResult], float]) -> SearchResult:
+    """The plan taken, its caches grown between the rungs where the next does not fit: after every
+    search and start was compared on the ladder's sizes (before the exact stage, where it runs), so
+    that it only shortens the plan they chose."""
+    return _faster(result, _grown(result, spec, topology, cost, between=True), path)
 
 
 def _faster(first: SearchResult, other: SearchResult, path: Callable[[SearchResult], float]) -> SearchResult:
@@ -179,8 +192,10 @@ def _candidates(result: SearchResult, spec: Spec, topology: Topology) -> np.ndar
     return np.flatnonzero(((kernel == _UVM) | (kernel == _CACHING)) & ~cache_fixed(spec))
 
 
-def _grown(result: SearchResult, spec: Spec, topology: Topology, cost: CostConfig) -> SearchResult:
-    """``result`` with the caches of its uvm tables grown into the HBM it leaves free."""
+def _grown(result: SearchResult, spec: Spec, topology: Topology, cost: CostConfig,
+           between: bool = False) -> SearchResult:
+    """``result`` with the caches of its uvm tables grown into the HBM it leaves free, rung by rung
+    (``between``: and a cache whose next rung does not fit as far as the HBM allows)."""
     space, a = result.space, result.assignment
     kernel = space.options.compute_kernel[a.choice]
     base = resolved_load_factors(spec, cost, space.chosen_load_factor)
@@ -190,7 +205,23 @@ def _grown(result: SearchResult, spec: Spec, topology: Topology, cost: CostConfi
     ladders = _ladders(result, spec, topology, cost, candidates, kernel, base)
     if not ladders:
         return result
-    chosen = _grow(result, ladders)
+    opts = space.options
+
+    fetches = global_distinct(spec, topology.batch_size * topology.world_size) > 0
+
+    def step_at(t: int, lf: float) -> _Step | None:
+        """Table ``t``'s shards with a cache of ``lf`` (where TorchRec prices its fetches: of the largest
+        size of its hit-rate curve up to ``lf``, which TorchRec's statistics gave), in its sharding type."""
+        if fetches[t]:
+            points = [f for f, _ in spec.tables[t].hit_rate_curve or () if f <= lf]
+            lf = max(points, default=0.0)
+            if lf <= current[t]:
+                return None
+        rung = enumerate_options(Spec((spec.tables[t],), spec.spec_hash), topology, cost, np.array([lf]))
+        return _step(rung, 0, int(opts.sharding_type[a.choice[t]]), lf)
+
+    current = {t: float(base[t]) for t in ladders if kernel[t] == _CACHING}
+    chosen = _grow(result, ladders, current, step_at if between else None)
     if not chosen:
         return result
     return _rebuilt(result, spec, topology, cost, chosen)
@@ -211,19 +242,28 @@ def _ladders(result: SearchResult, spec: Spec, topology: Topology, cost: CostCon
             continue
         rung = enumerate_options(sub, topology, cost, np.full(len(candidates), lf))
         for k, t in enumerate(candidates.tolist()):
-            if t not in above:
-                continue
-            st = opts.sharding_type[a.choice[t]]
-            match = np.flatnonzero((rung.table == k) & (rung.sharding_type == st) & (rung.compute_kernel == _CACHING))
-            if not len(match):
-                continue  # this table's allow-lists or sharder offer no cache with its sharding type
-            o = int(match[0])
-            ladders[t].append(_Step(lf, o, rung.perf[rung.shards(o)], rung.hbm[rung.shards(o)]))
+            step = _step(rung, k, int(opts.sharding_type[a.choice[t]]), lf) if t in above else None
+            if step is not None:  # else this table's allow-lists or sharder offer no cache with its sharding type
+                ladders[t].append(step)
     return {t: steps for t, steps in ladders.items() if steps}
 
 
-def _grow(result: SearchResult, ladders: dict[int, list[_Step]]) -> dict[int, float]:
-    """Greedy over steps by ms saved per HBM byte added, each step fitting every rank it touches."""
+def _step(rung: Options, table: int, sharding_type: int, lf: float) -> _Step | None:
+    """Table ``table`` of the enumeration ``rung`` (at cache size ``lf``) cached in ``sharding_type``."""
+    match = np.flatnonzero((rung.table == table) & (rung.sharding_type == sharding_type)
+                           & (rung.compute_kernel == _CACHING))
+    if not len(match):
+        return None
+    o = int(match[0])
+    return _Step(lf, o, rung.perf[rung.shards(o)], rung.hbm[rung.shards(o)])
+
+
+def _grow(result: SearchResult, ladders: dict[int, list[_Step]], current: dict[int, float],
+          step_at: Callable[[int, float], _Step | None] | None) -> dict[int, float]:
+    """Greedy over steps by ms saved per HBM byte added, each step fitting every rank it touches.
+    With ``step_at`` (a table's shards at any size), a cache (``current``: the sizes of the caching
+    tables) whose next rung does not fit grows as far as its ranks' free HBM lets it, between the
+    rungs, as TorchRec's scale-up proposer fills the HBM; it grows no further."""
     space, a = result.space, result.assignment
     opts = space.options
     hbm = a.hbm.astype(np.int64).copy()
@@ -258,14 +298,49 @@ def _grow(result: SearchResult, ladders: dict[int, list[_Step]]) -> dict[int, fl
         step = ladders[t][k]
         first, rep = ranks[t]
         delta = _per_rank(first, rep, step.hbm - now[t][1], len(hbm))
-        if (hbm + delta > cap).any():
-            continue  # larger rungs need more: this table's cache stops here
+        if (hbm + delta > cap).any():  # larger rungs need more: this table's cache stops here, or between
+            partial = (None if step_at is None
+                       else _between(t, current.get(t), step, hbm, cap, delta, now[t], ranks[t], step_at))
+            if partial is not None:
+                hbm += _per_rank(first, rep, partial.hbm - now[t][1], len(hbm))
+                now[t] = (partial.perf, partial.hbm)
+                chosen[t] = current[t] = partial.load_factor
+            continue
         hbm += delta
         now[t] = (step.perf, step.hbm)
         chosen[t] = step.load_factor
+        current[t] = step.load_factor
         position[t] = k + 1
         push(t)
     return chosen
+
+
+BETWEEN_DIGITS = 4  # a size between rungs is rounded down to this many decimals
+BETWEEN_TRIES = 3  # sizes tried between rungs, each a little smaller where rounding left it too large
+
+
+def _between(t: int, lf: float | None, step: _Step, hbm: np.ndarray, cap: np.ndarray, delta: np.ndarray,
+             now: tuple[np.ndarray, np.ndarray], ranks: tuple[np.ndarray, np.ndarray],
+             step_at: Callable[[int, float], _Step | None]) -> _Step | None:
+    """Table ``t``'s cache (now of size ``lf``; None: no cache) grown towards ``step``, which does not
+    fit (``delta``: its HBM per rank), as far as every rank's free HBM lets it (a cache's HBM grows
+    linearly with its size); None where that is no larger, or no faster."""
+    if lf is None or step.load_factor <= lf:
+        return None
+    grows = delta > 0
+    share = float(np.min((cap[grows] - hbm[grows]) / delta[grows])) if grows.any() else 0.0
+    first, rep = ranks
+    for _ in range(BETWEEN_TRIES):
+        size = np.floor((lf + share * (step.load_factor - lf)) * 10**BETWEEN_DIGITS) / 10**BETWEEN_DIGITS
+        if share <= 0 or size <= lf:
+            return None
+        partial = step_at(t, float(size))
+        if partial is None or not float(((now[0] - partial.perf) * rep).sum()) > 0:
+            return None
+        if not (hbm + _per_rank(first, rep, partial.hbm - now[1], len(hbm)) > cap).any():
+            return partial
+        share *= 0.99
+    return None
 
 
 def _per_rank(first: np.ndarray, repeat: np.ndarray, values: np.ndarray, world: int) -> np.ndarray:

@@ -128,8 +128,9 @@ def _refused(c: Any, num_features: int, batch_size: int, device: str) -> list[st
 def stats_cells(stats: Any, global_batch: int, load_factor: float | None) -> tuple[dict[str, Any], str | None]:
     """The spec cells of TorchRec's ``CacheStatistics`` ``stats`` (None: none), and why there are
     none when ``stats`` cannot give them: ``hit_rate_curve``, its ``expected_miss_rate`` at every
-    cache size the planner may price (``CACHE_FRACTIONS``, the cache-size ladder, ``load_factor``,
-    1), so that the cost model reads TorchRec's own miss rate wherever it looks; and its
+    cache size of the planner's ladder (``CACHE_FRACTIONS``, the cache-size ladder, ``load_factor``,
+    1) and every ``STATS_STEP`` of the rows, so that the cost model reads TorchRec's own miss rate
+    where it looks, and nearly so between (a cache grown between rungs); and its
     ``expected_lookups``, the distinct ids of a global batch, as ``distinct_per_batch`` counted at
     ``global_batch`` samples. Statistics that raise at some sizes (measured at a few) are read where
     they answer, and the cache's size is fixed (``cache_load_factor``) where TorchRec's proposers keep
@@ -201,9 +202,16 @@ def _miss_rate(stats: Any, fraction: float) -> float | Exception:
         return e
 
 
+# Beside the ladder, statistics are asked every half percent of the rows: the planner grows a cache
+# between rungs where the next does not fit (``rec.passes.cache_sizes``), and prices it where the
+# curve is read between these points (under TorchRec's default profile, only its fetches).
+STATS_STEP = 0.005
+
+
 def _asked_fractions(load_factor: float | None) -> list[float]:
     """The cache sizes ``stats_cells`` asks statistics about, in order."""
     from rec.hit_rates import CACHE_FRACTIONS
     from rec.passes.cache_sizes import LOAD_FACTORS
 
-    return sorted({*CACHE_FRACTIONS, *LOAD_FACTORS, *(() if load_factor is None else (float(load_factor),))})
+    grid = (round(i * STATS_STEP, 3) for i in range(1, round(1 / STATS_STEP) + 1))
+    return sorted({*CACHE_FRACTIONS, *LOAD_FACTORS, *grid, *(() if load_factor is None else (float(load_factor),))})

@@ -32,7 +32,7 @@ from flows.commands import (
     train,
     ui,
 )
-from rec.errors import InputError
+from rec.errors import InputError, Problem
 from rec.exit_codes import ExitCode
 
 COMMANDS = (data, spec, plan, show, train, evaluate, export, predict, measure, calibrate, run, replan, compare,
@@ -117,10 +117,19 @@ def _add_to_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
                 _add_to_commands(action, verbose)
 
 
+# Options naming a path, where an empty value ("--out $OUT" with OUT unset) is a mistake.
+PATH_ARGUMENTS = frozenset({"out", "topology", "plan", "data", "eval_data", "model", "profile", "previous",
+                            "checkpoint", "checkpoint_dir", "resume_from", "state_dir"})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``shardflow`` with ``argv``; returns the exit code (2 for any user mistake)."""
     try:
         args = build_parser().parse_args(argv)
+        empty = sorted(f"--{name.replace('_', '-')}" for name, value in vars(args).items()
+                       if value == "" and name in PATH_ARGUMENTS)
+        if empty:  # an unset shell variable: "" would name the working directory
+            raise InputError("Empty paths:", [Problem(flag, "is empty: name a file or directory") for flag in empty])
         from flows.logs import set_up
 
         set_up(args.verbose)

@@ -32,6 +32,9 @@ _STR, _TIMESTAMP = "tag:yaml.org,2002:str", "tag:yaml.org,2002:timestamp"
 # A number with an exponent as YAML 1.2 (and JSON) writes it; YAML 1.1, PyYAML's, wants a point and
 # a signed exponent (1.0e+3) and reads 1e3 as text. Plain scalars of this form load as floats.
 _EXPONENT = re.compile(r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-+]?[0-9]+")
+_INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+_DECIMAL = re.compile(r"[-+]?[0-9]+")
+_YAML11_ONLY = re.compile(r"[:_]|^[-+]?0b")  # base 60, digit separators, binary: numbers of YAML 1.1 alone
 _MERGE_KEY = object()  # the key "<<" stands for when it merges mappings (not the text "<<")
 _SCALAR_TAGS = frozenset(
     f"tag:yaml.org,2002:{t}" for t in ("null", "bool", "int", "float", "str", "timestamp", "binary")
@@ -163,6 +166,10 @@ class _Builder:
             tag = self.loader.resolve(ScalarNode, event.value, event.implicit)
         if plain and tag == _STR and event.implicit[0] and _EXPONENT.fullmatch(event.value):
             value: object = float(event.value)  # YAML 1.2's 1e3 and 2.5e-3: YAML 1.1 reads them as text
+        elif plain and tag == _INT and _DECIMAL.fullmatch(event.value):
+            value = int(event.value, 10)  # YAML 1.2's 010 is ten (YAML 1.1: eight)
+        elif plain and tag in (_INT, _FLOAT) and _YAML11_ONLY.search(event.value):
+            value = event.value  # YAML 1.1's 1:30 (ninety), 1_000 and 0b101: YAML 1.2 (and JSON) text
         elif tag == _MERGE:
             value = _MERGE_KEY
         elif tag in _SCALAR_TAGS:

@@ -55,10 +55,25 @@ def parse_bytes(value: object) -> int:
     raise ValueError(f"expected a byte size, got {value!r}")
 
 
+_BITS = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMGTP]?)(?:bit|bits)\s*$", re.IGNORECASE)
+_BIT_PREFIX = {"": 1, "K": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4, "P": 1000**5}
+_AMBIGUOUS = re.compile(r"^\s*[0-9.eE+-]+\s*[KMGTP]i?b\s*$")  # "100Gb": bits, as network speeds are written
+
+
 def parse_bytes_per_second(value: object) -> float:
-    """Bytes/s from a number or a string such as "600GB/s" or "25 GiB/s"; ValueError otherwise."""
+    """Bytes/s from a number or a string such as "600GB/s", "25 GiB/s" or "400Gbit/s" (bits: an
+    eighth as many bytes); ValueError otherwise, and for "100Gb/s", whose lowercase b a network
+    speed means as bits but a byte size reads as bytes."""
+    written = value
     if isinstance(value, str) and value.rstrip().lower().endswith("/s"):
         value = value.rstrip()[:-2]
+    if isinstance(value, str):
+        bits = _BITS.match(value)
+        if bits:
+            return float(Fraction(bits.group(1)) * _BIT_PREFIX[bits.group(2).upper()] / 8)
+        if _AMBIGUOUS.match(value):
+            raise ValueError(f"{written!r}: a lowercase b is a bit in network speeds, a byte elsewhere: write bytes "
+                             "with B (12.5GB/s) or bits with bit (100Gbit/s)")
     if isinstance(value, Real) and not isinstance(value, (bool, Integral)):
         if not math.isfinite(value):
             raise ValueError(f"expected a bandwidth in bytes/s, got {value!r}")

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from rec.config.cost import CostConfig
 from rec.config.planner_identity import Planner, PlannerIdentity
 from rec.config.search import SearchConfig
+from rec.errors import Problem
 from rec.plan import Plan
 from rec.plan.plan_id import plan_id, planner_config, replan_keys, searcher_keys
 from rec.planning import Searcher, plan_spec, replan_spec
@@ -54,6 +55,10 @@ class SearchSettings:
         metavar="FILE", path=True))
     cost: CostConfig = field(default_factory=CostConfig)
     config: SearchConfig = field(default_factory=SearchConfig)
+
+    def problems(self) -> list[Problem]:
+        """What the bounds alone do not say, of the cost model's settings too (``check``)."""
+        return self.cost.problems()
 
     def searcher(self, num_tables: int) -> Searcher | None:
         """The searcher for ``backend`` (None: the library's local default)."""

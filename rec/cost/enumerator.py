@@ -53,7 +53,7 @@ from rec.cost.tables import TableArrays, table_arrays
 from rec.cost.types import Options
 from rec.errors import ProblemList
 from rec.sharding import CK_CODE, ST_CODE, ComputeDevice, ComputeKernel, ModuleKind, ShardingType, sharder_options
-from rec.spec.types import Spec
+from rec.spec.types import Spec, TableSpec
 from rec.topology.types import Topology
 
 
@@ -189,11 +189,25 @@ def _check_every_table_has_options(spec: Spec, blocks: list[_Block], device: Com
         offers = sharder_options(device, t.pooling.module_kind)
         problems.add(
             f"table {t.key}",
-            "no sharding type and compute kernel left after its allow-lists (sharding_types="
-            f"{_names(t.sharding_types)}, compute_kernels={_names(t.compute_kernels)}); "
+            f"{_device_rules(t, device)}no sharding type and compute kernel left after its allow-lists "
+            f"(sharding_types={_names(t.sharding_types)}, compute_kernels={_names(t.compute_kernels)}); "
             f"on {device.value} a table of an {t.pooling.module_kind.value} can be {_offers(offers)}",
         )
     problems.raise_if_any("Some tables have no sharding option on this topology")
+
+
+def _device_rules(t: TableSpec, device: ComputeDevice) -> str:
+    """What FBGEMM's kernels refuse of the table on ``device``, which the options left out (empty if nothing)."""
+    if device is not ComputeDevice.CUDA:
+        return ""
+    rules = []
+    if t.embedding_dim % CUDA_DIM_MULTIPLE:
+        rules.append(f"its embedding_dim {t.embedding_dim} is no multiple of {CUDA_DIM_MULTIPLE}, which FBGEMM's "
+                     "kernels on cuda need (data_parallel's dense one too)")
+    if t.embedding_dim > CUDA_MAX_SHARD_DIM:
+        rules.append(f"FBGEMM's kernels on cuda take shards of at most {CUDA_MAX_SHARD_DIM:,} columns, and only "
+                     f"column_wise and table_column_wise split its {t.embedding_dim:,}")
+    return "".join(f"{rule}; " for rule in rules)
 
 
 def _offers(options: dict[ShardingType, tuple[ComputeKernel, ...]]) -> str:

@@ -13,11 +13,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
+from rec.config.cost import Optimizer
 from rec.errors import InputError, Problem
 from rec.sharding import ModuleKind, Pooling
 from rec.spec.types import Spec
 from rec.spec.validate import spec_from_rows
 from rec.target import bad_target, call_target, kind_of, target_function
+from rec.torchrec_internals import optimizer_classes
 
 if TYPE_CHECKING:
     from torch import nn
@@ -69,10 +71,11 @@ def model_spec(model: nn.Module, constraints: Mapping[str, Any] | None = None, s
     return ModelSpec(spec_from_rows(rows, source=f"from {source}"), tuple(left_out))
 
 
-def model_rows(model: nn.Module, constraints: Mapping[str, Any] | None = None
+def model_rows(model: nn.Module, constraints: Mapping[str, Any] | None = None, optimizers: bool = True
                ) -> tuple[list[dict[str, Any]], list[Problem]]:
     """``model_spec``'s rows before validation (each table as TorchRec configures it, with its
-    module path), and what was left out: a caller validates them with its own cells added."""
+    module path; with ``optimizers``, the optimizer of each marked table), and what was left out: a
+    caller validates them with its own cells added."""
     constraints = dict(constraints or {})
     rows: list[dict[str, Any]] = []
     left_out: list[Problem] = []
@@ -85,7 +88,7 @@ def model_rows(model: nn.Module, constraints: Mapping[str, Any] | None = None
             left_out.append(Problem(where, f"{type(module).__name__}: {reason}"))
             continue
         assert kind is not None
-        tables, why = _table_rows(module, kind, path, constraints)
+        tables, why = _table_rows(module, kind, path, constraints, optimizers)
         if why is not None:
             left_out.append(Problem(where, f"{type(module).__name__}: {why}"))
             continue
@@ -141,8 +144,8 @@ def _embedding_modules(model: nn.Module) -> Iterator[tuple[str, nn.Module, Modul
         stack += reversed(children)
 
 
-def _table_rows(module: nn.Module, kind: ModuleKind, path: str,
-                constraints: Mapping[str, Any]) -> tuple[list[dict[str, Any]], str | None]:
+def _table_rows(module: nn.Module, kind: ModuleKind, path: str, constraints: Mapping[str, Any],
+                optimizers: bool = True) -> tuple[list[dict[str, Any]], str | None]:
     """The module's tables as spec rows, or why the module cannot be planned."""
     weighted = False
     if kind is ModuleKind.EMBEDDING_BAG_COLLECTION:
@@ -163,9 +166,31 @@ def _table_rows(module: nn.Module, kind: ModuleKind, path: str,
         }
         if weighted:
             row["is_weighted"] = True
+        tables: Any = getattr(module, "embedding_bags" if kind is ModuleKind.EMBEDDING_BAG_COLLECTION else "embeddings")
+        weight = tables[config.name].weight
+        if optimizers and optimizer_classes(weight):  # as TorchRec's estimator reads it; else plan --optimizer
+            row["optimizer"] = marked_optimizer(weight).value
         row.update(_constraint_cells(constraints.get(config.name)))
         rows.append(row)
     return rows, None
+
+
+def marked_optimizer(weight: Any) -> Optimizer:
+    """The optimizer TorchRec's storage estimator sizes for a table (``apply_optimizer_in_backward``
+    marks its weight), as ``shard_estimators._get_optimizer_multipler`` tells them apart."""
+    import torch
+    import torchrec.optim as trec_optim
+
+    cls = (optimizer_classes(weight) or [None])[0]
+    if cls is None:
+        return Optimizer.NONE
+    if cls in (torch.optim.SGD, trec_optim.SGD):
+        return Optimizer.SGD
+    if cls in (torch.optim.Adam, trec_optim.Adam):
+        return Optimizer.ADAM
+    if cls is trec_optim.RowWiseAdagrad:
+        return Optimizer.ROWWISE_ADAGRAD
+    return Optimizer.ADAGRAD  # any other: one state tensor the size of the weight
 
 
 def _constraint_cells(c: Any) -> dict[str, Any]:

@@ -238,9 +238,13 @@ def _label(name: str, module: str) -> str:
 
 
 def _where(number: int, row: Mapping[Any, Any]) -> str:
-    name = row.get("name")
+    """A row for a message: its table's key (``module.name`` outside the default module: tables of
+    several modules may share a name), else its number."""
+    name, module = row.get("name"), row.get("module")
     if isinstance(name, str) and name.strip():
         name = name.strip()
+        if isinstance(module, str) and module.strip() and module.strip() != DEFAULT_MODULE:
+            name = f"{module.strip()}.{name}"
         return f"table '{name if len(name) <= 60 else name[:57] + '...'}'"
     return f"row {number}"
 
@@ -396,8 +400,8 @@ def _enum_parser(enum: type[Enum], noun: str) -> Callable[[object], Enum]:
     return parse
 
 
-def _enum_list_parser(enum: type[Enum], noun: str) -> Callable[[object], tuple[Enum, ...]]:
-    def parse(value: object) -> tuple[Enum, ...]:
+def _enum_list_parser(enum: type[Enum], noun: str) -> Callable[[object], tuple[Enum, ...] | None]:
+    def parse(value: object) -> tuple[Enum, ...] | None:
         items = _text_list(value)
         unknown = [item for item in items if _lookup(enum, item) is None and _refused(item) is None]
         refused = list(dict.fromkeys(r for item in items if (r := _refused(item)) is not None))
@@ -407,7 +411,9 @@ def _enum_list_parser(enum: type[Enum], noun: str) -> Callable[[object], tuple[E
             reasons = [f"unknown {noun}{plural} {named} (known: {_known(enum)})"] if unknown else []
             raise ValueError("; ".join(reasons + refused))
         chosen = {_lookup(enum, item) for item in items}
-        return tuple(m for m in enum if m in chosen)  # declaration order, so the hash ignores list order
+        listed = tuple(m for m in enum if m in chosen)  # declaration order, so the hash ignores list order
+        # Every value listed is no constraint: the default, and its hash.
+        return None if listed == tuple(m for m in enum if m not in NOT_PLANNED) else listed
 
     return parse
 

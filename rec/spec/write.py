@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 
+from rec.errors import InputError, Problem
 from rec.spec.columns import (
     COLUMNS,
     CURVE_FIELDS,
@@ -49,6 +50,11 @@ def _write_tabular(spec: Spec, path: Path, kind: str) -> None:
     if kind == "csv":
         import pyarrow.csv as csv
 
+        split = [Problem(f"table {t.key}", f"feature name {f!r} holds {LIST_SEPARATOR!r}, CSV's list separator: it "
+                                           "would read back as several features; write .yaml, .json or .parquet")
+                 for t in spec.tables for f in t.feature_names if LIST_SEPARATOR in f]
+        if split:
+            raise InputError(f"Cannot write {path} as CSV:", split)
         for row, t in zip(rows, spec.tables, strict=True):
             for column in LIST_COLUMNS:
                 items = row[column]

@@ -69,7 +69,8 @@ def model_tables(model: Any, sharders: list[Any], device: ComputeDevice) -> Mode
         kinds = {root: kind}
     problems: list[Problem] = []
     # Unvalidated: the planner validates each table with its constraints' cells, naming its own problem.
-    rows, left_out = model_rows(model)
+    # The planner states each table's optimizer against the tables' most common (its cost model's).
+    rows, left_out = model_rows(model, optimizers=False)
     reasons = {p.where: p.reason for p in left_out}
     modules = []
     for path, module in taken:

@@ -34,6 +34,7 @@ from rec.profile import DEFAULT_PROFILE, Profile, read_profile
 from rec.settings import check
 from rec.sharding import ComputeDevice, ComputeKernel, ShardingType
 from rec.spec import spec_from_rows
+from rec.spec.from_model import marked_optimizer
 from rec.spec.types import table_key
 from rec.topology.types import BATCH_SIZE
 from rec.torchrec.constraints import kernel_fields, stats_cells, table_constraints, unsized_statistics
@@ -45,7 +46,6 @@ from rec.torchrec.topology import (
     topology_profile,
     torchrec_kjt_bytes,
 )
-from rec.torchrec_internals import optimizer_classes
 
 try:  # the interface, so that isinstance(planner, ShardingPlanner) holds where TorchRec checks it
     from torchrec.distributed.types import ShardingPlanner
@@ -253,7 +253,7 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
                     floor = mapped.load_factor is not None and "hit_rate_curve" in cells and _scalable(mapped.stats)
                     rows[-1]["min_cache_load_factor" if floor else "cache_load_factor"] = float(factor)
                 rows[-1].update(cells)
-            optimizers.append((rows[-1], _optimizer(weights[key])))
+            optimizers.append((rows[-1], marked_optimizer(weights[key])))
         # The cost model's optimizer is the tables' most common one (the first of a tie); a table with
         # another states its own, so that specs of one optimizer read as they did.
         counts = Counter(optimizer for _, optimizer in optimizers)
@@ -395,24 +395,6 @@ def _scalable(stats: Any) -> bool:
 def _may_cache(device: ComputeDevice, kernels: list[str] | None) -> bool:
     """Whether a table may get the fused_uvm_caching kernel, whose estimate reads the load factor."""
     return device is ComputeDevice.CUDA and (not kernels or ComputeKernel.FUSED_UVM_CACHING.value in kernels)
-
-
-def _optimizer(weight: Any) -> Optimizer:
-    """The optimizer TorchRec's storage estimator sizes for a table (``apply_optimizer_in_backward``
-    marks its weight), as ``shard_estimators._get_optimizer_multipler`` tells them apart."""
-    import torch
-    import torchrec.optim as trec_optim
-
-    cls = (optimizer_classes(weight) or [None])[0]
-    if cls is None:
-        return Optimizer.NONE
-    if cls in (torch.optim.SGD, trec_optim.SGD):
-        return Optimizer.SGD
-    if cls in (torch.optim.Adam, trec_optim.Adam):
-        return Optimizer.ADAM
-    if cls is trec_optim.RowWiseAdagrad:
-        return Optimizer.ROWWISE_ADAGRAD
-    return Optimizer.ADAGRAD  # any other: one state tensor the size of the weight
 
 
 def _group(pg: Any) -> Any:

@@ -144,7 +144,7 @@ def test_plan_with_previous_moves_little_and_says_so(tmp_path):
 
 
 @pytest.mark.parametrize("case", ["other topology", "corrupt previous", "negative max-regress",
-                                  "negative time limit", "absurd time limit"])
+                                  "negative time limit", "absurd time limit", "no cache"])
 def test_bad_previous_plans_and_knobs_exit_2(tmp_path, case):
     spec = str(SPECS / "criteo_1tb.yaml")
     assert shardflow("plan", "--no-track", spec, "--topology", str(TOPOLOGIES / "h100_1x8.yaml"), "--out",
@@ -156,6 +156,8 @@ def test_bad_previous_plans_and_knobs_exit_2(tmp_path, case):
         args += ["--max-regress", "-1"]
     if case.endswith("time limit"):
         args = ["--time-limit", "-5" if case.startswith("negative") else "1e9"]
+    if case == "no cache":
+        args = ["--caching-ratio", "0"]
     topology = "h100_2x8.yaml" if case == "other topology" else "h100_1x8.yaml"
     r = shardflow("plan", "--no-track", spec, "--topology", str(TOPOLOGIES / topology), "--out",
                   str(tmp_path / "b"), *args)
@@ -163,7 +165,8 @@ def test_bad_previous_plans_and_knobs_exit_2(tmp_path, case):
     assert "Traceback" not in r.stderr and len(r.stderr.splitlines()) < 25
     assert {"other topology": "another topology", "corrupt previous": "not valid JSON",
             "negative max-regress": "--max-regress", "negative time limit": "--time-limit: must be at least 0",
-            "absurd time limit": "--time-limit: must be at most 86400"}[case] in r.stderr
+            "absurd time limit": "--time-limit: must be at most 86400",
+            "no cache": "--caching-ratio: must be above 0"}[case] in r.stderr
     assert not (tmp_path / "b").exists()
 
 
@@ -207,3 +210,12 @@ def test_a_plan_whose_uvm_tables_fbgemm_keeps_more_of_in_hbm_than_planned_says_s
     _, caches, factors, _ = planned((64, 64, 64, 64), Optimizer.ROWWISE_ADAGRAD)
     state = sum((1 - f) * n * 4 for f, n in zip(factors, rows, strict=True))  # every row's, not f's share
     assert caches.built[0] - caches.planned[0] == pytest.approx(state, rel=1e-3)
+
+
+def test_an_empty_path_as_an_unset_shell_variable_gives_is_refused_not_the_working_directory(tmp_path, capsys):
+    from flows.cli import main
+
+    code = main(["plan", "--no-track", str(SPECS / "criteo_1tb.yaml"), "--topology", "", "--out", ""])
+    assert code == 2 and list(tmp_path.iterdir()) == []
+    err = capsys.readouterr().err
+    assert "--out, --topology: is empty: name a file or directory" in err

@@ -289,6 +289,18 @@ def test_row_wise_allow_list_yields_only_row_wise_options():
     assert len({SHARDING_TYPES[c] for c in options.sharding_type[~a]}) == 6
 
 
+def test_a_table_fbgemm_refuses_on_cuda_is_named_with_fbgemms_rule_not_only_its_allow_lists():
+    spec = make_spec(table("odd", dim=5, sharding_types=(ShardingType.DATA_PARALLEL,)),
+                     table("wide", dim=4096, sharding_types=(ShardingType.TABLE_WISE,)), table("fine"))
+    with pytest.raises(InputError) as e:
+        enumerate_options(spec, make_topology())
+    text = e.value.render()
+    assert "table odd: its embedding_dim 5 is no multiple of 4, which FBGEMM's kernels on cuda need" in text
+    assert ("table wide: FBGEMM's kernels on cuda take shards of at most 2,048 columns, and only column_wise and "
+            "table_column_wise split its 4,096") in text
+    assert "table fine" not in text
+
+
 def test_table_wise_hbm_on_cuda_with_rowwise_adagrad_is_weights_plus_row_state_plus_io():
     rows, dim, pf, batch, world = 100_000, 64, 3.0, 512, 8
     spec = make_spec(table("a", rows=rows, dim=dim, pooling_factor=pf))

@@ -480,6 +480,10 @@ def test_yaml_scalars_and_merge_keys_load_as_pyyaml_safe_load_does():
     expected = yaml.safe_load(TRICKY_YAML)
     assert expected["floats"][2] == "1.5e3"
     expected["floats"][2] = 1500.0  # a number with an exponent is a number (YAML 1.2, JSON); PyYAML: text
+    # YAML 1.2 (and JSON) reads -017 as decimal, and YAML 1.1's 1_000, base-60 and binary forms as text.
+    assert expected["ints"] == [31, 1000, 90, -15, 5, 5] and expected["floats"][4] == 685230.15
+    expected["ints"] = [31, "1_000", "1:30", -17, 5, "0b101"]
+    expected["floats"][4] = "190:20:30.15"
     assert load_yaml(TRICKY_YAML) == expected
     assert load_yaml("") is None and load_yaml("# only a comment\n") is None
 
@@ -604,3 +608,22 @@ def test_a_cache_floor_is_kept_through_every_format_and_given_beside_a_fixed_siz
     text = e.value.render()
     assert "table 'big': cache_load_factor and min_cache_load_factor: give one" in text
     assert "table 'plain': min_cache_load_factor: must be in (0, 1]" in text
+
+
+def test_a_default_written_out_a_shared_name_and_a_csv_list_separator(tmp_path):
+    """Every sharding type and kernel listed is the default, and hashes as it; a table of a module is
+    named by its key in errors (several modules may share a name); a feature name holding CSV's list
+    separator is refused for CSV, where it would read back as two features, and kept elsewhere."""
+    every = {"sharding_types": ["table_wise", "row_wise", "column_wise", "data_parallel", "table_row_wise",
+                                "table_column_wise"], "compute_kernels": ["fused", "dense", "fused_uvm",
+                                                                          "fused_uvm_caching"]}
+    row = {"name": "a", "num_embeddings": 10, "embedding_dim": 8}
+    assert spec_from_rows([{**row, **every}]).spec_hash == spec_from_rows([row]).spec_hash
+    with pytest.raises(InputError) as e:
+        spec_from_rows([{**row, "module": "m1"}, {**row, "module": "m2", "pooling_factor": 0}])
+    assert "table 'm2.a': pooling_factor" in e.value.render()
+    spec = spec_from_rows([{**row, "feature_names": ["clicks;7d"]}])
+    with pytest.raises(InputError, match=r"feature name 'clicks;7d' holds ';', CSV's list separator"):
+        write_spec(spec, tmp_path / "s.csv")
+    assert not (tmp_path / "s.csv").exists()
+    assert read_spec(write_spec(spec, tmp_path / "s.yaml")) == spec

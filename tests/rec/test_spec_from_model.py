@@ -134,3 +134,24 @@ def test_min_partition_of_the_constraints_reaches_the_spec():
                                                            feature_names=["w"])], device=torch.device("meta"))
     found = model_spec(model, {"wide": ParameterConstraints(min_partition=256)})
     assert found.spec.tables[0].min_partition == 256 and found.left_out == ()
+
+
+def test_each_tables_optimizer_reaches_the_spec_as_torchrecs_estimator_reads_it():
+    """apply_optimizer_in_backward marks a table's weight with its optimizer: Adam's state is twice
+    the weight, which a spec without it would size as row-wise Adagrad's (one float per row)."""
+    import torch
+    from torch import nn
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+    from rec.spec.from_model import model_spec
+
+    model = nn.Module()
+    model.ebc = EmbeddingBagCollection([EmbeddingBagConfig(name=n, num_embeddings=100, embedding_dim=8,
+                                                           feature_names=[n]) for n in ("a", "b", "c")],
+                                       device=torch.device("meta"))
+    apply_optimizer_in_backward(torch.optim.Adam, [model.ebc.embedding_bags["a"].weight], {"lr": 0.1})
+    apply_optimizer_in_backward(torch.optim.SGD, [model.ebc.embedding_bags["b"].weight], {"lr": 0.1})
+    found = model_spec(model)
+    assert [t.optimizer for t in found.spec.tables] == ["adam", "sgd", None]  # c: the planner's --optimizer

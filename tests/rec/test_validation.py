@@ -42,7 +42,7 @@ def read_all(tmp_path: Path, written: str) -> tuple[int, int, int]:
     return spec.tables[0].num_embeddings, topology.batch_size, profile.machine.world_size
 
 
-@pytest.mark.parametrize("written", ["1000", "1e3", "1E3", "1000.0", "1.0e+3", "10e2", "+1000"])
+@pytest.mark.parametrize("written", ["1000", "1e3", "1E3", "1000.0", "1.0e+3", "10e2", "+1000", "01000"])
 def test_an_integer_is_read_the_same_way_in_specs_topologies_and_profiles(tmp_path, written):
     assert read_all(tmp_path, written) == (1000, 1000, 1000)
 
@@ -57,6 +57,8 @@ def test_an_integer_is_read_the_same_way_in_specs_topologies_and_profiles(tmp_pa
     ("-1e3", "must be > 0, got -1,000"),
     ("'1_000'", "expected a positive integer, got '1_000'"),
     ("'0x10'", "expected a positive integer, got '0x10'"),
+    ("1_000", "expected a positive integer, got '1_000'"),  # YAML 1.1's forms are text, as in YAML 1.2
+    ("16:40", "expected a positive integer, got '16:40'"),
 ])
 def test_what_is_no_positive_integer_is_refused_alike_everywhere(tmp_path, written, reason):
     for read, path in ((read_spec, spec_file(tmp_path, written)),
@@ -95,6 +97,9 @@ def test_numbers_with_exponents_are_numbers_in_every_file(tmp_path):
 def test_sizes_take_units_and_exponents(tmp_path):
     for written, size in (("80GiB", 80 * 2**30), ("1e9", 10**9), ("'1.5e3 KB'", 1_500_000), ("512 GB", 512 * 10**9)):
         assert read_topology(topology_file(tmp_path, "ddr_cap", written)).ddr_cap == size
+    assert read_topology(topology_file(tmp_path, "inter_host_bw", "400Gbit/s")).inter_host_bw == 5e10 / 1000
+    with pytest.raises(InputError, match=r"'100Gb/s': a lowercase b is a bit in network speeds"):
+        read_topology(topology_file(tmp_path, "inter_host_bw", "100Gb/s"))
 
 
 def test_every_problem_of_a_profile_is_named_when_a_time_is_no_time(tmp_path):

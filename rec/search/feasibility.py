@@ -217,10 +217,12 @@ def packing_failure(space: SearchSpace, spec: Spec, tables: list[int]) -> InputE
     """The error for tables that fit one by one but not together."""
     names = ", ".join(spec.tables[t].key for t in tables[:10])
     more = f" and {len(tables) - 10} more" if len(tables) > 10 else ""
+    if space.hbm_cap.sum() > 0:
+        memory = (f"usable HBM {format_bytes(space.hbm_cap.sum())} and DDR {format_bytes(space.ddr_cap.sum())} "
+                  "over all ranks; allow fused_uvm_caching kernels, lower storage_reservation or add ranks")
+    else:  # cpu ranks: their memory is DDR (no reservation comes off it), and no kernel caches
+        memory = f"usable memory (ddr_cap) {format_bytes(space.ddr_cap.sum())} over all ranks; add ranks or memory"
     return InputError(
         "The tables fit one by one but not all together within the ranks' memory:",
-        [Problem(f"tables {names}{more}",
-                 f"could not be placed; usable HBM {format_bytes(space.hbm_cap.sum())} and DDR "
-                 f"{format_bytes(space.ddr_cap.sum())} over all ranks; allow fused_uvm_caching kernels, "
-                 "lower storage_reservation or add ranks")],
+        [Problem(f"tables {names}{more}", f"could not be placed; {memory}")],
     )

@@ -138,3 +138,15 @@ def test_criteo_plan_fits_and_is_close_to_the_bound():
     m = plan.metrics
     assert all(h <= c for h, c in zip(m.rank_hbm, m.rank_hbm_cap, strict=True))
     assert m.gap < 0.05
+
+
+def test_tables_that_fit_one_by_one_but_not_together_on_cpu_name_what_cpu_ranks_have():
+    from rec.spec import spec_from_rows
+
+    spec = spec_from_rows([{"name": n, "num_embeddings": 3_000_000, "embedding_dim": 512} for n in "abc"])
+    topology = topology_from_dict({"world_size": 2, "compute_device": "cpu", "ddr_cap": "8GiB"})
+    with pytest.raises(InputError) as e:
+        plan_spec(spec, topology)
+    text = e.value.render()
+    assert "fit one by one but not all together" in text and "usable memory (ddr_cap) 16.0 GiB" in text
+    assert "fused_uvm_caching" not in text and "storage_reservation" not in text  # neither applies on cpu

@@ -140,9 +140,11 @@ def with_cache_sizes(result: SearchResult, spec: Spec, topology: Topology, cost:
         return _filled(best, spec, topology, cost, built)
 
     def exact_grown(start: SearchResult) -> SearchResult:
-        # The caches filled between the rungs first, so that the exact stage's bound is the plan's.
-        improved = exact(_filled(start, spec, topology, cost, built))  # never slower than its start
-        return _faster(improved, _grown(improved, spec, topology, cost), built)
+        improved = exact(start)  # never slower than start
+        grown = _faster(improved, _grown(improved, spec, topology, cost), built)
+        filled = _filled(grown, spec, topology, cost, built)
+        # Caches filled between the rungs: the exact stage again, from that plan, so that its bound is the plan's.
+        return grown if filled is grown else exact(filled)
 
     searched, best = best, exact_grown(best)
     if at_default is not None and at_default is not searched:
@@ -156,8 +158,8 @@ def with_cache_sizes(result: SearchResult, spec: Spec, topology: Topology, cost:
 def _filled(result: SearchResult, spec: Spec, topology: Topology, cost: CostConfig,
             path: Callable[[SearchResult], float]) -> SearchResult:
     """The plan taken, its caches grown between the rungs where the next does not fit: after every
-    search and start was compared on the ladder's sizes (before the exact stage, where it runs), so
-    that it only shortens the plan they chose."""
+    search, start and exact stage was compared on the ladder's sizes, so that it only shortens the
+    plan they chose."""
     return _faster(result, _grown(result, spec, topology, cost, between=True), path)
 
 

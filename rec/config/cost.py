@@ -30,7 +30,7 @@ class CostConfig:
     """Planner knobs that change estimates; part of the plan_id."""
 
     optimizer: Optimizer = field(default=Optimizer.ROWWISE_ADAGRAD, metadata=knob(
-        "optimizer whose state the storage estimate adds to every shard"))
+        "optimizer whose state the storage estimate adds to the shards of every table whose spec names none"))
     caching_ratio: float = field(default=UVM_CACHING_RATIO, metadata=knob(
         "share of a fused_uvm_caching table cached in HBM", minimum=0.0, maximum=1.0))
     # Read from a file (--profile, docs/profile.md); in the plan_id only when not the default.

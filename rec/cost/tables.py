@@ -295,12 +295,14 @@ def implicit_caches(spec: Spec, chosen: np.ndarray | None, load_factor: np.ndarr
 def kernel_group_keys(spec: Spec, config: CostConfig) -> np.ndarray:
     """(T,) int, numbered from 0 in spec order: what TorchRec's ``group_tables`` puts a table in an
     FBGEMM kernel group (one table-batched embedding, one cache) by, known before the search: its
-    module, element size (shardflow's jobs train every type but FP32 as FP16), pooling (SUM, MEAN or
-    none), weighting and optimizer (a fused parameter). Tables of one key share a kernel group where
-    they share a rank, a sharding type and a kernel family (``rec.analysis.rank_times.kernel_groups``)."""
-    ids: dict[tuple[str, int, Pooling, bool, Optimizer], int] = {}
-    return np.fromiter((ids.setdefault((t.module, t.data_type.bytes_per_element, t.pooling, t.is_weighted,
-                                        table_optimizer(t, config)), len(ids)) for t in spec.tables),
+    module, element size (shardflow's jobs train every type but FP32 as FP16), pooled or not,
+    weighting and optimizer (a fused parameter). Tables of one key share a kernel group where they
+    share a rank, a sharding type and a kernel family (``rec.analysis.rank_times.kernel_groups``).
+    TorchRec parts SUM from MEAN tables too; plans of formats v5 and v6 state their caches by this
+    key, and read back as they were planned."""
+    ids: dict[tuple[str, int, bool, bool, Optimizer], int] = {}
+    return np.fromiter((ids.setdefault((t.module, t.data_type.bytes_per_element, t.pooling is not Pooling.NONE,
+                                        t.is_weighted, table_optimizer(t, config)), len(ids)) for t in spec.tables),
                        np.int64, len(spec.tables))
 
 

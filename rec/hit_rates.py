@@ -31,8 +31,10 @@ Curve = Sequence[tuple[float, float]]  # (cache fraction of rows, share of looku
 
 
 def curve_points(curve: Curve | None) -> tuple[np.ndarray, np.ndarray]:
-    """(fractions, hit rates) of ``curve`` with (0, 0) and (1, 1) added: the piecewise-linear
-    cumulative share of the lookups the hottest rows serve. None: the skew model, sampled finely."""
+    """(fractions, hit rates) of ``curve`` with (0, 0) added, and (1, 1) where it has no point at
+    1: the piecewise-linear cumulative share of the lookups the hottest rows serve. A point at 1
+    stays as given: statistics (TorchRec's ``CacheStatistics``) may count misses with every row
+    cached, which TorchRec's estimator prices. None: the skew model, sampled finely."""
     if curve is None:
         f = np.concatenate(([0.0], np.geomspace(1e-6, 1.0, 241)))
         return f, f ** (1.0 / ID_SKEW)
@@ -40,8 +42,6 @@ def curve_points(curve: Curve | None) -> tuple[np.ndarray, np.ndarray]:
     h = np.array([0.0, *(p[1] for p in curve)], dtype=np.float64)
     if f[-1] < 1.0:
         f, h = np.append(f, 1.0), np.append(h, 1.0)
-    else:
-        h[-1] = 1.0  # every row cached: every lookup hits
     return f, h
 
 

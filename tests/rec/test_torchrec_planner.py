@@ -904,6 +904,27 @@ def test_a_floor_that_fits_where_the_default_size_does_not_is_planned_and_grown_
     assert rated < torchrec_critical_path(theirs, model, topology, 512, constraints)
 
 
+class ColdMisses(Skewed):
+    """Statistics that count misses with every row cached too (a first touch is a miss)."""
+
+    def expected_miss_rate(self, clf: float) -> float:
+        return max(super().expected_miss_rate(clf), 0.05)
+
+
+def test_statistics_that_miss_with_every_row_cached_are_priced_there_as_torchrec_prices_them():
+    """A cache of all the rows (load factor 1) whose statistics still count 5% misses: TorchRec's
+    estimator prices those fetches, and so does shardflow's plan (it read every lookup as a hit)."""
+    model = nn.Module()
+    model.ebc = ebc(("full", 200_000, 64), ("small", 1000, 32))
+    constraints = {"full": ParameterConstraints(compute_kernels=["fused_uvm_caching"], cache_params=CacheParams(
+        load_factor=1.0, stats=ColdMisses()))}
+    topology = cuda(world_size=2, local_world_size=2)
+    planner = ShardflowPlanner(topology=topology, batch_size=BATCH_SIZE, constraints=constraints)
+    plan = planner.plan(model, SHARDERS)
+    assert plan.plan["ebc"]["full"].cache_params.load_factor == 1.0
+    assert_rated_as_torchrec_rates(planner, model, topology, BATCH_SIZE, constraints, plan)
+
+
 class MeasuredAtFew(Skewed):
     """Statistics measured at caches of 5% to 60% of the rows, which raise elsewhere."""
 

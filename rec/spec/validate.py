@@ -238,14 +238,15 @@ def _label(name: str, module: str) -> str:
 
 
 def _where(number: int, row: Mapping[Any, Any]) -> str:
-    """A row for a message: its table's key (``module.name`` outside the default module: tables of
-    several modules may share a name), else its number."""
+    """A row for a message: its table, with its module outside the default one (tables of several
+    modules may share a name), else its number."""
     name, module = row.get("name"), row.get("module")
     if isinstance(name, str) and name.strip():
         name = name.strip()
-        if isinstance(module, str) and module.strip() and module.strip() != DEFAULT_MODULE:
-            name = f"{module.strip()}.{name}"
-        return f"table '{name if len(name) <= 60 else name[:57] + '...'}'"
+        where = f"table '{name if len(name) <= 60 else name[:57] + '...'}'"
+        if isinstance(module, str) and is_module_path(module.strip()) and module.strip() != DEFAULT_MODULE:
+            where += f" in module '{module.strip()}'"
+        return where
     return f"row {number}"
 
 

@@ -331,6 +331,7 @@ def _labelled(problems: tuple[Problem, ...], rows: list[dict[str, Any]], root: s
     names = Counter(row["name"] for row in rows)  # the spec names a table by name alone: unique ones only
     ours = {f"table '{row['name']}'": _where(row, root) for row in rows if names[row["name"]] == 1}
     ours.update({f"table {table_key(row['module'], row['name'])}": _where(row, root) for row in rows})
+    ours.update({f"table '{row['name']}' in module '{row['module']}'": _where(row, root) for row in rows})
 
     def named(text: str) -> str:
         if root is None:

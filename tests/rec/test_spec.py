@@ -621,7 +621,7 @@ def test_a_default_written_out_a_shared_name_and_a_csv_list_separator(tmp_path):
     assert spec_from_rows([{**row, **every}]).spec_hash == spec_from_rows([row]).spec_hash
     with pytest.raises(InputError) as e:
         spec_from_rows([{**row, "module": "m1"}, {**row, "module": "m2", "pooling_factor": 0}])
-    assert "table 'm2.a': pooling_factor" in e.value.render()
+    assert "table 'a' in module 'm2': pooling_factor" in e.value.render()
     spec = spec_from_rows([{**row, "feature_names": ["clicks;7d"]}])
     with pytest.raises(InputError, match=r"feature name 'clicks;7d' holds ';', CSV's list separator"):
         write_spec(spec, tmp_path / "s.csv")

@@ -114,7 +114,8 @@ def _context(spec: Spec, topology: Topology, cost: CostConfig, config: SearchCon
     if not may_search:
         return PassContext(spec, topology, cost, config)
     quick = replace(config, time_limit_s=0.0)
-    exact = (lambda r: _search(r.space, spec, config, searcher, r.assignment)) if exact_last else None
+    exact = ((lambda r, share: _search(r.space, spec, replace(config, time_limit_s=config.time_limit_s * share),
+                                       searcher, r.assignment)) if exact_last else None)
     return PassContext(spec, topology, cost, config, lambda s: _search(s, spec, config, searcher),
                        lambda s: _search(s, spec, quick, searcher), exact)
 

@@ -97,14 +97,15 @@ def memory_decides(space: SearchSpace, topology: Topology) -> bool:
 
 def with_cache_sizes(result: SearchResult, spec: Spec, topology: Topology, cost: CostConfig,
                      search: Callable[[SearchSpace], SearchResult] | None = None,
-                     exact: Callable[[SearchResult], SearchResult] | None = None) -> SearchResult:
+                     exact: Callable[[SearchResult, float], SearchResult] | None = None) -> SearchResult:
     """``result`` with the caches of its uvm tables grown into the HBM it leaves free; with ``search``
     (which searches a space: the heuristic, whose exact stage a space of many small caches can keep
     busy far beyond its time limit), searched again with the sizes it grew while faster, and where
     memory decides, the same from a search with every free cache at each of ``START_SIZES``: the
-    fastest of them. With ``exact`` (the exact stage from a result), that plan improved by it on
-    its sizes, grown again, and so the start at TorchRec's default size where it was not the fastest:
-    the faster of the two."""
+    fastest of them. With ``exact`` (the exact stage from a result, given a share of its time
+    limit), that plan improved by it on its sizes, grown again, and so the start at TorchRec's
+    default size where it was not the fastest: the faster of the two; its caches filled between the
+    rungs, and a short exact stage again from there."""
     def built(r: SearchResult) -> float:  # the critical path as its plan states its caches
         return placed_critical_path(r, spec, topology, cost)
 
@@ -140,11 +141,12 @@ def with_cache_sizes(result: SearchResult, spec: Spec, topology: Topology, cost:
         return _filled(best, spec, topology, cost, built)
 
     def exact_grown(start: SearchResult) -> SearchResult:
-        improved = exact(start)  # never slower than start
+        improved = exact(start, 1.0)  # never slower than start
         grown = _faster(improved, _grown(improved, spec, topology, cost), built)
         filled = _filled(grown, spec, topology, cost, built)
-        # Caches filled between the rungs: the exact stage again, from that plan, so that its bound is the plan's.
-        return grown if filled is grown else exact(filled)
+        # Caches filled between the rungs: the exact stage again, from that plan (a short one: it starts
+        # from a plan the full one chose), so that its bound is the plan's.
+        return grown if filled is grown else exact(filled, FIRST_EXACT_SHARE)
 
     searched, best = best, exact_grown(best)
     if at_default is not None and at_default is not searched:

@@ -30,7 +30,7 @@ class PassContext:
     heuristic: Callable[[SearchSpace], SearchResult] | None = None
     # The exact stage from a result, where the first search left it to the passes (None: it ran):
     # where they change the search space, it is worth its time only on the space they end with.
-    exact: Callable[[SearchResult], SearchResult] | None = None
+    exact: Callable[[SearchResult, float], SearchResult] | None = None
 
 
 class WholePlanPass(Protocol):

@@ -24,6 +24,7 @@ import tempfile
 import uuid
 from multiprocessing import util
 
+from rec import startup_gc
 from rec.train import elastic_internals, forked_forkserver
 from rec.train.rank_entry import run_job
 
@@ -36,6 +37,7 @@ SHORT_TEMP = "/tmp"
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
+    startup_gc.hold_collection()  # until the forkserver, forked from here, has imported the job
     _launch(argv)
 
 
@@ -72,6 +74,7 @@ def _launch(argv: list[str]) -> None:
 
     elastic_internals.format_exceptions_first()
     _start_forkserver(argv)
+    startup_gc.imports_done()
 
     @record  # as torchrun's main: a failed rank's error file, and the failure summary on stderr
     def launch() -> None:

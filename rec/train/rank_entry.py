@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 
+from rec import startup_gc
 from rec.exit_codes import ExitCode
 from rec.train.lifetime import exit_skipping_finalization
 
@@ -16,6 +17,7 @@ from rec.train.lifetime import exit_skipping_finalization
 def run_job(module: str, *argv: str) -> None:
     """Run ``module.main(argv)`` as this rank's whole life."""
     job = importlib.import_module(module)  # imported already where the rank was forked
+    startup_gc.imports_done()  # forked from a forkserver that held the collector while it imported
     try:
         code = job.main(list(argv))
     except KeyboardInterrupt:  # SIGINT; multiprocessing would exit 0 and the launcher wait forever

@@ -8,9 +8,9 @@ shardflow starts the same server itself, waiting as long as that same setting sa
 ``STARTUP_TIMEOUT_S`` when the user did not set it, and reports a start that fails in one line.
 
 The server is the one Prefect's ``SubprocessASGIServer`` runs (uvicorn serving
-``prefect.server.api.server:create_app`` on 127.0.0.1, the UI off), started from here because that
-class lives in the server's own module: importing it costs this process the whole server (seconds
-of CPU) for nothing, as the server runs in its own process. The flows reach it as
+``prefect.server.api.server:create_app`` on 127.0.0.1, the UI off: ``flows.ephemeral_server``),
+started from here because that class lives in the server's own module: importing it costs this
+process the whole server (seconds of CPU) for nothing, as the server runs in its own process. The flows reach it as
 ``PREFECT_API_URL`` for the duration of ``ephemeral_api()``, so Prefect's client never loads it.
 """
 
@@ -123,7 +123,8 @@ class _Server:
         env = {**os.environ, **SERVER_ENV, **get_current_settings().to_environment_variables(exclude_unset=True)}
         app_dir = str(Path(prefect.__file__).parent.parent)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "--app-dir", app_dir, "--factory", "prefect.server.api.server:create_app",
+            [sys.executable, "-m", "flows.ephemeral_server", "--app-dir", app_dir,
+             "--factory", "prefect.server.api.server:create_app",
              "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "error", "--lifespan", "on"],
             # Its own session: Ctrl-C at the terminal stops this command, which then stops the server
             # after the flow's last states are sent; it dies with this command all the same.

@@ -306,7 +306,8 @@ def _blocks(file: _Input, columns: Sequence[str], found: _Found, meter: _Meter, 
             if raises and not found.full:
                 raise
             if not found.full:
-                found.add(file.path, f"cannot be read after line {rows + len(skipped):,}: {_first_line(e)}")
+                read = rows + len(skipped)  # 0: not one block of lines came out whole
+                found.add(file.path, f"cannot be read{f' after line {read:,}' if read else ''}: {_first_line(e)}")
         finally:
             meter.read += file.size
     if rows == 0 and not found.problems:

@@ -4,6 +4,7 @@ harness runs no scheduler) and serves the replan deployment on a short interval.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -53,32 +54,34 @@ class Serving:
         """The ``prefect server start`` process serve started."""
         return next(p for p in self.tree()[1:] if p.cmdline()[2:5] == ["prefect", "server", "start"])
 
-    def replans(self) -> list[Any]:
-        """The flow runs of the replan deployment so far; [] while the server or the deployment is
-        not up yet."""
+    @staticmethod
+    def replans(client: Any) -> list[Any]:
+        """The flow runs of the replan deployment so far (``client``: a sync Prefect client of the
+        server); [] while the server or the deployment is not up yet."""
         import httpx
-        from prefect import get_client
         from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
-        from prefect.settings import PREFECT_API_URL, temporary_settings
 
-        with temporary_settings(updates={PREFECT_API_URL: self.url}), get_client(sync_client=True) as client:
-            try:
-                deployment = {d.name: d for d in client.read_deployments()}.get("replan-on-schema-change")
-                if deployment is None:
-                    return []
-                runs = client.read_flow_runs(deployment_filter=DeploymentFilter(
-                    id=DeploymentFilterId(any_=[deployment.id])))
-            except httpx.HTTPError:  # the server is still starting
+        try:
+            deployment = {d.name: d for d in client.read_deployments()}.get("replan-on-schema-change")
+            if deployment is None:
                 return []
-        return runs
+            return client.read_flow_runs(
+                deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id])))
+        except httpx.HTTPError:  # the server is still starting
+            return []
 
     def wait_for_replans(self, count: int, state: str = "COMPLETED") -> list[Any]:
-        """The replans in ``state`` (a Prefect StateType name), once there are ``count``."""
+        """The replans in ``state`` (a Prefect StateType name), once there are ``count``; asked
+        every second, by one client (a new client and settings each time cost ~0.1 CPU-s)."""
+        from prefect import get_client
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
         deadline = time.monotonic() + DEADLINE_S
         found: list[Any] = []
-        while time.monotonic() < deadline and self.process.poll() is None and len(found) < count:
-            time.sleep(1)
-            found = [r for r in self.replans() if r.state is not None and r.state.type.name == state]
+        with temporary_settings(updates={PREFECT_API_URL: self.url}), get_client(sync_client=True) as client:
+            while time.monotonic() < deadline and self.process.poll() is None and len(found) < count:
+                time.sleep(1)
+                found = [r for r in self.replans(client) if r.state is not None and r.state.type.name == state]
         assert len(found) >= count, self.output()
         return found
 
@@ -98,10 +101,13 @@ def alive(processes: list[psutil.Process]) -> list[psutil.Process]:
 
 
 @contextmanager
-def served(tmp_path: Path, cwd: Path, *args: str) -> Iterator[Serving]:
+def served(tmp_path: Path, cwd: Path, *args: str, database: Path) -> Iterator[Serving]:
     """``shardflow serve`` in ``cwd`` (replans every REPLAN_EVERY_S, one flow run at a time, so the
-    second replan compares with the first), its Prefect home in ``tmp_path``. Whatever of it is
-    still alive after the block is killed."""
+    second replan compares with the first), its Prefect home in ``tmp_path``, holding a copy of
+    ``database`` (the ``prefect_database`` fixture: the server serve starts migrates none). Whatever
+    of it is still alive after the block is killed."""
+    (tmp_path / "prefect").mkdir()
+    shutil.copyfile(database, tmp_path / "prefect" / "prefect.db")  # where Prefect's server keeps it by default
     port = free_port()
     env = {key: value for key, value in os.environ.items() if key != "PREFECT_API_URL"}
     env.update(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_UI_ENABLED="0",

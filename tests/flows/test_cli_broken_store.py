@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main
+from tests.flows.cli_in_process import shardflow_here
 from tests.paths import CPU_2PROC, DEMO, SHARDFLOW
+from tests.stores import store_from
 
 pytestmark = [pytest.mark.slow,  # a Prefect server and a training
               pytest.mark.filterwarnings("ignore::DeprecationWarning")]  # SQLAlchemy, from MLflow
@@ -21,6 +23,15 @@ def shardflow(cwd: Path, *args: str, **env_vars: str) -> tuple[int, str]:
     """Exit code and everything printed (stdout and stderr)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "SHARDFLOW_"))} | env_vars
     r = subprocess.run([str(SHARDFLOW), *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=900)
+    return r.returncode, r.stdout + r.stderr
+
+
+def shardflow_in(cwd: Path, monkeypatch, capfd, *args: str) -> tuple[int, str]:
+    """``shardflow(cwd, *args)``, in this process: exit code and everything printed."""
+    for name in [k for k in os.environ if k.startswith(("MLFLOW_", "SHARDFLOW_"))]:
+        monkeypatch.delenv(name)
+    monkeypatch.chdir(cwd)
+    r = shardflow_here(capfd, *args)
     return r.returncode, r.stdout + r.stderr
 
 
@@ -40,7 +51,7 @@ def assert_quiet(output: str) -> None:
 
 
 def test_a_corrupt_store_neither_stops_planning_nor_blocks_later_runs_and_is_delivered_once_repaired(
-        tmp_path, prefect_api):
+        tmp_path, prefect_api, mlflow_template, monkeypatch, capfd):
     (tmp_path / "mlflow.db").write_bytes(b"not a database at all " * 1000)  # the default store, corrupt
     code, out = shardflow(tmp_path, "run", "--plan-only", str(DEMO), "--topology", str(CPU_2PROC),
                           PREFECT_API_URL=prefect_api)
@@ -54,7 +65,7 @@ def test_a_corrupt_store_neither_stops_planning_nor_blocks_later_runs_and_is_del
     assert (waiting / "plan.json").is_file()
 
     # Every later run works, to a healthy store, while the record for the broken one waits.
-    healthy = f"sqlite:///{tmp_path / 'healthy.db'}"
+    healthy = store_from(mlflow_template, tmp_path / "healthy")  # its tables made
     code, out = shardflow(tmp_path, "run", "--plan-only", str(DEMO), "--topology", str(CPU_2PROC),
                           "--tracking-uri", healthy, PREFECT_API_URL=prefect_api)
     assert code == 0, out
@@ -71,15 +82,15 @@ def test_a_corrupt_store_neither_stops_planning_nor_blocks_later_runs_and_is_del
     assert_quiet(out)
 
     (tmp_path / "mlflow.db").unlink()  # repaired: MLflow makes a new store here
-    code, out = shardflow(tmp_path, "outbox", "retry")
+    code, out = shardflow_in(tmp_path, monkeypatch, capfd, "outbox", "retry")
     assert code == 0 and "delivered 1 record(s)" in out, out
     assert not waiting.exists()
     assert [r.data.tags["shardflow.plan_id"] for r in plan_runs(f"sqlite:///{tmp_path / 'mlflow.db'}")] == [plan_id]
-    code, out = shardflow(tmp_path, "outbox", "list")
+    code, out = shardflow_in(tmp_path, monkeypatch, capfd, "outbox", "list")
     assert code == 0 and "nothing waits" in out
 
 
-def test_training_with_mlflow_down_exits_0_with_one_line_and_keeps_the_train_run(tmp_path):
+def test_training_with_mlflow_down_exits_0_with_one_line_and_keeps_the_train_run(tmp_path, monkeypatch, capfd):
     assert main(["plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "plan")]) == 0
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -94,5 +105,5 @@ def test_training_with_mlflow_down_exits_0_with_one_line_and_keeps_the_train_run
     outbox = tmp_path / ".shardflow" / "outbox"
     (kept,) = [p for p in outbox.iterdir() if p.is_dir() and not p.name.startswith(".")]
     assert {"record.json", "to.json", "train_metrics.json", "iterations.parquet"} <= {p.name for p in kept.iterdir()}
-    code, out = shardflow(tmp_path, "outbox", "list")
+    code, out = shardflow_in(tmp_path, monkeypatch, capfd, "outbox", "list")
     assert code == 0 and kept.name in out and "waiting" in out and "nothing answers" in out

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 from flows.cli import main
 from rec.plan import read_plan
 from rec.spec import read_spec
+from tests.flows.cli_in_process import shardflow_here
 from tests.paths import CPU_2PROC, DEMO, ROOT, SHARDFLOW
 
 
@@ -26,46 +26,26 @@ def plan_dir(tmp_path_factory):
     return out
 
 
-def train(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """``shardflow train`` without MLflow (the tests that record use their own store)."""
-    return subprocess.run([str(SHARDFLOW), "train", "--no-track", *args], capture_output=True, text=True,
-                          cwd=ROOT, env={**os.environ, **(env or {})}, timeout=600)
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-@pytest.mark.slow
-def test_two_process_gloo_run_applies_the_plan_and_reports_latency(plan_dir, tmp_path):
-    r = train("--plan", str(plan_dir), "--out", str(tmp_path), "--iterations", "12", "--warmup", "2",
-              "--batch-size", "64")
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    m = json.loads((tmp_path / "train_metrics.json").read_text())
-    plan = read_plan(plan_dir)
-    assert m["plan_id"] == plan.plan_id and m["world_size"] == 2 and m["iterations"] == 12
-    assert m["applied_sharding"] == {t.name: t.sharding_type.value for t in plan.tables}
-    lat = m["iteration_latency_ms"]
-    assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"]
-    assert m["samples_per_s"] == pytest.approx(2 * 64 / (lat["mean"] / 1e3))
-    rows = pq.read_table(tmp_path / "iterations.parquet").to_pylist()
-    assert [r["iteration"] for r in rows] == list(range(12))
-
-
-def test_a_world_size_that_does_not_match_the_plan_exits_2(plan_dir, tmp_path):
-    r = train("--plan", str(plan_dir), "--out", str(tmp_path), "--nproc-per-node", "3")
+def test_a_world_size_that_does_not_match_the_plan_exits_2(plan_dir, tmp_path, capfd):
+    r = shardflow_here(capfd, "train", "--no-track", "--plan", str(plan_dir), "--out", str(tmp_path),
+                       "--nproc-per-node", "3")
     assert r.returncode == 2
     assert "3 processes" in r.stderr and "2 ranks" in r.stderr
     assert "Traceback" not in r.stderr
 
 
 @pytest.mark.slow
-def test_a_killed_rank_is_restarted_and_resumes_from_the_last_checkpoint(plan_dir, tmp_path):
-    r = train("--plan", str(plan_dir), "--out", str(tmp_path), "--iterations", "10", "--warmup", "1",
-              "--batch-size", "32", "--checkpoint-every", "3", "--max-restarts", "1",
-              env={"SHARDFLOW_FAIL_AT_ITERATION": "7:1"})
+def test_a_killed_rank_is_restarted_and_resumes_from_the_last_checkpoint(plan_dir, tmp_path, capfd, monkeypatch):
+    monkeypatch.setenv("SHARDFLOW_FAIL_AT_ITERATION", "7:1")
+    r = shardflow_here(capfd, "train", "--no-track", "--plan", str(plan_dir), "--out", str(tmp_path),
+                       "--iterations", "10", "--warmup", "1", "--batch-size", "32", "--checkpoint-every", "3",
+                       "--max-restarts", "1")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     m = json.loads((tmp_path / "train_metrics.json").read_text())
     assert m["resumed_from"] == 6
@@ -84,7 +64,11 @@ def write_training_parquet(path: Path, spec, rows: int, dense: int) -> None:
 
 
 @pytest.mark.slow
-def test_two_nodes_on_loopback_train_from_parquet(plan_dir, tmp_path):
+def test_two_gloo_processes_on_two_loopback_nodes_train_from_parquet_apply_the_plan_and_report_latency(
+        plan_dir, tmp_path, capfd):
+    """One process on each of two nodes (rendezvous on 127.0.0.1): node 0 in a process of its own,
+    node 1 in this process. The training applies the plan's sharding and reports its iterations'
+    latency, every iteration in iterations.parquet."""
     data = tmp_path / "train.parquet"
     write_training_parquet(data, read_spec(DEMO), rows=256, dense=13)
     endpoint = f"127.0.0.1:{free_port()}"
@@ -93,8 +77,17 @@ def test_two_nodes_on_loopback_train_from_parquet(plan_dir, tmp_path):
               "--nproc-per-node", "1", "--rdzv-endpoint", endpoint]
     node0 = subprocess.Popen([str(SHARDFLOW), "train", "--no-track", *common, "--node-rank", "0"], cwd=ROOT,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    node1 = train(*common, "--node-rank", "1")
-    out0, _ = node0.communicate(timeout=600)
+    try:
+        node1 = shardflow_here(capfd, "train", "--no-track", *common, "--node-rank", "1")
+    finally:
+        out0, _ = node0.communicate(timeout=600)
     assert node0.returncode == 0 and node1.returncode == 0, out0[-3000:] + node1.stderr[-3000:]
     m = json.loads((tmp_path / "out" / "train_metrics.json").read_text())
-    assert m["world_size"] == 2 and m["iterations"] == 6
+    plan = read_plan(plan_dir)
+    assert m["plan_id"] == plan.plan_id and m["world_size"] == 2 and m["iterations"] == 6
+    assert m["applied_sharding"] == {t.name: t.sharding_type.value for t in plan.tables}
+    lat = m["iteration_latency_ms"]
+    assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"]
+    assert m["samples_per_s"] == pytest.approx(2 * 32 / (lat["mean"] / 1e3))
+    rows = pq.read_table(tmp_path / "out" / "iterations.parquet").to_pylist()
+    assert [r["iteration"] for r in rows] == list(range(6))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 
 import pytest
@@ -43,15 +44,17 @@ def servers_of(tmp_path, name: str | None = None) -> list[int]:
 
 
 @pytest.mark.slow
-def test_run_starts_prefect_from_an_empty_home_under_cpu_load_or_says_in_one_line_why_not(tmp_path):
+def test_run_starts_prefect_from_an_empty_home_under_cpu_load_or_says_in_one_line_why_not(tmp_path,
+                                                                                        mlflow_template):
     """Side by side, on cores the other runs and the suite's other worker keep busy (as when the
     first `make run` failed, issue 27): with shardflow's default budget (a first start here can take
-    longer than Prefect's own 20 s), and with a budget of 1 s from the server's launch, which no
-    start can meet (unless the server answers the command's first ask, made after the command's own
-    imports: on cores this busy they may take longer than the server's start, and a server that
-    answers is not failed for it). The default run's server listens on loopback only, in a session of its own (so
-    that Ctrl-C at the terminal reaches the command, which stops the server once the flow's last
-    states are sent); a third run, SIGKILLed once its server has started, takes that server with it."""
+    longer than Prefect's own 20 s), and with a budget of 1 s from the server's launch, which that
+    run's server cannot meet: the test stops it (SIGSTOP) as soon as it is launched, seconds before
+    any start could answer, so the command's first ask, made after its own imports, finds no server
+    answering whatever the load (should it answer all the same, it is not failed for it). The
+    default run's server listens on loopback only, in a session of its own (so that Ctrl-C at the
+    terminal reaches the command, which stops the server once the flow's last states are sent); a
+    third run, SIGKILLed once its server has started, takes that server with it."""
     import signal
     import time
 
@@ -59,10 +62,16 @@ def test_run_starts_prefect_from_an_empty_home_under_cpu_load_or_says_in_one_lin
 
     from tests.listening import listening, not_loopback
 
+    shutil.copyfile(mlflow_template, tmp_path / "default.db")  # the planning run's MLflow store, its tables made
     runs = {"default": plan_only(tmp_path, "default"),
             "short": plan_only(tmp_path, "short", PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="1"),
             "killed": plan_only(tmp_path, "killed")}
     deadline = time.monotonic() + 120
+    short = runs["short"]
+    while not servers_of(tmp_path, "short") and short.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    (stalled,) = servers_of(tmp_path, "short")
+    psutil.Process(stalled).suspend()  # the short run stops it (SIGTERM, then SIGKILL) when its budget is out
     killed = runs["killed"]
     while not servers_of(tmp_path, "killed") and killed.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -1,6 +1,12 @@
 """The ranks never outlive ``shardflow train``: real 2-rank gloo trainings stopped by SIGTERM and
 SIGKILL; what a stopped training leaves (consistent checkpoints, every iteration kept across a
-resume); a full disk during training; the ``--out`` lock held by every process of a run."""
+resume); a full disk during training; the ``--out`` lock held by every process of a run.
+
+A checkpoint directory belongs to one run at a time (docs/training.md): a second training given it
+is refused before any rank starts, naming the holder; every checkpoint names the run that wrote it,
+so a resume of another run's checkpoints says whose it continues, a training from scratch is
+refused their directory, and a stopped run's exit line names a step it wrote. (The SIGTERM-stopped
+training is one, for both.)"""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -26,6 +33,7 @@ from flows.cli import main
 from rec.train import forked_forkserver
 from rec.train.checkpoint import check_index
 from rec.train.lifetime import LAUNCHER_MODULE
+from rec.train.ownership import Run, holding, newest_own, writer_of
 from rec.train.resume import latest, step_dir
 from tasks.launch import TRAIN_JOB
 from tasks.run_dirs import lock_dir
@@ -35,6 +43,8 @@ from tests.paths import CPU_2PROC, DEMO, ROOT, SHARDFLOW
 pytestmark = pytest.mark.slow  # real torchrun trainings
 
 GONE_WITHIN_S = 30  # a bound for the processes to be gone, far above the seconds it takes
+REFUSED = "is in use by another shardflow run"
+EXIT_LINE = re.compile(r"newest complete checkpoint: (\S+) \(--resume continues from it\)")
 
 
 @pytest.fixture(scope="module")
@@ -67,14 +77,14 @@ class Running:
 
 
 @contextlib.contextmanager
-def training(plan_dir: Path, out: Path, temp: Path):
-    """A long training, running until it has written a checkpoint; every process of it is
-    killed at the end of the block whatever happened."""
+def training(plan_dir: Path, out: Path, temp: Path, *args: str):
+    """A long training (``args``: more flags), running until it has written a checkpoint; every
+    process of it is killed at the end of the block whatever happened."""
     stderr = out.parent / f"{out.name}.stderr"
     with open(stderr, "w") as err:
         launcher = subprocess.Popen(
             shardflow_train(plan_dir, out, "--iterations", "1000000", "--checkpoint-every", "5",
-                            "--keep-checkpoints", "1"),
+                            "--keep-checkpoints", "1", *args),
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, env=environment(temp), start_new_session=True)
     running = Running(launcher, stderr)
     seen: list[psutil.Process] = []
@@ -112,21 +122,37 @@ def leftovers(temp: Path) -> list[str]:
     return [p.name for p in temp.iterdir() if p.name.startswith(("torchelastic_", "pymp-"))]
 
 
-def second_run_into(plan_dir: Path, out: Path) -> tuple[int, str]:
+def cli(args: list[str]) -> tuple[int, str]:
+    """``shardflow ARGS`` in this process: its exit code and stderr."""
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
-        code = main(["train", "--plan", str(plan_dir), "--out", str(out), "--iterations", "3", "--warmup", "1",
-                     "--no-track"])
+        code = main(args)
     return code, err.getvalue()
+
+
+def second_run_into(plan_dir: Path, out: Path) -> tuple[int, str]:
+    return cli(["train", "--plan", str(plan_dir), "--out", str(out), "--iterations", "3", "--warmup", "1",
+                "--no-track"])
+
+
+def train_args(plan_dir: Path, out: Path, checkpoints: Path, *args: str) -> list[str]:
+    return ["train", "--no-track", "--plan", str(plan_dir), "--out", str(out), "--checkpoint-dir",
+            str(checkpoints), "--warmup", "1", "--batch-size", "32", *args]
 
 
 @dataclass(frozen=True)
 class Stopped:
+    """A training stopped by SIGTERM after its first checkpoints, and the trainings tried meanwhile."""
+
     out: Path
+    checkpoints: Path  # its checkpoint directory, named with --checkpoint-dir (out/checkpoints)
     temp: Path
+    launcher_pid: int
     code: int
     stderr: str
-    second_run: tuple[int, str]
+    second_run: tuple[int, str]  # exit code and stderr of a training into its --out
+    second: tuple[int, str]  # ... of a training given its checkpoint directory (another --out, --resume)
+    second_out: Path
     left_alive: list[psutil.Process]
 
 
@@ -134,16 +160,23 @@ class Stopped:
 def stopped(plan_dir, tmp_path_factory) -> Stopped:
     """A training stopped by SIGTERM after its first checkpoints."""
     tmp = tmp_path_factory.mktemp("stopped")
-    out, temp = tmp / "out", tmp / "tmp"
+    out, temp, second_out = tmp / "out", tmp / "tmp", tmp / "c"
+    checkpoints = out / "checkpoints"
     temp.mkdir()
-    with training(plan_dir, out, temp) as running:
+    with training(plan_dir, out, temp, "--checkpoint-dir", str(checkpoints)) as running:
         processes = running.processes()
         ranks_and_torchrun(processes)
-        second = second_run_into(plan_dir, out)
+        second_run = second_run_into(plan_dir, out)
+        # The issue's run C: --resume on the same checkpoint directory, another --out (bounded, should
+        # it run: a directory nobody holds lets it train).
+        step = latest(checkpoints) or 0
+        second = cli(train_args(plan_dir, second_out, checkpoints, "--resume", "--iterations", str(step + 20),
+                                "--checkpoint-every", "2", "--keep-checkpoints", "1"))
         running.launcher.send_signal(signal.SIGTERM)
         running.launcher.wait(timeout=GONE_WITHIN_S)
         _, alive = psutil.wait_procs(processes, timeout=GONE_WITHIN_S)
-        return Stopped(out, temp, running.launcher.returncode, running.error_text(), second, alive)
+        return Stopped(out, checkpoints, temp, running.launcher.pid, running.launcher.returncode,
+                       running.error_text(), second_run, second, second_out, alive)
 
 
 def test_sigterm_stops_torchrun_and_every_rank_and_leaves_a_complete_checkpoint(stopped):
@@ -159,19 +192,41 @@ def test_sigterm_stops_torchrun_and_every_rank_and_leaves_a_complete_checkpoint(
     assert leftovers(stopped.temp) == []
 
 
-def test_a_resumed_training_keeps_every_iteration_and_leaves_the_first_resumed_one_out(stopped, plan_dir,
-                                                                                     tmp_path):
-    out = tmp_path / "out"
+@dataclass(frozen=True)
+class Resumed:
+    out: Path  # a copy of the stopped training's --out, the training resumed in it
+    step: int  # the checkpoint it resumed from
+    earlier: Run | None  # the run that wrote that checkpoint
+    code: int
+    stderr: str
+
+
+@pytest.fixture(scope="module")
+def resumed(stopped, plan_dir, tmp_path_factory) -> Resumed:
+    """The stopped training's --out copied to a new --out, the training resumed there (--resume,
+    2 iterations more, a checkpoint each): its command in this process, its torchrun in
+    ``stopped.temp``."""
+    out = tmp_path_factory.mktemp("resumed") / "out"
     shutil.copytree(stopped.out, out)
-    step = latest(out / "checkpoints")
-    r = subprocess.run(shardflow_train(plan_dir, out, "--resume", "--iterations", str(step + 4)), cwd=ROOT,
-                       capture_output=True, text=True, env=environment(stopped.temp), timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+    checkpoints = out / "checkpoints"
+    step = latest(checkpoints)
+    assert step is not None
+    earlier = writer_of(step_dir(checkpoints, step))
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("TMPDIR", str(stopped.temp))
+        code, err = cli(train_args(plan_dir, out, checkpoints, "--resume", "--iterations", str(step + 2),
+                                   "--checkpoint-every", "1", "--keep-checkpoints", "10"))
+    return Resumed(out, step, earlier, code, err)
+
+
+def test_a_resumed_training_keeps_every_iteration_and_leaves_the_first_resumed_one_out(resumed, stopped):
+    out, step = resumed.out, resumed.step
+    assert resumed.code == 0, resumed.stderr[-3000:]
     rows = pq.read_table(out / "iterations.parquet").to_pydict()
-    assert rows["iteration"] == list(range(step + 4))
-    assert [i for i, resumed in zip(rows["iteration"], rows["resumed"], strict=True) if resumed] == [step]
-    measured = [ms for ms, warm, resumed in zip(rows["latency_ms"], rows["warmup"], rows["resumed"], strict=True)
-                if not warm and not resumed]
+    assert rows["iteration"] == list(range(step + 2))
+    assert [i for i, again in zip(rows["iteration"], rows["resumed"], strict=True) if again] == [step]
+    measured = [ms for ms, warm, again in zip(rows["latency_ms"], rows["warmup"], rows["resumed"], strict=True)
+                if not warm and not again]
     metrics = json.loads((out / "train_metrics.json").read_text())
     assert metrics["resumed_from"] == step
     assert metrics["iteration_latency_ms"]["p50"] == pytest.approx(float(np.percentile(measured, 50)))
@@ -240,3 +295,71 @@ def test_a_child_started_with_the_parent_death_signal_dies_with_its_parent(tmp_p
     parent.wait()
     _, alive = psutil.wait_procs([child], timeout=GONE_WITHIN_S)
     assert alive == []
+
+
+def test_a_second_training_on_a_held_checkpoint_directory_exits_2_naming_the_holder_before_any_rank(
+        stopped, plan_dir, tmp_path):
+    code, err = stopped.second
+    writer = writer_of(step_dir(stopped.checkpoints, latest(stopped.checkpoints) or 0))
+    assert writer is not None
+    assert code == 2 and REFUSED in err and "Traceback" not in err, err[-3000:]
+    assert f"run {writer.run_id} (--out {stopped.out}, pid {stopped.launcher_pid} " in err
+    assert not stopped.second_out.exists()  # nothing launched: no logs, no outputs
+
+    # Held again, by a run that has not stopped: a fresh training (the issue's run B) is refused too,
+    # and leaves the holder's checkpoints as they were.
+    before = _files(stopped.checkpoints)
+    holder = Run.new(stopped.out)
+    with holding(stopped.checkpoints, holder):
+        code, err = cli(train_args(plan_dir, tmp_path / "b", stopped.checkpoints, "--iterations", "10",
+                                   "--checkpoint-every", "5", "--keep-checkpoints", "1"))
+    assert code == 2 and REFUSED in err and holder.describe() in err, err[-3000:]
+    assert not (tmp_path / "b").exists()
+    assert _files(stopped.checkpoints) == before
+
+
+def test_a_stopped_runs_exit_line_names_a_step_that_run_wrote(stopped):
+    assert stopped.code == 128 + signal.SIGTERM, stopped.stderr[-3000:]
+    named = EXIT_LINE.findall(stopped.stderr)
+    assert len(named) == 1, stopped.stderr[-3000:]
+    step = Path(named[0])
+    writer = writer_of(step)
+    assert writer is not None and Path(writer.out_dir) == stopped.out and writer.pid == stopped.launcher_pid
+    assert step == step_dir(stopped.checkpoints, latest(stopped.checkpoints) or 0)
+    assert newest_own(stopped.checkpoints, stopped.out) == latest(stopped.checkpoints)
+    assert newest_own(stopped.checkpoints, stopped.second_out) is None  # another run's training
+
+
+def test_resuming_a_finished_runs_checkpoints_under_a_new_out_says_whose_it_continues(stopped, plan_dir,
+                                                                                       tmp_path, resumed):
+    checkpoints = tmp_path / "checkpoints"
+    subprocess.run(["cp", "-a", str(stopped.checkpoints), str(checkpoints)], check=True)
+    step = latest(checkpoints) or 0
+    earlier = writer_of(step_dir(checkpoints, step))
+    assert earlier is not None and Path(earlier.out_dir) == stopped.out
+    # From scratch (no --resume), a training would overwrite and prune that run's steps: refused.
+    before = _files(checkpoints)
+    code, err = cli(train_args(plan_dir, tmp_path / "fresh", checkpoints, "--iterations", "10",
+                               "--checkpoint-every", "1", "--keep-checkpoints", "1"))
+    assert code == 2 and f"run {earlier.run_id}: wrote them (--out {earlier.out_dir}; " in err, err[-3000:]
+    assert "--resume goes on from them" in err and "Traceback" not in err
+    assert _files(checkpoints) == before and not (tmp_path / "fresh").exists()
+    # With --resume (``resumed``: those checkpoints in a copy of that run's --out, resumed there).
+    out, checkpoints = resumed.out, resumed.out / "checkpoints"
+    assert resumed.code == 0, resumed.stderr[-3000:]
+    assert (resumed.step, resumed.earlier) == (step, earlier)
+    said = [line for line in resumed.stderr.splitlines() if line.startswith("resume ")]
+    assert said == [f"resume    continues the checkpoint of iteration {step} ({step_dir(checkpoints, step)}) "
+                    f"that {earlier.describe()} wrote"]
+    metrics = json.loads((out / "train_metrics.json").read_text())
+    assert metrics["resumed_from"] == step and metrics["resumed_run"]["run_id"] == earlier.run_id
+    assert latest(checkpoints) == step + 2
+    mine = writer_of(step_dir(checkpoints, step + 2))
+    assert mine is not None and Path(mine.out_dir) == out and mine.run_id != earlier.run_id
+    assert writer_of(step_dir(checkpoints, step)) == earlier  # the step it continued still names its writer
+
+
+def _files(directory: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``directory`` but its lock file: (size, modification time)."""
+    return {str(p.relative_to(directory)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(directory.rglob("*")) if p.is_file() and not p.name.startswith(".shardflow-")}

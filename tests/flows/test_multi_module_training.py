@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,8 @@ import pytest
 from flows.cli import main
 from rec.train.resume import step_dir
 from tests.flows.checkpoint_state import full_state
-from tests.paths import CPU_2PROC, ROOT, SHARDFLOW, TWO_TOWER_SEQ
+from tests.flows.cli_in_process import shardflow_here
+from tests.paths import CPU_2PROC, TWO_TOWER_SEQ
 from tests.stores import store_from
 
 pytestmark = [pytest.mark.slow,  # real torchrun trainings
@@ -52,17 +52,16 @@ def test_shardflow_run_plans_and_trains_every_module_of_the_spec(pipeline_run):
     assert m["model"] == "dlrm" and m["iterations"] == 6 and m["loss"]["last"] > 0
 
 
-def test_a_changed_plan_resumes_each_module_table_from_the_checkpoint(pipeline_run, tmp_path):
+def test_a_changed_plan_resumes_each_module_table_from_the_checkpoint(pipeline_run, tmp_path, capfd):
     grown = TWO_TOWER_SEQ.read_text().replace("num_embeddings: 20000", "num_embeddings: 30000")
     assert grown != TWO_TOWER_SEQ.read_text()
     (tmp_path / "grown.yaml").write_text(grown)
     assert main(["plan", "--no-track", str(tmp_path / "grown.yaml"), "--topology", str(CPU_2PROC), "--out",
                  str(tmp_path / "plan"),
                  "--no-chart"]) == 0
-    r = subprocess.run([str(SHARDFLOW), "train", "--plan", str(tmp_path / "plan"), "--out", str(tmp_path / "train"),
-                        "--iterations", "8", "--warmup", "1", "--batch-size", "32", "--checkpoint-every", "100",
-                        "--no-track", "--resume-from", str(pipeline_run / "run" / "train")],
-                       capture_output=True, text=True, cwd=ROOT, timeout=600)
+    r = shardflow_here(capfd, "train", "--plan", str(tmp_path / "plan"), "--out", str(tmp_path / "train"),
+                       "--iterations", "8", "--warmup", "1", "--batch-size", "32", "--checkpoint-every", "100",
+                       "--no-track", "--resume-from", str(pipeline_run / "run" / "train"))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     resume = json.loads((tmp_path / "train" / "train_metrics.json").read_text())["resume"]
     assert (resume["step"], resume["tables_restored"], resume["tables_resized"]) == (6, 6, 1)

@@ -17,6 +17,7 @@ from tasks.outbox import ATTEMPTS_FILE, DESTINATION_FILE, RECORD_FILE, Outbox
 from tasks.records import RunRecord, RunStep, new_key, now_ms
 from tasks.tracking import tracking_for
 from tests.paths import CPU_2PROC, DEMO, SHARDFLOW
+from tests.stores import store_from
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # SQLAlchemy, from MLflow
 
@@ -95,8 +96,9 @@ def plan_runs(uri: str) -> list:
     return [] if experiment is None else client.search_runs([experiment.experiment_id])
 
 
-def test_outbox_list_and_retry_beside_entries_that_cannot_be_trusted(tmp_path):
+def test_outbox_list_and_retry_beside_entries_that_cannot_be_trusted(tmp_path, mlflow_template):
     bad = hostile_outbox(tmp_path)
+    store_from(mlflow_template, tmp_path)  # the good record's store, its tables made (not this test's subject)
 
     code, out, peak_kib = shardflow(tmp_path, "outbox", "list", timeout=120)
     assert code == 0 and "Traceback" not in out and "\x1b" not in out, out
@@ -126,8 +128,10 @@ def test_outbox_list_and_retry_beside_entries_that_cannot_be_trusted(tmp_path):
 
 
 @pytest.mark.slow  # a Prefect server
-def test_run_plan_only_plans_and_records_beside_entries_that_cannot_be_trusted(tmp_path, prefect_api):
+def test_run_plan_only_plans_and_records_beside_entries_that_cannot_be_trusted(tmp_path, prefect_api,
+                                                                                mlflow_template):
     bad = hostile_outbox(tmp_path)
+    store_from(mlflow_template, tmp_path)  # the default store, its tables made (not this test's subject)
     # On the test server: starting Prefect's embedded server is not this test's subject.
     code, out, _ = shardflow(tmp_path, "run", "--plan-only", str(DEMO), "--topology", str(CPU_2PROC),
                              timeout=600, PREFECT_API_URL=prefect_api)

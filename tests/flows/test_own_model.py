@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.flows.cli_in_process import shardflow_here
-from tests.paths import CPU_2PROC, ROOT, SHARDFLOW, TORCHRUN, TWO_TOWER_SEQ
+from tests.paths import CPU_2PROC, ROOT, TORCHRUN, TWO_TOWER_SEQ
 
 EXAMPLE = "examples/train_own_model.py"
 
@@ -137,13 +137,17 @@ def test_a_users_function_that_exits_or_raises_a_base_exception_exits_2_naming_i
 
 @pytest.mark.slow
 def test_batches_that_exit_inside_the_ranks_fail_the_training_with_exit_2_naming_the_target(own_plan, users_code,
-                                                                                         tmp_path):
+                                                                                         tmp_path, capfd,
+                                                                                         monkeypatch):
     """The user's batches run in the rank processes only: an exit there fails each rank with
-    the target as its cause (a failure a retry would repeat), not a rank that ends as if it finished."""
+    the target as its cause (a failure a retry would repeat), not a rank that ends as if it finished.
+    (The command runs in this process, which the ranks' exits must not reach either.)"""
     directory, _ = own_plan
     target = f"{users_code}:exits_in_its_batches"
-    r = run(tmp_path, SHARDFLOW, "train", "--no-track", "--plan", directory, "--out", tmp_path / "train",
-            "--model", target, "--iterations", "6", "--warmup", "1", "--batch-size", "32")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # as run() starts a command
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # torchrun's per-run directory
+    r = shardflow_here(capfd, "train", "--no-track", "--plan", str(directory), "--out", str(tmp_path / "train"),
+                       "--model", target, "--iterations", "6", "--warmup", "1", "--batch-size", "32")
     assert r.returncode == 2, r.stdout[-3000:] + r.stderr[-3000:]
     assert "the training failed" in r.stderr and "Traceback" not in r.stderr
     assert f"{target}: its code called sys.exit(0) while training" in r.stderr

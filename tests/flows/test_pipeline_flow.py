@@ -182,59 +182,63 @@ def test_rerunning_an_unchanged_plan_searches_nothing_and_adds_no_plan_run(first
 
 
 # The plan and pipeline flows as a Prefect worker runs them: in a process of its own, logging at INFO.
+# The pipeline gets its settings objects, as ``shardflow run`` builds them; rank 1 of its training's
+# first attempt dies at iteration 2 (no restart by torchrun), and Prefect retries the training once.
 FLOWS = """
-import json, sys
+import json, os, sys
 from flows.pipeline import pipeline_flow
 from flows.plan import plan_flow
-from rec.train.config import TrainConfig
+from rec.train.config import FAIL_AT_ENV, TrainConfig
+from tasks.search import SearchSettings
 from tasks.tracking import TrackingSettings
 from tasks.train import TrainSettings
 
 spec, topology, root = sys.argv[1:4]
 common = dict(tracking=TrackingSettings(f"sqlite:///{root}/mlflow.db", state_dir=f"{root}/state"),
               return_state=True)
-training = TrainSettings(job=TrainConfig(iterations=4, warmup=1, batch_size=32))
-states = {"plan": plan_flow(spec, topology, out_dir=f"{root}/plan", **common),
-          "pipeline": pipeline_flow(spec, topology, out_dir=f"{root}/run", training=training, **common)}
+training = TrainSettings(job=TrainConfig(iterations=4, warmup=1, batch_size=32), max_restarts=0)
+states = {"plan": plan_flow(spec, topology, out_dir=f"{root}/plan", **common)}
+os.environ[FAIL_AT_ENV] = "2:1"  # rank 1 dies at iteration 2 (of the first attempt only)
+states["pipeline"] = pipeline_flow(spec, topology, searching=SearchSettings(), training=training, train_retries=1,
+                                   train_retry_delay_s=0, out_dir=f"{root}/run", **common)
 print("RUNS " + json.dumps({name: [str(state.state_details.flow_run_id), state.result().summary()]
                             for name, state in states.items()}))
+outcome = states["pipeline"].result()
+print("PIPELINE " + json.dumps({"attempts": outcome.trained.attempts, "cached": outcome.cached,
+                                "plan_id": outcome.plan_id, "planned": states["plan"].result().plan_id}))
 """
 
 
 @pytest.mark.usefixtures("mlflow_uri")  # the script's store, tmp_path/mlflow.db, made beforehand
-def test_the_plan_and_pipeline_flow_logs_end_with_the_lines_the_cli_prints(prefect_api, first_run, tmp_path):
+def test_the_flow_logs_end_with_the_lines_the_cli_prints_and_a_failed_training_is_retried_without_replanning(
+        prefect_api, first_run, tmp_path):
+    """The plan flow, then the pipeline flow, in a process of their own as a Prefect worker runs
+    them: each flow run's log ends with the lines ``shardflow run`` prints. The pipeline's training
+    fails once (a rank dies): Prefect retries it, the retry and the whole pipeline search nothing
+    (the plan flow's plan, from the cache), and MLflow has one train run, of 2 attempts, under the
+    pipeline run."""
     r = as_worker(FLOWS, str(DEMO), str(CPU_2PROC), str(tmp_path), cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    runs = json.loads(r.stdout.split("RUNS ", 1)[1])
+    runs = json.loads(r.stdout.split("RUNS ", 1)[1].splitlines()[0])
     for flow_run, summary in runs.values():
         assert flow_log(flow_run)[-1] == summary
     assert runs["plan"][1].startswith("plan      ")
     # planned under TorchRec's defaults: a note says why the measured time is far from the prediction
     assert [line.split()[0] for line in runs["pipeline"][1].splitlines()] == \
         ["plan", "training", "predicted", "note", "data"]
+    assert "(2 attempts)" in runs["pipeline"][1].splitlines()[1]
     # ``shardflow run`` prints the same lines first (its plan_id and paths differ from this run's).
     assert [line.split()[0] for line in first_run.out.splitlines()[:3]] == ["plan", "training", "predicted"]
 
-
-def test_a_failed_training_is_retried_by_prefect_without_replanning(first_run, store, monkeypatch):
-    """The pipeline flow called with its settings objects, as ``shardflow run`` builds them."""
-    from flows.pipeline import pipeline_flow
-    from rec.train.config import TrainConfig
-    from tasks.search import SearchSettings
-    from tasks.train import TrainSettings
-
-    plan_runs = len(store.runs("plan"))
-    monkeypatch.setenv("SHARDFLOW_FAIL_AT_ITERATION", "2:1")  # rank 1 dies at iteration 2
-    training = TrainSettings(job=TrainConfig(iterations=6, warmup=1, batch_size=32), max_restarts=0)
-    outcome = pipeline_flow(str(DEMO), str(CPU_2PROC), searching=SearchSettings(), training=training,
-                            train_retries=1, train_retry_delay_s=0, out_dir=store.out, tracking=store.tracking())
-    assert outcome.trained.attempts == 2
-    assert outcome.cached  # the retry, and this whole re-run, searched nothing
-    assert len(store.runs("plan")) == plan_runs
+    outcome = json.loads(r.stdout.split("PIPELINE ", 1)[1].splitlines()[0])
+    assert outcome["attempts"] == 2
+    assert outcome["cached"]  # the retry, and this whole pipeline, searched nothing
+    store = Store(tmp_path)
+    assert len(store.runs("plan")) == 1  # the plan flow's
     pipeline = store.runs("pipeline")[-1]
     train = store.runs("train")[-1]
     assert train.data.tags["shardflow.attempts"] == "2"
-    assert train.data.tags["shardflow.plan_id"] == outcome.plan_id == plan_id_of(store)
+    assert train.data.tags["shardflow.plan_id"] == outcome["plan_id"] == outcome["planned"]
     assert train.data.tags["mlflow.parentRunId"] == pipeline.info.run_id
     nested = [r for r in store.runs() if r.data.tags.get("mlflow.parentRunId") == pipeline.info.run_id]
     assert [r.data.tags["shardflow.step"] for r in nested] == ["train"]
@@ -344,14 +348,36 @@ def test_a_failing_training_leaves_failed_mlflow_runs_with_the_cause_and_is_not_
     assert "FAILED" in capfd.readouterr().out
 
 
-def test_two_trainings_of_one_plan_id_write_their_own_directories(first_run, store, tmp_path):
+def at_work(process: subprocess.Popen, store: Path) -> None:
+    """Until ``process`` has its imports behind it: it has opened the MLflow store (it fetches the
+    plan from it next) or started its training."""
+    import psutil
+
+    me, store_file = psutil.Process(process.pid), os.path.realpath(store)
+    deadline = time.monotonic() + 300
+    while process.poll() is None and time.monotonic() < deadline:
+        try:
+            if me.children() or any(f.path == store_file for f in me.open_files()):
+                return
+        except psutil.Error:
+            return
+        time.sleep(0.05)
+
+
+def test_two_trainings_of_one_plan_id_write_their_own_directories(first_run, store, tmp_path, monkeypatch, capfd):
+    """At once: one in a process of its own, the other in this process (the same command), started
+    as the first turns to the store."""
     plan_id = plan_id_of(store)
-    command = [str(SHARDFLOW), "train", "--plan-id", plan_id, "--iterations", "4", "--warmup", "1",
-               "--batch-size", "32", *store.args()]
-    runs = [subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             env=os.environ) for _ in range(2)]
-    outputs = [r.communicate(timeout=600)[0] for r in runs]
-    assert [r.returncode for r in runs] == [0, 0], outputs
+    args = ["train", "--plan-id", plan_id, "--iterations", "4", "--warmup", "1", "--batch-size", "32", *store.args()]
+    other = subprocess.Popen([str(SHARDFLOW), *args], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, env=os.environ)
+    try:
+        at_work(other, store.root / "mlflow.db")
+        monkeypatch.chdir(tmp_path)
+        here = main(args)
+    finally:
+        output = other.communicate(timeout=600)[0]
+    assert [other.returncode, here] == [0, 0], output + "\n".join(capfd.readouterr())
     dirs = sorted(p.parent for p in (tmp_path / "out" / plan_id).glob("train-*/train_metrics.json"))
     assert len(dirs) == 2
     for d in dirs:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from flows.cli import main
 from rec.plan import write_plan
 from rec.plan.io import plan_from_dict
 from rec.planning import replan_spec
@@ -20,6 +21,7 @@ from tasks.ingest import ingest
 from tasks.paths import plan_cache_dir
 from tasks.search import SearchSettings, plan_key, search_plan
 from tests.bytecode import without_bytecode
+from tests.flows.cli_in_process import shardflow_here
 from tests.paths import CPU_2PROC, DEMO, SHARDFLOW
 from tests.rec.plan_edits import all_on_rank_0, chart_of, move_first_table
 
@@ -37,11 +39,11 @@ def earlier_replan(out: Path) -> None:
     assert (out / "movement.parquet").exists() and (out / "rank_load.png").exists()
 
 
-def test_plan_no_chart_over_an_earlier_replan_leaves_only_the_new_files(tmp_path):
+def test_plan_no_chart_over_an_earlier_replan_leaves_only_the_new_files(tmp_path, capfd):
     out = tmp_path / "plan"
     earlier_replan(out)
-    r = shardflow("plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(out), "--no-chart",
-                  cwd=tmp_path)
+    r = shardflow_here(capfd, "plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(out),
+                       "--no-chart")
     assert r.returncode == 0, r.stderr
     # nothing else: no hidden lock or temporary file left beside the plan
     assert sorted(p.name for p in out.iterdir()) == ["plan.json", "shards.parquet"]
@@ -50,8 +52,7 @@ def test_plan_no_chart_over_an_earlier_replan_leaves_only_the_new_files(tmp_path
 
 def test_a_full_disk_during_plan_is_one_line_and_the_earlier_plan_survives(tmp_path):
     out = tmp_path / "plan"
-    assert shardflow("plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(out),
-                     cwd=tmp_path).returncode == 0
+    assert main(["plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(out)]) == 0
     before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
 
     def file_size_limit() -> None:  # the child's files stop at 2 KiB: EFBIG, as a full disk gives ENOSPC

@@ -14,7 +14,6 @@ import torch
 from rec.train.resume import step_dir
 from tests.flows.checkpoint_state import full_state
 from tests.flows.cli_in_process import shardflow_here
-from tests.paths import ROOT, SHARDFLOW
 
 pytestmark = pytest.mark.slow  # real torchrun trainings
 
@@ -60,11 +59,11 @@ def trained(tmp_path_factory) -> Path:
     return tmp
 
 
-def test_a_new_plan_on_another_world_size_resumes_from_the_old_checkpoint(trained):
+def test_a_new_plan_on_another_world_size_resumes_from_the_old_checkpoint(trained, capfd):
     tmp = trained
-    r = subprocess.run([str(SHARDFLOW), "train", "--plan", str(tmp / "plan_b"), "--out", str(tmp / "train_b"),
-                        "--iterations", "6", "--warmup", "1", "--checkpoint-every", "100",
-                        "--resume-from", str(tmp / "train_a"), "--no-track"], capture_output=True, text=True, cwd=ROOT)
+    r = shardflow_here(capfd, "train", "--plan", str(tmp / "plan_b"), "--out", str(tmp / "train_b"),
+                       "--iterations", "6", "--warmup", "1", "--checkpoint-every", "100",
+                       "--resume-from", str(tmp / "train_a"), "--no-track")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     metrics = json.loads((tmp / "train_b" / "train_metrics.json").read_text())
     plan_a = json.loads((tmp / "plan_a" / "plan.json").read_text())

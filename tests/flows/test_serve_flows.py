@@ -40,11 +40,12 @@ def test_serve_refuses_unknown_parameters_and_bad_intervals(capsys):
 
 
 @pytest.mark.slow
-def test_sigterm_stops_serve_its_server_and_the_flow_run_in_progress(tmp_path, mlflow_uri):
+def test_sigterm_stops_serve_its_server_and_the_flow_run_in_progress(tmp_path, mlflow_uri, prefect_database):
     """A real ``shardflow serve`` with the Prefect server it starts; SIGTERM (as a service manager
     stops it) while a scheduled replan runs: serve exits 0 and none of its processes is left."""
     with served(tmp_path, tmp_path, "--set", f"tracking.tracking_uri={mlflow_uri}",
-                "--set", f"tracking.state_dir={tmp_path / 'state'}", "--set", f"out_dir={tmp_path / 'out'}") as serving:
+                "--set", f"tracking.state_dir={tmp_path / 'state'}", "--set", f"out_dir={tmp_path / 'out'}",
+                database=prefect_database) as serving:
         serving.wait_for_replans(1, state="RUNNING")
         assert len(serving.tree()) >= 3  # serve, its server, the flow run
         code, left = stop(serving, signal.SIGTERM)

@@ -12,6 +12,7 @@ import pytest
 from flows.cli import main
 from tests.flows.serve_process import REPLAN_EVERY_S, STOP_TIMEOUT_S, alive, free_port, served
 from tests.paths import CPU_2PROC, DEMO, ROOT
+from tests.stores import store_from
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # SQLAlchemy, from MLflow+Prefect
 
@@ -157,7 +158,7 @@ def test_the_watch_gives_up_on_a_server_that_stopped_answering():
 
 @pytest.mark.slow
 def test_served_from_anywhere_the_replan_schedule_fires_then_a_killed_server_stops_serving_in_one_line(
-        tmp_path):
+        tmp_path, prefect_database, mlflow_template):
     """``shardflow serve`` from a directory outside the repository, with the repository's
     deploy/prefect.yaml and the replan deployment on a 5 s interval: the scheduled replans find
     their spec, the first plans (recorded in MLflow) and the next find it unchanged (the test
@@ -169,10 +170,10 @@ def test_served_from_anywhere_the_replan_schedule_fires_then_a_killed_server_sto
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     cwd = tmp_path / "elsewhere"
-    cwd.mkdir()
+    store_from(mlflow_template, cwd)  # the replans' MLflow store, its tables made
     # --set paths relative to serve's working directory
     with served(tmp_path, cwd, "--set", "tracking.tracking_uri=sqlite:///mlflow.db", "--set", "out_dir=out",
-                "--set", "tracking.state_dir=state") as serving:
+                "--set", "tracking.state_dir=state", database=prefect_database) as serving:
         completed = serving.wait_for_replans(2)
         with temporary_settings(updates={PREFECT_API_URL: serving.url}), get_client(sync_client=True) as client:
             deployments = {d.name: d for d in client.read_deployments()}

@@ -5,8 +5,9 @@ launch, and bad data the sample missed stopping the ranks as bad input (exit 2, 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
-import os
 import subprocess
 from dataclasses import replace
 
@@ -16,10 +17,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from examples import make_ctr_data as ctr
+from flows.cli import main
 from rec.evaluation.auc import auc
 from rec.evaluation.logloss import logloss
 from tests.flows.cli_in_process import shardflow_here
-from tests.paths import CPU_2PROC, ROOT, SHARDFLOW
+from tests.paths import CPU_2PROC
 
 SETTINGS = replace(ctr.CtrSettings(), tables=4, rows=2_000, dim=8, dense_in_features=4, train_rows=24_000,
                    eval_rows=6_000, files=3, rows_per_group=2_000)
@@ -29,30 +31,31 @@ SETTINGS = replace(ctr.CtrSettings(), tables=4, rows=2_000, dim=8, dense_in_feat
 def dataset(tmp_path_factory):
     root = tmp_path_factory.mktemp("ctr")
     truth = ctr.generate(SETTINGS, root)
-    plan = root / "plan"
-    r = subprocess.run([str(SHARDFLOW), "plan", "--no-track", str(root / "spec.yaml"), "--topology", str(CPU_2PROC),
-                        "--out", str(plan)], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert r.returncode == 0, r.stderr
+    assert main(["plan", "--no-track", str(root / "spec.yaml"), "--topology", str(CPU_2PROC),
+                 "--out", str(root / "plan")]) == 0
     return root, truth
 
 
-def train(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(SHARDFLOW), "train", "--no-track", *args], capture_output=True, text=True,
-                          cwd=ROOT, env=dict(os.environ), timeout=600)
+def train(capfd, *args: str) -> subprocess.CompletedProcess[str]:
+    """``shardflow train --no-track ARGS``, in this process."""
+    return shardflow_here(capfd, "train", "--no-track", *args)
 
 
 @pytest.fixture(scope="module")
 def trained(dataset, tmp_path_factory):
     root, _ = dataset
     out = tmp_path_factory.mktemp("run")
-    r = train("--plan", str(root / "plan"), "--out", str(out), "--data", str(root / "train"),
-              "--eval-data", str(root / "eval.parquet"), "--eval-every", "40", "--iterations", "120",
-              "--warmup", "5", "--batch-size", "256", "--dense-in-features", "4", "--checkpoint-every", "120",
-              # TorchRec's pipeline, detached for each evaluation and attached again with its batches in flight
-              # (auto picks the naive loop on cpu; its evaluations are the same numbers)
-              "--pipeline", "sparse_dist")
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    return out, r.stdout
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):  # in this process
+        code = main(["train", "--no-track", "--plan", str(root / "plan"), "--out", str(out),
+                     "--data", str(root / "train"), "--eval-data", str(root / "eval.parquet"), "--eval-every", "40",
+                     "--iterations", "120", "--warmup", "5", "--batch-size", "256", "--dense-in-features", "4",
+                     "--checkpoint-every", "120",
+                     # TorchRec's pipeline, detached for each evaluation and attached again with its batches in
+                     # flight (auto picks the naive loop on cpu; its evaluations are the same numbers)
+                     "--pipeline", "sparse_dist"])
+    assert code == 0, stdout.getvalue()[-3000:] + stderr.getvalue()[-3000:]
+    return out, stdout.getvalue()
 
 
 @pytest.mark.slow
@@ -77,9 +80,8 @@ def test_the_checkpoint_evaluated_exported_and_predicted_gives_the_runs_numbers(
     root, _ = dataset
     out, _ = trained
     final = json.loads((out / "train_metrics.json").read_text())["eval"]
-    r = subprocess.run([str(SHARDFLOW), "eval", "--checkpoint", str(out), "--data", str(root / "eval.parquet"),
-                        "--out", str(tmp_path / "eval"), "--batch-size", "256"], capture_output=True, text=True,
-                       cwd=ROOT, timeout=600)
+    r = shardflow_here(capfd, "eval", "--checkpoint", str(out), "--data", str(root / "eval.parquet"),
+                       "--out", str(tmp_path / "eval"), "--batch-size", "256")
     assert r.returncode == 0, r.stderr[-3000:]
     again = json.loads((tmp_path / "eval" / "eval_metrics.json").read_text())
     assert again["step"] == 120 and again["eval"] == pytest.approx(final)
@@ -109,7 +111,7 @@ def test_the_checkpoint_evaluated_exported_and_predicted_gives_the_runs_numbers(
 
 
 @pytest.mark.slow
-def test_bad_values_the_sample_missed_stop_the_ranks_as_bad_input(dataset, tmp_path):
+def test_bad_values_the_sample_missed_stop_the_ranks_as_bad_input(dataset, tmp_path, capfd):
     root, _ = dataset
     rows = pa.concat_tables([pq.read_table(root / "train"), pq.read_table(root / "eval.parquet")])  # 30,000 rows
     ids = rows.column("cat_2").to_pylist()
@@ -117,7 +119,8 @@ def test_bad_values_the_sample_missed_stop_the_ranks_as_bad_input(dataset, tmp_p
     column = rows.schema.get_field_index("cat_2")
     pq.write_table(rows.set_column(column, "cat_2", pa.array(ids, pa.list_(pa.int64()))), tmp_path / "late.parquet",
                    row_group_size=30_000)
-    r = train("--plan", str(root / "plan"), "--out", str(tmp_path / "out"), "--data", str(tmp_path / "late.parquet"),
+    r = train(capfd, "--plan", str(root / "plan"), "--out", str(tmp_path / "out"),
+              "--data", str(tmp_path / "late.parquet"),
               "--iterations", "60", "--warmup", "1", "--batch-size", "256", "--dense-in-features", "4",
               "--no-shuffle")
     assert r.returncode == 2, r.stderr[-3000:]

@@ -38,6 +38,13 @@ def local_plan(spec):
     return plan_spec(spec, TOPO)
 
 
+@pytest.fixture(scope="module")
+def ray_plan(local_ray, spec):
+    """The spec planned on the local Ray in 4 groups on 2 actors (``RaySearcher(groups=4)`` on 2
+    CPUs), once: the plan several tests compare with another search's."""
+    return plan_spec(spec, TOPO, searcher=RaySearcher(groups=4, actors=2))
+
+
 def test_a_plan_whose_passes_search_many_times_starts_ray_once_and_stops_it_after():
     """Where memory decides, the cache-size pass searches from every start on Ray: one local Ray
     and one set of actors serve them all (first in this file: no Ray is running yet)."""
@@ -64,8 +71,8 @@ def test_a_plan_whose_passes_search_many_times_starts_ray_once_and_stops_it_afte
     assert plan_spec(tight, topology, config=SearchConfig(time_limit_s=0)).tables == found.plan.tables
 
 
-def test_ray_plan_is_as_good_as_the_local_search(local_ray, spec, local_plan):
-    plan = plan_spec(spec, TOPO, searcher=RaySearcher(groups=4))
+def test_ray_plan_is_as_good_as_the_local_search(ray_plan, local_plan):
+    plan = ray_plan
     assert plan.planner.backend == "ray" and plan.planner.groups == 4
     assert plan.metrics.critical_path <= 1.01 * local_plan.metrics.critical_path
     assert {t.name for t in plan.tables} == {t.name for t in local_plan.tables}
@@ -84,9 +91,9 @@ def test_the_local_ray_the_project_starts_listens_on_loopback_only(local_ray):
     assert not_loopback(found) == {}
 
 
-def test_same_inputs_and_groups_give_the_same_plan_id(local_ray, spec):
-    a = plan_spec(spec, TOPO, searcher=RaySearcher(groups=3))
-    b = plan_spec(spec, TOPO, searcher=RaySearcher(groups=3))
+def test_same_inputs_and_groups_give_the_same_plan_id(ray_plan, spec):
+    a = ray_plan
+    b = plan_spec(spec, TOPO, searcher=RaySearcher(groups=4, actors=2))
     assert a.plan_id == b.plan_id and a.tables == b.tables
 
 
@@ -142,8 +149,8 @@ class InProcessGroups:
         return search_result(space, config, groups=self.groups, start=start)
 
 
-def test_ray_runs_the_pipeline_of_this_process_and_finds_its_plan(local_ray, spec):
-    on_ray = plan_spec(spec, TOPO, searcher=RaySearcher(groups=4, actors=2))
+def test_ray_runs_the_pipeline_of_this_process_and_finds_its_plan(ray_plan, spec):
+    on_ray = ray_plan
     here = plan_spec(spec, TOPO, searcher=InProcessGroups(4))
     assert on_ray.tables == here.tables
     assert on_ray.metrics.critical_path == here.metrics.critical_path
@@ -157,8 +164,8 @@ class KillFirstActor(RaySearcher):
         ray.kill(actors[0])
 
 
-def test_a_group_whose_actor_dies_is_searched_again_and_the_plan_is_unchanged(local_ray, spec, caplog):
-    undisturbed = plan_spec(spec, TOPO, searcher=RaySearcher(groups=4, actors=2))
+def test_a_group_whose_actor_dies_is_searched_again_and_the_plan_is_unchanged(ray_plan, spec, caplog):
+    undisturbed = ray_plan
     with caplog.at_level(logging.WARNING, logger="tasks.ray_search"):
         disturbed = plan_spec(spec, TOPO, searcher=KillFirstActor(groups=4, actors=2))
     assert "actor died" in caplog.text

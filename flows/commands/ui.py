@@ -18,6 +18,7 @@ import tempfile
 
 from rec.exit_codes import ExitCode
 from rec.settings import add_flags
+from rec.train.lifetime import parent_death_signal
 
 HOST = "127.0.0.1"  # never another interface: the UI can delete runs
 DEFAULT_PORT = 5000
@@ -64,7 +65,10 @@ def run(args: argparse.Namespace) -> int:
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # no job runner processes
     with tempfile.TemporaryFile("w+") as log:
         quiet = not verbose()
+        # A session of its own (the terminal's Ctrl-C reaches this command, which stops it), yet it
+        # dies with this command when that is killed outright.
         server = subprocess.Popen(ui_command(tracking.uri, args.port), env=env, start_new_session=True,
+                                  preexec_fn=parent_death_signal(),
                                   stdout=log if quiet else None, stderr=subprocess.STDOUT if quiet else None)
         url = runs_url(args.port, experiment_id)
         if experiment_id is None:

@@ -76,3 +76,21 @@ def test_ui_refuses_a_missing_store(tmp_path, capfd):
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1 and "no MLflow store at" in result.stderr
     assert os.listdir(tmp_path) == []
+
+
+def test_the_ui_server_dies_with_a_killed_ui_command(tmp_path: Path, mlflow_uri: str):
+    """``shardflow ui`` SIGKILLed (no Ctrl-C to stop its server): MLflow's server goes with it."""
+    import psutil
+
+    port = free_port()
+    ui = subprocess.Popen([sys.executable, "-m", "flows.cli", "ui", "--port", str(port), "--tracking-uri",
+                           mlflow_uri], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert ui.stdout is not None and "MLflow UI" in ui.stdout.readline()
+        servers = psutil.Process(ui.pid).children()
+        assert servers
+    finally:
+        ui.kill()
+        ui.wait()
+    _, alive = psutil.wait_procs(servers, timeout=30)
+    assert alive == [], [p.cmdline() for p in alive]

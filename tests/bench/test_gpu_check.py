@@ -324,7 +324,7 @@ def test_a_stopped_check_stops_the_training_it_runs_and_says_so_in_one_line(tmp_
     check = psutil.Process(proc.pid)
     started = []
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not any("train" in " ".join(c.cmdline()) for c in started):
+    while time.monotonic() < deadline and not any("train" in command_of(c) for c in started):
         time.sleep(0.2)
         started = [c for c in check.children(recursive=True) if c.is_running()]
     assert started, "the check started no training"
@@ -502,3 +502,13 @@ def test_the_data_sections_parquet_ids_are_the_synthetic_batches_ids(tmp_path):
         expected = set(np.argsort(np.bincount(drawn, minlength=n))[-50:].tolist())
         assert len(hottest & expected) >= 40, name
         assert ids.min() >= 0 and ids.max() < n
+
+
+def command_of(process) -> str:
+    """Its command line; "" once it has exited (a command the check ran before, a zombie until reaped)."""
+    import psutil
+
+    try:
+        return " ".join(process.cmdline())
+    except psutil.Error:
+        return ""

@@ -10,8 +10,9 @@ shardflow starts the same server itself, waiting as long as that same setting sa
 The server is the one Prefect's ``SubprocessASGIServer`` runs (uvicorn serving
 ``prefect.server.api.server:create_app`` on 127.0.0.1, the UI off: ``flows.ephemeral_server``),
 started from here because that class lives in the server's own module: importing it costs this
-process the whole server (seconds of CPU) for nothing, as the server runs in its own process. The flows reach it as
-``PREFECT_API_URL`` for the duration of ``ephemeral_api()``, so Prefect's client never loads it.
+process the whole server (seconds of CPU) for nothing, as the server runs in its own process. The
+flows reach it as ``PREFECT_API_URL`` for the duration of ``ephemeral_api()``, so Prefect's client
+never loads it.
 """
 
 from __future__ import annotations
@@ -81,12 +82,9 @@ def _import(modules: Sequence[str]) -> None:
     """Import ``modules`` with the collector held (``rec.startup_gc``): the flows' modules and
     MLflow's client make objects this process keeps: collecting through them adds ~0.4 CPU-s to
     their ~3.5."""
-    startup_gc.hold_collection()
-    try:
+    with startup_gc.importing():
         for module in modules:
             importlib.import_module(module)
-    finally:
-        startup_gc.imports_done()
 
 
 class _Server:

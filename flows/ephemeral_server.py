@@ -8,11 +8,10 @@ from rec import startup_gc
 
 
 def main() -> None:
-    startup_gc.hold_collection()
-    import prefect.server.api.server  # noqa: F401  the app's module, which uvicorn's --factory names
-    import uvicorn
+    with startup_gc.importing():
+        import prefect.server.api.server  # noqa: F401  the app's module, which uvicorn's --factory names
+        import uvicorn
 
-    startup_gc.imports_done()
     uvicorn.main()  # parses this process's arguments, as `python -m uvicorn` does
 
 

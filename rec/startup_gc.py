@@ -11,6 +11,8 @@ advises for a process that forks workers: disable early in the parent, freeze, e
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 def hold_collection() -> None:
@@ -23,3 +25,14 @@ def imports_done() -> None:
     the held collector: it calls this itself)."""
     gc.freeze()
     gc.enable()
+
+
+@contextmanager
+def importing() -> Iterator[None]:
+    """The block's imports with the collector held, and what they made frozen once it ends (where
+    no fork comes between: ``hold_collection`` and ``imports_done`` apart)."""
+    hold_collection()
+    try:
+        yield
+    finally:
+        imports_done()

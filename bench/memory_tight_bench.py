@@ -10,6 +10,13 @@ ids (exponent 0.5-1.4), as a drop-in user hands them to the planner in ``CachePa
 pooling, one giant table among small ones, sequences beside pooled tables) on 2-32 ranks of 12-80
 GiB and batches of 64-32768, written after the first set had been planned (seeds from 3200).
 
+``--third-shapes`` draws from a third set of four generators (60-160 small tables beside 2-4 that
+each exceed a rank's HBM, a few wide tables of 256-1024 columns, pooling factors of 1-200 with Zipf
+exponents of 0.1-1.8 from near-uniform to steep, a ranking model whose tables are each 0.5-1.5 times a
+rank's HBM) on 1-4 hosts of 2-8 ranks of 16-80 GiB and batches of 128-16384, written after the first
+two sets had been planned, without looking at how shardflow plans (seeds 3300-3399, which ``main``
+requires for it).
+
 Planned by ``ShardflowPlanner`` (default settings) and TorchRec's ``EmbeddingShardingPlanner`` with
 its default proposers, its ``DynamicProgrammingProposer`` and its ``EmbeddingOffloadScaleupProposer``
 (the one that grows caches by cacheability), all from the same model and constraints. Every plan is
@@ -28,7 +35,7 @@ tables in a weighted EmbeddingBagCollection (id-score lists, TorchRec's ``is_wei
 TorchRec's estimator prices with their weights.
 
     .venv/bin/python bench/memory_tight_bench.py [--count 16] [--first-seed 3000] [--constrained] [--weighted] \\
-        [--other-shapes] \\
+        [--other-shapes | --third-shapes] \\
         [--shardflow-timeout SECONDS] \\
         [--out bench/results/memory_tight_bench.json]
 """
@@ -56,6 +63,7 @@ from rec.spec.validate import spec_from_rows
 
 GiB = 2**30
 SEEDS = range(3000, 4000)  # reserved for this bench: no term, probe or default was chosen on them
+THIRD_SEEDS = range(3300, 3400)  # ``--third-shapes``'s part of them
 DDR_PER_RANK = 512 * GiB
 
 
@@ -222,6 +230,90 @@ OTHER_GENERATORS: dict[str, Callable[[np.random.Generator], list[Table]]] = {
 OTHER_TOPOLOGIES = ((1, 2), (1, 8), (2, 8), (4, 8), (1, 4))  # (hosts, ranks per host)
 
 
+def table_bytes(t: Table) -> int:
+    """A table's weights and its per-row optimizer state, as the workloads are sized by."""
+    return t.rows * (t.dim * (2 if t.fp16 else 4) + 4)
+
+
+# ``--third-shapes``: a third set, written after the first two had been planned, without looking at how
+# shardflow plans. Its generators know the ranks: some size tables against one rank's HBM.
+@dataclass(frozen=True)
+class Ranks:
+    world: int
+    hbm: int  # bytes, one rank's
+    budget: int  # bytes, what the tables total: ``times_hbm`` the ranks' HBM
+
+
+def _rows_of(size: float, dim: int, fp16: bool) -> int:
+    return max(1, int(size / (dim * (2 if fp16 else 4) + 4)))
+
+
+def _many_small(rng: np.random.Generator, ranks: Ranks) -> list[Table]:
+    """Many small tables (TorchRec issue 2282's shape, 60-160 of them: at 500, TorchRec's default planner
+    alone took minutes a workload) beside 2-4 that each exceed a rank's HBM."""
+    small = [Table(f"m{i}", int(10 ** rng.uniform(4, 6)), int(rng.choice((16, 32, 48, 64, 96, 128))),
+                   float(np.clip(rng.lognormal(0.7, 0.8), 1, 30)), bool(rng.random() < 0.5),
+                   float(rng.uniform(0.6, 1.3))) for i in range(int(rng.integers(60, 161)))]
+    wanted = int(rng.integers(2, 5))
+    giants = max(1, min(wanted, int(ranks.budget / (1.25 * ranks.hbm))))
+    floor = giants * 1.2 * ranks.hbm  # every giant at least 1.2x a rank's HBM
+    small_bytes = sum(table_bytes(t) for t in small)
+    if small_bytes > ranks.budget - floor:  # the small tables shrink so that the giants stay giants
+        f = (ranks.budget - floor) / small_bytes
+        small = [replace(t, rows=max(1_000, int(t.rows * f))) for t in small]
+        small_bytes = sum(table_bytes(t) for t in small)
+    shares = rng.dirichlet(np.ones(giants))
+    spare = max(0.0, ranks.budget - small_bytes - floor)
+    out = []
+    for i in range(giants):
+        dim, fp16 = int(rng.choice((64, 128, 256))), bool(rng.random() < 0.5)
+        out.append(Table(f"giant{i}", _rows_of(1.2 * ranks.hbm + shares[i] * spare, dim, fp16), dim,
+                         float(rng.uniform(1, 30)), fp16, float(rng.uniform(0.5, 1.2))))
+    return out + small
+
+
+def _wide_dims(rng: np.random.Generator, ranks: Ranks) -> list[Table]:
+    """A few large tables of 256-1024 columns, a few small wide ones beside them."""
+    wide = [Table(f"w{i}", int(10 ** rng.uniform(6, 7.5)), int(rng.choice((256, 384, 512, 768, 1024))),
+                  float(rng.uniform(1, 40)), bool(rng.random() < 0.5), float(rng.uniform(0.5, 1.3)))
+            for i in range(int(rng.integers(3, 9)))]
+    return wide + [Table(f"ws{i}", int(10 ** rng.uniform(3, 4.7)), int(rng.choice((256, 512))),
+                         float(rng.uniform(1, 5)), bool(rng.random() < 0.5), float(rng.uniform(0.8, 1.3)))
+                   for i in range(int(rng.integers(0, 5)))]
+
+
+def _mixed_skew(rng: np.random.Generator, ranks: Ranks) -> list[Table]:
+    """Pooling factors from 1 to 200, and Zipf exponents from near-uniform (0.1-0.4) to steep (1.1-1.8)."""
+    def alpha() -> float:
+        regime = rng.random()
+        return float(rng.uniform(0.1, 0.4) if regime < 0.35 else rng.uniform(0.6, 1.0) if regime < 0.7
+                     else rng.uniform(1.1, 1.8))
+
+    return [Table(f"x{i}", int(10 ** rng.uniform(5, 7.5)), int(rng.choice((32, 64, 128))),
+                  float(10 ** rng.uniform(0, math.log10(200))), bool(rng.random() < 0.5), alpha())
+            for i in range(int(rng.integers(15, 61)))]
+
+
+def _ranking_hbm(rng: np.random.Generator, ranks: Ranks) -> list[Table]:
+    """A ranking model whose large tables are each 0.5-1.5 times one rank's HBM, beside small feature tables."""
+    small = [Table(f"f{i}", int(10 ** rng.uniform(2, 4.9)), int(rng.choice((8, 16, 32))), float(rng.uniform(1, 5)),
+                   False, float(rng.uniform(0.8, 1.4))) for i in range(int(rng.integers(10, 51)))]
+    left = ranks.budget - sum(table_bytes(t) for t in small)
+    large: list[Table] = []
+    while left > 0:  # the last one overshoots by under 1.5x HBM, which the workload's scaling takes back
+        dim, fp16 = int(rng.choice((64, 128, 256))), bool(rng.random() < 0.5)
+        t = Table(f"r{len(large)}", _rows_of(rng.uniform(0.5, 1.5) * ranks.hbm, dim, fp16), dim,
+                  float(rng.uniform(1, 40)), fp16, float(rng.uniform(0.6, 1.3)))
+        large.append(t)
+        left -= table_bytes(t)
+    return large + small
+
+
+THIRD_GENERATORS: dict[str, Callable[[np.random.Generator, Ranks], list[Table]]] = {
+    "many_small": _many_small, "wide_dims": _wide_dims, "mixed_skew": _mixed_skew, "ranking_hbm": _ranking_hbm}
+THIRD_TOPOLOGIES = ((1, 2), (1, 4), (1, 8), (2, 2), (2, 4), (2, 8), (4, 4), (4, 8))  # (hosts, ranks per host)
+
+
 @dataclass(frozen=True)
 class Workload:
     name: str
@@ -233,12 +325,24 @@ class Workload:
     times_hbm: float
 
 
-def workload(seed: int, constrained: bool = False, weighted: bool = False, other: bool = False) -> Workload:
+def workload(seed: int, constrained: bool = False, weighted: bool = False, other: bool = False,
+             third: bool = False) -> Workload:
     """Seed ``seed``'s workload: a generator, a topology, and the tables scaled to ``times_hbm`` the ranks'
     HBM; ``constrained``: the same tables, some with a user's settings (``user_settings``);
     ``weighted``: the same tables, 40% of the pooled ones in a weighted EmbeddingBagCollection;
-    ``other``: from the second set of generators and topologies (``OTHER_GENERATORS``)."""
+    ``other``: from the second set of generators and topologies (``OTHER_GENERATORS``); ``third``: from the
+    third (``THIRD_GENERATORS``), whose generators are told the ranks, drawn first."""
+    if other and third:
+        raise ValueError("a workload comes from the second set or the third, not both")
     rng = np.random.default_rng(seed)
+    if third:
+        kind = list(THIRD_GENERATORS)[seed % len(THIRD_GENERATORS)]
+        hosts, local = THIRD_TOPOLOGIES[int(rng.integers(len(THIRD_TOPOLOGIES)))]
+        hbm = int(rng.choice((16, 24, 40, 80)))
+        batch = int(rng.choice((128, 512, 2048, 8192, 16384)))
+        times = float(min(rng.uniform(2.0, 12.0), 0.5 * DDR_PER_RANK / (hbm * GiB)))
+        tables = THIRD_GENERATORS[kind](rng, Ranks(hosts * local, hbm * GiB, int(times * hosts * local * hbm * GiB)))
+        return _sized(seed, kind, tables, hosts * local, local, hbm, batch, times, constrained, weighted)
     generators = OTHER_GENERATORS if other else GENERATORS
     kind = list(generators)[seed % len(generators)]
     tables = generators[kind](rng)
@@ -254,12 +358,15 @@ def workload(seed: int, constrained: bool = False, weighted: bool = False, other
         least, most = 2.0, 10.0
     world = hosts * local
     times = float(min(rng.uniform(least, most), 0.5 * DDR_PER_RANK / (hbm * GiB)))
-    def weights(t: Table) -> int:
-        return t.rows * (t.dim * (2 if t.fp16 else 4) + 4)
+    return _sized(seed, kind, tables, world, local, hbm, batch, times, constrained, weighted)
 
+
+def _sized(seed: int, kind: str, tables: list[Table], world: int, local: int, hbm: int, batch: int, times: float,
+           constrained: bool, weighted: bool) -> Workload:
+    """The workload of ``tables`` grown to ``times`` the ranks' HBM, with a user's settings and weights."""
     big = [t for t in tables if t.rows >= 100_000]  # small tables keep their size: a vocabulary is what it is
-    spare = times * world * hbm * GiB - sum(weights(t) for t in tables if t.rows < 100_000)
-    scale = spare / sum(weights(t) for t in big)
+    spare = times * world * hbm * GiB - sum(table_bytes(t) for t in tables if t.rows < 100_000)
+    scale = spare / sum(table_bytes(t) for t in big)
     grown = tuple(Table(t.name, max(1, int(t.rows * scale)), t.dim, t.pooling, t.fp16, t.alpha, t.features, t.pooled)
                   if t.rows >= 100_000 else t for t in tables)
     if constrained:
@@ -459,19 +566,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--other-shapes", action="store_true",
                    help="the second set of generators (uniform mid-sized tables, heavy pooling, one giant table, "
                         "sequences) on 2-32 ranks of 12-80 GiB, batches 64-32768; run it on seeds from 3200")
+    p.add_argument("--third-shapes", action="store_true",
+                   help="the third set of generators (60-160 small tables beside 2-4 over a rank's HBM, wide "
+                        "dims, pooling 1-200 with near-uniform to steep Zipf ids, ranking tables of 0.5-1.5x a "
+                        "rank's HBM) on 1-4 hosts of 2-8 ranks of 16-80 GiB, batches 128-16384; seeds 3300-3399")
     p.add_argument("--timeout", type=int, default=300, help="TorchRec planner timeout_seconds (default 300)")
     p.add_argument("--shardflow-timeout", type=float, default=None, metavar="SECONDS",
                    help="ShardflowPlanner's timeout_seconds, the cap of its exact stage (default: its own, 30)")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "memory_tight_bench.json",
                    help="the results as JSON (default bench/results/memory_tight_bench.json)")
     args = p.parse_args(argv)
+    if args.other_shapes and args.third_shapes:
+        p.error("--other-shapes and --third-shapes are two sets of generators: give one")
+    if args.third_shapes and not (args.first_seed in THIRD_SEEDS and args.first_seed + args.count - 1 in THIRD_SEEDS):
+        p.error(f"--third-shapes takes seeds {THIRD_SEEDS.start}-{THIRD_SEEDS.stop - 1}: not "
+                f"{args.first_seed}-{args.first_seed + args.count - 1}")
     logging.disable(logging.WARNING)  # TorchRec's advice on how the bench builds its topology and reservation
     warnings.simplefilter("ignore")
     rows, raw = [], []
     for seed in range(args.first_seed, args.first_seed + args.count):
         if seed not in SEEDS:
             p.error(f"seed {seed} is outside the bench's reserved range {SEEDS.start}-{SEEDS.stop - 1}")
-        w = workload(seed, args.constrained, args.weighted, args.other_shapes)
+        w = workload(seed, args.constrained, args.weighted, args.other_shapes, args.third_shapes)
         result = plan_all(w, args.timeout, args.shardflow_timeout)
         row = summary(w, result)
         rows.append(row)

@@ -14,7 +14,7 @@ import numpy as np
 from rec.search.assignment import Assignment
 from rec.search.bound import LowerBound
 from rec.search.pack import PackingError, PackOrder, pack
-from rec.search.placement import movable
+from rec.search.placement import Placement, movable
 from rec.search.pricing import PricedTables, Prices, Resource
 from rec.search.refine import refine
 from rec.search.select import first_min_per_table, select_options
@@ -27,6 +27,13 @@ class Family(StrEnum):
     ANY = "any"  # least work under a largest-shard limit
     WHOLE = "whole"  # the same, whole shards placed freely (no replicas, no row splits)
     PRICED = "priced"  # least work + priced memory: the bound's memory prices, rounded to fit
+    BESIDE = "beside"  # least work, shards that fit beside those on every rank (the ladder's rooms)
+
+
+# The heuristic polishes the best of the first families, and apart from it the best of the later ones
+# (``rec.search.heuristic.best_polished``).
+FIRST_FAMILIES = (Family.ANY, Family.WHOLE, Family.PRICED)
+LATER_FAMILIES = (Family.BESIDE,)
 
 
 # Shards above this share of a rank's usable memory make packing fail once replicas and the other
@@ -51,10 +58,27 @@ class Candidate:
 @dataclass(frozen=True)
 class Ladder:
     """The global parameters of every candidate selection, computed once for all tables and
-    shipped to the groups: largest-shard limits and (memory prices, limit) pairs."""
+    shipped to the groups: largest-shard limits, (memory prices, limit) pairs, and per limit the
+    (HBM, DDR) bytes a rank keeps beside the shards every rank holds (``rooms_beside_every_rank``)."""
 
     limits: tuple[float, ...]
     priced: tuple[tuple[Prices, float], ...] = ()
+    rooms: tuple[tuple[float, float], ...] = ()
+
+
+def rooms_beside_every_rank(space: SearchSpace, limits: tuple[float, ...]) -> tuple[tuple[float, float], ...]:
+    """Per limit: the HBM and DDR the smallest rank has left beside the shards of the limit's
+    least-work selection that sit on every rank (row_wise, data_parallel)."""
+    opts = space.options
+    every_rank = space.placement == Placement.EVERY_RANK
+    largest_hbm, largest_ddr = opts.largest(opts.hbm).astype(float), opts.largest(opts.ddr).astype(float)
+    out = []
+    for limit in limits:
+        choice = select_options(space, limit)
+        held = choice[every_rank[choice]]
+        out.append((float(space.hbm_cap.min()) - float(largest_hbm[held].sum()),
+                    float(space.ddr_cap.min()) - float(largest_ddr[held].sum())))
+    return tuple(out)
 
 
 def priced_steps(priced: PricedTables, bound: LowerBound) -> tuple[tuple[Prices, float], ...]:
@@ -78,7 +102,8 @@ def priced_steps(priced: PricedTables, bound: LowerBound) -> tuple[tuple[Prices,
 def candidates(space: SearchSpace, ladder: Ladder) -> list[Candidate]:
     """Least-work options under each limit, for both families, plus the least-memory choice;
     then both families again with every shard kept under ``SHARD_MEMORY_CEILING``; then the
-    priced selections.
+    priced selections; then least work with the shards not on every rank kept under that share of
+    what the shards on every rank leave (the ladder's ``rooms``).
 
     With few tables, whole shards placed freely can balance better than options that load every
     rank (replicas, row splits), even at more total work."""
@@ -102,6 +127,16 @@ def candidates(space: SearchSpace, ladder: Ladder) -> list[Candidate]:
         out += [Candidate(Family.PRICED, select_options(space, limit, cost=space.work + p.hbm * total_hbm
                                                         + p.ddr * total_ddr), p)
                 for p, limit in ladder.priced]
+    # A row_wise table whose cache nearly fills every rank (a giant one, memory-tight) leaves less
+    # beside it than the ceiling allows: the other tables' shards must fit what it leaves. Where the
+    # shards on every rank take at most the rest of a rank, each shard below the ceiling fits beside.
+    every_rank = space.placement == Placement.EVERY_RANK
+    largest_hbm, largest_ddr = opts.largest(opts.hbm), opts.largest(opts.ddr)
+    out += [Candidate(Family.BESIDE, select_options(space, limit, allowed=every_rank | (
+        (largest_hbm <= SHARD_MEMORY_CEILING * hbm_room) & (largest_ddr <= SHARD_MEMORY_CEILING * ddr_room))))
+            for limit, (hbm_room, ddr_room) in zip(limits, ladder.rooms, strict=False)
+            if hbm_room < (1 - SHARD_MEMORY_CEILING) * space.hbm_cap.min()
+            or ddr_room < (1 - SHARD_MEMORY_CEILING) * space.ddr_cap.min()]
     return out
 
 
@@ -162,8 +197,9 @@ def pack_candidate(space: SearchSpace, cand: Candidate, start: Assignment | None
 
 
 def best_of(space: SearchSpace, cands: list[Candidate], refine_top: int, refine_rounds: int,
-            good_enough: float = 0.0, ranking: np.ndarray | None = None) -> Assignment:
-    """Pack candidates and refine each family's ``refine_top`` best; the best result.
+            good_enough: float = 0.0, ranking: np.ndarray | None = None,
+            families: tuple[Family, ...] = tuple(Family)) -> Assignment:
+    """Pack the candidates of ``families`` and refine each family's ``refine_top`` best; the best result.
 
     Packed quality predicts refined quality within a family, not across families, and local
     search is the expensive part. Candidates are packed in the order of their own bound
@@ -175,7 +211,7 @@ def best_of(space: SearchSpace, cands: list[Candidate], refine_top: int, refine_
     seen: set[bytes] = set()
     failure = PackingError([])
     refined: list[Assignment] = []
-    for family in Family:
+    for family in families:
         if refined and min(a.critical_path for a in refined) <= good_enough:
             break
         mine = [i for i, c in enumerate(cands) if c.family == family]

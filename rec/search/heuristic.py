@@ -3,10 +3,21 @@ refined candidate, and the MILP's first plan when no candidate packs."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from rec.config.search import SearchConfig
 from rec.search.assignment import Assignment
 from rec.search.bound import LowerBound, lower_bound
-from rec.search.candidates import Ladder, best_of, candidates, priced_steps
+from rec.search.candidates import (
+    FIRST_FAMILIES,
+    LATER_FAMILIES,
+    Candidate,
+    Ladder,
+    best_of,
+    candidates,
+    priced_steps,
+    rooms_beside_every_rank,
+)
 from rec.search.exact import rescue
 from rec.search.pack import PackingError
 from rec.search.pricing import PricedTables
@@ -21,15 +32,36 @@ def prepare(space: SearchSpace, config: SearchConfig) -> tuple[LowerBound, Ladde
     priced = PricedTables(space)
     bound = lower_bound(space, priced)
     limits = shard_limits(space, bound.largest_shard or bound.value, config.shard_limits)
-    return bound, Ladder(tuple(limits), priced_steps(priced, bound))
+    return bound, Ladder(tuple(limits), priced_steps(priced, bound), rooms_beside_every_rank(space, tuple(limits)))
 
 
 def heuristic(space: SearchSpace, ladder: Ladder, config: SearchConfig, bound: LowerBound) -> Assignment:
     """Best assignment over the candidate selections; PackingError if none could be packed."""
-    best = best_of(space, candidates(space, ladder), config.refine_top, config.refine_rounds,
-                   good_enough=(1 + config.switch_above_gap) * bound.value)
-    polish(space, best, config, bound.value)
-    return best
+    return best_polished(space, candidates(space, ladder), config, bound)
+
+
+def best_polished(space: SearchSpace, cands: list[Candidate], config: SearchConfig, bound: LowerBound,
+                  ranking: np.ndarray | None = None) -> Assignment:
+    """The best of the first families' candidates, polished; where that is not close enough to the
+    bound, the best of the later families' too, polished apart: the shorter (the first on ties).
+    Polishing changes one table at a time, so a better start can end worse: each keeps its own.
+    PackingError (the first families') if no candidate could be packed. ``ranking``: ``best_of``'s."""
+    good_enough = (1 + config.switch_above_gap) * bound.value
+    found: list[Assignment] = []
+    failure: PackingError | None = None
+    for families in (FIRST_FAMILIES, LATER_FAMILIES):
+        if found and found[0].critical_path <= good_enough:
+            break
+        try:
+            a = best_of(space, cands, config.refine_top, config.refine_rounds, good_enough, ranking, families)
+        except PackingError as e:
+            failure = failure or e
+            continue
+        polish(space, a, config, bound.value)
+        found.append(a)
+    if not found:
+        raise failure or PackingError([])
+    return min(found, key=lambda a: a.critical_path)
 
 
 def first_plan(space: SearchSpace, ladder: Ladder, config: SearchConfig, bound: LowerBound) -> Assignment:

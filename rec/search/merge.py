@@ -8,9 +8,9 @@ import numpy as np
 from rec.config.search import SearchConfig
 from rec.search.assignment import Assignment
 from rec.search.bound import LowerBound
-from rec.search.candidates import Candidate, Family, best_of
+from rec.search.candidates import Candidate, Family
 from rec.search.group import GroupResult
-from rec.search.heuristic import polish
+from rec.search.heuristic import best_polished
 from rec.search.space import SearchSpace
 
 
@@ -27,7 +27,4 @@ def merge_groups(space: SearchSpace, groups: list[GroupResult], bound: LowerBoun
     ranking = np.max([g.packed for g in groups], axis=0)
     cands = [Candidate(Family(f), choice[i], p)
              for i, (f, p) in enumerate(zip(groups[0].families, groups[0].prices, strict=True))]
-    best = best_of(space, cands, config.refine_top, config.refine_rounds,
-                   good_enough=(1 + config.switch_above_gap) * bound.value, ranking=ranking)
-    polish(space, best, config, bound.value)
-    return best
+    return best_polished(space, cands, config, bound, ranking)

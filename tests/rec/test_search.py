@@ -15,6 +15,7 @@ from rec.search.select import select_options
 from rec.sharding import ShardingType
 from rec.spec.synthetic import criteo_1tb_spec
 from rec.topology import topology_from_dict
+from tests.rec.search_instances import milp_optimum
 
 TW, RW, DP, CW = (ShardingType.TABLE_WISE, ShardingType.ROW_WISE, ShardingType.DATA_PARALLEL,
                   ShardingType.COLUMN_WISE)
@@ -177,3 +178,19 @@ def test_every_mapper_finds_the_same_plan_and_in_process_stops_at_a_proof(groups
     assert a.bound == b.bound and a.stats["milp_nodes"] == b.stats["milp_nodes"]
     first = ["first_plan"] if groups == 1 else ["search_group"] * groups
     assert here.ran == [*first, "run_task"] and at_once.ran == [*first, "run_task", "run_task"]
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_the_heuristic_fits_tables_beside_a_cache_that_fills_most_of_every_rank(space_of, groups):
+    # A row_wise table whose cache takes 600 of every 1,000-byte rank (2 ms a rank; uncached 8, no
+    # HBM), and three tables of 440 bytes whole (1 ms) or 112 a shard split four ways (0.3 ms each).
+    # Whole, no table fits beside the cache; below the usual ceiling (half a rank) the cache itself
+    # is not allowed. Only the tables split into what the cache leaves give the optimum, which the
+    # candidate selections find without changing options one table at a time (searched whole, and
+    # as groups merged).
+    giant = [(RW, [2.0] * 4, [600] * 4), (RW, [8.0] * 4, [0] * 4)]
+    mid = [(TW, [1.0], [440]), (CW, [0.3] * 4, [112] * 4)]
+    space = space_of([giant, mid, mid, mid], world=4, hbm_cap=1000)
+    found = search_result(space, SearchConfig(time_limit_s=0, switch_steps=0), groups=groups).assignment
+    assert (found.hbm <= 1000).all()
+    assert found.critical_path == pytest.approx(2.9) == pytest.approx(milp_optimum(space))

@@ -230,22 +230,25 @@ OTHER_GENERATORS: dict[str, Callable[[np.random.Generator], list[Table]]] = {
 OTHER_TOPOLOGIES = ((1, 2), (1, 8), (2, 8), (4, 8), (1, 4))  # (hosts, ranks per host)
 
 
+def row_bytes(dim: int, fp16: bool) -> int:
+    """A row's weights and its optimizer state, as the workloads are sized by."""
+    return dim * (2 if fp16 else 4) + 4
+
+
 def table_bytes(t: Table) -> int:
-    """A table's weights and its per-row optimizer state, as the workloads are sized by."""
-    return t.rows * (t.dim * (2 if t.fp16 else 4) + 4)
+    return t.rows * row_bytes(t.dim, t.fp16)
 
 
 # ``--third-shapes``: a third set, written after the first two had been planned, without looking at how
 # shardflow plans. Its generators know the ranks: some size tables against one rank's HBM.
 @dataclass(frozen=True)
 class Ranks:
-    world: int
     hbm: int  # bytes, one rank's
     budget: int  # bytes, what the tables total: ``times_hbm`` the ranks' HBM
 
 
 def _rows_of(size: float, dim: int, fp16: bool) -> int:
-    return max(1, int(size / (dim * (2 if fp16 else 4) + 4)))
+    return max(1, int(size / row_bytes(dim, fp16)))
 
 
 def _many_small(rng: np.random.Generator, ranks: Ranks) -> list[Table]:
@@ -341,7 +344,7 @@ def workload(seed: int, constrained: bool = False, weighted: bool = False, other
         hbm = int(rng.choice((16, 24, 40, 80)))
         batch = int(rng.choice((128, 512, 2048, 8192, 16384)))
         times = float(min(rng.uniform(2.0, 12.0), 0.5 * DDR_PER_RANK / (hbm * GiB)))
-        tables = THIRD_GENERATORS[kind](rng, Ranks(hosts * local, hbm * GiB, int(times * hosts * local * hbm * GiB)))
+        tables = THIRD_GENERATORS[kind](rng, Ranks(hbm * GiB, int(times * hosts * local * hbm * GiB)))
         return _sized(seed, kind, tables, hosts * local, local, hbm, batch, times, constrained, weighted)
     generators = OTHER_GENERATORS if other else GENERATORS
     kind = list(generators)[seed % len(generators)]

@@ -131,21 +131,22 @@ def candidates(space: SearchSpace, ladder: Ladder) -> list[Candidate]:
     # beside it than the ceiling allows: the other tables' shards must fit what it leaves. Where the
     # shards on every rank take at most the rest of a rank, each shard below the ceiling fits beside.
     every_rank = space.placement == Placement.EVERY_RANK
-    largest_hbm, largest_ddr = opts.largest(opts.hbm), opts.largest(opts.ddr)
-    out += [Candidate(Family.BESIDE, select_options(space, limit, allowed=every_rank | (
-        (largest_hbm <= SHARD_MEMORY_CEILING * hbm_room) & (largest_ddr <= SHARD_MEMORY_CEILING * ddr_room))))
+    out += [Candidate(Family.BESIDE, select_options(space, limit,
+                                                    allowed=every_rank | small_shards(space, hbm_room, ddr_room)))
             for limit, (hbm_room, ddr_room) in zip(limits, ladder.rooms, strict=False)
             if hbm_room < (1 - SHARD_MEMORY_CEILING) * space.hbm_cap.min()
             or ddr_room < (1 - SHARD_MEMORY_CEILING) * space.ddr_cap.min()]
     return out
 
 
-def small_shards(space: SearchSpace) -> np.ndarray:
-    """(O,) options whose every shard stays within ``SHARD_MEMORY_CEILING`` of the smallest
-    rank's usable HBM and DDR."""
+def small_shards(space: SearchSpace, hbm_room: float | None = None, ddr_room: float | None = None) -> np.ndarray:
+    """(O,) options whose every shard stays within ``SHARD_MEMORY_CEILING`` of ``hbm_room`` and
+    ``ddr_room`` bytes (default: the smallest rank's usable HBM and DDR)."""
     opts = space.options
-    return np.asarray((opts.largest(opts.hbm) <= SHARD_MEMORY_CEILING * space.hbm_cap.min())
-                      & (opts.largest(opts.ddr) <= SHARD_MEMORY_CEILING * space.ddr_cap.min()))
+    hbm = float(space.hbm_cap.min()) if hbm_room is None else hbm_room
+    ddr = float(space.ddr_cap.min()) if ddr_room is None else ddr_room
+    return np.asarray((opts.largest(opts.hbm) <= SHARD_MEMORY_CEILING * hbm)
+                      & (opts.largest(opts.ddr) <= SHARD_MEMORY_CEILING * ddr))
 
 
 def least_critical_path(space: SearchSpace, choice: np.ndarray) -> float:

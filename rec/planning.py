@@ -39,16 +39,32 @@ from rec.topology.types import Topology
 
 
 class Searcher(Protocol):
-    """Searches a space (``rec.search.search_result``); from ``start``, its exact stage alone."""
+    """Searches a space (``rec.search.search_result``); from ``start``, its exact stage alone, which
+    ``wall_s`` stops sooner than the config's time limit."""
 
-    def search(self, space: SearchSpace, config: SearchConfig, start: Assignment | None = None) -> SearchResult: ...
+    def search(self, space: SearchSpace, config: SearchConfig, start: Assignment | None = None,
+               wall_s: float | None = None) -> SearchResult: ...
 
 
 class LocalSearcher:
     """Search every table in this process."""
 
-    def search(self, space: SearchSpace, config: SearchConfig, start: Assignment | None = None) -> SearchResult:
-        return search_result(space, config, start=start)
+    def search(self, space: SearchSpace, config: SearchConfig, start: Assignment | None = None,
+               wall_s: float | None = None) -> SearchResult:
+        return search_result(space, config, start=start, wall_s=wall_s)
+
+
+@dataclass
+class ExactTime:
+    """What is left of the time limit for the exact stage where the passes search again: the runs
+    of one plan's searches share it. Each run is still sized from its share of the limit (its budgets
+    are deterministic, so plans stay reproducible), and is stopped where the limit is spent."""
+
+    left_s: float
+
+    def spent(self, result: SearchResult) -> SearchResult:
+        self.left_s = max(self.left_s - float(result.stats.get("exact_s", 0.0)), 0.0)
+        return result
 
 
 def plan_spec(spec: Spec, topology: Topology, cost: CostConfig = CostConfig(),
@@ -95,37 +111,46 @@ def _planned(spec: Spec, topology: Topology, cost: CostConfig, config: SearchCon
     # limit (the MILP's rescue) runs again with all of it.
     exact_last = memory_decides(space, topology) and config.time_limit_s > 0
     first = replace(config, time_limit_s=config.time_limit_s * FIRST_EXACT_SHARE) if exact_last else config
+    clock = ExactTime(config.time_limit_s)
     try:
-        result = _search(space, spec, first, searcher)
+        result = clock.spent(_search(space, spec, first, searcher))
     except InputError:
         if not exact_last:
             raise
         exact_last = False
-        result = _search(space, spec, config, searcher)
-    result = after_search(result, _context(spec, topology, cost, config, searcher, exact_last=exact_last))
+        result = clock.spent(_search(space, spec, config, searcher))
+    result = after_search(result, _context(spec, topology, cost, config, searcher, exact_last=exact_last, clock=clock))
     progress.update("building the plan")
     return build_plan(result, spec, topology, cost, config, result.info)
 
 
 def _context(spec: Spec, topology: Topology, cost: CostConfig, config: SearchConfig,
-             searcher: Searcher | None, may_search: bool = True, exact_last: bool = False) -> PassContext:
+             searcher: Searcher | None, may_search: bool = True, exact_last: bool = False,
+             clock: ExactTime | None = None) -> PassContext:
     """What the whole-plan passes get: they search again with ``searcher`` (None: in this process)
-    unless ``may_search`` is false; with ``exact_last``, the search's exact stage is theirs to run."""
+    unless ``may_search`` is false; with ``exact_last``, the search's exact stage is theirs to run.
+    Their exact stages share what ``clock`` has left of the time limit (None: each has all of it)."""
     if not may_search:
         return PassContext(spec, topology, cost, config)
     quick = replace(config, time_limit_s=0.0)
-    exact = ((lambda r, share: _search(r.space, spec, replace(config, time_limit_s=config.time_limit_s * share),
-                                       searcher, r.assignment)) if exact_last else None)
-    return PassContext(spec, topology, cost, config, lambda s: _search(s, spec, config, searcher),
+
+    def timed(space: SearchSpace, share: float, start: Assignment | None = None) -> SearchResult:
+        sized = replace(config, time_limit_s=config.time_limit_s * share)
+        if clock is None:
+            return _search(space, spec, sized, searcher, start)
+        return clock.spent(_search(space, spec, sized, searcher, start, clock.left_s))
+
+    exact = (lambda r, share: timed(r.space, share, r.assignment)) if exact_last else None
+    return PassContext(spec, topology, cost, config, lambda s: timed(s, 1.0),
                        lambda s: _search(s, spec, quick, searcher), exact)
 
 
 def _search(space: SearchSpace, spec: Spec, config: SearchConfig, searcher: Searcher | None,
-            start: Assignment | None = None) -> SearchResult:
-    """The searcher's result (local by default; from ``start``, its exact stage alone); InputError
-    naming the tables that cannot fit."""
+            start: Assignment | None = None, wall_s: float | None = None) -> SearchResult:
+    """The searcher's result (local by default; from ``start``, its exact stage alone, stopped after
+    ``wall_s`` where given); InputError naming the tables that cannot fit."""
     try:
-        return (searcher or LocalSearcher()).search(space, config, start)
+        return (searcher or LocalSearcher()).search(space, config, start, wall_s)
     except PackingError as e:
         raise packing_failure(space, spec, e.tables) from None
 

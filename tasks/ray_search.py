@@ -78,7 +78,8 @@ class RaySearcher:
         self.max_group_retries = max_group_retries
         self.kept: list[Any] | None = None  # inside session(): the last search's actors, for the next
 
-    def search(self, space: SearchSpace, config: SearchConfig, start: Assignment | None = None) -> SearchResult:
+    def search(self, space: SearchSpace, config: SearchConfig, start: Assignment | None = None,
+               wall_s: float | None = None) -> SearchResult:
         import ray
 
         with ray_session(self.address):
@@ -87,7 +88,7 @@ class RaySearcher:
             mapper = ActorMapper(space, self.actors or min(groups, cpus), self.max_group_retries,
                                  self.after_first_wave, self.kept or [])
             try:
-                result = search_result(space, config, mapper, groups, start)
+                result = search_result(space, config, mapper, groups, start, wall_s)
             finally:
                 if self.kept is not None:
                     self.kept = mapper.actors
@@ -237,17 +238,18 @@ class AutoSearcher:
     def uses_ray(self, num_tables: int) -> bool:
         return num_tables >= self.min_tables and not self.ray_failed
 
-    def search(self, space: SearchSpace, config: SearchConfig, start: Assignment | None = None) -> SearchResult:
+    def search(self, space: SearchSpace, config: SearchConfig, start: Assignment | None = None,
+               wall_s: float | None = None) -> SearchResult:
         from rec.planning import LocalSearcher
 
         if not self.uses_ray(space.num_tables):
-            return LocalSearcher().search(space, config, start)
+            return LocalSearcher().search(space, config, start, wall_s)
         try:
-            return self.ray.search(space, config, start)
+            return self.ray.search(space, config, start, wall_s)
         except InputError as e:
             self.ray_failed = True
             log.warning("Ray is not available (%s); searching locally", e.problems[0])
-            return LocalSearcher().search(space, config, start)
+            return LocalSearcher().search(space, config, start, wall_s)
 
 
 @contextmanager

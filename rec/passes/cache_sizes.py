@@ -22,8 +22,10 @@ and the fastest plan is taken. There the planner gives the first search a short 
 (``FIRST_EXACT_SHARE``) and leaves the full one to this pass, which runs it from the fastest plan on
 its cache sizes, and from the start at TorchRec's default size (the size TorchRec's own plans cache
 at, which the heuristic packs badly where the caches nearly fill the HBM), and grows the results
-again. Under TorchRec's default profile a larger cache is always faster (its bandwidth rises
-linearly with the cache's size, and a table with TorchRec's cache statistics fetches fewer rows);
+again; these runs and the first share the time limit (``rec.planning.ExactTime``), each sized from
+its share of the limit and stopped where the earlier ones spent it. Under TorchRec's default
+profile a larger cache is always faster (its bandwidth rises linearly with the cache's size, and a
+table with TorchRec's cache statistics fetches fewer rows);
 under a profile with ``cache_miss_multiplier`` the gain follows the table's hit-rate curve, so
 tables whose ids repeat get the memory. Where nothing can grow (no uvm table, or no spare HBM) the
 result is unchanged, and so it is where growing would be slower: the caches at TorchRec's default
@@ -66,8 +68,8 @@ START_SIZES = tuple(lf for lf in LOAD_FACTORS if lf <= 2 * UVM_CACHING_RATIO)
 # Where memory decides, the first search (at the first cache sizes) gets this share of the time limit
 # for its exact stage, before the starts are compared: there the heuristic alone can miss by far
 # what the MILP finds at once (two_towers-3015 of bench/memory_tight_bench.py: 42.9 ms against
-# 14.9, a row_wise cache on every rank beside small tables spread thin). The whole limit goes to the
-# fastest plan, on the sizes it ends with.
+# 14.9, a row_wise cache on every rank beside small tables spread thin). The rest of the limit goes to
+# the fastest plan, on the sizes it ends with, and what that leaves to the start at TorchRec's default size.
 FIRST_EXACT_SHARE = 0.125
 _UVM, _CACHING = CK_CODE[ComputeKernel.FUSED_UVM], CK_CODE[ComputeKernel.FUSED_UVM_CACHING]
 

@@ -380,6 +380,22 @@ MIP_REL_GAP = 1e-6  # HiGHS stops once within this of its bound
 WATCHDOG_GRACE_S = 10.0
 
 
+def highs_options(limits: MilpLimits) -> tuple[tuple[str, Any], ...]:
+    """The HiGHS options of every run: one thread, a fixed seed, ``limits``, tight tolerances."""
+    return (("threads", 1), ("random_seed", 0),
+            ("mip_max_nodes", int(limits.nodes)), ("time_limit", float(limits.seconds)),
+            ("mip_rel_gap", MIP_REL_GAP), ("mip_abs_gap", 0.0),
+            # HiGHS 1.16 can loop for good, past its time limit, restarting a MIP whose
+            # integer columns mostly went inactive (a 289-column neighbourhood did).
+            ("mip_allow_restart", False),
+            # Its root reduced-cost heuristic can too, from a start (a 1,889-column model of
+            # memory_tight_bench --third-shapes many_small-3308 ran for good at a 30 s limit, and is
+            # optimal in 0.6 s without it: tests/rec/test_milp.py).
+            ("mip_heuristic_run_root_reduced_cost", False),
+            ("mip_feasibility_tolerance", SOLVER_TOLERANCE),
+            ("primal_feasibility_tolerance", SOLVER_TOLERANCE))
+
+
 def solve(model: MilpModel, limits: MilpLimits, start: np.ndarray | None = None,
           options: dict[str, Any] | None = None) -> MilpOutcome:
     """Solve with HiGHS on one thread with a fixed seed (deterministic until the wall-clock cap);
@@ -389,14 +405,7 @@ def solve(model: MilpModel, limits: MilpLimits, start: np.ndarray | None = None,
     import highspy
 
     h = quiet_highs()
-    for name, value in (("threads", 1), ("random_seed", 0),
-                        ("mip_max_nodes", int(limits.nodes)), ("time_limit", float(limits.seconds)),
-                        ("mip_rel_gap", MIP_REL_GAP), ("mip_abs_gap", 0.0),
-                        # HiGHS 1.16 can loop for good, past its time limit, restarting a MIP whose
-                        # integer columns mostly went inactive (a 289-column neighbourhood did).
-                        ("mip_allow_restart", False),
-                        ("mip_feasibility_tolerance", SOLVER_TOLERANCE),
-                        ("primal_feasibility_tolerance", SOLVER_TOLERANCE), *(options or {}).items()):
+    for name, value in (*highs_options(limits), *(options or {}).items()):
         h.setOptionValue(name, value)
     lp = highspy.HighsLp()
     lp.num_col_, lp.num_row_ = model.num_cols, model.num_rows

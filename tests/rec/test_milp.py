@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -210,6 +211,30 @@ def test_the_neighbourhood_search_solves_no_milp_twice_from_one_incumbent(monkey
     assert outcome.info["neighbourhood_steps"] > len(solved)  # steps whose MILP was solved already
     assert outcome.assignment is None or outcome.assignment.critical_path < incumbent.critical_path
 
+
+
+def test_a_model_where_highs_root_reduced_cost_heuristic_loops_is_solved_within_its_limit():
+    """HiGHS 1.16's root reduced-cost heuristic loops past any time limit on this model (the whole
+    MILP of memory_tight_bench --third-shapes many_small-3308 from the start the cache-size pass gave
+    it), keeping a core for good; with the options every search run uses it is solved at once."""
+    import highspy
+
+    from rec.search.highs import quiet_highs, run_status, run_within
+    from rec.search.milp import highs_options
+
+    here = Path(__file__).parent / "highs_loop"
+    h = quiet_highs()
+    for name, value in highs_options(MilpLimits(nodes=100_000, seconds=5.0)):
+        h.setOptionValue(name, value)
+    h.readModel(str(here / "model.mps.gz"))
+    ones = [int(c) for c in (here / "start.txt").read_text().splitlines()[1].split()]
+    start = np.zeros(h.getNumCol())
+    start[ones] = 1.0
+    sol = highspy.HighsSolution()
+    sol.col_value, sol.value_valid = start.tolist(), True
+    h.setSolution(sol)
+    assert run_within(h, 15.0), "HiGHS ran past its time limit"
+    assert run_status(h).optimal
 
 def test_a_solver_run_that_never_returns_is_left_behind_past_its_time_limit(monkeypatch):
     """HiGHS 1.16 can loop for good where it checks neither its clock nor an interrupt (a stress

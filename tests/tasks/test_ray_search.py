@@ -143,10 +143,10 @@ class InProcessGroups:
     def __init__(self, groups):
         self.groups = groups
 
-    def search(self, space, config, start=None):
+    def search(self, space, config, start=None, wall_s=None):
         from rec.search import search_result
 
-        return search_result(space, config, groups=self.groups, start=start)
+        return search_result(space, config, groups=self.groups, start=start, wall_s=wall_s)
 
 
 def test_ray_runs_the_pipeline_of_this_process_and_finds_its_plan(ray_plan, spec):

@@ -222,7 +222,8 @@ def type_problem(name: str, kind: pa.DataType, width: int, weights: bool = False
         hint = "; store a row's weights as a list, as its ids" if pa.types.is_floating(kind) else ""
         return f"is {kind}; a weighted feature's weights are list<float32> (or list<float64>), one per id{hint}"
     if name == LABEL:
-        numeric = pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
+        numeric = (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
+                   or pa.types.is_decimal(kind))  # a warehouse's NUMERIC
         return None if numeric else f"is {kind}; a label is a number, 0 or 1"
     if name == DENSE:
         if pa.types.is_fixed_size_list(kind) and pa.types.is_floating(kind.value_type):
@@ -239,6 +240,7 @@ def type_problem(name: str, kind: pa.DataType, width: int, weights: bool = False
 
 
 def _labels(column: pa.ChunkedArray, locate: Locate, what: str, problems: list[Problem]) -> np.ndarray:
+    import pyarrow as pa
 
     array = _chunk(column)
     where = f"{what} column {LABEL!r}"
@@ -251,6 +253,8 @@ def _labels(column: pa.ChunkedArray, locate: Locate, what: str, problems: list[P
         problems.append(Problem(where, f"{_count(array.null_count, 'null label')} in {len(array):,} rows read, "
                                        f"first at {locate(_first(nulls))}"))
         return np.zeros(len(array), np.float32)
+    if pa.types.is_decimal(array.type):
+        array = array.cast(pa.float64())
     values: np.ndarray = array.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
     bad = (values != 0) & (values != 1)
     if bad.any():

@@ -41,8 +41,27 @@ class _Decline(Exception):
 
 def spec_from_arrow(table: Any, source: str = "") -> Spec:
     """Validate a pyarrow Table of spec rows into a ``Spec``; InputError with every problem otherwise."""
+    table = _plain_numbers(table)
     spec = columnar_spec(table, source)
     return spec if spec is not None else spec_from_rows(table.to_pylist(), source=source)
+
+
+def _plain_numbers(table: Any) -> Any:
+    """``table`` with its decimal columns (a warehouse's NUMERIC, Spark's DecimalType) as the numbers
+    they hold: int64 at scale 0 where they fit it, else float64, so that the validator reads them as
+    it reads any other number (a spec's cells are counts, sizes and rates)."""
+    import pyarrow as pa
+
+    for i, field in enumerate(table.schema):
+        if not pa.types.is_decimal(field.type):
+            continue
+        column = table.column(i)
+        try:
+            plain = column.cast(pa.int64() if field.type.scale == 0 else pa.float64())
+        except pa.ArrowInvalid:  # beyond int64: the validator names the value as too large
+            plain = column.cast(pa.float64())
+        table = table.set_column(i, field.name, plain)
+    return table
 
 
 def columnar_spec(table: Any, source: str = "") -> Spec | None:

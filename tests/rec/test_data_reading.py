@@ -80,13 +80,15 @@ def test_files_of_different_types_training_reads_are_read_as_one_dataset(tmp_pat
     third = table(range(600, 700), np.random.default_rng(2))
     third = third.set_column(0, "label", pa.array(np.arange(600, 700) % 3 == 0))  # bool labels
     third = third.cast(pa.schema([f.with_nullable(False) if f.name != "b1" else f for f in third.schema]))
-    for i, t in enumerate((first, second, third)):
+    fourth = table(range(700, 800), np.random.default_rng(3))
+    fourth = fourth.set_column(0, "label", fourth["label"].cast(pa.decimal128(5, 2)))  # a warehouse's NUMERIC
+    for i, t in enumerate((first, second, third, fourth)):
         pq.write_table(t, tmp_path / f"f{i}.parquet", row_group_size=128)
     assert data_problems(str(tmp_path), LAYOUT, IdsPolicy.ERROR) == []
     source = ParquetSource.open(open_data(str(tmp_path)), LAYOUT, shuffle=False, window=256)
     rows = np.concatenate([c.ids[0] for c in source.share(0, 1)])
-    assert list(rows) == list(range(700))
-    read = next(source.batches(Position(1), 0, 700))
+    assert list(rows) == list(range(800))
+    read = next(source.batches(Position(1), 0, 800))
     assert np.array_equal(read.labels, (read.ids[0] % 3 == 0).astype(np.float32))
     assert np.array_equal(read.dense[:, 0], read.ids[0].astype(np.float32))
 

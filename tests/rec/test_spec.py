@@ -140,6 +140,27 @@ def test_parquet_nulls_in_optional_columns_mean_default(tmp_path):
     assert (b.feature_names, b.pooling_factor, b.data_type) == (("f",), 3.0, DataType.INT8)
 
 
+def test_parquet_decimal_columns_are_read_as_the_numbers_they_hold(tmp_path):
+    """A warehouse's NUMERIC columns (Spark's DecimalType): the same spec as plain numbers, and a value
+    beyond int64 named as too large."""
+    from decimal import Decimal
+
+    plain = pa.table({"name": ["a", "b"], "num_embeddings": [1000, 20_000], "embedding_dim": [8, 16],
+                      "pooling_factor": [1.5, 2.0], "min_cache_load_factor": [0.25, None]})
+    decimal = plain.set_column(1, "num_embeddings", plain["num_embeddings"].cast(pa.decimal128(20, 0)))
+    decimal = decimal.set_column(3, "pooling_factor", plain["pooling_factor"].cast(pa.decimal128(10, 2)))
+    decimal = decimal.set_column(4, "min_cache_load_factor", plain["min_cache_load_factor"].cast(pa.decimal128(4, 3)))
+    for name, t in (("plain", plain), ("decimal", decimal)):
+        pq.write_table(t, tmp_path / f"{name}.parquet")
+    assert read_spec(tmp_path / "decimal.parquet") == read_spec(tmp_path / "plain.parquet")
+    huge = plain.set_column(1, "num_embeddings", pa.array([Decimal(10**30), Decimal(1000)], pa.decimal128(38, 0)))
+    pq.write_table(huge, tmp_path / "huge.parquet")
+    with pytest.raises(InputError) as e:
+        read_spec(tmp_path / "huge.parquet")
+    assert [p.where for p in e.value.problems] == ["table 'a'"]
+    assert "num_embeddings" in e.value.problems[0].reason
+
+
 def test_yaml_accepts_a_plain_list_and_scientific_row_counts(tmp_path):
     path = write_text(tmp_path, "spec.yaml", "- {name: a, num_embeddings: 1e6, embedding_dim: 8}\n")
     assert read_spec(path).tables[0].num_embeddings == 1_000_000

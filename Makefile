@@ -51,9 +51,12 @@ lint: install
 
 # Lint first: a static finding fails CI before minutes of tests. On every core (pytest-xdist), a
 # test file per worker: a file's fixtures (a trained checkpoint, a Prefect server) are made once.
+# One worker more than cores: a worker often waits (a server starting, ranks meeting), and with one
+# per core 2 cores stood idle for 190 of their 990 s; with one more, for 8 (bench/RESULTS.md §12).
 # The project's own bytecode first: where PYTHONDONTWRITEBYTECODE is set, each of the suite's few
 # hundred processes would otherwise compile the modules it imports (~0.2 s for a rank's 105).
-PYTEST_PARALLEL ?= -n auto --dist loadfile
+PYTEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 1 )))
+PYTEST_PARALLEL ?= -n $(PYTEST_WORKERS) --dist loadfile
 COMPILE_OWN := $(BIN)/python -m compileall -q rec tasks flows bench examples
 test: install lint
 	@$(COMPILE_OWN)

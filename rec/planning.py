@@ -155,6 +155,11 @@ def _search(space: SearchSpace, spec: Spec, config: SearchConfig, searcher: Sear
         raise packing_failure(space, spec, e.tables) from None
 
 
+# The least-movement MILP of a replan runs for what the search from scratch left of --time-limit,
+# and at least this share of it.
+LEAST_MOVED_SHARE = 0.25
+
+
 @dataclass(frozen=True)
 class Replanned:
     plan: Plan  # replanned from the previous plan: previous_plan_id and metrics.movement set
@@ -166,7 +171,11 @@ def replan_spec(spec: Spec, topology: Topology, previous: Plan, max_regress: flo
                 cost: CostConfig = CostConfig(), config: SearchConfig = SearchConfig(),
                 searcher: Searcher | None = None) -> Replanned:
     """The plan for ``spec`` that moves least of ``previous``'s data while its critical path stays
-    within ``(1 + max_regress)`` x that of a plan searched from scratch (``rec.search.warm``)."""
+    within ``(1 + max_regress)`` x that of a plan searched from scratch (``rec.search.warm``). The
+    exact stages share ``config.time_limit_s``: the search from scratch's, then its passes' (as
+    ``plan_spec``'s passes do), then the least-movement MILP's, which runs for what they left and at
+    least ``LEAST_MOVED_SHARE`` of the limit. Each is sized from the whole limit, so that the replan
+    is the same plan wherever it ends before its cap."""
     from rec.analysis import check_plan
 
     check_profile_for(cost.profile, topology)
@@ -181,8 +190,11 @@ def replan_spec(spec: Spec, topology: Topology, previous: Plan, max_regress: flo
     sizes = allowed_load_factors(spec, np.array([kept.get(t.key, np.nan) for t in spec.tables]))
     space = build_search_space(spec, topology, cost, sizes)
     progress.update("searching from scratch")
-    result = _search(space, spec, config, searcher)
-    searched = after_search(result, _context(spec, topology, cost, config, searcher))
+    # Its first search runs the exact stage on the previous plan's cache sizes (not only the passes,
+    # as plan_spec's does where memory decides): the shards kept in place are placed on those sizes.
+    clock = ExactTime(config.time_limit_s)
+    result = clock.spent(_search(space, spec, config, searcher))
+    searched = after_search(result, _context(spec, topology, cost, config, searcher, clock=clock))
     fresh = build_plan(searched, spec, topology, cost, config, searched.info)
     progress.update(f"keeping shards of plan {previous.plan_id} in place")
     prev = previous_placement(space, spec, previous, cost)
@@ -191,7 +203,8 @@ def replan_spec(spec: Spec, topology: Topology, previous: Plan, max_regress: flo
     incumbent = candidates[0] if candidates else result.assignment
     if moved_bytes(space, incumbent, prev) > 0:
         progress.update("least movement: MILP")
-        exact = least_moved(space, prev, incumbent, target, config.time_limit_s)
+        wall_s = max(clock.left_s, config.time_limit_s * LEAST_MOVED_SHARE)
+        exact = least_moved(space, prev, incumbent, target, config.time_limit_s, wall_s)
         candidates += [exact] if exact is not None else []
     extra = replan_keys(previous, max_regress, result.info)
     # Costs the search does not see (rec.passes) count: a placement within the budget shard by shard

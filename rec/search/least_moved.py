@@ -42,19 +42,21 @@ PATIENCE = 8
 
 
 def least_moved(space: SearchSpace, prev: Previous, incumbent: Assignment, target: float,
-                seconds: float) -> Assignment | None:
+                seconds: float, wall_s: float | None = None) -> Assignment | None:
     """The plan with critical path <= ``target`` that moves least, better than ``incumbent`` (a
     plan within the target); None when HiGHS finds nothing better within ``seconds``. The whole
     MILP where it is small enough, else neighbourhoods: free the table that moves most, the ranks
-    it was and is on and the tables within them, and solve that MILP with everything else held."""
-    if seconds <= 0 or prev.table_bytes.sum() <= 0 or incumbent.critical_path > target:
+    it was and is on and the tables within them, and solve that MILP with everything else held.
+    ``seconds`` sizes the budgets; ``wall_s`` (where less) stops it sooner."""
+    cap = seconds if wall_s is None else min(wall_s, seconds)
+    if cap <= 0 or prev.table_bytes.sum() <= 0 or incumbent.critical_path > target:
         return None
     options = _options(space, prev, incumbent, target, None)
     columns = integer_columns(space, options)
     if columns <= FULL_COLUMNS_PER_S * seconds:
         nodes = max(1, int(FULL_COLUMNS_PER_NODE_S * seconds / max(columns, 1)))
-        return _solve(space, prev, incumbent, target, options, None, None, MilpLimits(nodes, seconds))
-    return _neighbourhoods(space, prev, incumbent, target, seconds)
+        return _solve(space, prev, incumbent, target, options, None, None, MilpLimits(nodes, cap))
+    return _neighbourhoods(space, prev, incumbent, target, cap)
 
 
 def _neighbourhoods(space: SearchSpace, prev: Previous, incumbent: Assignment, target: float,

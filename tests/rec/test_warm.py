@@ -73,3 +73,50 @@ def test_a_previous_plan_of_another_topology_is_refused():
                                 "hbm_cap": "80GiB", "ddr_cap": "128GiB"})
     with pytest.raises(InputError, match="another topology"):
         replan_spec(spec, H100_2X8, plan_spec(spec, other))
+
+
+
+def test_a_replans_exact_stages_share_the_time_limit(monkeypatch):
+    """The search from scratch, its passes' searches and the least-movement MILP share --time-limit:
+    each later one runs for what the earlier left (the MILP for at least a quarter of it), each still
+    sized from all of it, so that the replan is the plan it was wherever its cap is not reached."""
+    import time
+
+    import rec.planning
+    from rec.config.search import SearchConfig
+    from rec.planning import LEAST_MOVED_SHARE, LocalSearcher
+    from rec.search.least_moved import least_moved
+
+    class Recording(LocalSearcher):
+        def __init__(self):
+            self.runs = []
+
+        def search(self, space, config, start=None, wall_s=None):
+            result = super().search(space, config, start, wall_s)
+            self.runs.append((config.time_limit_s, wall_s, result.stats["exact_s"]))
+            return result
+
+    least = []
+
+    def recorded(space, prev, incumbent, target, seconds, wall_s=None):
+        began = time.perf_counter()
+        found = least_moved(space, prev, incumbent, target, seconds, wall_s)
+        least.append((seconds, wall_s, time.perf_counter() - began))
+        return found
+
+    monkeypatch.setattr(rec.planning, "least_moved", recorded)
+    spec, limit, searcher = mixed_spec(), 4.0, Recording()
+    previous = plan_spec(spec, H100_2X8)
+    new = changed(spec, add=10)  # within the fresh plan's critical path, some data moves
+    config = SearchConfig(time_limit_s=limit)
+    replanned = replan_spec(new, H100_2X8, previous, 0.0, config=config, searcher=searcher)
+    assert not validate_plan(replanned.plan) and replanned.movement.moved_bytes > 0
+    (sized, first, spent), *later = searcher.runs
+    assert sized == limit and first is None
+    for sized, wall_s, exact_s in later:
+        assert sized == limit and wall_s == pytest.approx(limit - spent)
+        spent += exact_s
+    ((seconds, wall_s, took),) = least
+    assert seconds == limit and wall_s == pytest.approx(max(limit - spent, LEAST_MOVED_SHARE * limit))
+    assert took <= wall_s + 1.0  # HiGHS stops within its time limit's checks
+    assert replanned.plan == replan_spec(new, H100_2X8, previous, 0.0, config=config).plan

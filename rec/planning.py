@@ -190,8 +190,9 @@ def replan_spec(spec: Spec, topology: Topology, previous: Plan, max_regress: flo
     sizes = allowed_load_factors(spec, np.array([kept.get(t.key, np.nan) for t in spec.tables]))
     space = build_search_space(spec, topology, cost, sizes)
     progress.update("searching from scratch")
-    # Its first search runs the exact stage on the previous plan's cache sizes (not only the passes,
-    # as plan_spec's does where memory decides): the shards kept in place are placed on those sizes.
+    # The first search runs the whole exact stage here, even where memory decides (plan_spec leaves
+    # it to the passes): the warm starts and the least-movement MILP start from its plan on the
+    # previous plan's cache sizes, which must be within the target (bench/RESULTS.md §4).
     clock = ExactTime(config.time_limit_s)
     result = clock.spent(_search(space, spec, config, searcher))
     searched = after_search(result, _context(spec, topology, cost, config, searcher, clock=clock))

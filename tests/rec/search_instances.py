@@ -1,10 +1,11 @@
 """Small random plan problems (cpu and cuda, one and two hosts, memory often binding) and an exact
-optimum for them, shared by the bound and MILP tests."""
+optimum for them, shared by the bound and MILP tests; a searcher that records its runs."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from rec.planning import LocalSearcher
 from rec.search import build_search_space
 from rec.search.exact import model_options
 from rec.search.milp import MilpLimits, build_model, solve
@@ -48,3 +49,16 @@ def milp_optimum(space: SearchSpace) -> float:
     out = solve(build_model(space, options, scale, (0.0, np.inf)), MilpLimits(10**9, 120.0))
     assert out.optimal, out.status
     return out.objective
+
+
+class RecordingSearcher(LocalSearcher):
+    """The local search, noting each run's time limit (what sizes it), its exact stage's wall-clock
+    cap (None: its time limit) and the time that stage took."""
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[float, float | None, float]] = []
+
+    def search(self, space, config, start=None, wall_s=None):
+        result = super().search(space, config, start, wall_s)
+        self.runs.append((config.time_limit_s, wall_s, result.stats["exact_s"]))
+        return result

@@ -84,17 +84,9 @@ def test_a_replans_exact_stages_share_the_time_limit(monkeypatch):
 
     import rec.planning
     from rec.config.search import SearchConfig
-    from rec.planning import LEAST_MOVED_SHARE, LocalSearcher
+    from rec.planning import LEAST_MOVED_SHARE
     from rec.search.least_moved import least_moved
-
-    class Recording(LocalSearcher):
-        def __init__(self):
-            self.runs = []
-
-        def search(self, space, config, start=None, wall_s=None):
-            result = super().search(space, config, start, wall_s)
-            self.runs.append((config.time_limit_s, wall_s, result.stats["exact_s"]))
-            return result
+    from tests.rec.search_instances import RecordingSearcher
 
     least = []
 
@@ -105,7 +97,7 @@ def test_a_replans_exact_stages_share_the_time_limit(monkeypatch):
         return found
 
     monkeypatch.setattr(rec.planning, "least_moved", recorded)
-    spec, limit, searcher = mixed_spec(), 4.0, Recording()
+    spec, limit, searcher = mixed_spec(), 4.0, RecordingSearcher()
     previous = plan_spec(spec, H100_2X8)
     new = changed(spec, add=10)  # within the fresh plan's critical path, some data moves
     config = SearchConfig(time_limit_s=limit)

@@ -324,7 +324,9 @@ def test_a_stopped_check_stops_the_training_it_runs_and_says_so_in_one_line(tmp_
     check = psutil.Process(proc.pid)
     started = []
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not any("train" in command_of(c) for c in started):
+    # The training's own command line: a child forked but not yet exec'd carries the check's, which
+    # names the train section too (a git run before the sections, caught so, got the signal there).
+    while time.monotonic() < deadline and not any("-m flows.cli train " in command_of(c) for c in started):
         time.sleep(0.2)
         started = [c for c in check.children(recursive=True) if c.is_running()]
     assert started, "the check started no training"

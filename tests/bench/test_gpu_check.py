@@ -318,9 +318,12 @@ def test_a_stopped_check_stops_the_training_it_runs_and_says_so_in_one_line(tmp_
     (Ctrl-C, or SIGTERM from a job runner), it stops the command and its ranks too, and exits 128 + N."""
     import psutil
 
+    # As from a terminal: a suite started in the background of a shell without job control has SIGINT
+    # ignored, which its processes inherit, and Python then leaves Ctrl-C ignored.
     proc = subprocess.Popen([sys.executable, "-m", "bench.gpu_check", "--out", str(tmp_path / "check"), "--device",
                              "cpu", "--sections", "train"], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     check = psutil.Process(proc.pid)
     started = []
     deadline = time.monotonic() + 120

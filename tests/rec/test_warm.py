@@ -75,7 +75,6 @@ def test_a_previous_plan_of_another_topology_is_refused():
         replan_spec(spec, H100_2X8, plan_spec(spec, other))
 
 
-
 def test_a_replans_exact_stages_share_the_time_limit(monkeypatch):
     """The search from scratch, its passes' searches and the least-movement MILP share --time-limit:
     each later one runs for what the earlier left (the MILP for at least a quarter of it), each still

@@ -17,10 +17,10 @@ from rec.analysis.build import build_plan
 from rec.analysis.rank_times import predicted_critical_path
 from rec.config.cost import CostConfig
 from rec.config.search import SearchConfig
-from rec.cost.tables import allowed_load_factors, cache_fixed, cache_floors, may_be_cached, resolved_load_factors
+from rec.cost.tables import allowed_load_factors, resolved_load_factors
 from rec.errors import InputError, Problem
 from rec.passes import PassContext, after_search
-from rec.passes.cache_sizes import FIRST_EXACT_SHARE, LOAD_FACTORS, memory_decides
+from rec.passes.cache_sizes import FIRST_EXACT_SHARE, least_sizes, memory_decides
 from rec.passes.context import RELATIVE_GAIN
 from rec.plan.movement import Movement, movement
 from rec.plan.plan_id import replan_keys
@@ -74,8 +74,17 @@ def plan_spec(spec: Spec, topology: Topology, cost: CostConfig = CostConfig(),
     validates it (the write step does, before writing). InputError too if ``cost.profile`` was
     measured on another kind of device than ``topology``'s."""
     check_profile_for(cost.profile, topology)
+    result, _ = _fresh(spec, topology, cost, config, searcher)
+    progress.update("building the plan")
+    return build_plan(result, spec, topology, cost, config, result.info)
+
+
+def _fresh(spec: Spec, topology: Topology, cost: CostConfig, config: SearchConfig,
+           searcher: Searcher | None) -> tuple[SearchResult, ExactTime]:
+    """``plan_spec``'s search and passes, and what they left of the exact stage's time limit."""
+    clock = ExactTime(config.time_limit_s)
     try:
-        return _planned(spec, topology, cost, config, searcher)
+        return _searched(spec, topology, cost, config, searcher, clock), clock
     except InputError as refused:
         # Smaller caches leave more HBM: a spec that does not fit with every cache at its first size
         # may with each at its least, as TorchRec plans a cache at the floor a user stated.
@@ -83,8 +92,9 @@ def plan_spec(spec: Spec, topology: Topology, cost: CostConfig = CostConfig(),
         if least is None:
             raise
         progress.update("the caches at their first sizes do not fit: searching from the least sizes")
+        clock = ExactTime(config.time_limit_s)
         try:
-            return _planned(spec, topology, cost, config, searcher, least)
+            return _searched(spec, topology, cost, config, searcher, clock, least), clock
         except InputError:
             raise refused from None
 
@@ -95,14 +105,14 @@ def least_caches(spec: Spec, topology: Topology, cost: CostConfig) -> np.ndarray
     size the search starts it at; None where none is (or on cpu, without caches)."""
     if topology.compute_device is not ComputeDevice.CUDA:
         return None
-    free = ~cache_fixed(spec) & np.fromiter(map(may_be_cached, spec.tables), bool, len(spec.tables))
-    least = np.where(free, np.maximum(cache_floors(spec), LOAD_FACTORS[0]), np.nan)
+    least = least_sizes(spec)
     return least if bool((least < resolved_load_factors(spec, cost)).any()) else None
 
 
-def _planned(spec: Spec, topology: Topology, cost: CostConfig, config: SearchConfig, searcher: Searcher | None,
-             load_factors: np.ndarray | None = None) -> Plan:
-    """``plan_spec`` with the search starting the caches at ``load_factors`` (None: their first sizes)."""
+def _searched(spec: Spec, topology: Topology, cost: CostConfig, config: SearchConfig, searcher: Searcher | None,
+              clock: ExactTime, load_factors: np.ndarray | None = None) -> SearchResult:
+    """``plan_spec``'s search and passes with the caches starting at ``load_factors`` (None: their
+    first sizes), their exact stages sharing ``clock``."""
     progress.update(f"cost model: the options of {len(spec):,} tables on {topology.world_size:,} ranks")
     space = build_search_space(spec, topology, cost, load_factors)
     progress.update("searching")
@@ -111,7 +121,6 @@ def _planned(spec: Spec, topology: Topology, cost: CostConfig, config: SearchCon
     # limit (the MILP's rescue) runs again with all of it.
     exact_last = memory_decides(space, topology) and config.time_limit_s > 0
     first = replace(config, time_limit_s=config.time_limit_s * FIRST_EXACT_SHARE) if exact_last else config
-    clock = ExactTime(config.time_limit_s)
     try:
         result = clock.spent(_search(space, spec, first, searcher))
     except InputError:
@@ -119,9 +128,7 @@ def _planned(spec: Spec, topology: Topology, cost: CostConfig, config: SearchCon
             raise
         exact_last = False
         result = clock.spent(_search(space, spec, config, searcher))
-    result = after_search(result, _context(spec, topology, cost, config, searcher, exact_last=exact_last, clock=clock))
-    progress.update("building the plan")
-    return build_plan(result, spec, topology, cost, config, result.info)
+    return after_search(result, _context(spec, topology, cost, config, searcher, exact_last=exact_last, clock=clock))
 
 
 def _context(spec: Spec, topology: Topology, cost: CostConfig, config: SearchConfig,
@@ -171,11 +178,12 @@ def replan_spec(spec: Spec, topology: Topology, previous: Plan, max_regress: flo
                 cost: CostConfig = CostConfig(), config: SearchConfig = SearchConfig(),
                 searcher: Searcher | None = None) -> Replanned:
     """The plan for ``spec`` that moves least of ``previous``'s data while its critical path stays
-    within ``(1 + max_regress)`` x that of a plan searched from scratch (``rec.search.warm``). The
-    exact stages share ``config.time_limit_s``: the search from scratch's, then its passes' (as
-    ``plan_spec``'s passes do), then the least-movement MILP's, which runs for what they left and at
-    least ``LEAST_MOVED_SHARE`` of the limit. Each is sized from the whole limit, so that the replan
-    is the same plan wherever it ends before its cap."""
+    within ``(1 + max_regress)`` x that of a plan searched from scratch (``rec.search.warm``; where
+    memory decides, ``plan_spec``'s plan, and ``previous``'s placement with its caches sized again is
+    a candidate too). The exact stages share ``config.time_limit_s``: the search from scratch's, then
+    its passes' (as ``plan_spec``'s passes do), then the least-movement MILP's, which runs for what
+    they left and at least ``LEAST_MOVED_SHARE`` of the limit. Each is sized from the whole limit, so
+    that the replan is the same plan wherever it ends before its cap."""
     from rec.analysis import check_plan
 
     check_profile_for(cost.profile, topology)
@@ -190,22 +198,28 @@ def replan_spec(spec: Spec, topology: Topology, previous: Plan, max_regress: flo
     sizes = allowed_load_factors(spec, np.array([kept.get(t.key, np.nan) for t in spec.tables]))
     space = build_search_space(spec, topology, cost, sizes)
     progress.update("searching from scratch")
-    # The first search runs the whole exact stage here, even where memory decides (plan_spec leaves
-    # it to the passes): the warm starts and the least-movement MILP start from its plan on the
-    # previous plan's cache sizes, which must be within the target (bench/RESULTS.md §4).
-    clock = ExactTime(config.time_limit_s)
-    result = clock.spent(_search(space, spec, config, searcher))
-    searched = after_search(result, _context(spec, topology, cost, config, searcher, clock=clock))
+    decides = memory_decides(space, topology)
+    if decides:
+        # Where memory decides, the plan from scratch is plan_spec's, its cache sizes chosen anew: the
+        # previous plan's sizes can make a search from scratch far slower (bench/RESULTS.md §4). The
+        # warm starts and the least-movement MILP start from it, on the sizes it chose.
+        searched, clock = _fresh(spec, topology, cost, config, searcher)
+        result = searched
+    else:
+        # The warm starts and the least-movement MILP start from the search's plan, before its passes.
+        clock = ExactTime(config.time_limit_s)
+        result = clock.spent(_search(space, spec, config, searcher))
+        searched = after_search(result, _context(spec, topology, cost, config, searcher, clock=clock))
     fresh = build_plan(searched, spec, topology, cost, config, searched.info)
     progress.update(f"keeping shards of plan {previous.plan_id} in place")
-    prev = previous_placement(space, spec, previous, cost)
+    prev = previous_placement(result.space, spec, previous, cost)
     target = (1 + max_regress) * result.critical_path
-    candidates = warm_starts(space, result.assignment, prev, target)
+    candidates = warm_starts(result.space, result.assignment, prev, target)
     incumbent = candidates[0] if candidates else result.assignment
-    if moved_bytes(space, incumbent, prev) > 0:
+    if moved_bytes(result.space, incumbent, prev) > 0:
         progress.update("least movement: MILP")
         wall_s = max(clock.left_s, config.time_limit_s * LEAST_MOVED_SHARE)
-        exact = least_moved(space, prev, incumbent, target, config.time_limit_s, wall_s)
+        exact = least_moved(result.space, prev, incumbent, target, config.time_limit_s, wall_s)
         candidates += [exact] if exact is not None else []
     extra = replan_keys(previous, max_regress, result.info)
     # Costs the search does not see (rec.passes) count: a placement within the budget shard by shard
@@ -214,6 +228,10 @@ def replan_spec(spec: Spec, topology: Topology, previous: Plan, max_regress: flo
     in_place = _context(spec, topology, cost, config, searcher, may_search=False)
     best: tuple[tuple[int, float], Plan, Movement] | None = None
     placements = [after_search(replace(result, assignment=a), in_place) for a in candidates]
+    if decides:
+        # Every shard where it was, its caches sized anew in the HBM left: a cache moves no data.
+        placements += [after_search(r, in_place) for s in (least_sizes(spec), sizes)
+                       for r in _kept(spec, topology, cost, config, searcher, previous, s)]
     for placed in [*placements, searched]:  # the fresh plan itself is within the budget
         plan = build_plan(placed, spec, topology, cost, config, extra)
         if placed is not searched and predicted_critical_path(plan) > budget:
@@ -227,3 +245,17 @@ def replan_spec(spec: Spec, topology: Topology, previous: Plan, max_regress: flo
     plan = replace(plan, previous_plan_id=previous.plan_id,
                    metrics=replace(plan.metrics, movement=moved))
     return Replanned(plan, fresh, moved)
+
+
+def _kept(spec: Spec, topology: Topology, cost: CostConfig, config: SearchConfig, searcher: Searcher | None,
+          previous: Plan, load_factors: np.ndarray) -> list[SearchResult]:
+    """``previous``'s placement with the caches at ``load_factors``: its shards kept where they are
+    (added tables placed around them, shards of a rank over its memory moved), whatever the critical
+    path; none where the spec cannot be packed so."""
+    try:
+        space = build_search_space(spec, topology, cost, load_factors)
+        quick = _search(space, spec, replace(config, time_limit_s=0.0), searcher)
+    except InputError:
+        return []
+    prev = previous_placement(space, spec, previous, cost)
+    return [replace(quick, assignment=a) for a in warm_starts(space, quick.assignment, prev, np.inf)]

@@ -23,7 +23,10 @@ and the fastest plan is taken. There the planner gives the first search a short 
 its cache sizes, and from the start at TorchRec's default size (the size TorchRec's own plans cache
 at, which the heuristic packs badly where the caches nearly fill the HBM), and grows the results
 again; these runs and the first share the time limit (``rec.planning.ExactTime``), each sized from
-its share of the limit and stopped where the earlier ones spent it. Under TorchRec's default
+its share of the limit and stopped where the earlier ones spent it. Last, the caches of the plan taken
+are sized once more on its placement: each from its least size (``LOAD_FACTORS[0]``, or its floor)
+grown the same way, kept where faster. Growing only adds to the sizes the search placed the tables
+with, so a rank's HBM can stay with caches that save less than others on it would. Under TorchRec's default
 profile a larger cache is always faster (its bandwidth rises linearly with the cache's size, and a
 table with TorchRec's cache statistics fetches fewer rows);
 under a profile with ``cache_miss_multiplier`` the gain follows the table's hit-rate curve, so
@@ -45,7 +48,7 @@ import numpy as np
 
 from rec.config.cost import UVM_CACHING_RATIO, CostConfig
 from rec.cost.enumerator import enumerate_options
-from rec.cost.tables import cache_fixed, cache_floors, global_distinct, resolved_load_factors
+from rec.cost.tables import cache_fixed, cache_floors, global_distinct, may_be_cached, resolved_load_factors
 from rec.cost.types import Options
 from rec.errors import InputError
 from rec.passes.context import RELATIVE_GAIN, PassContext
@@ -140,7 +143,7 @@ def with_cache_sizes(result: SearchResult, spec: Spec, topology: Topology, cost:
     # (rec.cost.tables.implicit_caches).
     best = _faster(result, best, built)
     if exact is None:
-        return _filled(best, spec, topology, cost, built)
+        return _regrown(_filled(best, spec, topology, cost, built), spec, topology, cost, built)
 
     def exact_grown(start: SearchResult) -> SearchResult:
         improved = exact(start, 1.0)  # never slower than start
@@ -156,7 +159,7 @@ def with_cache_sizes(result: SearchResult, spec: Spec, topology: Topology, cost:
         # packs that start badly and only the exact stage finds its plan (memory_tight_bench
         # --other-shapes one_giant-3214: 535 ms heuristic, 148 exact, against 168 from the best start).
         best = _faster(best, exact_grown(at_default), built)
-    return best
+    return _regrown(best, spec, topology, cost, built)
 
 
 def _filled(result: SearchResult, spec: Spec, topology: Topology, cost: CostConfig,
@@ -165,6 +168,30 @@ def _filled(result: SearchResult, spec: Spec, topology: Topology, cost: CostConf
     search, start and exact stage was compared on the ladder's sizes, so that it only shortens the
     plan they chose."""
     return _faster(result, _grown(result, spec, topology, cost, between=True), path)
+
+
+def _regrown(result: SearchResult, spec: Spec, topology: Topology, cost: CostConfig,
+             path: Callable[[SearchResult], float]) -> SearchResult:
+    """``result`` with its caches sized anew on its placement: each at its least size, then grown
+    (between the rungs too), where that is faster. Growing only adds to the sizes a search placed
+    the tables with, so a rank's HBM can stay with caches that save less than others would."""
+    kernel = result.space.options.compute_kernel[result.assignment.choice]
+    caching = [int(t) for t in _candidates(result, spec, topology) if kernel[t] == _CACHING]
+    if not caching:
+        return result
+    least = least_sizes(spec)
+    shrunk = _rebuilt(result, spec, topology, cost, {t: float(least[t]) for t in caching}, only_faster=False)
+    if shrunk is result:
+        return result
+    return _faster(result, _filled(_grown(shrunk, spec, topology, cost), spec, topology, cost, path), path)
+
+
+def least_sizes(spec: Spec) -> np.ndarray:
+    """(T,) the least cache size of each table the planner sizes: its floor, else the ladder's first
+    rung (NaN: the spec fixes it, or it cannot cache)."""
+    free = ~cache_fixed(spec) & np.fromiter(map(may_be_cached, spec.tables), bool, len(spec.tables))
+    least: np.ndarray = np.where(free, np.maximum(cache_floors(spec), LOAD_FACTORS[0]), np.nan)
+    return least
 
 
 def _faster(first: SearchResult, other: SearchResult, path: Callable[[SearchResult], float]) -> SearchResult:
@@ -358,8 +385,9 @@ def _per_rank(first: np.ndarray, repeat: np.ndarray, values: np.ndarray, world: 
 
 
 def _rebuilt(result: SearchResult, spec: Spec, topology: Topology, cost: CostConfig,
-             chosen: dict[int, float]) -> SearchResult:
-    """The same placement in a space costed with the chosen cache sizes (uvm tables given caches)."""
+             chosen: dict[int, float], only_faster: bool = True) -> SearchResult:
+    """The same placement in a space costed with the chosen cache sizes (uvm tables given caches);
+    with ``only_faster``, ``result`` itself where that is slower as the plans are built."""
     old, a = result.space, result.assignment
     factors = np.full(len(spec.tables), np.nan) if old.chosen_load_factor is None else old.chosen_load_factor.copy()
     for t, lf in chosen.items():
@@ -378,6 +406,8 @@ def _rebuilt(result: SearchResult, spec: Spec, topology: Topology, cost: CostCon
     grown = replace(result, space=space, assignment=assignment, bound=lower_bound(space))
     if (assignment.hbm > space.hbm_cap).any():
         return result  # cannot happen step by step; kept as a guard for the plan's validity
+    if not only_faster:
+        return grown
     # Slower where a grown cache states the default-size caches of its kernel groups.
     built = [placed_critical_path(r, spec, topology, cost) for r in (result, grown)]
     return result if built[1] > built[0] else grown

@@ -241,6 +241,41 @@ def test_the_greedy_is_within_a_few_percent_of_every_combination_of_rungs_on_a_s
         assert plan.metrics.critical_path <= best * 1.05, profile.extensions
 
 
+def test_caches_sized_on_a_placement_beat_every_pair_of_rungs_even_where_one_must_shrink():
+    """Oracle: every pair of ladder rungs on the same placement (one rank), priced as the plans are
+    built. The caches start at 0.5 each and fill the HBM; the best sizes give the hot table more and
+    the cold one less, which growing alone never reaches (a replan's kept placements are sized so)."""
+    from rec.config.search import SearchConfig
+    from rec.passes.cache_sizes import with_cache_sizes
+    from rec.search.pack import PackingError
+    from rec.search.pipeline import search_result
+    from rec.search.placed_caches import placed_critical_path
+
+    rows = [{"name": "hot", "num_embeddings": 4_000_000, "embedding_dim": 64, "pooling_factor": 10.0,
+             "compute_kernels": ["fused_uvm_caching"], "hit_rate_curve": SKEWED},
+            {"name": "cold", "num_embeddings": 3_000_000, "embedding_dim": 64, "pooling_factor": 2.0,
+             "compute_kernels": ["fused_uvm_caching"], "hit_rate_curve": [[0.5, 0.5]]}]
+    spec, quick = spec_from_rows(rows), SearchConfig(time_limit_s=0.0)
+    for profile in (DEFAULT_PROFILE, replace(DEFAULT_PROFILE, extensions=Extensions(cache_miss_multiplier=1.0))):
+        cost = CostConfig(profile=profile)
+        half = np.array([0.5, 0.5])
+        # HBM for both caches at 0.5 and no more, after TorchRec's reservation
+        o = enumerate_options(spec, cuda(world_size=1), cost, half)
+        need = sum(int(o.hbm[o.shards(i)].sum()) for i in range(o.num_options) if o.sharding_type[i] == 1)
+        usable = build_search_space(spec, cuda(world_size=1), cost, half).hbm_cap[0] / GiB
+        topology = cuda(world_size=1, hbm_cap=int(np.ceil(need / usable)) + 16)
+        first = search_result(build_search_space(spec, topology, cost, half), quick)
+        sized = placed_critical_path(with_cache_sizes(first, spec, topology, cost), spec, topology, cost)
+        best = np.inf
+        for pair in itertools.product(LOAD_FACTORS, repeat=2):
+            try:
+                other = search_result(build_search_space(spec, topology, cost, np.array(pair)), quick)
+            except (InputError, PackingError):  # the pair does not fit
+                continue
+            best = min(best, placed_critical_path(other, spec, topology, cost))
+        assert sized <= best * (1 + 1e-9), profile.extensions
+
+
 def test_where_memory_decides_the_exact_stage_runs_on_the_cache_sizes_the_plan_ends_with():
     """The caches are sized after the search, so its exact stage waits for them: the plan is proven
     optimal at its own sizes, where the heuristic alone leaves a gap."""
@@ -309,6 +344,32 @@ def test_a_replan_after_the_spec_gains_a_floor_or_a_fixed_size_honours_it(given)
             assert (sizes == 0.05).all()
         else:
             assert (sizes >= 0.3).all()
+
+
+@pytest.mark.parametrize("grown", [1.5, 3.0])
+def test_where_memory_decides_a_replan_stays_within_its_target_of_the_plan_made_afresh(grown):
+    """Oracle: ``plan_spec`` on the new spec. A table in HBM grows where the previous plan's caches
+    filled it: at the previous plan's cache sizes a search from scratch made a plan 1.06x slower
+    than planning the spec afresh, and the replan kept within 2% of that slower plan. The replan's
+    plan from scratch is now ``plan_spec``'s own, and its plan moves less than that one would."""
+    from rec.config.search import SearchConfig
+    from rec.plan.movement import movement
+
+    rows = [{"name": f"t{i}", "num_embeddings": n, "embedding_dim": d, "pooling_factor": p}
+            for i, (n, d, p) in enumerate([(4_000_000, 32, 7.0), (8_000_000, 128, 16.0), (11_000_000, 64, 8.0),
+                                           (10_000_000, 32, 2.0), (9_000_000, 128, 1.0)])]
+    rows += [{"name": f"h{i}", "num_embeddings": n, "embedding_dim": 64, "pooling_factor": 8.0}
+             for i, n in enumerate([1_500_000, 1_500_000, 1_000_000])]
+    topology, config = cuda(), SearchConfig(time_limit_s=2.0)
+    first = plan_spec(spec_from_rows(rows), topology, config=config)
+    rows[5] = {**rows[5], "num_embeddings": int(rows[5]["num_embeddings"] * grown)}
+    spec = spec_from_rows(rows)
+    afresh = plan_spec(spec, topology, config=config)
+    replanned = replan_spec(spec, topology, first, config=config)
+    check_plan(replanned.plan)
+    assert replanned.fresh.metrics.critical_path == pytest.approx(afresh.metrics.critical_path, rel=1e-9)
+    assert replanned.plan.metrics.critical_path <= 1.02 * afresh.metrics.critical_path * (1 + 1e-9)
+    assert replanned.movement.moved_bytes < movement(first, afresh).moved_bytes
 
 
 def test_a_plan_whose_searches_sized_tables_it_keeps_in_hbm_checks_without_an_exact_stage():

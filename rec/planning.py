@@ -7,6 +7,7 @@ its tasks on Ray actors.
 
 from __future__ import annotations
 
+from contextlib import suppress
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -229,9 +230,13 @@ def replan_spec(spec: Spec, topology: Topology, previous: Plan, max_regress: flo
     best: tuple[tuple[int, float], Plan, Movement] | None = None
     placements = [after_search(replace(result, assignment=a), in_place) for a in candidates]
     if decides:
-        # Every shard where it was, its caches sized anew in the HBM left: a cache moves no data.
-        placements += [after_search(r, in_place) for s in (least_sizes(spec), sizes)
-                       for r in _kept(spec, topology, cost, config, searcher, previous, s)]
+        # Every shard where it was, its caches sized anew in the HBM left (a cache moves no data): from
+        # the least sizes, and from the previous plan's (``space``).
+        kept_in = [space]
+        with suppress(InputError):  # the spec does not fit at them: no such candidate
+            kept_in.insert(0, build_search_space(spec, topology, cost, least_sizes(spec)))
+        placements += [after_search(r, in_place) for s in kept_in
+                       for r in _kept(s, spec, cost, config, searcher, previous)]
     for placed in [*placements, searched]:  # the fresh plan itself is within the budget
         plan = build_plan(placed, spec, topology, cost, config, extra)
         if placed is not searched and predicted_critical_path(plan) > budget:
@@ -247,13 +252,12 @@ def replan_spec(spec: Spec, topology: Topology, previous: Plan, max_regress: flo
     return Replanned(plan, fresh, moved)
 
 
-def _kept(spec: Spec, topology: Topology, cost: CostConfig, config: SearchConfig, searcher: Searcher | None,
-          previous: Plan, load_factors: np.ndarray) -> list[SearchResult]:
-    """``previous``'s placement with the caches at ``load_factors``: its shards kept where they are
-    (added tables placed around them, shards of a rank over its memory moved), whatever the critical
-    path; none where the spec cannot be packed so."""
+def _kept(space: SearchSpace, spec: Spec, cost: CostConfig, config: SearchConfig, searcher: Searcher | None,
+          previous: Plan) -> list[SearchResult]:
+    """``previous``'s placement in ``space`` (its cache sizes): its shards kept where they are (added
+    tables placed around them, shards of a rank over its memory moved), whatever the critical path;
+    none where the spec cannot be packed so."""
     try:
-        space = build_search_space(spec, topology, cost, load_factors)
         quick = _search(space, spec, replace(config, time_limit_s=0.0), searcher)
     except InputError:
         return []

@@ -166,6 +166,10 @@ def _search(space: SearchSpace, spec: Spec, config: SearchConfig, searcher: Sear
 # The least-movement MILP of a replan runs for what the search from scratch left of --time-limit,
 # and at least this share of it.
 LEAST_MOVED_SHARE = 0.25
+# Where memory decides and every candidate of a replan moves more than this share of the previous
+# plan's bytes, it searches at the previous plan's cache sizes as well.
+SEARCH_AT_PREVIOUS_SIZES_ABOVE = 0.1
+Best = tuple[tuple[int, float], Plan, Movement]
 
 
 @dataclass(frozen=True)
@@ -181,7 +185,9 @@ def replan_spec(spec: Spec, topology: Topology, previous: Plan, max_regress: flo
     """The plan for ``spec`` that moves least of ``previous``'s data while its critical path stays
     within ``(1 + max_regress)`` x that of a plan searched from scratch (``rec.search.warm``; where
     memory decides, ``plan_spec``'s plan, and ``previous``'s placement with its caches sized again is
-    a candidate too). The exact stages share ``config.time_limit_s``: the search from scratch's, then
+    a candidate too; where every candidate then moves more than ``SEARCH_AT_PREVIOUS_SIZES_ABOVE`` of
+    the bytes, a search at the previous cache sizes adds its own, on the whole limit again). The exact
+    stages share ``config.time_limit_s``: the search from scratch's, then
     its passes' (as ``plan_spec``'s passes do), then the least-movement MILP's, which runs for what
     they left and at least ``LEAST_MOVED_SHARE`` of the limit. Each is sized from the whole limit, so
     that the replan is the same plan wherever it ends before its cap."""
@@ -227,7 +233,6 @@ def replan_spec(spec: Spec, topology: Topology, previous: Plan, max_regress: flo
     # may not be with them.
     budget = (1 + max_regress) * predicted_critical_path(fresh) * (1 + RELATIVE_GAIN)
     in_place = _context(spec, topology, cost, config, searcher, may_search=False)
-    best: tuple[tuple[int, float], Plan, Movement] | None = None
     placements = [after_search(replace(result, assignment=a), in_place) for a in candidates]
     if decides:
         # Every shard where it was, its caches sized anew in the HBM left (a cache moves no data): from
@@ -237,19 +242,51 @@ def replan_spec(spec: Spec, topology: Topology, previous: Plan, max_regress: flo
             kept_in.insert(0, build_search_space(spec, topology, cost, least_sizes(spec)))
         placements += [after_search(r, in_place) for s in kept_in
                        for r in _kept(s, spec, cost, config, searcher, previous)]
-    for placed in [*placements, searched]:  # the fresh plan itself is within the budget
-        plan = build_plan(placed, spec, topology, cost, config, extra)
-        if placed is not searched and predicted_critical_path(plan) > budget:
-            continue
-        moved = movement(previous, plan, fresh.metrics.critical_path)
-        key = (moved.moved_bytes, plan.metrics.critical_path)
-        if best is None or key < best[0]:
-            best = (key, plan, moved)
+
+    def least_moving(placements: list[SearchResult], best: Best | None) -> Best | None:
+        for placed in placements:
+            plan = build_plan(placed, spec, topology, cost, config, extra)
+            if placed is not searched and predicted_critical_path(plan) > budget:
+                continue
+            moved = movement(previous, plan, fresh.metrics.critical_path)
+            key = (moved.moved_bytes, plan.metrics.critical_path)
+            if best is None or key < best[0]:
+                best = (key, plan, moved)
+        return best
+
+    best = least_moving([*placements, searched], None)  # the fresh plan itself is within the budget
+    assert best is not None
+    if decides and best[2].moved_fraction > SEARCH_AT_PREVIOUS_SIZES_ABOVE:
+        # Every placement so far moves much: search at the previous plan's cache sizes too, as a
+        # replan where memory does not decide does, and keep shards in place from that plan.
+        progress.update("keeping shards in place at the previous cache sizes")
+        at_previous = _at_previous_sizes(space, spec, previous, cost, config, searcher, target, clock)
+        best = least_moving([after_search(r, in_place) for r in at_previous], best)
     assert best is not None
     _, plan, moved = best
     plan = replace(plan, previous_plan_id=previous.plan_id,
                    metrics=replace(plan.metrics, movement=moved))
     return Replanned(plan, fresh, moved)
+
+
+def _at_previous_sizes(space: SearchSpace, spec: Spec, previous: Plan, cost: CostConfig, config: SearchConfig,
+                       searcher: Searcher | None, target: float, clock: ExactTime) -> list[SearchResult]:
+    """Plans in ``space`` (the previous plan's cache sizes) that keep shards of ``previous`` in place:
+    a search there (its exact stage on the whole time limit, as a search from scratch), and from it
+    the warm starts and the least-movement MILP within ``target`` (for what ``clock`` has left, and at
+    least ``LEAST_MOVED_SHARE`` of the limit)."""
+    try:
+        result = clock.spent(_search(space, spec, config, searcher))
+    except InputError:
+        return []
+    prev = previous_placement(space, spec, previous, cost)
+    found = warm_starts(space, result.assignment, prev, target)
+    incumbent = found[0] if found else result.assignment
+    if moved_bytes(space, incumbent, prev) > 0:
+        wall_s = max(clock.left_s, config.time_limit_s * LEAST_MOVED_SHARE)
+        exact = least_moved(space, prev, incumbent, target, config.time_limit_s, wall_s)
+        found += [exact] if exact is not None else []
+    return [replace(result, assignment=a) for a in [*found, result.assignment]]
 
 
 def _kept(space: SearchSpace, spec: Spec, cost: CostConfig, config: SearchConfig, searcher: Searcher | None,

@@ -372,6 +372,28 @@ def test_where_memory_decides_a_replan_stays_within_its_target_of_the_plan_made_
     assert replanned.movement.moved_bytes < movement(first, afresh).moved_bytes
 
 
+def test_where_memory_decides_and_every_replan_moves_much_a_search_at_the_previous_sizes_keeps_the_data():
+    """Two small tables grow 1.5x. Planned afresh, 61% of the bytes move; every plan made from
+    ``plan_spec``'s (its cache sizes) moved 30% at the plan afresh's critical path. A search at the
+    previous plan's cache sizes finds a plan that keeps almost every shard where it was, and is faster."""
+    from rec.config.search import SearchConfig
+    from rec.plan.movement import movement
+
+    rows = [{"name": f"t{i}", "num_embeddings": n, "embedding_dim": d, "pooling_factor": p}
+            for i, (n, d, p) in enumerate([(11_531_121, 128, 15.5), (1_093_045, 32, 7.3), (11_251_347, 32, 19.1),
+                                           (4_356_462, 128, 7.3), (9_587_380, 128, 16.5), (1_222_546, 32, 7.5),
+                                           (1_633_034, 128, 10.9), (5_578_972, 128, 3.8)])]
+    topology, config = cuda(), SearchConfig(time_limit_s=2.0)
+    first = plan_spec(spec_from_rows(rows), topology, config=config)
+    for i in (1, 5):
+        rows[i] = {**rows[i], "num_embeddings": int(rows[i]["num_embeddings"] * 1.5)}
+    replanned = replan_spec(spec_from_rows(rows), topology, first, config=config)
+    check_plan(replanned.plan)
+    assert movement(first, replanned.fresh).moved_fraction > 0.5
+    assert replanned.movement.moved_fraction < 0.01
+    assert replanned.plan.metrics.critical_path <= replanned.fresh.metrics.critical_path
+
+
 def test_a_plan_whose_searches_sized_tables_it_keeps_in_hbm_checks_without_an_exact_stage():
     """The pass's start searches size every free table's cache, and a table can end in HBM: its plan
     records no size for it. With no exact stage its bound is the one recomputed from the plan alone,

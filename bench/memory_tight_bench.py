@@ -17,6 +17,13 @@ rank's HBM) on 1-4 hosts of 2-8 ranks of 16-80 GiB and batches of 128-16384, wri
 two sets had been planned, without looking at how shardflow plans (seeds 3300-3399, which ``main``
 requires for it).
 
+``--fourth-shapes`` draws from a fourth set of four generators (26 DLRM tables each of its own width,
+3-14 tables of 30 M to 1 G narrow rows, 4-19 equal giants whose pooling and skew differ, sequence-heavy
+models of 5-300 ids a sample) on one rank to 8 hosts of 8, of 16-141 GiB, batches of 32-65536, the
+tables 1.3-12 times the ranks' HBM, and a third of the tables without statistics (the user has none
+for them); written after the first three sets had been planned, without looking at how shardflow
+plans (seeds 3400-3499, which ``main`` requires for it).
+
 Planned by ``ShardflowPlanner`` (default settings) and TorchRec's ``EmbeddingShardingPlanner`` with
 its default proposers, its ``DynamicProgrammingProposer`` and its ``EmbeddingOffloadScaleupProposer``
 (the one that grows caches by cacheability), all from the same model and constraints. Every plan is
@@ -35,7 +42,7 @@ tables in a weighted EmbeddingBagCollection (id-score lists, TorchRec's ``is_wei
 TorchRec's estimator prices with their weights.
 
     .venv/bin/python bench/memory_tight_bench.py [--count 16] [--first-seed 3000] [--constrained] [--weighted] \\
-        [--other-shapes | --third-shapes] \\
+        [--other-shapes | --third-shapes | --fourth-shapes] \\
         [--shardflow-timeout SECONDS] \\
         [--out bench/results/memory_tight_bench.json]
 """
@@ -64,6 +71,7 @@ from rec.spec.validate import spec_from_rows
 GiB = 2**30
 SEEDS = range(3000, 4000)  # reserved for this bench: no term, probe or default was chosen on them
 THIRD_SEEDS = range(3300, 3400)  # ``--third-shapes``'s part of them
+FOURTH_SEEDS = range(3400, 3500)  # ``--fourth-shapes``'s
 DDR_PER_RANK = 512 * GiB
 
 
@@ -147,6 +155,7 @@ class Table:
     pooled: bool = True
     user: UserSettings = UserSettings()
     weighted: bool = False  # in the weighted EmbeddingBagCollection (id-score lists, ``--weighted``)
+    stats: bool = True  # the user hands the planner its statistics (``--fourth-shapes``: two thirds of the tables)
 
 
 def _power_law(rng: np.random.Generator) -> list[Table]:
@@ -317,6 +326,49 @@ THIRD_GENERATORS: dict[str, Callable[[np.random.Generator, Ranks], list[Table]]]
 THIRD_TOPOLOGIES = ((1, 2), (1, 4), (1, 8), (2, 2), (2, 4), (2, 8), (4, 4), (4, 8))  # (hosts, ranks per host)
 
 
+# ``--fourth-shapes``: a fourth set, written after the first three had been planned, without looking at
+# how shardflow plans: a third of the tables come without statistics, from one rank to 64.
+def _dlrm_mixed(rng: np.random.Generator) -> list[Table]:
+    """26 tables of 100 to 100 M rows, each of its own width (16-256), pooling 1-3."""
+    return [Table(f"d{i}", int(10 ** rng.uniform(2, 8)), int(rng.choice((16, 32, 64, 128, 256))),
+                  float(rng.uniform(1, 3)), bool(rng.random() < 0.5), float(rng.uniform(0.4, 1.5)))
+            for i in range(26)]
+
+
+def _huge_rows_narrow(rng: np.random.Generator) -> list[Table]:
+    """3-14 tables of 30 M to 1 G rows 8-32 wide, beside up to 30 tiny ones."""
+    return [Table(f"n{i}", int(10 ** rng.uniform(7.5, 9)), int(rng.choice((8, 16, 24, 32))),
+                  float(rng.uniform(1, 15)), bool(rng.random() < 0.7), float(rng.uniform(0.6, 1.3)))
+            for i in range(int(rng.integers(3, 15)))] + [
+            Table(f"k{i}", int(10 ** rng.uniform(2, 5)), int(rng.choice((8, 16))), 1.0, False, 1.0)
+            for i in range(int(rng.integers(0, 30)))]
+
+
+def _equal_giants(rng: np.random.Generator) -> list[Table]:
+    """4-19 tables of one size and width, their pooling 1-50 and Zipf exponents 0.3-1.6 apart."""
+    dim, count, rows = int(rng.choice((64, 128))), int(rng.integers(4, 20)), int(10 ** rng.uniform(7, 8.5))
+    return [Table(f"e{i}", rows, dim, float(rng.uniform(1, 50)), bool(rng.random() < 0.5), float(rng.uniform(0.3, 1.6)))
+            for i in range(count)]
+
+
+def _sequence_heavy(rng: np.random.Generator) -> list[Table]:
+    """5-39 tables with 5-300 ids a sample over 1-4 features each, 60% of them unpooled (one width)."""
+    unpooled_dim = int(rng.choice((32, 64, 128)))
+    out = []
+    for i in range(int(rng.integers(5, 40))):
+        rows, pooled = int(10 ** rng.uniform(5, 8)), bool(rng.random() < 0.4)
+        out.append(Table(f"q{i}", rows, int(rng.choice((32, 64, 128))) if pooled else unpooled_dim,
+                         float(rng.uniform(5, 300)), bool(rng.random() < 0.5), float(rng.uniform(0.5, 1.5)),
+                         features=int(rng.integers(1, 5)), pooled=pooled))
+    return out
+
+
+FOURTH_GENERATORS: dict[str, Callable[[np.random.Generator], list[Table]]] = {
+    "dlrm_mixed": _dlrm_mixed, "huge_rows_narrow": _huge_rows_narrow, "equal_giants": _equal_giants,
+    "sequence_heavy": _sequence_heavy}
+FOURTH_TOPOLOGIES = ((1, 1), (1, 2), (1, 8), (2, 4), (8, 8), (1, 16))  # (hosts, ranks per host)
+
+
 @dataclass(frozen=True)
 class Workload:
     name: str
@@ -329,15 +381,26 @@ class Workload:
 
 
 def workload(seed: int, constrained: bool = False, weighted: bool = False, other: bool = False,
-             third: bool = False) -> Workload:
+             third: bool = False, fourth: bool = False) -> Workload:
     """Seed ``seed``'s workload: a generator, a topology, and the tables scaled to ``times_hbm`` the ranks'
     HBM; ``constrained``: the same tables, some with a user's settings (``user_settings``);
     ``weighted``: the same tables, 40% of the pooled ones in a weighted EmbeddingBagCollection;
     ``other``: from the second set of generators and topologies (``OTHER_GENERATORS``); ``third``: from the
-    third (``THIRD_GENERATORS``), whose generators are told the ranks, drawn first."""
-    if other and third:
-        raise ValueError("a workload comes from the second set or the third, not both")
+    third (``THIRD_GENERATORS``), whose generators are told the ranks, drawn first; ``fourth``: from the
+    fourth (``FOURTH_GENERATORS``), a third of its tables without statistics."""
+    if other + third + fourth > 1:
+        raise ValueError("a workload comes from one set of generators")
     rng = np.random.default_rng(seed)
+    if fourth:
+        kind = list(FOURTH_GENERATORS)[seed % len(FOURTH_GENERATORS)]
+        hosts, local = FOURTH_TOPOLOGIES[int(rng.integers(len(FOURTH_TOPOLOGIES)))]
+        hbm = int(rng.choice((16, 40, 80, 141)))
+        batch = int(rng.choice((32, 256, 4096, 65536)))
+        times = float(min(rng.uniform(1.3, 12.0), 0.5 * DDR_PER_RANK / (hbm * GiB)))
+        w = _sized(seed, kind, FOURTH_GENERATORS[kind](rng), hosts * local, local, hbm, batch, times, constrained,
+                   weighted)
+        without = np.random.default_rng([seed, 3])
+        return replace(w, tables=tuple(replace(t, stats=bool(without.random() >= 1 / 3)) for t in w.tables))
     if third:
         kind = list(THIRD_GENERATORS)[seed % len(THIRD_GENERATORS)]
         hosts, local = THIRD_TOPOLOGIES[int(rng.integers(len(THIRD_TOPOLOGIES)))]
@@ -431,7 +494,7 @@ def constraints_of(w: Workload, with_stats: bool) -> dict[str, Any]:
         lookups = w.batch_size * w.world_size * t.pooling * t.features
         distinct = t.rows * (1 - math.exp(-lookups / t.rows))  # an upper bound on the distinct ids, uniform draws
         stats: Stats | None = None
-        if with_stats:
+        if with_stats and t.stats:
             stats = HotSetStats(*t.user.hot_set, distinct) if t.user.hot_set else ZipfStats(t.rows, t.alpha, distinct)
         given = stats is not None or t.user.load_factor is not None
         out[t.name] = ParameterConstraints(
@@ -573,24 +636,30 @@ def main(argv: list[str] | None = None) -> int:
                    help="the third set of generators (60-160 small tables beside 2-4 over a rank's HBM, wide "
                         "dims, pooling 1-200 with near-uniform to steep Zipf ids, ranking tables of 0.5-1.5x a "
                         "rank's HBM) on 1-4 hosts of 2-8 ranks of 16-80 GiB, batches 128-16384; seeds 3300-3399")
+    p.add_argument("--fourth-shapes", action="store_true",
+                   help="the fourth set of generators (26 DLRM tables of mixed widths, huge narrow tables, equal "
+                        "giants, sequence-heavy models), a third of the tables without statistics, on 1-64 ranks "
+                        "of 16-141 GiB, batches 32-65536, 1.3-12x HBM; seeds 3400-3499")
     p.add_argument("--timeout", type=int, default=300, help="TorchRec planner timeout_seconds (default 300)")
     p.add_argument("--shardflow-timeout", type=float, default=None, metavar="SECONDS",
                    help="ShardflowPlanner's timeout_seconds, the cap of its exact stage (default: its own, 30)")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "memory_tight_bench.json",
                    help="the results as JSON (default bench/results/memory_tight_bench.json)")
     args = p.parse_args(argv)
-    if args.other_shapes and args.third_shapes:
-        p.error("--other-shapes and --third-shapes are two sets of generators: give one")
-    if args.third_shapes and not (args.first_seed in THIRD_SEEDS and args.first_seed + args.count - 1 in THIRD_SEEDS):
-        p.error(f"--third-shapes takes seeds {THIRD_SEEDS.start}-{THIRD_SEEDS.stop - 1}: not "
-                f"{args.first_seed}-{args.first_seed + args.count - 1}")
+    if args.other_shapes + args.third_shapes + args.fourth_shapes > 1:
+        p.error("--other-shapes, --third-shapes and --fourth-shapes are sets of generators: give one")
+    for given, flag, seeds in ((args.third_shapes, "--third-shapes", THIRD_SEEDS),
+                               (args.fourth_shapes, "--fourth-shapes", FOURTH_SEEDS)):
+        if given and not (args.first_seed in seeds and args.first_seed + args.count - 1 in seeds):
+            p.error(f"{flag} takes seeds {seeds.start}-{seeds.stop - 1}: not "
+                    f"{args.first_seed}-{args.first_seed + args.count - 1}")
     logging.disable(logging.WARNING)  # TorchRec's advice on how the bench builds its topology and reservation
     warnings.simplefilter("ignore")
     rows, raw = [], []
     for seed in range(args.first_seed, args.first_seed + args.count):
         if seed not in SEEDS:
             p.error(f"seed {seed} is outside the bench's reserved range {SEEDS.start}-{SEEDS.stop - 1}")
-        w = workload(seed, args.constrained, args.weighted, args.other_shapes, args.third_shapes)
+        w = workload(seed, args.constrained, args.weighted, args.other_shapes, args.third_shapes, args.fourth_shapes)
         result = plan_all(w, args.timeout, args.shardflow_timeout)
         row = summary(w, result)
         rows.append(row)

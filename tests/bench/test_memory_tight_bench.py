@@ -20,9 +20,11 @@ def test_every_workload_holds_its_tables_several_times_over_the_hbm_and_within_t
     from bench.gpu_check.families import OOF_SEEDS
 
     assert not set(bench.SEEDS) & set(OOF_SEEDS)
-    for shapes, generators, first in (({}, bench.GENERATORS, bench.SEEDS.start),
-                                      ({"other": True}, bench.OTHER_GENERATORS, 3200),  # --other-shapes
-                                      ({"third": True}, bench.THIRD_GENERATORS, bench.THIRD_SEEDS.start)):
+    for shapes, generators, first, least in (
+            ({}, bench.GENERATORS, bench.SEEDS.start, 1.9),
+            ({"other": True}, bench.OTHER_GENERATORS, 3200, 1.9),  # --other-shapes
+            ({"third": True}, bench.THIRD_GENERATORS, bench.THIRD_SEEDS.start, 1.9),
+            ({"fourth": True}, bench.FOURTH_GENERATORS, bench.FOURTH_SEEDS.start, 1.25)):
         kinds = set()
         for seed in range(first, first + 12):
             w = bench.workload(seed, **shapes)
@@ -30,8 +32,22 @@ def test_every_workload_holds_its_tables_several_times_over_the_hbm_and_within_t
             spec = bench.spec_of(w)  # a valid spec: spec_from_rows names every problem
             weights = sum(t.num_embeddings * t.embedding_dim * t.data_type.bytes_per_element for t in spec.tables)
             hbm = w.world_size * w.hbm_gib * bench.GiB
-            assert 1.9 * hbm < weights <= 0.5 * w.world_size * bench.DDR_PER_RANK, w.name
+            assert least * hbm < weights <= 0.5 * w.world_size * bench.DDR_PER_RANK, w.name
         assert kinds == set(generators)
+
+
+def test_a_fourth_set_workload_gives_no_statistics_for_about_a_third_of_its_tables(bench):
+    """``--fourth-shapes``: every planner gets the same constraints, without ``CacheParams`` for the
+    tables the user has no statistics for."""
+    without = total = 0
+    for seed in range(bench.FOURTH_SEEDS.start, bench.FOURTH_SEEDS.start + 8):
+        w = bench.workload(seed, fourth=True)
+        constraints = bench.constraints_of(w, with_stats=True)
+        for t in w.tables:
+            assert (constraints[t.name].cache_params is None) == (not t.stats), t.name
+        without += sum(not t.stats for t in w.tables)
+        total += len(w.tables)
+    assert 0.25 < without / total < 0.42
 
 
 def test_zipf_statistics_are_torchrecs_cache_statistics(bench):

@@ -169,7 +169,7 @@ LEAST_MOVED_SHARE = 0.25
 # Where memory decides and every candidate of a replan moves more than this share of the previous
 # plan's bytes, it searches at the previous plan's cache sizes as well.
 SEARCH_AT_PREVIOUS_SIZES_ABOVE = 0.1
-Best = tuple[tuple[int, float], Plan, Movement]
+Best = tuple[tuple[int, float], Plan, Movement]  # a replan's pick: (moved bytes, critical path), plan, movement
 
 
 @dataclass(frozen=True)

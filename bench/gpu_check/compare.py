@@ -397,7 +397,14 @@ def none_measured(ctx: Context, cause: str, known: dict[str, str]) -> Outcome:
 
 
 def _missing_line(missing: dict[str, str]) -> str:
-    return f"; not measured: {', '.join(missing)}" if missing else ""
+    """The workloads not measured, each with the start of its reason (the report has all of it): of a
+    refused input, its first problem."""
+    def brief(why: str) -> str:
+        line = one_line(why)
+        title, listed, first = line.partition(" - ")  # a refusal: "Title: - where: problem - ..."
+        return clipped(first if listed and title.endswith(":") else line, MISSING_CLIP)
+
+    return f"; not measured: {', '.join(f'{name} ({brief(why)})' for name, why in missing.items())}" if missing else ""
 
 
 def _stopped_line(stopped: str | None) -> str:
@@ -410,6 +417,7 @@ def one_line(text: str) -> str:
 
 
 CLIP = 400  # characters of a cause in a report: TorchRec's and the planner's errors run to pages
+MISSING_CLIP = 120  # characters of why a workload was not measured, in the section's one line
 
 
 def clipped(text: str, limit: int = CLIP) -> str:

@@ -200,6 +200,7 @@ def test_a_wrong_profile_on_your_workload_fails_the_check_naming_the_missed_targ
     assert {"calibration_median_abs_error", "given_not_measured"} <= missed
     assert list(section["figures"]["given_not_measured"]) == ["giant"] and "not measured: giant" in r.stdout
     assert "does not fit" in section["figures"]["given_not_measured"]["giant"]
+    assert "not measured: giant (table giant: does not fit" in r.stdout  # why, in the check's own line
     workload = section["figures"]["workloads"]["shop"]  # by the file's stem
     assert {"default", "calibrated"} <= set(workload) and workload["calibrated"]["measured_ms"] > 0
     assert section["figures"]["plans_measured"][0]["batch_size"] == 128  # as the file says

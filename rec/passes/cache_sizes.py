@@ -43,6 +43,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 import numpy as np
 
@@ -59,11 +60,14 @@ from rec.search.placed_caches import placed_critical_path
 from rec.search.result import SearchResult
 from rec.search.space import SearchSpace
 from rec.sharding import CK_CODE, ComputeDevice, ComputeKernel
-from rec.spec.types import Spec
+from rec.spec.types import Spec, TableSpec
 from rec.topology.types import Topology
 
 RESEARCH_ROUNDS = 3  # searches again with the grown sizes: the first gains most, a third rarely anything
 LOAD_FACTORS = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+# Enumerations of tables at one rung kept for the next during a pass (``_rung``): its ladders at every
+# rung, for the few sets of tables its growings start from, and the sizes between the rungs it tries.
+RUNGS_KEPT = 4 * len(LOAD_FACTORS)
 # Where the search starts the caches: every rung up to twice TorchRec's default size. The search
 # places tables knowing only their first sizes and growing keeps them where they are, so which start
 # ends fastest differs by workload; each is one heuristic search.
@@ -250,7 +254,7 @@ def _grown(result: SearchResult, spec: Spec, topology: Topology, cost: CostConfi
             lf = max(points, default=0.0)
             if lf <= current[t]:
                 return None
-        rung = enumerate_options(Spec((spec.tables[t],), spec.spec_hash), topology, cost, np.array([lf]))
+        rung = _rung((spec.tables[t],), spec.spec_hash, topology, cost, lf)
         return _step(rung, 0, int(opts.sharding_type[a.choice[t]]), lf)
 
     current = {t: float(base[t]) for t in ladders if kernel[t] == _CACHING}
@@ -265,7 +269,7 @@ def _ladders(result: SearchResult, spec: Spec, topology: Topology, cost: CostCon
     """Each candidate table's rungs above where it is (its cache's size, or none on fused_uvm)."""
     space, a = result.space, result.assignment
     opts = space.options
-    sub = Spec(tuple(spec.tables[i] for i in candidates), spec.spec_hash)
+    sub = tuple(spec.tables[i] for i in candidates)
     ladders: dict[int, list[_Step]] = {int(t): [] for t in candidates}
     floors = cache_floors(spec)
     for lf in LOAD_FACTORS:
@@ -273,12 +277,19 @@ def _ladders(result: SearchResult, spec: Spec, topology: Topology, cost: CostCon
                  if (kernel[t] == _UVM and lf >= floors[t]) or lf > base[t] * (1 + 1e-12)]
         if not above:
             continue
-        rung = enumerate_options(sub, topology, cost, np.full(len(candidates), lf))
+        rung = _rung(sub, spec.spec_hash, topology, cost, lf)
         for k, t in enumerate(candidates.tolist()):
             step = _step(rung, k, int(opts.sharding_type[a.choice[t]]), lf) if t in above else None
             if step is not None:  # else this table's allow-lists or sharder offer no cache with its sharding type
                 ladders[t].append(step)
     return {t: steps for t, steps in ladders.items() if steps}
+
+
+@lru_cache(maxsize=RUNGS_KEPT)
+def _rung(tables: tuple[TableSpec, ...], spec_hash: str, topology: Topology, cost: CostConfig, lf: float) -> Options:
+    """The options of ``tables`` with every cache at ``lf`` (read only): a plan's pass grows caches
+    from the same ladders many times over, and the enumeration is most of its time."""
+    return enumerate_options(Spec(tables, spec_hash), topology, cost, np.full(len(tables), lf))
 
 
 def _step(rung: Options, table: int, sharding_type: int, lf: float) -> _Step | None:
@@ -427,5 +438,8 @@ class CacheSizes:
         return context.topology.compute_device is ComputeDevice.CUDA
 
     def run(self, result: SearchResult, context: PassContext) -> SearchResult:
-        return with_cache_sizes(result, context.spec, context.topology, context.cost, context.heuristic,
-                                context.exact)
+        try:
+            return with_cache_sizes(result, context.spec, context.topology, context.cost, context.heuristic,
+                                    context.exact)
+        finally:
+            _rung.cache_clear()  # nothing of one plan's tables kept past its pass

@@ -43,7 +43,6 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import lru_cache
 
 import numpy as np
 
@@ -65,9 +64,6 @@ from rec.topology.types import Topology
 
 RESEARCH_ROUNDS = 3  # searches again with the grown sizes: the first gains most, a third rarely anything
 LOAD_FACTORS = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
-# Enumerations of tables at one rung kept for the next during a pass (``_rung``): its ladders at every
-# rung, for the few sets of tables its growings start from, and the sizes between the rungs it tries.
-RUNGS_KEPT = 4 * len(LOAD_FACTORS)
 # Where the search starts the caches: every rung up to twice TorchRec's default size. The search
 # places tables knowing only their first sizes and growing keeps them where they are, so which start
 # ends fastest differs by workload; each is one heuristic search.
@@ -87,7 +83,7 @@ class _Step:
     of its chosen option."""
 
     load_factor: float
-    option: int  # the option in the space of this rung's enumeration
+    option: int  # the option in the enumeration it came from
     perf: np.ndarray
     hbm: np.ndarray
 
@@ -254,8 +250,7 @@ def _grown(result: SearchResult, spec: Spec, topology: Topology, cost: CostConfi
             lf = max(points, default=0.0)
             if lf <= current[t]:
                 return None
-        rung = _rung((spec.tables[t],), spec.spec_hash, topology, cost, lf)
-        return _step(rung, 0, int(opts.sharding_type[a.choice[t]]), lf)
+        return _steps([t], {t: int(opts.sharding_type[a.choice[t]])}, spec, topology, cost, lf)[t]
 
     current = {t: float(base[t]) for t in ladders if kernel[t] == _CACHING}
     chosen = _grow(result, ladders, current, step_at if between else None)
@@ -268,28 +263,37 @@ def _ladders(result: SearchResult, spec: Spec, topology: Topology, cost: CostCon
              kernel: np.ndarray, base: np.ndarray) -> dict[int, list[_Step]]:
     """Each candidate table's rungs above where it is (its cache's size, or none on fused_uvm)."""
     space, a = result.space, result.assignment
-    opts = space.options
-    sub = tuple(spec.tables[i] for i in candidates)
+    sharding_type = {int(t): int(space.options.sharding_type[a.choice[t]]) for t in candidates}
     ladders: dict[int, list[_Step]] = {int(t): [] for t in candidates}
     floors = cache_floors(spec)
     for lf in LOAD_FACTORS:
         above = [int(t) for t in candidates
                  if (kernel[t] == _UVM and lf >= floors[t]) or lf > base[t] * (1 + 1e-12)]
-        if not above:
-            continue
-        rung = _rung(sub, spec.spec_hash, topology, cost, lf)
-        for k, t in enumerate(candidates.tolist()):
-            step = _step(rung, k, int(opts.sharding_type[a.choice[t]]), lf) if t in above else None
+        for t, step in _steps(above, sharding_type, spec, topology, cost, lf).items():
             if step is not None:  # else this table's allow-lists or sharder offer no cache with its sharding type
                 ladders[t].append(step)
     return {t: steps for t, steps in ladders.items() if steps}
 
 
-@lru_cache(maxsize=RUNGS_KEPT)
-def _rung(tables: tuple[TableSpec, ...], spec_hash: str, topology: Topology, cost: CostConfig, lf: float) -> Options:
-    """The options of ``tables`` with every cache at ``lf`` (read only): a plan's pass grows caches
-    from the same ladders many times over, and the enumeration is most of its time."""
-    return enumerate_options(Spec(tables, spec_hash), topology, cost, np.full(len(tables), lf))
+# Each table's shards at one cache size in one sharding type, kept while a pass runs (``_steps``).
+_KEPT_STEPS: dict[tuple[Topology, CostConfig, TableSpec, float, int], _Step | None] = {}
+
+
+def _steps(tables: list[int], sharding_type: dict[int, int], spec: Spec, topology: Topology, cost: CostConfig,
+           lf: float) -> dict[int, _Step | None]:
+    """Each of ``tables``' shards with a cache of ``lf`` in its ``sharding_type``: a pass grows caches
+    from the same ladders many times over, and enumerating the options was most of its time, so
+    each table is enumerated at a size once a pass (those not yet, together)."""
+    def key(t: int) -> tuple[Topology, CostConfig, TableSpec, float, int]:
+        return topology, cost, spec.tables[t], lf, sharding_type[t]
+
+    missing = [t for t in tables if key(t) not in _KEPT_STEPS]
+    if missing:
+        rung = enumerate_options(Spec(tuple(spec.tables[t] for t in missing), spec.spec_hash), topology, cost,
+                                 np.full(len(missing), lf))
+        for k, t in enumerate(missing):
+            _KEPT_STEPS[key(t)] = _step(rung, k, sharding_type[t], lf)
+    return {t: _KEPT_STEPS[key(t)] for t in tables}
 
 
 def _step(rung: Options, table: int, sharding_type: int, lf: float) -> _Step | None:
@@ -442,4 +446,4 @@ class CacheSizes:
             return with_cache_sizes(result, context.spec, context.topology, context.cost, context.heuristic,
                                     context.exact)
         finally:
-            _rung.cache_clear()  # nothing of one plan's tables kept past its pass
+            _KEPT_STEPS.clear()  # nothing of one plan's tables kept past its pass

@@ -219,15 +219,8 @@ def replan_spec(spec: Spec, topology: Topology, previous: Plan, max_regress: flo
         searched = after_search(result, _context(spec, topology, cost, config, searcher, clock=clock))
     fresh = build_plan(searched, spec, topology, cost, config, searched.info)
     progress.update(f"keeping shards of plan {previous.plan_id} in place")
-    prev = previous_placement(result.space, spec, previous, cost)
     target = (1 + max_regress) * result.critical_path
-    candidates = warm_starts(result.space, result.assignment, prev, target)
-    incumbent = candidates[0] if candidates else result.assignment
-    if moved_bytes(result.space, incumbent, prev) > 0:
-        progress.update("least movement: MILP")
-        wall_s = max(clock.left_s, config.time_limit_s * LEAST_MOVED_SHARE)
-        exact = least_moved(result.space, prev, incumbent, target, config.time_limit_s, wall_s)
-        candidates += [exact] if exact is not None else []
+    candidates = _least_moving_starts(result, spec, previous, cost, config, target, clock)
     extra = replan_keys(previous, max_regress, result.info)
     # Costs the search does not see (rec.passes) count: a placement within the budget shard by shard
     # may not be with them.
@@ -272,21 +265,31 @@ def replan_spec(spec: Spec, topology: Topology, previous: Plan, max_regress: flo
 def _at_previous_sizes(space: SearchSpace, spec: Spec, previous: Plan, cost: CostConfig, config: SearchConfig,
                        searcher: Searcher | None, target: float, clock: ExactTime) -> list[SearchResult]:
     """Plans in ``space`` (the previous plan's cache sizes) that keep shards of ``previous`` in place:
-    a search there (its exact stage on the whole time limit, as a search from scratch), and from it
-    the warm starts and the least-movement MILP within ``target`` (for what ``clock`` has left, and at
-    least ``LEAST_MOVED_SHARE`` of the limit)."""
+    a search there (its exact stage on the whole time limit, as a search from scratch), its plan, and
+    ``_least_moving_starts`` from it."""
     try:
         result = clock.spent(_search(space, spec, config, searcher))
     except InputError:
         return []
+    found = _least_moving_starts(result, spec, previous, cost, config, target, clock)
+    return [replace(result, assignment=a) for a in [*found, result.assignment]]
+
+
+def _least_moving_starts(result: SearchResult, spec: Spec, previous: Plan, cost: CostConfig, config: SearchConfig,
+                         target: float, clock: ExactTime) -> list[Assignment]:
+    """Placements in ``result``'s space within ``target`` that keep shards of ``previous`` in place:
+    the warm starts from ``result``'s plan, and the least-movement MILP's (for what ``clock`` has
+    left, and at least ``LEAST_MOVED_SHARE`` of the limit) where the best of them moves any bytes."""
+    space = result.space
     prev = previous_placement(space, spec, previous, cost)
     found = warm_starts(space, result.assignment, prev, target)
     incumbent = found[0] if found else result.assignment
     if moved_bytes(space, incumbent, prev) > 0:
+        progress.update("least movement: MILP")
         wall_s = max(clock.left_s, config.time_limit_s * LEAST_MOVED_SHARE)
         exact = least_moved(space, prev, incumbent, target, config.time_limit_s, wall_s)
         found += [exact] if exact is not None else []
-    return [replace(result, assignment=a) for a in [*found, result.assignment]]
+    return found
 
 
 def _kept(space: SearchSpace, spec: Spec, cost: CostConfig, config: SearchConfig, searcher: Searcher | None,

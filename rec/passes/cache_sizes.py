@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -110,7 +111,20 @@ def with_cache_sizes(result: SearchResult, spec: Spec, topology: Topology, cost:
     fastest of them. With ``exact`` (the exact stage from a result, given a share of its time
     limit), that plan improved by it on its sizes, grown again, and so the start at TorchRec's
     default size where it was not the fastest: the faster of the two; its caches filled between the
-    rungs, and a short exact stage again from there."""
+    rungs, and a short exact stage again from there. The tables' shards at each cache size are kept
+    while it runs (``_steps``), for this call alone: passes in other threads neither see nor drop them."""
+    kept = _KEPT_STEPS.set({})
+    try:
+        return _sized(result, spec, topology, cost, search, exact)
+    finally:
+        _KEPT_STEPS.reset(kept)
+
+
+def _sized(result: SearchResult, spec: Spec, topology: Topology, cost: CostConfig,
+           search: Callable[[SearchSpace], SearchResult] | None = None,
+           exact: Callable[[SearchResult, float], SearchResult] | None = None) -> SearchResult:
+    """``with_cache_sizes``'s work, in its context."""
+
     def built(r: SearchResult) -> float:  # the critical path as its plan states its caches
         return placed_critical_path(r, spec, topology, cost)
 
@@ -276,7 +290,8 @@ def _ladders(result: SearchResult, spec: Spec, topology: Topology, cost: CostCon
 
 
 # Each table's shards at one cache size in one sharding type, kept while a pass runs (``_steps``).
-_KEPT_STEPS: dict[tuple[Topology, CostConfig, TableSpec, float, int], _Step | None] = {}
+_KEPT_STEPS: ContextVar[dict[tuple[Topology, CostConfig, TableSpec, float, int], _Step | None] | None] = \
+    ContextVar("kept_steps", default=None)
 
 
 def _steps(tables: list[int], sharding_type: dict[int, int], spec: Spec, topology: Topology, cost: CostConfig,
@@ -287,13 +302,16 @@ def _steps(tables: list[int], sharding_type: dict[int, int], spec: Spec, topolog
     def key(t: int) -> tuple[Topology, CostConfig, TableSpec, float, int]:
         return topology, cost, spec.tables[t], lf, sharding_type[t]
 
-    missing = [t for t in tables if key(t) not in _KEPT_STEPS]
+    kept = _KEPT_STEPS.get()
+    if kept is None:  # outside a pass: nothing to keep them for
+        kept = {}
+    missing = [t for t in tables if key(t) not in kept]
     if missing:
         rung = enumerate_options(Spec(tuple(spec.tables[t] for t in missing), spec.spec_hash), topology, cost,
                                  np.full(len(missing), lf))
         for k, t in enumerate(missing):
-            _KEPT_STEPS[key(t)] = _step(rung, k, sharding_type[t], lf)
-    return {t: _KEPT_STEPS[key(t)] for t in tables}
+            kept[key(t)] = _step(rung, k, sharding_type[t], lf)
+    return {t: kept[key(t)] for t in tables}
 
 
 def _step(rung: Options, table: int, sharding_type: int, lf: float) -> _Step | None:
@@ -442,8 +460,5 @@ class CacheSizes:
         return context.topology.compute_device is ComputeDevice.CUDA
 
     def run(self, result: SearchResult, context: PassContext) -> SearchResult:
-        try:
-            return with_cache_sizes(result, context.spec, context.topology, context.cost, context.heuristic,
-                                    context.exact)
-        finally:
-            _KEPT_STEPS.clear()  # nothing of one plan's tables kept past its pass
+        return with_cache_sizes(result, context.spec, context.topology, context.cost, context.heuristic,
+                                context.exact)

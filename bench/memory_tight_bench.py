@@ -24,6 +24,16 @@ tables 1.3-12 times the ranks' HBM, and a third of the tables without statistics
 for them); written after the first three sets had been planned, without looking at how shardflow
 plans (seeds 3400-3499, which ``main`` requires for it).
 
+``--fifth-shapes`` draws from a fifth set of four generators (6-49 tables of 24-128 columns and 1 K to
+100 M rows, 4-29 tables shared by 2-10 features each, 8-39 tables whose ids are either near-uniform
+(Zipf 0.05-0.2) or very steep (1.8-2.5), 30-89 mid-sized tables on ranks of 4-8 GiB) on world sizes
+that are not powers of two as well (3, 6, 12 ranks; 1-4 hosts), of 4-94 GiB, batches of 16-131072, the
+tables 1.05-1.5 times the ranks' HBM for a third of the workloads (barely over it) and 1.5-15 times
+for the rest, a fifth of the tables without statistics; written after the first four sets had been
+planned, run once as a scratch script before the bench took it unchanged (seeds 3500-3599, which
+``main`` requires for it). A batch large enough to leave no HBM after TorchRec's storage reservation
+is a workload no planner can plan: every planner refuses it, and it counts in no ratio.
+
 Planned by ``ShardflowPlanner`` (default settings) and TorchRec's ``EmbeddingShardingPlanner`` with
 its default proposers, its ``DynamicProgrammingProposer`` and its ``EmbeddingOffloadScaleupProposer``
 (the one that grows caches by cacheability), all from the same model and constraints. Every plan is
@@ -42,7 +52,7 @@ tables in a weighted EmbeddingBagCollection (id-score lists, TorchRec's ``is_wei
 TorchRec's estimator prices with their weights.
 
     .venv/bin/python bench/memory_tight_bench.py [--count 16] [--first-seed 3000] [--constrained] [--weighted] \\
-        [--other-shapes | --third-shapes | --fourth-shapes] \\
+        [--other-shapes | --third-shapes | --fourth-shapes | --fifth-shapes] \\
         [--shardflow-timeout SECONDS] \\
         [--out bench/results/memory_tight_bench.json]
 """
@@ -72,6 +82,7 @@ GiB = 2**30
 SEEDS = range(3000, 4000)  # reserved for this bench: no term, probe or default was chosen on them
 THIRD_SEEDS = range(3300, 3400)  # ``--third-shapes``'s part of them
 FOURTH_SEEDS = range(3400, 3500)  # ``--fourth-shapes``'s
+FIFTH_SEEDS = range(3500, 3600)  # ``--fifth-shapes``'s
 DDR_PER_RANK = 512 * GiB
 
 
@@ -369,6 +380,44 @@ FOURTH_GENERATORS: dict[str, Callable[[np.random.Generator], list[Table]]] = {
 FOURTH_TOPOLOGIES = ((1, 1), (1, 2), (1, 8), (2, 4), (8, 8), (1, 16))  # (hosts, ranks per host)
 
 
+# ``--fifth-shapes``: a fifth set, written after the first four had been planned and taken unchanged
+# from the scratch script that ran it first: world sizes that are not powers of two, small HBM,
+# tables shared by many features, extreme skews, tables barely over the HBM.
+def _odd_mix(rng: np.random.Generator) -> list[Table]:
+    """6-49 tables of 1 K to 100 M rows, 24-128 columns (some not powers of two), pooling 1-25."""
+    return [Table(f"o{i}", int(10 ** rng.uniform(3, 8)), int(rng.choice((24, 40, 64, 80, 128))),
+                  float(rng.uniform(1, 25)), bool(rng.random() < 0.5), float(rng.uniform(0.5, 1.4)))
+            for i in range(int(rng.integers(6, 50)))]
+
+
+def _multi_feature(rng: np.random.Generator) -> list[Table]:
+    """4-29 tables, each shared by 2-10 features."""
+    return [Table(f"mf{i}", int(10 ** rng.uniform(4, 8)), int(rng.choice((32, 64, 128))),
+                  float(rng.uniform(1, 20)), bool(rng.random() < 0.5), float(rng.uniform(0.6, 1.3)),
+                  features=int(rng.integers(2, 11))) for i in range(int(rng.integers(4, 30)))]
+
+
+def _skew_extremes(rng: np.random.Generator) -> list[Table]:
+    """8-39 tables whose ids are near-uniform (Zipf 0.05-0.2) or very steep (1.8-2.5), half each."""
+    return [Table(f"sx{i}", int(10 ** rng.uniform(5, 8)), int(rng.choice((32, 64, 128, 256))),
+                  float(10 ** rng.uniform(0, 2)), bool(rng.random() < 0.5),
+                  float(rng.uniform(0.05, 0.2) if rng.random() < 0.5 else rng.uniform(1.8, 2.5)))
+            for i in range(int(rng.integers(8, 40)))]
+
+
+def _small_hbm_many(rng: np.random.Generator) -> list[Table]:
+    """30-89 tables of 100 K to 10 M rows (on ranks of 4-8 GiB)."""
+    return [Table(f"sh{i}", int(10 ** rng.uniform(5, 7)), int(rng.choice((32, 64, 96, 128))),
+                  float(rng.uniform(1, 40)), bool(rng.random() < 0.5), float(rng.uniform(0.5, 1.3)))
+            for i in range(int(rng.integers(30, 90)))]
+
+
+FIFTH_GENERATORS: dict[str, Callable[[np.random.Generator], list[Table]]] = {
+    "odd_mix": _odd_mix, "multi_feature": _multi_feature, "skew_extremes": _skew_extremes,
+    "small_hbm_many": _small_hbm_many}
+FIFTH_TOPOLOGIES = ((1, 3), (1, 6), (2, 3), (2, 6), (1, 12), (3, 4), (1, 2), (4, 2))  # (hosts, ranks per host)
+
+
 @dataclass(frozen=True)
 class Workload:
     name: str
@@ -381,16 +430,29 @@ class Workload:
 
 
 def workload(seed: int, constrained: bool = False, weighted: bool = False, other: bool = False,
-             third: bool = False, fourth: bool = False) -> Workload:
+             third: bool = False, fourth: bool = False, fifth: bool = False) -> Workload:
     """Seed ``seed``'s workload: a generator, a topology, and the tables scaled to ``times_hbm`` the ranks'
     HBM; ``constrained``: the same tables, some with a user's settings (``user_settings``);
     ``weighted``: the same tables, 40% of the pooled ones in a weighted EmbeddingBagCollection;
     ``other``: from the second set of generators and topologies (``OTHER_GENERATORS``); ``third``: from the
     third (``THIRD_GENERATORS``), whose generators are told the ranks, drawn first; ``fourth``: from the
-    fourth (``FOURTH_GENERATORS``), a third of its tables without statistics."""
-    if other + third + fourth > 1:
+    fourth (``FOURTH_GENERATORS``), a third of its tables without statistics; ``fifth``: from the fifth
+    (``FIFTH_GENERATORS``), a fifth of its tables without statistics."""
+    if other + third + fourth + fifth > 1:
         raise ValueError("a workload comes from one set of generators")
     rng = np.random.default_rng(seed)
+    if fifth:
+        kind = list(FIFTH_GENERATORS)[seed % len(FIFTH_GENERATORS)]
+        hosts, local = FIFTH_TOPOLOGIES[int(rng.integers(len(FIFTH_TOPOLOGIES)))]
+        hbm = int(rng.choice((4, 6, 8) if kind == "small_hbm_many" else (12, 24, 48, 94)))
+        batch = int(rng.choice((16, 128, 1024, 8192, 131072)))
+        barely = rng.random() < 0.3
+        times = float(min(rng.uniform(1.05, 1.5) if barely else rng.uniform(1.5, 15.0),
+                          0.5 * DDR_PER_RANK / (hbm * GiB)))
+        w = _sized(seed, kind, FIFTH_GENERATORS[kind](rng), hosts * local, local, hbm, batch, times, constrained,
+                   weighted)
+        without = np.random.default_rng([seed, 5])
+        return replace(w, tables=tuple(replace(t, stats=bool(without.random() >= 0.2)) for t in w.tables))
     if fourth:
         kind = list(FOURTH_GENERATORS)[seed % len(FOURTH_GENERATORS)]
         hosts, local = FOURTH_TOPOLOGIES[int(rng.integers(len(FOURTH_TOPOLOGIES)))]
@@ -640,16 +702,22 @@ def main(argv: list[str] | None = None) -> int:
                    help="the fourth set of generators (26 DLRM tables of mixed widths, huge narrow tables, equal "
                         "giants, sequence-heavy models), a third of the tables without statistics, on 1-64 ranks "
                         "of 16-141 GiB, batches 32-65536, 1.3-12x HBM; seeds 3400-3499")
+    p.add_argument("--fifth-shapes", action="store_true",
+                   help="the fifth set of generators (mixed tables of odd widths, tables shared by 2-10 features, "
+                        "near-uniform or very steep ids, many mid-sized tables on 4-8 GiB ranks), on 2-12 ranks "
+                        "(3, 6 and 12 too) of 4-94 GiB, batches 16-131072, 1.05-15x HBM, a fifth of the tables "
+                        "without statistics; seeds 3500-3599")
     p.add_argument("--timeout", type=int, default=300, help="TorchRec planner timeout_seconds (default 300)")
     p.add_argument("--shardflow-timeout", type=float, default=None, metavar="SECONDS",
                    help="ShardflowPlanner's timeout_seconds, the cap of its exact stage (default: its own, 30)")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "memory_tight_bench.json",
                    help="the results as JSON (default bench/results/memory_tight_bench.json)")
     args = p.parse_args(argv)
-    if args.other_shapes + args.third_shapes + args.fourth_shapes > 1:
-        p.error("--other-shapes, --third-shapes and --fourth-shapes are sets of generators: give one")
+    if args.other_shapes + args.third_shapes + args.fourth_shapes + args.fifth_shapes > 1:
+        p.error("--other-shapes, --third-shapes, --fourth-shapes and --fifth-shapes are sets of generators: give one")
     for given, flag, seeds in ((args.third_shapes, "--third-shapes", THIRD_SEEDS),
-                               (args.fourth_shapes, "--fourth-shapes", FOURTH_SEEDS)):
+                               (args.fourth_shapes, "--fourth-shapes", FOURTH_SEEDS),
+                               (args.fifth_shapes, "--fifth-shapes", FIFTH_SEEDS)):
         if given and not (args.first_seed in seeds and args.first_seed + args.count - 1 in seeds):
             p.error(f"{flag} takes seeds {seeds.start}-{seeds.stop - 1}: not "
                     f"{args.first_seed}-{args.first_seed + args.count - 1}")
@@ -659,7 +727,8 @@ def main(argv: list[str] | None = None) -> int:
     for seed in range(args.first_seed, args.first_seed + args.count):
         if seed not in SEEDS:
             p.error(f"seed {seed} is outside the bench's reserved range {SEEDS.start}-{SEEDS.stop - 1}")
-        w = workload(seed, args.constrained, args.weighted, args.other_shapes, args.third_shapes, args.fourth_shapes)
+        w = workload(seed, args.constrained, args.weighted, args.other_shapes, args.third_shapes, args.fourth_shapes,
+                     args.fifth_shapes)
         result = plan_all(w, args.timeout, args.shardflow_timeout)
         row = summary(w, result)
         rows.append(row)

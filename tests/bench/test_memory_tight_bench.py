@@ -24,7 +24,8 @@ def test_every_workload_holds_its_tables_several_times_over_the_hbm_and_within_t
             ({}, bench.GENERATORS, bench.SEEDS.start, 1.9),
             ({"other": True}, bench.OTHER_GENERATORS, 3200, 1.9),  # --other-shapes
             ({"third": True}, bench.THIRD_GENERATORS, bench.THIRD_SEEDS.start, 1.9),
-            ({"fourth": True}, bench.FOURTH_GENERATORS, bench.FOURTH_SEEDS.start, 1.25)):
+            ({"fourth": True}, bench.FOURTH_GENERATORS, bench.FOURTH_SEEDS.start, 1.25),
+            ({"fifth": True}, bench.FIFTH_GENERATORS, bench.FIFTH_SEEDS.start, 1.04)):
         kinds = set()
         for seed in range(first, first + 12):
             w = bench.workload(seed, **shapes)
@@ -48,6 +49,18 @@ def test_a_fourth_set_workload_gives_no_statistics_for_about_a_third_of_its_tabl
         without += sum(not t.stats for t in w.tables)
         total += len(w.tables)
     assert 0.25 < without / total < 0.42
+
+
+def test_the_fifth_set_plans_on_ranks_that_are_not_a_power_of_two_some_barely_over_the_hbm(bench):
+    """``--fifth-shapes``: 3, 6 and 12 ranks among its topologies; a workload barely over the HBM beside
+    ones many times over it; a fifth of the tables without statistics."""
+    first = bench.FIFTH_SEEDS.start
+    workloads = [bench.workload(seed, fifth=True) for seed in range(first, first + 24)]
+    assert {3, 6, 12} & {w.world_size for w in workloads}
+    assert min(w.times_hbm for w in workloads) < 1.5 < 10 < max(w.times_hbm for w in workloads)
+    without = sum(not t.stats for w in workloads for t in w.tables) / sum(len(w.tables) for w in workloads)
+    assert 0.12 < without < 0.28
+    assert any(t.features > 1 for w in workloads for t in w.tables)
 
 
 def test_zipf_statistics_are_torchrecs_cache_statistics(bench):

@@ -63,6 +63,7 @@ def main() -> None:
         plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
     except InputError as e:  # the same message on every rank, at once
         print(f"rank {rank}: {e}", file=sys.stderr, flush=True)
+        barrier(device)  # every rank says it before one exits: torchrun stops the others at the first exit
         dist.destroy_process_group()
         os._exit(2)
     if args.out:
@@ -80,12 +81,16 @@ def main() -> None:
         loss, _ = pipeline.progress(data)
         if rank == 0:
             print(f"iteration {i + 1}: loss {loss.item():.4f}", flush=True)
+    barrier(device)
+    dist.destroy_process_group()
+
+
+def barrier(device: torch.device) -> None:
     # NCCL's barrier runs on this rank's GPU (and on cuda, torch.cuda.set_device(LOCAL_RANK) comes first)
     if device.type == "cuda":
         dist.barrier(device_ids=[device.index or 0])
     else:
         dist.barrier()
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

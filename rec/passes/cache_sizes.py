@@ -23,13 +23,16 @@ and the fastest plan is taken. There the planner gives the first search a short 
 its cache sizes, and from the start at TorchRec's default size (the size TorchRec's own plans cache
 at, which the heuristic packs badly where the caches nearly fill the HBM), and grows the results
 again; these runs and the first share the time limit (``rec.planning.ExactTime``), each sized from
-its share of the limit and stopped where the earlier ones spent it. Last, the caches of the plan taken
-are sized once more on its placement: each from its least size (``LOAD_FACTORS[0]``, or its floor)
-grown the same way, kept where faster. Growing only adds to the sizes the search placed the tables
-with, so a rank's HBM can stay with caches that save less than others on it would. Under TorchRec's default
-profile a larger cache is always faster (its bandwidth rises linearly with the cache's size, and a
-table with TorchRec's cache statistics fetches fewer rows);
-under a profile with ``cache_miss_multiplier`` the gain follows the table's hit-rate curve, so
+its share of the limit and stopped where the earlier ones spent it. Where the plan taken then leaves
+HBM free off its busiest ranks' caches, those caches are tried larger and the tables searched again at
+those sizes, so that the search makes room for them where growing cannot (``_made_room``): growing
+moves no shard, and a busiest rank full of tables that fit in HBM keeps its cache small. Last, the
+caches of the plan taken are sized once more on its placement: each from its least size
+(``LOAD_FACTORS[0]``, or its floor) grown the same way, kept where faster. Growing only adds to the
+sizes the search placed the tables with, so a rank's HBM can stay with caches that save less than
+others on it would. Under TorchRec's default profile a larger cache is always faster (its bandwidth
+rises linearly with the cache's size, and a table with TorchRec's cache statistics fetches fewer
+rows); under a profile with ``cache_miss_multiplier`` the gain follows the table's hit-rate curve, so
 tables whose ids repeat get the memory. Where nothing can grow (no uvm table, or no spare HBM) the
 result is unchanged, and so it is where growing would be slower: the caches at TorchRec's default
 size state none, as in TorchRec's own plans, and TorchRec prices no fetches for them, unless a cache
@@ -61,6 +64,7 @@ from rec.search.result import SearchResult
 from rec.search.space import SearchSpace
 from rec.sharding import CK_CODE, ComputeDevice, ComputeKernel
 from rec.spec.types import Spec, TableSpec
+from rec.tolerance import SOLVER_TOLERANCE
 from rec.topology.types import Topology
 
 RESEARCH_ROUNDS = 3  # searches again with the grown sizes: the first gains most, a third rarely anything
@@ -75,6 +79,12 @@ START_SIZES = tuple(lf for lf in LOAD_FACTORS if lf <= 2 * UVM_CACHING_RATIO)
 # 14.9, a row_wise cache on every rank beside small tables spread thin). The rest of the limit goes to
 # the fastest plan, on the sizes it ends with, and what that leaves to the start at TorchRec's default size.
 FIRST_EXACT_SHARE = 0.125
+# Where the plan taken leaves this share of the ranks' HBM free, the caches on its busiest ranks are
+# tried larger, searched again so that the search makes room for them (``_made_room``), up to this
+# many times. In a scratch run on 11 memory-tight workloads, every faster try came from a plan with
+# 1.2-7.4% of the HBM free, and none from the nine with 0-0.6% free (each search takes seconds there).
+ROOM_SHARE = 0.01
+ROOM_ROUNDS = 2
 _UVM, _CACHING = CK_CODE[ComputeKernel.FUSED_UVM], CK_CODE[ComputeKernel.FUSED_UVM_CACHING]
 
 
@@ -130,11 +140,11 @@ def _sized(result: SearchResult, spec: Spec, topology: Topology, cost: CostConfi
 
     best = _grown(result, spec, topology, cost)
     at_default: SearchResult | None = None  # the start at TorchRec's default cache size
+    # Each search covers every table again: worth it where memory decides the plan, or where the
+    # grown caches shortened the critical path, not for a few uvm tables off the busiest ranks
+    # among many that fit (100,000 tables on 1,024 ranks: 30 s became 192 s with the starts).
+    decides = memory_decides(result.space, topology)
     if search is not None and len(_candidates(result, spec, topology)):
-        # Each search covers every table again: worth it where memory decides the plan, or where the
-        # grown caches shortened the critical path, not for a few uvm tables off the busiest ranks
-        # among many that fit (100,000 tables on 1,024 ranks: 30 s became 192 s with the starts).
-        decides = memory_decides(result.space, topology)
         if decides or built(best) < built(result) * (1 - RELATIVE_GAIN):
             best = _researched(best, spec, topology, cost, search, built)
         free, floors = ~cache_fixed(spec), cache_floors(spec)
@@ -173,7 +183,74 @@ def _sized(result: SearchResult, spec: Spec, topology: Topology, cost: CostConfi
         # packs that start badly and only the exact stage finds its plan (memory_tight_bench
         # --other-shapes one_giant-3214: 535 ms heuristic, 148 exact, against 168 from the best start).
         best = _faster(best, exact_grown(at_default), built)
+    if decides and search is not None:
+        best = _made_room(best, spec, topology, cost, search, exact, built)
     return _regrown(best, spec, topology, cost, built)
+
+
+def _made_room(result: SearchResult, spec: Spec, topology: Topology, cost: CostConfig,
+               search: Callable[[SearchSpace], SearchResult], exact: Callable[[SearchResult, float], SearchResult],
+               path: Callable[[SearchResult], float]) -> SearchResult:
+    """``result``, or a plan whose busiest ranks' caches are larger where the search made room for them.
+    Growing keeps every shard where the search put it, so a busiest rank full of tables that fit in HBM
+    keeps its cache small while other ranks' HBM stays free. Where at least ``ROOM_SHARE`` of the ranks'
+    HBM is free, the caches on the busiest ranks are tried a rung larger, and larger by the free HBM
+    shared among them; each try is searched at those sizes (the heuristic, then a short exact stage),
+    grown and filled, and the faster is taken where faster than the plan; up to ``ROOM_ROUNDS`` times."""
+    fetches = global_distinct(spec, topology.batch_size * topology.world_size) > 0
+    for _ in range(ROOM_ROUNDS):
+        space, a = result.space, result.assignment
+        free_hbm = float(np.clip(space.hbm_cap - a.hbm, 0, None).sum())
+        caches = _busiest_caches(result, spec, topology)
+        if free_hbm < ROOM_SHARE * float(space.hbm_cap.sum()) or not len(caches):
+            break
+        base = resolved_load_factors(spec, cost, space.chosen_load_factor)
+        opts = space.options
+        rung_up, shared_up = base.copy(), base.copy()
+        for t in caches:
+            above = [lf for lf in LOAD_FACTORS if lf > base[t] * (1 + 1e-12)]
+            rung_up[t] = above[0] if above else base[t]
+            shards = opts.shards(int(a.choice[t]))
+            hbm = float((opts.hbm[shards] * opts.repeat[shards]).sum())  # the cache's HBM, and a little more
+            grown = min(1.0, base[t] * (1 + free_hbm / len(caches) / hbm))
+            if fetches[t]:  # where TorchRec prices its fetches, a size its statistics were asked at (as _grown)
+                grown = max([f for f, _ in spec.tables[t].hit_rate_curve or () if f <= grown], default=base[t])
+            else:
+                grown = np.floor(grown * 10**BETWEEN_DIGITS) / 10**BETWEEN_DIGITS
+            shared_up[t] = max(base[t], grown)
+        tries = []
+        for sizes in (rung_up, shared_up):
+            try:
+                found = search(build_search_space(spec, topology, cost, np.where(cache_fixed(spec), np.nan, sizes)))
+            except InputError:  # the larger caches do not fit
+                continue
+            filled = _filled(_grown(found, spec, topology, cost), spec, topology, cost, path)
+            improved = exact(filled, FIRST_EXACT_SHARE)
+            tries.append(_filled(_faster(improved, _grown(improved, spec, topology, cost), path), spec, topology,
+                                 cost, path))
+        fastest = min(tries, key=path, default=None)
+        if fastest is None or not path(fastest) < path(result) * (1 - RELATIVE_GAIN):
+            break
+        result = fastest
+    return result
+
+
+def _busiest_caches(result: SearchResult, spec: Spec, topology: Topology) -> list[int]:
+    """The fused_uvm_caching tables the planner sizes with a shard on a busiest rank."""
+    space, a = result.space, result.assignment
+    opts = space.options
+    kernel = opts.compute_kernel[a.choice]
+    busiest = np.zeros(space.world_size, bool)
+    busiest[a.loads >= a.critical_path * (1 - SOLVER_TOLERANCE)] = True
+    out = []
+    for t in _candidates(result, spec, topology):
+        if kernel[t] != _CACHING:
+            continue
+        shards = opts.shards(int(a.choice[t]))
+        first, repeat = a.shard_rank[shards].astype(np.int64), opts.repeat[shards].astype(np.int64)
+        if any(busiest[f:f + r].any() for f, r in zip(first.tolist(), repeat.tolist(), strict=True)):
+            out.append(int(t))
+    return out
 
 
 def _filled(result: SearchResult, spec: Spec, topology: Topology, cost: CostConfig,

@@ -451,8 +451,7 @@ def workload(seed: int, constrained: bool = False, weighted: bool = False, other
                           0.5 * DDR_PER_RANK / (hbm * GiB)))
         w = _sized(seed, kind, FIFTH_GENERATORS[kind](rng), hosts * local, local, hbm, batch, times, constrained,
                    weighted)
-        without = np.random.default_rng([seed, 5])
-        return replace(w, tables=tuple(replace(t, stats=bool(without.random() >= 0.2)) for t in w.tables))
+        return _without_stats(w, np.random.default_rng([seed, 5]), 0.2)
     if fourth:
         kind = list(FOURTH_GENERATORS)[seed % len(FOURTH_GENERATORS)]
         hosts, local = FOURTH_TOPOLOGIES[int(rng.integers(len(FOURTH_TOPOLOGIES)))]
@@ -461,8 +460,7 @@ def workload(seed: int, constrained: bool = False, weighted: bool = False, other
         times = float(min(rng.uniform(1.3, 12.0), 0.5 * DDR_PER_RANK / (hbm * GiB)))
         w = _sized(seed, kind, FOURTH_GENERATORS[kind](rng), hosts * local, local, hbm, batch, times, constrained,
                    weighted)
-        without = np.random.default_rng([seed, 3])
-        return replace(w, tables=tuple(replace(t, stats=bool(without.random() >= 1 / 3)) for t in w.tables))
+        return _without_stats(w, np.random.default_rng([seed, 3]), 1 / 3)
     if third:
         kind = list(THIRD_GENERATORS)[seed % len(THIRD_GENERATORS)]
         hosts, local = THIRD_TOPOLOGIES[int(rng.integers(len(THIRD_TOPOLOGIES)))]
@@ -505,6 +503,11 @@ def _sized(seed: int, kind: str, tables: list[Table], world: int, local: int, hb
         grown = tuple(replace(t, weighted=t.pooled and bool(scored.random() < 0.4)) for t in grown)
     name = f"{kind}-{seed}" + ("-constrained" if constrained else "") + ("-weighted" if weighted else "")
     return Workload(name, grown, world, local, hbm, batch, times)
+
+
+def _without_stats(w: Workload, rng: np.random.Generator, share: float) -> Workload:
+    """``w`` with about ``share`` of its tables, drawn by ``rng``, without statistics."""
+    return replace(w, tables=tuple(replace(t, stats=bool(rng.random() >= share)) for t in w.tables))
 
 
 def user_settings(rng: np.random.Generator, t: Table) -> UserSettings:

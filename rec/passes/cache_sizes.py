@@ -143,7 +143,7 @@ def _sized(result: SearchResult, spec: Spec, topology: Topology, cost: CostConfi
     # Each search covers every table again: worth it where memory decides the plan, or where the
     # grown caches shortened the critical path, not for a few uvm tables off the busiest ranks
     # among many that fit (100,000 tables on 1,024 ranks: 30 s became 192 s with the starts).
-    decides = memory_decides(result.space, topology)
+    decides = search is not None and memory_decides(result.space, topology)
     if search is not None and len(_candidates(result, spec, topology)):
         if decides or built(best) < built(result) * (1 - RELATIVE_GAIN):
             best = _researched(best, spec, topology, cost, search, built)
@@ -183,7 +183,7 @@ def _sized(result: SearchResult, spec: Spec, topology: Topology, cost: CostConfi
         # packs that start badly and only the exact stage finds its plan (memory_tight_bench
         # --other-shapes one_giant-3214: 535 ms heuristic, 148 exact, against 168 from the best start).
         best = _faster(best, exact_grown(at_default), built)
-    if decides and search is not None:
+    if decides and search is not None:  # (decides implies a search; mypy does not know it)
         best = _made_room(best, spec, topology, cost, search, exact, built)
     return _regrown(best, spec, topology, cost, built)
 
@@ -213,10 +213,8 @@ def _made_room(result: SearchResult, spec: Spec, topology: Topology, cost: CostC
             shards = opts.shards(int(a.choice[t]))
             hbm = float((opts.hbm[shards] * opts.repeat[shards]).sum())  # the cache's HBM, and a little more
             grown = min(1.0, base[t] * (1 + free_hbm / len(caches) / hbm))
-            if fetches[t]:  # where TorchRec prices its fetches, a size its statistics were asked at (as _grown)
-                grown = max([f for f, _ in spec.tables[t].hit_rate_curve or () if f <= grown], default=base[t])
-            else:
-                grown = np.floor(grown * 10**BETWEEN_DIGITS) / 10**BETWEEN_DIGITS
+            # where TorchRec prices its fetches, a size its statistics were asked at (as _grown)
+            grown = _asked_size(spec.tables[t], grown) if fetches[t] else _rounded_down(grown)
             shared_up[t] = max(base[t], grown)
         tries = []
         for sizes in (rung_up, shared_up):
@@ -240,15 +238,14 @@ def _busiest_caches(result: SearchResult, spec: Spec, topology: Topology) -> lis
     space, a = result.space, result.assignment
     opts = space.options
     kernel = opts.compute_kernel[a.choice]
-    busiest = np.zeros(space.world_size, bool)
-    busiest[a.loads >= a.critical_path * (1 - SOLVER_TOLERANCE)] = True
+    busiest = a.loads >= a.critical_path * (1 - SOLVER_TOLERANCE)
     out = []
     for t in _candidates(result, spec, topology):
         if kernel[t] != _CACHING:
             continue
         shards = opts.shards(int(a.choice[t]))
         first, repeat = a.shard_rank[shards].astype(np.int64), opts.repeat[shards].astype(np.int64)
-        if any(busiest[f:f + r].any() for f, r in zip(first.tolist(), repeat.tolist(), strict=True)):
+        if (busiest & (_per_rank(first, repeat, np.ones(len(first), np.int64), space.world_size) > 0)).any():
             out.append(int(t))
     return out
 
@@ -337,8 +334,7 @@ def _grown(result: SearchResult, spec: Spec, topology: Topology, cost: CostConfi
         """Table ``t``'s shards with a cache of ``lf`` (where TorchRec prices its fetches: of the largest
         size of its hit-rate curve up to ``lf``, which TorchRec's statistics gave), in its sharding type."""
         if fetches[t]:
-            points = [f for f, _ in spec.tables[t].hit_rate_curve or () if f <= lf]
-            lf = max(points, default=0.0)
+            lf = _asked_size(spec.tables[t], lf)
             if lf <= current[t]:
                 return None
         return _steps([t], {t: int(opts.sharding_type[a.choice[t]])}, spec, topology, cost, lf)[t]
@@ -474,7 +470,7 @@ def _between(t: int, lf: float | None, step: _Step, hbm: np.ndarray, cap: np.nda
     share = float(np.min((cap[grows] - hbm[grows]) / delta[grows])) if grows.any() else 0.0
     first, rep = ranks
     for _ in range(BETWEEN_TRIES):
-        size = np.floor((lf + share * (step.load_factor - lf)) * 10**BETWEEN_DIGITS) / 10**BETWEEN_DIGITS
+        size = _rounded_down(lf + share * (step.load_factor - lf))
         if share <= 0 or size <= lf:
             return None
         partial = step_at(t, float(size))
@@ -484,6 +480,17 @@ def _between(t: int, lf: float | None, step: _Step, hbm: np.ndarray, cap: np.nda
             return partial
         share *= 0.99
     return None
+
+
+def _rounded_down(lf: float) -> float:
+    """A cache size between rungs, rounded down to ``BETWEEN_DIGITS`` decimals."""
+    return float(np.floor(lf * 10**BETWEEN_DIGITS) / 10**BETWEEN_DIGITS)
+
+
+def _asked_size(table: TableSpec, lf: float) -> float:
+    """The largest size of ``table``'s hit-rate curve up to ``lf`` (0 if none): where TorchRec prices a
+    cache's fetches, the sizes its statistics were asked at are those it prices alike."""
+    return max((f for f, _ in table.hit_rate_curve or () if f <= lf), default=0.0)
 
 
 def _per_rank(first: np.ndarray, repeat: np.ndarray, values: np.ndarray, world: int) -> np.ndarray:

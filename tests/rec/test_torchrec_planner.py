@@ -752,16 +752,14 @@ def test_a_size_stated_for_other_tables_leaves_a_default_cache_unstated_as_torch
     cache has 0.2031 of its rows, which states every cache.)"""
     import json
 
-    import rec.passes.cache_sizes as cache_sizes
-
-    monkeypatch.setattr(cache_sizes, "ROOM_ROUNDS", 0)
-
     from torchrec.modules.embedding_configs import DataType
 
+    import rec.passes.cache_sizes as cache_sizes
     from rec.cost.tables import CacheRule
     from rec.plan.io import dumps_plan, parse_plan
     from rec.plan.torchrec_plan import to_sharding_plan
 
+    monkeypatch.setattr(cache_sizes, "ROOM_ROUNDS", 0)
     model = nn.Module()
     model.ebc = EmbeddingBagCollection([
         EmbeddingBagConfig(name="big", num_embeddings=450_000_000, embedding_dim=128, feature_names=["big_f"],
@@ -810,16 +808,14 @@ def test_a_size_stated_for_a_table_kept_in_hbm_leaves_the_cache_beside_it_unstat
     room beside the busiest caches is off: it finds a faster plan with a giant cache of 0.2022.)"""
     import json
 
-    import rec.passes.cache_sizes as cache_sizes
-
-    monkeypatch.setattr(cache_sizes, "ROOM_ROUNDS", 0)
-
     from torchrec.modules.embedding_configs import DataType
 
+    import rec.passes.cache_sizes as cache_sizes
     from rec.cost.tables import CacheRule
     from rec.plan.io import dumps_plan, parse_plan
     from rec.plan.torchrec_plan import to_sharding_plan
 
+    monkeypatch.setattr(cache_sizes, "ROOM_ROUNDS", 0)
     model = nn.Module()
     model.ebc = EmbeddingBagCollection([
         EmbeddingBagConfig(name=name, num_embeddings=rows, embedding_dim=128, feature_names=[f"{name}_f"],
@@ -866,7 +862,6 @@ def test_a_cache_sized_beside_one_of_another_optimizer_leaves_the_default_cache_
     import rec.passes.cache_sizes as cache_sizes
 
     monkeypatch.setattr(cache_sizes, "ROOM_ROUNDS", 0)
-
     model = nn.Module()
     model.ebc = EmbeddingBagCollection([
         EmbeddingBagConfig(name=name, num_embeddings=rows, embedding_dim=128, feature_names=[f"{name}_f"],

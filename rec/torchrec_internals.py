@@ -48,12 +48,12 @@ def reservation_percentage(reservation: Any) -> float:
     return float(reservation._percentage)
 
 
-def reservation_dense(reservation: Any) -> tuple[float, int | None]:
-    """A ``HeuristicalStorageReservation``'s parameter multiplier and dense tensor estimate (None: none)."""
-    estimate = reservation._dense_tensor_estimate
-    return float(reservation._parameter_multiplier), None if estimate is None else int(estimate)
+def reservation_dense(reservation: Any) -> tuple[Any, Any]:
+    """A ``HeuristicalStorageReservation``'s parameter multiplier and dense tensor estimate (None: none),
+    as given."""
+    return reservation._parameter_multiplier, reservation._dense_tensor_estimate
 
 
-def reservation_absolute_bytes(reservation: Any) -> int:
-    """The bytes of HBM a ``FixedAbsoluteStorageReservation`` keeps free."""
-    return int(reservation._hbm_reserved_bytes)
+def reservation_absolute_bytes(reservation: Any) -> Any:
+    """The bytes of HBM a ``FixedAbsoluteStorageReservation`` keeps free, as given."""
+    return reservation._hbm_reserved_bytes

@@ -60,7 +60,7 @@ from bench.gpu_check import compare, sections  # noqa: E402
 from bench.gpu_check.context import Context, Outcome, SectionFailed, Skipped  # noqa: E402
 from bench.gpu_check.machine import TimedOut, find_ranks, pick_device, versions  # noqa: E402
 from bench.gpu_check.report import Report, Section, Status, write_report  # noqa: E402
-from bench.gpu_check.workloads import Workload, read_workloads  # noqa: E402
+from bench.gpu_check.workloads import DEFAULT_BATCH, Ranks, Workload, read_workloads  # noqa: E402
 from rec.errors import InputError  # noqa: E402
 from rec.exit_codes import ExitCode, stopped_by  # noqa: E402
 from rec.sharding import ComputeDevice  # noqa: E402
@@ -99,6 +99,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     unknown = [s for s in wanted if s not in SECTIONS]
     if unknown or not wanted:
         p.error(f"--sections: unknown {', '.join(unknown) or '(none given)'}; known: {', '.join(SECTIONS)}")
+    twice = sorted({s for s in wanted if wanted.count(s) > 1})
+    if twice:
+        p.error(f"--sections: {', '.join(twice)} given twice; each section runs once")
+    if not args.out.strip():
+        p.error("--out: an empty path (an unset shell variable?): name the folder for the report")
     if args.minutes is not None and not 0 < args.minutes <= MAX_MINUTES:
         p.error(f"--minutes must be above 0 and at most {MAX_MINUTES:g}")
     args.sections = wanted
@@ -136,11 +141,14 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         bad.append(str(e))
     try:
-        profile = _profile(args.profile)
+        profile = _profile(args.profile, ranks)
     except InputError as e:
         bad.append(e.render())
     except ValueError as e:
         bad.append(str(e))
+    if args.profile is not None and "calibrate" in args.sections:
+        bad.append("--profile: the calibrate section fits a profile of its own, which the calibration section "
+                   "would judge instead: leave calibrate out of --sections, or --profile out")
     if bad:
         print("gpu_check: " + "\n".join(bad), file=sys.stderr)
         _remove_if(created, out)
@@ -161,10 +169,15 @@ def main(argv: list[str] | None = None) -> int:
             report.sections.append(run_section(name, ctx))
         except (KeyboardInterrupt, Stopped) as e:  # the running command and its processes are stopped by now
             signum = e.signum if isinstance(e, Stopped) else signal.SIGINT
+            how = f"stopped by {signal.Signals(signum).name}"
+            at = args.sections.index(name)
+            report.sections.append(Section(name, Status.FAILED, reason=f"{how} before it finished"))
+            report.sections += [Section(n, Status.SKIPPED, reason=f"not run: the check was {how} in the {name} "
+                                                                 "section") for n in args.sections[at + 1:]]
             report.seconds = time.monotonic() - started
             write_report(out, report)
-            print(f"gpu_check: stopped by {signal.Signals(signum).name} in the {name} section; the "
-                  f"{len(report.sections)} sections before it are in {out / 'gpu_check.md'}", file=sys.stderr)
+            print(f"gpu_check: {how} in the {name} section; the {at} sections before it are in "
+                  f"{out / 'gpu_check.md'}", file=sys.stderr)
             return stopped_by(signum)
         report.seconds = time.monotonic() - started
         write_report(out, report)  # after every section: a stopped check keeps what it found
@@ -197,13 +210,17 @@ def _stopped(signum: int, frame: object) -> None:
     raise Stopped(signum)
 
 
-def _profile(path: str | None) -> Path | None:
-    """``--profile``, read once here so that a bad file is named before any section runs."""
+def _profile(path: str | None, ranks: Ranks) -> Path | None:
+    """``--profile``, read once here so that a bad file, or one for another kind of device than
+    ``ranks``, is named before any section runs."""
     if path is None:
         return None
     from rec.profile import read_profile
+    from rec.profile.validate import check_profile_for
+    from rec.topology import topology_from_dict
 
-    read_profile(path)
+    check_profile_for(read_profile(path), topology_from_dict(ranks.topology(DEFAULT_BATCH[ranks.cuda])),
+                      f"--profile {path}")
     return Path(path).resolve()
 
 

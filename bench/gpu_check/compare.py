@@ -748,11 +748,15 @@ def vs_torchrec(ctx: Context) -> Outcome:
     slower = [name for name, row in results.items()
               if isinstance(row.get(ours), dict) and row[ours].get("verdict") == "slower"]
     missing = {w.name: why for w in ctx.given if (why := _judged_missing(results.get(w.name), ours))}
+    given = {w.name for w in ctx.given}
+    not_judged = {name: why for name, row in results.items()
+                  if name not in given and _measured(row.get("torchrec")) and (why := _judged_missing(row, ours))}
     # A shape TorchRec's planner gave no plan for: shardflow's is not slower, but nothing was compared.
     not_compared = {name: clipped(str(row["torchrec"]["error"])) for name, row in results.items()
                     if name not in missing and isinstance(row.get("torchrec"), dict) and row["torchrec"].get("error")}
     figures = {"repeats": repeats, "shapes": results, "vs_torchrec_geomean": geomeans, "judged": ours,
-               "slower_than_torchrec": slower, "given_not_measured": missing, "not_compared": not_compared}
+               "slower_than_torchrec": slower, "given_not_measured": missing, "not_compared": not_compared,
+               "not_judged_beside_torchrec": not_judged}
     if compared.stopped:
         figures["launch_error"] = compared.stopped
     shapes = f"{len(results)} shape{'s' if len(results) != 1 else ''}"
@@ -762,8 +766,10 @@ def vs_torchrec(ctx: Context) -> Outcome:
                             + (f", calibrated {calibrated:.2f}x" if math.isfinite(calibrated) else "")
                             + (f"; slower on {', '.join(slower)}" if slower else "")
                             + (f"; no TorchRec plan to compare with on {', '.join(not_compared)}" if not_compared
-                               else "") + _missing_line(missing) + _stopped_line(compared.stopped),
+                               else "") + _missing_line(missing) + _stopped_line(compared.stopped)
+                            + (f"; {ours} not measured on {', '.join(not_judged)}" if not_judged else ""),
                    (target("slower_than_torchrec", float(len(slower)), cuda),
+                    target("not_judged_beside_torchrec", float(len(not_judged)), cuda),
                     *((target("given_not_measured", float(len(missing)), cuda),) if ctx.given else ())))
 
 
@@ -777,6 +783,11 @@ def _judged_missing(row: dict[str, Any] | None, judged: str) -> str | None:
     if mine.get("error"):
         return clipped(str(mine["error"]))
     return None if math.isfinite(mine.get("measured_ms", math.nan)) else measurement_failed(mine.get("measure_error"))
+
+
+def _measured(entry: Any) -> bool:
+    """A planner's entry of a shape holds a measured time."""
+    return isinstance(entry, dict) and not entry.get("error") and math.isfinite(entry.get("measured_ms", math.nan))
 
 
 def _geomean(values: Sequence[float]) -> float:

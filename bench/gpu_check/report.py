@@ -57,8 +57,9 @@ class Report:
 
     @property
     def passed(self) -> bool:
-        """Every section ran and is ok (every target met): none failed, none skipped."""
-        return all(s.status is Status.OK for s in self.sections)
+        """Every section ran and is ok (every target met): none failed, none skipped; a check that ran
+        none (stopped before its first) has not passed."""
+        return bool(self.sections) and all(s.status is Status.OK for s in self.sections)
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": REPORT_FORMAT, "started_at": self.started_at, "seconds": round(self.seconds, 1),

@@ -67,6 +67,9 @@ BOUNDS: dict[str, tuple[Bound, float, float]] = {
     "given_not_measured": (Bound.AT_MOST, 0.0, 0.0),
     # vs_torchrec: shapes where shardflow's calibrated plan measured slower than TorchRec's beyond the noise
     "slower_than_torchrec": (Bound.AT_MOST, 0.0, math.inf),  # cpu: 2 repeats on shared cores tell nothing
+    # vs_torchrec: the check's own shapes whose TorchRec plan was measured but shardflow's judged one was not
+    # (it could not plan it, or its measurement failed): nothing was compared there, so nothing is shown
+    "not_judged_beside_torchrec": (Bound.AT_MOST, 0.0, 0.0),
 }
 
 

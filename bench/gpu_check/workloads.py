@@ -96,6 +96,13 @@ def read_workloads(paths: list[str], ranks: Ranks, reserved: Collection[str] = (
     if problems:
         raise InputError("Cannot read the workloads (--specs):", problems)
     names = _names([given[path] for path in read], reserved)
+    named: dict[str, list[Path]] = {}
+    for file, workload in names.items():
+        named.setdefault(workload, []).append(file)
+    clashes = [Problem(str(files[1]), f"its workload would be named {workload!r}, as {files[0]}'s is: rename one")
+               for workload, files in named.items() if len(files) > 1]
+    if clashes:
+        raise InputError("Cannot read the workloads (--specs):", clashes)
     return [Workload(names[given[path]], rows, batch or DEFAULT_BATCH[ranks.cuda], hbm, given=True,
                      source=str(given[path])) for path, (rows, batch, hbm) in read.items()]
 

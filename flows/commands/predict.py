@@ -4,12 +4,14 @@ probability for every row of a dataset.
 DIR2 is what ``shardflow export`` wrote. PATH is read as training reads it (a Parquet file, a
 directory, a glob or a URI; the model's feature columns and ``dense``, ``label`` not needed; ids
 treated by the model's ``--ids`` policy, every row checked). FILE gets one column ``prediction``
-(float32), one row per input row, in input order; it is written whole or not at all.
+(float32), one row per input row, in input order; it is written whole or not at all, and never over
+an existing file.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 
 from rec.exit_codes import ExitCode
 
@@ -37,6 +39,8 @@ def run(args: argparse.Namespace) -> int:
         problems.append(Problem("--batch-size", f"must be from 1 to {1 << 20:,}, got {args.batch_size}"))
     if not str(args.out).lower().endswith((".parquet", ".pq")):
         problems.append(Problem("--out", f"{args.out}: the predictions are Parquet: name a .parquet file"))
+    elif os.path.lexists(args.out):  # perhaps the data itself, or another run's predictions
+        problems.append(Problem("--out", f"{args.out} exists: predict writes a new file; name another, or remove it"))
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():

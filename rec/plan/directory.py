@@ -98,6 +98,7 @@ def _write_plan_files(plan: Plan, out: Path, extra: Callable[[Path], None] | Non
             writing = out
             extra(tmp)
         names = sorted(os.listdir(tmp), key=lambda n: _listed_order(n, known))  # plan.json first
+        _check_replaceable(out, [*names, *(set(known) - set(names))])
         for name in set(known) - set(names):  # an earlier plan's, e.g. a chart or movement
             if (out / name).is_file() or (out / name).is_symlink():
                 (out / name).unlink()
@@ -110,6 +111,16 @@ def _write_plan_files(plan: Plan, out: Path, extra: Callable[[Path], None] | Non
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return tuple(out / name for name in names)
+
+
+def _check_replaceable(out: Path, names: list[str]) -> None:
+    """OSError naming the first of ``names`` in ``out`` that a plan's file cannot replace or remove (a
+    directory), before anything in ``out`` changes: a write that fails half-way would leave the new
+    shards.parquet beside the old plan.json."""
+    for name in names:
+        target = out / name
+        if target.is_dir() and not target.is_symlink():
+            raise OSError(errno.EISDIR, os.strerror(errno.EISDIR), str(target))
 
 
 def _listed_order(name: str, known: tuple[str, ...]) -> tuple[int, str]:

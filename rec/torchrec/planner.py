@@ -20,6 +20,7 @@ import logging
 import math
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ from rec.torchrec.topology import (
     topology_profile,
     torchrec_kjt_bytes,
 )
+from rec.validation import positive_integer
 
 try:  # the interface, so that isinstance(planner, ShardingPlanner) holds where TorchRec checks it
     from torchrec.distributed.types import ShardingPlanner
@@ -94,6 +96,14 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
             problems += topology_problems(topology)
         if plan_dir is not None:
             problems += _plan_dir_problems(Path(plan_dir))
+        if batch_size:  # as TorchRec's: none (or 0) is its default
+            try:
+                positive_integer(batch_size)
+            except ValueError as e:
+                problems.append(Problem("batch_size", str(e)))
+        if constraints is not None and not isinstance(constraints, Mapping):
+            problems.append(Problem("constraints", f"expected a dict of table names to ParameterConstraints, "
+                                                   f"got {type(constraints).__name__}"))
         search = SearchConfig() if timeout_seconds is None else SearchConfig(time_limit_s=float(timeout_seconds))
         try:
             check(search, "", where={"time_limit_s": "timeout_seconds"})
@@ -102,7 +112,7 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
         if problems:
             raise InputError("ShardflowPlanner cannot plan with these options:", problems)
         self._topology = topology
-        self._batch_size = batch_size or BATCH_SIZE
+        self._batch_size = int(batch_size) if batch_size else BATCH_SIZE
         self._reservation = reservation
         self._constraints = dict(constraints or {})
         self._debug = debug

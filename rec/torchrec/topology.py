@@ -129,11 +129,21 @@ def reservation_settings(reservation: Any) -> tuple[Reservation, list[Problem]]:
         problems.append(Problem("storage_reservation", f"percentage {percentage:g} leaves no memory: it must be "
                                                        "in [0, 1)"))
     if type(reservation) is absolute:
-        return Reservation(percentage, kjt=False, absolute=reservation_absolute_bytes(reservation)), problems
+        reserved = reservation_absolute_bytes(reservation)
+        if not (_whole_bytes(reserved) and reserved >= 0):
+            problems.append(Problem("storage_reservation", f"hbm_reserved_bytes {reserved!r} is not a number of bytes"))
+            return Reservation(), problems
+        return Reservation(percentage, kjt=False, absolute=int(reserved)), problems
     if type(reservation) is fixed:
         return Reservation(percentage, kjt=False), problems
     multiplier, estimate = reservation_dense(reservation)
-    return Reservation(percentage, multiplier, estimate), problems
+    if not (isinstance(multiplier, (int, float)) and math.isfinite(multiplier) and multiplier >= 0):
+        problems.append(Problem("storage_reservation", f"parameter_multiplier {multiplier!r} is not a number >= 0"))
+    if estimate is not None and not (_whole_bytes(estimate) and estimate >= 0):
+        problems.append(Problem("storage_reservation", f"dense_tensor_estimate {estimate!r} is not a number of bytes"))
+    if problems:
+        return Reservation(), problems
+    return Reservation(percentage, float(multiplier), None if estimate is None else int(estimate)), problems
 
 
 def topology_problems(topology: Any) -> list[Problem]:
@@ -147,7 +157,12 @@ def topology_problems(topology: Any) -> list[Problem]:
         problems.append(Problem("topology.compute_device", f"{topology.compute_device!r}: shardflow plans for cpu "
                                                            "and cuda ranks"))
     for kind in ("hbm", "ddr"):
-        caps = sorted({int(getattr(d.storage, kind)) for d in topology.devices})
+        given = [getattr(d.storage, kind) for d in topology.devices]
+        bad = next((v for v in given if not _whole_bytes(v)), None)
+        if bad is not None:
+            problems.append(Problem(f"topology {kind}_cap", f"expected a whole number of bytes, got {bad!r}"))
+            continue
+        caps = sorted({int(v) for v in given})
         if len(caps) > 1:
             problems.append(Problem(f"topology {kind}_cap", (
                 f"differs between ranks ({', '.join(format_bytes(c) for c in caps[:3])}): shardflow plans for ranks "
@@ -169,6 +184,12 @@ def topology_problems(topology: Any) -> list[Problem]:
             problems.append(Problem(f"topology.{knob.name}", f"{value!r} is not a number "
                                                              f"{'>= 0' if knob.may_be_zero else 'above 0'}"))
     return problems
+
+
+def _whole_bytes(value: object) -> bool:
+    """A number of bytes as TorchRec's ``Storage`` holds one: an integral, finite number."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and value == int(value))
 
 
 @dataclass(frozen=True)

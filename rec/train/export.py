@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 
 from rec.disk_full import whole, write_whole
 from rec.errors import InputError, Problem
@@ -49,7 +50,14 @@ def load_checkpoint(path: str | Path) -> tuple[nn.Module, ModelSettings, str, in
     settings, _ = read_model(directory)
     from rec.plan import read_plan
 
-    plan_id = read_plan(directory / PLAN_COPY).plan_id if (directory / PLAN_COPY).is_file() else ""
+    plan_id = ""
+    if (directory / PLAN_COPY).is_file():
+        plan = read_plan(directory / PLAN_COPY)
+        if plan.spec.spec_hash != settings.spec.spec_hash:  # files of two trainings in one checkpoint directory
+            raise InputError(f"Cannot use the checkpoint {path}:", [Problem(
+                str(directory / PLAN_COPY), f"plans other tables than {MODEL_FILE} records (spec {plan.spec.spec_hash} "
+                                            f"against {settings.spec.spec_hash}): it is another training's")])
+        plan_id = plan.plan_id
     at = step_dir(directory, step)
     check_index(at)
     model = build_model(settings.spec, settings.config(), torch.device("cpu"), "cpu")
@@ -57,9 +65,13 @@ def load_checkpoint(path: str | Path) -> tuple[nn.Module, ModelSettings, str, in
     try:
         dcp.load({"model": state}, storage_reader=SafeFileSystemReader(str(at)), planner=SafeLoadPlanner(),
                  no_dist=True)
-    except (RuntimeError, ValueError, KeyError) as e:  # DCP's CheckpointException is a RuntimeError
+    except (RuntimeError, ValueError, KeyError, CheckpointException) as e:  # CheckpointException: a BaseException
+        failures = getattr(e, "failures", None)  # a rank's own error, e.g. a table of another size
+        inner = next(iter(failures.values()), None) if isinstance(failures, dict) else None
+        cause = inner[0] if isinstance(inner, tuple) and inner else inner if isinstance(inner, BaseException) else e
+        text = next((line.strip() for line in str(cause).splitlines() if line.strip()), type(cause).__name__)
         raise InputError(f"Cannot use the checkpoint {at}:", [Problem(
-            str(at), f"does not hold this model's weights ({str(e).splitlines()[0][:200]})")]) from None
+            str(at), f"does not hold this model's weights ({text[:200]})")]) from None
     model.load_state_dict(state)
     return model.eval(), settings, plan_id, step
 

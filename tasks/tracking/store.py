@@ -74,10 +74,21 @@ def tracking_failure(e: BaseException) -> str | None:
     known = (MlflowException, sqlalchemy.exc.SQLAlchemyError, sqlite3.Error, alembic.util.exc.CommandError,
              urllib3.exceptions.HTTPError, OSError, RunNotFound)
     chain = _chain(e)
+    driver = next((x for x in chain if isinstance(x, ImportError) and _in_a_dialect(x)), None)
+    if driver is not None:  # e.g. mysql:// without MySQLdb: SQLAlchemy imports the driver when the store opens
+        return (f"the store's database driver is not installed here (no module {driver.name!r}): install it "
+                "beside MLflow, or use another --tracking-uri")
     if not any(isinstance(x, known) for x in chain):
         return None
     innermost = [x for x in chain if isinstance(x, known)][-1]
     return one_line(innermost)
+
+
+def _in_a_dialect(e: ImportError) -> bool:
+    """``e`` was raised while SQLAlchemy's dialect for a database imported its driver."""
+    import traceback
+
+    return any(f"sqlalchemy{os.sep}dialects" in frame.filename for frame in traceback.extract_tb(e.__traceback__))
 
 
 def _chain(e: BaseException) -> list[BaseException]:

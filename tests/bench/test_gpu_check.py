@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 
+from rec.errors import InputError
 from tests.paths import ROOT
 
 SECTIONS = ("train", "data", "resume", "measure", "calibrate", "calibration", "vs_torchrec")
@@ -130,11 +131,22 @@ def assert_the_quick_calibration_wrote_a_profile_that_plans(out, capsys) -> None
 
 
 def test_an_unknown_section_or_budget_is_refused_with_exit_2(tmp_path):
-    for flags in (["--sections", "train,warp"], ["--minutes", "0"]):
-        r = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--out", str(tmp_path), "--device", "cpu",
-                            *flags], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    """Also a section given twice (the report holds one of each), an empty --out (it would write into
+    the working directory), and --profile beside the calibrate section (whose own profile the calibration
+    section would judge, in its place); a profile for another device is named before any section runs."""
+    from tests.paths import PROFILES
+
+    cuda_profile = str(PROFILES / "h100_sxm_datasheet.yaml")
+    for flags, named in ((["--sections", "train,warp"], "warp"), (["--minutes", "0"], "--minutes"),
+                         (["--sections", "calibration", "calibration,vs_torchrec"], "calibration given twice"),
+                         (["--out="], "--out: an empty path"),
+                         (["--sections", "calibrate,calibration", "--profile", cuda_profile], "leave calibrate out"),
+                         (["--sections", "calibration", "--profile", cuda_profile], "measured on cuda")):
+        r = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--out", str(tmp_path / "check"), "--device",
+                            "cpu", *flags], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert r.returncode == 2, r.stderr
-        assert "Traceback" not in r.stderr
+        assert named in r.stderr and "Traceback" not in r.stderr
+        assert not (tmp_path / "check").exists()
 
 
 def test_the_check_reads_the_installed_bytecode_and_caches_it_only_where_there_is_none(tmp_path, monkeypatch):
@@ -256,6 +268,9 @@ def test_your_workloads_are_read_from_any_spec_format_and_named_apart(tmp_path):
     (tmp_path / "current.json").symlink_to(tmp_path / "capped.json")  # named as given, not as linked
     (linked,) = read_workloads([str(tmp_path / "current.json")], h100)
     assert (linked.name, linked.source) == ("current", str(tmp_path / "current.json"))
+    (tmp_path / "b/spec.yaml.yaml").write_text((tmp_path / "few_big.yaml").read_text())  # a name b/spec.yaml has
+    with pytest.raises(InputError, match=r"would be named 'spec\.yaml'"):
+        read_workloads([str(tmp_path / f) for f in ("b/spec.csv", "b/spec.yaml", "b/spec.yaml.yaml")], h100)
 
 
 def test_a_measuring_launch_stopped_part_way_keeps_the_plans_it_measured(tmp_path, monkeypatch):
@@ -340,6 +355,9 @@ def test_a_stopped_check_stops_the_training_it_runs_and_says_so_in_one_line(tmp_
     assert err.strip().splitlines()[-1].startswith(f"gpu_check: stopped by {signal.Signals(signum).name} in the "
                                                    "train section"), err
     assert "Traceback" not in err
+    report = json.loads((tmp_path / "check" / "gpu_check.json").read_text())  # not passed: it did not finish
+    assert report["passed"] is False and report["sections"]["train"]["status"] == "failed"
+    assert report["sections"]["train"]["reason"] == f"stopped by {signal.Signals(signum).name} before it finished"
     _, alive = psutil.wait_procs(started, timeout=10)
     assert not alive, [c.cmdline() for c in alive]
 
@@ -518,3 +536,30 @@ def command_of(process) -> str:
         return " ".join(process.cmdline())
     except psutil.Error:
         return ""
+
+
+def test_a_shape_whose_judged_plan_was_not_measured_beside_torchrecs_fails_vs_torchrec(tmp_path, monkeypatch):
+    """A built-in shape TorchRec's plan was measured on but shardflow's judged plan was not (its profile
+    could not plan it): nothing was compared there, so the section misses a target naming the shape,
+    where it once passed with nothing judged."""
+    import time
+
+    from bench.gpu_check import compare
+    from bench.gpu_check.context import Context
+    from bench.gpu_check.workloads import Ranks
+    from rec.sharding import ComputeDevice
+
+    measured = {"measured_ms": 10.0, "verdict": "same", "vs_torchrec": 1.0}
+    shapes = {"few_big": {"torchrec": {"measured_ms": 10.0}, "shardflow": measured,
+                          "shardflow-calibrated": {"error": "InputError: the profile describes other ranks"}},
+              "mixed_ebc_ec": {"torchrec": {"measured_ms": 5.0}, "shardflow": measured,
+                               "shardflow-calibrated": measured}}
+    monkeypatch.setattr(compare, "compare_measured", lambda *args, **kwargs: compare.Comparison(2, shapes, None))
+    profile = tmp_path / "profile.yaml"
+    ctx = Context(Ranks(ComputeDevice.CPU, 2, 1 << 30, 1 << 30), tmp_path, time.monotonic() + 1000, tmp_path / "log",
+                  profile=profile)
+    outcome = compare.vs_torchrec(ctx)
+    missed = {t.name: t.value for t in outcome.targets if not t.met}
+    assert missed == {"not_judged_beside_torchrec": 1.0}
+    assert outcome.figures["not_judged_beside_torchrec"] == {"few_big": "InputError: the profile describes other ranks"}
+    assert "shardflow-calibrated not measured on few_big" in outcome.summary

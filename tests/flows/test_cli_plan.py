@@ -219,3 +219,24 @@ def test_an_empty_path_as_an_unset_shell_variable_gives_is_refused_not_the_worki
     assert code == 2 and list(tmp_path.iterdir()) == []
     err = capsys.readouterr().err
     assert "--out, --topology: is empty: name a file or directory" in err
+
+
+@pytest.mark.parametrize("in_the_way", ["rank_load.png", "plan.json"])
+def test_a_directory_where_a_plan_file_goes_fails_the_write_and_leaves_the_earlier_plan_whole(tmp_path, in_the_way):
+    """A directory in the way of one of the plan's files is named before anything changes: the plan
+    already there still reads (its shards.parquet is not the new plan's), and nothing half-written stays."""
+    out = tmp_path / "plan"
+    first = shardflow("plan", "--no-track", "--no-chart", str(SPECS / "cpu_demo.yaml"), "--topology",
+                      str(TOPOLOGIES / "cpu_2proc.yaml"), "--out", str(out))
+    assert first.returncode == 0, first.stderr
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    if in_the_way == "plan.json":
+        (out / "plan.json").unlink()
+        del before["plan.json"]
+    (out / in_the_way).mkdir()
+    r = shardflow("plan", "--no-track", str(SPECS / "cpu_demo.yaml"), "--topology", str(TOPOLOGIES / "cpu_2proc.yaml"),
+                  "--caching-ratio", "0.3", "--shard-limits", "2", "--out", str(out))
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [f"shardflow: cannot use {out / in_the_way}: Is a directory"]
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == [in_the_way]

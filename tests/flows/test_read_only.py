@@ -61,3 +61,10 @@ def test_an_mlflow_store_is_read_and_left_as_it_was(tmp_path, capfd, monkeypatch
     assert result.returncode == 0, result
     assert "no experiment 'shardflow'" in result.stdout
     assert files(tmp_path) == before
+
+
+@pytest.mark.parametrize("uri", ["mysql://u:p@127.0.0.1:1/mlflow", "postgresql://u:p@127.0.0.1:1/mlflow"])
+def test_a_database_store_whose_driver_is_not_installed_is_named_in_one_line(capfd, uri):
+    """SQLAlchemy imports a database's driver only when the store opens: its absence is the store's
+    problem, named, not a traceback."""
+    refused(capfd, uri, "the store's database driver is not installed here (no module")

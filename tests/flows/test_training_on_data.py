@@ -108,6 +108,12 @@ def test_the_checkpoint_evaluated_exported_and_predicted_gives_the_runs_numbers(
                                  "--out", str(out))
         assert refused.returncode == 2 and named in refused.stderr and "Traceback" not in refused.stderr
         assert "--ids modulo" not in refused.stderr and not out.exists()
+    kept = (root / "eval.parquet").read_bytes()
+    for out in (tmp_path / "p.parquet", root / "eval.parquet"):  # earlier predictions, or the data itself
+        refused = shardflow_here(capfd, "predict", "--model", str(tmp_path / "model"), "--data",
+                                 str(root / "eval.parquet"), "--out", str(out))
+        assert refused.returncode == 2 and f"--out: {out} exists" in refused.stderr
+    assert (root / "eval.parquet").read_bytes() == kept
 
 
 @pytest.mark.slow

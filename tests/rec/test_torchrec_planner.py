@@ -1024,3 +1024,32 @@ def test_a_reservation_that_leaves_nothing_names_where_its_dense_bytes_come_from
         quietly(planner.plan, towers(), SHARDERS)
     assert "is left after the dense parameters (2.0 GiB: your dense_tensor_estimate)" in e.value.render()
     assert "pass HeuristicalStorageReservation" not in e.value.render()
+
+
+def test_settings_no_number_of_bytes_or_rows_can_be_are_each_named_before_planning():
+    """A capacity, batch size or reservation that is not a number (NaN, infinity, text), a negative
+    reservation that would grow the HBM, and constraints that are not a dict: one InputError naming
+    each, where TorchRec would fail on int() or plan with a rank larger than the GPU."""
+    from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
+
+    bad = Topology(world_size=2, compute_device="cuda", hbm_cap=float("nan"), ddr_cap=float("inf"))
+    reservation = quietly(HeuristicalStorageReservation, 0.1, parameter_multiplier=float("nan"),
+                          dense_tensor_estimate=-10**12)
+    with pytest.raises(InputError) as e:
+        ShardflowPlanner(topology=bad, batch_size="512", constraints=[ParameterConstraints()],
+                         storage_reservation=reservation)
+    assert sorted(p.where for p in e.value.problems) == [
+        "batch_size", "constraints", "storage_reservation", "storage_reservation", "topology ddr_cap",
+        "topology hbm_cap"]
+    assert "expected a whole number of bytes, got nan" in e.value.render()
+    for text in ("16GiB", float("inf")):
+        with pytest.raises(InputError, match="hbm_cap"):
+            ShardflowPlanner(topology=Topology(world_size=2, compute_device="cuda", hbm_cap=text))
+    with pytest.raises(InputError, match="batch_size"):
+        ShardflowPlanner(topology=cuda(), batch_size=float("nan"))
+    negative = quietly(HeuristicalStorageReservation, 0.1, parameter_multiplier=-1000)
+    with pytest.raises(InputError, match="parameter_multiplier -1000"):
+        ShardflowPlanner(topology=cuda(), storage_reservation=negative)
+    planner = ShardflowPlanner(topology=cuda(hbm_cap=1 << 30), batch_size=512.0)  # a whole number, as a float
+    quietly(planner.plan, ebc(("t", 1000, 16)), SHARDERS)
+    assert planner.last_plan is not None and planner.last_plan.topology.batch_size == 512

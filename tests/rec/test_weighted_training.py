@@ -275,3 +275,35 @@ def test_an_exported_model_of_float16_and_mean_weighted_tables_predicts_what_tra
     labels = pq.read_table(tmp_path / "eval.parquet").column("label").to_numpy()
     assert logloss(np.log(p) - np.log1p(-p), labels) == pytest.approx(metrics.eval["logloss"], rel=1e-5)
     assert auc(p, labels) == pytest.approx(metrics.eval["auc"], abs=1e-6)
+
+
+def test_a_checkpoint_holding_another_trainings_step_or_plan_is_refused_by_export_naming_why(
+        single_process_group, tmp_path):
+    """A step directory copied from another model's training (its tables of other sizes), or the
+    plan.json of another spec beside the checkpoint: export names the mismatch (exit 2 on the command
+    line), where DCP's error once escaped as a traceback and another plan's id labelled the model."""
+    import shutil
+
+    from rec.train.export import export
+
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    trained_on_files(tmp_path / "a", SPEC, (200, 100), iterations=2, warmup=1, checkpoint_every=2)
+    other = spec_from_rows([{**r, "num_embeddings": 2 * r["num_embeddings"]} if r["name"] == "user" else r
+                            for r in ROWS])
+    trained_on_files(tmp_path / "b", other, (200, 100), iterations=2, warmup=1, checkpoint_every=2)
+    a, b = (tmp_path / name / "out" / "checkpoints" for name in ("a", "b"))
+    (step,) = [p.name for p in a.iterdir() if p.name.startswith("step_")]
+    stepped = tmp_path / "stepped"
+    shutil.copytree(a, stepped)
+    shutil.rmtree(stepped / step)
+    shutil.copytree(b / step, stepped / step)
+    with pytest.raises(InputError, match=r"does not hold this model's weights \(.*[Ss]ize mismatch"):
+        export(stepped, tmp_path / "m1")
+    planned = tmp_path / "planned"
+    shutil.copytree(a, planned)
+    shutil.copyfile(b / "plan.json", planned / "plan.json")
+    with pytest.raises(InputError, match=r"plans other tables than model\.json records"):
+        export(planned, tmp_path / "m2")
+    assert not (tmp_path / "m1").exists() and not (tmp_path / "m2").exists()
+    assert export(a, tmp_path / "m3").plan_id

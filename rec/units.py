@@ -45,10 +45,15 @@ def parse_bytes(value: object) -> int:
             approx = float(match.group(1)) * scale  # first, so "1e999999999" is not built exactly
             if approx > MAX_BYTES:
                 raise ValueError(f"{value!r} is more bytes than any memory holds (at most 2^80)")
+            whole = f"expected a whole number of bytes, got {value!r}"  # "16.5" as 16.5 unquoted is
             if approx < 1:
+                if scale == 1 and approx > 0:
+                    raise ValueError(whole)
                 return 0
-            # Fraction keeps "1.5TiB" exact; a fractional byte left over is rounded down.
-            return int(Fraction(match.group(1)) * scale)
+            exact = Fraction(match.group(1)) * scale  # keeps "1.5TiB" exact
+            if scale == 1 and exact.denominator != 1:
+                raise ValueError(whole)
+            return int(exact)  # a fractional byte left over by a unit ("1.3GB") is rounded down
         raise ValueError(
             f"cannot read {value!r} as a byte size (e.g. 80GiB, 512 GB, 1.5TiB; units {_UNIT_NAMES})"
         )
@@ -78,6 +83,12 @@ def parse_bytes_per_second(value: object) -> float:
         if not math.isfinite(value):
             raise ValueError(f"expected a bandwidth in bytes/s, got {value!r}")
         return float(value)
+    plain = _SIZE.match(value) if isinstance(value, str) else None
+    if plain and plain.group(2).upper() in ("", "B"):  # bytes/s need not be whole: "0.5" is half a byte
+        number = float(plain.group(1))
+        if not math.isfinite(number):
+            raise ValueError(f"expected a finite bandwidth in bytes/s, got {written!r}")
+        return number
     try:
         return float(parse_bytes(value))
     except OverflowError:  # an int beyond float

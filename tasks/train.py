@@ -14,6 +14,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rec import progress
@@ -261,6 +262,23 @@ def prepare(plan_path: str, out_dir: str, settings: TrainSettings, run: Run | No
     return plan.plan_id, launch
 
 
+def _check_owned_folders(settings: TrainSettings, out_dir: str) -> None:
+    """InputError naming every link or special file where the training writes its logs and checkpoints
+    (``rec.train.owned_folders``), before anything is launched."""
+    from rec.train.owned_folders import foreign_entries, owned_link
+    from rec.train.resume import CHECKPOINTS, checkpoint_dir
+
+    logs = log_dir(out_dir)
+    problems = [p for p in (owned_link(logs),) if p is not None] or foreign_entries(logs, 1)
+    checkpoints = checkpoint_dir(settings.job, out_dir)
+    if checkpoints is not None:
+        made = Path(checkpoints) == Path(out_dir) / CHECKPOINTS  # the default: inside --out
+        linked = owned_link(checkpoints) if made else None
+        problems += [linked] if linked is not None else foreign_entries(checkpoints)
+    if problems:
+        raise InputError("Cannot train into these folders:", problems)
+
+
 def train(plan_path: str, out_dir: str, settings: TrainSettings = TrainSettings(), attempt: int = 1) -> Trained:
     """Train with the plan at ``plan_path``; TrainingFailed if a rank failed for good. The checkpoint
     directory is this run's for the whole training (``holding_checkpoints``)."""
@@ -293,6 +311,7 @@ def holding_checkpoints(settings: TrainSettings, out_dir: str, run: Run) -> Iter
     from rec.train.ownership import RUN_ENV, holding
     from rec.train.resume import checkpoint_dir
 
+    _check_owned_folders(settings, out_dir)  # before the lock is made there
     directory = checkpoint_dir(settings.job, out_dir)
     if directory is None:
         yield {RUN_ENV: run.to_json()}

@@ -1,7 +1,8 @@
 """Where training data is: ``--data`` as a Parquet file, a directory, a glob, or a URI that a
 pyarrow filesystem opens (``s3://``, ``gs://``, ``hdfs://`` where that filesystem is installed).
 
-A directory holds every ``*.parquet``/``*.pq`` file under it (recursively); a glob every file it
+A directory holds every ``*.parquet``/``*.pq`` file under it (recursively; a file reached by several
+paths through links, once); a glob every file it
 matches, component by component as the shell matches (``**``: any number of components), unless the
 path exists as it is written; both sorted by path, names starting with ``.`` or ``_`` left out (Spark's ``_SUCCESS``,
 ``.crc``), as pyarrow's datasets do. Only the files' footers are read here: their row groups and
@@ -112,6 +113,8 @@ def _list(source: str, what: str) -> tuple[pafs.FileSystem, list[str]]:
         raise InputError(title, [Problem(what, f"cannot open {source}: {_reason(e)}")]) from None
     pattern = _pattern(source, base, root) if magic else None
     paths = sorted(f.path for f in found if f.type == pafs.FileType.File and _wanted(f.path, root, pattern))
+    if isinstance(filesystem, pafs.LocalFileSystem):
+        paths = _each_file_once(paths)
     if not paths:
         kind = "nothing it matches is a" if magic else "the directory holds no"
         raise InputError(title, [Problem(what, f"{source}: {kind} Parquet file "
@@ -119,6 +122,20 @@ def _list(source: str, what: str) -> tuple[pafs.FileSystem, list[str]]:
     if len(paths) > MAX_FILES:
         raise InputError(title, [Problem(what, f"{len(paths):,} files; at most {MAX_FILES:,}")])
     return filesystem, paths
+
+
+def _each_file_once(paths: list[str]) -> list[str]:
+    """``paths`` without those of a file already listed under another path: a link to a folder inside
+    the data (or to the data's own folder, which the listing follows again and again) would otherwise
+    have its rows read as many times."""
+    seen: set[str] = set()
+    out = []
+    for path in paths:
+        real = os.path.realpath(path)
+        if real not in seen:
+            seen.add(real)
+            out.append(path)
+    return out
 
 
 def _filesystem(path: str) -> tuple[pafs.FileSystem, str]:

@@ -99,7 +99,8 @@ def table_stats(table: TableSpec, lengths: Sequence[np.ndarray], ids: Sequence[S
     lookups = counted.counts[inside]
     total = int(counted.counts.sum())
     return TableStats(
-        key=table.key, rows=rows, batch_size=batch_size, ids=total,
+        # a sample smaller than one batch is counted as one batch of every sample: of that size
+        key=table.key, rows=rows, batch_size=min(batch_size, max(rows, 1)), ids=total,
         pooling_factor=_round(total / (rows * len(lengths))) if total else None,
         distinct_per_batch=_round(counted.pairs / batches),
         ids_out_of_range=total - int(lookups.sum()),

@@ -247,7 +247,7 @@ def _load_factor(value: object) -> float:
     """A cache's share of its table's rows: a number in (0, 1]."""
     number = finite_number(value, "a number in (0, 1]")
     if not 0 < number <= 1:
-        raise ValueError(f"must be in (0, 1], got {number:g}")
+        raise ValueError(f"must be in (0, 1], got {number!r}")
     return number
 
 

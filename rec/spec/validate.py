@@ -322,7 +322,7 @@ def _parse_load_factor(value: object) -> float:
     """A cache's share of its table's rows: in (0, 1], as TorchRec's CacheParams.load_factor."""
     number = finite_number(value, "a number in (0, 1]", text=True)
     if not 0 < number <= 1:
-        raise ValueError(f"must be in (0, 1] (the share of the table's rows its cache holds), got {number:g}")
+        raise ValueError(f"must be in (0, 1] (the share of the table's rows its cache holds), got {number!r}")
     return number
 
 
@@ -340,7 +340,7 @@ def _parse_curve(value: object) -> tuple[tuple[float, float], ...]:
     curve = tuple(_curve_point(number, point) for number, point in enumerate(points, start=1))
     for number, ((f0, h0), (f1, h1)) in enumerate(itertools.pairwise(curve), start=2):
         if f1 <= f0:
-            raise ValueError(f"point {number}: cache fractions must increase, got {f1:g} after {f0:g}")
+            raise ValueError(f"point {number}: cache fractions must increase, got {f1!r} after {f0!r}")
         if h1 < h0:
             raise ValueError(f"point {number}: a larger cache cannot serve fewer lookups, hit rate {h1:g} "
                              f"after {h0:g}")
@@ -360,9 +360,9 @@ def _curve_point(number: int, point: object) -> tuple[float, float]:
     except ValueError as e:
         raise ValueError(f"point {number}: {e}") from None
     if not 0 < fraction <= 1:
-        raise ValueError(f"point {number}: cache_fraction must be in (0, 1], got {fraction:g}")
+        raise ValueError(f"point {number}: cache_fraction must be in (0, 1], got {fraction!r}")
     if not 0 <= rate <= 1:
-        raise ValueError(f"point {number}: hit_rate must be in [0, 1], got {rate:g}")
+        raise ValueError(f"point {number}: hit_rate must be in [0, 1], got {rate!r}")
     return fraction, rate
 
 

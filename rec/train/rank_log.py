@@ -139,7 +139,8 @@ class RankOutput:
         sys.stderr.flush()
         self._launcher: TextIO | None = os.fdopen(os.dup(1), "w", buffering=1)
         self._shows_progress = local_rank == 0
-        fd = os.open(directory / RANK_LOG.format(rank=rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = os.open(directory / RANK_LOG.format(rank=rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW,
+                     0o644)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)

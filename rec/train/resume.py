@@ -84,14 +84,25 @@ def resume_source(path: str | Path) -> ResumeSource:
 def checkpoint_at(path: str | Path, title: str = "", hint: str = "") -> tuple[Path, int]:
     """The checkpoint ``path`` names: one step directory (``.../step_00000100``), or a checkpoint
     directory or training output directory (its newest step); InputError naming what is missing."""
+    from rec.train.owned_folders import foreign_entries, owned_link
+
     p = Path(path)
+    title = title or f"Cannot use the checkpoint {path}:"
     step = step_of(p.name)
     if step is not None and p.is_dir() and (p / INDEX_FILE).is_file():
+        problems = foreign_entries(p.parent)
+        if problems:
+            raise InputError(title, problems)
         return p.parent, step
+    inside = owned_link(p / CHECKPOINTS)
+    if inside is not None:
+        raise InputError(title, [inside])
     root = p / CHECKPOINTS if (p / CHECKPOINTS).is_dir() else p
-    title = title or f"Cannot use the checkpoint {path}:"
     if not root.is_dir():
         raise InputError(title, [Problem(str(path), "no such directory")])
+    problems = foreign_entries(root)
+    if problems:
+        raise InputError(title, problems)
     newest = latest(root)
     if newest is None:
         raise InputError(title, [Problem(str(root), f"holds no complete checkpoint (no LATEST file){hint}")])

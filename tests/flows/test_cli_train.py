@@ -40,6 +40,33 @@ def test_a_world_size_that_does_not_match_the_plan_exits_2(plan_dir, tmp_path, c
     assert "Traceback" not in r.stderr
 
 
+def test_links_where_the_training_writes_its_logs_and_checkpoints_exit_2_before_launch(plan_dir, tmp_path, capfd):
+    """A log file linked to a file elsewhere (it would be appended to), a step directory linked to a
+    folder elsewhere (the checkpoint would be written there), a checkpoint folder that is a link: each
+    named, nothing launched, the files linked to untouched."""
+    victim, elsewhere = tmp_path / "victim.txt", tmp_path / "elsewhere"
+    victim.write_text("precious\n")
+    elsewhere.mkdir()
+    out = tmp_path / "out"
+    (out / "logs").mkdir(parents=True)
+    (out / "logs" / "rank-0.log").symlink_to(victim)
+    (out / "checkpoints").mkdir()
+    (out / "checkpoints" / "step_00000002").symlink_to(elsewhere)
+    r = shardflow_here(capfd, "train", "--no-track", "--plan", str(plan_dir), "--out", str(out),
+                       "--iterations", "2", "--warmup", "1", "--checkpoint-every", "2")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "is a symbolic link: shardflow follows no link" in r.stderr
+    assert all(str(out / name) in r.stderr for name in ("logs/rank-0.log", "checkpoints/step_00000002"))
+    assert victim.read_text() == "precious\n" and list(elsewhere.iterdir()) == []
+    linked = tmp_path / "linked"
+    (linked / "logs").mkdir(parents=True)
+    (linked / "checkpoints").symlink_to(elsewhere)
+    r = shardflow_here(capfd, "train", "--no-track", "--plan", str(plan_dir), "--out", str(linked),
+                       "--iterations", "2", "--warmup", "1", "--checkpoint-every", "2")
+    assert r.returncode == 2 and f"{linked / 'checkpoints'}: is a symbolic link, not a folder" in r.stderr
+    assert list(elsewhere.iterdir()) == []
+
+
 @pytest.mark.slow
 def test_a_killed_rank_is_restarted_and_resumes_from_the_last_checkpoint(plan_dir, tmp_path, capfd, monkeypatch):
     monkeypatch.setenv("SHARDFLOW_FAIL_AT_ITERATION", "7:1")

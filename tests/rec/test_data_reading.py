@@ -70,6 +70,15 @@ def test_a_directory_a_glob_a_file_and_a_uri_name_the_files_in_path_order(datase
     assert open_data(f"{dataset}/exp[1]/f0.parquet").rows == 130
 
 
+def test_a_link_to_the_datas_own_folder_or_to_a_file_in_it_reads_each_file_once(dataset):
+    """A link that loops back to the data's folder is followed again and again by a recursive listing,
+    and a file linked beside itself would be listed twice: every row is read once all the same."""
+    (dataset / "part=1" / "again").symlink_to(dataset)
+    (dataset / "f0-link.parquet").symlink_to(dataset / "part=1" / "f0.parquet")
+    files = open_data(str(dataset))
+    assert files.rows == 1000 and len(files.paths) == 4
+
+
 def test_files_of_different_types_training_reads_are_read_as_one_dataset(tmp_path):
     first = table(range(0, 300), np.random.default_rng(0))
     second = table(range(300, 600), np.random.default_rng(1))

@@ -49,7 +49,8 @@ def brute_force(samples: list[list[list[int]]], rows: int, batch_size: int) -> d
                       for f in CACHE_FRACTIONS)
     return {"pooling_factor": _round(len(every) / (len(samples) * features)) if every else None,
             "distinct_per_batch": _round(sum(distinct) / batches),
-            "ids_out_of_range": len(every) - len(inside), "hit_rate_curve": curve}
+            "ids_out_of_range": len(every) - len(inside), "hit_rate_curve": curve,
+            "batch_size": size}  # the batch the distinct ids were counted over
 
 
 def measured(samples: list[list[list[int]]], rows: int, batch_size: int, parts: int = 1) -> dict[str, object]:
@@ -60,7 +61,7 @@ def measured(samples: list[list[list[int]]], rows: int, batch_size: int, parts: 
     split = [np.array_split(v, parts) for v in ids]  # as read: one part per row group
     s = table_stats(table, lengths, split, batch_size)
     return {"pooling_factor": s.pooling_factor, "distinct_per_batch": s.distinct_per_batch,
-            "ids_out_of_range": s.ids_out_of_range, "hit_rate_curve": s.hit_rate_curve}
+            "ids_out_of_range": s.ids_out_of_range, "hit_rate_curve": s.hit_rate_curve, "batch_size": s.batch_size}
 
 
 @pytest.mark.parametrize(("rows", "low", "high"), [
@@ -82,7 +83,7 @@ def test_statistics_equal_a_brute_force_count(rows, low, high, batch_size):
 def test_a_table_without_ids_has_no_pooling_factor_or_curve_and_keeps_the_specs():
     samples = [[[]] for _ in range(10)]
     assert measured(samples, 100, 4) == {"pooling_factor": None, "distinct_per_batch": 0.0,
-                                         "ids_out_of_range": 0, "hit_rate_curve": None}
+                                         "ids_out_of_range": 0, "hit_rate_curve": None, "batch_size": 4}
     spec = spec_from_rows([{"name": "t", "num_embeddings": 100, "embedding_dim": 4, "pooling_factor": 3.0}])
     stats = table_stats(spec.tables[0], [np.zeros(10, np.int32)], [[np.zeros(0, np.int64)]], 4)
     assert with_stats(spec, [stats]).tables[0].pooling_factor == 3.0
@@ -220,6 +221,9 @@ def test_a_spec_without_statistics_is_written_without_their_columns(tmp_path):
 @pytest.mark.parametrize(("cell", "reason"), [
     ({"hit_rate_curve": [[0.1, 1.2]]}, "hit_rate_curve: point 1: hit_rate must be in [0, 1], got 1.2"),
     ({"hit_rate_curve": [[0, 0.1]]}, "hit_rate_curve: point 1: cache_fraction must be in (0, 1], got 0"),
+    # the value as given: "got 1" read as a value in bounds
+    ({"hit_rate_curve": [[0.5, 0.3], [1.0000000001, 0.9]]},
+     "hit_rate_curve: point 2: cache_fraction must be in (0, 1], got 1.0000000001"),
     ({"hit_rate_curve": [[0.2, 0.3], [0.1, 0.4]]},
      "hit_rate_curve: point 2: cache fractions must increase, got 0.1 after 0.2"),
     ({"hit_rate_curve": "0.1:0.5;0.2:0.4"}, "hit_rate_curve: point 2: a larger cache cannot serve fewer lookups"),

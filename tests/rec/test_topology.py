@@ -46,8 +46,10 @@ def test_byte_sizes_read_decimal_and_binary_units(text, size):
     assert parse_bytes(text) == size
 
 
-@pytest.mark.parametrize("text", ["80 GiBs", "lots", "1.5.2GB", True, 1.5])
+@pytest.mark.parametrize("text", ["80 GiBs", "lots", "1.5.2GB", True, 1.5, "16.5", "0.5", "1.9 B"])
 def test_unreadable_byte_sizes_are_refused(text):
+    """A fractional count of bytes is refused written as text ("16.5") as written as a number (16.5),
+    where it was once rounded down (to 16 B, and "0.5" to nothing)."""
     with pytest.raises(ValueError):
         parse_bytes(text)
 
@@ -56,6 +58,7 @@ def test_bandwidths_read_with_or_without_per_second():
     assert parse_bytes_per_second("600GB/s") == 600e9
     assert parse_bytes_per_second("25 GiB/s") == 25 * GiB
     assert parse_bytes_per_second(12.5e9) == 12.5e9
+    assert parse_bytes_per_second("0.9") == 0.9  # a bandwidth need not be whole bytes
 
 
 def test_format_bytes_is_human_readable():

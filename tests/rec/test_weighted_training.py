@@ -307,3 +307,32 @@ def test_a_checkpoint_holding_another_trainings_step_or_plan_is_refused_by_expor
         export(planned, tmp_path / "m2")
     assert not (tmp_path / "m1").exists() and not (tmp_path / "m2").exists()
     assert export(a, tmp_path / "m3").plan_id
+
+
+@pytest.mark.parametrize("planted", ["model.json", "LATEST", "step", "step/.metadata", "fifo"])
+def test_a_link_or_fifo_inside_a_checkpoint_directory_is_named_before_anything_is_read(
+        single_process_group, tmp_path, planted):
+    """shardflow follows no link out of a checkpoint directory and opens no FIFO there (a FIFO in place
+    of the index once hung export for good): each is named, exit 2 on the command line."""
+    import os
+    import shutil
+
+    from rec.train.export import export
+
+    (tmp_path / "a").mkdir()
+    trained_on_files(tmp_path / "a", SPEC, (200, 100), iterations=2, warmup=1, checkpoint_every=2)
+    a = tmp_path / "a" / "out" / "checkpoints"
+    (step,) = [p.name for p in a.iterdir() if p.name.startswith("step_")]
+    copy, outside = tmp_path / "copy", tmp_path / "outside"
+    shutil.copytree(a, copy)
+    name = {"step": step, "step/.metadata": f"{step}/.metadata", "fifo": f"{step}/.metadata"}.get(planted, planted)
+    shutil.move(copy / name, outside)
+    if planted == "fifo":
+        os.mkfifo(copy / name)
+    else:
+        (copy / name).symlink_to(outside)
+    with pytest.raises(InputError) as e:
+        export(copy, tmp_path / "model")
+    assert [p.where for p in e.value.problems] == [str(copy / name)]
+    assert ("a FIFO" if planted == "fifo" else "a symbolic link") in e.value.render()
+    assert not (tmp_path / "model").exists()

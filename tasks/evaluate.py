@@ -49,7 +49,7 @@ def evaluate_checkpoint(checkpoint: str, data: str, out_dir: str,
     from rec.train.checkpoint import check_index
     from rec.train.eval_job import EVAL_METRICS_FILE
     from rec.train.model_file import MODEL_FILE, read_model
-    from rec.train.resume import PLAN_COPY, checkpoint_at, step_dir
+    from rec.train.resume import PLAN_COPY, check_one_training, checkpoint_at, step_dir
 
     check(settings, "Cannot evaluate with these settings:")
     with progress.step("check", "the checkpoint, the data, and what they need of this machine"):
@@ -62,8 +62,10 @@ def evaluate_checkpoint(checkpoint: str, data: str, out_dir: str,
         plan = read_plan(directory / PLAN_COPY)
         check_plan(plan)
         model, _ = read_model(directory)
+        title = f"Cannot evaluate the checkpoint {checkpoint}:"
+        check_one_training(plan, model.spec, directory, title)
         at = step_dir(directory, step)
-        check_index(at)
+        check_index(at, model.spec, title)
         config = replace(model.config(), batch_size=settings.batch_size)
         problems = data_problems(data, model.layout, model.ids, "--data")
         try:

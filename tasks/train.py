@@ -140,15 +140,16 @@ def check_resume_from(job: TrainConfig, plan: Plan) -> None:
     assert job.resume_from is not None
     source = resume_source(job.resume_from)
     check_resume(source, plan)
-    check_index(step_dir(source.checkpoint_dir, source.step))
+    check_index(step_dir(source.checkpoint_dir, source.step), source.plan.spec)
     if source.step >= job.iterations:
         raise InputError("Nothing left to train:", [Problem(
             "--iterations", f"{job.iterations} is not above the checkpoint's iteration {source.step}")])
 
 
-def check_own_checkpoint(job: TrainConfig, out_dir: str, run: Run | None = None) -> str:
+def check_own_checkpoint(job: TrainConfig, out_dir: str, run: Run | None = None, plan: Plan | None = None) -> str:
     """For ``--resume``: the newest checkpoint in the checkpoint directory, if there is one, has an
-    index shardflow reads safely; InputError otherwise (the ranks would refuse it too, later). Returns
+    index shardflow reads safely, of ``plan``'s tables; InputError otherwise (the ranks would refuse it too,
+    later). Returns
     a line saying whose checkpoint the run continues when another run (``run``: this one) wrote it."""
     from rec.train.ownership import another_runs
     from rec.train.resume import step_dir
@@ -160,7 +161,7 @@ def check_own_checkpoint(job: TrainConfig, out_dir: str, run: Run | None = None)
 
     directory, step = newest
     at = step_dir(directory, step)
-    check_index(at)
+    check_index(at, None if plan is None else plan.spec)
     other = another_runs(at, run or Run.new(out_dir))
     return f"resume    continues the checkpoint of iteration {step} ({at}) that {other.describe()} wrote" \
         if other else ""
@@ -250,7 +251,7 @@ def prepare(plan_path: str, out_dir: str, settings: TrainSettings, run: Run | No
         if settings.job.resume_from:
             check_resume_from(settings.job, plan)
         if settings.job.resume:
-            continues = check_own_checkpoint(settings.job, out_dir, run)
+            continues = check_own_checkpoint(settings.job, out_dir, run, plan)
         else:
             check_not_anothers(settings.job, out_dir, run)
     if continues:

@@ -13,6 +13,7 @@ import functools
 import io
 import os
 import pathlib
+import re
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -36,6 +37,7 @@ from torch.distributed.checkpoint.planner import ReadItem
 from rec.disk_full import DiskFull, is_disk_full, write_whole, writing
 from rec.errors import InputError, Problem
 from rec.plan.io import plan_file
+from rec.spec.types import Spec
 from rec.train import restricted_pickle
 from rec.train.collectives import Group
 from rec.train.ownership import Run, record_writer
@@ -257,16 +259,56 @@ def read_index(path: str | Path) -> Metadata:
     return SafeFileSystemReader(str(path)).read_metadata()
 
 
-def check_index(step: str | Path) -> Metadata:
+def check_index(step: str | Path, spec: Spec | None = None,
+                title: str = "Cannot resume from this checkpoint:") -> Metadata:
     """The index of the checkpoint in ``step``, read safely; InputError naming it when it is
-    refused or unreadable (bad input: exit 2, and no retry would help). Called before DCP reads
-    it: DCP would only log a refusal and fall back to per-rank indexes."""
+    refused or unreadable (bad input: exit 2, and no retry would help), or, given the ``spec`` of
+    the model it should hold, where its tables' weights are of other sizes or other tables
+    (``table_problems``). Called before DCP reads it: DCP would only log a refusal and fall back to
+    per-rank indexes, and a table of another size fails every rank once launched."""
+    where = str(Path(step) / INDEX_FILE)
     try:
-        return read_index(step)
+        metadata = read_index(step)
     except (CheckpointMetadataError, OSError) as e:
         reason = f"cannot be read ({e.strerror or e})" if isinstance(e, OSError) else str(e)
-        raise InputError("Cannot resume from this checkpoint:", [
-            Problem(str(Path(step) / INDEX_FILE), reason)]) from None
+        raise InputError(title, [Problem(where, reason)]) from None
+    problems = [] if spec is None else table_problems(metadata, spec, where)
+    if problems:
+        raise InputError(title, problems)
+    return metadata
+
+
+# An embedding table's weight in a model's state_dict, as TorchRec's bag and embedding collections name it.
+_TABLE_WEIGHT = re.compile(r"\.(?:embedding_bags|embeddings)\.([^.]+)\.weight$")
+
+
+def table_problems(metadata: Metadata, spec: Spec, where: str) -> list[Problem]:
+    """Where the index's table weights are not ``spec``'s tables (by name, rows x dim): a step of another
+    model's training. None where it names no table weight as TorchRec's collections do (a model of the
+    user's own may name them otherwise)."""
+    shapes: dict[str, set[tuple[int, int]]] = {}
+    for t in spec.tables:
+        shapes.setdefault(t.name, set()).add((t.num_embeddings, t.embedding_dim))
+    found: dict[str, tuple[int, ...]] = {}
+    for fqn, entry in metadata.state_dict_metadata.items():
+        match = _TABLE_WEIGHT.search(str(fqn))
+        if match and isinstance(entry, TensorStorageMetadata):
+            found.setdefault(match.group(1), tuple(entry.size))
+    if not found:
+        return []
+    problems = []
+    for name, size in sorted(found.items()):
+        if name not in shapes:
+            problems.append(Problem(where, f"holds table {name!r}, which the model has not: a step of another "
+                                           "model's training"))
+        elif size not in shapes[name]:
+            rows, dim = sorted(shapes[name])[0]
+            shown = " x ".join(f"{n:,}" for n in size)
+            problems.append(Problem(where, f"table {name!r} is {shown} here, {rows:,} x {dim} in the model: a step "
+                                           "of another model's training"))
+    problems += [Problem(where, f"holds no weights of table {name!r}: a step of another model's training")
+                 for name in sorted(set(shapes) - set(found))]
+    return problems
 
 
 def load(directory: str | Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:

@@ -25,7 +25,7 @@ from rec.spec.types import Spec, TableSpec
 from rec.train.checkpoint import SafeFileSystemReader, SafeLoadPlanner, check_index
 from rec.train.model import build_model
 from rec.train.model_file import MODEL_FILE, ModelSettings, read_model, settings_to_dict
-from rec.train.resume import PLAN_COPY, checkpoint_at, step_dir
+from rec.train.resume import PLAN_COPY, check_one_training, checkpoint_at, step_dir
 
 WEIGHTS_FILE = "model.safetensors"
 
@@ -53,13 +53,10 @@ def load_checkpoint(path: str | Path) -> tuple[nn.Module, ModelSettings, str, in
     plan_id = ""
     if (directory / PLAN_COPY).is_file():
         plan = read_plan(directory / PLAN_COPY)
-        if plan.spec.spec_hash != settings.spec.spec_hash:  # files of two trainings in one checkpoint directory
-            raise InputError(f"Cannot use the checkpoint {path}:", [Problem(
-                str(directory / PLAN_COPY), f"plans other tables than {MODEL_FILE} records (spec {plan.spec.spec_hash} "
-                                            f"against {settings.spec.spec_hash}): it is another training's")])
+        check_one_training(plan, settings.spec, directory, f"Cannot use the checkpoint {path}:")
         plan_id = plan.plan_id
     at = step_dir(directory, step)
-    check_index(at)
+    check_index(at, settings.spec, f"Cannot use the checkpoint {path}:")
     model = build_model(settings.spec, settings.config(), torch.device("cpu"), "cpu")
     state = model.state_dict()
     try:

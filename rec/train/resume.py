@@ -14,7 +14,7 @@ from pathlib import Path
 from rec.errors import InputError, Problem
 from rec.plan import PLAN_FILE, Plan, read_plan
 from rec.sharding import Pooling
-from rec.spec.types import row_key
+from rec.spec.types import Spec, row_key
 from rec.train.config import TrainConfig
 
 CHECKPOINTS = "checkpoints"
@@ -79,6 +79,15 @@ def resume_source(path: str | Path) -> ResumeSource:
                                                          "before shardflow recorded its plan; resume with "
                                                          "the same plan (--resume) instead")])
     return ResumeSource(str(directory), step, read_plan(directory / PLAN_COPY))
+
+
+def check_one_training(plan: Plan, model_spec: Spec, directory: Path, title: str) -> None:
+    """InputError where a checkpoint directory's plan copy plans other tables than its ``model.json``
+    records (``model_spec``): files of two trainings in one directory."""
+    if plan.spec.spec_hash != model_spec.spec_hash:
+        raise InputError(title, [Problem(str(directory / PLAN_COPY), (
+            f"plans other tables than model.json records (spec {plan.spec.spec_hash} against "
+            f"{model_spec.spec_hash}): it is another training's"))])
 
 
 def checkpoint_at(path: str | Path, title: str = "", hint: str = "") -> tuple[Path, int]:

@@ -298,13 +298,19 @@ def test_a_checkpoint_holding_another_trainings_step_or_plan_is_refused_by_expor
     shutil.copytree(a, stepped)
     shutil.rmtree(stepped / step)
     shutil.copytree(b / step, stepped / step)
-    with pytest.raises(InputError, match=r"does not hold this model's weights \(.*[Ss]ize mismatch"):
+    with pytest.raises(InputError, match=r"table 'user' is 200 x 8 here, 100 x 8 in the model"):
         export(stepped, tmp_path / "m1")
+    from tasks.evaluate import evaluate_checkpoint  # named before any rank is launched: exit 2, no retry
+
+    with pytest.raises(InputError, match=r"table 'user' is 200 x 8 here"):
+        evaluate_checkpoint(str(stepped), str(tmp_path / "a" / "eval.parquet"), str(tmp_path / "evaluated"))
     planned = tmp_path / "planned"
     shutil.copytree(a, planned)
     shutil.copyfile(b / "plan.json", planned / "plan.json")
     with pytest.raises(InputError, match=r"plans other tables than model\.json records"):
         export(planned, tmp_path / "m2")
+    with pytest.raises(InputError, match=r"plans other tables than model\.json records"):
+        evaluate_checkpoint(str(planned), str(tmp_path / "a" / "eval.parquet"), str(tmp_path / "evaluated"))
     assert not (tmp_path / "m1").exists() and not (tmp_path / "m2").exists()
     assert export(a, tmp_path / "m3").plan_id
 

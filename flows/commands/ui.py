@@ -62,6 +62,9 @@ def run(args: argparse.Namespace) -> int:
         _, experiment_id = open_read_only(tracking)
     except TrackingUnavailable as e:
         raise InputError(f"Cannot read MLflow at {tracking.uri}: {e}") from None
+    taken = port_taken(args.port)
+    if taken:
+        raise InputError(f"Cannot start the MLflow UI: port {args.port} on {HOST} {taken}; choose another --port")
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}  # no job runner processes
     with tempfile.TemporaryFile("w+") as log:
         quiet = not verbose()
@@ -84,9 +87,26 @@ def run(args: argparse.Namespace) -> int:
             return ExitCode.OK
         log.seek(0)
         lines = [line.strip() for line in log.read().splitlines() if line.strip()]
-    why = lines[-1] if lines else f"exit code {code}"
+    errors = [line for line in lines if "error" in line.lower()]  # the cause, not the shutdown lines after it
+    why = (errors or lines)[-1] if lines else f"exit code {code}"
     print(f"shardflow: the MLflow UI ended: {why}", file=sys.stderr)
     return ExitCode.FAILED
+
+
+def port_taken(port: int) -> str | None:
+    """Why the UI's server could not listen on HOST:``port`` (another process does: "is in use"), or
+    None. Checked as the server binds (SO_REUSEADDR: a closed connection's port is free), before the
+    address is printed for a server that would end at once."""
+    import errno
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((HOST, port))
+        except OSError as e:
+            return "is in use" if e.errno == errno.EADDRINUSE else f"cannot be listened on ({e.strerror or e})"
+    return None
 
 
 def stop(server: subprocess.Popen[bytes]) -> None:

@@ -127,7 +127,8 @@ def reachable(uri: str, timeout_s: float = 3.0) -> bool:
 
 def check_store(uri: str) -> None:
     """TrackingUnavailable, in a moment, for a store MLflow could not use: nothing answers at a
-    server's address; a SQLite file that is no database, is damaged, locked past STORE_WAIT_S, or
+    server's address; a SQLite file that is no database, is damaged, locked past STORE_WAIT_S, holds
+    tables none of which is MLflow's (someone else's database, which MLflow would add its own to), or
     cannot be written (a write is tried, and rolled back). MLflow itself would retry such a file
     for 100 s, or log a traceback per call."""
     if not reachable(uri):
@@ -142,7 +143,11 @@ def check_store(uri: str) -> None:
         with closing(sqlite3.connect(f"file:{quote(str(db))}?mode=rwc", uri=True, timeout=STORE_WAIT_S,
                                      isolation_level=None)) as con:
             version = int(con.execute("PRAGMA user_version").fetchone()[0])
-            con.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if tables and not tables & mlflow_tables():  # someone else's database: MLflow would add its tables
+                shown = ", ".join(sorted(tables)[:3]) + (", ..." if len(tables) > 3 else "")
+                raise TrackingUnavailable(f"{db} is not an MLflow store (it holds other tables: {shown}): name a "
+                                          "new file or an MLflow store")
             con.execute("BEGIN IMMEDIATE")
             con.execute(f"PRAGMA user_version = {version}")
             con.execute("ROLLBACK")

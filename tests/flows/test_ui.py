@@ -78,6 +78,17 @@ def test_ui_refuses_a_missing_store(tmp_path, capfd):
     assert os.listdir(tmp_path) == []
 
 
+def test_a_port_another_process_listens_on_is_named_before_any_address_is_printed(capfd, mlflow_uri: str):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = shardflow_here(capfd, "ui", "--tracking-uri", mlflow_uri, "--port", str(port))
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip() == (f"shardflow: Cannot start the MLflow UI: port {port} on 127.0.0.1 is in use; "
+                                     "choose another --port")
+
+
 def test_the_ui_server_dies_with_a_killed_ui_command(tmp_path: Path, mlflow_uri: str):
     """``shardflow ui`` SIGKILLed (no Ctrl-C to stop its server): MLflow's server goes with it."""
     import psutil

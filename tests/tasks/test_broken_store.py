@@ -10,6 +10,7 @@ import shutil
 import socket
 import sqlite3
 import subprocess
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -96,6 +97,16 @@ def break_store(kind: str, db: Path, healthy: Path, request: pytest.FixtureReque
             db.parent.mkdir()
             shutil.copyfile(healthy, db)
         return "File exists", take_the_file_away
+    if kind == "someone else's":  # MLflow would add its tables beside theirs
+        with closing(sqlite3.connect(db)) as con:
+            con.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+            con.commit()
+        theirs = db.read_bytes()
+
+        def give_it_back() -> None:
+            assert db.read_bytes() == theirs  # untouched while refused
+            shutil.copyfile(healthy, db)
+        return "is not an MLflow store (it holds other tables: users)", give_it_back
     if kind == "locked":
         shutil.copyfile(healthy, db)
         holder = sqlite3.connect(db, isolation_level=None)
@@ -110,7 +121,7 @@ def break_store(kind: str, db: Path, healthy: Path, request: pytest.FixtureReque
     raise AssertionError(kind)
 
 
-KINDS = ["garbage", "damaged", "directory", "file in the way", "locked", "read-only"]
+KINDS = ["garbage", "damaged", "directory", "file in the way", "someone else's", "locked", "read-only"]
 
 
 @pytest.mark.parametrize("kind", KINDS)

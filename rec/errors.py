@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import reprlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 MAX_LINE = 300  # characters of one problem line: a user's 1 MB table name must not flood the screen
@@ -46,6 +47,14 @@ class InputError(Exception):
         if shown < len(self.problems):
             lines.append(f"  ... and {len(self.problems) - shown} more problems")
         return "\n".join(lines)
+
+
+def all_of(errors: Sequence[InputError], title: str = "Invalid input:") -> InputError:
+    """One InputError naming the problems of every one of ``errors`` (several inputs checked apart, e.g.
+    the settings, the spec and the topology), so that one run names them all; one alone as it is."""
+    if len(errors) == 1 or any(not e.problems for e in errors):
+        return next((e for e in errors if not e.problems), errors[0])
+    return InputError(title, [p for e in errors for p in e.problems])
 
 
 def printable(text: str, limit: int = MAX_LINE) -> str:

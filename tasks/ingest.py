@@ -29,7 +29,7 @@ class Inputs:
 
 def ingest(spec_path: str, topology_path: str) -> Inputs:
     """Read and validate both files; InputError names every problem of both at once."""
-    from rec.errors import InputError
+    from rec.errors import InputError, all_of
 
     errors: list[InputError] = []
     spec = topology = None
@@ -42,9 +42,7 @@ def ingest(spec_path: str, topology_path: str) -> Inputs:
     except InputError as e:
         errors.append(e)
     if errors:
-        if len(errors) == 1:
-            raise errors[0]
-        raise InputError("Invalid input:", [p for e in errors for p in e.problems])
+        raise all_of(errors)
     assert spec is not None and topology is not None
     return Inputs(spec, topology, *_resolved(spec_path, topology_path))
 

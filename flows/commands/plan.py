@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
 
     from flows.progress import on_terminal
     from flows.reports import render_made_by, render_plan, render_topology_line
-    from rec.errors import InputError
+    from rec.errors import InputError, all_of
     from rec.plan.io import DISK_FULL_ERRNOS
     from rec.profile import describe_profile
     from rec.settings import check, from_flags
@@ -140,14 +140,27 @@ def run(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     tracking = from_flags(TrackingSettings, args)  # a name that cannot be used exits 2 here
-    search_settings = with_profile(from_flags(SearchSettings, args))
-    check(search_settings, "Cannot plan with these settings:")
+    errors: list[InputError] = []  # the settings', the profile's, the spec's and the topology's: all at once
+    search_settings = from_flags(SearchSettings, args)
+    try:
+        search_settings = with_profile(search_settings)
+    except InputError as e:
+        errors.append(e)
+    try:
+        check(search_settings, "Cannot plan with these settings:")
+    except InputError as e:
+        errors.append(e)
     choice = from_flags(PlannerChoice, args)
     if choice.conflicts(args):
-        raise InputError("Cannot plan with these settings:", choice.conflicts(args))
+        errors.append(InputError("Cannot plan with these settings:", choice.conflicts(args)))
     with on_terminal() as shown:
         with ingesting(args.spec):
-            inputs = ingest(args.spec, args.topology)
+            try:
+                inputs = ingest(args.spec, args.topology)
+            except InputError as e:
+                errors.append(e)
+        if errors:
+            raise all_of(errors)
         previous = previous_plan(args)
         with searching(inputs, search_settings):
             if choice.planner is Planner.SHARDFLOW:

@@ -10,6 +10,7 @@ and every tensor. ``rec.train.predict`` and plain Python load them back (docs/tr
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -88,6 +89,9 @@ def export(checkpoint: str | Path, out_dir: str | Path) -> Exported:
                               tensors={name: list(t.shape) for name, t in tensors.items()})
     with whole(out / WEIGHTS_FILE) as path:
         save_file(tensors, str(path), metadata={"format": "pt"})
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(path, 0o666 & ~mask)  # as model.json is made, not safetensors' owner-only mode
     write_whole(out / MODEL_FILE, json.dumps(record, indent=1) + "\n")
     return Exported(out, plan_id, step, len(tensors), sum(t.numel() for t in tensors.values()))
 

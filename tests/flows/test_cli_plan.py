@@ -240,3 +240,17 @@ def test_a_directory_where_a_plan_file_goes_fails_the_write_and_leaves_the_earli
     assert r.stderr.strip().splitlines() == [f"shardflow: cannot use {out / in_the_way}: Is a directory"]
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == [in_the_way]
+
+
+def test_bad_settings_a_bad_profile_spec_and_topology_are_named_in_one_run(tmp_path):
+    """Where each once hid the ones after it (a bad --caching-ratio hid a spec's fourteen problems)."""
+    (tmp_path / "bad.yaml").write_text("- {name: dup, num_embeddings: -5, embedding_dim: 4}\n")
+    (tmp_path / "topology.yaml").write_text("world_size: 0\ncompute_device: cuda\n")
+    (tmp_path / "profile.yaml").write_text("coefficients: {nope: 1}\n")
+    r = shardflow("plan", "--no-track", str(tmp_path / "bad.yaml"), "--topology", str(tmp_path / "topology.yaml"),
+                  "--caching-ratio", "2", "--profile", str(tmp_path / "profile.yaml"), "--out", str(tmp_path / "plan"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    for named in ("coefficients.nope: unknown key", "--caching-ratio: must be at most 1", "num_embeddings: must be > 0",
+                  "world_size: must be > 0"):
+        assert named in r.stderr, r.stderr
+    assert not (tmp_path / "plan").exists()

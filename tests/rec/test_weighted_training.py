@@ -313,6 +313,8 @@ def test_a_checkpoint_holding_another_trainings_step_or_plan_is_refused_by_expor
         evaluate_checkpoint(str(planned), str(tmp_path / "a" / "eval.parquet"), str(tmp_path / "evaluated"))
     assert not (tmp_path / "m1").exists() and not (tmp_path / "m2").exists()
     assert export(a, tmp_path / "m3").plan_id
+    modes = {p.name: p.stat().st_mode for p in (tmp_path / "m3").iterdir()}  # readable alike
+    assert modes["model.safetensors"] == modes["model.json"]
 
 
 @pytest.mark.parametrize("planted", ["model.json", "LATEST", "step", "step/.metadata", "fifo"])

@@ -136,8 +136,9 @@ def from_arrow_parts(parts: Sequence[tuple[pa.Table, Locate]], layout: DataLayou
         table = pa.concat_tables([t for t, _ in run]) if len(run) > 1 else run[0][0]
         try:
             converted.append(from_arrow(table, layout, policy, locate, what, wording))
-        except InputError as e:
-            problems += [p for p in e.problems if p.where not in {q.where for q in problems}]
+        except InputError as e:  # a column named by an earlier slice is not named again; several kinds in one are
+            named = {q.where for q in problems}
+            problems += [p for p in e.problems if p.where not in named]
     if problems:
         raise InputError(wording.title, problems)
     return concat(converted)
@@ -241,6 +242,7 @@ def type_problem(name: str, kind: pa.DataType, width: int, weights: bool = False
 
 def _labels(column: pa.ChunkedArray, locate: Locate, what: str, problems: list[Problem]) -> np.ndarray:
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     array = _chunk(column)
     where = f"{what} column {LABEL!r}"
@@ -248,20 +250,20 @@ def _labels(column: pa.ChunkedArray, locate: Locate, what: str, problems: list[P
     if wrong_type:
         problems.append(Problem(where, wrong_type))
         return np.zeros(len(array), np.float32)
+    nulls = np.asarray(array.is_null()) if array.null_count else np.zeros(len(array), bool)
     if array.null_count:
-        nulls = np.asarray(array.is_null())
         problems.append(Problem(where, f"{_count(array.null_count, 'null label')} in {len(array):,} rows read, "
                                        f"first at {locate(_first(nulls))}"))
-        return np.zeros(len(array), np.float32)
+        array = pc.fill_null(array, 0)  # the other rows' labels are checked all the same
     if pa.types.is_decimal(array.type):
         array = array.cast(pa.float64())
     values: np.ndarray = array.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
-    bad = (values != 0) & (values != 1)
+    bad = (values != 0) & (values != 1) & ~nulls
     if bad.any():
         first = _first(bad)
         problems.append(Problem(where, f"{_count(int(bad.sum()), 'label')} not 0 or 1 in {len(values):,} rows read, "
                                        f"first {values[first]:g} at {locate(first)}"))
-    return values
+    return np.zeros(len(array), np.float32) if nulls.any() else values
 
 
 def _dense(column: pa.ChunkedArray, width: int, locate: Locate, what: str, problems: list[Problem]) -> np.ndarray:
@@ -274,11 +276,12 @@ def _dense(column: pa.ChunkedArray, width: int, locate: Locate, what: str, probl
     if wrong_type:
         problems.append(Problem(where, wrong_type))
         return empty
-    if array.null_count:
+    before = len(problems)
+    nulls = np.asarray(array.is_null()) if array.null_count else np.zeros(len(array), bool)
+    if array.null_count:  # the other rows are checked all the same
         problems.append(Problem(where, f"{_count(array.null_count, 'null row')} in {len(array):,} rows read, first at "
-                                       f"{locate(_first(np.asarray(array.is_null())))}"))
-        return empty
-    lengths = pc.list_value_length(array).to_numpy(zero_copy_only=False)
+                                       f"{locate(_first(nulls))}"))
+    lengths = pc.list_value_length(array).fill_null(width).to_numpy(zero_copy_only=False)
     wrong = lengths != width
     if wrong.any():
         first = _first(wrong)
@@ -286,21 +289,25 @@ def _dense(column: pa.ChunkedArray, width: int, locate: Locate, what: str, probl
                                        f"{width} values (--dense-in-features), first {int(lengths[first])} at "
                                        f"{locate(first)}"))
         return empty
+    rows = np.flatnonzero(~nulls)  # the row of each value list_flatten gives: null rows give none
     values = pc.list_flatten(array)
+    null_values = np.asarray(values.is_null()) if values.null_count else np.zeros(len(values), bool)
     if values.null_count:
-        row = int(np.searchsorted(np.arange(len(array)) * width, _first(np.asarray(values.is_null())), "right")) - 1
+        row = int(rows[_first(null_values) // max(width, 1)])
         problems.append(Problem(where, f"{_count(values.null_count, 'null value')} in {len(array):,} rows read, "
                                        f"first at {locate(row)}"))
-        return empty
-    raw = values.to_numpy(zero_copy_only=False)
+    raw = pc.fill_null(values, 0).to_numpy(zero_copy_only=False) if values.null_count else \
+        values.to_numpy(zero_copy_only=False)
     with np.errstate(over="ignore", invalid="ignore"):
         flat: np.ndarray = raw.astype(np.float32, copy=False)
-    not_finite = ~np.isfinite(flat)
+    not_finite = ~np.isfinite(flat) & ~null_values
     if not_finite.any():
         first = _first(not_finite)
+        row = int(rows[first // max(width, 1)])
         problems.append(Problem(where, (
             f"{_count(int(not_finite.sum()), 'value')} not finite as float32 (NaN, infinite, or beyond +-3.4e38) "
-            f"in {len(array):,} rows read, first {float(raw[first]):g} at {locate(first // max(width, 1))}")))
+            f"in {len(array):,} rows read, first {float(raw[first]):g} at {locate(row)}")))
+    if len(problems) > before:
         return empty
     return flat.reshape(len(array), width)
 
@@ -317,10 +324,12 @@ def read_ids(column: pa.ChunkedArray, name: str, locate: Locate, what: str, prob
         return nothing
     counts, offsets, values = _lists(array)
     if values.null_count:
+        import pyarrow.compute as pc
+
         row = _row_of(offsets, _first(np.asarray(values.is_null())))
         problems.append(Problem(where, f"{_count(values.null_count, 'null id')} in {n:,} rows read, "
                                        f"first at {locate(row)}"))
-        return nothing
+        values = pc.fill_null(values, 0)  # the other ids are checked all the same (in range: a null is not)
     ids = values.to_numpy(zero_copy_only=False)
     if ids.dtype != np.int64:
         ids = ids.astype(np.uint64).view(np.int64) if ids.dtype == np.uint64 else ids.astype(np.int64)

@@ -181,9 +181,11 @@ def test_every_kind_of_bad_value_is_named_with_its_column_count_and_first_row(tm
         "b2": pa.array([[-3]] * n, pa.list_(pa.int64())),
     })
     pq.write_table(bad, tmp_path / "bad.parquet")
-    problems = {p.where: p.reason for p in data_problems(str(tmp_path / "bad.parquet"), LAYOUT, IdsPolicy.ERROR)}
+    found = data_problems(str(tmp_path / "bad.parquet"), LAYOUT, IdsPolicy.ERROR)
+    problems = {p.where: p.reason for p in found if "not 0 or 1" not in p.reason}
     assert set(problems) == {f"--data column {c!r}" for c in ("label", "dense", "row", "b1", "b2")}
     assert problems["--data column 'label'"].startswith("5 null labels in 40 rows read, first at row 10 of ")
+    assert any(p.reason.startswith("1 label not 0 or 1 in 40 rows read, first 2 at row 15") for p in found)
     assert "1 of 40 rows read do not hold 3 values" in problems["--data column 'dense'"]
     assert "first 5000 at row 39 of" in problems["--data column 'row'"]
     assert "1 null id in 40 rows read" in problems["--data column 'b1'"]
@@ -191,6 +193,24 @@ def test_every_kind_of_bad_value_is_named_with_its_column_count_and_first_row(tm
     # mapped instead, the ids are no problem
     mapped = data_problems(str(tmp_path / "bad.parquet"), LAYOUT, IdsPolicy.MODULO)
     assert {p.where for p in mapped} == {"--data column 'label'", "--data column 'dense'", "--data column 'b1'"}
+
+
+def test_a_column_with_nulls_is_still_checked_for_its_other_bad_values(tmp_path):
+    """Nulls once hid every other bad value of their column: a second run named them."""
+    n = 40
+    nan = float("nan")
+    pq.write_table(pa.table({
+        "label": pa.array([None] + [3.0] * (n - 1)),
+        "dense": pa.array([None] + [[nan, 1.0, 2.0]] * (n - 1), pa.list_(pa.float64())),
+        "row": pa.array([[None]] + [[10**7]] * (n - 1), pa.list_(pa.int64())),
+        "b1": pa.array([[1]] * n, pa.list_(pa.int64())), "b2": pa.array([[1]] * n, pa.list_(pa.int64())),
+    }), tmp_path / "bad.parquet")
+    found: dict[str, list[str]] = {}
+    for p in data_problems(str(tmp_path / "bad.parquet"), LAYOUT, IdsPolicy.ERROR):
+        found.setdefault(p.where.removeprefix("--data column "), []).append(p.reason.split(" in ")[0])
+    assert found == {"'label'": ["1 null label", "39 labels not 0 or 1"],
+                     "'dense'": ["1 null row", "39 values not finite as float32 (NaN, infinite, or beyond +-3.4e38)"],
+                     "'row'": ["1 null id", "39 ids outside [0, 1,000) (the rows of table a)"]}
 
 
 def test_columns_of_the_wrong_type_or_missing_are_named_before_any_row_is_read(tmp_path):

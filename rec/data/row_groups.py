@@ -15,6 +15,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from rec.data.files import DataFiles
+from rec.errors import InputError, Problem, printable
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -58,9 +59,20 @@ class RowGroups:
         rg = self._files.row_groups[group]
         handles: OrderedDict[int, Any] = getattr(self._local, "handles", None) or OrderedDict()
         self._local.handles = handles
-        handle = handles.pop(rg.file, None) or self._files.parquet_file(rg.file)
-        handles[rg.file] = handle
-        while len(handles) > OPEN_FILES:
-            handles.popitem(last=False)
-        table: pa.Table = handle.read_row_group(rg.index, columns=self._columns)
+        import pyarrow as pa
+
+        try:
+            handle = handles.pop(rg.file, None) or self._files.parquet_file(rg.file)
+            handles[rg.file] = handle
+            while len(handles) > OPEN_FILES:
+                handles.popitem(last=False)
+            table: pa.Table = handle.read_row_group(rg.index, columns=self._columns)
+        except (OSError, pa.ArrowException) as e:
+            # Its footer was read before launch: the file changed since (replaced, truncated), or its pages
+            # are damaged. Bad input either way: no retry reads it, and Arrow's text may hold raw bytes.
+            handles.pop(rg.file, None)
+            said = printable(str(e).splitlines()[0] if str(e) else type(e).__name__, 200)
+            raise InputError("Cannot read the data:", [Problem(self._files.paths[rg.file], (
+                f"row group {rg.index} cannot be read ({said}): was the file changed or replaced after training "
+                "started?"))]) from None
         return table

@@ -195,6 +195,28 @@ def test_every_kind_of_bad_value_is_named_with_its_column_count_and_first_row(tm
     assert {p.where for p in mapped} == {"--data column 'label'", "--data column 'dense'", "--data column 'b1'"}
 
 
+@pytest.mark.parametrize("change", ["replaced", "truncated"])
+def test_a_file_changed_after_its_footer_was_read_is_bad_input_naming_it(dataset, change):
+    """A rank reading a file changed since training started (another Parquet file copied over it, or
+    one cut short) stops as on bad input, naming the file, where Arrow's own error once made it exit 1
+    (a retry) with raw bytes in the message."""
+    from rec.data.row_groups import RowGroups
+
+    files = open_data(str(dataset))
+    path = dataset / "part=1" / "f3.parquet"
+    if change == "replaced":
+        pq.write_table(table(range(0, 3), np.random.default_rng(5)), path)
+    else:
+        path.write_bytes(path.read_bytes()[:300])
+    groups = RowGroups(files, LAYOUT.columns, 2)
+    last = len(files.row_groups) - 1
+    with pytest.raises(InputError) as e:
+        groups.get(last)
+    assert [p.where for p in e.value.problems] == [str(path)]
+    assert "was the file changed or replaced after training started?" in e.value.render()
+    assert all(line.isprintable() for line in e.value.render().splitlines())
+
+
 def test_a_column_with_nulls_is_still_checked_for_its_other_bad_values(tmp_path):
     """Nulls once hid every other bad value of their column: a second run named them."""
     n = 40

@@ -145,7 +145,9 @@ def convert_criteo(inputs: Sequence[str | Path], out: str | Path, settings: Crit
             break
         minima.append(_check(file, found, meter))
     if found.problems:
-        raise InputError(TITLE, found.problems)
+        for file in files:  # only where the check failed: the categories are otherwise checked as written
+            _check_categories(file, found, meter)
+        raise InputError(TITLE, list(dict.fromkeys(found.problems)))  # a short line is found by both readings
     width = max(5, len(str(len(files) - 1)))
     names = [out / f"part-{i:0{width}d}.parquet" for i in range(len(files))]
     temporary = [out / f".{name.name}.tmp" for name in names]
@@ -157,9 +159,13 @@ def convert_criteo(inputs: Sequence[str | Path], out: str | Path, settings: Crit
     try:
         rows = []
         for file, smallest, path in zip(files, minima, temporary, strict=True):
+            # After a bad category the files are still read to the end (nothing more written), so that
+            # every bad line of every file is named in one run, up to MAX_PROBLEMS.
             rows.append(_write(file, smallest, path, settings, found, meter))
-            if found.problems:
-                raise InputError(TITLE, found.problems)
+            if found.full:
+                break
+        if found.problems:
+            raise InputError(TITLE, found.problems)
         write_spec(spec, spec_tmp)
         for path, name in zip(temporary, names, strict=True):
             path.rename(name)
@@ -337,6 +343,13 @@ def _check(file: _Input, found: _Found, meter: _Meter) -> int:
     return low
 
 
+def _check_categories(file: _Input, found: _Found, meter: _Meter) -> None:
+    """Name the bad categories of ``file``, up to the problem limit."""
+    for at, batch in _blocks(file, CAT_NAMES, found, meter, "checking", typed=False):
+        for i, name in enumerate(CAT_NAMES):
+            _categories(batch.column(i), name, at)
+
+
 def _scan(file: _Input, found: _Found, meter: _Meter, typed: bool) -> tuple[int, int]:
     """The smallest and largest integer of ``file`` (a missing one is 0), checking its lines on the way."""
     low, high = np.iinfo(np.int64).max, np.iinfo(np.int64).min
@@ -351,7 +364,8 @@ def _scan(file: _Input, found: _Found, meter: _Meter, typed: bool) -> tuple[int,
 
 
 def _write(file: _Input, smallest: int, path: Path, settings: CriteoSettings, found: _Found, meter: _Meter) -> int:
-    """Convert ``file`` into the Parquet file ``path``; the rows written (stops at a problem)."""
+    """Convert ``file`` into the Parquet file ``path``; the rows written (none after a problem: the
+    file is read on to name its other bad lines)."""
     import pyarrow.parquet as pq
 
     schema = output_schema().with_metadata({MIN_METADATA: str(smallest).encode()})
@@ -361,9 +375,8 @@ def _write(file: _Input, smallest: int, path: Path, settings: CriteoSettings, fo
             _RowGroups(writer, schema, settings.rows_per_group) as groups:
         for at, batch in _blocks(file, [LABEL, *INT_NAMES, *CAT_NAMES], found, meter, "converting", typed=True):
             converted = _convert(batch, at, smallest, settings.rows_per_table, schema)
-            if converted is None:
-                break
-            groups.add(converted)
+            if converted is not None:
+                groups.add(converted)
     return groups.written
 
 

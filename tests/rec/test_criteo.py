@@ -183,6 +183,33 @@ def test_a_bad_category_found_while_writing_leaves_nothing_behind(tmp_path):
     assert list(out.iterdir()) == []  # the first file, converted, is gone too; the directory stays
 
 
+def test_bad_categories_are_named_beside_other_bad_lines_and_in_every_file(tmp_path):
+    """Categories are read as the files are written: a bad label once hid every bad category, and a
+    bad category every one in the files after it."""
+    lines = criteo_lines(12)
+    lines[2] = "7" + lines[2][1:]  # label 7
+    fields = lines[6].split("\t")
+    fields[14] = "nothex!"
+    lines[6] = "\t".join(fields)
+    masked = write_tsv(tmp_path / "masked", lines)
+    with pytest.raises(InputError) as error:
+        convert_criteo([masked], tmp_path / "out", CriteoSettings(ROWS))
+    assert problems(error) == [f"{masked} line 3: the label is '7'; a label is 0 or 1",
+                               f"{masked} line 7: cat_0 is 'nothex!'; a category is 1 to 15 hex digits"]
+    bad = []
+    for name in ("first", "second"):
+        lines = criteo_lines(12)
+        fields = lines[4].split("\t")
+        fields[15] = "xyz"
+        lines[4] = "\t".join(fields)
+        bad.append(write_tsv(tmp_path / name, lines))
+    out = tmp_path / "out2"
+    with pytest.raises(InputError) as error:
+        convert_criteo(bad, out, CriteoSettings(ROWS))
+    assert problems(error) == [f"{path} line 5: cat_1 is 'xyz'; a category is 1 to 15 hex digits" for path in bad]
+    assert not out.exists()
+
+
 def test_line_numbers_count_skipped_lines_across_blocks(tmp_path, monkeypatch):
     monkeypatch.setattr(criteo, "BLOCK_BYTES", 4096)  # about 20 lines a block
     lines = criteo_lines(200)

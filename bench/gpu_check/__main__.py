@@ -114,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     started = time.monotonic()
     out = Path(args.out).resolve()
-    created = not out.exists()  # removed again where the check does not start: no empty report folder
+    # The first folder of --out's path this run makes: removed again where the check does not start,
+    # with the folders made inside it (no empty report folder, no empty folders on its way).
+    created = next((p for p in reversed([out, *out.parents]) if not p.exists()), None)
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".gpu_check-writable"
@@ -129,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         ranks = find_ranks(device)
     except ValueError as e:
         print(f"gpu_check: {e}", file=sys.stderr)
-        _remove_if(created, out)
+        _remove_if(created)
         return ExitCode.BAD_INPUT
     bad: list[str] = []  # every bad input file at once: --specs and --profile
     given: list[Workload] = []
@@ -151,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                    "would judge instead: leave calibrate out of --sections, or --profile out")
     if bad:
         print("gpu_check: " + "\n".join(bad), file=sys.stderr)
-        _remove_if(created, out)
+        _remove_if(created)
         return ExitCode.BAD_INPUT
     minutes = args.minutes or DEFAULT_MINUTES[device]
     ctx = Context(ranks, out, started + minutes * 60, out / "commands.log", profile=profile, given=tuple(given),
@@ -191,10 +193,11 @@ def main(argv: list[str] | None = None) -> int:
     return ExitCode.OK if report.passed else ExitCode.FAILED
 
 
-def _remove_if(created: bool, out: Path) -> None:
-    """The --out folder this run made (and the bytecode written there), where the check never started."""
-    if created:
-        shutil.rmtree(out, ignore_errors=True)
+def _remove_if(created: Path | None) -> None:
+    """The folders of --out this run made (``created``: the first; with the bytecode written in --out),
+    where the check never started."""
+    if created is not None:
+        shutil.rmtree(created, ignore_errors=True)
 
 
 class Stopped(BaseException):

@@ -172,6 +172,9 @@ def check_readable(uri: str) -> None:
     parsed = urlparse(uri)
     if parsed.scheme in ("", "file"):
         root = Path(parsed.path if parsed.scheme else uri)
+        if root.is_file():
+            raise TrackingUnavailable(f"{root} is a file, not a file store (a folder): a SQLite store is named "
+                                      f"sqlite:///{root.resolve()}")
         if not root.is_dir():
             raise TrackingUnavailable(f"no MLflow store at {root} (a command that records makes one)")
         if not any((root / where / "meta.yaml").is_file() for where in ("0", ".trash/0")):

@@ -50,6 +50,14 @@ def test_an_empty_directory_is_no_file_store(tmp_path, capfd):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_sqlite_store_given_as_a_plain_path_is_named_with_its_uri(tmp_path, capfd):
+    from tests.stores import make_store
+
+    make_store(tmp_path / "mlflow.db")
+    refused(capfd, str(tmp_path / "mlflow.db"), "is a file, not a file store (a folder): a SQLite store is named "
+                                                "sqlite:///")
+
+
 def test_an_mlflow_store_is_read_and_left_as_it_was(tmp_path, capfd, monkeypatch):
     from tests.stores import make_store
 

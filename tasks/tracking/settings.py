@@ -70,7 +70,7 @@ class TrackingSettings:
     def __post_init__(self) -> None:
         problems = self.problems()
         if problems:
-            raise InputError("Cannot record in MLflow with these settings:", problems)
+            raise InputError("Cannot use MLflow with these settings:", problems)
 
     def problems(self) -> list[Problem]:
         """Every value that cannot be used: an experiment that is no plain name (it names a

@@ -253,7 +253,7 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
                 given = ("cache_params.load_factor" if mapped.load_factor is not None
                          else "the sharder's cache_load_factor")
                 problems.append(Problem(f"{where}: {given}", f"{factor!r} is not a number in (0, 1], the share of "
-                                                            "the table's rows its cache holds (TorchRec's bounds)"))
+                                                            "the table's rows its cache holds (CacheParams')"))
                 continue
             if _may_cache(device, rows[-1].get("compute_kernels")):
                 cells, why = stats_cells(mapped.stats, global_batch, factor)

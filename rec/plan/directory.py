@@ -19,7 +19,7 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 
-from rec.errors import InputError
+from rec.errors import InputError, Problem
 from rec.file_lock import file_lock
 from rec.plan.chart import CHART_FILE
 from rec.plan.parse import parse_plan
@@ -51,8 +51,15 @@ def read_plan(path: str | Path) -> Plan:
 
     directory = Path(path).is_dir()
     path = plan_file(path)
-    plan = parse_plan(read_text(path, "the plan", MAX_SPEC_FILE_BYTES), path)
     shards = path.parent / SHARDS_FILE
+    try:
+        plan = parse_plan(read_text(path, "the plan", MAX_SPEC_FILE_BYTES), path)
+    except InputError as e:  # a directory without its shards.parquet is named beside plan.json's problems
+        if directory and not os.path.lexists(shards) and e.problems:
+            missing = Problem(str(shards), f"is missing: a plan directory holds the {PLAN_FILE} and {SHARDS_FILE} "
+                                           "of one plan")
+            raise InputError(e.title, [*e.problems, missing]) from None
+        raise
     if directory or os.path.lexists(shards):
         problems = shards_problems(plan, shards)
         if problems:

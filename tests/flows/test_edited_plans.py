@@ -153,3 +153,12 @@ def test_the_plans_all_commands_read_are_the_plans_they_wrote(tmp_path, capfd):
     assert main(["plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "out"),
                  "--previous", str(path)]) == 0
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_plan_directory_missing_its_shards_is_named_beside_plan_jsons_problems(tmp_path, capfd):
+    d = payload()
+    set_many(d)
+    (tmp_path / "plan.json").write_text(json.dumps(d))
+    assert main(["show", str(tmp_path)]) == 2
+    err = capfd.readouterr().err
+    assert "planner: expected a mapping" in err and f"{tmp_path / 'shards.parquet'}: is missing" in err

@@ -120,9 +120,7 @@ def calibrate(topology_path: str, profile_path: str, work_dir: str,
     ``profile_path`` (node 0); InputError for bad settings or a fit the measurements cannot give
     (nothing written then), MeasureFailed if a rank failed."""
     started = time.perf_counter()
-    check(settings, "Cannot calibrate with these settings:")
-    _check_output(profile_path)
-    topology = read_topology(topology_path)
+    topology = checked_inputs(topology_path, profile_path, settings)
     with _writing(profile_path):
         return _calibrate(topology_path, topology, profile_path, work_dir, settings, started)
 
@@ -170,6 +168,31 @@ def _calibrate(topology_path: str, topology: Topology, profile_path: str, work_d
     write_whole(fit_file, json.dumps(_fit_report(fit, results, timed_out, topology_path, topology, profile_path,
                                                  settings), indent=1) + "\n")
     return Calibrated(profile_path, str(fit_file), work_dir, fit, results, timed_out, time.perf_counter() - started)
+
+
+def checked_inputs(topology_path: str, profile_path: str, settings: CalibrateSettings) -> Topology:
+    """The topology; InputError naming every problem of the settings, the output file and the topology
+    at once."""
+    from rec.errors import all_of
+
+    errors: list[InputError] = []
+    topology = None
+    try:
+        check(settings, "Cannot calibrate with these settings:")
+    except InputError as e:
+        errors.append(e)
+    try:
+        _check_output(profile_path)
+    except InputError as e:
+        errors.append(e)
+    try:
+        topology = read_topology(topology_path)
+    except InputError as e:
+        errors.append(e)
+    if errors:
+        raise all_of(errors)
+    assert topology is not None
+    return topology
 
 
 def _check_output(profile_path: str) -> None:

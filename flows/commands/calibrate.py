@@ -50,14 +50,14 @@ def run(args: argparse.Namespace) -> int:
 
     from flows.commands.launch_faults import launch_faults
     from flows.progress import on_terminal
-    from rec.settings import check, from_flags
-    from tasks.calibrate import CalibrateSettings, calibrate
+    from rec.settings import from_flags
+    from tasks.calibrate import CalibrateSettings, calibrate, checked_inputs
     from tasks.measure import MeasureFailed
     from tasks.run_dirs import RunDirs
 
     started = time.perf_counter()
     settings = from_flags(CalibrateSettings, args, max_probes=args.max_probes)
-    check(settings, "Cannot calibrate with these settings:")
+    checked_inputs(args.topology, args.out, settings)  # every problem at once, before the work folder is made
     dirs = RunDirs.of(args.work)
     with launch_faults("shardflow calibrate", lambda: args.out, lambda: "; no profile was written") as fault, \
             on_terminal() as shown, dirs.locked(settings.ranks.node_rank):

@@ -110,6 +110,12 @@ def test_a_calibration_whose_probes_all_time_out_exits_2_and_writes_no_profile(t
     (["calibrate", "--topology", str(CPU_2PROC), "--out", "{tmp}/p.txt"], "give a .yaml or .yml file name"),
     (["calibrate", "--topology", str(CPU_2PROC), "--out", "{tmp}/p.yaml", "--rounds", "0"], "--rounds"),
     (["calibrate", "--topology", "{tmp}/none.yaml", "--out", "{tmp}/p.yaml"], "none.yaml"),
+    # every problem at once: the settings no longer hide the output's and the topology's
+    (["calibrate", "--topology", "{tmp}/none.yaml", "--out", "{tmp}/nodir/p.yaml", "--rounds", "0"],
+     "--rounds: must be at least 1"),
+    (["calibrate", "--topology", "{tmp}/none.yaml", "--out", "{tmp}/nodir/p.yaml", "--rounds", "0"], "none.yaml"),
+    (["calibrate", "--topology", "{tmp}/none.yaml", "--out", "{tmp}/nodir/p.yaml", "--rounds", "0"],
+     "no directory"),
 ])
 def test_bad_input_exits_2_with_one_message_before_any_process_starts(args, expected, plan_dir, tmp_path, capsys):
     argv = [a.format(plan=plan_dir, tmp=tmp_path) for a in args]

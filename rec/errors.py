@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import reprlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
 
 MAX_LINE = 300  # characters of one problem line: a user's 1 MB table name must not flood the screen
 MAX_PROBLEMS_SHOWN = 30
@@ -47,6 +50,26 @@ class InputError(Exception):
         if shown < len(self.problems):
             lines.append(f"  ... and {len(self.problems) - shown} more problems")
         return "\n".join(lines)
+
+
+class Collected:
+    """Runs checks of several inputs, each to its end, keeping their InputErrors, so that one error
+    names the problems of them all (``all_of``)."""
+
+    def __init__(self) -> None:
+        self.errors: list[InputError] = []
+
+    def run(self, check: Callable[[], T]) -> T | None:
+        """``check()``, or None where it raised an InputError (kept)."""
+        try:
+            return check()
+        except InputError as e:
+            self.errors.append(e)
+            return None
+
+    def raise_if_any(self) -> None:
+        if self.errors:
+            raise all_of(self.errors)
 
 
 def all_of(errors: Sequence[InputError], title: str = "Invalid input:") -> InputError:

@@ -173,24 +173,13 @@ def _calibrate(topology_path: str, topology: Topology, profile_path: str, work_d
 def checked_inputs(topology_path: str, profile_path: str, settings: CalibrateSettings) -> Topology:
     """The topology; InputError naming every problem of the settings, the output file and the topology
     at once."""
-    from rec.errors import all_of
+    from rec.errors import Collected
 
-    errors: list[InputError] = []
-    topology = None
-    try:
-        check(settings, "Cannot calibrate with these settings:")
-    except InputError as e:
-        errors.append(e)
-    try:
-        _check_output(profile_path)
-    except InputError as e:
-        errors.append(e)
-    try:
-        topology = read_topology(topology_path)
-    except InputError as e:
-        errors.append(e)
-    if errors:
-        raise all_of(errors)
+    found = Collected()
+    found.run(lambda: check(settings, "Cannot calibrate with these settings:"))
+    found.run(lambda: _check_output(profile_path))
+    topology = found.run(lambda: read_topology(topology_path))
+    found.raise_if_any()
     assert topology is not None
     return topology
 

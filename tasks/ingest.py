@@ -29,20 +29,12 @@ class Inputs:
 
 def ingest(spec_path: str, topology_path: str) -> Inputs:
     """Read and validate both files; InputError names every problem of both at once."""
-    from rec.errors import InputError, all_of
+    from rec.errors import Collected
 
-    errors: list[InputError] = []
-    spec = topology = None
-    try:
-        spec = read_spec(spec_path)
-    except InputError as e:
-        errors.append(e)
-    try:
-        topology = read_topology(topology_path)
-    except InputError as e:
-        errors.append(e)
-    if errors:
-        raise all_of(errors)
+    found = Collected()
+    spec = found.run(lambda: read_spec(spec_path))
+    topology = found.run(lambda: read_topology(topology_path))
+    found.raise_if_any()
     assert spec is not None and topology is not None
     return Inputs(spec, topology, *_resolved(spec_path, topology_path))
 

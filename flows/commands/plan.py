@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
 
     from flows.progress import on_terminal
     from flows.reports import render_made_by, render_plan, render_topology_line
-    from rec.errors import InputError, all_of
+    from rec.errors import Collected, InputError
     from rec.plan.io import DISK_FULL_ERRNOS
     from rec.profile import describe_profile
     from rec.settings import check, from_flags
@@ -140,27 +140,19 @@ def run(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     tracking = from_flags(TrackingSettings, args)  # a name that cannot be used exits 2 here
-    errors: list[InputError] = []  # the settings', the profile's, the spec's and the topology's: all at once
+    bad = Collected()  # the settings', the profile's, the spec's and the topology's problems: all at once
     search_settings = from_flags(SearchSettings, args)
-    try:
-        search_settings = with_profile(search_settings)
-    except InputError as e:
-        errors.append(e)
-    try:
-        check(search_settings, "Cannot plan with these settings:")
-    except InputError as e:
-        errors.append(e)
+    search_settings = bad.run(lambda: with_profile(search_settings)) or search_settings
+    bad.run(lambda: check(search_settings, "Cannot plan with these settings:"))
     choice = from_flags(PlannerChoice, args)
     if choice.conflicts(args):
-        errors.append(InputError("Cannot plan with these settings:", choice.conflicts(args)))
+        bad.errors.append(InputError("Cannot plan with these settings:", choice.conflicts(args)))
     with on_terminal() as shown:
         with ingesting(args.spec):
-            try:
-                inputs = ingest(args.spec, args.topology)
-            except InputError as e:
-                errors.append(e)
-        if errors:
-            raise all_of(errors)
+            read = bad.run(lambda: ingest(args.spec, args.topology))
+        bad.raise_if_any()
+        assert read is not None
+        inputs = read
         previous = previous_plan(args)
         with searching(inputs, search_settings):
             if choice.planner is Planner.SHARDFLOW:

@@ -11,6 +11,7 @@ left waiting, 1 when something still waits.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from rec.exit_codes import ExitCode
 from rec.settings import add_flags
@@ -35,13 +36,17 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from rec.errors import printable
+    from rec.errors import InputError, Problem, printable
     from rec.settings import from_flags
     from rec.text_table import render_table
     from tasks.outbox import Outbox
     from tasks.tracking import TrackingSettings
 
-    tracking = from_flags(TrackingSettings, args).resolve()
+    settings = from_flags(TrackingSettings, args)
+    tracking = settings.resolve()
+    if Path(settings.state_dir).exists() and not Path(settings.state_dir).is_dir():  # not "nothing waits"
+        raise InputError("Cannot list the outbox:", [Problem(f"--state-dir {settings.state_dir}", (
+            "is a file, not a folder: name shardflow's state folder"))])
     entries = Outbox(tracking.outbox_dir).describe()
     if not entries:
         print(f"nothing waits in {tracking.outbox_dir}")

@@ -76,3 +76,10 @@ def test_a_database_store_whose_driver_is_not_installed_is_named_in_one_line(cap
     """SQLAlchemy imports a database's driver only when the store opens: its absence is the store's
     problem, named, not a traceback."""
     refused(capfd, uri, "the store's database driver is not installed here (no module")
+
+
+def test_outbox_list_of_a_state_dir_that_is_a_file_names_it(tmp_path, capfd):
+    (tmp_path / "state").write_text("")
+    result = shardflow_here(capfd, "outbox", "list", "--state-dir", str(tmp_path / "state"))
+    assert result.returncode == 2 and "is a file, not a folder" in result.stderr
+    assert "nothing waits" not in result.stdout

@@ -26,6 +26,7 @@ from rec.spec.types import Spec, TableSpec
 from rec.train.checkpoint import SafeFileSystemReader, SafeLoadPlanner, check_index
 from rec.train.model import build_model
 from rec.train.model_file import MODEL_FILE, ModelSettings, read_model, settings_to_dict
+from rec.train.rank_log import one_line
 from rec.train.resume import PLAN_COPY, check_one_training, checkpoint_at, step_dir
 
 WEIGHTS_FILE = "model.safetensors"
@@ -64,12 +65,8 @@ def load_checkpoint(path: str | Path) -> tuple[nn.Module, ModelSettings, str, in
         dcp.load({"model": state}, storage_reader=SafeFileSystemReader(str(at)), planner=SafeLoadPlanner(),
                  no_dist=True)
     except (RuntimeError, ValueError, KeyError, CheckpointException) as e:  # CheckpointException: a BaseException
-        failures = getattr(e, "failures", None)  # a rank's own error, e.g. a table of another size
-        inner = next(iter(failures.values()), None) if isinstance(failures, dict) else None
-        cause = inner[0] if isinstance(inner, tuple) and inner else inner if isinstance(inner, BaseException) else e
-        text = next((line.strip() for line in str(cause).splitlines() if line.strip()), type(cause).__name__)
         raise InputError(f"Cannot use the checkpoint {at}:", [Problem(
-            str(at), f"does not hold this model's weights ({text[:200]})")]) from None
+            str(at), f"does not hold this model's weights ({one_line(e)})")]) from None  # its rank's own error
     model.load_state_dict(state)
     return model.eval(), settings, plan_id, step
 

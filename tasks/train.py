@@ -266,16 +266,13 @@ def prepare(plan_path: str, out_dir: str, settings: TrainSettings, run: Run | No
 def _check_owned_folders(settings: TrainSettings, out_dir: str) -> None:
     """InputError naming every link or special file where the training writes its logs and checkpoints
     (``rec.train.owned_folders``), before anything is launched."""
-    from rec.train.owned_folders import foreign_entries, owned_link
+    from rec.train.owned_folders import folder_problems
     from rec.train.resume import CHECKPOINTS, checkpoint_dir
 
-    logs = log_dir(out_dir)
-    problems = [p for p in (owned_link(logs),) if p is not None] or foreign_entries(logs, 1)
+    problems = folder_problems(log_dir(out_dir), made=True, depth=1)
     checkpoints = checkpoint_dir(settings.job, out_dir)
-    if checkpoints is not None:
-        made = Path(checkpoints) == Path(out_dir) / CHECKPOINTS  # the default: inside --out
-        linked = owned_link(checkpoints) if made else None
-        problems += [linked] if linked is not None else foreign_entries(checkpoints)
+    if checkpoints is not None:  # made by shardflow where it is the default, inside --out
+        problems += folder_problems(checkpoints, made=Path(checkpoints) == Path(out_dir) / CHECKPOINTS)
     if problems:
         raise InputError("Cannot train into these folders:", problems)
 

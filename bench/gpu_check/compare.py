@@ -749,8 +749,9 @@ def vs_torchrec(ctx: Context) -> Outcome:
               if isinstance(row.get(ours), dict) and row[ours].get("verdict") == "slower"]
     missing = {w.name: why for w in ctx.given if (why := _judged_missing(results.get(w.name), ours))}
     given = {w.name for w in ctx.given}
-    not_judged = {name: why for name, row in results.items()
-                  if name not in given and _measured(row.get("torchrec")) and (why := _judged_missing(row, ours))}
+    not_judged = {name: why for name, row in results.items()  # TorchRec's plan measured, ours not
+                  if name not in given and _judged_missing(row, "torchrec") is None
+                  and (why := _judged_missing(row, ours))}
     # A shape TorchRec's planner gave no plan for: shardflow's is not slower, but nothing was compared.
     not_compared = {name: clipped(str(row["torchrec"]["error"])) for name, row in results.items()
                     if name not in missing and isinstance(row.get("torchrec"), dict) and row["torchrec"].get("error")}
@@ -774,7 +775,8 @@ def vs_torchrec(ctx: Context) -> Outcome:
 
 
 def _judged_missing(row: dict[str, Any] | None, judged: str) -> str | None:
-    """Why a given shape's judged plan (shardflow's) has no measurement; None when it has one."""
+    """Why a shape's plan by the planner ``judged`` (a label of its row: shardflow's, or TorchRec's) has no
+    measurement; None when it has one."""
     if row is None:
         return "the --minutes budget did not reach it"
     mine = row.get(judged)
@@ -783,11 +785,6 @@ def _judged_missing(row: dict[str, Any] | None, judged: str) -> str | None:
     if mine.get("error"):
         return clipped(str(mine["error"]))
     return None if math.isfinite(mine.get("measured_ms", math.nan)) else measurement_failed(mine.get("measure_error"))
-
-
-def _measured(entry: Any) -> bool:
-    """A planner's entry of a shape holds a measured time."""
-    return isinstance(entry, dict) and not entry.get("error") and math.isfinite(entry.get("measured_ms", math.nan))
 
 
 def _geomean(values: Sequence[float]) -> float:

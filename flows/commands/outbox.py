@@ -44,7 +44,8 @@ def run_list(args: argparse.Namespace) -> int:
 
     settings = from_flags(TrackingSettings, args)
     tracking = settings.resolve()
-    if Path(settings.state_dir).exists() and not Path(settings.state_dir).is_dir():  # not "nothing waits"
+    state = Path(settings.state_dir)
+    if state.exists() and not state.is_dir():  # not "nothing waits"
         raise InputError("Cannot list the outbox:", [Problem(f"--state-dir {settings.state_dir}", (
             "is a file, not a folder: name shardflow's state folder"))])
     entries = Outbox(tracking.outbox_dir).describe()

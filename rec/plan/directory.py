@@ -19,12 +19,19 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 
-from rec.errors import InputError, Problem
+from rec.errors import InputError
 from rec.file_lock import file_lock
 from rec.plan.chart import CHART_FILE
 from rec.plan.parse import parse_plan
 from rec.plan.plan_json import PLAN_FILE, dumps_plan
-from rec.plan.shards_file import MOVEMENT_FILE, SHARDS_FILE, shards_problems, write_movement, write_shards
+from rec.plan.shards_file import (
+    MOVEMENT_FILE,
+    SHARDS_FILE,
+    missing_shards,
+    shards_problems,
+    write_movement,
+    write_shards,
+)
 from rec.plan.types import Plan
 
 PLAN_FILES = (PLAN_FILE, SHARDS_FILE)  # what a plan is read from (``read_plan`` of its directory)
@@ -56,9 +63,7 @@ def read_plan(path: str | Path) -> Plan:
         plan = parse_plan(read_text(path, "the plan", MAX_SPEC_FILE_BYTES), path)
     except InputError as e:  # a directory without its shards.parquet is named beside plan.json's problems
         if directory and not os.path.lexists(shards) and e.problems:
-            missing = Problem(str(shards), f"is missing: a plan directory holds the {PLAN_FILE} and {SHARDS_FILE} "
-                                           "of one plan")
-            raise InputError(e.title, [*e.problems, missing]) from None
+            raise InputError(e.title, [*e.problems, missing_shards(shards)]) from None
         raise
     if directory or os.path.lexists(shards):
         problems = shards_problems(plan, shards)

@@ -27,6 +27,12 @@ TEXT_COLUMNS = (*SHARD_COLUMNS[:4], "module")  # the rest are integers
 ROWS_PER_GROUP = 1 << 22  # shards.parquet is written in row groups of at most this many shards
 
 
+def missing_shards(path: str | Path) -> Problem:
+    """The problem of a plan directory without its shards.parquet at ``path``."""
+    return Problem(str(path), f"is missing (or not a file): a plan directory holds the {PLAN_FILE} and "
+                              f"{SHARDS_FILE} of one plan; write the plan again")
+
+
 def shards_problems(plan: Plan, path: str | Path, data: bytes | None = None) -> list[Problem]:
     """Why ``path`` (or ``data``, its bytes as read) is not the shards.parquet of ``plan`` (missing,
     truncated, of another plan, edited); empty when it lists exactly the plan's shards."""
@@ -38,8 +44,7 @@ def shards_problems(plan: Plan, path: str | Path, data: bytes | None = None) -> 
     where = str(path)
     plan = replace(plan, tables=plan.columns)  # columns once, for the count and the rows
     if data is None and not path.is_file():
-        return [Problem(where, f"is missing (or not a file): a plan directory holds the {PLAN_FILE} and "
-                               f"{SHARDS_FILE} of one plan; write the plan again")]
+        return [missing_shards(path)]
     expected = int(np.where(plan.columns.replicated, plan.world_size, np.diff(plan.columns.shard_start)).sum())
     try:
         f = pq.ParquetFile(path if data is None else pa.BufferReader(data))

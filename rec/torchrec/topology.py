@@ -33,6 +33,7 @@ from rec.topology.types import Topology
 from rec.topology.validate import MS_PER_S
 from rec.torchrec_internals import reservation_absolute_bytes, reservation_dense, reservation_percentage
 from rec.units import format_bytes
+from rec.validation import Problems, finite_number, integer
 
 if TYPE_CHECKING:
     from torchrec.distributed.planner.types import Topology as TorchrecTopology
@@ -128,22 +129,32 @@ def reservation_settings(reservation: Any) -> tuple[Reservation, list[Problem]]:
     if not 0 <= percentage < 1:
         problems.append(Problem("storage_reservation", f"percentage {percentage:g} leaves no memory: it must be "
                                                        "in [0, 1)"))
+    found = Problems("storage_reservation")  # each value as the validation grammar reads a number
     if type(reservation) is absolute:
-        reserved = reservation_absolute_bytes(reservation)
-        if not (_whole_bytes(reserved) and reserved >= 0):
-            problems.append(Problem("storage_reservation", f"hbm_reserved_bytes {reserved!r} is not a number of bytes"))
+        reserved = found.take("hbm_reserved_bytes", _bytes, reservation_absolute_bytes(reservation))
+        problems += _reservation_problems(found)
+        if reserved is None:
             return Reservation(), problems
-        return Reservation(percentage, kjt=False, absolute=int(reserved)), problems
+        return Reservation(percentage, kjt=False, absolute=reserved), problems
     if type(reservation) is fixed:
         return Reservation(percentage, kjt=False), problems
-    multiplier, estimate = reservation_dense(reservation)
-    if not (isinstance(multiplier, (int, float)) and math.isfinite(multiplier) and multiplier >= 0):
-        problems.append(Problem("storage_reservation", f"parameter_multiplier {multiplier!r} is not a number >= 0"))
-    if estimate is not None and not (_whole_bytes(estimate) and estimate >= 0):
-        problems.append(Problem("storage_reservation", f"dense_tensor_estimate {estimate!r} is not a number of bytes"))
-    if problems:
+    given, given_estimate = reservation_dense(reservation)
+    multiplier = found.take("parameter_multiplier", lambda v: finite_number(v, minimum=0.0), given)
+    estimate = None if given_estimate is None else found.take("dense_tensor_estimate", _bytes, given_estimate)
+    problems += _reservation_problems(found)
+    if problems or multiplier is None:
         return Reservation(), problems
-    return Reservation(percentage, float(multiplier), None if estimate is None else int(estimate)), problems
+    return Reservation(percentage, multiplier, estimate), problems
+
+
+def _bytes(value: object) -> int:
+    """A count of bytes as TorchRec's storage reservations hold one: a whole number >= 0."""
+    return integer(value, "a whole number of bytes", minimum=0)
+
+
+def _reservation_problems(found: Problems) -> list[Problem]:
+    """``found``'s problems, each named by the reservation's argument."""
+    return [Problem("storage_reservation", f"{p.where}: {p.reason}") for p in found.items]
 
 
 def topology_problems(topology: Any) -> list[Problem]:
@@ -157,12 +168,11 @@ def topology_problems(topology: Any) -> list[Problem]:
         problems.append(Problem("topology.compute_device", f"{topology.compute_device!r}: shardflow plans for cpu "
                                                            "and cuda ranks"))
     for kind in ("hbm", "ddr"):
-        given = [getattr(d.storage, kind) for d in topology.devices]
-        bad = next((v for v in given if not _whole_bytes(v)), None)
-        if bad is not None:
-            problems.append(Problem(f"topology {kind}_cap", f"expected a whole number of bytes, got {bad!r}"))
+        try:
+            caps = sorted({integer(getattr(d.storage, kind), "a whole number of bytes") for d in topology.devices})
+        except ValueError as e:  # NaN, infinite, text: TorchRec's Storage holds bytes
+            problems.append(Problem(f"topology {kind}_cap", str(e)))
             continue
-        caps = sorted({int(v) for v in given})
         if len(caps) > 1:
             problems.append(Problem(f"topology {kind}_cap", (
                 f"differs between ranks ({', '.join(format_bytes(c) for c in caps[:3])}): shardflow plans for ranks "
@@ -184,12 +194,6 @@ def topology_problems(topology: Any) -> list[Problem]:
             problems.append(Problem(f"topology.{knob.name}", f"{value!r} is not a number "
                                                              f"{'>= 0' if knob.may_be_zero else 'above 0'}"))
     return problems
-
-
-def _whole_bytes(value: object) -> bool:
-    """A number of bytes as TorchRec's ``Storage`` holds one: an integral, finite number."""
-    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            and value == int(value))
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,13 @@ def foreign_entries(folder: str | Path, depth: int = DEPTH) -> list[Problem]:
     return sorted(out, key=lambda p: p.where)
 
 
+def folder_problems(folder: str | Path, made: bool, depth: int = DEPTH) -> list[Problem]:
+    """``folder`` where it is not one (``made``: shardflow makes it inside a folder the user named, so it
+    must not be a link), else what ``foreign_entries`` finds in it."""
+    linked = owned_link(folder) if made else None
+    return [linked] if linked is not None else foreign_entries(folder, depth)
+
+
 def owned_link(path: str | Path) -> Problem | None:
     """``path``, a folder shardflow makes inside one the user named (``OUT/logs``, ``OUT/checkpoints``),
     where it is a symbolic link or anything but a folder."""

@@ -8,6 +8,7 @@ the default module, ``module.name`` in another), as tables of two modules may sh
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,23 +94,21 @@ def check_one_training(plan: Plan, model_spec: Spec, directory: Path, title: str
 def checkpoint_at(path: str | Path, title: str = "", hint: str = "") -> tuple[Path, int]:
     """The checkpoint ``path`` names: one step directory (``.../step_00000100``), or a checkpoint
     directory or training output directory (its newest step); InputError naming what is missing."""
-    from rec.train.owned_folders import foreign_entries, owned_link
+    from rec.train.owned_folders import folder_problems
 
     p = Path(path)
     title = title or f"Cannot use the checkpoint {path}:"
     step = step_of(p.name)
     if step is not None and p.is_dir() and (p / INDEX_FILE).is_file():
-        problems = foreign_entries(p.parent)
+        problems = folder_problems(p.parent, made=False)
         if problems:
             raise InputError(title, problems)
         return p.parent, step
-    inside = owned_link(p / CHECKPOINTS)
-    if inside is not None:
-        raise InputError(title, [inside])
-    root = p / CHECKPOINTS if (p / CHECKPOINTS).is_dir() else p
-    if not root.is_dir():
+    made = os.path.lexists(p / CHECKPOINTS)  # a training's output directory: shardflow made its checkpoints
+    root = p / CHECKPOINTS if made else p
+    if not made and not root.is_dir():
         raise InputError(title, [Problem(str(path), "no such directory")])
-    problems = foreign_entries(root)
+    problems = folder_problems(root, made)
     if problems:
         raise InputError(title, problems)
     newest = latest(root)

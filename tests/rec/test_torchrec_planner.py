@@ -1041,14 +1041,14 @@ def test_settings_no_number_of_bytes_or_rows_can_be_are_each_named_before_planni
     assert sorted(p.where for p in e.value.problems) == [
         "batch_size", "constraints", "storage_reservation", "storage_reservation", "topology ddr_cap",
         "topology hbm_cap"]
-    assert "expected a whole number of bytes, got nan" in e.value.render()
+    assert "expected a whole number of bytes, got NaN (not a number)" in e.value.render()
     for text in ("16GiB", float("inf")):
         with pytest.raises(InputError, match="hbm_cap"):
             ShardflowPlanner(topology=Topology(world_size=2, compute_device="cuda", hbm_cap=text))
     with pytest.raises(InputError, match="batch_size"):
         ShardflowPlanner(topology=cuda(), batch_size=float("nan"))
     negative = quietly(HeuristicalStorageReservation, 0.1, parameter_multiplier=-1000)
-    with pytest.raises(InputError, match="parameter_multiplier -1000"):
+    with pytest.raises(InputError, match="parameter_multiplier: must be >= 0, got -1000"):
         ShardflowPlanner(topology=cuda(), storage_reservation=negative)
     planner = ShardflowPlanner(topology=cuda(hbm_cap=1 << 30), batch_size=512.0)  # a whole number, as a float
     quietly(planner.plan, ebc(("t", 1000, 16)), SHARDERS)

@@ -100,7 +100,7 @@ def _list(source: str, what: str) -> tuple[pafs.FileSystem, list[str]]:
         raise InputError(title, [Problem(what, "is empty or contains a NUL character")])
     # A path that holds a glob character but names a file or directory is that file or directory.
     magic = any(c in source for c in GLOB_CHARACTERS) and not _exists(source)
-    base = _glob_base(source) if magic else source
+    base, glob = _glob_split(source) if magic else (source, "")
     try:
         filesystem, root = _filesystem(base)
         info = filesystem.get_file_info(root)
@@ -111,7 +111,7 @@ def _list(source: str, what: str) -> tuple[pafs.FileSystem, list[str]]:
         found = filesystem.get_file_info(pafs.FileSelector(root, recursive=True))
     except (OSError, ValueError) as e:
         raise InputError(title, [Problem(what, f"cannot open {source}: {_reason(e)}")]) from None
-    pattern = _pattern(source, base, root) if magic else None
+    pattern = f"{root.rstrip('/')}/{glob}" if magic else None
     paths = sorted(f.path for f in found if f.type == pafs.FileType.File and _wanted(f.path, root, pattern))
     if isinstance(filesystem, pafs.LocalFileSystem):
         paths = _each_file_once(paths)
@@ -155,8 +155,9 @@ def _exists(path: str) -> bool:
         return False
 
 
-def _glob_base(source: str) -> str:
-    """The directory a glob searches: its path up to the first component with a glob character."""
+def _glob_split(source: str) -> tuple[str, str]:
+    """The directory a glob searches (its path up to the first component with a glob character) and
+    the glob's components from there, as a pattern under that directory."""
     head, sep, rest = source.partition("://")
     parts = (rest if sep else head).split("/")
     fixed = []
@@ -165,13 +166,7 @@ def _glob_base(source: str) -> str:
             break
         fixed.append(part)
     base = "/".join(fixed) or ("/" if (rest if sep else head).startswith("/") else ".")
-    return f"{head}{sep}{base}" if sep else base
-
-
-def _pattern(source: str, base: str, root: str) -> str:
-    """``source``'s glob as a pattern over the filesystem's paths under ``root``."""
-    rest = source[len(base):].lstrip("/")
-    return f"{root.rstrip('/')}/{rest}"
+    return (f"{head}{sep}{base}" if sep else base), "/".join(parts[len(fixed):])
 
 
 def _wanted(path: str, root: str, pattern: str | None) -> bool:

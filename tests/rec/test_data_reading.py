@@ -70,6 +70,18 @@ def test_a_directory_a_glob_a_file_and_a_uri_name_the_files_in_path_order(datase
     assert open_data(f"{dataset}/exp[1]/f0.parquet").rows == 130
 
 
+def test_a_relative_glob_matches_from_the_working_directory_as_the_shells_does(dataset, monkeypatch):
+    """A glob whose first component has a wildcard once lost that component's first character:
+    ``o*.parquet`` also read ``day1.parquet``, and ``*.parquet`` matched nothing."""
+    monkeypatch.chdir(dataset / "part=1")
+    (dataset / "part=1/f0.parquet").rename(dataset / "part=1/of0.parquet")
+    assert [p.rsplit("/", 1)[1] for p in open_data("o*.parquet").paths] == ["of0.parquet"]
+    assert len(open_data("*.parquet").paths) == 4
+    assert [p.rsplit("/", 1)[1] for p in open_data("f[12].parquet").paths] == ["f1.parquet", "f2.parquet"]
+    monkeypatch.chdir(dataset)
+    assert len(open_data("*/f*.parquet").paths) == 3
+
+
 def test_a_link_to_the_datas_own_folder_or_to_a_file_in_it_reads_each_file_once(dataset):
     """A link that loops back to the data's folder is followed again and again by a recursive listing,
     and a file linked beside itself would be listed twice: every row is read once all the same."""

@@ -87,6 +87,19 @@ def refused(d: dict) -> str:
     return e.value.render()
 
 
+def test_a_v1_plan_reads_back_and_checks_whether_or_not_its_bound_meets_its_critical_path():
+    """v1 states neither how its bound was proven nor ``optimal``: a v1 plan whose bound meets its
+    critical path was once refused for an ``optimal`` it never stated."""
+    v2 = json.loads((BEFORE / "cpu_demo.json").read_text())
+    metrics = {k: v for k, v in v2["metrics"].items() if k not in ("bound_method", "optimal")}
+    v1 = {**v2, "format": "shardflow.plan/v1", "metrics": {**metrics, "planning_s": 0.5}}
+    for bound in (metrics["lower_bound"], metrics["critical_path"]):
+        gap = (metrics["critical_path"] - bound) / bound
+        plan = plan_from_dict({**v1, "metrics": {**v1["metrics"], "lower_bound": bound, "gap": gap}})
+        check_plan(plan)
+        assert plan.plan_id == PLAN_IDS["cpu_demo"]
+
+
 def test_the_format_is_checked_against_the_content():
     v3 = json.loads((BEFORE / "two_tower_seq_v3.json").read_text())
     assert "such a plan is shardflow.plan/v3" in refused({**v3, "format": "shardflow.plan/v2"})

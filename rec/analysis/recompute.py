@@ -175,10 +175,19 @@ def _close(claimed: np.ndarray, actual: np.ndarray) -> np.ndarray:
 def _table_problems(plan: Plan, costs: Estimates) -> list[Problem]:
     c = plan.columns
     wrong = ~_close(c.perf, costs.table_perf) | (c.hbm != costs.table_hbm) | (c.ddr != costs.table_ddr)
-    return _named([Problem(f"table {c.keys[i]}", f"est says {c.perf[i]:.6g} ms, {c.hbm[i]:,} B HBM, "
-                                                  f"{c.ddr[i]:,} B DDR; its shards cost {costs.table_perf[i]:.6g} "
-                                                  f"ms, {costs.table_hbm[i]:,} B HBM, {costs.table_ddr[i]:,} B DDR")
-                   for i in np.flatnonzero(wrong)])
+    problems = []
+    for i in np.flatnonzero(wrong):
+        said, cost = _apart(c.perf[i], costs.table_perf[i])
+        problems.append(Problem(f"table {c.keys[i]}", f"est says {said} ms, {c.hbm[i]:,} B HBM, {c.ddr[i]:,} B DDR; "
+                                                      f"its shards cost {cost} ms, {costs.table_hbm[i]:,} B HBM, "
+                                                      f"{costs.table_ddr[i]:,} B DDR"))
+    return _named(problems)
+
+
+def _apart(said: float, actual: float) -> tuple[str, str]:
+    """Two times as a message shows them: to 6 digits, or every digit where those would look alike."""
+    short = f"{said:.6g}", f"{actual:.6g}"
+    return short if short[0] != short[1] else (repr(float(said)), repr(float(actual)))
 
 
 def _rank_problems(plan: Plan, costs: Estimates, claimed: dict[str, np.ndarray]) -> list[Problem]:
@@ -192,12 +201,13 @@ def _rank_problems(plan: Plan, costs: Estimates, claimed: dict[str, np.ndarray])
         wrong = ~_close(said, actual) if unit == "ms" else said != actual
         source = "the topology leaves" if name.endswith("_cap") else "its shards give"
         for r in np.flatnonzero(wrong)[:MAX_TABLE_PROBLEMS]:
-            shown = [f"{v:.6g} ms" if unit == "ms" else f"{int(v):,} B" for v in (said[r], actual[r])]
+            shown = ([f"{v} ms" for v in _apart(said[r], actual[r])] if unit == "ms"
+                     else [f"{int(v):,} B" for v in (said[r], actual[r])])
             problems.append(Problem(f"rank {r}", f"metrics.{name} says {shown[0]}, {source} {shown[1]}"))
     busiest = costs.critical_path
     if not _close(np.array([m.critical_path]), np.array([busiest]))[0]:
-        problems.append(Problem("metrics.critical_path", f"says {m.critical_path:.6g} ms, the busiest rank's "
-                                                         f"shards cost {busiest:.6g} ms"))
+        said, cost = _apart(m.critical_path, busiest)
+        problems.append(Problem("metrics.critical_path", f"says {said} ms, the busiest rank's shards cost {cost} ms"))
     return problems
 
 

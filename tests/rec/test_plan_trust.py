@@ -110,6 +110,13 @@ def test_every_metric_is_checked_against_the_shards(demo, edit, expected):
     assert expected in refused(d)
 
 
+def test_an_edit_below_six_digits_is_shown_with_the_digits_that_differ(demo):
+    d = plan_to_dict(demo)
+    perf = d["tables"][0]["est"]["perf"]
+    d["tables"][0]["est"]["perf"] = float(f"{perf:.6g}")
+    assert f"est says {float(f'{perf:.6g}')!r} ms" in (text := refused(d)) and f"its shards cost {perf!r} ms" in text
+
+
 def test_a_users_own_placement_is_accepted_when_its_metrics_are_true(demo):
     forged = all_on_rank_0(plan_to_dict(demo))
     plan = plan_from_dict(forged)

@@ -206,8 +206,8 @@ def _rank_problems(plan: Plan, costs: Estimates, claimed: dict[str, np.ndarray])
             problems.append(Problem(f"rank {r}", f"metrics.{name} says {shown[0]}, {source} {shown[1]}"))
     busiest = costs.critical_path
     if not _close(np.array([m.critical_path]), np.array([busiest]))[0]:
-        said, cost = _apart(m.critical_path, busiest)
-        problems.append(Problem("metrics.critical_path", f"says {said} ms, the busiest rank's shards cost {cost} ms"))
+        path, cost = _apart(m.critical_path, busiest)
+        problems.append(Problem("metrics.critical_path", f"says {path} ms, the busiest rank's shards cost {cost} ms"))
     return problems
 
 

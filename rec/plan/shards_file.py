@@ -53,7 +53,7 @@ def shards_problems(plan: Plan, path: str | Path, data: bytes | None = None) -> 
         if names != list(columns):
             return [Problem(where, f"has the columns {', '.join(names[:12])}, not those of a {SHARDS_FILE} "
                                    f"({', '.join(columns)})")]
-        kinds = [pa.types.is_string(t) if name in TEXT_COLUMNS else pa.types.is_integer(t)
+        kinds = [_is_text(t) if name in TEXT_COLUMNS else pa.types.is_integer(t)
                  for name, t in zip(names, f.schema_arrow.types, strict=True)]
         if not all(kinds):
             found = ", ".join(f"{n} {t}" for n, t in zip(names, f.schema_arrow.types, strict=True))
@@ -67,6 +67,9 @@ def shards_problems(plan: Plan, path: str | Path, data: bytes | None = None) -> 
             return [Problem(where, f"has {f.metadata.num_rows:,} rows, but plan {plan.plan_id} has {expected:,} "
                                    "shards: truncated or edited; write the plan again")]
         table = f.read()
+        # Text as another writer may store it (large_string, dictionary-encoded: pandas, Spark) is the same text.
+        table = pa.table([c.cast(pa.string()) if name in TEXT_COLUMNS else c
+                          for name, c in zip(table.column_names, table.columns, strict=True)], names=table.column_names)
         offset = 0
         for batch in shard_tables(plan):
             want = batch.cast(table.schema)
@@ -77,6 +80,13 @@ def shards_problems(plan: Plan, path: str | Path, data: bytes | None = None) -> 
     except (OSError, ValueError, pa.ArrowException):  # pyarrow's own words say no more than this
         return [Problem(where, "is not a readable Parquet file (truncated or corrupt); write the plan again")]
     return []
+
+
+def _is_text(t: Any) -> bool:
+    import pyarrow as pa
+
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t)
+                or (pa.types.is_dictionary(t) and _is_text(t.value_type)))
 
 
 def shard_columns(plan: Plan) -> tuple[str, ...]:

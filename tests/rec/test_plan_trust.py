@@ -183,6 +183,20 @@ def test_a_bad_shards_parquet_next_to_a_good_plan_json_is_refused_in_one_line(de
             read_plan(d / "plan.json")
 
 
+def test_a_shards_parquet_written_again_with_its_text_stored_otherwise_reads_as_it_was(demo, tmp_path):
+    """Another writer (pandas, Spark) may store text as large_string or dictionary-encoded: the same shards."""
+    write_plan(demo, tmp_path / "plan")
+    table = pq.read_table(tmp_path / "plan" / "shards.parquet")
+    for text in (pa.large_string(), pa.dictionary(pa.int32(), pa.string())):
+        schema = pa.schema([pa.field(f.name, text if pa.types.is_string(f.type) else f.type) for f in table.schema])
+        pq.write_table(table.cast(schema), tmp_path / "plan" / "shards.parquet")
+        assert read_plan(tmp_path / "plan") == demo
+    floats = table.set_column(5, "rank", table["rank"].cast(pa.float64()))
+    pq.write_table(floats, tmp_path / "plan" / "shards.parquet")
+    with pytest.raises(InputError, match="has columns of other types"):
+        read_plan(tmp_path / "plan")
+
+
 def test_a_plan_json_on_its_own_is_a_complete_plan(demo, tmp_path):
     write_plan(demo, tmp_path / "plan")
     alone = tmp_path / "alone"

@@ -61,6 +61,9 @@ def run(args: argparse.Namespace) -> int:
     from rec.plan import read_plan
     from rec.plan.breakdown import breakdown
 
+    if args.all and args.rank is None:
+        raise InputError("Cannot show this plan:", [Problem("--all", "lists every shard of one rank: give it with "
+                                                                     "--rank R (--all-ranks lists every rank)")])
     plan = read_plan(args.plan)
     check_plan(plan, source=f"the plan {args.plan}")  # what it shows must be what its shards give
     if args.rank is not None and not 0 <= args.rank < plan.world_size:
@@ -69,8 +72,10 @@ def run(args: argparse.Namespace) -> int:
     names = [t.key for t in plan.tables]  # `module.name` outside the default module
     chosen = [i for i, n in enumerate(names) if fnmatch.fnmatchcase(n, args.table)] if args.table else []
     if args.table and not chosen:
+        inside = [n for n in names if "." in n and fnmatch.fnmatchcase(n.rsplit(".", 1)[1], args.table)]
+        hint = f"; a table outside the default module is module.name, e.g. {inside[0]!r}" if inside else ""
         raise InputError("Cannot show this table:", [Problem(f"--table {args.table}", f"no table of plan "
-                                                              f"{plan.plan_id} matches")])
+                                                              f"{plan.plan_id} matches{hint}")])
     parts = breakdown(plan)
     if args.table:
         print(render_tables(plan, parts, chosen))

@@ -88,6 +88,8 @@ def test_show_names_each_table_of_another_module_with_its_module(tmp_path, capsy
     assert titles == ["table towers.item.ebc.item_id", "table sequence.ec.item_id"]
     assert main(["show", str(tmp_path), "--table", "sequence.ec.*"]) == 0
     assert "towers." not in capsys.readouterr().out
+    assert main(["show", str(tmp_path), "--table", "item_id"]) == 2  # the name alone: where to find it
+    assert "a table outside the default module is module.name, e.g. 'towers.item.ebc.item_id'" in capsys.readouterr().err
 
 
 def test_a_cuda_plan_on_a_machine_without_cuda_is_refused_before_anything_starts_with_one_message(
@@ -181,3 +183,5 @@ def test_show_rank_lists_the_costliest_shards_first_and_every_one_with_all(tmp_p
     every = capsys.readouterr().out.splitlines()
     assert len([line for line in every if line.startswith("t") and not line.startswith("table ")]) == shards
     assert not any(line.startswith("...") for line in every)
+    assert main(["show", str(tmp_path / "p"), "--all"]) == 2  # --all lists a rank's shards: it once did nothing
+    assert "--all: lists every shard of one rank: give it with --rank R" in capsys.readouterr().err

@@ -89,7 +89,8 @@ def test_show_names_each_table_of_another_module_with_its_module(tmp_path, capsy
     assert main(["show", str(tmp_path), "--table", "sequence.ec.*"]) == 0
     assert "towers." not in capsys.readouterr().out
     assert main(["show", str(tmp_path), "--table", "item_id"]) == 2  # the name alone: where to find it
-    assert "a table outside the default module is module.name, e.g. 'towers.item.ebc.item_id'" in capsys.readouterr().err
+    hint = "a table outside the default module is module.name, e.g. 'towers.item.ebc.item_id'"
+    assert hint in capsys.readouterr().err
 
 
 def test_a_cuda_plan_on_a_machine_without_cuda_is_refused_before_anything_starts_with_one_message(

@@ -38,8 +38,8 @@ MODULE_RULE = (
     "e.g. 'towers.0.user_ebc'"
 )
 NAME_RULE = (
-    f"use ASCII letters, digits, '_' and '-' (at most {MAX_NAME_LENGTH}, not starting with '-'): TorchRec makes "
-    "each table a module, whose name cannot contain '.', and a table name must be safe as a file name"
+    f"use ASCII letters, digits, '_' and '-' (at most {MAX_NAME_LENGTH}, not starting with '-'): shardflow's rule, "
+    "stricter than TorchRec's (each table is a module, whose name cannot contain '.')"
 )
 # The attributes of torch.nn.ModuleDict (torch 2.13, dunders aside), which holds TorchRec's tables: a
 # table named like one fails with "attribute 'items' already exists" (tests compare with the installed torch).

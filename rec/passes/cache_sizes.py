@@ -68,7 +68,9 @@ from rec.tolerance import SOLVER_TOLERANCE
 from rec.topology.types import Topology
 
 RESEARCH_ROUNDS = 3  # searches again with the grown sizes: the first gains most, a third rarely anything
-LOAD_FACTORS = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+# The largest is below 1: TorchRec's planner refuses a caching kernel at 1.0 in its plans ("requires
+# cache_load_factor strictly between 0 and 1"); a cache of every row is the fused kernel's work at more HBM.
+LOAD_FACTORS = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.99)
 # Where the search starts the caches: every rung up to twice TorchRec's default size. The search
 # places tables knowing only their first sizes and growing keeps them where they are, so which start
 # ends fastest differs by workload; each is one heuristic search.
@@ -212,7 +214,7 @@ def _made_room(result: SearchResult, spec: Spec, topology: Topology, cost: CostC
             rung_up[t] = above[0] if above else base[t]
             shards = opts.shards(int(a.choice[t]))
             hbm = float((opts.hbm[shards] * opts.repeat[shards]).sum())  # the cache's HBM, and a little more
-            grown = min(1.0, base[t] * (1 + free_hbm / len(caches) / hbm))
+            grown = min(LOAD_FACTORS[-1], base[t] * (1 + free_hbm / len(caches) / hbm))
             # where TorchRec prices its fetches, a size its statistics were asked at (as _grown)
             grown = _asked_size(spec.tables[t], grown) if fetches[t] else _rounded_down(grown)
             shared_up[t] = max(base[t], grown)

@@ -152,6 +152,18 @@ def test_an_edited_cache_size_is_named_and_a_v2_plan_with_one_is_refused(tmp_pat
         check_plan(read_plan(edited))
 
 
+def test_a_cache_with_room_for_every_row_stays_below_one_as_torchrecs_planner_requires():
+    """TorchRec 1.8's planner refuses a caching kernel at a load factor of 1.0 ("strictly between 0 and
+    1"); with HBM for the whole table and only the caching kernel allowed, the cache once grew to 1.0."""
+    rows = [{"name": "big", "num_embeddings": 1_000_000, "embedding_dim": 64, "compute_kernels": ["fused_uvm_caching"]},
+            {"name": "s", "num_embeddings": 1000, "embedding_dim": 64}]
+    plan = plan_spec(spec_from_rows(rows), cuda(3, 16 * GiB))
+    big = next(t for t in plan.tables if t.name == "big")
+    assert big.compute_kernel is CACHING and big.cache_load_factor == LOAD_FACTORS[-1] < 1
+    stated = plan_spec(spec_from_rows([{**rows[0], "cache_load_factor": 1.0}, rows[1]]), cuda(3, 16 * GiB))
+    check_plan(stated)  # a size the spec states is the user's: 1.0 is TorchRec's CacheParams' bound
+
+
 def test_a_table_whose_spec_fixes_its_cache_keeps_it_and_a_cpu_plan_is_unchanged():
     spec, topology = tight_spec(cache_load_factor=0.05), cuda()
     plan = plan_spec(spec, topology)

@@ -89,11 +89,12 @@ class TrainConfig:
     eval_batches: int = field(default=0, metadata=knob(
         "batches per rank an evaluation reads; 0: all of --eval-data", minimum=0))
     seed: int = field(default=0, metadata=knob(
-        "random seed of the model, the data's order (shuffling) and synthetic data"))
+        "random seed of the model, the data's order (shuffling) and synthetic data", minimum=0, maximum=2**63 - 1))
     dense_in_features: int = field(default=13, metadata=knob(
         "dense features per sample", minimum=1, maximum=1 << 16))
     dense_arch_layer_sizes: tuple[int, ...] = field(default=(64, 32), metadata=knob(
-        "dense arch layer sizes"))
+        "dense arch layer sizes (dlrm, dlrm_dcn: the last becomes the tables' embedding dim, to which DLRM "
+        "projects the dense features)"))
     over_arch_layer_sizes: tuple[int, ...] = field(default=(64, 1), metadata=knob(
         "over arch layer sizes (the last is 1: one logit)"))
     dense_lr: float = field(default=0.01, metadata=knob(

@@ -45,3 +45,6 @@ def test_check_names_every_value_out_of_bounds_and_the_warmup_rule():
     assert "--iterations: must be at least 1, got 0" in text
     assert "--batch-size: must be at least 1, got -1" in text
     assert "--warmup" in text and "no measured iteration" in text
+    for seed in (-1, 2**64):  # numpy's and torch's seeds: once refused only inside the ranks, exit 1
+        with pytest.raises(InputError, match="--seed: must be"):
+            check(TrainConfig(seed=seed), "Bad settings:")

@@ -11,6 +11,7 @@ T = TypeVar("T")
 
 MAX_LINE = 300  # characters of one problem line: a user's 1 MB table name must not flood the screen
 MAX_PROBLEMS_SHOWN = 30
+MIN_WHERE = 60  # characters of a problem line's places kept however long its reason
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,9 @@ class InputError(Exception):
         shown = 0
         for reason, wheres in list(groups.items())[:limit]:
             more = f" and {len(wheres) - 3} more" if len(wheres) > 3 else ""
-            lines.append(f"  - {printable(', '.join(wheres[:3]) + more + ': ' + reason)}")
+            # long paths are cut before the reason is: the line must still say why
+            where = printable(", ".join(wheres[:3]), max(MAX_LINE - len(reason) - len(more) - 2, MIN_WHERE))
+            lines.append(f"  - {printable(where + more + ': ' + reason)}")
             shown += len(wheres)
         if shown < len(self.problems):
             lines.append(f"  ... and {len(self.problems) - shown} more problems")

@@ -264,15 +264,21 @@ def prepare(plan_path: str, out_dir: str, settings: TrainSettings, run: Run | No
 
 
 def _check_owned_folders(settings: TrainSettings, out_dir: str) -> None:
-    """InputError naming every link or special file where the training writes its logs and checkpoints
-    (``rec.train.owned_folders``), before anything is launched."""
-    from rec.train.owned_folders import folder_problems
+    """InputError naming, before anything is launched, every link or special file where the training
+    writes its logs and checkpoints, what it would overwrite or prune in its checkpoint directory
+    that shardflow did not write there, and a folder in place of a file it writes
+    (``rec.train.owned_folders``)."""
+    from rec.train.metrics import ITERATIONS_FILE, METRICS_FILE
+    from rec.train.owned_folders import folder_problems, output_problems, unwritten_entries
     from rec.train.resume import CHECKPOINTS, checkpoint_dir
 
     problems = folder_problems(log_dir(out_dir), made=True, depth=1)
     checkpoints = checkpoint_dir(settings.job, out_dir)
     if checkpoints is not None:  # made by shardflow where it is the default, inside --out
-        problems += folder_problems(checkpoints, made=Path(checkpoints) == Path(out_dir) / CHECKPOINTS)
+        found = folder_problems(checkpoints, made=Path(checkpoints) == Path(out_dir) / CHECKPOINTS)
+        problems += found or unwritten_entries(checkpoints)
+    if settings.node_rank == 0:  # node 0's rank 0 writes the metrics
+        problems += output_problems(out_dir, (METRICS_FILE, ITERATIONS_FILE))
     if problems:
         raise InputError("Cannot train into these folders:", problems)
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 POSITION_FORMAT = "shardflow.data_position/v1"
+POSITION_FILE = "data_position.json"  # in each checkpoint's step directory
 
 
 @dataclass(frozen=True)

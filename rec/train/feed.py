@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rec.data.layout import DataLayout
-from rec.data.order import POSITION_FORMAT, Position
+from rec.data.order import POSITION_FILE, POSITION_FORMAT, Position
 from rec.data.source import DataSource, Reading, open_source
 from rec.errors import InputError, Problem
 from rec.spec.types import Spec
@@ -29,7 +29,6 @@ from rec.train.tables import one_default_ebc
 if TYPE_CHECKING:
     from rec.train.user_model import UserModel
 
-POSITION_FILE = "data_position.json"  # in each checkpoint's step directory
 
 
 @dataclass

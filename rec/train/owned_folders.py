@@ -11,6 +11,7 @@ Torch-free: the launcher checks before starting any process.
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -57,3 +58,58 @@ def owned_link(path: str | Path) -> Problem | None:
         return None
     return Problem(str(path), f"is {kind(mode)}, not a folder: shardflow follows no link out of a folder it owns; "
                               "remove it")
+
+
+# What a training writes where its checkpoints go, beside its step directories: the plan copy, model.json,
+# LATEST, the nodes' lock files, and the temporary files of each (``rec.disk_full.whole``).
+_TOP_FILES = r"LATEST|model\.json|plan\.json"
+_TOP = re.compile(rf"(?:{_TOP_FILES})|\.(?:{_TOP_FILES})\.tmp|\.shardflow-checkpoints-node\d+\.lock")
+# In a step directory: torch.distributed.checkpoint's index and data files (and its index's temporary
+# file), the run that wrote it and the data's position.
+_STEP = re.compile(r"(?:__\d+)?\.metadata(?:\.tmp)?|__\d+_\d+\.distcp|\.?(?:run|data_position)\.json(?:\.tmp)?")
+_WRITTEN_BY = {"model.json": "shardflow.model/", "plan.json": "shardflow.plan/"}
+_FORMAT = re.compile(rb'\s*\{\s*"format"\s*:\s*"([^"]{1,64})"')
+
+
+def unwritten_entries(checkpoints: str | Path) -> list[Problem]:
+    """What a training that writes into ``checkpoints`` would overwrite or prune there but did not
+    write: a file or folder of another name, a file in a step directory, or a ``model.json`` or
+    ``plan.json`` that is not shardflow's. None where ``checkpoints`` is not there."""
+    from rec.train.resume import step_of
+
+    root = Path(checkpoints)
+    try:
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    found: list[str] = []
+    for entry in entries:
+        if step_of(entry.name) is not None and entry.is_dir(follow_symlinks=False):
+            found += [f"{entry.path}/{e.name}" for e in sorted(os.scandir(entry.path), key=lambda e: e.name)
+                      if not _STEP.fullmatch(e.name)]
+        elif not _TOP.fullmatch(entry.name) or not _written_by_shardflow(Path(entry.path)):
+            found.append(entry.path)
+    reason = ("a training would write over or prune it, but shardflow did not write it there: give the training "
+              "an empty or new --checkpoint-dir, or move it")
+    return [Problem(path, reason) for path in found]
+
+
+def _written_by_shardflow(path: Path) -> bool:
+    """A top-level file of a checkpoint directory, as far as its name and first bytes tell."""
+    prefix = _WRITTEN_BY.get(path.name)
+    if prefix is None:
+        return True
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return False
+    match = _FORMAT.match(head)
+    return match is not None and match.group(1).decode("utf-8", "replace").startswith(prefix)
+
+
+def output_problems(out_dir: str | Path, names: tuple[str, ...]) -> list[Problem]:
+    """Each of the files ``names`` a run writes into ``out_dir`` at its end where a folder stands in
+    its place: the run would fail there after all its work."""
+    return [Problem(str(Path(out_dir) / name), "is a folder, where the run writes this file: remove or move it")
+            for name in names if (Path(out_dir) / name).is_dir() and not (Path(out_dir) / name).is_symlink()]

@@ -15,6 +15,7 @@ import pytest
 from flows.cli import main
 from rec.plan import read_plan
 from rec.spec import read_spec
+from rec.train.owned_folders import unwritten_entries
 from tests.flows.cli_in_process import shardflow_here
 from tests.paths import CPU_2PROC, DEMO, ROOT, SHARDFLOW
 
@@ -67,6 +68,30 @@ def test_links_where_the_training_writes_its_logs_and_checkpoints_exit_2_before_
     assert list(elsewhere.iterdir()) == []
 
 
+def test_files_the_training_did_not_write_where_it_writes_exit_2_before_launch_and_stay(plan_dir, tmp_path, capfd):
+    """A --checkpoint-dir holding the user's files (a model.json and plan.json of their own, a note in a
+    step folder, which pruning deleted) and a folder where train_metrics.json goes (the run failed
+    there after all its work, exit 1): each named, nothing launched, nothing changed."""
+    mine = tmp_path / "mine"
+    (mine / "step_00000002").mkdir(parents=True)
+    files = {mine / "model.json": '{"mine": 1}\n', mine / "plan.json": '{"format": "my.plan/v1"}\n',
+             mine / "notes.md": "notes\n", mine / "step_00000002" / "notes.txt": "important\n"}
+    for path, text in files.items():
+        path.write_text(text)
+    out = tmp_path / "out"
+    (out / "train_metrics.json").mkdir(parents=True)
+    r = shardflow_here(capfd, "train", "--no-track", "--plan", str(plan_dir), "--out", str(out), "--iterations", "4",
+                       "--warmup", "1", "--checkpoint-every", "2", "--keep-checkpoints", "1",
+                       "--checkpoint-dir", str(mine))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    problems = [line for line in r.stderr.splitlines() if line.startswith("  - ")]
+    assert len(problems) == 2, r.stderr
+    assert "shardflow did not write it there: give the training an empty or new --checkpoint-dir" in problems[0]
+    assert f"{out / 'train_metrics.json'}: is a folder, where the run writes this file" in problems[1]
+    assert all(path.read_text() == text for path, text in files.items())
+    assert not (out / "logs").exists()
+
+
 @pytest.mark.slow
 def test_a_killed_rank_is_restarted_and_resumes_from_the_last_checkpoint(plan_dir, tmp_path, capfd, monkeypatch):
     monkeypatch.setenv("SHARDFLOW_FAIL_AT_ITERATION", "7:1")
@@ -77,6 +102,7 @@ def test_a_killed_rank_is_restarted_and_resumes_from_the_last_checkpoint(plan_di
     m = json.loads((tmp_path / "train_metrics.json").read_text())
     assert m["resumed_from"] == 6
     assert (tmp_path / "checkpoints" / "LATEST").read_text() == "step_00000009"  # docs/training.md's format
+    assert unwritten_entries(tmp_path / "checkpoints") == []  # all shardflow's own, restarts and all
     assert f"checkpoints {tmp_path / 'checkpoints'}" in r.stdout.splitlines()  # the summary says where they went
 
 

@@ -153,3 +153,13 @@ def test_rules_and_the_collector():
         integer(2**63, maximum=2**62)
     with pytest.raises(ValueError, match="expected an integer"):
         integer("١٢٣", text=True)  # digits of another script are not a number shardflow reads
+
+
+def test_a_problem_line_cuts_long_places_and_keeps_its_reason_whole():
+    from rec.errors import MAX_LINE, Problem
+
+    reason = "a reason long enough to say what to do, " * 4
+    paths = [f"/{'deep/' * 30}file-{i}" for i in range(5)]
+    line = InputError("Bad:", [Problem(p, reason) for p in paths]).render().splitlines()[1]
+    assert line.endswith(f" and 2 more: {reason}") and len(line) <= MAX_LINE + 4
+    assert paths[0][:40] in line

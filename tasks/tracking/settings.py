@@ -86,14 +86,59 @@ class TrackingSettings:
             elif not value.isprintable():
                 problems.append(Problem(f"{name} {show(value)}", "contains control characters"))
         uri = self.tracking_uri
-        if isinstance(uri, str) and uri.startswith(SQLITE_SCHEME) and not uri.removeprefix(SQLITE_SCHEME).strip():
-            problems.append(Problem(f"tracking URI {show(uri)}", "names no database file"))
+        if isinstance(uri, str) and uri.isprintable():
+            problems += [Problem(f"tracking URI {show(uri)}", why) for why in uri_problems(uri)]
         return problems
 
     def resolve(self) -> Tracking:
         """The tracking URI (``MLFLOW_TRACKING_URI`` or SQLite in the working directory without one),
         the experiment and the outbox; paths made absolute."""
         return Tracking(resolve_uri(self.tracking_uri), self.experiment, outbox_dir(self.state_dir))
+
+
+# The stores MLflow's tracking registry knows (mlflow.tracking._tracking_service.utils), a driver after '+'.
+STORE_SCHEMES = frozenset(("sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks", "databricks-uc",
+                           "uc", "file", ""))
+
+
+def uri_problems(uri: str) -> list[str]:
+    """Why runs recorded at ``uri`` would never reach a store: an empty URI, an in-memory SQLite
+    database (its runs end with the command), a scheme MLflow has no store for, a server without a
+    host, a file store (MLflow 3 refuses one unless ``MLFLOW_ALLOW_FILE_STORE`` is true)."""
+    from urllib.parse import urlsplit
+
+    if not uri.strip():
+        return ["is empty"]
+    if uri.startswith(SQLITE_SCHEME):
+        return [] if uri.removeprefix(SQLITE_SCHEME).strip() else ["names no database file"]
+    try:
+        parts = urlsplit(uri)
+    except ValueError as e:
+        return [f"is no URI: {e}"]
+    scheme = parts.scheme.lower().split("+", 1)[0]
+    if len(scheme) == 1:  # a Windows drive letter is a path
+        scheme = ""
+    if scheme == "sqlite":
+        return ["is an in-memory SQLite database, whose runs end with the command: name its file, sqlite:///PATH"]
+    if scheme not in STORE_SCHEMES and scheme not in _plugin_schemes():
+        return [f"MLflow has no store for the scheme {scheme!r}: use sqlite:///PATH, http(s)://HOST:PORT, "
+                "postgresql://, mysql://, mssql:// or databricks"]
+    if scheme in ("http", "https") and not parts.hostname:
+        return ["names no host"]
+    if scheme in ("", "file") and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("true", "1"):
+        path = Path(parts.path if scheme == "file" else uri)
+        if path.is_file():
+            return [f"is a file, not a file store (a folder): a SQLite store is named sqlite:///{path.resolve()}"]
+        return ["is a file store (a folder of runs), which MLflow 3 refuses unless MLFLOW_ALLOW_FILE_STORE=true: "
+                "name a SQLite store, sqlite:///PATH"]
+    return []
+
+
+def _plugin_schemes() -> set[str]:
+    """The schemes of tracking stores MLflow plugins add (their entry points)."""
+    from importlib.metadata import entry_points
+
+    return {e.name.lower() for e in entry_points(group="mlflow.tracking_store")}
 
 
 def tracking_for(uri: str | None = None, experiment: str = DEFAULT_EXPERIMENT,

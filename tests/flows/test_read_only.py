@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.flows.cli_in_process import shardflow_here
+from tests.paths import CPU_2PROC, DEMO
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # SQLAlchemy, from MLflow
 
@@ -38,24 +39,43 @@ def test_a_database_of_someone_else_stays_as_it_was(tmp_path, capfd):
     assert files(tmp_path) == before
 
 
-def test_a_missing_store_is_not_made(tmp_path, capfd):
+def test_a_missing_store_is_not_made(tmp_path, capfd, monkeypatch):
     refused(capfd, f"sqlite:///{tmp_path / 'mlflow.db'}", "no MLflow store at")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 refuses a file store without it
     refused(capfd, str(tmp_path / "mlruns"), "no MLflow store at")
     refused(capfd, (tmp_path / "mlruns").as_uri(), "no MLflow store at")
     assert list(tmp_path.iterdir()) == []
 
 
-def test_an_empty_directory_is_no_file_store(tmp_path, capfd):
+def test_an_empty_directory_is_no_file_store(tmp_path, capfd, monkeypatch):
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
     refused(capfd, str(tmp_path), "is not an MLflow store")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("uri,why", [
+    ("sqlite://", "is an in-memory SQLite database, whose runs end with the command"),  # once: runs lost, exit 0
+    (" ", "is empty"), ("bogus://x", "MLflow has no store for the scheme 'bogus'"), ("http://", "names no host"),
+    ("mlruns", "is a file store (a folder of runs), which MLflow 3 refuses unless MLFLOW_ALLOW_FILE_STORE=true"),
+])
+def test_a_uri_no_run_could_ever_reach_is_refused_by_every_command(tmp_path, capfd, uri, why):
+    """Recording commands once took these, said the run was recorded (or kept it in the outbox for
+    good), and exited 0."""
+    result = shardflow_here(capfd, "compare", "--tracking-uri", uri)
+    assert result.returncode == 2 and why in result.stderr and "Traceback" not in result.stderr, result
+    result = shardflow_here(capfd, "plan", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "p"),
+                            "--tracking-uri", uri, "--state-dir", str(tmp_path / "state"))
+    assert result.returncode == 2 and why in result.stderr, result
+    assert not (tmp_path / "p").exists() and not (tmp_path / "state").exists()
 
 
 def test_a_sqlite_store_given_as_a_plain_path_is_named_with_its_uri(tmp_path, capfd):
     from tests.stores import make_store
 
     make_store(tmp_path / "mlflow.db")
-    refused(capfd, str(tmp_path / "mlflow.db"), "is a file, not a file store (a folder): a SQLite store is named "
-                                                "sqlite:///")
+    result = shardflow_here(capfd, "compare", "--tracking-uri", str(tmp_path / "mlflow.db"))
+    assert result.returncode == 2, result
+    assert f"is a file, not a file store (a folder): a SQLite store is named sqlite:///{tmp_path}" in result.stderr
 
 
 def test_an_mlflow_store_is_read_and_left_as_it_was(tmp_path, capfd, monkeypatch):

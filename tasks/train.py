@@ -141,6 +141,7 @@ def check_resume_from(job: TrainConfig, plan: Plan) -> None:
     source = resume_source(job.resume_from)
     check_resume(source, plan)
     check_index(step_dir(source.checkpoint_dir, source.step), source.plan.spec)
+    _check_dense_part(source.checkpoint_dir, plan, job, f"Cannot resume from {job.resume_from}:")
     if source.step >= job.iterations:
         raise InputError("Nothing left to train:", [Problem(
             "--iterations", f"{job.iterations} is not above the checkpoint's iteration {source.step}")])
@@ -149,22 +150,34 @@ def check_resume_from(job: TrainConfig, plan: Plan) -> None:
 def check_own_checkpoint(job: TrainConfig, out_dir: str, run: Run | None = None, plan: Plan | None = None) -> str:
     """For ``--resume``: the newest checkpoint in the checkpoint directory, if there is one, has an
     index shardflow reads safely, of ``plan``'s tables; InputError otherwise (the ranks would refuse it too,
-    later). Returns
-    a line saying whose checkpoint the run continues when another run (``run``: this one) wrote it."""
+    later). Returns a line saying whose checkpoint the run continues when another run (``run``: this
+    one) wrote it, or that there is none to continue."""
     from rec.train.ownership import another_runs
-    from rec.train.resume import step_dir
+    from rec.train.resume import checkpoint_dir, step_dir
 
     newest = _newest_checkpoint(job, out_dir)
-    if newest is None:
-        return ""
+    if newest is None:  # a retry of a training that stopped before its first checkpoint starts over
+        directory = checkpoint_dir(job, out_dir)
+        return f"resume    no complete checkpoint in {directory} (no LATEST): training from iteration 0"
     from rec.train.checkpoint import check_index  # imports torch: only for a checkpoint to read
 
     directory, step = newest
     at = step_dir(directory, step)
     check_index(at, None if plan is None else plan.spec)
+    if plan is not None:
+        _check_dense_part(directory, plan, job, f"Cannot resume from {directory}:")
     other = another_runs(at, run or Run.new(out_dir))
     return f"resume    continues the checkpoint of iteration {step} ({at}) that {other.describe()} wrote" \
         if other else ""
+
+
+def _check_dense_part(directory: str, plan: Plan, job: TrainConfig, title: str) -> None:
+    """InputError where this training's dense part is not the checkpoint's (``rec.train.model_file``)."""
+    from rec.train.model_file import dense_part_problems
+
+    problems = dense_part_problems(directory, plan.spec, job)
+    if problems:
+        raise InputError(title, problems)
 
 
 def check_not_anothers(job: TrainConfig, out_dir: str, run: Run | None = None) -> None:

@@ -129,6 +129,28 @@ def read_model(path: str | Path) -> tuple[ModelSettings, dict[str, Any]]:
     return settings, record
 
 
+def dense_part_problems(directory: str | Path, spec: Spec, config: TrainConfig) -> list[Problem]:
+    """Where a training with ``config`` would build another dense part than the one whose weights the
+    checkpoint directory holds (its ``model.json``): the ranks would fail to load them, after launch.
+    Nothing where the directory has no ``model.json`` (the checkpoints of a model of the user's own)."""
+    path = Path(directory) / MODEL_FILE
+    if not path.is_file():
+        return []
+    if config.model_target:
+        return [Problem(str(path), "the checkpoint is of shardflow's model, not of --model's: resume it without "
+                                   "--model, or give this training another --checkpoint-dir")]
+    then, now = (_dense_part(s) for s in (read_model(path)[0], model_settings(spec, config)))
+    return [Problem(flag, f"{now[flag]}, but the checkpoint's model was trained with {then[flag]} ({path}): give "
+                          "the same, or train from scratch elsewhere") for flag in now if now[flag] != then[flag]]
+
+
+def _dense_part(settings: ModelSettings) -> dict[str, str]:
+    """What shapes the dense part's weights, by the flag that sets it."""
+    return {"--model": settings.kind.value, "--dense-in-features": str(settings.dense_in_features),
+            "--dense-arch-layer-sizes": " ".join(map(str, settings.dense_arch_layer_sizes)),
+            "--over-arch-layer-sizes": " ".join(map(str, settings.over_arch_layer_sizes))}
+
+
 def _sizes(value: object) -> tuple[int, ...]:
     from rec.validation import integer
 

@@ -104,6 +104,13 @@ def test_a_killed_rank_is_restarted_and_resumes_from_the_last_checkpoint(plan_di
     assert (tmp_path / "checkpoints" / "LATEST").read_text() == "step_00000009"  # docs/training.md's format
     assert unwritten_entries(tmp_path / "checkpoints") == []  # all shardflow's own, restarts and all
     assert f"checkpoints {tmp_path / 'checkpoints'}" in r.stdout.splitlines()  # the summary says where they went
+    monkeypatch.delenv("SHARDFLOW_FAIL_AT_ITERATION")
+    r = shardflow_here(capfd, "train", "--no-track", "--plan", str(plan_dir), "--out", str(tmp_path), "--resume",
+                       "--iterations", "12", "--warmup", "1", "--batch-size", "32",
+                       "--dense-arch-layer-sizes", "8", "4")
+    assert r.returncode == 2 and "--dense-arch-layer-sizes: 8 4, but the checkpoint's model was trained with 64 32" \
+        in r.stderr  # once found by the ranks after launch, exit 1
+    assert (tmp_path / "checkpoints" / "LATEST").read_text() == "step_00000009"
 
 
 def write_training_parquet(path: Path, spec, rows: int, dense: int) -> None:

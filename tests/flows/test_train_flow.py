@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.slow,  # Prefect and real torchrun trainings
               pytest.mark.filterwarnings("ignore::DeprecationWarning")]  # SQLAlchemy, from MLflow+Prefect
 
 
-def test_prefect_training_checkpoints_and_a_later_run_resumes_from_it(prefect_api, tmp_path, mlflow_uri):
+def test_prefect_training_checkpoints_and_a_later_run_resumes_from_it(prefect_api, tmp_path, mlflow_uri, capfd):
     from flows.train import train_flow
     from rec.train.config import TrainConfig
     from tasks.tracking import TrackingSettings
@@ -25,14 +25,16 @@ def test_prefect_training_checkpoints_and_a_later_run_resumes_from_it(prefect_ap
                  "--no-chart"]) == 0
     common = dict(plan_path=str(tmp_path / "plan" / "plan.json"), out_dir=str(tmp_path / "out"),
                   tracking=TrackingSettings(mlflow_uri, state_dir=str(tmp_path / "state")))
-    job = TrainConfig(iterations=6, warmup=1, batch_size=32, checkpoint_every=3, keep_checkpoints=1)
-    first = train_flow(training=TrainSettings(job=job), **common)
+    job = TrainConfig(iterations=6, warmup=1, batch_size=32, checkpoint_every=3, keep_checkpoints=1, resume=True)
+    first = train_flow(training=TrainSettings(job=job), **common)  # nothing to resume yet: it says so, and starts
     checkpoints = tmp_path / "out" / "train" / "checkpoints"
     assert first.trained.metrics.resumed_from == 0
+    assert f"resume    no complete checkpoint in {checkpoints} (no LATEST): training from iteration 0" \
+        in capfd.readouterr().err
     assert (checkpoints / "LATEST").read_text() == step_name(6)
     assert [p.name for p in checkpoints.iterdir() if step_of(p.name) is not None] == [step_name(6)]  # kept 1
 
-    second = train_flow(training=TrainSettings(job=dataclasses.replace(job, iterations=9, resume=True)), **common)
+    second = train_flow(training=TrainSettings(job=dataclasses.replace(job, iterations=9)), **common)
     metrics = json.loads((tmp_path / "out" / "train" / "train_metrics.json").read_text())
     assert second.trained.metrics.resumed_from == metrics["resumed_from"] == 6
     assert (checkpoints / "LATEST").read_text() == step_name(9)

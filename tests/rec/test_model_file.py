@@ -11,7 +11,7 @@ from rec.data.ids import IdsPolicy
 from rec.errors import InputError
 from rec.spec import spec_from_rows
 from rec.train.config import ModelKind, TrainConfig
-from rec.train.model_file import read_model, record_model
+from rec.train.model_file import dense_part_problems, read_model, record_model
 
 SPEC = spec_from_rows([dict(name="a", num_embeddings=100, embedding_dim=8, feature_names=["f", "g"]),
                        dict(name="b", num_embeddings=7, embedding_dim=16)])
@@ -26,6 +26,21 @@ def test_the_model_settings_read_back_as_written_and_build_the_same_model(tmp_pa
     assert [f["column"] for f in record["features"]] == ["f", "g", "b"]
     built = settings.config()
     assert (built.model, built.dense_arch_layer_sizes, built.ids) == ("concat", (8, 4), IdsPolicy.HASH)
+
+
+def test_a_resume_with_another_dense_part_is_named_flag_by_flag_and_the_same_one_passes(tmp_path):
+    """The ranks once failed to load such weights after launch (exit 1, which Prefect retries)."""
+    config = TrainConfig(dense_in_features=5, dense_arch_layer_sizes=(8, 4))
+    record_model(tmp_path, SPEC, config)
+    assert dense_part_problems(tmp_path, SPEC, TrainConfig(model="concat", dense_in_features=5,
+                                                           dense_arch_layer_sizes=(8, 4), ids=IdsPolicy.HASH)) == []
+    changed = TrainConfig(dense_in_features=6, dense_arch_layer_sizes=(8, 2), over_arch_layer_sizes=(9, 1))
+    problems = {p.where: p.reason for p in dense_part_problems(tmp_path, SPEC, changed)}
+    assert set(problems) == {"--dense-in-features", "--dense-arch-layer-sizes", "--over-arch-layer-sizes"}
+    assert problems["--over-arch-layer-sizes"].startswith("9 1, but the checkpoint's model was trained with 64 1")
+    assert "shardflow's model, not of --model's" in dense_part_problems(
+        tmp_path, SPEC, TrainConfig(model="my.py:model")).pop().reason
+    assert dense_part_problems(tmp_path / "elsewhere", SPEC, changed) == []  # no model.json: the user's model
 
 
 @pytest.mark.parametrize(("edit", "reason"), [

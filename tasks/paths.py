@@ -6,6 +6,10 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rec.errors import Problem
 
 DEFAULT_OUT = "out"  # flows write OUT/plan and OUT/train
 PLAN_SUBDIR = "plan"
@@ -29,11 +33,57 @@ def state_dir_in(work_dir: str | None, state_dir: str | None) -> str:
 
 
 def outbox_dir(state_dir: str) -> str:
-    return str(Path(state_dir, OUTBOX).resolve())
+    return _owned(state_dir, OUTBOX)
 
 
 def plan_cache_dir(state_dir: str) -> str:
-    return str(Path(state_dir, PLAN_CACHE).resolve())
+    return _owned(state_dir, PLAN_CACHE)
+
+
+def _owned(state_dir: str, name: str) -> str:
+    """``state_dir/name``, absolute; InputError where it is a link or no folder (``state_problems``)."""
+    from rec.errors import InputError
+
+    problems = state_problems(state_dir, (name,))
+    if problems:
+        raise InputError(f"Cannot use the state folder {state_dir}:", problems)
+    return str(Path(Path(state_dir).resolve(), name))
+
+
+def state_problems(state_dir: str, names: tuple[str, ...] = (OUTBOX, PLAN_CACHE)) -> list[Problem]:
+    """The folders shardflow keeps in ``state_dir`` where one is a link or no folder: shardflow follows
+    no link out of a folder it owns (its outbox and plan cache would be written elsewhere)."""
+    import stat
+
+    from rec.errors import Problem
+    from rec.safe_read import kind
+
+    problems = []
+    for name in names:
+        path = Path(state_dir, name)
+        try:
+            mode = path.lstat().st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        if not stat.S_ISDIR(mode):
+            problems.append(Problem(str(path), f"is {kind(mode)}, not a folder: shardflow follows no link out of "
+                                               "a folder it owns; remove it"))
+    return problems
+
+
+def unmakeable(path: str | None, flag: str) -> list[Problem]:
+    """``path``, where shardflow makes a folder (``--out``, ``--state-dir``), where it cannot: it, or
+    a folder above it, is a file. Checked before Prefect starts: inside a flow it failed with tracebacks."""
+    from rec.errors import Problem
+
+    if not path:
+        return []
+    for above in (Path(path), *Path(path).parents):
+        if above.is_dir():
+            return []
+        if above.exists():
+            return [Problem(flag, f"{path}: {above} is a file, not a folder")]
+    return []
 
 
 def name_problems(name: object) -> list[str]:

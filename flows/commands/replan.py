@@ -42,9 +42,11 @@ def run(args: argparse.Namespace) -> int:
     from flows.logs import input_errors_without_traceback
     from flows.progress import on_terminal
     from flows.start import Ingested
+    from rec.errors import InputError
     from rec.settings import check, from_flags
     from tasks.ingest import ingest
     from tasks.outbox import kept_message
+    from tasks.paths import unmakeable
     from tasks.search import SearchSettings
     from tasks.tracking import TrackingSettings
     from tasks.write import WriteSettings
@@ -52,6 +54,9 @@ def run(args: argparse.Namespace) -> int:
     searching = from_flags(SearchSettings, args)
     check(searching, "Cannot plan with these settings:")
     tracking = from_flags(TrackingSettings, args)  # a name that cannot be used exits 2 here
+    problems = unmakeable(args.out, "--out") + unmakeable(tracking.state_dir, "--state-dir")
+    if problems:
+        raise InputError("Cannot replan:", problems)
     inputs = ingest(args.spec, args.topology)  # bad input exits 2 here, before Prefect
     from flows.replan import replan_flow
 

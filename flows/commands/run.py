@@ -69,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from rec.settings import check, from_flags
     from tasks.ingest import ingest
     from tasks.launch import Stopped
+    from tasks.paths import unmakeable
     from tasks.search import SearchSettings
     from tasks.step_progress import ingesting
     from tasks.tracking import TrackingSettings
@@ -82,8 +83,11 @@ def run(args: argparse.Namespace) -> int:
     check(searching, "Cannot plan with these settings:")
     if not args.plan_only:
         check(training, "Cannot train with these settings:")
+    problems = unmakeable(args.out, "--out") + unmakeable(tracking.state_dir, "--state-dir")
     if args.train_retries < 0:
-        raise InputError("Cannot run:", [Problem("--train-retries", "must be at least 0")])
+        problems.append(Problem("--train-retries", "must be at least 0"))
+    if problems:
+        raise InputError("Cannot run:", problems)
     with on_terminal() as shown:
         with ingesting(args.spec):
             inputs = ingest(args.spec, args.topology)

@@ -14,7 +14,15 @@ from pathlib import Path
 
 from rec.errors import InputError, Problem, show
 from rec.settings import knob
-from tasks.paths import DEFAULT_STATE_DIR, OUTBOX, in_work_dir, name_problems, outbox_dir, state_dir_in
+from tasks.paths import (
+    DEFAULT_STATE_DIR,
+    OUTBOX,
+    in_work_dir,
+    name_problems,
+    outbox_dir,
+    state_dir_in,
+    state_problems,
+)
 
 SQLITE_SCHEME = "sqlite:///"  # a SQLite store's URI: the scheme, then the database file's path
 DEFAULT_DB = "mlflow.db"
@@ -85,6 +93,8 @@ class TrackingSettings:
                 problems.append(Problem(name, "is empty"))
             elif not value.isprintable():
                 problems.append(Problem(f"{name} {show(value)}", "contains control characters"))
+        if isinstance(self.state_dir, str) and self.state_dir.strip() and self.state_dir.isprintable():
+            problems += state_problems(self.state_dir)
         uri = self.tracking_uri
         if isinstance(uri, str) and uri.isprintable():
             problems += [Problem(f"tracking URI {show(uri)}", why) for why in uri_problems(uri)]

@@ -254,3 +254,36 @@ def test_bad_settings_a_bad_profile_spec_and_topology_are_named_in_one_run(tmp_p
                   "world_size: must be > 0"):
         assert named in r.stderr, r.stderr
     assert not (tmp_path / "plan").exists()
+
+
+def test_a_link_in_place_of_the_outbox_or_plan_cache_is_refused_before_anything_is_planned(tmp_path, capsys):
+    """shardflow once followed them: its outbox entries, cached plans and a new secret key went to
+    the folders linked to."""
+    from tests.paths import CPU_2PROC, DEMO
+
+    elsewhere, state = tmp_path / "elsewhere", tmp_path / "state"
+    elsewhere.mkdir()
+    state.mkdir()
+    (state / "outbox").symlink_to(elsewhere)
+    (state / "plan-cache").symlink_to(elsewhere)
+    code = main(["plan", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "p"), "--state-dir",
+                 str(state), "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("is a symbolic link, not a folder: shardflow follows no link") == 1, err
+    assert f"{state / 'outbox'}, {state / 'plan-cache'}:" in err
+    assert list(elsewhere.iterdir()) == [] and not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize("command", ["run", "replan"])
+def test_run_and_replan_into_a_file_exit_2_before_prefect_starts(tmp_path, capsys, command):
+    """Inside a flow, the folders failed with Prefect's tracebacks, after Prefect had started."""
+    from tests.paths import CPU_2PROC, DEMO
+
+    (tmp_path / "file").write_text("mine\n")
+    code = main([command, str(DEMO), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "file"),
+                 "--state-dir", str(tmp_path / "file" / "state"), "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}"])
+    captured = capsys.readouterr()
+    assert code == 2 and "Traceback" not in captured.err and captured.out == ""
+    assert f"--out: {tmp_path / 'file'}: {tmp_path / 'file'} is a file, not a folder" in captured.err
+    assert f"--state-dir: {tmp_path / 'file' / 'state'}: {tmp_path / 'file'} is a file" in captured.err
+    assert (tmp_path / "file").read_text() == "mine\n"

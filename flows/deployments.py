@@ -19,13 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from rec.errors import InputError, Problem
-from rec.settings import is_path, resolve_paths, setting_at
+from rec.errors import InputError, Problem, printable, show
+from rec.settings import check, from_dict, is_path, resolve_paths, setting_at
 from tasks.tracking import sqlite_path, sqlite_uri
 
 if TYPE_CHECKING:
     from prefect import Flow
     from prefect.deployments.runner import RunnerDeployment
+    from prefect.schedules import Schedule
 
 ROOT = Path(__file__).resolve().parents[1]
 PREFECT_FILE = ROOT / "deploy" / "prefect.yaml"
@@ -37,20 +38,82 @@ INPUT_FILES = ("spec_path", "topology_path")
 
 
 def read_deployments(prefect_file: str | Path = PREFECT_FILE) -> list[dict[str, Any]]:
-    """The ``deployments`` entries of a prefect.yaml; InputError naming what is wrong."""
+    """The ``deployments`` entries of a prefect.yaml; InputError naming what is wrong: every entry's
+    keys of the wrong kind and every schedule Prefect would refuse, at once."""
     path = Path(prefect_file)
     try:
-        doc = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as e:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise InputError("Cannot read the Prefect deployments:", [Problem(str(path), str(e))]) from None
-    entries: list[dict[str, Any]] = doc.get("deployments") or []
-    problems = [Problem(f"{path}: deployment {i}", f"needs {key!r}")
-                for i, d in enumerate(entries) for key in ("name", "entrypoint") if key not in d]
+    if not isinstance(doc, dict):
+        raise InputError("Cannot use the Prefect deployments:", [Problem(str(path), (
+            f"holds {type(doc).__name__}, not a mapping with a list of deployments under 'deployments'"))])
+    entries = doc.get("deployments") or []
+    if not isinstance(entries, list):
+        raise InputError("Cannot use the Prefect deployments:", [Problem(f"{path}: deployments", "is not a list")])
+    problems = [p for i, d in enumerate(entries) for p in _entry_problems(f"{path}: deployment {i}", d)]
     if not entries:
         problems.append(Problem(str(path), "declares no deployments"))
     if problems:
         raise InputError("Cannot use the Prefect deployments:", problems)
     return entries
+
+
+def _entry_problems(where: str, d: object) -> list[Problem]:
+    if not isinstance(d, dict):
+        return [Problem(where, "is not a mapping")]
+    problems = [Problem(where, f"needs {key!r} (text)") for key in ("name", "entrypoint")
+                if not isinstance(d.get(key), str) or not d[key].strip()]
+    if not isinstance(d.get("parameters") or {}, dict):
+        problems.append(Problem(f"{where}: parameters", "is not a mapping of parameter names to values"))
+    schedules = d.get("schedules") or []
+    if not isinstance(schedules, list):
+        return [*problems, Problem(f"{where}: schedules", "is not a list")]
+    for i, s in enumerate(schedules):
+        why = _schedule_problem(s)
+        if why is not None:
+            problems.append(Problem(f"{where}: schedule {i}", why))
+    return problems
+
+
+MAX_INTERVAL_S = 366 * 86400  # a year and a day: Prefect's interval is a timedelta
+
+
+def _schedule_problem(s: object) -> str | None:
+    """Why Prefect would refuse schedule ``s`` of a prefect.yaml (a cron or an interval in seconds)."""
+    if not isinstance(s, dict) or ("cron" in s) == ("interval" in s):
+        return "needs exactly one of 'cron' (text) or 'interval' (seconds)"
+    interval = s.get("interval")
+    if "interval" in s and (isinstance(interval, bool) or not isinstance(interval, (int, float))
+                            or not 0 < interval <= MAX_INTERVAL_S):
+        return f"interval: needs a number of seconds above 0, at most {MAX_INTERVAL_S:,}, not {show(interval)}"
+    zone = s.get("timezone")
+    if zone is not None and not _known_zone(zone):
+        return f"timezone: {show(zone)} is no IANA time zone (e.g. 'UTC', 'Europe/Berlin')"
+    try:
+        schedule_of(s)
+    except (ValueError, TypeError) as e:  # pydantic's ValidationError is a ValueError
+        first = str(e).strip().splitlines()
+        return f"Prefect refuses it: {printable(first[-1] if first else type(e).__name__)}"
+    return None
+
+
+def _known_zone(zone: object) -> bool:
+    from zoneinfo import ZoneInfo
+
+    try:
+        return isinstance(zone, str) and ZoneInfo(zone) is not None
+    except (KeyError, ValueError, OSError):  # ZoneInfoNotFoundError is a KeyError; a malformed key a ValueError
+        return False
+
+
+def schedule_of(s: Mapping[str, Any]) -> Schedule:
+    """A prefect.yaml schedule as Prefect's (``Cron`` or ``Interval``)."""
+    from prefect.schedules import Cron, Interval
+
+    if "cron" in s:
+        return Cron(s["cron"], timezone=s.get("timezone"), active=s.get("active", True))
+    return Interval(s["interval"], timezone=s.get("timezone"))
 
 
 def load_flow(entrypoint: str, base: Path = ROOT) -> Flow[..., Any]:
@@ -195,7 +258,7 @@ def runner_deployments(prefect_file: str | Path = PREFECT_FILE, *,
     (seconds) replaces the schedules of the deployments that run ``replan_flow``. A parameter
     that a deployment gives and its flow does not have is an InputError, not a failed flow run later."""
     from prefect.deployments.runner import RunnerDeployment
-    from prefect.schedules import Cron, Interval, Schedule
+    from prefect.schedules import Interval
     from prefect.types.entrypoint import EntrypointType
 
     from flows.replan import replan_flow
@@ -216,13 +279,16 @@ def runner_deployments(prefect_file: str | Path = PREFECT_FILE, *,
     problems += [Problem(f"--set {key}", why) for key in overrides
                  if (why := override_problem(flows, key)) is not None]
     if replan_every is not None:
-        if not replan_every > 0:
-            problems.append(Problem("--replan-every", f"needs a positive number of seconds, not {replan_every:g}"))
+        if not 0 < replan_every <= MAX_INTERVAL_S:
+            problems.append(Problem("--replan-every", f"needs a number of seconds above 0, at most "
+                                                      f"{MAX_INTERVAL_S:,}, not {replan_every:g}"))
         if not any(flow is replan_flow for _, flow in entries):
             problems.append(Problem("--replan-every", f"{prefect_file} has no deployment of replan_flow"))
     parameters = [merged(absolute_paths(flow, d.get("parameters") or {}, base),
                          absolute_paths(flow, overrides_for(flow, overrides), Path.cwd()))
                   for d, flow in entries]
+    problems += [p for (d, flow), params in zip(entries, parameters, strict=True)
+                 for p in settings_problems(flow, params, f"{prefect_file}: {d['name']}")]
     missing = {(key, params[key]) for params in parameters for key in INPUT_FILES
                if isinstance(params.get(key), str) and not Path(params[key]).is_file()}
     problems += [Problem(key, f"no such file: {path}") for key, path in sorted(missing)]
@@ -231,10 +297,7 @@ def runner_deployments(prefect_file: str | Path = PREFECT_FILE, *,
 
     out = []
     for (d, flow), params in zip(entries, parameters, strict=True):
-        schedules: list[Schedule] = [
-            Cron(s["cron"], timezone=s.get("timezone"), active=s.get("active", True))
-            if "cron" in s else Interval(s["interval"], timezone=s.get("timezone"))
-            for s in d.get("schedules") or []]
+        schedules: list[Schedule] = [schedule_of(s) for s in d.get("schedules") or []]
         if replan_every is not None and flow is replan_flow:
             schedules = [Interval(replan_every)]
         deployment = flow.to_deployment(
@@ -243,6 +306,24 @@ def runner_deployments(prefect_file: str | Path = PREFECT_FILE, *,
         assert isinstance(deployment, RunnerDeployment)  # called outside an event loop: not a coroutine
         out.append(deployment)
     return out
+
+
+def settings_problems(flow: Flow[..., Any], parameters: Mapping[str, Any], where: str) -> list[Problem]:
+    """What every run of ``flow`` with ``parameters`` would refuse in its settings parameters (a
+    value of the wrong type, out of its bounds, a setting the flows refuse): named before serving."""
+    problems = []
+    for key, tp in settings_parameters(flow).items():
+        if key not in parameters:
+            continue
+        try:
+            settings: Any = from_dict(tp, parameters[key], key)
+            check(settings, "")
+        except InputError as e:
+            problems += [Problem(f"{where}: {p.where}", p.reason) for p in e.problems]
+            continue
+        if getattr(settings, "track", True) is False:
+            problems.append(Problem(f"{where}: {key}.track", "is false; the flows always record"))
+    return problems
 
 
 def describe_schedules(deployment: RunnerDeployment) -> str:

@@ -39,7 +39,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a parameter of every deployment whose flow has it, or with a dotted KEY one "
                         "setting of a settings parameter; VALUE is YAML (e.g. --set "
-                        "tracking.tracking_uri=sqlite:///runs.db --set training.job.iterations=5); repeatable")
+                        "tracking.tracking_uri=sqlite:///runs.db --set training.job.iterations=50); repeatable")
     p.add_argument("--replan-every", type=float, default=None, metavar="SECONDS",
                    help="replan on this interval instead of the replan deployment's cron (tests, demos)")
     p.add_argument("--list", action="store_true", help="print the deployments and their schedules; serve nothing")
@@ -48,7 +48,15 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def run(args: argparse.Namespace) -> int:
     from flows.deployments import PREFECT_FILE, describe_schedules, parse_overrides, runner_deployments
+    from rec.errors import InputError, Problem
 
+    problems = []
+    if not 1 <= args.port <= 65535:
+        problems.append(Problem("--port", f"must be from 1 to 65535, got {args.port}"))
+    if args.limit is not None and args.limit < 1:
+        problems.append(Problem("--limit", f"must be at least 1 (flow runs at once), got {args.limit}"))
+    if problems:
+        raise InputError("Cannot serve with these settings:", problems)
     deployments = runner_deployments(args.prefect_file or PREFECT_FILE,
                                      overrides=parse_overrides(args.overrides),
                                      replan_every=args.replan_every)

@@ -23,10 +23,10 @@ def test_serve_lists_the_deployments_of_prefect_yaml(capsys):
 
 def test_serve_overrides_parameters_and_the_replan_schedule(capsys):
     assert main(["serve", "--list", "--replan-every", "30", "--set", "out_dir=/tmp/o",
-                 "--set", "training.job.iterations=5", "--set", "searching.max_regress=0.1"]) == 0
+                 "--set", "training.job.iterations=50", "--set", "searching.max_regress=0.1"]) == 0
     plan, pipeline, replan = capsys.readouterr().out.splitlines()
     assert replan.endswith("every 30 s") and "cron" not in replan
-    assert "'out_dir': '/tmp/o'" in plan and "'training': {'job': {'iterations': 5}}" in pipeline
+    assert "'out_dir': '/tmp/o'" in plan and "'training': {'job': {'iterations': 50}}" in pipeline
     assert "'searching': {'max_regress': 0.1}" in plan and "'searching': {'max_regress': 0.1}" in pipeline
     assert "training" not in plan  # only flows that have the parameter get it
 
@@ -34,9 +34,41 @@ def test_serve_overrides_parameters_and_the_replan_schedule(capsys):
 def test_serve_refuses_unknown_parameters_and_bad_intervals(capsys):
     assert main(["serve", "--list", "--set", "no_such=1", "--replan-every", "0"]) == 2
     err = capsys.readouterr().err
-    assert "--set no_such" in err and "--replan-every: needs a positive number" in err
+    assert "--set no_such" in err and "--replan-every: needs a number of seconds above 0" in err
     assert main(["serve", "--list", "--set", "out_dir"]) == 2
     assert "expected KEY=VALUE" in capsys.readouterr().err
+
+
+def test_serve_names_every_value_its_runs_would_refuse_before_serving(tmp_path, capsys):
+    """Each was once a traceback (exit 1), or served and failed every run."""
+    assert main(["serve", "--list", "--replan-every", "inf", "--limit", "0", "--port", "99999"]) == 2
+    err = capsys.readouterr().err
+    assert "--port: must be from 1 to 65535" in err and "--limit: must be at least 1" in err
+    assert main(["serve", "--list", "--replan-every", "inf"]) == 2
+    assert "--replan-every: needs a number of seconds above 0, at most 31,622,400, not inf" in capsys.readouterr().err
+    assert main(["serve", "--list", "--set", "training.job.iterations=-3", "--set", "searching.backend=gpu",
+                 "--set", "tracking.track=false"]) == 2
+    err = capsys.readouterr().err
+    assert "pipeline: --iterations: must be at least 1, got -3" in err
+    assert "searching.backend: 'gpu' is not a valid Backend" in err and "tracking.track: is false" in err
+    deployments = tmp_path / "prefect.yaml"
+    deployments.write_text("""deployments:
+  - name: r
+    entrypoint: flows/replan.py:replan_flow
+    schedules: [{cron: "*/99 * * *"}, {interval: -5}, {cron: "0 * * * *", timezone: Mars/Olympus}, {}]
+  - {name: p, entrypoint: 5, parameters: [1], schedules: {cron: x}}
+  - 7
+""")
+    assert main(["serve", "--list", "--prefect-file", str(deployments)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    for expected in ("deployment 0: schedule 0: Prefect refuses it: Invalid cron string",
+                     "deployment 0: schedule 1: interval: needs a number of seconds above 0",
+                     "deployment 0: schedule 2: timezone: 'Mars/Olympus' is no IANA time zone",
+                     "deployment 0: schedule 3: needs exactly one of 'cron' (text) or 'interval' (seconds)",
+                     "deployment 1: needs 'entrypoint' (text)", "deployment 1: parameters: is not a mapping",
+                     "deployment 1: schedules: is not a list", "deployment 2: is not a mapping"):
+        assert expected in err, (expected, err)
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ from rec.errors import InputError, Problem, show
 from rec.hashing import HASH_CHARS
 from rec.plan.io import PLAN_FILES
 from tasks.outbox import Outbox
-from tasks.tracking import Tracking, TrackingUnavailable, connect, download_plan, tracking_failure
+from tasks.tracking import Tracking, TrackingUnavailable, download_plan, open_read_only, tracking_failure
 
 PLAN_ID = re.compile(f"[0-9a-f]{{{HASH_CHARS}}}")  # rec.hashing.content_hash's form
 
@@ -35,9 +35,9 @@ def fetch_plan(tracking: Tracking, plan_id: str, dest: str | Path) -> str:
     check_plan_id(plan_id)
     dest = Path(dest)
     reason = "MLflow has no finished plan run with this plan_id"
-    try:
-        client, experiment_id = connect(tracking)
-        path = download_plan(client, experiment_id, plan_id, dest)
+    try:  # read only: a lookup makes no store, experiment or lock file (a train --plan-id once made mlflow.db)
+        client, experiment_id = open_read_only(tracking)
+        path = None if experiment_id is None else download_plan(client, experiment_id, plan_id, dest)
         if path is not None:
             return str(path)
     except TrackingUnavailable as e:

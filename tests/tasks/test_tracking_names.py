@@ -85,6 +85,10 @@ def test_the_cli_exits_2_naming_the_experiment_before_anything_starts(tmp_path, 
     err = capsys.readouterr().err
     assert code == 2 and "is not a plan_id" in err and "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
+    code = main(["train", "--plan-id", "0123456789abcdef", "--no-track"])  # a lookup once made ./mlflow.db
+    err = capsys.readouterr().err
+    assert code == 2 and "Cannot find plan 0123456789abcdef" in err and "no MLflow store at" in err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_an_unchecked_name_still_keeps_its_artifacts_inside_mlruns(tmp_path):

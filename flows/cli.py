@@ -8,8 +8,10 @@ module in ``COMMANDS``. Every command takes ``-v/--verbose`` (the libraries' own
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -33,7 +35,8 @@ from flows.commands import (
     ui,
 )
 from rec.errors import InputError, Problem
-from rec.exit_codes import ExitCode
+from rec.exit_codes import ExitCode, stopped_by
+from rec.stop_signals import Stopped, signals_stop
 
 COMMANDS = (data, spec, plan, show, train, evaluate, export, predict, measure, calibrate, run, replan, compare,
             outbox, serve, ui)
@@ -133,7 +136,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from flows.logs import set_up
 
         set_up(args.verbose)
-        code: int = args.handler(args)
+        # A command that writes files stops on SIGTERM and SIGHUP as on Ctrl-C: its partial files removed
+        stopping = signals_stop() if getattr(args, "signals_stop", False) else contextlib.nullcontext()
+        with stopping:
+            code: int = args.handler(args)
         return code
     except SystemExit as e:  # argparse: usage errors exit 2, --help exits 0
         if e.code is None or isinstance(e.code, int):
@@ -156,6 +162,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"shardflow: cannot use {e.filename}: {e.strerror or e}", file=sys.stderr)
         return ExitCode.BAD_INPUT
+    except Stopped as e:
+        if e.signum == signal.SIGINT:
+            print("shardflow: interrupted", file=sys.stderr)
+            return ExitCode.INTERRUPTED
+        print(f"shardflow: stopped by {e.name}; nothing half written is left", file=sys.stderr)
+        return stopped_by(e.signum)
     except KeyboardInterrupt:
         print("shardflow: interrupted", file=sys.stderr)
         return ExitCode.INTERRUPTED

@@ -16,10 +16,8 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -27,6 +25,8 @@ from typing import TextIO
 from rec import progress
 from rec.disk_full import DiskFull, is_disk_full
 from rec.settings import to_flags
+from rec.stop_signals import Stopped as Stopped  # re-exported
+from rec.stop_signals import signals_stop
 from rec.train.config import TrainConfig
 from rec.train.launcher import FORKSERVER_FLAG
 from rec.train.lifetime import LAUNCHER_MODULE, parent_death_signal
@@ -36,7 +36,6 @@ from rec.train.rank_log import LOG_DIR, RANK_LOG, RankError, clear_errors, error
 VERBOSE_ENV = "SHARDFLOW_VERBOSE"  # "1" (``--verbose``): torchrun's output on the terminal as well
 NODE_LOG = "torchrun-node{node}.log"
 LAUNCH_HEADER = "== torchrun started"  # one line per launch: the node log is appended to
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # stop torchrun and its ranks, then exit
 STOP_GRACE_S = 10.0  # torchrun's time to stop its ranks before it is killed
 _SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 _SUMMARY_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
@@ -115,19 +114,6 @@ class Finished:
     sent: tuple[RankError, ...] = ()
 
 
-class Stopped(KeyboardInterrupt):
-    """The launcher was asked to stop (SIGTERM, SIGINT, SIGHUP): torchrun and every rank are gone."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-        self.out_dir: str | None = None  # the stopped training's output directory, once known
-
-    @property
-    def name(self) -> str:
-        return signal.Signals(self.signum).name
-
-
 def run_training(launch: Launch, env: dict[str, str] | None = None) -> Finished:
     """Run torchrun to completion on this node. Its output goes to the node's log, progress lines
     to ``rec.progress``, and with ``verbose()`` everything to stderr as well.
@@ -140,7 +126,7 @@ def run_training(launch: Launch, env: dict[str, str] | None = None) -> Finished:
     log_dir(launch.out_dir).mkdir(parents=True, exist_ok=True)
     clear_errors(launch.out_dir)
     sent: list[RankError] = []
-    with NodeLog(node_log(launch)) as sink, _signals_stop():
+    with NodeLog(node_log(launch)) as sink, signals_stop():
         sink.write(f"{LAUNCH_HEADER} {time.strftime('%Y-%m-%d %H:%M:%S')} ==\n")
         proc = subprocess.Popen(torchrun_command(launch), env=job_environment(env), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1,
@@ -182,25 +168,6 @@ def stop(proc: subprocess.Popen[str]) -> None:
         with suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-
-
-@contextmanager
-def _signals_stop() -> Iterator[None]:
-    """SIGTERM, SIGINT and SIGHUP raise ``Stopped`` in the block (main thread only: elsewhere
-    they keep their handlers, and torchrun still dies with this process)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def raise_stopped(signum: int, _frame: object) -> None:
-        raise Stopped(signum)
-
-    previous = {s: signal.signal(s, raise_stopped) for s in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 class NodeLog:

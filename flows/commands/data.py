@@ -33,7 +33,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     criteo.add_argument("--rows-per-table", dest="rows_per_table", type=int, metavar="N", required=True,
                         help="rows of each of the 26 tables: a category's id is its hash modulo N")
     add_flags(criteo, CriteoSettings, skip=("rows_per_table",))
-    criteo.set_defaults(handler=run_criteo)
+    criteo.set_defaults(handler=run_criteo, signals_stop=True)
 
 
 def run_criteo(args: argparse.Namespace) -> int:

@@ -22,7 +22,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--checkpoint", required=True, metavar="DIR",
                    help="a checkpoint directory (its newest checkpoint), one step_<N> in it, or a training's --out")
     p.add_argument("--out", required=True, metavar="DIR2", help="where model.safetensors and model.json go")
-    p.set_defaults(handler=run)
+    p.set_defaults(handler=run, signals_stop=True)
 
 
 def run(args: argparse.Namespace) -> int:

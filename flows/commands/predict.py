@@ -26,7 +26,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--out", required=True, metavar="FILE", help="the predictions (Parquet, one column: prediction)")
     p.add_argument("--device", choices=DEVICES, default="cpu", help="where the model runs (default: cpu)")
     p.add_argument("--batch-size", type=int, default=8192, metavar="N", help="rows per forward (default: 8192)")
-    p.set_defaults(handler=run)
+    p.set_defaults(handler=run, signals_stop=True)
 
 
 def run(args: argparse.Namespace) -> int:

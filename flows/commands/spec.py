@@ -66,7 +66,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     stats.add_argument("--out", metavar="SPEC2", required=True,
                        help="spec file to write, with the statistics: .parquet .arrow .feather .ipc .csv .yaml .json")
     add_flags(stats, StatsSettings)
-    stats.set_defaults(handler=run_stats)
+    stats.set_defaults(handler=run_stats, signals_stop=True)
 
 
 def run_validate(args: argparse.Namespace) -> int:

@@ -75,3 +75,28 @@ def test_bad_settings_exit_2_before_reading(tmp_path, capfd):
 
     missing = shardflow_here(capfd, "data", "criteo", str(tmp_path / "none"), "--out", str(tmp_path / "o"))
     assert missing.returncode == 2 and "--rows-per-table" in missing.stderr
+
+
+def test_sigterm_while_converting_exits_143_in_one_line_and_leaves_nothing_half_written(tmp_path):
+    """A SIGTERM (or SIGHUP) once killed the converter mid-file: its .tmp part stayed, and a rerun into
+    the same --out was refused as not empty."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from tests.paths import SHARDFLOW
+
+    tsv, out = tmp_path / "day_0", tmp_path / "out"
+    tsv.write_text((LINE + "\n") * 200_000)
+    converting = subprocess.Popen([SHARDFLOW, "data", "criteo", str(tsv), "--out", str(out), "--rows-per-table",
+                                   "1000"], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (out.is_dir() and any(n.endswith(".tmp") for n in os.listdir(out))):
+        assert converting.poll() is None and time.monotonic() < deadline, "the conversion ended before a part"
+        time.sleep(0.02)
+    converting.send_signal(signal.SIGTERM)
+    _, err = converting.communicate(timeout=60)
+    assert converting.returncode == 128 + signal.SIGTERM
+    assert err == "shardflow: stopped by SIGTERM; nothing half written is left\n"
+    assert not out.exists() or not [n for n in os.listdir(out) if n.endswith(".tmp")]

@@ -70,7 +70,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def run(args: argparse.Namespace) -> int:
     from rec.errors import InputError, Problem
     from rec.settings import from_flags
-    from tasks.outbox import Outbox
+    from tasks.outbox import Outbox, retry_command
     from tasks.records import ERROR
     from tasks.tracking import TrackingSettings, TrackingUnavailable, tracking_failure
     from tasks.tracking.store import open_read_only
@@ -102,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
     waiting = len(Outbox(tracking.outbox_dir).entries())
     if waiting:
         print(f"\n{waiting} record(s) wait in {tracking.outbox_dir} for MLflow, not shown (plans of `shardflow "
-              "plan` wait there for the next command that records): `shardflow outbox retry` delivers them")
+              f"plan` wait there for the next command that records): `{retry_command(tracking.outbox_dir)}` "
+              "delivers them")
     return ExitCode.OK
 
 

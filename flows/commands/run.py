@@ -176,24 +176,28 @@ def render_outcome(o: PipelineOutcome, tracking: Tracking) -> str:
 
 
 def hints(tracking: Tracking, plan_path: str) -> list[str]:
-    """Commands to look further, as they work when typed from here."""
+    """Commands to look further, as they work when typed from here (shell-quoted; ``--flag=VALUE``,
+    so that a value starting with '-' is no flag)."""
     from pathlib import Path
+    from shlex import quote
 
     from flows.reports import command
     from tasks.tracking import DEFAULT_EXPERIMENT, resolve_uri, sqlite_path, sqlite_uri
 
-    out = [f"show      {command('shardflow')} show {Path(plan_path).parent}"]
+    out = [f"show      {command('shardflow')} show {quote(str(Path(plan_path).parent))}"]
     default = tracking.uri == resolve_uri(None) and tracking.experiment == DEFAULT_EXPERIMENT
+
+    def where(uri: str) -> str:
+        return "" if default else f" --tracking-uri={quote(uri)} --experiment={quote(tracking.experiment)}"
+
     db = sqlite_path(tracking.uri)
     if db is not None:
         try:
             shown = sqlite_uri(db.relative_to(Path.cwd()))
         except ValueError:
             shown = tracking.uri
-        where = "" if default else f" --tracking-uri {shown} --experiment {tracking.experiment}"
-        out.append(f"browse    {command('shardflow')} ui{where}")
+        out.append(f"browse    {command('shardflow')} ui{where(shown)}")
     else:
         out.append(f"browse    {tracking.uri}")
-    out.append(f"compare   {command('shardflow')} compare" + ("" if default else
-               f" --tracking-uri {tracking.uri} --experiment {tracking.experiment}"))
+    out.append(f"compare   {command('shardflow')} compare{where(tracking.uri)}")
     return out

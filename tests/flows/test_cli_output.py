@@ -186,3 +186,21 @@ def test_show_rank_lists_the_costliest_shards_first_and_every_one_with_all(tmp_p
     assert not any(line.startswith("...") for line in every)
     assert main(["show", str(tmp_path / "p"), "--all"]) == 2  # --all lists a rank's shards: it once did nothing
     assert "--all: lists every shard of one rank: give it with --rank R" in capsys.readouterr().err
+
+
+def test_the_commands_run_prints_read_back_the_same_values_with_spaces_and_a_leading_dash(tmp_path, monkeypatch):
+    """`compare --experiment -x` was once printed as typed: a flag to argparse, and a path with a space
+    two arguments."""
+    import shlex
+
+    from flows.cli import build_parser
+    from flows.commands.run import hints
+    from tasks.tracking import Tracking
+
+    monkeypatch.chdir(tmp_path)
+    tracking = Tracking(f"sqlite:///{tmp_path / 'my runs' / 'mlflow.db'}", "-x y", str(tmp_path / "outbox"))
+    lines = hints(tracking, str(tmp_path / "out dir" / "plan" / "plan.json"))
+    parsed = [build_parser().parse_args(shlex.split(line.split(None, 1)[1])[1:]) for line in lines]
+    assert parsed[0].plan == str(tmp_path / "out dir" / "plan")
+    assert (parsed[1].tracking_uri, parsed[1].experiment) == ("sqlite:///my runs/mlflow.db", "-x y")
+    assert (parsed[2].tracking_uri, parsed[2].experiment) == (tracking.uri, "-x y")

@@ -124,7 +124,8 @@ def test_plan_replan_and_compare_see_each_others_plans(prefect_api, tmp_path, ml
     state = ["--tracking-uri", mlflow_uri, "--state-dir", str(tmp_path / "state")]
     assert main(["compare", *state, "--wide"]) == 0
     out = capsys.readouterr().out
-    assert "1 record(s) wait in" in out and "`shardflow outbox retry` delivers them" in out
+    # the command as it works typed here: this state folder, not the default one
+    assert "1 record(s) wait in" in out and f"`shardflow outbox retry --state-dir {tmp_path / 'state'}` delivers" in out
     assert main(["outbox", "retry", *state]) == 0
     capsys.readouterr()
     assert main(["compare", *state, "--wide"]) == 0

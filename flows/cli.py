@@ -35,6 +35,7 @@ from flows.commands import (
     ui,
 )
 from rec.errors import InputError, Problem
+from rec.errors import show as shown
 from rec.exit_codes import ExitCode, stopped_by
 from rec.stop_signals import Stopped, signals_stop
 
@@ -157,6 +158,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (OSError, ValueError):  # stdout is no file (a test's StringIO)
             pass
         return ExitCode.BROKEN_PIPE
+    except ValueError as e:
+        problems = _settings_problems(e)
+        if not problems:
+            raise
+        error = InputError("Prefect cannot read its settings (environment or profile):", problems)
+        print(f"shardflow: {error.render()}", file=sys.stderr)
+        return ExitCode.BAD_INPUT
     except OSError as e:
         if e.filename is None:
             raise
@@ -171,6 +179,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("shardflow: interrupted", file=sys.stderr)
         return ExitCode.INTERRUPTED
+
+
+def _settings_problems(e: ValueError) -> list[Problem]:
+    """A pydantic ValidationError of Prefect's settings (an environment variable such as
+    PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=abc fails ``import prefect``), one problem per
+    value; nothing for any other error."""
+    title = str(getattr(e, "title", ""))
+    errors = getattr(e, "errors", None)
+    if type(e).__name__ != "ValidationError" or not title.endswith("Settings") or not callable(errors):
+        return []
+    return [Problem(f"{title}.{'.'.join(map(str, error.get('loc', ())))}",
+                    f"{error.get('msg', 'invalid')}, got {shown(error.get('input'))}") for error in errors()]
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from rec import progress, startup_gc
+from rec.errors import InputError, Problem, printable
 from rec.train.lifetime import parent_death_signal
 
 STARTUP_TIMEOUT_S = 120
@@ -50,8 +51,17 @@ def startup_budget_s() -> int:
     Prefect profile), else ``STARTUP_TIMEOUT_S``."""
     from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, temporary_settings
 
-    with temporary_settings(set_defaults={PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: STARTUP_TIMEOUT_S}):
-        return int(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
+    try:
+        with temporary_settings(set_defaults={PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: STARTUP_TIMEOUT_S}):
+            budget = int(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
+    except ValueError as e:  # pydantic's ValidationError: not a number
+        budget, why = None, printable(str(e).strip().splitlines()[-1])
+    else:
+        why = f"got {budget}"
+    if budget is None or budget < 1:
+        raise InputError("Cannot start Prefect's local API:", [Problem(
+            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", f"needs a number of seconds, at least 1; {why}")])
+    return budget
 
 
 @contextlib.contextmanager
@@ -62,16 +72,23 @@ def ephemeral_api(meanwhile: Sequence[str] = ()) -> Iterator[None]:
     while the server starts (on another core, its start and these imports overlap)."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    if PREFECT_API_URL.value():
+    from flows.local_server import answers
+
+    configured = PREFECT_API_URL.value()
+    if configured:
+        if not answers(configured, healthy=False):  # else each flow fails with Prefect's tracebacks
+            raise InputError("Cannot start the flow:", [Problem(f"PREFECT_API_URL={configured}", (
+                "no Prefect server answers: start it, or unset PREFECT_API_URL (shardflow then starts one)"))])
         _import(meanwhile)
         yield
         return
+    budget = startup_budget_s()
     server = _Server()
     server.launch()
     try:
         _import(meanwhile)
         with progress.step("prefect", "starting Prefect's local API"):
-            server.wait(startup_budget_s())
+            server.wait(budget)
         with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
             yield
     finally:

@@ -287,8 +287,9 @@ def runner_deployments(prefect_file: str | Path = PREFECT_FILE, *,
     parameters = [merged(absolute_paths(flow, d.get("parameters") or {}, base),
                          absolute_paths(flow, overrides_for(flow, overrides), Path.cwd()))
                   for d, flow in entries]
-    problems += [p for (d, flow), params in zip(entries, parameters, strict=True)
-                 for p in settings_problems(flow, params, f"{prefect_file}: {d['name']}")]
+    if not problems:  # a parameter or --set key named above would be named again as an unknown setting
+        problems = [p for (d, flow), params in zip(entries, parameters, strict=True)
+                    for p in settings_problems(flow, params, f"{prefect_file}: {d['name']}")]
     missing = {(key, params[key]) for params in parameters for key in INPUT_FILES
                if isinstance(params.get(key), str) and not Path(params[key]).is_file()}
     problems += [Problem(key, f"no such file: {path}") for key, path in sorted(missing)]

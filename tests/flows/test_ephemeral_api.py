@@ -173,6 +173,6 @@ def test_a_server_that_keeps_failing_to_start_is_relaunched_a_few_times_then_nam
 def test_a_prefect_setting_no_flow_could_run_with_exits_2_in_one_line(tmp_path, env, expected):
     """Each was once a traceback of 60-110 lines, exit 1 (or a budget of -5 s, then a failed start)."""
     run = plan_only(tmp_path, "bad", **env)
-    out, err = run.communicate(timeout=120)
+    _, err = run.communicate(timeout=120)
     assert run.returncode == 2 and expected in err and "Traceback" not in err, err
     assert not (tmp_path / "bad").exists() and not servers_of(tmp_path)

@@ -89,6 +89,19 @@ class ReadOrder:
             rows = world * (rows - done) // after
         return rows
 
+    def position_problem(self, position: Position) -> str | None:
+        """Why ``position`` is no place in this order (a split or the rows read beyond a share of
+        the epoch: an edited position file); None where it is one."""
+        worlds = [*(w for w, _ in position.splits), position.world_size]
+        rows = self.total // worlds[0]
+        for (world, done), after in zip(position.splits, worlds[1:], strict=True):
+            if done > rows:
+                return f"a split of {world} ranks read {done:,} rows each, beyond their share of {rows:,}"
+            rows = world * (rows - done) // after
+        if position.rows > rows:
+            return f"{position.rows:,} rows read on each of {position.world_size} ranks, beyond their share of {rows:,}"
+        return None
+
     def advance(self, position: Position, rows: int) -> Position:
         """``position`` after every rank has read ``rows`` more rows (into later epochs as needed)."""
         left = self.share_rows(position) - position.rows

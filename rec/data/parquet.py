@@ -75,6 +75,9 @@ class ParquetSource:
     def advance(self, position: Position, rows: int) -> Position:
         return self.order.advance(position, rows)
 
+    def position_problem(self, position: Position) -> str | None:
+        return self.order.position_problem(position)
+
     def identity(self) -> dict[str, object]:
         return {"seed": self.order.seed, "shuffle": self.order.shuffle, "window": self.order.window,
                 "dataset": self.files.fingerprint}

@@ -32,6 +32,9 @@ class DataSource(Protocol):
     def advance(self, position: Position, rows: int) -> Position:
         """``position`` after every rank has read ``rows`` more rows."""
 
+    def position_problem(self, position: Position) -> str | None:
+        """Why ``position`` (read back from a checkpoint) is no place in this source; None if it is one."""
+
     def batches(self, position: Position, rank: int, batch_size: int) -> Iterator[Columns]:
         """Rank ``rank``'s batches of ``batch_size`` rows from ``position`` on, without end."""
 

@@ -80,6 +80,10 @@ class Feed:
         changed = [k for k, v in self.source.identity().items() if saved.get(k) != v]
         position = Position(int(saved["world_size"]), int(saved["epoch"]), int(saved["rows"]),
                             tuple((int(w), int(r)) for w, r in saved["splits"]))
+        problem = None if changed else self.source.position_problem(position)
+        if problem is not None:
+            raise InputError("Cannot resume from this checkpoint's data position:", [Problem(POSITION_FILE, (
+                f"{problem}: the file was edited; resume from another checkpoint, or train from scratch"))])
         if changed:
             self.start = Position(world_size, position.epoch + 1)
             self.resumed = (f"the data or its order changed since the checkpoint ({', '.join(changed)}): reading "
@@ -135,8 +139,9 @@ def read_position(step_dir: Path) -> dict[str, Any] | None:
         problems.take_from(record, "world_size", lambda v: integer(v, minimum=1))
         splits = record.get("splits")
         if not (isinstance(splits, list) and all(isinstance(s, list) and len(s) == 2 and
-                                                 all(isinstance(x, int) and x >= 0 for x in s) for s in splits)):
-            problems.add("splits", "expected a list of [world size, rows] pairs")
+                                                 all(isinstance(x, int) and not isinstance(x, bool) for x in s)
+                                                 and s[0] >= 1 and s[1] >= 0 for s in splits)):
+            problems.add("splits", "expected a list of [world size, rows] pairs (world sizes at least 1)")
     problems.raise_if_any(f"Cannot resume from this checkpoint's data position {path}:")
     assert isinstance(record, dict)
     return record

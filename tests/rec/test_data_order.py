@@ -93,3 +93,15 @@ def test_skip_and_pieces_cover_exact_ranges():
     assert skip(pieces, 6) == [Piece(1, 1, 3)]
     assert skip(pieces, 0) == pieces
     assert sum(map(len, ReadOrder(np.array([10, 10]), 0, False, 4).pieces(Position(3), 2))) == 6
+
+
+def test_every_position_a_run_reaches_is_a_place_in_the_order_and_an_edited_one_is_named():
+    """A checkpoint's data_position.json is read back: rows or splits beyond a share of the epoch (an
+    edited file) once gave '50000001 epochs' or a silently different reading."""
+    order = ReadOrder(group_rows(3, 23), seed=5, shuffle=True, window=17)
+    share = order.share_rows(Position(2))
+    reached = [order.advance(Position(2), rows) for rows in (0, 1, share - 1, share, 5 * share + 3)]
+    resplit = order.advance(Position(2), 7).on(3)
+    assert all(order.position_problem(p) is None for p in [*reached, resplit, order.advance(resplit, 11)])
+    assert "beyond their share" in (order.position_problem(Position(2, 0, share + 1)) or "")
+    assert "a split of 2 ranks read" in (order.position_problem(Position(3, 0, 0, ((2, share + 1),))) or "")

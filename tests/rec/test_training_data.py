@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from rec.errors import InputError
 from rec.planning import plan_spec
 from rec.spec import spec_from_rows
 from rec.topology import topology_from_dict
@@ -105,6 +106,12 @@ def test_a_resumed_training_is_the_same_model_as_an_unbroken_one(single_process_
                                                                    resume=True, seed=7))
     assert reordered.data.resumed == ("the data or its order changed since the checkpoint (seed): reading starts "
                                       "at epoch 1")  # the run says where it read, not only its progress line
+    saved = tmp_path / "b/checkpoints/step_00000050/data_position.json"
+    edited = json.loads(saved.read_text())
+    saved.write_text(json.dumps({**edited, "rows": 10**12}))  # once read on as "50000001 epochs"
+    with pytest.raises(InputError, match="data position") as refused:
+        train(plan_path, str(tmp_path / "b"), config(data, iterations=60, resume=True, seed=7))
+    assert "beyond their share of" in refused.value.render()
 
 
 @pytest.mark.parametrize("pipeline", [PipelineKind.NAIVE, PipelineKind.SPARSE_DIST])

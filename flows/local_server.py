@@ -197,20 +197,36 @@ class HideInterruptions(logging.Filter):
         return True
 
 
+class InputErrorsWithoutTraceback(logging.Filter):
+    """A flow run's record of bad input (an ``InputError``, whose message names every problem)
+    without its traceback: a served run that fails so once printed ~165 lines on every schedule tick."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        while error is not None:
+            if isinstance(error, InputError):
+                record.exc_info, record.exc_text = None, None
+                break
+            error = error.__cause__ or error.__context__
+        return True
+
+
 def _logging_settings_for_flow_runs() -> Path:
-    """Prefect's logging settings (the user's, or Prefect's own) with ``HideInterruptions`` on
-    its console handler, written to PREFECT_HOME for the flow-run processes to read."""
+    """Prefect's logging settings (the user's, or Prefect's own) with ``HideInterruptions`` and
+    ``InputErrorsWithoutTraceback`` on its console handler, written to PREFECT_HOME for the
+    flow-run processes to read."""
     import yaml
     from prefect.logging.configuration import DEFAULT_LOGGING_SETTINGS_PATH
     from prefect.settings import PREFECT_HOME, PREFECT_LOGGING_SETTINGS_PATH
 
     own = PREFECT_LOGGING_SETTINGS_PATH.value()
     settings = yaml.safe_load((own if own.exists() else DEFAULT_LOGGING_SETTINGS_PATH).read_text())
-    settings.setdefault("filters", {})["hide_interruptions"] = {
-        "()": f"{HideInterruptions.__module__}.{HideInterruptions.__name__}"}
+    ours = {"hide_interruptions": HideInterruptions, "input_errors_without_traceback": InputErrorsWithoutTraceback}
+    for name, cls in ours.items():
+        settings.setdefault("filters", {})[name] = {"()": f"{cls.__module__}.{cls.__name__}"}
     console = settings.get("handlers", {}).get("console")
     if console is not None:
-        console["filters"] = [*console.get("filters", []), "hide_interruptions"]
+        console["filters"] = [*console.get("filters", []), *ours]
     path = Path(PREFECT_HOME.value()) / LOGGING_SETTINGS
     path.parent.mkdir(parents=True, exist_ok=True)
     written = path.with_name(f".{path.name}.{os.getpid()}")

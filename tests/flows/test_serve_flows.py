@@ -84,3 +84,30 @@ def test_sigterm_stops_serve_its_server_and_the_flow_run_in_progress(tmp_path, m
     assert code == 0, serving.output()
     assert left == [], [p.cmdline() for p in left]
     assert "Traceback" not in serving.output(), serving.output()
+
+
+def test_a_served_runs_bad_input_is_logged_in_its_words_without_a_traceback(tmp_path):
+    """A served run that failed on bad input once printed ~165 lines of tracebacks on every tick."""
+    import logging
+    import sys
+
+    import yaml
+    from prefect.settings import PREFECT_HOME, temporary_settings
+
+    from flows.local_server import InputErrorsWithoutTraceback, _logging_settings_for_flow_runs
+    from rec.errors import InputError, Problem
+
+    def record_of(error: BaseException) -> logging.LogRecord:
+        try:
+            raise RuntimeError("Engine execution exited with unexpected exception") from error
+        except RuntimeError:
+            return logging.LogRecord("prefect.flow_runs", logging.ERROR, __file__, 1, "run failed", None,
+                                     sys.exc_info())
+
+    bad = record_of(InputError("Invalid spec s.yaml:", [Problem("table x", "num_embeddings: must be >= 1")]))
+    assert InputErrorsWithoutTraceback().filter(bad) and "Traceback" not in logging.Formatter().format(bad)
+    fault = record_of(OSError("disk"))
+    assert InputErrorsWithoutTraceback().filter(fault) and "Traceback" in logging.Formatter().format(fault)
+    with temporary_settings(updates={PREFECT_HOME: tmp_path}):
+        settings = yaml.safe_load(_logging_settings_for_flow_runs().read_text())
+    assert "input_errors_without_traceback" in settings["handlers"]["console"]["filters"]

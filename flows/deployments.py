@@ -21,7 +21,7 @@ import yaml
 
 from rec.errors import InputError, Problem, printable, show
 from rec.settings import check, from_dict, is_path, resolve_paths, setting_at
-from tasks.tracking import sqlite_path, sqlite_uri
+from tasks.tracking import TrackingSettings, sqlite_path, sqlite_uri
 
 if TYPE_CHECKING:
     from prefect import Flow
@@ -322,7 +322,7 @@ def settings_problems(flow: Flow[..., Any], parameters: Mapping[str, Any], where
         except InputError as e:
             problems += [Problem(f"{where}: {p.where}", p.reason) for p in e.problems]
             continue
-        if getattr(settings, "track", True) is False:
+        if isinstance(settings, TrackingSettings) and not settings.track:
             problems.append(Problem(f"{where}: {key}.track", "is false; the flows always record"))
     return problems
 

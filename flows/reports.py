@@ -239,8 +239,12 @@ def render_resumed(metrics: TrainMetrics, resume_from: str | None) -> str:
     if metrics.resumed_from and other is not None:
         return (f"resumed   from run {other.run_id}'s checkpoint at step {metrics.resumed_from} "
                 f"(--out {other.out_dir})")
+    restarted = (f", after {metrics.restarts} restart{'s' if metrics.restarts > 1 else ''} of the ranks "
+                 "(a rank failed; --max-restarts)") if metrics.restarts else ""
     if metrics.resumed_from:
-        return f"resumed   from this plan's own checkpoint at step {metrics.resumed_from}"
+        return f"resumed   from this plan's own checkpoint at step {metrics.resumed_from}{restarted}"
+    if restarted:
+        return f"restarted from iteration 0 (no checkpoint yet){restarted}"
     return ""
 
 

@@ -46,7 +46,7 @@ from rec.train.model import build_model
 from rec.train.model_file import record_model
 from rec.train.ownership import this_run
 from rec.train.rank_log import RankOutput
-from rec.train.rank_process import check_world_size, process_group, run_rank
+from rec.train.rank_process import check_world_size, process_group, restart_count, run_rank
 from rec.train.resume import checkpoint_dir
 from rec.train.start import Start, start
 
@@ -150,7 +150,7 @@ def _metrics(plan: Plan, spec: Spec, config: TrainConfig, world: int, batch_size
         model=config.model_target or resolve_model_kind(spec, config.model_kind).value, iteration_latency_ms=stats,
         loss=loss_stats(rows.loss), samples_per_s=world * batch_size / (stats.mean / 1e3),
         applied_sharding=applied_sharding(dmp), resumed_from=begin.iteration, resume=begin.resume,
-        resumed_run=begin.resumed_run,
+        resumed_run=begin.resumed_run, restarts=restart_count(),
         predicted_critical_path_ms=predicted_critical_path(plan),
         data_wait_ms=latency_stats(rows.measured_ms("data_wait_ms")) if len(rows) else None,
         data=_data_read(config, feed), eval=({k: v for k, v in evaluations[-1].items() if k != "iteration"}

@@ -158,6 +158,9 @@ class TrainMetrics:
     # The run whose checkpoint this one resumed from (at ``resumed_from``), when another run's: one
     # that wrote into another output directory (``rec.train.ownership``).
     resumed_run: Run | None = None
+    # torchrun's restarts of the ranks before the run ended (a rank failed; --max-restarts): each
+    # went on from the newest checkpoint. Absent from the files of earlier versions: 0.
+    restarts: int = 0
 
 
 def read_metrics(out_dir: str | Path) -> TrainMetrics:
@@ -196,6 +199,7 @@ def _read_metrics(value: object, problems: Problems) -> TrainMetrics | None:
     latency = _stats(m, "iteration_latency_ms", problems)
     loss = _stats(m, "loss", problems)
     count = {key: problems.take_from(m, key, _count) for key in _COUNTS}
+    restarts = problems.take_from(m, "restarts", _count) if m.get("restarts") is not None else 0
     text = {key: problems.take_from(m, key, _text) for key in ("plan_id", "pipeline", "model")}
     samples = problems.take_from(m, "samples_per_s", finite_number)
     predicted = (None if m.get("predicted_critical_path_ms") is None
@@ -227,7 +231,8 @@ def _read_metrics(value: object, problems: Problems) -> TrainMetrics | None:
         samples_per_s=float(samples or 0.0), applied_sharding=dict(sharding), resumed_from=counts["resumed_from"],
         planned_in_job=m.get("planned_in_job") is True, resume=resume, predicted_critical_path_ms=predicted,
         data_wait_ms=LatencyStats(*wait) if wait else None, data=data, eval=last,
-        evaluations=tuple(e for e in evaluations if e is not None), resumed_run=resumed_run)
+        evaluations=tuple(e for e in evaluations if e is not None), resumed_run=resumed_run,
+        restarts=int(restarts or 0))
 
 
 _COUNTS = ("world_size", "iterations", "warmup", "batch_size", "resumed_from")

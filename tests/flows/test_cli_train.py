@@ -100,7 +100,9 @@ def test_a_killed_rank_is_restarted_and_resumes_from_the_last_checkpoint(plan_di
                        "--max-restarts", "1")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     m = json.loads((tmp_path / "train_metrics.json").read_text())
-    assert m["resumed_from"] == 6
+    assert m["resumed_from"] == 6 and m["restarts"] == 1
+    # the restart is said: the summary once read as a plain resume
+    assert "resumed   from this plan's own checkpoint at step 6, after 1 restart of the ranks" in r.stdout
     assert (tmp_path / "checkpoints" / "LATEST").read_text() == "step_00000009"  # docs/training.md's format
     assert unwritten_entries(tmp_path / "checkpoints") == []  # all shardflow's own, restarts and all
     assert f"checkpoints {tmp_path / 'checkpoints'}" in r.stdout.splitlines()  # the summary says where they went

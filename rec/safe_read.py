@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from rec.errors import Problem
 from rec.units import format_bytes
 
 CHUNK = 1 << 20  # bytes per read: a large file is never asked for in one allocation
@@ -51,6 +52,16 @@ def kind(mode: int) -> str:
     if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
         return "a device"
     return "a regular file" if stat.S_ISREG(mode) else "not a regular file"
+
+
+def owned_link(path: str | Path) -> Problem | None:
+    """``path``, a folder shardflow makes inside one the user named (``OUT/logs``, ``OUT/checkpoints``,
+    the state folder's outbox and plan cache), where it is a symbolic link or anything but a folder."""
+    mode = os.lstat(path).st_mode if os.path.lexists(path) else None
+    if mode is None or stat.S_ISDIR(mode):
+        return None
+    return Problem(str(path), f"is {kind(mode)}, not a folder: shardflow follows no link out of a folder it owns; "
+                              "remove it")
 
 
 def open_folder(name: str | Path, dir_fd: int | None = None) -> int:

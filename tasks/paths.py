@@ -53,22 +53,9 @@ def _owned(state_dir: str, name: str) -> str:
 def state_problems(state_dir: str, names: tuple[str, ...] = (OUTBOX, PLAN_CACHE)) -> list[Problem]:
     """The folders shardflow keeps in ``state_dir`` where one is a link or no folder: shardflow follows
     no link out of a folder it owns (its outbox and plan cache would be written elsewhere)."""
-    import stat
+    from rec.safe_read import owned_link
 
-    from rec.errors import Problem
-    from rec.safe_read import kind
-
-    problems = []
-    for name in names:
-        path = Path(state_dir, name)
-        try:
-            mode = path.lstat().st_mode
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        if not stat.S_ISDIR(mode):
-            problems.append(Problem(str(path), f"is {kind(mode)}, not a folder: shardflow follows no link out of "
-                                               "a folder it owns; remove it"))
-    return problems
+    return [p for name in names if (p := owned_link(Path(state_dir, name))) is not None]
 
 
 def unmakeable(path: str | None, flag: str) -> list[Problem]:

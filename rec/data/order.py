@@ -83,23 +83,26 @@ class ReadOrder:
 
     def share_rows(self, position: Position) -> int:
         """Rows each rank reads in ``position``'s split of its epoch."""
+        return self._shares(position)[-1]
+
+    def _shares(self, position: Position) -> list[int]:
+        """Rows each rank reads in every split of ``position``'s epoch, its current split last."""
         worlds = [*(w for w, _ in position.splits), position.world_size]
-        rows = self.total // worlds[0]
+        shares = [self.total // worlds[0]]
         for (world, done), after in zip(position.splits, worlds[1:], strict=True):
-            rows = world * (rows - done) // after
-        return rows
+            shares.append(world * (shares[-1] - done) // after)
+        return shares
 
     def position_problem(self, position: Position) -> str | None:
         """Why ``position`` is no place in this order (a split or the rows read beyond a share of
         the epoch: an edited position file); None where it is one."""
-        worlds = [*(w for w, _ in position.splits), position.world_size]
-        rows = self.total // worlds[0]
-        for (world, done), after in zip(position.splits, worlds[1:], strict=True):
-            if done > rows:
-                return f"a split of {world} ranks read {done:,} rows each, beyond their share of {rows:,}"
-            rows = world * (rows - done) // after
-        if position.rows > rows:
-            return f"{position.rows:,} rows read on each of {position.world_size} ranks, beyond their share of {rows:,}"
+        shares = self._shares(position)
+        for (world, done), share in zip(position.splits, shares, strict=False):  # the current split: last
+            if done > share:
+                return f"a split of {world} ranks read {done:,} rows each, beyond their share of {share:,}"
+        if position.rows > shares[-1]:
+            return (f"{position.rows:,} rows read on each of {position.world_size} ranks, beyond their share "
+                    f"of {shares[-1]:,}")
         return None
 
     def advance(self, position: Position, rows: int) -> Position:

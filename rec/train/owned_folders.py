@@ -16,7 +16,7 @@ import stat
 from pathlib import Path
 
 from rec.errors import Problem
-from rec.safe_read import kind
+from rec.safe_read import kind, owned_link
 
 DEPTH = 2  # a checkpoint directory's files, and its step directories' files
 
@@ -48,16 +48,6 @@ def folder_problems(folder: str | Path, made: bool, depth: int = DEPTH) -> list[
     must not be a link), else what ``foreign_entries`` finds in it."""
     linked = owned_link(folder) if made else None
     return [linked] if linked is not None else foreign_entries(folder, depth)
-
-
-def owned_link(path: str | Path) -> Problem | None:
-    """``path``, a folder shardflow makes inside one the user named (``OUT/logs``, ``OUT/checkpoints``),
-    where it is a symbolic link or anything but a folder."""
-    mode = os.lstat(path).st_mode if os.path.lexists(path) else None
-    if mode is None or stat.S_ISDIR(mode):
-        return None
-    return Problem(str(path), f"is {kind(mode)}, not a folder: shardflow follows no link out of a folder it owns; "
-                              "remove it")
 
 
 # What a training writes where its checkpoints go, beside its step directories: the plan copy, model.json,

@@ -138,10 +138,15 @@ def uri_problems(uri: str) -> list[str]:
     if scheme in ("", "file") and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("true", "1"):
         path = Path(parts.path if scheme == "file" else uri)
         if path.is_file():
-            return [f"is a file, not a file store (a folder): a SQLite store is named sqlite:///{path.resolve()}"]
+            return [not_a_file_store(path)]
         return ["is a file store (a folder of runs), which MLflow 3 refuses unless MLFLOW_ALLOW_FILE_STORE=true: "
                 "name a SQLite store, sqlite:///PATH"]
     return []
+
+
+def not_a_file_store(path: Path) -> str:
+    """A file given where a file store (a folder) goes: most likely a SQLite store named without its scheme."""
+    return f"is a file, not a file store (a folder): a SQLite store is named sqlite:///{path.resolve()}"
 
 
 def _plugin_schemes() -> set[str]:

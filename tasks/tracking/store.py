@@ -20,7 +20,7 @@ from urllib.parse import quote, urlparse
 
 from rec.file_lock import holding, open_lock_file
 from tasks.paths import safe_dir_name
-from tasks.tracking.settings import ARTIFACTS_DIR, Tracking, sqlite_path
+from tasks.tracking.settings import ARTIFACTS_DIR, Tracking, not_a_file_store, sqlite_path
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -173,8 +173,7 @@ def check_readable(uri: str) -> None:
     if parsed.scheme in ("", "file"):
         root = Path(parsed.path if parsed.scheme else uri)
         if root.is_file():
-            raise TrackingUnavailable(f"{root} is a file, not a file store (a folder): a SQLite store is named "
-                                      f"sqlite:///{root.resolve()}")
+            raise TrackingUnavailable(f"{root} {not_a_file_store(root)}")
         if not root.is_dir():
             raise TrackingUnavailable(f"no MLflow store at {root} (a command that records makes one)")
         if not any((root / where / "meta.yaml").is_file() for where in ("0", ".trash/0")):

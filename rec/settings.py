@@ -29,12 +29,13 @@ MAX_TIME_LIMIT_S = 24 * 3600.0  # any time limit a knob takes: a day
 
 def knob(help: str, *, flag: str | None = None, minimum: float | None = None,
          maximum: float | None = None, metavar: str | None = None, cli: bool = True,
-         path: bool = False) -> dict[str, Any]:
+         path: bool = False, above: float | None = None) -> dict[str, Any]:
     """Field metadata: the help text, the flag name (default: the field name with dashes), bounds
     (inclusive) checked by ``check``, the value's name in --help, ``cli=False`` for fields
-    that get no flag, and ``path=True`` for a file or directory (``resolve_paths``)."""
+    that get no flag, ``path=True`` for a file or directory (``resolve_paths``), and ``above``: an
+    exclusive lower bound (a time limit of 0 s that could only time nothing)."""
     return {"help": help, "flag": flag, "minimum": minimum, "maximum": maximum,
-            "metavar": metavar, "cli": cli, "path": path}
+            "metavar": metavar, "cli": cli, "path": path, "above": above}
 
 
 def is_path(f: dataclasses.Field[Any]) -> bool:
@@ -294,6 +295,8 @@ def _bound_problems(settings: Any, where: Mapping[str, str]) -> Iterator[Problem
             yield Problem(name, f"must be a finite number, got {value}")
         elif low is not None and value < low:
             yield Problem(name, f"must be at least {_number(low)}, got {_number(value)}")
+        elif f.metadata.get("above") is not None and value <= f.metadata["above"]:
+            yield Problem(name, f"must be above {_number(f.metadata['above'])}, got {_number(value)}")
         elif high is not None and value > high:
             yield Problem(name, f"must be at most {_number(high)}, got {_number(value)}")
 

@@ -66,7 +66,7 @@ class CalibrateSettings:
     warmup: int = field(default=3, metadata=knob("untimed iterations before them", minimum=0, maximum=10_000))
     time_limit_s: float = field(default=30.0, metadata=knob(
         "seconds one probe may take: its timed iterations stop there; a probe whose warm-up and first "
-        "iteration take longer is left out of the fit", flag="time-limit", minimum=0.0, maximum=MAX_TIME_LIMIT_S,
+        "iteration take longer is left out of the fit", flag="time-limit", above=0.0, maximum=MAX_TIME_LIMIT_S,
         metavar="SECONDS"))
     seed: int = field(default=0, metadata=knob("random seed of the synthetic ids and of the probe order"))
     name: str | None = field(default=None, metadata=knob(

@@ -153,15 +153,19 @@ def check_own_checkpoint(job: TrainConfig, out_dir: str, run: Run | None = None,
     later). Returns a line saying whose checkpoint the run continues when another run (``run``: this
     one) wrote it, or that there is none to continue."""
     from rec.train.ownership import another_runs
-    from rec.train.resume import checkpoint_dir, step_dir
+    from rec.train.resume import another_plans, checkpoint_dir, step_dir
 
     newest = _newest_checkpoint(job, out_dir)
     if newest is None:  # a retry of a training that stopped before its first checkpoint starts over
         directory = checkpoint_dir(job, out_dir)
         return f"resume    no complete checkpoint in {directory} (no LATEST): training from iteration 0"
+    directory, step = newest
+    if plan is not None:
+        problem = another_plans(directory, plan)
+        if problem:
+            raise InputError(f"Cannot resume from {directory}:", [problem])
     from rec.train.checkpoint import check_index  # imports torch: only for a checkpoint to read
 
-    directory, step = newest
     at = step_dir(directory, step)
     check_index(at, None if plan is None else plan.spec)
     if plan is not None:

@@ -48,4 +48,4 @@ class MeasureConfig:
     time_limit_s: float = field(default=600.0, metadata=knob(
         "seconds one plan may take: its timed blocks stop there (at least one is kept); a plan whose "
         "warm-up and first block take longer is reported as timed out", flag="time-limit",
-        minimum=0.0, maximum=MAX_TIME_LIMIT_S, metavar="SECONDS"))
+        above=0.0, maximum=MAX_TIME_LIMIT_S, metavar="SECONDS"))

@@ -82,6 +82,21 @@ def resume_source(path: str | Path) -> ResumeSource:
     return ResumeSource(str(directory), step, read_plan(directory / PLAN_COPY))
 
 
+def another_plans(directory: str | Path, plan: Plan) -> Problem | None:
+    """For ``--resume``: where the checkpoints in ``directory`` were written under another plan than
+    ``plan`` (its plan copy says so), the Problem naming it; None for the same plan or no copy. The
+    ranks would reshard them, but the checkpoints and the training's iterations would then mix plans."""
+    copy = Path(directory) / PLAN_COPY
+    if not copy.is_file():
+        return None
+    written = read_plan(copy)
+    if written.plan_id == plan.plan_id:
+        return None
+    return Problem(str(directory), (
+        f"holds plan {written.plan_id}'s checkpoints, not plan {plan.plan_id}'s: --resume goes on with "
+        f"their plan; --resume-from this directory, with another --out, starts plan {plan.plan_id} from them"))
+
+
 def check_one_training(plan: Plan, model_spec: Spec, directory: Path, title: str) -> None:
     """InputError where a checkpoint directory's plan copy plans other tables than its ``model.json``
     records (``model_spec``): files of two trainings in one directory."""

@@ -74,3 +74,25 @@ def test_resume_of_a_training_whose_checkpoint_was_replaced_exits_2_before_launc
                  "--resume", "--no-track"])
     assert_refused(code, capfd.readouterr().err, marker)
     assert not (out / "logs").exists() and not (out / "train_metrics.json").exists()
+
+
+def test_resume_into_the_checkpoints_of_another_plan_is_refused_naming_resume_from(plan_dir, tmp_path, capfd):
+    """Its ranks would reshard them, but the checkpoint directory's plan copy, its older steps and the
+    training's iterations would then mix two plans. Refused before its index is read."""
+    topology = tmp_path / "half_batch.yaml"
+    topology.write_text(CPU_2PROC.read_text().replace("batch_size: 512", "batch_size: 256"))
+    other = tmp_path / "other_plan"
+    assert main(["plan", "--no-track", str(DEMO), "--topology", str(topology), "--out", str(other),
+                 "--no-chart"]) == 0
+    marker = tmp_path / "ran"
+    out = tmp_path / "out"
+    checkpoints = checkpoints_with(payloads(marker)["protocol 2 GLOBAL"], out / "checkpoints", other)
+    capfd.readouterr()
+    code = main(["train", "--plan", str(plan_dir), "--out", str(out), "--iterations", "6", "--warmup", "1",
+                 "--resume", "--no-track"])
+    err = capfd.readouterr().err
+    assert code == 2 and "Traceback" not in err and not marker.exists()
+    message = err[err.index("shardflow: "):].strip().splitlines()
+    assert len(message) == 2 and message[1].startswith(f"  - {checkpoints}: holds plan ")
+    assert "--resume-from this directory, with another --out" in message[1]
+    assert not (out / "logs").exists() and not (out / "train_metrics.json").exists()

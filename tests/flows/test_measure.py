@@ -96,7 +96,7 @@ def test_measure_writes_predicted_against_measured_per_rank_and_records_a_measur
 def test_a_calibration_whose_probes_all_time_out_exits_2_and_writes_no_profile(tmp_path):
     profile = tmp_path / "cpu.yaml"
     r = shardflow("calibrate", "--topology", str(CPU_2PROC), "--out", str(profile), "--work", str(tmp_path / "w"),
-                  "--quick", "--max-probes", "2", "--time-limit", "0", "--warmup", "1")
+                  "--quick", "--max-probes", "2", "--time-limit", "0.001", "--warmup", "1")
     assert r.returncode == 2, r.stdout[-3000:] + r.stderr[-3000:]
     assert "Cannot fit a profile" in r.stderr and "timed out" in r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.splitlines()) <= SCREEN_LINES
@@ -107,6 +107,9 @@ def test_a_calibration_whose_probes_all_time_out_exits_2_and_writes_no_profile(t
     (["measure", "--plan", "{plan}", "--nproc-per-node", "3"], "3 processes, but the plan is for 2 ranks"),
     (["measure", "--plan", "{tmp}/nowhere"], "nowhere"),
     (["measure", "--plan", "{plan}", "--iterations", "0"], "--iterations"),
+    (["measure", "--plan", "{plan}", "--time-limit", "0"], "--time-limit: must be above 0"),  # it could time nothing
+    (["calibrate", "--topology", str(CPU_2PROC), "--out", "{tmp}/p.yaml", "--time-limit", "0"],
+     "--time-limit: must be above 0"),
     (["calibrate", "--topology", str(CPU_2PROC), "--out", "{tmp}/p.txt"], "give a .yaml or .yml file name"),
     (["calibrate", "--topology", str(CPU_2PROC), "--out", "{tmp}/p.yaml", "--rounds", "0"], "--rounds"),
     (["calibrate", "--topology", "{tmp}/none.yaml", "--out", "{tmp}/p.yaml"], "none.yaml"),

@@ -271,14 +271,20 @@ def to_flags(settings: Any, rename: Mapping[str, str] | None = None) -> list[str
 
 
 def check(settings: Any, title: str, where: Mapping[str, str] | None = None) -> None:
-    """InputError naming every field outside its bounds, then whatever the settings' own
-    ``problems()`` method reports. ``where`` names fields as the user wrote them (e.g. flags)."""
+    """InputError (``settings_problems``) when the settings have any problem."""
+    problems = settings_problems(settings, where)
+    if problems:
+        raise InputError(title, problems)
+
+
+def settings_problems(settings: Any, where: Mapping[str, str] | None = None) -> list[Problem]:
+    """Every field outside its bounds, then whatever the settings' own ``problems()`` method
+    reports. ``where`` names fields as the user wrote them (e.g. flags)."""
     problems = list(_bound_problems(settings, where or {}))
     extra = getattr(settings, "problems", None)
     if callable(extra):
         problems += extra()
-    if problems:
-        raise InputError(title, problems)
+    return problems
 
 
 def _bound_problems(settings: Any, where: Mapping[str, str]) -> Iterator[Problem]:

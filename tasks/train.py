@@ -21,7 +21,7 @@ from rec import progress
 from rec.analysis import check_plan
 from rec.errors import InputError, Problem
 from rec.plan import Plan, plan_file, read_plan
-from rec.settings import check, knob
+from rec.settings import check, knob, settings_problems
 from rec.spec.types import Spec
 from rec.topology.types import Topology
 from rec.train.config import FAIL_AT_ENV, TrainConfig
@@ -92,28 +92,45 @@ def preflight(settings: TrainSettings, topology: Topology, spec: Spec | None = N
     InputError naming every problem. ``topology``: the plan's; ``--data`` and ``--eval-data``
     (their files, columns and a sample of rows) are checked against ``spec``'s tables, and so is the
     model of ``--model TARGET``. Returns the processes to start on this node."""
-    problems: list[Problem] = []
-    try:
-        check(settings, "")
-    except InputError as e:
-        problems += e.problems
+    problems = settings_problems(settings)
+    refused = {p.where for p in problems}  # settings the checks below would misread
     nproc = settings.nproc_per_node or topology.local_world_size
     world, planned = settings.nnodes * nproc, topology.world_size
-    if world != planned:
-        problems.append(Problem("world size", f"--nnodes {settings.nnodes} x --nproc-per-node {nproc} = "
-                                              f"{world} processes, but the plan is for {planned} ranks"))
-    problems += _device_problems(topology.compute_device.value, nproc)
+    others: list[Problem] = []
+    if world != planned and not refused & {"--nnodes", "--nproc-per-node"}:
+        others.append(Problem("world size", f"--nnodes {settings.nnodes} x --nproc-per-node {nproc} = "
+                                            f"{world} processes, but the plan is for {planned} ranks"))
+    if nproc >= 1:
+        others += _device_problems(topology.compute_device.value, nproc)
     if settings.rdzv_endpoint:
-        problems += _endpoint_problems(settings.rdzv_endpoint)
-    if spec is not None:
-        problems += _data_problems(settings.job, spec, world)
+        others += _endpoint_problems(settings.rdzv_endpoint)
+    if spec is not None and world >= 1 and "--dense-in-features" not in refused:
+        others += _data_problems(settings.job, spec, world)
     if settings.job.model_target and spec is not None:
         from rec.train.user_model import user_model_problems
 
-        problems += user_model_problems(settings.job.model_target, spec)
-    if problems:
-        raise InputError("Cannot train with this plan here:", problems)
+        others += user_model_problems(settings.job.model_target, spec)
+    if problems or others:
+        title = ("Cannot train with these settings and this plan here:" if problems and others
+                 else "Cannot train with these settings:" if problems else "Cannot train with this plan here:")
+        raise InputError(title, problems + others)
     return nproc
+
+
+def check_settings(settings: TrainSettings, plan_path: str | None = None) -> None:
+    """InputError for bad settings, before anything is made; beside them it names what
+    ``preflight`` finds with the plan at ``plan_path`` (the plan's own problems where it cannot
+    be read), so that one message names every problem."""
+    if not settings_problems(settings):
+        return
+    if plan_path is not None:
+        try:
+            plan = read_plan(plan_path)
+        except InputError as e:
+            raise InputError("Cannot train with these settings and this plan:",
+                             [*settings_problems(settings), *e.problems]) from None
+        preflight(settings, plan.topology, plan.spec)
+    check(settings, "Cannot train with these settings:")
 
 
 def _data_problems(job: TrainConfig, spec: Spec, world: int) -> list[Problem]:
@@ -259,7 +276,7 @@ def prepare(plan_path: str, out_dir: str, settings: TrainSettings, run: Run | No
     """The plan's id and the checked torchrun launch of ``run``; InputError for anything that would
     fail the job for certain (see ``preflight``), the plan's soundness included. A ``--resume`` of
     another run's checkpoint says so on stderr, in one line."""
-    check(settings, "Cannot train with these settings:")
+    check_settings(settings, plan_path)
     continues = ""
     with progress.step("check", "the plan, and what it needs of this machine"):
         plan = read_plan(plan_path)

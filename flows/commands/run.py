@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     from flows.start import Ingested
     from rec.errors import InputError, Problem
     from rec.exit_codes import stopped_by
-    from rec.settings import check, from_flags
+    from rec.settings import from_flags, settings_problems
     from tasks.ingest import ingest
     from tasks.launch import Stopped
     from tasks.paths import unmakeable
@@ -80,10 +80,8 @@ def run(args: argparse.Namespace) -> int:
     searching, training = from_flags(SearchSettings, args), from_flags(TrainSettings, args)
     tracking = from_flags(TrackingSettings, args)
     # What would fail for certain exits 2 here, in seconds, before Prefect starts.
-    check(searching, "Cannot plan with these settings:")
-    if not args.plan_only:
-        check(training, "Cannot train with these settings:")
-    problems = unmakeable(args.out, "--out") + unmakeable(tracking.state_dir, "--state-dir")
+    problems = settings_problems(searching) + ([] if args.plan_only else settings_problems(training))
+    problems += unmakeable(args.out, "--out") + unmakeable(tracking.state_dir, "--state-dir")
     if args.train_retries < 0:
         problems.append(Problem("--train-retries", "must be at least 0"))
     if problems:

@@ -53,15 +53,15 @@ def run(args: argparse.Namespace) -> int:
     from flows.commands.launch_faults import launch_faults
     from flows.progress import on_terminal
     from rec.plan import read_plan
-    from rec.settings import check, from_flags
+    from rec.settings import from_flags
     from tasks.records import now_ms
     from tasks.run_dirs import RunDirs
     from tasks.tracking import TrackingSettings
-    from tasks.train import TrainingFailed, TrainSettings, train
+    from tasks.train import TrainingFailed, TrainSettings, check_settings, train
 
     started, started_ms = time.perf_counter(), now_ms()
     settings = from_flags(TrainSettings, args)
-    check(settings, "Cannot train with these settings:")
+    check_settings(settings, args.plan)
     tracking = from_flags(TrackingSettings, args)
     records_run = tracking.track and settings.node_rank == 0
     dirs = RunDirs.of(args.out)

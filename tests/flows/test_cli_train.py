@@ -41,6 +41,22 @@ def test_a_world_size_that_does_not_match_the_plan_exits_2(plan_dir, tmp_path, c
     assert "Traceback" not in r.stderr
 
 
+def test_bad_settings_are_named_with_the_datas_and_the_endpoints_problems_in_one_message(plan_dir, tmp_path, capfd):
+    """The settings were once refused alone: the data's problem came only on the next try."""
+    bad = tmp_path / "day1.parquet"
+    bad.write_bytes(b"no")
+    r = shardflow_here(capfd, "train", "--no-track", "--plan", str(plan_dir), "--out", str(tmp_path / "out"),
+                       "--iterations", "0", "--data", str(bad), "--rdzv-endpoint", "nohost.invalid:1")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert lines[0] == "shardflow: Cannot train with these settings and this plan here:"
+    assert [line.split(":")[0].strip() for line in lines[1:]] == [
+        "- --iterations", "- --warmup", "- --rdzv-endpoint", f"- --data {bad}"]
+    assert not (tmp_path / "out").exists()
+    r = shardflow_here(capfd, "train", "--no-track", "--plan", str(tmp_path / "nowhere"), "--iterations", "0")
+    assert r.returncode == 2 and "--iterations" in r.stderr and "nowhere: no such file" in r.stderr
+
+
 def test_links_where_the_training_writes_its_logs_and_checkpoints_exit_2_before_launch(plan_dir, tmp_path, capfd):
     """A log file linked to a file elsewhere (it would be appended to), a step directory linked to a
     folder elsewhere (the checkpoint would be written there), a checkpoint folder that is a link: each

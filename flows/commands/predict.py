@@ -53,5 +53,8 @@ def run(args: argparse.Namespace) -> int:
         done = predict(args.model, args.data, args.out, torch.device(args.device), args.batch_size,
                        lambda rows, total: progress.update(f"{rows:,}/{total:,} rows", rows, total))
     print(f"predicted {done.rows:,} rows")
+    if done.undefined:
+        print(f"note      {done.undefined:,} of the predictions are NaN: the model's output is not finite for "
+              "those rows (dense values too large for it?)")
     print(f"wrote     {done.out} (column prediction: the click probability, one row per input row, in order)")
     return ExitCode.OK

@@ -254,15 +254,18 @@ def _labels(column: pa.ChunkedArray, locate: Locate, what: str, problems: list[P
     if array.null_count:
         problems.append(Problem(where, f"{_count(array.null_count, 'null label')} in {len(array):,} rows read, "
                                        f"first at {locate(_first(nulls))}"))
-        array = pc.fill_null(array, 0)  # the other rows' labels are checked all the same
+        # the other rows' labels are checked all the same (a bool column's null filled as False)
+        array = pc.fill_null(array, pa.scalar(0).cast(array.type) if pa.types.is_boolean(array.type) else 0)
     if pa.types.is_decimal(array.type):
         array = array.cast(pa.float64())
-    values: np.ndarray = array.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
-    bad = (values != 0) & (values != 1) & ~nulls
+    # Checked before float32 rounds 0.99999999 or 1e-50 to a label it is not.
+    exact: np.ndarray = array.to_numpy(zero_copy_only=False)
+    bad = (exact != 0) & (exact != 1) & ~nulls
     if bad.any():
         first = _first(bad)
-        problems.append(Problem(where, f"{_count(int(bad.sum()), 'label')} not 0 or 1 in {len(values):,} rows read, "
-                                       f"first {values[first]:g} at {locate(first)}"))
+        problems.append(Problem(where, f"{_count(int(bad.sum()), 'label')} not 0 or 1 in {len(exact):,} rows read, "
+                                       f"first {float(exact[first]):.15g} at {locate(first)}"))
+    values = exact.astype(np.float32, copy=False)
     return np.zeros(len(array), np.float32) if nulls.any() else values
 
 

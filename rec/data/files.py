@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from rec.errors import InputError, Problem
+from rec.errors import InputError, Problem, printable
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -49,6 +49,7 @@ class DataFiles:
     schemas: tuple[tuple[int, pa.Schema], ...]  # each distinct schema, with the first file that has it
     filesystem: pafs.FileSystem
     fingerprint: str = field(default="")  # of the paths and row counts: the same files, the same rows
+    stamp: str = field(default="")  # of the files' sizes and modification times: a file rewritten since
 
     @property
     def rows(self) -> int:
@@ -63,6 +64,15 @@ class DataFiles:
         """A row for a message: ``row 17 of data/part-3.parquet``."""
         return f"row {row:,} of {self.paths[file]}"
 
+    def unreadable(self, group: RowGroup, error: BaseException) -> Problem:
+        """A row group Arrow cannot read although its footer was read: the file's pages are damaged,
+        or the file changed since. Bad input either way (no retry reads it), named without Arrow's
+        raw bytes."""
+        said = printable(str(error).splitlines()[0] if str(error) else type(error).__name__, 200)
+        return Problem(self.paths[group.file], (
+            f"row group {group.index} cannot be read ({said}): the file is damaged, or was changed or replaced "
+            "since it was opened"))
+
 
 def open_data(source: str, what: str = "--data") -> DataFiles:
     """The files of ``source`` with their row groups; InputError naming every file that cannot be
@@ -72,6 +82,9 @@ def open_data(source: str, what: str = "--data") -> DataFiles:
     groups: list[RowGroup] = []
     schemas: list[tuple[int, pa.Schema]] = []
     digest = hashlib.sha256()
+    stamp = hashlib.sha256()
+    for info in filesystem.get_file_info(paths):
+        stamp.update(f"{info.path}\0{info.size}\0{info.mtime_ns}\n".encode())
     for i, path in enumerate(paths):
         try:
             metadata = _metadata(filesystem, path)
@@ -88,7 +101,8 @@ def open_data(source: str, what: str = "--data") -> DataFiles:
         raise InputError(f"Cannot read the data {source}:", problems)
     if not groups:
         raise InputError(f"Cannot read the data {source}:", [Problem(what, f"{source} holds no rows")])
-    return DataFiles(source, tuple(paths), tuple(groups), tuple(schemas), filesystem, digest.hexdigest()[:16])
+    return DataFiles(source, tuple(paths), tuple(groups), tuple(schemas), filesystem, digest.hexdigest()[:16],
+                     stamp.hexdigest()[:16])
 
 
 def _list(source: str, what: str) -> tuple[pafs.FileSystem, list[str]]:
@@ -126,14 +140,18 @@ def _list(source: str, what: str) -> tuple[pafs.FileSystem, list[str]]:
 
 def _each_file_once(paths: list[str]) -> list[str]:
     """``paths`` without those of a file already listed under another path: a link to a folder inside
-    the data (or to the data's own folder, which the listing follows again and again) would otherwise
-    have its rows read as many times."""
-    seen: set[str] = set()
+    the data (or to the data's own folder, which the listing follows again and again), or a hard link,
+    would otherwise have its rows read as many times."""
+    seen: set[tuple[int, int] | str] = set()
     out = []
     for path in paths:
-        real = os.path.realpath(path)
-        if real not in seen:
-            seen.add(real)
+        try:
+            st = os.stat(path)
+            file: tuple[int, int] | str = (st.st_dev, st.st_ino)
+        except OSError:  # gone since the listing: its read names it
+            file = os.path.realpath(path)
+        if file not in seen:
+            seen.add(file)
             out.append(path)
     return out
 

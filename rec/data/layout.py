@@ -107,13 +107,17 @@ class DataLayout:
                                     *self.weight_columns)))
 
     def clashes(self, what: str = "--data") -> list[Problem]:
-        """A feature named as another, weighted, feature's weights column: one line per such pair (the
-        data cannot hold both in one column)."""
+        """A feature named as the label or dense column, or as another, weighted, feature's weights
+        column: one line per such feature (the data cannot hold both in one column)."""
         ids = set(self.id_columns)
-        return [Problem(f"{what} column {weights_column(f)!r}", (
-            f"would hold both the ids of feature {weights_column(f)!r} ({self._tables_of(weights_column(f))}) and "
-            f"the weights of weighted feature {f!r} ({self._tables_of(f)}); rename one of these features in the "
-            "spec")) for f in self.weighted_columns if weights_column(f) in ids]
+        reserved = {**({LABEL: "the labels"} if self.labelled else {}), DENSE: "the dense features"}
+        return [Problem(f"{what} column {name!r}", (
+            f"would hold both the ids of feature {name!r} ({self._tables_of(name)}) and {meaning}; rename "
+            "the feature in the spec")) for name, meaning in reserved.items() if name in ids] + [
+            Problem(f"{what} column {weights_column(f)!r}", (
+                f"would hold both the ids of feature {weights_column(f)!r} ({self._tables_of(weights_column(f))}) "
+                f"and the weights of weighted feature {f!r} ({self._tables_of(f)}); rename one of these features "
+                "in the spec")) for f in self.weighted_columns if weights_column(f) in ids]
 
     def _tables_of(self, column: str) -> str:
         names = list(dict.fromkeys(name for s in self.slots if s.column == column for name in s.tables))

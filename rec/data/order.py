@@ -23,7 +23,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-POSITION_FORMAT = "shardflow.data_position/v1"
+POSITION_FORMAT = "shardflow.data_position/v2"  # v2 adds the files' ``stamp``
+POSITION_FORMATS = ("shardflow.data_position/v1", POSITION_FORMAT)  # what a resume reads
 POSITION_FILE = "data_position.json"  # in each checkpoint's step directory
 
 
@@ -92,6 +93,13 @@ class ReadOrder:
         for (world, done), after in zip(position.splits, worlds[1:], strict=True):
             shares.append(world * (shares[-1] - done) // after)
         return shares
+
+    def epoch_read(self, position: Position) -> float:
+        """The share of ``position``'s epoch the ranks have read, over its splits (0 to 1)."""
+        first = position.splits[0][0] if position.splits else position.world_size
+        readable = first * (self.total // first)
+        read = sum(world * done for world, done in position.splits) + position.world_size * position.rows
+        return read / readable if readable else 0.0
 
     def position_problem(self, position: Position) -> str | None:
         """Why ``position`` is no place in this order (a split or the rows read beyond a share of

@@ -80,11 +80,10 @@ class ParquetSource:
 
     def identity(self) -> dict[str, object]:
         return {"seed": self.order.seed, "shuffle": self.order.shuffle, "window": self.order.window,
-                "dataset": self.files.fingerprint}
+                "dataset": self.files.fingerprint, "stamp": self.files.stamp}
 
     def extent(self, end: Position) -> Extent:
-        per_epoch = self.order.total // end.world_size
-        epochs = end.epoch + (end.rows / per_epoch if per_epoch and not end.splits else 0.0)
+        epochs = end.epoch + self.order.epoch_read(end)
         return Extent(self.files.source, self.order.total, len(self.files.paths), round(epochs, 6),
                       self.order.shuffle)
 

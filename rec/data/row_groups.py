@@ -15,7 +15,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from rec.data.files import DataFiles
-from rec.errors import InputError, Problem, printable
+from rec.errors import InputError
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -68,11 +68,6 @@ class RowGroups:
                 handles.popitem(last=False)
             table: pa.Table = handle.read_row_group(rg.index, columns=self._columns)
         except (OSError, pa.ArrowException) as e:
-            # Its footer was read before launch: the file changed since (replaced, truncated), or its pages
-            # are damaged. Bad input either way: no retry reads it, and Arrow's text may hold raw bytes.
             handles.pop(rg.file, None)
-            said = printable(str(e).splitlines()[0] if str(e) else type(e).__name__, 200)
-            raise InputError("Cannot read the data:", [Problem(self._files.paths[rg.file], (
-                f"row group {rg.index} cannot be read ({said}): was the file changed or replaced after training "
-                "started?"))]) from None
+            raise InputError("Cannot read the data:", [self._files.unreadable(rg, e)]) from None
         return table

@@ -48,6 +48,8 @@ def read_sample(source: str, columns: tuple[str, ...], sample_rows: int, seed: i
     InputError naming every column missing from the data or of the wrong type, and any column whose
     sample holds a null id.
     """
+    import pyarrow as pa
+
     files = open_data(source, what)
     _check_schemas(files, columns, what)
     picks = pick_groups(files.row_groups, sample_rows, seed)
@@ -56,14 +58,21 @@ def read_sample(source: str, columns: tuple[str, ...], sample_rows: int, seed: i
     ids: dict[str, list[np.ndarray]] = {c: [] for c in columns}
     done = 0
     first_rows = _first_rows(files.row_groups)
+    unreadable: list[Problem] = []
     for g, take in picks:
         group = files.row_groups[g]
-        table = files.parquet_file(group.file).read_row_group(group.index, columns=list(columns))
+        try:
+            table = files.parquet_file(group.file).read_row_group(group.index, columns=list(columns))
+        except (OSError, pa.ArrowException) as e:
+            unreadable.append(files.unreadable(group, e))
+            continue
         if take < table.num_rows:
             table = table.slice(0, take)
         _read_columns(table, columns, lengths, ids, files, group.file, first_rows[g], what)
         done += take
         progress.update(f"{done:,} of {total:,} rows", done, total)
+    if unreadable:
+        raise InputError(f"Cannot read the data {source}:", unreadable)
     return IdSample(total, {c: np.concatenate(lengths[c]) for c in columns}, ids, len(picks), files.rows)
 
 

@@ -95,19 +95,25 @@ def sample_problems(files: DataFiles, layout: DataLayout, policy: IdsPolicy, wha
     picked = np.unique(np.linspace(0, len(groups) - 1, min(SAMPLE_GROUPS, len(groups))).round().astype(int))
     each = max(1, sample_rows // len(picked))
     parts: list[tuple[pa.Table, Locate]] = []
+    unreadable: list[Problem] = []
     for g in picked:
         rg = groups[int(g)]
-        reader = files.parquet_file(rg.file)
         first = sum(r.rows for r in groups[:int(g)] if r.file == rg.file)
-        batch = next(reader.iter_batches(batch_size=min(each, rg.rows), row_groups=[rg.index],
-                                         columns=list(layout.columns)), None)
+        try:
+            batch = next(files.parquet_file(rg.file).iter_batches(
+                batch_size=min(each, rg.rows), row_groups=[rg.index], columns=list(layout.columns)), None)
+        except (OSError, pa.ArrowException) as e:
+            unreadable.append(files.unreadable(rg, e))
+            continue
         if batch is not None:
             def locate(row: int, file: int = rg.file, first: int = first) -> str:
                 return files.where(file, first + row)
 
             parts.append((pa.Table.from_batches([batch]), locate))
+    if not parts:
+        return unreadable
     try:
         from_arrow_parts(parts, layout, policy, what)
     except InputError as e:
-        return list(e.problems)
-    return []
+        return unreadable + list(e.problems)
+    return unreadable

@@ -77,6 +77,12 @@ class Evaluator:
         if every is None:
             return None
         stacked = torch.cat(every, dim=1).numpy()
+        bad = ~np.isfinite(stacked[0])
+        if bad.any():  # AUC, logloss and NE would be numbers (or NaN in the JSON) of no meaning
+            raise InputError("The model's outputs cannot be evaluated:", [Problem(
+                f"{self.source.files.source}", (
+                    f"not finite (NaN or infinite) for {int(bad.sum()):,} of {len(bad):,} samples after iteration "
+                    f"{iteration}: dense values too large for the model, or a training that diverged"))])
         return evaluate(stacked[0], stacked[1], iteration)
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from rec.data.layout import DataLayout
-from rec.data.order import POSITION_FILE, POSITION_FORMAT, Position
+from rec.data.order import POSITION_FILE, POSITION_FORMAT, POSITION_FORMATS, Position
 from rec.data.source import DataSource, Reading, open_source
 from rec.errors import InputError, Problem
 from rec.spec.types import Spec
@@ -77,7 +77,8 @@ class Feed:
             self.start = self.source.advance(fresh, iteration * self.batch_size)
             self.resumed = "the checkpoint has no data position: the data starts at the rows an unbroken run would read"
             return self.resumed
-        changed = [k for k, v in self.source.identity().items() if saved.get(k) != v]
+        # A position written before the files' stamp was kept (v1) is compared without it.
+        changed = [k for k, v in self.source.identity().items() if saved.get(k) != v and (k in saved or k != "stamp")]
         position = Position(int(saved["world_size"]), int(saved["epoch"]), int(saved["rows"]),
                             tuple((int(w), int(r)) for w, r in saved["splits"]))
         problem = None if changed else self.source.position_problem(position)
@@ -128,11 +129,11 @@ def read_position(step_dir: Path) -> dict[str, Any] | None:
     except (OSError, ValueError) as e:
         raise InputError("Cannot resume from this checkpoint:", [Problem(str(path), f"unreadable: {e}")]) from None
     problems = Problems(str(path))
-    if not isinstance(record, dict) or record.get("format") != POSITION_FORMAT:
-        problems.add("format", f"expected {POSITION_FORMAT}")
+    if not isinstance(record, dict) or record.get("format") not in POSITION_FORMATS:
+        problems.add("format", f"expected {' or '.join(POSITION_FORMATS)}")
     else:
         known_keys(record, ["format", "epoch", "rows", "world_size", "splits", "seed", "shuffle", "window",
-                            "dataset"], problems)
+                            "dataset", *(["stamp"] if record["format"] != POSITION_FORMATS[0] else [])], problems)
         required(record, ["epoch", "rows", "world_size", "splits"], problems)
         for key in ("epoch", "rows"):
             problems.take_from(record, key, lambda v: integer(v, minimum=0))

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torchrec.distributed.model_parallel import DistributedModelParallel
@@ -61,6 +62,8 @@ def train_iterations(dmp: DistributedModelParallel, optimizer: CombinedOptimizer
 
     def so_far() -> Iterations | None:
         mine = _reduced(start.iteration, latencies, waits, losses, config.warmup)
+        if mine is not None:
+            _check_finite(mine)
         return start.earlier.then(mine) if mine is not None else None
 
     def keep_iterations_and_position(done: int) -> Callable[[], None]:
@@ -183,6 +186,18 @@ def _reduced(start: int, latencies: list[float], waits: list[float], losses: lis
     n = len(latencies)
     return Iterations.of_run(start, slowest[:n].numpy(), total.numpy() / dist.get_world_size(), warmup,
                              slowest[n:].numpy())
+
+
+def _check_finite(rows: Iterations) -> None:
+    """InputError where the loss is not finite (rank 0, before a checkpoint of such weights is named
+    by LATEST and before the metrics are written): the training diverged, and would again."""
+    bad = ~np.isfinite(rows.loss)
+    if bad.any():
+        first = int(rows.iteration[bad][0])
+        raise InputError("The training diverged:", [Problem("loss", (
+            f"not finite (NaN or infinite) at {int(bad.sum()):,} of {len(bad):,} iterations, first at iteration "
+            f"{first}: dense values too large for the model, or learning rates too high (--dense-lr, "
+            "--embedding-lr)"))])
 
 
 def _fail_at(rank: int) -> tuple[int, str] | None:

@@ -13,6 +13,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -37,6 +38,7 @@ PREDICTION = "prediction"
 class Predicted:
     out: Path
     rows: int
+    undefined: int = 0  # rows whose prediction is NaN: the model's output was not finite for them
 
 
 def weighted_means(spec: Spec) -> dict[str, frozenset[str]]:
@@ -87,7 +89,7 @@ def predict(model_dir: str | Path, data: str, out: str | Path, device: torch.dev
                                                 "was trained with --ids error): map them before predicting"))
     one_module, means = one_default_ebc(settings.spec), weighted_means(settings.spec)
     schema = pa.schema([(PREDICTION, pa.float32())])
-    done = 0
+    done = undefined = 0
     with ExitStack() as stack:
         try:
             writer = stack.enter_context(pq.ParquetWriter(str(stack.enter_context(whole(out))), schema))
@@ -99,6 +101,7 @@ def predict(model_dir: str | Path, data: str, out: str | Path, device: torch.dev
             p = torch.sigmoid(logits(model, batch)).to(torch.float32).cpu().numpy()
             writer.write_table(pa.table({PREDICTION: pa.array(p, pa.float32())}, schema=schema))
             done += len(rows)
+            undefined += int(np.isnan(p).sum())
             if progress is not None:
                 progress(done, source.order.total)
-    return Predicted(Path(out), done)
+    return Predicted(Path(out), done, undefined)

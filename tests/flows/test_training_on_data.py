@@ -87,6 +87,15 @@ def test_the_checkpoint_evaluated_exported_and_predicted_gives_the_runs_numbers(
     assert again["step"] == 120 and again["eval"] == pytest.approx(final)
     assert shardflow_here(capfd, "export", "--checkpoint", str(out / "checkpoints"),
                           "--out", str(tmp_path / "model")).returncode == 0
+    rows = pq.read_table(root / "eval.parquet")
+    dense = rows.column("dense").to_pylist()
+    dense[0] = dense[5] = [3e38] * len(dense[0])  # finite in float32, too large for the model: NaN outputs
+    column = rows.schema.get_field_index("dense")
+    pq.write_table(rows.set_column(column, "dense", pa.array(dense, rows.schema.field(column).type)),
+                   tmp_path / "huge.parquet")
+    done = shardflow_here(capfd, "predict", "--model", str(tmp_path / "model"), "--data",
+                          str(tmp_path / "huge.parquet"), "--out", str(tmp_path / "huge_p.parquet"))
+    assert done.returncode == 0 and "note      2 of the predictions are NaN" in done.stdout
     assert {p.name for p in (tmp_path / "model").iterdir()} == {"model.safetensors", "model.json"}
     done = shardflow_here(capfd, "predict", "--model", str(tmp_path / "model"), "--data", str(root / "eval.parquet"),
                           "--out", str(tmp_path / "p.parquet"))

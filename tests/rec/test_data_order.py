@@ -72,6 +72,9 @@ def test_a_resume_on_another_number_of_ranks_reads_the_rest_of_the_epoch_without
     assert old * order.share_rows(before) - len(read) - len(later) < new  # fewer than the new ranks left out
     # the epoch after the re-split is the new world's, from its start
     assert order.advance(after, rest) == Position(new, epoch=1)
+    # how much of the epoch is read counts the old ranks' rows (train_metrics.json's epochs once dropped them)
+    assert order.epoch_read(order.advance(after, rest // 2)) == pytest.approx(
+        (len(read) + new * (rest // 2)) / (old * order.share_rows(before)))
 
 
 def test_a_resume_in_the_middle_of_a_re_split_epoch_finds_the_same_rows():

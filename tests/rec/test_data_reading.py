@@ -87,8 +87,23 @@ def test_a_link_to_the_datas_own_folder_or_to_a_file_in_it_reads_each_file_once(
     and a file linked beside itself would be listed twice: every row is read once all the same."""
     (dataset / "part=1" / "again").symlink_to(dataset)
     (dataset / "f0-link.parquet").symlink_to(dataset / "part=1" / "f0.parquet")
+    (dataset / "f1-hard.parquet").hardlink_to(dataset / "part=1" / "f1.parquet")  # realpath does not see it
     files = open_data(str(dataset))
     assert files.rows == 1000 and len(files.paths) == 4
+
+
+def test_a_file_rewritten_with_the_same_row_groups_is_told_apart_by_its_stamp(dataset):
+    """Its rows in another order, its row counts the same: a resume would read on from a position
+    that no longer means the same rows. The fingerprint of paths and counts alone did not change."""
+    import os
+
+    before = open_data(str(dataset))
+    path = dataset / "part=1" / "f1.parquet"
+    rows = pq.read_table(path)
+    pq.write_table(rows.take(list(reversed(range(rows.num_rows)))), path, row_group_size=97)
+    os.utime(path, ns=(1, 1))  # a rewrite within the clock's resolution: the size and time differ all the same
+    after = open_data(str(dataset))
+    assert after.fingerprint == before.fingerprint and after.stamp != before.stamp
 
 
 def test_files_of_different_types_training_reads_are_read_as_one_dataset(tmp_path):
@@ -225,7 +240,7 @@ def test_a_file_changed_after_its_footer_was_read_is_bad_input_naming_it(dataset
     with pytest.raises(InputError) as e:
         groups.get(last)
     assert [p.where for p in e.value.problems] == [str(path)]
-    assert "was the file changed or replaced after training started?" in e.value.render()
+    assert "the file is damaged, or was changed or replaced since it was opened" in e.value.render()
     assert all(line.isprintable() for line in e.value.render().splitlines())
 
 
@@ -245,6 +260,58 @@ def test_a_column_with_nulls_is_still_checked_for_its_other_bad_values(tmp_path)
     assert found == {"'label'": ["1 null label", "39 labels not 0 or 1"],
                      "'dense'": ["1 null row", "39 values not finite as float32 (NaN, infinite, or beyond +-3.4e38)"],
                      "'row'": ["1 null id", "39 ids outside [0, 1,000) (the rows of table a)"]}
+
+
+def test_a_null_in_a_bool_label_and_labels_only_near_0_or_1_are_named(tmp_path):
+    """The bool column's null once crashed the check (exit 1, which Prefect retries); 0.99999999 was
+    rounded to a label of 1 by float32 before the check."""
+    rows = table(range(6), np.random.default_rng(0))
+    flagged = rows.set_column(0, "label", pa.array([True, None, False, True, False, True]))
+    pq.write_table(flagged, tmp_path / "bool.parquet")
+    (problem,) = data_problems(str(tmp_path / "bool.parquet"), LAYOUT, IdsPolicy.ERROR)
+    assert str(problem).startswith("--data column 'label': 1 null label in 6 rows read, first at row 1 of ")
+    near = rows.set_column(0, "label", pa.array([0, 1 + 1e-9, 1, 0, 0.99999999, 1e-50], pa.float64()))
+    pq.write_table(near, tmp_path / "near.parquet")
+    (problem,) = data_problems(str(tmp_path / "near.parquet"), LAYOUT, IdsPolicy.ERROR)
+    assert problem.reason.startswith("3 labels not 0 or 1 in 6 rows read, first 1.000000001 at row 1 of ")
+
+
+def test_features_named_as_the_label_or_the_dense_column_are_refused(tmp_path):
+    """Their ids would be read from that column: the dense floats cut to ids, or a crash on labels."""
+    from dataclasses import replace
+
+    clash = DataLayout.of_spec(spec_from_rows([
+        dict(name="a", num_embeddings=10, embedding_dim=8, feature_names=["dense"]),
+        dict(name="label", num_embeddings=10, embedding_dim=8)]), 3)
+    pq.write_table(table(range(4), np.random.default_rng(0)), tmp_path / "d.parquet")
+    found = [str(p) for p in data_problems(str(tmp_path / "d.parquet"), clash, IdsPolicy.ERROR)]
+    assert found == ["--data column 'label': would hold both the ids of feature 'label' (table label) and the "
+                     "labels; rename the feature in the spec",
+                     "--data column 'dense': would hold both the ids of feature 'dense' (table a) and the dense "
+                     "features; rename the feature in the spec"]
+    # prediction reads no label: only the dense column is in the way
+    unlabelled = data_problems(str(tmp_path / "d.parquet"), replace(clash, labelled=False), IdsPolicy.ERROR)
+    assert [p.where for p in unlabelled] == ["--data column 'dense'"]
+
+
+def test_a_damaged_row_group_is_named_before_launch_and_by_the_sampler(tmp_path):
+    """Its footer reads, its pages do not: the checks before launch and `spec stats` once raised Arrow's
+    error (a traceback, exit 1)."""
+    from rec.data.sample import read_sample
+
+    path = tmp_path / "damaged.parquet"
+    pq.write_table(table(range(200), np.random.default_rng(0)), path, compression="snappy")
+    column = pq.ParquetFile(path).metadata.row_group(0).column(2)  # row: the ids
+    data = bytearray(path.read_bytes())
+    for i in range(column.data_page_offset + 8, column.data_page_offset + column.total_compressed_size):
+        data[i] ^= 0x5A
+    path.write_bytes(bytes(data))
+    (problem,) = data_problems(str(path), LAYOUT, IdsPolicy.ERROR)
+    assert problem.where == str(path) and problem.reason.startswith("row group 0 cannot be read (")
+    assert problem.reason.endswith("the file is damaged, or was changed or replaced since it was opened")
+    with pytest.raises(InputError) as refused:
+        read_sample(str(path), ("row",), 100, seed=0)
+    assert [p.reason for p in refused.value.problems] == [problem.reason]
 
 
 def test_columns_of_the_wrong_type_or_missing_are_named_before_any_row_is_read(tmp_path):

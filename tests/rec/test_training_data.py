@@ -149,3 +149,23 @@ def _bayes_auc(rows: pa.Table) -> float:
     result = auc(logit, rows.column("label").to_numpy())
     assert result is not None
     return result
+
+
+def test_a_training_whose_loss_is_not_finite_stops_saying_so_and_names_no_checkpoint(single_process_group,
+                                                                                      data, plan_path, tmp_path):
+    """Dense values finite in float32 but too large for the model: the loss and the logits are NaN.
+    The run once trained on, wrote NaN into train_metrics.json and then refused its own file, and
+    an evaluation reported an AUC of NaN scores."""
+    from rec.train.resume import LATEST
+
+    rows = planted(256, 5)
+    huge = rows.set_column(rows.schema.get_field_index("dense"), "dense", pa.array([[3e38] * 4] * 256))
+    pq.write_table(huge, tmp_path / "huge.parquet")
+    with pytest.raises(InputError, match="The training diverged") as stopped:
+        train(plan_path, str(tmp_path / "a"), replace(config(data, iterations=4, checkpoint_every=2),
+                                                      data=str(tmp_path / "huge.parquet")))
+    assert "first at iteration 0" in stopped.value.render()
+    assert not (tmp_path / "a" / "train_metrics.json").exists() and not (tmp_path / "a/checkpoints" / LATEST).exists()
+    with pytest.raises(InputError, match="The model's outputs cannot be evaluated") as refused:
+        train(plan_path, str(tmp_path / "b"), config(data, eval_data=str(tmp_path / "huge.parquet"), iterations=4))
+    assert "not finite (NaN or infinite) for 256 of 256 samples after iteration 4" in refused.value.render()

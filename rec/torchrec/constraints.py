@@ -43,8 +43,8 @@ def table_constraints(c: Any, where: str, num_features: int, pooled: bool, batch
     and what cannot be planned as TorchRec would; ``where`` names the table."""
     from torchrec.distributed.planner.types import ParameterConstraints
 
-    if c is None:
-        return TableConstraints({}, {}, None), []
+    if c is None:  # TorchRec's one input of pooling factor 1.0, however many features
+        return TableConstraints({"pooling_factor": 1.0 / num_features} if num_features > 1 else {}, {}, None), []
     if not isinstance(c, ParameterConstraints):
         return TableConstraints({}, {}, None), [Problem(where, f"constraints are a {type(c).__name__}, not "
                                                                "TorchRec's ParameterConstraints")]
@@ -78,14 +78,16 @@ def kernel_fields(c: Any) -> dict[str, Any]:
 
 
 def pooling_factor(factors: list[float], num_features: int, pooled: bool = True) -> tuple[float, str | None]:
-    """The one pooling factor of a table whose features have ``factors`` (one for every feature, or
-    one each), and why there is none that TorchRec's estimates agree with.
+    """The one pooling factor per feature of a table whose constraints give ``factors`` (one for the
+    table, or one per feature), and why there is none that TorchRec's estimates agree with.
 
-    TorchRec sums ``factor x batch`` over features for the ids and ``min(1, factor) x batch`` for
-    a pooled table's outputs (an unpooled one outputs its ids); their mean gives both sums when the
-    factors lie on one side of 1."""
+    TorchRec counts one input per factor, however many features the table has, and sums
+    ``factor x batch`` over them for the ids and ``min(1, factor) x batch`` for a pooled table's
+    outputs (an unpooled one outputs its ids). One factor is spread over the features, so that the
+    ids are TorchRec's (and the outputs, for a factor up to 1); the mean of one per feature gives
+    both sums when the factors lie on one side of 1."""
     if len(factors) == 1:
-        return float(factors[0]), None
+        return float(factors[0]) / num_features, None
     if len(factors) != num_features:
         return 0.0, (f"lists {len(factors)} values for a table of {num_features} feature"
                      f"{'s' if num_features > 1 else ''}: give one per feature, or one for all")

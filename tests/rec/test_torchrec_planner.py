@@ -168,6 +168,39 @@ def test_every_module_is_planned_at_its_nested_path_rated_exactly_as_torchrec_ra
     assert_rated_as_torchrec_rates(planner, model, topology, 256, constraints)
 
 
+@pytest.mark.parametrize("constraints", [{}, {"t0": ParameterConstraints(pooling_factors=[0.5]),
+                                              "t3": ParameterConstraints(pooling_factors=[4.0])}],
+                         ids=["no constraints", "one factor a table"])
+def test_tables_of_many_features_count_torchrecs_inputs_and_rate_at_or_below_torchrecs_plan(constraints):
+    """TorchRec counts one input per pooling factor (one without constraints), however many features
+    a table has. shardflow once counted every feature, and TorchRec rated its plans of such tables up
+    to 3x its own planner's."""
+    model = nn.Module()
+    model.ebc = EmbeddingBagCollection([
+        EmbeddingBagConfig(name=name, num_embeddings=rows, embedding_dim=dim,
+                           feature_names=[f"{name}_{j}" for j in range(features)])
+        for name, rows, dim, features in (("t0", 14_054, 128, 40), ("t1", 105_368, 128, 40), ("t2", 8_806, 128, 1),
+                                          ("t3", 10_469_518, 128, 2), ("t4", 541_341, 16, 20),
+                                          ("t5", 100_981, 32, 5), ("t6", 17_935_691, 64, 1))], device=META)
+    topology = cuda(2, 2, hbm_cap=7 << 30)
+    planner = ShardflowPlanner(topology=topology, batch_size=1024, constraints=constraints)
+    ours = planner.plan(model, SHARDERS)
+    rated = torchrec_critical_path(ours, model, topology, 1024, constraints)
+    # It was 10x TorchRec's; above a factor of 1 a pooled table's outputs are one per input to TorchRec (a
+    # feature's each to shardflow), which shardflow's one factor per table cannot say: it counts more.
+    own = planner.last_plan.metrics.critical_path
+    assert own == pytest.approx(rated, rel=1e-6) if not constraints else rated <= own <= rated * 1.01
+    theirs = quietly(EmbeddingShardingPlanner(topology=topology, batch_size=1024, constraints=constraints,
+                                              debug=False).plan, model, SHARDERS)
+    assert rated <= torchrec_critical_path(theirs, model, topology, 1024, constraints)
+    # each table's memory as TorchRec counts it (up to a factor of 1), but for its input bytes rounded up by feature
+    by_option, _ = torchrec_rates(model, topology, 1024, constraints)
+    for t in planner.last_plan.tables:
+        _, _, hbm, ddr = by_option[(t.module, t.name, t.sharding_type.value, t.compute_kernel.value)]
+        if t.name != "t3":
+            assert 0 <= t.hbm - hbm <= 8 * 40 and t.ddr == ddr, t.key
+
+
 def test_a_table_limited_to_row_wise_is_row_wise_and_a_kernel_allow_list_holds():
     topology = cuda()
     cache = CacheParams(load_factor=0.35)

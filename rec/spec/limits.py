@@ -65,6 +65,10 @@ MODULE_DICT_NAMES = frozenset((
 ))
 RESERVED_RULE = ("is the name of a method of PyTorch's nn.ModuleDict, which holds TorchRec's tables "
                  "(\"attribute already exists\"); rename the table")
+# What nn.ModuleDict adds to nn.Module: the other names are every module's, which no submodule can take.
+MODULE_DICT_ONLY = frozenset(("clear", "items", "keys", "pop", "update", "values"))
+MODULE_PART_RULE = ("is the name of an attribute of PyTorch's nn.Module, which no submodule can take "
+                    "(\"attribute already exists\"); rename that part of the module path")
 DIM_RULE = (
     "FBGEMM's CUDA kernels stop at 2,048 and wider tables split into thousands of column-wise shards"
 )
@@ -89,6 +93,11 @@ def is_module_path(path: str) -> bool:
 def is_reserved(name: str) -> bool:
     """A name an nn.ModuleDict (or nn.Module) already uses for itself."""
     return name in MODULE_DICT_NAMES or (name.startswith("__") and name.endswith("__"))
+
+
+def is_module_attribute(name: str) -> bool:
+    """A name every nn.Module already uses for itself: no part of a module path."""
+    return is_reserved(name) and name not in MODULE_DICT_ONLY
 
 
 def dense_only(

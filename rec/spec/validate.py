@@ -27,9 +27,11 @@ from rec.spec.limits import (
     MAX_EMBEDDING_DIM,
     MAX_TABLE_WEIGHTS,
     MAX_TABLES,
+    MODULE_PART_RULE,
     MODULE_RULE,
     NAME_RULE,
     RESERVED_RULE,
+    is_module_attribute,
     is_module_path,
     is_reserved,
     is_table_name,
@@ -276,6 +278,9 @@ def _parse_module(value: object) -> str:
     path = value.strip()
     if not is_module_path(path):
         raise ValueError(f"{show(path)} is not a module path: {MODULE_RULE}")
+    taken = next((part for part in path.split(".") if is_module_attribute(part)), None)
+    if taken is not None:
+        raise ValueError(f"{show(path)}: its part {taken!r} {MODULE_PART_RULE}")
     return path
 
 

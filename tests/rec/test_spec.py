@@ -575,10 +575,20 @@ def test_a_table_named_like_a_method_of_the_module_dict_holding_the_tables_is_re
 def test_the_reserved_names_are_those_of_the_installed_torch():
     import torch
 
-    from rec.spec.limits import MODULE_DICT_NAMES
+    from rec.spec.limits import MODULE_DICT_NAMES, MODULE_DICT_ONLY
 
     names = {n for n in dir(torch.nn.ModuleDict()) if not n.startswith("__")}
     assert names == MODULE_DICT_NAMES
+    assert {n for n in dir(torch.nn.Module()) if not n.startswith("__")} == MODULE_DICT_NAMES - MODULE_DICT_ONLY
+
+
+@pytest.mark.parametrize("module", ["train.ebc", "towers.0.forward", "x.training"])
+def test_a_module_path_through_a_name_every_module_has_is_refused(module):
+    """Such a model cannot be built ("attribute 'train' already exists"): the plan was once written, and
+    --planner torchrec and the GPU check failed later with a traceback."""
+    with pytest.raises(InputError, match=r"its part '\w+' is the name of an attribute of PyTorch's nn\.Module"):
+        spec_from_rows([{"name": "a", "num_embeddings": 10, "embedding_dim": 4, "module": module}])
+    spec_from_rows([{"name": "a", "num_embeddings": 10, "embedding_dim": 4, "module": "towers.items.ebc"}])
 
 
 def test_a_tables_own_optimizer_is_kept_through_every_format_and_leaves_other_specs_hashes_alone(tmp_path):

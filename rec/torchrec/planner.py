@@ -241,7 +241,8 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
             mapped, found = table_constraints(self._constraints.get(row["name"]), where, len(row["feature_names"]),
                                               row["pooling"] != "NONE", self._batch_size, device.value)
             problems += found
-            cells = {**mapped.cells, **_narrowed(mapped.cells, m.sharding_types, m.compute_kernels)}
+            cells = _kind_narrowed({**mapped.cells, **_narrowed(mapped.cells, m.sharding_types, m.compute_kernels)},
+                                   row["pooling"])
             rows.append({**row, **cells})
             why = _dense_dim_problem(device, row["embedding_dim"], cells)
             if why:
@@ -389,6 +390,24 @@ def _narrowed(cells: dict[str, Any], types: tuple[str, ...] | None,
             continue
         listed = cells.get(column)
         out[column] = list(offered) if not listed else [v for v in listed if v in offered or v in refused]
+    return out
+
+
+def _kind_narrowed(cells: dict[str, Any], pooling: str) -> dict[str, Any]:
+    """``cells`` with each allow-list narrowed to what the table's module kind's sharder offers, as
+    TorchRec's enumerator takes from a constraint what its sharder offers (one policy for the tables
+    of an EmbeddingBagCollection and an EmbeddingCollection); a list of which nothing is offered is
+    kept, to be named."""
+    from rec.sharding import NOT_PLANNED, Pooling, offered
+
+    types, kernels = offered(Pooling(pooling).module_kind)
+    refused = {m.value for m in NOT_PLANNED}
+    out = dict(cells)
+    for column, known in (("sharding_types", types), ("compute_kernels", kernels)):
+        listed = cells.get(column)
+        kept = [v for v in listed or () if v in {m.value for m in known} or v in refused]
+        if listed and kept:
+            out[column] = kept
     return out
 
 

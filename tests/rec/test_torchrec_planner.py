@@ -201,6 +201,19 @@ def test_tables_of_many_features_count_torchrecs_inputs_and_rate_at_or_below_tor
             assert 0 <= t.hbm - hbm <= 8 * 40 and t.ddr == ddr, t.key
 
 
+def test_one_policy_for_the_tables_of_both_kinds_of_module_is_narrowed_to_what_each_sharder_offers():
+    """TorchRec takes from a constraint what its sharder offers: table_row_wise, which no
+    EmbeddingCollectionSharder offers, once made the drop-in refuse the whole model."""
+    policy = ParameterConstraints(sharding_types=["table_wise", "row_wise", "table_row_wise"])
+    model = towers()
+    constraints = {name: policy for name in ("user_id", "country", "item_id", "big", "history")}
+    planner = ShardflowPlanner(topology=cuda(), batch_size=256, constraints=constraints)
+    plan = planner.plan(model, SHARDERS)
+    assert {p.sharding_type for p in plan.plan["seq.blocks.1.ec"].values()} <= {"table_wise", "row_wise"}
+    assert {p.sharding_type for m in plan.plan.values() for p in m.values()} <= set(policy.sharding_types)
+    assert_rated_as_torchrec_rates(planner, model, cuda(), 256, constraints)
+
+
 def test_a_table_limited_to_row_wise_is_row_wise_and_a_kernel_allow_list_holds():
     topology = cuda()
     cache = CacheParams(load_factor=0.35)

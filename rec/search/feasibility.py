@@ -218,8 +218,13 @@ def packing_failure(space: SearchSpace, spec: Spec, tables: list[int]) -> InputE
     names = ", ".join(spec.tables[t].key for t in tables[:10])
     more = f" and {len(tables) - 10} more" if len(tables) > 10 else ""
     if space.hbm_cap.sum() > 0:
+        # the cache kernel is worth naming only where an allow-list leaves it out
+        cache = ComputeKernel.FUSED_UVM_CACHING
+        capped = [spec.tables[t].key for t in tables if cache not in (spec.tables[t].compute_kernels or (cache,))]
+        caching = f"allow fused_uvm_caching for {', '.join(capped[:5])}{', ...' if len(capped) > 5 else ''}, " \
+            if capped else ""
         memory = (f"usable HBM {format_bytes(space.hbm_cap.sum())} and DDR {format_bytes(space.ddr_cap.sum())} "
-                  "over all ranks; allow fused_uvm_caching kernels, lower storage_reservation or add ranks")
+                  f"over all ranks; {caching}lower storage_reservation, or add ranks or memory")
     else:  # cpu ranks: their memory is DDR (no reservation comes off it), and no kernel caches
         memory = f"usable memory (ddr_cap) {format_bytes(space.ddr_cap.sum())} over all ranks; add ranks or memory"
     return InputError(

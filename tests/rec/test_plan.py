@@ -150,3 +150,18 @@ def test_tables_that_fit_one_by_one_but_not_together_on_cpu_name_what_cpu_ranks_
     text = e.value.render()
     assert "fit one by one but not all together" in text and "usable memory (ddr_cap) 16.0 GiB" in text
     assert "fused_uvm_caching" not in text and "storage_reservation" not in text  # neither applies on cpu
+
+
+def test_tables_that_fit_one_by_one_but_not_together_on_cuda_name_the_cache_kernel_only_where_a_list_leaves_it_out():
+    """The advice to allow fused_uvm_caching once came where every kernel was allowed already."""
+    from rec.spec import spec_from_rows
+
+    rows = [{"name": f"t{i}", "num_embeddings": 20_000_000, "embedding_dim": 128} for i in range(6)]
+    topology = topology_from_dict({"world_size": 2, "compute_device": "cuda", "hbm_cap": "16GiB", "ddr_cap": "16GiB"})
+    with pytest.raises(InputError, match="fit one by one but not all together") as e:
+        plan_spec(spec_from_rows(rows), topology)
+    assert "fused_uvm_caching" not in e.value.render() and "add ranks or memory" in e.value.render()
+    listed = [{**row, "compute_kernels": ["fused", "fused_uvm"]} for row in rows]
+    with pytest.raises(InputError, match="fit one by one but not all together") as e:
+        plan_spec(spec_from_rows(listed), topology)
+    assert "allow fused_uvm_caching for t" in e.value.render()

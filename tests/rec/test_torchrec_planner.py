@@ -206,7 +206,7 @@ def test_one_policy_for_the_tables_of_both_kinds_of_module_is_narrowed_to_what_e
     EmbeddingCollectionSharder offers, once made the drop-in refuse the whole model."""
     policy = ParameterConstraints(sharding_types=["table_wise", "row_wise", "table_row_wise"])
     model = towers()
-    constraints = {name: policy for name in ("user_id", "country", "item_id", "big", "history")}
+    constraints = dict.fromkeys(("user_id", "country", "item_id", "big", "history"), policy)
     planner = ShardflowPlanner(topology=cuda(), batch_size=256, constraints=constraints)
     plan = planner.plan(model, SHARDERS)
     assert {p.sharding_type for p in plan.plan["seq.blocks.1.ec"].values()} <= {"table_wise", "row_wise"}

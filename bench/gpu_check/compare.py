@@ -754,16 +754,18 @@ def vs_torchrec(ctx: Context) -> Outcome:
                   and (why := _judged_missing(row, ours))}
     # A shape TorchRec's planner gave no plan for: shardflow's is not slower, but nothing was compared.
     not_compared = {name: clipped(str(row["torchrec"]["error"])) for name, row in results.items()
-                    if name not in missing and isinstance(row.get("torchrec"), dict) and row["torchrec"].get("error")}
+                    if isinstance(row.get("torchrec"), dict) and row["torchrec"].get("error")}
     figures = {"repeats": repeats, "shapes": results, "vs_torchrec_geomean": geomeans, "judged": ours,
                "slower_than_torchrec": slower, "given_not_measured": missing, "not_compared": not_compared,
                "not_judged_beside_torchrec": not_judged}
     if compared.stopped:
         figures["launch_error"] = compared.stopped
-    shapes = f"{len(results)} shape{'s' if len(results) != 1 else ''}"
-    calibrated = geomeans.get("shardflow-calibrated", math.nan)  # none without a profile
-    return Outcome(figures, f"{shapes}, measured against TorchRec's plan (geometric mean): shardflow's "
-                            f"{geomeans['shardflow']:.2f}x"
+    judged = sum(1 for row in results.values() if isinstance(row.get(ours), dict)
+                 and math.isfinite(row[ours].get("vs_torchrec", math.nan)))
+    shapes = f"{judged} of {len(results)} shape{'s' if len(results) != 1 else ''}"
+    default, calibrated = geomeans["shardflow"], geomeans.get("shardflow-calibrated", math.nan)  # none: no profile
+    return Outcome(figures, f"{shapes} measured against TorchRec's plan (geometric mean): shardflow's "
+                            + (f"{default:.2f}x" if math.isfinite(default) else "none")
                             + (f", calibrated {calibrated:.2f}x" if math.isfinite(calibrated) else "")
                             + (f"; slower on {', '.join(slower)}" if slower else "")
                             + (f"; no TorchRec plan to compare with on {', '.join(not_compared)}" if not_compared

@@ -55,13 +55,13 @@ BOUNDS: dict[str, tuple[Bound, float, float]] = {
     # calibration: predicted against measured under the calibrated (or given) profile
     # (over the given and built-in plans: the user's --specs and the calibration bench's specs)
     "calibration_median_abs_error": (Bound.AT_MOST, 0.10, 0.85),  # cpu: TorchRec's defaults miss by ~0.95
-    "calibration_spearman": (Bound.AT_LEAST, 0.9, -1.0),
+    "calibration_spearman": (Bound.AT_LEAST, 0.9, -math.inf),  # cpu: none (a number at all)
     "calibration_median_spread": (Bound.AT_MOST, 0.05, 1.0),  # the repeats of a plan: (max - min) / median
     # calibration, over the out-of-family plans alone (bench.gpu_check.families): shapes the model was not fitted on
     # cpu: the quick profile of a loaded 2-core machine missed these small shapes by 18% alone and by 104%
     # beside the test suite's other worker; a profile off by several times still misses
     "out_of_family_median_abs_error": (Bound.AT_MOST, 0.10, 3.0),
-    "out_of_family_spearman": (Bound.AT_LEAST, 0.9, -1.0),
+    "out_of_family_spearman": (Bound.AT_LEAST, 0.9, -math.inf),  # cpu: none (a number at all)
     # calibration and vs_torchrec: the user's --specs workloads of which no plan was measured (shardflow
     # could not plan them on these ranks, their measurement failed, or the budget did not reach them)
     "given_not_measured": (Bound.AT_MOST, 0.0, 0.0),

@@ -30,6 +30,8 @@ from rec.sharding import CK_CODE, ComputeKernel
 
 CACHE_ASSOCIATIVITY = 32  # FBGEMM's DEFAULT_ASSOC: rows per cache set
 ROWWISE_STATE_BYTES = 4  # a rowwise optimizer's momentum: one float32 per row
+SLOT_STATE_BYTES = 16  # per cache slot: lxu_cache_state and (LRU) lxu_state, an int64 each
+INDEX_MAP_BYTES = 4  # per row of a group's cached tables: cache_index_table_map, an int32
 
 
 @dataclass(frozen=True)
@@ -77,12 +79,17 @@ def cache_hbm(plan: Plan) -> CacheHbm:
     stated_rows = np.bincount(group, weights=rows * stated, minlength=groups)
     mean = np.where(stated_rows > 0, np.bincount(group, weights=factor * rows * stated, minlength=groups)
                     / np.maximum(stated_rows, 1), UVM_CACHING_RATIO)
-    cached_rows = np.floor(mean * np.bincount(group, weights=rows, minlength=groups))
+    group_rows = np.bincount(group, weights=rows, minlength=groups)
+    cached_rows = np.floor(mean * group_rows)
     widest = np.zeros(groups)
     np.maximum.at(widest, group, cols * elem)
-    sets = np.where(cached_rows >= 1, np.maximum(1, np.ceil(cached_rows / CACHE_ASSOCIATIVITY)), 0)  # none: no cache
+    # FBGEMM builds at least one set for a group with rows (none without), and beside each slot's row
+    # its LRU state and the slot's key (int64 each), and an int32 per row of the group's tables
+    # (cache_index_table_map): FBGEMM 1.6-1.8 _apply_cache_state.
+    sets = np.where(group_rows >= 1, np.maximum(1, np.ceil(cached_rows / CACHE_ASSOCIATIVITY)), 0)
     group_rank = np.zeros(groups, np.int64)
     group_rank[group] = rank
-    built = (np.bincount(group_rank, weights=sets * CACHE_ASSOCIATIVITY * widest, minlength=world)
+    per_group = sets * CACHE_ASSOCIATIVITY * (widest + SLOT_STATE_BYTES) + group_rows * INDEX_MAP_BYTES
+    built = (np.bincount(group_rank, weights=per_group, minlength=world)
              + np.bincount(rank, weights=state, minlength=world) + uvm_state)
     return CacheHbm(planned, built)

@@ -172,7 +172,8 @@ def test_bad_previous_plans_and_knobs_exit_2(tmp_path, case):
 
 def test_a_plan_whose_uvm_tables_fbgemm_keeps_more_of_in_hbm_than_planned_says_so_in_one_line(tmp_path, capsys):
     """One rank, caches of 16-column tables beside 128-column ones in one kernel group: FBGEMM makes
-    every cache row 128 columns wide, past the HBM the plan counted. Tables of one width: no line.
+    every cache row 128 columns wide, past the HBM the plan counted. Tables of one width: FBGEMM's own
+    int64 pair per cache slot and int32 per row of the tables, which TorchRec's estimate leaves out.
     A rowwise optimizer keeps every row's state of a cached table in HBM, not the load factor's share."""
     from flows.reports import render_plan
     from rec.analysis.fbgemm_caches import cache_hbm
@@ -196,11 +197,15 @@ def test_a_plan_whose_uvm_tables_fbgemm_keeps_more_of_in_hbm_than_planned_says_s
         lines = [line for line in render_plan(plan).splitlines() if line.startswith("caches:")]
         return plan, cache_hbm(plan), factors, lines
 
+    def fbgemm_own(factors):  # beside each cached row, its slot's two int64s; an int32 per row of the tables
+        return sum(f * n for f, n in zip(factors, rows, strict=True)) * 16 + sum(rows) * 4
+
     _, caches, factors, lines = planned((64, 64, 64, 64), Optimizer.SGD)
-    assert caches.built[0] == pytest.approx(caches.planned[0], rel=1e-4) and lines == []  # one width, no state
+    assert caches.built[0] == pytest.approx(caches.planned[0] + fbgemm_own(factors), rel=1e-4)  # one width, no state
+    assert [line.split(":")[1].strip()[:42] for line in lines] == ["FBGEMM keeps more of the uvm tables in HBM"]
     plan, caches, factors, lines = planned((16, 16, 128, 128), Optimizer.SGD)
     cached = sum(f * n for f, n in zip(factors, rows, strict=True))
-    assert caches.built[0] == pytest.approx(cached * 128 * 4, rel=1e-4)  # every row of the one cache 128 wide
+    assert caches.built[0] == pytest.approx(cached * 128 * 4 + fbgemm_own(factors), rel=1e-4)  # each row 128 wide
     (line,) = lines
     assert "past the usable HBM on rank 0: " in line and "planned" in line and "docs/gpu.md" in line
     write_plan(plan, tmp_path / "plan")
@@ -209,7 +214,7 @@ def test_a_plan_whose_uvm_tables_fbgemm_keeps_more_of_in_hbm_than_planned_says_s
     assert line in capsys.readouterr().out.splitlines()
     _, caches, factors, _ = planned((64, 64, 64, 64), Optimizer.ROWWISE_ADAGRAD)
     state = sum((1 - f) * n * 4 for f, n in zip(factors, rows, strict=True))  # every row's, not f's share
-    assert caches.built[0] - caches.planned[0] == pytest.approx(state, rel=1e-3)
+    assert caches.built[0] - caches.planned[0] == pytest.approx(state + fbgemm_own(factors), rel=1e-3)
 
 
 def test_an_empty_path_as_an_unset_shell_variable_gives_is_refused_not_the_working_directory(tmp_path, capsys):

@@ -43,10 +43,10 @@ RESERVATION_PERCENTAGE = 0.15  # EmbeddingShardingPlanner's default reservation
 
 
 def torchrec_topology(topology: Topology) -> TorchrecTopology:
-    """TorchRec's ``Topology`` as ``rec.cost`` models it (ssd_cap=0: no SSD tier, so no key_value)."""
+    """TorchRec's ``Topology`` as ``rec.cost`` models it (no SSD tier, so no key_value)."""
     from torchrec.distributed.planner.types import Topology as TorchrecTopology
 
-    return TorchrecTopology(
+    made = TorchrecTopology(
         world_size=topology.world_size,
         compute_device=topology.compute_device.value,
         hbm_cap=topology.hbm_cap,
@@ -58,6 +58,9 @@ def torchrec_topology(topology: Topology) -> TorchrecTopology:
         intra_host_bw=topology.intra_host_bw,
         inter_host_bw=topology.inter_host_bw,
     )
+    for device in made.devices:  # TorchRec 1.6 reads ssd_cap=0 as its default, 2 TiB
+        device.storage.ssd = 0
+    return made
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ parent-death signal (``rec.train.lifetime``). A failed rank's log line imports n
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 import uuid
@@ -37,6 +38,10 @@ SHORT_TEMP = "/tmp"
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
+    # The forkserver imports fbgemm-gpu, which asks torch.cuda.is_available() on import: NVML's answer
+    # leaves CUDA uninitialized there, so that the ranks forked from it can use CUDA (also when this
+    # launcher is run by hand, without tasks.launch's environment).
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     startup_gc.hold_collection()  # until the forkserver, forked from here, has imported the job
     _launch(argv)
 

@@ -3,7 +3,7 @@
 # runs ruff and mypy, `make run` runs the pipeline (plan, then train; Prefect and MLflow on embedded
 # defaults) on the bundled example. `make lock` re-resolves requirements/cpu.txt into the lock
 # (`make lock LOCK_FLAGS=--upgrade` to move every pin to the newest allowed version).
-# GPU users: see README ("GPU install"); `make gpu-check` checks the cuda path on the GPUs of this
+# GPU users: see README ("GPUs") and docs/gpu.md; `make gpu-check` checks the cuda path on the GPUs of this
 # machine from a plain checkout, with the machine's own python3 (docs/gpu.md).
 PYTHON ?= python3.11
 VENV := .venv

@@ -21,8 +21,9 @@ HEADER = (
     "including a training failure that would repeat (a rank found bad input or the user's model code\n"
     f"exited, CUDA or NCCL missing); {ExitCode.FAILED} failed for good otherwise (a training, a Prefect server "
     "that did not\n"
-    f"start or was lost); {ExitCode.INTERRUPTED} interrupted; {ExitCode.BROKEN_PIPE} the reader of the output "
-    "went away.\n"
+    "start or was lost, `serve` whose server died, `outbox retry` with records still waiting);\n"
+    f"{ExitCode.INTERRUPTED} interrupted (Ctrl-C), 128 + N stopped by signal N (143 SIGTERM, 129 SIGHUP); "
+    f"{ExitCode.BROKEN_PIPE} the reader\nof the output went away.\n"
 )
 
 

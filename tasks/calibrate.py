@@ -53,7 +53,7 @@ PROBES_DIR = "probes"
 @dataclass(frozen=True)
 class CalibrateSettings:
     quick: bool = field(default=False, metadata=knob(
-        "about half the probes, one round, fewer iterations: a rough profile in under 2 minutes"))
+        "about half the probes, one round, fewer iterations: a rough profile in about a minute on 2 cpu ranks"))
     rounds: int | None = field(default=None, metadata=knob(
         "times each probe is measured (cuda: blocks of one build; cpu: a build each, in another order each "
         "round); the median is fitted; none: 3, with --quick 1", minimum=1, maximum=20))

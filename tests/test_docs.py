@@ -209,3 +209,10 @@ def test_the_readme_says_which_training_loop_auto_runs_where_as_the_code_picks_i
              ((8, "cuda"), (2, "cuda"), (1, "cuda"), (2, "cpu"), (1, "cpu"))}
     assert picks == {(8, "cuda"): PipelineKind.SPARSE_DIST, (2, "cuda"): PipelineKind.SPARSE_DIST,
                      (1, "cuda"): PipelineKind.NAIVE, (2, "cpu"): PipelineKind.NAIVE, (1, "cpu"): PipelineKind.NAIVE}
+
+
+def test_the_spec_formats_the_help_names_are_those_the_reader_reads():
+    from flows.commands.plan import SPEC_FILES
+    from rec.spec.read import FORMATS
+
+    assert SPEC_FILES.split() == list(FORMATS)

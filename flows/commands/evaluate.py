@@ -1,7 +1,7 @@
 """``shardflow eval --checkpoint DIR --data PATH``: evaluate a checkpoint's model on data, on the
 ranks of the plan it was trained with.
 
-DIR is a checkpoint directory (its newest checkpoint), one checkpoint in it (``step_<N>``), or a
+DIR is a checkpoint directory (its newest checkpoint), one checkpoint in it (``step_00000400``), or a
 training's output directory. The model (from the checkpoint's ``model.json``) is sharded with the
 checkpoint's plan under torchrun, as in training, and run forward over every row of PATH (or
 ``--eval-batches`` batches per rank): AUC, logloss and normalized entropy over every rank's samples,
@@ -23,7 +23,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p = subparsers.add_parser("eval", help="evaluate a checkpoint on data (AUC, logloss, NE; eval_metrics.json)",
                               description=__doc__)
     p.add_argument("--checkpoint", required=True, metavar="DIR",
-                   help="a checkpoint directory (its newest checkpoint), one step_<N> in it, or a training's --out")
+                   help="a checkpoint directory (its newest checkpoint), one step_<8 digits> in it"
+                        " (step_00000400), or a training's --out")
     p.add_argument("--data", required=True, metavar="PATH",
                    help="Parquet data with labels: a file, a directory, a glob or a URI (docs/training.md)")
     p.add_argument("--out", default=None, metavar="DIR",

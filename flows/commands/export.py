@@ -1,7 +1,7 @@
 """``shardflow export --checkpoint DIR --out DIR2``: a checkpoint's model, unsharded, for use outside
 shardflow's training job.
 
-DIR is a checkpoint directory (its newest checkpoint), one checkpoint in it (``step_<N>``), or a
+DIR is a checkpoint directory (its newest checkpoint), one checkpoint in it (``step_00000400``), or a
 training's output directory. DIR2 gets ``model.safetensors`` (every tensor of the model, each table
 whole, without pickle) and ``model.json`` (what defines the model: kind, dense and over arch sizes,
 dense width, the tables and features in the order the model reads them, the ``--ids`` policy, and
@@ -20,7 +20,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p = subparsers.add_parser("export", help="a checkpoint's model, unsharded: model.safetensors + model.json",
                               description=__doc__)
     p.add_argument("--checkpoint", required=True, metavar="DIR",
-                   help="a checkpoint directory (its newest checkpoint), one step_<N> in it, or a training's --out")
+                   help="a checkpoint directory (its newest checkpoint), one step_<8 digits> in it"
+                        " (step_00000400), or a training's --out")
     p.add_argument("--out", required=True, metavar="DIR2", help="where model.safetensors and model.json go")
     p.set_defaults(handler=run, signals_stop=True)
 

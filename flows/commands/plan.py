@@ -116,9 +116,12 @@ def render_queued(where: Tracking) -> str:
             f"that records (train, run, replan, outbox retry) delivers it")
 
 
+SPEC_FILES = ".parquet .pq .arrow .feather .ipc .csv .yaml .yml .json"  # rec.spec.read.FORMATS (tests)
+
+
 def add_input_arguments(parser: argparse.ArgumentParser) -> None:
     """SPEC and --topology, for every command that plans."""
-    parser.add_argument("spec", metavar="SPEC", help="table spec: .parquet .arrow .feather .csv .yaml .json")
+    parser.add_argument("spec", metavar="SPEC", help=f"table spec: {SPEC_FILES}")
     parser.add_argument("--topology", metavar="TOPO", required=True, help="topology YAML")
 
 

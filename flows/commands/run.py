@@ -50,7 +50,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     add_flags(p.add_argument_group("training job"), TrainConfig,
               aliases={"iterations": ("train-iterations",)})  # the flag's name in shardflow's first CLI
     add_flags(p.add_argument_group("processes"), TrainSettings, skip=("job", "node_rank"))
-    p.add_argument("--train-retries", type=int, default=TRAIN_RETRIES,
+    p.add_argument("--train-retries", type=int, default=TRAIN_RETRIES, metavar="N",
                    help=f"Prefect retries of a failed training that may pass on retry (default: {TRAIN_RETRIES})")
     add_flags(p.add_argument_group("tracking"), TrackingSettings, skip=("track",))
     p.set_defaults(handler=run)

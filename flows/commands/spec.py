@@ -8,6 +8,7 @@ import argparse
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from flows.commands.plan import SPEC_FILES
 from rec.exit_codes import ExitCode
 from rec.spec import Spec, read_spec
 from rec.spec.types import DEFAULT_MODULE
@@ -27,11 +28,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     commands = parser.add_subparsers(title="spec commands", metavar="COMMAND", required=True)
 
     validate = commands.add_parser("validate", help="check every table; print the table count and spec hash")
-    validate.add_argument("spec", metavar="SPEC", help="spec file: .parquet .arrow .feather .ipc .csv .yaml .json")
+    validate.add_argument("spec", metavar="SPEC", help=f"spec file: {SPEC_FILES}")
     validate.set_defaults(handler=run_validate)
 
     show = commands.add_parser("show", help="print the tables, their sizes and totals (and the topology)")
-    show.add_argument("spec", metavar="SPEC", help="spec file: .parquet .arrow .feather .ipc .csv .yaml .json")
+    show.add_argument("spec", metavar="SPEC", help=f"spec file: {SPEC_FILES}")
     show.add_argument("--topology", metavar="TOPO", help="topology YAML: also compare the spec's size with its "
                                                          "memory, and list every key with its value or default")
     show.add_argument("--all", action="store_true", help=f"every table (default: the first {SUMMARY_ROWS})")
@@ -48,7 +49,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                     "are listed, one line each, and left out.")
     from_model.add_argument("target", metavar="TARGET", help="package.module:function or path/to/file.py:function")
     from_model.add_argument("--out", metavar="SPEC", required=True,
-                            help="spec file to write: .parquet .arrow .feather .ipc .csv .yaml .json")
+                            help=f"spec file to write: {SPEC_FILES}")
     from_model.set_defaults(handler=run_from_model)
 
     from rec.data.stats import StatsSettings
@@ -62,9 +63,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                     "of range and hit-rate curve as SPEC2, in the format its extension names (docs/spec.md).")
     stats.add_argument("data", metavar="DATA", help="training data: a Parquet file, a directory, a glob or a URI")
     stats.add_argument("--spec", metavar="SPEC", required=True,
-                       help="spec file: .parquet .arrow .feather .ipc .csv .yaml .json")
+                       help=f"spec file: {SPEC_FILES}")
     stats.add_argument("--out", metavar="SPEC2", required=True,
-                       help="spec file to write, with the statistics: .parquet .arrow .feather .ipc .csv .yaml .json")
+                       help=f"spec file to write, with the statistics: {SPEC_FILES}")
     add_flags(stats, StatsSettings)
     stats.set_defaults(handler=run_stats, signals_stop=True)
 

@@ -47,11 +47,14 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def run(args: argparse.Namespace) -> int:
+    import os
+    import shutil
     import sys
     import time
 
     from flows.commands.launch_faults import launch_faults
     from flows.progress import on_terminal
+    from rec.errors import InputError
     from rec.plan import read_plan
     from rec.settings import from_flags
     from tasks.records import now_ms
@@ -71,12 +74,19 @@ def run(args: argparse.Namespace) -> int:
         if args.plan_id:
             plan_id = args.plan_id
             out = dirs.train_dir(plan_id, nested=False)
-            args.plan = fetch_plan_by_id(args, out)
+            fresh = not os.path.lexists(out)  # a new out/<plan_id>/train-<time>: nothing else in it
         else:
             plan_id = read_plan(args.plan).plan_id
             out = dirs.train_dir(plan_id, nested=False)
+            fresh = False
         try:
+            if args.plan_id:
+                args.plan = fetch_plan_by_id(args, out)
             trained = train(args.plan, out, settings)
+        except InputError:  # refused before launch: the plan fetched for it is not kept
+            if fresh:
+                shutil.rmtree(out, ignore_errors=True)
+            raise
         except TrainingFailed as e:
             print(f"shardflow train: the training failed: {e.cause}\n  logs: {e.logs}", file=sys.stderr)
             if records_run:

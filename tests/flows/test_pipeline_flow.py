@@ -249,7 +249,7 @@ def test_the_flow_logs_end_with_the_lines_the_cli_prints_and_a_failed_training_i
     assert [r.data.tags["shardflow.step"] for r in nested] == ["train"]
 
 
-def test_train_plan_id_fetches_the_plan_from_its_mlflow_run(first_run, store, tmp_path, capfd):
+def test_train_plan_id_fetches_the_plan_from_its_mlflow_run(first_run, store, tmp_path, capfd, monkeypatch):
     plan_id = plan_id_of(store)
     # 3 processes for a 2-rank plan: the plan is fetched and checked, then refused (no training).
     code = main(["train", "--plan-id", plan_id, "--out", str(tmp_path), "--nproc-per-node", "3",
@@ -263,6 +263,12 @@ def test_train_plan_id_fetches_the_plan_from_its_mlflow_run(first_run, store, tm
     code = main(["train", "--plan-id", "0123456789abcdef", "--out", str(tmp_path), *store.args()])
     err = capfd.readouterr().err
     assert code == 2 and "Cannot find plan 0123456789abcdef" in err and "Traceback" not in err
+    # Without --out, a refused training's new out/<plan_id>/train-<time> (its fetched plan) is not left behind.
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    code = main(["train", "--plan-id", plan_id, "--nproc-per-node", "3", *store.args()])
+    assert code == 2 and "2 ranks" in capfd.readouterr().err
+    assert list((tmp_path / "cwd" / "out" / plan_id).iterdir()) == []
 
 
 def table_rows(out: str) -> list[dict[str, str]]:

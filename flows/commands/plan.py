@@ -3,8 +3,9 @@
 The same three steps as the Prefect ``plan`` flow (ingest, search, write: plan.json,
 shards.parquet, rank_load.png), without Prefect or MLflow (whose imports would take seconds):
 the plan run is queued in the outbox (``--no-track``: the files only) and the next command that
-records delivers it, ``shardflow replan`` before it compares, so replan and ``compare`` find it
-as they find the flows' plans. ``shardflow run --plan-only`` runs the steps as the flow, with the
+records delivers it (``shardflow outbox retry`` at once), ``shardflow replan`` before it compares;
+once delivered, replan and ``compare`` find it as they find the flows' plans (``compare``, which
+only reads, says how many records still wait). ``shardflow run --plan-only`` runs the steps as the flow, with the
 plan cache. Prints the per-rank table (the critical rank marked; a summary beyond 32 ranks), the
 plan's quality, the topology's defaults in use and the wall time of each step. ``shardflow show
 DIR`` tells which tables sit where.

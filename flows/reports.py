@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from tasks.train import Trained
 
 # What each topology key means (the defaults themselves live in rec.topology.validate).
+OVERFIT_AUC = 0.005  # an earlier evaluation this much better than the last: worth a line
 TOPOLOGY_KEYS = {
     "world_size": "ranks (processes) in all",
     "local_world_size": "ranks per host",
@@ -222,7 +223,25 @@ def data_lines(metrics: TrainMetrics) -> list[str]:
         samples = int(metrics.eval.get("samples") or 0)
         lines.append(f"eval      {values} on {samples:,} held-out samples"
                      + (f" ({len(metrics.evaluations)} evaluations)" if len(metrics.evaluations) > 1 else ""))
+        earlier = best_earlier(metrics)
+        if earlier:
+            lines.append(f"{'':10}{earlier}")
     return lines
+
+
+def best_earlier(metrics: TrainMetrics) -> str:
+    """Where an evaluation during the training did clearly better than the last one (AUC higher by
+    more than OVERFIT_AUC): the line saying so, since the model went on to overfit; else nothing."""
+    scored = [(float(auc), int(e.get("iteration") or 0)) for e in metrics.evaluations
+              if isinstance(auc := e.get("auc"), (int, float))]
+    final = metrics.eval.get("auc") if metrics.eval else None
+    if len(scored) < 2 or not isinstance(final, (int, float)):
+        return ""
+    auc, iteration = max(scored, key=lambda s: (s[0], -s[1]))
+    if auc - final <= OVERFIT_AUC:
+        return ""
+    return (f"best auc {auc:.4f} after iteration {iteration}: the model overfit after it (fewer --iterations, or "
+            "lower learning rates)")
 
 
 def render_resumed(metrics: TrainMetrics, resume_from: str | None) -> str:

@@ -290,6 +290,12 @@ def prepare(plan_path: str, out_dir: str, settings: TrainSettings, run: Run | No
             check_not_anothers(settings.job, out_dir, run)
     if continues:
         print(continues, file=sys.stderr)
+    if settings.job.data and not settings.job.model_target:
+        from rec.data.schema import dense_scale_note
+
+        note = dense_scale_note(settings.job.data)
+        if note:
+            print(note, file=sys.stderr)
     launch = Launch(plan_path=str(plan_file(plan_path)), out_dir=out_dir,
                     nproc_per_node=nproc, nnodes=settings.nnodes, node_rank=settings.node_rank,
                     rdzv_endpoint=settings.rdzv_endpoint, rdzv_id=plan.plan_id,

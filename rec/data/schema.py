@@ -19,7 +19,7 @@ import numpy as np
 from rec.data.columns import Locate, from_arrow_parts, type_problem
 from rec.data.files import DataFiles, open_data
 from rec.data.ids import IdsPolicy
-from rec.data.layout import DataLayout
+from rec.data.layout import DENSE, DataLayout
 from rec.errors import InputError, Problem
 
 if TYPE_CHECKING:
@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 
 SAMPLE_ROWS = 20_000  # rows the check reads, spread over up to SAMPLE_GROUPS row groups
 SAMPLE_GROUPS = 8
+# Dense values past this are unscaled counts, which DLRM-style models train on far worse (Criteo's
+# reach 1e5-1e6; log(1 + x), which `shardflow data criteo` writes, keeps them under 15).
+DENSE_SCALE = 1e3
 
 
 def data_problems(source: str, layout: DataLayout, policy: IdsPolicy, what: str = "--data",
@@ -117,3 +120,23 @@ def sample_problems(files: DataFiles, layout: DataLayout, policy: IdsPolicy, wha
     except InputError as e:
         return unreadable + list(e.problems)
     return unreadable
+
+
+def dense_scale_note(source: str, what: str = "--data") -> str:
+    """A line for the launcher where the first row group's dense values are past ``DENSE_SCALE``:
+    the model takes them as they are (a note, not a refusal: such data trains, only worse); "" where
+    they are not, or the data cannot be read (``data_problems`` names that)."""
+    import pyarrow as pa
+
+    try:
+        files = open_data(source, what)
+        group = files.row_groups[0]
+        column = files.parquet_file(group.file).read_row_group(group.index, columns=[DENSE]).column(DENSE)
+        values = np.abs(np.asarray(column.combine_chunks().flatten().to_numpy(zero_copy_only=False), np.float64))
+    except (InputError, OSError, ValueError, KeyError, TypeError, pa.ArrowException):
+        return ""
+    largest = float(values[np.isfinite(values)].max(initial=0.0))
+    if largest <= DENSE_SCALE:
+        return ""
+    return (f"note      {what}: dense values up to {largest:.3g} in {files.paths[group.file]}: the model takes them "
+            "as they are; scale them (log(1 + x), as `shardflow data criteo` writes) or it may train far worse")

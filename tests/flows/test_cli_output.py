@@ -204,3 +204,23 @@ def test_the_commands_run_prints_read_back_the_same_values_with_spaces_and_a_lea
     assert parsed[0].plan == str(tmp_path / "out dir" / "plan")
     assert (parsed[1].tracking_uri, parsed[1].experiment) == ("sqlite:///my runs/mlflow.db", "-x y")
     assert (parsed[2].tracking_uri, parsed[2].experiment) == (tracking.uri, "-x y")
+
+
+def test_the_summary_names_an_earlier_evaluation_clearly_better_than_the_last():
+    """A model that overfits after an epoch reported only its last evaluation: the best one, and when,
+    is one line more (only where it beats the last by more than OVERFIT_AUC)."""
+    from flows.reports import data_lines
+    from rec.train.metrics import LatencyStats, LossStats, TrainMetrics
+
+    def summary(*aucs: float) -> list[str]:
+        evaluations: tuple[dict[str, float | int | None], ...] = tuple(
+            {"iteration": 25 * (i + 1), "samples": 10, "auc": a, "logloss": 0.5, "ne": 0.9} for i, a in enumerate(aucs))
+        stats = LatencyStats(1.0, 2.0, 3.0, 1.5)
+        metrics = TrainMetrics("p", 2, 100, 1, 32, "naive", "dlrm", stats, LossStats(0.7, 0.5, 0.6), 100.0, {}, 0,
+                               eval={k: v for k, v in evaluations[-1].items() if k != "iteration"},
+                               evaluations=evaluations)
+        return [line.strip() for line in data_lines(metrics)]
+
+    assert summary(0.60, 0.698, 0.68, 0.666)[-1] == (
+        "best auc 0.6980 after iteration 50: the model overfit after it (fewer --iterations, or lower learning rates)")
+    assert summary(0.60, 0.668, 0.666)[-1].startswith("eval      auc 0.6660")  # within 0.005: no line

@@ -9,8 +9,10 @@ there: the same rows in the same order as a training that never stopped.
 
 from __future__ import annotations
 
+import inspect
+import itertools
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -61,15 +63,29 @@ class Feed:
     def batches(self, rank: int, world_size: int, device: torch.device, depth: int) -> Iterator[Any]:
         """This rank's batches from ``start`` on, made in a background thread (``Prefetched``)."""
         if self.user is not None:
-            return iter(self.user.batches(rank, world_size, self.batch_size, device))
+            return self._user_batches(rank, world_size, device)
         assert self.source is not None
         columns = self.source.batches(self.start, rank, self.batch_size)
         return input_pipeline(columns, self.source.layout, self.one_module, depth, device.type == "cuda")
+
+    def _user_batches(self, rank: int, world_size: int, device: torch.device) -> Iterator[Any]:
+        """``--model TARGET``'s batches from ``start_iteration`` on: its ``batches`` given ``start`` where
+        it takes that keyword, else its batches from the first with as many as the earlier iterations
+        read passed over (as an unbroken run read them; a resume once fed them again)."""
+        assert self.user is not None
+        fn: Callable[..., Iterator[Any]] = self.user.batches
+        if self.start_iteration and takes_start(fn):
+            return iter(fn(rank, world_size, self.batch_size, device, start=self.start_iteration))
+        made = iter(fn(rank, world_size, self.batch_size, device))
+        return itertools.islice(made, self.start_iteration, None) if self.start_iteration else made
 
     def resume_at(self, iteration: int, saved: dict[str, Any] | None, world_size: int) -> str | None:
         """Start reading where a checkpoint of ``iteration`` left off (``saved``: its position file);
         what was not carried over, for a progress line (None: all of it)."""
         self.start_iteration = iteration
+        if self.user is not None and iteration and not takes_start(self.user.batches):
+            return (f"passing over the first {iteration:,} batches of {self.user.target}'s batches, as the "
+                    "iterations before the checkpoint read them (a batches(..., start=N) starts there at once)")
         if self.source is None:
             return None
         fresh = Position(world_size)
@@ -147,3 +163,12 @@ def read_position(step_dir: Path) -> dict[str, Any] | None:
     assert isinstance(record, dict)
     return record
 
+
+def takes_start(fn: Callable[..., Any]) -> bool:
+    """Whether a ``--model TARGET``'s ``batches`` names the keyword ``start`` (the first iteration to
+    make a batch for: a resumed training's); a ``**kwargs`` might drop it, and is not counted."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C function: called as the protocol says
+        return False
+    return any(p.name == "start" and p.kind is not p.POSITIONAL_ONLY for p in parameters)

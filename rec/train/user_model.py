@@ -9,6 +9,8 @@ from-model`` resolves it. The function takes no arguments and returns ``(model, 
 - ``batches``: ``batches(rank, world_size, batch_size, device)`` returning an iterator of batches
   for that rank, each what ``TrainPipelineSparseDist`` takes (``.to(device, non_blocking)``,
   ``.record_stream``, ``.pin_memory``): TorchRec's ``Batch``, or ``rec.train.batch.ModuleBatch``.
+  A resumed training passes over the batches the iterations before its checkpoint read, or, where
+  ``batches`` takes the keyword ``start``, calls it with the first iteration to make a batch for.
 
 The model must match the plan: every planned module at its path, of its kind, with the planned
 tables (rows, dim, data type, weighted or not), and no other EmbeddingBagCollection or
@@ -37,6 +39,7 @@ BatchSource = Callable[[int, int, int, "torch.device"], Iterator[Any]]
 class UserModel:
     model: nn.Module
     batches: BatchSource
+    target: str = ""  # as the user named it
 
 
 def load_user_model(target: str) -> UserModel:
@@ -50,7 +53,7 @@ def load_user_model(target: str) -> UserModel:
             and callable(result[1])):
         raise bad_target(target, f"{target}() returned {kind_of(result)}, not a pair (model, batches): a "
                            "torch.nn.Module and a function (rank, world_size, batch_size, device) -> batches")
-    return UserModel(result[0], result[1])
+    return UserModel(result[0], result[1], target)
 
 
 @contextmanager

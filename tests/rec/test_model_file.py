@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -77,3 +78,34 @@ def test_a_data_position_shardflow_did_not_write_is_refused(tmp_path):
     (tmp_path / POSITION_FILE).write_text("not json")
     with pytest.raises(InputError, match="unreadable"):
         read_position(tmp_path)
+
+
+def test_a_resumed_users_model_reads_on_where_an_unbroken_run_would():
+    """Its batches() once started at the first batch again: the resumed iterations trained on what the
+    first ones had read. Passed over, or started at ``start=`` where batches() takes it."""
+    pytest.importorskip("torch")
+    import torch
+
+    from rec.data.layout import DataLayout
+    from rec.data.order import Position
+    from rec.train.feed import Feed
+    from rec.train.user_model import UserModel
+
+    made = []
+
+    def plain(rank, world_size, batch_size, device):
+        made.append("plain")
+        return iter(range(100))
+
+    def with_start(rank, world_size, batch_size, device, start=0):
+        made.append(start)
+        return iter(range(start, 100))
+
+    for batches in (plain, with_start):
+        feed = Feed(None, DataLayout.of_spec(SPEC, 5), True, 8, Position(2), user=UserModel(None, batches, "m.py:f"))
+        note = feed.resume_at(30, None, 2)
+        assert list(itertools.islice(feed.batches(0, 2, torch.device("cpu"), 2), 3)) == [30, 31, 32]
+        assert (note is None) == (batches is with_start)
+    assert made == ["plain", 30]  # with start=, nothing made and passed over
+    fresh = Feed(None, DataLayout.of_spec(SPEC, 5), True, 8, Position(2), user=UserModel(None, plain, "m.py:f"))
+    assert "passing over the first 30 batches of m.py:f's batches" in (fresh.resume_at(30, None, 2) or "")

@@ -289,11 +289,18 @@ def table_problems(metadata: Metadata, spec: Spec, where: str) -> list[Problem]:
     shapes: dict[str, set[tuple[int, int]]] = {}
     for t in spec.tables:
         shapes.setdefault(t.name, set()).add((t.num_embeddings, t.embedding_dim))
-    found: dict[str, tuple[int, ...]] = {}
+    by_module: dict[str, dict[str, tuple[int, ...]]] = {}
     for fqn, entry in metadata.state_dict_metadata.items():
         match = _TABLE_WEIGHT.search(str(fqn))
         if match and isinstance(entry, TensorStorageMetadata):
-            found.setdefault(match.group(1), tuple(entry.size))
+            by_module.setdefault(str(fqn)[:match.start()], {}).setdefault(match.group(1), tuple(entry.size))
+    # The collections are the modules holding a table of the spec: a dense block of the user's named
+    # `embeddings` (HuggingFace's `bert.embeddings.word_embeddings`) holds none, and is no collection.
+    collections = [tables for tables in by_module.values() if set(tables) & set(shapes)] or list(by_module.values())
+    found: dict[str, tuple[int, ...]] = {}
+    for tables in collections:
+        for name, size in tables.items():
+            found.setdefault(name, size)
     if not found:
         return []
     problems = []

@@ -151,3 +151,28 @@ def test_pruning_keeps_the_newest_complete_checkpoints_not_counting_a_failed_wri
     (tmp_path / LATEST).write_text(step_name(6))
     prune(tmp_path, keep=2)
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == [step_name(s) for s in (4, 6, 8, 20)]
+
+
+def test_a_checkpoint_is_judged_by_its_collections_tables_not_by_a_dense_block_named_embeddings():
+    """A user's model with a dense `text.embeddings.position` (as HuggingFace's `bert.embeddings`) once had
+    its own checkpoint refused on resume as another model's."""
+    import torch
+    from torch.distributed.checkpoint.metadata import Metadata, TensorProperties, TensorStorageMetadata
+
+    from rec.spec import spec_from_rows
+    from rec.train.checkpoint import table_problems
+
+    spec = spec_from_rows([dict(name="user", num_embeddings=100, embedding_dim=8)])
+
+    def index(**shapes):
+        return Metadata({fqn: TensorStorageMetadata(TensorProperties(dtype=torch.float32), torch.Size(size), [])
+                         for fqn, size in shapes.items()})
+
+    own = {"model.towers.ebc.embedding_bags.user.weight": (100, 8), "model.text.embeddings.position.weight": (4, 8)}
+    assert table_problems(index(**own), spec, "step") == []
+    other = {"model.towers.ebc.embedding_bags.item.weight": (50, 8)}
+    assert [p.reason for p in table_problems(index(**other), spec, "step")] == [
+        "holds table 'item', which the model has not: a step of another model's training",
+        "holds no weights of table 'user': a step of another model's training"]
+    resized = {"model.towers.ebc.embedding_bags.user.weight": (90, 8)}
+    assert "is 90 x 8 here, 100 x 8 in the model" in table_problems(index(**resized), spec, "step")[0].reason

@@ -104,6 +104,19 @@ def model_rows(model: nn.Module, constraints: Mapping[str, Any] | None = None, o
     return rows, left_out
 
 
+def unsharded_modules(model: nn.Module) -> list[Problem]:
+    """The embedding modules of ``model`` that DMP would leave unsharded, whole on every rank and
+    trained as dense parameters: subclasses of TorchRec's collections, and modules of sharders
+    shardflow does not plan (a module reached at two paths is planned at the first)."""
+    return [Problem(f"module {path}", f"{type(module).__name__}: {reason}")
+            for path, module, kind, reason in _embedding_modules(model)
+            if kind is None and reason is not None and path and id(module) not in _planned_ids(model)]
+
+
+def _planned_ids(model: nn.Module) -> set[int]:
+    return {id(module) for _, module, kind, _ in _embedding_modules(model) if kind is not None}
+
+
 def _embedding_modules(model: nn.Module) -> Iterator[tuple[str, nn.Module, ModuleKind | None, str | None]]:
     """(path, module, kind, why not planned) of every module a TorchRec sharder would shard, and of
     subclasses of TorchRec's embedding modules (no sharder takes them): what DMP reaches, in order."""

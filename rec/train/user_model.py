@@ -78,7 +78,7 @@ def user_code_exits_fail(target: str) -> Iterator[None]:
 
 def model_problems(model: nn.Module, spec: Spec, source: str) -> list[Problem]:
     """How ``model``'s embedding modules differ from the planned ones (``spec``: the plan's rows)."""
-    from rec.spec.from_model import model_spec
+    from rec.spec.from_model import model_spec, unsharded_modules
 
     try:
         found = model_spec(model, source=source).spec
@@ -98,6 +98,8 @@ def model_problems(model: nn.Module, spec: Spec, source: str) -> list[Problem]:
         if path not in planned_kinds:
             problems.append(Problem(f"module {path}", f"an {kind.value} of {source} that the plan does not "
                                                       "shard; plan this model (shardflow spec from-model)"))
+    problems += [Problem(p.where, f"{p.reason}; DMP would leave it unsharded, whole on every rank")
+                 for p in unsharded_modules(model)]
     # Tables of modules present in both, of the same kind (the others are named above).
     planned = {table_key(t.module, t.name): t for t in spec.tables
                if found_kinds.get(t.module) is t.pooling.module_kind}

@@ -209,9 +209,17 @@ def test_a_user_model_that_differs_from_the_plan_is_named_difference_by_differen
         device=torch.device("meta"))
     modules["extra.ebc"] = EmbeddingBagCollection([EmbeddingBagConfig(
         name="x", num_embeddings=5, embedding_dim=8, feature_names=["x"])], device=torch.device("meta"))
+    class MyEBC(EmbeddingBagCollection):  # no sharder takes a subclass: it once trained whole on every rank
+        pass
+
+    modules["side.ebc"] = MyEBC([EmbeddingBagConfig(name="s", num_embeddings=5, embedding_dim=8, feature_names=["s"])],
+                                device=torch.device("meta"))
     problems = {p.where: p.reason for p in model_problems(place(nn.Module(), modules), spec, "t")}
-    assert set(problems) == {f"module {ITEM}", "module extra.ebc", f"table {USER}.geo", f"table {USER}.id"}
+    assert set(problems) == {f"module {ITEM}", "module extra.ebc", f"table {USER}.geo", f"table {USER}.id",
+                             "module side.ebc"}
     assert "num_embeddings 401 (planned 400)" in problems[f"table {USER}.id"]
+    assert problems["module side.ebc"].startswith("MyEBC: a subclass of a TorchRec embedding module")
+    assert problems["module side.ebc"].endswith("DMP would leave it unsharded, whole on every rank")
 
 
 def test_a_factory_that_returns_no_model_and_batches_is_refused_in_one_line(tmp_path, monkeypatch):

@@ -43,7 +43,7 @@ from rec.train.lifetime import exit_skipping_finalization
 from rec.train.loop import Trained, train_iterations
 from rec.train.metrics import DataRead, TrainMetrics, latency_stats, loss_stats, write_metrics
 from rec.train.model import build_model
-from rec.train.model_file import record_model
+from rec.train.model_file import record_model, record_target
 from rec.train.ownership import this_run
 from rec.train.rank_log import RankOutput
 from rec.train.rank_process import check_world_size, process_group, restart_count, run_rank
@@ -70,8 +70,11 @@ def train(plan: Plan, config: TrainConfig, out_dir: str, output: RankOutput,
     dmp, optimizer = shard_with_plan(model, plan, config, device)
     checkpoints = checkpoint_dir(config, out_dir)
     begin = start(plan, config, out_dir, dmp, optimizer, output, plan_path, feed, this_run(out_dir))
-    if checkpoints and not config.model_target and rank == 0:
-        record_model(checkpoints, spec, config)
+    if checkpoints and rank == 0:  # what the checkpoints are of, replacing what an earlier training wrote
+        if config.model_target:
+            record_target(checkpoints, config.model_target)
+        else:
+            record_model(checkpoints, spec, config)
     batches = feed.batches(rank, world, device, config.prefetch_batches)
     try:
         done = train_iterations(dmp, optimizer, device, feed, batches, config, begin, checkpoints, out_dir,

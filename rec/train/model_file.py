@@ -5,7 +5,9 @@ Written into every checkpoint directory (``record_model``, beside the plan copy)
 exported model's directory. It holds the model kind, the dense input width and the dense/over arch
 sizes, the ``--ids`` policy, the tables (spec rows: rows, dim, features, module) and the features in
 the order the model reads them (each feature column with the rows its ids must fall in, and a
-weighted feature's weights column). Torch-free.
+weighted feature's weights column). A training of a model of the user's own (``--model TARGET``)
+writes in its place the TARGET alone (``record_target``): its checkpoints are judged by what wrote
+them, not by a ``model.json`` an earlier training of shardflow's model left. Torch-free.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from rec.train.config import ModelKind, TrainConfig, resolve_model_kind
 
 MODEL_FILE = "model.json"
 MODEL_FORMAT = "shardflow.model/v1"
+TARGET_FORMAT = "shardflow.model/target-v1"  # checkpoints of a model of the user's own: {format, target}
 MAX_MODEL_FILE_BYTES = 1 << 30
 
 
@@ -81,6 +84,29 @@ def record_model(directory: str | Path, spec: Spec, config: TrainConfig) -> None
     write_whole(Path(directory) / MODEL_FILE, text.encode())
 
 
+def record_target(directory: str | Path, target: str) -> None:
+    """Write ``directory/model.json`` saying its checkpoints are of ``target``'s model (``--model``)."""
+    from rec.disk_full import write_whole
+
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    text = json.dumps({"format": TARGET_FORMAT, "target": target}, indent=1) + "\n"
+    write_whole(Path(directory) / MODEL_FILE, text.encode())
+
+
+def target_of(directory: str | Path) -> str | None:
+    """The TARGET whose model a checkpoint directory's checkpoints are of (``record_target``); None
+    where its ``model.json`` is shardflow's model's, or it has none, or it is not JSON (read_model
+    names that)."""
+    path = Path(directory) / MODEL_FILE
+    try:
+        record = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    except (OSError, ValueError):
+        return None
+    if isinstance(record, dict) and record.get("format") == TARGET_FORMAT and isinstance(record.get("target"), str):
+        return str(record["target"])
+    return None
+
+
 def read_model(path: str | Path) -> tuple[ModelSettings, dict[str, Any]]:
     """``model.json`` (a path to it or its directory) as ModelSettings, and the whole mapping;
     InputError naming every problem of a file shardflow did not write."""
@@ -97,6 +123,10 @@ def read_model(path: str | Path) -> tuple[ModelSettings, dict[str, Any]]:
     except ValueError as e:
         raise InputError(title, [Problem(str(path), f"not JSON: {e}")]) from None
     problems = Problems(str(path))
+    if isinstance(record, dict) and record.get("format") == TARGET_FORMAT:
+        problems.add("format", f"the checkpoints are of a model of your own ({str(record.get('target'))[:200]}): "
+                               "eval, export and predict take shardflow's model")
+        problems.raise_if_any(title)
     if not isinstance(record, dict) or record.get("format") != MODEL_FORMAT:
         problems.add("format", f"expected {MODEL_FORMAT}: not a model shardflow wrote")
         problems.raise_if_any(title)
@@ -132,10 +162,15 @@ def read_model(path: str | Path) -> tuple[ModelSettings, dict[str, Any]]:
 def dense_part_problems(directory: str | Path, spec: Spec, config: TrainConfig) -> list[Problem]:
     """Where a training with ``config`` would build another dense part than the one whose weights the
     checkpoint directory holds (its ``model.json``): the ranks would fail to load them, after launch.
-    Nothing where the directory has no ``model.json`` (the checkpoints of a model of the user's own)."""
+    Checkpoints of a model of the user's own (``record_target``) need ``--model``; nothing where the
+    directory has no ``model.json`` (a model of the user's own, trained before shardflow recorded it)."""
     path = Path(directory) / MODEL_FILE
     if not path.is_file():
         return []
+    target = target_of(directory)
+    if target is not None:  # checkpoints of a model of the user's own: the ranks would fail to load them
+        return [] if config.model_target else [Problem("--model", (
+            f"none given, but the checkpoints are of {target}'s model ({path}): resume with --model {target}"))]
     if config.model_target:
         return [Problem(str(path), "the checkpoint is of shardflow's model, not of --model's: resume it without "
                                    "--model, or give this training another --checkpoint-dir")]

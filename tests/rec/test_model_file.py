@@ -109,3 +109,22 @@ def test_a_resumed_users_model_reads_on_where_an_unbroken_run_would():
     assert made == ["plain", 30]  # with start=, nothing made and passed over
     fresh = Feed(None, DataLayout.of_spec(SPEC, 5), True, 8, Position(2), user=UserModel(None, plain, "m.py:f"))
     assert "passing over the first 30 batches of m.py:f's batches" in (fresh.resume_at(30, None, 2) or "")
+
+
+def test_checkpoints_of_a_users_model_say_so_and_need_its_model_to_resume(tmp_path):
+    """A training of one's own model left shardflow's earlier model.json in place (its own resume was
+    refused, eval and export misread its checkpoints), and its checkpoints resumed with shardflow's model
+    failed after launch (exit 1, retried)."""
+    from rec.train.model_file import record_target, target_of
+
+    record_model(tmp_path, SPEC, TrainConfig())
+    record_target(tmp_path, "m/models.py:two_tower")  # the next training's, in the same folder
+    assert target_of(tmp_path) == "m/models.py:two_tower"
+    assert dense_part_problems(tmp_path, SPEC, TrainConfig(model="m/models.py:two_tower")) == []
+    (problem,) = dense_part_problems(tmp_path, SPEC, TrainConfig())
+    assert problem.where == "--model" and "resume with --model m/models.py:two_tower" in problem.reason
+    with pytest.raises(InputError, match="Cannot read the model settings") as refused:
+        read_model(tmp_path)  # eval and export
+    assert "of a model of your own (m/models.py:two_tower)" in refused.value.render()
+    record_model(tmp_path, SPEC, TrainConfig())  # shardflow's model trained there again
+    assert target_of(tmp_path) is None and read_model(tmp_path)[0].spec == SPEC

@@ -35,6 +35,14 @@ def run(args: argparse.Namespace) -> int:
     from rec.errors import InputError, Problem
 
     problems = []
+    model = str(args.model)
+    if os.path.isdir(os.path.join(model, "checkpoints")):  # a training's folder: its model is exported first
+        problems.append(Problem("--model", f"{model} is a training's folder: shardflow export --checkpoint {model} "
+                                           "--out MODEL, then predict with --model MODEL"))
+    elif not os.path.lexists(model):
+        hint = "a model of your own (TARGET) is not exported: predict takes shardflow's model" if ":" in model \
+            else "no such directory"
+        problems.append(Problem("--model", f"{model}: {hint}; --model is the folder shardflow export wrote"))
     if not 1 <= args.batch_size <= 1 << 20:
         problems.append(Problem("--batch-size", f"must be from 1 to {1 << 20:,}, got {args.batch_size}"))
     if not str(args.out).lower().endswith((".parquet", ".pq")):

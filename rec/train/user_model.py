@@ -49,10 +49,14 @@ def load_user_model(target: str) -> UserModel:
     from rec.target import bad_target, call_target, kind_of, target_function
 
     result = call_target(target, target_function(target))
-    if not (isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[0], nn.Module)
-            and callable(result[1])):
-        raise bad_target(target, f"{target}() returned {kind_of(result)}, not a pair (model, batches): a "
-                           "torch.nn.Module and a function (rank, world_size, batch_size, device) -> batches")
+    wanted = "a torch.nn.Module and a function (rank, world_size, batch_size, device) -> batches"
+    if not (isinstance(result, (tuple, list)) and len(result) == 2):
+        raise bad_target(target, f"{target}() returned {kind_of(result)}, not a pair (model, batches): {wanted}")
+    wrong = [f"its {which} is {kind_of(value)}" for which, value, ok in (
+        ("first item", result[0], isinstance(result[0], nn.Module)), ("second item", result[1], callable(result[1])))
+        if not ok]
+    if wrong:
+        raise bad_target(target, f"{target}() returned a pair (model, batches), but {' and '.join(wrong)}: {wanted}")
     return UserModel(result[0], result[1], target)
 
 

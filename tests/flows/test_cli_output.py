@@ -224,3 +224,14 @@ def test_the_summary_names_an_earlier_evaluation_clearly_better_than_the_last():
     assert summary(0.60, 0.698, 0.68, 0.666)[-1] == (
         "best auc 0.6980 after iteration 50: the model overfit after it (fewer --iterations, or lower learning rates)")
     assert summary(0.60, 0.668, 0.666)[-1].startswith("eval      auc 0.6660")  # within 0.005: no line
+
+
+def test_predict_given_a_target_or_a_trainings_folder_says_what_it_takes(tmp_path, capfd):
+    """Both once read as "model.json: no such file"."""
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    for model, said in (("m/models.py:two_tower", "a model of your own (TARGET) is not exported"),
+                        (str(tmp_path / "run"), f"is a training's folder: shardflow export --checkpoint {tmp_path}")):
+        code = main(["predict", "--model", model, "--data", str(tmp_path / "d.parquet"), "--out",
+                     str(tmp_path / "p.parquet")])
+        err = capfd.readouterr().err
+        assert code == 2 and said in err and "Traceback" not in err

@@ -227,10 +227,13 @@ def test_a_factory_that_returns_no_model_and_batches_is_refused_in_one_line(tmp_
 
     (tmp_path / "factories.py").write_text("import torch\n"
                                            "def model_only():\n    return torch.nn.Linear(2, 2)\n"
+                                           "def no_batches():\n    return torch.nn.Linear(2, 2), None\n"
                                            "def broken():\n    raise ValueError('no data\\nhere')\n")
     monkeypatch.chdir(tmp_path)
     with pytest.raises(InputError, match=r"not a pair \(model, batches\)"):
         load_user_model("factories.py:model_only")
+    with pytest.raises(InputError, match=r"returned a pair \(model, batches\), but its second item is None"):
+        load_user_model("factories.py:no_batches")
     with pytest.raises(InputError, match=r"raised ValueError: no data$"):
         load_user_model("factories.py:broken")
 

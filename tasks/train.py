@@ -109,7 +109,10 @@ def preflight(settings: TrainSettings, topology: Topology, spec: Spec | None = N
     if settings.job.model_target and spec is not None:
         from rec.train.user_model import user_model_problems
 
-        others += user_model_problems(settings.job.model_target, spec)
+        found, notes = user_model_problems(settings.job.model_target, spec)
+        others += found
+        for note in notes if not (problems or others) else ():
+            print(note, file=sys.stderr)
     if problems or others:
         title = ("Cannot train with these settings and this plan here:" if problems and others
                  else "Cannot train with these settings:" if problems else "Cannot train with this plan here:")

@@ -63,7 +63,7 @@ def train_iterations(dmp: DistributedModelParallel, optimizer: CombinedOptimizer
     def so_far() -> Iterations | None:
         mine = _reduced(start.iteration, latencies, waits, losses, config.warmup)
         if mine is not None:
-            _check_finite(mine)
+            _check_finite(mine, config.model_target)
         return start.earlier.then(mine) if mine is not None else None
 
     def keep_iterations_and_position(done: int) -> Callable[[], None]:
@@ -188,16 +188,18 @@ def _reduced(start: int, latencies: list[float], waits: list[float], losses: lis
                              slowest[n:].numpy())
 
 
-def _check_finite(rows: Iterations) -> None:
+def _check_finite(rows: Iterations, target: str | None = None) -> None:
     """InputError where the loss is not finite (rank 0, before a checkpoint of such weights is named
     by LATEST and before the metrics are written): the training diverged, and would again."""
     bad = ~np.isfinite(rows.loss)
     if bad.any():
         first = int(rows.iteration[bad][0])
+        causes = (f"{target}'s model or batches (parameters or buffers it leaves on the meta device: the "
+                  "launcher's notes), or learning rates too high" if target else
+                  "dense values too large for the model, or learning rates too high")
         raise InputError("The training diverged:", [Problem("loss", (
             f"not finite (NaN or infinite) at {int(bad.sum()):,} of {len(bad):,} iterations, first at iteration "
-            f"{first}: dense values too large for the model, or learning rates too high (--dense-lr, "
-            "--embedding-lr)"))])
+            f"{first}: {causes} (--dense-lr, --embedding-lr)"))])
 
 
 def _fail_at(rank: int) -> tuple[int, str] | None:

@@ -135,10 +135,32 @@ def check_user_model(target: str, spec: Spec) -> UserModel:
     return user
 
 
-def user_model_problems(target: str, spec: Spec) -> list[Problem]:
-    """``check_user_model``'s problems as a list (the launcher reports them with its other checks)."""
+def user_model_problems(target: str, spec: Spec) -> tuple[list[Problem], list[str]]:
+    """``check_user_model``'s problems as a list (the launcher reports them with its other checks),
+    and the notes on a model that passes (``uninitialized``)."""
     try:
-        check_user_model(target, spec)
+        user = check_user_model(target, spec)
     except InputError as e:
-        return list(e.problems)
-    return []
+        return list(e.problems), []
+    return [], uninitialized(user.model)
+
+
+def uninitialized(model: nn.Module) -> list[str]:
+    """A line for each module whose parameters DMP would allocate on the device but not initialize
+    (on the meta device, the module without ``reset_parameters``), or whose buffers it would make
+    zero (on the meta device): the model trains from them all the same."""
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+
+    out = []
+    for path, module in model.named_modules():
+        if isinstance(module, (EmbeddingBagCollection, EmbeddingCollection)):  # sharded, initialized by TorchRec
+            continue
+        where = f"module {path}" if path else "the model"
+        blank = [name for name, p in module.named_parameters(recurse=False) if p.is_meta]
+        if blank and not callable(getattr(module, "reset_parameters", None)):
+            out.append(f"note      {where}: {', '.join(blank)} on the meta device without a reset_parameters: "
+                       "DMP leaves them uninitialized")
+        zeroed = [name for name, b in module.named_buffers(recurse=False) if b.is_meta]
+        if zeroed:
+            out.append(f"note      {where}: buffer {', '.join(zeroed)} on the meta device: DMP makes it zero")
+    return out

@@ -258,3 +258,25 @@ def test_tables_of_one_name_in_two_modules_are_matched_by_key_when_resuming(spec
     assert not f"model.{ITEM}.embedding_bags.id.weight".endswith(weights)
     assert is_table_tensor("model.model.sparse_arch.embedding_bag_collection.embedding_bags.t.weight", ["t"])
     assert not is_table_tensor("model.dense.over_arch.model.1.weight", [f"{SEQUENCE}.id", "t"])
+
+
+def test_meta_parameters_dmp_leaves_uninitialized_and_meta_buffers_it_zeroes_get_a_note(spec):
+    """The model trained from uninitialized memory (a scale of -1.7e6) or a zero temperature, silently."""
+    from torch import nn
+
+    from rec.spec.torchrec_modules import embedding_modules, place
+    from rec.train.user_model import uninitialized
+
+    class Gate(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = nn.Parameter(torch.ones(8, device="meta"))
+            self.register_buffer("temperature", torch.full((1,), 2.0, device="meta"))
+
+    model = place(nn.Module(), embedding_modules(spec))
+    model.head = nn.Linear(8, 1, device="meta")  # reset_parameters initializes it
+    assert uninitialized(model) == []
+    model.gate = Gate()
+    assert uninitialized(model) == [
+        "note      module gate: scale on the meta device without a reset_parameters: DMP leaves them uninitialized",
+        "note      module gate: buffer temperature on the meta device: DMP makes it zero"]

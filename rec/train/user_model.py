@@ -147,12 +147,16 @@ def user_model_problems(target: str, spec: Spec) -> tuple[list[Problem], list[st
 
 def uninitialized(model: nn.Module) -> list[str]:
     """A line for each module whose parameters DMP would allocate on the device but not initialize
-    (on the meta device, the module without ``reset_parameters``), or whose buffers it would make
-    zero (on the meta device): the model trains from them all the same."""
+    (on the meta device, the module without ``reset_parameters``), whose buffers it would make zero
+    (on the meta device), or whose given weights it replaces (an EmbeddingBagCollection's tables):
+    the model trains from them all the same."""
     from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
     out = []
     for path, module in model.named_modules():
+        if isinstance(module, EmbeddingBagCollection) and any(not p.is_meta for p in module.parameters()):
+            out.append(f"note      module {path}: an EmbeddingBagCollection built with its weights: DMP "
+                       "re-initializes its tables; load pretrained ones after sharding")
         if isinstance(module, (EmbeddingBagCollection, EmbeddingCollection)):  # sharded, initialized by TorchRec
             continue
         where = f"module {path}" if path else "the model"

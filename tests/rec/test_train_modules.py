@@ -280,3 +280,11 @@ def test_meta_parameters_dmp_leaves_uninitialized_and_meta_buffers_it_zeroes_get
     assert uninitialized(model) == [
         "note      module gate: scale on the meta device without a reset_parameters: DMP leaves them uninitialized",
         "note      module gate: buffer temperature on the meta device: DMP makes it zero"]
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    built = nn.Module()  # pretrained weights in a cpu EmbeddingBagCollection: DMP once dropped them silently
+    built.ebc = EmbeddingBagCollection([EmbeddingBagConfig(name="t", num_embeddings=4, embedding_dim=4,
+                                                           feature_names=["t"])])
+    assert uninitialized(built) == ["note      module ebc: an EmbeddingBagCollection built with its weights: DMP "
+                                    "re-initializes its tables; load pretrained ones after sharding"]

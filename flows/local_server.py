@@ -73,6 +73,11 @@ def prefect_api(port: int) -> Iterator[PrefectApi]:
         yield PrefectApi(configured, None)
         return
     url = f"http://127.0.0.1:{port}/api"
+    taken = port_taken(port)
+    if taken:  # another serve's server would answer for the one started here, and get its deployments
+        raise InputError("Cannot start a local Prefect server:", [Problem(f"127.0.0.1:{port}", (
+            f"the port is in use ({taken}): another shardflow serve, or another program; give --port, or "
+            f"PREFECT_API_URL={url} to serve on that server"))])
     log = None if verbose() else Path(PREFECT_HOME.value()) / SERVER_LOG
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -98,6 +103,19 @@ def prefect_api(port: int) -> Iterator[PrefectApi]:
             yield PrefectApi(url, server, log)
     finally:
         stop_server(server, STOP_TIMEOUT_S)
+
+
+def port_taken(port: int) -> str:
+    """Why a server cannot listen on 127.0.0.1:``port`` (its bind's error), or "" where it can."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: a closed one's port is free
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as e:
+            return e.strerror or str(e)
+    return ""
 
 
 def stop_server(process: subprocess.Popen[Any], wait_s: float) -> None:

@@ -111,3 +111,26 @@ def test_a_served_runs_bad_input_is_logged_in_its_words_without_a_traceback(tmp_
     with temporary_settings(updates={PREFECT_HOME: tmp_path}):
         settings = yaml.safe_load(_logging_settings_for_flow_runs().read_text())
     assert "input_errors_without_traceback" in settings["handlers"]["console"]["filters"]
+
+
+def test_serve_on_a_port_another_server_listens_on_is_refused_before_it_starts_one(tmp_path):
+    """Its deployments once went to the other serve's server (which then ran them on this one's
+    schedule) while its own server failed on the taken port."""
+    import socket
+
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
+
+    from flows.local_server import port_taken, prefect_api
+    from rec.errors import InputError
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        assert port_taken(port)
+        with temporary_settings(updates={PREFECT_HOME: str(tmp_path)}, restore_defaults={PREFECT_API_URL}):
+            with pytest.raises(InputError, match="Cannot start a local Prefect server") as refused:
+                with prefect_api(port):
+                    pass
+        assert "the port is in use" in refused.value.render() and not list(tmp_path.iterdir())  # no log written
+    assert not port_taken(port)

@@ -345,9 +345,20 @@ def train(plan_path: str, out_dir: str, settings: TrainSettings = TrainSettings(
             if finished.code != 0:
                 cause = failure_cause(launch, finished)
                 raise TrainingFailed(cause.text, cause.deterministic, str(log_dir(out_dir)), attempt)
-    metrics = read_metrics(out_dir) if launch.node_rank == 0 else None
+    metrics = _node_metrics(launch, out_dir) if launch.node_rank == 0 else None
     return Trained(plan_id, out_dir, metrics, settings, launch.nproc_per_node, attempt, started,
                    launch.plan_path)
+
+
+def _node_metrics(launch: Launch, out_dir: str) -> TrainMetrics:
+    """What global rank 0 wrote into ``out_dir``; InputError where it ran on another node."""
+    from rec.train.metrics import METRICS_FILE
+
+    if launch.nnodes > 1 and not (Path(out_dir) / METRICS_FILE).exists():
+        raise InputError("The training finished, but its metrics are on another node:", [Problem(out_dir, (
+            f"no {METRICS_FILE}: torchrun ordered the nodes as they came, not by --node-rank, and another's "
+            "ranks wrote it; give every node the same --out on a shared filesystem"))])
+    return read_metrics(out_dir)
 
 
 @contextmanager

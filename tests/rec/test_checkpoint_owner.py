@@ -176,3 +176,16 @@ def test_a_checkpoint_is_judged_by_its_collections_tables_not_by_a_dense_block_n
         "holds no weights of table 'user': a step of another model's training"]
     resized = {"model.towers.ebc.embedding_bags.user.weight": (90, 8)}
     assert "is 90 x 8 here, 100 x 8 in the model" in table_problems(index(**resized), spec, "step")[0].reason
+
+
+def test_node_0_without_the_metrics_of_a_multi_node_training_says_where_they_went(tmp_path):
+    """torchrun's c10d rendezvous orders the nodes as they arrive: node 1's ranks may be the ranks from
+    0 and write into node 1's --out. Node 0 once said only that its metrics file was missing."""
+    from tasks.launch import Launch
+    from tasks.train import _node_metrics
+
+    with pytest.raises(InputError, match="its metrics are on another node") as refused:
+        _node_metrics(Launch("plan.json", str(tmp_path), 1, nnodes=2), str(tmp_path))
+    assert "give every node the same --out on a shared filesystem" in refused.value.render()
+    with pytest.raises(InputError, match="metrics"):  # one node: the file's own reason, as before
+        _node_metrics(Launch("plan.json", str(tmp_path), 1), str(tmp_path))

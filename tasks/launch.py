@@ -240,6 +240,10 @@ def failure_cause(launch: Launch, finished: Finished) -> Cause:
         text = f"{_ranks(same)}: {first.cause}" + (f" (then {others} more rank{'s' if others > 1 else ''} "
                                                    "failed)" if others else "")
         return Cause(text, first.deterministic)
+    if any("RendezvousTimeoutError" in line for line in lines):  # torchrun's own words say only the class
+        return Cause(f"the {launch.nnodes} nodes did not all meet at {launch.rdzv_endpoint or 'the rendezvous'} in "
+                     "time: start every node with the same plan (its plan_id names the rendezvous), --nnodes and "
+                     "--rdzv-endpoint", False)
     error = next((line.strip() for line in reversed(lines) if _ERROR_LINE.match(line.strip())), None)
     return Cause(error or f"torchrun exited with code {exit_code} (see {LOG_DIR}/)", False)
 

@@ -189,3 +189,16 @@ def test_node_0_without_the_metrics_of_a_multi_node_training_says_where_they_wen
     assert "give every node the same --out on a shared filesystem" in refused.value.render()
     with pytest.raises(InputError, match="metrics"):  # one node: the file's own reason, as before
         _node_metrics(Launch("plan.json", str(tmp_path), 1), str(tmp_path))
+
+
+def test_nodes_that_never_meet_are_named_as_such_not_as_torchruns_exit_code(tmp_path):
+    """A peer started with another plan (another rendezvous id) or never: after 600 s the launch
+    ended with "torchrun exited with code 1 (see logs/)"."""
+    from tasks.launch import LAUNCH_HEADER, Finished, Launch, failure_cause, node_log
+
+    launch = Launch("plan.json", str(tmp_path), 1, nnodes=2, node_rank=0, rdzv_endpoint="127.0.0.1:29400")
+    log = node_log(launch)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(f"{LAUNCH_HEADER}\n[E] ... torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError\n")
+    cause = failure_cause(launch, Finished(1))
+    assert cause.text.startswith("the 2 nodes did not all meet at 127.0.0.1:29400 in time")

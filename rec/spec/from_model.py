@@ -108,13 +108,10 @@ def unsharded_modules(model: nn.Module) -> list[Problem]:
     """The embedding modules of ``model`` that DMP would leave unsharded, whole on every rank and
     trained as dense parameters: subclasses of TorchRec's collections, and modules of sharders
     shardflow does not plan (a module reached at two paths is planned at the first)."""
-    return [Problem(f"module {path}", f"{type(module).__name__}: {reason}")
-            for path, module, kind, reason in _embedding_modules(model)
-            if kind is None and reason is not None and path and id(module) not in _planned_ids(model)]
-
-
-def _planned_ids(model: nn.Module) -> set[int]:
-    return {id(module) for _, module, kind, _ in _embedding_modules(model) if kind is not None}
+    found = list(_embedding_modules(model))
+    planned = {id(module) for _, module, kind, _ in found if kind is not None}
+    return [Problem(f"module {path}", f"{type(module).__name__}: {reason}") for path, module, kind, reason in found
+            if kind is None and reason is not None and path and id(module) not in planned]
 
 
 def _embedding_modules(model: nn.Module) -> Iterator[tuple[str, nn.Module, ModuleKind | None, str | None]]:

@@ -87,11 +87,14 @@ class TrainingFailed(RuntimeError):
         return type(self), (self.cause, self.deterministic, self.logs, self.attempt)
 
 
-def preflight(settings: TrainSettings, topology: Topology, spec: Spec | None = None) -> int:
+def preflight(settings: TrainSettings, topology: Topology, spec: Spec | None = None,
+              notes: list[str] | None = None) -> int:
     """Check, before any process starts, what would fail the job for certain on this machine;
     InputError naming every problem. ``topology``: the plan's; ``--data`` and ``--eval-data``
     (their files, columns and a sample of rows) are checked against ``spec``'s tables, and so is the
-    model of ``--model TARGET``. Returns the processes to start on this node."""
+    model of ``--model TARGET``. Returns the processes to start on this node; what the launcher says
+    without refusing (the sample's unscaled dense values, a user model's uninitialized parameters)
+    goes into ``notes``."""
     problems = settings_problems(settings)
     refused = {p.where for p in problems}  # settings the checks below would misread
     nproc = settings.nproc_per_node or topology.local_world_size
@@ -104,15 +107,18 @@ def preflight(settings: TrainSettings, topology: Topology, spec: Spec | None = N
         others += _device_problems(topology.compute_device.value, nproc)
     if settings.rdzv_endpoint:
         others += _endpoint_problems(settings.rdzv_endpoint)
+    said: list[str] = []
     if spec is not None and world >= 1 and "--dense-in-features" not in refused:
-        others += _data_problems(settings.job, spec, world)
+        found, said = _data_problems(settings.job, spec, world)
+        others += found
     if settings.job.model_target and spec is not None:
         from rec.train.user_model import user_model_problems
 
-        found, notes = user_model_problems(settings.job.model_target, spec)
+        found, told = user_model_problems(settings.job.model_target, spec)
         others += found
-        for note in notes if not (problems or others) else ():
-            print(note, file=sys.stderr)
+        said += told
+    if notes is not None:
+        notes += said
     if problems or others:
         title = ("Cannot train with these settings and this plan here:" if problems and others
                  else "Cannot train with these settings:" if problems else "Cannot train with this plan here:")
@@ -124,31 +130,35 @@ def check_settings(settings: TrainSettings, plan_path: str | None = None) -> Non
     """InputError for bad settings, before anything is made; beside them it names what
     ``preflight`` finds with the plan at ``plan_path`` (the plan's own problems where it cannot
     be read), so that one message names every problem."""
-    if not settings_problems(settings):
+    problems = settings_problems(settings)
+    if not problems:
         return
     if plan_path is not None:
         try:
             plan = read_plan(plan_path)
         except InputError as e:
-            raise InputError("Cannot train with these settings and this plan:",
-                             [*settings_problems(settings), *e.problems]) from None
+            raise InputError("Cannot train with these settings and this plan:", [*problems, *e.problems]) from None
         preflight(settings, plan.topology, plan.spec)
     check(settings, "Cannot train with these settings:")
 
 
-def _data_problems(job: TrainConfig, spec: Spec, world: int) -> list[Problem]:
+def _data_problems(job: TrainConfig, spec: Spec, world: int) -> tuple[list[Problem], list[str]]:
     """What is wrong with ``--data`` and ``--eval-data`` for ``spec``'s model on ``world`` ranks
-    (rec.data.schema)."""
+    (rec.data.schema), and the note on ``--data``'s dense values."""
     sources = [(what, path) for what, path in (("--data", job.data), ("--eval-data", job.eval_data))
                if path and not job.model_target]
     if not sources:
-        return []
+        return [], []
     from rec.data.layout import DataLayout
-    from rec.data.schema import data_problems
+    from rec.data.schema import data_findings
 
     layout = DataLayout.of_spec(spec, job.dense_in_features)
-    return [p for what, path in sources
-            for p in data_problems(path, layout, job.ids, what, ranks=world if what == "--data" else 1)]
+    problems, notes = [], []
+    for what, path in sources:
+        found, note = data_findings(path, layout, job.ids, what, ranks=world if what == "--data" else 1)
+        problems += found
+        notes += [note] if note and what == "--data" else []
+    return problems, notes
 
 
 def check_resume_from(job: TrainConfig, plan: Plan) -> None:
@@ -280,25 +290,20 @@ def prepare(plan_path: str, out_dir: str, settings: TrainSettings, run: Run | No
     fail the job for certain (see ``preflight``), the plan's soundness included. A ``--resume`` of
     another run's checkpoint says so on stderr, in one line."""
     check_settings(settings, plan_path)
-    continues = ""
+    continues, notes = "", list[str]()
     with progress.step("check", "the plan, and what it needs of this machine"):
         plan = read_plan(plan_path)
         check_plan(plan)
-        nproc = preflight(settings, plan.topology, plan.spec)
+        nproc = preflight(settings, plan.topology, plan.spec, notes)
         if settings.job.resume_from:
             check_resume_from(settings.job, plan)
         if settings.job.resume:
             continues = check_own_checkpoint(settings.job, out_dir, run, plan)
         else:
             check_not_anothers(settings.job, out_dir, run)
-    if continues:
-        print(continues, file=sys.stderr)
-    if settings.job.data and not settings.job.model_target:
-        from rec.data.schema import dense_scale_note
-
-        note = dense_scale_note(settings.job.data)
-        if note:
-            print(note, file=sys.stderr)
+    for line in (continues, *notes):
+        if line:
+            print(line, file=sys.stderr)
     launch = Launch(plan_path=str(plan_file(plan_path)), out_dir=out_dir,
                     nproc_per_node=nproc, nnodes=settings.nnodes, node_rank=settings.node_rank,
                     rdzv_endpoint=settings.rdzv_endpoint, rdzv_id=plan.plan_id,

@@ -19,7 +19,7 @@ import numpy as np
 from rec.data.columns import Locate, from_arrow_parts, type_problem
 from rec.data.files import DataFiles, open_data
 from rec.data.ids import IdsPolicy
-from rec.data.layout import DENSE, DataLayout
+from rec.data.layout import DataLayout
 from rec.errors import InputError, Problem
 
 if TYPE_CHECKING:
@@ -36,18 +36,27 @@ def data_problems(source: str, layout: DataLayout, policy: IdsPolicy, what: str 
                   sample_rows: int = SAMPLE_ROWS, ranks: int = 1) -> list[Problem]:
     """What makes ``source`` unusable as ``layout``'s training data on ``ranks`` ranks (each reads
     its share of every epoch: at least a row): its files, schemas and a sample."""
+    return data_findings(source, layout, policy, what, sample_rows, ranks)[0]
+
+
+def data_findings(source: str, layout: DataLayout, policy: IdsPolicy, what: str = "--data",
+                  sample_rows: int = SAMPLE_ROWS, ranks: int = 1) -> tuple[list[Problem], str]:
+    """``data_problems``, and the note on the sample's dense values (``dense_scale_note``; "" where
+    there is none or the sample could not be read whole)."""
     try:
         files = open_data(source, what)
     except InputError as e:
-        return list(e.problems)
+        return list(e.problems), ""
     problems = schema_problems(files, layout, what)
     if files.rows < ranks:
         problems.append(Problem(what, f"{source} holds {files.rows:,} row{'s' if files.rows != 1 else ''}, fewer "
                                       f"than the {ranks} ranks: each rank reads its share of every epoch"))
     if layout.clashes(what) or any(schema.names.count(c) != 1 for _, schema in files.schemas for c in layout.columns):
-        return problems  # the sample needs every column, each once and of one meaning
+        return problems, ""  # the sample needs every column, each once and of one meaning
     named = {p.where for p in problems}
-    return problems + [p for p in sample_problems(files, layout, policy, what, sample_rows) if p.where not in named]
+    found, dense = _sample(files, layout, policy, what, sample_rows)
+    note = dense_scale_note(dense, source, what) if dense is not None else ""
+    return problems + [p for p in found if p.where not in named], note
 
 
 def schema_problems(files: DataFiles, layout: DataLayout, what: str = "--data") -> list[Problem]:
@@ -92,6 +101,12 @@ def repeated_columns(files: DataFiles, file: int, schema: pa.Schema, columns: tu
 def sample_problems(files: DataFiles, layout: DataLayout, policy: IdsPolicy, what: str = "--data",
                     sample_rows: int = SAMPLE_ROWS) -> list[Problem]:
     """Every kind of bad value in a sample of rows from row groups spread over the dataset."""
+    return _sample(files, layout, policy, what, sample_rows)[0]
+
+
+def _sample(files: DataFiles, layout: DataLayout, policy: IdsPolicy, what: str,
+            sample_rows: int) -> tuple[list[Problem], np.ndarray | None]:
+    """``sample_problems``, and the sample's dense values where every row of it converted."""
     import pyarrow as pa
 
     groups = files.row_groups
@@ -114,29 +129,20 @@ def sample_problems(files: DataFiles, layout: DataLayout, policy: IdsPolicy, wha
 
             parts.append((pa.Table.from_batches([batch]), locate))
     if not parts:
-        return unreadable
+        return unreadable, None
     try:
-        from_arrow_parts(parts, layout, policy, what)
+        dense = from_arrow_parts(parts, layout, policy, what).dense
     except InputError as e:
-        return unreadable + list(e.problems)
-    return unreadable
+        return unreadable + list(e.problems), None
+    return unreadable, dense
 
 
-def dense_scale_note(source: str, what: str = "--data") -> str:
-    """A line for the launcher where the first row group's dense values are past ``DENSE_SCALE``:
-    the model takes them as they are (a note, not a refusal: such data trains, only worse); "" where
-    they are not, or the data cannot be read (``data_problems`` names that)."""
-    import pyarrow as pa
-
-    try:
-        files = open_data(source, what)
-        group = files.row_groups[0]
-        column = files.parquet_file(group.file).read_row_group(group.index, columns=[DENSE]).column(DENSE)
-        values = np.abs(np.asarray(column.combine_chunks().flatten().to_numpy(zero_copy_only=False), np.float64))
-    except (InputError, OSError, ValueError, KeyError, TypeError, pa.ArrowException):
-        return ""
-    largest = float(values[np.isfinite(values)].max(initial=0.0))
+def dense_scale_note(dense: np.ndarray, source: str, what: str = "--data") -> str:
+    """A line for the launcher where a sample's ``dense`` values are past ``DENSE_SCALE``: the model
+    takes them as they are (a note, not a refusal: such data trains, only worse); "" where they are not."""
+    finite = np.abs(dense[np.isfinite(dense)])
+    largest = float(finite.max(initial=0.0))
     if largest <= DENSE_SCALE:
         return ""
-    return (f"note      {what}: dense values up to {largest:.3g} in {files.paths[group.file]}: the model takes them "
-            "as they are; scale them (log(1 + x), as `shardflow data criteo` writes) or it may train far worse")
+    return (f"note      {what}: dense values up to {largest:.3g} in {source}: the model takes them as they are; "
+            "scale them (log(1 + x), as `shardflow data criteo` writes) or it may train far worse")

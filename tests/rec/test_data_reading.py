@@ -364,13 +364,15 @@ def splitmix64_finalizer(z: int) -> int:
 def test_unscaled_dense_values_get_a_note_scaled_ones_none(tmp_path):
     """Raw counts (up to 1e5-1e6, as Criteo's) train far worse than their log: the launcher says so
     in one line before it starts, and trains all the same."""
-    from rec.data.schema import dense_scale_note
+    from rec.data.schema import data_findings
 
     rows = table(range(50), np.random.default_rng(0))
     pq.write_table(rows, tmp_path / "scaled.parquet")
-    assert dense_scale_note(str(tmp_path / "scaled.parquet")) == ""
+    assert data_findings(str(tmp_path / "scaled.parquet"), LAYOUT, IdsPolicy.ERROR) == ([], "")
     counts = rows.set_column(1, "dense", pa.array([[float(r) * 1000, 1.0, 2.0] for r in range(50)]))
     pq.write_table(counts, tmp_path / "counts.parquet")
-    note = dense_scale_note(str(tmp_path / "counts.parquet"))
-    assert note.startswith("note      --data: dense values up to 4.9e+04 in ") and "log(1 + x)" in note
-    assert dense_scale_note(str(tmp_path / "nowhere.parquet")) == ""  # data_problems names it
+    problems, note = data_findings(str(tmp_path / "counts.parquet"), LAYOUT, IdsPolicy.ERROR)
+    assert problems == [] and note.startswith("note      --data: dense values up to 4.9e+04 in ")
+    assert "log(1 + x)" in note
+    problems, note = data_findings(str(tmp_path / "nowhere.parquet"), LAYOUT, IdsPolicy.ERROR)
+    assert problems and note == ""  # the problem is named, and no note

@@ -97,10 +97,12 @@ def target_of(directory: str | Path) -> str | None:
     """The TARGET whose model a checkpoint directory's checkpoints are of (``record_target``); None
     where its ``model.json`` is shardflow's model's, or it has none, or it is not JSON (read_model
     names that)."""
+    from rec.input_files import read_text
+
     path = Path(directory) / MODEL_FILE
     try:
-        record = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
-    except (OSError, ValueError):
+        record = json.loads(read_text(path, "model settings", MAX_MODEL_FILE_BYTES)) if path.is_file() else None
+    except (InputError, ValueError):
         return None
     if isinstance(record, dict) and record.get("format") == TARGET_FORMAT and isinstance(record.get("target"), str):
         return str(record["target"])

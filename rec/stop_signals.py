@@ -24,6 +24,11 @@ class Stopped(KeyboardInterrupt):
         return signal.Signals(self.signum).name
 
 
+def raise_stopped(signum: int, _frame: object) -> None:
+    """A signal handler: raise ``Stopped`` where the main thread is."""
+    raise Stopped(signum)
+
+
 @contextmanager
 def signals_stop() -> Iterator[None]:
     """SIGTERM, SIGINT and SIGHUP raise ``Stopped`` in the block (main thread only: elsewhere
@@ -31,10 +36,6 @@ def signals_stop() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def raise_stopped(signum: int, _frame: object) -> None:
-        raise Stopped(signum)
-
     previous = {s: signal.signal(s, raise_stopped) for s in STOP_SIGNALS}
     try:
         yield

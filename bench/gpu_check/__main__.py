@@ -64,6 +64,7 @@ from bench.gpu_check.workloads import DEFAULT_BATCH, Ranks, Workload, read_workl
 from rec.errors import InputError  # noqa: E402
 from rec.exit_codes import ExitCode, stopped_by  # noqa: E402
 from rec.sharding import ComputeDevice  # noqa: E402
+from rec.stop_signals import Stopped, raise_stopped  # noqa: E402
 
 GIVEN_SECTIONS = ("calibration", "vs_torchrec")  # the sections that run --specs workloads
 SECTIONS: dict[str, Callable[[Context], Outcome]] = {
@@ -165,11 +166,13 @@ def main(argv: list[str] | None = None) -> int:
     if given and not set(args.sections) & set(GIVEN_SECTIONS):
         print(f"gpu_check: --specs: only {' and '.join(GIVEN_SECTIONS)} run your workloads, and --sections "
               f"leaves both out", flush=True)
-    signal.signal(signal.SIGTERM, _stopped)
+    # SIGTERM raises where the check is, as Ctrl-C does: the command running then is stopped with its
+    # processes (machine.shardflow) and the report kept.
+    signal.signal(signal.SIGTERM, raise_stopped)
     for name in args.sections:
         try:
             report.sections.append(run_section(name, ctx))
-        except (KeyboardInterrupt, Stopped) as e:  # the running command and its processes are stopped by now
+        except KeyboardInterrupt as e:  # Ctrl-C or Stopped: the running command and its processes are stopped by now
             signum = e.signum if isinstance(e, Stopped) else signal.SIGINT
             how = f"stopped by {signal.Signals(signum).name}"
             at = args.sections.index(name)
@@ -198,19 +201,6 @@ def _remove_if(created: Path | None) -> None:
     where the check never started."""
     if created is not None:
         shutil.rmtree(created, ignore_errors=True)
-
-
-class Stopped(BaseException):
-    """SIGTERM, raised where the check is (as Ctrl-C raises KeyboardInterrupt), so that the command
-    running then is stopped with its processes (``machine.shardflow``) and the report kept."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _stopped(signum: int, frame: object) -> None:
-    raise Stopped(signum)
 
 
 def _profile(path: str | None, ranks: Ranks) -> Path | None:

@@ -16,7 +16,9 @@ import stat
 from pathlib import Path
 
 from rec.errors import Problem
+from rec.plan.types import PLAN_FORMAT
 from rec.safe_read import kind, owned_link
+from rec.train.model_file import MODEL_FORMAT
 
 DEPTH = 2  # a checkpoint directory's files, and its step directories' files
 
@@ -57,7 +59,8 @@ _TOP = re.compile(rf"(?:{_TOP_FILES})|\.(?:{_TOP_FILES})\.tmp|\.shardflow-checkp
 # In a step directory: torch.distributed.checkpoint's index and data files (and its index's temporary
 # file), the run that wrote it and the data's position.
 _STEP = re.compile(r"(?:__\d+)?\.metadata(?:\.tmp)?|__\d+_\d+\.distcp|\.?(?:run|data_position)\.json(?:\.tmp)?")
-_WRITTEN_BY = {"model.json": "shardflow.model/", "plan.json": "shardflow.plan/"}
+_WRITTEN_BY = {name: written.rsplit("/", 1)[0] + "/"  # any version of the format: "shardflow.plan/"
+               for name, written in (("model.json", MODEL_FORMAT), ("plan.json", PLAN_FORMAT))}
 _FORMAT = re.compile(rb'\s*\{\s*"format"\s*:\s*"([^"]{1,64})"')
 
 

@@ -9,10 +9,17 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import NoReturn
 
+# Imported with the job, in the forkserver the ranks are forked from, not in every rank: torchrec's
+# apply_optimizer_in_backward imports torch.distributed.optim on its first call, which
+# TorchScript-compiles its functional optimizers (0.4-0.7 CPU-s a rank); read_plan's shard check
+# imports pyarrow.compute; pyarrow imports pandas (where installed; below) on its first array, which
+# a rank makes to write iterations.parquet or read Parquet (0.2-0.4 CPU-s).
+import pyarrow.compute  # noqa: F401
 import torch.distributed as dist
+import torch.distributed.optim  # noqa: F401
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 
 from rec.errors import InputError, Problem
@@ -23,6 +30,9 @@ from rec.train.collectives import Group, join
 from rec.train.lifetime import RunLockTaken, die_with_torchrun, join_run_lock
 from rec.train.ownership import CHECKPOINT_LOCK_ENV
 from rec.train.rank_log import RankOutput
+
+with suppress(ImportError):  # pyarrow works without pandas (a GPU image may not ship it)
+    import pandas  # type: ignore[import-untyped]  # noqa: F401
 
 RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"  # torchrun's: 0 on the first attempt
 

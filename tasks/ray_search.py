@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -32,6 +31,7 @@ from rec.search.candidates import Ladder
 from rec.search.group import GroupResult, search_group
 from rec.search.space import SearchSpace
 from tasks.backend import Backend
+from tasks.ray_address import check_ray_answers, parse_ray_address
 from tasks.ray_loopback import start_local
 
 log = logging.getLogger(__name__)
@@ -77,11 +77,14 @@ class RaySearcher:
         self.address = address if address is not None else os.environ.get("RAY_ADDRESS")
         self.max_group_retries = max_group_retries
         self.kept: list[Any] | None = None  # inside session(): the last search's actors, for the next
+        self.refused: InputError | None = None  # inside one_ray: why Ray could not be joined, told each search
 
     def search(self, space: SearchSpace, config: SearchConfig, start: Assignment | None = None,
                wall_s: float | None = None) -> SearchResult:
         import ray
 
+        if self.refused is not None:
+            raise self.refused
         with ray_session(self.address):
             cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
             groups = self.groups or default_groups(space.num_tables, cpus)
@@ -203,7 +206,8 @@ def connect(address: str | None) -> bool:
         return False
     try:
         if address:
-            _check_reachable(address)
+            if address != "auto":  # Ray's own lookup of the cluster last started on this machine
+                check_ray_answers(parse_ray_address(address))
             ray.init(address=address, log_to_driver=False, configure_logging=False)
             return False
         progress.update("starting a local Ray")
@@ -212,18 +216,6 @@ def connect(address: str | None) -> bool:
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise InputError("Cannot reach the Ray cluster:",
                          [Problem(f"RAY_ADDRESS={address}" if address else "local Ray", str(e))]) from None
-
-
-def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
-    """Fail fast: ray.init retries an unreachable GCS for minutes before giving up."""
-    if address == "auto":
-        return
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    try:
-        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s):
-            pass
-    except (OSError, ValueError) as e:
-        raise ConnectionError(f"nothing answers at {address} ({e})") from None
 
 
 class AutoSearcher:
@@ -263,8 +255,9 @@ def one_ray(searcher: object, num_tables: int) -> Iterator[None]:
         if on_ray is not None:
             try:
                 stack.enter_context(ray_session(on_ray.address))
-            except InputError:  # RaySearcher raises it on its first search; AutoSearcher falls back there
-                pass
+            except InputError as e:  # RaySearcher raises it on its first search; AutoSearcher falls back there
+                on_ray.refused = e  # rather than wait for the same answer again (seconds, for a listener not Ray)
+                stack.callback(setattr, on_ray, "refused", None)
             else:
                 stack.enter_context(on_ray.session())  # one set of actors for all the searches
         yield

@@ -1,0 +1,93 @@
+"""The Ray address a user gives (``RAY_ADDRESS``), checked to be a Ray cluster before ``ray.init``
+joins it.
+
+``ray.init`` retries an address where nothing listens for about a minute, and one where something
+else listens (an HTTP server, the dashboard's port, any TCP listener that never speaks Ray's
+protocol) for as long: a failure named that late looks like a hang. Both of Ray's servers that an
+address names, the GCS (``HOST:PORT``) and the Ray Client server (``ray://HOST:PORT``), are gRPC
+servers, which answer an HTTP/2 connection preface at once with their own SETTINGS frame; anything
+else is named here within seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+
+CLIENT_SCHEME = "ray://"
+CONNECT_TIMEOUT_S = 5.0
+ANSWER_TIMEOUT_S = 2.0  # a gRPC server answers in milliseconds (its transport does, however busy its service)
+
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+H2_EMPTY_SETTINGS = bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # length 0, type SETTINGS, no flags, stream 0
+H2_FRAME_HEADER = 9
+H2_SETTINGS, H2_ACK = 4, 1
+
+
+@dataclass(frozen=True)
+class RayAddress:
+    """``host`` without brackets (``::1``); ``client``: a Ray Client address (``ray://``)."""
+
+    host: str
+    port: int
+    client: bool = False
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{CLIENT_SCHEME if self.client else ''}{host}:{self.port}"
+
+
+def parse_ray_address(address: str) -> RayAddress:
+    """``10.0.0.5:6379``, ``ray://head:10001`` -> RayAddress; ValueError for anything else."""
+    client = address.startswith(CLIENT_SCHEME)
+    host, _, port = address.removeprefix(CLIENT_SCHEME).rpartition(":")
+    return RayAddress(host or "127.0.0.1", int(port), client)
+
+
+def check_ray_answers(address: RayAddress) -> None:
+    """ConnectionError in one line, within seconds, unless a gRPC server (a Ray GCS or Ray Client
+    server) answers at ``address``."""
+    try:
+        with socket.create_connection((address.host, address.port), timeout=CONNECT_TIMEOUT_S) as conn:
+            if _ray_uses_tls():  # its servers expect a TLS handshake, which ray.init makes
+                return
+            conn.sendall(H2_PREFACE + H2_EMPTY_SETTINGS)
+            answer = _read_at_least(conn, H2_FRAME_HEADER, ANSWER_TIMEOUT_S)
+    except OSError as e:
+        raise ConnectionError(f"nothing answers at {address} ({e})") from None
+    if answer is None:
+        raise ConnectionError(f"something listens at {address} but gives no answer in Ray's protocol (gRPC) "
+                              f"within {ANSWER_TIMEOUT_S:g} s: not a Ray cluster")
+    if answer.startswith(b"HTTP/"):
+        raise ConnectionError(f"an HTTP server answers at {address}, not a Ray cluster (the dashboard's port? "
+                              f"Ray's GCS listens on 6379 unless told otherwise)")
+    if len(answer) < H2_FRAME_HEADER or answer[3] != H2_SETTINGS or answer[4] & H2_ACK:
+        raise ConnectionError(f"something at {address} answers, but not in Ray's protocol (gRPC): not a Ray cluster")
+
+
+def _read_at_least(conn: socket.socket, n: int, timeout_s: float) -> bytes | None:
+    """What the peer sent until ``n`` bytes or its end of the connection; None if it sent nothing
+    within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    data = b""
+    while len(data) < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        conn.settimeout(left)
+        try:
+            chunk = conn.recv(n - len(data))
+        except TimeoutError:
+            break
+        except ConnectionResetError:
+            return data
+        if not chunk:
+            return data
+        data += chunk
+    return data or None
+
+
+def _ray_uses_tls() -> bool:
+    return os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true")

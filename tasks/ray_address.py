@@ -1,5 +1,5 @@
-"""The Ray address a user gives (``RAY_ADDRESS``), checked to be a Ray cluster before ``ray.init``
-joins it.
+"""The Ray address a user gives (``RAY_ADDRESS``): parsed, and checked to be a Ray cluster before
+``ray.init`` joins it.
 
 ``ray.init`` retries an address where nothing listens for about a minute, and one where something
 else listens (an HTTP server, the dashboard's port, any TCP listener that never speaks Ray's
@@ -11,6 +11,7 @@ else is named here within seconds.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import time
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 CLIENT_SCHEME = "ray://"
 CONNECT_TIMEOUT_S = 5.0
 ANSWER_TIMEOUT_S = 2.0  # a gRPC server answers in milliseconds (its transport does, however busy its service)
+FORM = "HOST:PORT or ray://HOST:PORT, an IPv6 address in brackets ([::1]:6379)"
 
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 H2_EMPTY_SETTINGS = bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # length 0, type SETTINGS, no flags, stream 0
@@ -40,10 +42,33 @@ class RayAddress:
 
 
 def parse_ray_address(address: str) -> RayAddress:
-    """``10.0.0.5:6379``, ``ray://head:10001`` -> RayAddress; ValueError for anything else."""
+    """``10.0.0.5:6379``, ``[::1]:6379``, ``ray://head:10001`` -> RayAddress; ValueError (one line,
+    without the value, which the caller names) for anything else."""
     client = address.startswith(CLIENT_SCHEME)
-    host, _, port = address.removeprefix(CLIENT_SCHEME).rpartition(":")
-    return RayAddress(host or "127.0.0.1", int(port), client)
+    rest = address.removeprefix(CLIENT_SCHEME)
+    if "://" in rest:
+        scheme = rest.partition("://")[0]
+        raise ValueError(f"{scheme}:// is not Ray's (an http:// URL is its dashboard's): expected {FORM}")
+    if rest.startswith("["):
+        inside, bracket, port = rest[1:].partition("]")
+        if not bracket or not port.startswith(":"):
+            raise ValueError(f"has no ']:PORT' after the IPv6 address: expected {FORM}")
+        try:
+            ipaddress.IPv6Address(inside)
+        except ValueError:
+            raise ValueError(f"{inside!r} is no IPv6 address: expected {FORM}") from None
+        host, port = inside, port[1:]
+    else:
+        host, colon, port = rest.rpartition(":")
+        if not colon:
+            raise ValueError(f"has no port: expected {FORM}")
+        if ":" in host:
+            raise ValueError(f"an IPv6 address needs brackets: [{host}]:{port}")
+        if not host:
+            raise ValueError(f"has no host: expected {FORM}")
+    if not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+        raise ValueError(f"port {port!r} is not from 1 to 65535: expected {FORM}")
+    return RayAddress(host, int(port), client)
 
 
 def check_ray_answers(address: RayAddress) -> None:

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import logging
+import socket
 import socketserver
 import subprocess
+import threading
 import time
 
+import pytest
+
+from rec.errors import InputError
 from rec.planning import plan_spec
 from rec.spec.synthetic import power_law_spec
 from rec.topology import topology_from_dict
-from tasks.ray_search import AutoSearcher
+from tasks.ray_search import AutoSearcher, connect
 from tests.paths import CPU_2PROC, DEMO, ROOT, SHARDFLOW
 
 TOPO = topology_from_dict(dict(world_size=8, compute_device="cuda", hbm_cap="80GiB", ddr_cap="128GiB"))
@@ -41,6 +46,55 @@ def test_a_listener_that_is_no_ray_cluster_is_named_in_one_line_within_seconds(t
     problems = [line for line in r.stderr.splitlines() if line.startswith("  - ")]
     assert len(problems) == 1 and address in problems[0] and "not a Ray cluster" in problems[0], r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "p").exists()
+
+
+class AnswersHTTP(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        self.request.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+
+class IPv6Server(socketserver.ThreadingTCPServer):
+    address_family = socket.AF_INET6
+    daemon_threads = True
+
+
+@pytest.fixture
+def http_on_ipv6_loopback():
+    try:
+        server = IPv6Server(("::1", 0), AnswersHTTP)
+    except OSError as e:
+        pytest.skip(f"no IPv6 loopback here ({e})")
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("scheme", ["", "ray://"])
+def test_an_ipv6_address_is_reached_and_what_answers_there_named(http_on_ipv6_loopback, scheme):
+    """``[::1]:PORT`` was split at its last colon and never reached ("nothing answers")."""
+    address = f"{scheme}[::1]:{http_on_ipv6_loopback}"
+    with pytest.raises(InputError) as refused:
+        connect(address)
+    (problem,) = refused.value.problems
+    assert problem.where == f"RAY_ADDRESS={address}"
+    assert problem.reason.startswith(f"an HTTP server answers at {address}, not a Ray cluster")
+
+
+@pytest.mark.parametrize(("address", "why"), [
+    ("::1:6379", "an IPv6 address needs brackets: [::1]:6379"),
+    ("[::1:6379", "has no ']:PORT' after the IPv6 address"),
+    ("[head]:6379", "'head' is no IPv6 address"),
+    ("ray://head", "has no port"),
+    ("head:65536", "port '65536' is not from 1 to 65535"),
+    ("http://head:8265", "http:// is not Ray's"),
+])
+def test_a_malformed_address_is_refused_in_one_line_naming_it(address, why):
+    with pytest.raises(InputError) as refused:
+        connect(address)
+    (problem,) = refused.value.problems
+    assert problem.where == f"RAY_ADDRESS={address}" and problem.reason.startswith(why)
 
 
 def test_auto_falls_back_to_local_with_a_warning_when_ray_is_unreachable(monkeypatch, caplog):

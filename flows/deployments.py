@@ -40,7 +40,15 @@ INPUT_FILES = ("spec_path", "topology_path")
 def read_deployments(prefect_file: str | Path = PREFECT_FILE) -> list[dict[str, Any]]:
     """The ``deployments`` entries of a prefect.yaml; InputError naming what is wrong: every entry's
     keys of the wrong kind and every schedule Prefect would refuse, at once."""
-    path = Path(prefect_file)
+    entries, problems = _read_entries(Path(prefect_file))
+    if problems:
+        raise InputError("Cannot use the Prefect deployments:", problems)
+    return entries
+
+
+def _read_entries(path: Path) -> tuple[list[Any], list[Problem]]:
+    """The ``deployments`` entries of a prefect.yaml and the problems of each (``_entry_problems``);
+    InputError for a file with no list of entries to look into."""
     try:
         doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
@@ -54,9 +62,7 @@ def read_deployments(prefect_file: str | Path = PREFECT_FILE) -> list[dict[str, 
     problems = [p for i, d in enumerate(entries) for p in _entry_problems(f"{path}: deployment {i}", d)]
     if not entries:
         problems.append(Problem(str(path), "declares no deployments"))
-    if problems:
-        raise InputError("Cannot use the Prefect deployments:", problems)
-    return entries
+    return entries, problems
 
 
 def _entry_problems(where: str, d: object) -> list[Problem]:
@@ -265,9 +271,11 @@ def runner_deployments(prefect_file: str | Path = PREFECT_FILE, *,
 
     base = Path(os.path.abspath(prefect_file)).parent
     overrides = overrides or {}
-    problems: list[Problem] = []
+    read, problems = _read_entries(Path(prefect_file))  # named with the rest below, not alone first
     entries = []
-    for d in read_deployments(prefect_file):
+    for d in read:
+        if not _names_a_flow(d):
+            continue  # named by _read_entries
         try:
             entries.append((d, load_flow(d["entrypoint"], base)))
         except InputError as e:
@@ -275,21 +283,22 @@ def runner_deployments(prefect_file: str | Path = PREFECT_FILE, *,
     flows = [flow for _, flow in entries]
     problems += [Problem(f"{prefect_file}: {d['name']}: {key}", f"{flow.name} has no such parameter; it has "
                                                                  f"{sorted(flow_parameters(flow))} (docs/prefect.md)")
-                 for d, flow in entries for key in d.get("parameters") or {} if key not in flow_parameters(flow)]
-    problems += [Problem(f"--set {key}", why) for key in overrides
-                 if (why := override_problem(flows, key)) is not None]
+                 for d, flow in entries for key in _parameters(d) if key not in flow_parameters(flow)]
+    refused = {key: why for key in overrides if (why := override_problem(flows, key)) is not None}
+    problems += [Problem(f"--set {key}", why) for key, why in refused.items()]
     if replan_every is not None:
         if not 0 < replan_every <= MAX_INTERVAL_S:
             problems.append(Problem("--replan-every", f"needs a number of seconds above 0, at most "
                                                       f"{MAX_INTERVAL_S:,}, not {replan_every:g}"))
         if not any(flow is replan_flow for _, flow in entries):
             problems.append(Problem("--replan-every", f"{prefect_file} has no deployment of replan_flow"))
-    parameters = [merged(absolute_paths(flow, d.get("parameters") or {}, base),
-                         absolute_paths(flow, overrides_for(flow, overrides), Path.cwd()))
+    # a --set key named above would be named again as an unknown setting
+    taken = {key: value for key, value in overrides.items() if key not in refused}
+    parameters = [merged(absolute_paths(flow, _parameters(d), base),
+                         absolute_paths(flow, overrides_for(flow, taken), Path.cwd()))
                   for d, flow in entries]
-    if not problems:  # a parameter or --set key named above would be named again as an unknown setting
-        problems = [p for (d, flow), params in zip(entries, parameters, strict=True)
-                    for p in settings_problems(flow, params, f"{prefect_file}: {d['name']}")]
+    problems += [p for (d, flow), params in zip(entries, parameters, strict=True)
+                 for p in settings_problems(flow, params, f"{prefect_file}: {d['name']}")]
     missing = {(key, params[key]) for params in parameters for key in INPUT_FILES
                if isinstance(params.get(key), str) and not Path(params[key]).is_file()}
     problems += [Problem(key, f"no such file: {path}") for key, path in sorted(missing)]
@@ -307,6 +316,16 @@ def runner_deployments(prefect_file: str | Path = PREFECT_FILE, *,
         assert isinstance(deployment, RunnerDeployment)  # called outside an event loop: not a coroutine
         out.append(deployment)
     return out
+
+
+def _names_a_flow(d: object) -> bool:
+    return isinstance(d, dict) and all(isinstance(d.get(key), str) and d[key].strip() for key in ("name", "entrypoint"))
+
+
+def _parameters(d: Mapping[str, Any]) -> dict[str, Any]:
+    """A deployment's parameters; none where they are no mapping (named by ``_read_entries``)."""
+    parameters = d.get("parameters") or {}
+    return parameters if isinstance(parameters, dict) else {}
 
 
 def settings_problems(flow: Flow[..., Any], parameters: Mapping[str, Any], where: str) -> list[Problem]:

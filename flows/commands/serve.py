@@ -48,18 +48,25 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def run(args: argparse.Namespace) -> int:
     from flows.deployments import PREFECT_FILE, describe_schedules, parse_overrides, runner_deployments
-    from rec.errors import InputError, Problem
+    from rec.errors import Collected, ProblemList, all_of
 
-    problems = []
-    if not 1 <= args.port <= 65535:
-        problems.append(Problem("--port", f"must be from 1 to 65535, got {args.port}"))
-    if args.limit is not None and args.limit < 1:
-        problems.append(Problem("--limit", f"must be at least 1 (flow runs at once), got {args.limit}"))
-    if problems:
-        raise InputError("Cannot serve with these settings:", problems)
-    deployments = runner_deployments(args.prefect_file or PREFECT_FILE,
-                                     overrides=parse_overrides(args.overrides),
-                                     replan_every=args.replan_every)
+    found = Collected()  # the flags', the overrides' and the deployment file's problems: all at once
+
+    def check_flags() -> None:
+        problems = ProblemList()
+        if not 1 <= args.port <= 65535:
+            problems.add("--port", f"must be from 1 to 65535, got {args.port}")
+        if args.limit is not None and args.limit < 1:
+            problems.add("--limit", f"must be at least 1 (flow runs at once), got {args.limit}")
+        problems.raise_if_any("Cannot serve with these settings:")
+
+    found.run(check_flags)
+    overrides = found.run(lambda: parse_overrides(args.overrides))
+    deployments = found.run(lambda: runner_deployments(args.prefect_file or PREFECT_FILE, overrides=overrides,
+                                                       replan_every=args.replan_every))
+    if found.errors:
+        raise all_of(found.errors, "Cannot serve the deployments:")
+    assert deployments is not None
     if args.list:
         for d in deployments:
             print(f"{d.flow_name}/{d.name}  {d.entrypoint}  {d.parameters}  {describe_schedules(d)}")

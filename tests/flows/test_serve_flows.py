@@ -71,6 +71,27 @@ def test_serve_names_every_value_its_runs_would_refuse_before_serving(tmp_path, 
         assert expected in err, (expected, err)
 
 
+def test_a_deployment_file_with_problems_of_several_kinds_is_refused_naming_them_all(tmp_path, capsys):
+    """Its schedules were checked first, and refused alone: the user fixed one, reran, and met the
+    next (an unknown setting, then the missing spec). Refused before serving: --list serves nothing."""
+    deployments = tmp_path / "prefect.yaml"
+    deployments.write_text("""deployments:
+  - name: replan
+    entrypoint: flows.replan.replan_flow
+    parameters: {spec_path: no_such_spec.yaml, topology_path: ../topology.yaml, searching: {max_regres: 0.1}}
+    schedules: [{cron: "*/99 * * *"}]
+""")
+    assert main(["serve", "--list", "--prefect-file", str(deployments), "--limit", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("shardflow: Cannot serve the deployments:") and "Traceback" not in err
+    for expected in ("--limit: must be at least 1",
+                     "deployment 0: schedule 0: Prefect refuses it: Invalid cron string",
+                     "replan: searching.max_regres: unknown setting",
+                     f"spec_path: no such file: {tmp_path / 'no_such_spec.yaml'}",
+                     f"topology_path: no such file: {tmp_path.parent / 'topology.yaml'}"):
+        assert expected in err, (expected, err)
+
+
 @pytest.mark.slow
 def test_sigterm_stops_serve_its_server_and_the_flow_run_in_progress(tmp_path, mlflow_uri, prefect_database):
     """A real ``shardflow serve`` with the Prefect server it starts; SIGTERM (as a service manager

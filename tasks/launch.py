@@ -27,7 +27,7 @@ from rec.disk_full import DiskFull, is_disk_full
 from rec.settings import to_flags
 from rec.stop_signals import Stopped as Stopped  # re-exported
 from rec.stop_signals import signals_stop
-from rec.train.config import TrainConfig
+from rec.train.config import NODE_RANK_ENV, TrainConfig
 from rec.train.launcher import FORKSERVER_FLAG
 from rec.train.lifetime import LAUNCHER_MODULE, parent_death_signal
 from rec.train.measure_config import MeasureConfig
@@ -128,6 +128,7 @@ def run_training(launch: Launch, env: dict[str, str] | None = None) -> Finished:
     sent: list[RankError] = []
     with NodeLog(node_log(launch)) as sink, signals_stop():
         sink.write(f"{LAUNCH_HEADER} {time.strftime('%Y-%m-%d %H:%M:%S')} ==\n")
+        env = {**(env or {}), NODE_RANK_ENV: str(launch.node_rank)}
         proc = subprocess.Popen(torchrun_command(launch), env=job_environment(env), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1,
                                 start_new_session=True, preexec_fn=parent_death_signal())

@@ -16,6 +16,9 @@ from rec.spec.types import Spec
 
 # Fault injection for tests: "ITER:RANK" (the rank exits) or "ITER:RANK:raise" (it raises).
 FAIL_AT_ENV = "SHARDFLOW_FAIL_AT_ITERATION"
+# The launcher's --node-rank, for the ranks' messages: torchrun's c10d rendezvous numbers the nodes
+# as they arrive (GROUP_RANK), which need not be the --node-rank the user gave each.
+NODE_RANK_ENV = "SHARDFLOW_NODE_RANK"
 MAX_ITERATIONS = 10**9
 MAX_BATCH_SIZE = 1 << 20  # per rank; far beyond what fits a GPU, well inside int32 offsets
 

@@ -34,6 +34,7 @@ from rec.plan.torchrec_plan import plan_modules, sharders_for, to_sharding_plan
 from rec.settings import add_flags, from_flags
 from rec.spec.types import Spec
 from rec.torchrec_internals import optimizer_classes
+from rec.train.agreement import check_agreement, shared_settings
 from rec.train.applied import applied_sharding
 from rec.train.config import TrainConfig, resolve_model_kind
 from rec.train.evaluate import Evaluator
@@ -195,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     def work(output: RankOutput) -> None:
         output.progress("loading the plan")
         plan = read_plan(args.plan)
-        with process_group(plan.topology.compute_device), user_code(config):
+        with process_group(plan.topology.compute_device) as group, user_code(config):
+            check_agreement(group, shared_settings(plan, config))
             train(plan, config, args.out, output, args.plan)
 
     return run_rank("train", args.out, work)

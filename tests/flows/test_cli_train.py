@@ -16,6 +16,7 @@ from flows.cli import main
 from rec.plan import read_plan
 from rec.spec import read_spec
 from rec.train.owned_folders import unwritten_entries
+from tests.deadline import deadline
 from tests.flows.cli_in_process import shardflow_here
 from tests.paths import CPU_2PROC, DEMO, ROOT, SHARDFLOW
 
@@ -169,3 +170,32 @@ def test_two_gloo_processes_on_two_loopback_nodes_train_from_parquet_apply_the_p
     assert m["samples_per_s"] == pytest.approx(2 * 32 / (lat["mean"] / 1e3))
     rows = pq.read_table(tmp_path / "out" / "iterations.parquet").to_pylist()
     assert [r["iteration"] for r in rows] == list(range(6))
+
+
+@pytest.mark.slow
+def test_two_nodes_started_with_different_iterations_both_exit_2_naming_them_before_training(
+        plan_dir, tmp_path, capfd):
+    """Each node's ranks once trained their own --iterations and waited for each other at the end until
+    gloo's 30-minute timeout. They compare their settings as the process group is up, and refuse."""
+    out = tmp_path / "out"
+    common = ["--plan", str(plan_dir), "--out", str(out), "--warmup", "1", "--nnodes", "2",
+              "--nproc-per-node", "1", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
+    node0 = subprocess.Popen([str(SHARDFLOW), "train", "--no-track", *common, "--iterations", "6",
+                              "--node-rank", "0"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)
+    try:
+        with deadline(240):
+            node1 = shardflow_here(capfd, "train", "--no-track", *common, "--iterations", "7", "--node-rank", "1")
+    finally:
+        try:
+            out0, _ = node0.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            node0.terminate()
+            out0, _ = node0.communicate()
+    assert node0.returncode == 2 and node1.returncode == 2, out0[-3000:] + node1.stderr[-3000:]
+    named = "--iterations: 6 on node 0; 7 on node 1"
+    for output in (out0, node1.stderr):
+        refused = [line for line in output.splitlines() if "different settings" in line]
+        assert len(refused) == 1 and named in refused[0], output[-3000:]
+        assert "Traceback" not in output
+    assert not (out / "iterations.parquet").exists()

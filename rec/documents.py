@@ -22,6 +22,9 @@ import yaml
 from yaml.constructor import SafeConstructor
 from yaml.nodes import ScalarNode
 
+from rec.errors import show
+
+MAX_KEYS_NAMED = 5  # of one object's keys written twice
 MAX_DEPTH = 32  # a spec nests 4 deep (tables, a table, a list); JSON's own limit is ~1000
 MAX_ALIAS_GROWTH = 10  # aliases may expand a document to this many times the values written ...
 ALIAS_ALLOWANCE = 100_000  # ... plus this many
@@ -60,10 +63,17 @@ def load_yaml(text: str) -> object:
         loader.dispose()
 
 
-def load_json(text: str) -> object:
-    """The JSON value in ``text``; DocumentError for malformed JSON, a key written twice or deep nesting."""
+def load_json(text: str | bytes, finite: bool = False) -> object:
+    """The JSON value in ``text``; DocumentError for malformed JSON, a key written twice (Python's
+    ``json`` and orjson keep the last silently) or deep nesting; with ``finite``, for NaN and
+    Infinity too (Python's ``json`` reads them, JSON has no such numbers). Every file shardflow reads
+    back goes through here."""
     try:
+        if finite:
+            return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
         return json.loads(text, object_pairs_hook=_unique_keys)
+    except DocumentError:  # a key written twice, NaN: said as it is
+        raise
     except json.JSONDecodeError as e:
         raise DocumentError(f"not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
     except RecursionError:
@@ -75,9 +85,17 @@ def load_json(text: str) -> object:
 def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
     d = dict(pairs)
     if len(d) != len(pairs):
-        key = next(k for k, n in Counter(k for k, _ in pairs).items() if n > 1)
-        raise DocumentError(f"the key {key!r} is written twice in one object (JSON would keep only the last)")
+        twice = [k for k, n in Counter(k for k, _ in pairs).items() if n > 1]
+        names = ", ".join(show(k) for k in twice[:MAX_KEYS_NAMED])
+        more = f" and {len(twice) - MAX_KEYS_NAMED} more" if len(twice) > MAX_KEYS_NAMED else ""
+        verb = "are" if len(twice) > 1 else "is"
+        raise DocumentError(f"the key{'s' if len(twice) > 1 else ''} {names}{more} {verb} written twice in one "
+                            "object (JSON would keep only the last)")
     return d
+
+
+def _no_constant(name: str) -> object:
+    raise DocumentError(f"not valid JSON: {name} is no JSON number")
 
 
 class _Frame:

@@ -8,12 +8,12 @@ and the data (its files, columns and a sample of rows, for the model's features)
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from rec import progress
+from rec.documents import DocumentError, load_json
 from rec.errors import InputError, Problem
 from rec.settings import check, knob
 from rec.train.config import TrainConfig
@@ -86,4 +86,9 @@ def evaluate_checkpoint(checkpoint: str, data: str, out_dir: str,
             raise TrainingFailed(cause.text, cause.deterministic, str(log_dir(out_dir)), 1)
     if settings.ranks.node_rank != 0:
         return Evaluated(out_dir, None)
-    return Evaluated(out_dir, json.loads((Path(out_dir) / EVAL_METRICS_FILE).read_text()))
+    path = Path(out_dir) / EVAL_METRICS_FILE
+    try:
+        metrics: Any = load_json(path.read_text())
+    except DocumentError as e:
+        raise InputError(f"Cannot read {path}:", [Problem(str(path), str(e))]) from None
+    return Evaluated(out_dir, metrics)

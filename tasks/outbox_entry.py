@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
+from rec.documents import DocumentError, load_json
 from rec.errors import InputError, show
 from rec.safe_read import UnsafeFile, copy_file, open_file, open_folder, read_file
 from tasks.records import EndRecord, RunRecord, loads_record
@@ -224,11 +225,9 @@ def _text(fd: int, name: str, limit: int, required: bool) -> str | None:
 
 def _json(text: str, name: str) -> object:
     try:
-        return json.loads(text)
-    except ValueError as e:
-        raise BadEntry(f"{name} is not JSON ({one_line(e)})") from None
-    except RecursionError:  # nesting deeper than the parser goes
-        raise BadEntry(f"{name} is not JSON shardflow writes (nested too deeply)") from None
+        return load_json(text)
+    except DocumentError as e:
+        raise BadEntry(f"{name}: {e}") from None
 
 
 def _loads_record(text: str) -> RunRecord | EndRecord:

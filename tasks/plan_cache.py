@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rec.analysis import check_plan
+from rec.documents import DocumentError, load_json
 from rec.errors import InputError
 from rec.file_lock import file_lock
 from rec.hashing import canonical_json
@@ -193,9 +194,9 @@ def _mac(body: dict[str, object], secret: bytes) -> str:
 def _digest_problem(digest: bytes, key: str, files: dict[str, bytes], secret: bytes) -> str | None:
     """Why the entry's digest does not vouch for its files; None when it does."""
     try:
-        claimed = json.loads(digest)
-    except ValueError:
-        return f"its {CACHE_DIGEST_FILE} is not JSON"
+        claimed = load_json(digest)
+    except DocumentError as e:
+        return f"its {CACHE_DIGEST_FILE}: {e}"
     if not isinstance(claimed, dict) or claimed.get("format") != DIGEST_FORMAT:
         return f"its {CACHE_DIGEST_FILE} is not a {DIGEST_FORMAT}"
     expected = _signed(key, files, secret)

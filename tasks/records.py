@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rec.analysis.iteration_time import prediction
+from rec.documents import load_json
 from rec.plan.chart import CHART_FILE
 from rec.plan.io import MOVEMENT_FILE, PLAN_FILE, SHARDS_FILE
 from rec.train.metrics import ITERATIONS_FILE, METRICS_FILE, TrainMetrics
@@ -128,7 +129,7 @@ def dumps_record(record: RunRecord | EndRecord) -> str:
 def loads_record(text: str) -> RunRecord | EndRecord:
     """The record ``dumps_record`` wrote; ValueError for anything else (a damaged or edited file)."""
     try:
-        d = json.loads(text)
+        d: Any = load_json(text)
         op = d.pop("op")
         d["status"] = RunStatus(d["status"])
         if op == "end":

@@ -135,13 +135,14 @@ def reading(config: TrainConfig) -> Reading:
 
 def read_position(step_dir: Path) -> dict[str, Any] | None:
     """A checkpoint's data position (None: it has none); InputError for a file shardflow did not write."""
+    from rec.documents import load_json
     from rec.validation import Problems, integer, known_keys, required
 
     path = step_dir / POSITION_FILE
     if not path.is_file():
         return None
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        record = load_json(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise InputError("Cannot resume from this checkpoint:", [Problem(str(path), f"unreadable: {e}")]) from None
     problems = Problems(str(path))

@@ -166,14 +166,15 @@ class TrainMetrics:
 def read_metrics(out_dir: str | Path) -> TrainMetrics:
     """``OUT/train_metrics.json`` as the training job wrote it; InputError naming every problem of a
     file it did not write (damaged, edited, foreign)."""
+    from rec.documents import DocumentError, load_json
     from rec.errors import InputError, Problem
     from rec.input_files import read_text
 
     path = Path(out_dir) / METRICS_FILE
     try:
-        d = json.loads(read_text(path, "the training's metrics", MAX_METRICS_BYTES))
-    except ValueError as e:
-        raise InputError(f"Cannot read {path}:", [Problem(str(path), f"not JSON: {e}")]) from None
+        d = load_json(read_text(path, "the training's metrics", MAX_METRICS_BYTES))
+    except DocumentError as e:
+        raise InputError(f"Cannot read {path}:", [Problem(str(path), str(e))]) from None
     return metrics_from_dict(d, str(path))
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from rec.data.ids import IdsPolicy
 from rec.data.layout import DataLayout, weights_column
+from rec.documents import DocumentError, load_json
 from rec.errors import InputError, Problem
 from rec.spec.columns import table_to_row
 from rec.spec.types import Spec
@@ -101,8 +102,8 @@ def target_of(directory: str | Path) -> str | None:
 
     path = Path(directory) / MODEL_FILE
     try:
-        record = json.loads(read_text(path, "model settings", MAX_MODEL_FILE_BYTES)) if path.is_file() else None
-    except (InputError, ValueError):
+        record = load_json(read_text(path, "model settings", MAX_MODEL_FILE_BYTES)) if path.is_file() else None
+    except (InputError, DocumentError):
         return None
     if isinstance(record, dict) and record.get("format") == TARGET_FORMAT and isinstance(record.get("target"), str):
         return str(record["target"])
@@ -121,9 +122,9 @@ def read_model(path: str | Path) -> tuple[ModelSettings, dict[str, Any]]:
         path = path / MODEL_FILE
     title = f"Cannot read the model settings {path}:"
     try:
-        record = json.loads(read_text(path, "model settings", MAX_MODEL_FILE_BYTES))
-    except ValueError as e:
-        raise InputError(title, [Problem(str(path), f"not JSON: {e}")]) from None
+        record: Any = load_json(read_text(path, "model settings", MAX_MODEL_FILE_BYTES))
+    except DocumentError as e:
+        raise InputError(title, [Problem(str(path), str(e))]) from None
     problems = Problems(str(path))
     if isinstance(record, dict) and record.get("format") == TARGET_FORMAT:
         problems.add("format", f"the checkpoints are of a model of your own ({str(record.get('target'))[:200]}): "

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rec.disk_full import write_whole
+from rec.documents import DocumentError, load_json
 from rec.errors import InputError, Problem
 from rec.file_lock import holding_directory, process_alive
 
@@ -85,9 +86,9 @@ def parse_run(text: str, source: str) -> Run:
 
     problems = Problems(source)
     try:
-        record = json.loads(text)
-    except ValueError as e:
-        raise InputError(f"Cannot read {source}:", [Problem(source, f"not JSON: {e}")]) from None
+        record = load_json(text)
+    except DocumentError as e:
+        raise InputError(f"Cannot read {source}:", [Problem(source, str(e))]) from None
     names = [f.name for f in fields(Run)]
     title = f"Cannot read the run {source} names:"
     if not isinstance(record, dict) or record.get("format") != RUN_FORMAT:

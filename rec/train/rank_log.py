@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, TextIO, cast
 
 from rec.disk_full import DiskFull, is_disk_full
+from rec.documents import load_json
 from rec.errors import InputError
 from rec.progress import to_line
 
@@ -92,7 +93,7 @@ def _record(error: RankError) -> str:
 
 def _parse(text: str) -> RankError | None:
     try:
-        d = json.loads(text)
+        d: Any = load_json(text)
         return RankError(int(d["rank"]), str(d["cause"])[:MAX_CAUSE], bool(d["deterministic"]), float(d["time"]),
                          bool(d.get("disk_full", False)))
     except (ValueError, KeyError, TypeError):

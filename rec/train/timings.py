@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from rec.disk_full import write_whole
+from rec.documents import DocumentError, load_json
 from rec.profile.types import Machine
 from rec.sharding import ComputeDevice
 
@@ -129,12 +130,12 @@ def read_timings(out_dir: str | Path) -> Timings:
     """What ``write_timings`` wrote (v1 or v2); ValueError for anything else (a damaged or foreign file)."""
     path = Path(out_dir) / TIMINGS_FILE
     try:
-        d = json.loads(path.read_text())
+        d: Any = load_json(path.read_text())
         if d.get("format") not in READABLE_FORMATS:
             raise ValueError(f"not {TIMINGS_FORMAT}")
         machine = Machine(**{**d["machine"], "device": ComputeDevice(d["machine"]["device"])})
         plans = tuple(_plan_times(p) for p in d["plans"])
-    except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as e:
+    except (KeyError, TypeError, AttributeError, DocumentError) as e:
         raise ValueError(f"{path} is not a timings file the measuring job wrote: {e}") from None
     return Timings(machine, plans)
 

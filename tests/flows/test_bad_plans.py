@@ -110,6 +110,17 @@ def test_a_corrupt_plan_file_is_refused_before_launch(content, expected, tmp_pat
     assert_refused(*train(path, tmp_path, capfd), expected, tmp_path)
 
 
+def test_a_key_written_twice_in_the_plan_is_refused_naming_the_file_and_key(good, tmp_path, capfd):
+    """JSON readers keep the last of a key written twice: an edit to row_wise above the table's own
+    table_wise was once silently undone, and the plan trained as it was."""
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(good).replace('"sharding_type": ', '"sharding_type": "row_wise", "sharding_type": ', 1))
+    code, err = train(path, tmp_path, capfd)
+    assert_refused(code, err, "the key 'sharding_type' is written twice", tmp_path)
+    named = [line for line in err.splitlines() if "written twice" in line]
+    assert len(named) == 1 and str(path) in named[0], err
+
+
 def test_bad_training_settings_are_refused_before_launch(good, tmp_path, capfd):
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(good))

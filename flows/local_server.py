@@ -6,7 +6,10 @@ serve alone, which stops its runner first and the server after it; should serve 
 the kernel stops the server too (a parent-death signal). Unless ``--verbose``, the server's output
 goes to PREFECT_HOME/shardflow-server.log (under load its SQLite database logs "database is
 locked" tracebacks, and retries), and serve shows none of Prefect's records of failed calls to a
-lost server (the watch says it in one line) or of the tasks it cancels when serving stops.
+lost server (the watch says it in one line) or of the tasks it cancels when serving stops. Its flow
+runs inherit its quiet settings, yet no CLI prints their lines: shardflow's own INFO lines (a
+replan's outcome, step progress) go to their Prefect run logs and serve's output, Prefect's own
+INFO lines (every task's state) do not.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +41,9 @@ STOP_TIMEOUT_S = 10.0
 LOGGING_SETTINGS = "shardflow-serve-logging.yml"  # in PREFECT_HOME, for the flow runs of serve
 SERVER_LOG = "shardflow-server.log"  # in PREFECT_HOME, beside the server's database
 SETTINGS_ENV = "PREFECT_LOGGING_SETTINGS_PATH"
+RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")  # what get_run_logger() logs to
+_ROOT = Path(__file__).resolve().parents[1]
+OWN_PACKAGES = tuple(f"{_ROOT / package}{os.sep}" for package in ("rec", "tasks", "flows"))
 
 
 @dataclass(frozen=True)
@@ -229,13 +236,29 @@ class InputErrorsWithoutTraceback(logging.Filter):
         return True
 
 
+class OwnInfoLines(logging.Filter):
+    """A served flow run's INFO lines of shardflow's own modules (those the CLI prints: a replan's
+    outcome, step progress), not Prefect's (every task's state), and every warning and error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or _own_file(record.pathname)
+
+
+@lru_cache(maxsize=256)
+def _own_file(path: str) -> bool:
+    return os.path.realpath(path).startswith(OWN_PACKAGES)
+
+
 def _logging_settings_for_flow_runs() -> Path:
     """Prefect's logging settings (the user's, or Prefect's own) with ``HideInterruptions`` and
-    ``InputErrorsWithoutTraceback`` on its console handler, written to PREFECT_HOME for the
+    ``InputErrorsWithoutTraceback`` on its console handler, and Prefect's run loggers at INFO
+    through ``OwnInfoLines`` (unless those settings give them a level of their own): serve's quiet
+    ``PREFECT_LOGGING_LEVEL=WARNING``, which they would inherit, once dropped the very lines a served
+    run is looked at for, such as an unchanged replan's check. Written to PREFECT_HOME for the
     flow-run processes to read."""
     import yaml
     from prefect.logging.configuration import DEFAULT_LOGGING_SETTINGS_PATH
-    from prefect.settings import PREFECT_HOME, PREFECT_LOGGING_SETTINGS_PATH
+    from prefect.settings import PREFECT_HOME, PREFECT_LOGGING_LEVEL, PREFECT_LOGGING_SETTINGS_PATH
 
     own = PREFECT_LOGGING_SETTINGS_PATH.value()
     settings = yaml.safe_load((own if own.exists() else DEFAULT_LOGGING_SETTINGS_PATH).read_text())
@@ -245,6 +268,13 @@ def _logging_settings_for_flow_runs() -> Path:
     console = settings.get("handlers", {}).get("console")
     if console is not None:
         console["filters"] = [*console.get("filters", []), *ours]
+    settings["filters"]["own_info_lines"] = {"()": f"{OwnInfoLines.__module__}.{OwnInfoLines.__name__}"}
+    quiet = logging.getLevelNamesMapping().get(str(PREFECT_LOGGING_LEVEL.value()).upper(), 0) > logging.INFO
+    for name in RUN_LOGGERS:
+        logger = settings.setdefault("loggers", {}).setdefault(name, {})
+        if quiet and logger.get("level", "NOTSET") == "NOTSET":  # NOTSET: the level of the logger "prefect"
+            logger["level"] = "INFO"
+            logger["filters"] = [*logger.get("filters", []), "own_info_lines"]
     path = Path(PREFECT_HOME.value()) / LOGGING_SETTINGS
     path.parent.mkdir(parents=True, exist_ok=True)
     written = path.with_name(f".{path.name}.{os.getpid()}")

@@ -10,11 +10,24 @@ from datetime import timedelta
 import pytest
 
 from flows.cli import main
+from tests.flows.flow_logs import flow_log
 from tests.flows.serve_process import REPLAN_EVERY_S, STOP_TIMEOUT_S, alive, free_port, served
 from tests.paths import CPU_2PROC, DEMO, ROOT
 from tests.stores import store_from
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # SQLAlchemy, from MLflow+Prefect
+
+
+def logs_once_sent(runs: list, timeout_s: float = 30) -> list[list[str]]:
+    """The runs' logs, once each ends with its outcome (Prefect sends a run's log lines in batches,
+    also after its state)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        logs = [flow_log(str(r.id)) for r in runs]
+        if all(log and log[-1].startswith(("replanned:", "unchanged:")) for log in logs) \
+                or time.monotonic() > deadline:
+            return logs
+        time.sleep(1)
 
 
 def listed(capsys) -> dict[str, str]:
@@ -177,6 +190,7 @@ def test_served_from_anywhere_the_replan_schedule_fires_then_a_killed_server_sto
         completed = serving.wait_for_replans(2)
         with temporary_settings(updates={PREFECT_API_URL: serving.url}), get_client(sync_client=True) as client:
             deployments = {d.name: d for d in client.read_deployments()}
+            run_logs = logs_once_sent(sorted(completed, key=lambda r: r.start_time)[:2])
         tree = serving.tree()
         before = serving.err.read_text()
         serving.server().kill()
@@ -205,6 +219,12 @@ def test_served_from_anywhere_the_replan_schedule_fires_then_a_killed_server_sto
     # The pipeline trains as `shardflow run` does: prefect.yaml restates none of the flows' defaults.
     assert "training" not in deployments["pipeline"].parameters
     assert all(r.auto_scheduled for r in completed)  # fired by the schedule, not by hand
+    # Without -v, the served runs' log holds shardflow's lines (the CLI's), not Prefect's own INFO lines:
+    # an unchanged replan's check was once recorded nowhere.
+    assert [log[-1].split(" spec hash ")[0] if log else None for log in run_logs] == ["replanned:", "unchanged:"], \
+        run_logs
+    assert not [m for log in run_logs for m in log if m.startswith(("Beginning flow run", "Created task run"))]
+    assert run_logs[1][-1] in serving.out.read_text() + before  # and in serve's own output
 
     client = MlflowClient(f"sqlite:///{cwd / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("shardflow").experiment_id

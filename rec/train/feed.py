@@ -10,7 +10,6 @@ there: the same rows in the same order as a training that never stopped.
 from __future__ import annotations
 
 import inspect
-import itertools
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ class Feed:
     start_iteration: int = 0
     resumed: str | None = None  # how a resume read on where it did not go on from the checkpoint's position
     user: UserModel | None = None
+    iterations: int = 0  # --iterations: the batches a rank reads in all, from the first (0: not checked)
 
     @classmethod
     def of(cls, spec: Spec, config: TrainConfig, world_size: int, batch_size: int,
@@ -52,7 +52,8 @@ class Feed:
         layout = DataLayout.of_spec(spec, config.dense_in_features)
         source = None if user is not None else open_source(
             config.data, spec, layout, reading(config), distinct=config.synthetic_batches)
-        return cls(source, layout, one_default_ebc(spec), batch_size, Position(world_size), user=user)
+        return cls(source, layout, one_default_ebc(spec), batch_size, Position(world_size), user=user,
+                   iterations=config.iterations)
 
     def position_at(self, iteration: int) -> Position:
         """Where the ranks are in the data after ``iteration`` iterations."""
@@ -74,10 +75,11 @@ class Feed:
         read passed over (as an unbroken run read them; a resume once fed them again)."""
         assert self.user is not None
         fn: Callable[..., Iterator[Any]] = self.user.batches
-        if self.start_iteration and takes_start(fn):
-            return iter(fn(rank, world_size, self.batch_size, device, start=self.start_iteration))
-        made = iter(fn(rank, world_size, self.batch_size, device))
-        return itertools.islice(made, self.start_iteration, None) if self.start_iteration else made
+        start, target = self.start_iteration, self.user.target
+        if start and takes_start(fn):
+            return UserBatches(iter(fn(rank, world_size, self.batch_size, device, start=start)), target,
+                               self.iterations, made=start)
+        return UserBatches(iter(fn(rank, world_size, self.batch_size, device)), target, self.iterations, skip=start)
 
     def resume_at(self, iteration: int, saved: dict[str, Any] | None, world_size: int) -> str | None:
         """Start reading where a checkpoint of ``iteration`` left off (``saved``: its position file);
@@ -121,6 +123,42 @@ class Feed:
 
         record = self.position_record(self.position_at(iteration))
         write_whole(step / POSITION_FILE, (json.dumps(record, indent=1) + "\n").encode())
+
+
+@dataclass
+class UserBatches:
+    """``--model TARGET``'s batches as the training reads them: the first ``skip`` passed over, and an
+    InputError naming the target where they end before the ``needed``-th (a bare StopIteration
+    failed the rank with a traceback, or ended TorchRec's pipeline)."""
+
+    batches: Iterator[Any]
+    target: str
+    needed: int  # --iterations: one batch per iteration, from the first
+    made: int = 0  # batches made so far, counted from the first (a resume's start=N made none before N)
+    skip: int = 0
+
+    def __iter__(self) -> UserBatches:
+        return self
+
+    def __next__(self) -> Any:
+        while True:
+            try:
+                batch = next(self.batches)
+            except StopIteration:
+                if self.made < self.needed:
+                    raise InputError(f"The training with {self.target} stopped:", [Problem(self.target, (
+                        f"its batches ended after {self.made:,} batches; the training needs {self.needed:,} "
+                        f"(--iterations {self.needed}): make batches() yield at least that many, or train fewer "
+                        "iterations"))]) from None
+                raise
+            self.made += 1
+            if self.made > self.skip:
+                return batch
+
+    def close(self) -> None:
+        close = getattr(self.batches, "close", None)  # a generator's: its finally blocks run now
+        if close is not None:
+            close()
 
 
 def reading(config: TrainConfig) -> Reading:

@@ -52,7 +52,8 @@ def train_iterations(dmp: DistributedModelParallel, optimizer: CombinedOptimizer
     ``config.checkpoint_every`` into ``checkpoints``, an evaluation every ``--eval-every`` and at the
     end; every iteration of the training (rank 0; None on the others: a collective, every rank calls it)."""
     rank = dist.get_rank()
-    step = pipeline_step(dmp, optimizer, device, batches, config.pipeline.on(dist.get_world_size(), device.type))
+    step = pipeline_step(dmp, optimizer, device, batches, config.pipeline.on(dist.get_world_size(), device.type),
+                         config.model_target)
     fail_at = _fail_at(rank)
     latencies: list[float] = []
     waits: list[float] = []
@@ -125,16 +126,19 @@ class Step:
 
 
 def pipeline_step(dmp: DistributedModelParallel, optimizer: CombinedOptimizer, device: torch.device,
-                  batches: Iterator[Batch | ModuleBatch], kind: PipelineKind) -> Step:
+                  batches: Iterator[Batch | ModuleBatch], kind: PipelineKind, target: str | None = None) -> Step:
     """One training iteration (``kind`` resolved: ``PipelineKind.on``). The model's forward returns
     ``(losses, output)``, TorchRec's convention (``DLRMTrain``): backward runs on the sum of
-    ``losses``, which is the loss reported."""
+    ``losses``, which is the loss reported. ``target``: the user's model's (``--model TARGET``)."""
     loss = torch.zeros(())
 
     def forward(batch: Batch | ModuleBatch) -> Any:
         nonlocal loss
         output = dmp(batch)
-        loss = _losses(output).detach().sum()
+        losses = _losses(output)
+        if not losses.requires_grad and torch.is_grad_enabled():  # backward's RuntimeError failed the rank, exit 1
+            raise _needs_no_gradient(target)
+        loss = losses.detach().sum()
         return output
 
     if kind is PipelineKind.AUTO:
@@ -167,6 +171,13 @@ def _losses(output: Any) -> torch.Tensor:
             "forward(batch)", f"returned {type(output).__name__}{_shape(losses)}; return (loss, output), as "
                               "TorchRec's DLRMTrain and train pipelines do")])
     return losses
+
+
+def _needs_no_gradient(target: str | None) -> InputError:
+    return InputError(f"The training with {target or 'the model'} cannot learn:", [Problem(
+        target or "the model", "its forward returned a loss that needs no gradient (requires_grad False: computed "
+                               "under torch.no_grad(), detached, or from no trainable parameter); return the loss "
+                               "computed from the model's parameters")])
 
 
 def _shape(value: Any) -> str:

@@ -288,3 +288,63 @@ def test_meta_parameters_dmp_leaves_uninitialized_and_meta_buffers_it_zeroes_get
                                                            feature_names=["t"])])
     assert uninitialized(built) == ["note      module ebc: an EmbeddingBagCollection built with its weights: DMP "
                                     "re-initializes its tables; load pretrained ones after sharding"]
+
+
+# ---------------------------------------------------------------- --model TARGET's mistakes in the ranks
+
+FACTORIES = """
+import itertools
+import sys
+sys.path.insert(0, {examples!r})
+from train_own_model import ShopModel, batches
+
+
+def three_batches():
+    return ShopModel(), lambda *args: itertools.islice(batches(*args), 3)
+
+
+class Detached(ShopModel):
+    def forward(self, batch):
+        loss, output = super().forward(batch)
+        return loss.detach(), output
+
+
+def detached_loss():
+    return Detached(), batches
+"""
+
+
+@pytest.fixture(scope="module")
+def own_plan_path(tmp_path_factory):
+    """examples/train_own_model.py's model planned on one cpu rank, and a file of factories using it."""
+    from rec.plan import write_plan
+    from rec.spec.from_model import spec_from_model
+    from tests.paths import EXAMPLES
+
+    folder = tmp_path_factory.mktemp("own")
+    (folder / "factories.py").write_text(FACTORIES.format(examples=str(EXAMPLES)))
+    spec = spec_from_model(f"{EXAMPLES / 'train_own_model.py'}:build_model").spec
+    write_plan(plan_spec(spec, TOPOLOGY), folder / "plan")
+    return folder
+
+
+@pytest.mark.parametrize(("factory", "pipeline", "expected"), [
+    ("three_batches", PipelineKind.NAIVE, "its batches ended after 3 batches; the training needs 5 (--iterations 5)"),
+    ("three_batches", PipelineKind.SPARSE_DIST, "its batches ended after 3 batches; the training needs 5"),
+    ("detached_loss", PipelineKind.NAIVE, "its forward returned a loss that needs no gradient (requires_grad False"),
+])
+def test_a_users_batches_that_end_early_or_a_loss_without_gradient_stop_the_rank_as_bad_input(
+        single_process_group, own_plan_path, tmp_path, factory, pipeline, expected):
+    """A bare StopIteration or backward's RuntimeError failed the rank (exit 1, a traceback); an
+    InputError is the rank's exit 2, with its one line as the training's cause."""
+    from rec.plan import read_plan
+    from rec.train.job import train
+    from rec.train.rank_log import one_line
+    from tests.rec.test_training_data import Output
+
+    target = f"{own_plan_path / 'factories.py'}:{factory}"
+    config = TrainConfig(model=target, iterations=5, warmup=1, batch_size=8, pipeline=pipeline)
+    with pytest.raises(InputError) as stopped:
+        train(read_plan(own_plan_path / "plan"), config, str(tmp_path), Output())
+    assert f"{target}: {expected}" in one_line(stopped.value)
+    assert not (tmp_path / "train_metrics.json").exists()

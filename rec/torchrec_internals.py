@@ -13,11 +13,18 @@ from typing import Any
 CHECKED_ON = ("1.6.1", "1.8.0")  # the TorchRec versions these attributes were read on
 
 OPTIMIZER_CLASSES = "_optimizer_classes"  # apply_optimizer_in_backward's mark on a parameter
+OPTIMIZER_KWARGS = "_optimizer_kwargs"  # and the keyword arguments of each of its classes
 
 
 def optimizer_classes(parameter: Any) -> list[Any]:
     """The optimizer classes ``apply_optimizer_in_backward`` marked ``parameter`` with ([] if none)."""
     return list(getattr(parameter, OPTIMIZER_CLASSES, None) or [])
+
+
+def optimizer_kwargs(parameter: Any) -> list[dict[str, Any]]:
+    """The keyword arguments ``apply_optimizer_in_backward`` gave each of ``parameter``'s optimizer
+    classes, in their order ([] if none)."""
+    return [dict(k) for k in getattr(parameter, OPTIMIZER_KWARGS, None) or []]
 
 
 def mark_optimizer(parameter: Any, optimizer_class: type[Any]) -> None:

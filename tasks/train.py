@@ -88,11 +88,12 @@ class TrainingFailed(RuntimeError):
 
 
 def preflight(settings: TrainSettings, topology: Topology, spec: Spec | None = None,
-              notes: list[str] | None = None) -> int:
+              notes: list[str] | None = None, plan: Plan | None = None) -> int:
     """Check, before any process starts, what would fail the job for certain on this machine;
     InputError naming every problem. ``topology``: the plan's; ``--data`` and ``--eval-data``
     (their files, columns and a sample of rows) are checked against ``spec``'s tables, and so is the
-    model of ``--model TARGET``. Returns the processes to start on this node; what the launcher says
+    model of ``--model TARGET``, its tables' optimizers against the kernels of ``plan`` where there is
+    one (``run`` checks before planning). Returns the processes to start on this node; what the launcher says
     without refusing (the sample's unscaled dense values, a user model's uninitialized parameters)
     goes into ``notes``."""
     problems = settings_problems(settings)
@@ -114,7 +115,7 @@ def preflight(settings: TrainSettings, topology: Topology, spec: Spec | None = N
     if settings.job.model_target and spec is not None:
         from rec.train.user_model import user_model_problems
 
-        found, told = user_model_problems(settings.job.model_target, spec)
+        found, told = user_model_problems(settings.job.model_target, spec, plan)
         others += found
         said += told
     if notes is not None:
@@ -138,7 +139,7 @@ def check_settings(settings: TrainSettings, plan_path: str | None = None) -> Non
             plan = read_plan(plan_path)
         except InputError as e:
             raise InputError("Cannot train with these settings and this plan:", [*problems, *e.problems]) from None
-        preflight(settings, plan.topology, plan.spec)
+        preflight(settings, plan.topology, plan.spec, plan=plan)
     check(settings, "Cannot train with these settings:")
 
 
@@ -294,7 +295,7 @@ def prepare(plan_path: str, out_dir: str, settings: TrainSettings, run: Run | No
     with progress.step("check", "the plan, and what it needs of this machine"):
         plan = read_plan(plan_path)
         check_plan(plan)
-        nproc = preflight(settings, plan.topology, plan.spec, notes)
+        nproc = preflight(settings, plan.topology, plan.spec, notes, plan)
         if settings.job.resume_from:
             check_resume_from(settings.job, plan)
         if settings.job.resume:

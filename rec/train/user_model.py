@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from rec.plan import Plan
+
 BatchSource = Callable[[int, int, int, "torch.device"], Iterator[Any]]
 
 
@@ -135,14 +137,66 @@ def check_user_model(target: str, spec: Spec) -> UserModel:
     return user
 
 
-def user_model_problems(target: str, spec: Spec) -> tuple[list[Problem], list[str]]:
+def user_model_problems(target: str, spec: Spec, plan: Plan | None = None) -> tuple[list[Problem], list[str]]:
     """``check_user_model``'s problems as a list (the launcher reports them with its other checks),
-    and the notes on a model that passes (``uninitialized``)."""
+    with the tables' optimizers the kernels of ``plan`` (where there is one) cannot run, and the notes
+    on a model that passes (``uninitialized``)."""
     try:
         user = check_user_model(target, spec)
     except InputError as e:
         return list(e.problems), []
-    return [], uninitialized(user.model)
+    problems = [] if plan is None else table_optimizer_problems(user.model, plan)
+    return problems, uninitialized(user.model)
+
+
+# What FBGEMM's fused kernels (SplitTableBatchedEmbeddingBagsCodegen) run on cpu, as TorchRec names
+# them (EmbOptimType's values); the rest they assert away in the ranks. The installed FBGEMM's set
+# is checked by tests/rec/test_train_modules.py.
+CPU_FUSED_OPTIMIZERS = frozenset({"exact_sgd", "exact_adagrad", "exact_row_wise_adagrad",
+                                  "ema_in_place_row_wise_adagrad"})
+
+
+def table_optimizer_problems(model: nn.Module, plan: Plan) -> list[Problem]:
+    """The optimizers a user's code applied in backward to the planned tables of ``model`` (which
+    has them all: ``model_problems``) that the sharded tables cannot run: more than one, one TorchRec
+    does not fuse, one FBGEMM's fused kernels do not run on a cpu plan."""
+    from torchrec.distributed.utils import optimizer_type_to_emb_opt_type
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    from rec.sharding import ComputeDevice, ComputeKernel
+    from rec.torchrec_internals import optimizer_classes, optimizer_kwargs
+
+    problems = []
+    for t in plan.tables:
+        module: Any = model.get_submodule(t.module)
+        weight = (module.embedding_bags if isinstance(module, EmbeddingBagCollection) else module.embeddings)[
+            t.name].weight
+        classes, where = optimizer_classes(weight), f"table {t.key}"
+        if len(classes) > 1:
+            problems.append(Problem(where, f"the model applies {len(classes)} optimizers to it in backward; "
+                                           "TorchRec's sharded tables take one"))
+            continue
+        if not classes:
+            continue
+        kind = (optimizer_kwargs(weight) or [{}])[0].get("optimizer")  # FBGEMM's own, given by name
+        name = classes[0].__name__ if kind is None else f"{classes[0].__name__} (optimizer {kind})"
+        if kind is None:
+            try:
+                kind = optimizer_type_to_emb_opt_type(classes[0])
+            except ValueError:
+                problems.append(Problem(where, (
+                    f"the model applies {name} to it in backward, which TorchRec fuses into no sharded table: "
+                    "apply torch.optim's SGD, Adagrad or Adam, one of torchrec.optim's, or none (shardflow's "
+                    "row-wise Adagrad)")))
+                continue
+        fused = t.compute_kernel is not ComputeKernel.DENSE  # a data_parallel table's optimizer is torch's
+        if (plan.topology.compute_device is ComputeDevice.CPU and fused
+                and str(getattr(kind, "value", kind)) not in CPU_FUSED_OPTIMIZERS):
+            problems.append(Problem(where, (
+                f"the model applies {name} to it in backward; FBGEMM's kernels on cpu (the plan's compute_device) "
+                "run only SGD, Adagrad and RowWiseAdagrad: apply one of those, or none (shardflow's row-wise "
+                "Adagrad), or plan for cuda")))
+    return problems
 
 
 def uninitialized(model: nn.Module) -> list[str]:

@@ -24,6 +24,7 @@ def test_the_optimizer_mark_is_what_apply_optimizer_in_backward_sets():
     internals.mark_optimizer(mine, RowWiseAdagrad)
     assert internals.optimizer_classes(marked) == [RowWiseAdagrad] == internals.optimizer_classes(mine)
     assert internals.optimizer_classes(plain) == []
+    assert internals.optimizer_kwargs(marked) == [{"lr": 0.1}] and internals.optimizer_kwargs(plain) == []
 
 
 def test_a_planner_run_and_its_reservation_are_read(tmp_path):

@@ -295,7 +295,7 @@ def test_meta_parameters_dmp_leaves_uninitialized_and_meta_buffers_it_zeroes_get
 FACTORIES = """
 import itertools
 import sys
-sys.path.insert(0, {examples!r})
+sys.path.insert(0, EXAMPLES_DIR)
 from train_own_model import ShopModel, batches
 
 
@@ -311,6 +311,16 @@ class Detached(ShopModel):
 
 def detached_loss():
     return Detached(), batches
+
+
+def adam_and_adamw_on_the_tables():
+    import torch
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+    model = ShopModel()
+    apply_optimizer_in_backward(torch.optim.Adam, model.user.ebc.parameters(), {"lr": 0.01})
+    apply_optimizer_in_backward(torch.optim.AdamW, model.sequence[0].ec.parameters(), {"lr": 0.01})
+    return model, batches
 """
 
 
@@ -322,7 +332,7 @@ def own_plan_path(tmp_path_factory):
     from tests.paths import EXAMPLES
 
     folder = tmp_path_factory.mktemp("own")
-    (folder / "factories.py").write_text(FACTORIES.format(examples=str(EXAMPLES)))
+    (folder / "factories.py").write_text(FACTORIES.replace("EXAMPLES_DIR", repr(str(EXAMPLES))))
     spec = spec_from_model(f"{EXAMPLES / 'train_own_model.py'}:build_model").spec
     write_plan(plan_spec(spec, TOPOLOGY), folder / "plan")
     return folder
@@ -348,3 +358,58 @@ def test_a_users_batches_that_end_early_or_a_loss_without_gradient_stop_the_rank
         train(read_plan(own_plan_path / "plan"), config, str(tmp_path), Output())
     assert f"{target}: {expected}" in one_line(stopped.value)
     assert not (tmp_path / "train_metrics.json").exists()
+
+
+def test_a_tables_optimizer_the_sharded_kernels_cannot_run_is_refused_before_launch(own_plan_path):
+    """FBGEMM asserted Adam away on cpu, and TorchRec refused AdamW, in the ranks after launch (exit 1);
+    a data_parallel table's optimizer is torch's own, Adam there trains."""
+    import dataclasses
+
+    from rec.plan import read_plan
+    from rec.sharding import ShardingType
+    from tasks.train import TrainSettings, preflight
+
+    plan = read_plan(own_plan_path / "plan")
+    target = f"{own_plan_path / 'factories.py'}:adam_and_adamw_on_the_tables"
+    settings = TrainSettings(job=TrainConfig(model=target))
+    with pytest.raises(InputError) as refused:
+        preflight(settings, plan.topology, plan.spec, plan=plan)
+    problems = {p.where: p.reason for p in refused.value.problems}
+    assert set(problems) == {"table user.ebc.user_id_table", "table user.ebc.user_country_table",
+                             "table sequence.0.ec.viewed_items_table", "table sequence.0.ec.searches_table"}
+    assert problems["table user.ebc.user_id_table"].startswith(
+        "the model applies Adam to it in backward; FBGEMM's kernels on cpu (the plan's compute_device) run only "
+        "SGD, Adagrad and RowWiseAdagrad")
+    assert problems["table sequence.0.ec.searches_table"].startswith(
+        "the model applies AdamW to it in backward, which TorchRec fuses into no sharded table")
+    assert "or plan for cuda" in refused.value.render() and "(shardflow's row-wise Adagrad)" in refused.value.render()
+    user_tables_replicated = dataclasses.replace(plan.spec, tables=tuple(
+        dataclasses.replace(t, sharding_types=(ShardingType.DATA_PARALLEL,)) if t.module == "user.ebc" else t
+        for t in plan.spec.tables))
+    replicated = plan_spec(user_tables_replicated, TOPOLOGY)
+    with pytest.raises(InputError) as refused:
+        preflight(settings, replicated.topology, replicated.spec, plan=replicated)
+    assert {p.where for p in refused.value.problems} == {"table sequence.0.ec.viewed_items_table",
+                                                         "table sequence.0.ec.searches_table"}
+
+
+def test_the_optimizers_fbgemms_fused_kernels_run_on_cpu_are_the_ones_the_launcher_lets_through():
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType  # type: ignore[import-untyped]
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import (  # type: ignore[import-untyped]
+        EmbeddingLocation,
+    )
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (  # type: ignore[import-untyped]
+        ComputeDevice,
+        SplitTableBatchedEmbeddingBagsCodegen,
+    )
+
+    from rec.train.user_model import CPU_FUSED_OPTIMIZERS
+
+    runs = set()
+    for kind in EmbOptimType:
+        try:
+            SplitTableBatchedEmbeddingBagsCodegen([(4, 4, EmbeddingLocation.HOST, ComputeDevice.CPU)], optimizer=kind)
+        except AssertionError:  # "Optimizer adam is not supported in CPU mode."
+            continue
+        runs.add(kind.value)
+    assert runs == CPU_FUSED_OPTIMIZERS

@@ -27,6 +27,20 @@ def optimizer_kwargs(parameter: Any) -> list[dict[str, Any]]:
     return [dict(k) for k in getattr(parameter, OPTIMIZER_KWARGS, None) or []]
 
 
+IN_BACKWARD_OPTIMIZERS = "_in_backward_optimizers"  # the optimizers apply_optimizer_in_backward made
+
+
+def drop_in_backward_optimizers(parameter: Any, in_backward: Any) -> None:
+    """Undo ``apply_optimizer_in_backward`` on ``parameter``: its hooks removed (from the map of them
+    that DDP reads too, in ``in_backward``: the module ``torch.distributed.optim.apply_optimizer_in_backward``)
+    and its marks deleted, so that no optimizer steps it in backward."""
+    for handle in in_backward.param_to_optim_hook_handle_map.pop(parameter, []):
+        handle.remove()
+    for mark in (IN_BACKWARD_OPTIMIZERS, OPTIMIZER_CLASSES, OPTIMIZER_KWARGS):
+        if hasattr(parameter, mark):
+            delattr(parameter, mark)
+
+
 def mark_optimizer(parameter: Any, optimizer_class: type[Any]) -> None:
     """Mark ``parameter`` as ``apply_optimizer_in_backward`` does, without hooking an optimizer: what
     TorchRec's planner reads to size the optimizer's state."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -33,7 +34,7 @@ from rec.plan import Plan, read_plan
 from rec.plan.torchrec_plan import plan_modules, sharders_for, to_sharding_plan
 from rec.settings import add_flags, from_flags
 from rec.spec.types import Spec
-from rec.torchrec_internals import optimizer_classes
+from rec.torchrec_internals import drop_in_backward_optimizers, optimizer_classes, optimizer_kwargs
 from rec.train.agreement import check_agreement, shared_settings
 from rec.train.applied import applied_sharding
 from rec.train.config import TrainConfig, resolve_model_kind
@@ -114,23 +115,64 @@ def evaluator_of(config: TrainConfig, feed: Feed, batch_size: int, device: torch
     return Evaluator(source, feed.layout, feed.one_module, batch_size, config.eval_batches, device)
 
 
+_Choice = tuple[type[torch.optim.Optimizer], dict[str, Any]]  # an optimizer class, its keyword arguments
+
+
 def shard_with_plan(model: torch.nn.Module, plan: Plan, config: TrainConfig, device: torch.device
                     ) -> tuple[DistributedModelParallel, CombinedOptimizer]:
     """``model`` sharded with exactly ``plan``, and its optimizer: fused row-wise Adagrad on the
     planned tables (applied in backward, inside the sharded kernels), Adagrad on the rest (the dense
     layers, and data_parallel tables, as TorchRec trains them): in float32 for parameters of other
-    types (``Float32Adagrad``)."""
+    types (``Float32Adagrad``). A user's model keeps the optimizers its code applied in backward
+    (``apply_optimizer_in_backward``): a sharded table's in its kernels, a dense parameter's or a
+    data_parallel table's stepped after backward with the others (``_chosen_optimizers``)."""
+    chosen = _chosen_optimizers(model, plan)
     _fuse_embedding_optimizer(model, plan, config.embedding_lr)
     dmp = DistributedModelParallel(model, device=device, plan=to_sharding_plan(plan), sharders=sharders_for(plan))
     optimizers: list[Any] = [dmp.fused_optimizer]
     dense_params = dict(in_backward_optimizer_filter(dmp.named_parameters()))
-    full = {name: p for name, p in dense_params.items() if p.dtype is torch.float32}
-    half = {name: p for name, p in dense_params.items() if p.dtype is not torch.float32}
+    optimizers += _grouped({name: p for name, p in dense_params.items() if name in chosen}, chosen)
+    ours = {name: p for name, p in dense_params.items() if name not in chosen}
+    full = {name: p for name, p in ours.items() if p.dtype is torch.float32}
+    half = {name: p for name, p in ours.items() if p.dtype is not torch.float32}
     if full:
         optimizers.append(KeyedOptimizerWrapper(full, lambda params: torch.optim.Adagrad(params, lr=config.dense_lr)))
     if half:
         optimizers.append(KeyedOptimizerWrapper(half, lambda params: Float32Adagrad(params, lr=config.dense_lr)))
     return dmp, CombinedOptimizer(optimizers)
+
+
+def _chosen_optimizers(model: torch.nn.Module, plan: Plan) -> dict[str, _Choice]:
+    """The optimizer a user's code applied in backward to each parameter, by name; a dense parameter's
+    taken off it. A step after backward applies those of the dense parameters and the data_parallel
+    tables as backward would have, and checkpoints their state: DMP allocates a parameter on the meta
+    device anew without it, and replaces a data_parallel table's (both then trained with Adagrad), and
+    DDP ran one on another device in backward (it failed on cpu, and its state was never saved)."""
+    import torch.distributed.optim.apply_optimizer_in_backward as in_backward
+
+    planned = tuple(f"{path}." for path in plan_modules(plan))
+    chosen = {name: (classes[0], optimizer_kwargs(p)[0]) for name, p in model.named_parameters()
+              if len(classes := optimizer_classes(p)) == 1}
+    for name in chosen:
+        if not name.startswith(planned):  # a table's mark chooses its fused kernels' optimizer: kept
+            drop_in_backward_optimizers(model.get_parameter(name), in_backward)
+    return chosen
+
+
+def _grouped(params: dict[str, torch.nn.Parameter], choices: dict[str, _Choice]) -> list[KeyedOptimizerWrapper]:
+    """An optimizer for each choice in ``choices`` (by parameter name) over its parameters."""
+    groups: list[tuple[_Choice, dict[str, torch.nn.Parameter]]] = []
+    for name, p in params.items():
+        choice = choices[name]
+        group = next((g for c, g in groups if c == choice), None)
+        if group is None:
+            groups.append((choice, group := {}))
+        group[name] = p
+    return [KeyedOptimizerWrapper(group, _made(choice)) for choice, group in groups]
+
+
+def _made(choice: _Choice) -> Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]:
+    return lambda params: choice[0](params, **choice[1])
 
 
 def _fuse_embedding_optimizer(model: torch.nn.Module, plan: Plan, lr: float) -> None:

@@ -8,9 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 from torchrec.distributed.model_parallel import DistributedModelParallel
-from torchrec.optim.keyed import CombinedOptimizer
+from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 
 from rec.errors import InputError, Problem
 from rec.plan import Plan
@@ -51,10 +52,12 @@ def start(plan: Plan, config: TrainConfig, out_dir: str, dmp: DistributedModelPa
         other = another_runs(step_dir(checkpoints, newest), run)
         output.progress(f"resuming from the checkpoint of iteration {newest}"
                         + (f" that {other.describe()} wrote" if other else ""))
+        _make_lazy_state(optimizer)
         checkpoint.load(checkpoints, newest, dmp, optimizer)
         iteration = newest
         _read_on(feed, iteration, step_dir(checkpoints, newest), output)
     elif config.resume_from:
+        _make_lazy_state(optimizer)
         iteration, resume, source_step = _from_other_plan(config.resume_from, plan, dmp, optimizer, output)
         _read_on(feed, iteration, source_step, output)
         if checkpoints:  # the old checkpoint in this plan's layout, for restarts
@@ -69,6 +72,22 @@ def start(plan: Plan, config: TrainConfig, out_dir: str, dmp: DistributedModelPa
         if lost:
             output.progress(lost)
     return Start(iteration, resume, earlier, run, other)
+
+
+def _make_lazy_state(optimizer: CombinedOptimizer) -> None:
+    """Make the state of each optimizer that makes it at its first step (a user's model's dense
+    optimizers: torch's Adam, SGD with momentum), so that a checkpoint's is loaded into it, by
+    TorchRec's step of zero gradients; the parameters that step moved (weight decay) are put back."""
+    for _, keyed in optimizer.optimizers:
+        if keyed.state or not isinstance(keyed, KeyedOptimizerWrapper):  # the tables' kernels make theirs at once
+            continue
+        params = [p for p in keyed.params.values() if p.requires_grad]
+        with torch.no_grad():
+            kept = [p.detach().clone() for p in params]
+            keyed.init_state()
+            for p, value in zip(params, kept, strict=True):
+                p.copy_(value)
+                p.grad = None
 
 
 def _read_on(feed: Feed, iteration: int, step: Path, output: RankOutput) -> None:

@@ -145,7 +145,7 @@ def user_model_problems(target: str, spec: Spec, plan: Plan | None = None) -> tu
         user = check_user_model(target, spec)
     except InputError as e:
         return list(e.problems), []
-    problems = [] if plan is None else table_optimizer_problems(user.model, plan)
+    problems = [] if plan is None else optimizer_problems(user.model, plan)
     return problems, uninitialized(user.model)
 
 
@@ -156,17 +156,23 @@ CPU_FUSED_OPTIMIZERS = frozenset({"exact_sgd", "exact_adagrad", "exact_row_wise_
                                   "ema_in_place_row_wise_adagrad"})
 
 
-def table_optimizer_problems(model: nn.Module, plan: Plan) -> list[Problem]:
-    """The optimizers a user's code applied in backward to the planned tables of ``model`` (which
-    has them all: ``model_problems``) that the sharded tables cannot run: more than one, one TorchRec
-    does not fuse, one FBGEMM's fused kernels do not run on a cpu plan."""
+def optimizer_problems(model: nn.Module, plan: Plan) -> list[Problem]:
+    """The optimizers a user's code applied in backward that the training cannot run: on a planned
+    table of ``model`` (which has them all: ``model_problems``) more than one, one TorchRec does not
+    fuse, one FBGEMM's fused kernels do not run on a cpu plan; more than one on a dense parameter (the
+    training steps it with its one: ``rec.train.job.shard_with_plan``)."""
     from torchrec.distributed.utils import optimizer_type_to_emb_opt_type
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
+    from rec.plan.torchrec_plan import plan_modules
     from rec.sharding import ComputeDevice, ComputeKernel
     from rec.torchrec_internals import optimizer_classes, optimizer_kwargs
 
-    problems = []
+    planned = tuple(f"{path}." for path in plan_modules(plan))
+    problems = [Problem(f"parameter {name}", f"the model applies {len(optimizer_classes(p))} optimizers to it in "
+                                             "backward; the training steps a dense parameter with one")
+                for name, p in model.named_parameters()
+                if not name.startswith(planned) and len(optimizer_classes(p)) > 1]
     for t in plan.tables:
         module: Any = model.get_submodule(t.module)
         weight = (module.embedding_bags if isinstance(module, EmbeddingBagCollection) else module.embeddings)[

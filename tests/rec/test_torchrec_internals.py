@@ -25,6 +25,14 @@ def test_the_optimizer_mark_is_what_apply_optimizer_in_backward_sets():
     assert internals.optimizer_classes(marked) == [RowWiseAdagrad] == internals.optimizer_classes(mine)
     assert internals.optimizer_classes(plain) == []
     assert internals.optimizer_kwargs(marked) == [{"lr": 0.1}] and internals.optimizer_kwargs(plain) == []
+    import torch.distributed.optim.apply_optimizer_in_backward as in_backward
+
+    dropped = torch.nn.Parameter(torch.ones(2))
+    apply_optimizer_in_backward(torch.optim.SGD, [dropped], {"lr": 1.0})
+    internals.drop_in_backward_optimizers(dropped, in_backward)
+    (2 * dropped).sum().backward()  # no SGD step in backward, and the gradient is kept for a step after it
+    assert torch.equal(dropped.detach(), torch.ones(2)) and torch.equal(dropped.grad, torch.full((2,), 2.0))
+    assert internals.optimizer_classes(dropped) == [] and not hasattr(dropped, "_in_backward_optimizers")
 
 
 def test_a_planner_run_and_its_reservation_are_read(tmp_path):

@@ -296,7 +296,16 @@ FACTORIES = """
 import itertools
 import sys
 sys.path.insert(0, EXAMPLES_DIR)
-from train_own_model import ShopModel, batches
+from train_own_model import ShopModel, batches, build_model
+
+
+def user_tables_replicated():
+    from torchrec.distributed.planner.types import ParameterConstraints
+
+    model, constraints = build_model()
+    for table in ("user_id_table", "user_country_table"):
+        constraints[table] = ParameterConstraints(sharding_types=["data_parallel"])
+    return model, constraints
 
 
 def three_batches():
@@ -320,13 +329,28 @@ def adam_and_adamw_on_the_tables():
     model = ShopModel()
     apply_optimizer_in_backward(torch.optim.Adam, model.user.ebc.parameters(), {"lr": 0.01})
     apply_optimizer_in_backward(torch.optim.AdamW, model.sequence[0].ec.parameters(), {"lr": 0.01})
+    for optimizer in (torch.optim.SGD, torch.optim.Adam):
+        apply_optimizer_in_backward(optimizer, [model.head.weight], {"lr": 0.01})
+    return model, batches
+
+
+def adam_on_the_dense_layers():
+    import torch
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+    model = ShopModel()  # its head on the meta device, the user tower's layer on cpu
+    model.user.mlp = torch.nn.Linear(model.user.mlp.in_features, model.user.mlp.out_features)
+    apply_optimizer_in_backward(torch.optim.Adam, [*model.head.parameters(), *model.user.mlp.parameters()],
+                                {"lr": 0.01})
+    apply_optimizer_in_backward(torch.optim.SGD, model.user.ebc.parameters(), {"lr": 0.1})
     return model, batches
 """
 
 
 @pytest.fixture(scope="module")
 def own_plan_path(tmp_path_factory):
-    """examples/train_own_model.py's model planned on one cpu rank, and a file of factories using it."""
+    """examples/train_own_model.py's model planned on one cpu rank (``plan``; ``replicated``: its user
+    tower's tables data_parallel), and a file of factories using it."""
     from rec.plan import write_plan
     from rec.spec.from_model import spec_from_model
     from tests.paths import EXAMPLES
@@ -335,6 +359,8 @@ def own_plan_path(tmp_path_factory):
     (folder / "factories.py").write_text(FACTORIES.replace("EXAMPLES_DIR", repr(str(EXAMPLES))))
     spec = spec_from_model(f"{EXAMPLES / 'train_own_model.py'}:build_model").spec
     write_plan(plan_spec(spec, TOPOLOGY), folder / "plan")
+    replicated = spec_from_model(f"{folder / 'factories.py'}:user_tables_replicated").spec
+    write_plan(plan_spec(replicated, TOPOLOGY), folder / "replicated")
     return folder
 
 
@@ -363,10 +389,7 @@ def test_a_users_batches_that_end_early_or_a_loss_without_gradient_stop_the_rank
 def test_a_tables_optimizer_the_sharded_kernels_cannot_run_is_refused_before_launch(own_plan_path):
     """FBGEMM asserted Adam away on cpu, and TorchRec refused AdamW, in the ranks after launch (exit 1);
     a data_parallel table's optimizer is torch's own, Adam there trains."""
-    import dataclasses
-
     from rec.plan import read_plan
-    from rec.sharding import ShardingType
     from tasks.train import TrainSettings, preflight
 
     plan = read_plan(own_plan_path / "plan")
@@ -376,21 +399,20 @@ def test_a_tables_optimizer_the_sharded_kernels_cannot_run_is_refused_before_lau
         preflight(settings, plan.topology, plan.spec, plan=plan)
     problems = {p.where: p.reason for p in refused.value.problems}
     assert set(problems) == {"table user.ebc.user_id_table", "table user.ebc.user_country_table",
-                             "table sequence.0.ec.viewed_items_table", "table sequence.0.ec.searches_table"}
+                             "table sequence.0.ec.viewed_items_table", "table sequence.0.ec.searches_table",
+                             "parameter head.weight"}
+    assert problems["parameter head.weight"].startswith("the model applies 2 optimizers to it in backward")
     assert problems["table user.ebc.user_id_table"].startswith(
         "the model applies Adam to it in backward; FBGEMM's kernels on cpu (the plan's compute_device) run only "
         "SGD, Adagrad and RowWiseAdagrad")
     assert problems["table sequence.0.ec.searches_table"].startswith(
         "the model applies AdamW to it in backward, which TorchRec fuses into no sharded table")
     assert "or plan for cuda" in refused.value.render() and "(shardflow's row-wise Adagrad)" in refused.value.render()
-    user_tables_replicated = dataclasses.replace(plan.spec, tables=tuple(
-        dataclasses.replace(t, sharding_types=(ShardingType.DATA_PARALLEL,)) if t.module == "user.ebc" else t
-        for t in plan.spec.tables))
-    replicated = plan_spec(user_tables_replicated, TOPOLOGY)
+    replicated = read_plan(own_plan_path / "replicated")
     with pytest.raises(InputError) as refused:
         preflight(settings, replicated.topology, replicated.spec, plan=replicated)
     assert {p.where for p in refused.value.problems} == {"table sequence.0.ec.viewed_items_table",
-                                                         "table sequence.0.ec.searches_table"}
+                                                         "table sequence.0.ec.searches_table", "parameter head.weight"}
 
 
 def test_the_optimizers_fbgemms_fused_kernels_run_on_cpu_are_the_ones_the_launcher_lets_through():
@@ -413,3 +435,27 @@ def test_the_optimizers_fbgemms_fused_kernels_run_on_cpu_are_the_ones_the_launch
             continue
         runs.add(kind.value)
     assert runs == CPU_FUSED_OPTIMIZERS
+
+
+def test_the_optimizer_a_users_model_applies_to_a_dense_parameter_trains_it_and_resumes_with_its_state(
+        single_process_group, own_plan_path, tmp_path):
+    """DMP allocates a dense parameter on the meta device anew, without the optimizer its model's code
+    applied in backward, and replaces a data_parallel table's: they trained with shardflow's Adagrad
+    instead, silently; on a parameter on cpu, DDP ran it in backward, which failed the rank (exit 1)."""
+    from dataclasses import replace
+
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from tests.rec.test_training_data import train
+
+    plan = str(own_plan_path / "replicated" / "plan.json")  # the user tower's tables data_parallel
+    config = TrainConfig(model=f"{own_plan_path / 'factories.py'}:adam_on_the_dense_layers", iterations=3,
+                         warmup=1, batch_size=8)
+    _, straight, _ = train(plan, str(tmp_path / "a"), config)
+    train(plan, str(tmp_path / "b"), replace(config, iterations=2, checkpoint_every=2))
+    _, resumed, _ = train(plan, str(tmp_path / "b"), replace(config, resume=True))
+    assert np.array_equal(resumed, straight)  # Adam's moments and steps carried over
+    saved = FileSystemReader(str(tmp_path / "b/checkpoints/step_00000002")).read_metadata().state_dict_metadata
+    assert {"optim.state.head.weight.exp_avg", "optim.state.user.mlp.bias.exp_avg_sq"} <= set(saved)  # Adam's
+    assert not any(key.endswith(".sum") for key in saved if key.startswith("optim.state."))  # no dense Adagrad
+    assert "optim.state.user.ebc.embedding_bags.user_id_table.weight.step" not in saved  # SGD, stepped by step

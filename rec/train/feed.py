@@ -148,8 +148,7 @@ class UserBatches:
                 if self.made < self.needed:
                     raise InputError(f"The training with {self.target} stopped:", [Problem(self.target, (
                         f"its batches ended after {self.made:,} batches; the training needs {self.needed:,} "
-                        f"(--iterations {self.needed}): make batches() yield at least that many, or train fewer "
-                        "iterations"))]) from None
+                        f"(--iterations {self.needed})"))]) from None
                 raise
             self.made += 1
             if self.made > self.skip:

@@ -175,9 +175,9 @@ def _losses(output: Any) -> torch.Tensor:
 
 def _needs_no_gradient(target: str | None) -> InputError:
     return InputError(f"The training with {target or 'the model'} cannot learn:", [Problem(
-        target or "the model", "its forward returned a loss that needs no gradient (requires_grad False: computed "
-                               "under torch.no_grad(), detached, or from no trainable parameter); return the loss "
-                               "computed from the model's parameters")])
+        target or "the model", "its forward returned a loss that needs no gradient (requires_grad False: "
+                               "detached, or computed under torch.no_grad()); return one computed from its "
+                               "parameters")])
 
 
 def _shape(value: Any) -> str:

@@ -65,14 +65,28 @@ def _read_entries(path: Path) -> tuple[list[Any], list[Problem]]:
     return entries, problems
 
 
+# The keys of a deployment that Prefect reads (DeploymentConfig of prefect/cli/deploy/_models.py;
+# tests/flows/test_serve_flows.py checks them against the installed Prefect). It ignores any other,
+# so a misspelled one (``schedule_s``) would leave a deployment unscheduled without a word.
+DEPLOYMENT_KEYS = ("name", "version", "version_type", "tags", "description", "schedule", "schedules", "paused",
+                   "concurrency_limit", "flow_name", "entrypoint", "parameters", "enforce_parameter_schema",
+                   "build", "push", "pull", "work_pool", "triggers", "sla")
+
+
 def _entry_problems(where: str, d: object) -> list[Problem]:
     if not isinstance(d, dict):
         return [Problem(where, "is not a mapping")]
     problems = [Problem(where, f"needs {key!r} (text)") for key in ("name", "entrypoint")
                 if not isinstance(d.get(key), str) or not d[key].strip()]
+    problems += [Problem(f"{where}: {key}", _unknown_key(key)) for key in d if key not in DEPLOYMENT_KEYS]
     if not isinstance(d.get("parameters") or {}, dict):
         problems.append(Problem(f"{where}: parameters", "is not a mapping of parameter names to values"))
-    schedules = d.get("schedules") or []
+    if d.get("schedule") is not None and not isinstance(d["schedule"], dict):
+        problems.append(Problem(f"{where}: schedule", "is not a mapping (one schedule: a cron or an interval)"))
+    elif d.get("schedule") and d.get("schedules") is not None:
+        problems.append(Problem(f"{where}: schedule", "given beside 'schedules', which Prefect refuses: move it "
+                                                     "into 'schedules'"))
+    schedules = _schedules(d)
     if not isinstance(schedules, list):
         return [*problems, Problem(f"{where}: schedules", "is not a list")]
     for i, s in enumerate(schedules):
@@ -80,6 +94,20 @@ def _entry_problems(where: str, d: object) -> list[Problem]:
         if why is not None:
             problems.append(Problem(f"{where}: schedule {i}", why))
     return problems
+
+
+def _unknown_key(key: object) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(str(key), DEPLOYMENT_KEYS, n=1)
+    return ("is no key of a Prefect deployment, which Prefect (and serve) would ignore"
+            + (f": did you mean {close[0]!r}?" if close else f"; it reads {', '.join(DEPLOYMENT_KEYS)}"))
+
+
+def _schedules(d: Mapping[str, Any]) -> object:
+    """A deployment's schedules as Prefect reads them: ``schedules``, or the one of ``schedule``."""
+    one = d.get("schedule")
+    return [one] if isinstance(one, dict) and one and d.get("schedules") is None else d.get("schedules") or []
 
 
 MAX_INTERVAL_S = 366 * 86400  # a year and a day: Prefect's interval is a timedelta
@@ -307,7 +335,8 @@ def runner_deployments(prefect_file: str | Path = PREFECT_FILE, *,
 
     out = []
     for (d, flow), params in zip(entries, parameters, strict=True):
-        schedules: list[Schedule] = [schedule_of(s) for s in d.get("schedules") or []]
+        given = _schedules(d)
+        schedules: list[Schedule] = [schedule_of(s) for s in given] if isinstance(given, list) else []
         if replan_every is not None and flow is replan_flow:
             schedules = [Interval(replan_every)]
         deployment = flow.to_deployment(

@@ -80,16 +80,43 @@ def test_a_deployment_file_with_problems_of_several_kinds_is_refused_naming_them
     entrypoint: flows.replan.replan_flow
     parameters: {spec_path: no_such_spec.yaml, topology_path: ../topology.yaml, searching: {max_regres: 0.1}}
     schedules: [{cron: "*/99 * * *"}]
+    shedule: {cron: "0 * * * *"}
 """)
     assert main(["serve", "--list", "--prefect-file", str(deployments), "--limit", "0"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("shardflow: Cannot serve the deployments:") and "Traceback" not in err
     for expected in ("--limit: must be at least 1",
                      "deployment 0: schedule 0: Prefect refuses it: Invalid cron string",
+                     "deployment 0: shedule: is no key of a Prefect deployment, which Prefect (and serve) would "
+                     "ignore: did you mean 'schedule'?",  # the deployment was served unscheduled
                      "replan: searching.max_regres: unknown setting",
                      f"spec_path: no such file: {tmp_path / 'no_such_spec.yaml'}",
                      f"topology_path: no such file: {tmp_path.parent / 'topology.yaml'}"):
         assert expected in err, (expected, err)
+
+
+def test_a_deployments_one_schedule_is_served_as_prefect_deploy_reads_it(tmp_path, capsys):
+    """``schedule:`` (one schedule, which ``prefect deploy`` still reads) was served unscheduled; the
+    keys serve knows are the ones Prefect reads."""
+    from prefect.cli.deploy._models import DeploymentConfig
+
+    from flows.deployments import DEPLOYMENT_KEYS
+    from tests.paths import CPU_2PROC, DEMO
+
+    assert set(DEPLOYMENT_KEYS) == set(DeploymentConfig.model_fields)
+    deployments = tmp_path / "prefect.yaml"
+    deployments.write_text(f"""deployments:
+  - name: replan
+    entrypoint: flows.replan.replan_flow
+    parameters: {{spec_path: {DEMO}, topology_path: {CPU_2PROC}}}
+    schedule: {{cron: "0 * * * *"}}
+    work_pool: {{name: for-workers-only}}
+""")
+    assert main(["serve", "--list", "--prefect-file", str(deployments)]) == 0
+    assert "cron '0 * * * *'" in capsys.readouterr().out
+    deployments.write_text(deployments.read_text() + '    schedules: [{cron: "5 * * * *"}]\n')
+    assert main(["serve", "--list", "--prefect-file", str(deployments)]) == 2
+    assert "schedule: given beside 'schedules', which Prefect refuses" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -58,7 +58,7 @@ def train_iterations(dmp: DistributedModelParallel, optimizer: CombinedOptimizer
     latencies: list[float] = []
     waits: list[float] = []
     losses: list[torch.Tensor] = []
-    evaluations: list[Evaluation] = []
+    evaluations: list[Evaluation] = list(start.earlier_evaluations)
     every = config.eval_every
 
     def so_far() -> Iterations | None:
@@ -71,7 +71,7 @@ def train_iterations(dmp: DistributedModelParallel, optimizer: CombinedOptimizer
         def keep() -> None:  # with a checkpoint: a resume from it keeps the rows before it, reads on from there
             rows = so_far()  # a collective: every rank
             if rows is not None:
-                write_iterations(out_dir, rows)
+                write_iterations(out_dir, rows, [e.to_dict() for e in evaluations])
                 assert checkpoints is not None
                 feed.keep_position(step_dir(checkpoints, done), done)
         return keep
@@ -104,11 +104,11 @@ def train_iterations(dmp: DistributedModelParallel, optimizer: CombinedOptimizer
         if output.due(done, config.iterations):  # the loss's .item() syncs: only when shown
             output.progress(f"iteration {done}/{config.iterations}, {latencies[-1]:.1f} ms, "
                             f"loss {loss.item():.4f}", done, config.iterations)
+        if every and done % every == 0 and done < config.iterations:
+            evaluate(done)  # before a checkpoint of the same iteration, which keeps it for a resume
         if checkpoints and config.checkpoint_every and done % config.checkpoint_every == 0:
             checkpoint.save(checkpoints, done, dmp, optimizer, keep=config.keep_checkpoints, written_by=start.run,
                             before_latest=keep_iterations_and_position(done))
-        if every and done % every == 0 and done < config.iterations:
-            evaluate(done)
     if evaluator is not None and (not evaluations or evaluations[-1].iteration != config.iterations):
         evaluate(config.iterations)
     rows = so_far()

@@ -1,8 +1,10 @@
 """Iteration latency and loss statistics, and the files rank 0 writes: train_metrics.json,
 iterations.parquet (one row per iteration: latency of the slowest rank, mean loss over the ranks).
 
-A training that resumes from its own checkpoint keeps the rows of the iterations before it
-(``earlier_iterations``), so iterations.parquet holds every iteration of the training; the first
+A training that resumes from its own checkpoint keeps the rows of the iterations before it and the
+evaluations after them (``earlier_iterations``; an evaluation is kept in the ``eval_*`` columns of
+the row of the iteration it came after), so iterations.parquet holds every iteration of the training
+and train_metrics.json every evaluation; the first
 iteration after a resume (cold caches, a fresh pipeline) is marked ``resumed`` and, like the
 warm-up, left out of the latency statistics. Both files are replaced whole (written beside, then
 renamed): a reader, or a failed write, never sees half a file.
@@ -11,6 +13,7 @@ renamed): a reader, or a failed write, never sees half a file.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -332,15 +335,32 @@ def _text(value: object) -> str:
 
 def write_metrics(out_dir: str | Path, metrics: TrainMetrics, iterations: Iterations) -> None:
     """train_metrics.json and iterations.parquet, each replaced whole."""
-    write_iterations(out_dir, iterations)
+    write_iterations(out_dir, iterations, metrics.evaluations)
     out = Path(out_dir)
     write_whole(out / METRICS_FILE, (json.dumps(asdict(metrics), indent=2) + "\n").encode())
 
 
-def write_iterations(out_dir: str | Path, iterations: Iterations) -> None:
+EvaluationRow = dict[str, float | int | None]  # as train_metrics.json holds it: iteration, samples, metrics
+
+
+def _eval_columns() -> dict[str, str]:
+    """iterations.parquet's column of each key of an evaluation but its iteration (the row's)."""
+    from rec.evaluation.metrics import METRICS
+
+    return {key: f"eval_{key}" for key in ("samples", *(m.name for m in METRICS))}
+
+
+def write_iterations(out_dir: str | Path, iterations: Iterations, evaluations: Sequence[EvaluationRow] = ()) -> None:
+    """iterations.parquet: ``iterations``, and each of ``evaluations`` in the ``eval_*`` columns of the row
+    of the iteration it came after (null in the other rows)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    after = {int(e["iteration"] or 0) - 1: e for e in evaluations}  # the row an evaluation came after
+    rows = iterations.iteration.tolist()
+    evaluated = {column: pa.array([after[i].get(key) if i in after else None for i in rows],
+                                  pa.int64() if key == "samples" else pa.float64())
+                 for key, column in _eval_columns().items()}
     sink = pa.BufferOutputStream()
     pq.write_table(pa.table({
         "iteration": pa.array(iterations.iteration, pa.int64()),
@@ -349,18 +369,28 @@ def write_iterations(out_dir: str | Path, iterations: Iterations) -> None:
         "warmup": pa.array(iterations.warmup, pa.bool_()),
         "resumed": pa.array(iterations.resumed, pa.bool_()),
         "data_wait_ms": pa.array(iterations.data_wait_ms, pa.float64()),
+        **evaluated,
     }), sink)
     write_whole(Path(out_dir) / ITERATIONS_FILE, sink.getvalue().to_pybytes())
 
 
-def earlier_iterations(out_dir: str | Path, before: int) -> tuple[Iterations, str | None]:
-    """The rows of ``out_dir``'s iterations.parquet before iteration ``before``, and why there are
-    none when the file is there but unusable (None: fine, or no file)."""
+@dataclass(frozen=True)
+class Earlier:
+    """What a training kept of its iterations before a resume (``earlier_iterations``)."""
+
+    iterations: Iterations
+    evaluations: tuple[EvaluationRow, ...] = ()
+    lost: str | None = None  # why rows or evaluations the file held are not kept (None: none lost)
+
+
+def earlier_iterations(out_dir: str | Path, before: int) -> Earlier:
+    """The rows of ``out_dir``'s iterations.parquet before iteration ``before`` and the evaluations
+    after them, and why there are none when the file is there but unusable."""
     import pyarrow.parquet as pq
 
     path = Path(out_dir) / ITERATIONS_FILE
     if not path.exists():
-        return Iterations.empty(), None
+        return Earlier(Iterations.empty())
     try:
         table = pq.read_table(path)
         rows = {c: table.column(c).to_numpy(zero_copy_only=False) for c in ITERATION_COLUMNS[:4]}
@@ -369,9 +399,23 @@ def earlier_iterations(out_dir: str | Path, before: int) -> tuple[Iterations, st
         found = Iterations(rows["iteration"].astype(np.int64), rows["latency_ms"].astype(np.float64),
                            rows["loss"].astype(np.float64), rows["warmup"].astype(bool), resumed.astype(bool),
                            wait.astype(np.float64))
+        evaluated = {key: table.column(column).to_pylist() if column in table.column_names else [None] * len(found)
+                     for key, column in _eval_columns().items()}
     except (OSError, KeyError, ValueError, TypeError) as e:
-        return Iterations.empty(), f"{path} is unreadable ({type(e).__name__}), its rows are lost"
+        return Earlier(Iterations.empty(), lost=f"{path} is unreadable ({type(e).__name__}), its rows are lost")
     keep = found.iteration < before
     if np.any(np.diff(found.iteration[keep]) <= 0):
-        return Iterations.empty(), f"{path} has its iterations out of order, its rows are dropped"
-    return Iterations(*(getattr(found, c)[keep] for c in ITERATION_COLUMNS)), None
+        return Earlier(Iterations.empty(), lost=f"{path} has its iterations out of order, its rows are dropped")
+    evaluations = tuple({"iteration": int(i) + 1, **{key: values[row] for key, values in evaluated.items()}}
+                        for row, i in enumerate(found.iteration) if keep[row] and evaluated["samples"][row] is not None)
+    if not all(_an_evaluation(e) for e in evaluations):
+        return Earlier(Iterations(*(getattr(found, c)[keep] for c in ITERATION_COLUMNS)),
+                       lost=f"{path} holds evaluations that are no counts and finite metrics, they are dropped")
+    return Earlier(Iterations(*(getattr(found, c)[keep] for c in ITERATION_COLUMNS)), evaluations)
+
+
+def _an_evaluation(e: EvaluationRow) -> bool:
+    samples = e["samples"]
+    return (isinstance(samples, int) and samples >= 0
+            and all(v is None or (isinstance(v, float) and np.isfinite(v)) for k, v in e.items()
+                    if k not in ("iteration", "samples")))

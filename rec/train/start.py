@@ -14,11 +14,12 @@ from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 
 from rec.errors import InputError, Problem
+from rec.evaluation.metrics import Evaluation
 from rec.plan import Plan
 from rec.train import checkpoint
 from rec.train.config import TrainConfig
 from rec.train.feed import Feed, read_position
-from rec.train.metrics import Iterations, Resumed, earlier_iterations
+from rec.train.metrics import Earlier, Iterations, Resumed, earlier_iterations
 from rec.train.ownership import Run, another_runs
 from rec.train.rank_log import RankOutput
 from rec.train.rank_process import restart_count
@@ -32,6 +33,7 @@ class Start:
     earlier: Iterations  # rank 0 resuming its own checkpoint: the rows of the iterations before it
     run: Run  # this run: the writer of every checkpoint it writes
     resumed_run: Run | None = None  # the run whose checkpoint this one continues, when another's
+    earlier_evaluations: tuple[Evaluation, ...] = ()  # rank 0, as ``earlier``: the evaluations before it
 
 
 def start(plan: Plan, config: TrainConfig, out_dir: str, dmp: DistributedModelParallel,
@@ -66,12 +68,15 @@ def start(plan: Plan, config: TrainConfig, out_dir: str, dmp: DistributedModelPa
                             before_latest=lambda: _keep_position(feed, iteration, at))
     if checkpoints and plan_path:
         checkpoint.record_plan(checkpoints, plan_path)
-    earlier = Iterations.empty()
-    if own and dist.get_rank() == 0:  # this training's rows before the checkpoint: keep them
-        earlier, lost = earlier_iterations(out_dir, iteration)
-        if lost:
-            output.progress(lost)
-    return Start(iteration, resume, earlier, run, other)
+    earlier = Earlier(Iterations.empty())
+    if own and dist.get_rank() == 0:  # this training's rows and evaluations before the checkpoint: keep them
+        earlier = earlier_iterations(out_dir, iteration)
+        if earlier.lost:
+            output.progress(earlier.lost)
+    evaluations = tuple(Evaluation(int(e["iteration"] or 0), int(e["samples"] or 0),
+                                   {k: None if v is None else float(v) for k, v in e.items()
+                                    if k not in ("iteration", "samples")}) for e in earlier.evaluations)
+    return Start(iteration, resume, earlier.iterations, run, other, evaluations)
 
 
 def _make_lazy_state(optimizer: CombinedOptimizer) -> None:

@@ -89,15 +89,29 @@ def config(data, **changes) -> TrainConfig:
     return replace(base, **changes)
 
 
-def test_a_resumed_training_is_the_same_model_as_an_unbroken_one(single_process_group, data, plan_path, tmp_path):
-    straight, straight_losses, _ = train(plan_path, str(tmp_path / "a"), config(data))
-    train(plan_path, str(tmp_path / "b"), config(data, iterations=20, checkpoint_every=10))
+def test_a_resumed_training_is_the_same_model_as_an_unbroken_one(single_process_group, data, plan_path, tmp_path,
+                                                                  monkeypatch):
+    from rec.train.config import FAIL_AT_ENV
+
+    straight, straight_losses, _ = train(plan_path, str(tmp_path / "a"), config(data, eval_every=10))
+    monkeypatch.setenv(FAIL_AT_ENV, "25:0:raise")  # stopped after the checkpoint of iteration 20
+    with pytest.raises(RuntimeError, match="injected failure"):
+        train(plan_path, str(tmp_path / "b"), config(data, checkpoint_every=10, eval_every=10))
+    monkeypatch.delenv(FAIL_AT_ENV)
     resumed, resumed_losses, output = train(plan_path, str(tmp_path / "b"),
-                                            config(data, checkpoint_every=10, resume=True))
+                                            config(data, checkpoint_every=10, resume=True, eval_every=10))
     assert resumed.resumed_from == 20 and "resuming from the checkpoint of iteration 20" in output.lines
     assert np.array_equal(resumed_losses, straight_losses)  # every iteration's loss, the ones after the resume too
     assert resumed.eval["logloss"] == pytest.approx(straight.eval["logloss"], rel=1e-5)
     assert resumed.eval["auc"] == straight.eval["auc"]
+    # the evaluations before the resume are the training's too (the one of the checkpoint's iteration
+    # included): they were dropped, and with them the summary's best evaluation
+    assert [e["iteration"] for e in resumed.evaluations] == [e["iteration"] for e in straight.evaluations] == [
+        10, 20, 30, 40]
+    assert [e["auc"] for e in resumed.evaluations] == [e["auc"] for e in straight.evaluations]
+    kept = pq.read_table(tmp_path / "b/iterations.parquet").to_pydict()
+    assert [(i + 1, auc) for i, auc in zip(kept["iteration"], kept["eval_auc"], strict=True) if auc is not None] == [
+        (e["iteration"], e["auc"]) for e in straight.evaluations]
     position = json.loads((tmp_path / "b/checkpoints/step_00000020/data_position.json").read_text())
     assert (position["epoch"], position["rows"]) == divmod(20 * 64, 3000)  # 20 batches of 64 read
     assert (tmp_path / "b/checkpoints/model.json").is_file()

@@ -9,11 +9,13 @@ directory. Serving makes both absolute, so a flow run does not depend on where s
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 import inspect
 import os
 import typing
 from collections.abc import Iterable, Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -81,6 +83,13 @@ def _entry_problems(where: str, d: object) -> list[Problem]:
     problems += [Problem(f"{where}: {key}", _unknown_key(key)) for key in d if key not in DEPLOYMENT_KEYS]
     if not isinstance(d.get("parameters") or {}, dict):
         problems.append(Problem(f"{where}: parameters", "is not a mapping of parameter names to values"))
+    limit = d.get("concurrency_limit")
+    wrong = {"paused": "true or false" if not isinstance(d.get("paused"), bool) else None,
+             "version": "text" if not isinstance(d.get("version"), str) else None,
+             "concurrency_limit": None if isinstance(limit, int) and not isinstance(limit, bool) and limit >= 1
+             else "a number of runs at once, at least 1"}
+    problems += [Problem(f"{where}: {key}", f"needs {expected}, not {show(d[key])}")
+                 for key, expected in wrong.items() if expected is not None and d.get(key) is not None]
     if d.get("schedule") is not None and not isinstance(d["schedule"], dict):
         problems.append(Problem(f"{where}: schedule", "is not a mapping (one schedule: a cron or an interval)"))
     elif d.get("schedule") and d.get("schedules") is not None:
@@ -90,15 +99,12 @@ def _entry_problems(where: str, d: object) -> list[Problem]:
     if not isinstance(schedules, list):
         return [*problems, Problem(f"{where}: schedules", "is not a list")]
     for i, s in enumerate(schedules):
-        why = _schedule_problem(s)
-        if why is not None:
+        if (why := _schedule_problem(s)) is not None:
             problems.append(Problem(f"{where}: schedule {i}", why))
     return problems
 
 
 def _unknown_key(key: object) -> str:
-    import difflib
-
     close = difflib.get_close_matches(str(key), DEPLOYMENT_KEYS, n=1)
     return ("is no key of a Prefect deployment, which Prefect (and serve) would ignore"
             + (f": did you mean {close[0]!r}?" if close else f"; it reads {', '.join(DEPLOYMENT_KEYS)}"))
@@ -113,10 +119,27 @@ def _schedules(d: Mapping[str, Any]) -> object:
 MAX_INTERVAL_S = 366 * 86400  # a year and a day: Prefect's interval is a timedelta
 
 
+# The keys of a schedule Prefect reads (RawScheduleConfig of prefect/cli/deploy/_models.py, which
+# refuses any other; tests/flows/test_serve_flows.py checks them). ``replaces`` names a schedule of a
+# deployment already on a server, which serving, each time anew, has none of.
+SCHEDULE_KEYS = ("cron", "interval", "rrule", "timezone", "anchor_date", "active", "parameters", "slug", "replaces",
+                 "day_or")
+
+
 def _schedule_problem(s: object) -> str | None:
     """Why Prefect would refuse schedule ``s`` of a prefect.yaml (a cron or an interval in seconds)."""
     if not isinstance(s, dict) or ("cron" in s) == ("interval" in s):
         return "needs exactly one of 'cron' (text) or 'interval' (seconds)"
+    unknown = [str(key) for key in s if key not in SCHEDULE_KEYS]
+    if unknown:
+        close = [difflib.get_close_matches(key, SCHEDULE_KEYS, n=1) for key in unknown]
+        return "; ".join(f"{key}: is no key of a schedule, which Prefect refuses"
+                         + (f" (did you mean {c[0]!r}?)" if c else "") for key, c in zip(unknown, close, strict=True))
+    for key in ("active", "day_or"):
+        if key in s and not isinstance(s[key], bool):
+            return f"{key}: needs true or false, not {show(s[key])}"
+    if "parameters" in s and not isinstance(s["parameters"], dict):
+        return "parameters: is not a mapping of parameter names to values"
     interval = s.get("interval")
     if "interval" in s and (isinstance(interval, bool) or not isinstance(interval, (int, float))
                             or not 0 < interval <= MAX_INTERVAL_S):
@@ -145,9 +168,12 @@ def schedule_of(s: Mapping[str, Any]) -> Schedule:
     """A prefect.yaml schedule as Prefect's (``Cron`` or ``Interval``)."""
     from prefect.schedules import Cron, Interval
 
+    options = {"active": s.get("active", True), "parameters": s.get("parameters"), "slug": s.get("slug")}
     if "cron" in s:
-        return Cron(s["cron"], timezone=s.get("timezone"), active=s.get("active", True))
-    return Interval(s["interval"], timezone=s.get("timezone"))
+        return Cron(s["cron"], timezone=s.get("timezone"), day_or=s.get("day_or", True), **options)
+    anchor = s.get("anchor_date")
+    return Interval(s["interval"], anchor_date=datetime.fromisoformat(anchor) if isinstance(anchor, str) else anchor,
+                    timezone=s.get("timezone"), **options)
 
 
 def load_flow(entrypoint: str, base: Path = ROOT) -> Flow[..., Any]:
@@ -311,7 +337,10 @@ def runner_deployments(prefect_file: str | Path = PREFECT_FILE, *,
     flows = [flow for _, flow in entries]
     problems += [Problem(f"{prefect_file}: {d['name']}: {key}", f"{flow.name} has no such parameter; it has "
                                                                  f"{sorted(flow_parameters(flow))} (docs/prefect.md)")
-                 for d, flow in entries for key in _parameters(d) if key not in flow_parameters(flow)]
+                 for d, flow in entries for key in _given(d) if key not in flow_parameters(flow)]
+    problems += [Problem(f"{prefect_file}: {d['name']}: parameters", f"{flow.name} needs {key!r} (it has no default)")
+                 for d, flow in entries for key in flow.parameters.required or []
+                 if key not in _parameters(d) and key not in overrides]
     refused = {key: why for key in overrides if (why := override_problem(flows, key)) is not None}
     problems += [Problem(f"--set {key}", why) for key, why in refused.items()]
     if replan_every is not None:
@@ -340,7 +369,8 @@ def runner_deployments(prefect_file: str | Path = PREFECT_FILE, *,
         if replan_every is not None and flow is replan_flow:
             schedules = [Interval(replan_every)]
         deployment = flow.to_deployment(
-            name=d["name"], description=d.get("description"), tags=d.get("tags"),
+            name=d["name"], description=d.get("description"), tags=d.get("tags"), version=d.get("version"),
+            paused=d.get("paused"), concurrency_limit=d.get("concurrency_limit"),
             parameters=params, schedules=schedules, entrypoint_type=EntrypointType.MODULE_PATH)
         assert isinstance(deployment, RunnerDeployment)  # called outside an event loop: not a coroutine
         out.append(deployment)
@@ -355,6 +385,15 @@ def _parameters(d: Mapping[str, Any]) -> dict[str, Any]:
     """A deployment's parameters; none where they are no mapping (named by ``_read_entries``)."""
     parameters = d.get("parameters") or {}
     return parameters if isinstance(parameters, dict) else {}
+
+
+def _given(d: Mapping[str, Any]) -> list[str]:
+    """The parameter names a deployment gives: its own, and its schedules' (each run of a schedule
+    takes the deployment's, with the schedule's over them)."""
+    schedules = _schedules(d)
+    return list(dict.fromkeys([*_parameters(d), *(key for s in (schedules if isinstance(schedules, list) else [])
+                                                  if isinstance(s, dict) and isinstance(s.get("parameters"), dict)
+                                                  for key in s["parameters"])]))
 
 
 def settings_problems(flow: Flow[..., Any], parameters: Mapping[str, Any], where: str) -> list[Problem]:
@@ -384,4 +423,8 @@ def describe_schedules(deployment: RunnerDeployment) -> str:
             described.append(f"cron {cron!r}")
         elif interval := getattr(schedule, "interval", None):
             described.append(f"every {interval.total_seconds():g} s")
-    return ", ".join(described) or "on demand"
+        else:
+            continue
+        if s.active is False:
+            described[-1] += " (inactive)"
+    return (", ".join(described) or "on demand") + (" (paused)" if deployment.paused else "")

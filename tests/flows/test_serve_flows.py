@@ -95,28 +95,47 @@ def test_a_deployment_file_with_problems_of_several_kinds_is_refused_naming_them
         assert expected in err, (expected, err)
 
 
-def test_a_deployments_one_schedule_is_served_as_prefect_deploy_reads_it(tmp_path, capsys):
-    """``schedule:`` (one schedule, which ``prefect deploy`` still reads) was served unscheduled; the
-    keys serve knows are the ones Prefect reads."""
-    from prefect.cli.deploy._models import DeploymentConfig
+def test_a_deployment_is_served_with_what_prefect_deploy_reads_of_it(tmp_path, capsys):
+    """Served as ``prefect deploy`` reads the file, where serve once dropped without a word: a
+    deployment's one ``schedule:`` (served unscheduled), a schedule's ``active: false`` and a
+    deployment's ``paused`` (both served running), a misspelled schedule key, and a deployment
+    without a parameter its flow needs (its runs failed when triggered). The keys serve knows are
+    the ones Prefect reads."""
+    from prefect.cli.deploy._models import DeploymentConfig, RawScheduleConfig
 
-    from flows.deployments import DEPLOYMENT_KEYS
+    from flows.deployments import DEPLOYMENT_KEYS, SCHEDULE_KEYS
     from tests.paths import CPU_2PROC, DEMO
 
     assert set(DEPLOYMENT_KEYS) == set(DeploymentConfig.model_fields)
+    assert set(SCHEDULE_KEYS) == set(RawScheduleConfig.model_fields)
     deployments = tmp_path / "prefect.yaml"
+    inputs = f"{{spec_path: {DEMO}, topology_path: {CPU_2PROC}}}"
     deployments.write_text(f"""deployments:
   - name: replan
     entrypoint: flows.replan.replan_flow
-    parameters: {{spec_path: {DEMO}, topology_path: {CPU_2PROC}}}
+    parameters: {inputs}
     schedule: {{cron: "0 * * * *"}}
     work_pool: {{name: for-workers-only}}
+  - name: plan
+    entrypoint: flows.plan.plan_flow
+    parameters: {inputs}
+    paused: true
+    schedules: [{{interval: 60, active: false, anchor_date: "2026-01-01T00:00:00"}}]
 """)
     assert main(["serve", "--list", "--prefect-file", str(deployments)]) == 0
-    assert "cron '0 * * * *'" in capsys.readouterr().out
-    deployments.write_text(deployments.read_text() + '    schedules: [{cron: "5 * * * *"}]\n')
+    listed = capsys.readouterr().out
+    assert "cron '0 * * * *'" in listed and "every 60 s (inactive) (paused)" in listed
+    deployments.write_text(deployments.read_text().replace("active: false", "activ: false").replace(
+        "    work_pool:", '    schedules: [{cron: "5 * * * *"}]\n    work_pool:') + f"""  - name: unplanned
+    entrypoint: flows.plan.plan_flow
+    parameters: {{spec_path: {DEMO}}}
+""")
     assert main(["serve", "--list", "--prefect-file", str(deployments)]) == 2
-    assert "schedule: given beside 'schedules', which Prefect refuses" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    for expected in ("schedule: given beside 'schedules', which Prefect refuses",
+                     "schedule 0: activ: is no key of a schedule, which Prefect refuses (did you mean 'active'?)",
+                     "unplanned: parameters: shardflow-plan needs 'topology_path' (it has no default)"):
+        assert expected in err, (expected, err)
 
 
 @pytest.mark.slow

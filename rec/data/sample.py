@@ -16,7 +16,7 @@ import numpy as np
 from rec import progress
 from rec.data.columns import BAD_DATA, read_ids
 from rec.data.files import DataFiles, RowGroup, open_data
-from rec.data.schema import repeated_columns
+from rec.data.schema import missing_named, repeated_columns
 from rec.errors import InputError, Problem
 
 if TYPE_CHECKING:
@@ -112,8 +112,8 @@ def _check_schemas(files: DataFiles, columns: tuple[str, ...], what: str) -> Non
         missing = [c for c in columns if c not in schema.names]
         if missing:
             problems.append(Problem(f"{what} {files.paths[file]}" if several else what, (
-                f"has no column {', '.join(map(repr, missing))}: the ids of each feature name of the spec's "
-                "tables are a list<int64> column of that name")))
+                f"has no column {missing_named(missing, schema.names, columns)}: the ids of each feature name of "
+                "the spec's tables are a list<int64> column of that name")))
         problems += repeated_columns(files, file, schema, columns, what)
         for c in columns:
             if schema.names.count(c) == 1:  # an empty column of the type gets the message reading it would

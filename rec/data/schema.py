@@ -12,6 +12,7 @@ as bad input.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -77,14 +78,27 @@ def schema_problems(files: DataFiles, layout: DataLayout, what: str = "--data") 
         missing = [c for c in layout.columns if c not in schema.names]
         if missing:
             problems.append(Problem(f"{what} {files.paths[file]}" if several else what,
-                                    f"has no column {', '.join(map(repr, missing))} (the data needs {needs}: "
-                                    "docs/training.md)"))
+                                    f"has no column {missing_named(missing, schema.names, layout.columns)} (the "
+                                    f"data needs {needs}: docs/training.md)"))
         for name in layout.columns:
             if schema.names.count(name) == 1:
                 reason = type_problem(name, schema.field(name).type, layout.dense_in_features, name in weights)
                 if reason:
                     problems.append(Problem(where.format(name), reason))
     return problems
+
+
+def missing_named(missing: Sequence[str], present: Sequence[str], wanted: Sequence[str]) -> str:
+    """``'a', 'b'``, each with the column of the file it is closest to where one is close and wanted
+    by no other name (a misspelling: ``'search_terms' (the file has 'search_term')``)."""
+    import difflib
+
+    spare = [c for c in present if c not in wanted]
+    named = []
+    for c in missing:
+        close = difflib.get_close_matches(c, spare, n=1, cutoff=0.8)
+        named.append(repr(c) + (f" (the file has {close[0]!r})" if close else ""))
+    return ", ".join(named)
 
 
 def repeated_columns(files: DataFiles, file: int, schema: pa.Schema, columns: tuple[str, ...],

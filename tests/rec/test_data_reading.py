@@ -327,6 +327,11 @@ def test_columns_of_the_wrong_type_or_missing_are_named_before_any_row_is_read(t
     pq.write_table(pa.table({"label": [1]}), tmp_path / "few.parquet")
     (missing,) = data_problems(str(tmp_path / "few.parquet"), LAYOUT, IdsPolicy.ERROR)
     assert missing.reason.startswith("has no column 'dense', 'row', 'b1', 'b2'")
+    # a misspelled column is named beside the one the spec needs (not a column of another feature)
+    pq.write_table(pa.table({"label": [1], "dense": [[1.0, 2.0, 3.0]], "row": [[1]], "b1": [[1]], "b_2": [[1]]}),
+                   tmp_path / "typo.parquet")
+    (missing,) = data_problems(str(tmp_path / "typo.parquet"), LAYOUT, IdsPolicy.ERROR)
+    assert missing.reason.startswith("has no column 'b2' (the file has 'b_2') (the data needs")
 
 
 def test_an_id_out_of_range_beyond_the_sample_stops_the_ranks_reading_as_bad_input(dataset, tmp_path):

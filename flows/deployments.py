@@ -14,6 +14,7 @@ import importlib
 import inspect
 import os
 import typing
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from rec.errors import InputError, Problem, printable, show
+from rec.input_files import read_yaml_file
 from rec.settings import check, from_dict, is_path, resolve_paths, setting_at
 from tasks.tracking import TrackingSettings, sqlite_path, sqlite_uri
 
@@ -35,6 +37,7 @@ PREFECT_FILE = ROOT / "deploy" / "prefect.yaml"
 # A flow parameter that names a file or directory ends so (tests/flows/test_serve_watch.py checks);
 # inside a settings parameter its knob says so (``knob(path=True)``). Every run reads the input
 # files first: serving refuses to start when they are missing.
+MAX_DEPLOYMENT_FILE_BYTES = 1 << 24
 PATH_SUFFIXES = ("_path", "_dir")
 INPUT_FILES = ("spec_path", "topology_path")
 
@@ -51,10 +54,8 @@ def read_deployments(prefect_file: str | Path = PREFECT_FILE) -> list[dict[str, 
 def _read_entries(path: Path) -> tuple[list[Any], list[Problem]]:
     """The ``deployments`` entries of a prefect.yaml and the problems of each (``_entry_problems``);
     InputError for a file with no list of entries to look into."""
-    try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
-        raise InputError("Cannot read the Prefect deployments:", [Problem(str(path), str(e))]) from None
+    # strictly, as specs and topologies: a key written twice or an alias bomb is named, not taken
+    doc = read_yaml_file(path, "the Prefect deployments", MAX_DEPLOYMENT_FILE_BYTES, "a list under 'deployments'")
     if not isinstance(doc, dict):
         raise InputError("Cannot use the Prefect deployments:", [Problem(str(path), (
             f"holds {type(doc).__name__}, not a mapping with a list of deployments under 'deployments'"))])
@@ -62,6 +63,10 @@ def _read_entries(path: Path) -> tuple[list[Any], list[Problem]]:
     if not isinstance(entries, list):
         raise InputError("Cannot use the Prefect deployments:", [Problem(f"{path}: deployments", "is not a list")])
     problems = [p for i, d in enumerate(entries) for p in _entry_problems(f"{path}: deployment {i}", d)]
+    named = Counter((d["entrypoint"], d["name"]) for d in entries if _names_a_flow(d))
+    problems += [Problem(f"{path}: {name}", f"{count} deployments of {entrypoint} have this name: one would "
+                                            "replace the others on the server") for (entrypoint, name), count
+                 in named.items() if count > 1]
     if not entries:
         problems.append(Problem(str(path), "declares no deployments"))
     return entries, problems

@@ -129,13 +129,21 @@ def test_a_deployment_is_served_with_what_prefect_deploy_reads_of_it(tmp_path, c
         "    work_pool:", '    schedules: [{cron: "5 * * * *"}]\n    work_pool:') + f"""  - name: unplanned
     entrypoint: flows.plan.plan_flow
     parameters: {{spec_path: {DEMO}}}
+  - name: plan
+    entrypoint: flows.plan.plan_flow
+    parameters: {inputs}
 """)
     assert main(["serve", "--list", "--prefect-file", str(deployments)]) == 2
     err = capsys.readouterr().err
     for expected in ("schedule: given beside 'schedules', which Prefect refuses",
                      "schedule 0: activ: is no key of a schedule, which Prefect refuses (did you mean 'active'?)",
-                     "unplanned: parameters: shardflow-plan needs 'topology_path' (it has no default)"):
+                     "unplanned: parameters: shardflow-plan needs 'topology_path' (it has no default)",
+                     "plan: 2 deployments of flows.plan.plan_flow have this name: one would replace the others"):
         assert expected in err, (expected, err)
+    # read as strictly as a spec: a key written twice (YAML keeps the last) is named
+    deployments.write_text("deployments:\n  - name: a\n    name: b\n    entrypoint: flows.plan.plan_flow\n")
+    assert main(["serve", "--list", "--prefect-file", str(deployments)]) == 2
+    assert "the key 'name' is written twice" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -21,9 +21,9 @@ from rec.errors import InputError, Problem
 from rec.hashing import HASH_CHARS, canonical_json
 from rec.plan import Plan
 from rec.plan.plan_json import dumps_plan
-from rec.settings import flag_name, to_dict
+from rec.settings import flag_name, is_path, to_dict
 from rec.train.collectives import Group
-from rec.train.config import NODE_RANK_ENV, TrainConfig
+from rec.train.config import NODE_RANK_ENV, TARGET_SEPARATOR, TrainConfig
 
 # Settings of one node's own resources, which may differ between nodes (a node with more cores reads
 # with more threads); every other training setting shapes the collectives or what is trained.
@@ -39,9 +39,16 @@ def shared_settings(plan: Plan, config: TrainConfig) -> dict[str, object]:
     content = hashlib.sha256(dumps_plan(plan).encode()).hexdigest()[:HASH_CHARS]
     shared: dict[str, object] = {"--plan": f"{plan.plan_id} (content {content})"}
     values = to_dict(config)
+    # compared as they take effect: the topology's batch size where none is given, a path from the
+    # node's own working directory
+    values["batch_size"] = config.batch_size or plan.topology.batch_size
+    if config.model_target and config.model.partition(TARGET_SEPARATOR)[0].endswith(".py"):
+        file, _, name = config.model.partition(TARGET_SEPARATOR)
+        values["model"] = f"{os.path.abspath(file)}{TARGET_SEPARATOR}{name}"
     for f in fields(config):
         if f.name not in NODE_LOCAL:
-            shared[f"--{flag_name(f)}"] = values[f.name]
+            value = values[f.name]
+            shared[f"--{flag_name(f)}"] = os.path.abspath(value) if is_path(f) and isinstance(value, str) else value
     return shared
 
 

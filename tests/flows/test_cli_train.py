@@ -147,17 +147,18 @@ def test_two_gloo_processes_on_two_loopback_nodes_train_from_parquet_apply_the_p
         plan_dir, tmp_path, capfd):
     """One process on each of two nodes (rendezvous on 127.0.0.1): node 0 in a process of its own,
     node 1 in this process. The training applies the plan's sharding and reports its iterations'
-    latency, every iteration in iterations.parquet."""
+    latency, every iteration in iterations.parquet. The nodes name the data each from its own working
+    directory: the same file, so their settings agree."""
     data = tmp_path / "train.parquet"
     write_training_parquet(data, read_spec(DEMO), rows=256, dense=13)
     endpoint = f"127.0.0.1:{free_port()}"
     common = ["--plan", str(plan_dir), "--out", str(tmp_path / "out"), "--iterations", "6",
-              "--warmup", "1", "--batch-size", "32", "--data", str(data), "--nnodes", "2",
+              "--warmup", "1", "--batch-size", "32", "--nnodes", "2",
               "--nproc-per-node", "1", "--rdzv-endpoint", endpoint]
-    node0 = subprocess.Popen([str(SHARDFLOW), "train", "--no-track", *common, "--node-rank", "0"], cwd=ROOT,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    node0 = subprocess.Popen([str(SHARDFLOW), "train", "--no-track", *common, "--data", data.name, "--node-rank",
+                              "0"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        node1 = shardflow_here(capfd, "train", "--no-track", *common, "--node-rank", "1")
+        node1 = shardflow_here(capfd, "train", "--no-track", *common, "--data", str(data), "--node-rank", "1")
     finally:
         out0, _ = node0.communicate(timeout=600)
     assert node0.returncode == 0 and node1.returncode == 0, out0[-3000:] + node1.stderr[-3000:]

@@ -44,8 +44,12 @@ class RayAddress:
 def parse_ray_address(address: str) -> RayAddress:
     """``10.0.0.5:6379``, ``[::1]:6379``, ``ray://head:10001`` -> RayAddress; ValueError (one line,
     without the value, which the caller names) for anything else."""
+    if address != address.strip():
+        raise ValueError(f"has spaces around it: expected {FORM}")
     client = address.startswith(CLIENT_SCHEME)
     rest = address.removeprefix(CLIENT_SCHEME)
+    if rest.endswith("/"):
+        raise ValueError(f"ends with '/', which Ray does not take: expected {FORM}")
     if "://" in rest:
         scheme = rest.partition("://")[0]
         raise ValueError(f"{scheme}:// is not Ray's (an http:// URL is its dashboard's): expected {FORM}")
@@ -69,6 +73,29 @@ def parse_ray_address(address: str) -> RayAddress:
     if not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
         raise ValueError(f"port {port!r} is not from 1 to 65535: expected {FORM}")
     return RayAddress(host, int(port), client)
+
+
+def check_ray_joins(address: RayAddress) -> None:
+    """``check_ray_answers`` at ``address``, and at the address ``ray.init`` dials for it where that is
+    another: Ray replaces a loopback host (127.0.0.1, localhost, ::1) by this machine's IP, where a
+    cluster started on loopback alone does not listen (ray.init retried there for minutes)."""
+    check_ray_answers(address)
+    if address.client:
+        return
+    from ray._private.services import canonicalize_bootstrap_address
+
+    dialed_text = canonicalize_bootstrap_address(str(address))
+    dialed = parse_ray_address(dialed_text) if dialed_text else address
+    if (dialed.host, dialed.port) == (address.host, address.port):
+        return
+    try:
+        check_ray_answers(dialed)
+    except ConnectionError as e:
+        raise ConnectionError(
+            f"Ray answers at {address}, but ray.init dials {dialed} for it (Ray replaces a loopback address by "
+            f"this machine's IP), and there {e}: give the cluster's address on this machine's IP, or set "
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 to keep loopback addresses (a cluster of this machine alone)"
+        ) from None
 
 
 def check_ray_answers(address: RayAddress) -> None:

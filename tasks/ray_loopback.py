@@ -50,12 +50,14 @@ def single_machine_env() -> dict[str, str]:
 
 
 def start_local(**init: Any) -> None:
-    """``ray.init`` of a local Ray on loopback only, without the dashboard's UI; ``init``: more of
-    ``ray.init``'s keywords (``num_cpus``)."""
+    """``ray.init`` of a new local Ray on loopback only, without the dashboard's UI; ``init``: more of
+    ``ray.init``'s keywords (``num_cpus``). ``address="local"``: without it ray.init joins the cluster
+    that ``ray start`` last started on this machine (another user's, or a test's beside)."""
     import ray
 
     with single_machine():
-        ray.init(**{"include_dashboard": False, "log_to_driver": False, "configure_logging": False, **init})
+        ray.init(**{"address": "local", "include_dashboard": False, "log_to_driver": False,
+                    "configure_logging": False, **init})
 
 
 @contextmanager

@@ -31,7 +31,7 @@ from rec.search.candidates import Ladder
 from rec.search.group import GroupResult, search_group
 from rec.search.space import SearchSpace
 from tasks.backend import Backend
-from tasks.ray_address import check_ray_answers, parse_ray_address
+from tasks.ray_address import check_ray_joins, parse_ray_address
 from tasks.ray_loopback import start_local
 
 log = logging.getLogger(__name__)
@@ -207,7 +207,7 @@ def connect(address: str | None) -> bool:
     try:
         if address:
             if address != "auto":  # Ray's own lookup of the cluster last started on this machine
-                check_ray_answers(parse_ray_address(address))
+                check_ray_joins(parse_ray_address(address))
             ray.init(address=address, log_to_driver=False, configure_logging=False)
             return False
         progress.update("starting a local Ray")

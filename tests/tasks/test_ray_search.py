@@ -158,10 +158,11 @@ def test_ray_runs_the_pipeline_of_this_process_and_finds_its_plan(ray_plan, spec
 
 
 def test_the_check_before_joining_a_cluster_takes_a_real_gcs(local_ray):
-    """What ``connect`` asks of a RAY_ADDRESS before ``ray.init`` (a gRPC answer) is what Ray's GCS gives."""
-    from tasks.ray_address import check_ray_answers, parse_ray_address
+    """What ``connect`` asks of a RAY_ADDRESS before ``ray.init`` (a gRPC answer, where ray.init dials it)
+    is what Ray's GCS gives."""
+    from tasks.ray_address import check_ray_joins, parse_ray_address
 
-    check_ray_answers(parse_ray_address(ray.get_runtime_context().gcs_address))
+    check_ray_joins(parse_ray_address(ray.get_runtime_context().gcs_address))
 
 
 # Last in the file: the killed actor's CPU stays taken for a while, and the next test's actors

@@ -48,6 +48,36 @@ def test_a_listener_that_is_no_ray_cluster_is_named_in_one_line_within_seconds(t
     assert "Traceback" not in r.stderr and not (tmp_path / "p").exists()
 
 
+class AnswersGRPC(socketserver.BaseRequestHandler):
+    """The first frame every gRPC server (Ray's GCS) sends: SETTINGS, empty."""
+
+    def handle(self) -> None:
+        self.request.sendall(bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+        self.request.recv(64)
+
+
+def test_a_cluster_on_loopback_alone_that_ray_would_dial_elsewhere_is_named_within_seconds():
+    """Ray replaces a loopback RAY_ADDRESS by this machine's IP (unless it runs single-machine): a
+    cluster listening on 127.0.0.1 alone answered the check, and ray.init retried the other address
+    for minutes."""
+    from ray._private.services import canonicalize_bootstrap_address
+
+    with socketserver.ThreadingTCPServer(("127.0.0.1", 0), AnswersGRPC) as server:
+        threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+        address = f"127.0.0.1:{server.server_address[1]}"
+        dialed = canonicalize_bootstrap_address(address)
+        if dialed == address:
+            pytest.skip("Ray keeps loopback addresses on this machine (no other IP)")
+        started = time.monotonic()
+        with pytest.raises(InputError) as refused:
+            connect(address)
+        server.shutdown()
+    assert time.monotonic() - started < 15
+    (problem,) = refused.value.problems
+    assert f"ray.init dials {dialed} for it" in problem.reason
+    assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0" in problem.reason
+
+
 class AnswersHTTP(socketserver.BaseRequestHandler):
     def handle(self) -> None:
         self.request.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")

@@ -119,6 +119,8 @@ def test_an_ipv6_address_is_reached_and_what_answers_there_named(http_on_ipv6_lo
     ("ray://head", "has no port"),
     ("head:65536", "port '65536' is not from 1 to 65535"),
     ("http://head:8265", "http:// is not Ray's"),
+    (" head:6379", "has spaces around it"),
+    ("ray://head:10001/", "ends with '/', which Ray does not take"),
 ])
 def test_a_malformed_address_is_refused_in_one_line_naming_it(address, why):
     with pytest.raises(InputError) as refused:

@@ -23,6 +23,7 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystem, _StorageInfo
 from torch.distributed.checkpoint.metadata import (
@@ -318,12 +319,29 @@ def table_problems(metadata: Metadata, spec: Spec, where: str) -> list[Problem]:
     return problems
 
 
+_MISSING_OPTIMIZER_STATE = re.compile(r"Missing key in checkpoint state_dict: (optim\.\S+?)\.?(?:\s|$)")
+
+
 def load(directory: str | Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Load step ``step`` in place into the (already sharded) model and optimizer; InputError if
     its index is refused."""
-    state = {"model": model.state_dict(), "optim": optimizer.state_dict()}
+    optim = optimizer.state_dict()
+    # A stateless optimizer's parameters (a table's fused SGD) have an empty state, which DCP saves
+    # nothing of but would look for on load ("Missing key"): there is nothing to load for them.
+    stateless = {key for key, value in optim["state"].items() if isinstance(value, dict) and not value}
+    state = {"model": model.state_dict(),
+             "optim": {**optim, "state": {k: v for k, v in optim["state"].items() if k not in stateless}}}
     path = step_dir(directory, step)
     check_index(path)
-    dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=SafeLoadPlanner())
+    try:
+        dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=SafeLoadPlanner())
+    except CheckpointException as e:  # every rank's, with the first failure's text
+        missing = _MISSING_OPTIMIZER_STATE.search(str(e))
+        if missing is None:
+            raise
+        raise InputError("Cannot resume from the checkpoint:", [Problem(str(path), (
+            f"holds no {missing.group(1)}, the state of an optimizer this training steps: the checkpoint of "
+            "another model, or one an earlier shardflow wrote, which replaced the optimizer a model's code "
+            "applies to a dense parameter by its own (CHANGELOG): train from scratch"))]) from None
     model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optim"])
+    optimizer.load_state_dict({**state["optim"], "state": {**state["optim"]["state"], **{k: {} for k in stateless}}})

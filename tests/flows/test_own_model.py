@@ -73,6 +73,20 @@ def test_shardflow_train_trains_the_users_model_factory_with_the_plan(own_plan, 
     assert "loss" in r.stdout
 
 
+@pytest.mark.slow
+def test_a_users_model_whose_code_chose_sgd_for_a_sharded_table_resumes(own_plan, users_code, tmp_path, capfd):
+    """The table's SGD is fused into its sharded kernels, stateless: a resume asked the checkpoint for
+    its state ("Missing key in checkpoint state_dict", exit 1)."""
+    directory, _ = own_plan
+    common = ["train", "--no-track", "--plan", str(directory), "--out", str(tmp_path / "out"), "--model",
+              f"{users_code}:sgd_on_one_table", "--warmup", "1", "--batch-size", "32", "--checkpoint-every", "2"]
+    first = shardflow_here(capfd, *common, "--iterations", "2")
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    resumed = shardflow_here(capfd, *common, "--iterations", "3", "--resume")
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert json.loads((tmp_path / "out" / "train_metrics.json").read_text())["resumed_from"] == 2
+
+
 USERS_CODE = f"""
 import sys
 sys.path.insert(0, {str(ROOT / "examples")!r})
@@ -93,6 +107,15 @@ def exits_3():
 
 def raises_base_exception():
     raise Stop("the user's code stops here")
+
+
+def sgd_on_one_table():
+    import torch
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+    model = ShopModel()
+    apply_optimizer_in_backward(torch.optim.SGD, [model.user.ebc.embedding_bags["user_id_table"].weight], {{"lr": 0.5}})
+    return model, batches
 
 
 def exits_in_its_batches():

@@ -459,3 +459,12 @@ def test_the_optimizer_a_users_model_applies_to_a_dense_parameter_trains_it_and_
     assert {"optim.state.head.weight.exp_avg", "optim.state.user.mlp.bias.exp_avg_sq"} <= set(saved)  # Adam's
     assert not any(key.endswith(".sum") for key in saved if key.startswith("optim.state."))  # no dense Adagrad
     assert "optim.state.user.ebc.embedding_bags.user_id_table.weight.step" not in saved  # SGD, stepped by step
+    # a checkpoint without Adam's state (as earlier shardflows wrote, Adagrad in its place): named, not
+    # a bare "Missing key" of the ranks (exit 1)
+    train(plan, str(tmp_path / "c"), replace(config, model=f"{own_plan_path / 'factories.py'}:three_batches",
+                                             iterations=2, checkpoint_every=2))
+    (tmp_path / "c/checkpoints/model.json").unlink()  # the model it records is another: refused before loading
+    with pytest.raises(InputError, match="Cannot resume from the checkpoint") as refused:
+        train(plan, str(tmp_path / "c"), replace(config, resume=True))
+    (problem,) = refused.value.problems
+    assert problem.reason.startswith("holds no optim.state.user.mlp.weight.exp_avg, the state of an optimizer")

@@ -49,6 +49,8 @@ def set_up(verbose: bool) -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
     logging.getLogger("alembic").setLevel(logging.CRITICAL)  # MLflow's database migrations
+    # a local Ray's notice of its token authentication (shardflow's own Ray listens on loopback only)
+    logging.getLogger("ray._private.authentication").setLevel(logging.ERROR)
     # export and predict: a checkpoint read in one process, TorchRec's modules built outside a job
     warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)

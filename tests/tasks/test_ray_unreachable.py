@@ -27,6 +27,18 @@ def plan_on_ray(out, address: str, timeout: float = 120) -> subprocess.Completed
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "RAY_ADDRESS": address})
 
 
+@pytest.mark.slow
+def test_without_an_address_ray_search_starts_its_own_ray_and_prints_only_its_progress(tmp_path):
+    """Ray's notice of its token authentication was printed without -v (README: a library's output is
+    shown with -v only)."""
+    r = subprocess.run([str(SHARDFLOW), "plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--out",
+                        str(tmp_path / "p"), "--backend", "ray", "--no-chart"], capture_output=True, text=True,
+                       timeout=300, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "p" / "plan.json").is_file()
+    assert all(line.startswith("search: ") for line in r.stderr.splitlines()), r.stderr  # progress, on long work
+
+
 def test_unreachable_cluster_with_explicit_ray_backend_exits_2(tmp_path):
     r = plan_on_ray(tmp_path / "p", "127.0.0.1:1")
     assert r.returncode == 2

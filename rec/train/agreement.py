@@ -14,8 +14,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import fields
+from typing import Any
 
 from rec.errors import InputError, Problem
 from rec.hashing import HASH_CHARS, canonical_json
@@ -32,19 +33,22 @@ MAX_VALUE = 60  # characters of a value in the message: a few settings on a few 
 _DIGEST_BYTES = 6  # 48 bits: exact in the float64 values Group's collectives carry
 
 
-def shared_settings(plan: Plan, config: TrainConfig) -> dict[str, object]:
-    """What must be the same on every rank, by flag: the plan (its id and its content, which the
+def shared_settings(plans: Plan | Sequence[Plan], config: Any) -> dict[str, object]:
+    """What must be the same on every rank, by flag: the plans (each one's id and content, which the
     plan_id does not cover: another search of the same inputs may place the tables elsewhere) and
-    every training setting but ``NODE_LOCAL``."""
-    content = hashlib.sha256(dumps_plan(plan).encode()).hexdigest()[:HASH_CHARS]
-    shared: dict[str, object] = {"--plan": f"{plan.plan_id} (content {content})"}
+    every setting of ``config`` (a job's settings dataclass: ``TrainConfig``, ``MeasureConfig``) but
+    ``NODE_LOCAL``."""
+    plans = [plans] if isinstance(plans, Plan) else list(plans)
+    shared: dict[str, object] = {"--plan": ", ".join(
+        f"{p.plan_id} (content {hashlib.sha256(dumps_plan(p).encode()).hexdigest()[:HASH_CHARS]})" for p in plans)}
     values = to_dict(config)
     # compared as they take effect: the topology's batch size where none is given, a path from the
     # node's own working directory
-    values["batch_size"] = config.batch_size or plan.topology.batch_size
-    if config.model_target and config.model.partition(TARGET_SEPARATOR)[0].endswith(".py"):
-        file, _, name = config.model.partition(TARGET_SEPARATOR)
-        values["model"] = f"{os.path.abspath(file)}{TARGET_SEPARATOR}{name}"
+    if isinstance(config, TrainConfig):
+        values["batch_size"] = config.batch_size or plans[0].topology.batch_size
+        if config.model_target and config.model.partition(TARGET_SEPARATOR)[0].endswith(".py"):
+            file, _, name = config.model.partition(TARGET_SEPARATOR)
+            values["model"] = f"{os.path.abspath(file)}{TARGET_SEPARATOR}{name}"
     for f in fields(config):
         if f.name not in NODE_LOCAL:
             value = values[f.name]

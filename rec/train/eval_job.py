@@ -23,6 +23,7 @@ from rec.disk_full import write_whole
 from rec.plan import Plan, read_plan
 from rec.settings import add_flags, from_flags
 from rec.train import checkpoint
+from rec.train.agreement import check_agreement, shared_settings
 from rec.train.config import TrainConfig
 from rec.train.job import evaluator_of, model_and_feed, shard_with_plan
 from rec.train.lifetime import exit_skipping_finalization
@@ -70,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     def work(output: RankOutput) -> None:
         output.progress("loading the plan")
         plan = read_plan(args.plan)
-        with process_group(plan.topology.compute_device):
+        with process_group(plan.topology.compute_device) as group:
+            check_agreement(group, {**shared_settings(plan, config), "--checkpoint": os.path.abspath(args.checkpoint)})
             evaluate_checkpoint(plan, config, Path(args.checkpoint), args.out, output)
 
     return run_rank("eval", args.out, work)

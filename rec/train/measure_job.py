@@ -64,6 +64,7 @@ from rec.sharding import ComputeDevice, ModuleKind, ShardingType
 from rec.spec import spec_from_rows
 from rec.spec.torchrec_modules import embedding_modules, place
 from rec.spec.types import Spec, TableSpec
+from rec.train.agreement import check_agreement, shared_settings
 from rec.train.collectives import Group
 from rec.train.lifetime import exit_skipping_finalization
 from rec.train.measure_config import AUTO_POOL, LATER_SETTLE_S, SETTLE_BLOCK_MS, SETTLE_TOLERANCE, MeasureConfig
@@ -479,6 +480,7 @@ def main(argv: list[str] | None = None) -> int:
         output.progress("loading the plans")
         plans = [read_plan(path) for path in args.plan]
         with process_group(plans[0].topology.compute_device) as group:
+            check_agreement(group, shared_settings(plans, config))
             # What exists now lives for the whole job: later collections skip it (a full collection
             # after every plan otherwise walks all of torch's objects: ~0.3 s each).
             gc.freeze()

@@ -200,3 +200,25 @@ def test_two_nodes_started_with_different_iterations_both_exit_2_naming_them_bef
         assert len(refused) == 1 and named in refused[0], output[-3000:]
         assert "Traceback" not in output
     assert not (out / "iterations.parquet").exists()
+
+
+@pytest.mark.slow
+def test_two_nodes_measuring_with_different_iterations_both_exit_2_naming_them(plan_dir, tmp_path, capfd):
+    """``shardflow measure`` (and ``eval``, and calibrate's measuring jobs) on several nodes compare their
+    settings as the training does: different --iterations waited until gloo's timeout."""
+    common = ["measure", "--no-track", "--plan", str(plan_dir), "--out", str(tmp_path / "m"), "--warmup", "1",
+              "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
+    node0 = subprocess.Popen([str(SHARDFLOW), *common, "--iterations", "3", "--node-rank", "0"], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        with deadline(240):
+            node1 = shardflow_here(capfd, *common, "--iterations", "4", "--node-rank", "1")
+    finally:
+        try:
+            out0, _ = node0.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            node0.terminate()
+            out0, _ = node0.communicate()
+    assert node0.returncode == 2 and node1.returncode == 2, out0[-3000:] + node1.stderr[-3000:]
+    for output in (out0, node1.stderr):
+        assert "--iterations: 3 on node 0; 4 on node 1" in output and "Traceback" not in output, output[-3000:]

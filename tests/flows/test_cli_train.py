@@ -173,32 +173,37 @@ def test_two_gloo_processes_on_two_loopback_nodes_train_from_parquet_apply_the_p
     assert [r["iteration"] for r in rows] == list(range(6))
 
 
+def refused_on_two_nodes(capfd, common: list[str], node0: list[str], node1: list[str]) -> tuple[str, str]:
+    """``shardflow COMMON NODE0 --node-rank 0`` in a process of its own and ``... NODE1 --node-rank 1``
+    in this one, both refused with exit 2: their outputs."""
+    first = subprocess.Popen([str(SHARDFLOW), *common, *node0, "--node-rank", "0"], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        with deadline(240):
+            second = shardflow_here(capfd, *common, *node1, "--node-rank", "1")
+    finally:
+        try:
+            out0, _ = first.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            first.terminate()
+            out0, _ = first.communicate()
+    assert first.returncode == 2 and second.returncode == 2, out0[-3000:] + second.stderr[-3000:]
+    assert "Traceback" not in out0 + second.stderr
+    return out0, second.stderr
+
+
 @pytest.mark.slow
 def test_two_nodes_started_with_different_iterations_both_exit_2_naming_them_before_training(
         plan_dir, tmp_path, capfd):
     """Each node's ranks once trained their own --iterations and waited for each other at the end until
     gloo's 30-minute timeout. They compare their settings as the process group is up, and refuse."""
     out = tmp_path / "out"
-    common = ["--plan", str(plan_dir), "--out", str(out), "--warmup", "1", "--nnodes", "2",
+    common = ["train", "--no-track", "--plan", str(plan_dir), "--out", str(out), "--warmup", "1", "--nnodes", "2",
               "--nproc-per-node", "1", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
-    node0 = subprocess.Popen([str(SHARDFLOW), "train", "--no-track", *common, "--iterations", "6",
-                              "--node-rank", "0"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True)
-    try:
-        with deadline(240):
-            node1 = shardflow_here(capfd, "train", "--no-track", *common, "--iterations", "7", "--node-rank", "1")
-    finally:
-        try:
-            out0, _ = node0.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            node0.terminate()
-            out0, _ = node0.communicate()
-    assert node0.returncode == 2 and node1.returncode == 2, out0[-3000:] + node1.stderr[-3000:]
     named = "--iterations: 6 on node 0; 7 on node 1"
-    for output in (out0, node1.stderr):
+    for output in refused_on_two_nodes(capfd, common, ["--iterations", "6"], ["--iterations", "7"]):
         refused = [line for line in output.splitlines() if "different settings" in line]
         assert len(refused) == 1 and named in refused[0], output[-3000:]
-        assert "Traceback" not in output
     assert not (out / "iterations.parquet").exists()
 
 
@@ -208,17 +213,5 @@ def test_two_nodes_measuring_with_different_iterations_both_exit_2_naming_them(p
     settings as the training does: different --iterations waited until gloo's timeout."""
     common = ["measure", "--no-track", "--plan", str(plan_dir), "--out", str(tmp_path / "m"), "--warmup", "1",
               "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
-    node0 = subprocess.Popen([str(SHARDFLOW), *common, "--iterations", "3", "--node-rank", "0"], cwd=ROOT,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        with deadline(240):
-            node1 = shardflow_here(capfd, *common, "--iterations", "4", "--node-rank", "1")
-    finally:
-        try:
-            out0, _ = node0.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            node0.terminate()
-            out0, _ = node0.communicate()
-    assert node0.returncode == 2 and node1.returncode == 2, out0[-3000:] + node1.stderr[-3000:]
-    for output in (out0, node1.stderr):
-        assert "--iterations: 3 on node 0; 4 on node 1" in output and "Traceback" not in output, output[-3000:]
+    for output in refused_on_two_nodes(capfd, common, ["--iterations", "3"], ["--iterations", "4"]):
+        assert "--iterations: 3 on node 0; 4 on node 1" in output, output[-3000:]

@@ -9,7 +9,6 @@ directory. Serving makes both absolute, so a flow run does not depend on where s
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import importlib
 import inspect
 import os
@@ -25,6 +24,7 @@ import yaml
 from rec.errors import InputError, Problem, printable, show
 from rec.input_files import read_yaml_file
 from rec.settings import check, from_dict, is_path, resolve_paths, setting_at
+from rec.validation import did_you_mean
 from tasks.tracking import TrackingSettings, sqlite_path, sqlite_uri
 
 if TYPE_CHECKING:
@@ -100,25 +100,27 @@ def _entry_problems(where: str, d: object) -> list[Problem]:
     elif d.get("schedule") and d.get("schedules") is not None:
         problems.append(Problem(f"{where}: schedule", "given beside 'schedules', which Prefect refuses: move it "
                                                      "into 'schedules'"))
-    schedules = _schedules(d)
-    if not isinstance(schedules, list):
+    if d.get("schedules") and not isinstance(d["schedules"], list):
         return [*problems, Problem(f"{where}: schedules", "is not a list")]
-    for i, s in enumerate(schedules):
+    for i, s in enumerate(_schedules(d)):
         if (why := _schedule_problem(s)) is not None:
             problems.append(Problem(f"{where}: schedule {i}", why))
     return problems
 
 
 def _unknown_key(key: object) -> str:
-    close = difflib.get_close_matches(str(key), DEPLOYMENT_KEYS, n=1)
+    close = did_you_mean(str(key), DEPLOYMENT_KEYS).strip()
     return ("is no key of a Prefect deployment, which Prefect (and serve) would ignore"
-            + (f": did you mean {close[0]!r}?" if close else f"; it reads {', '.join(DEPLOYMENT_KEYS)}"))
+            + (f": {close}" if close else f"; it reads {', '.join(DEPLOYMENT_KEYS)}"))
 
 
-def _schedules(d: Mapping[str, Any]) -> object:
-    """A deployment's schedules as Prefect reads them: ``schedules``, or the one of ``schedule``."""
-    one = d.get("schedule")
-    return [one] if isinstance(one, dict) and one and d.get("schedules") is None else d.get("schedules") or []
+def _schedules(d: Mapping[str, Any]) -> list[Any]:
+    """A deployment's schedules as Prefect reads them: ``schedules``, or the one of ``schedule``; none
+    where ``schedules`` is no list (named by ``_entry_problems``)."""
+    one, many = d.get("schedule"), d.get("schedules")
+    if isinstance(one, dict) and one and many is None:
+        return [one]
+    return many if isinstance(many, list) else []
 
 
 MAX_INTERVAL_S = 366 * 86400  # a year and a day: Prefect's interval is a timedelta
@@ -137,9 +139,9 @@ def _schedule_problem(s: object) -> str | None:
         return "needs exactly one of 'cron' (text) or 'interval' (seconds)"
     unknown = [str(key) for key in s if key not in SCHEDULE_KEYS]
     if unknown:
-        close = [difflib.get_close_matches(key, SCHEDULE_KEYS, n=1) for key in unknown]
-        return "; ".join(f"{key}: is no key of a schedule, which Prefect refuses"
-                         + (f" (did you mean {c[0]!r}?)" if c else "") for key, c in zip(unknown, close, strict=True))
+        hints = [did_you_mean(key, SCHEDULE_KEYS).strip() for key in unknown]
+        return "; ".join(f"{key}: is no key of a schedule, which Prefect refuses" + (f" ({hint})" if hint else "")
+                         for key, hint in zip(unknown, hints, strict=True))
     for key in ("active", "day_or"):
         if key in s and not isinstance(s[key], bool):
             return f"{key}: needs true or false, not {show(s[key])}"
@@ -369,8 +371,7 @@ def runner_deployments(prefect_file: str | Path = PREFECT_FILE, *,
 
     out = []
     for (d, flow), params in zip(entries, parameters, strict=True):
-        given = _schedules(d)
-        schedules: list[Schedule] = [schedule_of(s) for s in given] if isinstance(given, list) else []
+        schedules: list[Schedule] = [schedule_of(s) for s in _schedules(d)]
         if replan_every is not None and flow is replan_flow:
             schedules = [Interval(replan_every)]
         deployment = flow.to_deployment(
@@ -395,8 +396,7 @@ def _parameters(d: Mapping[str, Any]) -> dict[str, Any]:
 def _given(d: Mapping[str, Any]) -> list[str]:
     """The parameter names a deployment gives: its own, and its schedules' (each run of a schedule
     takes the deployment's, with the schedule's over them)."""
-    schedules = _schedules(d)
-    return list(dict.fromkeys([*_parameters(d), *(key for s in (schedules if isinstance(schedules, list) else [])
+    return list(dict.fromkeys([*_parameters(d), *(key for s in _schedules(d)
                                                   if isinstance(s, dict) and isinstance(s.get("parameters"), dict)
                                                   for key in s["parameters"])]))
 

@@ -388,6 +388,8 @@ def earlier_iterations(out_dir: str | Path, before: int) -> Earlier:
     after them, and why there are none when the file is there but unusable."""
     import pyarrow.parquet as pq
 
+    from rec.validation import Problems
+
     path = Path(out_dir) / ITERATIONS_FILE
     if not path.exists():
         return Earlier(Iterations.empty())
@@ -406,16 +408,12 @@ def earlier_iterations(out_dir: str | Path, before: int) -> Earlier:
     keep = found.iteration < before
     if np.any(np.diff(found.iteration[keep]) <= 0):
         return Earlier(Iterations.empty(), lost=f"{path} has its iterations out of order, its rows are dropped")
-    evaluations = tuple({"iteration": int(i) + 1, **{key: values[row] for key, values in evaluated.items()}}
+    kept = Iterations(*(getattr(found, c)[keep] for c in ITERATION_COLUMNS))
+    # each checked as train_metrics.json's evaluations are (``_evaluation``)
+    problems = Problems(str(path))
+    evaluations = tuple(_evaluation({"iteration": int(i) + 1, **{k: values[row] for k, values in evaluated.items()}},
+                                    problems)
                         for row, i in enumerate(found.iteration) if keep[row] and evaluated["samples"][row] is not None)
-    if not all(_an_evaluation(e) for e in evaluations):
-        return Earlier(Iterations(*(getattr(found, c)[keep] for c in ITERATION_COLUMNS)),
-                       lost=f"{path} holds evaluations that are no counts and finite metrics, they are dropped")
-    return Earlier(Iterations(*(getattr(found, c)[keep] for c in ITERATION_COLUMNS)), evaluations)
-
-
-def _an_evaluation(e: EvaluationRow) -> bool:
-    samples = e["samples"]
-    return (isinstance(samples, int) and samples >= 0
-            and all(v is None or (isinstance(v, float) and np.isfinite(v)) for k, v in e.items()
-                    if k not in ("iteration", "samples")))
+    if problems.items:
+        return Earlier(kept, lost=f"{path} holds evaluations that are no counts and finite metrics, they are dropped")
+    return Earlier(kept, tuple(e for e in evaluations if e is not None))

@@ -403,12 +403,15 @@ def earlier_iterations(out_dir: str | Path, before: int) -> Earlier:
                            wait.astype(np.float64))
         evaluated = {key: table.column(column).to_pylist() if column in table.column_names else [None] * len(found)
                      for key, column in _eval_columns().items()}
+        columns = set(table.column_names)
     except (OSError, KeyError, ValueError, TypeError) as e:
         return Earlier(Iterations.empty(), lost=f"{path} is unreadable ({type(e).__name__}), its rows are lost")
     keep = found.iteration < before
     if np.any(np.diff(found.iteration[keep]) <= 0):
         return Earlier(Iterations.empty(), lost=f"{path} has its iterations out of order, its rows are dropped")
     kept = Iterations(*(getattr(found, c)[keep] for c in ITERATION_COLUMNS))
+    if not columns & set(_eval_columns().values()):  # written before the eval_* columns: train_metrics.json has them
+        return _with_older_evaluations(kept, Path(out_dir), before)
     # each checked as train_metrics.json's evaluations are (``_evaluation``)
     problems = Problems(str(path))
     evaluations = tuple(_evaluation({"iteration": int(i) + 1, **{k: values[row] for k, values in evaluated.items()}},
@@ -417,3 +420,19 @@ def earlier_iterations(out_dir: str | Path, before: int) -> Earlier:
     if problems.items:
         return Earlier(kept, lost=f"{path} holds evaluations that are no counts and finite metrics, they are dropped")
     return Earlier(kept, tuple(e for e in evaluations if e is not None))
+
+
+def _with_older_evaluations(kept: Iterations, out_dir: Path, before: int) -> Earlier:
+    """``kept`` and the evaluations up to iteration ``before`` that train_metrics.json holds: an
+    iterations.parquet of an earlier version has no eval_* columns (the last run's evaluations were
+    only in train_metrics.json)."""
+    from rec.errors import InputError
+
+    if not (out_dir / METRICS_FILE).exists():
+        return Earlier(kept)
+    try:
+        evaluations = read_metrics(out_dir).evaluations
+    except InputError:
+        return Earlier(kept, lost=f"{out_dir / METRICS_FILE} is unreadable, the evaluations before the checkpoint "
+                                  "are lost")
+    return Earlier(kept, tuple(e for e in evaluations if int(e["iteration"] or 0) <= before))

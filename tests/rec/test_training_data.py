@@ -116,8 +116,14 @@ def test_a_resumed_training_is_the_same_model_as_an_unbroken_one(single_process_
     assert (position["epoch"], position["rows"]) == divmod(20 * 64, 3000)  # 20 batches of 64 read
     assert (tmp_path / "b/checkpoints/model.json").is_file()
     assert resumed.data.resumed is None
+    # as an earlier version wrote it: no eval_* columns, the evaluations only in train_metrics.json
+    older = pq.read_table(tmp_path / "b/iterations.parquet")
+    pq.write_table(older.select([c for c in older.column_names if not c.startswith("eval_")]),
+                   tmp_path / "b/iterations.parquet")
     reordered, _, _ = train(plan_path, str(tmp_path / "b"), config(data, iterations=50, checkpoint_every=10,
                                                                    resume=True, seed=7))
+    assert [e["iteration"] for e in reordered.evaluations] == [10, 20, 30, 40, 50]  # the older file's kept too
+    assert [e["auc"] for e in reordered.evaluations[:4]] == [e["auc"] for e in straight.evaluations]
     assert reordered.data.resumed == ("the data or its order changed since the checkpoint (seed): reading starts "
                                       "at epoch 1")  # the run says where it read, not only its progress line
     saved = tmp_path / "b/checkpoints/step_00000050/data_position.json"

@@ -46,6 +46,9 @@ class PlannerIdentity:
     previous_plan_id: str | None = None  # replanned from this plan ...
     max_regress: float | None = None  # ... within this much of a plan searched from scratch
     made_by: MadeBy | None = None
+    # Search knobs a plan of an earlier version does not record (``KNOBS_ADDED_LATER``: their values in
+    # ``search``): plan.json and the plan_id leave them out, as that version wrote them.
+    unrecorded: tuple[str, ...] = ()
 
     @property
     def profile(self) -> Profile:

@@ -31,3 +31,13 @@ class SearchConfig:
         "seconds the exact stage (HiGHS MILP) may take to improve the plan and prove its bound; "
         "0: heuristic only (like TorchRec's timeout_seconds, a cap, not a target)",
         flag="time-limit", minimum=0.0, maximum=MAX_TIME_LIMIT_S, metavar="SECONDS"))
+
+
+# Knobs added after plans were first written, each with the value that searches as shardflow did
+# before it: a plan.json written then lacks them (docs/plan-format.md), and is read with these.
+KNOBS_ADDED_LATER: dict[str, int | float] = {
+    "refine_top": 1000,  # every candidate got the local search
+    "switch_above_gap": 1.0,  # no switching of a table's options ...
+    "switch_steps": 0,  # ... (one knob alone says it; both are recorded together)
+    "time_limit_s": 0.0,  # no exact stage
+}

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from rec.config.cost import CostConfig
 from rec.config.planner_identity import MadeBy, Planner, PlannerIdentity
-from rec.config.search import SearchConfig
+from rec.config.search import KNOBS_ADDED_LATER, SearchConfig
 from rec.cost.tables import CacheRule
 from rec.errors import InputError, Problem, show
 from rec.plan.metrics import UNKNOWN_BOUND, BoundMethod, Movement, PlanMetrics
@@ -195,7 +195,10 @@ def _planner(record_: object, problems: Problems) -> PlannerIdentity | None:
     profile: Profile | None = DEFAULT_PROFILE
     if d.get("profile") is not None:
         profile = read_profile_record(d["profile"], problems.within("profile"))
-    search = None if d.get("search") is None else _settings(SearchConfig, d["search"], problems.within("search"))
+    search: SearchConfig | None = None
+    unrecorded: tuple[str, ...] = ()
+    if d.get("search") is not None:
+        search, unrecorded = _search(d["search"], problems.within("search"))
     made_by = None if d.get("made_by") is None else _made_by(d["made_by"], problems.within("made_by"))
     if d.get("search") is None and d.get("made_by") is None:
         problems.add("search", "is required: a plan of shardflow's search records its knobs (another "
@@ -214,7 +217,18 @@ def _planner(record_: object, problems: Problems) -> PlannerIdentity | None:
         values["max_regress"] = problems.take("max_regress", _fraction, d["max_regress"])
     if len(problems.items) > before or cost is None or profile is None:
         return None
-    return PlannerIdentity(cost=replace(cost, profile=profile), search=search, made_by=made_by, **values)
+    return PlannerIdentity(cost=replace(cost, profile=profile), search=search, made_by=made_by,
+                           unrecorded=unrecorded, **values)
+
+
+def _search(record_: object, problems: Problems) -> tuple[SearchConfig | None, tuple[str, ...]]:
+    """The search's knobs, and those the plan predates (``KNOBS_ADDED_LATER``: absent, read as the
+    search of that time; an edit that drops a knob changes the plan_id, which the plan is checked by)."""
+    if not isinstance(record_, Mapping):
+        return _settings(SearchConfig, record_, problems), ()
+    unrecorded = tuple(k for k in KNOBS_ADDED_LATER if k not in record_)
+    filled = {**record_, **{k: KNOBS_ADDED_LATER[k] for k in unrecorded}}
+    return _settings(SearchConfig, filled, problems), unrecorded
 
 
 def _pair(d: Mapping[str, Any], first: str, second: str, problems: Problems) -> bool:

@@ -33,7 +33,7 @@ def planner_to_dict(planner: PlannerIdentity) -> dict[str, Any]:
     cost["optimizer"] = planner.cost.optimizer.value
     out: dict[str, Any] = {"cost": cost}
     if planner.search is not None:
-        out["search"] = asdict(planner.search)
+        out["search"] = {k: v for k, v in asdict(planner.search).items() if k not in planner.unrecorded}
     if planner.backend is not None:
         out.update(backend=planner.backend, groups=planner.groups)
     if planner.previous_plan_id is not None:

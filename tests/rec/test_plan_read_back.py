@@ -48,6 +48,38 @@ def test_plans_written_before_the_plan_was_typed_read_back_and_write_byte_identi
     assert dumps_plan(plan) == text
 
 
+OLDER = {"first_day_v1_1021a15": ("513d43995d87319a",
+                                  ("refine_top", "switch_above_gap", "switch_steps", "time_limit_s")),
+         "before_the_exact_stage_v2_6152975": ("0ab36289ee007e53", ("time_limit_s",))}
+
+
+@pytest.mark.parametrize("name", sorted(OLDER))
+def test_plans_written_before_a_search_knob_existed_read_back_and_replan(name, tmp_path, capsys):
+    """Written by commits 1021a15 (v1) and 6152975 (v2), the cpu demo on 2 cpu ranks: their
+    planner.search lacks the knobs added since, and every reader refused them ("is required")."""
+    from flows.cli import main
+    from rec.config.search import KNOBS_ADDED_LATER
+    from tests.paths import CPU_2PROC, DEMO
+
+    recorded, unrecorded = OLDER[name]
+    path = BEFORE / f"{name}.json"
+    plan = parse_plan(path.read_text(), name)
+    check_plan(plan)
+    assert plan.plan_id == recorded == plan_id(plan.spec_hash, plan.topology.topology_hash, plan.planner)
+    assert plan.planner.unrecorded == unrecorded and plan.planner.search is not None
+    assert {k: getattr(plan.planner.search, k) for k in unrecorded} == {k: KNOBS_ADDED_LATER[k] for k in unrecorded}
+    again = parse_plan(dumps_plan(plan), name)  # written again as that version wrote it: the same id
+    assert again.plan_id == recorded and again.planner.unrecorded == unrecorded
+    code = main(["plan", "--no-track", "--no-chart", str(DEMO), "--topology", str(CPU_2PROC), "--previous", str(path),
+                 "--out", str(tmp_path / "replanned"), "--state-dir", str(tmp_path / "state")])
+    assert code == 0, capsys.readouterr()
+    assert read_plan(tmp_path / "replanned").previous_plan_id == recorded
+    edited = json.loads((BEFORE / "cpu_demo.json").read_text())  # a knob dropped from a plan that has it
+    del edited["planner"]["search"]["time_limit_s"]
+    with pytest.raises(InputError, match="edited"):
+        plan_from_dict(edited)
+
+
 def test_a_plan_directory_written_before_is_written_again_byte_identical(tmp_path):
     plan = read_plan(BEFORE / "replanned_dir")
     check_plan(plan)
@@ -138,7 +170,7 @@ def test_edits_to_what_the_plan_id_covers_are_named_when_read(tmp_path):
     (lambda d: d["planner"]["cost"].update(optimizer="lion"), "planner.cost.optimizer: expected one of none"),
     (lambda d: d["planner"]["search"].update(shard_limits=0), "planner.search.shard_limits: must be > 0"),
     (lambda d: d["planner"].update(made_by={"name": "shardflow"}), "planner.made_by.name: expected one of torchrec"),
-    (lambda d: d["planner"]["search"].pop("switch_steps"), "planner.search.switch_steps: is required"),
+    (lambda d: d["planner"]["search"].pop("shard_limits"), "planner.search.shard_limits: is required"),
     (lambda d: d.update(plan_id="../../etc/passwd"), "plan_id: expected 16 hexadecimal digits"),
     (lambda d: d.update(previous_plan_id="0123456789abcdef"), "previous_plan_id: says 0123456789abcdef, the "
                                                               "planner (which the plan_id covers) None"),

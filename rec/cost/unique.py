@@ -12,6 +12,8 @@ such term).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from rec.hit_rates import ID_SKEW, Curve, curve_points
@@ -29,7 +31,11 @@ def _g(lam: np.ndarray) -> np.ndarray:
     return out
 
 
-_G = _g(_LAM)
+@functools.cache
+def _table() -> np.ndarray:
+    """g on the grid, made at the first use: its eigenvalue solve costs a process that imports this
+    module (every ``shardflow train``) 0.02-0.5 CPU-s."""
+    return _g(_LAM)
 
 
 def expected_distinct(ids: np.ndarray | float, rows: np.ndarray | float) -> np.ndarray:
@@ -37,7 +43,7 @@ def expected_distinct(ids: np.ndarray | float, rows: np.ndarray | float) -> np.n
     ids, rows = np.broadcast_arrays(np.asarray(ids, dtype=np.float64), np.asarray(rows, dtype=np.float64))
     safe = np.maximum(rows, 1.0)
     lam = ids / (ID_SKEW * safe)
-    g = np.interp(np.log(np.maximum(lam, _LAM[0])), np.log(_LAM), _G, right=1.0)
+    g = np.interp(np.log(np.maximum(lam, _LAM[0])), np.log(_LAM), _table(), right=1.0)
     out: np.ndarray = np.where(lam < _LAM[0], ids, safe * g)
     return np.where(rows > 0, np.minimum(out, np.minimum(ids, rows)), 0.0)
 

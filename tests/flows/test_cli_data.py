@@ -98,7 +98,8 @@ def test_sigterm_while_converting_exits_143_in_one_line_and_leaves_nothing_half_
     converting.send_signal(signal.SIGTERM)
     _, err = converting.communicate(timeout=60)
     assert converting.returncode == 128 + signal.SIGTERM
-    *progress, last = err.splitlines()  # a slow conversion prints its progress line first
+    *progress, last = err.splitlines()  # a slow conversion prints its progress lines first
     assert last == "shardflow: stopped by SIGTERM; nothing half written is left"
-    assert all(line.startswith("convert: 1 Criteo file") for line in progress), err
+    # on a busy machine the check of the file before it is converted is slow enough for one too
+    assert all(line.startswith(("convert: 1 Criteo file", "convert: checking day_0")) for line in progress), err
     assert not out.exists() or not [n for n in os.listdir(out) if n.endswith(".tmp")]

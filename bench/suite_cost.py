@@ -45,6 +45,9 @@ IMPORTS = {  # what each kind of process imports before it does anything
     "prefect (run, serve, a flow-run process)": "import prefect",
     "ray": "import ray",
     "the CLI itself (shardflow plan)": "import flows.cli, rec.planning",
+    # the parser of every subcommand is built: what any shardflow command costs before its own work
+    "a shardflow command refused at once (train without a plan)":
+        "from flows.cli import main; main(['train', '--plan', '/nonexistent', '--out', '/nonexistent/out'])",
 }
 
 

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from rec.train.forked_forkserver import PROCESS_NAME
 from tests.paths import ROOT
 
@@ -115,3 +117,48 @@ def test_the_launcher_forks_its_forkserver_only_where_cuda_is_unstarted(monkeypa
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     launcher._start_forkserver(argv)
     assert started == [True, False]
+
+
+KILLED_STARTER = """
+import multiprocessing, os, sys, time
+from rec.train import forked_forkserver
+from rec.train.lifetime import die_with_torchrun
+
+def rank():
+    os.environ["TORCHELASTIC_RUN_ID"] = "test"  # as under torchrun
+    die_with_torchrun()
+    os.write(1, f"{os.getpid()} {os.getppid()}\\n".encode())  # one write: the two ranks share the pipe
+    time.sleep(600)  # a rank that waits for its launcher, as torch's do once their work is done
+
+if __name__ == "__main__":
+    forked_forkserver.start(["decimal"], fork=sys.argv[1] == "fork")
+    context = multiprocessing.get_context("forkserver")
+    for _ in range(2):
+        context.Process(target=rank).start()
+    time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("mode", ["fork", "new interpreter"])
+def test_a_killed_starter_takes_its_forkserver_and_their_ranks_with_it(tmp_path, mode):
+    """Every child of multiprocessing's forkserver holds the pipe whose closing tells the forkserver its
+    starter is gone: ranks kept their forkserver alive after torchrun was SIGKILLed, and it them (their
+    parent-death signal is the forkserver's), so they trained on and then waited for torchrun forever."""
+    import signal
+
+    script = tmp_path / "starter.py"
+    script.write_text(KILLED_STARTER)
+    starter = subprocess.Popen([sys.executable, str(script), mode.split()[0]], cwd=tmp_path, stdout=subprocess.PIPE,
+                               text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert starter.stdout is not None
+    ranks = [tuple(map(int, starter.stdout.readline().split())) for _ in range(2)]
+    (forkserver,) = {parent for _, parent in ranks}
+    starter.send_signal(signal.SIGKILL)
+    starter.wait(timeout=30)
+    deadline = time.monotonic() + 15
+    left = [forkserver, *(pid for pid, _ in ranks)]
+    while (left := [pid for pid in left if running(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in left:  # not to outlive the test either way
+        os.kill(pid, signal.SIGKILL)
+    assert left == []

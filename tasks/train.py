@@ -191,6 +191,7 @@ def check_own_checkpoint(job: TrainConfig, out_dir: str, run: Run | None = None,
         directory = checkpoint_dir(job, out_dir)
         return f"resume    no complete checkpoint in {directory} (no LATEST): training from iteration 0"
     directory, step = newest
+    _check_left_to_train(job, out_dir, directory, step)
     if plan is not None:
         problem = another_plans(directory, plan)
         if problem:
@@ -204,6 +205,34 @@ def check_own_checkpoint(job: TrainConfig, out_dir: str, run: Run | None = None,
     other = another_runs(at, run or Run.new(out_dir))
     return f"resume    continues the checkpoint of iteration {step} ({at}) that {other.describe()} wrote" \
         if other else ""
+
+
+def _check_left_to_train(job: TrainConfig, out_dir: str, directory: str, step: int) -> None:
+    """InputError, before any rank starts, where the newest checkpoint (of iteration ``step``) leaves
+    nothing to do: it is beyond ``--iterations``, or at it with the training's outputs written (a
+    training stopped after its last checkpoint but before them is finished by the resume)."""
+    from rec.train.metrics import METRICS_FILE
+
+    if step > job.iterations:
+        raise InputError("Nothing left to train:", [Problem(
+            directory, f"the newest checkpoint is of iteration {step}; --iterations {job.iterations} must be "
+                       "above it to train on")])
+    metrics = Path(out_dir) / METRICS_FILE
+    if step == job.iterations and metrics.is_file() and _trained_to(out_dir) == step:
+        raise InputError("Nothing left to train:", [Problem(
+            str(metrics), f"the training already ran its {step} iterations (the newest checkpoint is of iteration "
+                          f"{step}); --iterations above {step} trains on")])
+
+
+def _trained_to(out_dir: str) -> int | None:
+    """The iterations ``out_dir``'s train_metrics.json says its training ran; None where it cannot be
+    read (the finishing resume writes it anew)."""
+    from rec.train.metrics import read_metrics
+
+    try:
+        return read_metrics(out_dir).iterations
+    except InputError:
+        return None
 
 
 def _check_dense_part(directory: str, plan: Plan, job: TrainConfig, title: str) -> None:

@@ -47,7 +47,7 @@ def start(plan: Plan, config: TrainConfig, out_dir: str, dmp: DistributedModelPa
     newest = latest(checkpoints) if checkpoints else None
     if checkpoints and newest is not None and (config.resume or restart_count() > 0 or config.resume_from):
         own = True
-        if newest >= config.iterations:
+        if newest > config.iterations:  # at it: a training stopped before its outputs, finished now
             raise InputError("Nothing left to train:", [Problem(
                 checkpoints, f"the newest checkpoint is of iteration {newest}; --iterations "
                              f"{config.iterations} must be above it to train on")])

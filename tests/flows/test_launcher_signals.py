@@ -233,6 +233,26 @@ def test_a_resumed_training_keeps_every_iteration_and_leaves_the_first_resumed_o
     assert leftovers(stopped.temp) == []
 
 
+def test_a_resume_that_leaves_nothing_to_train_exits_2_before_any_rank_starts(resumed, plan_dir):
+    """It once started torchrun and both ranks (5-9 s) to be refused there. A training whose newest
+    checkpoint is its last iteration but whose outputs were never written (stopped between them) is
+    finished by the resume instead (tests/rec/test_training_data.py)."""
+    out, last = resumed.out, resumed.step + 2
+    before = outputs(out)
+    done = cli(train_args(plan_dir, out, out / "checkpoints", "--resume", "--iterations", str(last)))
+    fewer = cli(train_args(plan_dir, out, out / "checkpoints", "--resume", "--iterations", str(last - 1)))
+    assert done[0] == fewer[0] == 2, (done, fewer)
+    assert "Nothing left to train" in done[1] and f"already ran its {last} iterations" in done[1]
+    assert f"the newest checkpoint is of iteration {last}; --iterations {last - 1} must be above it" in fewer[1]
+    assert "starting" not in done[1] + fewer[1]  # no rank started
+    assert outputs(out) == before  # nothing touched
+
+
+def outputs(out: Path) -> dict[Path, int]:
+    """Each file of the training's (its locks aside, which every command takes) and when it was written."""
+    return {f: f.stat().st_mtime_ns for f in out.rglob("*") if f.is_file() and not f.name.endswith(".lock")}
+
+
 def test_a_full_disk_during_training_is_one_line_naming_the_path_and_earlier_outputs_stay(stopped, plan_dir,
                                                                                          tmp_path):
     out = tmp_path / "out"

@@ -116,6 +116,12 @@ def test_a_resumed_training_is_the_same_model_as_an_unbroken_one(single_process_
     assert (position["epoch"], position["rows"]) == divmod(20 * 64, 3000)  # 20 batches of 64 read
     assert (tmp_path / "b/checkpoints/model.json").is_file()
     assert resumed.data.resumed is None
+    (tmp_path / "b/train_metrics.json").unlink()  # as if stopped after its last checkpoint, before its outputs
+    finished, finished_losses, _ = train(plan_path, str(tmp_path / "b"),
+                                         config(data, checkpoint_every=10, resume=True, eval_every=10))
+    assert finished.resumed_from == 40 and np.array_equal(finished_losses, straight_losses)  # finished, not refused
+    assert [e["auc"] for e in finished.evaluations] == [e["auc"] for e in straight.evaluations]  # the last one made
+    assert finished.iteration_latency_ms == resumed.iteration_latency_ms  # of the iterations it kept
     # as an earlier version wrote it: no eval_* columns, the evaluations only in train_metrics.json
     older = pq.read_table(tmp_path / "b/iterations.parquet")
     pq.write_table(older.select([c for c in older.column_names if not c.startswith("eval_")]),

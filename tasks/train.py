@@ -178,7 +178,8 @@ def check_resume_from(job: TrainConfig, plan: Plan) -> None:
             "--iterations", f"{job.iterations} is not above the checkpoint's iteration {source.step}")])
 
 
-def check_own_checkpoint(job: TrainConfig, out_dir: str, run: Run | None = None, plan: Plan | None = None) -> str:
+def check_own_checkpoint(job: TrainConfig, out_dir: str, run: Run | None = None, plan: Plan | None = None,
+                         nodes: int = 1) -> str:
     """For ``--resume``: the newest checkpoint in the checkpoint directory, if there is one, has an
     index shardflow reads safely, of ``plan``'s tables; InputError otherwise (the ranks would refuse it too,
     later). Returns a line saying whose checkpoint the run continues when another run (``run``: this
@@ -191,7 +192,7 @@ def check_own_checkpoint(job: TrainConfig, out_dir: str, run: Run | None = None,
         directory = checkpoint_dir(job, out_dir)
         return f"resume    no complete checkpoint in {directory} (no LATEST): training from iteration 0"
     directory, step = newest
-    _check_left_to_train(job, out_dir, directory, step)
+    _check_left_to_train(job, out_dir, directory, step, nodes)
     if plan is not None:
         problem = another_plans(directory, plan)
         if problem:
@@ -207,10 +208,13 @@ def check_own_checkpoint(job: TrainConfig, out_dir: str, run: Run | None = None,
         if other else ""
 
 
-def _check_left_to_train(job: TrainConfig, out_dir: str, directory: str, step: int) -> None:
+def _check_left_to_train(job: TrainConfig, out_dir: str, directory: str, step: int, nodes: int) -> None:
     """InputError, before any rank starts, where the newest checkpoint (of iteration ``step``) leaves
     nothing to do: it is beyond ``--iterations``, or at it with the training's outputs written (a
-    training stopped after its last checkpoint but before them is finished by the resume)."""
+    training stopped after its last checkpoint but before them is finished by the resume). The
+    outputs are looked for on one node only: on several, node 0's ``--out`` alone may hold them, and
+    a node refused alone would leave the others waiting at the rendezvous (the resume finishes the
+    training again there)."""
     from rec.train.metrics import METRICS_FILE
 
     if step > job.iterations:
@@ -218,7 +222,7 @@ def _check_left_to_train(job: TrainConfig, out_dir: str, directory: str, step: i
             directory, f"the newest checkpoint is of iteration {step}; --iterations {job.iterations} must be "
                        "above it to train on")])
     metrics = Path(out_dir) / METRICS_FILE
-    if step == job.iterations and metrics.is_file() and _trained_to(out_dir) == step:
+    if nodes == 1 and step == job.iterations and metrics.is_file() and _trained_to(out_dir) == step:
         raise InputError("Nothing left to train:", [Problem(
             str(metrics), f"the training already ran its {step} iterations (the newest checkpoint is of iteration "
                           f"{step}); --iterations above {step} trains on")])
@@ -328,7 +332,7 @@ def prepare(plan_path: str, out_dir: str, settings: TrainSettings, run: Run | No
         if settings.job.resume_from:
             check_resume_from(settings.job, plan)
         if settings.job.resume:
-            continues = check_own_checkpoint(settings.job, out_dir, run, plan)
+            continues = check_own_checkpoint(settings.job, out_dir, run, plan, settings.nnodes)
         else:
             check_not_anothers(settings.job, out_dir, run)
     for line in (continues, *notes):

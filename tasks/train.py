@@ -24,8 +24,8 @@ from rec.plan import Plan, plan_file, read_plan
 from rec.settings import check, knob, settings_problems
 from rec.spec.types import Spec
 from rec.topology.types import Topology
-from rec.train.config import FAIL_AT_ENV, TrainConfig
-from rec.train.metrics import TrainMetrics, read_metrics
+from rec.train.config import FAIL_AT_ENV, PLAN_ID_FLAG, TrainConfig
+from rec.train.metrics import METRICS_FILE, TrainMetrics, read_metrics
 from rec.train.ownership import Run
 from rec.train.rank_log import log_dir
 from tasks.launch import Launch, failure_cause, run_training
@@ -215,8 +215,6 @@ def _check_left_to_train(job: TrainConfig, out_dir: str, directory: str, step: i
     outputs are looked for on one node only: on several, node 0's ``--out`` alone may hold them, and
     a node refused alone would leave the others waiting at the rendezvous (the resume finishes the
     training again there)."""
-    from rec.train.metrics import METRICS_FILE
-
     if step > job.iterations:
         raise InputError("Nothing left to train:", [Problem(
             directory, f"the newest checkpoint is of iteration {step}; --iterations {job.iterations} must be "
@@ -231,8 +229,6 @@ def _check_left_to_train(job: TrainConfig, out_dir: str, directory: str, step: i
 def _trained_to(out_dir: str) -> int | None:
     """The iterations ``out_dir``'s train_metrics.json says its training ran; None where it cannot be
     read (the finishing resume writes it anew)."""
-    from rec.train.metrics import read_metrics
-
     try:
         return read_metrics(out_dir).iterations
     except InputError:
@@ -341,7 +337,8 @@ def prepare(plan_path: str, out_dir: str, settings: TrainSettings, run: Run | No
     launch = Launch(plan_path=str(plan_file(plan_path)), out_dir=out_dir,
                     nproc_per_node=nproc, nnodes=settings.nnodes, node_rank=settings.node_rank,
                     rdzv_endpoint=settings.rdzv_endpoint, rdzv_id=plan.plan_id,
-                    max_restarts=settings.max_restarts, job=settings.job)
+                    max_restarts=settings.max_restarts, job=settings.job,
+                    more_flags=(PLAN_ID_FLAG, plan.plan_id))
     return plan.plan_id, launch
 
 

@@ -19,6 +19,8 @@ FAIL_AT_ENV = "SHARDFLOW_FAIL_AT_ITERATION"
 # The launcher's --node-rank, for the ranks' messages: torchrun's c10d rendezvous numbers the nodes
 # as they arrive (GROUP_RANK), which need not be the --node-rank the user gave each.
 NODE_RANK_ENV = "SHARDFLOW_NODE_RANK"
+# The training job's flag: the plan_id the launcher checked (a plan rewritten since is refused).
+PLAN_ID_FLAG = "--plan-id"
 MAX_ITERATIONS = 10**9
 MAX_BATCH_SIZE = 1 << 20  # per rank; far beyond what fits a GPU, well inside int32 offsets
 

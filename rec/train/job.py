@@ -30,6 +30,7 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
 from rec.analysis.rank_times import predicted_critical_path
+from rec.errors import InputError, Problem
 from rec.plan import Plan, read_plan
 from rec.plan.torchrec_plan import plan_modules, sharders_for, to_sharding_plan
 from rec.settings import add_flags, from_flags
@@ -37,7 +38,7 @@ from rec.spec.types import Spec
 from rec.torchrec_internals import drop_in_backward_optimizers, optimizer_classes, optimizer_kwargs
 from rec.train.agreement import check_agreement, shared_settings
 from rec.train.applied import applied_sharding
-from rec.train.config import TrainConfig, resolve_model_kind
+from rec.train.config import PLAN_ID_FLAG, TrainConfig, resolve_model_kind
 from rec.train.evaluate import Evaluator
 from rec.train.feed import Feed, reading
 from rec.train.float32_adagrad import Float32Adagrad
@@ -227,6 +228,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Train
     p = argparse.ArgumentParser(prog="rec.train.job", description=__doc__)
     p.add_argument("--plan", required=True)
     p.add_argument("--out", required=True)
+    p.add_argument(PLAN_ID_FLAG, help="the plan_id the launcher checked: another plan at --plan is refused")
     add_flags(p, TrainConfig)
     a = p.parse_args(argv)
     return a, from_flags(TrainConfig, a)
@@ -238,6 +240,10 @@ def main(argv: list[str] | None = None) -> int:
     def work(output: RankOutput) -> None:
         output.progress("loading the plan")
         plan = read_plan(args.plan)
+        if args.plan_id and plan.plan_id != args.plan_id:
+            raise InputError("The plan changed after the launcher checked it:", [Problem(args.plan, (
+                f"holds plan {plan.plan_id}, not plan {args.plan_id}: another command wrote it since (two runs "
+                "sharing an --out?); give each run its own --out, or train again"))])
         with process_group(plan.topology.compute_device) as group, user_code(config):
             check_agreement(group, shared_settings(plan, config))
             train(plan, config, args.out, output, args.plan)

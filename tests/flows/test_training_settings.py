@@ -237,3 +237,31 @@ def test_serve_sets_one_setting_and_keeps_the_deployments_others_or_names_one_no
         runner_deployments(tmp_path / "prefect.yaml", overrides={"training.job.iteratons": 5})
     assert [(p.where, p.reason) for p in refused.value.problems] == [
         ("--set training.job.iteratons", "training has no setting job.iteratons")]
+
+
+def test_the_ranks_train_only_the_plan_the_launcher_checked(tmp_path, capsys):
+    """Another command that wrote a plan into the same path after the launcher's checks (two runs
+    sharing an --out) had the ranks train that plan, and MLflow record the first one's plan_id."""
+
+    from rec.exit_codes import ExitCode
+    from rec.plan import write_plan
+    from rec.planning import plan_spec
+    from rec.spec import read_spec
+    from rec.topology import read_topology
+    from rec.train import job
+    from tasks.launch import torchrun_command
+    from tasks.train import prepare
+
+    spec, topology = read_spec(DEMO), read_topology(CPU_2PROC)
+    checked = plan_spec(spec, topology)
+    write_plan(checked, tmp_path / "plan")
+    _, launch = prepare(str(tmp_path / "plan"), str(tmp_path / "out"), TrainSettings())
+    command = torchrun_command(launch)
+    assert command[command.index("--plan-id") + 1] == checked.plan_id
+    other = tmp_path / "other.yaml"
+    other.write_text(CPU_2PROC.read_text().replace("batch_size:", "batch_size: 64 #"))
+    write_plan(plan_spec(spec, read_topology(other)), tmp_path / "plan")  # written there since
+    code = job.main(["--plan", str(tmp_path / "plan"), "--out", str(tmp_path / "out"), "--plan-id", checked.plan_id])
+    err = capsys.readouterr().err
+    assert code == ExitCode.BAD_INPUT and "The plan changed after the launcher checked it" in err, err
+    assert f"not plan {checked.plan_id}" in err and "Traceback" not in err

@@ -12,13 +12,14 @@ from __future__ import annotations
 import os
 import socket
 import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, closing, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import quote, urlparse
 
-from rec.file_lock import holding, open_lock_file
+from rec.file_lock import holding, open_lock_file, take
 from tasks.paths import safe_dir_name
 from tasks.tracking.settings import ARTIFACTS_DIR, Tracking, not_a_file_store, sqlite_path
 
@@ -183,6 +184,39 @@ def check_readable(uri: str) -> None:
 def _check_sqlite_store(db: Path) -> None:
     if not db.is_file():
         raise TrackingUnavailable(f"no MLflow store at {db} (a command that records makes one)")
+    with _not_being_set_up(db):
+        _check_sqlite_tables(db)
+
+
+@contextmanager
+def _not_being_set_up(db: Path) -> Iterator[None]:
+    """While another process sets the store up (``_setting_up``: MLflow making or migrating its
+    tables), wait for it, up to STORE_WAIT_S: a store half made read as no MLflow store, or as an
+    older MLflow's, to be upgraded by hand beside the migration running. Held shared while the reader
+    checks; a read-only command makes no lock file where there is none."""
+    try:
+        fd = os.open(db.with_name(f"{db.name}{STORE_LOCK_SUFFIX}"),
+                     os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:  # none (no process set it up from here), or not a file shardflow made
+        yield
+        return
+    try:
+        deadline = time.monotonic() + STORE_WAIT_S
+        while True:
+            try:
+                take(fd, shared=True, blocking=False)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TrackingUnavailable(f"{db} is being set up by another process (its lock "
+                                              f"{db.name}{STORE_LOCK_SUFFIX} is held): try again in a moment") from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _check_sqlite_tables(db: Path) -> None:
     try:
         with closing(sqlite3.connect(f"file:{quote(str(db))}?mode=ro", uri=True, timeout=STORE_WAIT_S)) as con:
             tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}

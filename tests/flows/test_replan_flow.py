@@ -32,7 +32,26 @@ first = replan()
 second = replan()
 Path(spec).write_text(Path(spec).read_text() + "- {name: new_table, num_embeddings: 3000, embedding_dim: 16}\\n")
 third = replan()
-print("OUTCOMES " + json.dumps([first, second, third]))
+# two at once, as a schedule's beside one by hand: one replans, the other then finds it
+Path(spec).write_text(Path(spec).read_text() + "- {name: newer_table, num_embeddings: 2000, embedding_dim: 16}\\n")
+import threading
+import flows.replan
+barrier, looked_up = threading.Barrier(2), flows.replan.find_last_planning
+def looked_up_together(*args):  # each lookup waits for the other's (a replan waiting for the lock: 3 s)
+    found = looked_up(*args)
+    try:
+        barrier.wait(timeout=3)
+    except threading.BrokenBarrierError:
+        pass
+    return found
+flows.replan.find_last_planning = looked_up_together
+both = []
+pair = [threading.Thread(target=lambda: both.append(replan())) for _ in range(2)]
+for t in pair:
+    t.start()
+for t in pair:
+    t.join()
+print("OUTCOMES " + json.dumps([first, second, third, *both]))
 """
 NOISE = ("Downloading artifacts", "Uploading artifacts", "mlflow.store", "alembic", "View run", "it/s]")
 
@@ -47,7 +66,9 @@ def test_replan_records_nothing_when_unchanged_then_replans_after_a_schema_chang
     assert r.returncode == 0, r.stdout + r.stderr
     # MLflow's progress bars and log lines stay out of a worker's output.
     assert [n for n in NOISE if n in r.stdout + r.stderr] == [], r.stdout + r.stderr
-    first, second, third = json.loads(r.stdout.split("OUTCOMES ", 1)[1])
+    first, second, third, *both = json.loads(r.stdout.split("OUTCOMES ", 1)[1])
+    assert sorted(o["outcome"] for o in both) == ["replanned", "unchanged"]  # both replanned once
+    assert both[0]["plan_id"] == both[1]["plan_id"] != third["plan_id"]
 
     assert (first["outcome"], second["outcome"], third["outcome"]) == ("replanned", "unchanged", "replanned")
     assert second["plan_id"] == first["plan_id"] and second["plan_path"] is None
@@ -63,14 +84,16 @@ def test_replan_records_nothing_when_unchanged_then_replans_after_a_schema_chang
     runs = client.search_runs([experiment], order_by=["attributes.start_time ASC"])
     by_step = {step: [r for r in runs if r.data.tags["shardflow.step"] == step]
                for step in ("plan", "replan")}
-    # The unchanged check recorded no MLflow run: a plan and a replan run per replanning.
-    assert len(runs) == 4 and all(r.info.status == "FINISHED" for r in runs)
-    replans = by_step["replan"]
-    assert [r.data.tags["shardflow.replan"] for r in replans] == ["replanned", "replanned"]
-    assert [r.data.tags["shardflow.plan_id"] for r in replans] == [first["plan_id"], third["plan_id"]]
-    assert [r.data.tags["shardflow.prefect_flow_run"] for r in replans] == [first["flow_run"], third["flow_run"]]
+    # The unchanged checks recorded no MLflow run: a plan and a replan run per replanning.
+    assert len(runs) == 6 and all(r.info.status == "FINISHED" for r in runs)
+    replans, (replanned,) = by_step["replan"], [o for o in both if o["outcome"] == "replanned"]
+    assert [r.data.tags["shardflow.replan"] for r in replans] == ["replanned"] * 3
+    assert [r.data.tags["shardflow.plan_id"] for r in replans] == [o["plan_id"] for o in (first, third, replanned)]
+    assert [r.data.tags["shardflow.prefect_flow_run"] for r in replans] == [
+        o["flow_run"] for o in (first, third, replanned)]
     assert [p.data.tags["mlflow.parentRunId"] for p in by_step["plan"]] == [r.info.run_id for r in replans]
-    assert [p.data.tags["shardflow.plan_id"] for p in by_step["plan"]] == [first["plan_id"], third["plan_id"]]
+    assert [p.data.tags["shardflow.plan_id"] for p in by_step["plan"]] == [
+        o["plan_id"] for o in (first, third, replanned)]
     # The schema change was replanned from the first plan: linked, and moving little of it.
     second_plan = by_step["plan"][1]
     assert second_plan.data.tags["shardflow.previous_plan_id"] == first["plan_id"]
@@ -82,10 +105,10 @@ def test_replan_records_nothing_when_unchanged_then_replans_after_a_schema_chang
         assert run.data.metrics["kept_tables"] + run.data.metrics["resized_tables"] == 8
         assert run.data.metrics["moved_pct"] == pytest.approx(second_plan.data.metrics["moved_pct"])
         assert run.data.params["spec.name"] == "tables" and run.data.params["topology.name"] == "cpu_2proc"
-    plan = json.loads(Path(third["plan_path"]).read_text())
-    assert plan["previous_plan_id"] == first["plan_id"]
+    plan = json.loads(Path(replanned["plan_path"]).read_text())  # the last replan's, written where third's was
+    assert replanned["plan_path"] == third["plan_path"] and plan["previous_plan_id"] == third["plan_id"]
     assert plan["metrics"]["movement"]["added_tables"] == 1
-    assert (Path(third["plan_path"]).parent / "movement.parquet").exists()
+    assert (Path(replanned["plan_path"]).parent / "movement.parquet").exists()
 
 
 def test_plan_replan_and_compare_see_each_others_plans(prefect_api, tmp_path, mlflow_uri, capsys):

@@ -11,7 +11,7 @@ compared with the last planning (B), not an older plan.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -92,13 +92,12 @@ def _one_replan_at_a_time(start: Started, inputs: Inputs) -> Iterator[None]:
                         "spec": str(Path(inputs.spec_path).resolve()), "topology": inputs.topology.topology_hash})
     Path(start.state_dir).mkdir(parents=True, exist_ok=True)
     path = Path(start.state_dir) / f"replan-{key}.lock"
-    try:
-        with file_lock(path, blocking=False, removed=True):
-            yield
-            return
-    except BlockingIOError:
-        get_run_logger().info("waiting for another replan of %s on this topology to finish", inputs.spec_path)
-    with file_lock(path, removed=True):
+    with ExitStack() as held:
+        try:
+            held.enter_context(file_lock(path, blocking=False, removed=True))
+        except BlockingIOError:
+            get_run_logger().info("waiting for another replan of %s on this topology to finish", inputs.spec_path)
+            held.enter_context(file_lock(path, removed=True))
         yield
 
 

@@ -49,7 +49,8 @@ def plan_flow(
     searching = with_profile(searching)
     dirs = RunDirs.of(out_dir, work_dir)
 
-    with started(tracking, work_dir) as start:
+    # An --out a run holds is refused: its plan would replace the one the run is training
+    with started(tracking, work_dir) as start, dirs.locked():
         inputs = inputs_for(spec_path, topology_path, ingested)
         found = search_task(inputs, searching, start.plan_cache_dir)
         written = write_task(found.plan, dirs.plan_dir(found.plan.plan_id), WriteSettings(chart))

@@ -21,6 +21,22 @@ def test_a_second_run_into_a_directory_in_use_is_refused_at_once(tmp_path, capfd
     assert not (out / "train_metrics.json").exists()
 
 
+def test_planning_only_into_a_directory_a_run_holds_is_refused(tmp_path, prefect_api, mlflow_uri):
+    """``run --plan-only --out O`` beside a ``run --out O`` once replaced the plan the run was about
+    to train (the ranks now refuse a plan other than the one checked, too)."""
+    import pytest
+
+    from flows.plan import plan_flow
+    from rec.errors import InputError
+    from tasks.tracking import TrackingSettings
+
+    out = tmp_path / "busy"
+    with lock_dir(str(out)), pytest.raises(InputError, match="in use by another shardflow run"):  # a run holds it
+        plan_flow(str(DEMO), str(CPU_2PROC), out_dir=str(out),
+                  tracking=TrackingSettings(mlflow_uri, state_dir=str(tmp_path / "state")))
+    assert not (out / "plan").exists()
+
+
 def test_default_directories_differ_per_run_and_latest_points_at_the_newest(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     dirs = RunDirs.of(None)

@@ -215,10 +215,10 @@ def _check_left_to_train(job: TrainConfig, out_dir: str, directory: str, step: i
     outputs are looked for on one node only: on several, node 0's ``--out`` alone may hold them, and
     a node refused alone would leave the others waiting at the rendezvous (the resume finishes the
     training again there)."""
+    from rec.train.resume import beyond_iterations
+
     if step > job.iterations:
-        raise InputError("Nothing left to train:", [Problem(
-            directory, f"the newest checkpoint is of iteration {step}; --iterations {job.iterations} must be "
-                       "above it to train on")])
+        raise beyond_iterations(directory, step, job.iterations)
     metrics = Path(out_dir) / METRICS_FILE
     if nodes == 1 and step == job.iterations and metrics.is_file() and _trained_to(out_dir) == step:
         raise InputError("Nothing left to train:", [Problem(

@@ -4,6 +4,7 @@ its line here."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +26,12 @@ class Evaluation:
 
     def to_dict(self) -> dict[str, float | int | None]:
         return {"iteration": self.iteration, "samples": self.samples, **self.values}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, float | int | None]) -> Evaluation:
+        """``to_dict``'s mapping (as train_metrics.json holds it, checked) as an Evaluation again."""
+        return cls(int(d["iteration"] or 0), int(d["samples"] or 0),
+                   {k: None if v is None else float(v) for k, v in d.items() if k not in ("iteration", "samples")})
 
 
 def evaluate(logits: np.ndarray, labels: np.ndarray, iteration: int) -> Evaluation:

@@ -82,6 +82,14 @@ def resume_source(path: str | Path) -> ResumeSource:
     return ResumeSource(str(directory), step, read_plan(directory / PLAN_COPY))
 
 
+def beyond_iterations(directory: str | Path, newest: int, iterations: int) -> InputError:
+    """The refusal of a resume whose newest checkpoint (of iteration ``newest``) is beyond
+    ``--iterations``: before launch (``tasks.train``) and in the ranks (a restart)."""
+    return InputError("Nothing left to train:", [Problem(
+        str(directory), f"the newest checkpoint is of iteration {newest}; --iterations {iterations} must be above "
+                        "it to train on")])
+
+
 def another_plans(directory: str | Path, plan: Plan) -> Problem | None:
     """For ``--resume``: where the checkpoints in ``directory`` were written under another plan than
     ``plan`` (its plan copy says so), the Problem naming it; None for the same plan or no copy. The

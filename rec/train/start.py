@@ -13,7 +13,6 @@ import torch.distributed as dist
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 
-from rec.errors import InputError, Problem
 from rec.evaluation.metrics import Evaluation
 from rec.plan import Plan
 from rec.train import checkpoint
@@ -23,7 +22,7 @@ from rec.train.metrics import Earlier, Iterations, Resumed, earlier_iterations
 from rec.train.ownership import Run, another_runs
 from rec.train.rank_log import RankOutput
 from rec.train.rank_process import restart_count
-from rec.train.resume import checkpoint_dir, latest, step_dir
+from rec.train.resume import beyond_iterations, checkpoint_dir, latest, step_dir
 
 
 @dataclass(frozen=True)
@@ -48,9 +47,7 @@ def start(plan: Plan, config: TrainConfig, out_dir: str, dmp: DistributedModelPa
     if checkpoints and newest is not None and (config.resume or restart_count() > 0 or config.resume_from):
         own = True
         if newest > config.iterations:  # at it: a training stopped before its outputs, finished now
-            raise InputError("Nothing left to train:", [Problem(
-                checkpoints, f"the newest checkpoint is of iteration {newest}; --iterations "
-                             f"{config.iterations} must be above it to train on")])
+            raise beyond_iterations(checkpoints, newest, config.iterations)
         other = another_runs(step_dir(checkpoints, newest), run)
         output.progress(f"resuming from the checkpoint of iteration {newest}"
                         + (f" that {other.describe()} wrote" if other else ""))
@@ -73,9 +70,7 @@ def start(plan: Plan, config: TrainConfig, out_dir: str, dmp: DistributedModelPa
         earlier = earlier_iterations(out_dir, iteration)
         if earlier.lost:
             output.progress(earlier.lost)
-    evaluations = tuple(Evaluation(int(e["iteration"] or 0), int(e["samples"] or 0),
-                                   {k: None if v is None else float(v) for k, v in e.items()
-                                    if k not in ("iteration", "samples")}) for e in earlier.evaluations)
+    evaluations = tuple(Evaluation.from_dict(e) for e in earlier.evaluations)
     return Start(iteration, resume, earlier.iterations, run, other, evaluations)
 
 

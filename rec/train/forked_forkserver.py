@@ -15,6 +15,7 @@ a new interpreter, not a fork of itself.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import sys
@@ -98,3 +99,20 @@ def _name_process() -> None:
             ctypes.CDLL(None).prctl(_PR_SET_NAME, PROCESS_NAME, 0, 0, 0)
         except (OSError, AttributeError):
             pass
+
+
+def release_in_child() -> None:
+    """In a process forked by multiprocessing's forkserver (a rank): close its copy of the pipe whose
+    closing tells the forkserver that its starter is gone. multiprocessing hands every child one (so
+    that the child may ask the same forkserver for processes; a rank that starts processes gets a
+    forkserver of its own, ``_as_new_interpreter``). Held by the ranks, it kept the forkserver alive
+    after a SIGKILLed launcher, and the forkserver the ranks (whose parent-death signal is the
+    forkserver's, ``rec.train.lifetime``): the ranks trained on, then waited for the launcher forever."""
+    server: Any = forkserver._forkserver
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is None or getattr(server, "_forkserver_pid", None) is not None:  # none, or this process's own forkserver
+        return
+    with contextlib.suppress(OSError):
+        os.close(fd)
+    server._forkserver_alive_fd = None
+    server._forkserver_address = None

@@ -12,7 +12,6 @@ still lives; the checkpoint directory's lock likewise (``rec.train.ownership``).
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import logging
 import os
@@ -20,10 +19,11 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from rec.exit_codes import ExitCode
 from rec.file_lock import open_lock_file, take
+from rec.train import forked_forkserver
 
 OUT_LOCK_ENV = "SHARDFLOW_OUT_LOCK"  # the --out lock file the ranks hold shared; unset: no lock
 LAUNCHER_MODULE = "rec.train.launcher"  # torchrun with forked ranks, as the launcher starts it (``python -m``)
@@ -58,31 +58,12 @@ def die_with_torchrun(sig: int = signal.SIGTERM) -> bool:
     if prctl is None or "TORCHELASTIC_RUN_ID" not in os.environ:  # not Linux, or not under torchrun
         return True
     prctl(_PR_SET_PDEATHSIG, sig)
-    _release_forkserver()
+    forked_forkserver.release_in_child()
     try:
         command = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
     except OSError:
         return False
     return any(name in command for name in _RANK_PARENTS)
-
-
-def _release_forkserver() -> None:
-    """In a rank forked by multiprocessing's forkserver: close its copy of the pipe whose closing tells
-    the forkserver that its launcher is gone. multiprocessing hands every child one (so that the child
-    may ask the same forkserver for processes; a rank that starts processes gets a forkserver of its
-    own, ``rec.train.forked_forkserver``). Held by the ranks, it kept the forkserver alive after a
-    SIGKILLed launcher, and the forkserver the ranks (whose parent-death signal is the forkserver's):
-    the ranks trained on, then waited for the launcher forever."""
-    from multiprocessing import forkserver
-
-    server: Any = forkserver._forkserver
-    fd = getattr(server, "_forkserver_alive_fd", None)
-    if fd is None or getattr(server, "_forkserver_pid", None) is not None:  # none, or this process's own forkserver
-        return
-    with contextlib.suppress(OSError):
-        os.close(fd)
-    server._forkserver_alive_fd = None
-    server._forkserver_address = None
 
 
 def join_run_lock(env: str = OUT_LOCK_ENV) -> int | None:

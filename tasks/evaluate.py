@@ -42,18 +42,26 @@ class Evaluated:
 
 def evaluate_checkpoint(checkpoint: str, data: str, out_dir: str,
                         settings: EvalCheckpointSettings = EvalCheckpointSettings()) -> Evaluated:
-    """Evaluate the checkpoint at ``checkpoint`` on ``data``; TrainingFailed if a rank failed."""
+    """Evaluate the checkpoint at ``checkpoint`` on ``data``; TrainingFailed if a rank failed. The step
+    evaluated is held until the ranks end: its training, going on, does not prune it meanwhile."""
+    from rec.train.held_step import held_checkpoint
+
+    check(settings, "Cannot evaluate with these settings:")
+    with held_checkpoint(checkpoint) as (directory, step):
+        return _evaluate(checkpoint, directory, step, data, out_dir, settings)
+
+
+def _evaluate(checkpoint: str, directory: Path, step: int, data: str, out_dir: str,
+              settings: EvalCheckpointSettings) -> Evaluated:
     from rec.analysis import check_plan
     from rec.data.schema import data_problems
     from rec.plan import read_plan
     from rec.train.checkpoint import check_index
     from rec.train.eval_job import EVAL_METRICS_FILE
     from rec.train.model_file import MODEL_FILE, read_model
-    from rec.train.resume import PLAN_COPY, check_one_training, checkpoint_at, step_dir
+    from rec.train.resume import PLAN_COPY, check_one_training, step_dir
 
-    check(settings, "Cannot evaluate with these settings:")
     with progress.step("check", "the checkpoint, the data, and what they need of this machine"):
-        directory, step = checkpoint_at(checkpoint)
         missing = [name for name in (PLAN_COPY, MODEL_FILE) if not (directory / name).is_file()]
         if missing:
             raise InputError(f"Cannot evaluate the checkpoint {checkpoint}:", [Problem(

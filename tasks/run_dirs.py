@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rec.errors import InputError, Problem
-from rec.file_lock import holding_directory, process_alive
+from rec.file_lock import holding_directory, process_alive, take
 from rec.train.lifetime import OUT_LOCK_ENV
 from tasks.paths import DEFAULT_OUT, PLAN_SUBDIR, TRAIN_SUBDIR, in_work_dir
 
@@ -92,6 +93,28 @@ def lock_dir(directory: str, node_rank: int = 0) -> Iterator[None]:
             yield
         finally:
             _restore(OUT_LOCK_ENV, previous)
+
+
+def run_in(directory: str | Path) -> str | None:
+    """Who holds ``directory`` for a run (``lock_dir``), as the refusal of a second run names it; None
+    where no process does. Only looks: a run starting meanwhile is not kept out."""
+    for lock in sorted(Path(directory).glob(LOCK_FILE.format(node="*"))):
+        try:
+            fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:  # gone, a link or something else in its place: no run's lock
+            continue
+        try:
+            regular = stat.S_ISREG(os.fstat(fd).st_mode)
+            text = os.pread(fd, MAX_HOLDER_BYTES, 0).decode("utf-8", "replace") if regular else ""
+            if not text.strip():  # cleared by its last holder: no run there
+                continue
+            try:
+                take(fd, blocking=False)
+            except BlockingIOError:
+                return _holder(text)
+        finally:
+            os.close(fd)
+    return None
 
 
 def _holder(text: str) -> str:

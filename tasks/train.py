@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -162,20 +162,25 @@ def _data_problems(job: TrainConfig, spec: Spec, world: int) -> tuple[list[Probl
     return problems, notes
 
 
-def check_resume_from(job: TrainConfig, plan: Plan) -> None:
+def check_resume_from(job: TrainConfig, plan: Plan, reading: ExitStack) -> Path:
     """The checkpoint ``--resume-from`` names exists, belongs to a plan the new one can start
-    from, has an index shardflow reads safely, and leaves iterations to train; InputError otherwise."""
+    from, has an index shardflow reads safely, and leaves iterations to train; InputError otherwise.
+    Returns its step directory, held until ``reading`` closes (its training, if it goes on, does not
+    prune the step the ranks are to read: ``rec.train.held_step``)."""
     from rec.train.checkpoint import check_index
-    from rec.train.resume import check_resume, resume_source, step_dir
+    from rec.train.held_step import held_checkpoint
+    from rec.train.resume import RESUME_HINT, check_resume, resume_title, source_at, step_dir
 
     assert job.resume_from is not None
-    source = resume_source(job.resume_from)
+    held = reading.enter_context(held_checkpoint(job.resume_from, resume_title(job.resume_from), RESUME_HINT))
+    source = source_at(job.resume_from, *held)
     check_resume(source, plan)
     check_index(step_dir(source.checkpoint_dir, source.step), source.plan.spec)
     _check_dense_part(source.checkpoint_dir, plan, job, f"Cannot resume from {job.resume_from}:")
     if source.step >= job.iterations:
         raise InputError("Nothing left to train:", [Problem(
             "--iterations", f"{job.iterations} is not above the checkpoint's iteration {source.step}")])
+    return step_dir(source.checkpoint_dir, source.step)
 
 
 def check_own_checkpoint(job: TrainConfig, out_dir: str, run: Run | None = None, plan: Plan | None = None,
@@ -315,18 +320,21 @@ def _endpoint_problems(endpoint: str) -> list[Problem]:
     return []
 
 
-def prepare(plan_path: str, out_dir: str, settings: TrainSettings, run: Run | None = None) -> tuple[str, Launch]:
+def prepare(plan_path: str, out_dir: str, settings: TrainSettings, run: Run | None = None,
+            reading: ExitStack | None = None) -> tuple[str, Launch]:
     """The plan's id and the checked torchrun launch of ``run``; InputError for anything that would
     fail the job for certain (see ``preflight``), the plan's soundness included. A ``--resume`` of
-    another run's checkpoint says so on stderr, in one line."""
+    another run's checkpoint says so on stderr, in one line. The checkpoint a ``--resume-from``
+    names is held until ``reading`` closes (at once without it), and the ranks read that step."""
     check_settings(settings, plan_path)
     continues, notes = "", list[str]()
-    with progress.step("check", "the plan, and what it needs of this machine"):
+    job = settings.job
+    with progress.step("check", "the plan, and what it needs of this machine"), ExitStack() as own:
         plan = read_plan(plan_path)
         check_plan(plan)
         nproc = preflight(settings, plan.topology, plan.spec, notes, plan)
         if settings.job.resume_from:
-            check_resume_from(settings.job, plan)
+            job = replace(job, resume_from=str(check_resume_from(settings.job, plan, reading or own)))
         if settings.job.resume:
             continues = check_own_checkpoint(settings.job, out_dir, run, plan, settings.nnodes)
         else:
@@ -337,8 +345,7 @@ def prepare(plan_path: str, out_dir: str, settings: TrainSettings, run: Run | No
     launch = Launch(plan_path=str(plan_file(plan_path)), out_dir=out_dir,
                     nproc_per_node=nproc, nnodes=settings.nnodes, node_rank=settings.node_rank,
                     rdzv_endpoint=settings.rdzv_endpoint, rdzv_id=plan.plan_id,
-                    max_restarts=settings.max_restarts, job=settings.job,
-                    more_flags=(PLAN_ID_FLAG, plan.plan_id))
+                    max_restarts=settings.max_restarts, job=job, more_flags=(PLAN_ID_FLAG, plan.plan_id))
     return plan.plan_id, launch
 
 
@@ -369,8 +376,8 @@ def train(plan_path: str, out_dir: str, settings: TrainSettings = TrainSettings(
 
     started = now_ms()
     run = Run.new(out_dir)
-    with holding_checkpoints(settings, out_dir, run) as env:
-        plan_id, launch = prepare(plan_path, out_dir, settings, run)
+    with holding_checkpoints(settings, out_dir, run) as env, ExitStack() as reading:
+        plan_id, launch = prepare(plan_path, out_dir, settings, run, reading)
         # Fault injection means "the first attempt", as inside the job; but a retry is a new torchrun
         # whose restart count starts at 0 again, so retries switch it off explicitly.
         if attempt > 1:

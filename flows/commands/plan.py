@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rec.config.planner_identity import Planner
@@ -126,6 +127,20 @@ def add_input_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--topology", metavar="TOPO", required=True, help="topology YAML")
 
 
+def check_out_free(out: str) -> None:
+    """InputError where ``out`` is, or is the plan folder of, the ``--out`` a run holds (``run --out O``
+    plans into ``O/plan`` and trains that plan): its ranks would refuse the plan changed under them."""
+    from rec.errors import InputError, Problem
+    from tasks.run_dirs import run_in
+
+    for directory in (Path(out), Path(out).parent):
+        holder = run_in(directory)
+        if holder:
+            raise InputError(f"Cannot plan into {out}:", [Problem(out, (
+                f"{directory} is in use by another shardflow run (locked by {holder}), which trains the plan "
+                "there; wait for it to finish, or plan into another --out"))])
+
+
 def run(args: argparse.Namespace) -> int:
     import sys
     import time
@@ -151,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
     choice = from_flags(PlannerChoice, args)
     if choice.conflicts(args):
         bad.errors.append(InputError("Cannot plan with these settings:", choice.conflicts(args)))
+    bad.run(lambda: check_out_free(args.out))
     with on_terminal() as shown:
         with ingesting(args.spec):
             read = bad.run(lambda: ingest(args.spec, args.topology))

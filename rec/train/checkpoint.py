@@ -14,7 +14,6 @@ import io
 import os
 import pathlib
 import re
-import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,6 +40,7 @@ from rec.plan.io import plan_file
 from rec.spec.types import Spec
 from rec.train import restricted_pickle
 from rec.train.collectives import Group
+from rec.train.held_step import delete_unless_held
 from rec.train.ownership import Run, record_writer
 from rec.train.restricted_pickle import RefusedPickle
 from rec.train.resume import INDEX_FILE, LATEST, PLAN_COPY, step_dir, step_name, step_of
@@ -132,7 +132,8 @@ def steps(directory: str | Path) -> list[Path]:
 
 def prune(directory: str | Path, keep: int) -> None:
     """Keep the ``keep`` newest complete checkpoints up to the one LATEST names (which is one) and
-    delete the other steps before it, complete or not (an incomplete one is a write that failed).
+    delete the other steps before it, complete or not (an incomplete one is a write that failed),
+    but those another process is reading (``rec.train.held_step``): a later pruning deletes them.
     A step after LATEST's is left as it is: none is being written when LATEST has just moved."""
     root = Path(directory)
     newest = step_of((root / LATEST).read_text().strip())
@@ -142,7 +143,7 @@ def prune(directory: str | Path, keep: int) -> None:
     kept = {s.name for s in [s for s in chain if (s / INDEX_FILE).is_file()][-keep:]} | {step_name(newest)}
     for old in chain:
         if old.name not in kept:
-            shutil.rmtree(old, ignore_errors=True)
+            delete_unless_held(old)
 
 
 class SafeLoadPlanner(DefaultLoadPlanner):

@@ -24,10 +24,11 @@ from rec.errors import InputError, Problem
 from rec.sharding import Pooling
 from rec.spec.types import Spec, TableSpec
 from rec.train.checkpoint import SafeFileSystemReader, SafeLoadPlanner, check_index
+from rec.train.held_step import held_checkpoint
 from rec.train.model import build_model
 from rec.train.model_file import MODEL_FILE, ModelSettings, read_model, settings_to_dict
 from rec.train.rank_log import one_line
-from rec.train.resume import PLAN_COPY, check_one_training, checkpoint_at, step_dir
+from rec.train.resume import PLAN_COPY, check_one_training, step_dir
 
 WEIGHTS_FILE = "model.safetensors"
 
@@ -43,8 +44,13 @@ class Exported:
 
 def load_checkpoint(path: str | Path) -> tuple[nn.Module, ModelSettings, str, int]:
     """The model of the checkpoint at ``path`` (a checkpoint directory: its newest step; one step;
-    or a training's output directory), unsharded on the CPU, in eval mode; its settings, plan and step."""
-    directory, step = checkpoint_at(path)
+    or a training's output directory), unsharded on the CPU, in eval mode; its settings, plan and step.
+    The step is held while it is read: its training, going on, does not prune it meanwhile."""
+    with held_checkpoint(path) as (directory, step):
+        return _load(path, directory, step)
+
+
+def _load(path: str | Path, directory: Path, step: int) -> tuple[nn.Module, ModelSettings, str, int]:
     if not (directory / MODEL_FILE).is_file():
         raise InputError(f"Cannot use the checkpoint {path}:", [Problem(
             str(directory), f"has no {MODEL_FILE}: it was written by a training of a model of your own "

@@ -35,7 +35,10 @@ def foreign_entries(folder: str | Path, depth: int = DEPTH) -> list[Problem]:
         except (FileNotFoundError, NotADirectoryError):
             continue
         for entry in entries:
-            mode = entry.stat(follow_symlinks=False).st_mode
+            try:
+                mode = entry.stat(follow_symlinks=False).st_mode
+            except FileNotFoundError:  # deleted since it was listed: a training pruning its old steps
+                continue
             if stat.S_ISDIR(mode):
                 if level < depth:
                     pending.append((Path(entry.path), level + 1))

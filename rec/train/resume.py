@@ -73,12 +73,23 @@ class ResumeSource:
 def resume_source(path: str | Path) -> ResumeSource:
     """The checkpoint ``path`` names (``checkpoint_at``: a training's output directory, its checkpoint
     directory, or one step in it) and the plan it was written under; InputError naming what is missing."""
-    title = f"Cannot resume from {path}:"
-    directory, step = checkpoint_at(path, title, "; train with --checkpoint-every N first")
+    directory, step = checkpoint_at(path, resume_title(path), RESUME_HINT)
+    return source_at(path, directory, step)
+
+
+RESUME_HINT = "; train with --checkpoint-every N first"  # where a resume finds no checkpoint
+
+
+def resume_title(path: str | Path) -> str:
+    return f"Cannot resume from {path}:"
+
+
+def source_at(path: str | Path, directory: Path, step: int) -> ResumeSource:
+    """``resume_source`` of step ``step`` of ``directory``, which ``path`` named."""
     if not (directory / PLAN_COPY).is_file():
-        raise InputError(title, [Problem(str(directory), f"has no {PLAN_COPY}: the checkpoint was written "
-                                                         "before shardflow recorded its plan; resume with "
-                                                         "the same plan (--resume) instead")])
+        raise InputError(resume_title(path), [Problem(str(directory), (
+            f"has no {PLAN_COPY}: the checkpoint was written before shardflow recorded its plan; resume with the "
+            "same plan (--resume) instead"))])
     return ResumeSource(str(directory), step, read_plan(directory / PLAN_COPY))
 
 

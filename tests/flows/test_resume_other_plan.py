@@ -5,6 +5,7 @@ checkpoints themselves."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import torch
 from rec.train.resume import step_dir
 from tests.flows.checkpoint_state import full_state
 from tests.flows.cli_in_process import shardflow_here
+from tests.flows.going_on import write_next
 
 pytestmark = pytest.mark.slow  # real torchrun trainings
 
@@ -134,3 +136,27 @@ def test_a_checkpoint_whose_index_would_run_code_is_refused_unopened(trained, tm
     assert r.returncode == 2, r.stderr[-2000:]
     assert "subprocess.call" in r.stderr and "Traceback" not in r.stderr
     assert not marker.exists() and not (tmp_path / "z").exists()
+
+
+def test_the_step_resumed_from_stays_for_the_ranks_while_its_training_goes_on(trained, tmp_path):
+    """--resume-from a training that goes on writing and pruning checkpoints: the launcher holds the step
+    it checked until the training ends, and the ranks read that step, not whatever LATEST names later."""
+    from contextlib import ExitStack
+
+    from rec.train.config import TrainConfig
+    from tasks.launch import torchrun_command
+    from tasks.train import TrainSettings, prepare
+
+    live = tmp_path / "live"
+    shutil.copytree(trained / "train_a" / "checkpoints", live / "checkpoints")
+    settings = TrainSettings(job=TrainConfig(iterations=10, warmup=1, resume_from=str(live)))
+    with ExitStack() as reading:
+        _, launch = prepare(str(trained / "plan_b"), str(tmp_path / "b"), settings, reading=reading)
+        held = step_dir(live / "checkpoints", 4)
+        command = torchrun_command(launch)
+        assert command[command.index("--resume-from") + 1] == str(held)
+        for _ in range(3):
+            write_next(live / "checkpoints", keep=1)
+        assert sorted(p.name for p in (live / "checkpoints").iterdir() if p.is_dir()) == [held.name, "step_00000007"]
+    write_next(live / "checkpoints", keep=1)
+    assert not held.exists()

@@ -37,6 +37,20 @@ def test_planning_only_into_a_directory_a_run_holds_is_refused(tmp_path, prefect
     assert not (out / "plan").exists()
 
 
+def test_shardflow_plan_into_the_plan_folder_of_a_run_in_progress_is_refused(tmp_path, capfd):
+    """``plan --out O/plan`` beside a ``run --out O`` replaced the plan the run trains."""
+    out = tmp_path / "busy"
+    plan = ["plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--no-chart", "--out"]
+    with lock_dir(str(out)):  # a run holds it
+        for target in (out / "plan", out):
+            assert main([*plan, str(target)]) == 2
+            err = capfd.readouterr().err
+            assert f"{out} is in use by another shardflow run (locked by pid " in err and "Traceback" not in err
+        assert not (out / "plan").exists() and not (out / "plan.json").exists()
+    assert main([*plan, str(out / "plan")]) == 0  # the run ended
+    assert (out / "plan" / "plan.json").is_file()
+
+
 def test_default_directories_differ_per_run_and_latest_points_at_the_newest(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     dirs = RunDirs.of(None)

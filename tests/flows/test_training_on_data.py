@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import shutil
 import subprocess
 from dataclasses import replace
 
@@ -21,6 +22,7 @@ from flows.cli import main
 from rec.evaluation.auc import auc
 from rec.evaluation.logloss import logloss
 from tests.flows.cli_in_process import shardflow_here
+from tests.flows.going_on import going_on
 from tests.paths import CPU_2PROC
 
 SETTINGS = replace(ctr.CtrSettings(), tables=4, rows=2_000, dim=8, dense_in_features=4, train_rows=24_000,
@@ -80,13 +82,20 @@ def test_the_checkpoint_evaluated_exported_and_predicted_gives_the_runs_numbers(
     root, _ = dataset
     out, _ = trained
     final = json.loads((out / "train_metrics.json").read_text())["eval"]
-    r = shardflow_here(capfd, "eval", "--checkpoint", str(out), "--data", str(root / "eval.parquet"),
-                       "--out", str(tmp_path / "eval"), "--batch-size", "256")
+    # Read while its training goes on: a checkpoint every 50 ms (the newest's copy), one kept. The
+    # step read is held, not pruned under the ranks evaluating it or the export reading it.
+    live = tmp_path / "live"
+    shutil.copytree(out / "checkpoints", live / "checkpoints")
+    with going_on(live / "checkpoints", every_s=0.05) as written:
+        r = shardflow_here(capfd, "eval", "--checkpoint", str(live), "--data", str(root / "eval.parquet"),
+                           "--out", str(tmp_path / "eval"), "--batch-size", "256")
+        exported = shardflow_here(capfd, "export", "--checkpoint", str(live / "checkpoints"),
+                                  "--out", str(tmp_path / "model"))
     assert r.returncode == 0, r.stderr[-3000:]
     again = json.loads((tmp_path / "eval" / "eval_metrics.json").read_text())
-    assert again["step"] == 120 and again["eval"] == pytest.approx(final)
-    assert shardflow_here(capfd, "export", "--checkpoint", str(out / "checkpoints"),
-                          "--out", str(tmp_path / "model")).returncode == 0
+    assert 120 <= again["step"] < written[-1] and again["eval"] == pytest.approx(final)
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    assert again["step"] <= json.loads((tmp_path / "model" / "model.json").read_text())["step"] <= written[-1]
     rows = pq.read_table(root / "eval.parquet")
     dense = rows.column("dense").to_pylist()
     dense[0] = dense[5] = [3e38] * len(dense[0])  # finite in float32, too large for the model: NaN outputs

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from rec.errors import InputError, Problem
 from rec.file_lock import release, take
-from rec.train.resume import INDEX_FILE, checkpoint_at, step_dir
+from rec.train.resume import INDEX_FILE, NoLatestStep, checkpoint_at, step_dir
 
 TRIES = 5  # lookups of LATEST while a training prunes the steps it named; each waits RETRY_S more
 RETRY_S = 0.05
@@ -38,13 +38,13 @@ _NO_LOCKS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSY
 def held_checkpoint(path: str | Path, title: str = "", hint: str = "") -> Iterator[tuple[Path, int]]:
     """The checkpoint ``path`` names (``rec.train.resume.checkpoint_at``: its checkpoint directory and
     step), held for the block: its training's pruning leaves that step alone until the block ends."""
-    refused: InputError | None = None
+    refused: NoLatestStep | None = None
     for attempt in range(TRIES):
         if attempt:
             time.sleep(RETRY_S * attempt)
         try:
             directory, step = checkpoint_at(path, title, hint)
-        except InputError as e:  # e.g. LATEST named a step pruned before it was looked at: look again
+        except NoLatestStep as e:  # LATEST named a step pruned before it was looked at: look again
             refused = e
             continue
         fd = _hold(step_dir(directory, step))

@@ -58,9 +58,14 @@ def latest(directory: str | Path) -> int | None:
     name = marker.read_text(encoding="utf-8", errors="replace").strip()
     step = step_of(name)
     if step is None or not (Path(directory) / name).is_dir():
-        raise InputError(f"Cannot resume from {directory}:", [
+        raise NoLatestStep(f"Cannot resume from {directory}:", [
             Problem(str(marker), f"names {name[:100]!r}, which is not a checkpoint here")])
     return step
+
+
+class NoLatestStep(InputError):
+    """LATEST names no checkpoint in its directory: a hand edit, or a step its training pruned since
+    (``rec.train.held_step`` looks again)."""
 
 
 @dataclass(frozen=True)

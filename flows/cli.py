@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import errno
 import os
 import signal
 import sys
@@ -34,6 +35,7 @@ from flows.commands import (
     train,
     ui,
 )
+from rec.disk_full import DISK_FULL_ERRNOS, DiskFull
 from rec.errors import InputError, Problem
 from rec.errors import show as shown
 from rec.exit_codes import ExitCode, stopped_by
@@ -126,6 +128,10 @@ PATH_ARGUMENTS = frozenset({"out", "topology", "plan", "data", "eval_data", "mod
                             "checkpoint", "checkpoint_dir", "resume_from", "state_dir"})
 
 
+# OS errors of a path that are the machine's fault, not a mistake in the path (exit 1, not 2).
+MACHINE_FAULTS = DISK_FULL_ERRNOS | {errno.EIO}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``shardflow`` with ``argv``; returns the exit code (2 for any user mistake)."""
     try:
@@ -165,9 +171,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         error = InputError("Prefect cannot read its settings (environment or profile):", problems)
         print(f"shardflow: {error.render()}", file=sys.stderr)
         return ExitCode.BAD_INPUT
+    except DiskFull as e:
+        print(f"shardflow: {e}", file=sys.stderr)
+        return ExitCode.FAILED
     except OSError as e:
         if e.filename is None:
             raise
+        if e.errno in MACHINE_FAULTS:  # the disk's doing, not the path's: another disk, or later, may do
+            print(f"shardflow: cannot use {e.filename}: {os.strerror(e.errno)}", file=sys.stderr)
+            return ExitCode.FAILED
         print(f"shardflow: cannot use {e.filename}: {e.strerror or e}", file=sys.stderr)
         return ExitCode.BAD_INPUT
     except Stopped as e:

@@ -26,7 +26,9 @@ class DiskFull(Exception):
     def __init__(self, path: str | Path, error: OSError):
         self.path = str(path)
         self.errno = error.errno or errno.ENOSPC
-        self.reason = error.strerror or os.strerror(self.errno)
+        # The OS's words: Arrow's say "Error writing bytes to file. Detail: [errno 28] No space left on device"
+        known = self.errno in DISK_FULL_ERRNOS
+        self.reason = os.strerror(self.errno) if known else error.strerror or os.strerror(self.errno)
         super().__init__(f"cannot write {self.path}: {self.reason}")
 
     def __reduce__(self) -> tuple[object, ...]:  # copied between processes (Prefect states)

@@ -63,6 +63,7 @@ class ParentRun:
     run_id: str | None = None
     pending: int = 0
     error: str | None = None
+    lost: str | None = None  # why its end could not be kept (``Logged.lost``)
     params: dict[str, str] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
 
@@ -89,22 +90,25 @@ def _flow_run_tags() -> dict[str, str]:
 _warned: set[tuple[str, str]] = set()  # (flow run, tracking URI): said once per flow run
 
 
-def _warn_kept(tracking: Tracking, pending: int, error: str | None, reported_by_cli: bool = True) -> None:
-    """One warning per flow run and destination that records wait (``kept_message``)."""
+def _warn_kept(tracking: Tracking, logged: Logged) -> None:
+    """One warning per flow run and destination that a record waits or was lost (``kept_message``)."""
+    _warn(tracking, kept_message(tracking, logged.pending, logged.error, logged.lost))
+
+
+def _warn(tracking: Tracking, message: str, reported_by_cli: bool = True) -> None:
     from prefect.runtime import flow_run
 
     seen = (str(flow_run.id), tracking.uri)
     if seen in _warned:
         return
     _warned.add(seen)
-    get_run_logger().warning(kept_message(tracking, pending, error),
-                             extra={TRACKING_WARNING: True} if reported_by_cli else None)
+    get_run_logger().warning(message, extra={TRACKING_WARNING: True} if reported_by_cli else None)
 
 
 def _record(tracking: Tracking, rec: RunRecord | EndRecord, files: dict[str, Path] | None = None) -> Logged:
     logged = record(tracking, rec, files)
-    if logged.pending:
-        _warn_kept(tracking, logged.pending, logged.error)
+    if logged.unrecorded:
+        _warn_kept(tracking, logged)
     return logged
 
 
@@ -117,8 +121,9 @@ def deliver_outbox(tracking: Tracking) -> Delivery:
         get_run_logger().info("delivered %d waiting record(s) to MLflow", len(delivery.run_ids))
     for uri, waiting in delivery.waiting.items():
         # The CLI reports its own destination at the end; records for another one only here.
-        _warn_kept(Tracking(uri, tracking.experiment, tracking.outbox_dir), waiting,
-                   delivery.errors.get(uri), reported_by_cli=uri == tracking.uri)
+        elsewhere = Tracking(uri, tracking.experiment, tracking.outbox_dir)
+        _warn(elsewhere, kept_message(elsewhere, waiting, delivery.errors.get(uri)),
+              reported_by_cli=uri == tracking.uri)
     return delivery
 
 
@@ -161,8 +166,8 @@ def log_training(tracking: Tracking, trained: Trained, parent: ParentRun | None 
     """A train run: latency percentiles beside the plan's predicted critical path, samples/s,
     loss, the per-iteration series, and what the plan was made for (``inputs``: by name too)."""
     logged = record_training(tracking, trained, parent.key if parent else None, _flow_run_tags(), inputs)
-    if logged.pending:
-        _warn_kept(tracking, logged.pending, logged.error)
+    if logged.unrecorded:
+        _warn_kept(tracking, logged)
     return logged
 
 
@@ -173,8 +178,8 @@ def log_failed_training(tracking: Tracking, plan_id: str, settings: TrainSetting
     """A FAILED train run with the cause (``records.error_tag``) and the logs."""
     logged = record_failed_training(tracking, plan_id, settings, out_dir, error, attempts, started_ms,
                                     parent.key if parent else None, _flow_run_tags())
-    if logged.pending:
-        _warn_kept(tracking, logged.pending, logged.error)
+    if logged.unrecorded:
+        _warn_kept(tracking, logged)
     return logged
 
 
@@ -209,7 +214,7 @@ def parent_run(tracking: Tracking, step: RunStep, inputs: Inputs, plan_id: str,
         end_tags = {records.PLAN_ID: run.plan_id, **({records.ERROR: error} if error else {})}
         ended = end_run(tracking, EndRecord(run.key, status, records.now_ms(), end_tags, run.params,
                                             records.with_legacy_names(step, run.metrics)))
-        run.run_id, run.pending, run.error = ended.run_id, ended.pending, ended.error
+        run.run_id, run.pending, run.error, run.lost = ended.run_id, ended.pending, ended.error, ended.lost
 
 
 @dataclass(frozen=True)

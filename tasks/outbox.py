@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from rec.disk_full import DiskFull, disk_full_cause
 from rec.errors import InputError, Problem, printable
 from rec.file_lock import file_lock
 from rec.plan.io import PLAN_FILE, PLAN_FILES
@@ -146,17 +147,22 @@ class Outbox:
         name may hold a directory, e.g. ``logs/rank-0.log``); atomic, so never half-written."""
         if not KEY.fullmatch(record.key):
             raise ValueError(f"record key {record.key!r} is not {KEY.pattern}")
-        self.root.mkdir(parents=True, exist_ok=True)
-        entry = self.root / f"{time.time_ns():020d}-{record.key}"
-        tmp = Path(tempfile.mkdtemp(dir=self.root, prefix=".tmp-"))
-        for name, path in (files or {}).items():
-            if Path(path).is_file():
-                (tmp / name).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(path, tmp / name)
-        (tmp / RECORD_FILE).write_text(dumps_record(record))
-        if to is not None:
-            (tmp / DESTINATION_FILE).write_text(json.dumps({"uri": to.uri, "experiment": to.experiment}))
-        os.replace(tmp, entry)
+        with _outbox_full(self.root):
+            self.root.mkdir(parents=True, exist_ok=True)
+            entry = self.root / f"{time.time_ns():020d}-{record.key}"
+            tmp = Path(tempfile.mkdtemp(dir=self.root, prefix=".tmp-"))
+            try:
+                for name, path in (files or {}).items():
+                    if Path(path).is_file():
+                        (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+                        shutil.copyfile(path, tmp / name)
+                (tmp / RECORD_FILE).write_text(dumps_record(record))
+                if to is not None:
+                    (tmp / DESTINATION_FILE).write_text(json.dumps({"uri": to.uri, "experiment": to.experiment}))
+                os.replace(tmp, entry)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
         return entry
 
     def entries(self) -> list[Path]:
@@ -451,9 +457,25 @@ def unavailable(to: Tracking, why: str) -> str:
     return f"MLflow unavailable at {printable(to.uri)} ({why})"
 
 
-def kept_message(tracking: Tracking, pending: int, error: str | None) -> str:
+@contextmanager
+def _outbox_full(root: Path) -> Iterator[None]:
+    """A full disk while writing an entry: ``DiskFull`` naming the outbox (a failed copy names its source)."""
+    try:
+        yield
+    except DiskFull:
+        raise
+    except BaseException as e:
+        cause = disk_full_cause(e)
+        if cause is None:
+            raise
+        raise DiskFull(root, cause) from e
+
+
+def kept_message(tracking: Tracking, pending: int, error: str | None, lost: str | None = None) -> str:
     """The one line that says a command's records wait in the outbox, why (``Delivery.errors``),
-    and what sends them."""
+    and what sends them; or, ``lost``, why its record could not be kept."""
+    if lost:
+        return f"MLflow record not kept: {lost}; the command's own outputs are written"
     return (f"{error or unavailable(tracking, 'not reached')}; {pending} record(s) kept in "
             f"{tracking.outbox_dir} — delivered by the next run, or `{retry_command(tracking.outbox_dir)}` "
             "to retry")

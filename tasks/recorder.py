@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rec import progress
+from rec.disk_full import DiskFull
 from rec.train.rank_log import log_dir
 from tasks import records
 from tasks.outbox import Outbox
@@ -28,13 +29,24 @@ class Logged:
     run_id: str | None
     pending: int  # records still waiting in the outbox for this record's destination
     error: str | None = None  # why they wait
+    lost: str | None = None  # why this record could not even be kept in the outbox (its disk is full)
+
+    @property
+    def unrecorded(self) -> bool:
+        """MLflow has not got it: it waits in the outbox, or was lost."""
+        return self.run_id is None
 
 
 def record(tracking: Tracking, record: RunRecord | EndRecord, files: dict[str, Path] | None = None) -> Logged:
-    """Put ``record`` (with its artifact ``files``) in the outbox for ``tracking``, then deliver."""
+    """Put ``record`` (with its artifact ``files``) in the outbox for ``tracking``, then deliver. An
+    outbox on a full disk loses the record (``Logged.lost``) and fails nothing: MLflow trouble never
+    fails a command's work."""
     outbox = Outbox(tracking.outbox_dir)
     with progress.step("mlflow", f"recording the {getattr(record, 'step', 'finished')} run"):
-        outbox.put(record, files, to=tracking)
+        try:
+            outbox.put(record, files, to=tracking)
+        except DiskFull as e:
+            return Logged(record.key, None, 0, None, str(e))
         delivery = outbox.deliver(tracking)
     return Logged(record.key, delivery.run_ids.get(record.key), delivery.pending_for(tracking),
                   delivery.errors.get(tracking.uri))

@@ -147,6 +147,7 @@ def run(args: argparse.Namespace) -> int:
 
     from flows.progress import on_terminal
     from flows.reports import render_made_by, render_plan, render_topology_line
+    from rec.disk_full import DiskFull
     from rec.errors import Collected, InputError
     from rec.plan.io import DISK_FULL_ERRNOS
     from rec.profile import describe_profile
@@ -197,8 +198,13 @@ def run(args: argparse.Namespace) -> int:
         from tasks.recorder import queue_plan
 
         where = tracking.resolve()
-        queue_plan(where, found.plan, written.plan_path, inputs, found.seconds)
-        print(render_queued(where))
+        try:
+            queue_plan(where, found.plan, written.plan_path, inputs, found.seconds)
+            print(render_queued(where))
+        except DiskFull as e:  # MLflow trouble never fails the work: the plan is written
+            from tasks.outbox import kept_message
+
+            print(kept_message(where, 0, None, str(e)))
     print(f"time:          {shown.summary(time.perf_counter() - started)}")
     print(f"\nwrote {', '.join(written.files)}")
     return ExitCode.OK

@@ -151,10 +151,10 @@ def render_failure(e: TrainingFailed, tracking: Tracking) -> str:
 
 def render_plan_outcome(o: PlanOutcome, tracking: Tracking) -> str:
     lines = [o.summary()]
-    if o.logged.pending:
+    if o.logged.unrecorded:
         from tasks.outbox import kept_message
 
-        lines.append(kept_message(tracking, o.logged.pending, o.logged.error))
+        lines.append(kept_message(tracking, o.logged.pending, o.logged.error, o.logged.lost))
     else:
         lines.append(f"MLflow    plan run {o.logged.run_id} in experiment {tracking.experiment!r}")
     return "\n".join(lines + hints(tracking, o.plan_path))
@@ -163,10 +163,10 @@ def render_plan_outcome(o: PlanOutcome, tracking: Tracking) -> str:
 def render_outcome(o: PipelineOutcome, tracking: Tracking) -> str:
     """Where to look: the plan, the training metrics, the MLflow runs and how to browse them."""
     lines = o.summary().splitlines()
-    if o.pipeline_run.pending:
+    if o.pipeline_run.run_id is None:
         from tasks.outbox import kept_message
 
-        lines.append(kept_message(tracking, o.pipeline_run.pending, o.pipeline_run.error))
+        lines.append(kept_message(tracking, o.pipeline_run.pending, o.pipeline_run.error, o.pipeline_run.lost))
     else:
         lines.append(f"MLflow    pipeline run {o.pipeline_run.run_id} (plan run {o.plan_run.run_id}, train run "
                      f"{o.train_run.run_id}) in experiment {tracking.experiment!r}")

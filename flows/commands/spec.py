@@ -77,13 +77,20 @@ def run_validate(args: argparse.Namespace) -> int:
 
 
 def run_from_model(args: argparse.Namespace) -> int:
+    import sys
+
+    from rec.disk_full import DiskFull
     from rec.spec import write_spec
     from rec.spec.from_model import spec_from_model
     from rec.spec.read import spec_format
 
     spec_format(args.out)  # an extension shardflow cannot write fails before the model is imported
     found = spec_from_model(args.target)
-    path = write_spec(found.spec, args.out)
+    try:
+        path = write_spec(found.spec, args.out)
+    except DiskFull as e:
+        print(f"shardflow spec from-model: cannot write {args.out}: {e.reason}; nothing was written", file=sys.stderr)
+        return ExitCode.FAILED
     modules = found.spec.modules
     print(f"wrote {path}: {len(found.spec)} tables in {len(modules)} module{'s' if len(modules) > 1 else ''}, "
           f"hash {found.spec.spec_hash}")
@@ -104,8 +111,9 @@ def run_stats(args: argparse.Namespace) -> int:
     from rec.data.layout import DataLayout
     from rec.data.sample import read_sample
     from rec.data.stats import StatsSettings, spec_stats, with_stats
-    from rec.disk_full import DISK_FULL_ERRNOS
+    from rec.disk_full import DiskFull
     from rec.settings import check, from_flags
+    from rec.spec import write_spec
     from rec.spec.read import spec_format
 
     settings = from_flags(StatsSettings, args)
@@ -122,11 +130,9 @@ def run_stats(args: argparse.Namespace) -> int:
             stats = spec_stats(spec, sample, settings.batch_size)
     measured = with_stats(spec, stats, source=f"measured from {args.data}")
     try:
-        path = write_whole_spec(measured, args.out)
-    except OSError as e:
-        if e.errno not in DISK_FULL_ERRNOS:
-            raise
-        print(f"shardflow spec stats: cannot write {args.out}: {e.strerror}; nothing was written", file=sys.stderr)
+        path = write_spec(measured, args.out)
+    except DiskFull as e:
+        print(f"shardflow spec stats: cannot write {args.out}: {e.reason}; nothing was written", file=sys.stderr)
         return ExitCode.FAILED
     seconds = time.perf_counter() - started
     print(f"sampled {sample.rows:,} of {sample.total_rows:,} rows ({sample.row_groups:,} row groups) in "
@@ -134,24 +140,6 @@ def run_stats(args: argparse.Namespace) -> int:
     print(render_stats(spec, stats))
     print(f"wrote {path}: {len(measured)} tables, hash {measured.spec_hash}")
     return ExitCode.OK
-
-
-def write_whole_spec(spec: Spec, out: str) -> str:
-    """Write ``spec`` beside ``out`` and rename it over: ``out`` is never left half written."""
-    import os
-    from pathlib import Path
-
-    from rec.spec import write_spec
-
-    path = Path(out)
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")  # the extension names the format
-    try:
-        write_spec(spec, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return str(path)
 
 
 def render_stats(spec: Spec, stats: Sequence[TableStats]) -> str:

@@ -150,7 +150,7 @@ def render_logged(logged: Logged, tracking: TrackingSettings, what: str) -> str:
     if logged.run_id is None:
         from tasks.outbox import kept_message
 
-        return kept_message(resolved, logged.pending, logged.error)
+        return kept_message(resolved, logged.pending, logged.error, logged.lost)
     return f"MLflow    {what} {logged.run_id} in experiment {resolved.experiment!r}"
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 
+from rec.disk_full import whole
 from rec.errors import InputError, Problem
 from rec.spec.columns import (
     COLUMNS,
@@ -24,22 +25,25 @@ from rec.spec.types import Spec
 
 
 def write_spec(spec: Spec, path: str | Path) -> Path:
-    """Write ``spec`` to ``path`` in the format its extension names; returns the path."""
+    """Write ``spec`` to ``path`` in the format its extension names, whole: beside it, then renamed
+    over, so that a failed write leaves what was there (a cut YAML spec can read as a valid smaller
+    one); ``DiskFull`` naming ``path`` on a full disk. Returns the path."""
     path = Path(path)
     kind = spec_format(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if kind == "yaml":
-        rows = [table_to_short_row(t) for t in spec.tables]
-        path.write_text(yaml.dump({"tables": rows}, Dumper=_SpecDumper, sort_keys=False), encoding="utf-8")
-    elif kind == "json":
-        rows = [table_to_short_row(t) for t in spec.tables]
-        path.write_text(json.dumps({"tables": rows}, indent=1) + "\n", encoding="utf-8")
-    else:
-        _write_tabular(spec, path, kind)
+    with whole(path) as into:
+        if kind == "yaml":
+            rows = [table_to_short_row(t) for t in spec.tables]
+            into.write_text(yaml.dump({"tables": rows}, Dumper=_SpecDumper, sort_keys=False), encoding="utf-8")
+        elif kind == "json":
+            rows = [table_to_short_row(t) for t in spec.tables]
+            into.write_text(json.dumps({"tables": rows}, indent=1) + "\n", encoding="utf-8")
+        else:
+            _write_tabular(spec, path, kind, into)
     return path
 
 
-def _write_tabular(spec: Spec, path: Path, kind: str) -> None:
+def _write_tabular(spec: Spec, path: Path, kind: str, into: Path) -> None:
+    """``spec`` as ``kind`` into the file ``into``, which becomes ``path``."""
     import pyarrow as pa
 
     rows = [table_to_row(t) for t in spec.tables]
@@ -64,7 +68,7 @@ def _write_tabular(spec: Spec, path: Path, kind: str) -> None:
                 row["hit_rate_curve"] = LIST_SEPARATOR.join(
                     f"{fraction!r}{PAIR_SEPARATOR}{rate!r}" for fraction, rate in t.hit_rate_curve)
         schema = _schema(columns, list_type=pa.string(), curve_type=pa.string())
-        csv.write_csv(pa.Table.from_pylist(rows, schema=schema), path)
+        csv.write_csv(pa.Table.from_pylist(rows, schema=schema), into)
         return
     for row, t in zip(rows, spec.tables, strict=True):
         if t.hit_rate_curve is not None:
@@ -74,11 +78,11 @@ def _write_tabular(spec: Spec, path: Path, kind: str) -> None:
     if kind == "parquet":
         import pyarrow.parquet as pq
 
-        pq.write_table(table, path)
+        pq.write_table(table, into)
     else:
         import pyarrow.feather as feather
 
-        feather.write_feather(table, path)
+        feather.write_feather(table, into)
 
 
 def _schema(columns: tuple[str, ...], list_type: Any, curve_type: Any) -> Any:

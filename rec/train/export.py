@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -79,8 +80,6 @@ def _load(path: str | Path, directory: Path, step: int) -> tuple[nn.Module, Mode
 
 def export(checkpoint: str | Path, out_dir: str | Path) -> Exported:
     """Write the checkpoint's model, unsharded, into ``out_dir`` (created; refused if it holds a model)."""
-    from safetensors.torch import save_file
-
     out = Path(out_dir)
     if (out / WEIGHTS_FILE).exists() or (out / MODEL_FILE).exists():
         raise InputError("Cannot export here:", [Problem(str(out), "already holds an exported model; "
@@ -91,12 +90,35 @@ def export(checkpoint: str | Path, out_dir: str | Path) -> Exported:
     record = settings_to_dict(settings, plan_id=plan_id, step=step,
                               tensors={name: list(t.shape) for name, t in tensors.items()})
     with whole(out / WEIGHTS_FILE) as path:
-        save_file(tensors, str(path), metadata={"format": "pt"})
+        _save_weights(tensors, path, out / WEIGHTS_FILE)
         mask = os.umask(0)
         os.umask(mask)
         os.chmod(path, 0o666 & ~mask)  # as model.json is made, not safetensors' owner-only mode
-    write_whole(out / MODEL_FILE, json.dumps(record, indent=1) + "\n")
+    try:
+        write_whole(out / MODEL_FILE, json.dumps(record, indent=1) + "\n")
+    except BaseException:  # weights without their model.json: a new export there would be refused
+        (out / WEIGHTS_FILE).unlink(missing_ok=True)
+        raise
     return Exported(out, plan_id, step, len(tensors), sum(t.numel() for t in tensors.values()))
+
+
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how safetensors (Rust) names the OS error behind a failed write
+
+
+def _save_weights(tensors: dict[str, torch.Tensor], path: Path, final: Path) -> None:
+    """safetensors' ``save_file`` into ``path``, which becomes ``final``; an OS error behind its failure
+    raised as the OSError it is, naming ``final`` (a full disk: ``DiskFull`` through ``whole``)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    try:
+        save_file(tensors, str(path), metadata={"format": "pt"})
+    except SafetensorError as e:
+        found = _OS_ERROR.search(str(e))
+        if found is None:
+            raise
+        number = int(found.group(1))
+        raise OSError(number, os.strerror(number), str(final)) from e
 
 
 def weighted_mean(t: TableSpec) -> bool:

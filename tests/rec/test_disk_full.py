@@ -77,3 +77,58 @@ def test_a_rank_whose_disk_is_full_keeps_running_and_sends_its_cause_to_the_laun
         (3, "cannot write /out/checkpoints/step_00000008: No space left on device", True)]
     assert read_errors(tmp_path) == [] and read_errors(tmp_path, tuple(sent)) == sent  # no file: the pipe
     assert [p.name for p in (tmp_path / "logs").iterdir()] == ["rank-3.log"]
+
+
+@pytest.mark.parametrize("ext", ["yaml", "csv", "parquet"])
+def test_a_spec_that_does_not_fit_leaves_the_earlier_spec_whole(tmp_path, ext):
+    """``spec from-model`` once wrote in place: a cut YAML spec read back as a valid one of fewer tables."""
+    out = tmp_path / f"tables.{ext}"
+    r = run_limited(f"""
+        from rec.disk_full import DiskFull
+        from rec.spec import write_spec
+        from rec.spec.synthetic import power_law_spec
+        write_spec(power_law_spec(20, seed=1), {str(out)!r})
+        try:
+            write_spec(power_law_spec(3000, seed=2), {str(out)!r})
+        except DiskFull as e:
+            print(e)
+        """, 16 * 1024, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"cannot write {out}: File too large"
+    from rec.spec import read_spec
+
+    assert len(read_spec(out)) == 20  # the earlier spec, whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]  # no temporary file left
+
+
+def test_an_export_whose_weights_do_not_fit_names_the_file_and_leaves_none(tmp_path):
+    """safetensors' own error once reached the terminal as a traceback."""
+    r = run_limited(f"""
+        import torch
+        from pathlib import Path
+        from rec.disk_full import DiskFull, whole
+        from rec.train.export import _save_weights
+        final = Path({str(tmp_path)!r}) / "model.safetensors"
+        try:
+            with whole(final) as path:
+                _save_weights({{"t": torch.ones(100_000)}}, path, final)
+        except DiskFull as e:
+            print(e)
+        """, 16 * 1024, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"cannot write {tmp_path / 'model.safetensors'}: File too large"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_spec_from_model_on_a_full_disk_is_one_line_and_keeps_the_spec_there(tmp_path):
+    out = tmp_path / "tables.yaml"
+    out.write_text("tables:\n- {name: kept, num_embeddings: 10, embedding_dim: 4}\n")
+    r = run_limited(f"""
+        import sys
+        from flows.cli import main
+        sys.exit(main(["spec", "from-model", "tests.rec.model_factories:sparse_nn", "--out", {str(out)!r}]))
+        """, 256, tmp_path)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.strip() == (f"shardflow spec from-model: cannot write {out}: File too large; nothing was "
+                                "written")
+    assert "kept" in out.read_text() and sorted(p.name for p in tmp_path.iterdir()) == [out.name]

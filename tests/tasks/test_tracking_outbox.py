@@ -65,3 +65,29 @@ def test_a_record_delivered_twice_makes_one_run_and_a_plan_is_logged_once(mlflow
     assert delivery.pending == 0
     assert sorted(r.data.tags["shardflow.step"] for r in runs(mlflow_db, "once")) == ["plan", "train"]
     assert len(set(delivery.run_ids.values())) == 2
+
+
+def test_an_outbox_on_a_full_disk_loses_the_record_in_one_line_and_fails_nothing(tmp_path):
+    """A full --state-dir once failed a training that had succeeded ("cannot write train_metrics.json",
+    the artifact it was copying) and left hidden temporary entries behind for good."""
+    from tests.rec.test_disk_full import run_limited
+
+    (tmp_path / "train_metrics.json").write_bytes(b"{}" + b" " * 100_000)  # an artifact too big to copy
+    outbox = tmp_path / "outbox"
+    r = run_limited(f"""
+        from pathlib import Path
+        from tasks.outbox import kept_message
+        from tasks.recorder import record
+        from tasks.records import RunRecord, RunStep, new_key, now_ms
+        from tasks.tracking import Tracking
+        tracking = Tracking("sqlite:///{tmp_path / 'mlflow.db'}", "full", {str(outbox)!r})
+        rec = RunRecord(key=new_key(), step=RunStep("train"), name="train-test", tags={{}}, start_ms=now_ms(),
+                        end_ms=now_ms(), artifacts=("train_metrics.json",))
+        logged = record(tracking, rec, {{"train_metrics.json": Path({str(tmp_path / 'train_metrics.json')!r})}})
+        print(logged.unrecorded, kept_message(tracking, logged.pending, logged.error, logged.lost))
+        """, 16 * 1024, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == (f"True MLflow record not kept: cannot write {outbox}: File too large; the command's "
+                                "own outputs are written")
+    assert list(outbox.iterdir()) == []  # no temporary entry left
+    assert not (tmp_path / "mlflow.db").exists()  # nothing half delivered

@@ -13,6 +13,11 @@ started from here because that class lives in the server's own module: importing
 process the whole server (seconds of CPU) for nothing, as the server runs in its own process. The
 flows reach it as ``PREFECT_API_URL`` for the duration of ``ephemeral_api()``, so Prefect's client
 never loads it.
+
+Unless ``-v``, the server's output goes to a file in the temporary directory (``SERVER_LOG``), not
+PREFECT_HOME, which may be the disk that is full: a server that exits before it answers is reported
+by its exit code, its last error ("database or disk is full") and that file, which is kept; else it
+is removed when the server stops, unless the flows failed with an exception while it holds output.
 """
 
 from __future__ import annotations
@@ -22,9 +27,11 @@ import contextlib
 import importlib
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -40,6 +47,12 @@ RELAUNCHES = 3  # ... and when the app failed to start (a broken database): rela
 STOP_WAIT_S = 5.0
 POLL_S = 0.1
 SERVER_ENV = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+SERVER_LOG = ("shardflow-prefect-server-", ".log")  # in the temporary directory: its prefix and suffix
+LOG_TAIL_BYTES = 64 * 1024  # of the server's output, read for its last error
+# The last line of a Python traceback: "sqlalchemy.exc.OperationalError: (sqlite3.OperationalError) database
+# or disk is full" gives "database or disk is full".
+_EXCEPTION_LINE = re.compile(
+    r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception): (?:\([\w.]+\) )?(?:\[Errno \d+\] )?(?P<why>\S.*)$")
 
 
 class PrefectApiUnavailable(RuntimeError):
@@ -91,6 +104,13 @@ def ephemeral_api(meanwhile: Sequence[str] = ()) -> Iterator[None]:
             server.wait(budget)
         with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
             yield
+    except PrefectApiUnavailable:
+        raise
+    except Exception as e:
+        if server.log_holds_output():  # what the server said of the failure (a 500 names only itself)
+            server.keep_log = True
+            e.add_note(f"Prefect's local API's output: {server.log}")
+        raise
     finally:
         server.stop()
 
@@ -109,13 +129,25 @@ class _Server:
         self.port = 0
         self.process: subprocess.Popen[bytes] | None = None
         self.launched = 0.0  # time.monotonic() of the first launch
+        self.log: Path | None = None  # its output, every launch's (None: on the terminal, with -v)
+        self.keep_log = False  # named in a message: not removed when the server stops
 
     @property
     def api_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/api"
 
     def launch(self) -> None:
+        from tasks.launch import verbose
+
         self.launched = time.monotonic()
+        if not verbose():
+            try:
+                fd, name = tempfile.mkstemp(prefix=SERVER_LOG[0], suffix=SERVER_LOG[1])
+            except OSError:  # no temporary directory to write: its output on the terminal, as with -v
+                pass
+            else:
+                os.close(fd)
+                self.log = Path(name)
         self._launch()
         atexit.register(self.stop)
 
@@ -134,13 +166,42 @@ class _Server:
                 relaunches += 1
                 self._launch()
                 continue
-            if code is not None:
-                raise _unavailable(f"its server exited with code {code} before it answered")
+            if code is not None:  # a longer budget would not help: no advice to allow it longer
+                why = self._last_error()
+                raise PrefectApiUnavailable(f"Prefect's local API did not start: its server exited with code {code} "
+                                            f"before it answered{f': {why}' if why else ''}{self._see_log()}")
             if answers(self.api_url):
                 return
             if time.monotonic() >= deadline:
-                raise _unavailable(f"it did not answer within {budget_s:g} s")
+                raise _unavailable(f"it did not answer within {budget_s:g} s{self._see_log()}")
             time.sleep(POLL_S)
+
+    def log_holds_output(self) -> bool:
+        try:
+            return self.log is not None and self.log.stat().st_size > 0
+        except OSError:
+            return False
+
+    def _see_log(self) -> str:
+        """Where its output is, for a message (kept then), if it holds any."""
+        if not self.log_holds_output():
+            return ""
+        self.keep_log = True
+        return f" (its output: {self.log})"
+
+    def _last_error(self) -> str:
+        """The message of the last exception in its output (else its last line), in one line."""
+        if self.log is None:
+            return ""
+        try:
+            with open(self.log, "rb") as output:
+                output.seek(max(0, output.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
+                lines = [line.strip() for line in output.read().decode(errors="replace").splitlines()]
+        except OSError:
+            return ""
+        lines = [line for line in lines if line]
+        errors = [m["why"] for m in map(_EXCEPTION_LINE.match, lines) if m]
+        return printable(errors[-1] if errors else lines[-1] if lines else "", 200)
 
     def _launch(self) -> None:
         import prefect
@@ -149,13 +210,16 @@ class _Server:
         self.port = _free_port()
         env = {**os.environ, **SERVER_ENV, **get_current_settings().to_environment_variables(exclude_unset=True)}
         app_dir = str(Path(prefect.__file__).parent.parent)
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "flows.ephemeral_server", "--app-dir", app_dir,
-             "--factory", "prefect.server.api.server:create_app",
-             "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "error", "--lifespan", "on"],
-            # Its own session: Ctrl-C at the terminal stops this command, which then stops the server
-            # after the flow's last states are sent; it dies with this command all the same.
-            env=env, stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=parent_death_signal())
+        with open(self.log or os.devnull, "ab") as output:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "flows.ephemeral_server", "--app-dir", app_dir,
+                 "--factory", "prefect.server.api.server:create_app",
+                 "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "error", "--lifespan", "on"],
+                # Its own session: Ctrl-C at the terminal stops this command, which then stops the server
+                # after the flow's last states are sent; it dies with this command all the same.
+                env=env, stdin=subprocess.DEVNULL, stdout=None if self.log is None else output,
+                stderr=None if self.log is None else subprocess.STDOUT, start_new_session=True,
+                preexec_fn=parent_death_signal())
 
     def stop(self) -> None:
         from flows.local_server import stop_server
@@ -163,6 +227,8 @@ class _Server:
         process, self.process = self.process, None
         if process is not None:
             stop_server(process, STOP_WAIT_S)
+        if self.log is not None and not self.keep_log:
+            self.log.unlink(missing_ok=True)
 
 
 def _unavailable(why: str) -> PrefectApiUnavailable:

@@ -10,6 +10,7 @@ outbox. The work itself never stops for it.
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import sqlite3
 import time
@@ -21,12 +22,15 @@ from urllib.parse import quote, urlparse
 
 from rec.file_lock import holding, open_lock_file, take
 from tasks.paths import safe_dir_name
-from tasks.tracking.settings import ARTIFACTS_DIR, Tracking, not_a_file_store, sqlite_path
+from tasks.tracking.settings import ARTIFACTS_DIR, Tracking, not_a_file_store, sqlite_path, sqlite_uri
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
 STORE_LOCK_SUFFIX = ".lock"  # mlflow.db.lock: held while a process opens (and may migrate) the store
+# .mlflow.db.new-PID-XXXXXXXX: a new store MLflow sets up beside its path, moved there once whole
+NEW_STORE_FILE = ".{name}.new-{pid}-{token}"
+SQLITE_SIDE_FILES = ("-journal", "-wal", "-shm")  # SQLite's files beside a database
 STORE_WAIT_S = 5.0  # how long a SQLite store locked by another process is waited for
 # MLflow retries a failing server for minutes (7 times, exponential backoff) on every call; the
 # outbox retries on the next delivery anyway. A user's own settings win.
@@ -223,6 +227,9 @@ def _check_sqlite_tables(db: Path) -> None:
             if not {"alembic_version", "experiments"} <= tables:
                 raise TrackingUnavailable(f"{db} is not an MLflow store (it has no MLflow tables)")
             missing = sorted(mlflow_tables() - tables)
+            interrupted = _interrupted_setup(db, con, tables)
+            if interrupted:
+                raise TrackingUnavailable(interrupted)
             if missing:
                 raise TrackingUnavailable(f"{db} was made by an older MLflow (no table {missing[0]}): "
                                           "upgrade it (mlflow db upgrade) or record a run first")
@@ -230,6 +237,23 @@ def _check_sqlite_tables(db: Path) -> None:
                 raise TrackingUnavailable(f"{db} lacks MLflow's default experiment: MLflow would add it")
     except sqlite3.Error as e:
         raise TrackingUnavailable(one_line(e)) from e
+
+
+def _interrupted_setup(db: Path, con: sqlite3.Connection, tables: set[str]) -> str | None:
+    """Why ``db`` cannot be used, if MLflow's first setup of it stopped midway (a full disk, a
+    killed process; by a shardflow that set stores up in place): some of MLflow's tables are missing
+    and there is no experiment at all, not even the default one MLflow adds once its migrations are
+    done, so nothing was ever recorded in it. Upgrading it fails ("table ... already exists"): the
+    migration that stopped made some of its tables, and alembic's version was not moved past it."""
+    if not {"alembic_version", "experiments"} <= tables or not mlflow_tables() - tables:
+        return None
+    if con.execute("SELECT 1 FROM experiments LIMIT 1").fetchone() is not None:
+        return None
+    row = con.execute("SELECT version_num FROM alembic_version LIMIT 1").fetchone()
+    version = row[0] if row else "none"
+    missing = len(mlflow_tables() - tables)
+    return (f"its first setup was interrupted (alembic version {version}, {missing} of MLflow's tables missing, no "
+            f"experiment): remove {db}, which holds no runs, to have it set up afresh")
 
 
 def mlflow_tables() -> set[str]:
@@ -272,7 +296,12 @@ def connect(tracking: Tracking) -> tuple[MlflowClient, str]:
 
     db = sqlite_path(tracking.uri)
     try:
-        with _setting_up(db):
+        with _setting_up(db) as locked:
+            if db is not None and "?" not in str(db):
+                if locked and not db.is_symlink() and not _tables(db):  # a link stays, and MLflow sets up its file
+                    _set_up_aside(db, tracking.experiment)
+                else:
+                    _refuse_interrupted_setup(db)
             client = MlflowClient(tracking.uri)  # a SQLite store opens (and may fail) right here
             experiment = client.get_experiment_by_name(tracking.experiment)
             if experiment is None:
@@ -297,11 +326,13 @@ def connect(tracking: Tracking) -> tuple[MlflowClient, str]:
 
 
 @contextmanager
-def _setting_up(db: Path | None) -> Iterator[None]:
+def _setting_up(db: Path | None) -> Iterator[bool]:
     """One process at a time opens a SQLite store: MLflow creates and migrates the schema on first
     use, and two processes doing that at once leave it half-migrated ("table _alembic_tmp_... already
-    exists") for good. The lock file sits beside the database; where it cannot be made, no lock."""
+    exists") for good. The lock file sits beside the database; where it cannot be made, no lock
+    (yields whether it is held)."""
     with ExitStack() as stack:
+        locked = False
         if db is not None:
             try:
                 fd = open_lock_file(db.with_name(f"{db.name}{STORE_LOCK_SUFFIX}"))
@@ -309,7 +340,67 @@ def _setting_up(db: Path | None) -> Iterator[None]:
                 pass
             else:
                 stack.enter_context(holding(fd))
-        yield
+                locked = True
+        yield locked
+
+
+def _tables(db: Path) -> set[str]:
+    """The tables of the SQLite file ``db`` (none: no file, or an empty one, as ``check_store``
+    leaves a new store's path)."""
+    if not db.is_file() or db.stat().st_size == 0:
+        return set()
+    with closing(sqlite3.connect(f"file:{quote(str(db))}?mode=ro", uri=True, timeout=STORE_WAIT_S)) as con:
+        return {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+
+def _refuse_interrupted_setup(db: Path) -> None:
+    """TrackingUnavailable, saying how to get out, for a store whose first setup stopped midway:
+    MLflow would fail on it every time ("table ... already exists")."""
+    if not db.is_file():
+        return
+    with closing(sqlite3.connect(f"file:{quote(str(db))}?mode=ro", uri=True, timeout=STORE_WAIT_S)) as con:
+        tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        interrupted = _interrupted_setup(db, con, tables)
+    if interrupted:
+        raise TrackingUnavailable(interrupted)
+
+
+def _set_up_aside(db: Path, experiment: str) -> None:
+    """A new SQLite store, set up under a name of its own beside ``db`` (MLflow's migrations, its
+    default experiment and ``experiment``) and moved to ``db`` once whole: a setup that fails midway
+    (a full disk, a killed process) leaves no store half migrated for good, only no store, which the
+    next command sets up afresh. Called with the setup lock held."""
+    from mlflow import MlflowClient
+
+    # Its own name (O_EXCL: never another process's), with the permissions SQLite would give it.
+    aside = db.with_name(NEW_STORE_FILE.format(name=db.name, pid=os.getpid(), token=secrets.token_hex(4)))
+    try:
+        os.close(os.open(aside, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644))
+    except OSError:  # no file can be made beside it (the directory is not ours): MLflow sets it up in place
+        return
+    uri = sqlite_uri(aside)
+    try:
+        try:
+            MlflowClient(uri).create_experiment(experiment, artifact_location=artifact_location(db, experiment))
+        finally:
+            _dispose_engine(uri)
+        os.replace(aside, db)
+    except BaseException:
+        for path in (aside, *(aside.with_name(aside.name + side) for side in SQLITE_SIDE_FILES)):
+            path.unlink(missing_ok=True)
+        if db.is_file() and db.stat().st_size == 0:  # as check_store left it: no store rather than an empty file
+            db.unlink(missing_ok=True)
+        raise
+
+
+def _dispose_engine(uri: str) -> None:
+    """Close the connections MLflow keeps open to ``uri``'s database (a class-wide cache of engines
+    by URI): the set-up store is used under its final path from then on."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    engine = getattr(SqlAlchemyStore, "_engine_map", {}).pop(uri, None)
+    if engine is not None:
+        engine.dispose()
 
 
 def quiet_mlflow() -> None:

@@ -214,6 +214,7 @@ class NodeLog:
 class Cause:
     text: str  # one line, for a message, an MLflow tag
     deterministic: bool  # the same failure on every retry
+    disk_full: bool = False  # an output could not be written: a retry seconds later fills the same disk
 
 
 def failure_cause(launch: Launch, finished: Finished) -> Cause:
@@ -240,7 +241,7 @@ def failure_cause(launch: Launch, finished: Finished) -> Cause:
         others = len(errors) - len(same)
         text = f"{_ranks(same)}: {first.cause}" + (f" (then {others} more rank{'s' if others > 1 else ''} "
                                                    "failed)" if others else "")
-        return Cause(text, first.deterministic)
+        return Cause(text, first.deterministic, first.disk_full)
     if any("RendezvousTimeoutError" in line for line in lines):  # torchrun's own words say only the class
         return Cause(f"the {launch.nnodes} nodes did not all meet at {launch.rdzv_endpoint or 'the rendezvous'} in "
                      "time: start every node with the same plan (its plan_id names the rendezvous), --nnodes and "

@@ -10,8 +10,10 @@ from rec.errors import InputError
 
 def worth_retrying(task: Any, task_run: Any, state: Any) -> bool:
     """``retry_condition_fn``: retry anything but an InputError (a bad spec, a plan that cannot
-    fit, a world size that does not match, a cuda plan without CUDA) or a failure the ranks
-    reported as deterministic (``TrainingFailed.deterministic``). Prefect hands the exception
-    over as the state's data."""
+    fit, a world size that does not match, a cuda plan without CUDA), a failure the ranks
+    reported as deterministic (``TrainingFailed.deterministic``), or an output that could not be
+    written for a full disk (``TrainingFailed.disk_full``: the retry seconds later finds it as full).
+    Prefect hands the exception over as the state's data."""
     error = getattr(state, "data", None)
-    return not isinstance(error, InputError) and not getattr(error, "deterministic", False)
+    return not (isinstance(error, InputError) or getattr(error, "deterministic", False)
+                or getattr(error, "disk_full", False))

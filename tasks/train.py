@@ -77,14 +77,16 @@ class Trained:
 
 class TrainingFailed(RuntimeError):
     """torchrun exited non-zero: a rank failed for good (after torchrun's own restarts).
-    ``cause`` is one line; ``deterministic``: a retry would fail the same way."""
+    ``cause`` is one line; ``deterministic``: a retry would fail the same way (bad input); ``disk_full``:
+    an output could not be written, which a retry seconds later would not change either (exit 1, not 2)."""
 
-    def __init__(self, cause: str, deterministic: bool, logs: str, attempt: int):
+    def __init__(self, cause: str, deterministic: bool, logs: str, attempt: int, disk_full: bool = False):
         super().__init__(f"{cause} (attempt {attempt}; logs in {logs})")
         self.cause, self.deterministic, self.logs, self.attempt = cause, deterministic, logs, attempt
+        self.disk_full = disk_full
 
     def __reduce__(self) -> tuple[Any, ...]:  # Prefect may copy the exception of a failed state
-        return type(self), (self.cause, self.deterministic, self.logs, self.attempt)
+        return type(self), (self.cause, self.deterministic, self.logs, self.attempt, self.disk_full)
 
 
 def preflight(settings: TrainSettings, topology: Topology, spec: Spec | None = None,
@@ -387,7 +389,7 @@ def train(plan_path: str, out_dir: str, settings: TrainSettings = TrainSettings(
             finished = run_training(launch, env=env)
             if finished.code != 0:
                 cause = failure_cause(launch, finished)
-                raise TrainingFailed(cause.text, cause.deterministic, str(log_dir(out_dir)), attempt)
+                raise TrainingFailed(cause.text, cause.deterministic, str(log_dir(out_dir)), attempt, cause.disk_full)
     metrics = _node_metrics(launch, out_dir) if launch.node_rank == 0 else None
     return Trained(plan_id, out_dir, metrics, settings, launch.nproc_per_node, attempt, started,
                    launch.plan_path)

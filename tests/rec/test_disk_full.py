@@ -132,3 +132,21 @@ def test_spec_from_model_on_a_full_disk_is_one_line_and_keeps_the_spec_there(tmp
     assert r.stderr.strip() == (f"shardflow spec from-model: cannot write {out}: File too large; nothing was "
                                 "written")
     assert "kept" in out.read_text() and sorted(p.name for p in tmp_path.iterdir()) == [out.name]
+
+
+def test_a_training_that_filled_the_disk_is_not_retried_by_prefect(tmp_path):
+    """`shardflow run` once retried it twice, seconds apart, on the same full disk."""
+    from prefect.states import Failed
+
+    from rec.train.rank_log import RankOutput
+    from tasks.launch import Finished, Launch, failure_cause
+    from tasks.retry import worth_retrying
+    from tasks.train import TrainingFailed
+
+    RankOutput(str(tmp_path), rank=1, local_rank=1).failed(
+        DiskFull(tmp_path / "checkpoints" / "step_00000008", OSError(errno.ENOSPC, "No space left on device")))
+    cause = failure_cause(Launch("plan.json", str(tmp_path), 2), Finished(1))
+    assert cause.disk_full and not cause.deterministic
+    full = TrainingFailed(cause.text, cause.deterministic, str(tmp_path / "logs"), 1, cause.disk_full)
+    assert not worth_retrying(None, None, Failed(data=full))
+    assert worth_retrying(None, None, Failed(data=TrainingFailed("rank 0 exited with SIGKILL", False, "logs", 1)))

@@ -46,7 +46,9 @@ PORT_IN_USE = 3  # uvicorn's exit code when the port was taken between the check
 RELAUNCHES = 3  # ... and when the app failed to start (a broken database): relaunched this often at most
 STOP_WAIT_S = 5.0
 POLL_S = 0.1
-SERVER_ENV = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+# No telemetry from a server this command starts for itself (offline, it filled the output with its failures).
+SERVER_ENV = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
+              "PREFECT_SERVER_ANALYTICS_ENABLED": "0"}
 SERVER_LOG = ("shardflow-prefect-server-", ".log")  # in the temporary directory: its prefix and suffix
 LOG_TAIL_BYTES = 64 * 1024  # of the server's output, read for its last error
 # The last line of a Python traceback: "sqlalchemy.exc.OperationalError: (sqlite3.OperationalError) database
@@ -107,12 +109,28 @@ def ephemeral_api(meanwhile: Sequence[str] = ()) -> Iterator[None]:
     except PrefectApiUnavailable:
         raise
     except Exception as e:
+        failed = _server_error(e)
+        if failed:  # its server failed the flow (a full disk under PREFECT_HOME): one line, not Prefect's
+            why = server.last_error(exceptions_only=True)
+            raise PrefectApiUnavailable(f"Prefect's local API failed: {failed}{f': {why}' if why else ''}"
+                                        f"{server.see_log()}") from None
         if server.log_holds_output():  # what the server said of the failure (a 500 names only itself)
             server.keep_log = True
             e.add_note(f"Prefect's local API's output: {server.log}")
         raise
     finally:
         server.stop()
+
+
+def _server_error(e: BaseException) -> str | None:
+    """``500 Internal Server Error on set_state`` where ``e`` is Prefect's client's error for an answer of
+    its server's failing (5xx); None for anything else."""
+    from prefect.exceptions import PrefectHTTPStatusError
+
+    response = getattr(e, "response", None)
+    if not isinstance(e, PrefectHTTPStatusError) or response is None or response.status_code < 500:
+        return None
+    return f"{response.status_code} {response.reason_phrase} on {response.request.url.path.rsplit('/', 1)[-1]}"
 
 
 def _import(modules: Sequence[str]) -> None:
@@ -167,13 +185,13 @@ class _Server:
                 self._launch()
                 continue
             if code is not None:  # a longer budget would not help: no advice to allow it longer
-                why = self._last_error()
+                why = self.last_error()
                 raise PrefectApiUnavailable(f"Prefect's local API did not start: its server exited with code {code} "
-                                            f"before it answered{f': {why}' if why else ''}{self._see_log()}")
+                                            f"before it answered{f': {why}' if why else ''}{self.see_log()}")
             if answers(self.api_url):
                 return
             if time.monotonic() >= deadline:
-                raise _unavailable(f"it did not answer within {budget_s:g} s{self._see_log()}")
+                raise _unavailable(f"it did not answer within {budget_s:g} s{self.see_log()}")
             time.sleep(POLL_S)
 
     def log_holds_output(self) -> bool:
@@ -182,15 +200,16 @@ class _Server:
         except OSError:
             return False
 
-    def _see_log(self) -> str:
+    def see_log(self) -> str:
         """Where its output is, for a message (kept then), if it holds any."""
         if not self.log_holds_output():
             return ""
         self.keep_log = True
         return f" (its output: {self.log})"
 
-    def _last_error(self) -> str:
-        """The message of the last exception in its output (else its last line), in one line."""
+    def last_error(self, exceptions_only: bool = False) -> str:
+        """The message of the last exception in its output (else its last line, unless
+        ``exceptions_only``), in one line."""
         if self.log is None:
             return ""
         try:
@@ -201,7 +220,7 @@ class _Server:
             return ""
         lines = [line for line in lines if line]
         errors = [m["why"] for m in map(_EXCEPTION_LINE.match, lines) if m]
-        return printable(errors[-1] if errors else lines[-1] if lines else "", 200)
+        return printable(errors[-1] if errors else lines[-1] if lines and not exceptions_only else "", 200)
 
     def _launch(self) -> None:
         import prefect

@@ -60,16 +60,16 @@ def run(args: argparse.Namespace) -> int:
     inputs = ingest(args.spec, args.topology)  # bad input exits 2 here, before Prefect
     from flows.replan import replan_flow
 
-    with on_terminal(), input_errors_without_traceback(), contextlib.ExitStack() as prefect:
-        try:
+    try:
+        with on_terminal(), input_errors_without_traceback(), contextlib.ExitStack() as prefect:
             prefect.enter_context(ephemeral_api(meanwhile=tracking.resolve().client_modules))
-        except PrefectApiUnavailable as e:
-            print(f"shardflow replan: {e}", file=sys.stderr)
-            return ExitCode.FAILED
-        # The flow takes the inputs read here: read, validated and hashed once.
-        outcome = replan_flow(args.spec, args.topology, searching=searching,
-                              chart=from_flags(WriteSettings, args).chart, out_dir=args.out,
-                              tracking=tracking, ingested=Ingested(inputs))
+            # The flow takes the inputs read here: read, validated and hashed once.
+            outcome = replan_flow(args.spec, args.topology, searching=searching,
+                                  chart=from_flags(WriteSettings, args).chart, out_dir=args.out,
+                                  tracking=tracking, ingested=Ingested(inputs))
+    except PrefectApiUnavailable as e:  # did not start, or failed the flow
+        print(f"shardflow replan: {e}", file=sys.stderr)
+        return ExitCode.FAILED
     print(outcome.summary())
     if outcome.plan_path:
         from flows.reports import render_movement

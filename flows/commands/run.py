@@ -95,29 +95,29 @@ def run(args: argparse.Namespace) -> int:
         # The flow takes the inputs read and checked here: read, validated and hashed once.
         common = {"searching": searching, "chart": from_flags(WriteSettings, args).chart, "out_dir": args.out,
                   "tracking": tracking, "ingested": Ingested(inputs)}
-        with input_errors_without_traceback(), contextlib.ExitStack() as prefect:
-            try:
+        try:
+            with input_errors_without_traceback(), contextlib.ExitStack() as prefect:
                 flow = "flows.plan" if args.plan_only else "flows.pipeline"
                 prefect.enter_context(ephemeral_api(meanwhile=(flow, *tracking.resolve().client_modules)))
-            except PrefectApiUnavailable as e:
-                print(f"shardflow run: {e}", file=sys.stderr)
-                return ExitCode.FAILED
-            if args.plan_only:
-                from flows.plan import plan_flow
+                if args.plan_only:
+                    from flows.plan import plan_flow
 
-                plan_outcome = plan_flow(args.spec, args.topology, **common)
-            else:
-                from flows.pipeline import pipeline_flow
+                    plan_outcome = plan_flow(args.spec, args.topology, **common)
+                else:
+                    from flows.pipeline import pipeline_flow
 
-                try:
-                    outcome = pipeline_flow(args.spec, args.topology, **common, training=training,
-                                            train_retries=args.train_retries)
-                except TrainingFailed as e:
-                    print(render_failure(e, tracking.resolve()), file=sys.stderr)
-                    return ExitCode.of_failure(e.deterministic)
-                except Stopped as e:
-                    print(render_stopped(e, training, args.out, time.perf_counter() - started), file=sys.stderr)
-                    return stopped_by(e.signum)
+                    try:
+                        outcome = pipeline_flow(args.spec, args.topology, **common, training=training,
+                                                train_retries=args.train_retries)
+                    except TrainingFailed as e:
+                        print(render_failure(e, tracking.resolve()), file=sys.stderr)
+                        return ExitCode.of_failure(e.deterministic)
+                    except Stopped as e:
+                        print(render_stopped(e, training, args.out, time.perf_counter() - started), file=sys.stderr)
+                        return stopped_by(e.signum)
+        except PrefectApiUnavailable as e:  # did not start, or failed the flows
+            print(f"shardflow run: {e}", file=sys.stderr)
+            return ExitCode.FAILED
     total = time.perf_counter() - started
     if args.plan_only:
         print(render_plan_outcome(plan_outcome, tracking.resolve()))

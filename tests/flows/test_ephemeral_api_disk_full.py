@@ -63,3 +63,20 @@ def test_the_servers_output_is_named_when_it_says_something_and_removed_when_it_
         assert f"(its output: {log})" in message and Path(log).read_text().strip() == says
     else:
         assert "its output" not in message and not log.exists()
+
+
+def test_a_server_that_fails_the_flows_is_one_line_not_prefects_traceback(monkeypatch):
+    """PREFECT_HOME filled after the server started: every state change answered 500, and `shardflow run`
+    ended in ~2,000 lines of Prefect's tracebacks."""
+    import httpx
+    from prefect.exceptions import PrefectHTTPStatusError
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.ephemeral_api import PrefectApiUnavailable, ephemeral_api
+
+    request = httpx.Request("POST", "http://127.0.0.1:9/api/flow_runs/3e17/set_state")
+    failed = httpx.HTTPStatusError("500", request=request, response=httpx.Response(500, request=request))
+    with temporary_settings(updates={PREFECT_API_URL: None}), pytest.raises(PrefectApiUnavailable) as e:
+        with ephemeral_api():
+            raise PrefectHTTPStatusError.from_httpx_error(failed)
+    assert str(e.value) == "Prefect's local API failed: 500 Internal Server Error on set_state"

@@ -38,8 +38,6 @@ PLAN_FILES = (PLAN_FILE, SHARDS_FILE)  # what a plan is read from (``read_plan``
 # Every file of a plan a directory may hold: a write removes those the new plan does not have (and
 # those the caller names as its own, e.g. the plan cache's digest).
 PLAN_DIR_FILES = (PLAN_FILE, SHARDS_FILE, CHART_FILE, MOVEMENT_FILE)
-# A write that fails for want of space (a full disk, a quota, a file size limit) is reported as such.
-DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 TMP_PREFIX = ".tmp-plan-"
 WRITE_LOCK = ".plan-write.lock"
 
@@ -84,8 +82,9 @@ def write_plan_files(plan: Plan, out_dir: str | Path, extra: Callable[[Path], No
     ``extra(tmp_dir)`` adds once those are in ``tmp_dir``) as one unit: the files of an earlier
     plan in ``out_dir`` that this one does not have are removed (those of ``PLAN_DIR_FILES`` and
     ``owned``, the names of the caller's own files), plan.json is replaced last. Returns the files
-    written, plan.json first. A failed write leaves ``out_dir`` as it was; out of space, it raises
-    OSError naming the file (``DISK_FULL_ERRNOS``)."""
+    written, plan.json first. A failed write leaves ``out_dir`` as it was and raises the OSError (out
+    of space: ``rec.disk_full.DISK_FULL_ERRNOS``) naming the file by its path in ``out_dir``, never
+    the temporary one."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with file_lock(out / WRITE_LOCK, removed=True):  # concurrent writers into one directory take turns
@@ -108,7 +107,13 @@ def _write_plan_files(plan: Plan, out: Path, extra: Callable[[Path], None] | Non
         (tmp / PLAN_FILE).write_text(dumps_plan(plan), encoding="utf-8")
         if extra is not None:
             writing = out
-            extra(tmp)
+            before = set(os.listdir(tmp))
+            try:
+                extra(tmp)
+            except OSError:
+                made = sorted(set(os.listdir(tmp)) - before)  # a write names no file: the one it made does
+                writing = out / made[0] if len(made) == 1 else out
+                raise
         names = sorted(os.listdir(tmp), key=lambda n: _listed_order(n, known))  # plan.json first
         _check_replaceable(out, [*names, *(set(known) - set(names))])
         for name in set(known) - set(names):  # an earlier plan's, e.g. a chart or movement
@@ -117,7 +122,10 @@ def _write_plan_files(plan: Plan, out: Path, extra: Callable[[Path], None] | Non
         for name in sorted(names, key=lambda n: n == PLAN_FILE):  # plan.json last: the commit point
             os.replace(tmp / name, out / name)
     except OSError as e:
-        if e.errno in DISK_FULL_ERRNOS:
+        inside = e.filename is not None and Path(str(e.filename)).parent == tmp
+        if inside:  # the file it failed on (the chart: rank_load.png), by its name in the plan's directory
+            writing = out / Path(str(e.filename)).name
+        if e.errno is not None and (e.filename is None or inside):  # never the temporary path
             raise OSError(e.errno, os.strerror(e.errno), str(writing)) from None
         raise
     finally:

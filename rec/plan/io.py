@@ -5,8 +5,8 @@ names are importable from here, as they always were."""
 
 from __future__ import annotations
 
+from rec.disk_full import DISK_FULL_ERRNOS
 from rec.plan.directory import (
-    DISK_FULL_ERRNOS,
     PLAN_DIR_FILES,
     PLAN_FILES,
     TMP_PREFIX,

@@ -150,3 +150,24 @@ def test_a_training_that_filled_the_disk_is_not_retried_by_prefect(tmp_path):
     full = TrainingFailed(cause.text, cause.deterministic, str(tmp_path / "logs"), 1, cause.disk_full)
     assert not worth_retrying(None, None, Failed(data=full))
     assert worth_retrying(None, None, Failed(data=TrainingFailed("rank 0 exited with SIGKILL", False, "logs", 1)))
+
+
+def test_a_plan_whose_chart_does_not_fit_names_the_chart_and_keeps_the_earlier_plan(tmp_path):
+    """It named the plan's directory (or, for another fault, the writer's temporary folder)."""
+    topology = ROOT / "examples" / "topologies" / "cpu_2proc.yaml"
+    r = run_limited(f"""
+        from rec.plan.io import write_plan_files
+        from rec.planning import plan_spec
+        from rec.spec.synthetic import power_law_spec
+        from rec.topology import read_topology
+        plan = plan_spec(power_law_spec(6, seed=1), read_topology({str(topology)!r}))
+        write_plan_files(plan, {str(tmp_path / 'plan')!r})
+        try:
+            write_plan_files(plan, {str(tmp_path / 'plan')!r},
+                             extra=lambda d: (d / "rank_load.png").write_bytes(b"x" * 100_000))
+        except OSError as e:
+            print(e.filename, e.strerror)
+        """, 64 * 1024, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"{tmp_path / 'plan' / 'rank_load.png'} File too large"
+    assert sorted(p.name for p in (tmp_path / "plan").iterdir()) == ["plan.json", "shards.parquet"]

@@ -265,8 +265,8 @@ def to_flags(settings: Any, rename: Mapping[str, str] | None = None) -> list[str
             raise ValueError(f"{f.name}: None differs from the default and has no flag")
         elif isinstance(value, tuple):
             out += [name, *map(str, value)]
-        else:
-            out += [name, str(value.value if isinstance(value, Enum) else value)]
+        else:  # NAME=VALUE: a value starting with "-" (a path such as -ck) is not read as a flag
+            out.append(f"{name}={value.value if isinstance(value, Enum) else value}")
     return out
 
 

@@ -86,7 +86,7 @@ def _evaluate(checkpoint: str, directory: Path, step: int, data: str, out_dir: s
     launch = Launch(plan_path=str(directory / PLAN_COPY), out_dir=out_dir, nproc_per_node=nproc,
                     nnodes=settings.ranks.nnodes, node_rank=settings.ranks.node_rank,
                     rdzv_endpoint=settings.ranks.rdzv_endpoint, rdzv_id=f"eval-{plan.plan_id}", job=config,
-                    module=EVAL_JOB, more_flags=("--checkpoint", str(at)))
+                    module=EVAL_JOB, more_flags=(f"--checkpoint={at}",))
     with progress.step("eval", f"starting {settings.ranks.nnodes * nproc} ranks"):
         finished = run_training(launch)
         if finished.code != 0:

@@ -78,8 +78,10 @@ def torchrun_command(launch: Launch) -> list[str]:
         cmd += [f"--nnodes={launch.nnodes}", f"--node-rank={launch.node_rank}",
                 "--rdzv-backend=c10d", f"--rdzv-endpoint={launch.rdzv_endpoint}",
                 f"--rdzv-id={launch.rdzv_id}"]
-    return [*cmd, "-m", launch.module, "--plan", launch.plan_path, *launch.more_plans, "--out", launch.out_dir,
-            *to_flags(launch.job), *launch.more_flags]
+    # Paths as --out=PATH, plans absolute: a path starting with "-" (./-plan is "-plan") is no flag there.
+    plans = [os.path.abspath(p) for p in (launch.plan_path, *launch.more_plans)]
+    return [*cmd, "-m", launch.module, "--plan", *plans, f"--out={launch.out_dir}", *to_flags(launch.job),
+            *launch.more_flags]
 
 
 def job_environment(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -347,7 +347,7 @@ def prepare(plan_path: str, out_dir: str, settings: TrainSettings, run: Run | No
     launch = Launch(plan_path=str(plan_file(plan_path)), out_dir=out_dir,
                     nproc_per_node=nproc, nnodes=settings.nnodes, node_rank=settings.node_rank,
                     rdzv_endpoint=settings.rdzv_endpoint, rdzv_id=plan.plan_id,
-                    max_restarts=settings.max_restarts, job=job, more_flags=(PLAN_ID_FLAG, plan.plan_id))
+                    max_restarts=settings.max_restarts, job=job, more_flags=(f"{PLAN_ID_FLAG}={plan.plan_id}",))
     return plan.plan_id, launch
 
 

@@ -154,7 +154,7 @@ def test_the_step_resumed_from_stays_for_the_ranks_while_its_training_goes_on(tr
         _, launch = prepare(str(trained / "plan_b"), str(tmp_path / "b"), settings, reading=reading)
         held = step_dir(live / "checkpoints", 4)
         command = torchrun_command(launch)
-        assert command[command.index("--resume-from") + 1] == str(held)
+        assert f"--resume-from={held}" in command
         for _ in range(3):
             write_next(live / "checkpoints", keep=1)
         assert sorted(p.name for p in (live / "checkpoints").iterdir() if p.is_dir()) == [held.name, "step_00000007"]

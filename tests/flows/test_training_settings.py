@@ -68,6 +68,21 @@ def job_gets(job: TrainConfig) -> TrainConfig:
     return parse_args(command[command.index(TRAIN_JOB) + 1:])[1]
 
 
+def test_paths_starting_with_a_dash_reach_the_ranks_as_paths_not_flags():
+    """``--out ./-t`` (``-t`` once normalized), ``--checkpoint-dir ./-ck``: the ranks' argparse read them
+    as flags and every rank exited with code 2 after the launch ("without a Python error")."""
+    import os
+
+    from rec.train.job import parse_args
+    from tasks.launch import TRAIN_JOB, Launch, torchrun_command
+
+    job = dataclasses.replace(TrainConfig(), checkpoint_dir="-ck", resume_from="-old/checkpoints", data="-data.parquet")
+    command = torchrun_command(Launch("-plan/plan.json", "-t", 2, job=job, more_flags=("--plan-id=-1",)))
+    args, got = parse_args(command[command.index(TRAIN_JOB) + 1:])
+    assert (args.plan, args.out, args.plan_id) == (os.path.abspath("-plan/plan.json"), "-t", "-1")
+    assert (got.checkpoint_dir, got.resume_from, got.data) == ("-ck", "-old/checkpoints", "-data.parquet")
+
+
 @pytest.mark.parametrize("flow_name", FLOWS)
 def test_the_flows_parameter_schema_lists_every_training_setting(flow_name):
     from flows.deployments import load_flow
@@ -259,7 +274,7 @@ def test_the_ranks_train_only_the_plan_the_launcher_checked(tmp_path, capsys, mo
     write_plan(checked, tmp_path / "plan")
     _, launch = prepare(str(tmp_path / "plan"), str(tmp_path / "out"), TrainSettings())
     command = torchrun_command(launch)
-    assert command[command.index("--plan-id") + 1] == checked.plan_id
+    assert f"--plan-id={checked.plan_id}" in command
     other = tmp_path / "other.yaml"
     other.write_text(CPU_2PROC.read_text().replace("batch_size:", "batch_size: 64 #"))
     write_plan(plan_spec(spec, read_topology(other)), tmp_path / "plan")  # written there since

@@ -19,14 +19,14 @@ from typing import Any
 
 from rec import progress
 from rec.analysis import check_plan
-from rec.errors import InputError, Problem
+from rec.errors import InputError, Problem, printable
 from rec.plan import Plan, plan_file, read_plan
 from rec.settings import check, knob, settings_problems
 from rec.spec.types import Spec
 from rec.topology.types import Topology
 from rec.train.config import FAIL_AT_ENV, PLAN_ID_FLAG, TrainConfig
 from rec.train.metrics import METRICS_FILE, TrainMetrics, read_metrics
-from rec.train.ownership import Run
+from rec.train.ownership import Run, control_character
 from rec.train.rank_log import log_dir
 from tasks.launch import Launch, failure_cause, run_training
 
@@ -378,6 +378,11 @@ def train(plan_path: str, out_dir: str, settings: TrainSettings = TrainSettings(
 
     started = now_ms()
     run = Run.new(out_dir)
+    bad = control_character(run.out_dir)
+    if bad:  # the ranks would refuse the run passed to them, after the launch
+        raise InputError("Cannot train into this folder:", [Problem("--out", (
+            f"{printable(run.out_dir)} holds the control character {bad!r}: name a folder without tabs, newlines "
+            "or terminal escapes"))])
     with holding_checkpoints(settings, out_dir, run) as env, ExitStack() as reading:
         plan_id, launch = prepare(plan_path, out_dir, settings, run, reading)
         # Fault injection means "the first attempt", as inside the job; but a retry is a new torchrun

@@ -17,6 +17,7 @@ import os
 import secrets
 import socket
 import time
+import unicodedata
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from rec.disk_full import write_whole
 from rec.documents import DocumentError, load_json
-from rec.errors import InputError, Problem
+from rec.errors import InputError, Problem, printable
 from rec.file_lock import holding_directory, process_alive
 
 if TYPE_CHECKING:
@@ -68,7 +69,8 @@ class Run:
         return os.path.realpath(self.out_dir) == os.path.realpath(other.out_dir)
 
     def describe(self) -> str:
-        return f"run {self.run_id} (--out {self.out_dir}, pid {self.pid} on {self.host}, started {self.started})"
+        return (f"run {self.run_id} (--out {printable(self.out_dir)}, pid {self.pid} on {self.host}, started "
+                f"{self.started})")
 
 
 def this_run(out_dir: str | Path) -> Run:
@@ -95,7 +97,8 @@ def parse_run(text: str, source: str) -> Run:
         raise InputError(title, [Problem("format", f"expected {RUN_FORMAT}")])
     known_keys(record, ["format", *names], problems)
     required(record, names, problems)
-    values = {key: problems.take_from(record, key, _text) for key in ("run_id", "out_dir", "host", "started")}
+    values = {key: problems.take_from(record, key, _path if key == "out_dir" else _text)
+              for key in ("run_id", "out_dir", "host", "started")}
     pid = problems.take_from(record, "pid", lambda v: integer(v, minimum=1, maximum=MAX_PID))
     problems.raise_if_any(title)
     return Run(pid=int(pid or 0), **{key: str(value) for key, value in values.items()})
@@ -105,6 +108,19 @@ def _text(value: object) -> str:
     if not isinstance(value, str) or not value or len(value) > MAX_TEXT or not value.isprintable():
         raise ValueError(f"expected printable text of 1 to {MAX_TEXT} characters")
     return value
+
+
+def _path(value: object) -> str:
+    """A path: any characters but control characters (a Japanese file name's ideographic space, a
+    no-break space, a zero-width space are a path's own), shown escaped (``describe``)."""
+    if not isinstance(value, str) or not value or len(value) > MAX_TEXT or control_character(value):
+        raise ValueError(f"expected a path of 1 to {MAX_TEXT} characters without control characters")
+    return value
+
+
+def control_character(text: str) -> str | None:
+    """The first control character in ``text`` (a tab, a newline, a terminal escape), if any."""
+    return next((c for c in text if unicodedata.category(c) == "Cc"), None)
 
 
 def record_writer(step: str | Path, run: Run) -> None:

@@ -60,3 +60,14 @@ def test_default_directories_differ_per_run_and_latest_points_at_the_newest(tmp_
         Path(d).mkdir(parents=True)
         dirs.mark_latest(d)
     assert Path("out", "latest").resolve() == Path(second).resolve()
+
+
+def test_a_training_into_a_folder_named_with_a_tab_is_refused_before_launch(tmp_path, capfd):
+    assert main(["plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "plan"),
+                 "--no-chart"]) == 0
+    capfd.readouterr()
+    code = main(["train", "--plan", str(tmp_path / "plan"), "--out", str(tmp_path / "a\tb"), "--iterations", "3",
+                 "--warmup", "1", "--no-track"])
+    err = capfd.readouterr().err
+    assert code == 2 and "holds the control character '\\t'" in err and "a\\tb" in err, err
+    assert not (tmp_path / "a\tb" / "logs").exists()

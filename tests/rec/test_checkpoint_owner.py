@@ -202,3 +202,13 @@ def test_nodes_that_never_meet_are_named_as_such_not_as_torchruns_exit_code(tmp_
     log.write_text(f"{LAUNCH_HEADER}\n[E] ... torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError\n")
     cause = failure_cause(launch, Finished(1))
     assert cause.text.startswith("the 2 nodes did not all meet at 127.0.0.1:29400 in time")
+
+
+def test_a_run_into_a_folder_named_with_unusual_spaces_is_read_back_by_its_ranks(tmp_path, monkeypatch):
+    """An --out with an ideographic space (common in Japanese file names) or a no-break space passed every
+    check before the launch, then both ranks refused the run their launcher passed them."""
+    for name in ("out\u3000dir", "run\u00a0dir", "zero\u200bwidth"):
+        launcher = Run.new(tmp_path / name)
+        assert parse_run(launcher.to_json(), RUN_ENV) == launcher
+    with pytest.raises(InputError):
+        parse_run(Run.new(tmp_path / "tab\there").to_json(), RUN_ENV)

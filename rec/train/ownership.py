@@ -47,7 +47,7 @@ class Run:
     """One launch of a training: who holds a checkpoint directory, who wrote a checkpoint."""
 
     run_id: str  # <UTC time>-<random>, new for every launch
-    out_dir: str  # its output directory, absolute
+    out_dir: str  # its output directory, absolute, links resolved (as the kernel resolves lnk/../T)
     pid: int  # its launcher (the rank itself when the job runs without shardflow's launcher)
     host: str
     started: str  # UTC, ISO 8601
@@ -57,7 +57,7 @@ class Run:
         """A new run writing into ``out_dir``, launched by ``pid`` (this process)."""
         now = time.gmtime()
         return cls(run_id or f"{time.strftime('%Y%m%d-%H%M%S', now)}-{secrets.token_hex(3)}",
-                   os.path.abspath(out_dir), os.getpid() if pid is None else pid, socket.gethostname(),
+                   os.path.realpath(out_dir), os.getpid() if pid is None else pid, socket.gethostname(),
                    time.strftime("%Y-%m-%dT%H:%M:%SZ", now))
 
     def to_json(self) -> str:

@@ -212,3 +212,13 @@ def test_a_run_into_a_folder_named_with_unusual_spaces_is_read_back_by_its_ranks
         assert parse_run(launcher.to_json(), RUN_ENV) == launcher
     with pytest.raises(InputError):
         parse_run(Run.new(tmp_path / "tab\there").to_json(), RUN_ENV)
+
+
+def test_a_run_into_a_path_through_a_link_is_the_run_into_the_folder_it_names(tmp_path):
+    """``--out lnk/../T`` writes into real/T (the kernel resolves the link before ``..``), but was recorded as
+    a T beside lnk: a --resume spelled real/T was refused as another run's checkpoints."""
+    (tmp_path / "real" / "sub").mkdir(parents=True)
+    (tmp_path / "lnk").symlink_to(tmp_path / "real" / "sub")
+    through = Run.new(tmp_path / "lnk" / ".." / "T")
+    assert through.out_dir == str(tmp_path / "real" / "T")
+    assert through.same_output(Run.new(tmp_path / "real" / "T"))

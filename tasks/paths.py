@@ -4,6 +4,7 @@ become part of a path."""
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -59,14 +60,19 @@ def state_problems(state_dir: str, names: tuple[str, ...] = (OUTBOX, PLAN_CACHE)
 
 
 def unmakeable(path: str | None, flag: str) -> list[Problem]:
-    """``path``, where shardflow makes a folder (``--out``, ``--state-dir``), where it cannot: it, or
-    a folder above it, is a file. Checked before Prefect starts: inside a flow it failed with tracebacks."""
+    """``path``, where shardflow makes a folder (``--out``, ``--state-dir``) and writes in it, where it
+    cannot: it, or a folder above it, is a file; or the nearest folder there cannot be written (a
+    read-only filesystem, no permission). Checked before Prefect starts: inside a flow it failed with
+    tracebacks."""
     from rec.errors import Problem
 
     if not path:
         return []
     for above in (Path(path), *Path(path).parents):
         if above.is_dir():
+            if not os.access(above, os.W_OK | os.X_OK):
+                return [Problem(flag, f"{path}: {os.path.abspath(above)} cannot be written (a read-only "
+                                      "filesystem, or no permission)")]
             return []
         if above.exists():
             return [Problem(flag, f"{path}: {above} is a file, not a folder")]

@@ -47,6 +47,8 @@ def record(tracking: Tracking, record: RunRecord | EndRecord, files: dict[str, P
             outbox.put(record, files, to=tracking)
         except DiskFull as e:
             return Logged(record.key, None, 0, None, str(e))
+        except OSError as e:  # a read-only filesystem, a folder in the way: neither fails the work
+            return Logged(record.key, None, 0, None, f"cannot write {tracking.outbox_dir}: {e.strerror or e}")
         delivery = outbox.deliver(tracking)
     return Logged(record.key, delivery.run_ids.get(record.key), delivery.pending_for(tracking),
                   delivery.errors.get(tracking.uri))

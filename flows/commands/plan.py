@@ -153,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
     from rec.profile import describe_profile
     from rec.settings import check, from_flags
     from tasks.ingest import ingest
+    from tasks.paths import unmakeable
     from tasks.search import SearchSettings, search_plan, torchrec_search, with_profile
     from tasks.step_progress import ingesting, searching, writing
     from tasks.tracking import TrackingSettings
@@ -168,6 +169,9 @@ def run(args: argparse.Namespace) -> int:
     if choice.conflicts(args):
         bad.errors.append(InputError("Cannot plan with these settings:", choice.conflicts(args)))
     bad.run(lambda: check_out_free(args.out))
+    folders = unmakeable(args.out, "--out") + (unmakeable(tracking.state_dir, "--state-dir") if tracking.track else [])
+    if folders:  # the plan would be searched and shown, then not written, or not queued (--no-track skips that)
+        bad.errors.append(InputError("Cannot write there:", folders))
     with on_terminal() as shown:
         with ingesting(args.spec):
             read = bad.run(lambda: ingest(args.spec, args.topology))
@@ -201,10 +205,11 @@ def run(args: argparse.Namespace) -> int:
         try:
             queue_plan(where, found.plan, written.plan_path, inputs, found.seconds)
             print(render_queued(where))
-        except DiskFull as e:  # MLflow trouble never fails the work: the plan is written
+        except (DiskFull, OSError) as e:  # MLflow trouble never fails the work: the plan is written
             from tasks.outbox import kept_message
 
-            print(kept_message(where, 0, None, str(e)))
+            lost = str(e) if isinstance(e, DiskFull) else f"cannot write {where.outbox_dir}: {e.strerror or e}"
+            print(kept_message(where, 0, None, lost))
     print(f"time:          {shown.summary(time.perf_counter() - started)}")
     print(f"\nwrote {', '.join(written.files)}")
     return ExitCode.OK

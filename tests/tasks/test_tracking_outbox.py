@@ -91,3 +91,17 @@ def test_an_outbox_on_a_full_disk_loses_the_record_in_one_line_and_fails_nothing
                                 "own outputs are written")
     assert list(outbox.iterdir()) == []  # no temporary entry left
     assert not (tmp_path / "mlflow.db").exists()  # nothing half delivered
+
+
+def test_an_outbox_that_cannot_be_made_loses_the_record_in_one_line(tmp_path):
+    """Any OS error of the outbox (here a file in its place; a read-only filesystem alike) once failed the
+    command whose work was done."""
+    from tasks.outbox import kept_message
+    from tasks.recorder import record
+
+    (tmp_path / "state").write_text("a file where the state directory goes")
+    tracking = Tracking(f"sqlite:///{tmp_path / 'mlflow.db'}", "lost", str(tmp_path / "state" / "outbox"))
+    logged = record(tracking, run_record("train"))
+    assert logged.unrecorded and kept_message(tracking, logged.pending, logged.error, logged.lost) == (
+        f"MLflow record not kept: cannot write {tmp_path / 'state' / 'outbox'}: Not a directory; the command's own "
+        "outputs are written")

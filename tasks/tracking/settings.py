@@ -98,6 +98,8 @@ class TrackingSettings:
         uri = self.tracking_uri
         if isinstance(uri, str) and uri.isprintable():
             problems += [Problem(f"tracking URI {show(uri)}", why) for why in uri_problems(uri)]
+        if self.track and not problems:
+            problems += sqlite_path_problems(resolve_uri(uri))
         return problems
 
     def resolve(self) -> Tracking:
@@ -164,6 +166,22 @@ def tracking_for(uri: str | None = None, experiment: str = DEFAULT_EXPERIMENT,
     if uri is None and work_dir and not os.environ.get("MLFLOW_TRACKING_URI"):
         uri = sqlite_uri(in_work_dir(work_dir, DEFAULT_DB))
     return TrackingSettings(uri, experiment, state_dir_in(work_dir, state_dir)).resolve()
+
+
+# SQLite opens no longer path (its unix VFS: 512 bytes with the NUL, less its journal's "-journal"; measured):
+# a store in a deep working directory could never be opened, and its records waited for good.
+MAX_SQLITE_PATH_BYTES = 504
+
+
+def sqlite_path_problems(uri: str) -> list[Problem]:
+    """Where ``uri`` is a SQLite store SQLite cannot open for the length of its path."""
+    db = sqlite_path(uri)
+    size = len(os.fsencode(str(db))) if db is not None else 0
+    if size <= MAX_SQLITE_PATH_BYTES:
+        return []
+    return [Problem(f"tracking URI {show(uri)}", (
+        f"its SQLite file's path is {size} bytes long; SQLite opens paths of up to {MAX_SQLITE_PATH_BYTES}: give "
+        "--tracking-uri sqlite:////SHORTER/PATH/mlflow.db"))]
 
 
 def resolve_uri(uri: str | None) -> str:

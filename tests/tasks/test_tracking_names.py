@@ -99,3 +99,20 @@ def test_an_unchecked_name_still_keeps_its_artifacts_inside_mlruns(tmp_path):
     location = client.get_experiment(experiment_id).artifact_location
     assert Path(location.removeprefix("file://")).parent == store / "mlruns"
     shutil.rmtree(store)
+
+
+def test_a_sqlite_store_whose_path_sqlite_cannot_open_is_refused_before_anything_runs(tmp_path, monkeypatch):
+    """In a working directory deeper than ~500 bytes (three folders of 60 CJK characters) the default store
+    could never be opened: every command said "MLflow unavailable ... delivered by the next run", which
+    never came, and `outbox retry` failed for good."""
+    deep = tmp_path / "/".join(["漢" * 60] * 3)
+    deep.mkdir(parents=True)
+    monkeypatch.chdir(deep)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    with pytest.raises(InputError) as refused:
+        TrackingSettings()
+    (problem,) = refused.value.problems
+    assert "its SQLite file's path is" in problem.reason and "SQLite opens paths of up to 504" in problem.reason
+    assert not TrackingSettings(track=False).track  # --no-track needs no store
+    short = tmp_path / "mlflow.db"
+    assert TrackingSettings(tracking_uri=f"sqlite:///{short}").resolve().uri == f"sqlite:///{short}"

@@ -11,6 +11,7 @@ import errno
 import os
 import stat
 from pathlib import Path
+from typing import BinaryIO
 
 from rec.errors import InputError, Problem
 from rec.units import format_bytes
@@ -20,6 +21,23 @@ from rec.units import format_bytes
 MAX_SPEC_FILE_BYTES = 1 << 30
 MAX_TOPOLOGY_FILE_BYTES = 1 << 20
 YAML_EXTENSIONS = (".yaml", ".yml", ".json")  # JSON is YAML too
+
+
+CHUNK_BYTES = 1 << 20
+
+
+def read_at_most(f: BinaryIO, limit: int) -> bytes:
+    """Up to ``limit + 1`` bytes of ``f`` (one more than ``limit`` says the file is larger), read in
+    chunks: ``f.read(limit + 1)`` allocates all of it first (1 GiB for a 400-byte spec, a MemoryError
+    under ``ulimit -v``)."""
+    chunks, size = [], 0
+    while size <= limit:
+        chunk = f.read(min(CHUNK_BYTES, limit + 1 - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
 
 
 def read_bytes(path: Path, what: str, limit: int) -> bytes:
@@ -40,7 +58,7 @@ def read_bytes(path: Path, what: str, limit: int) -> bytes:
         raise InputError(title, [Problem(str(path), _too_big(info.st_size, limit, what))])
     try:
         with open(path, "rb") as f:
-            data = f.read(limit + 1)  # the size can change (or lie, in /proc) between stat and read
+            data = read_at_most(f, limit)  # the size can change (or lie, in /proc) between stat and read
     except OSError as e:
         raise InputError(title, [Problem(str(path), path_failure(path, e))]) from None
     if len(data) > limit:

@@ -31,7 +31,7 @@ from rec.documents import DocumentError, load_json
 from rec.errors import InputError
 from rec.file_lock import file_lock
 from rec.hashing import canonical_json
-from rec.input_files import MAX_SPEC_FILE_BYTES
+from rec.input_files import MAX_SPEC_FILE_BYTES, read_at_most
 from rec.plan import PLAN_FILE, SHARDS_FILE, Plan
 from rec.plan.io import WRITE_LOCK, parse_plan, shards_problems, write_plan
 
@@ -175,7 +175,7 @@ def _new_secret(path: Path, replace: bool = False) -> bytes | None:
 
 def _read(path: Path, limit: int) -> bytes:
     with open(path, "rb") as f:
-        data = f.read(limit + 1)
+        data = read_at_most(f, limit)
     if len(data) > limit:
         raise OSError(errno.EFBIG, "larger than any file the cache writes", str(path))
     return data

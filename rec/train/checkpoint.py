@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, BinaryIO, cast
 
 import torch
 import torch.distributed as dist
@@ -36,6 +36,7 @@ from torch.distributed.checkpoint.planner import ReadItem
 
 from rec.disk_full import DiskFull, is_disk_full, write_whole, writing
 from rec.errors import InputError, Problem
+from rec.input_files import read_at_most
 from rec.plan.io import plan_file
 from rec.spec.types import Spec
 from rec.train import restricted_pickle
@@ -246,7 +247,7 @@ class SafeFileSystemReader(dcp.FileSystemReader):
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         with self.fs.create_stream(self._get_metadata_path(kwargs.get("rank")), "rb") as file:
-            data = file.read(MAX_INDEX_BYTES + 1)
+            data = read_at_most(cast(BinaryIO, file), MAX_INDEX_BYTES)
         if len(data) > MAX_INDEX_BYTES:
             raise CheckpointMetadataError(f"not a checkpoint index: it is larger than {MAX_INDEX_BYTES} bytes")
         metadata = parse_index(data, Path(str(self.path)))

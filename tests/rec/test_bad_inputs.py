@@ -340,3 +340,27 @@ def test_a_broken_json_topology_is_named_in_jsons_terms(tmp_path, capsys):
     out = tmp_path / "out"
     assert_clear_refusal(*run_cli(plan_argv(spec, topology, out), capsys), "not valid JSON")
     assert not out.exists()
+
+
+def test_reading_a_small_spec_reserves_no_gigabyte(tmp_path):
+    """Every spec, topology and plan read asked for its size limit (1 GiB) at once: under `ulimit -v 1000000`
+    planning the 400-byte demo spec ended in a MemoryError."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from tests.bytecode import without_bytecode
+    from tests.paths import ROOT
+
+    code = textwrap.dedent(f"""
+        import resource
+        from rec.spec import read_spec
+        from rec.topology import read_topology
+        resource.setrlimit(resource.RLIMIT_AS, (1_000_000_000, 1_000_000_000))
+        print(len(read_spec({str(ROOT / 'examples/specs/cpu_demo.yaml')!r})),
+              read_topology({str(ROOT / 'examples/topologies/cpu_2proc.yaml')!r}).world_size)
+        """)
+    env = without_bytecode({"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split()[1] == "2"

@@ -171,3 +171,4 @@ def test_a_plan_whose_chart_does_not_fit_names_the_chart_and_keeps_the_earlier_p
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == f"{tmp_path / 'plan' / 'rank_load.png'} File too large"
     assert sorted(p.name for p in (tmp_path / "plan").iterdir()) == ["plan.json", "shards.parquet"]
+

@@ -128,6 +128,27 @@ PATH_ARGUMENTS = frozenset({"out", "topology", "plan", "data", "eval_data", "mod
                             "checkpoint", "checkpoint_dir", "resume_from", "state_dir"})
 
 
+MIN_OPEN_FILES = 64  # a training of 2 ranks with Prefect, MLflow and Ray's clients needs about as many
+WANTED_OPEN_FILES = 65536
+
+
+def enough_open_files() -> None:
+    """Raise this process's open-files limit (``ulimit -n``, which the processes it starts inherit) to its
+    hard limit; InputError where even that is below ``MIN_OPEN_FILES``: below it a training failed late
+    in torchrun, and Prefect's server spun on "too many open files", writing 800 MB of errors in 2 minutes."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = WANTED_OPEN_FILES if hard == resource.RLIM_INFINITY else min(hard, WANTED_OPEN_FILES)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+    if soft != resource.RLIM_INFINITY and soft < MIN_OPEN_FILES:
+        raise InputError("Too few open files allowed:", [Problem("ulimit -n", (
+            f"{soft} (hard limit {hard}): shardflow needs at least {MIN_OPEN_FILES}; raise it (ulimit -n 1024)"))])
+
+
 # OS errors of a path that are the machine's fault, not a mistake in the path (exit 1, not 2).
 MACHINE_FAULTS = DISK_FULL_ERRNOS | {errno.EIO}
 
@@ -140,6 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        if value == "" and name in PATH_ARGUMENTS)
         if empty:  # an unset shell variable: "" would name the working directory
             raise InputError("Empty paths:", [Problem(flag, "is empty: name a file or directory") for flag in empty])
+        enough_open_files()
         from flows.logs import set_up
 
         set_up(args.verbose)

@@ -364,3 +364,29 @@ def test_reading_a_small_spec_reserves_no_gigabyte(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split()[1] == "2"
+
+
+@pytest.mark.parametrize(("limits", "code"), [((16, 16), 2), ((16, 4096), 0)])
+def test_too_few_open_files_are_raised_to_the_hard_limit_or_refused_in_one_line(tmp_path, limits, code):
+    """Under `ulimit -n 16` Prefect's server spun on "too many open files" (800 MB of errors in 2 minutes);
+    under 32 a training failed late, in torchrun. The soft limit is raised where the hard one allows."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from tests.bytecode import without_bytecode
+    from tests.paths import DEMO, ROOT
+
+    run = textwrap.dedent(f"""
+        import resource, sys
+        resource.setrlimit(resource.RLIMIT_NOFILE, {limits})
+        from flows.cli import main
+        sys.exit(main(["spec", "validate", {str(DEMO)!r}]))
+        """)
+    env = without_bytecode({"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    r = subprocess.run([sys.executable, "-c", run], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == code, r.stderr[-2000:]
+    if code:
+        assert r.stderr.splitlines() == ["shardflow: Too few open files allowed:",
+                                         "  - ulimit -n: 16 (hard limit 16): shardflow needs at least 64; raise it "
+                                         "(ulimit -n 1024)"]

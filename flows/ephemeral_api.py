@@ -180,7 +180,7 @@ class _Server:
         while True:  # asked at least once: it may have started while this process was busy
             assert self.process is not None
             code = self.process.poll()
-            if code == PORT_IN_USE and relaunches < RELAUNCHES:
+            if code == PORT_IN_USE and relaunches < RELAUNCHES and self._port_may_be_taken():
                 relaunches += 1
                 self._launch()
                 continue
@@ -193,6 +193,19 @@ class _Server:
             if time.monotonic() >= deadline:
                 raise _unavailable(f"it did not answer within {budget_s:g} s{self.see_log()}")
             time.sleep(POLL_S)
+
+    def _port_may_be_taken(self) -> bool:
+        """Whether its exit code 3 may be the port's (taken since it was chosen), not the app's: its
+        output says so, or there is none to tell (a read-only HOME was relaunched 3 times, 840 lines)."""
+        if not self.log_holds_output():
+            return True
+        assert self.log is not None
+        try:
+            with open(self.log, "rb") as output:
+                output.seek(max(0, output.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
+                return b"address already in use" in output.read().lower()
+        except OSError:
+            return True
 
     def log_holds_output(self) -> bool:
         try:

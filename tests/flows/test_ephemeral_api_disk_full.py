@@ -80,3 +80,34 @@ def test_a_server_that_fails_the_flows_is_one_line_not_prefects_traceback(monkey
         with ephemeral_api():
             raise PrefectHTTPStatusError.from_httpx_error(failed)
     assert str(e.value) == "Prefect's local API failed: 500 Internal Server Error on set_state"
+
+
+@pytest.mark.parametrize(("says", "launches"), [
+    ("sqlite3.OperationalError: unable to open database file", 1),  # the app's: relaunching cannot help
+    ("ERROR: [Errno 98] error while attempting to bind on address: address already in use", 4),
+])
+def test_a_server_exiting_3_is_relaunched_only_where_its_port_may_have_been_taken(tmp_path, monkeypatch, says,
+                                                                                 launches):
+    """uvicorn exits 3 for a port taken and for an app that failed to start: a read-only HOME was relaunched
+    3 times (840 lines of tracebacks then)."""
+    from flows import ephemeral_api
+
+    launched = []
+
+    def fails_at_once(server):
+        server.port = ephemeral_api._free_port()
+        with open(server.log, "ab") as output:
+            fail = f"import sys; print({says!r}); raise SystemExit(3)"
+            server.process = subprocess.Popen([sys.executable, "-c", fail], stdout=output)
+        launched.append(server.process)
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.delenv("SHARDFLOW_VERBOSE", raising=False)
+    monkeypatch.setattr(ephemeral_api.tempfile, "tempdir", None)
+    monkeypatch.setattr(ephemeral_api._Server, "_launch", fails_at_once)
+    server = ephemeral_api._Server()
+    server.launch()
+    with pytest.raises(ephemeral_api.PrefectApiUnavailable, match="its server exited with code 3 before it answered"):
+        server.wait(60)
+    server.stop()
+    assert len(launched) == launches == 1 + ephemeral_api.RELAUNCHES * (launches > 1)

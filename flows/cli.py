@@ -128,6 +128,31 @@ PATH_ARGUMENTS = frozenset({"out", "topology", "plan", "data", "eval_data", "mod
                             "checkpoint", "checkpoint_dir", "resume_from", "state_dir"})
 
 
+def paths_not_utf8(values: dict[str, Any]) -> list[Problem]:
+    """The paths among a command's ``values`` (and the working directory, which the default paths are in)
+    that are not UTF-8 text: a file name of other bytes, or any non-ASCII one where Python decodes names as
+    ASCII (a C locale with PYTHONUTF8=0). Arrow writes paths as UTF-8: such a plan failed with a traceback
+    after its search, leaving an empty folder."""
+    named = {f"--{name.replace('_', '-')}": value for name, value in values.items() if name in PATH_ARGUMENTS}
+    with contextlib.suppress(OSError):  # a working directory removed meanwhile: refused where it is used
+        named["the working directory"] = os.getcwd()
+    named["SPEC"] = values.get("spec")
+    problems = []
+    for where, value in named.items():
+        if isinstance(value, str) and not _utf8(value):
+            problems.append(Problem(where, f"{ascii(value)[1:-1]} is not UTF-8 text: rename it, or run in a UTF-8 "
+                                           "locale (LANG=C.UTF-8, or PYTHONUTF8=1)"))
+    return problems
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # undecodable bytes, kept as surrogates
+        return False
+    return True
+
+
 MIN_OPEN_FILES = 64  # a training of 2 ranks with Prefect, MLflow and Ray's clients needs about as many
 WANTED_OPEN_FILES = 65536
 
@@ -161,6 +186,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                        if value == "" and name in PATH_ARGUMENTS)
         if empty:  # an unset shell variable: "" would name the working directory
             raise InputError("Empty paths:", [Problem(flag, "is empty: name a file or directory") for flag in empty])
+        not_utf8 = paths_not_utf8(vars(args))
+        if not_utf8:
+            raise InputError("Paths that are not UTF-8 text:", not_utf8)
         enough_open_files()
         from flows.logs import set_up
 

@@ -390,3 +390,15 @@ def test_too_few_open_files_are_raised_to_the_hard_limit_or_refused_in_one_line(
         assert r.stderr.splitlines() == ["shardflow: Too few open files allowed:",
                                          "  - ulimit -n: 16 (hard limit 16): shardflow needs at least 64; raise it "
                                          "(ulimit -n 1024)"]
+
+
+def test_a_path_that_is_not_utf8_is_refused_before_the_search(tmp_path, capsys):
+    """A file name of other bytes (or any non-ASCII one under LC_ALL=C with PYTHONUTF8=0): Arrow writes paths
+    as UTF-8, and such a plan failed with a traceback after its search, leaving an empty folder."""
+    from tests.paths import CPU_2PROC, DEMO
+
+    out = str(tmp_path) + "/caf\udce9"  # the byte 0xe9, as Python keeps a name it cannot decode
+    assert main(["plan", str(DEMO), "--topology", str(CPU_2PROC), "--out", out, "--no-track"]) == 2
+    err = capsys.readouterr().err
+    assert "Paths that are not UTF-8 text:" in err and "caf\\udce9 is not UTF-8 text" in err
+    assert list(tmp_path.iterdir()) == []

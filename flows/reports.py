@@ -32,6 +32,15 @@ TOPOLOGY_KEYS = {
 }
 
 
+def shell_path(path: str | Path) -> str:
+    """``path`` as typed in a command this prints for the user to run: shell-quoted, with ``./`` before a
+    relative path that starts with ``-`` (which Python names without it: argparse would read a flag)."""
+    import shlex
+
+    text = str(path)
+    return shlex.quote(f"./{text}" if text.startswith("-") else text)
+
+
 def render_plan(plan: Plan, all_ranks: bool = False) -> str:
     """Per-rank load and memory (critical rank marked), then the plan's quality and its predicted
     iteration time (``rec.analysis.iteration_time``: printed alike by ``plan``, ``train`` and ``measure``)."""

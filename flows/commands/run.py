@@ -179,10 +179,10 @@ def hints(tracking: Tracking, plan_path: str) -> list[str]:
     from pathlib import Path
     from shlex import quote
 
-    from flows.reports import command
+    from flows.reports import command, shell_path
     from tasks.tracking import DEFAULT_EXPERIMENT, resolve_uri, sqlite_path, sqlite_uri
 
-    out = [f"show      {command('shardflow')} show {quote(str(Path(plan_path).parent))}"]
+    out = [f"show      {command('shardflow')} show {shell_path(Path(plan_path).parent)}"]
     default = tracking.uri == resolve_uri(None) and tracking.experiment == DEFAULT_EXPERIMENT
 
     def where(uri: str) -> str:

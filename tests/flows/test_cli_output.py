@@ -235,3 +235,12 @@ def test_predict_given_a_target_or_a_trainings_folder_says_what_it_takes(tmp_pat
                      str(tmp_path / "p.parquet")])
         err = capfd.readouterr().err
         assert code == 2 and said in err and "Traceback" not in err
+
+
+def test_paths_in_the_commands_printed_to_run_next_work_as_typed():
+    """`next shardflow predict --model sp ace/e`, `--data -c` (from `--out ./-c`) did not."""
+    from flows.reports import shell_path
+
+    assert shell_path("sp ace/e") == "'sp ace/e'"
+    assert shell_path("-c") == "./-c" and shell_path("-c d") == "'./-c d'"
+    assert shell_path("/abs/-c") == "/abs/-c"

@@ -93,13 +93,26 @@ def write_whole(path: str | Path, data: bytes | str) -> None:
         tmp.write_bytes(data.encode() if isinstance(data, str) else data)
 
 
+MAX_NAME_BYTES = 255  # a file name's limit on every common filesystem
+
+
+def temporary_name(name: str) -> str:
+    """``.NAME.tmp``, the name a file is written under before it is renamed to ``name``; for a name too
+    long to take 5 more bytes (a legal 251-255-byte ``--out``), ``.NAME`` cut to fit, same suffix."""
+    tmp = f".{name}.tmp"
+    if len(os.fsencode(tmp)) <= MAX_NAME_BYTES:
+        return tmp
+    cut = os.fsencode(name)[: MAX_NAME_BYTES - len(".~.tmp")].decode("utf-8", "ignore")  # no half character
+    return f".{cut}~.tmp"
+
+
 @contextmanager
 def whole(path: str | Path) -> Iterator[Path]:
     """The block writes the path it is given (``.NAME.tmp`` beside ``path``), which is renamed over
     ``path`` when the block ends, or removed if it fails: ``path`` is never half written (a full
     disk raises ``DiskFull``)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(temporary_name(path.name))
     with writing(path):
         path.parent.mkdir(parents=True, exist_ok=True)
         try:

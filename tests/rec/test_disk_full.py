@@ -172,3 +172,13 @@ def test_a_plan_whose_chart_does_not_fit_names_the_chart_and_keeps_the_earlier_p
     assert r.stdout.strip() == f"{tmp_path / 'plan' / 'rank_load.png'} File too large"
     assert sorted(p.name for p in (tmp_path / "plan").iterdir()) == ["plan.json", "shards.parquet"]
 
+
+
+@pytest.mark.parametrize("name", ["p" * 247 + ".parquet", "é" * 123 + ".json"])
+def test_an_output_with_a_name_of_up_to_255_bytes_is_written_whole(tmp_path, name):
+    """`predict --out` of a legal 251-255-byte name failed on its temporary file (5 bytes longer)."""
+    from rec.disk_full import write_whole
+
+    assert len(name.encode()) > 250
+    write_whole(tmp_path / name, "data")
+    assert [p.name for p in tmp_path.iterdir()] == [name] and (tmp_path / name).read_text() == "data"

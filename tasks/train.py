@@ -390,23 +390,35 @@ def train(plan_path: str, out_dir: str, settings: TrainSettings = TrainSettings(
         if attempt > 1:
             env[FAIL_AT_ENV] = ""
         ranks = launch.nnodes * launch.nproc_per_node
+        earlier = file_stamp(Path(out_dir) / METRICS_FILE)  # a file this run did not write is not its metrics
         with progress.step("train", f"starting {ranks} ranks" + (f" (attempt {attempt})" if attempt > 1 else "")):
             finished = run_training(launch, env=env)
             if finished.code != 0:
                 cause = failure_cause(launch, finished)
                 raise TrainingFailed(cause.text, cause.deterministic, str(log_dir(out_dir)), attempt, cause.disk_full)
-    metrics = _node_metrics(launch, out_dir) if launch.node_rank == 0 else None
+    written = file_stamp(Path(out_dir) / METRICS_FILE) not in (None, earlier)
+    metrics = _node_metrics(launch, out_dir, written) if launch.node_rank == 0 else None
     return Trained(plan_id, out_dir, metrics, settings, launch.nproc_per_node, attempt, started,
                    launch.plan_path)
 
 
-def _node_metrics(launch: Launch, out_dir: str) -> TrainMetrics:
-    """What global rank 0 wrote into ``out_dir``; InputError where it ran on another node."""
-    from rec.train.metrics import METRICS_FILE
+def file_stamp(path: Path) -> tuple[int, int, int] | None:
+    """The file at ``path`` as one write left it (inode, size, modification time; None: no file): every
+    output is renamed into place whole, so a new write is a new stamp."""
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    return info.st_ino, info.st_size, info.st_mtime_ns
 
-    if launch.nnodes > 1 and not (Path(out_dir) / METRICS_FILE).exists():
+
+def _node_metrics(launch: Launch, out_dir: str, written: bool) -> TrainMetrics:
+    """What global rank 0 wrote into ``out_dir`` (``written``: this run wrote the file there); InputError
+    where it ran on another node: torchrun orders the nodes as they come, not by --node-rank."""
+    if launch.nnodes > 1 and not written:
+        found = "an earlier run's" if (Path(out_dir) / METRICS_FILE).exists() else "no"
         raise InputError("The training finished, but its metrics are on another node:", [Problem(out_dir, (
-            f"no {METRICS_FILE}: torchrun ordered the nodes as they came, not by --node-rank, and another's "
+            f"{found} {METRICS_FILE}: torchrun ordered the nodes as they came, not by --node-rank, and another's "
             "ranks wrote it; give every node the same --out on a shared filesystem"))])
     return read_metrics(out_dir)
 

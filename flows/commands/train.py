@@ -130,7 +130,7 @@ def render_trained(trained: Trained, plan: Plan | None = None) -> str:
 
     out = Path(trained.out_dir)
     if not trained.metrics:  # another node's share: rank 0 reports
-        return (f"training  done on node {trained.settings.node_rank}; node 0 writes the metrics "
+        return (f"training  done on node {trained.settings.node_rank}; --node-rank 0 reports the metrics "
                 f"(logs in {out / LOG_DIR})")
     m = trained.metrics
     lat = m.iteration_latency_ms

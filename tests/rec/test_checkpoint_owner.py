@@ -182,13 +182,25 @@ def test_node_0_without_the_metrics_of_a_multi_node_training_says_where_they_wen
     """torchrun's c10d rendezvous orders the nodes as they arrive: node 1's ranks may be the ranks from
     0 and write into node 1's --out. Node 0 once said only that its metrics file was missing."""
     from tasks.launch import Launch
-    from tasks.train import _node_metrics
+    from tasks.train import _node_metrics, file_stamp
 
     with pytest.raises(InputError, match="its metrics are on another node") as refused:
-        _node_metrics(Launch("plan.json", str(tmp_path), 1, nnodes=2), str(tmp_path))
+        _node_metrics(Launch("plan.json", str(tmp_path), 1, nnodes=2), str(tmp_path), written=False)
     assert "give every node the same --out on a shared filesystem" in refused.value.render()
     with pytest.raises(InputError, match="metrics"):  # one node: the file's own reason, as before
-        _node_metrics(Launch("plan.json", str(tmp_path), 1), str(tmp_path))
+        _node_metrics(Launch("plan.json", str(tmp_path), 1), str(tmp_path), written=False)
+    # An earlier run's file in node 0's --out was once reported, exit 0, as this run's metrics.
+    metrics = tmp_path / "train_metrics.json"
+    metrics.write_text("{}")
+    before = file_stamp(metrics)
+    assert file_stamp(metrics) == before
+    with pytest.raises(InputError, match="its metrics are on another node") as refused:
+        _node_metrics(Launch("plan.json", str(tmp_path), 1, nnodes=2), str(tmp_path), written=False)
+    assert "an earlier run's train_metrics.json" in refused.value.render()
+    replaced = tmp_path / ".new"
+    replaced.write_text("{}")
+    replaced.replace(metrics)  # as a run writes it: whole, renamed over
+    assert file_stamp(metrics) != before
 
 
 def test_nodes_that_never_meet_are_named_as_such_not_as_torchruns_exit_code(tmp_path):

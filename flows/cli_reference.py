@@ -23,7 +23,11 @@ HEADER = (
     "that did not\n"
     "start or was lost, `serve` whose server died, `outbox retry` with records still waiting);\n"
     f"{ExitCode.INTERRUPTED} interrupted (Ctrl-C), 128 + N stopped by signal N (143 SIGTERM, 129 SIGHUP); "
-    f"{ExitCode.BROKEN_PIPE} the reader\nof the output went away.\n"
+    f"{ExitCode.BROKEN_PIPE} the reader\nof the output went away. A full disk (or a failing one: `EIO`) is "
+    f"{ExitCode.FAILED}, naming the file.\n\n"
+    "Every command first raises its open-files limit (`ulimit -n`) to the hard limit, up to 65,536, and\n"
+    f"refuses ({ExitCode.BAD_INPUT}) a hard limit below 64, and paths (or a working directory) that are not "
+    "UTF-8 text.\n"
 )
 
 

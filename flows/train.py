@@ -68,7 +68,7 @@ def train_flow(
         check_plan_id(plan_id)  # it names the output directory
     dirs = RunDirs.of(out_dir, work_dir)
 
-    with started(tracking, work_dir) as start, dirs.locked(training.node_rank):
+    with started(tracking, work_dir) as start, dirs.locked(training.node_rank, training.nnodes):
         if plan_path is None:
             assert plan_id is not None
             train_dir = dirs.train_dir(plan_id)

@@ -64,26 +64,30 @@ class RunDirs:
         os.replace(tmp, link)
 
     @contextmanager
-    def locked(self, node_rank: int = 0) -> Iterator[None]:
-        """Hold ``base`` for this run (on this node) when the user named it; nothing to lock
-        otherwise."""
+    def locked(self, node_rank: int = 0, nodes: int = 1) -> Iterator[None]:
+        """Hold ``base`` for this run (on node ``node_rank`` of ``nodes``) when the user named it; nothing
+        to lock otherwise."""
         if not self.explicit:
             yield
             return
-        with lock_dir(self.base, node_rank):
+        with lock_dir(self.base, node_rank, nodes):
             yield
 
 
 @contextmanager
-def lock_dir(directory: str, node_rank: int = 0) -> Iterator[None]:
-    """Hold ``directory`` for the block (per node of a multi-node training); InputError at once if
-    any process of another run holds it. The lock is taken exclusively (no one else holds it), then
-    shared with the training ranks (``OUT_LOCK_ENV`` names the file for them: they hold it too, so
+def lock_dir(directory: str, node_rank: int = 0, nodes: int = 1) -> Iterator[None]:
+    """Hold ``directory`` for the block (per node of a multi-node training of ``nodes``); InputError at
+    once if any process of another run holds it. The lock is taken exclusively (no one else holds it),
+    then shared with the training ranks (``OUT_LOCK_ENV`` names the file for them: they hold it too, so
     the directory stays taken while any rank lives, even after this process died)."""
     def refused(text: str) -> InputError:
+        # Of a training of several nodes sharing --out, the holder is most likely a node given the same
+        # --node-rank: "use another --out" would split the nodes' outputs instead.
+        advice = (f"if it is a node of this training, give each of the {nodes} nodes its own --node-rank (0 to "
+                  f"{nodes - 1}); else wait for it to finish" if nodes > 1 else
+                  "wait for it to finish, or use another --out (without --out every run gets its own directory)")
         return InputError(f"{directory} is in use by another shardflow run:", [Problem(
-            directory, f"locked by {_holder(text)}; wait for it to finish, or use another "
-                       "--out (without --out every run gets its own directory)")])
+            directory, f"locked by {_holder(text)}; {advice}")])
 
     holder = f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
     with holding_directory(directory, LOCK_FILE.format(node=node_rank), holder, refused, MAX_HOLDER_BYTES) as lock:

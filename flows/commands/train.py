@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     dirs = RunDirs.of(args.out)
     out = args.out
     with launch_faults("shardflow train", lambda: out or ".", lambda: newest_checkpoint(settings, out)) as fault, \
-            on_terminal() as shown, dirs.locked(settings.node_rank):
+            on_terminal() as shown, dirs.locked(settings.node_rank, settings.nnodes):
         if args.plan_id:
             plan_id = args.plan_id
             out = dirs.train_dir(plan_id, nested=False)

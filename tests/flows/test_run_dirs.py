@@ -71,3 +71,18 @@ def test_a_training_into_a_folder_named_with_a_tab_is_refused_before_launch(tmp_
     err = capfd.readouterr().err
     assert code == 2 and "holds the control character '\\t'" in err and "a\\tb" in err, err
     assert not (tmp_path / "a\tb" / "logs").exists()
+
+
+def test_a_second_node_given_the_same_node_rank_is_told_to_give_each_node_its_own(tmp_path):
+    """It was told to use another --out: the nodes' outputs then split, and node 0 could not report the
+    metrics its ranks did not write."""
+    import pytest
+
+    from rec.errors import InputError
+
+    out = str(tmp_path / "shared")
+    with lock_dir(out, node_rank=0, nodes=2), pytest.raises(InputError) as refused:
+        with lock_dir(out, node_rank=0, nodes=2):
+            pass
+    reason = refused.value.problems[0].reason
+    assert "give each of the 2 nodes its own --node-rank (0 to 1)" in reason and "another --out" not in reason

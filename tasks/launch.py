@@ -41,6 +41,9 @@ _SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 _SUMMARY_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 _FAILURE_WORDS = re.compile(r"(?i)error|exception|killed|out of memory|abort|fault|terminat")
 _ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception|Timeout)\b.*?: \S")
+# A rank's collective that lost its peer (gloo's words; NCCL's): the other side went away, not this rank.
+_PEER_LOST = re.compile(r"Connection (?:reset|closed) by peer|remote process exited|Broken pipe")
+_BOILERPLATE = re.compile(r"\.? ?This is typically caused by .*$")  # gloo's advice, ending "GLHF!"
 
 
 TRAIN_JOB = "rec.train.job"
@@ -241,8 +244,12 @@ def failure_cause(launch: Launch, finished: Finished) -> Cause:
         first = next((e for e in errors if e.disk_full), errors[0])  # a full disk explains the rest
         same = sorted(e.rank for e in errors if e.cause == first.cause)
         others = len(errors) - len(same)
-        text = f"{_ranks(same)}: {first.cause}" + (f" (then {others} more rank{'s' if others > 1 else ''} "
-                                                   "failed)" if others else "")
+        cause = first.cause
+        if launch.nnodes > 1 and _PEER_LOST.search(cause):  # it named the surviving node's rank only
+            cause = (f"lost the connection to a rank of another node, which stopped or crashed (see that node's "
+                     f"output): {_BOILERPLATE.sub('', cause)}")
+        text = f"{_ranks(same)}: {cause}" + (f" (then {others} more rank{'s' if others > 1 else ''} "
+                                             "failed)" if others else "")
         return Cause(text, first.deterministic, first.disk_full)
     if any("RendezvousTimeoutError" in line for line in lines):  # torchrun's own words say only the class
         return Cause(f"the {launch.nnodes} nodes did not all meet at {launch.rdzv_endpoint or 'the rendezvous'} in "

@@ -234,3 +234,18 @@ def test_a_run_into_a_path_through_a_link_is_the_run_into_the_folder_it_names(tm
     through = Run.new(tmp_path / "lnk" / ".." / "T")
     assert through.out_dir == str(tmp_path / "real" / "T")
     assert through.same_output(Run.new(tmp_path / "real" / "T"))
+
+
+def test_a_node_whose_ranks_lost_another_nodes_rank_says_so_not_only_gloos_words(tmp_path):
+    """A node whose peer node was killed reported its own rank's "Connection reset by peer. This is typically
+    caused by a remote worker hanging ... GLHF!", as if the fault were its own."""
+    from rec.train.rank_log import RankOutput
+    from tasks.launch import Finished, Launch, failure_cause
+
+    gloo = ("Read error [127.0.0.1]:19877: Connection reset by peer. This is typically caused by a remote worker "
+            "hanging or bugs in the application. Check the logs of the remote worker before reporting an error. GLHF!")
+    RankOutput(str(tmp_path), rank=1, local_rank=0).failed(RuntimeError(gloo))
+    two_nodes = Launch("plan.json", str(tmp_path), 1, nnodes=2, node_rank=0, rdzv_endpoint="127.0.0.1:29400")
+    assert failure_cause(two_nodes, Finished(1)).text == (
+        "rank 1: lost the connection to a rank of another node, which stopped or crashed (see that node's output): "
+        "RuntimeError: Read error [127.0.0.1]:19877: Connection reset by peer")

@@ -13,6 +13,7 @@ first, as object collectives (DCP's checkpoint coordination) use the current dev
 
 from __future__ import annotations
 
+import datetime
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,15 +33,21 @@ def rank_device(compute_device: ComputeDevice | str) -> torch.device:
     return torch.device("cpu")
 
 
+# How long a rank waits in a collective for the others: NCCL's default, for gloo too (its own is 30
+# minutes: a frozen peer, a node stopped by SIGSTOP, held every node that long, its progress frozen).
+COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=10)
+
+
 def join(compute_device: ComputeDevice | str, store: dist.Store, rank: int, world_size: int) -> Group:
     """Join the default process group of ``compute_device``'s ranks (NCCL on cuda, gloo on cpu)."""
     device = rank_device(compute_device)
     backend = BACKENDS[ComputeDevice(compute_device)]
     if device.type == "cuda":
         torch.cuda.set_device(device)
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, device_id=device)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, device_id=device,
+                                timeout=COLLECTIVE_TIMEOUT)
     else:
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
     return Group(device)
 
 

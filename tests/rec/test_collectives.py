@@ -118,3 +118,43 @@ def test_rank_zero_gathers_every_ranks_rows_whole_and_in_order_a_chunk_at_a_time
     got = forked_ranks(_gathering_rank, tmp_path)
     expected = [[list(range(0, 7)), list(range(7, 14))], [list(range(100, 110)), list(range(110, 120))]]
     assert got == [expected, None]
+
+
+def _waiting_rank(rank, folder, timeout_s):
+    """One of two forked ranks: rank 1 joins, then freezes (sleeps) where rank 0 reduces."""
+    import datetime
+    import json
+    import os
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from rec.train import collectives
+
+    torch.set_num_threads(1)
+    collectives.COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=timeout_s)
+    group = collectives.join("cpu", dist.FileStore(str(folder / "store"), 2), rank, 2)
+    began = time.monotonic()
+    if rank == 1:
+        time.sleep(5 * timeout_s)  # frozen, well past the timeout, then gone
+        os._exit(0)
+    try:
+        group.max([1.0])
+        result = "reduced"
+    except RuntimeError as e:
+        result = f"failed after {time.monotonic() - began:.0f} s: {str(e)[:60]}"
+    (folder / f"rank-{rank}.json").write_text(json.dumps(result))
+    os._exit(0)
+
+
+def test_a_rank_waiting_for_a_frozen_peer_fails_after_the_collective_timeout_not_gloos_30_minutes(tmp_path):
+    """A node stopped by SIGSTOP held every other node for gloo's default 30 minutes, progress frozen."""
+    import datetime
+
+    from rec.train.collectives import COLLECTIVE_TIMEOUT
+    from tests.forked_ranks import forked_ranks
+
+    assert COLLECTIVE_TIMEOUT == datetime.timedelta(minutes=10)  # NCCL's default, for gloo too
+    waited, _ = forked_ranks(_waiting_rank, tmp_path, 2, timeout_s=30)
+    assert waited.startswith("failed after ") and int(waited.split()[2]) < 8, waited  # not when rank 1 left

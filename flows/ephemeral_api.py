@@ -197,15 +197,8 @@ class _Server:
     def _port_may_be_taken(self) -> bool:
         """Whether its exit code 3 may be the port's (taken since it was chosen), not the app's: its
         output says so, or there is none to tell (a read-only HOME was relaunched 3 times, 840 lines)."""
-        if not self.log_holds_output():
-            return True
-        assert self.log is not None
-        try:
-            with open(self.log, "rb") as output:
-                output.seek(max(0, output.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
-                return b"address already in use" in output.read().lower()
-        except OSError:
-            return True
+        tail = self._tail()
+        return not tail or "address already in use" in tail.lower()
 
     def log_holds_output(self) -> bool:
         try:
@@ -223,17 +216,20 @@ class _Server:
     def last_error(self, exceptions_only: bool = False) -> str:
         """The message of the last exception in its output (else its last line, unless
         ``exceptions_only``), in one line."""
+        lines = [line.strip() for line in self._tail().splitlines() if line.strip()]
+        errors = [m["why"] for m in map(_EXCEPTION_LINE.match, lines) if m]
+        return printable(errors[-1] if errors else lines[-1] if lines and not exceptions_only else "", 200)
+
+    def _tail(self) -> str:
+        """The last ``LOG_TAIL_BYTES`` of its output ("": none, or none to read)."""
         if self.log is None:
             return ""
         try:
             with open(self.log, "rb") as output:
                 output.seek(max(0, output.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
-                lines = [line.strip() for line in output.read().decode(errors="replace").splitlines()]
+                return output.read().decode(errors="replace")
         except OSError:
             return ""
-        lines = [line for line in lines if line]
-        errors = [m["why"] for m in map(_EXCEPTION_LINE.match, lines) if m]
-        return printable(errors[-1] if errors else lines[-1] if lines and not exceptions_only else "", 200)
 
     def _launch(self) -> None:
         import prefect

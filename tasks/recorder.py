@@ -3,6 +3,7 @@ is delivered. The Prefect tasks in ``tasks.mlflow_log`` and ``shardflow train`` 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,7 +30,7 @@ class Logged:
     run_id: str | None
     pending: int  # records still waiting in the outbox for this record's destination
     error: str | None = None  # why they wait
-    lost: str | None = None  # why this record could not even be kept in the outbox (its disk is full)
+    lost: str | None = None  # why this record could not even be kept in the outbox (``kept``)
 
     @property
     def unrecorded(self) -> bool:
@@ -43,26 +44,37 @@ def record(tracking: Tracking, record: RunRecord | EndRecord, files: dict[str, P
     fails a command's work."""
     outbox = Outbox(tracking.outbox_dir)
     with progress.step("mlflow", f"recording the {getattr(record, 'step', 'finished')} run"):
-        try:
-            outbox.put(record, files, to=tracking)
-        except DiskFull as e:
-            return Logged(record.key, None, 0, None, str(e))
-        except OSError as e:  # a read-only filesystem, a folder in the way: neither fails the work
-            return Logged(record.key, None, 0, None, f"cannot write {tracking.outbox_dir}: {e.strerror or e}")
+        lost = kept(outbox, tracking, record, files)
+        if lost:
+            return Logged(record.key, None, 0, None, lost)
         delivery = outbox.deliver(tracking)
     return Logged(record.key, delivery.run_ids.get(record.key), delivery.pending_for(tracking),
                   delivery.errors.get(tracking.uri))
 
 
+def kept(outbox: Outbox, tracking: Tracking, record: RunRecord | EndRecord,
+         files: Mapping[str, Path] | None = None) -> str | None:
+    """Put ``record`` in ``outbox`` for ``tracking``; why it could not be kept (None: kept). A full
+    disk, a read-only filesystem, a folder in the way: none of them fails the work."""
+    try:
+        outbox.put(record, files, to=tracking)
+    except DiskFull as e:
+        return str(e)
+    except OSError as e:
+        return f"cannot write {tracking.outbox_dir}: {e.strerror or e}"
+    return None
+
+
 def queue_plan(tracking: Tracking, plan: Plan, plan_path: str, inputs: Inputs,
-               planning_s: float | None = None) -> Path:
+               planning_s: float | None = None) -> str | None:
     """A plan run with params, metrics and the plan's files (none if MLflow already has a finished
     run of this plan_id), put in the outbox for ``tracking`` and not delivered: the next command
     that records delivers it (``replan`` before it looks for the last planning). What ``shardflow
-    plan`` records without importing MLflow, which would take it seconds. Returns the entry."""
+    plan`` records without importing MLflow, which would take it seconds. Returns why it could not
+    be kept (``kept``; None: queued)."""
     rec = records.plan_record(plan, inputs, planning_s=planning_s)
     plan_dir = Path(plan_path).parent
-    return Outbox(tracking.outbox_dir).put(rec, {name: plan_dir / name for name in rec.artifacts}, to=tracking)
+    return kept(Outbox(tracking.outbox_dir), tracking, rec, {name: plan_dir / name for name in rec.artifacts})
 
 
 def record_training(tracking: Tracking, trained: Trained, parent_key: str | None = None,

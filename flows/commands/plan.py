@@ -147,7 +147,6 @@ def run(args: argparse.Namespace) -> int:
 
     from flows.progress import on_terminal
     from flows.reports import render_made_by, render_plan, render_topology_line
-    from rec.disk_full import DiskFull
     from rec.errors import Collected, InputError
     from rec.plan.io import DISK_FULL_ERRNOS
     from rec.profile import describe_profile
@@ -202,14 +201,13 @@ def run(args: argparse.Namespace) -> int:
         from tasks.recorder import queue_plan
 
         where = tracking.resolve()
-        try:
-            queue_plan(where, found.plan, written.plan_path, inputs, found.seconds)
-            print(render_queued(where))
-        except (DiskFull, OSError) as e:  # MLflow trouble never fails the work: the plan is written
+        lost = queue_plan(where, found.plan, written.plan_path, inputs, found.seconds)
+        if lost:  # MLflow trouble never fails the work: the plan is written
             from tasks.outbox import kept_message
 
-            lost = str(e) if isinstance(e, DiskFull) else f"cannot write {where.outbox_dir}: {e.strerror or e}"
             print(kept_message(where, 0, None, lost))
+        else:
+            print(render_queued(where))
     print(f"time:          {shown.summary(time.perf_counter() - started)}")
     print(f"\nwrote {', '.join(written.files)}")
     return ExitCode.OK

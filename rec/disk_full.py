@@ -72,9 +72,9 @@ def disk_full_cause(error: BaseException) -> OSError | None:
 
 
 @contextmanager
-def writing(path: str | Path) -> Iterator[None]:
+def writing(path: str | Path, named: bool = False) -> Iterator[None]:
     """Turn a disk-full error raised while writing ``path`` into ``DiskFull`` naming it (or the
-    file the OS named)."""
+    file the OS named, unless ``named``: a failed copy names its source)."""
     try:
         yield
     except DiskFull:
@@ -83,7 +83,7 @@ def writing(path: str | Path) -> Iterator[None]:
         cause = disk_full_cause(e)
         if cause is None:
             raise
-        raise DiskFull(cause.filename or path, cause) from e
+        raise DiskFull(path if named else cause.filename or path, cause) from e
 
 
 def write_whole(path: str | Path, data: bytes | str) -> None:

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from rec.disk_full import DiskFull, disk_full_cause
+from rec.disk_full import writing
 from rec.errors import InputError, Problem, printable
 from rec.file_lock import file_lock
 from rec.plan.io import PLAN_FILE, PLAN_FILES
@@ -147,7 +147,7 @@ class Outbox:
         name may hold a directory, e.g. ``logs/rank-0.log``); atomic, so never half-written."""
         if not KEY.fullmatch(record.key):
             raise ValueError(f"record key {record.key!r} is not {KEY.pattern}")
-        with _outbox_full(self.root):
+        with writing(self.root, named=True):  # a full disk names the outbox
             self.root.mkdir(parents=True, exist_ok=True)
             entry = self.root / f"{time.time_ns():020d}-{record.key}"
             tmp = Path(tempfile.mkdtemp(dir=self.root, prefix=".tmp-"))
@@ -455,20 +455,6 @@ def retry_command(root: str | Path, entry: str | None = None) -> str:
 
 def unavailable(to: Tracking, why: str) -> str:
     return f"MLflow unavailable at {printable(to.uri)} ({why})"
-
-
-@contextmanager
-def _outbox_full(root: Path) -> Iterator[None]:
-    """A full disk while writing an entry: ``DiskFull`` naming the outbox (a failed copy names its source)."""
-    try:
-        yield
-    except DiskFull:
-        raise
-    except BaseException as e:
-        cause = disk_full_cause(e)
-        if cause is None:
-            raise
-        raise DiskFull(root, cause) from e
 
 
 def kept_message(tracking: Tracking, pending: int, error: str | None, lost: str | None = None) -> str:

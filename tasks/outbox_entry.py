@@ -22,16 +22,16 @@ import sqlite3
 import stat
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import closing, contextmanager, suppress
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import quote
 
 from rec.documents import DocumentError, load_json
 from rec.errors import InputError, show
 from rec.safe_read import UnsafeFile, copy_file, open_file, open_folder, read_file
 from tasks.records import EndRecord, RunRecord, loads_record
-from tasks.tracking import STORE_WAIT_S, Tracking, TrackingSettings, one_line, sqlite_path
+from tasks.tracking import Tracking, TrackingSettings, one_line, sqlite_path
+from tasks.tracking.store import read_only, table_names
 
 RECORD_FILE = "record.json"
 DESTINATION_FILE = "to.json"
@@ -162,8 +162,8 @@ def foreign_store_problem(uri: str) -> str | None:
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would hang SQLite's open
             return f"{path} is not an MLflow store file; {hint}"
-        with closing(sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True, timeout=STORE_WAIT_S)) as con:
-            tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        with read_only(path) as con:
+            tables = table_names(con)
     except FileNotFoundError:
         return f"no MLflow store at {path}; {hint}"
     except (OSError, sqlite3.Error) as e:

@@ -148,7 +148,7 @@ def check_store(uri: str) -> None:
         with closing(sqlite3.connect(f"file:{quote(str(db))}?mode=rwc", uri=True, timeout=STORE_WAIT_S,
                                      isolation_level=None)) as con:
             version = int(con.execute("PRAGMA user_version").fetchone()[0])
-            tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            tables = table_names(con)
             if tables and not tables & mlflow_tables():  # someone else's database: MLflow would add its tables
                 shown = ", ".join(sorted(tables)[:3]) + (", ..." if len(tables) > 3 else "")
                 raise TrackingUnavailable(f"{db} is not an MLflow store (it holds other tables: {shown}): name a "
@@ -220,10 +220,20 @@ def _not_being_set_up(db: Path) -> Iterator[None]:
         os.close(fd)
 
 
+def read_only(db: Path) -> closing[sqlite3.Connection]:
+    """A read-only connection to the SQLite file ``db`` (waiting up to ``STORE_WAIT_S`` for a writer),
+    closed by the block it opens."""
+    return closing(sqlite3.connect(f"file:{quote(str(db))}?mode=ro", uri=True, timeout=STORE_WAIT_S))
+
+
+def table_names(con: sqlite3.Connection) -> set[str]:
+    return {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+
 def _check_sqlite_tables(db: Path) -> None:
     try:
-        with closing(sqlite3.connect(f"file:{quote(str(db))}?mode=ro", uri=True, timeout=STORE_WAIT_S)) as con:
-            tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        with read_only(db) as con:
+            tables = table_names(con)
             if not {"alembic_version", "experiments"} <= tables:
                 raise TrackingUnavailable(f"{db} is not an MLflow store (it has no MLflow tables)")
             missing = sorted(mlflow_tables() - tables)
@@ -349,8 +359,8 @@ def _tables(db: Path) -> set[str]:
     leaves a new store's path)."""
     if not db.is_file() or db.stat().st_size == 0:
         return set()
-    with closing(sqlite3.connect(f"file:{quote(str(db))}?mode=ro", uri=True, timeout=STORE_WAIT_S)) as con:
-        return {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    with read_only(db) as con:
+        return table_names(con)
 
 
 def _refuse_interrupted_setup(db: Path) -> None:
@@ -358,8 +368,8 @@ def _refuse_interrupted_setup(db: Path) -> None:
     MLflow would fail on it every time ("table ... already exists")."""
     if not db.is_file():
         return
-    with closing(sqlite3.connect(f"file:{quote(str(db))}?mode=ro", uri=True, timeout=STORE_WAIT_S)) as con:
-        tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    with read_only(db) as con:
+        tables = table_names(con)
         interrupted = _interrupted_setup(db, con, tables)
     if interrupted:
         raise TrackingUnavailable(interrupted)

@@ -3,8 +3,9 @@
 
 Short work stays quiet: a step is shown only once it has run ``SHOW_AFTER_S``, so planning a few
 hundred tables prints just its result, and rich is imported only when something is drawn live.
-Plain lines come at most every ``PLAIN_EVERY_S`` per step, with a heartbeat when a step reports
-nothing for ``HEARTBEAT_S``; a shown step ends with one line saying how long it took.
+Plain lines come at most every ``PLAIN_EVERY_S`` per step (a report that came sooner is shown once
+that much has passed, so a step's last word before a long wait is seen), with a heartbeat when a step
+reports nothing for ``HEARTBEAT_S``; a shown step ends with one line saying how long it took.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class _Step:
     total: int | None = None
     shown: bool = False
     last_line: float = 0.0
+    unshown: bool = False  # a report came since the last plain line
     task: Any = None  # the rich task, when drawn live
 
 
@@ -84,6 +86,7 @@ class TerminalProgress:
             if event.kind == "update":
                 state.message = event.message or state.message
                 state.done, state.total = event.done, event.total
+                state.unshown = True
                 self._refresh(state, now, forced=False)
                 return
             self._steps.remove(state)
@@ -129,9 +132,9 @@ class TerminalProgress:
             self._draw_live(state, elapsed)
             return
         first = not state.shown
-        due = now - state.last_line >= (HEARTBEAT_S if forced else PLAIN_EVERY_S)
+        due = now - state.last_line >= (PLAIN_EVERY_S if state.unshown or not forced else HEARTBEAT_S)
         if first or due:
-            state.shown, state.last_line = True, now
+            state.shown, state.last_line, state.unshown = True, now, False
             self._line(f"{step_label(state.name)}: {_describe(state)} [{_seconds(elapsed, whole=True)}]")
 
     def _line(self, text: str) -> None:

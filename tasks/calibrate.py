@@ -39,6 +39,7 @@ from rec.sharding import ComputeDevice
 from rec.topology import Topology, read_topology, topology_to_dict
 from rec.train.measure_config import MeasureConfig
 from rec.train.timings import Status, Timings
+from tasks.launch import MEASURE_RDZV_ID
 from tasks.measure import Ranks, run_measuring_job
 
 FIT_SUFFIX = ".fit.json"  # the fit report beside the profile: profile.yaml -> profile.fit.json
@@ -151,7 +152,7 @@ def _calibrate(topology_path: str, topology: Topology, profile_path: str, work_d
     with progress.step("measure", f"{len(probes)} probes x {settings.round_count} rounds on {ranks} ranks"):
         config = settings.measure_config(topology.compute_device)
         timings = run_measuring_job([paths[i] for i in order], topology, work_dir, config,
-                                    settings.ranks, f"calibrate-{topology.topology_hash}")
+                                    settings.ranks, MEASURE_RDZV_ID)
     if timings is None:
         return Calibrated(None, None, work_dir, None, (), (), time.perf_counter() - started)
     results = _results(probes, order, timings)

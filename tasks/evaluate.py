@@ -18,7 +18,7 @@ from rec.errors import InputError, Problem
 from rec.settings import check, knob
 from rec.train.config import TrainConfig
 from rec.train.rank_log import log_dir
-from tasks.launch import EVAL_JOB, Launch, failure_cause, run_training
+from tasks.launch import EVAL_JOB, EVAL_RDZV_ID, Launch, failure_cause, run_training
 from tasks.measure import Ranks
 from tasks.train import TrainingFailed, preflight
 
@@ -85,7 +85,8 @@ def _evaluate(checkpoint: str, directory: Path, step: int, data: str, out_dir: s
         config = replace(config, eval_data=data, eval_batches=settings.eval_batches)
     launch = Launch(plan_path=str(directory / PLAN_COPY), out_dir=out_dir, nproc_per_node=nproc,
                     nnodes=settings.ranks.nnodes, node_rank=settings.ranks.node_rank,
-                    rdzv_endpoint=settings.ranks.rdzv_endpoint, rdzv_id=f"eval-{plan.plan_id}", job=config,
+                    rdzv_endpoint=settings.ranks.rdzv_endpoint, rdzv_id=EVAL_RDZV_ID,
+                    join_timeout_s=settings.ranks.join_timeout, job=config,
                     module=EVAL_JOB, more_flags=(f"--checkpoint={at}",))
     with progress.step("eval", f"starting {settings.ranks.nnodes * nproc} ranks"):
         finished = run_training(launch)

@@ -49,6 +49,13 @@ _BOILERPLATE = re.compile(r"\.? ?This is typically caused by .*$")  # gloo's adv
 TRAIN_JOB = "rec.train.job"
 MEASURE_JOB = "rec.train.measure_job"
 EVAL_JOB = "rec.train.eval_job"
+# The rendezvous of each job, one id per kind of job: nodes started with different plans (or settings)
+# meet and the job's agreement check names the difference (rec.train.agreement), where an id of the
+# plan's had them wait for each other until the join timeout.
+TRAIN_RDZV_ID = "shardflow-train"
+EVAL_RDZV_ID = "shardflow-eval"
+MEASURE_RDZV_ID = "shardflow-measure"
+JOIN_TIMEOUT_S = 600  # torchrun's default: how long the nodes wait for each other at the rendezvous
 
 
 @dataclass(frozen=True)
@@ -61,7 +68,8 @@ class Launch:
     nnodes: int = 1
     node_rank: int = 0
     rdzv_endpoint: str | None = None  # HOST:PORT; required for more than one node
-    rdzv_id: str = "shardflow"
+    rdzv_id: str = TRAIN_RDZV_ID
+    join_timeout_s: int = JOIN_TIMEOUT_S  # at the start and after each restart
     max_restarts: int = 0
     job: TrainConfig | MeasureConfig = field(default_factory=TrainConfig)
     module: str = TRAIN_JOB  # the job torchrun starts (``python -m``): training, or measuring
@@ -80,7 +88,7 @@ def torchrun_command(launch: Launch) -> list[str]:
     else:
         cmd += [f"--nnodes={launch.nnodes}", f"--node-rank={launch.node_rank}",
                 "--rdzv-backend=c10d", f"--rdzv-endpoint={launch.rdzv_endpoint}",
-                f"--rdzv-id={launch.rdzv_id}"]
+                f"--rdzv-id={launch.rdzv_id}", f"--rdzv-conf=join_timeout={launch.join_timeout_s}"]
     # Paths as --out=PATH, plans absolute: a path starting with "-" (./-plan is "-plan") is no flag there.
     plans = [os.path.abspath(p) for p in (launch.plan_path, *launch.more_plans)]
     return [*cmd, "-m", launch.module, "--plan", *plans, f"--out={launch.out_dir}", *to_flags(launch.job),
@@ -232,6 +240,8 @@ def failure_cause(launch: Launch, finished: Finished) -> Cause:
     lines = node_log(launch).read_text(errors="replace").splitlines() if node_log(launch).exists() else []
     starts = [i for i, line in enumerate(lines) if line.startswith(LAUNCH_HEADER)]
     lines = lines[starts[-1] + 1:] if starts else lines  # this launch's lines only
+    # torchrun's own words say only the class
+    met_no_more = any("RendezvousTimeoutError" in line for line in lines)
     reported = {e.rank for e in errors}
     silent = [(r, c) for r, c in _failures(lines) if r not in reported and c != -signal.SIGTERM]
     followed = f" (then {len(errors)} more rank{'s' if len(errors) > 1 else ''} failed)" if errors else ""
@@ -250,11 +260,14 @@ def failure_cause(launch: Launch, finished: Finished) -> Cause:
                      f"output): {_BOILERPLATE.sub('', cause)}")
         text = f"{_ranks(same)}: {cause}" + (f" (then {others} more rank{'s' if others > 1 else ''} "
                                              "failed)" if others else "")
+        if met_no_more:  # torchrun restarted the ranks (--max-restarts), and a node never came back
+            text += (f"; restarting, the {launch.nnodes} nodes did not meet again at {launch.rdzv_endpoint} "
+                     f"within {launch.join_timeout_s} s (--join-timeout)")
         return Cause(text, first.deterministic, first.disk_full)
-    if any("RendezvousTimeoutError" in line for line in lines):  # torchrun's own words say only the class
-        return Cause(f"the {launch.nnodes} nodes did not all meet at {launch.rdzv_endpoint or 'the rendezvous'} in "
-                     "time: start every node with the same plan (its plan_id names the rendezvous), --nnodes and "
-                     "--rdzv-endpoint", False)
+    if met_no_more:
+        return Cause(f"the {launch.nnodes} nodes did not all meet at {launch.rdzv_endpoint or 'the rendezvous'} "
+                     f"within {launch.join_timeout_s} s (--join-timeout): start every node with the same --nnodes "
+                     "and --rdzv-endpoint, each with its own --node-rank", False)
     error = next((line.strip() for line in reversed(lines) if _ERROR_LINE.match(line.strip())), None)
     return Cause(error or f"torchrun exited with code {exit_code} (see {LOG_DIR}/)", False)
 

@@ -24,7 +24,7 @@ from rec.train.measure_config import MeasureConfig
 from rec.train.measure_report import MeasureReport, measure_report, write_measure
 from rec.train.rank_log import log_dir
 from rec.train.timings import Status, Timings, read_timings
-from tasks.launch import MEASURE_JOB, Launch, failure_cause, run_training
+from tasks.launch import MEASURE_JOB, MEASURE_RDZV_ID, Launch, failure_cause, run_training
 from tasks.train import TrainSettings, preflight
 
 MEASURE_KIND = "measure"  # the run's directory: out/<plan_id>/measure-<time>-<random>
@@ -44,10 +44,11 @@ class Ranks:
     nnodes: int = _as_in_training("nnodes")
     node_rank: int = _as_in_training("node_rank")
     rdzv_endpoint: str | None = _as_in_training("rdzv_endpoint")
+    join_timeout: int = _as_in_training("join_timeout")
 
     def as_training(self) -> TrainSettings:
         return TrainSettings(nproc_per_node=self.nproc_per_node, nnodes=self.nnodes, node_rank=self.node_rank,
-                             rdzv_endpoint=self.rdzv_endpoint)
+                             rdzv_endpoint=self.rdzv_endpoint, join_timeout=self.join_timeout)
 
     def problems(self) -> list[Problem]:
         return self.as_training().problems()
@@ -93,7 +94,8 @@ def run_measuring_job(plan_paths: Sequence[str], topology: Topology, out_dir: st
     nproc = _preflight(ranks, topology)
     launch = Launch(plan_path=plan_paths[0], more_plans=tuple(plan_paths[1:]), out_dir=out_dir,
                     nproc_per_node=nproc, nnodes=ranks.nnodes, node_rank=ranks.node_rank,
-                    rdzv_endpoint=ranks.rdzv_endpoint, rdzv_id=rdzv_id, job=config, module=MEASURE_JOB)
+                    rdzv_endpoint=ranks.rdzv_endpoint, rdzv_id=rdzv_id, join_timeout_s=ranks.join_timeout,
+                    job=config, module=MEASURE_JOB)
     finished = run_training(launch)
     if finished.code != 0:
         cause = failure_cause(launch, finished)
@@ -127,7 +129,7 @@ def measure(plan_path: str, out_dir: str, settings: MeasureSettings = MeasureSet
     plan_json = str(plan_file(plan_path))
     ranks = settings.ranks.nnodes * nproc
     with progress.step("measure", f"starting {ranks} ranks"):
-        timings = run_measuring_job([plan_json], plan.topology, out_dir, settings.job, settings.ranks, plan.plan_id)
+        timings = run_measuring_job([plan_json], plan.topology, out_dir, settings.job, settings.ranks, MEASURE_RDZV_ID)
     if timings is None:
         return Measured(plan.plan_id, out_dir, None, settings, nproc, started, plan_json)
     times = timings.plans[0]

@@ -28,7 +28,7 @@ from rec.train.config import FAIL_AT_ENV, PLAN_ID_FLAG, TrainConfig
 from rec.train.metrics import METRICS_FILE, TrainMetrics, read_metrics
 from rec.train.ownership import Run, control_character
 from rec.train.rank_log import log_dir
-from tasks.launch import Launch, failure_cause, run_training
+from tasks.launch import JOIN_TIMEOUT_S, TRAIN_RDZV_ID, Launch, failure_cause, run_training
 
 MAX_PROCESSES = 1 << 16
 # Prefect's retries of a failed training (``train_task``; flow parameter and --train-retries), the
@@ -51,6 +51,9 @@ class TrainSettings:
     max_restarts: int = field(default=0, metadata=knob(
         "torchrun restarts after a rank dies; training resumes from the last checkpoint",
         minimum=0, maximum=1000))
+    join_timeout: int = field(default=JOIN_TIMEOUT_S, metadata=knob(
+        "seconds the nodes wait for each other at the rendezvous, at the start and after a restart "
+        "(torchrun's join_timeout)", minimum=1, maximum=7 * 24 * 3600, metavar="SECONDS"))
 
     def problems(self) -> list[Problem]:
         out = self.job.problems()
@@ -346,7 +349,7 @@ def prepare(plan_path: str, out_dir: str, settings: TrainSettings, run: Run | No
             print(line, file=sys.stderr)
     launch = Launch(plan_path=str(plan_file(plan_path)), out_dir=out_dir,
                     nproc_per_node=nproc, nnodes=settings.nnodes, node_rank=settings.node_rank,
-                    rdzv_endpoint=settings.rdzv_endpoint, rdzv_id=plan.plan_id,
+                    rdzv_endpoint=settings.rdzv_endpoint, rdzv_id=TRAIN_RDZV_ID, join_timeout_s=settings.join_timeout,
                     max_restarts=settings.max_restarts, job=job, more_flags=(f"{PLAN_ID_FLAG}={plan.plan_id}",))
     return plan.plan_id, launch
 

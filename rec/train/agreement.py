@@ -2,11 +2,12 @@
 before anything else runs a collective.
 
 Each node's ``shardflow train`` hands its own flags to its ranks. Nodes started with different
-``--iterations`` (batch size, pipeline, data, checkpoints, ...) still meet in the rendezvous, whose
-id is only the plan_id, and then run different collectives: the ranks wait for each other until the
-backend's timeout (gloo's: 30 minutes), or, where the collectives happen to line up, train on data and
-weights that no longer fit together. One gather of a digest finds a difference; only then does each
-differing node send its settings, so that the error names the settings and every node's values.
+``--iterations`` (batch size, pipeline, data, checkpoints, another plan, ...) still meet in the
+rendezvous, whose id names only the kind of job (``tasks.launch``), and then run different
+collectives: the ranks wait for each other until the backend's timeout (10 minutes), or, where the
+collectives happen to line up, train on data and weights that no longer fit together. One gather of
+a digest finds a difference; only then does each differing node send its settings, so that the error
+names the settings and every node's values.
 """
 
 from __future__ import annotations

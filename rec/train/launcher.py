@@ -34,6 +34,7 @@ RANK_WRAPPER = "torch.distributed.elastic.multiprocessing.api"  # what every ran
 SOCKET_PATH_MAX = 107  # a Unix socket's path, in bytes (Linux's sun_path, less its NUL)
 SOCKET_IN_TEMP = len("/pymp-XXXXXXXX/listener-XXXXXXXX")  # multiprocessing's socket, under the temp dir
 SHORT_TEMP = "/tmp"
+JOIN_TIMEOUT_S = 600  # torchrun's, where --rdzv-conf gives none
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -91,6 +92,9 @@ def _launch(argv: list[str]) -> None:
         if args.master_port is None:  # as torchrun (used by the static rendezvous only)
             args.master_port = 29500
         config, _, _ = config_from_args(args)
+        elastic_internals.report_waits(config.max_nodes, config.rdzv_endpoint,
+                                       float(config.rdzv_configs.get("join_timeout", JOIN_TIMEOUT_S)),
+                                       elastic_internals.progress_line)
         elastic_launch(config, run_job)(args.training_script, *args.training_script_args)
 
     launch()

@@ -196,15 +196,35 @@ def refused_on_two_nodes(capfd, common: list[str], node0: list[str], node1: list
 def test_two_nodes_started_with_different_iterations_both_exit_2_naming_them_before_training(
         plan_dir, tmp_path, capfd):
     """Each node's ranks once trained their own --iterations and waited for each other at the end until
-    gloo's 30-minute timeout. They compare their settings as the process group is up, and refuse."""
+    gloo's 30-minute timeout. They compare their settings as the process group is up, and refuse. Nodes
+    given different plans (the plan_id was the rendezvous' id) waited for each other for 10 minutes
+    (torchrun's join timeout), then were told their nodes did not meet."""
     out = tmp_path / "out"
-    common = ["train", "--no-track", "--plan", str(plan_dir), "--out", str(out), "--warmup", "1", "--nnodes", "2",
-              "--nproc-per-node", "1", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
-    named = "--iterations: 6 on node 0; 7 on node 1"
-    for output in refused_on_two_nodes(capfd, common, ["--iterations", "6"], ["--iterations", "7"]):
+    topology = tmp_path / "topology.yaml"
+    topology.write_text(CPU_2PROC.read_text().replace("ddr_cap: 16GiB", "ddr_cap: 15GiB"))
+    other = tmp_path / "other"
+    assert main(["plan", "--no-track", str(DEMO), "--topology", str(topology), "--out", str(other)]) == 0
+    common = ["train", "--no-track", "--out", str(out), "--warmup", "1", "--nnodes", "2",
+              "--nproc-per-node", "1", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--join-timeout", "120"]
+    ids = [read_plan(p).plan_id for p in (plan_dir, other)]
+    named = f"--iterations, --plan: 6, {ids[0]} (content "
+    for output in refused_on_two_nodes(capfd, common, ["--plan", str(plan_dir), "--iterations", "6"],
+                                       ["--plan", str(other), "--iterations", "7"]):
         refused = [line for line in output.splitlines() if "different settings" in line]
-        assert len(refused) == 1 and named in refused[0], output[-3000:]
+        assert len(refused) == 1 and named in refused[0] and f"; 7, {ids[1]} (content " in refused[0], output[-3000:]
     assert not (out / "iterations.parquet").exists()
+
+
+@pytest.mark.slow
+def test_a_node_whose_peer_never_comes_says_it_waits_and_fails_at_the_join_timeout(plan_dir, tmp_path, capfd):
+    """The node showed "starting 2 ranks" for torchrun's 10 minutes, then said the nodes did not meet."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    r = shardflow_here(capfd, "train", "--no-track", "--plan", str(plan_dir), "--out", str(tmp_path / "out"),
+                       "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-endpoint", endpoint, "--join-timeout", "6")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert f"train: waiting for the 2 nodes to meet at {endpoint} (at most 6 s)" in r.stderr
+    assert (f"the training failed: the 2 nodes did not all meet at {endpoint} within 6 s (--join-timeout): start "
+            "every node with the same --nnodes and --rdzv-endpoint, each with its own --node-rank") in r.stderr
 
 
 @pytest.mark.slow

@@ -204,16 +204,23 @@ def test_node_0_without_the_metrics_of_a_multi_node_training_says_where_they_wen
 
 
 def test_nodes_that_never_meet_are_named_as_such_not_as_torchruns_exit_code(tmp_path):
-    """A peer started with another plan (another rendezvous id) or never: after 600 s the launch
-    ended with "torchrun exited with code 1 (see logs/)"."""
+    """A peer that never came: after the join timeout the launch ended with "torchrun exited with code 1
+    (see logs/)". A node that did not come back for a restart is named after the failure that began it."""
+    from rec.train.rank_log import RankError
     from tasks.launch import LAUNCH_HEADER, Finished, Launch, failure_cause, node_log
 
-    launch = Launch("plan.json", str(tmp_path), 1, nnodes=2, node_rank=0, rdzv_endpoint="127.0.0.1:29400")
+    launch = Launch("plan.json", str(tmp_path), 1, nnodes=2, node_rank=0, rdzv_endpoint="127.0.0.1:29400",
+                    join_timeout_s=30)
     log = node_log(launch)
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(f"{LAUNCH_HEADER}\n[E] ... torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError\n")
     cause = failure_cause(launch, Finished(1))
-    assert cause.text.startswith("the 2 nodes did not all meet at 127.0.0.1:29400 in time")
+    assert cause.text.startswith("the 2 nodes did not all meet at 127.0.0.1:29400 within 30 s (--join-timeout)")
+    lost = RankError(0, "RuntimeError: Connection closed by peer [127.0.0.1]:34492", False, 1.0)
+    cause = failure_cause(launch, Finished(1, (lost,)))
+    assert cause.text.startswith("rank 0: lost the connection to a rank of another node")
+    assert cause.text.endswith("; restarting, the 2 nodes did not meet again at 127.0.0.1:29400 within 30 s "
+                               "(--join-timeout)")
 
 
 def test_a_run_into_a_folder_named_with_unusual_spaces_is_read_back_by_its_ranks(tmp_path, monkeypatch):

@@ -53,3 +53,34 @@ def test_the_launcher_wraps_torchs_handlers_once(monkeypatch):
     format_exceptions_first()
     format_exceptions_first()
     assert isinstance(handler.formatter, ExceptionTextFirst) and handler.formatter.inner is torchs
+
+
+def test_the_agent_says_when_it_restarts_the_ranks_and_waits_for_the_nodes(monkeypatch):
+    """A node whose peer never came, or never came back for a restart (--max-restarts), showed its last
+    progress line unchanged for the join timeout (10 minutes by default)."""
+    from types import SimpleNamespace
+
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent, WorkerState
+
+    from rec.train.elastic_internals import report_waits
+
+    called: list[str] = []
+    monkeypatch.setattr(SimpleElasticAgent, "_rendezvous", lambda agent, group: called.append("rendezvous"))
+    monkeypatch.setattr(SimpleElasticAgent, "_restart_workers", lambda agent, group: called.append("restart"))
+    said: list[str] = []
+    report_waits(2, "10.0.0.1:29400", 600.0, said.append)
+    agent = SimpleNamespace(_remaining_restarts=2)  # the agent counts a restart down before it restarts
+    group = SimpleNamespace(state=WorkerState.INIT, spec=SimpleNamespace(max_restarts=3))
+    SimpleElasticAgent._rendezvous(agent, group)
+    group.state = WorkerState.FAILED
+    SimpleElasticAgent._restart_workers(agent, group)
+    SimpleElasticAgent._rendezvous(agent, group)
+    assert called == ["rendezvous", "restart", "rendezvous"]
+    assert said == ["waiting for the 2 nodes to meet at 10.0.0.1:29400 (at most 600 s)",
+                    "a rank failed: restarting the ranks (restart 1 of 3)",
+                    "restart 1 of 3: waiting for the 2 nodes to meet at 10.0.0.1:29400 (at most 600 s)"]
+    said.clear()
+    monkeypatch.setattr(SimpleElasticAgent, "_rendezvous", lambda agent, group: called.append("rendezvous"))
+    report_waits(1, "localhost:0", 600.0, said.append)  # one node (--standalone): no one to wait for
+    SimpleElasticAgent._rendezvous(agent, group)
+    assert said == []

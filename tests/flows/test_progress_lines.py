@@ -1,0 +1,31 @@
+"""Plain progress lines (a pipe, a CI log, a Prefect run log): what a person reading them sees."""
+
+from __future__ import annotations
+
+import time
+
+from flows import progress as shown
+from rec import progress
+
+
+def test_a_report_just_after_a_line_is_shown_once_the_interval_has_passed_not_at_the_heartbeat(monkeypatch):
+    """A node that began to wait for its peers right after an iteration's line said so only at the
+    next heartbeat (15 s later), or never where the wait ended sooner."""
+    monkeypatch.setattr(shown, "PLAIN_EVERY_S", 0.2)
+    monkeypatch.setattr(shown, "HEARTBEAT_S", 60.0)
+    lines: list[str] = []
+    reporter = shown.TerminalProgress(live=False, write=lines.append, show_after_s=0.0)
+    with progress.reporting(reporter), progress.step("train", "starting 2 ranks"):
+        progress.update("iteration 10/100")
+        progress.update("waiting for the 2 nodes to meet")  # within the interval: not yet
+        assert not any("waiting" in line for line in lines)
+        deadline = time.monotonic() + 5
+        while not any("waiting" in line for line in lines) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        quiet = len(lines)
+        time.sleep(0.6)  # nothing new reported: no line until the heartbeat
+        assert len(lines) == quiet
+    reporter.close()
+    assert [line.split(" [")[0] for line in lines[:2]] == ["train: iteration 10/100",
+                                                          "train: waiting for the 2 nodes to meet"]
+    assert len(lines) == 3 and lines[2].startswith("train: done in")

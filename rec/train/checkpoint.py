@@ -60,7 +60,8 @@ def save(directory: str | Path, step: int, model: torch.nn.Module, optimizer: to
     LATEST names it only once every rank has finished writing (and ``before_latest``, called on
     every rank, has returned); then all but the ``keep`` newest steps are deleted (rank 0; the
     filesystem is shared by the ranks of a host, and every node prunes its own). A full disk raises
-    ``DiskFull`` naming the step; LATEST keeps naming the previous one."""
+    ``DiskFull`` naming the step, another error of the OS writing a file (an I/O error, a lost mount)
+    ``CheckpointWriteFailed`` naming the file; LATEST keeps naming the previous one."""
     root = Path(directory)
     path = step_dir(root, step)
     writer = dcp.FileSystemWriter(str(path))
@@ -70,8 +71,10 @@ def save(directory: str | Path, step: int, model: torch.nn.Module, optimizer: to
             dcp.save({"model": model.state_dict(), "optim": optimizer.state_dict()}, storage_writer=writer)
     except BaseException as e:  # DCP's CheckpointException is a BaseException
         full = next((error for error in recording.errors if is_disk_full(error)), None)
-        if full is None or isinstance(e, DiskFull):
+        if isinstance(e, DiskFull) or (full is None and not recording.errors):
             raise
+        if full is None:
+            raise CheckpointWriteFailed(recording.errors[0], path) from e
         raise DiskFull(full.filename or path, full) from e
     Group.current().barrier()
     if before_latest is not None:
@@ -83,9 +86,19 @@ def save(directory: str | Path, step: int, model: torch.nn.Module, optimizer: to
     Group.current().barrier()
 
 
+class CheckpointWriteFailed(Exception):
+    """The OS would not write a checkpoint's file, for another reason than a full disk: the error
+    torch.save's zip writer made of it ("unexpected pos") says neither the file nor the reason."""
+
+    def __init__(self, error: OSError, step: Path):
+        reason = error.strerror or (os.strerror(error.errno) if error.errno else str(error))
+        super().__init__(f"cannot write {error.filename or step}: {reason}")
+
+
 class _RecordingFileSystem(FileSystem):
     """DCP's file system, remembering the OS errors of the writes to its files: torch.save's zip
-    writer turns them into RuntimeErrors ("unexpected pos") that no longer say the disk is full."""
+    writer turns them into RuntimeErrors ("unexpected pos") that no longer say the disk is full, or
+    which file failed and why."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -194,7 +194,8 @@ class TerminalProgress:
 
 def _describe(state: _Step, counts: bool = True) -> str:
     text = state.message or "working"
-    if counts and state.done is not None and state.total and str(state.total) not in text:
+    if counts and state.done is not None and state.total and not any(
+            str(total) in text for total in (state.total, f"{state.total:,}")):  # the message counts already
         text = f"{text} ({state.done}/{state.total})"
     return text
 

@@ -3,8 +3,9 @@ topology with the defaults it relies on, and commands that work as typed."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rec.text_table import render_table
 
@@ -228,7 +229,7 @@ def data_lines(metrics: TrainMetrics) -> list[str]:
         if data.resumed:  # under the data line: what the resume read
             lines.append(f"{'':10}{data.resumed}")
     if metrics.eval is not None:
-        values = ", ".join(f"{k} {v:.4f}" for k, v in metrics.eval.items() if k != "samples" and v is not None)
+        values = shown_metrics(metrics.eval)
         samples = int(metrics.eval.get("samples") or 0)
         lines.append(f"eval      {values} on {samples:,} held-out samples"
                      + (f" ({len(metrics.evaluations)} evaluations)" if len(metrics.evaluations) > 1 else ""))
@@ -236,6 +237,17 @@ def data_lines(metrics: TrainMetrics) -> list[str]:
         if earlier:
             lines.append(f"{'':10}{earlier}")
     return lines
+
+
+def shown_metrics(values: Mapping[str, Any]) -> str:
+    """``auc 0.7887, logloss 0.4569, ne 0.8132``; the metrics one class of labels leaves undefined
+    (AUC, NE: null in the metrics files) are named as such, not left out."""
+    shown = ", ".join(f"{k} {v:.4f}" for k, v in values.items() if k != "samples" and v is not None)
+    undefined = [k for k, v in values.items() if k != "samples" and v is None]
+    if undefined:
+        shown += (f" ({' and '.join(undefined)} undefined: every label of the evaluation data is the same; "
+                  "evaluate on data of both classes)")
+    return shown
 
 
 def best_earlier(metrics: TrainMetrics) -> str:

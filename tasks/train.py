@@ -150,7 +150,7 @@ def check_settings(settings: TrainSettings, plan_path: str | None = None) -> Non
 
 def _data_problems(job: TrainConfig, spec: Spec, world: int) -> tuple[list[Problem], list[str]]:
     """What is wrong with ``--data`` and ``--eval-data`` for ``spec``'s model on ``world`` ranks
-    (rec.data.schema), and the note on ``--data``'s dense values."""
+    (rec.data.schema), the note on ``--data``'s dense values and on labels of one class."""
     sources = [(what, path) for what, path in (("--data", job.data), ("--eval-data", job.eval_data))
                if path and not job.model_target]
     if not sources:
@@ -161,9 +161,9 @@ def _data_problems(job: TrainConfig, spec: Spec, world: int) -> tuple[list[Probl
     layout = DataLayout.of_spec(spec, job.dense_in_features)
     problems, notes = [], []
     for what, path in sources:
-        found, note = data_findings(path, layout, job.ids, what, ranks=world if what == "--data" else 1)
-        problems += found
-        notes += [note] if note and what == "--data" else []
+        found = data_findings(path, layout, job.ids, what, ranks=world if what == "--data" else 1)
+        problems += found.problems
+        notes += [note for note in (found.dense_note if what == "--data" else "", found.label_note) if note]
     return problems, notes
 
 

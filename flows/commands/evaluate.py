@@ -39,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
 
     from flows.commands.launch_faults import launch_faults
     from flows.progress import on_terminal
+    from flows.reports import shown_metrics
     from rec.plan import read_plan
     from rec.settings import check, from_flags
     from rec.train.resume import PLAN_COPY, checkpoint_at
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"eval      done on node {settings.ranks.node_rank}; node 0 writes eval_metrics.json")
         return ExitCode.OK
     values = metrics["eval"]
-    shown = ", ".join(f"{k} {v:.4f}" for k, v in values.items() if k != "samples" and v is not None)
+    shown = shown_metrics(values)
     print(f"eval      checkpoint of iteration {metrics['step']} (plan {metrics['plan_id']}) on "
           f"{values['samples']:,} samples of {args.data}: {shown}")
     print(f"wrote     {out}/eval_metrics.json")

@@ -40,6 +40,7 @@ class Wording:
 
 
 TRAINING = Wording()
+EVALUATION = Wording("The evaluation data cannot be used:")  # --eval-data, shardflow eval's --data
 
 
 @dataclass(frozen=True)

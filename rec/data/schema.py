@@ -13,11 +13,12 @@ as bad input.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rec.data.columns import Locate, from_arrow_parts, type_problem
+from rec.data.columns import Columns, Locate, from_arrow_parts, type_problem
 from rec.data.files import DataFiles, open_data
 from rec.data.ids import IdsPolicy
 from rec.data.layout import DataLayout
@@ -37,27 +38,40 @@ def data_problems(source: str, layout: DataLayout, policy: IdsPolicy, what: str 
                   sample_rows: int = SAMPLE_ROWS, ranks: int = 1) -> list[Problem]:
     """What makes ``source`` unusable as ``layout``'s training data on ``ranks`` ranks (each reads
     its share of every epoch: at least a row): its files, schemas and a sample."""
-    return data_findings(source, layout, policy, what, sample_rows, ranks)[0]
+    return data_findings(source, layout, policy, what, sample_rows, ranks).problems
+
+
+@dataclass(frozen=True)
+class Findings:
+    """What the check before launch found in a dataset: problems, and notes for the launcher ("" where
+    there is none or the sample could not be read whole)."""
+
+    problems: list[Problem]
+    dense_note: str = ""  # ``dense_scale_note``
+    label_note: str = ""  # ``one_class_note``
 
 
 def data_findings(source: str, layout: DataLayout, policy: IdsPolicy, what: str = "--data",
-                  sample_rows: int = SAMPLE_ROWS, ranks: int = 1) -> tuple[list[Problem], str]:
-    """``data_problems``, and the note on the sample's dense values (``dense_scale_note``; "" where
-    there is none or the sample could not be read whole)."""
+                  sample_rows: int = SAMPLE_ROWS, ranks: int = 1) -> Findings:
+    """``data_problems``, and the notes on the sample's dense values and labels."""
     try:
         files = open_data(source, what)
     except InputError as e:
-        return list(e.problems), ""
+        return Findings(list(e.problems))
     problems = schema_problems(files, layout, what)
     if files.rows < ranks:
         problems.append(Problem(what, f"{source} holds {files.rows:,} row{'s' if files.rows != 1 else ''}, fewer "
                                       f"than the {ranks} ranks: each rank reads its share of every epoch"))
     if layout.clashes(what) or any(schema.names.count(c) != 1 for _, schema in files.schemas for c in layout.columns):
-        return problems, ""  # the sample needs every column, each once and of one meaning
+        return Findings(problems)  # the sample needs every column, each once and of one meaning
     named = {p.where for p in problems}
-    found, dense = _sample(files, layout, policy, what, sample_rows)
-    note = dense_scale_note(dense, source, what) if dense is not None else ""
-    return problems + [p for p in found if p.where not in named], note
+    found, sample = _sample(files, layout, policy, what, sample_rows)
+    problems += [p for p in found if p.where not in named]
+    if sample is None:
+        return Findings(problems)
+    whole = len(sample) >= files.rows
+    return Findings(problems, dense_scale_note(sample.dense, source, what),
+                    one_class_note(sample.labels, source, what, whole))
 
 
 def schema_problems(files: DataFiles, layout: DataLayout, what: str = "--data") -> list[Problem]:
@@ -119,8 +133,8 @@ def sample_problems(files: DataFiles, layout: DataLayout, policy: IdsPolicy, wha
 
 
 def _sample(files: DataFiles, layout: DataLayout, policy: IdsPolicy, what: str,
-            sample_rows: int) -> tuple[list[Problem], np.ndarray | None]:
-    """``sample_problems``, and the sample's dense values where every row of it converted."""
+            sample_rows: int) -> tuple[list[Problem], Columns | None]:
+    """``sample_problems``, and the sample where every row of it converted."""
     import pyarrow as pa
 
     groups = files.row_groups
@@ -145,10 +159,21 @@ def _sample(files: DataFiles, layout: DataLayout, policy: IdsPolicy, what: str,
     if not parts:
         return unreadable, None
     try:
-        dense = from_arrow_parts(parts, layout, policy, what).dense
+        sample = from_arrow_parts(parts, layout, policy, what)
     except InputError as e:
         return unreadable + list(e.problems), None
-    return unreadable, dense
+    return unreadable, sample
+
+
+def one_class_note(labels: np.ndarray, source: str, what: str = "--data", whole: bool = False) -> str:
+    """A line for the launcher where every label of the sample (``whole``: of the data) is the same: a
+    training can learn only that, an evaluation's AUC and NE are undefined; "" where both classes occur."""
+    if not len(labels) or len(np.unique(labels)) > 1:
+        return ""
+    which = f"every label of {source}" if whole else f"every label in a sample of {len(labels):,} rows of {source}"
+    then = ("AUC and NE are undefined on one class" if what != "--data" else
+            "the model can learn only that; give data of both classes")
+    return f"note      {what}: {which} is {float(labels[0]):g}: {then}"
 
 
 def dense_scale_note(dense: np.ndarray, source: str, what: str = "--data") -> str:

@@ -42,7 +42,7 @@ def evaluate_checkpoint(plan: Plan, config: TrainConfig, step: Path, out_dir: st
     batch_size = config.batch_size or plan.topology.batch_size
     output.progress("building the model")
     model, feed = model_and_feed(plan, plan.spec, config, device, world, batch_size)
-    evaluator = evaluator_of(config, feed, batch_size, device)
+    evaluator = evaluator_of(config, feed, batch_size, device, "--data")  # shardflow eval's flag
     assert evaluator is not None, "the evaluation job needs --eval-data"
     output.progress(f"sharding {len(plan.tables):,} tables on {world} ranks with the plan")
     dmp, optimizer = shard_with_plan(model, plan, config, device)

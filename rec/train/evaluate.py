@@ -56,7 +56,7 @@ class Evaluator:
         group = Group.current()
         count = self._count(world)
         if not count:
-            raise InputError("Cannot evaluate:", [Problem("--eval-data", f"{self.source.files.source} has no rows")])
+            raise InputError("Cannot evaluate:", [Problem(self.source.what, f"{self.source.files.source} has no rows")])
         mine = self._mine(rank, world)
         logits, labels = [], []
         was_training = model.training

@@ -104,15 +104,19 @@ def model_and_feed(plan: Plan, spec: Spec, config: TrainConfig, device: torch.de
     return build_model(spec, config, device), Feed.of(spec, config, world, batch_size)
 
 
-def evaluator_of(config: TrainConfig, feed: Feed, batch_size: int, device: torch.device) -> Evaluator | None:
+def evaluator_of(config: TrainConfig, feed: Feed, batch_size: int, device: torch.device,
+                 what: str = "--eval-data") -> Evaluator | None:
+    """The evaluation of ``config.eval_data`` (None without it); ``what``: the flag that named the data."""
     if not config.eval_data:
         return None
+    from rec.data.columns import EVALUATION
     from rec.data.files import open_data
     from rec.data.parquet import ParquetSource
 
-    files = open_data(config.eval_data, "--eval-data")
+    files = open_data(config.eval_data, what)
     source = ParquetSource.open(files, feed.layout, shuffle=False, window=config.shuffle_window,
-                                policy=config.ids, what="--eval-data", threads=reading(config).threads)
+                                policy=config.ids, what=what, threads=reading(config).threads,
+                                wording=EVALUATION)
     return Evaluator(source, feed.layout, feed.one_module, batch_size, config.eval_batches, device)
 
 

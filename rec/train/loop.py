@@ -4,6 +4,7 @@ latency and wait for data, the ranks' mean loss)."""
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -57,12 +58,14 @@ def train_iterations(dmp: DistributedModelParallel, optimizer: CombinedOptimizer
     fail_at = _fail_at(rank)
     latencies: list[float] = []
     waits: list[float] = []
-    losses: list[torch.Tensor] = []
+    # One buffer on the device, filled without a sync: a list of loss tensors, one per iteration, grew
+    # the rank's memory by 40-400 KB an iteration (with the batch) on cpu, the heap never given back.
+    losses = torch.zeros(max(config.iterations - start.iteration, 0), dtype=torch.float64, device=device)
     evaluations: list[Evaluation] = list(start.earlier_evaluations)
     every = config.eval_every
 
     def so_far() -> Iterations | None:
-        mine = _reduced(start.iteration, latencies, waits, losses, config.warmup)
+        mine = _reduced(start.iteration, latencies, waits, losses[:len(latencies)], config.warmup)
         if mine is not None:
             _check_finite(mine, config.model_target)
         return start.earlier.then(mine) if mine is not None else None
@@ -79,6 +82,7 @@ def train_iterations(dmp: DistributedModelParallel, optimizer: CombinedOptimizer
     def evaluate(done: int) -> None:
         if evaluator is None:
             return
+        so_far()  # a diverged training says so, not that its outputs cannot be evaluated
         output.progress(f"evaluating after iteration {done}")
         result = evaluator.run(step.model(), done)
         if result is not None:
@@ -99,11 +103,14 @@ def train_iterations(dmp: DistributedModelParallel, optimizer: CombinedOptimizer
         now_waited = getattr(batches, "waited_s", None)
         waits.append(0.0 if waited is None or now_waited is None else (now_waited - waited) * 1e3)
         waited = now_waited
-        losses.append(loss)
+        losses[i - start.iteration] = loss
         done = i + 1
         if output.due(done, config.iterations):  # the loss's .item() syncs: only when shown
+            shown = loss.item()
+            if not math.isfinite(shown):  # said now, not at the next checkpoint or the end
+                raise _diverged(f"on rank {rank}, first seen at iteration {done}", config.model_target)
             output.progress(f"iteration {done}/{config.iterations}, {latencies[-1]:.1f} ms, "
-                            f"loss {loss.item():.4f}", done, config.iterations)
+                            f"loss {shown:.4f}", done, config.iterations)
         if every and done % every == 0 and done < config.iterations:
             evaluate(done)  # before a checkpoint of the same iteration, which keeps it for a resume
         if checkpoints and config.checkpoint_every and done % config.checkpoint_every == 0:
@@ -184,14 +191,14 @@ def _shape(value: Any) -> str:
     return f" with a loss of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else ""
 
 
-def _reduced(start: int, latencies: list[float], waits: list[float], losses: list[torch.Tensor],
+def _reduced(start: int, latencies: list[float], waits: list[float], losses: torch.Tensor,
              warmup: int) -> Iterations | None:
     """This run's iterations over all ranks (a collective): an iteration takes as long as its
     slowest rank, waits for data as long as the rank that waited longest, its loss is the mean over
     the ranks. Rank 0 gets them, the others None."""
     group = Group.current()
     slowest = group.max(latencies + waits)
-    total = group.sum(torch.stack(losses) if losses else torch.zeros(0))
+    total = group.sum(losses.clone())  # reduced in place: not the loop's own buffer
     if dist.get_rank() != 0:
         return None
     n = len(latencies)
@@ -204,13 +211,16 @@ def _check_finite(rows: Iterations, target: str | None = None) -> None:
     by LATEST and before the metrics are written): the training diverged, and would again."""
     bad = ~np.isfinite(rows.loss)
     if bad.any():
-        first = int(rows.iteration[bad][0])
-        causes = (f"{target}'s model or batches (parameters or buffers it leaves on the meta device: the "
-                  "launcher's notes), or learning rates too high" if target else
-                  "dense values too large for the model, or learning rates too high")
-        raise InputError("The training diverged:", [Problem("loss", (
-            f"not finite (NaN or infinite) at {int(bad.sum()):,} of {len(bad):,} iterations, first at iteration "
-            f"{first}: {causes} (--dense-lr, --embedding-lr)"))])
+        first = int(rows.iteration[bad][0]) + 1  # counted from 1, as progress and the checkpoints count
+        raise _diverged(f"at {int(bad.sum()):,} of {len(bad):,} iterations, first at iteration {first}", target)
+
+
+def _diverged(where: str, target: str | None) -> InputError:
+    causes = (f"{target}'s model or batches (parameters or buffers it leaves on the meta device: the "
+              "launcher's notes), or learning rates too high" if target else
+              "dense values too large for the model, or learning rates too high")
+    return InputError("The training diverged:", [Problem("loss", (
+        f"not finite (NaN or infinite) {where}: {causes} (--dense-lr, --embedding-lr)"))])
 
 
 def _fail_at(rank: int) -> tuple[int, str] | None:

@@ -63,6 +63,14 @@ def latest(directory: str | Path) -> int | None:
     return step
 
 
+def _named_step(directory: Path) -> int | None:
+    """The step LATEST names in ``directory``, whether or not it is still there (None: no LATEST)."""
+    marker = directory / LATEST
+    if not marker.is_file():
+        return None
+    return step_of(marker.read_text(encoding="utf-8", errors="replace").strip())
+
+
 class NoLatestStep(InputError):
     """LATEST names no checkpoint in its directory: a hand edit, or a step its training pruned since
     (``rec.train.held_step`` looks again)."""
@@ -140,6 +148,12 @@ def checkpoint_at(path: str | Path, title: str = "", hint: str = "") -> tuple[Pa
     step = step_of(p.name)
     if step is not None and p.is_dir() and (p / INDEX_FILE).is_file():
         problems = folder_problems(p.parent, made=False)
+        named = _named_step(p.parent)
+        if not problems and (named is None or step > named):  # LATEST never named it: not all written
+            problems = [Problem(str(p), (
+                "was never completed: its training stopped, failed or diverged before LATEST named it "
+                f"({'no LATEST there' if named is None else 'LATEST names ' + step_name(named)}); use "
+                f"{p.parent} (its LATEST) or an earlier step"))]
         if problems:
             raise InputError(title, problems)
         return p.parent, step

@@ -244,3 +244,15 @@ def test_paths_in_the_commands_printed_to_run_next_work_as_typed():
     assert shell_path("sp ace/e") == "'sp ace/e'"
     assert shell_path("-c") == "./-c" and shell_path("-c d") == "'./-c d'"
     assert shell_path("/abs/-c") == "/abs/-c"
+
+
+def test_metrics_one_class_of_labels_leaves_undefined_are_named_not_left_out():
+    """An evaluation set of one class printed `eval      logloss 0.0001 on 50,000 held-out samples`:
+    no word of the AUC and NE it was run for (null in eval_metrics.json)."""
+    from flows.reports import shown_metrics
+
+    assert shown_metrics({"auc": None, "logloss": 0.0001, "ne": None, "samples": 50_000}) == (
+        "logloss 0.0001 (auc and ne undefined: every label of the evaluation data is the same; evaluate on "
+        "data of both classes)")
+    assert shown_metrics({"auc": 0.78866, "logloss": 0.4569, "ne": 0.8132, "samples": 5}) == \
+        "auc 0.7887, logloss 0.4569, ne 0.8132"

@@ -235,3 +235,18 @@ def test_two_nodes_measuring_with_different_iterations_both_exit_2_naming_them(p
               "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
     for output in refused_on_two_nodes(capfd, common, ["--iterations", "3"], ["--iterations", "4"]):
         assert "--iterations: 3 on node 0; 4 on node 1" in output, output[-3000:]
+
+
+@pytest.mark.slow
+def test_a_training_that_diverges_stops_when_its_progress_shows_it_not_at_the_end(plan_dir, tmp_path, capfd):
+    """The progress showed `loss nan` from the start and the ranks trained on for all their iterations
+    (or up to the next checkpoint) before the training said it diverged."""
+    r = shardflow_here(capfd, "train", "--no-track", "--plan", str(plan_dir), "--out", str(tmp_path / "out"),
+                       "--iterations", "100000", "--warmup", "1", "--batch-size", "32",
+                       "--dense-lr", "1e30", "--embedding-lr", "1e30")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    failed = next(line for line in r.stderr.splitlines() if "The training diverged" in line)
+    assert "loss: not finite (NaN or infinite) on rank 0, first seen at iteration " in failed
+    seen = int(failed.split("first seen at iteration ")[1].split(":")[0])
+    assert seen < 5000 and "(--dense-lr, --embedding-lr)" in failed
+    assert not (tmp_path / "out" / "train_metrics.json").exists()

@@ -29,3 +29,13 @@ def test_a_report_just_after_a_line_is_shown_once_the_interval_has_passed_not_at
     assert [line.split(" [")[0] for line in lines[:2]] == ["train: iteration 10/100",
                                                           "train: waiting for the 2 nodes to meet"]
     assert len(lines) == 3 and lines[2].startswith("train: done in")
+
+
+def test_a_count_the_message_gives_is_not_repeated_after_it():
+    """`predict: 1,245,184/12,000,000 rows (1245184/12000000)`: the count twice, once with commas."""
+    lines: list[str] = []
+    reporter = shown.TerminalProgress(live=False, write=lines.append, show_after_s=0.0)
+    with progress.reporting(reporter), progress.step("predict"):
+        progress.update("1,245,184/12,000,000 rows", 1_245_184, 12_000_000)
+    reporter.close()
+    assert lines[0].split(" [")[0] == "predict: 1,245,184/12,000,000 rows"

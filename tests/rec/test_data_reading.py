@@ -373,11 +373,31 @@ def test_unscaled_dense_values_get_a_note_scaled_ones_none(tmp_path):
 
     rows = table(range(50), np.random.default_rng(0))
     pq.write_table(rows, tmp_path / "scaled.parquet")
-    assert data_findings(str(tmp_path / "scaled.parquet"), LAYOUT, IdsPolicy.ERROR) == ([], "")
+    found = data_findings(str(tmp_path / "scaled.parquet"), LAYOUT, IdsPolicy.ERROR)
+    assert found.problems == [] and found.dense_note == ""
     counts = rows.set_column(1, "dense", pa.array([[float(r) * 1000, 1.0, 2.0] for r in range(50)]))
     pq.write_table(counts, tmp_path / "counts.parquet")
-    problems, note = data_findings(str(tmp_path / "counts.parquet"), LAYOUT, IdsPolicy.ERROR)
-    assert problems == [] and note.startswith("note      --data: dense values up to 4.9e+04 in ")
-    assert "log(1 + x)" in note
-    problems, note = data_findings(str(tmp_path / "nowhere.parquet"), LAYOUT, IdsPolicy.ERROR)
-    assert problems and note == ""  # the problem is named, and no note
+    found = data_findings(str(tmp_path / "counts.parquet"), LAYOUT, IdsPolicy.ERROR)
+    assert found.problems == [] and found.dense_note.startswith("note      --data: dense values up to 4.9e+04 in ")
+    assert "log(1 + x)" in found.dense_note
+    found = data_findings(str(tmp_path / "nowhere.parquet"), LAYOUT, IdsPolicy.ERROR)
+    assert found.problems and found.dense_note == ""  # the problem is named, and no note
+
+
+def test_labels_of_one_class_get_a_note_before_launch(tmp_path):
+    """Labels all 0 (or all 1) trained and "succeeded" without a word; evaluated, the AUC and NE were
+    left out of the summary."""
+    from rec.data.schema import data_findings
+
+    rows = table(range(50), np.random.default_rng(0))
+    pq.write_table(rows, tmp_path / "both.parquet")
+    assert data_findings(str(tmp_path / "both.parquet"), LAYOUT, IdsPolicy.ERROR).label_note == ""
+    zeros = rows.set_column(0, "label", pa.array([0.0] * 50, pa.float32()))
+    pq.write_table(zeros, tmp_path / "zeros.parquet")
+    found = data_findings(str(tmp_path / "zeros.parquet"), LAYOUT, IdsPolicy.ERROR)
+    assert found.problems == [] and found.label_note == (
+        f"note      --data: every label of {tmp_path / 'zeros.parquet'} is 0: the model can learn only that; give "
+        "data of both classes")
+    found = data_findings(str(tmp_path / "zeros.parquet"), LAYOUT, IdsPolicy.ERROR, "--eval-data", sample_rows=20)
+    assert found.label_note.startswith("note      --eval-data: every label in a sample of ")
+    assert found.label_note.endswith(" is 0: AUC and NE are undefined on one class")

@@ -190,7 +190,7 @@ def test_a_training_whose_loss_is_not_finite_stops_saying_so_and_names_no_checkp
     with pytest.raises(InputError, match="The training diverged") as stopped:
         train(plan_path, str(tmp_path / "a"), replace(config(data, iterations=4, checkpoint_every=2),
                                                       data=str(tmp_path / "huge.parquet")))
-    assert "first at iteration 0" in stopped.value.render()
+    assert "first at iteration 1:" in stopped.value.render()  # counted as progress counts, from 1
     assert not (tmp_path / "a" / "train_metrics.json").exists() and not (tmp_path / "a/checkpoints" / LATEST).exists()
     with pytest.raises(InputError, match="The model's outputs cannot be evaluated") as refused:
         train(plan_path, str(tmp_path / "b"), config(data, eval_data=str(tmp_path / "huge.parquet"), iterations=4))

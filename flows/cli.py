@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import difflib
 import errno
+import io
 import os
 import signal
 import sys
@@ -178,8 +179,18 @@ def enough_open_files() -> None:
 MACHINE_FAULTS = DISK_FULL_ERRNOS | {errno.EIO}
 
 
+def printable_anywhere() -> None:
+    """Output the terminal's encoding cannot show (``LC_ALL=C``, ``PYTHONIOENCODING=ascii``: a table's
+    name, a dash in a message) is replaced, not raised: a UnicodeEncodeError once failed commands whose
+    work had succeeded, at their summary."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
+            stream.reconfigure(errors="replace")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``shardflow`` with ``argv``; returns the exit code (2 for any user mistake)."""
+    printable_anywhere()
     try:
         args = build_parser().parse_args(argv)
         empty = sorted(f"--{name.replace('_', '-')}" for name, value in vars(args).items()

@@ -56,6 +56,7 @@ TRAIN_RDZV_ID = "shardflow-train"
 EVAL_RDZV_ID = "shardflow-eval"
 MEASURE_RDZV_ID = "shardflow-measure"
 JOIN_TIMEOUT_S = 600  # torchrun's default: how long the nodes wait for each other at the rendezvous
+TORCHRUN_ENV_PREFIX = "PET_"  # torchrun's environment defaults of its flags
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,7 @@ def torchrun_command(launch: Launch) -> list[str]:
     cmd = [sys.executable, "-m", LAUNCHER_MODULE, f"--nproc-per-node={launch.nproc_per_node}",
            f"--max-restarts={launch.max_restarts}", f"--log-dir={os.devnull}", FORKSERVER_FLAG]
     if launch.nnodes == 1 and not launch.rdzv_endpoint:
-        cmd.append("--standalone")
+        cmd += ["--standalone", "--nnodes=1"]
     else:
         cmd += [f"--nnodes={launch.nnodes}", f"--node-rank={launch.node_rank}",
                 "--rdzv-backend=c10d", f"--rdzv-endpoint={launch.rdzv_endpoint}",
@@ -96,7 +97,12 @@ def torchrun_command(launch: Launch) -> list[str]:
 
 
 def job_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ)
+    # torchrun takes PET_<FLAG> as the default of each flag: an outer launcher's (Kubeflow's training
+    # operator sets PET_NNODES in every pod) would change the launch shardflow asks for.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(TORCHRUN_ENV_PREFIX)}
+    # Warnings made errors (PYTHONWARNINGS=error) stopped the forkserver at a library's import-time
+    # DeprecationWarning (fbgemm-gpu's): every launch failed as "EOFError". The ranks log warnings.
+    env.pop("PYTHONWARNINGS", None)
     # Lets NCCL free all-to-all buffers without recordStream: less memory, no stalls.
     env.setdefault("TORCH_NCCL_AVOID_RECORD_STREAMS", "1")
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -165,6 +171,8 @@ def run_training(launch: Launch, env: dict[str, str] | None = None) -> Finished:
             if isinstance(e, Stopped):
                 e.out_dir = launch.out_dir
             raise
+        finally:
+            proc.stdout.close()
     return Finished(code, tuple(sent))
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 
 AUTO_RAY_MIN_TABLES = 5_000  # below this, Ray's start-up costs more than it saves
 MIN_TABLES_PER_GROUP = 500
+_ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception)\b.*?: \S")  # "ModuleNotFoundError: No module named ..."
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -172,6 +174,12 @@ class ActorMapper:
                 results[i] = ray.get(done[0])
                 idle.append(actor)
             except ray.exceptions.RayActorError as e:
+                cannot = import_failure(e)
+                if cannot:  # the same on every retry: the cluster's workers lack this shardflow
+                    raise InputError("The Ray cluster's workers cannot run shardflow's search:", [Problem(
+                        "RAY_ADDRESS's workers", f"{cannot}: install this shardflow on every node of the cluster "
+                                                 "(the same version, importable there), or plan without "
+                                                 "--backend ray")]) from None
                 attempts[i] += 1
                 if attempts[i] > self.max_retries:
                     raise RuntimeError(f"{name} {i} failed {attempts[i]} times on Ray actors") from e
@@ -181,6 +189,16 @@ class ActorMapper:
                 self.actors[self.actors.index(actor)] = replacement
                 idle.append(replacement)
         return results
+
+
+def import_failure(error: BaseException) -> str:
+    """The error a worker met importing the actor's class (``ModuleNotFoundError: No module named
+    'tasks.search'``), in one line; "" where the actor died otherwise."""
+    text = str(error)
+    if "failed to import on the worker" not in text:
+        return ""
+    lines = [line.strip() for line in text.splitlines()]
+    return next((line for line in reversed(lines) if _ERROR_LINE.match(line)), "its import failed")[:300]
 
 
 @contextmanager

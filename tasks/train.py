@@ -10,6 +10,8 @@ it with retries, which skip InputErrors and failures that would repeat.
 
 from __future__ import annotations
 
+import os
+import socket
 import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -292,7 +294,8 @@ def _device_problems(device: str, nproc: int) -> list[Problem]:
 
     where = f"compute_device {device}"
     if device != "cuda":
-        return [] if importlib.util.find_spec("torch") else [Problem(where, "torch is not installed")]
+        return (_gloo_environment_problems() if importlib.util.find_spec("torch")
+                else [Problem(where, "torch is not installed")])
     import torch
     import torch.distributed as dist
 
@@ -312,9 +315,27 @@ def _device_problems(device: str, nproc: int) -> list[Problem]:
     return out
 
 
-def _endpoint_problems(endpoint: str) -> list[Problem]:
-    import socket
+def _gloo_environment_problems() -> list[Problem]:
+    """Variables of the environment that fail every gloo rank after the launch (as a RuntimeError that
+    names no variable, or a crash), named before it."""
+    out = []
+    given = os.environ.get("GLOO_SOCKET_IFNAME", "")
+    names = [name.strip() for name in given.split(",") if name.strip()]
+    if names:
+        have = sorted(name for _, name in socket.if_nameindex())
+        missing = [name for name in names if name not in have]
+        if missing:
+            out.append(Problem(f"GLOO_SOCKET_IFNAME={given}", (
+                f"this machine has no network interface {', '.join(missing)} (it has {', '.join(have)}): "
+                "name one of them, or unset it")))
+    if os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").strip().upper() == "DETAIL":
+        out.append(Problem("TORCH_DISTRIBUTED_DEBUG=DETAIL", (
+            "crashes every gloo rank (SIGSEGV in torch's checking wrapper of the process group): use INFO, "
+            "or unset it")))
+    return out
 
+
+def _endpoint_problems(endpoint: str) -> list[Problem]:
     host, sep, port = endpoint.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         return [Problem("--rdzv-endpoint", f"expected HOST:PORT with a port from 1 to 65535, got {endpoint!r}")]

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.paths import CPU_2PROC, DEMO, H100, ROOT, SPECS, TWO_TOWER_SEQ
+from tests.paths import CPU_2PROC, DEMO, H100, ROOT, SHARDFLOW, SPECS, TWO_TOWER_SEQ
 
 ORCHESTRATION = ("prefect", "ray", "mlflow")
 TORCH = ("torch", "torchrec", "fbgemm_gpu")
@@ -62,3 +62,13 @@ def test_planning_paths_import_no_torch_or_orchestration(case, tmp_path):
     r = subprocess.run([sys.executable, "-c", script, *map(str, args)], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.splitlines()[-1] == "IMPORTED []"
+
+
+def test_a_module_named_like_a_shardflow_package_on_pythonpath_does_not_take_its_place(tmp_path):
+    """A `tasks.py` on PYTHONPATH (invoke's file is called that) stopped every command with
+    `ModuleNotFoundError: No module named 'tasks.search'; 'tasks' is not a package`."""
+    (tmp_path / "tasks.py").write_text("raise SystemExit('the user\\'s own tasks.py was imported')\n")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path), "PYTHONDONTWRITEBYTECODE": "1"}
+    r = subprocess.run([str(SHARDFLOW), "spec", "validate", str(SPECS / "cpu_demo.csv")],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]

@@ -256,3 +256,14 @@ def test_metrics_one_class_of_labels_leaves_undefined_are_named_not_left_out():
         "data of both classes)")
     assert shown_metrics({"auc": 0.78866, "logloss": 0.4569, "ne": 0.8132, "samples": 5}) == \
         "auc 0.7887, logloss 0.4569, ne 0.8132"
+
+
+def test_output_the_terminals_encoding_cannot_show_is_replaced_not_a_failure(tmp_path):
+    """`LC_ALL=C` or `PYTHONIOENCODING=ascii`: a summary naming a path (or a message with a dash) that
+    the encoding cannot show ended a command whose work had succeeded in a UnicodeEncodeError, exit 1."""
+    out = tmp_path / "café"
+    r = subprocess.run([str(SHARDFLOW), "plan", "--no-track", str(DEMO), "--topology", str(CPU_2PROC), "--out",
+                        str(out)], env={"PATH": "/usr/bin:/bin", "PYTHONIOENCODING": "ascii"},
+                       capture_output=True, timeout=120)
+    assert r.returncode == 0 and b"Traceback" not in r.stderr, r.stderr[-2000:]
+    assert f"wrote {tmp_path}/caf?/plan.json".encode() in r.stdout and (out / "plan.json").is_file()

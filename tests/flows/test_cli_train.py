@@ -112,6 +112,10 @@ def test_files_the_training_did_not_write_where_it_writes_exit_2_before_launch_a
 @pytest.mark.slow
 def test_a_killed_rank_is_restarted_and_resumes_from_the_last_checkpoint(plan_dir, tmp_path, capfd, monkeypatch):
     monkeypatch.setenv("SHARDFLOW_FAIL_AT_ITERATION", "7:1")
+    # What a user's shell or cluster may leave set changes nothing: Kubeflow's PET_NNODES had this one-node
+    # training wait for a second node for good; PYTHONWARNINGS=error failed every launch ("EOFError").
+    monkeypatch.setenv("PET_NNODES", "2")
+    monkeypatch.setenv("PYTHONWARNINGS", "error")
     r = shardflow_here(capfd, "train", "--no-track", "--plan", str(plan_dir), "--out", str(tmp_path),
                        "--iterations", "10", "--warmup", "1", "--batch-size", "32", "--checkpoint-every", "3",
                        "--max-restarts", "1")
@@ -250,3 +254,17 @@ def test_a_training_that_diverges_stops_when_its_progress_shows_it_not_at_the_en
     seen = int(failed.split("first seen at iteration ")[1].split(":")[0])
     assert seen < 5000 and "(--dense-lr, --embedding-lr)" in failed
     assert not (tmp_path / "out" / "train_metrics.json").exists()
+
+
+def test_gloo_settings_of_the_environment_that_fail_every_rank_are_named_before_launch(plan_dir, tmp_path,
+                                                                                        capfd, monkeypatch):
+    """GLOO_SOCKET_IFNAME naming no interface failed both ranks after the launch with `RuntimeError: ifa !=
+    nullptr. Unable to find address for: nosuch0`, exit 1 (a Prefect run retried it); with
+    TORCH_DISTRIBUTED_DEBUG=DETAIL every gloo rank crashed: `rank 0 exited with signal SIGSEGV`."""
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo,nosuch0")
+    monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
+    r = shardflow_here(capfd, "train", "--no-track", "--plan", str(plan_dir), "--out", str(tmp_path / "out"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "  - GLOO_SOCKET_IFNAME=lo,nosuch0: this machine has no network interface nosuch0 (it has " in r.stderr
+    assert "  - TORCH_DISTRIBUTED_DEBUG=DETAIL: crashes every gloo rank" in r.stderr
+    assert not (tmp_path / "out").exists()

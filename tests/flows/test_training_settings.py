@@ -83,6 +83,23 @@ def test_paths_starting_with_a_dash_reach_the_ranks_as_paths_not_flags():
     assert (got.checkpoint_dir, got.resume_from, got.data) == ("-ck", "-old/checkpoints", "-data.parquet")
 
 
+def test_torchruns_environment_defaults_from_an_outer_launcher_do_not_change_the_launch(monkeypatch):
+    """Kubeflow's training operator sets PET_NNODES (torchrun's default for --nnodes) in every pod: a
+    one-node `shardflow train` there waited for a second node that never came, saying nothing."""
+    from torch.distributed.run import parse_args
+
+    from rec.train.lifetime import LAUNCHER_MODULE
+    from tasks.launch import Launch, job_environment, torchrun_command
+
+    monkeypatch.setenv("PET_NNODES", "2")
+    monkeypatch.setenv("PET_MAX_RESTARTS", "5")
+    assert not [name for name in job_environment() if name.startswith("PET_")]
+    command = torchrun_command(Launch("plan.json", "out", 2))
+    args = parse_args(command[command.index(LAUNCHER_MODULE) + 1:])  # as torch reads them, PET_NNODES=2 still set
+
+    assert (args.nnodes, args.max_restarts, args.standalone) == ("1", 0, True)
+
+
 @pytest.mark.parametrize("flow_name", FLOWS)
 def test_the_flows_parameter_schema_lists_every_training_setting(flow_name):
     from flows.deployments import load_flow

@@ -165,6 +165,25 @@ def test_the_check_before_joining_a_cluster_takes_a_real_gcs(local_ray):
     check_ray_joins(parse_ray_address(ray.get_runtime_context().gcs_address))
 
 
+def test_workers_that_cannot_import_the_search_are_named_in_one_line(local_ray, spec, tmp_path, monkeypatch):
+    """A cluster whose workers lack shardflow (or import another `tasks`): each group was tried 4 times,
+    then a 74-line traceback ended `RuntimeError: search_group 1 failed 4 times on Ray actors`."""
+    from rec.errors import InputError
+    from tasks import ray_search
+
+    (tmp_path / "driver_only_searcher.py").write_text(
+        "from tasks.ray_search import GroupSearcher\n\n\nclass Searcher(GroupSearcher):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))  # here, not on the workers' path
+    import driver_only_searcher  # type: ignore[import-not-found]
+
+    monkeypatch.setattr(ray_search, "GroupSearcher", driver_only_searcher.Searcher)
+    with pytest.raises(InputError) as refused:
+        plan_spec(spec, TOPO, searcher=RaySearcher(groups=2, actors=1))
+    (problem,) = refused.value.problems
+    assert problem.reason.startswith("ModuleNotFoundError: No module named 'driver_only_searcher': install this "
+                                     "shardflow on every node of the cluster")
+
+
 # Last in the file: the killed actor's CPU stays taken for a while, and the next test's actors
 # would wait ~13 s for it.
 class KillFirstActor(RaySearcher):

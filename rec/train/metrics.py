@@ -357,10 +357,19 @@ def write_iterations(out_dir: str | Path, iterations: Iterations, evaluations: S
     import pyarrow.parquet as pq
 
     after = {int(e["iteration"] or 0) - 1: e for e in evaluations}  # the row an evaluation came after
-    rows = iterations.iteration.tolist()
-    evaluated = {column: pa.array([after[i].get(key) if i in after else None for i in rows],
-                                  pa.int64() if key == "samples" else pa.float64())
-                 for key, column in _eval_columns().items()}
+    # Built from arrays, not a Python value per row: rank 0 rewrites the file at every checkpoint, and
+    # a list per column took a second a million rows.
+    rows = np.searchsorted(iterations.iteration, list(after))
+    at = [(row, e) for row, e in zip(rows, after.values())
+          if row < len(iterations.iteration) and iterations.iteration[row] == int(e["iteration"] or 0) - 1]
+    evaluated = {}
+    for key, column in _eval_columns().items():
+        kind = np.int64 if key == "samples" else np.float64
+        values, missing = np.zeros(len(iterations.iteration), kind), np.ones(len(iterations.iteration), bool)
+        for row, e in at:
+            if e.get(key) is not None:
+                values[row], missing[row] = e[key], False
+        evaluated[column] = pa.array(values, pa.int64() if key == "samples" else pa.float64(), mask=missing)
     sink = pa.BufferOutputStream()
     pq.write_table(pa.table({
         "iteration": pa.array(iterations.iteration, pa.int64()),

@@ -359,16 +359,17 @@ def write_iterations(out_dir: str | Path, iterations: Iterations, evaluations: S
     after = {int(e["iteration"] or 0) - 1: e for e in evaluations}  # the row an evaluation came after
     # Built from arrays, not a Python value per row: rank 0 rewrites the file at every checkpoint, and
     # a list per column took a second a million rows.
+    n = len(iterations.iteration)
     rows = np.searchsorted(iterations.iteration, list(after))
-    at = [(row, e) for row, e in zip(rows, after.values())
-          if row < len(iterations.iteration) and iterations.iteration[row] == int(e["iteration"] or 0) - 1]
+    at = [(int(row), e) for row, (i, e) in zip(rows, after.items(), strict=True)
+          if row < n and iterations.iteration[row] == i]
     evaluated = {}
     for key, column in _eval_columns().items():
         kind = np.int64 if key == "samples" else np.float64
-        values, missing = np.zeros(len(iterations.iteration), kind), np.ones(len(iterations.iteration), bool)
-        for row, e in at:
-            if e.get(key) is not None:
-                values[row], missing[row] = e[key], False
+        given = [(row, float(value)) for row, e in at if (value := e.get(key)) is not None]
+        values, missing = np.zeros(n, kind), np.ones(n, bool)
+        values[[row for row, _ in given]] = np.array([value for _, value in given], kind)
+        missing[[row for row, _ in given]] = False
         evaluated[column] = pa.array(values, pa.int64() if key == "samples" else pa.float64(), mask=missing)
     sink = pa.BufferOutputStream()
     pq.write_table(pa.table({

@@ -33,12 +33,17 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from rec import progress, startup_gc
 from rec.errors import InputError, Problem, printable
 from rec.train.lifetime import parent_death_signal
+
+# Prefect warns of a PREFECT_HOME it cannot make as it is imported; the local API's start names it
+# itself, in one line (prefect_home_problems), and a server elsewhere needs none.
+warnings.filterwarnings("ignore", message="Failed to create the Prefect home directory", category=UserWarning)
 
 STARTUP_TIMEOUT_S = 120
 PORTS = range(8000, 9000)  # Prefect's own range for its ephemeral server
@@ -87,17 +92,23 @@ def ephemeral_api(meanwhile: Sequence[str] = ()) -> Iterator[None]:
     while the server starts (on another core, its start and these imports overlap)."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from flows.local_server import answers
+    from flows.local_server import NO_SERVER, api_problem, api_url_source
 
     configured = PREFECT_API_URL.value()
     if configured:
-        if not answers(configured, healthy=False):  # else each flow fails with Prefect's tracebacks
-            raise InputError("Cannot start the flow:", [Problem(f"PREFECT_API_URL={configured}", (
-                "no Prefect server answers: start it, or unset PREFECT_API_URL (shardflow then starts one)"))])
+        why = api_problem(configured)
+        if why is not None:  # else each flow fails with Prefect's tracebacks
+            source, unset = api_url_source()
+            advice = ": start it, or" if why == NO_SERVER else "; or"
+            raise InputError("Cannot start the flow:", [Problem(f"PREFECT_API_URL={configured}{source}", (
+                f"{why}{advice} {unset} (shardflow then starts one)"))])
         _import(meanwhile)
         yield
         return
     budget = startup_budget_s()
+    problems = prefect_home_problems()
+    if problems:
+        raise InputError("Cannot start Prefect's local API:", problems)
     server = _Server()
     server.launch()
     try:
@@ -120,6 +131,24 @@ def ephemeral_api(meanwhile: Sequence[str] = ()) -> Iterator[None]:
         raise
     finally:
         server.stop()
+
+
+def prefect_home_problems() -> list[Problem]:
+    """PREFECT_HOME (``~/.prefect`` without it), where the local API keeps its database, where it
+    cannot be made or written: its server exited with code 3, "unable to open database file"."""
+    from prefect.settings import PREFECT_HOME
+
+    from tasks.paths import unmakeable
+
+    home = str(PREFECT_HOME.value())
+    if os.environ.get("PREFECT_HOME"):
+        where = "PREFECT_HOME"
+    elif Path(home) == Path.home() / ".prefect":
+        where = f"PREFECT_HOME (unset: {home}, under HOME)"
+    else:
+        where = f"PREFECT_HOME={home} (from Prefect's settings)"
+    return [Problem(where, f"{p.reason}: set PREFECT_HOME to a folder this user can write")
+            for p in unmakeable(home, "PREFECT_HOME")]
 
 
 def _server_error(e: BaseException) -> str | None:

@@ -41,6 +41,7 @@ STOP_TIMEOUT_S = 10.0
 LOGGING_SETTINGS = "shardflow-serve-logging.yml"  # in PREFECT_HOME, for the flow runs of serve
 SERVER_LOG = "shardflow-server.log"  # in PREFECT_HOME, beside the server's database
 SETTINGS_ENV = "PREFECT_LOGGING_SETTINGS_PATH"
+NO_SERVER = "no Prefect server answers"  # api_problem's reason where nothing answers at all
 RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")  # what get_run_logger() logs to
 _ROOT = Path(__file__).resolve().parents[1]
 OWN_PACKAGES = tuple(f"{_ROOT / package}{os.sep}" for package in ("rec", "tasks", "flows"))
@@ -66,6 +67,69 @@ def answers(url: str, *, healthy: bool = True) -> bool:
     return status == 200 if healthy else status < 500
 
 
+def api_problem(url: str) -> str | None:
+    """Why ``url`` is no Prefect API (None: it is): nothing answers there, or its health check
+    (``{url}/health``, asked with the credentials Prefect's client sends) answers anything but 200
+    with JSON. The common case is a URL without ``/api``: Prefect's UI, or another server, answers it
+    (a 404, or a page), and each flow then failed with Prefect's tracebacks."""
+    import httpx
+
+    health = f"{url.rstrip('/')}/health"
+    try:
+        response = httpx.get(health, timeout=HEALTH_TIMEOUT_S, headers=_credentials())
+    except httpx.HTTPError:
+        return NO_SERVER
+    if response.status_code == 200 and _json(response):
+        return None
+    answer = f"GET {health} answered {response.status_code}" + (" with no JSON" if response.status_code == 200 else "")
+    if response.status_code in (401, 403):
+        return f"no Prefect API there for these credentials ({answer}): check PREFECT_API_KEY"
+    if url.rstrip("/").endswith("/api"):
+        return f"no Prefect API there ({answer})"
+    return f"no Prefect API there ({answer}); Prefect's API URL ends in /api (PREFECT_API_URL={url.rstrip('/')}/api)"
+
+
+def _json(response: Any) -> bool:
+    try:
+        response.json()
+    except ValueError:
+        return False
+    return True
+
+
+def _credentials() -> dict[str, str]:
+    """The Authorization header Prefect's client sends: PREFECT_API_KEY, else PREFECT_API_AUTH_STRING."""
+    import base64
+
+    from prefect.settings import get_current_settings
+
+    api = get_current_settings().api
+    key = api.key.get_secret_value() if api.key else None
+    if key:
+        return {"Authorization": f"Bearer {key}"}
+    auth = api.auth_string.get_secret_value() if api.auth_string else None
+    return {"Authorization": f"Basic {base64.b64encode(auth.encode()).decode()}"} if auth else {}
+
+
+def api_url_source() -> tuple[str, str]:
+    """Where PREFECT_API_URL was set, for a message, and how to stop setting it: the environment, a
+    Prefect profile (its name and file), or Prefect's settings files."""
+    from prefect.settings import get_current_settings
+    from prefect.settings.profiles import load_current_profile
+
+    if os.environ.get("PREFECT_API_URL"):
+        return "", "unset PREFECT_API_URL"
+    try:
+        profile = load_current_profile()
+    except Exception:  # a profiles file Prefect cannot read: it said so already, as it loaded its settings
+        profile = None
+    if profile is not None and any(s.name == "PREFECT_API_URL" for s in profile.settings):
+        path = get_current_settings().profiles_path
+        return (f" (profile {profile.name!r} of {path})",
+                f"`prefect config unset PREFECT_API_URL --profile {profile.name}`")
+    return " (Prefect's settings: prefect.toml, pyproject.toml or .env here)", "remove it there"
+
+
 @contextmanager
 def prefect_api(port: int) -> Iterator[PrefectApi]:
     """The configured ``PREFECT_API_URL``, or a local server started on ``port`` for the block."""
@@ -75,8 +139,10 @@ def prefect_api(port: int) -> Iterator[PrefectApi]:
 
     configured = get_current_settings().api.url
     if configured:
-        if not answers(configured, healthy=False):
-            raise InputError("Cannot serve:", [Problem(f"PREFECT_API_URL={configured}", "no Prefect server answers")])
+        why = api_problem(configured)
+        if why is not None:
+            source, _ = api_url_source()
+            raise InputError("Cannot serve:", [Problem(f"PREFECT_API_URL={configured}{source}", why)])
         yield PrefectApi(configured, None)
         return
     url = f"http://127.0.0.1:{port}/api"

@@ -251,7 +251,10 @@ class Outbox:
             waiting: dict[str, int] = {}
             errors: dict[str, str] = {}
             for to, queue in by_destination.items():
-                left, error = self._deliver_to(to, queue, run_ids, set_aside, own=to.uri == tracking.uri)
+                try:
+                    left, error = self._deliver_to(to, queue, run_ids, set_aside, own=to.uri == tracking.uri)
+                except Exception as e:  # the work is done: a failure nobody foresaw must not fail it now
+                    left, error = self._stopped(to, queue, e)
                 if left:
                     waiting[to.uri] = waiting.get(to.uri, 0) + left
                     errors[to.uri] = error or ""
@@ -312,6 +315,16 @@ class Outbox:
                     continue
             self._remove(entry)
         return left, error
+
+    def _stopped(self, to: Tracking, queue: list[Path], e: Exception) -> tuple[int, str]:
+        """A delivery to ``to`` that failed for a reason none of the checks foresaw (e.g. an MLflow
+        setting in the environment that MLflow reads only then): what is left of ``queue`` waits,
+        with the reason in one line, no attempt counted; (records left, why)."""
+        why = f"the delivery failed: {type(e).__name__}: {one_line(e)}"
+        log.debug("outbox: delivery to %s failed", printable(to.uri), exc_info=True)
+        left = [entry for entry in queue if os.path.lexists(entry)]
+        _note(left, why)
+        return len(left), unavailable(to, why)
 
     def _remove(self, entry: Path) -> None:
         """A delivered entry goes. If it cannot (it was swapped for a link meanwhile: rmtree follows

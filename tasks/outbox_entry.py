@@ -112,7 +112,8 @@ def read_destination(fd: int, outbox_dir: str | Path) -> Tracking | None:
     if isinstance(uri, str) and len(uri) > MAX_URI_CHARS:
         raise BadEntry(f"{DESTINATION_FILE}: the tracking URI is longer than {MAX_URI_CHARS} characters")
     try:
-        TrackingSettings(tracking_uri=uri, experiment=experiment)
+        # the entry's own destination, not what this process's environment would give MLflow
+        TrackingSettings(tracking_uri=uri, experiment=experiment, track=False)
     except InputError as e:
         raise BadEntry(f"{DESTINATION_FILE}: " + "; ".join(map(str, e.problems))) from None
     return Tracking(uri, experiment, str(outbox_dir))

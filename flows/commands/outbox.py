@@ -42,7 +42,8 @@ def run_list(args: argparse.Namespace) -> int:
     from tasks.outbox import Outbox
     from tasks.tracking import TrackingSettings
 
-    settings = from_flags(TrackingSettings, args)
+    # Listing reads only the state folder: MLflow's settings in the environment are not its business.
+    settings = from_flags(TrackingSettings, args, track=False)
     tracking = settings.resolve()
     state = Path(settings.state_dir)
     if state.exists() and not state.is_dir():  # not "nothing waits"

@@ -3,16 +3,21 @@
 
 The embedded default is a SQLite file in the working directory (``mlflow.db``) with artifacts in
 ``./mlruns``; ``MLFLOW_TRACKING_URI`` (or ``--tracking-uri``, a flow's ``tracking.tracking_uri``)
-points at a server instead.
+points at a server instead, as ``MLFLOW_EXPERIMENT_NAME`` (or ``--experiment``) names the experiment.
+What the environment gives is checked as the flags are, in the environment of the process that
+records (a flow run's own, for a deployment).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
-from rec.errors import InputError, Problem, show
+from rec.errors import InputError, Problem, printable, show
 from rec.settings import knob
 from tasks.paths import (
     DEFAULT_STATE_DIR,
@@ -28,6 +33,8 @@ SQLITE_SCHEME = "sqlite:///"  # a SQLite store's URI: the scheme, then the datab
 DEFAULT_DB = "mlflow.db"
 DEFAULT_EXPERIMENT = "shardflow"
 ARTIFACTS_DIR = "mlruns"  # next to a SQLite store: ARTIFACTS_DIR/<experiment>/...
+URI_ENV = "MLFLOW_TRACKING_URI"  # MLflow's own variables for what --tracking-uri and --experiment say
+EXPERIMENT_ENV = "MLFLOW_EXPERIMENT_NAME"
 
 
 def sqlite_uri(db: str | Path) -> str:
@@ -66,9 +73,9 @@ class TrackingSettings:
 
     tracking_uri: str | None = field(default=None, metadata=knob(
         f"MLflow tracking URI; none: $MLFLOW_TRACKING_URI or {DEFAULT_TRACKING_URI}", metavar="URI"))
-    experiment: str = field(default=DEFAULT_EXPERIMENT, metadata=knob(
+    experiment: str | None = field(default=None, metadata=knob(
         f"MLflow experiment (a name: its artifacts go to a directory of that name, {ARTIFACTS_DIR}/NAME, "
-        "next to a SQLite store)", metavar="NAME"))
+        f"next to a SQLite store); none: ${EXPERIMENT_ENV} or {DEFAULT_EXPERIMENT}", metavar="NAME"))
     state_dir: str = field(default=DEFAULT_STATE_DIR, metadata=knob(
         "shardflow's own state: the outbox for MLflow and the plan cache", metavar="DIR", path=True))
     # The commands offer --no-track (plan, train, measure); the flows always record (they refuse false).
@@ -82,8 +89,10 @@ class TrackingSettings:
 
     def problems(self) -> list[Problem]:
         """Every value that cannot be used: an experiment that is no plain name (it names a
-        directory), a URI or state directory that is empty or holds control characters."""
-        problems = [Problem(f"experiment {show(self.experiment)}", why) for why in name_problems(self.experiment)]
+        directory), a URI or state directory that is empty or holds control characters; and, where
+        runs are recorded, what the environment gives instead (``environment_problems``)."""
+        problems = [] if self.experiment is None else \
+            [Problem(f"experiment {show(self.experiment)}", why) for why in name_problems(self.experiment)]
         for name, value in (("tracking URI", self.tracking_uri), ("state directory", self.state_dir)):
             if value is None:
                 continue
@@ -98,14 +107,84 @@ class TrackingSettings:
         uri = self.tracking_uri
         if isinstance(uri, str) and uri.isprintable():
             problems += [Problem(f"tracking URI {show(uri)}", why) for why in uri_problems(uri)]
+        if self.track:
+            problems += environment_problems(uri=uri is None, experiment=self.experiment is None)
         if self.track and not problems:
             problems += sqlite_path_problems(resolve_uri(uri))
         return problems
 
     def resolve(self) -> Tracking:
         """The tracking URI (``MLFLOW_TRACKING_URI`` or SQLite in the working directory without one),
-        the experiment and the outbox; paths made absolute."""
-        return Tracking(resolve_uri(self.tracking_uri), self.experiment, outbox_dir(self.state_dir))
+        the experiment (``MLFLOW_EXPERIMENT_NAME`` or ``DEFAULT_EXPERIMENT`` without one) and the
+        outbox; paths made absolute."""
+        return Tracking(resolve_uri(self.tracking_uri), resolve_experiment(self.experiment),
+                        outbox_dir(self.state_dir))
+
+
+def resolve_experiment(experiment: str | None) -> str:
+    """The experiment runs go to: ``experiment``, else ``MLFLOW_EXPERIMENT_NAME``, else ``DEFAULT_EXPERIMENT``."""
+    return experiment or os.environ.get(EXPERIMENT_ENV) or DEFAULT_EXPERIMENT
+
+
+def environment_problems(uri: bool = True, experiment: bool = True) -> list[Problem]:
+    """Why what the environment sets cannot be recorded with, each naming its variable: the
+    ``MLFLOW_TRACKING_URI`` (``uri``: no URI was given) and ``MLFLOW_EXPERIMENT_NAME``
+    (``experiment``: none was given) that will be used, checked as the flags are; and any of MLflow's
+    own variables MLflow cannot read (``mlflow_variable_problems``)."""
+    problems = []
+    if uri and (value := os.environ.get(URI_ENV)):
+        where = f"{URI_ENV}={printable(value, 80)}"
+        reasons = uri_problems(value) if value.isprintable() else ["contains control characters"]
+        problems += [Problem(where, why) for why in reasons]
+    if experiment and (value := os.environ.get(EXPERIMENT_ENV)):
+        problems += [Problem(f"{EXPERIMENT_ENV}={printable(value, 60)}", why) for why in name_problems(value)]
+    return problems + mlflow_variable_problems()
+
+
+# What MLflow reads each type of its variables as (mlflow.environment_variables), for a message.
+_KINDS = {int: "a whole number", float: "a number", bool: "true, false, 1 or 0"}
+
+
+def mlflow_variable_problems() -> list[Problem]:
+    """MLflow's own variables (``mlflow.environment_variables``) set to a value MLflow cannot read as
+    its type, e.g. ``MLFLOW_HTTP_REQUEST_TIMEOUT=abc``: MLflow raises on the first call that reads one,
+    which is after the work, as its run is recorded."""
+    if not any(name.startswith("MLFLOW_") for name in os.environ):
+        return []
+    problems = []
+    for variable in _mlflow_variables():
+        raw = os.environ.get(variable.name)
+        if raw is None:
+            continue
+        try:
+            variable.get()
+        except ValueError:
+            kind = _KINDS.get(variable.type, getattr(variable.type, "__name__", "its type"))
+            problems.append(Problem(f"{variable.name}={printable(raw, 60)}",
+                                    f"MLflow reads this variable as {kind}: set it so, or unset it"))
+    return problems
+
+
+@lru_cache(maxsize=1)
+def _mlflow_variables() -> tuple[Any, ...]:
+    """The variables ``mlflow.environment_variables`` defines. Its file is run on its own where MLflow
+    is not imported yet: it imports nothing of MLflow's, and importing MLflow takes seconds that
+    ``shardflow plan`` otherwise never spends."""
+    module = sys.modules.get("mlflow.environment_variables")
+    if module is None:
+        from importlib.util import find_spec, module_from_spec, spec_from_file_location
+
+        package = find_spec("mlflow")
+        if package is None or not package.submodule_search_locations:
+            return ()
+        path = Path(next(iter(package.submodule_search_locations)), "environment_variables.py")
+        spec = spec_from_file_location("_shardflow_mlflow_environment_variables", path)
+        if spec is None or spec.loader is None:
+            return ()
+        module = module_from_spec(spec)
+        spec.loader.exec_module(module)
+    base = getattr(module, "_EnvironmentVariable", None)
+    return tuple(v for v in vars(module).values() if base is not None and isinstance(v, base))
 
 
 # The stores MLflow's tracking registry knows (mlflow.tracking._tracking_service.utils), a driver after '+'.
@@ -158,12 +237,12 @@ def _plugin_schemes() -> set[str]:
     return {e.name.lower() for e in entry_points(group="mlflow.tracking_store")}
 
 
-def tracking_for(uri: str | None = None, experiment: str = DEFAULT_EXPERIMENT,
+def tracking_for(uri: str | None = None, experiment: str | None = None,
                  state_dir: str | None = DEFAULT_STATE_DIR, work_dir: str | None = None) -> Tracking:
     """``TrackingSettings(uri, experiment, state_dir).resolve()``: an InputError for names that
     cannot be used (the flows start with this). Without a ``uri`` (nor ``MLFLOW_TRACKING_URI``)
     or a ``state_dir``, the default ones are in ``work_dir`` (none: the working directory)."""
-    if uri is None and work_dir and not os.environ.get("MLFLOW_TRACKING_URI"):
+    if uri is None and work_dir and not os.environ.get(URI_ENV):
         uri = sqlite_uri(in_work_dir(work_dir, DEFAULT_DB))
     return TrackingSettings(uri, experiment, state_dir_in(work_dir, state_dir)).resolve()
 
@@ -187,6 +266,6 @@ def sqlite_path_problems(uri: str) -> list[Problem]:
 def resolve_uri(uri: str | None) -> str:
     """The URI runs go to: ``uri``, else ``MLFLOW_TRACKING_URI``, else ``DEFAULT_TRACKING_URI``;
     a SQLite database's path made absolute."""
-    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    uri = uri or os.environ.get(URI_ENV) or DEFAULT_TRACKING_URI
     db = sqlite_path(uri)
     return sqlite_uri(db.resolve()) if db is not None else uri

@@ -151,8 +151,9 @@ def test_a_configured_server_that_does_not_answer_is_named_before_serving(capsys
     url = f"http://127.0.0.1:{free_port()}/api"  # nothing listens there
     with temporary_settings(updates={PREFECT_API_URL: url}):
         assert main(["serve", "--replan-every", "5"]) == 2
-    assert capsys.readouterr().err.splitlines() == [
-        "shardflow: Cannot serve:", f"  - PREFECT_API_URL={url}: no Prefect server answers"]
+    title, problem = capsys.readouterr().err.splitlines()
+    assert title == "shardflow: Cannot serve:" and problem.startswith(f"  - PREFECT_API_URL={url} (")
+    assert problem.endswith("): no Prefect server answers")  # where it was set: here, Prefect's own settings
 
 
 def test_the_watch_gives_up_on_a_server_that_stopped_answering():

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from rec.errors import InputError, Problem
 from rec.train.lifetime import parent_death_signal
@@ -68,23 +69,26 @@ def answers(url: str, *, healthy: bool = True) -> bool:
 
 
 def api_problem(url: str) -> str | None:
-    """Why ``url`` is no Prefect API (None: it is): nothing answers there, or its health check
-    (``{url}/health``, asked with the credentials Prefect's client sends) answers anything but 200
-    with JSON. The common case is a URL without ``/api``: Prefect's UI, or another server, answers it
-    (a 404, or a page), and each flow then failed with Prefect's tracebacks."""
+    """Why ``url`` is no Prefect API (None: it may be): nothing answers there, or its health check
+    (``{url}/health``, asked as Prefect's client asks: its credentials, custom headers and TLS
+    settings, redirects followed) is not found (404) or answers a page, not JSON. The common case is a
+    URL without ``/api``: Prefect's UI, or another server, answers it, and each flow then failed with
+    Prefect's tracebacks. Any other answer (a proxy's 401, a server's 503) is left to Prefect's
+    client, which says more."""
     import httpx
 
     health = f"{url.rstrip('/')}/health"
     try:
-        response = httpx.get(health, timeout=HEALTH_TIMEOUT_S, headers=_credentials())
+        response = httpx.get(health, timeout=HEALTH_TIMEOUT_S, follow_redirects=True, **_client_options())
     except httpx.HTTPError:
         return NO_SERVER
-    if response.status_code == 200 and _json(response):
+    if response.status_code == 200 and not _json(response):
+        answer = f"GET {health} answered a page, not JSON"
+    elif response.status_code == 404:
+        answer = f"GET {health} answered 404"
+    else:
         return None
-    answer = f"GET {health} answered {response.status_code}" + (" with no JSON" if response.status_code == 200 else "")
-    if response.status_code in (401, 403):
-        return f"no Prefect API there for these credentials ({answer}): check PREFECT_API_KEY"
-    if url.rstrip("/").endswith("/api"):
+    if "api" in urlsplit(url).path.split("/"):
         return f"no Prefect API there ({answer})"
     return f"no Prefect API there ({answer}); Prefect's API URL ends in /api (PREFECT_API_URL={url.rstrip('/')}/api)"
 
@@ -97,18 +101,24 @@ def _json(response: Any) -> bool:
     return True
 
 
-def _credentials() -> dict[str, str]:
-    """The Authorization header Prefect's client sends: PREFECT_API_KEY, else PREFECT_API_AUTH_STRING."""
+def _client_options() -> dict[str, Any]:
+    """What Prefect's client sends and checks: PREFECT_API_KEY (else PREFECT_API_AUTH_STRING),
+    PREFECT_CLIENT_CUSTOM_HEADERS, and its TLS settings."""
     import base64
 
     from prefect.settings import get_current_settings
 
-    api = get_current_settings().api
+    settings = get_current_settings()
+    api = settings.api
+    headers = dict(settings.client.custom_headers or {})
     key = api.key.get_secret_value() if api.key else None
-    if key:
-        return {"Authorization": f"Bearer {key}"}
     auth = api.auth_string.get_secret_value() if api.auth_string else None
-    return {"Authorization": f"Basic {base64.b64encode(auth.encode()).decode()}"} if auth else {}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    elif auth:
+        headers["Authorization"] = f"Basic {base64.b64encode(auth.encode()).decode()}"
+    verify: bool | str = False if api.tls_insecure_skip_verify else (api.ssl_cert_file or True)
+    return {"headers": headers, "verify": verify}
 
 
 def api_url_source() -> tuple[str, str]:

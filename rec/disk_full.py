@@ -39,6 +39,15 @@ def _rebuild(path: str, number: int, reason: str) -> DiskFull:
     return DiskFull(path, OSError(number, reason))
 
 
+class CheckpointWriteFailed(Exception):
+    """The OS would not write a checkpoint's file, for another reason than a full disk: the error
+    torch.save's zip writer made of it ("unexpected pos") says neither the file nor the reason."""
+
+    def __init__(self, error: OSError, step: str | Path):
+        reason = error.strerror or (os.strerror(error.errno) if error.errno else str(error))
+        super().__init__(f"cannot write {error.filename or step}: {reason}")
+
+
 def is_disk_full(error: BaseException) -> bool:
     return isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TextIO
 
 from rec import progress
-from rec.disk_full import DiskFull, is_disk_full
+from rec.disk_full import CheckpointWriteFailed, DiskFull, is_disk_full
 from rec.settings import to_flags
 from rec.stop_signals import Stopped as Stopped  # re-exported
 from rec.stop_signals import signals_stop
@@ -89,7 +89,9 @@ def torchrun_command(launch: Launch) -> list[str]:
     else:
         cmd += [f"--nnodes={launch.nnodes}", f"--node-rank={launch.node_rank}",
                 "--rdzv-backend=c10d", f"--rdzv-endpoint={launch.rdzv_endpoint}",
-                f"--rdzv-id={launch.rdzv_id}", f"--rdzv-conf=join_timeout={launch.join_timeout_s}"]
+                # read_timeout: how long a node waits for node 0's rendezvous store to answer (torch's 60 s)
+                f"--rdzv-id={launch.rdzv_id}",
+                f"--rdzv-conf=join_timeout={launch.join_timeout_s},read_timeout={launch.join_timeout_s}"]
     # Paths as --out=PATH, plans absolute: a path starting with "-" (./-plan is "-plan") is no flag there.
     plans = [os.path.abspath(p) for p in (launch.plan_path, *launch.more_plans)]
     return [*cmd, "-m", launch.module, "--plan", *plans, f"--out={launch.out_dir}", *to_flags(launch.job),
@@ -259,7 +261,9 @@ def failure_cause(launch: Launch, finished: Finished) -> Cause:
         return Cause(f"rank {rank} exited with {_exit(code)} without a Python error"
                      + (f"; its log ends: {last}" if last else "") + followed, False)
     if errors:
-        first = next((e for e in errors if e.disk_full), errors[0])  # a full disk explains the rest
+        # an output that could not be written (a full disk, a failing one) explains the rest
+        first = next((e for e in errors if e.disk_full), None) or next(
+            (e for e in errors if e.cause.startswith(f"{CheckpointWriteFailed.__name__}:")), errors[0])
         same = sorted(e.rank for e in errors if e.cause == first.cause)
         others = len(errors) - len(same)
         cause = first.cause
@@ -272,6 +276,10 @@ def failure_cause(launch: Launch, finished: Finished) -> Cause:
             text += (f"; restarting, the {launch.nnodes} nodes did not meet again at {launch.rdzv_endpoint} "
                      f"within {launch.join_timeout_s} s (--join-timeout)")
         return Cause(text, first.deterministic, first.disk_full)
+    if any("RendezvousConnectionError" in line for line in lines):
+        return Cause(f"nothing answered at {launch.rdzv_endpoint} within {launch.join_timeout_s} s (--join-timeout): "
+                     "start node 0 (--node-rank 0), whose machine hosts the rendezvous there, or give every node "
+                     "its address", False)
     if met_no_more:
         return Cause(f"the {launch.nnodes} nodes did not all meet at {launch.rdzv_endpoint or 'the rendezvous'} "
                      f"within {launch.join_timeout_s} s (--join-timeout): start every node with the same --nnodes "

@@ -330,8 +330,8 @@ def _gloo_environment_problems() -> list[Problem]:
                 "name one of them, or unset it")))
     if os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").strip().upper() == "DETAIL":
         out.append(Problem("TORCH_DISTRIBUTED_DEBUG=DETAIL", (
-            "crashes every gloo rank (SIGSEGV in torch's checking wrapper of the process group): use INFO, "
-            "or unset it")))
+            "crashes the training's gloo ranks (SIGSEGV under torch's checking wrapper of the process group, "
+            "in TorchRec's collectives): use INFO, or unset it")))
     return out
 
 

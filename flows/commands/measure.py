@@ -61,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
     settings = from_flags(MeasureSettings, args)
     check(settings, "Cannot measure with these settings:")
     tracking = from_flags(TrackingSettings, args)
+    tracking.resolve()  # what the environment gives MLflow in the flags' place: checked before the work
     dirs = RunDirs.of(args.out)
     logged: Logged | None = None
     with launch_faults("shardflow measure", lambda: args.out or ".") as fault, \

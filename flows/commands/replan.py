@@ -54,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     searching = from_flags(SearchSettings, args)
     check(searching, "Cannot plan with these settings:")
     tracking = from_flags(TrackingSettings, args)  # a name that cannot be used exits 2 here
+    tracking.resolve()  # what the environment gives MLflow in the flags' place: checked before the work
     problems = unmakeable(args.out, "--out") + unmakeable(tracking.state_dir, "--state-dir")
     if problems:
         raise InputError("Cannot replan:", problems)

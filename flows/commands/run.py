@@ -79,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     searching, training = from_flags(SearchSettings, args), from_flags(TrainSettings, args)
     tracking = from_flags(TrackingSettings, args)
+    tracking.resolve()  # what the environment gives MLflow in the flags' place: checked before the work
     # What would fail for certain exits 2 here, in seconds, before Prefect starts.
     problems = settings_problems(searching) + ([] if args.plan_only else settings_problems(training))
     problems += unmakeable(args.out, "--out") + unmakeable(tracking.state_dir, "--state-dir")

@@ -66,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
     settings = from_flags(TrainSettings, args)
     check_settings(settings, args.plan)
     tracking = from_flags(TrackingSettings, args)
+    tracking.resolve()  # what the environment gives MLflow in the flags' place: checked before the work
     records_run = tracking.track and settings.node_rank == 0
     dirs = RunDirs.of(args.out)
     out = args.out

@@ -34,7 +34,7 @@ from torch.distributed.checkpoint.metadata import (
 )
 from torch.distributed.checkpoint.planner import ReadItem
 
-from rec.disk_full import DiskFull, is_disk_full, write_whole, writing
+from rec.disk_full import CheckpointWriteFailed, DiskFull, is_disk_full, write_whole, writing
 from rec.errors import InputError, Problem
 from rec.input_files import read_at_most
 from rec.plan.io import plan_file
@@ -84,15 +84,6 @@ def save(directory: str | Path, step: int, model: torch.nn.Module, optimizer: to
         write_whole(root / LATEST, step_name(step))
         prune(root, keep)
     Group.current().barrier()
-
-
-class CheckpointWriteFailed(Exception):
-    """The OS would not write a checkpoint's file, for another reason than a full disk: the error
-    torch.save's zip writer made of it ("unexpected pos") says neither the file nor the reason."""
-
-    def __init__(self, error: OSError, step: Path):
-        reason = error.strerror or (os.strerror(error.errno) if error.errno else str(error))
-        super().__init__(f"cannot write {error.filename or step}: {reason}")
 
 
 class _RecordingFileSystem(FileSystem):

@@ -58,6 +58,8 @@ def report_waits(nodes: int, endpoint: str, join_timeout_s: float, say: Callable
 
     rendezvous, restart = SimpleElasticAgent._rendezvous, SimpleElasticAgent._restart_workers
     restarting = ""
+    if nodes > 1:  # said before the agent starts, which first waits for node 0's store to answer
+        say(f"waiting for the {nodes} nodes to meet at {endpoint} (at most {join_timeout_s:g} s)")
 
     def _rendezvous(agent: SimpleElasticAgent, worker_group: Any) -> Any:
         if nodes > 1:
@@ -70,9 +72,9 @@ def report_waits(nodes: int, endpoint: str, join_timeout_s: float, say: Callable
             limit = worker_group.spec.max_restarts
             restarting = f"restart {limit - agent._remaining_restarts} of {limit}: "
             say(f"a rank failed: restarting the ranks ({restarting[:-2]})")
-        else:  # the agent's only other reason: a node asked to join the running group
+        else:  # the agent's only other reason: a node (a new one, or one that restarted) asked to join
             restarting = ""
-            say("a node asked to join: restarting the ranks")
+            say("another node asked to join (it started, or restarted): restarting the ranks")
         return restart(agent, worker_group)
 
     SimpleElasticAgent._rendezvous = _rendezvous  # type: ignore[method-assign]

@@ -82,7 +82,10 @@ def train_iterations(dmp: DistributedModelParallel, optimizer: CombinedOptimizer
     def evaluate(done: int) -> None:
         if evaluator is None:
             return
-        so_far()  # a diverged training says so, not that its outputs cannot be evaluated
+        # A diverged training says so, not that its outputs cannot be evaluated: one flag from each rank
+        # (the whole reduction, as often as --eval-every, would grow with the iterations).
+        if Group.current().any(not bool(torch.isfinite(losses[:len(latencies)]).all())):
+            so_far()
         output.progress(f"evaluating after iteration {done}")
         result = evaluator.run(step.model(), done)
         if result is not None:

@@ -149,11 +149,16 @@ def checkpoint_at(path: str | Path, title: str = "", hint: str = "") -> tuple[Pa
     if step is not None and p.is_dir() and (p / INDEX_FILE).is_file():
         problems = folder_problems(p.parent, made=False)
         named = _named_step(p.parent)
-        if not problems and (named is None or step > named):  # LATEST never named it: not all written
+        if not problems and named is None:  # LATEST never named it: maybe not all written
             problems = [Problem(str(p), (
-                "was never completed: its training stopped, failed or diverged before LATEST named it "
-                f"({'no LATEST there' if named is None else 'LATEST names ' + step_name(named)}); use "
-                f"{p.parent} (its LATEST) or an earlier step"))]
+                "has no LATEST beside it, which names a checkpoint once every rank has written it: its "
+                "training completed none there (it stopped, failed or diverged first), or the step was "
+                "copied without LATEST; copy LATEST with it"))]
+        elif not problems and named is not None and step > named:
+            problems = [Problem(str(p), (
+                f"is not complete: LATEST names {step_name(named)}, an earlier one (its training stopped, "
+                f"failed or diverged before completing this one, or is writing it now); use {p.parent} "
+                "(its LATEST) or an earlier step"))]
         if problems:
             raise InputError(title, problems)
         return p.parent, step

@@ -89,8 +89,9 @@ class TrackingSettings:
 
     def problems(self) -> list[Problem]:
         """Every value that cannot be used: an experiment that is no plain name (it names a
-        directory), a URI or state directory that is empty or holds control characters; and, where
-        runs are recorded, what the environment gives instead (``environment_problems``)."""
+        directory), a URI or state directory that is empty or holds control characters. What the
+        environment gives in their place is checked where they are resolved (``resolve``): the flows'
+        default settings are made as their modules are imported, before any flag is read."""
         problems = [] if self.experiment is None else \
             [Problem(f"experiment {show(self.experiment)}", why) for why in name_problems(self.experiment)]
         for name, value in (("tracking URI", self.tracking_uri), ("state directory", self.state_dir)):
@@ -107,8 +108,6 @@ class TrackingSettings:
         uri = self.tracking_uri
         if isinstance(uri, str) and uri.isprintable():
             problems += [Problem(f"tracking URI {show(uri)}", why) for why in uri_problems(uri)]
-        if self.track:
-            problems += environment_problems(uri=uri is None, experiment=self.experiment is None)
         if self.track and not problems:
             problems += sqlite_path_problems(resolve_uri(uri))
         return problems
@@ -116,7 +115,13 @@ class TrackingSettings:
     def resolve(self) -> Tracking:
         """The tracking URI (``MLFLOW_TRACKING_URI`` or SQLite in the working directory without one),
         the experiment (``MLFLOW_EXPERIMENT_NAME`` or ``DEFAULT_EXPERIMENT`` without one) and the
-        outbox; paths made absolute."""
+        outbox; paths made absolute. Where runs are recorded, an InputError naming what the
+        environment gives that cannot be recorded with (``environment_problems``); a command resolves
+        its settings before its work, a flow as it starts (``tracking_for``)."""
+        if self.track:
+            problems = environment_problems(uri=self.tracking_uri is None, experiment=self.experiment is None)
+            if problems:
+                raise InputError("Cannot use MLflow with these settings:", problems)
         return Tracking(resolve_uri(self.tracking_uri), resolve_experiment(self.experiment),
                         outbox_dir(self.state_dir))
 
@@ -154,7 +159,7 @@ def mlflow_variable_problems() -> list[Problem]:
     problems = []
     for variable in _mlflow_variables():
         raw = os.environ.get(variable.name)
-        if raw is None:
+        if not raw:  # unset, or emptied (`export MLFLOW_X=`): MLflow's default, as far as shardflow can tell
             continue
         try:
             variable.get()

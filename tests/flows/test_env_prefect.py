@@ -49,6 +49,26 @@ def test_a_server_that_is_no_prefect_api_is_named_with_the_api_form_of_its_url(p
         f"no Prefect API there (GET {plain_http_server}/api/health answered 404)"
 
 
+def test_a_workspace_url_and_a_server_that_wants_credentials_are_not_taken_for_no_api(plain_http_server):
+    """A Prefect Cloud-style URL (a path after /api) is not told to end in /api; an auth proxy's 401 (its
+    header set by PREFECT_CLIENT_CUSTOM_HEADERS, which this check may lack) is left to Prefect's client."""
+    workspace = f"{plain_http_server}/api/accounts/a1/workspaces/w1"
+    assert api_problem(workspace) == f"no Prefect API there (GET {workspace}/health answered 404)"
+
+    class Guarded(SimpleHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(401)
+            self.end_headers()
+
+    server = HTTPServer(("127.0.0.1", 0), Guarded)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        assert api_problem(f"http://127.0.0.1:{server.server_address[1]}/api") is None
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_run_refuses_a_prefect_api_url_without_api_in_one_line_exit_2(plain_http_server, tmp_path):
     done = run_plan_only(tmp_path, PREFECT_API_URL=plain_http_server, PREFECT_HOME=str(tmp_path / "prefect"))
     assert done.returncode == 2, done.stderr

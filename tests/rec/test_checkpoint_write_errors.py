@@ -50,3 +50,16 @@ def test_a_checkpoint_file_the_os_fails_to_write_is_named_with_the_reason(tmp_pa
     assert cause.startswith(f"CheckpointWriteFailed: cannot write {tmp_path / 'step_00000004'}/")
     assert cause.endswith(".distcp: Input/output error"), cause
     assert (tmp_path / LATEST).read_text() == "step_00000002"  # the last whole checkpoint stays the one
+
+
+def test_on_several_ranks_the_file_the_os_failed_to_write_is_the_cause_named(tmp_path):
+    """A peer's DCP error ("unexpected pos"), reported first, was named instead of the write that failed."""
+    from rec.train.rank_log import RankError
+    from tasks.launch import Finished, Launch, failure_cause
+
+    peer = RankError(1, "CheckpointException on ranks 0, 1: RuntimeError: [enforce fail at inline_container.cc:664] "
+                        ". unexpected pos 64 vs 0", False, 1.0)
+    failed = RankError(0, "CheckpointWriteFailed: cannot write /o/checkpoints/step_00000040/__0_0.distcp: "
+                          "Input/output error", False, 2.0)
+    cause = failure_cause(Launch("plan.json", str(tmp_path), 2), Finished(1, (peer, failed)))
+    assert cause.text.startswith("rank 0: CheckpointWriteFailed: cannot write /o/checkpoints/step_00000040/")

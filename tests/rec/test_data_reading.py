@@ -400,4 +400,4 @@ def test_labels_of_one_class_get_a_note_before_launch(tmp_path):
         "data of both classes")
     found = data_findings(str(tmp_path / "zeros.parquet"), LAYOUT, IdsPolicy.ERROR, "--eval-data", sample_rows=20)
     assert found.label_note.startswith("note      --eval-data: every label in a sample of ")
-    assert found.label_note.endswith(" is 0: AUC and NE are undefined on one class")
+    assert found.label_note.endswith(" is 0: if every row's is, AUC and NE are undefined on one class")

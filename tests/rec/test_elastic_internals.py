@@ -76,7 +76,8 @@ def test_the_agent_says_when_it_restarts_the_ranks_and_waits_for_the_nodes(monke
     SimpleElasticAgent._restart_workers(agent, group)
     SimpleElasticAgent._rendezvous(agent, group)
     assert called == ["rendezvous", "restart", "rendezvous"]
-    assert said == ["waiting for the 2 nodes to meet at 10.0.0.1:29400 (at most 600 s)",
+    assert said == ["waiting for the 2 nodes to meet at 10.0.0.1:29400 (at most 600 s)",  # before node 0 answers
+                    "waiting for the 2 nodes to meet at 10.0.0.1:29400 (at most 600 s)",
                     "a rank failed: restarting the ranks (restart 1 of 3)",
                     "restart 1 of 3: waiting for the 2 nodes to meet at 10.0.0.1:29400 (at most 600 s)"]
     said.clear()

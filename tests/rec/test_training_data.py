@@ -195,3 +195,6 @@ def test_a_training_whose_loss_is_not_finite_stops_saying_so_and_names_no_checkp
     with pytest.raises(InputError, match="The model's outputs cannot be evaluated") as refused:
         train(plan_path, str(tmp_path / "b"), config(data, eval_data=str(tmp_path / "huge.parquet"), iterations=4))
     assert "not finite (NaN or infinite) for 256 of 256 samples after iteration 4" in refused.value.render()
+    with pytest.raises(InputError, match="The training diverged"):  # not "the outputs cannot be evaluated"
+        train(plan_path, str(tmp_path / "c"), replace(config(data, iterations=4, eval_every=2),
+                                                      data=str(tmp_path / "huge.parquet")))

@@ -26,9 +26,10 @@ def test_a_step_beyond_latest_is_refused_naming_the_step_latest_names(tmp_path):
     with pytest.raises(InputError) as refused:
         checkpoint_at(root / "step_00000050")
     assert refused.value.problems[0].where == str(root / "step_00000050")
-    assert refused.value.problems[0].reason.startswith(
-        "was never completed: its training stopped, failed or diverged before LATEST named it (LATEST names "
-        f"step_00000040); use {root} (its LATEST) or an earlier step")
+    assert refused.value.problems[0].reason == (
+        "is not complete: LATEST names step_00000040, an earlier one (its training stopped, failed or diverged "
+        f"before completing this one, or is writing it now); use {root} (its LATEST) or an earlier step")
     (root / LATEST).unlink()
-    with pytest.raises(InputError, match="no LATEST there"):
+    with pytest.raises(InputError, match="has no LATEST beside it") as refused:
         checkpoint_at(root / "step_00000020")
+    assert refused.value.problems[0].reason.endswith("or the step was copied without LATEST; copy LATEST with it")

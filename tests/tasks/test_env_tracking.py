@@ -43,8 +43,10 @@ def plain_http_server() -> Iterator[str]:
 
 
 def refusal(**settings: object) -> str:
+    """Why the settings are refused as a command resolves them before its work."""
+    made = TrackingSettings(**settings)  # type: ignore[arg-type]  # made alike whatever the environment
     with pytest.raises(InputError) as raised:
-        TrackingSettings(**settings)  # type: ignore[arg-type]
+        made.resolve()
     return raised.value.render()
 
 
@@ -71,7 +73,22 @@ def test_the_flag_wins_over_the_environment_and_no_track_never_reads_it(monkeypa
     monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "../x")
     given = TrackingSettings(tracking_uri=f"sqlite:///{tmp_path}/m.db", experiment="mine").resolve()
     assert (given.uri, given.experiment) == (f"sqlite:///{tmp_path}/m.db", "mine")
-    TrackingSettings(track=False)  # --no-track: MLflow is not used
+    TrackingSettings(track=False).resolve()  # --no-track: MLflow is not used
+
+
+def test_the_flows_default_settings_are_made_whatever_the_environment_and_a_flag_still_wins(monkeypatch,
+                                                                                           tmp_path):
+    """The flows' default parameters are made as their modules are imported: a bad MLFLOW_* variable once
+    failed that import (and serve, and every deployment's flow run), and refused `run --experiment good`."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "MLFLOW_EXPERIMENT_NAME": "bad/name", "MLFLOW_HTTP_REQUEST_TIMEOUT": "abc"}
+    r = subprocess.run([sys.executable, "-c", "import flows.pipeline, flows.train, flows.plan, flows.replan"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "bad/name")
+    assert TrackingSettings(experiment="good", tracking_uri=f"sqlite:///{tmp_path}/m.db").resolve().experiment == "good"
 
 
 def test_mlflow_settings_mlflow_cannot_read_are_refused_up_front_each_in_one_line(monkeypatch):

@@ -95,7 +95,7 @@ class TerminalProgress:
                 self.timings[state.name] = Timing(state.name, event.elapsed_s, event.ok)
             else:
                 timing.seconds += event.elapsed_s
-                timing.ok &= event.ok
+                timing.ok = event.ok  # a retried step (Prefect) is as its last attempt went
                 timing.count += 1
             if state.shown:
                 self._remove_live(state)

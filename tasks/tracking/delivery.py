@@ -13,6 +13,7 @@ from tasks.records import (
     PARTIAL_RECORD,
     PLAN_ID,
     RECORD,
+    SPEC_PATH,
     STEP,
     EndRecord,
     RunRecord,
@@ -20,7 +21,7 @@ from tasks.records import (
     RunStep,
 )
 from tasks.tracking.queries import find_runs, quoted, run_of_record
-from tasks.tracking.store import RunNotFound
+from tasks.tracking.store import RunNotFound, one_plan_run_at_a_time
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -49,13 +50,22 @@ def deliver(client: MlflowClient, experiment_id: str, record: RunRecord | EndRec
             _link_children(client, experiment_id, record.key, existing.info.run_id)
             return str(existing.info.run_id)
         _discard_partial(client, existing)
-    for partial in client.search_runs([experiment_id], f"tags.`{PARTIAL_RECORD}` = '{quoted(record.key)}'"):
+    for partial in client.search_runs([experiment_id], f"tags.`{PARTIAL_RECORD}` = {quoted(record.key)}"):
         _discard_partial(client, partial)
-    if record.unique_plan:
+    if not record.unique_plan:
+        return _new_run(client, experiment_id, record, files)
+    with one_plan_run_at_a_time(client.tracking_uri):
+        # One plan run per plan and spec file: `replan` finds a file's last plan by its path.
         same = [run for run in find_runs(client, [experiment_id], step=RunStep.PLAN, plan_id=record.tags[PLAN_ID],
-                                         finished=True, max_results=10) if RECORD in run.data.tags]
+                                         finished=True, max_results=100)
+                if RECORD in run.data.tags and run.data.tags.get(SPEC_PATH) == record.tags.get(SPEC_PATH)]
         if same:
             return str(same[0].info.run_id)
+        return _new_run(client, experiment_id, record, files)
+
+
+def _new_run(client: MlflowClient, experiment_id: str, record: RunRecord, files: Path) -> str:
+    """A run of ``record``, complete (RECORD) once everything is logged; a failure discards it."""
     tags = {**record.tags, STEP: record.step, PARTIAL_RECORD: record.key}
     if record.parent_key:
         tags[PARENT_RECORD] = record.parent_key
@@ -87,7 +97,7 @@ def _link_children(client: MlflowClient, experiment_id: str, key: str, run_id: s
     """Nest under ``run_id`` the runs that arrived before their parent (record ``key``) did."""
     from mlflow.entities import RunTag
 
-    for child in client.search_runs([experiment_id], f"tags.`{PARENT_RECORD}` = '{quoted(key)}'"):
+    for child in client.search_runs([experiment_id], f"tags.`{PARENT_RECORD}` = {quoted(key)}"):
         if PARENT not in child.data.tags:
             client.log_batch(child.info.run_id, tags=[RunTag(PARENT, run_id)])
 

@@ -16,15 +16,17 @@ if TYPE_CHECKING:
 
 
 def quoted(value: str) -> str:
-    """``value`` as it may stand between the quotes of an MLflow search filter."""
-    if "'" in value:
-        raise InputError("Cannot search MLflow for this value:", [Problem(value, "contains a quote")])
-    return value
+    """``value`` as a string of an MLflow search filter, in single quotes, or double ones where it holds a
+    single quote (a spec file named team's.yaml); InputError where it holds both."""
+    for quote in ("'", '"'):
+        if quote not in value:
+            return f"{quote}{value}{quote}"
+    raise InputError("Cannot search MLflow for this value:", [Problem(value, "contains both kinds of quote")])
 
 
 def run_of_record(client: MlflowClient, experiment_id: str, key: str) -> Run | None:
     """The run a complete delivery of record ``key`` made, if any."""
-    runs = client.search_runs([experiment_id], f"tags.`{RECORD}` = '{quoted(key)}'", max_results=1)
+    runs = client.search_runs([experiment_id], f"tags.`{RECORD}` = {quoted(key)}", max_results=1)
     return runs[0] if runs else None
 
 
@@ -32,7 +34,7 @@ def find_runs(client: MlflowClient, experiment_ids: list[str], step: RunStep | N
               finished: bool = False, max_results: int = 1000, **tags: str) -> list[Run]:
     """Runs newest first, filtered by ``shardflow.<name>`` tags (e.g. ``plan_id=...``)."""
     clauses = [f"tags.`{STEP}` = '{step}'"] if step else []
-    clauses += [f"tags.`shardflow.{name}` = '{quoted(value)}'" for name, value in tags.items()]
+    clauses += [f"tags.`shardflow.{name}` = {quoted(value)}" for name, value in tags.items()]
     if finished:
         clauses.append(f"attributes.status = '{RunStatus.FINISHED}'")
     return list(client.search_runs(experiment_ids, " and ".join(clauses),
@@ -45,7 +47,7 @@ def last_planning(client: MlflowClient, experiment_id: str, spec_path: str,
     replan: all carry ``shardflow.spec_hash``)."""
     runs = client.search_runs(
         [experiment_id],
-        f"tags.`{SPEC_PATH}` = '{quoted(spec_path)}' and tags.`{TOPOLOGY_HASH}` = '{topology_hash}'"
+        f"tags.`{SPEC_PATH}` = {quoted(spec_path)} and tags.`{TOPOLOGY_HASH}` = {quoted(topology_hash)}"
         f" and attributes.status = '{RunStatus.FINISHED}'",
         max_results=1, order_by=["attributes.start_time DESC"])
     return runs[0] if runs else None

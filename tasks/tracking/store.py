@@ -15,12 +15,12 @@ import socket
 import sqlite3
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, closing, contextmanager
+from contextlib import ExitStack, closing, contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import quote, urlparse
 
-from rec.file_lock import holding, open_lock_file, take
+from rec.file_lock import file_lock, holding, open_lock_file, take
 from tasks.paths import safe_dir_name
 from tasks.tracking.settings import ARTIFACTS_DIR, Tracking, not_a_file_store, sqlite_path, sqlite_uri
 
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from mlflow import MlflowClient
 
 STORE_LOCK_SUFFIX = ".lock"  # mlflow.db.lock: held while a process opens (and may migrate) the store
+PLAN_RUNS_LOCK_SUFFIX = ".plan-runs.lock"  # mlflow.db.plan-runs.lock: held while a plan run is delivered
 # .mlflow.db.new-PID-XXXXXXXX: a new store MLflow sets up beside its path, moved there once whole
 NEW_STORE_FILE = ".{name}.new-{pid}-{token}"
 SQLITE_SIDE_FILES = ("-journal", "-wal", "-shm")  # SQLite's files beside a database
@@ -190,6 +191,20 @@ def _check_sqlite_store(db: Path) -> None:
         raise TrackingUnavailable(f"no MLflow store at {db} (a command that records makes one)")
     with _not_being_set_up(db):
         _check_sqlite_tables(db)
+
+
+@contextmanager
+def one_plan_run_at_a_time(uri: str) -> Iterator[None]:
+    """Around a plan run's delivery, from its check that the plan has no run yet to its run's being
+    complete: two commands delivering one plan at once (two pipelines of one spec, a scheduled replan
+    beside `shardflow run`) each saw none and made one. A lock beside a SQLite store, gone when let go;
+    nothing for another kind of store (a server: its deliveries may still race, rarely)."""
+    db = sqlite_path(uri)
+    with ExitStack() as stack:
+        if db is not None:
+            with suppress(OSError):  # no lock file can be made there: as for a server
+                stack.enter_context(file_lock(db.with_name(f"{db.name}{PLAN_RUNS_LOCK_SUFFIX}"), removed=True))
+        yield
 
 
 @contextmanager

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from flows import progress as shown
 from rec import progress
 
@@ -39,3 +41,16 @@ def test_a_count_the_message_gives_is_not_repeated_after_it():
         progress.update("1,245,184/12,000,000 rows", 1_245_184, 12_000_000)
     reporter.close()
     assert lines[0].split(" [")[0] == "predict: 1,245,184/12,000,000 rows"
+
+
+def test_a_step_that_succeeded_on_a_retry_is_not_summed_up_as_failed():
+    """`shardflow run`'s closing summary said `train 6.30 s (failed)` of a training Prefect retried once
+    and that then succeeded."""
+    reporter = shown.TerminalProgress(live=False, write=lambda line: None)
+    with progress.reporting(reporter):
+        with pytest.raises(RuntimeError), progress.step("train"):
+            raise RuntimeError("a rank died")
+        with progress.step("train"):
+            pass
+    reporter.close()
+    assert "(failed)" not in reporter.summary() and reporter.summary().startswith("train ")

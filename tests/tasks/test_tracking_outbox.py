@@ -67,6 +67,33 @@ def test_a_record_delivered_twice_makes_one_run_and_a_plan_is_logged_once(mlflow
     assert len(set(delivery.run_ids.values())) == 2
 
 
+def test_one_plan_planned_from_two_spec_files_gets_a_run_for_each_and_racing_deliveries_one(mlflow_db, tmp_path):
+    """A copy of a planned spec, planned again, got no run of its own (one per plan_id): `replan` of the copy,
+    which looks a file's last plan up by its path, then said "first plan". Three commands delivering one
+    plan at once each saw no run yet, and made one each."""
+    import threading
+
+    def planned(spec_path: str) -> RunRecord:
+        return RunRecord(key=new_key(), step=RunStep.PLAN, name="plan-test", start_ms=now_ms(), end_ms=now_ms(),
+                         unique_plan=True, tags={"shardflow.step": "plan", "shardflow.plan_id": "copied",
+                                                 "shardflow.spec_path": spec_path})
+
+    tracking = Tracking(mlflow_db, "copies", str(tmp_path / "outbox"))
+    outboxes = [Outbox(tmp_path / f"outbox-{i}") for i in range(3)]
+    for outbox in outboxes:
+        outbox.put(planned("/specs/s.yaml"))
+    threads = [threading.Thread(target=outbox.deliver, args=(tracking,)) for outbox in outboxes]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    outboxes[0].put(planned("/specs/team's copy.yaml"))  # a quote in a path: a search of its own
+    assert outboxes[0].deliver(tracking).pending == 0
+    assert sorted(r.data.tags["shardflow.spec_path"] for r in runs(mlflow_db, "copies")) == [
+        "/specs/s.yaml", "/specs/team's copy.yaml"]
+    assert not list(tmp_path.glob("*.plan-runs.lock")) and not (tmp_path.parent / "mlflow.db.plan-runs.lock").exists()
+
+
 def test_an_outbox_on_a_full_disk_loses_the_record_in_one_line_and_fails_nothing(tmp_path):
     """A full --state-dir once failed a training that had succeeded ("cannot write train_metrics.json",
     the artifact it was copying) and left hidden temporary entries behind for good."""

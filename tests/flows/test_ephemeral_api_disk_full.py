@@ -14,13 +14,13 @@ from tests.flows.test_ephemeral_api import plan_only, servers_of
 
 
 def test_a_server_that_cannot_make_its_database_is_reported_in_one_line_with_its_error(tmp_path):
-    """PREFECT_HOME under a regular file: the server fails to open its database, as on a full disk,
-    whoever runs the test (root too). Its output goes to a file in the temporary directory (here
-    TMPDIR), which the line names and which holds the tracebacks the terminal no longer shows."""
-    (tmp_path / "a-file").write_text("")
+    """A folder where the server's database goes (PREFECT_HOME itself usable: one that is not is refused
+    before the server starts): the server fails to open its database, as on a full disk, whoever runs
+    the test (root too). Its output goes to a file in the temporary directory (here TMPDIR), which the
+    line names and which holds the tracebacks the terminal no longer shows."""
+    (tmp_path / "prefect" / "prefect.db").mkdir(parents=True)
     (tmp_path / "tmp").mkdir()
-    run = plan_only(tmp_path, "full", PREFECT_HOME=str(tmp_path / "a-file" / "prefect"),
-                    TMPDIR=str(tmp_path / "tmp"))
+    run = plan_only(tmp_path, "full", PREFECT_HOME=str(tmp_path / "prefect"), TMPDIR=str(tmp_path / "tmp"))
     out, err = run.communicate(timeout=300)
     assert run.returncode == 1, out + err
     assert "Traceback" not in out + err and len((out + err).splitlines()) < 10, out + err

@@ -44,7 +44,8 @@ def train_with_retries(plan_id: str, plan_path: str, out_dir: str, settings: Tra
         return launch(plan_path, out_dir, settings)
     except TrainingFailed as e:
         if settings.node_rank == 0:
-            log_failed_training(tracking, plan_id, settings, out_dir, error_tag(e), e.attempt, started, parent)
+            log_failed_training(tracking, plan_id, settings, out_dir, error_tag(e), e.attempt, started, parent,
+                                plan_path)
         raise
 
 

@@ -174,10 +174,10 @@ def log_training(tracking: Tracking, trained: Trained, parent: ParentRun | None 
 @task(name="log-failed-training", cache_policy=NO_CACHE)
 def log_failed_training(tracking: Tracking, plan_id: str, settings: TrainSettings, out_dir: str,
                         error: str, attempts: int, started_ms: int,
-                        parent: ParentRun | None = None) -> Logged:
-    """A FAILED train run with the cause (``records.error_tag``) and the logs."""
+                        parent: ParentRun | None = None, plan_path: str = "") -> Logged:
+    """A FAILED train run with the cause (``records.error_tag``), the logs and the plan's params."""
     logged = record_failed_training(tracking, plan_id, settings, out_dir, error, attempts, started_ms,
-                                    parent.key if parent else None, _flow_run_tags())
+                                    parent.key if parent else None, _flow_run_tags(), plan_path)
     if logged.unrecorded:
         _warn_kept(tracking, logged)
     return logged

@@ -88,9 +88,11 @@ def record_training(tracking: Tracking, trained: Trained, parent_key: str | None
 
 def record_failed_training(tracking: Tracking, plan_id: str, settings: TrainSettings, out_dir: str,
                            error: str | BaseException, attempts: int, started_ms: int,
-                           parent_key: str | None = None, tags: dict[str, str] | None = None) -> Logged:
-    """A FAILED train run with the cause (``shardflow.error``) and the logs under ``logs/``."""
+                           parent_key: str | None = None, tags: dict[str, str] | None = None,
+                           plan_path: str = "") -> Logged:
+    """A FAILED train run with the cause (``shardflow.error``), the logs under ``logs/`` and the
+    params and tags of the plan at ``plan_path`` it trained with."""
     logs = {f"logs/{p.name}": p for p in sorted(log_dir(out_dir).glob("*.log"))}
     rec = records.failed_train_record(plan_id, settings, records.error_tag(error), attempts, started_ms,
-                                      tuple(logs), parent_key, tags)
+                                      tuple(logs), parent_key, tags, plan_path)
     return record(tracking, rec, logs)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from rec.analysis.iteration_time import prediction
 from rec.documents import load_json
+from rec.errors import InputError
 from rec.plan.chart import CHART_FILE
 from rec.plan.io import MOVEMENT_FILE, PLAN_FILE, SHARDS_FILE
 from rec.train.metrics import ITERATIONS_FILE, METRICS_FILE, TrainMetrics
@@ -72,13 +73,17 @@ TRAIN_ARTIFACTS = (METRICS_FILE, ITERATIONS_FILE)
 LATENCY_SERIES = "per_iteration/latency_ms"  # every iteration, warm-up included
 LOSS_SERIES = "per_iteration/loss"
 DATA_WAIT_SERIES = "per_iteration/data_wait_ms"
-EVAL_PREFIX = "eval_"  # eval_auc, eval_logloss, eval_ne: stepped by the iteration each evaluation followed
+EVAL_PREFIX = "eval_"  # eval_auc, eval_logloss, eval_ne: at the step of the iteration each evaluation followed
 PREDICTED = "predicted_iteration_ms"  # the plan's, on every run (rec.analysis.iteration_time)
 MEASURED = "measured_iteration_ms"  # train runs: p50 of the slowest rank; measure runs: the slowest rank's median
 RATIO = "measured_over_predicted"
 MOVEMENT_COUNTS = ("kept", "moved", "resized", "added", "removed", "reinitialized")  # <kind>_tables
 GIB = 1024**3
 MAX_ERROR = 500  # characters of the error tag
+# MLflow's MAX_PARAM_VAL_LENGTH: above it MLflow cuts a value without a mark (or, with
+# MLFLOW_TRUNCATE_LONG_VALUES=false, refuses the whole record), so records cut it first, visibly.
+MAX_PARAM = 6000
+MODEL_BATCHES = "the model's own batches"  # the data param of a --model TARGET training
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,9 @@ class RunRecord:
     # A plan run is skipped when MLflow already has a finished run of the same plan_id.
     unique_plan: bool = False
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "params", cut_params(self.params))
+
 
 @dataclass(frozen=True)
 class EndRecord:
@@ -112,6 +120,20 @@ class EndRecord:
     tags: dict[str, str] = field(default_factory=dict)
     params: dict[str, str] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "params", cut_params(self.params))
+
+
+def cut_params(params: dict[str, str]) -> dict[str, str]:
+    """``params`` with each value longer than MLflow takes (``MAX_PARAM``) cut to its first part,
+    ending in ``... (N characters)``: the whole value's length."""
+    return {name: value if len(value) <= MAX_PARAM else _cut(value) for name, value in params.items()}
+
+
+def _cut(value: str) -> str:
+    mark = f"... ({len(value)} characters)"
+    return value[: MAX_PARAM - len(mark)] + mark
 
 
 KEY = re.compile(r"[0-9a-f]{32}")  # new_key's form: a record key is part of an outbox entry's name
@@ -217,7 +239,7 @@ def plan_record(plan: Plan, inputs: Inputs, parent_key: str | None = None,
                 planning_s: float | None = None, tags: dict[str, str] | None = None) -> RunRecord:
     m = plan.metrics
     planner = plan.planner
-    measured = {} if planning_s is None else {"planning_s": round(planning_s, 4)}
+    measured = {} if planning_s is None else {"planning_s": planning_s}
     previous = {PREVIOUS_PLAN_ID: plan.previous_plan_id} if plan.previous_plan_id else {}
     return RunRecord(
         key=new_key(), step=RunStep.PLAN, name=f"plan-{plan.plan_id}", parent_key=parent_key,
@@ -238,6 +260,22 @@ def plan_tags(params: dict[str, str]) -> dict[str, str]:
     """The spec and topology hashes of the plan a train or measure run ran (from its ``plan_params``):
     what ``shardflow compare --spec-hash`` finds runs by, plan run or not."""
     return {SPEC_HASH: params["spec.hash"], TOPOLOGY_HASH: params["topology.hash"]}
+
+
+def ran_plan(plan_path: str) -> Plan | None:
+    """The plan a training ran with (None: its path unknown)."""
+    from rec.plan import read_plan
+
+    return read_plan(plan_path) if plan_path else None
+
+
+def ran_plan_labels(plan: Plan | None) -> tuple[dict[str, str], dict[str, str]]:
+    """The tags and params of the plan a train run ran (``plan_tags``, ``plan_params``): a
+    successful and a FAILED run alike; none without the plan."""
+    if plan is None:
+        return {}, {}
+    params = plan_params(plan)
+    return plan_tags(params), params
 
 
 def train_metrics(metrics: TrainMetrics, plan_batch_size: int | None = None,
@@ -262,11 +300,9 @@ def train_record(trained: Trained, parent_key: str | None = None, tags: dict[str
     params and metrics (what the plan was made for, what it predicts) from the plan it trained with."""
     import pyarrow.parquet as pq
 
-    from rec.plan import read_plan
-
     m = trained.metrics
     assert m is not None, "node 0 records the training: it has the metrics"
-    plan = read_plan(trained.plan_path) if trained.plan_path else None
+    plan = ran_plan(trained.plan_path)
     rows = pq.read_table(Path(trained.out_dir) / ITERATIONS_FILE).to_pydict()
     series = {name: [[int(i), float(v)] for i, v in zip(rows["iteration"], rows[column], strict=True)]
               for name, column in ((LATENCY_SERIES, "latency_ms"), (LOSS_SERIES, "loss"),
@@ -275,12 +311,12 @@ def train_record(trained: Trained, parent_key: str | None = None, tags: dict[str
     if legacy_names() and LATENCY_SERIES in series:
         series.update(_legacy_series(series, rows))
     loss = {f"loss_{k}": v for k, v in asdict(m.loss).items()}
-    params = plan_params(plan) if plan else {}
+    labels, params = ran_plan_labels(plan)
     predicted = prediction(plan) if plan else None
     return RunRecord(
         key=new_key(), step=RunStep.TRAIN, name=f"train-{trained.plan_id}", parent_key=parent_key,
         tags={STEP: RunStep.TRAIN, PLAN_ID: trained.plan_id, ATTEMPTS: str(trained.attempts),
-              **(plan_tags(params) if plan else {}), **(tags or {})},
+              **labels, **(tags or {})},
         params={**_train_params(trained.settings, trained.nproc_per_node), **data_params(m),
                 "world_size": str(m.world_size), "batch_size": str(m.batch_size),
                 "model": m.model, "resumed_from": str(m.resumed_from),
@@ -291,17 +327,21 @@ def train_record(trained: Trained, parent_key: str | None = None, tags: dict[str
             **train_metrics(m, predicted.batch_size if predicted else None,
                             predicted.iteration_ms if predicted else None), **loss,
             **({"data_wait_p50_ms": m.data_wait_ms.p50} if m.data_wait_ms else {}),
+            "restarts": float(m.restarts),
             **({"eval_samples": float(m.eval["samples"] or 0)} if m.eval else {})}),
         series=series, artifacts=TRAIN_ARTIFACTS, start_ms=trained.started_ms, end_ms=now_ms(),
     )
 
 
 def _train_params(settings: TrainSettings, nproc_per_node: int | None) -> dict[str, str]:
+    """The settings' params; ``nproc_per_node`` the processes a node started (None: not known)."""
     job = settings.job
-    return {"nnodes": str(settings.nnodes), "nproc_per_node": str(nproc_per_node or "plan"),
+    data = MODEL_BATCHES if job.model_target else job.data or "synthetic"
+    return {"nnodes": str(settings.nnodes),
+            **({"nproc_per_node": str(nproc_per_node)} if nproc_per_node else {}),
             "iterations": str(job.iterations), "warmup": str(job.warmup), "pipeline": job.pipeline.value,
             "seed": str(job.seed), "dense_lr": str(job.dense_lr), "embedding_lr": str(job.embedding_lr),
-            "data": job.data or "synthetic", "ids": job.ids.value, "shuffle": str(job.shuffle),
+            "data": data, "ids": job.ids.value, "shuffle": str(job.shuffle),
             "eval_data": job.eval_data or "-", "eval_every": str(job.eval_every),
             "eval_batches": str(job.eval_batches)}
 
@@ -315,24 +355,34 @@ def data_params(metrics: TrainMetrics) -> dict[str, str]:
 
 
 def eval_series(metrics: TrainMetrics) -> dict[str, list[list[float]]]:
-    """Each evaluation metric over the run, stepped by the iteration it followed (``eval_auc`` ...)."""
+    """Each evaluation metric over the run (``eval_auc`` ...), stepped as the per-iteration series
+    are: an evaluation's ``iteration`` counts the iterations before it, the row it followed is one less."""
     series: dict[str, list[list[float]]] = {}
     for e in metrics.evaluations:
+        step = int(e["iteration"] or 0) - 1
         for name, value in e.items():
             if name not in ("iteration", "samples") and value is not None:
-                series.setdefault(f"{EVAL_PREFIX}{name}", []).append([int(e["iteration"] or 0), float(value)])
+                series.setdefault(f"{EVAL_PREFIX}{name}", []).append([step, float(value)])
     return series
 
 
 def failed_train_record(plan_id: str, settings: TrainSettings, error: str, attempts: int,
                         started_ms: int, logs: tuple[str, ...], parent_key: str | None = None,
-                        tags: dict[str, str] | None = None) -> RunRecord:
-    """A FAILED train run: the cause in the ERROR tag, the logs (names under ``logs/``) as artifacts."""
+                        tags: dict[str, str] | None = None, plan_path: str = "") -> RunRecord:
+    """A FAILED train run: the cause in the ERROR tag, the logs (names under ``logs/``) as artifacts,
+    and, given the plan it trained with (``plan_path``), that plan's tags and params as a successful
+    run has them, and the processes started per node where the settings left them to the plan."""
+    try:
+        plan = ran_plan(plan_path)
+    except (InputError, OSError):  # the failure is recorded all the same, without the plan's labels
+        plan = None
+    labels, params = ran_plan_labels(plan)
+    nproc = settings.nproc_per_node or (plan.topology.local_world_size if plan else None)  # as preflight
     return RunRecord(
         key=new_key(), step=RunStep.TRAIN, name=f"train-{plan_id}", parent_key=parent_key,
         tags={STEP: RunStep.TRAIN, PLAN_ID: plan_id, ATTEMPTS: str(attempts), ERROR: error_tag(error),
-              **(tags or {})},
-        params=_train_params(settings, settings.nproc_per_node), artifacts=logs, status=RunStatus.FAILED,
+              **labels, **(tags or {})},
+        params={**_train_params(settings, nproc), **params}, artifacts=logs, status=RunStatus.FAILED,
         start_ms=started_ms, end_ms=now_ms(),
     )
 

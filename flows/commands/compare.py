@@ -152,8 +152,8 @@ def read_rows(client: MlflowClient, experiment_id: str, last: int,
         # The plan's columns from its plan run, else from a run that carries the plan's params (else,
         # logged before runs did, from whatever a finished run has).
         finished = [r for r in done if r.info.status == RunStatus.FINISHED]
-        source = next(iter(plans), None) or next((r for r in finished if "spec.hash" in r.data.params),
-                                                 next(iter(finished), None))
+        carrying = [r for r in finished + done if "spec.hash" in r.data.params]  # a FAILED one last
+        source = next(iter(plans), None) or next(iter(carrying), next(iter(finished), None))
         rows += [plan_row(source, run, plan_id) for run in done] or [plan_row(source, None, plan_id)]
         failed += [r for r in done if r.info.status == RunStatus.FAILED]
     return rows, failed

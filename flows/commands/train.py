@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
                 from tasks.recorder import record_failed_training
 
                 failed = record_failed_training(tracking.resolve(), plan_id, settings, out, e, e.attempt,
-                                                started_ms)
+                                                started_ms, plan_path=args.plan)
                 print(render_logged(failed, tracking, "FAILED train run"), file=sys.stderr)
             return ExitCode.of_failure(e.deterministic)
         dirs.mark_latest(out)

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from rec.disk_full import write_whole
 from rec.train.resume import LATEST, latest, step_dir, step_name
 
 
@@ -19,7 +20,7 @@ def write_next(checkpoints: Path, keep: int = 1) -> int:
     newest = latest(checkpoints)
     assert newest is not None
     shutil.copytree(step_dir(checkpoints, newest), step_dir(checkpoints, newest + 1))
-    (checkpoints / LATEST).write_text(step_name(newest + 1))
+    write_whole(checkpoints / LATEST, step_name(newest + 1))  # renamed over, as training writes it
     prune(checkpoints, keep)
     return newest + 1
 

@@ -224,10 +224,10 @@ def test_a_node_whose_peer_never_comes_says_it_waits_and_fails_at_the_join_timeo
     """The node showed "starting 2 ranks" for torchrun's 10 minutes, then said the nodes did not meet."""
     endpoint = f"127.0.0.1:{free_port()}"
     r = shardflow_here(capfd, "train", "--no-track", "--plan", str(plan_dir), "--out", str(tmp_path / "out"),
-                       "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-endpoint", endpoint, "--join-timeout", "6")
+                       "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-endpoint", endpoint, "--join-timeout", "3")
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
-    assert f"train: waiting for the 2 nodes to meet at {endpoint} (at most 6 s)" in r.stderr
-    assert (f"the training failed: the 2 nodes did not all meet at {endpoint} within 6 s (--join-timeout): start "
+    assert f"train: waiting for the 2 nodes to meet at {endpoint} (at most 3 s)" in r.stderr
+    assert (f"the training failed: the 2 nodes did not all meet at {endpoint} within 3 s (--join-timeout): start "
             "every node with the same --nnodes and --rdzv-endpoint, each with its own --node-rank") in r.stderr
 
 

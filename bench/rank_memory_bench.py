@@ -24,6 +24,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -83,8 +84,6 @@ def run(code: Path, work: Path, a: argparse.Namespace) -> dict[str, list[tuple[f
             for part in line.split("\r"):
                 if (i := iteration_of(part)) is not None:
                     shown[0] = i
-
-    import threading
 
     threading.Thread(target=read_progress, daemon=True).start()
     while proc.poll() is None:

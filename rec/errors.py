@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import reprlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -9,6 +10,9 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
+# The line of a traceback that states the error (``ModuleNotFoundError: No module named 'x'``): what
+# another process's output says its failure was.
+ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception|Timeout)\b.*?: \S")
 MAX_LINE = 300  # characters of one problem line: a user's 1 MB table name must not flood the screen
 MAX_PROBLEMS_SHOWN = 30
 MIN_WHERE = 60  # characters of a problem line's places kept however long its reason

@@ -24,6 +24,7 @@ from typing import TextIO
 
 from rec import progress
 from rec.disk_full import CheckpointWriteFailed, DiskFull, is_disk_full
+from rec.errors import ERROR_LINE
 from rec.settings import to_flags
 from rec.stop_signals import Stopped as Stopped  # re-exported
 from rec.stop_signals import signals_stop
@@ -40,7 +41,6 @@ STOP_GRACE_S = 10.0  # torchrun's time to stop its ranks before it is killed
 _SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 _SUMMARY_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 _FAILURE_WORDS = re.compile(r"(?i)error|exception|killed|out of memory|abort|fault|terminat")
-_ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception|Timeout)\b.*?: \S")
 # A rank's collective that lost its peer (gloo's words; NCCL's): the other side went away, not this rank.
 _PEER_LOST = re.compile(r"Connection (?:reset|closed) by peer|remote process exited|Broken pipe")
 _BOILERPLATE = re.compile(r"\.? ?This is typically caused by .*$")  # gloo's advice, ending "GLHF!"
@@ -284,7 +284,7 @@ def failure_cause(launch: Launch, finished: Finished) -> Cause:
         return Cause(f"the {launch.nnodes} nodes did not all meet at {launch.rdzv_endpoint or 'the rendezvous'} "
                      f"within {launch.join_timeout_s} s (--join-timeout): start every node with the same --nnodes "
                      "and --rdzv-endpoint, each with its own --node-rank", False)
-    error = next((line.strip() for line in reversed(lines) if _ERROR_LINE.match(line.strip())), None)
+    error = next((line.strip() for line in reversed(lines) if ERROR_LINE.match(line.strip())), None)
     return Cause(error or f"torchrun exited with code {exit_code} (see {LOG_DIR}/)", False)
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -24,7 +23,7 @@ import numpy as np
 
 from rec import progress
 from rec.config.search import SearchConfig
-from rec.errors import InputError, Problem
+from rec.errors import ERROR_LINE, InputError, Problem
 from rec.plan.plan_id import searcher_keys
 from rec.search import SearchResult, search_result
 from rec.search.assignment import Assignment
@@ -39,7 +38,6 @@ log = logging.getLogger(__name__)
 
 AUTO_RAY_MIN_TABLES = 5_000  # below this, Ray's start-up costs more than it saves
 MIN_TABLES_PER_GROUP = 500
-_ERROR_LINE = re.compile(r"^[\w.]*(Error|Exception)\b.*?: \S")  # "ModuleNotFoundError: No module named ..."
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -198,7 +196,7 @@ def import_failure(error: BaseException) -> str:
     if "failed to import on the worker" not in text:
         return ""
     lines = [line.strip() for line in text.splitlines()]
-    return next((line for line in reversed(lines) if _ERROR_LINE.match(line)), "its import failed")[:300]
+    return next((line for line in reversed(lines) if ERROR_LINE.match(line)), "its import failed")[:300]
 
 
 @contextmanager

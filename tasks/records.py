@@ -377,7 +377,7 @@ def failed_train_record(plan_id: str, settings: TrainSettings, error: str, attem
     except (InputError, OSError):  # the failure is recorded all the same, without the plan's labels
         plan = None
     labels, params = ran_plan_labels(plan)
-    nproc = settings.nproc_per_node or (plan.topology.local_world_size if plan else None)  # as preflight
+    nproc = settings.processes(plan.topology) if plan else settings.nproc_per_node
     return RunRecord(
         key=new_key(), step=RunStep.TRAIN, name=f"train-{plan_id}", parent_key=parent_key,
         tags={STEP: RunStep.TRAIN, PLAN_ID: plan_id, ATTEMPTS: str(attempts), ERROR: error_tag(error),

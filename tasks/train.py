@@ -65,6 +65,10 @@ class TrainSettings:
             out.append(Problem("--rdzv-endpoint", "is required with --nnodes > 1 (HOST:PORT of node 0)"))
         return out
 
+    def processes(self, topology: Topology) -> int:
+        """The processes this node starts: ``--nproc-per-node``, else the plan's local_world_size."""
+        return self.nproc_per_node or topology.local_world_size
+
 
 @dataclass(frozen=True)
 class Trained:
@@ -105,7 +109,7 @@ def preflight(settings: TrainSettings, topology: Topology, spec: Spec | None = N
     goes into ``notes``."""
     problems = settings_problems(settings)
     refused = {p.where for p in problems}  # settings the checks below would misread
-    nproc = settings.nproc_per_node or topology.local_world_size
+    nproc = settings.processes(topology)
     world, planned = settings.nnodes * nproc, topology.world_size
     others: list[Problem] = []
     if world != planned and not refused & {"--nnodes", "--nproc-per-node"}:

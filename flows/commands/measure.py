@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     settings = from_flags(MeasureSettings, args)
     check(settings, "Cannot measure with these settings:")
     tracking = from_flags(TrackingSettings, args)
-    tracking.resolve()  # what the environment gives MLflow in the flags' place: checked before the work
+    resolved = tracking.resolve()  # what the environment gives MLflow in the flags' place: checked before the work
     dirs = RunDirs.of(args.out)
     logged: Logged | None = None
     with launch_faults("shardflow measure", lambda: args.out or ".") as fault, \
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         if tracking.track and measured.report is not None:
             from tasks.measure_record import record_measure
 
-            logged = record_measure(tracking.resolve(), measured)
+            logged = record_measure(resolved, measured)
     if fault.code is not None:
         return fault.code
     if measured.report is None:

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     searching = from_flags(SearchSettings, args)
     check(searching, "Cannot plan with these settings:")
     tracking = from_flags(TrackingSettings, args)  # a name that cannot be used exits 2 here
-    tracking.resolve()  # what the environment gives MLflow in the flags' place: checked before the work
+    resolved = tracking.resolve()  # what the environment gives MLflow in the flags' place: checked before the work
     problems = unmakeable(args.out, "--out") + unmakeable(tracking.state_dir, "--state-dir")
     if problems:
         raise InputError("Cannot replan:", problems)
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         with on_terminal(), input_errors_without_traceback(), contextlib.ExitStack() as prefect:
-            prefect.enter_context(ephemeral_api(meanwhile=tracking.resolve().client_modules))
+            prefect.enter_context(ephemeral_api(meanwhile=resolved.client_modules))
             # The flow takes the inputs read here: read, validated and hashed once.
             outcome = replan_flow(args.spec, args.topology, searching=searching,
                                   chart=from_flags(WriteSettings, args).chart, out_dir=args.out,
@@ -78,5 +78,5 @@ def run(args: argparse.Namespace) -> int:
 
         print(render_movement(read_plan(outcome.plan_path)), end="")
     if outcome.pending:
-        print(kept_message(tracking.resolve(), outcome.pending, outcome.tracking_error))
+        print(kept_message(resolved, outcome.pending, outcome.tracking_error))
     return ExitCode.OK

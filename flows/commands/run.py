@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     searching, training = from_flags(SearchSettings, args), from_flags(TrainSettings, args)
     tracking = from_flags(TrackingSettings, args)
-    tracking.resolve()  # what the environment gives MLflow in the flags' place: checked before the work
+    resolved = tracking.resolve()  # what the environment gives MLflow in the flags' place: checked before the work
     # What would fail for certain exits 2 here, in seconds, before Prefect starts.
     problems = settings_problems(searching) + ([] if args.plan_only else settings_problems(training))
     problems += unmakeable(args.out, "--out") + unmakeable(tracking.state_dir, "--state-dir")
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             with input_errors_without_traceback(), contextlib.ExitStack() as prefect:
                 flow = "flows.plan" if args.plan_only else "flows.pipeline"
-                prefect.enter_context(ephemeral_api(meanwhile=(flow, *tracking.resolve().client_modules)))
+                prefect.enter_context(ephemeral_api(meanwhile=(flow, *resolved.client_modules)))
                 if args.plan_only:
                     from flows.plan import plan_flow
 
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
                         outcome = pipeline_flow(args.spec, args.topology, **common, training=training,
                                                 train_retries=args.train_retries)
                     except TrainingFailed as e:
-                        print(render_failure(e, tracking.resolve()), file=sys.stderr)
+                        print(render_failure(e, resolved), file=sys.stderr)
                         return ExitCode.of_failure(e.deterministic)
                     except Stopped as e:
                         print(render_stopped(e, training, args.out, time.perf_counter() - started), file=sys.stderr)
@@ -121,9 +121,9 @@ def run(args: argparse.Namespace) -> int:
             return ExitCode.FAILED
     total = time.perf_counter() - started
     if args.plan_only:
-        print(render_plan_outcome(plan_outcome, tracking.resolve()))
+        print(render_plan_outcome(plan_outcome, resolved))
     else:
-        print(render_outcome(outcome, tracking.resolve()))
+        print(render_outcome(outcome, resolved))
     print(f"time      {shown.summary(total, other='Prefect and start-up')}")
     return ExitCode.OK
 

@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     settings = from_flags(TrainSettings, args)
     check_settings(settings, args.plan)
     tracking = from_flags(TrackingSettings, args)
-    tracking.resolve()  # what the environment gives MLflow in the flags' place: checked before the work
+    resolved = tracking.resolve()  # what the environment gives MLflow in the flags' place: checked before the work
     records_run = tracking.track and settings.node_rank == 0
     dirs = RunDirs.of(args.out)
     out = args.out
@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
             if records_run:
                 from tasks.recorder import record_failed_training
 
-                failed = record_failed_training(tracking.resolve(), plan_id, settings, out, e, e.attempt,
+                failed = record_failed_training(resolved, plan_id, settings, out, e, e.attempt,
                                                 started_ms, plan_path=args.plan)
                 print(render_logged(failed, tracking, "FAILED train run"), file=sys.stderr)
             return ExitCode.of_failure(e.deterministic)
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         if records_run:
             from tasks.recorder import record_training
 
-            logged = record_training(tracking.resolve(), trained)
+            logged = record_training(resolved, trained)
     if fault.code is not None:
         return fault.code
     print(render_trained(trained, read_plan(args.plan)))

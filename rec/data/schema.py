@@ -170,16 +170,13 @@ def one_class_note(labels: np.ndarray, source: str, what: str = "--data", whole:
     training can learn only that, an evaluation's AUC and NE are undefined; "" where both classes occur."""
     if not len(labels) or len(np.unique(labels)) > 1:
         return ""
-    label = f"{float(labels[0]):g}"
+    training = what == "--data"
+    effect = "the model can learn only that" if training else "AUC and NE are undefined on one class"
     if whole:
-        which, then = f"every label of {source} is {label}", ("the model can learn only that; give data of both "
-                                                               "classes" if what == "--data" else
-                                                               "AUC and NE are undefined on one class")
+        which, then = f"every label of {source}", effect + ("; give data of both classes" if training else "")
     else:  # very rare positives may be missing from a sample of the data
-        which = f"every label in a sample of {len(labels):,} rows of {source} is {label}"
-        then = ("if every row's is, the model can learn only that" if what == "--data" else
-                "if every row's is, AUC and NE are undefined on one class")
-    return f"note      {what}: {which}: {then}"
+        which, then = f"every label in a sample of {len(labels):,} rows of {source}", f"if every row's is, {effect}"
+    return f"note      {what}: {which} is {float(labels[0]):g}: {then}"
 
 
 def dense_scale_note(dense: np.ndarray, source: str, what: str = "--data") -> str:

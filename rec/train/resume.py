@@ -52,23 +52,28 @@ def step_dir(directory: str | Path, step: int) -> Path:
 def latest(directory: str | Path) -> int | None:
     """The step that ``directory``'s LATEST names (None: no LATEST, no complete checkpoint);
     InputError if it names no checkpoint there."""
-    marker = Path(directory) / LATEST
-    if not marker.is_file():
+    name = _latest_name(Path(directory))
+    if name is None:
         return None
-    name = marker.read_text(encoding="utf-8", errors="replace").strip()
     step = step_of(name)
     if step is None or not (Path(directory) / name).is_dir():
         raise NoLatestStep(f"Cannot resume from {directory}:", [
-            Problem(str(marker), f"names {name[:100]!r}, which is not a checkpoint here")])
+            Problem(str(Path(directory) / LATEST), f"names {name[:100]!r}, which is not a checkpoint here")])
     return step
+
+
+def _latest_name(directory: Path) -> str | None:
+    """What ``directory``'s LATEST says (None: there is none)."""
+    marker = directory / LATEST
+    if not marker.is_file():
+        return None
+    return marker.read_text(encoding="utf-8", errors="replace").strip()
 
 
 def _named_step(directory: Path) -> int | None:
     """The step LATEST names in ``directory``, whether or not it is still there (None: no LATEST)."""
-    marker = directory / LATEST
-    if not marker.is_file():
-        return None
-    return step_of(marker.read_text(encoding="utf-8", errors="replace").strip())
+    name = _latest_name(directory)
+    return None if name is None else step_of(name)
 
 
 class NoLatestStep(InputError):

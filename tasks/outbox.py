@@ -457,13 +457,13 @@ def _what(record: RunRecord | EndRecord) -> str:
     return f"{record.step} run" if isinstance(record, RunRecord) else "end of a run"
 
 
-def retry_command(root: str | Path, entry: str | None = None) -> str:
+def retry_command(root: str | Path, entry: str | None = None, verb: str = "retry") -> str:
     """The command that retries ``entry`` (every record without one) of the outbox at ``root``,
-    as typed from the working directory."""
+    as typed from the working directory; ``verb`` ``list``: the one that lists them."""
     flag = ""
     if Path(root).resolve() != Path(DEFAULT_STATE_DIR, OUTBOX).resolve():
         flag = f" --state-dir {shlex.quote(str(Path(root).parent))}"
-    return f"shardflow outbox retry{flag}" + (f" {shlex.quote(printable(entry))}" if entry else "")
+    return f"shardflow outbox {verb}{flag}" + (f" {shlex.quote(printable(entry))}" if entry else "")
 
 
 def unavailable(to: Tracking, why: str) -> str:

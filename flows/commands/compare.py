@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from mlflow import MlflowClient
     from mlflow.entities import Run
 
+    from tasks.outbox import Outbox
+    from tasks.tracking import Tracking
+
 Row = tuple[str, ...]  # one row of the table, in HEADER's order
 HEADER = ("plan_id", "planner", "spec", "topology", "profile", "tables", "world", "pred_ms", "lower_ms", "gap",
           "spec_hash", "backend", "previous", "moved", "run", "started", "batch", "iters", "p50_ms", "p90_ms",
@@ -99,12 +102,29 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"no plan, train or measure runs in experiment {tracking.experiment!r} at {tracking.uri}"
               + (" matching the filters" if filters else ""))
-    waiting = len(Outbox(tracking.outbox_dir).entries())
-    if waiting:
-        print(f"\n{waiting} record(s) wait in {tracking.outbox_dir} for MLflow, not shown (plans of `shardflow "
+    here, elsewhere = _waiting(Outbox(tracking.outbox_dir), tracking)
+    if here:
+        print(f"\n{here} record(s) wait in {tracking.outbox_dir} for MLflow, not shown (plans of `shardflow "
               f"plan` wait there for the next command that records): `{retry_command(tracking.outbox_dir)}` "
               "delivers them")
+    if elsewhere:
+        print(f"\n{elsewhere} record(s) wait in {tracking.outbox_dir} for another store or experiment: "
+              f"`{retry_command(tracking.outbox_dir, verb='list')}` names them")
     return ExitCode.OK
+
+
+def _waiting(outbox: Outbox, tracking: Tracking) -> tuple[int, int]:
+    """The records waiting in the outbox that this store's experiment will show once delivered (theirs,
+    and those that go wherever the next delivery goes), and the others (another store's or
+    experiment's; one that cannot be trusted, which the next delivery sets aside)."""
+    here = elsewhere = 0
+    for entry in outbox.describe():
+        if entry.set_aside:
+            continue
+        to = entry.destination
+        ours = entry.problem is None and (to is None or (to.uri, to.experiment) == (tracking.uri, tracking.experiment))
+        here, elsewhere = (here + 1, elsewhere) if ours else (here, elsewhere + 1)
+    return here, elsewhere
 
 
 def _terminal_width() -> int:

@@ -56,8 +56,10 @@ def run_list(args: argparse.Namespace) -> int:
     # Every cell escaped: whoever can write the outbox chose these names, URIs and reasons.
     rows = [(printable(e.name), "set aside" if e.set_aside else "waiting", printable(e.what),
              printable(e.destination.uri) if e.destination else "-" if e.problem else "(the next delivery's)",
+             printable(e.destination.experiment) if e.destination else "-",
              str(e.attempts), printable(e.problem or e.last_error or "-", 120)) for e in entries]
-    print(render_table(("entry", "state", "record", "for", "attempts", "last error"), rows, right=("attempts",)))
+    print(render_table(("entry", "state", "record", "for", "experiment", "attempts", "last error"), rows,
+                       right=("attempts",)))
     return ExitCode.OK
 
 

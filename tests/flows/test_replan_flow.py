@@ -149,6 +149,16 @@ def test_plan_replan_and_compare_see_each_others_plans(prefect_api, tmp_path, ml
     out = capsys.readouterr().out
     # the command as it works typed here: this state folder, not the default one
     assert "1 record(s) wait in" in out and f"`shardflow outbox retry --state-dir {tmp_path / 'state'}` delivers" in out
+    # that record is the experiment shardflow's: compare for another experiment does not count it as its own
+    assert main(["compare", *state, "--experiment", "other"]) == 0
+    out = capsys.readouterr().out
+    assert "for MLflow, not shown" not in out
+    assert (f"1 record(s) wait in {tmp_path / 'state' / 'outbox'} for another store or experiment: "
+            f"`shardflow outbox list --state-dir {tmp_path / 'state'}` names them") in out
+    assert main(["outbox", "list", "--state-dir", str(tmp_path / "state")]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert listed[0].split()[:5] == ["entry", "state", "record", "for", "experiment"]
+    assert listed[2].split()[-4:-2] == [mlflow_uri, "shardflow"] and " plan run " in listed[2], listed
     assert main(["outbox", "retry", *state]) == 0
     capsys.readouterr()
     assert main(["compare", *state, "--wide"]) == 0

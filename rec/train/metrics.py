@@ -94,7 +94,8 @@ def latency_stats(latencies_ms: np.ndarray) -> LatencyStats:
 @dataclass(frozen=True)
 class LossStats:
     """The training loss (mean over the ranks) of the run's first and last iteration, and its
-    mean over every iteration of the run, warm-up included."""
+    mean over every iteration of the run, warm-up included (over those with a loss: an
+    iterations.parquet of an early version, resumed, had none)."""
 
     first: float
     last: float
@@ -102,7 +103,8 @@ class LossStats:
 
 
 def loss_stats(losses: np.ndarray) -> LossStats:
-    return LossStats(float(losses[0]), float(losses[-1]), float(np.mean(losses)))
+    known = losses[~np.isnan(losses)]
+    return LossStats(float(known[0]), float(known[-1]), float(np.mean(known)))
 
 
 @dataclass(frozen=True)
@@ -405,11 +407,14 @@ def earlier_iterations(out_dir: str | Path, before: int) -> Earlier:
         return Earlier(Iterations.empty())
     try:
         table = pq.read_table(path)
-        rows = {c: table.column(c).to_numpy(zero_copy_only=False) for c in ITERATION_COLUMNS[:4]}
-        resumed, wait = ((table.column(c).to_numpy(zero_copy_only=False) if c in table.column_names
-                          else np.zeros(table.num_rows)) for c in ("resumed", "data_wait_ms"))
+        rows = {c: table.column(c).to_numpy(zero_copy_only=False) for c in ("iteration", "latency_ms", "warmup")}
+        # Absent from the files of earlier versions: no loss (NaN, which the loss's statistics pass
+        # over), not resumed, no wait.
+        loss, resumed, wait = ((table.column(c).to_numpy(zero_copy_only=False) if c in table.column_names
+                                else np.full(table.num_rows, fill)) for c, fill in (("loss", np.nan), ("resumed", 0),
+                                                                                    ("data_wait_ms", 0)))
         found = Iterations(rows["iteration"].astype(np.int64), rows["latency_ms"].astype(np.float64),
-                           rows["loss"].astype(np.float64), rows["warmup"].astype(bool), resumed.astype(bool),
+                           loss.astype(np.float64), rows["warmup"].astype(bool), resumed.astype(bool),
                            wait.astype(np.float64))
         evaluated = {key: table.column(column).to_pylist() if column in table.column_names else [None] * len(found)
                      for key, column in _eval_columns().items()}

@@ -69,6 +69,7 @@ def start(plan: Plan, config: TrainConfig, out_dir: str, dmp: DistributedModelPa
     if own and dist.get_rank() == 0:  # this training's rows and evaluations before the checkpoint: keep them
         earlier = earlier_iterations(out_dir, iteration)
         if earlier.lost:
+            print(earlier.lost, flush=True)  # into the rank's log, which outlives the progress line
             output.progress(earlier.lost)
     evaluations = tuple(Evaluation.from_dict(e) for e in earlier.evaluations)
     return Start(iteration, resume, earlier.iterations, run, other, evaluations)

@@ -138,6 +138,15 @@ def test_a_resumed_training_is_the_same_model_as_an_unbroken_one(single_process_
     with pytest.raises(InputError, match="data position") as refused:
         train(plan_path, str(tmp_path / "b"), config(data, iterations=60, resume=True, seed=7))
     assert "beyond their share of" in refused.value.render()
+    saved.write_text(json.dumps(edited))
+    # as the first versions wrote it: no loss, resumed or data_wait_ms column; the rows are kept all the same
+    first = pq.read_table(tmp_path / "b/iterations.parquet")
+    pq.write_table(first.select(["iteration", "latency_ms", "warmup"]), tmp_path / "b/iterations.parquet")
+    longer, longer_losses, output = train(plan_path, str(tmp_path / "b"), config(data, iterations=60, resume=True,
+                                                                                  seed=7))
+    assert longer.resumed_from == 50 and not [line for line in output.lines if "lost" in line]
+    assert len(longer_losses) == 60 and np.isnan(longer_losses[:50]).all() and np.isfinite(longer_losses[50:]).all()
+    assert longer.loss.first == longer_losses[50] and longer.loss.mean == pytest.approx(np.mean(longer_losses[50:]))
 
 
 @pytest.mark.parametrize("pipeline", [PipelineKind.NAIVE, PipelineKind.SPARSE_DIST])

@@ -58,15 +58,14 @@ def _evaluate(checkpoint: str, directory: Path, step: int, data: str, out_dir: s
     from rec.plan import read_plan
     from rec.train.checkpoint import check_index
     from rec.train.eval_job import EVAL_METRICS_FILE
-    from rec.train.model_file import MODEL_FILE, read_model
+    from rec.train.model_file import MODEL_FILE, read_model, unrecorded
     from rec.train.resume import PLAN_COPY, check_one_training, step_dir
 
     with progress.step("check", "the checkpoint, the data, and what they need of this machine"):
         missing = [name for name in (PLAN_COPY, MODEL_FILE) if not (directory / name).is_file()]
         if missing:
-            raise InputError(f"Cannot evaluate the checkpoint {checkpoint}:", [Problem(
-                str(directory), f"has no {' or '.join(missing)}: it was written by a training of a model of your "
-                                "own (--model TARGET), or before shardflow recorded them beside checkpoints")])
+            raise InputError(f"Cannot evaluate the checkpoint {checkpoint}:", [Problem(str(directory),
+                                                                                       unrecorded(missing))])
         plan = read_plan(directory / PLAN_COPY)
         check_plan(plan)
         model, _ = read_model(directory)

@@ -27,7 +27,7 @@ from rec.spec.types import Spec, TableSpec
 from rec.train.checkpoint import SafeFileSystemReader, SafeLoadPlanner, check_index
 from rec.train.held_step import held_checkpoint
 from rec.train.model import build_model
-from rec.train.model_file import MODEL_FILE, ModelSettings, read_model, settings_to_dict
+from rec.train.model_file import MODEL_FILE, ModelSettings, read_model, settings_to_dict, unrecorded
 from rec.train.rank_log import one_line
 from rec.train.resume import PLAN_COPY, check_one_training, step_dir
 
@@ -53,9 +53,7 @@ def load_checkpoint(path: str | Path) -> tuple[nn.Module, ModelSettings, str, in
 
 def _load(path: str | Path, directory: Path, step: int) -> tuple[nn.Module, ModelSettings, str, int]:
     if not (directory / MODEL_FILE).is_file():
-        raise InputError(f"Cannot use the checkpoint {path}:", [Problem(
-            str(directory), f"has no {MODEL_FILE}: it was written by a training of a model of your own "
-                            "(--model TARGET), or before shardflow recorded its model beside checkpoints")])
+        raise InputError(f"Cannot use the checkpoint {path}:", [Problem(str(directory), unrecorded([MODEL_FILE]))])
     settings, _ = read_model(directory)
     from rec.plan import read_plan
 

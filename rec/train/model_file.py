@@ -110,6 +110,12 @@ def target_of(directory: str | Path) -> str | None:
     return None
 
 
+def unrecorded(names: list[str]) -> str:
+    """Why a checkpoint folder has none of ``names`` (model.json, the plan's copy), and how to get them."""
+    return (f"has no {' or '.join(names)}: written for a model of your own (--model TARGET), or by an early "
+            "shardflow; resume it once (`shardflow train --plan PLAN --out OUT --resume`) to record them")
+
+
 def read_model(path: str | Path) -> tuple[ModelSettings, dict[str, Any]]:
     """``model.json`` (a path to it or its directory) as ModelSettings, and the whole mapping;
     InputError naming every problem of a file shardflow did not write."""

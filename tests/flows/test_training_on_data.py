@@ -132,6 +132,17 @@ def test_the_checkpoint_evaluated_exported_and_predicted_gives_the_runs_numbers(
                                  str(root / "eval.parquet"), "--out", str(out))
         assert refused.returncode == 2 and f"--out: {out} exists" in refused.stderr
     assert (root / "eval.parquet").read_bytes() == kept
+    # checkpoints an early shardflow wrote, without model.json and the plan's copy: the way on is named
+    early = tmp_path / "early"
+    shutil.copytree(trained[0] / "checkpoints", early / "checkpoints")
+    for name in ("model.json", "plan.json"):
+        (early / "checkpoints" / name).unlink()
+    for command in (["export", "--checkpoint", str(early), "--out", str(tmp_path / "early_model")],
+                    ["eval", "--checkpoint", str(early), "--data", str(root / "eval.parquet"), "--out",
+                     str(tmp_path / "early_eval")]):
+        refused = shardflow_here(capfd, *command)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+        assert "resume it once (`shardflow train --plan PLAN --out OUT --resume`) to record them" in refused.stderr
 
 
 @pytest.mark.slow

@@ -147,6 +147,11 @@ def test_a_resumed_training_is_the_same_model_as_an_unbroken_one(single_process_
     assert longer.resumed_from == 50 and not [line for line in output.lines if "lost" in line]
     assert len(longer_losses) == 60 and np.isnan(longer_losses[:50]).all() and np.isfinite(longer_losses[50:]).all()
     assert longer.loss.first == longer_losses[50] and longer.loss.mean == pytest.approx(np.mean(longer_losses[50:]))
+    (tmp_path / "b/train_metrics.json").unlink()  # stopped before its outputs, finished now: no iteration with a loss
+    pq.write_table(first.select(["iteration", "latency_ms", "warmup"]), tmp_path / "b/iterations.parquet")
+    with pytest.raises(InputError, match="Cannot summarize") as refused:
+        train(plan_path, str(tmp_path / "b"), config(data, iterations=50, resume=True, seed=7))
+    assert "give more --iterations" in refused.value.render()
 
 
 @pytest.mark.parametrize("pipeline", [PipelineKind.NAIVE, PipelineKind.SPARSE_DIST])

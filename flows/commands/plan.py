@@ -171,6 +171,9 @@ def run(args: argparse.Namespace) -> int:
     folders = unmakeable(args.out, "--out") + (unmakeable(tracking.state_dir, "--state-dir") if tracking.track else [])
     if folders:  # the plan would be searched and shown, then not written, or not queued (--no-track skips that)
         bad.errors.append(InputError("Cannot write there:", folders))
+    # MLflow's variables in the environment, checked before the search, as a flag's value is: not after
+    # the plan is written
+    where = bad.run(tracking.resolve) if tracking.track else None
     with on_terminal() as shown:
         with ingesting(args.spec):
             read = bad.run(lambda: ingest(args.spec, args.topology))
@@ -197,10 +200,9 @@ def run(args: argparse.Namespace) -> int:
     print(render_topology_line(inputs.topology, args.topology, found.plan.planner.profile))
     if args.profile:
         print(f"profile:       {describe_profile(search_settings.cost.profile)}")
-    if tracking.track:
+    if where is not None:
         from tasks.recorder import queue_plan
 
-        where = tracking.resolve()
         lost = queue_plan(where, found.plan, written.plan_path, inputs, found.seconds)
         if lost:  # MLflow trouble never fails the work: the plan is written
             from tasks.outbox import kept_message

@@ -68,6 +68,18 @@ def test_a_command_refuses_the_environments_in_memory_store_with_exit_2_before_i
     assert "Traceback" not in err
 
 
+def test_plan_refuses_the_environments_in_memory_store_before_it_searches_or_writes(monkeypatch, capsys, tmp_path):
+    """As a --tracking-uri flag of that value is: the plan was searched, shown and written, then exit 2."""
+    from tests.paths import CPU_2PROC, DEMO
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite://")
+    assert main(["plan", str(DEMO), "--topology", str(CPU_2PROC), "--out", str(tmp_path / "plan"),
+                 "--state-dir", str(tmp_path / "state")]) == 2
+    out, err = capsys.readouterr()
+    assert "MLFLOW_TRACKING_URI=sqlite://: is an in-memory SQLite database" in err and "Traceback" not in err
+    assert not (tmp_path / "plan").exists() and "critical path" not in out
+
+
 def test_the_flag_wins_over_the_environment_and_no_track_never_reads_it(monkeypatch, tmp_path):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite://")
     monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "../x")

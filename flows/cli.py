@@ -13,6 +13,7 @@ import difflib
 import errno
 import io
 import os
+import re
 import signal
 import sys
 from collections.abc import Sequence
@@ -69,26 +70,34 @@ class CommandParser(argparse.ArgumentParser):
         unknown = self._unknown_flags()
         if unknown and not message.startswith("unrecognized arguments"):
             message = self._unrecognized(unknown)  # before "--topology is required" and the like
+        mistyped = re.match(r"argument COMMAND: invalid choice: '(.*?)' ", message)
+        close = difflib.get_close_matches(mistyped.group(1), self._commands(), n=1) if mistyped else []
+        if close:
+            message += f"; did you mean {close[0]}?"
         self.print_usage(sys.stderr)
         self.exit(2, f"{self.prog}: error: {message}\n")
 
     def _unknown_flags(self) -> list[str]:
         """The flags among the arguments being parsed that this parser does not know (up to its
         own subcommand's name, whose flags are that subcommand's)."""
-        commands: set[str] = set()
-        for action in self._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                commands.update(action.choices)
+        commands = set(self._commands())
         unknown = []
         for arg in self._parsing:
             if arg == "--" or arg in commands:
                 break
             if len(arg) < 2 or arg[0] not in self.prefix_chars or self._negative_number_matcher.match(arg):
+                if commands:  # the command's place (its flags take no value): a mistyped command, not their flags
+                    break
                 continue
             name = arg.split("=", 1)[0]
             if name not in self._option_string_actions and arg[:2] not in self._option_string_actions:
                 unknown.append(name)
         return unknown
+
+    def _commands(self) -> list[str]:
+        """The names of this parser's subcommands (none for a command's own parser)."""
+        return [name for action in self._actions if isinstance(action, argparse._SubParsersAction)
+                for name in action.choices]
 
     def _unrecognized(self, extras: list[str]) -> str:
         known = [o for o in self._option_string_actions if o.startswith("--")]

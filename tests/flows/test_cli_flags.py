@@ -48,3 +48,14 @@ def test_an_unknown_flag_shows_the_usage_of_its_command(capfd):
     assert "unrecognized arguments: --iters" in result.stderr
     nested = shardflow_here(capfd, "spec", "show", str(DEMO), "--bogus")
     assert nested.returncode == 2 and nested.stderr.startswith("usage: shardflow spec show"), nested.stderr
+
+
+def test_a_mistyped_command_is_named_with_the_one_it_most_likely_meant_whatever_flags_follow(capfd):
+    """`shardflow trian --plan x` once said only that --plan was unrecognized."""
+    for args, said in ((["trian", "--plan", "x"], "invalid choice: 'trian'"),
+                       (["-v", "trian", "--plan", "x"], "invalid choice: 'trian'"),
+                       (["spec", "shw", str(DEMO)], "invalid choice: 'shw'")):
+        result = shardflow_here(capfd, *args)
+        last = result.stderr.splitlines()[-1]
+        assert result.returncode == 2 and said in last and "unrecognized" not in last, result.stderr
+        assert last.endswith("; did you mean train?" if "trian" in said else "; did you mean show?"), last

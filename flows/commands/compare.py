@@ -199,7 +199,7 @@ def plan_row(source: Run | None, run: Run | None, plan_id: str) -> Row:
         "profile": params.get("profile.name", "-"),
         "tables": params.get("tables", "-"), "world": params.get("topology.world_size", params.get("world_size", "-")),
         "pred_ms": _significant(predicted), "lower_ms": _significant(_first(p, ("lower_bound_ms", "lower_bound"))),
-        "gap": "opt" if p.get("optimal") else f"{_significant(gap, 3)}%" if gap is not None else "-",
+        "gap": "opt" if p.get("optimal") else f"{_significant(max(gap, 0.0), 3)}%" if gap is not None else "-",
         "spec_hash": tags.get(SPEC_HASH, "-"), "backend": params.get("backend", "-"),
         "previous": tags.get(PREVIOUS_PLAN_ID, "-"),
         "moved": f"{_significant(moved, 3)}%" if moved is not None else "-",

@@ -17,6 +17,6 @@ def quality_lines(plan: Plan) -> list[str]:
     return [
         f"tables:        {len(plan.tables):,} ({kinds})",
         f"critical path: {m.critical_path:.4f} ms ({cost_model_label(plan)})",
-        f"lower bound:   {m.lower_bound:.4f} ms  gap {100 * m.gap:.2f}% ({m.bound_method} bound{optimal})",
+        f"lower bound:   {m.lower_bound:.4f} ms  gap {100 * max(m.gap, 0.0):.2f}% ({m.bound_method} bound{optimal})",
         f"predicted:     {prediction(plan).text()}",
     ]

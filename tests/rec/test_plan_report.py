@@ -70,3 +70,13 @@ def test_compute_and_communication_add_up_to_the_plans_own_estimate_per_rank(whi
         assert (parts.table == i).sum() == (1 if t.replicated else len(t.shards))
     if which == "wide_plan":
         assert parts.comm_ms.sum() > 0  # 8 hosts: something crosses the network
+
+
+def test_a_critical_path_a_rounding_below_its_bound_shows_a_gap_of_zero_not_minus_zero(cpu_plan):
+    from dataclasses import replace
+
+    from rec.analysis.plan_quality import quality_lines
+
+    below = replace(cpu_plan, metrics=replace(cpu_plan.metrics, gap=-2e-16))
+    (line,) = [line for line in quality_lines(below) if line.startswith("lower bound:")]
+    assert " gap 0.00% " in line

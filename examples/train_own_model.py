@@ -39,6 +39,7 @@ from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec.streamable import Pipelineable
 
+from rec.errors import InputError
 from rec.plan import read_plan
 from rec.plan.torchrec_plan import plan_modules, sharders_for, to_sharding_plan
 
@@ -154,11 +155,15 @@ def main() -> None:
     parser.add_argument("--applied", help="rank 0 writes the sharding DMP applied here (JSON), read back "
                                           "from the sharded modules")
     args = parser.parse_args()
+    try:
+        plan = read_plan(args.plan)  # checked: sound and unedited
+    except InputError as e:  # a wrong path, or a plan edited or damaged: its problems, not a traceback per rank
+        print(f"{parser.prog}: {e.render()} (working directory {os.getcwd()})", file=sys.stderr)
+        sys.exit(2)
 
     dist.init_process_group("gloo")  # torchrun's environment; "nccl" on GPUs
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cpu")
-    plan = read_plan(args.plan)  # checked: sound and unedited
 
     model = ShopModel()
     # Fused row-wise Adagrad for the tables of every planned module (user.ebc, sequence.0.ec): it

@@ -56,6 +56,13 @@ def test_the_example_script_trains_the_model_sharded_exactly_as_planned(own_plan
         (t.to_dict() for t in planned_tables(plan)), key=lambda t: (t["module"], t["name"]))
     assert {t["module"] for t in applied} == {"user.ebc", "sequence.0.ec"}
     assert {s["rank"] for t in applied for s in t["shards"]} == {0, 1}  # both ranks hold tables
+    import sys
+
+    # a plan path given from another directory: its problem in one message, no traceback (one process suffices)
+    wrong = subprocess.run([sys.executable, ROOT / EXAMPLE, "--plan", "out/own_plan"], capture_output=True, text=True,
+                           cwd=tmp_path, timeout=300)
+    assert wrong.returncode == 2 and "Traceback" not in wrong.stderr, wrong.stderr
+    assert "out/own_plan: no such file" in wrong.stderr and f"(working directory {tmp_path})" in wrong.stderr
 
 
 @pytest.mark.slow

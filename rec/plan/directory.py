@@ -19,7 +19,7 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 
-from rec.errors import InputError
+from rec.errors import InputError, Problem
 from rec.file_lock import file_lock
 from rec.plan.chart import CHART_FILE
 from rec.plan.parse import parse_plan
@@ -48,6 +48,9 @@ def plan_file(path: str | Path) -> Path:
     return path / PLAN_FILE if path.is_dir() else path
 
 
+NOT_A_PLAN = (".yaml", ".yml", ".csv", ".parquet", ".arrow", ".feather")  # specs' and topologies' suffixes
+
+
 def read_plan(path: str | Path) -> Plan:
     """The plan in ``path`` (plan.json or its directory); InputError for anything that is not one.
     The shards.parquet beside plan.json is checked against it: a directory must have one, a
@@ -62,6 +65,10 @@ def read_plan(path: str | Path) -> Plan:
     except InputError as e:  # a directory without its shards.parquet is named beside plan.json's problems
         if directory and not os.path.lexists(shards) and e.problems:
             raise InputError(e.title, [*e.problems, missing_shards(shards)]) from None
+        if not directory and path.suffix.lower() in NOT_A_PLAN and e.problems:  # a spec or topology given as a plan
+            raise InputError(e.title, [*e.problems, Problem(str(path), (
+                f"a {path.suffix} file is a spec or a topology, not a plan: a plan is the directory (or its "
+                f"plan.json) that `shardflow plan` writes"))]) from None
         raise
     if directory or os.path.lexists(shards):
         problems = shards_problems(plan, shards)

@@ -216,3 +216,13 @@ def test_a_plan_made_before_v6_states_the_caches_it_was_planned_with(name, state
     built = to_sharding_plan(plan).plan["ebc"]
     assert {t: built[t].cache_params.load_factor if built[t].cache_params else None for t in stated} == stated
     assert replace(plan, cache_rule=CacheRule.PLACED).format == "shardflow.plan/v6"
+
+
+def test_a_spec_or_topology_given_as_a_plan_is_named_as_one():
+    from tests.paths import CPU_2PROC, DEMO
+
+    for given in (DEMO, CPU_2PROC):
+        with pytest.raises(InputError) as refused:
+            read_plan(given)
+        shown = refused.value.render()
+        assert "not valid JSON" in shown and "is a spec or a topology, not a plan" in shown

@@ -100,7 +100,7 @@ class TerminalProgress:
             if state.shown:
                 self._remove_live(state)
                 if not event.stopped:  # a stop the user asked for: the command says so, in one line
-                    verb = "done in" if event.ok else "failed after"
+                    verb = "failed after" if not event.ok else f"{event.ended} after" if event.ended else "done in"
                     self._line(f"{step_label(state.name)}: {verb} {_seconds(event.elapsed_s)}")
             if not self._steps:
                 self._stop_live()

@@ -32,6 +32,15 @@ class Event:
     elapsed_s: float = 0.0  # since the step started
     ok: bool = True  # end events: False when the step raised
     stopped: bool = False  # end events: the step was interrupted (Ctrl-C, a stop signal), as asked
+    ended: str | None = None  # end events: how a step that did not raise ended, where not simply done
+
+
+@dataclass
+class Ending:
+    """What ``step`` yields: the work sets ``said`` where it ended without raising but not as asked
+    ("kept in the outbox": MLflow was away), shown instead of "done"."""
+
+    said: str | None = None
 
 
 Reporter = Callable[[Event], None]
@@ -47,16 +56,18 @@ def _emit(event: Event) -> None:
 
 
 @contextmanager
-def step(name: str, message: str = "") -> Iterator[None]:
-    """Report the block as step ``name``: a start event, then an end event with its wall time."""
+def step(name: str, message: str = "") -> Iterator[Ending]:
+    """Report the block as step ``name``: a start event, then an end event with its wall time (and
+    how it ended, where the block said: ``Ending``)."""
     started = time.perf_counter()
     entry = (name, started)
     with _lock:
         _steps.append(entry)
     _emit(Event("start", name, message))
     ok = stopped = False
+    ending = Ending()
     try:
-        yield
+        yield ending
         ok = True
     except KeyboardInterrupt:
         stopped = True
@@ -64,7 +75,8 @@ def step(name: str, message: str = "") -> Iterator[None]:
     finally:
         with _lock:
             _steps.remove(entry)
-        _emit(Event("end", name, elapsed_s=time.perf_counter() - started, ok=ok, stopped=stopped))
+        _emit(Event("end", name, elapsed_s=time.perf_counter() - started, ok=ok, stopped=stopped,
+                    ended=ending.said))
 
 
 def update(message: str = "", done: int | None = None, total: int | None = None) -> None:

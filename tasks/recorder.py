@@ -43,11 +43,14 @@ def record(tracking: Tracking, record: RunRecord | EndRecord, files: dict[str, P
     outbox on a full disk loses the record (``Logged.lost``) and fails nothing: MLflow trouble never
     fails a command's work."""
     outbox = Outbox(tracking.outbox_dir)
-    with progress.step("mlflow", f"recording the {getattr(record, 'step', 'finished')} run"):
+    with progress.step("mlflow", f"recording the {getattr(record, 'step', 'finished')} run") as ending:
         lost = kept(outbox, tracking, record, files)
         if lost:
+            ending.said = "not kept"
             return Logged(record.key, None, 0, None, lost)
         delivery = outbox.deliver(tracking)
+        if record.key not in delivery.run_ids:  # the line after the work says why
+            ending.said = "kept in the outbox"
     return Logged(record.key, delivery.run_ids.get(record.key), delivery.pending_for(tracking),
                   delivery.errors.get(tracking.uri))
 

@@ -11,14 +11,14 @@ from tasks.ingest import Inputs
 from tasks.search import SearchSettings
 
 
-def ingesting(spec_path: str) -> AbstractContextManager[None]:
+def ingesting(spec_path: str) -> AbstractContextManager[progress.Ending]:
     return progress.step("ingest", f"reading {Path(spec_path).name}")
 
 
-def searching(inputs: Inputs, settings: SearchSettings) -> AbstractContextManager[None]:
+def searching(inputs: Inputs, settings: SearchSettings) -> AbstractContextManager[progress.Ending]:
     return progress.step("search", f"{len(inputs.spec):,} tables on {inputs.topology.world_size:,} ranks "
                                    f"({settings.backend.value})")
 
 
-def writing(out_dir: str) -> AbstractContextManager[None]:
+def writing(out_dir: str) -> AbstractContextManager[progress.Ending]:
     return progress.step("write", f"plan.json, shards.parquet and the chart to {out_dir}")

@@ -54,3 +54,13 @@ def test_a_step_that_succeeded_on_a_retry_is_not_summed_up_as_failed():
             pass
     reporter.close()
     assert "(failed)" not in reporter.summary() and reporter.summary().startswith("train ")
+
+
+def test_a_step_that_ended_otherwise_than_done_says_how():
+    lines: list[str] = []
+    reporter = shown.TerminalProgress(live=False, write=lines.append, show_after_s=0.0)
+    with progress.reporting(reporter), progress.step("mlflow", "recording the train run") as ending:
+        progress.update("delivering")
+        ending.said = "kept in the outbox"
+    reporter.close()
+    assert lines[-1].startswith("MLflow: kept in the outbox after ") and "done" not in lines[-1]

@@ -78,3 +78,18 @@ def test_a_record_for_a_store_that_does_not_exist_waits_and_creates_nothing_ther
     # The command that logs there creates its store and takes the record.
     delivery = outbox.deliver(meant)
     assert meant.uri not in delivery.waiting and run_names(meant.uri) == ["plan-test"]
+
+
+def test_a_record_mlflow_did_not_take_ends_its_step_kept_in_the_outbox_not_done(tmp_path):
+    """`train` printed `MLflow: done in 2.35 s`, then that MLflow was unavailable."""
+    from rec import progress
+    from tasks.recorder import record as recorded
+
+    events: list[progress.Event] = []
+    away = Tracking(f"http://127.0.0.1:{unused_port()}", "shardflow", str(tmp_path / "outbox"))
+    with progress.reporting(events.append):
+        logged = recorded(away, record("train"))
+        taken = recorded(Tracking(f"sqlite:///{tmp_path / 'a.db'}", "shardflow", str(tmp_path / "outbox2")),
+                         record("train"))
+    assert logged.unrecorded and logged.pending == 1 and not taken.unrecorded
+    assert [(e.ok, e.ended) for e in events if e.kind == "end"] == [(True, "kept in the outbox"), (True, None)]

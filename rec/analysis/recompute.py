@@ -53,16 +53,19 @@ class Estimates:
         return float(self.rank_perf.max()) if len(self.rank_perf) else 0.0
 
 
-def recompute(plan: Plan) -> Estimates:
+def recompute(plan: Plan, fetches: bool = True) -> Estimates:
     """The estimates of a sound plan's shards (``validate_plan`` without problems); InputError if
     its spec, topology or cost model cannot be rebuilt or a table's shards are not those the cost
-    model lays out for its sharding type and kernel."""
+    model lays out for its sharding type and kernel. ``fetches`` False: as the cost model did before it
+    priced the rows a cache with statistics fetches (TorchRec's prefetch_compute)."""
     from rec.search import build_search_space
     from rec.search.bound import lower_bound
 
     title = f"Cannot recompute the estimates of plan {plan.plan_id}:"
     plan = replace(plan, tables=plan.columns)  # the columns once (a plan read back holds objects)
     spec = plan.spec
+    if not fetches:  # without the distinct ids of a batch, a table's cache fetches are not priced
+        spec = replace(spec, tables=tuple(replace(t, distinct_per_batch=None) for t in spec.tables))
     try:
         # the plan's own cost model, with the cache sizes it chose
         space = build_search_space(spec, plan.topology, plan.planner.cost, chosen_load_factors(plan),
@@ -85,12 +88,27 @@ def metrics_problems(plan: Plan) -> list[Problem]:
     except ValueError as e:
         return [Problem(f"plan {plan.plan_id} metrics", str(e))]
     plan = replace(plan, tables=plan.columns)  # the columns once (a plan read back holds objects)
+    problems = _estimate_problems(plan, claimed, fetches=True)
+    if problems and _fetches_priced(plan):
+        # A plan made before cache fetches were priced (no plan records its cost model's version):
+        # its estimates hold under the cost model it was made with.
+        return [] if not _estimate_problems(plan, claimed, fetches=False) else problems
+    return problems
+
+
+def _estimate_problems(plan: Plan, claimed: dict[str, np.ndarray], fetches: bool) -> list[Problem]:
     try:
-        est = recompute(plan)
+        est = recompute(plan, fetches)
     except InputError as e:
         return list(e.problems)
     problems = _table_problems(plan, est) + _rank_problems(plan, est, claimed)
     return problems or _bound_problems(plan, est.bound)
+
+
+def _fetches_priced(plan: Plan) -> bool:
+    """Whether a table of the plan has statistics whose cache fetches the cost model prices (where
+    its cache is stated), which an earlier one did not."""
+    return any(t.distinct_per_batch is not None and t.hit_rate_curve is not None for t in plan.spec.tables)
 
 
 def _claimed(plan: Plan) -> dict[str, np.ndarray]:

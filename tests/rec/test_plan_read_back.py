@@ -8,7 +8,10 @@ MILP proved, and one plan directory with its shards.parquet and movement.parquet
 TorchRec's default size, with statistics, beside a sharder's other size, which every cache states.
 Written at commit eb75533 (before v6): ``cache_beside_unplaced_v5``, the search's plan of a cache of
 the default size in the module of a table sized otherwise but kept in HBM, and another cache left
-unstated; ``chosen_beside_default_v4``, a plan that chose one cache's size beside a default one."""
+unstated; ``chosen_beside_default_v4``, a plan that chose one cache's size beside a default one.
+Written at commit 2fc8151~1, before the cost model priced the rows a cache with statistics fetches:
+``cache_fetches_unpriced_v4``, caches sized for tables with a hit-rate curve and the distinct ids of a
+global batch, whose estimates hold under the cost model of that day."""
 
 from __future__ import annotations
 
@@ -36,7 +39,8 @@ BEFORE = ROOT / "tests" / "rec" / "plans_before"
 PLAN_IDS = {"cpu_demo": "5e1e111ad8e76c0f", "two_tower_seq_v3": "0f2113817ccb77c7", "replanned": "b3b01ec9e3ef4693",
             "profile": "258eb7cdcfda315e", "cuda_dp_rw": "47829faee745bad9", "ray_keys": "2aa58b673a5d798b",
             "made_by_torchrec": "8a5a5a9f891c7846", "cache_beside_sized_v3": "fd9d975bee53002c",
-            "cache_beside_unplaced_v5": "c1e1c27e8e6bd908", "chosen_beside_default_v4": "30252089a555cad4"}
+            "cache_beside_unplaced_v5": "c1e1c27e8e6bd908", "chosen_beside_default_v4": "30252089a555cad4",
+            "cache_fetches_unpriced_v4": "d070822282cdd15a"}
 
 
 @pytest.mark.parametrize("name", sorted(PLAN_IDS))
@@ -226,3 +230,12 @@ def test_a_spec_or_topology_given_as_a_plan_is_named_as_one():
             read_plan(given)
         shown = refused.value.render()
         assert "not valid JSON" in shown and "is a spec or a topology, not a plan" in shown
+
+
+def test_a_plan_of_the_cost_model_before_cache_fetches_were_priced_is_still_refused_once_edited():
+    """Its estimates hold under that day's cost model or today's: an est matching neither is an edit."""
+    d = json.loads((BEFORE / "cache_fetches_unpriced_v4.json").read_text())
+    d["tables"][0]["est"]["perf"] *= 0.99
+    with pytest.raises(InputError) as refused:
+        check_plan(parse_plan(json.dumps(d), "edited"))
+    assert f"table {d['tables'][0]['module']}.{d['tables'][0]['name']}: est says" in refused.value.render()

@@ -82,7 +82,7 @@ def read_entry(cache_dir: str | Path, key: str, fits: Callable[[Plan], str | Non
         problems = shards_problems(plan, entry / SHARDS_FILE, files[SHARDS_FILE])
         if problems:
             raise InputError("", problems)
-        check_plan(plan)
+        check_plan(plan, earlier_cost_models=False)  # one of an earlier cost model: searched again
     except InputError as e:
         return Lookup(None, str(e.problems[0]) if e.problems else e.title)
     why = fits(plan)

@@ -8,6 +8,7 @@ delivered later exactly as it would have been logged at once. ``EndRecord`` fini
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import uuid
@@ -304,7 +305,9 @@ def train_record(trained: Trained, parent_key: str | None = None, tags: dict[str
     assert m is not None, "node 0 records the training: it has the metrics"
     plan = ran_plan(trained.plan_path)
     rows = pq.read_table(Path(trained.out_dir) / ITERATIONS_FILE).to_pydict()
-    series = {name: [[int(i), float(v)] for i, v in zip(rows["iteration"], rows[column], strict=True)]
+    # NaN: no loss kept (the rows of an early shardflow's training that this one resumed)
+    series = {name: [[int(i), float(v)] for i, v in zip(rows["iteration"], rows[column], strict=True)
+                    if not math.isnan(v)]
               for name, column in ((LATENCY_SERIES, "latency_ms"), (LOSS_SERIES, "loss"),
                                    (DATA_WAIT_SERIES, "data_wait_ms")) if column in rows}
     series.update(eval_series(m))

@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"no plan, train or measure runs in experiment {tracking.experiment!r} at {tracking.uri}"
               + (" matching the filters" if filters else ""))
-    here, elsewhere = _waiting(Outbox(tracking.outbox_dir), tracking)
+    here, elsewhere, untrusted = _waiting(Outbox(tracking.outbox_dir), tracking)
     if here:
         print(f"\n{here} record(s) wait in {tracking.outbox_dir} for MLflow, not shown (plans of `shardflow "
               f"plan` wait there for the next command that records): `{retry_command(tracking.outbox_dir)}` "
@@ -110,21 +110,24 @@ def run(args: argparse.Namespace) -> int:
     if elsewhere:
         print(f"\n{elsewhere} record(s) wait in {tracking.outbox_dir} for another store or experiment: "
               f"`{retry_command(tracking.outbox_dir, verb='list')}` names them")
+    if untrusted:
+        print(f"\n{untrusted} record(s) in {tracking.outbox_dir} cannot be trusted (the next delivery sets them "
+              f"aside): `{retry_command(tracking.outbox_dir, verb='list')}` says why")
     return ExitCode.OK
 
 
-def _waiting(outbox: Outbox, tracking: Tracking) -> tuple[int, int]:
+def _waiting(outbox: Outbox, tracking: Tracking) -> tuple[int, int, int]:
     """The records waiting in the outbox that this store's experiment will show once delivered (theirs,
-    and those that go wherever the next delivery goes), and the others (another store's or
-    experiment's; one that cannot be trusted, which the next delivery sets aside)."""
-    here = elsewhere = 0
+    and those that go wherever the next delivery goes), those for another store or experiment, and
+    those that cannot be trusted (the next delivery sets them aside)."""
+    counts = [0, 0, 0]
     for entry in outbox.describe():
         if entry.set_aside:
             continue
         to = entry.destination
-        ours = entry.problem is None and (to is None or (to.uri, to.experiment) == (tracking.uri, tracking.experiment))
-        here, elsewhere = (here + 1, elsewhere) if ours else (here, elsewhere + 1)
-    return here, elsewhere
+        ours = to is None or (to.uri, to.experiment) == (tracking.uri, tracking.experiment)
+        counts[2 if entry.problem is not None else 0 if ours else 1] += 1
+    return counts[0], counts[1], counts[2]
 
 
 def _terminal_width() -> int:
@@ -182,6 +185,7 @@ def read_rows(client: MlflowClient, experiment_id: str, last: int,
 def plan_row(source: Run | None, run: Run | None, plan_id: str) -> Row:
     """One row: the plan's columns (from ``source``, a run carrying the plan's params and metrics)
     and the train or measure run's (``-`` without one), in HEADER's order."""
+    from rec.plan.metrics import shown_gap
     from tasks.records import PREVIOUS_PLAN_ID, SPEC_HASH, SPEC_PATH, STEP, TOPOLOGY_PATH, RunStep
 
     p = source.data.metrics if source else {}
@@ -199,7 +203,7 @@ def plan_row(source: Run | None, run: Run | None, plan_id: str) -> Row:
         "profile": params.get("profile.name", "-"),
         "tables": params.get("tables", "-"), "world": params.get("topology.world_size", params.get("world_size", "-")),
         "pred_ms": _significant(predicted), "lower_ms": _significant(_first(p, ("lower_bound_ms", "lower_bound"))),
-        "gap": "opt" if p.get("optimal") else f"{_significant(max(gap, 0.0), 3)}%" if gap is not None else "-",
+        "gap": "opt" if p.get("optimal") else f"{_significant(shown_gap(gap), 3)}%" if gap is not None else "-",
         "spec_hash": tags.get(SPEC_HASH, "-"), "backend": params.get("backend", "-"),
         "previous": tags.get(PREVIOUS_PLAN_ID, "-"),
         "moved": f"{_significant(moved, 3)}%" if moved is not None else "-",

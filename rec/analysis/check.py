@@ -13,14 +13,16 @@ from rec.profile.validate import profile_problems_for
 from rec.validation import Problems
 
 
-def check_plan(plan: Plan, source: str | None = None) -> None:
+def check_plan(plan: Plan, source: str | None = None, earlier_cost_models: bool = True) -> None:
     """InputError naming every problem if ``plan`` is unsound, was edited after planning, or claims
     metrics its shards do not give (``rec.analysis.recompute``): what a plan read back (handed to
-    training, replanned from, read from the cache or MLflow) must pass."""
+    training, replanned from, read from the cache or MLflow) must pass. ``earlier_cost_models``
+    False: its metrics must be today's cost model's (the plan cache, which searches again where
+    they are not)."""
     problems = validate_plan(plan)
     problems.items += identity_problems(plan)
     profile_problems_for(plan.planner.profile, plan.topology, Problems(items=problems.items).within("planner.profile"))
     if not problems:  # the estimates need a sound plan of its own spec and topology
-        problems.items += metrics_problems(plan)
+        problems.items += metrics_problems(plan, earlier_cost_models)
     problems.raise_if_any(f"{source or 'plan ' + plan.plan_id} cannot be used:")
 

@@ -5,6 +5,7 @@ bound and gap, and predicted iteration time."""
 from __future__ import annotations
 
 from rec.analysis.iteration_time import cost_model_label, prediction
+from rec.plan.metrics import shown_gap
 from rec.plan.report import sharding_types
 from rec.plan.types import Plan
 
@@ -17,6 +18,6 @@ def quality_lines(plan: Plan) -> list[str]:
     return [
         f"tables:        {len(plan.tables):,} ({kinds})",
         f"critical path: {m.critical_path:.4f} ms ({cost_model_label(plan)})",
-        f"lower bound:   {m.lower_bound:.4f} ms  gap {100 * max(m.gap, 0.0):.2f}% ({m.bound_method} bound{optimal})",
+        f"lower bound:   {m.lower_bound:.4f} ms  gap {100 * shown_gap(m.gap):.2f}% ({m.bound_method} bound{optimal})",
         f"predicted:     {prediction(plan).text()}",
     ]

@@ -80,16 +80,17 @@ def recompute(plan: Plan, fetches: bool = True) -> Estimates:
     return Estimates(**costs, rank_hbm_cap=space.hbm_cap, rank_ddr_cap=space.ddr_cap, bound=lower_bound(space))
 
 
-def metrics_problems(plan: Plan) -> list[Problem]:
-    """What the plan claims and its shards do not give; empty when every estimate holds. Expects a
-    sound plan (``validate_plan`` without problems)."""
+def metrics_problems(plan: Plan, earlier_cost_models: bool = True) -> list[Problem]:
+    """What the plan claims and its shards do not give; empty when every estimate holds (under today's
+    cost model, or where ``earlier_cost_models``, under one a plan of its kind may have been made
+    with). Expects a sound plan (``validate_plan`` without problems)."""
     try:
         claimed = _claimed(plan)
     except ValueError as e:
         return [Problem(f"plan {plan.plan_id} metrics", str(e))]
     plan = replace(plan, tables=plan.columns)  # the columns once (a plan read back holds objects)
     problems = _estimate_problems(plan, claimed, fetches=True)
-    if problems and _fetches_priced(plan):
+    if problems and earlier_cost_models and _fetches_priced(plan):
         # A plan made before cache fetches were priced (no plan records its cost model's version):
         # its estimates hold under the cost model it was made with.
         return [] if not _estimate_problems(plan, claimed, fetches=False) else problems
@@ -106,9 +107,15 @@ def _estimate_problems(plan: Plan, claimed: dict[str, np.ndarray], fetches: bool
 
 
 def _fetches_priced(plan: Plan) -> bool:
-    """Whether a table of the plan has statistics whose cache fetches the cost model prices (where
-    its cache is stated), which an earlier one did not."""
-    return any(t.distinct_per_batch is not None and t.hit_rate_curve is not None for t in plan.spec.tables)
+    """Whether the plan may have been made before the cost model priced cache fetches: a table has
+    the statistics whose fetches it prices, and the plan is of a format older than those fetches
+    (v5 and v6 came after)."""
+    from rec.cost.tables import global_distinct
+    from rec.plan.types import PLAN_FORMAT_PLACED, PLAN_FORMAT_UNSTATED
+
+    topology = plan.topology
+    return (plan.format not in (PLAN_FORMAT_UNSTATED, PLAN_FORMAT_PLACED)
+            and bool(global_distinct(plan.spec, topology.batch_size * topology.world_size).any()))
 
 
 def _claimed(plan: Plan) -> dict[str, np.ndarray]:

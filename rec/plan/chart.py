@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from rec.plan.metrics import shown_gap
 from rec.plan.types import Plan
 from rec.units import format_bytes
 
@@ -55,7 +56,7 @@ def rank_load_chart(plan: Plan, path: str | Path) -> Path:
               fill=INK, font=bold)
     critical = int(np.argmax(m.rank_perf)) if world else 0
     draw.text((MARGIN_LEFT, 34), f"critical path {m.critical_path:.4g} ms on rank {critical}  |  "
-              f"lower bound {m.lower_bound:.4g} ms  |  gap {100 * max(m.gap, 0.0):.2f}%", fill=INK, font=font)
+              f"lower bound {m.lower_bound:.4g} ms  |  gap {100 * shown_gap(m.gap):.2f}%", fill=INK, font=font)
     for i, panel in enumerate(panels):
         top = HEADER + i * PANEL_HEIGHT
         _draw_panel(draw, font, panel, top, world, plan.topology.local_world_size,

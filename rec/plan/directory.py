@@ -48,9 +48,6 @@ def plan_file(path: str | Path) -> Path:
     return path / PLAN_FILE if path.is_dir() else path
 
 
-NOT_A_PLAN = (".yaml", ".yml", ".csv", ".parquet", ".arrow", ".feather")  # specs' and topologies' suffixes
-
-
 def read_plan(path: str | Path) -> Plan:
     """The plan in ``path`` (plan.json or its directory); InputError for anything that is not one.
     The shards.parquet beside plan.json is checked against it: a directory must have one, a
@@ -65,16 +62,23 @@ def read_plan(path: str | Path) -> Plan:
     except InputError as e:  # a directory without its shards.parquet is named beside plan.json's problems
         if directory and not os.path.lexists(shards) and e.problems:
             raise InputError(e.title, [*e.problems, missing_shards(shards)]) from None
-        if not directory and path.suffix.lower() in NOT_A_PLAN and e.problems:  # a spec or topology given as a plan
+        if not directory and e.problems and _not_a_plan(path):
             raise InputError(e.title, [*e.problems, Problem(str(path), (
-                f"a {path.suffix} file is a spec or a topology, not a plan: a plan is the directory (or its "
-                f"plan.json) that `shardflow plan` writes"))]) from None
+                f"a {path.suffix} file is a spec, a topology or data, not a plan: a plan is the directory (or "
+                f"its plan.json) that `shardflow plan` writes"))]) from None
         raise
     if directory or os.path.lexists(shards):
         problems = shards_problems(plan, shards)
         if problems:
             raise InputError(f"Cannot use the plan in {path.parent}:", problems)
     return plan
+
+
+def _not_a_plan(path: Path) -> bool:
+    """Whether ``path`` is named as a spec, a topology or data are (a plan's own files aside)."""
+    from rec.spec.read import FORMATS
+
+    return path.suffix.lower() in FORMATS and path.suffix.lower() != ".json" and path.name not in PLAN_DIR_FILES
 
 
 def write_plan(plan: Plan, out_dir: str | Path,

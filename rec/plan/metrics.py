@@ -45,6 +45,12 @@ class Movement:
         return self.moved_bytes / self.total_bytes if self.total_bytes else 0.0
 
 
+def shown_gap(gap: float) -> float:
+    """``gap`` as reports show it: a critical path below its proven bound lies within the solver's
+    tolerance of it (a bound holds), which is a gap of 0, not "-0.00%"."""
+    return max(gap, 0.0)
+
+
 @dataclass(frozen=True)
 class PlanMetrics:
     critical_path: float  # ms: the busiest rank's estimated time

@@ -44,7 +44,7 @@ from rec.train.feed import Feed, reading
 from rec.train.float32_adagrad import Float32Adagrad
 from rec.train.lifetime import exit_skipping_finalization
 from rec.train.loop import Trained, train_iterations
-from rec.train.metrics import DataRead, TrainMetrics, latency_stats, loss_stats, write_metrics
+from rec.train.metrics import ITERATIONS_FILE, DataRead, TrainMetrics, latency_stats, loss_stats, write_metrics
 from rec.train.model import build_model
 from rec.train.model_file import record_model, record_target
 from rec.train.ownership import this_run
@@ -192,6 +192,10 @@ def _fuse_embedding_optimizer(model: torch.nn.Module, plan: Plan, lr: float) -> 
 def _metrics(plan: Plan, spec: Spec, config: TrainConfig, world: int, batch_size: int, done: Trained,
              begin: Start, dmp: DistributedModelParallel, feed: Feed) -> TrainMetrics:
     rows = done.iterations
+    if not len(rows):  # a resume at the end, over rows the rank's log says were lost
+        raise InputError("Cannot summarize the training:", [Problem(ITERATIONS_FILE, (
+            "no iteration to summarize: the rows before the checkpoint were lost (the rank's log says why) and "
+            "this training added none; give more --iterations"))])
     stats = latency_stats(rows.measured_ms())
     evaluations = tuple(e.to_dict() for e in done.evaluations)
     return TrainMetrics(

@@ -113,7 +113,8 @@ def target_of(directory: str | Path) -> str | None:
 def unrecorded(names: list[str]) -> str:
     """Why a checkpoint folder has none of ``names`` (model.json, the plan's copy), and how to get them."""
     return (f"has no {' or '.join(names)}: written for a model of your own (--model TARGET), or by an early "
-            "shardflow; resume it once (`shardflow train --plan PLAN --out OUT --resume`) to record them")
+            "shardflow; resumed for more iterations (`shardflow train --plan PLAN --out OUT --resume "
+            "--iterations N`), its training records them")
 
 
 def read_model(path: str | Path) -> tuple[ModelSettings, dict[str, Any]]:

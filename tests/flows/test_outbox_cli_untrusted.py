@@ -106,6 +106,10 @@ def test_outbox_list_and_retry_beside_entries_that_cannot_be_trusted(tmp_path, m
     for name, (what, problem) in bad.items():
         (row,) = [line for line in out.splitlines() if line.startswith(name)]
         assert "waiting" in row and problem in row, (what, row)
+    from flows.commands.compare import _waiting  # what compare counts under its table
+
+    tracking = tracking_for(f"sqlite:///{tmp_path / 'mlflow.db'}", state_dir=str(tmp_path / ".shardflow"))
+    assert _waiting(Outbox(tracking.outbox_dir), tracking) == (1, 0, len(bad))  # not "for another store"
 
     code, out, _ = shardflow(tmp_path, "outbox", "retry", timeout=300)
     assert code == 0 and "Traceback" not in out and "\x1b" not in out, out

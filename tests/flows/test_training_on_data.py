@@ -142,7 +142,8 @@ def test_the_checkpoint_evaluated_exported_and_predicted_gives_the_runs_numbers(
                      str(tmp_path / "early_eval")]):
         refused = shardflow_here(capfd, *command)
         assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
-        assert "resume it once (`shardflow train --plan PLAN --out OUT --resume`) to record them" in refused.stderr
+        assert "resumed for more iterations (`shardflow train --plan PLAN --out OUT --resume --iterations N`), its " \
+               "training records them" in " ".join(refused.stderr.split())
 
 
 @pytest.mark.slow

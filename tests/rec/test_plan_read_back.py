@@ -229,7 +229,10 @@ def test_a_spec_or_topology_given_as_a_plan_is_named_as_one():
         with pytest.raises(InputError) as refused:
             read_plan(given)
         shown = refused.value.render()
-        assert "not valid JSON" in shown and "is a spec or a topology, not a plan" in shown
+        assert "not valid JSON" in shown and "is a spec, a topology or data, not a plan" in shown
+    with pytest.raises(InputError) as refused:  # a plan's own shards.parquet is no spec
+        read_plan(BEFORE / "replanned_dir" / "shards.parquet")
+    assert "not a plan" not in refused.value.render()
 
 
 def test_a_plan_of_the_cost_model_before_cache_fetches_were_priced_is_still_refused_once_edited():

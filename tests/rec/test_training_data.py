@@ -152,6 +152,10 @@ def test_a_resumed_training_is_the_same_model_as_an_unbroken_one(single_process_
     with pytest.raises(InputError, match="Cannot summarize") as refused:
         train(plan_path, str(tmp_path / "b"), config(data, iterations=50, resume=True, seed=7))
     assert "give more --iterations" in refused.value.render()
+    (tmp_path / "b/iterations.parquet").write_bytes(b"damaged")  # its rows lost: none to summarize either
+    with pytest.raises(InputError, match="Cannot summarize") as refused:
+        train(plan_path, str(tmp_path / "b"), config(data, iterations=50, resume=True, seed=7))
+    assert "the rows before the checkpoint were lost" in refused.value.render()
 
 
 @pytest.mark.parametrize("pipeline", [PipelineKind.NAIVE, PipelineKind.SPARSE_DIST])

@@ -117,3 +117,18 @@ def test_a_cache_that_cannot_be_written_is_one_line_not_a_failure(tmp_path, capl
         found = search_plan(inputs, SearchSettings(), str(tmp_path / "cache"))
     assert not found.cached and "plan cache: cannot store plan" in caplog.text
     assert read_entry(tmp_path / "cache", "0" * 16, lambda plan: None).plan is None  # absent: no line
+
+
+def test_a_cached_plan_of_an_earlier_cost_model_is_searched_again_not_served(tmp_path):
+    """A plan made before cache fetches were priced is read back where a user hands it in, but the
+    cache serves only today's search: its entry is a miss, as an edited one is."""
+    from rec.analysis import check_plan
+    from rec.plan import parse_plan
+    from tasks.plan_cache import write_entry
+    from tests.paths import ROOT
+
+    plan = parse_plan((ROOT / "tests/rec/plans_before/cache_fetches_unpriced_v4.json").read_text(), "old")
+    check_plan(plan)  # handed in: used
+    write_entry(tmp_path / "cache", plan.plan_id, plan)
+    found = read_entry(tmp_path / "cache", plan.plan_id, lambda p: None)
+    assert found.plan is None and "est says" in (found.refused or ""), found

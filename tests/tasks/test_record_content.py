@@ -155,3 +155,19 @@ def test_planning_time_is_recorded_unrounded(plan_path, demo_inputs):
 
     rec = records.plan_record(read_plan(plan_path), demo_inputs, planning_s=0.123456789)
     assert rec.metrics["planning_s"] == 0.123456789
+
+
+def test_iterations_without_a_loss_are_left_out_of_the_loss_series_not_sent_as_nan(plan_path, tmp_path):
+    """The rows an early shardflow's training kept without a loss (NaN), resumed by this one."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    done = trained(plan_path, tmp_path / "train")
+    path = tmp_path / "train" / "iterations.parquet"
+    table = pq.read_table(path)
+    loss = np.array(table.column("loss").to_numpy())
+    loss[:4] = np.nan
+    pq.write_table(table.set_column(table.schema.get_field_index("loss"), "loss", pa.array(loss)), path)
+    series = records.train_record(done).series
+    assert [i for i, _ in series[records.LOSS_SERIES]] == list(range(4, 10))
+    assert len(series[records.LATENCY_SERIES]) == 10

@@ -103,16 +103,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"no plan, train or measure runs in experiment {tracking.experiment!r} at {tracking.uri}"
               + (" matching the filters" if filters else ""))
     here, elsewhere, untrusted = _waiting(Outbox(tracking.outbox_dir), tracking)
+    listing = retry_command(tracking.outbox_dir, verb="list")
     if here:
         print(f"\n{here} record(s) wait in {tracking.outbox_dir} for MLflow, not shown (plans of `shardflow "
               f"plan` wait there for the next command that records): `{retry_command(tracking.outbox_dir)}` "
               "delivers them")
     if elsewhere:
         print(f"\n{elsewhere} record(s) wait in {tracking.outbox_dir} for another store or experiment: "
-              f"`{retry_command(tracking.outbox_dir, verb='list')}` names them")
+              f"`{listing}` names them")
     if untrusted:
         print(f"\n{untrusted} record(s) in {tracking.outbox_dir} cannot be trusted (the next delivery sets them "
-              f"aside): `{retry_command(tracking.outbox_dir, verb='list')}` says why")
+              f"aside): `{listing}` says why")
     return ExitCode.OK
 
 

@@ -78,7 +78,8 @@ def _not_a_plan(path: Path) -> bool:
     """Whether ``path`` is named as a spec, a topology or data are (a plan's own files aside)."""
     from rec.spec.read import FORMATS
 
-    return path.suffix.lower() in FORMATS and path.suffix.lower() != ".json" and path.name not in PLAN_DIR_FILES
+    suffix = path.suffix.lower()
+    return suffix in FORMATS and suffix != ".json" and path.name not in PLAN_DIR_FILES
 
 
 def write_plan(plan: Plan, out_dir: str | Path,

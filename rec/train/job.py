@@ -21,6 +21,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torchrec.distributed.model_parallel import DistributedModelParallel
@@ -192,10 +193,15 @@ def _fuse_embedding_optimizer(model: torch.nn.Module, plan: Plan, lr: float) -> 
 def _metrics(plan: Plan, spec: Spec, config: TrainConfig, world: int, batch_size: int, done: Trained,
              begin: Start, dmp: DistributedModelParallel, feed: Feed) -> TrainMetrics:
     rows = done.iterations
-    if not len(rows):  # a resume at the end, over rows the rank's log says were lost
+    # A resume at the end (the training stopped before its outputs) adds no row to those it kept.
+    none = None
+    if not len(rows):
+        none = "no iteration to summarize: the rows before the checkpoint were lost (the rank's log says why)"
+    elif np.isnan(rows.loss).all():
+        none = "no iteration has a loss: an early shardflow wrote those before the checkpoint without one"
+    if none:
         raise InputError("Cannot summarize the training:", [Problem(ITERATIONS_FILE, (
-            "no iteration to summarize: the rows before the checkpoint were lost (the rank's log says why) and "
-            "this training added none; give more --iterations"))])
+            f"{none}, and this training added none; give more --iterations"))])
     stats = latency_stats(rows.measured_ms())
     evaluations = tuple(e.to_dict() for e in done.evaluations)
     return TrainMetrics(

@@ -714,6 +714,16 @@ def compare_measured(ctx: Context, shapes: Sequence[Workload], repeats: int, tim
     return Comparison(repeats, result, measured.stopped)
 
 
+def builtin_shapes(ranks: workloads.Ranks) -> list[Workload]:
+    """The check's own shapes in the order the budget reaches them: on cuda ``memory_tight`` first (a
+    budget that reaches one shape reaches the one where memory decides), on cpu the two that plan and
+    measure in seconds."""
+    shapes = workloads.torchrec_shapes(ranks)
+    if not ranks.cuda:
+        return [s for s in shapes if s.name in ("few_big", "mixed_ebc_ec")]
+    return sorted(shapes, key=lambda s: s.name != "memory_tight")
+
+
 def vs_torchrec(ctx: Context) -> Outcome:
     """TorchRec's planners' plans (default proposers, DP proposer) and shardflow's (default and
     calibrated profile), measured on these ranks in alternating repeats, on the check's shapes, the
@@ -721,9 +731,7 @@ def vs_torchrec(ctx: Context) -> Outcome:
     without a profile) measured slower than TorchRec's beyond the noise."""
     cuda = ctx.ranks.cuda
     budget = ctx.share(1.0, 90 if cuda else 40)
-    builtin = workloads.torchrec_shapes(ctx.ranks) if ctx.builtin else []
-    if not cuda:
-        builtin = [s for s in builtin if s.name in ("few_big", "mixed_ebc_ec")]
+    builtin = builtin_shapes(ctx.ranks) if ctx.builtin else []
     try:
         compared = compare_measured(ctx, [*ctx.given, *builtin], 3 if cuda else 2, budget)
     except NotPlanned as e:

@@ -72,7 +72,8 @@ class Group:
     def all_reduce(self, values: torch.Tensor | Sequence[float], op: dist.ReduceOp.RedOpType) -> torch.Tensor:
         """``values`` reduced over the ranks (float64, on the CPU)."""
         tensor = self._on_device(values)
-        dist.all_reduce(tensor, op=op)
+        if tensor.numel():  # empty on every rank alike (a resume at the last iteration): NCCL is not asked for 0 bytes
+            dist.all_reduce(tensor, op=op)
         return tensor.cpu()
 
     def max(self, values: torch.Tensor | Sequence[float]) -> torch.Tensor:

@@ -475,6 +475,20 @@ def test_a_shape_too_long_to_measure_beside_one_no_planner_planned_is_named_for_
         compare.compare_measured(ctx, [Workload("X", [], 256), Workload("Y", [], 256)], 2, 100.0)
 
 
+def test_on_a_gpu_the_memory_tight_shape_is_the_first_the_budget_reaches():
+    """vs_torchrec keeps its shapes in order while their measuring fits the budget: on cuda the shape
+    where memory decides comes first (after the user's --specs), so that a short budget still
+    compares the plans there; on cpu only the two quick shapes run."""
+    from bench.gpu_check.compare import builtin_shapes
+    from bench.gpu_check.workloads import GIB, Ranks
+    from rec.sharding import ComputeDevice
+
+    h200 = [s.name for s in builtin_shapes(Ranks(ComputeDevice.CUDA, 1, 140 * GIB, 96 * GIB))]
+    assert h200[0] == "memory_tight" and sorted(h200) == ["few_big", "many_small", "memory_tight",
+                                                          "mixed_ebc_ec", "pooling_heavy"]
+    assert [s.name for s in builtin_shapes(Ranks(ComputeDevice.CPU, 2, GIB, GIB))] == ["few_big", "mixed_ebc_ec"]
+
+
 def test_plans_that_differ_only_in_a_caches_size_are_measured_apart():
     """DMP builds each fused_uvm_caching table's cache at the size its plan gives: two plans of one
     sharding with other cache sizes are two measurements, and a size stated at TorchRec's default is

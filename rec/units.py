@@ -113,6 +113,11 @@ def format_count(n: int) -> str:
     return f"{n:,}" if digits <= 21 else f"{'-' if n < 0 else ''}about 10^{digits - 1}"
 
 
+def counted(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural but for one: "1 rank", "8 ranks"."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
 def power_of_two(n: int) -> str:
     """"2^k" for a bound n = 2^k, as messages name the bounds."""
     return f"2^{n.bit_length() - 1}"

@@ -39,6 +39,7 @@ from rec.sharding import ComputeDevice
 from rec.topology import Topology, read_topology, topology_to_dict
 from rec.train.measure_config import MeasureConfig
 from rec.train.timings import Status, Timings
+from rec.units import counted
 from tasks.launch import MEASURE_RDZV_ID
 from tasks.measure import Ranks, run_measuring_job
 
@@ -149,7 +150,7 @@ def _calibrate(topology_path: str, topology: Topology, profile_path: str, work_d
     order = _order(len(probes), settings.round_count if topology.compute_device is ComputeDevice.CPU else 1,
                    settings.seed)
     ranks = topology.world_size
-    with progress.step("measure", f"{len(probes)} probes x {settings.round_count} rounds on {ranks} ranks"):
+    with progress.step("measure", f"{len(probes)} probes x {settings.round_count} rounds on {counted(ranks, 'rank')}"):
         config = settings.measure_config(topology.compute_device)
         timings = run_measuring_job([paths[i] for i in order], topology, work_dir, config,
                                     settings.ranks, MEASURE_RDZV_ID)

@@ -18,6 +18,7 @@ from rec.errors import InputError, Problem
 from rec.settings import check, knob
 from rec.train.config import TrainConfig
 from rec.train.rank_log import log_dir
+from rec.units import counted
 from tasks.launch import EVAL_JOB, EVAL_RDZV_ID, Launch, failure_cause, run_training
 from tasks.measure import Ranks
 from tasks.train import TrainingFailed, preflight
@@ -87,11 +88,11 @@ def _evaluate(checkpoint: str, directory: Path, step: int, data: str, out_dir: s
                     rdzv_endpoint=settings.ranks.rdzv_endpoint, rdzv_id=EVAL_RDZV_ID,
                     join_timeout_s=settings.ranks.join_timeout, job=config,
                     module=EVAL_JOB, more_flags=(f"--checkpoint={at}",))
-    with progress.step("eval", f"starting {settings.ranks.nnodes * nproc} ranks"):
+    with progress.step("eval", f"starting {counted(settings.ranks.nnodes * nproc, 'rank')}"):
         finished = run_training(launch)
         if finished.code != 0:
             cause = failure_cause(launch, finished)
-            raise TrainingFailed(cause.text, cause.deterministic, str(log_dir(out_dir)), 1)
+            raise TrainingFailed(cause.text, cause.deterministic, str(log_dir(out_dir)), 1, problems=cause.problems)
     if settings.ranks.node_rank != 0:
         return Evaluated(out_dir, None)
     path = Path(out_dir) / EVAL_METRICS_FILE

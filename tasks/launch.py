@@ -238,6 +238,7 @@ class Cause:
     text: str  # one line, for a message, an MLflow tag
     deterministic: bool  # the same failure on every retry
     disk_full: bool = False  # an output could not be written: a retry seconds later fills the same disk
+    problems: tuple[str, ...] = ()  # bad input of several problems: each, one line (``text`` names the first)
 
 
 def failure_cause(launch: Launch, finished: Finished) -> Cause:
@@ -275,7 +276,7 @@ def failure_cause(launch: Launch, finished: Finished) -> Cause:
         if met_no_more:  # torchrun restarted the ranks (--max-restarts), and a node never came back
             text += (f"; restarting, the {launch.nnodes} nodes did not meet again at {launch.rdzv_endpoint} "
                      f"within {launch.join_timeout_s} s (--join-timeout)")
-        return Cause(text, first.deterministic, first.disk_full)
+        return Cause(text, first.deterministic, first.disk_full, first.problems)
     if any("RendezvousConnectionError" in line for line in lines):
         return Cause(f"nothing answered at {launch.rdzv_endpoint} within {launch.join_timeout_s} s (--join-timeout): "
                      "start node 0 (--node-rank 0), whose machine hosts the rendezvous there, or give every node "

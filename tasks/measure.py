@@ -24,6 +24,7 @@ from rec.train.measure_config import MeasureConfig
 from rec.train.measure_report import MeasureReport, measure_report, write_measure
 from rec.train.rank_log import log_dir
 from rec.train.timings import Status, Timings, read_timings
+from rec.units import counted
 from tasks.launch import MEASURE_JOB, MEASURE_RDZV_ID, Launch, failure_cause, run_training
 from tasks.train import TrainSettings, preflight
 
@@ -128,7 +129,7 @@ def measure(plan_path: str, out_dir: str, settings: MeasureSettings = MeasureSet
         nproc = _preflight(settings.ranks, plan.topology)
     plan_json = str(plan_file(plan_path))
     ranks = settings.ranks.nnodes * nproc
-    with progress.step("measure", f"starting {ranks} ranks"):
+    with progress.step("measure", f"starting {counted(ranks, 'rank')}"):
         timings = run_measuring_job([plan_json], plan.topology, out_dir, settings.job, settings.ranks, MEASURE_RDZV_ID)
     if timings is None:
         return Measured(plan.plan_id, out_dir, None, settings, nproc, started, plan_json)

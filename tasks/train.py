@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -30,6 +30,7 @@ from rec.train.config import FAIL_AT_ENV, PLAN_ID_FLAG, TrainConfig
 from rec.train.metrics import METRICS_FILE, TrainMetrics, read_metrics
 from rec.train.ownership import Run, control_character
 from rec.train.rank_log import log_dir
+from rec.units import counted
 from tasks.launch import JOIN_TIMEOUT_S, TRAIN_RDZV_ID, Launch, failure_cause, run_training
 
 MAX_PROCESSES = 1 << 16
@@ -87,15 +88,22 @@ class Trained:
 class TrainingFailed(RuntimeError):
     """torchrun exited non-zero: a rank failed for good (after torchrun's own restarts).
     ``cause`` is one line; ``deterministic``: a retry would fail the same way (bad input); ``disk_full``:
-    an output could not be written, which a retry seconds later would not change either (exit 1, not 2)."""
+    an output could not be written, which a retry seconds later would not change either (exit 1, not 2);
+    ``problems``: bad input a rank found, every problem one line (``cause`` names the first)."""
 
-    def __init__(self, cause: str, deterministic: bool, logs: str, attempt: int, disk_full: bool = False):
-        super().__init__(f"{cause} (attempt {attempt}; logs in {logs})")
+    def __init__(self, cause: str, deterministic: bool, logs: str, attempt: int, disk_full: bool = False,
+                 problems: tuple[str, ...] = ()):
+        super().__init__(f"{cause} (attempt {attempt}; logs in {logs})" + listed(problems))
         self.cause, self.deterministic, self.logs, self.attempt = cause, deterministic, logs, attempt
-        self.disk_full = disk_full
+        self.disk_full, self.problems = disk_full, tuple(problems)
 
     def __reduce__(self) -> tuple[Any, ...]:  # Prefect may copy the exception of a failed state
-        return type(self), (self.cause, self.deterministic, self.logs, self.attempt, self.disk_full)
+        return type(self), (self.cause, self.deterministic, self.logs, self.attempt, self.disk_full, self.problems)
+
+
+def listed(problems: Sequence[str]) -> str:
+    """Problems under the line that names the first: each on its own line, as an InputError shows them."""
+    return "".join(f"\n  - {p}" for p in problems)
 
 
 def preflight(settings: TrainSettings, topology: Topology, spec: Spec | None = None,
@@ -419,11 +427,13 @@ def train(plan_path: str, out_dir: str, settings: TrainSettings = TrainSettings(
             env[FAIL_AT_ENV] = ""
         ranks = launch.nnodes * launch.nproc_per_node
         earlier = file_stamp(Path(out_dir) / METRICS_FILE)  # a file this run did not write is not its metrics
-        with progress.step("train", f"starting {ranks} ranks" + (f" (attempt {attempt})" if attempt > 1 else "")):
+        again = f" (attempt {attempt})" if attempt > 1 else ""
+        with progress.step("train", f"starting {counted(ranks, 'rank')}{again}"):
             finished = run_training(launch, env=env)
             if finished.code != 0:
                 cause = failure_cause(launch, finished)
-                raise TrainingFailed(cause.text, cause.deterministic, str(log_dir(out_dir)), attempt, cause.disk_full)
+                raise TrainingFailed(cause.text, cause.deterministic, str(log_dir(out_dir)), attempt, cause.disk_full,
+                                     cause.problems)
     written = file_stamp(Path(out_dir) / METRICS_FILE) not in (None, earlier)
     metrics = _node_metrics(launch, out_dir, written) if launch.node_rank == 0 else None
     return Trained(plan_id, out_dir, metrics, settings, launch.nproc_per_node, attempt, started,

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from rec.train.resume import PLAN_COPY, checkpoint_at
     from tasks.evaluate import EvalCheckpointSettings, evaluate_checkpoint
     from tasks.run_dirs import RunDirs
-    from tasks.train import TrainingFailed
+    from tasks.train import TrainingFailed, listed
 
     settings = from_flags(EvalCheckpointSettings, args)
     check(settings, "Cannot evaluate with these settings:")
@@ -58,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             evaluated = evaluate_checkpoint(args.checkpoint, args.data, out, settings)
         except TrainingFailed as e:
-            print(f"shardflow eval: the evaluation failed: {e.cause}\n  logs: {e.logs}", file=sys.stderr)
+            print(f"shardflow eval: the evaluation failed: {e.cause}{listed(e.problems)}\n  logs: {e.logs}",
+                  file=sys.stderr)
             return ExitCode.of_failure(e.deterministic)
         dirs.mark_latest(out)
     if fault.code is not None:

@@ -143,8 +143,10 @@ def render_stopped(e: Stopped, training: TrainSettings, out: str | None, seconds
 
 
 def render_failure(e: TrainingFailed, tracking: Tracking) -> str:
+    from tasks.train import listed
+
     retried = "" if e.deterministic else f" after {e.attempt} attempt{'s' if e.attempt > 1 else ''}"
-    return (f"shardflow run: the training failed{retried}: {e.cause}\n"
+    return (f"shardflow run: the training failed{retried}: {e.cause}{listed(e.problems)}\n"
             f"  logs:   {e.logs}\n"
             f"  MLflow: a FAILED train run with this cause (shardflow.error) and the logs, in experiment "
             f"{tracking.experiment!r} at {tracking.uri}; the plan is written and logged")

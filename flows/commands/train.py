@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from tasks.records import now_ms
     from tasks.run_dirs import RunDirs
     from tasks.tracking import TrackingSettings
-    from tasks.train import TrainingFailed, TrainSettings, check_settings, train
+    from tasks.train import TrainingFailed, TrainSettings, check_settings, listed, train
 
     started, started_ms = time.perf_counter(), now_ms()
     settings = from_flags(TrainSettings, args)
@@ -89,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
                 shutil.rmtree(out, ignore_errors=True)
             raise
         except TrainingFailed as e:
-            print(f"shardflow train: the training failed: {e.cause}\n  logs: {e.logs}", file=sys.stderr)
+            print(f"shardflow train: the training failed: {e.cause}{listed(e.problems)}\n  logs: {e.logs}",
+                  file=sys.stderr)
             if records_run:
                 from tasks.recorder import record_failed_training
 

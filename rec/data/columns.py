@@ -292,12 +292,16 @@ def _dense(column: pa.ChunkedArray, width: int, locate: Locate, what: str, probl
         problems.append(Problem(where, f"{int(wrong.sum()):,} of {len(array):,} rows read do not hold "
                                        f"{width} values (--dense-in-features), first {int(lengths[first])} at "
                                        f"{locate(first)}"))
-        return empty
-    rows = np.flatnonzero(~nulls)  # the row of each value list_flatten gives: null rows give none
+
+    def row_of(value: int) -> int:
+        """The row of list_flatten's ``value``-th value (null rows give none), whatever the rows'
+        widths: a row of the wrong width hides none of the column's other bad values."""
+        return int(pc.list_parent_indices(array)[value].as_py())
+
     values = pc.list_flatten(array)
     null_values = np.asarray(values.is_null()) if values.null_count else np.zeros(len(values), bool)
     if values.null_count:
-        row = int(rows[_first(null_values) // max(width, 1)])
+        row = row_of(_first(null_values))
         problems.append(Problem(where, f"{_count(values.null_count, 'null value')} in {len(array):,} rows read, "
                                        f"first at {locate(row)}"))
     raw = pc.fill_null(values, 0).to_numpy(zero_copy_only=False) if values.null_count else \
@@ -307,7 +311,7 @@ def _dense(column: pa.ChunkedArray, width: int, locate: Locate, what: str, probl
     not_finite = ~np.isfinite(flat) & ~null_values
     if not_finite.any():
         first = _first(not_finite)
-        row = int(rows[first // max(width, 1)])
+        row = row_of(first)
         problems.append(Problem(where, (
             f"{_count(int(not_finite.sum()), 'value')} not finite as float32 (NaN, infinite, or beyond +-3.4e38) "
             f"in {len(array):,} rows read, first {float(raw[first]):g} at {locate(row)}")))

@@ -110,6 +110,13 @@ def missing_named(missing: Sequence[str], present: Sequence[str], wanted: Sequen
     spare = [c for c in present if c not in wanted]
     named = []
     for c in missing:
+        # one column per value (dense_0 ... dense_12, as many tables hold Criteo's): no one of them is the column
+        numbered = sorted((s for s in spare if s.startswith(c) and s[len(c):].lstrip("_.-").isdigit()),
+                          key=lambda s: int(s[len(c):].lstrip("_.-")))
+        if len(numbered) > 1:
+            named.append(f"{c!r} (the file has {len(numbered)} columns {numbered[0]!r} to {numbered[-1]!r} instead: "
+                         f"{c!r} is one column holding a list of values per row)")
+            continue
         close = difflib.get_close_matches(c, spare, n=1, cutoff=0.8)
         named.append(repr(c) + (f" (the file has {close[0]!r})" if close else ""))
     return ", ".join(named)

@@ -109,7 +109,7 @@ class TrainConfig:
     synthetic_batches: int = field(default=16, metadata=knob(
         "distinct synthetic batches, cycled", minimum=1, maximum=1 << 16))
     checkpoint_every: int = field(default=0, metadata=knob(
-        "write a sharded checkpoint every N iterations; 0: never", minimum=0))
+        "write a sharded checkpoint every N iterations and after the last; 0: never", minimum=0))
     checkpoint_dir: str | None = field(default=None, metadata=knob(
         "where checkpoints go; none: OUT/checkpoints", metavar="DIR", path=True))
     keep_checkpoints: int = field(default=3, metadata=knob(

@@ -30,6 +30,7 @@ from rec.train.lifetime import exit_skipping_finalization
 from rec.train.rank_log import RankOutput
 from rec.train.rank_process import check_world_size, process_group, run_rank
 from rec.train.resume import step_of
+from rec.units import counted
 
 EVAL_METRICS_FILE = "eval_metrics.json"
 
@@ -44,7 +45,7 @@ def evaluate_checkpoint(plan: Plan, config: TrainConfig, step: Path, out_dir: st
     model, feed = model_and_feed(plan, plan.spec, config, device, world, batch_size)
     evaluator = evaluator_of(config, feed, batch_size, device, "--data")  # shardflow eval's flag
     assert evaluator is not None, "the evaluation job needs --eval-data"
-    output.progress(f"sharding {len(plan.tables):,} tables on {world} ranks with the plan")
+    output.progress(f"sharding {len(plan.tables):,} tables on {counted(world, 'rank')} with the plan")
     dmp, optimizer = shard_with_plan(model, plan, config, device)
     number = step_of(step.name)
     assert number is not None

@@ -79,6 +79,9 @@ def _load(path: str | Path, directory: Path, step: int) -> tuple[nn.Module, Mode
 def export(checkpoint: str | Path, out_dir: str | Path) -> Exported:
     """Write the checkpoint's model, unsharded, into ``out_dir`` (created; refused if it holds a model)."""
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():  # found before the checkpoint is read, not at the write
+        raise InputError("Cannot export here:", [Problem(str(out), "is a file, not a folder: --out names the folder "
+                                                                   "the model goes into; give a new --out")])
     if (out / WEIGHTS_FILE).exists() or (out / MODEL_FILE).exists():
         raise InputError("Cannot export here:", [Problem(str(out), "already holds an exported model; "
                                                                    "give a new --out")])

@@ -53,6 +53,7 @@ from rec.train.rank_log import RankOutput
 from rec.train.rank_process import check_world_size, process_group, restart_count, run_rank
 from rec.train.resume import checkpoint_dir
 from rec.train.start import Start, start
+from rec.units import counted
 
 
 def train(plan: Plan, config: TrainConfig, out_dir: str, output: RankOutput,
@@ -70,7 +71,7 @@ def train(plan: Plan, config: TrainConfig, out_dir: str, output: RankOutput,
     output.progress("building the model")
     model, feed = model_and_feed(plan, spec, config, device, world, batch_size)
     evaluator = evaluator_of(config, feed, batch_size, device)
-    output.progress(f"sharding {len(plan.tables):,} tables on {world} ranks with the plan")
+    output.progress(f"sharding {len(plan.tables):,} tables on {counted(world, 'rank')} with the plan")
     dmp, optimizer = shard_with_plan(model, plan, config, device)
     checkpoints = checkpoint_dir(config, out_dir)
     begin = start(plan, config, out_dir, dmp, optimizer, output, plan_path, feed, this_run(out_dir))

@@ -116,7 +116,9 @@ def train_iterations(dmp: DistributedModelParallel, optimizer: CombinedOptimizer
                             f"loss {shown:.4f}", done, config.iterations)
         if every and done % every == 0 and done < config.iterations:
             evaluate(done)  # before a checkpoint of the same iteration, which keeps it for a resume
-        if checkpoints and config.checkpoint_every and done % config.checkpoint_every == 0:
+        # and at the end: what the training ends with is what export and --resume find, whatever N divides
+        every_n = config.checkpoint_every
+        if checkpoints and every_n and (done % every_n == 0 or done == config.iterations):
             checkpoint.save(checkpoints, done, dmp, optimizer, keep=config.keep_checkpoints, written_by=start.run,
                             before_latest=keep_iterations_and_position(done))
     if evaluator is not None and (not evaluations or evaluations[-1].iteration != config.iterations):

@@ -27,7 +27,7 @@ from typing import Any, TextIO, cast
 
 from rec.disk_full import DiskFull, is_disk_full
 from rec.documents import load_json
-from rec.errors import InputError
+from rec.errors import InputError, printable
 from rec.progress import to_line
 
 LOG_DIR = "logs"
@@ -35,6 +35,7 @@ RANK_LOG = "rank-{rank}.log"
 ERROR_FILE = "rank-{rank}.error.json"
 PROGRESS_EVERY_S = 0.5
 MAX_CAUSE = 300  # characters of a one-line cause
+MAX_PROBLEMS = 25  # lines of a bad input's problems kept with the cause (InputError.render's screen)
 ERROR_LINE_PREFIX = "@shardflow-error "  # marks a rank's failure record among its output
 _SOURCE_PREFIX = re.compile(r"^\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*")  # "[.../pair.cc:537] " of C++ errors
 # Failures that no retry can fix: the machine lacks what the plan needs.
@@ -52,8 +53,23 @@ def log_dir(out_dir: str | Path) -> Path:
 
 
 def one_line(error: BaseException) -> str:
-    """``Type: first line of the message`` (a full disk: ``cannot write PATH: reason``), cut to
-    ``MAX_CAUSE`` characters."""
+    """``Type: first line of the message`` (a full disk: ``cannot write PATH: reason``; bad input: its
+    first problem and how many more), cut to ``MAX_CAUSE`` characters."""
+    more = len(error.problems) - 1 if isinstance(error, InputError) else 0
+    told = f" (and {more} more problem{'s' if more > 1 else ''})" if more > 0 else ""
+    cause = _first_line(error)
+    return cause + told if len(cause) + len(told) <= MAX_CAUSE else cause[: MAX_CAUSE - len(told) - 3] + "..." + told
+
+
+def problem_lines(error: BaseException) -> tuple[str, ...]:
+    """Bad input of more than one problem: each, one line (as the CLI shows an InputError: problems of one
+    reason share a line, at most a screen); () for any other error, whose cause says it all."""
+    if not isinstance(error, InputError) or len(error.problems) < 2:
+        return ()
+    return tuple(line.strip().removeprefix("- ") for line in error.render(MAX_PROBLEMS - 1).splitlines()[1:])
+
+
+def _first_line(error: BaseException) -> str:
     failures = getattr(error, "failures", None)  # DCP's CheckpointException: the ranks' own errors
     if isinstance(error, DiskFull):
         cause = str(error)
@@ -69,7 +85,7 @@ def one_line(error: BaseException) -> str:
             first = f"{first} {error.problems[0]}"
         first = _SOURCE_PREFIX.sub("", first)
         cause = f"{type(error).__name__}: {first}" if first else type(error).__name__
-    return cause if len(cause) <= MAX_CAUSE else cause[: MAX_CAUSE - 3] + "..."
+    return cause
 
 
 def is_deterministic(error: BaseException) -> bool:
@@ -84,19 +100,23 @@ class RankError:
     deterministic: bool
     time: float  # when the rank failed (time.time()): the first failure is the cause, the rest follow
     disk_full: bool = False  # an output could not be written: the cause, whatever failed first
+    problems: tuple[str, ...] = ()  # bad input of several problems: each, one line (the cause names the first)
 
 
 def _record(error: RankError) -> str:
     return json.dumps({"rank": error.rank, "cause": error.cause, "deterministic": error.deterministic,
-                       "time": error.time, "disk_full": error.disk_full})
+                       "time": error.time, "disk_full": error.disk_full, "problems": list(error.problems)})
 
 
 def _parse(text: str) -> RankError | None:
     try:
         d: Any = load_json(text)
+        listed = d.get("problems", [])  # none before shardflow kept them
+        problems = tuple(printable(str(p), MAX_CAUSE) for p in listed[:MAX_PROBLEMS]) if isinstance(listed, list) \
+            else ()
         return RankError(int(d["rank"]), str(d["cause"])[:MAX_CAUSE], bool(d["deterministic"]), float(d["time"]),
-                         bool(d.get("disk_full", False)))
-    except (ValueError, KeyError, TypeError):
+                         bool(d.get("disk_full", False)), problems)
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
@@ -181,7 +201,7 @@ class RankOutput:
         """Leave the cause for the launcher: in the error file, and on the launcher's pipe (which
         works when the disk is full)."""
         record = RankError(self.rank, one_line(error), is_deterministic(error), time.time(),
-                           isinstance(error, DiskFull))
+                           isinstance(error, DiskFull), problem_lines(error))
         path = log_dir(self.out_dir) / ERROR_FILE.format(rank=self.rank)
         tmp = path.with_suffix(".tmp")
         try:

@@ -132,6 +132,9 @@ def test_the_checkpoint_evaluated_exported_and_predicted_gives_the_runs_numbers(
                                  str(root / "eval.parquet"), "--out", str(out))
         assert refused.returncode == 2 and f"--out: {out} exists" in refused.stderr
     assert (root / "eval.parquet").read_bytes() == kept
+    refused = shardflow_here(capfd, "export", "--checkpoint", str(out), "--out", str(tmp_path / "p.parquet"))
+    assert refused.returncode == 2 and "is a file, not a folder: --out names the folder the model goes into; give " \
+        "a new --out" in " ".join(refused.stderr.split())
     # checkpoints an early shardflow wrote, without model.json and the plan's copy: the way on is named
     early = tmp_path / "early"
     shutil.copytree(trained[0] / "checkpoints", early / "checkpoints")
@@ -153,8 +156,12 @@ def test_bad_values_the_sample_missed_stop_the_ranks_as_bad_input(dataset, tmp_p
     ids = rows.column("cat_2").to_pylist()
     ids[25_000] = [SETTINGS.rows + 7]  # beyond the 20,000 rows the check before launch reads of this row group
     column = rows.schema.get_field_index("cat_2")
-    pq.write_table(rows.set_column(column, "cat_2", pa.array(ids, pa.list_(pa.int64()))), tmp_path / "late.parquet",
-                   row_group_size=30_000)
+    rows = rows.set_column(column, "cat_2", pa.array(ids, pa.list_(pa.int64())))
+    labels = rows.column("label").to_pylist()
+    labels[25_003] = 2  # a second problem the sample missed: the ranks name both, as the check before launch would
+    label = rows.schema.get_field_index("label")
+    rows = rows.set_column(label, "label", pa.array(labels, rows.schema.field(label).type))
+    pq.write_table(rows, tmp_path / "late.parquet", row_group_size=30_000)
     r = train(capfd, "--plan", str(root / "plan"), "--out", str(tmp_path / "out"),
               "--data", str(tmp_path / "late.parquet"),
               "--iterations", "60", "--warmup", "1", "--batch-size", "256", "--dense-in-features", "4",
@@ -162,6 +169,8 @@ def test_bad_values_the_sample_missed_stop_the_ranks_as_bad_input(dataset, tmp_p
     assert r.returncode == 2, r.stderr[-3000:]
     assert "the training failed" in r.stderr  # in a rank, after the launch
     assert "column 'cat_2'" in r.stderr and "first 2007 at row 25,000 of" in r.stderr and "--ids modulo" in r.stderr
+    assert "(and 1 more problem)" in r.stderr
+    assert "\n  - --data column 'label': 1 label not 0 or 1 in " in r.stderr and "at row 25,003 of" in r.stderr
     assert "Traceback" not in r.stderr
 
 

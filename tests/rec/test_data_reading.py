@@ -262,6 +262,23 @@ def test_a_column_with_nulls_is_still_checked_for_its_other_bad_values(tmp_path)
                      "'row'": ["1 null id", "39 ids outside [0, 1,000) (the rows of table a)"]}
 
 
+def test_a_dense_row_of_the_wrong_width_hides_none_of_the_columns_other_bad_values(tmp_path):
+    """A row of 4 values once ended the column's check: its NaN and null values (rows 2 and 5) were
+    named only on a second run, after the width was fixed."""
+    nan = float("nan")
+    dense = [[0.0, 1.0, 2.0]] * 8
+    dense[2], dense[3], dense[5] = [1.0, nan, 2.0], [1.0, 2.0, 3.0, 4.0], [None, 1.0, 2.0]
+    ids = pa.array([[1]] * 8, pa.list_(pa.int64()))
+    pq.write_table(pa.table({"label": pa.array([0.0, 1.0] * 4), "dense": pa.array(dense, pa.list_(pa.float64())),
+                             "row": ids, "b1": ids, "b2": ids}), tmp_path / "bad.parquet")
+    found = [p.reason for p in data_problems(str(tmp_path / "bad.parquet"), LAYOUT, IdsPolicy.ERROR)]
+    assert [r.split(" in ")[0] for r in found] == ["1 of 8 rows read do not hold 3 values (--dense-in-features), "
+                                                   "first 4 at row 3 of " + str(tmp_path / "bad.parquet"),
+                                                   "1 null value", "1 value not finite as float32 (NaN, infinite, "
+                                                                   "or beyond +-3.4e38)"]
+    assert "first at row 5 of" in found[1] and "first nan at row 2 of" in found[2]
+
+
 def test_a_null_in_a_bool_label_and_labels_only_near_0_or_1_are_named(tmp_path):
     """The bool column's null once crashed the check (exit 1, which Prefect retries); 0.99999999 was
     rounded to a label of 1 by float32 before the check."""
@@ -332,6 +349,12 @@ def test_columns_of_the_wrong_type_or_missing_are_named_before_any_row_is_read(t
                    tmp_path / "typo.parquet")
     (missing,) = data_problems(str(tmp_path / "typo.parquet"), LAYOUT, IdsPolicy.ERROR)
     assert missing.reason.startswith("has no column 'b2' (the file has 'b_2') (the data needs")
+    # dense features one column each, as Criteo's tables often hold them: not 'dense_9' as a misspelling
+    pq.write_table(pa.table({"label": [1], **{f"dense_{i}": [1.0] for i in range(3)}, "row": [[1]], "b1": [[1]],
+                             "b2": [[1]]}), tmp_path / "scalars.parquet")
+    (missing,) = data_problems(str(tmp_path / "scalars.parquet"), LAYOUT, IdsPolicy.ERROR)
+    assert missing.reason.startswith("has no column 'dense' (the file has 3 columns 'dense_0' to 'dense_2' instead: "
+                                     "'dense' is one column holding a list of values per row)")
 
 
 def test_an_id_out_of_range_beyond_the_sample_stops_the_ranks_reading_as_bad_input(dataset, tmp_path):

@@ -84,12 +84,24 @@ def open_check(check: Path, tmp: Path) -> Path:
         return find_work(check)
     try:
         with tarfile.open(check) as tar:
-            tar.extractall(tmp, filter="data")
+            _unpack(tar, tmp)
     except tarfile.TarError:
         raise CheckError("not a GPU check's folder or .tgz (tar cannot open it)") from None
     except OSError as e:
         raise CheckError(f"cannot be unpacked ({type(e).__name__}: {e})") from None
     return find_work(tmp)
+
+
+def _unpack(tar: tarfile.TarFile, into: Path) -> None:
+    """Plain files and folders only, each inside ``into`` (the data filter; Python before 3.11.4 has
+    none, so there its rules are applied here)."""
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(into, filter="data")
+        return
+    for member in tar.getmembers():
+        if not (member.isfile() or member.isdir()) or member.name.startswith("/") or ".." in Path(member.name).parts:
+            raise CheckError(f"holds {member.name!r}, which is not a plain file or folder inside it")
+    tar.extractall(into)
 
 
 def load(work: Path) -> tuple[list, list]:

@@ -9,6 +9,7 @@ read with ``torch.load(weights_only=True)`` (``SafeLoadPlanner``).
 from __future__ import annotations
 
 import collections
+import enum
 import functools
 import io
 import os
@@ -189,9 +190,19 @@ def index_globals() -> dict[tuple[str, str], Any]:
     allowed: dict[tuple[str, str], Any] = {(c.__module__, c.__qualname__): c for c in classes}
     allowed.update({("pathlib", c.__name__): c for c in (pathlib.PurePosixPath, pathlib.PosixPath)})
     allowed[("torch.serialization", "_get_layout")] = torch.serialization._get_layout
+    allowed[("builtins", "getattr")] = _enum_member  # how Python 3.11.0-3.11.2 pickle an enum member
     allowed.update({("torch", str(v).removeprefix("torch.")): v for v in vars(torch).values()
                     if isinstance(v, torch.dtype)})
     return allowed
+
+
+def _enum_member(owner: object, name: object) -> enum.Enum:
+    """``getattr(owner, name)`` only for a member of an allowed enum: Python 3.11.0-3.11.2 pickle a
+    member so (``_MEM_FORMAT_ENCODING.TORCH_CONTIGUOUS_FORMAT`` in every index), later ones as
+    ``owner(value)``."""
+    if isinstance(owner, type) and issubclass(owner, enum.Enum) and isinstance(name, str) and name in owner.__members__:
+        return owner[name]
+    raise RefusedPickle(f"asks for the attribute {str(name)[:60]!r} of {str(owner)[:60]}, which is no enum member")
 
 
 def parse_index(data: bytes, step_dir: Path) -> Metadata:

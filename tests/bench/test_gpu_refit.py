@@ -37,6 +37,26 @@ def test_the_work_folder_is_found_at_the_top_or_under_any_folder(tmp_path):
     assert all(name.startswith("spec") for name, _, _ in workloads)
 
 
+def test_before_python_3_11_4_an_archive_is_unpacked_by_the_data_filters_rules(tmp_path, monkeypatch):
+    """Python before 3.11.4 has no tar filters (``extractall(filter=...)`` was a TypeError there): plain
+    files and folders inside the destination are unpacked, a link or a path outside is refused."""
+    import io
+
+    monkeypatch.delattr(tarfile, "data_filter")
+    (tmp_path / "a").mkdir()
+    assert gpu_refit.open_check(SMALLEST, tmp_path / "a") == tmp_path / "a/work"
+    for name, kind in (("work/link", tarfile.SYMTYPE), ("../outside.json", tarfile.REGTYPE)):
+        archive = tmp_path / f"{kind!r}.tgz"
+        with tarfile.open(archive, "w:gz") as tar:
+            member = tarfile.TarInfo(name)
+            member.type, member.linkname = kind, "/etc/passwd"
+            tar.addfile(member, io.BytesIO(b"") if kind == tarfile.REGTYPE else None)
+        (tmp_path / "b").mkdir(exist_ok=True)
+        with pytest.raises(gpu_refit.CheckError, match="which is not a plain file or folder inside it"):
+            gpu_refit.open_check(archive, tmp_path / "b")
+    assert not (tmp_path / "outside.json").exists() and not list((tmp_path / "b").iterdir())
+
+
 def test_a_folder_of_two_checks_or_of_none_is_refused_by_name(tmp_path):
     for top in ("x", "y"):
         (tmp_path / top / "work/calibrate").mkdir(parents=True)

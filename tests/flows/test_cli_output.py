@@ -267,3 +267,20 @@ def test_output_the_terminals_encoding_cannot_show_is_replaced_not_a_failure(tmp
                        capture_output=True, timeout=120)
     assert r.returncode == 0 and b"Traceback" not in r.stderr, r.stderr[-2000:]
     assert f"wrote {tmp_path}/caf?/plan.json".encode() in r.stdout and (out / "plan.json").is_file()
+
+
+def test_fbgemm_1_6s_notice_of_its_own_missing_version_is_not_printed(caplog):
+    """FBGEMM 1.6.0 logs, per library it loads, that its compatibility table has no entry for 1.6: 84
+    lines before `export`, `predict` or `spec from-model` said anything on the GPU image's stack. Its
+    other warnings (an unlisted PyTorch) still reach the user."""
+    import logging
+
+    from flows.logs import set_up
+
+    set_up(False)
+    set_up(False)  # once per process, however often
+    logging.warning("\n            _fbgemm_torch_compat_table has no entry for 1.6.0 of FBGEMM;\n"
+                    "            cannot determine compatibility with PyTorch 2.11.0+cu130\n")
+    logging.warning("FBGEMM_GPU version is 1.6.0, which is not guaranteed to be compatible with PyTorch 2.13.0")
+    assert [r.getMessage()[:30] for r in caplog.records] == ["FBGEMM_GPU version is 1.6.0, w"]
+    assert len([f for f in logging.getLogger().filters if type(f).__name__ == "_UnlistedFbgemm"]) == 1

@@ -136,6 +136,39 @@ def test_a_real_index_reads_exactly_as_pickle_reads_it(real_step):
     assert index == trusted
 
 
+def test_an_index_python_3_11_2_wrote_reads_as_a_later_pythons_and_getattr_reaches_only_enum_members(real_step):
+    """Python 3.11.0-3.11.2 (Debian 12's) pickle an enum member as ``getattr(its class, its name)``: every
+    checkpoint such a Python wrote was refused ("it names builtins.getattr"), so nothing could be
+    resumed, evaluated or exported. getattr reaches an allowed enum's members, nothing else."""
+    import collections
+    import enum
+    import io
+
+    from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
+
+    with open(real_step / ".metadata", "rb") as f:
+        trusted = pickle.load(f)  # our own file, just written
+
+    def written_so(value, reduce):
+        class Old(pickle.Pickler):
+            def reducer_override(self, obj):
+                return reduce(obj)
+
+        out = io.BytesIO()
+        Old(out, protocol=4).dump(value)
+        return out.getvalue()
+
+    old = written_so(trusted, lambda obj: (getattr, (type(obj), obj.name)) if isinstance(obj, enum.Enum)
+                     else NotImplemented)
+    assert b"getattr" in old and restricted_pickle.load(old, index_globals()) == trusted
+    for owner, name in ((_MEM_FORMAT_ENCODING, "__class__"), (collections.OrderedDict, "fromkeys")):
+        marker = object()
+        crafted = written_so(marker, lambda obj, o=owner, n=name, m=marker: (getattr, (o, n)) if obj is m
+                             else NotImplemented)
+        with pytest.raises(RefusedPickle, match="which is no enum member"):
+            restricted_pickle.load(crafted, index_globals())
+
+
 @pytest.mark.parametrize("protocol", [2, 4, 5])
 def test_a_real_index_carrying_a_payload_is_refused_in_every_protocol(real_step, tmp_path, protocol):
     with open(real_step / ".metadata", "rb") as f:

@@ -342,14 +342,17 @@ def calibration(ctx: Context) -> Outcome:
         figures["out_of_family"] = _apart(oof, apart, {k: v for k, v in not_planned.items() if k not in missing})
     cal = summary["calibrated"]
     targets = (target("calibration_median_abs_error", cal["median_abs_error"], cuda),
-               *((target("calibration_spearman", cal["spearman"], cuda),) if len(judged) > 2 else ()),  # a rank needs 3
+               target("calibration_median_abs_log_ratio", cal["median_abs_log_ratio"], cuda),
+               *((target("calibration_spearman", cal["spearman"], cuda),)
+                 if rankable(judged, "predicted_calibrated_ms") else ()),
                target("calibration_median_spread", figures["median_spread"], cuda),
                *((target("given_not_measured", float(len(missing)), cuda),) if ctx.given else ()))
     line = _missing_line(missing) + _stopped_line(measured.stopped)
     if ctx.builtin:
         far = groups.get("out_of_family", {}).get("calibrated", {"median_abs_error": math.nan, "spearman": math.nan})
         targets += (target("out_of_family_median_abs_error", far["median_abs_error"], cuda),
-                    *((target("out_of_family_spearman", far["spearman"], cuda),) if len(apart) > 2 else ()))
+                    *((target("out_of_family_spearman", far["spearman"], cuda),)
+                      if rankable(apart, "predicted_calibrated_ms") else ()))
         line += (f"; out of family {len(apart)} plans: median |error| {far['median_abs_error']:.1%}, "
                  f"Spearman {far['spearman']:.2f}")
     return Outcome(figures, f"{len(judged)} plans of {len({e['spec'] for e in judged})} specs: calibrated median "
@@ -467,8 +470,20 @@ def _accuracy(entries: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Each profile's median |error| and Spearman over ``entries`` (measured plans)."""
     values = [e["measured_ms"] for e in entries]
     return {model: {"median_abs_error": float(np.median([abs(e[f"error_{model}"]) for e in entries])),
+                    "median_abs_log_ratio": float(np.median([abs(_log_ratio(e[f"error_{model}"])) for e in entries])),
                     "spearman": spearman([e[f"predicted_{model}_ms"] for e in entries], values)}
             for model in ("default", "calibrated")}
+
+
+def _log_ratio(error: float) -> float:
+    """ln(predicted / measured) of an error ``predicted / measured - 1``: too fast and too slow alike."""
+    return math.log(1 + error) if 1 + error > 0 else -math.inf
+
+
+def rankable(entries: list[dict[str, Any]], predicted: str) -> bool:
+    """Whether a rank correlation says something of ``entries``: 3 plans or more, neither their
+    ``predicted`` times nor their measured ones all equal (one plan given twice, or only ties, has none)."""
+    return len(entries) > 2 and all(len({e[key] for e in entries}) > 1 for key in (predicted, "measured_ms"))
 
 
 def _by_workload(entries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

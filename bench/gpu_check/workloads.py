@@ -75,7 +75,11 @@ def read_workloads(paths: list[str], ranks: Ranks, reserved: Collection[str] = (
     read: dict[Path, tuple[list[dict[str, Any]], int | None, int | None]] = {}
     given: dict[Path, Path] = {}  # per file, the path it was first given by (links not followed: its name)
     for path in paths:
-        resolved = Path(path).resolve()
+        try:
+            resolved = Path(path).resolve()
+        except (OSError, RuntimeError):  # a loop of links (Python 3.11: RuntimeError; 3.13: OSError)
+            problems.append(Problem(path, "is a symbolic link loop"))
+            continue
         if resolved in read:  # the same file twice: one workload
             continue
         written = Path(path).absolute()

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from datetime import date, datetime, time
 from typing import Any, TypeVar
 
-from rec.errors import show
+from rec.errors import Problem, show
 from rec.hashing import content_hash
 from rec.profile.types import (
     SHARDING_COEFFICIENTS,
@@ -78,6 +78,21 @@ def read_profile_mapping(d: object, problems: Problems) -> Profile | None:
         machine=_machine(d.get("machine"), problems),
     )
     return None if len(problems.items) > before else profile
+
+
+def profile_problems(profile: object, prefix: str = "profile.") -> list[Problem]:
+    """What a ``Profile`` built in code (not read from a file) holds out of the bounds a profile file
+    is held to, each named ``PREFIX + its YAML key``: the same checks, on its canonical YAML form."""
+    if not isinstance(profile, Profile):
+        return [Problem(prefix.rstrip("."), f"expected a Profile or a profile file's path, got "
+                                            f"{type(profile).__name__}")]
+    try:
+        written = profile_to_dict(profile)
+    except (AttributeError, TypeError, ValueError) as e:  # fields of other types than a Profile's
+        return [Problem(prefix.rstrip("."), f"is not a well-formed Profile ({type(e).__name__}: {str(e)[:100]})")]
+    problems = Problems(root=prefix.rstrip("."), prefix=prefix)
+    read_profile_mapping(written, problems)
+    return list(problems.items)
 
 
 def profile_to_dict(profile: Profile) -> dict[str, Any]:

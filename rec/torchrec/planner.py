@@ -32,6 +32,7 @@ from rec.errors import InputError, Problem
 from rec.plan.types import Plan
 from rec.planning import plan_spec
 from rec.profile import DEFAULT_PROFILE, Profile, read_profile
+from rec.profile.validate import profile_problems
 from rec.settings import check
 from rec.sharding import ComputeDevice, ComputeKernel, ShardingType
 from rec.spec import spec_from_rows
@@ -96,6 +97,8 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
             problems += topology_problems(topology)
         if plan_dir is not None:
             problems += _plan_dir_problems(Path(plan_dir))
+        if profile is not None and not isinstance(profile, (str, Path)):  # a file is checked as it is read
+            problems += profile_problems(profile)  # built in code: the bounds a profile file is held to
         if batch_size:  # as TorchRec's: none (or 0) is its default
             try:
                 positive_integer(batch_size)
@@ -109,6 +112,11 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
             check(search, "", where={"time_limit_s": "timeout_seconds"})
         except InputError as e:
             problems += e.problems
+        own = DEFAULT_PROFILE
+        if not problems:
+            own = read_profile(profile) if isinstance(profile, (str, Path)) else (profile or DEFAULT_PROFILE)
+            if topology is not None:  # what it sets of the cost model: named now rather than at plan()
+                problems += topology_profile(own, topology)[1]
         if problems:
             raise InputError("ShardflowPlanner cannot plan with these options:", problems)
         self._topology = topology
@@ -117,7 +125,7 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
         self._constraints = dict(constraints or {})
         self._debug = debug
         self._search = search
-        self._profile = read_profile(profile) if isinstance(profile, (str, Path)) else (profile or DEFAULT_PROFILE)
+        self._profile = own
         self._plan_dir = None if plan_dir is None else Path(plan_dir)
         self.last_plan: Plan | None = None  # shardflow's plan behind the last ShardingPlan returned
         self.last_search_s = 0.0  # seconds the last search took (plan_spec)
@@ -151,12 +159,16 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
             from torchrec.distributed.sharding_plan import get_default_sharders
 
             sharders = get_default_sharders()
+        from rec.plan.io import dumps_plan, parse_plan
+
         group = _group(pg)
         if pg.rank() != 0:
             planned = self._received(json.loads(group.broadcast_bytes(b"", pg)), module)
             return self._sharding_plan(planned)
         try:
             sharding_plan = self.plan(module, sharders)
+            if self.last_plan is not None:  # read back as the other ranks will: refused here, refused everywhere
+                parse_plan(dumps_plan(self.last_plan), "the plan rank 0 sent")
         except InputError as e:
             group.broadcast_bytes(json.dumps({"error": {"title": e.title, "problems": [
                 [p.where, p.reason] for p in e.problems]}}).encode(), pg)
@@ -164,8 +176,6 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
         except Exception as e:
             group.broadcast_bytes(json.dumps({"failed": f"{type(e).__name__}: {e}"}).encode(), pg)
             raise
-        from rec.plan.io import dumps_plan
-
         if self.last_plan is None:  # no tables: every rank returns the empty plan
             group.broadcast_bytes(json.dumps({"empty": True}).encode(), pg)
         else:

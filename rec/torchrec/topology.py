@@ -27,6 +27,7 @@ from rec.cost.constants import HBM_TO_DDR_MEM_BW
 from rec.cost.reservation import kjt_bytes, kjt_reserved
 from rec.errors import InputError, Problem
 from rec.profile.types import BWD_COMPUTE_MULTIPLIER, WEIGHTED_FEATURE_BWD_COMPUTE_MULTIPLIER, Profile
+from rec.profile.validate import profile_problems
 from rec.spec.types import Spec
 from rec.topology import topology_from_dict
 from rec.topology.types import Topology
@@ -167,6 +168,8 @@ def topology_problems(topology: Any) -> list[Problem]:
     if not isinstance(topology, TorchrecTopology):
         return [Problem("topology", f"expected TorchRec's Topology, got {type(topology).__name__}")]
     problems = []
+    if not topology.devices:  # TorchRec builds world_size 0 and fails later, reading its first device
+        problems.append(Problem("topology.world_size", f"{topology.world_size!r}: a topology needs a rank at least"))
     if topology.compute_device not in ("cpu", "cuda"):
         problems.append(Problem("topology.compute_device", f"{topology.compute_device!r}: shardflow plans for cpu "
                                                            "and cuda ranks"))
@@ -248,6 +251,10 @@ def topology_profile(profile: Profile, topology: Any) -> tuple[Profile, list[Pro
             shown = f"{value:g} bytes/ms ({wanted:g} bytes/s)" if knob.per_ms else f"{value:g}"
             problems.append(Problem(f"topology.{knob.name}", f"{shown}, but the profile's {knob.field} is {theirs}: "
                                                              "give it in one of them"))
+    # what the topology set, held to a profile file's bounds (a multiplier of 2e6 priced every plan at
+    # nonsense), named as the topology's setting
+    knobs = {f"profile.{k.field}": f"topology.{k.name}" for k in PROFILE_KNOBS}
+    problems += [Problem(knobs.get(p.where, p.where), p.reason) for p in profile_problems(profile)]
     return profile, problems
 
 

@@ -190,7 +190,8 @@ def index_globals() -> dict[tuple[str, str], Any]:
     allowed: dict[tuple[str, str], Any] = {(c.__module__, c.__qualname__): c for c in classes}
     allowed.update({("pathlib", c.__name__): c for c in (pathlib.PurePosixPath, pathlib.PosixPath)})
     allowed[("torch.serialization", "_get_layout")] = torch.serialization._get_layout
-    allowed[("builtins", "getattr")] = _enum_member  # how Python 3.11.0-3.11.2 pickle an enum member
+    # how Python 3.11.0-3.11.2 pickle an enum member (protocols before 3 name the module __builtin__)
+    allowed.update({(module, "getattr"): _enum_member for module in ("builtins", "__builtin__")})
     allowed.update({("torch", str(v).removeprefix("torch.")): v for v in vars(torch).values()
                     if isinstance(v, torch.dtype)})
     return allowed

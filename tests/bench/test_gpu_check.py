@@ -54,7 +54,8 @@ def test_the_cpu_check_runs_every_section_without_prefect_ray_or_mlflow(tmp_path
     assert set(calibration["summary"]) == {"default", "calibrated"}
     # the out-of-family set, measured beside the built-in one and judged apart (memory_tight needs cuda)
     assert set(calibration["by_group"]) == {"builtin", "out_of_family"}
-    assert set(calibration["by_group"]["out_of_family"]["calibrated"]) == {"median_abs_error", "spearman"}
+    assert set(calibration["by_group"]["out_of_family"]["calibrated"]) == {"median_abs_error", "median_abs_log_ratio",
+                                                                            "spearman"}
     apart = calibration["out_of_family"]
     assert apart["families"] == ["criteo", "power_law", "two_tower"] and set(apart["skipped"]) == {"memory_tight"}
     assert apart["plans"] == 6 and all(name in calibration["workloads"] for name in apart["workloads"])
@@ -218,6 +219,27 @@ def test_a_wrong_profile_on_your_workload_fails_the_check_naming_the_missed_targ
     assert section["figures"]["plans_measured"][0]["batch_size"] == 128  # as the file says
 
 
+def test_a_profile_several_times_too_fast_misses_on_cpu_as_one_too_slow_does():
+    """An |error| cannot pass -1: under the cpu bound of 0.85 a profile predicting every plan 4x too fast
+    (|error| 0.75) passed, where one 2x too slow missed. The log ratio judges both ways alike; a
+    rank correlation of plans all predicted alike (one spec given twice) is not judged, where its NaN
+    once failed the check ("calibration_spearman none < -inf")."""
+    from bench.gpu_check.compare import _accuracy, rankable
+    from bench.gpu_check.targets import target
+
+    measured = [2.0, 3.0, 5.0, 7.0]
+    for factor, met in ((0.25, False), (4.0, False), (0.8, True), (1.3, True)):
+        plans = [{"measured_ms": m, "predicted_default_ms": m, "predicted_calibrated_ms": m * factor,
+                  "error_default": 0.0, "error_calibrated": factor - 1} for m in measured]
+        figures = _accuracy(plans)["calibrated"]
+        assert figures["median_abs_log_ratio"] == pytest.approx(abs(math.log(factor)))
+        assert target("calibration_median_abs_log_ratio", figures["median_abs_log_ratio"], cuda=False).met is met
+        assert target("calibration_median_abs_log_ratio", figures["median_abs_log_ratio"], cuda=True).met
+    twice = [{"measured_ms": 2.0 + 0.1 * i, "predicted_calibrated_ms": 1.5} for i in range(4)]
+    assert not rankable(twice, "predicted_calibrated_ms") and not rankable(plans[:2], "predicted_calibrated_ms")
+    assert rankable(plans, "predicted_calibrated_ms")
+
+
 def test_a_skipped_section_bad_workloads_and_a_bad_out_do_not_pass(tmp_path):
     skipped = check(tmp_path, "--sections", "calibration")  # no profile: nothing to judge
     assert skipped.returncode == 1 and "not passed: calibration: needs the calibrated profile" in skipped.stdout
@@ -268,6 +290,10 @@ def test_your_workloads_are_read_from_any_spec_format_and_named_apart(tmp_path):
     (tmp_path / "current.json").symlink_to(tmp_path / "capped.json")  # named as given, not as linked
     (linked,) = read_workloads([str(tmp_path / "current.json")], h100)
     assert (linked.name, linked.source) == ("current", str(tmp_path / "current.json"))
+    (tmp_path / "loop1.yaml").symlink_to(tmp_path / "loop2.yaml")  # a traceback and an --out left behind, once
+    (tmp_path / "loop2.yaml").symlink_to(tmp_path / "loop1.yaml")
+    with pytest.raises(InputError, match=r"loop1\.yaml: is a symbolic link loop"):
+        read_workloads([str(tmp_path / "loop1.yaml"), files[3]], h100)
     (tmp_path / "b/spec.yaml.yaml").write_text((tmp_path / "few_big.yaml").read_text())  # a name b/spec.yaml has
     with pytest.raises(InputError, match=r"would be named 'spec\.yaml'"):
         read_workloads([str(tmp_path / f) for f in ("b/spec.csv", "b/spec.yaml", "b/spec.yaml.yaml")], h100)

@@ -95,6 +95,45 @@ def test_collective_plan_of_a_model_without_tables_is_empty_on_every_rank(single
     assert plan.plan == {}
 
 
+def test_cost_settings_made_in_code_or_by_the_topology_are_held_to_a_profile_files_bounds():
+    """A Profile built in code, and the multipliers and bandwidth a TorchRec Topology sets, were taken
+    as they were: a negative bandwidth planned a critical path of -943 ms, and in collective_plan rank 0
+    returned that plan while the others refused it (a hang in DMP). Refused now as a profile file with
+    the same numbers is, named where they were set."""
+    from dataclasses import replace
+
+    from rec.profile import DEFAULT_PROFILE
+
+    negative = replace(DEFAULT_PROFILE, bandwidths=replace(DEFAULT_PROFILE.bandwidths, hbm_mem_bw=-1e9))
+    assert "profile.bandwidths.hbm_mem_bw: must be > 0 bytes/s" in refused({"topology": topology(),
+                                                                            "profile": negative})
+    assert "topology.bwd_compute_multiplier: must be between 0 and 1e+06" in refused(
+        {"topology": Topology(world_size=2, compute_device="cuda", bwd_compute_multiplier=2e6)})
+    assert "profile: expected a Profile or a profile file's path, got dict" in refused({"profile": {"name": "x"}})
+    # TorchRec's own planner fails reading the first device of a topology of no rank
+    with pytest.raises(IndexError):
+        EmbeddingShardingPlanner(topology=Topology(world_size=0, compute_device="cuda")).plan(
+            model(("a", 100, 8)), SHARDERS)
+    assert "topology.world_size: 0: a topology needs a rank at least" in refused(
+        {"topology": Topology(world_size=0, compute_device="cuda")})
+
+
+def test_collective_plan_refuses_on_rank_0_a_plan_the_other_ranks_would_refuse(single_process_group):
+    """A cost setting that reached the planner unchecked (made here by hand) is refused on rank 0 before
+    it plans, where rank 0 returned the plan the others then refused; rank 0 also reads its plan back as
+    they read what it sends, so a plan they would refuse is refused there too."""
+    from dataclasses import replace
+
+    import torch.distributed as dist
+
+    from rec.profile import DEFAULT_PROFILE
+
+    planner = ShardflowPlanner(topology=Topology(world_size=1, compute_device="cpu"), debug=False)
+    planner._profile = replace(DEFAULT_PROFILE, bandwidths=replace(DEFAULT_PROFILE.bandwidths, ddr_mem_bw=-1e9))
+    with pytest.raises(InputError, match=r"profile\.bandwidths\.ddr_mem_bw: must be > 0 bytes/s"):
+        planner.collective_plan(model(("a", 100, 8)), SHARDERS, dist.GroupMember.WORLD)
+
+
 @pytest.mark.parametrize("where", ["file", "below_a_file"])
 def test_a_plan_dir_that_cannot_be_a_directory_is_refused_before_planning(tmp_path, where):
     file = tmp_path / "passwd"

@@ -60,6 +60,7 @@ from bench.gpu_check import compare, sections  # noqa: E402
 from bench.gpu_check.context import Context, Outcome, SectionFailed, Skipped  # noqa: E402
 from bench.gpu_check.machine import TimedOut, find_ranks, pick_device, versions  # noqa: E402
 from bench.gpu_check.report import Report, Section, Status, write_report  # noqa: E402
+from bench.gpu_check.targets import target  # noqa: E402
 from bench.gpu_check.workloads import DEFAULT_BATCH, Ranks, Workload, read_workloads  # noqa: E402
 from rec.errors import InputError  # noqa: E402
 from rec.exit_codes import ExitCode, stopped_by  # noqa: E402
@@ -107,6 +108,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         p.error("--out: an empty path (an unset shell variable?): name the folder for the report")
     if args.minutes is not None and not 0 < args.minutes <= MAX_MINUTES:
         p.error(f"--minutes must be above 0 and at most {MAX_MINUTES:g}")
+    if args.specs and not set(wanted) & set(GIVEN_SECTIONS):  # nothing would measure them, and it could pass
+        p.error(f"--specs: only {' and '.join(GIVEN_SECTIONS)} run your workloads, and --sections leaves both out")
+    if args.also_builtin and not args.specs:
+        p.error("--also-builtin: runs the check's own workloads beside yours (--specs); without them they run anyway")
     args.sections = wanted
     return args
 
@@ -126,49 +131,53 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"gpu_check: --out {args.out}: cannot write there ({e.strerror or e})", file=sys.stderr)
         return ExitCode.BAD_INPUT
-    cache_bytecode(out / "pycache")
-    device = pick_device(args.device)
-    try:
-        ranks = find_ranks(device)
-    except ValueError as e:
-        print(f"gpu_check: {e}", file=sys.stderr)
-        _remove_if(created)
-        return ExitCode.BAD_INPUT
-    bad: list[str] = []  # every bad input file at once: --specs and --profile
-    given: list[Workload] = []
-    profile = None
-    try:
-        given = read_workloads(args.specs, ranks, compare.builtin_names(ranks) if args.also_builtin else ())
-    except InputError as e:
-        bad.append(e.render())
-    except ValueError as e:
-        bad.append(str(e))
-    try:
-        profile = _profile(args.profile, ranks)
-    except InputError as e:
-        bad.append(e.render())
-    except ValueError as e:
-        bad.append(str(e))
-    if args.profile is not None and "calibrate" in args.sections:
-        bad.append("--profile: the calibrate section fits a profile of its own, which the calibration section "
-                   "would judge instead: leave calibrate out of --sections, or --profile out")
-    if bad:
-        print("gpu_check: " + "\n".join(bad), file=sys.stderr)
-        _remove_if(created)
-        return ExitCode.BAD_INPUT
-    minutes = args.minutes or DEFAULT_MINUTES[device]
-    ctx = Context(ranks, out, started + minutes * 60, out / "commands.log", profile=profile, given=tuple(given),
-                  builtin=not given or args.also_builtin)
-    report = Report(device.value, ranks.world_size, minutes, versions(device),
-                    started_at=datetime.now(UTC).replace(microsecond=0).isoformat())
-    print(f"gpu_check: {ranks.world_size} {device.value} rank(s) ({report.versions.get('gpu') or 'cpu'}), "
-          f"{len(args.sections)} sections in {minutes:g} minutes; files in {out}", flush=True)
-    if given and not set(args.sections) & set(GIVEN_SECTIONS):
-        print(f"gpu_check: --specs: only {' and '.join(GIVEN_SECTIONS)} run your workloads, and --sections "
-              f"leaves both out", flush=True)
     # SIGTERM raises where the check is, as Ctrl-C does: the command running then is stopped with its
-    # processes (machine.shardflow) and the report kept.
+    # processes (machine.shardflow) and the report kept; while it starts, nothing is left.
     signal.signal(signal.SIGTERM, raise_stopped)
+    try:
+        cache_bytecode(out / "pycache")
+        device = pick_device(args.device)
+        try:
+            ranks = find_ranks(device)
+        except ValueError as e:
+            print(f"gpu_check: {e}", file=sys.stderr)
+            _remove_if(created)
+            return ExitCode.BAD_INPUT
+        bad: list[str] = []  # every bad input file at once: --specs and --profile
+        given: list[Workload] = []
+        profile = None
+        try:
+            given = read_workloads(args.specs, ranks, compare.builtin_names(ranks) if args.also_builtin else ())
+        except InputError as e:
+            bad.append(e.render())
+        except ValueError as e:
+            bad.append(str(e))
+        try:
+            profile = _profile(args.profile, ranks)
+        except InputError as e:
+            bad.append(e.render())
+        except ValueError as e:
+            bad.append(str(e))
+        if args.profile is not None and "calibrate" in args.sections:
+            bad.append("--profile: the calibrate section fits a profile of its own, which the calibration section "
+                       "would judge instead: leave calibrate out of --sections, or --profile out")
+        if bad:
+            print("gpu_check: " + "\n".join(bad), file=sys.stderr)
+            _remove_if(created)
+            return ExitCode.BAD_INPUT
+        minutes = args.minutes or DEFAULT_MINUTES[device]
+        ctx = Context(ranks, out, started + minutes * 60, out / "commands.log", profile=profile, given=tuple(given),
+                      builtin=not given or args.also_builtin)
+        report = Report(device.value, ranks.world_size, minutes, versions(device),
+                        started_at=datetime.now(UTC).replace(microsecond=0).isoformat())
+        print(f"gpu_check: {ranks.world_size} {device.value} rank(s) ({report.versions.get('gpu') or 'cpu'}), "
+              f"{len(args.sections)} sections in {minutes:g} minutes; files in {out}", flush=True)
+    except KeyboardInterrupt as e:  # before any section ran: no report to keep
+        signum = e.signum if isinstance(e, Stopped) else signal.SIGINT
+        _remove_if(created)
+        print(f"gpu_check: stopped by {signal.Signals(signum).name} while starting; nothing was run",
+              file=sys.stderr)
+        return stopped_by(signum)
     for name in args.sections:
         try:
             report.sections.append(run_section(name, ctx))
@@ -258,6 +267,9 @@ def run_section(name: str, ctx: Context) -> Section:
             section.reason = f"missed {'; '.join(missed)} ({outcome.summary})"
     except Skipped as e:
         section.status, section.reason = Status.SKIPPED, str(e)
+        if name in GIVEN_SECTIONS and ctx.given:  # each of your workloads named, as one the budget did not reach
+            section.figures = {"given_not_measured": {w.name: f"the section was skipped: {e}" for w in ctx.given}}
+            section.targets = [target("given_not_measured", float(len(ctx.given)), ctx.ranks.cuda)]
     except (SectionFailed, TimedOut) as e:
         section.status, section.reason = Status.FAILED, str(e)
     except Exception as e:  # a bug in a section fails that section, the others still run

@@ -317,7 +317,11 @@ def calibration(ctx: Context) -> Outcome:
                                 + (f" ({next(iter(causes.values()))})" if causes else ""))
         if not missing:
             raise failure
-        return launch_failed(ctx, failure, missing)
+        # too few to judge: the plans measured kept, the workloads none of whose plans was named
+        kept: dict[str, Any] = {"plans_measured": ok, "workloads": _by_workload(entries), "given_not_measured": missing,
+                                **({"launch_error": measured.stopped} if measured.stopped else {})}
+        return Outcome(kept, f"{failure}{_missing_line(missing)}{_stopped_line(measured.stopped)}",
+                       (target("given_not_measured", float(len(missing)), cuda),))
     values = [e["measured_ms"] for e in ok]
     # The calibration_* targets and ``summary`` judge the given and built-in plans, as before the
     # out-of-family set existed; that set has targets of its own.

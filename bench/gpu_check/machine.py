@@ -32,8 +32,8 @@ def pick_device(choice: str) -> ComputeDevice:
 
 def find_ranks(device: ComputeDevice) -> Ranks:
     """Every visible GPU a rank (cuda), or 2 gloo ranks (cpu). ValueError when cuda has no GPU."""
-    if device is ComputeDevice.CPU:
-        return Ranks(device, CPU_RANKS, CPU_HBM, CPU_DDR)
+    if device is ComputeDevice.CPU:  # a small machine's ranks plan no more than it holds (a 24-GiB CI box)
+        return Ranks(device, CPU_RANKS, CPU_HBM, min(CPU_DDR, _host_memory() // CPU_RANKS))
     import torch
 
     count = torch.cuda.device_count()

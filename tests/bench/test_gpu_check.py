@@ -131,7 +131,7 @@ def assert_the_quick_calibration_wrote_a_profile_that_plans(out, capsys) -> None
     assert not (out / "gpu" / "plan.json").exists()
 
 
-def test_an_unknown_section_or_budget_is_refused_with_exit_2(tmp_path):
+def test_an_unknown_section_or_budget_is_refused_with_exit_2(tmp_path, capsys):
     """Also a section given twice (the report holds one of each), an empty --out (it would write into
     the working directory), and --profile beside the calibrate section (whose own profile the calibration
     section would judge, in its place); a profile for another device is named before any section runs."""
@@ -148,6 +148,15 @@ def test_an_unknown_section_or_budget_is_refused_with_exit_2(tmp_path):
         assert r.returncode == 2, r.stderr
         assert named in r.stderr and "Traceback" not in r.stderr
         assert not (tmp_path / "check").exists()
+    # your workloads where no section would run them (the check could pass without measuring them), and
+    # --also-builtin without any: refused as the flags are read
+    from bench.gpu_check.__main__ import parse
+
+    for flags, named in ((["--specs", "a.yaml", "--sections", "train"], "--sections leaves both out"),
+                         (["--also-builtin"], "--also-builtin: runs the check's own workloads beside yours")):
+        with pytest.raises(SystemExit) as e:
+            parse(["--out", str(tmp_path / "check"), *flags])
+        assert e.value.code == 2 and named in capsys.readouterr().err
 
 
 def test_the_check_reads_the_installed_bytecode_and_caches_it_only_where_there_is_none(tmp_path, monkeypatch):
@@ -388,6 +397,30 @@ def test_a_stopped_check_stops_the_training_it_runs_and_says_so_in_one_line(tmp_
     assert not alive, [c.cmdline() for c in alive]
 
 
+def test_a_check_stopped_while_it_starts_says_so_and_leaves_no_folder(tmp_path, monkeypatch, capsys):
+    """SIGTERM before the sections (reading the versions, the workloads) once killed the check silently
+    (its handler came later) and Ctrl-C left an empty --out: both now say it in one line, leave no
+    folder and exit 128 + N. The signal is raised where it would arrive: in the start-up's last step."""
+    from bench.gpu_check import __main__ as check_main
+    from rec.stop_signals import Stopped
+
+    previous = signal.getsignal(signal.SIGTERM)  # the check installs its own: this worker's is put back
+    try:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            def stopped(device, signum=signum):
+                raise Stopped(signum)
+
+            monkeypatch.setattr(check_main, "versions", stopped)
+            code = check_main.main(["--out", str(tmp_path / "new" / "check"), "--device", "cpu", "--sections",
+                                    "measure"])
+            assert code == 128 + signum
+            assert capsys.readouterr().err.strip() == (f"gpu_check: stopped by {signal.Signals(signum).name} while "
+                                                       "starting; nothing was run")
+            assert not (tmp_path / "new").exists()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def test_auto_s_pick_is_judged_against_the_pipelines_own_noise_on_one_gpu():
     """Three runs of each pipeline on one H200 (run e's figures and runs like a and d's): naive is
     picked. Its best run 6% slower than sparse_dist's best misses the 5% bound where the repeats
@@ -464,6 +497,38 @@ def test_a_measuring_launch_that_dies_names_each_of_your_workloads_with_its_caus
     for section in (compare.calibration, compare.vs_torchrec):
         (why,) = section(ctx).figures["given_not_measured"].values()
         assert why.count("OutOfMemoryError") == 1 and "(commands.log)" not in why, why
+
+    # one plan measured, too few to judge: kept, and only the workload none of whose plans was measured named
+    # (every given workload was, and the measured plan dropped from the report)
+    from dataclasses import replace
+
+    (tmp_path / "tiny.yaml").write_text("batch_size: 64\ntables: [{name: t, num_embeddings: 100, embedding_dim: 8}]\n")
+    two = replace(ctx, given=tuple(read_workloads([str(tmp_path / "shop.yaml"), str(tmp_path / "tiny.yaml")], ranks)))
+
+    def one_measured(ctx, paths, repeats, *args, **kwargs):
+        first = str(paths[0])
+        return compare.Measured([[PlanTimes(str(p), "id", Status.MEASURED, 0, ((1.0, 1.2),), ((2.0, 2.1),))
+                                  if str(p) == first else
+                                  PlanTimes(str(p), "id", Status.FAILED, 0, (), (), error="rank 0: TimedOut")]
+                                 for p in paths])
+
+    monkeypatch.setattr(compare, "measure_alternating", one_measured)
+    outcome = compare.calibration(two)
+    measured_names = {e["spec"] for e in outcome.figures["plans_measured"]}
+    assert len(outcome.figures["plans_measured"]) == 1 and measured_names <= {"shop", "tiny"}
+    assert set(outcome.figures["given_not_measured"]) == {"shop", "tiny"} - measured_names
+    assert [(t.name, t.value, t.met) for t in outcome.targets] == [("given_not_measured", 1.0, False)]
+
+    # a section the budget skips whole names your workloads too (it once left only its own reason)
+    from bench.gpu_check.__main__ import run_section
+    from bench.gpu_check.report import Status as SectionStatus
+
+    spent = replace(ctx, deadline=time.monotonic() - 1)
+    for name in ("calibration", "vs_torchrec"):
+        skipped = run_section(name, spent)
+        assert skipped.status is SectionStatus.SKIPPED and "the --minutes budget was spent" in skipped.reason
+        assert list(skipped.figures["given_not_measured"]) == ["shop"]
+        assert [(t.name, t.met) for t in skipped.targets] == [("given_not_measured", False)]
 
 
 def test_a_shape_too_long_to_measure_beside_one_no_planner_planned_is_named_for_each_reason(tmp_path, monkeypatch):

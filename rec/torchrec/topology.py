@@ -253,8 +253,15 @@ def topology_profile(profile: Profile, topology: Any) -> tuple[Profile, list[Pro
                                                              "give it in one of them"))
     # what the topology set, held to a profile file's bounds (a multiplier of 2e6 priced every plan at
     # nonsense), named as the topology's setting
-    knobs = {f"profile.{k.field}": f"topology.{k.name}" for k in PROFILE_KNOBS}
-    problems += [Problem(knobs.get(p.where, p.where), p.reason) for p in profile_problems(profile)]
+    knobs = {f"profile.{k.field}": k for k in PROFILE_KNOBS}
+    for p in profile_problems(profile):
+        set_by = knobs.get(p.where)
+        if set_by is None:
+            problems.append(p)
+            continue
+        given = float(getattr(topology, set_by.name, set_by.default))
+        problems.append(Problem(f"topology.{set_by.name}", p.reason + (f" (the topology's {given:g} bytes/ms)"
+                                                                       if set_by.per_ms else "")))
     return profile, problems
 
 

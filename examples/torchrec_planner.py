@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel
-from torchrec.distributed.planner.types import Topology
+from torchrec.distributed.planner.types import KernelConfig, TopologyFactory, TrainerConfig
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
@@ -56,9 +56,11 @@ def main() -> None:
     sharders = [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
 
     # The one line that changes: EmbeddingShardingPlanner(...) becomes ShardflowPlanner(...).
-    planner = ShardflowPlanner(topology=Topology(world_size=world, local_world_size=world, compute_device="cpu",
-                                                 ddr_cap=args.ddr_cap),
-                               batch_size=args.batch_size, constraints=constraints, plan_dir=args.plan_dir)
+    topology = TopologyFactory.create_topology(TrainerConfig(world_size=world, local_world_size=world,
+                                                             ddr_cap_bytes=args.ddr_cap),
+                                               kernel_config=KernelConfig(compute_device="cpu"))
+    planner = ShardflowPlanner(topology=topology, batch_size=args.batch_size, constraints=constraints,
+                               plan_dir=args.plan_dir)
     try:
         plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
     except InputError as e:  # the same message on every rank, at once

@@ -199,7 +199,9 @@ def plan_row(source: Run | None, run: Run | None, plan_id: str) -> Row:
     moved = p.get("moved_pct", 100 * p["moved_fraction"] if "moved_fraction" in p else None)
     row = {
         "plan_id": plan_id, "planner": planner,
-        "spec": params.get("spec.name") or _stem(tags.get(SPEC_PATH)) or "-",
+        # the run's own spec where it names one: plans of one content from two files share a plan_id
+        "spec": (run.data.params.get("spec.name") if run else None) or params.get("spec.name")
+        or _stem(tags.get(SPEC_PATH)) or "-",
         "topology": params.get("topology.name") or _stem(tags.get(TOPOLOGY_PATH)) or "-",
         "profile": params.get("profile.name", "-"),
         "tables": params.get("tables", "-"), "world": params.get("topology.world_size", params.get("world_size", "-")),

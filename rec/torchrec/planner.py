@@ -296,13 +296,15 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
         import torch
         import torch.distributed as dist
         from torchrec.distributed.comm import get_local_size
-        from torchrec.distributed.planner.types import Topology
+        from torchrec.distributed.planner.types import KernelConfig, TopologyFactory, TrainerConfig
 
         if not dist.is_initialized():
             raise InputError("ShardflowPlanner needs a topology:", [Problem(
                 "topology", "none given and torch.distributed is not initialized: pass TorchRec's Topology")])
-        self._topology = Topology(world_size=dist.get_world_size(), local_world_size=get_local_size(),
-                                  compute_device="cuda" if torch.cuda.is_available() else "cpu")
+        # TorchRec's own default, through its factory (TorchRec 1.8 warns of a Topology built directly)
+        self._topology = TopologyFactory.create_topology(
+            TrainerConfig(world_size=dist.get_world_size(), local_world_size=get_local_size()),
+            kernel_config=KernelConfig(compute_device="cuda" if torch.cuda.is_available() else "cpu"))
         problems = topology_problems(self._topology)
         if problems:
             raise InputError("ShardflowPlanner cannot plan with these options:", problems)

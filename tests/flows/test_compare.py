@@ -224,3 +224,23 @@ def test_the_compatibility_switch_logs_the_old_names_beside_todays(plans, tmp_pa
     assert record.metrics["predicted_critical_path_ms"] == record.metrics["predicted_iteration_ms"]
     assert [step for step, _ in record.series["iteration_latency_ms_measured"]] == [2, 3, 4, 5]
     assert record.series["iteration_latency_ms"] == record.series["per_iteration/latency_ms"]
+
+
+def test_a_run_that_names_its_spec_is_shown_with_it_where_one_plan_came_from_two_files():
+    """A plan_id hashes the spec's content: the demo copied to serve_spec.yaml and served plans the same
+    plan, and every train run of it was listed as serve_spec (the newest plan run's name), the pipeline
+    run of cpu_demo.yaml too. A run's own spec name is its row's; a run without one takes its plan's."""
+    from mlflow.entities import Param, Run, RunData, RunInfo
+
+    from flows.commands.compare import HEADER, plan_row
+
+    def run(**params: str) -> Run:
+        return Run(RunInfo(run_id="r", experiment_id="0", user_id="u", status="FINISHED", start_time=0, end_time=1,
+                           lifecycle_stage="active"), RunData(params=[Param(k, v) for k, v in params.items()]))
+
+    def spec_shown(plan_run: Run, train_run: Run) -> str:
+        return dict(zip(HEADER, plan_row(plan_run, train_run, "5e1e111ad8e76c0f"), strict=True))["spec"]
+
+    newest_plan_run = run(**{"spec.name": "serve_spec"})
+    assert spec_shown(newest_plan_run, run(**{"spec.name": "cpu_demo", "batch_size": "32"})) == "cpu_demo"
+    assert spec_shown(newest_plan_run, run(batch_size="32")) == "serve_spec"

@@ -118,6 +118,16 @@ def test_cost_settings_made_in_code_or_by_the_topology_are_held_to_a_profile_fil
         {"topology": Topology(world_size=0, compute_device="cuda")})
 
 
+def test_without_a_topology_the_planner_takes_torchrecs_default_for_the_group_without_its_warning(
+        single_process_group, caplog):
+    """TorchRec 1.8 warns that a Topology built directly "will fail": the planner's default is built
+    through TorchRec's factory, the same topology its own planner makes."""
+    planner = ShardflowPlanner(debug=False)
+    planner.plan(model(("a", 100, 8)), SHARDERS)
+    assert planner.last_plan is not None and planner.last_plan.world_size == 1
+    assert not [r for r in caplog.records if "constructed directly" in r.getMessage()]
+
+
 def test_collective_plan_refuses_on_rank_0_a_plan_the_other_ranks_would_refuse(single_process_group):
     """A cost setting that reached the planner unchecked (made here by hand) is refused on rank 0 before
     it plans, where rank 0 returned the plan the others then refused; rank 0 also reads its plan back as

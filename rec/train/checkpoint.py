@@ -338,6 +338,9 @@ def table_problems(metadata: Metadata, spec: Spec, where: str) -> list[Problem]:
 
 
 _MISSING_OPTIMIZER_STATE = re.compile(r"Missing key in checkpoint state_dict: (optim\.\S+?)\.?(?:\s|$)")
+# DCP's words for a parameter the checkpoint holds at another shape, or not at all
+_OTHER_MODEL = re.compile(r"Size mismatch between saved .+? and current: .+? for \S+|"
+                          r"Missing key in checkpoint state_dict: model\.\S+")
 
 
 def load(directory: str | Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -355,6 +358,12 @@ def load(directory: str | Path, step: int, model: torch.nn.Module, optimizer: to
         dcp.load(state, storage_reader=SafeFileSystemReader(str(path)), planner=SafeLoadPlanner())
     except CheckpointException as e:  # every rank's, with the first failure's text
         missing = _MISSING_OPTIMIZER_STATE.search(str(e))
+        other = _OTHER_MODEL.search(str(e))
+        if missing is None and other is not None:  # the same on every retry: bad input, not a crash
+            raise InputError("Cannot resume from the checkpoint:", [Problem(str(path), (
+                f"is of another model than this training's ({other.group(0).rstrip('.')}): a model of your own "
+                "whose code changed since, or another --model; resume with the model it was trained with, or "
+                "start a new training from what still fits with --resume-from"))]) from None
         if missing is None:
             raise
         raise InputError("Cannot resume from the checkpoint:", [Problem(str(path), (

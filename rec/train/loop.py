@@ -180,7 +180,7 @@ def _losses(output: Any) -> torch.Tensor:
     losses = output[0] if isinstance(output, (tuple, list)) and len(output) == 2 else None
     if not isinstance(losses, torch.Tensor) or losses.dim() > 1:
         raise InputError("The model's forward does not return (loss, output):", [Problem(
-            "forward(batch)", f"returned {type(output).__name__}{_shape(losses)}; return (loss, output), as "
+            "forward(batch)", f"returned {_returned(output)}{_shape(losses)}; return (loss, output), as "
                               "TorchRec's DLRMTrain and train pipelines do")])
     return losses
 
@@ -190,6 +190,13 @@ def _needs_no_gradient(target: str | None) -> InputError:
         target or "the model", "its forward returned a loss that needs no gradient (requires_grad False: "
                                "detached, or computed under torch.no_grad()); return one computed from its "
                                "parameters")])
+
+
+def _returned(output: Any) -> str:
+    """What a forward returned, in a few words: a tuple of three is not the pair it must be."""
+    if isinstance(output, (tuple, list)):
+        return f"a {type(output).__name__} of {len(output)} item{'' if len(output) == 1 else 's'}"
+    return type(output).__name__
 
 
 def _shape(value: Any) -> str:

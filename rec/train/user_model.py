@@ -5,7 +5,8 @@ from-model`` resolves it. The function takes no arguments and returns ``(model, 
 
 - ``model``: a ``torch.nn.Module`` holding the plan's embedding modules at the plan's paths (build
   it on the meta device; DMP allocates every parameter on the training device), whose
-  ``forward(batch)`` returns the loss, or ``(loss, ...)`` as TorchRec's ``DLRMTrain`` does;
+  ``forward(batch)`` returns ``(loss, output)`` as TorchRec's ``DLRMTrain`` does (the loss a scalar or
+  one per sample);
 - ``batches``: ``batches(rank, world_size, batch_size, device)`` returning an iterator of batches
   for that rank, each what ``TrainPipelineSparseDist`` takes (``.to(device, non_blocking)``,
   ``.record_stream``, ``.pin_memory``): TorchRec's ``Batch``, or ``rec.train.batch.ModuleBatch``.

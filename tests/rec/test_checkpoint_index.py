@@ -237,3 +237,28 @@ def test_a_damaged_index_is_refused_with_a_reason_never_an_unexpected_error(real
             parse_index(bytes(damaged), real_step)
         except CheckpointMetadataError:
             pass
+
+
+def test_a_checkpoint_of_another_model_is_bad_input_naming_the_parameter(single_process_group, tmp_path):
+    """A model of one's own whose code changed since its checkpoint (a layer 32 wide, now 48), resumed:
+    DCP's size mismatch failed the ranks with exit 1, which Prefect and --max-restarts retried; a
+    parameter the checkpoint lacks did the same. Bad input now, naming the parameter and the way on."""
+    from torch import nn
+
+    from rec.errors import InputError
+    from rec.train import checkpoint
+
+    def model_and_optimizer(width: int, extra: bool = False):
+        model = nn.Sequential(nn.Linear(4, width), nn.Linear(width, 1), *([nn.Linear(1, 1)] if extra else []))
+        return model, torch.optim.Adagrad(model.parameters())
+
+    model, optimizer = model_and_optimizer(32)
+    state = {"model": model.state_dict(), "optim": optimizer.state_dict()}
+    dcp.save(state, checkpoint_id=str(step_dir(tmp_path, 10)))
+    for wider, extra, named in ((48, False, "Size mismatch between saved torch.Size([32, 4]) and current: "
+                                            "torch.Size([48, 4]) for model.0.weight"),
+                                (32, True, "Missing key in checkpoint state_dict: model.2.weight")):
+        with pytest.raises(InputError) as e:
+            checkpoint.load(tmp_path, 10, *model_and_optimizer(wider, extra))
+        (problem,) = e.value.problems
+        assert named in problem.reason and "resume with the model it was trained with" in problem.reason

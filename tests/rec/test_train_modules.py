@@ -468,3 +468,16 @@ def test_the_optimizer_a_users_model_applies_to_a_dense_parameter_trains_it_and_
         train(plan, str(tmp_path / "c"), replace(config, resume=True))
     (problem,) = refused.value.problems
     assert problem.reason.startswith("holds no optim.state.user.mlp.weight.exp_avg, the state of an optimizer")
+
+
+def test_a_forward_that_returns_other_than_loss_and_output_is_named_by_what_it_returned():
+    """A triple (loss, logits, labels) read "returned tuple; return (loss, output)": which tuple?"""
+    from rec.train.loop import _losses
+
+    loss = torch.tensor(0.5)
+    assert _losses((loss, torch.zeros(3))) is loss
+    for returned, named in (((loss, loss, loss), "returned a tuple of 3 items"), (loss, "returned Tensor"),
+                            ([loss], "returned a list of 1 item")):
+        with pytest.raises(InputError) as e:
+            _losses(returned)
+        assert named in e.value.render() and "return (loss, output)" in e.value.render()

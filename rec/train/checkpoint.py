@@ -361,9 +361,8 @@ def load(directory: str | Path, step: int, model: torch.nn.Module, optimizer: to
         other = _OTHER_MODEL.search(str(e))
         if missing is None and other is not None:  # the same on every retry: bad input, not a crash
             raise InputError("Cannot resume from the checkpoint:", [Problem(str(path), (
-                f"is of another model than this training's ({other.group(0).rstrip('.')}): a model of your own "
-                "whose code changed since, or another --model; resume with the model it was trained with, or "
-                "start a new training from what still fits with --resume-from"))]) from None
+                f"holds another model ({other.group(0).rstrip('.')}): resume with the model it was trained with, "
+                "or start anew from what fits with --resume-from"))]) from None
         if missing is None:
             raise
         raise InputError("Cannot resume from the checkpoint:", [Problem(str(path), (

@@ -62,9 +62,12 @@ def one_line(error: BaseException) -> str:
 
 
 def problem_lines(error: BaseException) -> tuple[str, ...]:
-    """Bad input of more than one problem: each, one line (as the CLI shows an InputError: problems of one
-    reason share a line, at most a screen); () for any other error, whose cause says it all."""
-    if not isinstance(error, InputError) or len(error.problems) < 2:
+    """Bad input of more than one problem, or of one the cause had to cut: each, one line (as the CLI
+    shows an InputError: problems of one reason share a line, at most a screen); () for any other
+    error, whose cause says it all."""
+    if not isinstance(error, InputError) or not error.problems:
+        return ()
+    if len(error.problems) == 1 and len(_first_line(error)) <= MAX_CAUSE:
         return ()
     return tuple(line.strip().removeprefix("- ") for line in error.render(MAX_PROBLEMS - 1).splitlines()[1:])
 

@@ -125,6 +125,9 @@ class Feed:
         write_whole(step / POSITION_FILE, (json.dumps(record, indent=1) + "\n").encode())
 
 
+PIPELINEABLE = ("to", "record_stream", "pin_memory")  # what the pipelines call on a batch
+
+
 @dataclass
 class UserBatches:
     """``--model TARGET``'s batches as the training reads them: the first ``skip`` passed over, and an
@@ -152,6 +155,12 @@ class UserBatches:
                 raise
             self.made += 1
             if self.made > self.skip:
+                missing = [m for m in PIPELINEABLE if not callable(getattr(batch, m, None))]
+                if missing:  # an AttributeError in the pipeline failed the rank (exit 1, retried), naming nothing
+                    raise InputError(f"The training with {self.target} stopped:", [Problem(self.target, (
+                        f"its batches gave a {type(batch).__name__}, which has no {', '.join(missing)}: a batch is "
+                        "what TrainPipelineSparseDist takes (TorchRec's Batch, rec.train.batch.ModuleBatch, or a "
+                        "Pipelineable of your own)"))])
                 return batch
 
     def close(self) -> None:

@@ -312,6 +312,10 @@ def three_batches():
     return ShopModel(), lambda *args: itertools.islice(batches(*args), 3)
 
 
+def dict_batches():
+    return ShopModel(), lambda *args: ({"features": b} for b in batches(*args))
+
+
 class Detached(ShopModel):
     def forward(self, batch):
         loss, output = super().forward(batch)
@@ -368,6 +372,8 @@ def own_plan_path(tmp_path_factory):
     ("three_batches", PipelineKind.NAIVE, "its batches ended after 3 batches; the training needs 5 (--iterations 5)"),
     ("three_batches", PipelineKind.SPARSE_DIST, "its batches ended after 3 batches; the training needs 5"),
     ("detached_loss", PipelineKind.NAIVE, "its forward returned a loss that needs no gradient (requires_grad False"),
+    # an AttributeError in the pipeline failed the rank (exit 1, retried), naming nothing
+    ("dict_batches", PipelineKind.SPARSE_DIST, "its batches gave a dict, which has no to, record_stream, pin_memory"),
 ])
 def test_a_users_batches_that_end_early_or_a_loss_without_gradient_stop_the_rank_as_bad_input(
         single_process_group, own_plan_path, tmp_path, factory, pipeline, expected):

@@ -238,7 +238,7 @@ class Cause:
     text: str  # one line, for a message, an MLflow tag
     deterministic: bool  # the same failure on every retry
     disk_full: bool = False  # an output could not be written: a retry seconds later fills the same disk
-    problems: tuple[str, ...] = ()  # bad input of several problems: each, one line (``text`` names the first)
+    problems: tuple[str, ...] = ()  # bad input of several problems, or of one too long for ``text``: each, one line
 
 
 def failure_cause(launch: Launch, finished: Finished) -> Cause:

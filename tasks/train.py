@@ -89,7 +89,8 @@ class TrainingFailed(RuntimeError):
     """torchrun exited non-zero: a rank failed for good (after torchrun's own restarts).
     ``cause`` is one line; ``deterministic``: a retry would fail the same way (bad input); ``disk_full``:
     an output could not be written, which a retry seconds later would not change either (exit 1, not 2);
-    ``problems``: bad input a rank found, every problem one line (``cause`` names the first)."""
+    ``problems``: bad input a rank found, every problem one line, where the one-line ``cause`` could not
+    hold them (it names the first)."""
 
     def __init__(self, cause: str, deterministic: bool, logs: str, attempt: int, disk_full: bool = False,
                  problems: tuple[str, ...] = ()):

@@ -23,6 +23,7 @@ import numpy as np
 from rec.data.ids import IdsPolicy, map_ids, out_of_range
 from rec.data.layout import DENSE, LABEL, DataLayout, weights_column
 from rec.errors import InputError, Problem
+from rec.units import counted
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -176,7 +177,7 @@ def from_arrow(table: pa.Table, layout: DataLayout, policy: IdsPolicy, locate: L
                 shown = int(v[first:first + 1].view(np.uint64)[0]) if unsigned else int(v[first])
                 problems.append(Problem(
                     f"{what} column {slot.column!r}",
-                    f"{_count(int(bad.sum()), 'id')} outside [0, {slot.rows:,}) ({_tables(slot.tables)}) in "
+                    f"{counted(int(bad.sum()), 'id')} outside [0, {slot.rows:,}) ({_tables(slot.tables)}) in "
                     f"{len(table):,} rows read, first {shown} at {locate(row)}; {wording.out_of_range}"))
             ids.append(v)
         else:
@@ -192,10 +193,6 @@ def _unsigned_ids(kind: pa.DataType) -> bool:
     import pyarrow as pa
 
     return bool((pa.types.is_list(kind) or pa.types.is_large_list(kind)) and pa.types.is_uint64(kind.value_type))
-
-
-def _count(n: int, what: str) -> str:
-    return f"{n:,} {what}{'' if n == 1 else 's'}"
 
 
 def _tables(names: tuple[str, ...]) -> str:
@@ -253,7 +250,7 @@ def _labels(column: pa.ChunkedArray, locate: Locate, what: str, problems: list[P
         return np.zeros(len(array), np.float32)
     nulls = np.asarray(array.is_null()) if array.null_count else np.zeros(len(array), bool)
     if array.null_count:
-        problems.append(Problem(where, f"{_count(array.null_count, 'null label')} in {len(array):,} rows read, "
+        problems.append(Problem(where, f"{counted(array.null_count, 'null label')} in {len(array):,} rows read, "
                                        f"first at {locate(_first(nulls))}"))
         # the other rows' labels are checked all the same (a bool column's null filled as False)
         array = pc.fill_null(array, pa.scalar(0).cast(array.type) if pa.types.is_boolean(array.type) else 0)
@@ -264,7 +261,7 @@ def _labels(column: pa.ChunkedArray, locate: Locate, what: str, problems: list[P
     bad = (exact != 0) & (exact != 1) & ~nulls
     if bad.any():
         first = _first(bad)
-        problems.append(Problem(where, f"{_count(int(bad.sum()), 'label')} not 0 or 1 in {len(exact):,} rows read, "
+        problems.append(Problem(where, f"{counted(int(bad.sum()), 'label')} not 0 or 1 in {len(exact):,} rows read, "
                                        f"first {float(exact[first]):.15g} at {locate(first)}"))
     values = exact.astype(np.float32, copy=False)
     return np.zeros(len(array), np.float32) if nulls.any() else values
@@ -283,7 +280,7 @@ def _dense(column: pa.ChunkedArray, width: int, locate: Locate, what: str, probl
     before = len(problems)
     nulls = np.asarray(array.is_null()) if array.null_count else np.zeros(len(array), bool)
     if array.null_count:  # the other rows are checked all the same
-        problems.append(Problem(where, f"{_count(array.null_count, 'null row')} in {len(array):,} rows read, first at "
+        problems.append(Problem(where, f"{counted(array.null_count, 'null row')} in {len(array):,} rows read, first at "
                                        f"{locate(_first(nulls))}"))
     lengths = pc.list_value_length(array).fill_null(width).to_numpy(zero_copy_only=False)
     wrong = lengths != width
@@ -302,7 +299,7 @@ def _dense(column: pa.ChunkedArray, width: int, locate: Locate, what: str, probl
     null_values = np.asarray(values.is_null()) if values.null_count else np.zeros(len(values), bool)
     if values.null_count:
         row = row_of(_first(null_values))
-        problems.append(Problem(where, f"{_count(values.null_count, 'null value')} in {len(array):,} rows read, "
+        problems.append(Problem(where, f"{counted(values.null_count, 'null value')} in {len(array):,} rows read, "
                                        f"first at {locate(row)}"))
     raw = pc.fill_null(values, 0).to_numpy(zero_copy_only=False) if values.null_count else \
         values.to_numpy(zero_copy_only=False)
@@ -313,7 +310,7 @@ def _dense(column: pa.ChunkedArray, width: int, locate: Locate, what: str, probl
         first = _first(not_finite)
         row = row_of(first)
         problems.append(Problem(where, (
-            f"{_count(int(not_finite.sum()), 'value')} not finite as float32 (NaN, infinite, or beyond +-3.4e38) "
+            f"{counted(int(not_finite.sum()), 'value')} not finite as float32 (NaN, infinite, or beyond +-3.4e38) "
             f"in {len(array):,} rows read, first {float(raw[first]):g} at {locate(row)}")))
     if len(problems) > before:
         return empty
@@ -335,7 +332,7 @@ def read_ids(column: pa.ChunkedArray, name: str, locate: Locate, what: str, prob
         import pyarrow.compute as pc
 
         row = _row_of(offsets, _first(np.asarray(values.is_null())))
-        problems.append(Problem(where, f"{_count(values.null_count, 'null id')} in {n:,} rows read, "
+        problems.append(Problem(where, f"{counted(values.null_count, 'null id')} in {n:,} rows read, "
                                        f"first at {locate(row)}"))
         values = pc.fill_null(values, 0)  # the other ids are checked all the same (in range: a null is not)
     ids = values.to_numpy(zero_copy_only=False)
@@ -389,19 +386,19 @@ def read_weights(table: pa.Table, feature: str, id_lengths: np.ndarray | None, l
         # A null list is an empty bag's weights, as a null list of ids is an empty bag.
         nulls = null_rows & (id_lengths > 0)
         if nulls.any():
-            problems.append(Problem(where, f"{_count(int(nulls.sum()), 'null list')} for rows with ids in {n:,} rows "
+            problems.append(Problem(where, f"{counted(int(nulls.sum()), 'null list')} for rows with ids in {n:,} rows "
                                            f"read, first at {locate(_first(nulls))}"))
         wrong = ~null_rows & (lengths != id_lengths)
         if wrong.any():
             first = _first(wrong)
             problems.append(Problem(where, (
                 f"{int(wrong.sum()):,} of {n:,} rows read do not hold one weight per id of {feature!r}, first "
-                f"{_count(int(lengths[first]), 'weight')} for {_count(int(id_lengths[first]), 'id')} at "
+                f"{counted(int(lengths[first]), 'weight')} for {counted(int(id_lengths[first]), 'id')} at "
                 f"{locate(first)}")))
     null_values = np.asarray(values.is_null()) if values.null_count else np.zeros(len(values), bool)
     if values.null_count:
         row = _row_of(offsets, _first(null_values))
-        problems.append(Problem(where, f"{_count(values.null_count, 'null weight')} in {n:,} rows read, first at "
+        problems.append(Problem(where, f"{counted(values.null_count, 'null weight')} in {n:,} rows read, first at "
                                        f"{locate(row)}"))
     raw = values.to_numpy(zero_copy_only=False)  # nulls as NaN
     with np.errstate(over="ignore", invalid="ignore"):
@@ -411,7 +408,7 @@ def read_weights(table: pa.Table, feature: str, id_lengths: np.ndarray | None, l
         first = _first(not_finite)
         row = _row_of(offsets, first)
         problems.append(Problem(where, (
-            f"{_count(int(not_finite.sum()), 'weight')} not finite as float32 (NaN, infinite, or beyond "
+            f"{counted(int(not_finite.sum()), 'weight')} not finite as float32 (NaN, infinite, or beyond "
             f"+-3.4e38) in {n:,} rows read, first {float(raw[first]):g} at {locate(row)}")))
     return nothing if len(problems) > found else weights
 

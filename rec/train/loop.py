@@ -30,6 +30,7 @@ from rec.train.rank_log import RankOutput
 from rec.train.rank_process import restart_count
 from rec.train.resume import step_dir
 from rec.train.start import Start
+from rec.units import counted
 
 if TYPE_CHECKING:
     from torchrec.datasets.utils import Batch
@@ -195,7 +196,7 @@ def _needs_no_gradient(target: str | None) -> InputError:
 def _returned(output: Any) -> str:
     """What a forward returned, in a few words: a tuple of three is not the pair it must be."""
     if isinstance(output, (tuple, list)):
-        return f"a {type(output).__name__} of {len(output)} item{'' if len(output) == 1 else 's'}"
+        return f"a {type(output).__name__} of {counted(len(output), 'item')}"
     return type(output).__name__
 
 

@@ -29,6 +29,7 @@ from rec.disk_full import DiskFull, is_disk_full
 from rec.documents import load_json
 from rec.errors import InputError, printable
 from rec.progress import to_line
+from rec.units import counted
 
 LOG_DIR = "logs"
 RANK_LOG = "rank-{rank}.log"
@@ -56,7 +57,7 @@ def one_line(error: BaseException) -> str:
     """``Type: first line of the message`` (a full disk: ``cannot write PATH: reason``; bad input: its
     first problem and how many more), cut to ``MAX_CAUSE`` characters."""
     more = len(error.problems) - 1 if isinstance(error, InputError) else 0
-    told = f" (and {more} more problem{'s' if more > 1 else ''})" if more > 0 else ""
+    told = f" (and {counted(more, 'more problem')})" if more > 0 else ""
     cause = _first_line(error)
     return cause + told if len(cause) + len(told) <= MAX_CAUSE else cause[: MAX_CAUSE - len(told) - 3] + "..." + told
 
@@ -103,7 +104,7 @@ class RankError:
     deterministic: bool
     time: float  # when the rank failed (time.time()): the first failure is the cause, the rest follow
     disk_full: bool = False  # an output could not be written: the cause, whatever failed first
-    problems: tuple[str, ...] = ()  # bad input of several problems: each, one line (the cause names the first)
+    problems: tuple[str, ...] = ()  # bad input of several problems, or of one too long for ``cause``: each, one line
 
 
 def _record(error: RankError) -> str:

@@ -37,6 +37,8 @@ ERROR_FILE = "rank-{rank}.error.json"
 PROGRESS_EVERY_S = 0.5
 MAX_CAUSE = 300  # characters of a one-line cause
 MAX_PROBLEMS = 25  # lines of a bad input's problems kept with the cause (InputError.render's screen)
+MAX_NOTE = 200  # characters of where a user's code raised the error, kept whole in the cause
+USER_CODE_NOTE = "raised at "  # an exception's note (rec.train.user_model) the cause line ends with
 ERROR_LINE_PREFIX = "@shardflow-error "  # marks a rank's failure record among its output
 _SOURCE_PREFIX = re.compile(r"^\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*")  # "[.../pair.cc:537] " of C++ errors
 # Failures that no retry can fix: the machine lacks what the plan needs.
@@ -55,9 +57,11 @@ def log_dir(out_dir: str | Path) -> Path:
 
 def one_line(error: BaseException) -> str:
     """``Type: first line of the message`` (a full disk: ``cannot write PATH: reason``; bad input: its
-    first problem and how many more), cut to ``MAX_CAUSE`` characters."""
+    first problem and how many more; raised in a user's code: where), cut to ``MAX_CAUSE`` characters."""
     more = len(error.problems) - 1 if isinstance(error, InputError) else 0
     told = f" (and {counted(more, 'more problem')})" if more > 0 else ""
+    told += "".join(f" ({printable(note, MAX_NOTE)})" for note in getattr(error, "__notes__", ())
+                    if isinstance(note, str) and note.startswith(USER_CODE_NOTE))
     cause = _first_line(error)
     return cause + told if len(cause) + len(told) <= MAX_CAUSE else cause[: MAX_CAUSE - len(told) - 3] + "..." + told
 

@@ -21,13 +21,18 @@ launcher checks before any process starts, and each rank again before sharding.
 
 from __future__ import annotations
 
+import os
+import sysconfig
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from rec.errors import InputError, Problem
 from rec.spec.types import Spec, table_key
+from rec.train.rank_log import USER_CODE_NOTE
 
 if TYPE_CHECKING:
     import torch
@@ -68,19 +73,43 @@ def user_code_exits_fail(target: str) -> Iterator[None]:
     """The block runs ``target``'s code (its model in forward and backward, its batches): an exit
     (``SystemExit``, any code) or another BaseException that is no Exception — a KeyboardInterrupt
     and DCP's CheckpointException aside — is an InputError naming the target, so that the rank
-    fails with that cause instead of ending as if it had finished."""
+    fails with that cause instead of ending as if it had finished. An exception raised in the
+    user's code (or in a library it called) stays what it is, noted with the file and line of the
+    user's code it came from and the target (the rank's cause line shows the note)."""
     from torch.distributed.checkpoint.api import CheckpointException
 
     from rec.target import ended_by
 
     try:
         yield
-    except (Exception, KeyboardInterrupt, CheckpointException):
+    except (KeyboardInterrupt, CheckpointException):
+        raise
+    except Exception as e:  # a fault as any other (retried): where the user's code raised it is noted
+        where = users_frame(e.__traceback__)
+        if where:
+            e.add_note(f"{USER_CODE_NOTE}{where}, in the code of {target}")
         raise
     except BaseException as e:  # shardflow's own code in the block never exits: the user's did
         raise InputError(f"The training with {target} stopped:", [
             Problem(target, f"its code {ended_by(e)} while training (in its model or its batches); "
                             "a model's code must return or raise")]) from None
+
+
+def users_frame(tb: TracebackType | None) -> str:
+    """``file:line (function)`` of the innermost frame of ``tb`` in no library — neither Python's,
+    an installed package's nor shardflow's own — or "" where every frame is in one."""
+    libraries = tuple({str(Path(p).resolve()) + os.sep for key, p in sysconfig.get_paths().items()
+                       if key in ("stdlib", "platstdlib", "purelib", "platlib")}
+                      | {str(Path(__file__).resolve().parents[2] / package) + os.sep
+                         for package in ("rec", "tasks", "flows", "bench")})
+    where = ""
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        name = code.co_filename
+        if not name.startswith("<") and not str(Path(name).resolve()).startswith(libraries):
+            where = f"{name}:{tb.tb_lineno} ({code.co_name})"
+        tb = tb.tb_next
+    return where
 
 
 def model_problems(model: nn.Module, spec: Spec, source: str) -> list[Problem]:

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from rec.errors import InputError
+from rec.library_noise import quiet_unlisted_fbgemm
 from tasks.tracking import MLFLOW_QUIET_ENV
 
 RUN_LOGGERS = ("prefect.flow_runs", "prefect.task_runs")
@@ -54,19 +55,7 @@ def set_up(verbose: bool) -> None:
     # export and predict: a checkpoint read in one process, TorchRec's modules built outside a job
     warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
     logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
-    root = logging.getLogger()
-    if not any(isinstance(f, _UnlistedFbgemm) for f in root.filters):
-        root.addFilter(_UnlistedFbgemm())
-
-
-class _UnlistedFbgemm(logging.Filter):
-    """FBGEMM 1.6.0 (the GPU image's) warns, for each of its 14 libraries a process loads, that its own
-    version is missing from its PyTorch compatibility table: 84 lines on the root logger before any
-    command that imports TorchRec (export, predict, spec from-model) says anything, about a slip of that
-    release (its table ends at 1.5). Its warning of a PyTorch it does not list stays."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "_fbgemm_torch_compat_table has no entry" not in record.getMessage()
+    quiet_unlisted_fbgemm()
 
 
 class _KnownFailures(logging.Filter):

@@ -64,6 +64,7 @@ from bench.gpu_check.targets import target  # noqa: E402
 from bench.gpu_check.workloads import DEFAULT_BATCH, Ranks, Workload, read_workloads  # noqa: E402
 from rec.errors import InputError  # noqa: E402
 from rec.exit_codes import ExitCode, stopped_by  # noqa: E402
+from rec.library_noise import quiet_unlisted_fbgemm  # noqa: E402
 from rec.sharding import ComputeDevice  # noqa: E402
 from rec.stop_signals import Stopped, raise_stopped  # noqa: E402
 
@@ -117,6 +118,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    quiet_unlisted_fbgemm()
     args = parse(argv)
     started = time.monotonic()
     out = Path(args.out).resolve()

@@ -26,6 +26,7 @@ import uuid
 from multiprocessing import util
 
 from rec import startup_gc
+from rec.library_noise import quiet_unlisted_fbgemm
 from rec.train import elastic_internals, forked_forkserver
 from rec.train.rank_entry import run_job
 
@@ -44,6 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     # launcher is run by hand, without tasks.launch's environment).
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     startup_gc.hold_collection()  # until the forkserver, forked from here, has imported the job
+    quiet_unlisted_fbgemm()  # here, in the forkserver and the ranks forked from it
     _launch(argv)
 
 

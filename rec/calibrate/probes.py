@@ -30,6 +30,7 @@ from typing import Any
 
 from rec.config.cost import CostConfig
 from rec.config.search import SearchConfig
+from rec.errors import InputError
 from rec.plan.types import Plan
 from rec.profile.types import DEFAULT_PROFILE
 from rec.sharding import ComputeDevice, ComputeKernel, ShardingType, sharder_options
@@ -164,7 +165,7 @@ def _sweeps(st: ShardingType, quick: bool) -> Iterator[ProbeSpec]:
         yield ProbeSpec(name, (*companion, Tables(st, **{**defaults, **fields})), batch)
 
 
-def probe_specs(device: ComputeDevice, quick: bool = False) -> tuple[ProbeSpec, ...]:
+def probe_specs(device: ComputeDevice, quick: bool = False, scaled: bool = True) -> tuple[ProbeSpec, ...]:
     """Every probe for ranks of ``device`` (``quick``: about half, for a rough profile fast)."""
     offered = sharder_options(device)
     types = [st for st in ShardingType if st in offered]
@@ -185,7 +186,7 @@ def probe_specs(device: ComputeDevice, quick: bool = False) -> tuple[ProbeSpec, 
         out += cache_probes(types, quick)
     if device is ComputeDevice.CUDA and not quick:
         out += [*gpu_probes(types), *mixed_probes()]
-    return tuple(replace(p, batch_size=p.batch_size * _scale(p, scale)) for p in out)
+    return tuple(replace(p, batch_size=p.batch_size * _scale(p, scale)) if scaled else p for p in out)
 
 
 # (seed, tables, batch, share allow-listed column-wise): random specs the search plans freely, beside
@@ -341,18 +342,28 @@ def probe_rows(probe: ProbeSpec, device: ComputeDevice, world_size: int) -> list
 
 
 def probe_plans(topology: Topology, quick: bool = False, cost: CostConfig = CostConfig()) -> tuple[Probe, ...]:
-    """The probes as plans for ``topology``'s ranks (each at its own batch size), planned under
+    """The probes as plans for ``topology``'s ranks (each at its own batch size, halved while the
+    ranks' memory cannot hold its plan, down to the probe's unscaled batch), planned under
     TorchRec's default profile: the fit re-rates them under each unit profile anyway."""
     from rec.planning import plan_spec
     from rec.spec import spec_from_rows
     from rec.topology import topology_from_dict, topology_to_dict
 
     cost = replace(cost, profile=DEFAULT_PROFILE)
+    smallest = {p.name: p.batch_size for p in probe_specs(topology.compute_device, quick, scaled=False)}
     out = []
     for probe in probe_specs(topology.compute_device, quick):
         spec = spec_from_rows(probe_rows(probe, topology.compute_device, topology.world_size),
                               source=f"probe {probe.name}")
-        ranks = topology_from_dict({**topology_to_dict(topology), "batch_size": probe.batch_size}, source="probe")
-        plan = plan_spec(spec, ranks, cost, PROBE_SEARCH)
+        batch = probe.batch_size
+        while True:  # a rank's input and output buffers grow with the ranks: more ranks, a smaller batch
+            ranks = topology_from_dict({**topology_to_dict(topology), "batch_size": batch}, source="probe")
+            try:
+                plan = plan_spec(spec, ranks, cost, PROBE_SEARCH)
+                break
+            except InputError:
+                if batch // 2 < smallest[probe.name]:
+                    raise
+                batch //= 2
         out.append(Probe(probe.name, plan))
     return tuple(out)

@@ -30,7 +30,7 @@ from rec.sharding import ComputeDevice, ComputeKernel, ShardingType
 from rec.spec import read_spec
 from rec.topology import read_topology, topology_from_dict
 from rec.topology.validate import MS_PER_S
-from tests.paths import CPU_2PROC, DEMO
+from tests.paths import CPU_2PROC, DEMO, ROOT
 
 CACHING = 0.2
 
@@ -266,5 +266,26 @@ def test_the_cuda_probes_pin_down_every_number_they_move(cuda_probes):
     types, kernels = measured_types(plans)
     params = parameters(types, types_everywhere(plans), kernels, widths=True, misses=True)
     a = design(plans, base_profile(one_gpu(), types, kernels, 0.2, misses=True), params)[:, 0, :]
+    a = a[:, np.abs(a).max(axis=0) > 0]
+    assert np.linalg.matrix_rank(a / np.linalg.norm(a, axis=0), tol=1e-9) == a.shape[1]
+
+
+@pytest.mark.parametrize("quick", [True, False])
+def test_the_cuda_probes_of_two_nodes_of_8_gpus_fit_their_ranks_at_the_largest_batch_that_does(quick):
+    """``shardflow calibrate --topology examples/topologies/h100_2x8.yaml`` refused its own probes
+    (a rank's input buffers at the one-GPU batch of 1,048,576: "-12.0 GiB HBM"): a rank's buffers
+    grow with the ranks. Each probe is now planned at the largest of its batches, halving, that fits,
+    and the design still pins down every number the probes move."""
+    sixteen = read_topology(ROOT / "examples/topologies/h100_2x8.yaml")
+    probes = probe_plans(sixteen, quick=quick)
+    alone = {p.name: p.plan.topology.batch_size for p in probe_plans(one_gpu(), quick=quick)}
+    batches = {p.name: p.plan.topology.batch_size for p in probes}
+    assert batches.keys() == alone.keys()
+    assert all(batches[name] <= alone[name] for name in batches)
+    assert any(batches[name] < alone[name] for name in batches)  # smaller where the ranks' memory decides
+    plans = [p.plan for p in probes]
+    types, kernels = measured_types(plans)
+    params = parameters(types, types_everywhere(plans), kernels, widths=True, misses=True)
+    a = design(plans, base_profile(sixteen, types, kernels, 0.2, misses=True), params)[:, 0, :]
     a = a[:, np.abs(a).max(axis=0) > 0]
     assert np.linalg.matrix_rank(a / np.linalg.norm(a, axis=0), tol=1e-9) == a.shape[1]

@@ -59,9 +59,9 @@ def main() -> None:
     topology = TopologyFactory.create_topology(TrainerConfig(world_size=world, local_world_size=world,
                                                              ddr_cap_bytes=args.ddr_cap),
                                                kernel_config=KernelConfig(compute_device="cpu"))
-    planner = ShardflowPlanner(topology=topology, batch_size=args.batch_size, constraints=constraints,
-                               plan_dir=args.plan_dir)
-    try:
+    try:  # a setting the planner refuses (a --plan-dir that is a file) is refused on every rank alike
+        planner = ShardflowPlanner(topology=topology, batch_size=args.batch_size, constraints=constraints,
+                                   plan_dir=args.plan_dir)
         plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
     except InputError as e:  # the same message on every rank, at once
         print(f"rank {rank}: {e}", file=sys.stderr, flush=True)

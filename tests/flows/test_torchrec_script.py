@@ -51,6 +51,13 @@ def test_a_plan_rank_0_cannot_make_fails_every_rank_at_once_with_its_reasons(tmp
     for rank in (0, 1):
         assert f"rank {rank}: The tables fit one by one but not all together" in r.stderr
     assert "user.ebc.user_id_table" in r.stderr
+    # a setting the planner refuses when it is made: its one line, not the rank's traceback (torchrun
+    # still prints its own of the rank's exit code)
+    (tmp_path / "a_file").write_text("")
+    r = run(tmp_path, TORCHRUN, "--standalone", "--nproc-per-node", "1", EXAMPLE, "--plan-dir", tmp_path / "a_file",
+            timeout=300)
+    assert r.returncode != 0 and f'{EXAMPLE}", line' not in r.stderr, r.stderr[-3000:]
+    assert "rank 0: " in r.stderr and "exists and is not a directory" in r.stderr
 
 
 def test_plan_with_planner_torchrec_writes_torchrecs_plan_rated_as_torchrec_rates_it(tmp_path, capsys):

@@ -347,6 +347,12 @@ def main(argv: list[str] | None = None) -> int:
     names = [label(c) for c in checks]
     if len(set(names)) < len(names):
         p.error(f"two checks would be filed under one name: {', '.join(names)}")
+    flag, folder = ("--out", args.out.parent) if args.out is not None else ("--out-dir", args.out_dir)
+    try:  # before minutes of refitting: a folder that cannot be made is said now
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        print(f"gpu_refit: {flag} {args.out or args.out_dir}: cannot write there ({e.strerror or e})", file=sys.stderr)
+        return 2
 
     done: dict[str, dict[str, Any]] = {}
     failed: list[str] = []
@@ -362,7 +368,12 @@ def main(argv: list[str] | None = None) -> int:
             continue
         report(rows, summary)
         out = args.out or args.out_dir / f"gpu_refit_{name}.json"
-        out.write_text(json.dumps({"check": check.name, "plans": rows, "summary": summary}, indent=1) + "\n")
+        try:
+            out.write_text(json.dumps({"check": check.name, "plans": rows, "summary": summary}, indent=1) + "\n")
+        except OSError as e:
+            print(f"gpu_refit: cannot write {out}: {e.strerror or e}", file=sys.stderr, flush=True)
+            failed.append(name)
+            continue
         print(f"wrote {out}")
         done[name] = summary
     if len(checks) > 1:

@@ -78,6 +78,16 @@ def test_a_missing_or_unreadable_archive_is_one_line_naming_it_and_exit_2(tmp_pa
         assert "Traceback" not in r.stderr and not list(tmp_path.glob("gpu_refit_*.json"))
 
 
+def test_an_out_dir_that_cannot_be_made_is_one_line_before_any_check_is_read(tmp_path, capsys):
+    """It was a traceback after the first check's refit (FileNotFoundError); a missing folder is made."""
+    (tmp_path / "a_file").write_text("")
+    assert gpu_refit.main([str(tmp_path / "missing.tgz"), "--out-dir", str(tmp_path / "a_file" / "refits")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"gpu_refit: --out-dir {tmp_path / 'a_file' / 'refits'}: cannot write there (Not a directory)\n"
+    assert gpu_refit.main([str(tmp_path / "missing.tgz"), "--out-dir", str(tmp_path / "new" / "refits")]) == 2
+    assert (tmp_path / "new" / "refits").is_dir() and "missing.tgz: " in capsys.readouterr().err
+
+
 def test_the_comparison_plans_are_judged_by_their_own_errors():
     rows = [{"predicted_ms": 2.0, "measured_ms": 1.0, "error": 1.0},
             {"predicted_ms": 3.0, "measured_ms": 4.0, "error": -0.25},

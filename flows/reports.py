@@ -198,6 +198,11 @@ def command(name: str) -> str:
         return str(own)
 
 
+def typed(text: str) -> str:
+    """``text`` with each command it quotes (`` `shardflow ...` ``) as it is typed from here (``command``)."""
+    return text.replace("`shardflow ", f"`{command('shardflow')} ")
+
+
 def predicted_line(plan: Plan, metrics: TrainMetrics) -> str:
     """``predicted ...; measured ... (p50): 1.316x predicted``: a training's measured p50 beside its
     plan's prediction, as ``train`` and ``run`` print it (only at the plan's batch size)."""
@@ -208,7 +213,7 @@ def predicted_line(plan: Plan, metrics: TrainMetrics) -> str:
     versus = (f"measured {ms(p50)} (p50): {ratio_text(p50, predicted.iteration_ms)}"
               if metrics.batch_size == predicted.batch_size else
               f"at the plan's batch size {predicted.batch_size} per rank, not this training's {metrics.batch_size}")
-    note = f"\nnote      {UNCALIBRATED_NOTE}" if plan.planner.profile.is_default else ""
+    note = f"\nnote      {typed(UNCALIBRATED_NOTE)}" if plan.planner.profile.is_default else ""
     return f"predicted {predicted.text()}; {versus}{note}"
 
 

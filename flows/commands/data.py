@@ -8,7 +8,7 @@ import argparse
 import sys
 import time
 
-from flows.reports import shell_path
+from flows.reports import command, shell_path
 from rec.exit_codes import ExitCode
 from rec.settings import add_flags
 
@@ -65,6 +65,7 @@ def run_criteo(args: argparse.Namespace) -> int:
           f"{done.out} in {seconds:.1f} s ({done.total_rows / max(seconds, 1e-9):,.0f} rows/s)")
     print(f"spec: {done.spec} (26 tables of {settings.rows_per_table:,} rows, dim {settings.embedding_dim})")
     print("\nnext: plan the tables for your ranks, then train on the data")
-    print(f"  shardflow plan {shell_path(done.spec)} --topology TOPOLOGY.yaml --out PLAN_DIR")
-    print(f"  shardflow train --plan PLAN_DIR --data {shell_path(done.out)} --dense-in-features {DENSE_IN_FEATURES}")
+    shardflow = command("shardflow")
+    print(f"  {shardflow} plan {shell_path(done.spec)} --topology TOPOLOGY.yaml --out PLAN_DIR")
+    print(f"  {shardflow} train --plan PLAN_DIR --data {shell_path(done.out)} --dense-in-features {DENSE_IN_FEATURES}")
     return ExitCode.OK

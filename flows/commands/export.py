@@ -28,7 +28,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 def run(args: argparse.Namespace) -> int:
     from flows.progress import on_terminal
-    from flows.reports import shell_path
+    from flows.reports import command, shell_path
     from rec import progress
     from rec.train.export import export
 
@@ -37,5 +37,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"exported  the model of plan {exported.plan_id or '-'} at iteration {exported.step}: "
           f"{exported.tensors} tensors, {exported.parameters:,} parameters")
     print(f"wrote     {exported.out_dir}/model.safetensors, {exported.out_dir}/model.json")
-    print(f"next      shardflow predict --model {shell_path(exported.out_dir)} --data PATH --out predictions.parquet")
+    print(f"next      {command('shardflow')} predict --model {shell_path(exported.out_dir)} --data PATH "
+          "--out predictions.parquet")
     return ExitCode.OK

@@ -96,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
 def render_report(report: MeasureReport, predicted: Prediction) -> str:
     """Per rank predicted against measured, then the plan's predicted iteration time (as ``plan``
     prints it) beside the measured one, and their ratio."""
+    from flows.reports import typed
     from rec.analysis.iteration_time import UNCALIBRATED_NOTE, ms, ratio_text
     from rec.text_table import render_table
 
@@ -120,5 +121,5 @@ def render_report(report: MeasureReport, predicted: Prediction) -> str:
         f"{ratio_text(measured, predicted.iteration_ms)}",
         f"profile        {profile} (hash {report.profile['hash']}); measured on {report.machine.get('device_name')}, "
         f"{report.world_size} ranks",
-        *([f"note           {UNCALIBRATED_NOTE}"] if report.profile["default"] else []),
+        *([f"note           {typed(UNCALIBRATED_NOTE)}"] if report.profile["default"] else []),
     ])

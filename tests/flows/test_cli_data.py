@@ -7,6 +7,7 @@ import gzip
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from flows.reports import command
 from rec.data.criteo import CAT_NAMES
 from rec.data.ids import IdsPolicy
 from rec.data.layout import DataLayout
@@ -31,8 +32,9 @@ def test_converts_logs_into_data_and_spec_that_training_accepts(tmp_path, capfd)
     assert f"{plain} -> {out}/part-00000.parquet: 30 rows (smallest integer -2)" in result.stdout
     assert f"{zipped} -> {out}/part-00001.parquet: 20 rows (smallest integer -2)" in result.stdout
     assert f"wrote 50 rows in 2 files to {out}" in result.stdout
-    assert f"shardflow plan {out}/spec.yaml --topology" in result.stdout
-    assert f"shardflow train --plan PLAN_DIR --data {out} --dense-in-features 13" in result.stdout
+    shardflow = command("shardflow")  # as typed here: .venv/bin/shardflow where the venv is not activated
+    assert f"\n  {shardflow} plan {out}/spec.yaml --topology" in result.stdout
+    assert f"\n  {shardflow} train --plan PLAN_DIR --data {out} --dense-in-features 13" in result.stdout
     schema = pq.read_schema(out / "part-00000.parquet")
     assert schema.field("label").type == pa.float32()
     assert schema.field("dense").type == pa.list_(pa.float32(), 13)

@@ -246,6 +246,18 @@ def test_paths_in_the_commands_printed_to_run_next_work_as_typed():
     assert shell_path("/abs/-c") == "/abs/-c"
 
 
+def test_a_command_a_note_quotes_is_typed_as_this_shell_runs_shardflow(monkeypatch, tmp_path):
+    """`measure them with `shardflow calibrate ...``: not on PATH where the venv is not activated,
+    while `run` printed `.venv/bin/shardflow show ...` beside it."""
+    from flows.reports import command, typed
+    from rec.analysis.iteration_time import UNCALIBRATED_NOTE
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no shardflow on it
+    assert command("shardflow") != "shardflow" and command("shardflow").endswith("shardflow")
+    assert f"`{command('shardflow')} calibrate --topology TOPO" in typed(UNCALIBRATED_NOTE)
+    assert "`shardflow" not in typed(UNCALIBRATED_NOTE)
+
+
 def test_metrics_one_class_of_labels_leaves_undefined_are_named_not_left_out():
     """An evaluation set of one class printed `eval      logloss 0.0001 on 50,000 held-out samples`:
     no word of the AUC and NE it was run for (null in eval_metrics.json)."""

@@ -22,12 +22,18 @@ CPU_DDR = 16 * GIB
 
 
 def pick_device(choice: str) -> ComputeDevice:
-    """``--device``: cuda or cpu as given; auto: cuda if torch sees a GPU."""
+    """``--device``: cuda or cpu as given; auto: cuda if torch sees a GPU (else cpu, said in one line:
+    a check that passes on cpu says nothing of the cuda path)."""
     if choice != "auto":
         return ComputeDevice(choice)
     import torch
 
-    return ComputeDevice.CUDA if torch.cuda.is_available() else ComputeDevice.CPU
+    if torch.cuda.is_available():
+        return ComputeDevice.CUDA
+    built = f"CUDA {torch.version.cuda}" if torch.version.cuda else "no CUDA"
+    print(f"gpu_check: torch {torch.__version__} ({built}) sees no GPU: the cuda path is not checked; the same "
+          "sections run on 2 cpu ranks instead (--device cuda: fail without a GPU)", flush=True)
+    return ComputeDevice.CPU
 
 
 def find_ranks(device: ComputeDevice) -> Ranks:

@@ -668,3 +668,19 @@ def test_a_shape_whose_judged_plan_was_not_measured_beside_torchrecs_fails_vs_to
     assert missed == {"not_judged_beside_torchrec": 1.0}
     assert outcome.figures["not_judged_beside_torchrec"] == {"few_big": "InputError: the profile describes other ranks"}
     assert "shardflow-calibrated not measured on few_big" in outcome.summary
+
+
+def test_auto_without_a_gpu_says_the_cuda_path_is_not_checked(capsys):
+    """`make gpu-check` on a machine whose torch sees no GPU ended "7 of 7 sections ok: passed" with
+    only the report's title to say it had run on cpu."""
+    import torch
+
+    from bench.gpu_check.machine import pick_device
+    from rec.sharding import ComputeDevice
+
+    if torch.cuda.is_available():
+        pytest.skip("this torch sees a GPU")
+    assert pick_device("auto") is ComputeDevice.CPU
+    said = capsys.readouterr().out
+    assert said.startswith(f"gpu_check: torch {torch.__version__} (") and said.count("\n") == 1
+    assert "sees no GPU: the cuda path is not checked; the same sections run on 2 cpu ranks instead" in said

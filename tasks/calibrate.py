@@ -147,10 +147,12 @@ def _calibrate(topology_path: str, topology: Topology, profile_path: str, work_d
     with progress.step("probes", "planning the probes"):
         probes = probe_plans(topology, settings.quick)[: settings.max_probes]
         paths = _write_probes(probes, work_dir)
+    # cuda: one build of each probe, its rounds as blocks of iterations (measure_config)
     order = _order(len(probes), settings.round_count if topology.compute_device is ComputeDevice.CPU else 1,
                    settings.seed)
     ranks = topology.world_size
-    with progress.step("measure", f"{len(probes)} probes x {settings.round_count} rounds on {counted(ranks, 'rank')}"):
+    with progress.step("measure", f"{counted(len(probes), 'probe')} x {counted(settings.round_count, 'round')} on "
+                                  f"{counted(ranks, 'rank')}"):
         config = settings.measure_config(topology.compute_device)
         timings = run_measuring_job([paths[i] for i in order], topology, work_dir, config,
                                     settings.ranks, MEASURE_RDZV_ID)

@@ -3,7 +3,9 @@
 Runs the Prefect ``replan`` flow once (the ``replan-on-schema-change`` deployment runs it on a
 schedule): it hashes the spec and compares the hash with the newest successful planning of the
 same spec file on the same topology in MLflow (a plan of ``shardflow plan``, ``run`` or an
-earlier replan). Unchanged: nothing is recorded in MLflow (the check is the Prefect flow run).
+earlier replan, under whatever profile: a replan follows the schema, and a new profile is planned
+with ``shardflow plan --profile``). Unchanged: nothing is recorded in MLflow (the check is the
+Prefect flow run).
 Changed, or never planned: a new plan is searched from the last one, written to OUT/plan and
 logged; what it moved is printed as ``shardflow plan --previous`` prints it.
 """

@@ -85,9 +85,9 @@ def user_code_exits_fail(target: str) -> Iterator[None]:
     except (KeyboardInterrupt, CheckpointException):
         raise
     except Exception as e:  # a fault as any other (retried): where the user's code raised it is noted
-        where = users_frame(e.__traceback__)
-        if where:
-            e.add_note(f"{USER_CODE_NOTE}{where}, in the code of {target}")
+        frame = users_frame(e.__traceback__)
+        if frame is not None:
+            e.add_note(USER_CODE_NOTE + raised_where(frame, target))
         raise
     except BaseException as e:  # shardflow's own code in the block never exits: the user's did
         raise InputError(f"The training with {target} stopped:", [
@@ -95,21 +95,31 @@ def user_code_exits_fail(target: str) -> Iterator[None]:
                             "a model's code must return or raise")]) from None
 
 
-def users_frame(tb: TracebackType | None) -> str:
-    """``file:line (function)`` of the innermost frame of ``tb`` in no library — neither Python's,
-    an installed package's nor shardflow's own — or "" where every frame is in one."""
+def users_frame(tb: TracebackType | None) -> tuple[str, int, str] | None:
+    """(file, line, function) of the innermost frame of ``tb`` in no library — neither Python's, an
+    installed package's nor shardflow's own — or None where every frame is in one."""
     libraries = tuple({str(Path(p).resolve()) + os.sep for key, p in sysconfig.get_paths().items()
                        if key in ("stdlib", "platstdlib", "purelib", "platlib")}
                       | {str(Path(__file__).resolve().parents[2] / package) + os.sep
                          for package in ("rec", "tasks", "flows", "bench")})
-    where = ""
+    found = None
     while tb is not None:
         code = tb.tb_frame.f_code
         name = code.co_filename
         if not name.startswith("<") and not str(Path(name).resolve()).startswith(libraries):
-            where = f"{name}:{tb.tb_lineno} ({code.co_name})"
+            found = (name, tb.tb_lineno, code.co_name)
         tb = tb.tb_next
-    return where
+    return found
+
+
+def raised_where(frame: tuple[str, int, str], target: str) -> str:
+    """``line 41 (forward) of TARGET`` where the frame is in the target's own file, else
+    ``FILE:41 (forward), in the code of TARGET``: the path once where it can be."""
+    name, line, function = frame
+    own = target.rpartition(":")[0]
+    if own.endswith(".py") and Path(own).resolve() == Path(name).resolve():
+        return f"line {line} ({function}) of {target}"
+    return f"{name}:{line} ({function}), in the code of {target}"
 
 
 def model_problems(model: nn.Module, spec: Spec, source: str) -> list[Problem]:

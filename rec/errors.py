@@ -49,14 +49,30 @@ class InputError(Exception):
         lines = [printable(self.title)]
         shown = 0
         for reason, wheres in list(groups.items())[:limit]:
-            more = f" and {len(wheres) - 3} more" if len(wheres) > 3 else ""
-            # long paths are cut before the reason is: the line must still say why
-            where = printable(", ".join(wheres[:3]), max(MAX_LINE - len(reason) - len(more) - 2, MIN_WHERE))
-            lines.append(f"  - {printable(where + more + ': ' + reason)}")
+            lines += _group_lines(reason, wheres)
             shown += len(wheres)
         if shown < len(self.problems):
             lines.append(f"  ... and {len(self.problems) - shown} more problems")
         return "\n".join(lines)
+
+
+def _group_lines(reason: str, wheres: list[str]) -> list[str]:
+    """The lines of the problems of one reason: the places on one line (the first 3 of them and how
+    many more), each place whole where the line can hold it; up to 3 places too long for one line
+    share the reason, each on its line, rather than one of them cut."""
+    def width(more: str) -> int:
+        return max(MAX_LINE - len(reason) - len(more) - 2, MIN_WHERE)
+
+    first = wheres[:3]
+    if len(wheres) <= 3 and len(first) > 1 and len(", ".join(first)) > width(""):
+        return [line for where in first for line in _group_lines(reason, [where])]
+    fits = len(first)
+    while fits > 1 and len(", ".join(first[:fits])) > width(f" and {len(wheres) - fits + 1} more"):
+        fits -= 1
+    more = f" and {len(wheres) - fits} more" if len(wheres) > fits else ""
+    # long paths are cut before the reason is: the line must still say why
+    where = printable(", ".join(first[:fits]), width(more))
+    return [f"  - {printable(where + more + ': ' + reason)}"]
 
 
 class Collected:

@@ -161,5 +161,22 @@ def test_a_problem_line_cuts_long_places_and_keeps_its_reason_whole():
     reason = "a reason long enough to say what to do, " * 4
     paths = [f"/{'deep/' * 30}file-{i}" for i in range(5)]
     line = InputError("Bad:", [Problem(p, reason) for p in paths]).render().splitlines()[1]
-    assert line.endswith(f" and 2 more: {reason}") and len(line) <= MAX_LINE + 4
+    assert line.endswith(f" and 4 more: {reason}") and len(line) <= MAX_LINE + 4  # none of the others cut
     assert paths[0][:40] in line
+
+
+def test_places_of_one_reason_are_named_whole_where_the_line_can_hold_them():
+    """Two links under a long --out shared one line, cut in the second path: the user never saw it."""
+    from rec.errors import Problem
+
+    reason = "is a symbolic link: shardflow follows no link and opens no special file in a folder it owns; remove it"
+    out = f"/tmp/{'a-long-folder/' * 7}out"
+    two = [f"{out}/logs/rank-0.log", f"{out}/checkpoints/step_00000002"]
+    assert InputError("Cannot train:", [Problem(p, reason) for p in two]).render().splitlines()[1:] == [
+        f"  - {two[0]}: {reason}", f"  - {two[1]}: {reason}"]
+    short = ["table 'a'", "table 'b'", "table 'c'", "table 'd'"]
+    assert InputError("Bad:", [Problem(p, "too big") for p in short]).render().splitlines()[1] == \
+        "  - table 'a', table 'b', table 'c' and 1 more: too big"
+    many = [f"{out}/step_{i:08d}" for i in range(6)]  # as many whole as the line holds, then how many more
+    line = InputError("Bad:", [Problem(p, reason) for p in many]).render().splitlines()[1]
+    assert line == f"  - {many[0]} and 5 more: {reason}"

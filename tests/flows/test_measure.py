@@ -138,7 +138,8 @@ def test_a_second_calibration_into_the_same_profile_is_refused_while_the_first_r
     from rec.file_lock import file_lock
 
     profile = tmp_path / "cpu.yaml"
-    args = ["calibrate", "--topology", str(CPU_2PROC), "--out", str(profile), "--quick", "--iterations", "2"]
+    # the full calibration (minutes), stopped below: a quick one could finish while the second starts
+    args = ["calibrate", "--topology", str(CPU_2PROC), "--out", str(profile)]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "SHARDFLOW_"))}
     first = subprocess.Popen([str(SHARDFLOW), *args, "--work", str(tmp_path / "w1")], cwd=ROOT, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

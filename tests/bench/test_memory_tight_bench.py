@@ -173,3 +173,19 @@ def rated_by_both(bench, w, shardflow_timeout_s=None):
                        constraints=bench.constraints_of(w, True), **({"timeout_seconds": timeout} if timeout else {}))
         rated[name] = bench.rate(bench._quiet(made.plan, model, sharders), model, w, sharders, True)
     return rated
+
+
+def test_where_caching_a_table_lets_a_busier_one_into_hbm_the_plan_rates_below_torchrecs_scale_up(monkeypatch):
+    """Another generator's workload (bench/dropin_memory_tight_probe.py --variant floors --one 50213),
+    rated by that script's own rater in TorchRec's units (no shardflow code rates): 14 tables on 8
+    ranks, every one with statistics and a load factor. TorchRec's scale-up proposer caches four tables
+    shardflow kept in HBM and so holds a busier one wholly in HBM: 194.32 ms against shardflow's
+    196.86. The cache-size pass also searches from every table it keeps in HBM at its least cache: 188.21."""
+    from bench import dropin_memory_tight_probe as probe
+
+    monkeypatch.setattr(probe, "VARIANT", "floors")
+    w = probe.workload(50213)
+    rated = probe.plan_all(w, trec_timeout=60, sf_timeout=None, which=("shardflow", "scaleup"))
+    assert {"cp", "over"} <= set(rated["shardflow"]) and {"cp", "over"} <= set(rated["scaleup"]), rated
+    assert not rated["shardflow"]["over"]
+    assert rated["shardflow"]["cp"] < rated["scaleup"]["cp"]

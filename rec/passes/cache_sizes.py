@@ -26,7 +26,9 @@ again; these runs and the first share the time limit (``rec.planning.ExactTime``
 its share of the limit and stopped where the earlier ones spent it. Where the plan taken then leaves
 HBM free off its busiest ranks' caches, those caches are tried larger and the tables searched again at
 those sizes, so that the search makes room for them where growing cannot (``_made_room``): growing
-moves no shard, and a busiest rank full of tables that fit in HBM keeps its cache small. Last, the
+moves no shard, and a busiest rank full of tables that fit in HBM keeps its cache small. And the
+search starts once more from every table the plan keeps wholly in HBM at its least cache
+(``_demoted``): growing never gives HBM back, where caching a table lets a busier one into HBM. Last, the
 caches of the plan taken are sized once more on its placement: each from its least size
 (``LOAD_FACTORS[0]``, or its floor) grown the same way, kept where faster. Growing only adds to the
 sizes the search placed the tables with, so a rank's HBM can stay with caches that save less than

@@ -208,14 +208,22 @@ def _demoted(result: SearchResult, spec: Spec, topology: Topology, cost: CostCon
     if not in_hbm.any():
         return result
     sizes = np.where(kernel == _CACHING, resolved_load_factors(spec, cost, space.chosen_load_factor), least)
+    tried = _searched_at(sizes, spec, topology, cost, search, exact, path)
+    return result if tried is None else _faster(result, tried, path)
+
+
+def _searched_at(sizes: np.ndarray, spec: Spec, topology: Topology, cost: CostConfig,
+                 search: Callable[[SearchSpace], SearchResult], exact: Callable[[SearchResult, float], SearchResult],
+                 path: Callable[[SearchResult], float]) -> SearchResult | None:
+    """The plan searched with the caches at ``sizes`` (those the spec fixes at its own), grown and
+    filled, improved by a short exact stage, grown and filled again; None where the caches do not fit."""
     try:
         found = search(build_search_space(spec, topology, cost, np.where(cache_fixed(spec), np.nan, sizes)))
-    except InputError:
-        return result
-    grown = _filled(_grown(found, spec, topology, cost), spec, topology, cost, path)
-    improved = exact(grown, FIRST_EXACT_SHARE)
-    tried = _filled(_faster(improved, _grown(improved, spec, topology, cost), path), spec, topology, cost, path)
-    return _faster(result, tried, path)
+    except InputError:  # the caches do not fit
+        return None
+    filled = _filled(_grown(found, spec, topology, cost), spec, topology, cost, path)
+    improved = exact(filled, FIRST_EXACT_SHARE)
+    return _filled(_faster(improved, _grown(improved, spec, topology, cost), path), spec, topology, cost, path)
 
 
 def _made_room(result: SearchResult, spec: Spec, topology: Topology, cost: CostConfig,
@@ -246,16 +254,8 @@ def _made_room(result: SearchResult, spec: Spec, topology: Topology, cost: CostC
             # where TorchRec prices its fetches, a size its statistics were asked at (as _grown)
             grown = _asked_size(spec.tables[t], grown) if fetches[t] else _rounded_down(grown)
             shared_up[t] = max(base[t], grown)
-        tries = []
-        for sizes in (rung_up, shared_up):
-            try:
-                found = search(build_search_space(spec, topology, cost, np.where(cache_fixed(spec), np.nan, sizes)))
-            except InputError:  # the larger caches do not fit
-                continue
-            filled = _filled(_grown(found, spec, topology, cost), spec, topology, cost, path)
-            improved = exact(filled, FIRST_EXACT_SHARE)
-            tries.append(_filled(_faster(improved, _grown(improved, spec, topology, cost), path), spec, topology,
-                                 cost, path))
+        tries = [tried for sizes in (rung_up, shared_up)
+                 if (tried := _searched_at(sizes, spec, topology, cost, search, exact, path)) is not None]
         fastest = min(tries, key=path, default=None)
         if fastest is None or not path(fastest) < path(result) * (1 - RELATIVE_GAIN):
             break

@@ -189,7 +189,10 @@ def _sized(result: SearchResult, spec: Spec, topology: Topology, cost: CostConfi
         best = _faster(best, exact_grown(at_default), built)
     if decides and search is not None:  # (decides implies a search; mypy does not know it)
         best = _made_room(best, spec, topology, cost, search, exact, built)
-        best = _demoted(best, spec, topology, cost, search, exact, built)
+        demoted = _demoted(best, spec, topology, cost, search, exact, built)
+        if demoted is not best:  # sized anew on each placement, the slower of the two can end the faster
+            return _faster(_regrown(best, spec, topology, cost, built), _regrown(demoted, spec, topology, cost, built),
+                           built)
     return _regrown(best, spec, topology, cost, built)
 
 

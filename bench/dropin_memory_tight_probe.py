@@ -633,6 +633,8 @@ def main() -> int:
                   w.optim, {m: sum(t.module == m for t in w.tables) for m in ("ebc", "wbc", "ec")})
         return 0
     done = set()
+    if a.one is None:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
     if a.out.exists() and a.one is None:
         done = {json.loads(line)["summary"]["seed"] for line in a.out.read_text().splitlines() if line.strip()}
     for s in seeds:

@@ -29,7 +29,8 @@ those sizes, so that the search makes room for them where growing cannot (``_mad
 moves no shard, and a busiest rank full of tables that fit in HBM keeps its cache small. And the
 search starts once more from every table the plan keeps wholly in HBM at its least cache
 (``_demoted``): growing never gives HBM back, where caching a table lets a busier one into HBM. Last, the
-caches of the plan taken are sized once more on its placement: each from its least size
+caches of the plan taken (of both, where that start was faster, the faster kept) are sized once more
+on its placement: each from its least size
 (``LOAD_FACTORS[0]``, or its floor) grown the same way, kept where faster. Growing only adds to the
 sizes the search placed the tables with, so a rank's HBM can stay with caches that save less than
 others on it would. Under TorchRec's default profile a larger cache is always faster (its bandwidth
@@ -203,7 +204,8 @@ def _demoted(result: SearchResult, spec: Spec, topology: Topology, cost: CostCon
     in HBM that may cache at its least size, grown, improved by a short exact stage and filled, where
     faster. Growing only adds HBM: a table the search kept in HBM never gives any back, where caching
     it would let another, busier one into HBM (TorchRec's scale-up proposer caches such tables:
-    dropin_memory_tight_probe weighted-50213, 196.86 ms against TorchRec's 194.32, now 192.79)."""
+    dropin_memory_tight_probe weighted-50213, 196.86 ms against TorchRec's 194.32, now 188.21 once both
+    plans are sized anew on their placements)."""
     space, a = result.space, result.assignment
     kernel = space.options.compute_kernel[a.choice]
     least = least_sizes(spec)

@@ -38,6 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.memory_tight_bench import _quiet as quiet  # TorchRec's warnings and logs kept out, as there
+
 GiB = 2**30
 DIMS = (8, 12, 16, 24, 32, 40, 48, 64, 96, 128, 160, 200, 256, 384, 512)
 WORLDS = (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
@@ -488,17 +490,6 @@ def rate(sharding_plan, w: W) -> Rated:
 
 
 # ------------------------------------------------------------------ planning
-
-def quiet(fn, *a, **k):
-    old = logging.root.manager.disable
-    logging.disable(logging.WARNING)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return fn(*a, **k)
-    finally:
-        logging.disable(old)
-
 
 def plan_all(w: W, trec_timeout: int, sf_timeout: float | None, which=("shardflow", "default", "scaleup", "dp")):
     from torchrec.distributed.planner import EmbeddingShardingPlanner

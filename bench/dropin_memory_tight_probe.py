@@ -33,6 +33,7 @@ import sys
 import time
 import traceback
 import warnings
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -384,7 +385,8 @@ def constraints(w: W, load_factors: dict[str, float | None] | None = None, kerne
             cacheability = float(np.mean([zipf_miss(f, t.rows, t.alpha) for f in edges]))
             stats = EmbeddingOffloadStats(cacheability, int(lookups), hist, t.rows)
         elif t.stats_kind == "noisy":
-            r = np.random.default_rng(hash(t.name) % 2**32 + w.seed)
+            # crc32, not hash(): str hashes change with every process (PYTHONHASHSEED)
+            r = np.random.default_rng(zlib.crc32(t.name.encode()) + w.seed)
             xs = np.linspace(0, 1, 21)
             ys = np.array([zipf_miss(f, t.rows, t.alpha) for f in xs])
             ys = np.clip(ys + r.normal(0, 0.02, len(xs)) * (xs > 0) * (xs < 1), 0, 1)

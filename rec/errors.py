@@ -38,7 +38,8 @@ class InputError(Exception):
         super().__init__(self.render())
 
     def render(self, limit: int = MAX_PROBLEMS_SHOWN) -> str:
-        """The title and up to ``limit`` lines of problems, safe to print on a terminal.
+        """The title and up to ``limit`` lines of problems (and one saying how many more), safe to
+        print on a terminal.
 
         Problems with the same reason share a line ("table 'a', table 'b' and 998 more: ..."), so
         a thousand tables with one mistake fit on one screen.
@@ -48,8 +49,11 @@ class InputError(Exception):
             groups.setdefault(p.reason, []).append(p.where)
         lines = [printable(self.title)]
         shown = 0
-        for reason, wheres in list(groups.items())[:limit]:
-            lines += _group_lines(reason, wheres)
+        for reason, wheres in groups.items():
+            group = _group_lines(reason, wheres)
+            if shown and len(lines) - 1 + len(group) > limit:  # long places take a line each
+                break
+            lines += group
             shown += len(wheres)
         if shown < len(self.problems):
             lines.append(f"  ... and {len(self.problems) - shown} more problems")

@@ -180,3 +180,14 @@ def test_places_of_one_reason_are_named_whole_where_the_line_can_hold_them():
     many = [f"{out}/step_{i:08d}" for i in range(6)]  # as many whole as the line holds, then how many more
     line = InputError("Bad:", [Problem(p, reason) for p in many]).render().splitlines()[1]
     assert line == f"  - {many[0]} and 5 more: {reason}"
+
+
+def test_problems_with_long_places_still_fit_one_screen():
+    """Places too long to share a line take one each: the lines shown, not the reasons, are limited."""
+    from rec.errors import MAX_LINE, MAX_PROBLEMS_SHOWN, Problem
+
+    out = f"/tmp/{'a-long-folder/' * 12}out"
+    problems = [Problem(f"{out}/{kind}-{i}", f"reason {i}") for i in range(40) for kind in ("logs", "checkpoints")]
+    lines = InputError("Cannot train:", problems).render().splitlines()
+    assert len(lines) == 1 + MAX_PROBLEMS_SHOWN + 1 and lines[-1] == "  ... and 50 more problems"
+    assert all(len(line) <= MAX_LINE + 4 for line in lines)

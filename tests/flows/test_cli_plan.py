@@ -292,3 +292,24 @@ def test_run_and_replan_into_a_file_exit_2_before_prefect_starts(tmp_path, capsy
     assert f"--out: {tmp_path / 'file'}: {tmp_path / 'file'} is a file, not a folder" in captured.err
     assert f"--state-dir: {tmp_path / 'file' / 'state'}: {tmp_path / 'file'} is a file" in captured.err
     assert (tmp_path / "file").read_text() == "mine\n"
+
+
+def test_the_same_spec_gives_the_same_plan_in_every_process(tmp_path):
+    """Python salts string hashes anew in each process: a search that walked a set of names would
+    plan another way in each (a probe's workload generator did). Memory decides here, so the
+    cache-size pass runs too."""
+    import os
+    import sys
+
+    topology = topology_file(tmp_path / "t.yaml", 4, local_world_size=4, compute_device="cuda", hbm_cap="24GiB")
+    ids = set()
+    for seed in ("1", "2"):
+        out = tmp_path / f"plan-{seed}"
+        r = subprocess.run([sys.executable, "-m", "flows.cli", "plan", "--no-track", "--no-chart", "--time-limit", "2",
+                            str(SPECS / "criteo_1tb.yaml"), "--topology", str(topology), "--out", str(out)],
+                           capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": seed}, timeout=120)
+        assert r.returncode == 0, r.stderr
+        plan = json.loads((out / "plan.json").read_text())
+        assert any(t.get("cache_load_factor") for t in plan["tables"])  # memory decides: caches sized
+        ids.add(plan["plan_id"])
+    assert len(ids) == 1

@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -298,9 +300,6 @@ def test_the_same_spec_gives_the_same_plan_in_every_process(tmp_path):
     """Python salts string hashes anew in each process: a search that walked a set of names would
     plan another way in each (a probe's workload generator did). Memory decides here, so the
     cache-size pass runs too."""
-    import os
-    import sys
-
     topology = topology_file(tmp_path / "t.yaml", 4, local_world_size=4, compute_device="cuda", hbm_cap="24GiB")
     ids = set()
     for seed in ("1", "2"):

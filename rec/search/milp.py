@@ -23,8 +23,9 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from rec.cost.types import Options
+from rec.highs.instance import MODEL_ARRAYS
+from rec.highs.process import HIGHS
 from rec.search.assignment import Assignment, usage
-from rec.search.highs import quiet_highs, run_status, run_within
 from rec.search.placement import Placement
 from rec.search.space import SearchSpace, run_ranks
 from rec.tolerance import SOLVER_TOLERANCE
@@ -376,7 +377,7 @@ class MilpOutcome:
 MIP_REL_GAP = 1e-6  # HiGHS stops once within this of its bound
 # How long past its time limit a HiGHS run is waited for. HiGHS 1.16 can loop where it checks neither
 # its clock nor an interrupt callback (a 1691-column model of a stress workload ran for good at a 30 s
-# limit, and returned at 10 s): the search then goes on without that run's answer.
+# limit, and returned at 10 s): its worker is then killed and the search goes on without its answer.
 WATCHDOG_GRACE_S = 10.0
 
 
@@ -398,47 +399,26 @@ def highs_options(limits: MilpLimits) -> tuple[tuple[str, Any], ...]:
 
 def solve(model: MilpModel, limits: MilpLimits, start: np.ndarray | None = None,
           options: dict[str, Any] | None = None) -> MilpOutcome:
-    """Solve with HiGHS on one thread with a fixed seed (deterministic until the wall-clock cap);
-    ``options``: more HiGHS options."""
+    """Solve with HiGHS on one thread with a fixed seed (deterministic until the wall-clock cap),
+    in its worker process (``rec.highs``); ``options``: more HiGHS options."""
     import time
 
-    import highspy
-
-    h = quiet_highs()
-    for name, value in (*highs_options(limits), *(options or {}).items()):
-        h.setOptionValue(name, value)
-    lp = highspy.HighsLp()
-    lp.num_col_, lp.num_row_ = model.num_cols, model.num_rows
-    lp.col_cost_, lp.col_lower_, lp.col_upper_ = model.cost, model.col_lower, model.col_upper
-    lp.row_lower_, lp.row_upper_ = model.row_lower, model.row_upper
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = model.start, model.index, model.value
-    lp.integrality_ = [highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous
-                       for i in model.integer]
-    h.passModel(lp)
-    if start is not None:
-        sol = highspy.HighsSolution()
-        sol.col_value = start.tolist()
-        sol.value_valid = True
-        h.setSolution(sol)
+    arrays = {name: getattr(model, name) for name in MODEL_ARRAYS}  # MilpModel's fields of those names
     began = time.perf_counter()
-    if not run_within(h, limits.seconds + WATCHDOG_GRACE_S):
-        log.warning("HiGHS gave no answer %g s past its %g-s time limit (%d columns): the search goes on "
-                    "without it; its run keeps a core until it returns or the process ends",
-                    WATCHDOG_GRACE_S, limits.seconds, model.num_cols)
+    run = HIGHS.run(arrays, (*highs_options(limits), *(options or {}).items()), start,
+                    limits.seconds + WATCHDOG_GRACE_S)
+    if run is None:
+        log.warning("HiGHS gave no answer %g s past its %g-s time limit (%d columns): its run was stopped and "
+                    "the search goes on without it", WATCHDOG_GRACE_S, limits.seconds, model.num_cols)
         return MilpOutcome(None, np.inf, 0.0, f"no answer {WATCHDOG_GRACE_S:g} s past its time limit", 0, 0,
                            time.perf_counter() - began, False, True)
-    seconds = time.perf_counter() - began
-    info = h.getInfo()
-    status = run_status(h)
-    values = np.array(h.getSolution().col_value) if status.has_solution else None
     scale = model.time_scale
     # HiGHS prunes nodes within MIP_REL_GAP of its best solution and may then report that
     # solution's value as the bound: only the shaved value is proven.
-    dual = info.mip_dual_bound * scale * (1 - MIP_REL_GAP) if np.isfinite(info.mip_dual_bound) else 0.0
-    return MilpOutcome(values, info.objective_function_value * scale if status.has_solution else np.inf,
-                       dual, status.text, int(info.mip_node_count), int(info.simplex_iteration_count), seconds,
-                       status.optimal, status.timed_out)
+    dual = run.dual_bound * scale * (1 - MIP_REL_GAP) if np.isfinite(run.dual_bound) else 0.0
+    return MilpOutcome(run.values, run.objective * scale if run.status.has_solution else np.inf, dual,
+                       run.status.text, run.nodes, run.iterations, run.seconds, run.status.optimal,
+                       run.status.timed_out)
 
 
 def extended(model: MilpModel, cost: np.ndarray, col_lower: np.ndarray, col_upper: np.ndarray,

@@ -29,6 +29,7 @@ from rec.config.cost import UVM_CACHING_RATIO, CostConfig, Optimizer
 from rec.config.search import SearchConfig
 from rec.cost.tables import kernel_group_keys
 from rec.errors import InputError, Problem
+from rec.highs.process import HIGHS
 from rec.plan.types import Plan
 from rec.planning import plan_spec
 from rec.profile import DEFAULT_PROFILE, Profile, read_profile
@@ -228,6 +229,8 @@ class ShardflowPlanner(ShardingPlanner):  # type: ignore[misc]
             plan = plan_spec(spec, ours, cost, self._search)
         except InputError as e:  # the tables named as the planner names them (module path, not spec key)
             raise InputError(e.title, _labelled(e.problems, rows, tables.root)) from None
+        finally:
+            HIGHS.close()  # a training plans once: its rank need not keep the solver's process
         self.last_search_s = time.perf_counter() - started
         self.last_plan = plan
         if self._plan_dir is not None:

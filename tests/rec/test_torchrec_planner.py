@@ -168,6 +168,30 @@ def test_every_module_is_planned_at_its_nested_path_rated_exactly_as_torchrec_ra
     assert_rated_as_torchrec_rates(planner, model, topology, 256, constraints)
 
 
+def test_a_rank_that_planned_keeps_no_solver_process(monkeypatch):
+    """HiGHS runs in a worker process (rec.highs); a training plans once, so the drop-in planner lets
+    it go once the plan is made, rather than keep it beside the rank for the whole training."""
+    import psutil
+
+    from rec.highs.process import HIGHS
+
+    workers = []
+    run = HIGHS.run
+
+    def seen(*args, **kwargs):
+        answer = run(*args, **kwargs)
+        workers.append(HIGHS.worker_pid)
+        return answer
+
+    monkeypatch.setattr(HIGHS, "run", seen)
+    planner = ShardflowPlanner(topology=cuda(), batch_size=256,
+                               constraints={"history": ParameterConstraints(pooling_factors=[5.0, 7.0])})
+    planner.plan(towers(), SHARDERS)
+    assert workers and workers[-1] is not None  # the exact stage ran HiGHS in its worker
+    assert HIGHS.worker_pid is None
+    assert not psutil.pid_exists(workers[-1]) or psutil.Process(workers[-1]).status() == psutil.STATUS_ZOMBIE
+
+
 @pytest.mark.parametrize("constraints", [{}, {"t0": ParameterConstraints(pooling_factors=[0.5]),
                                               "t3": ParameterConstraints(pooling_factors=[4.0])}],
                          ids=["no constraints", "one factor a table"])

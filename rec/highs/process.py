@@ -10,6 +10,7 @@ are made in this process, as a thread that can only be left behind, after one wa
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import selectors
@@ -188,3 +189,4 @@ def _run(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> Run:
 
 
 HIGHS = HighsProcess()  # this process's worker
+atexit.register(HIGHS.close)  # stopped and reaped, not left to the parent-death signal

@@ -19,7 +19,9 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from typing import IO, Any
 
@@ -66,8 +68,13 @@ class _Worker:
                 stream.close()
 
     def ended(self) -> str:
-        """How the worker ended, and the last lines it wrote to stderr."""
-        code = self.proc.wait()
+        """How the worker ended (killed if it has not within a few seconds: a stream out of step), and
+        the last lines it wrote to stderr."""
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
         how = f"signal {-code}" if code < 0 else f"exit code {code}"
         try:
             self.stderr.seek(0)
@@ -85,7 +92,7 @@ class HighsProcess:
         self._lock = threading.Lock()
         self._worker: _Worker | None = None
         self._in_process = False  # no worker could start: runs are made here
-        os.register_at_fork(after_in_child=self._forked)
+        os.register_at_fork(after_in_child=partial(_forked, weakref.ref(self)))
 
     def _forked(self) -> None:
         """In a forked child the worker is the parent's (only its pipes' copies are closed here), and
@@ -175,6 +182,12 @@ class HighsProcess:
         log.warning("HiGHS runs in this process: its worker process could not start (%s); a run that loops "
                     "will keep a core until this process ends", why)
         self._in_process = True
+
+
+def _forked(ref: weakref.ref[HighsProcess]) -> None:
+    highs = ref()
+    if highs is not None:
+        highs._forked()
 
 
 def _run(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> Run:

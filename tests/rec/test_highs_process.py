@@ -115,3 +115,28 @@ def test_where_no_worker_can_start_runs_are_made_in_this_process_after_one_warni
         runs = [highs.run(arrays_of(model), options, start, 70.0) for _ in range(2)]
     assert all(r is not None and r.status.optimal for r in runs)
     assert caplog.text.count("HiGHS runs in this process") == 1 and "/nonexistent/python" in caplog.text
+
+
+def test_a_forked_child_runs_highs_in_a_worker_of_its_own_and_the_parents_keeps_answering(looping):
+    """A pool of forked processes that plan (multiprocessing's fork) would otherwise write into the
+    parent's worker's pipes, and the answers of the two would cross."""
+    model, start = looping
+    options = milp.highs_options(milp.MilpLimits(100_000, 60.0))
+    highs = HighsProcess()
+    ours = highs.run(arrays_of(model), options, start, 70.0)
+    parents = highs.worker_pid
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through the pipe
+        try:
+            run = highs.run(arrays_of(model), options, start, 70.0)
+            os.write(write, f"{highs.worker_pid} {run.objective!r}".encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    answer = os.read(read, 200).decode().split()
+    os.waitpid(child, 0)
+    assert int(answer[0]) not in (parents, None) and float(answer[1]) == ours.objective
+    assert highs.run(arrays_of(model), options, start, 70.0).objective == ours.objective
+    assert highs.worker_pid == parents
+    highs.close()

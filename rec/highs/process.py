@@ -21,6 +21,7 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping
+from contextlib import suppress
 from functools import partial
 from pathlib import Path
 from typing import IO, Any
@@ -41,7 +42,7 @@ class HighsFailed(RuntimeError):
 
 
 class _Worker:
-    def __init__(self, proc: subprocess.Popen[bytes], stderr: IO[bytes]) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], stderr: IO[bytes] | None) -> None:
         self.proc, self.stderr = proc, stderr
         assert proc.stdin is not None and proc.stdout is not None
         self.request_fd, self.reply_fd = proc.stdin.fileno(), proc.stdout.fileno()
@@ -76,11 +77,11 @@ class _Worker:
             self.proc.kill()
             code = self.proc.wait()
         how = f"signal {-code}" if code < 0 else f"exit code {code}"
-        try:
-            self.stderr.seek(0)
-            tail = self.stderr.read()[-2000:].decode(errors="replace").strip().splitlines()[-5:]
-        except (OSError, ValueError):
-            tail = []
+        tail: list[str] = []
+        if self.stderr is not None:
+            with suppress(OSError, ValueError):
+                self.stderr.seek(0)
+                tail = self.stderr.read()[-2000:].decode(errors="replace").strip().splitlines()[-5:]
         self.close()
         return how + "".join(f"\n  {line}" for line in tail)
 
@@ -153,16 +154,20 @@ class HighsProcess:
         if self._worker is not None:
             return self._worker
         began = time.perf_counter()
-        stderr = tempfile.TemporaryFile()
+        stderr: IO[bytes] | None = None
+        with suppress(OSError):  # no temporary folder to write in: its errors go unread
+            stderr = tempfile.TemporaryFile()
         # Run from ROOT, so that a ``rec`` (or ``numpy``) in the caller's directory is not imported;
         # the caller's PYTHONPATH as it meant it there.
         path = [str(ROOT), *(os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
         try:
             proc = subprocess.Popen([sys.executable, "-m", "rec.highs.worker", str(os.getpid())],
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, cwd=ROOT,
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL if stderr is None else stderr, cwd=ROOT,
                                     env={**os.environ, "PYTHONPATH": os.pathsep.join(path)}, close_fds=True)
         except OSError as e:
-            stderr.close()
+            if stderr is not None:
+                stderr.close()
             self._without_worker(f"{sys.executable!r} cannot run: {e}")
             return None
         worker = _Worker(proc, stderr)

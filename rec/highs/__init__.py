@@ -6,6 +6,5 @@ that loops in this process would keep a core until the process ends: a training 
 ``ShardflowPlanner`` would lose it for the whole training. In a worker process (``process``), such a
 run is killed and the core comes back.
 
-Importing this package imports neither numpy's users in ``rec.search`` nor highspy: a worker starts
-in a tenth of a second.
+The worker imports numpy and highspy and nothing of ``rec.search``: it starts in a tenth of a second.
 """

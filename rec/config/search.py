@@ -14,8 +14,8 @@ class SearchConfig:
     ``time_limit_s`` caps the exact stage (HiGHS) in wall-clock seconds; 0 skips it. The
     stage's own budgets (branch-and-bound nodes, neighbourhood steps) are deterministic and sized
     from it, so plans do not depend on machine load unless the cap is reached first (see
-    ``rec.search.exact``). The stage is skipped anyway when the heuristic plan is within 1% of
-    the bound, so small and easy specs plan as fast as without it."""
+    ``rec.search.exact``). Where the heuristic plan is within 1% of the bound the stage takes at most
+    a second, so small and easy specs plan nearly as fast as without it."""
 
     shard_limits: int = field(default=12, metadata=knob(
         "candidate largest-shard limits tried between the bound and no limit", minimum=1, maximum=1000))

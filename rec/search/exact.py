@@ -121,6 +121,21 @@ def exact_tasks(space: SearchSpace, incumbent: Assignment, bound: LowerBound,
             ExactTask(Strategy.NEIGHBOURHOODS, max(1, int(ITERATIONS_PER_S * (1 - FULL_SHARE) * t)), t)]
 
 
+def last_look_tasks(space: SearchSpace, incumbent: Assignment, bound: LowerBound,
+                    config: SearchConfig) -> list[ExactTask]:
+    """A last look at a finished plan within ``SKIP_GAP`` of its bound that the exact stage left as
+    it was (its whole model over ``SMALL_MODEL_COLUMNS``): neighbourhoods of its busiest ranks for at
+    most ``SMALL_MODEL_S``, since another planner's plan may sit in that last percent. Taken on the
+    plan the passes finished, so that the plans before it stay what they were."""
+    t = min(config.time_limit_s, SMALL_MODEL_S)
+    cp = incumbent.critical_path
+    if t <= 0 or bound.value <= 0 or not (1 + OPTIMALITY_TOLERANCE) * bound.value < cp <= (1 + SKIP_GAP) * bound.value:
+        return []
+    if full_model_columns(space, cp, SMALL_MODEL_COLUMNS) <= SMALL_MODEL_COLUMNS:
+        return []  # the exact stage's own look solved the whole model
+    return [ExactTask(Strategy.NEIGHBOURHOODS, max(1, int(ITERATIONS_PER_S * t)), t)]
+
+
 def _full_nodes(seconds: float, columns: float) -> int:
     """The whole MILP's node budget: its share of ``seconds`` after the root node."""
     nodes = (FULL_SHARE * seconds - ROOT_S_PER_COLUMN * columns) * FULL_COLUMNS_PER_NODE_S / max(columns, 1)

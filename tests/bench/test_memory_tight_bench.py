@@ -154,6 +154,37 @@ def test_a_plan_within_a_percent_of_its_bound_still_rates_at_or_below_torchrecs_
     assert rated["shardflow"].critical_path <= rated["torchrec"].critical_path
 
 
+def test_a_plan_within_a_percent_of_its_bound_on_a_larger_model_still_rates_at_or_below_torchrecs():
+    """A scratch probe's workload (another generator: wide tables beside narrow giant ones, its seed
+    60091): 9 tables on 2 ranks, one of them cached. The plan was 0.72% above its bound, where the
+    exact stage looked only at whole models of at most 150 integer columns (this one has 157), and
+    TorchRec's default proposers' plan sat in that last percent: 2.8266 ms against 2.8296. The
+    finished plan gets a last look (neighbourhoods of its busiest ranks, at most a second): 2.8138."""
+    from bench import dropin_memory_tight_probe as probe
+
+    def table(name, rows, dim, fp16, pooling, alpha, stats, load_factor=None, kernels=None, scalable=False):
+        return probe.T(name, rows, dim, fp16, pooling, alpha, stats_kind=stats, load_factor=load_factor,
+                       kernels=kernels, scalable=scalable)
+
+    tables = [table("wide0", 11990, 2048, False, 2.0, 1.0682718298642508, "none", 0.15),
+              table("wide1", 102682, 512, True, 2.0, 1.4987379522072306, "noisy"),
+              table("wide2", 41248, 1280, True, 2.0, 1.42158324815443, "zipf", 0.1),
+              table("wide3", 2107, 768, False, 2.0, 0.9176684646691942, "zipf", 0.15),
+              table("wide4", 8950, 1536, False, 1.0, 0.8788985514995874, "noisy",
+                    kernels=("fused", "fused_uvm_caching")),
+              table("wide5", 135206, 1280, True, 1.0, 1.1136987238315643, "noisy"),
+              table("narrow0", 52519418, 12, True, 24.88853301003594, 0.846710410222485, "offload", scalable=True),
+              table("narrow1", 1196850468, 4, False, 1.0185240078360782, 0.8633071609373375, "offload", 0.9,
+                    scalable=True),
+              table("narrow2", 54479843, 4, True, 26.70683046915828, 1.3882875973535673, "zipf", scalable=True)]
+    w = probe.W(60091, "wide_narrow", tables, world=2, local=2, hbm_gib=4.74, batch=8192,
+                times_hbm=2.118, optim="rowwise_adagrad", ddr=256 * probe.GiB)
+    rated = probe.plan_all(w, trec_timeout=60, sf_timeout=None, which=("shardflow", "default"))
+    assert {"cp", "over"} <= set(rated["shardflow"]) and {"cp", "over"} <= set(rated["default"]), rated
+    assert not rated["shardflow"]["over"]
+    assert rated["shardflow"]["cp"] <= rated["default"]["cp"]
+
+
 def rated_by_both(bench, w, shardflow_timeout_s=None):
     """TorchRec's rating (the bench's rater, with the statistics) of shardflow's drop-in planner's
     plan (``timeout_seconds``: ``shardflow_timeout_s``) and of TorchRec's default planner's, by planner."""

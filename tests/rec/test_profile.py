@@ -90,10 +90,12 @@ PLANS_BEFORE = [
     ("criteo_1tb", "h100_1x8", "494a699031ae6121", "6e6832705467b1c1"),
     ("criteo_1tb", "h100_2x8", "3a59ab88008c96d7", "e5e1602f3d833dde"),
     ("mixed_0", "h100_1x8", "6ad96b5297a4eca2", "43dc9be7bab50f98"),
-    ("mixed_0", "h100_2x8", "7738361800395c64", "85acd37345d7efa9"),
+    # Since a plan within 1% of its bound whose model is too large for the exact stage there gets a
+    # last look (rec.planning): faster plans (6.8475 → 6.8421 ms, 1.3040 → 1.3022, 3.2557 → 3.2405).
+    ("mixed_0", "h100_2x8", "7738361800395c64", "8fbe0ac6d5bff022"),
     ("power_law_60", "cpu_2proc", "de4fd29c42481dc3", "ad25b481b4db5405"),
-    ("power_law_60", "h100_1x8", "fd324426c7815eb3", "5ae8e3d2735f8284"),
-    ("power_law_60", "h100_2x8", "8e816f66ddc01aef", "4b77b8d25547b1a5"),
+    ("power_law_60", "h100_1x8", "fd324426c7815eb3", "c3387f354406195d"),
+    ("power_law_60", "h100_2x8", "8e816f66ddc01aef", "a8b69b9146f55be3"),
     ("issue2282_200", "cpu_2proc", "e55053e6b79ff980", "1d3e7fb978993334"),
     ("issue2282_200", "h100_1x8", "a401fe3754bc23f8", "4635781031dbcd7d"),
     ("issue2282_200", "h100_2x8", "5a070b7a9eba48e6", "6054554f3c2c4f62"),

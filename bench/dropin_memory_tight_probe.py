@@ -642,15 +642,20 @@ def main() -> int:
         r = summ["ratio"]
         print(f"{w.name:>18} {len(w.tables):>3}t {w.world:>2}x{w.hbm_gib:g}GiB b{w.batch:<5} x{w.times_hbm:.1f} "
               f"ratio={'None' if r is None else f'{r:.4f}'} {brief}", flush=True)
-        for k, v in res.items():
-            if "cp" not in v:
-                print(f"    {k}: {v.get('error') or v.get('rate_error')}", flush=True)
-        if a.one is None:
-            with a.out.open("a") as f:
-                f.write(json.dumps(line, default=str) + "\n")
-        else:
-            print(json.dumps(line, default=str, indent=1))
+        record(res, line, a.out, a.one)
     return 0
+
+
+def record(res: dict, line: dict, out: Path, one: int | None) -> None:
+    """Each planner's failure, a line each; the workload's line appended to ``out`` (``--one``: printed)."""
+    for k, v in res.items():
+        if "cp" not in v:
+            print(f"    {k}: {v.get('error') or v.get('rate_error')}", flush=True)
+    if one is None:
+        with out.open("a") as f:
+            f.write(json.dumps(line, default=str) + "\n")
+    else:
+        print(json.dumps(line, default=str, indent=1))
 
 
 if __name__ == "__main__":

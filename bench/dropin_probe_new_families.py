@@ -335,14 +335,7 @@ def main() -> int:
         print(f"{w.name:>20} {w.mode:>6} {len(w.tables):>3}t {w.world:>2}({w.local})x{w.hbm_gib:g}GiB b{w.batch:<5} "
               f"x{w.times_hbm:.1f} {w.optim:>15} ratio={'None' if r is None else f'{r:.4f}'} {summ['flags']} {brief}",
               flush=True)
-        for k, v in res.items():
-            if "cp" not in v:
-                print(f"    {k}: {v.get('error') or v.get('rate_error')}", flush=True)
-        if a.one is None:
-            with a.out.open("a") as f:
-                f.write(json.dumps(line, default=str) + "\n")
-        else:
-            print(json.dumps(line, default=str, indent=1))
+        P.record(res, line, a.out, a.one)
     return 0
 
 

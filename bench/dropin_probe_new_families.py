@@ -55,8 +55,6 @@ class W2(W):
 
 # ------------------------------------------------------------------ patches (no rater code duplicated)
 
-_orig_topology = P.topology
-
 
 def topology(w):
     from torchrec.distributed.planner.types import Topology
@@ -101,7 +99,7 @@ P.rate = rate_with_ddr
 
 # ------------------------------------------------------------------ families
 
-def f_uniform_skew(rng, w):
+def f_uniform_skew(rng):
     n = int(rng.integers(12, 80))
     base = 10 ** rng.uniform(6, 8)
     dims = [int(d) for d in rng.choice(MID, size=int(rng.integers(1, 4)))]
@@ -115,7 +113,7 @@ def f_uniform_skew(rng, w):
     return out
 
 
-def f_wide_narrow(rng, w):
+def f_wide_narrow(rng):
     out = [T(f"wide{i}", int(10 ** rng.uniform(3, 6)), int(rng.choice(WIDE)), bool(rng.random() < 0.5),
              float(rng.choice((1, 1, 2, 3))), float(rng.uniform(0.4, 1.5)), scalable=False,
              module="wbc" if rng.random() < 0.2 else "ebc")
@@ -125,7 +123,7 @@ def f_wide_narrow(rng, w):
     return out
 
 
-def f_mixed_pop(rng, w):
+def f_mixed_pop(rng):
     """tables for the multi-host / tight-DDR families: a few big, many mid, high pooling on some."""
     out = []
     for i in range(int(rng.integers(8, 60))):
@@ -137,7 +135,7 @@ def f_mixed_pop(rng, w):
     return out
 
 
-def f_partial(rng, w):
+def f_partial(rng):
     out = []
     for i in range(int(rng.integers(10, 70))):
         rows = int(np.clip(rng.lognormal(13.5, 2.5), 50, 3e9))
@@ -218,12 +216,12 @@ def workload(seed: int) -> W2:
             bw["hbm_to_ddr_mem_bw"] = 34359738.368 * 10 ** rng.uniform(-0.7, 0.5)
         if rng.random() < 0.3:
             bw["ddr_mem_bw"] = 54760833.024 * 10 ** rng.uniform(-0.5, 0.3)
-        tables = f_mixed_pop(rng, None)
+        tables = f_mixed_pop(rng)
     else:
         world = int(rng.choice((2, 4, 8, 8, 16, 16, 32)))
         local = min(world, 8)
         tables = {"uniform_skew": f_uniform_skew, "wide_narrow": f_wide_narrow, "tight_ddr": f_mixed_pop,
-                  "partial_batch": f_partial}[fam](rng, None)
+                  "partial_batch": f_partial}[fam](rng)
     ec_dims = {t.dim for t in tables if t.module == "ec"}
     if len(ec_dims) > 1:
         d = max(ec_dims)

@@ -146,10 +146,9 @@ def _last_look(result: SearchResult, config: SearchConfig, clock: ExactTime) -> 
     a, bound, stats = combine(result.assignment, result.bound,
                               (run_task(result.space, task, result.assignment, result.bound)
                                for task in within(tasks, clock.left_s)))
-    seconds = time.perf_counter() - began
-    clock.left_s = max(clock.left_s - seconds, 0.0)
-    looked = {**result.stats, "last_look": {**stats, "seconds": seconds}}
-    return replace(result, assignment=a, bound=bound, stats=looked)
+    # exact_s as a search states it: the clock takes what this look spent.
+    looked = {**result.stats, "last_look": stats, "exact_s": time.perf_counter() - began}
+    return clock.spent(replace(result, assignment=a, bound=bound, stats=looked))
 
 
 def _context(spec: Spec, topology: Topology, cost: CostConfig, config: SearchConfig,

@@ -1,0 +1,7 @@
+"""``python -m shardflow``: the ``shardflow`` command."""
+
+import sys
+
+from shardflow import main
+
+sys.exit(main())

@@ -55,6 +55,7 @@ def evaluate_checkpoint(checkpoint: str, data: str, out_dir: str,
 def _evaluate(checkpoint: str, directory: Path, step: int, data: str, out_dir: str,
               settings: EvalCheckpointSettings) -> Evaluated:
     from rec.analysis import check_plan
+    from rec.data.columns import CHECKPOINT_EVALUATION
     from rec.data.schema import data_problems
     from rec.plan import read_plan
     from rec.train.checkpoint import check_index
@@ -75,7 +76,7 @@ def _evaluate(checkpoint: str, directory: Path, step: int, data: str, out_dir: s
         at = step_dir(directory, step)
         check_index(at, model.spec, title)
         config = replace(model.config(), batch_size=settings.batch_size)
-        problems = data_problems(data, model.layout, model.ids, "--data")
+        problems = data_problems(data, model.layout, model.ids, "--data", wording=CHECKPOINT_EVALUATION)
         try:
             nproc = preflight(replace(settings.ranks.as_training(), job=config), plan.topology)
         except InputError as e:

@@ -196,6 +196,7 @@ def check_resume_from(job: TrainConfig, plan: Plan, reading: ExitStack) -> Path:
     source = source_at(job.resume_from, *held)
     check_resume(source, plan)
     check_index(step_dir(source.checkpoint_dir, source.step), source.plan.spec)
+    _check_data_given(job, step_dir(source.checkpoint_dir, source.step))
     _check_dense_part(source.checkpoint_dir, plan, job, f"Cannot resume from {job.resume_from}:")
     if source.step >= job.iterations:
         raise InputError("Nothing left to train:", [Problem(
@@ -226,11 +227,23 @@ def check_own_checkpoint(job: TrainConfig, out_dir: str, run: Run | None = None,
 
     at = step_dir(directory, step)
     check_index(at, None if plan is None else plan.spec)
+    _check_data_given(job, at)
     if plan is not None:
         _check_dense_part(directory, plan, job, f"Cannot resume from {directory}:")
     other = another_runs(at, run or Run.new(out_dir))
     return f"resume    continues the checkpoint of iteration {step} ({at}) that {other.describe()} wrote" \
         if other else ""
+
+
+def _check_data_given(job: TrainConfig, step: Path) -> None:
+    """InputError where a resume without ``--data`` would continue, on synthetic batches, the checkpoint
+    ``step`` of a training on a dataset (the ranks refuse it too)."""
+    from rec.train.feed import RESUME_WITHOUT_DATA, read_position, without_data
+
+    if job.data is None and job.model_target is None:
+        problem = without_data(read_position(step))
+        if problem is not None:
+            raise InputError(RESUME_WITHOUT_DATA, [problem])
 
 
 def _check_left_to_train(job: TrainConfig, out_dir: str, directory: str, step: int, nodes: int) -> None:

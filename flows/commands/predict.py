@@ -14,6 +14,7 @@ import argparse
 import os
 
 from rec.exit_codes import ExitCode
+from rec.units import counted
 
 DEVICES = ("cpu", "cuda")
 
@@ -60,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     with on_terminal(), progress.step("predict", "reading the model and the data"):
         done = predict(args.model, args.data, args.out, torch.device(args.device), args.batch_size,
                        lambda rows, total: progress.update(f"{rows:,}/{total:,} rows", rows, total))
-    print(f"predicted {done.rows:,} rows")
+    print(f"predicted {counted(done.rows, 'row')}")
     if done.undefined:
         print(f"note      {done.undefined:,} of the predictions are NaN: the model's output is not finite for "
               "those rows (dense values too large for it?)")

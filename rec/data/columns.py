@@ -41,7 +41,11 @@ class Wording:
 
 
 TRAINING = Wording()
-EVALUATION = Wording("The evaluation data cannot be used:")  # --eval-data, shardflow eval's --data
+EVALUATION = Wording("The evaluation data cannot be used:")  # --eval-data
+_TRAINED_IN_RANGE = "the model takes ids in range only (it was trained with --ids error): map them before "
+# shardflow eval's --data, predict's: the ids policy is the model's, which no flag changes
+CHECKPOINT_EVALUATION = Wording(EVALUATION.title, _TRAINED_IN_RANGE + "evaluating")
+PREDICTION_INPUT = Wording("The data cannot be used:", _TRAINED_IN_RANGE + "predicting")
 
 
 @dataclass(frozen=True)

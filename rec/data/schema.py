@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rec.data.columns import Columns, Locate, from_arrow_parts, type_problem
+from rec.data.columns import TRAINING, Columns, Locate, Wording, from_arrow_parts, type_problem
 from rec.data.files import DataFiles, open_data
 from rec.data.ids import IdsPolicy
 from rec.data.layout import DataLayout
@@ -35,10 +35,11 @@ DENSE_SCALE = 1e3
 
 
 def data_problems(source: str, layout: DataLayout, policy: IdsPolicy, what: str = "--data",
-                  sample_rows: int = SAMPLE_ROWS, ranks: int = 1) -> list[Problem]:
+                  sample_rows: int = SAMPLE_ROWS, ranks: int = 1, wording: Wording = TRAINING) -> list[Problem]:
     """What makes ``source`` unusable as ``layout``'s training data on ``ranks`` ranks (each reads
-    its share of every epoch: at least a row): its files, schemas and a sample."""
-    return data_findings(source, layout, policy, what, sample_rows, ranks).problems
+    its share of every epoch: at least a row): its files, schemas and a sample (its bad values named
+    as ``wording`` says)."""
+    return data_findings(source, layout, policy, what, sample_rows, ranks, wording).problems
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class Findings:
 
 
 def data_findings(source: str, layout: DataLayout, policy: IdsPolicy, what: str = "--data",
-                  sample_rows: int = SAMPLE_ROWS, ranks: int = 1) -> Findings:
+                  sample_rows: int = SAMPLE_ROWS, ranks: int = 1, wording: Wording = TRAINING) -> Findings:
     """``data_problems``, and the notes on the sample's dense values and labels."""
     try:
         files = open_data(source, what)
@@ -65,8 +66,9 @@ def data_findings(source: str, layout: DataLayout, policy: IdsPolicy, what: str 
     if layout.clashes(what) or any(schema.names.count(c) != 1 for _, schema in files.schemas for c in layout.columns):
         return Findings(problems)  # the sample needs every column, each once and of one meaning
     named = {p.where for p in problems}
-    found, sample = _sample(files, layout, policy, what, sample_rows)
-    problems += [p for p in found if p.where not in named]
+    said = {p.reason for p in problems}  # the sample meets a column's type again, not naming the file
+    found, sample = _sample(files, layout, policy, what, sample_rows, wording)
+    problems += [p for p in found if p.where not in named and p.reason not in said]
     if sample is None:
         return Findings(problems)
     whole = len(sample) >= files.rows
@@ -140,7 +142,7 @@ def sample_problems(files: DataFiles, layout: DataLayout, policy: IdsPolicy, wha
 
 
 def _sample(files: DataFiles, layout: DataLayout, policy: IdsPolicy, what: str,
-            sample_rows: int) -> tuple[list[Problem], Columns | None]:
+            sample_rows: int, wording: Wording = TRAINING) -> tuple[list[Problem], Columns | None]:
     """``sample_problems``, and the sample where every row of it converted."""
     import pyarrow as pa
 
@@ -166,7 +168,7 @@ def _sample(files: DataFiles, layout: DataLayout, policy: IdsPolicy, what: str,
     if not parts:
         return unreadable, None
     try:
-        sample = from_arrow_parts(parts, layout, policy, what)
+        sample = from_arrow_parts(parts, layout, policy, what, wording)
     except InputError as e:
         return unreadable + list(e.problems), None
     return unreadable, sample

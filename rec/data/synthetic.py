@@ -28,6 +28,7 @@ from rec.hit_rates import Curve, row_of, spread
 from rec.spec.types import Spec, TableSpec
 
 CLICK_RATE = 0.25  # synthetic labels: 1 with this probability
+SYNTHETIC = "synthetic"  # the source's name, and its dataset in a checkpoint's data position
 
 
 def feature_tables(spec: Spec | tuple[TableSpec, ...]) -> list[tuple[str, TableSpec]]:
@@ -91,10 +92,10 @@ class SyntheticSource:
         return None  # batches cycled without end: any number of rows read is a place in them
 
     def identity(self) -> dict[str, object]:
-        return {"seed": self.seed, "shuffle": None, "window": None, "dataset": "synthetic"}
+        return {"seed": self.seed, "shuffle": None, "window": None, "dataset": SYNTHETIC}
 
     def extent(self, end: Position) -> Extent:
-        return Extent("synthetic", 0, 0, 0.0, shuffled=False)
+        return Extent(SYNTHETIC, 0, 0, 0.0, shuffled=False)
 
     def batches(self, position: Position, rank: int, batch_size: int) -> Iterator[Columns]:
         key = (rank, batch_size)

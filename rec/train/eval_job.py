@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from rec.data.columns import CHECKPOINT_EVALUATION
 from rec.disk_full import write_whole
 from rec.plan import Plan, read_plan
 from rec.settings import add_flags, from_flags
@@ -43,7 +44,7 @@ def evaluate_checkpoint(plan: Plan, config: TrainConfig, step: Path, out_dir: st
     batch_size = config.batch_size or plan.topology.batch_size
     output.progress("building the model")
     model, feed = model_and_feed(plan, plan.spec, config, device, world, batch_size)
-    evaluator = evaluator_of(config, feed, batch_size, device, "--data")  # shardflow eval's flag
+    evaluator = evaluator_of(config, feed, batch_size, device, "--data", CHECKPOINT_EVALUATION)  # shardflow eval's
     assert evaluator is not None, "the evaluation job needs --eval-data"
     output.progress(f"sharding {len(plan.tables):,} tables on {counted(world, 'rank')} with the plan")
     dmp, optimizer = shard_with_plan(model, plan, config, device)

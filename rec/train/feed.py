@@ -21,6 +21,7 @@ import torch
 from rec.data.layout import DataLayout
 from rec.data.order import POSITION_FILE, POSITION_FORMAT, POSITION_FORMATS, Position
 from rec.data.source import DataSource, Reading, open_source
+from rec.data.synthetic import SYNTHETIC
 from rec.errors import InputError, Problem
 from rec.spec.types import Spec
 from rec.train.config import TrainConfig
@@ -95,6 +96,10 @@ class Feed:
             self.start = self.source.advance(fresh, iteration * self.batch_size)
             self.resumed = "the checkpoint has no data position: the data starts at the rows an unbroken run would read"
             return self.resumed
+        if self.source.identity().get("dataset") == SYNTHETIC:
+            forgotten = without_data(saved)
+            if forgotten is not None:
+                raise InputError(RESUME_WITHOUT_DATA, [forgotten])
         # A position written before the files' stamp was kept (v1) is compared without it.
         changed = [k for k, v in self.source.identity().items() if saved.get(k) != v and (k in saved or k != "stamp")]
         position = Position(int(saved["world_size"]), int(saved["epoch"]), int(saved["rows"]),
@@ -209,6 +214,20 @@ def read_position(step_dir: Path) -> dict[str, Any] | None:
     problems.raise_if_any(f"Cannot resume from this checkpoint's data position {path}:")
     assert isinstance(record, dict)
     return record
+
+
+RESUME_WITHOUT_DATA = "Cannot resume this training without its data:"
+
+
+def without_data(saved: dict[str, Any] | None) -> Problem | None:
+    """Where a resume without ``--data`` (synthetic batches) continues a checkpoint whose training read a
+    dataset (``saved``: its position file): a resume that forgot the flag, which would train on
+    synthetic batches, saying only that the data changed."""
+    if saved is None or saved.get("dataset") in (None, SYNTHETIC):
+        return None
+    return Problem("--data", "is not given, but the checkpoint's training read a dataset (its "
+                             f"{POSITION_FILE}): pass --data again (other data starts at the next epoch); "
+                             "without it the resume would train on synthetic batches")
 
 
 def takes_start(fn: Callable[..., Any]) -> bool:

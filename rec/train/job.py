@@ -31,6 +31,7 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
 from rec.analysis.rank_times import predicted_critical_path
+from rec.data.columns import Wording
 from rec.errors import InputError, Problem
 from rec.plan import Plan, read_plan
 from rec.plan.torchrec_plan import plan_modules, sharders_for, to_sharding_plan
@@ -107,8 +108,9 @@ def model_and_feed(plan: Plan, spec: Spec, config: TrainConfig, device: torch.de
 
 
 def evaluator_of(config: TrainConfig, feed: Feed, batch_size: int, device: torch.device,
-                 what: str = "--eval-data") -> Evaluator | None:
-    """The evaluation of ``config.eval_data`` (None without it); ``what``: the flag that named the data."""
+                 what: str = "--eval-data", wording: Wording | None = None) -> Evaluator | None:
+    """The evaluation of ``config.eval_data`` (None without it); ``what``: the flag that named the data,
+    ``wording``: how its bad values are named (``EVALUATION``'s: --eval-data's)."""
     if not config.eval_data:
         return None
     from rec.data.columns import EVALUATION
@@ -118,7 +120,7 @@ def evaluator_of(config: TrainConfig, feed: Feed, batch_size: int, device: torch
     files = open_data(config.eval_data, what)
     source = ParquetSource.open(files, feed.layout, shuffle=False, window=config.shuffle_window,
                                 policy=config.ids, what=what, threads=reading(config).threads,
-                                wording=EVALUATION)
+                                wording=wording or EVALUATION)
     return Evaluator(source, feed.layout, feed.one_module, batch_size, config.eval_batches, device)
 
 

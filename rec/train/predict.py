@@ -18,7 +18,7 @@ import torch
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from rec.data.columns import Wording
+from rec.data.columns import PREDICTION_INPUT
 from rec.data.files import open_data
 from rec.data.parquet import ParquetSource, rebatch
 from rec.data.source import reader_threads
@@ -85,8 +85,7 @@ def predict(model_dir: str | Path, data: str, out: str | Path, device: torch.dev
     files = open_data(data, "--data")
     layout = replace(settings.layout, labelled=False)
     source = ParquetSource.open(files, layout, shuffle=False, policy=settings.ids, threads=reader_threads(None, 1),
-                                wording=Wording("The data cannot be used:", "the model takes ids in range only (it "
-                                                "was trained with --ids error): map them before predicting"))
+                                wording=PREDICTION_INPUT)
     one_module, means = one_default_ebc(settings.spec), weighted_means(settings.spec)
     schema = pa.schema([(PREDICTION, pa.float32())])
     done = undefined = 0

@@ -126,6 +126,11 @@ def test_the_checkpoint_evaluated_exported_and_predicted_gives_the_runs_numbers(
                                  "--out", str(out))
         assert refused.returncode == 2 and named in refused.stderr and "Traceback" not in refused.stderr
         assert "--ids modulo" not in refused.stderr and not out.exists()
+    # eval takes the model's ids policy too: it has no --ids to suggest
+    refused = shardflow_here(capfd, "eval", "--checkpoint", str(trained[0]), "--data", str(tmp_path / "far.parquet"),
+                             "--out", str(tmp_path / "far_eval"))
+    assert refused.returncode == 2 and "--ids modulo" not in refused.stderr, refused.stderr
+    assert "the model takes ids in range only (it was trained with --ids error)" in refused.stderr
     kept = (root / "eval.parquet").read_bytes()
     for out in (tmp_path / "p.parquet", root / "eval.parquet"):  # earlier predictions, or the data itself
         refused = shardflow_here(capfd, "predict", "--model", str(tmp_path / "model"), "--data",
@@ -147,6 +152,22 @@ def test_the_checkpoint_evaluated_exported_and_predicted_gives_the_runs_numbers(
         assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
         assert "resumed for more iterations (`shardflow train --plan PLAN --out OUT --resume --iterations N`), its " \
                "training records them" in " ".join(refused.stderr.split())
+
+
+@pytest.mark.slow
+def test_a_resume_that_forgets_data_is_refused_not_trained_on_synthetic_batches(dataset, trained, tmp_path, capfd):
+    """Without --data a resume of a training on files went on, exit 0, on synthetic batches, saying only
+    that "the data or its order changed"."""
+    root, _ = dataset
+    out = tmp_path / "resumed"
+    shutil.copytree(trained[0] / "checkpoints", out / "checkpoints")
+    common = ("--plan", str(root / "plan"), "--out", str(out), "--batch-size", "256", "--dense-in-features", "4")
+    for resume in (("--resume",), ("--resume-from", str(trained[0]))):
+        r = train(capfd, *common, *resume, "--iterations", "130")
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        assert "Cannot resume this training without its data:" in r.stderr
+        assert "--data: is not given, but the checkpoint's training read a dataset" in " ".join(r.stderr.split())
+    assert not (out / "logs").exists()  # refused before any rank started
 
 
 @pytest.mark.slow

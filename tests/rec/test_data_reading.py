@@ -129,6 +129,19 @@ def test_files_of_different_types_training_reads_are_read_as_one_dataset(tmp_pat
     assert np.array_equal(read.dense[:, 0], read.ids[0].astype(np.float32))
 
 
+def test_a_dense_width_that_one_file_of_several_gets_wrong_is_named_once_with_its_file(tmp_path):
+    """The sample met the file's type again: one line read "--data column 'dense' of FILE, --data column
+    'dense': holds 4 values per row"."""
+    rows = table(range(0, 100), np.random.default_rng(0))
+    for name, width in (("a", 3), ("b", 4)):
+        dense = pa.array([[1.0] * width] * 100, pa.list_(pa.float32(), width))
+        pq.write_table(rows.set_column(rows.schema.get_field_index("dense"), "dense", dense),
+                       tmp_path / f"{name}.parquet")
+    (problem,) = data_problems(str(tmp_path), LAYOUT, IdsPolicy.ERROR)
+    assert problem.where == f"--data column 'dense' of {tmp_path / 'b.parquet'}"
+    assert problem.reason == "holds 4 values per row; --dense-in-features is 3"
+
+
 def test_non_finite_dense_a_repeated_column_and_fewer_rows_than_ranks_are_named(tmp_path):
     rows = table(range(0, 20), np.random.default_rng(0))
     dense = [[float(r), 0.0, 0.0] for r in range(20)]

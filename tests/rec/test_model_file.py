@@ -121,6 +121,22 @@ def test_a_resumed_users_model_reads_on_where_an_unbroken_run_would():
     assert "passing over the first 30 batches of m.py:f's batches" in (fresh.resume_at(30, None, 2) or "")
 
 
+def test_a_rank_resuming_on_synthetic_batches_a_checkpoint_of_a_dataset_refuses():
+    """The ranks' own check (a restart, or a launch past shardflow's checks): a checkpoint whose
+    training read files is not continued on synthetic batches; one of synthetic batches is."""
+    from rec.train.feed import Feed
+
+    def saved(dataset):
+        return {"format": "shardflow.data_position/v2", "epoch": 0, "rows": 0, "world_size": 2, "splits": [],
+                "seed": 0, "shuffle": True, "window": 65536, "dataset": dataset, "stamp": "s"}
+
+    feed = Feed.of(SPEC, TrainConfig(dense_in_features=5), 2, 8)
+    with pytest.raises(InputError, match="without its data") as refused:
+        feed.resume_at(30, saved("3f2a0c"), 2)
+    assert refused.value.problems[0].where == "--data"
+    assert feed.resume_at(30, {**saved("synthetic"), "shuffle": None, "window": None}, 2) is None
+
+
 def test_checkpoints_of_a_users_model_say_so_and_need_its_model_to_resume(tmp_path):
     """A training of one's own model left shardflow's earlier model.json in place (its own resume was
     refused, eval and export misread its checkpoints), and its checkpoints resumed with shardflow's model

@@ -50,6 +50,7 @@ class DataFiles:
     filesystem: pafs.FileSystem
     fingerprint: str = field(default="")  # of the paths and row counts: the same files, the same rows
     stamp: str = field(default="")  # of the files' sizes and modification times: a file rewritten since
+    file_schemas: tuple[int, ...] = ()  # per path, its schema's index in ``schemas`` (-1: left out unreadable)
 
     @property
     def rows(self) -> int:
@@ -74,13 +75,16 @@ class DataFiles:
             "since it was opened"))
 
 
-def open_data(source: str, what: str = "--data") -> DataFiles:
+def open_data(source: str, what: str = "--data", unreadable: list[Problem] | None = None) -> DataFiles:
     """The files of ``source`` with their row groups; InputError naming every file that cannot be
-    read as Parquet, or what is wrong with ``source`` itself (nothing there, no Parquet file, no rows)."""
+    read as Parquet, or what is wrong with ``source`` itself (nothing there, no Parquet file, no rows).
+    With ``unreadable`` (a check's, which names the other files' problems too), a file that cannot be
+    read is added to it and left out, unless no file is left."""
     filesystem, paths = _list(source, what)
     problems: list[Problem] = []
     groups: list[RowGroup] = []
     schemas: list[tuple[int, pa.Schema]] = []
+    file_schemas: list[int] = []
     digest = hashlib.sha256()
     stamp = hashlib.sha256()
     for info in filesystem.get_file_info(paths):
@@ -90,19 +94,25 @@ def open_data(source: str, what: str = "--data") -> DataFiles:
             metadata = _metadata(filesystem, path)
         except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
             problems.append(Problem(f"{what} {path}", f"cannot read it as Parquet: {_reason(e)}"))
+            file_schemas.append(-1)
             continue
         schema = metadata.schema.to_arrow_schema()
-        if not any(schema.equals(known) for _, known in schemas):
+        known = next((k for k, (_, other) in enumerate(schemas) if schema.equals(other)), None)
+        if known is None:
+            known = len(schemas)
             schemas.append((i, schema))
+        file_schemas.append(known)
         digest.update(f"{path}\0{metadata.num_rows}\0{metadata.num_row_groups}\n".encode())
         groups += [RowGroup(i, g, metadata.row_group(g).num_rows) for g in range(metadata.num_row_groups)
                    if metadata.row_group(g).num_rows > 0]
-    if problems:
+    if problems and (unreadable is None or not groups):
         raise InputError(f"Cannot read the data {source}:", problems)
+    if unreadable is not None:
+        unreadable += problems
     if not groups:
         raise InputError(f"Cannot read the data {source}:", [Problem(what, f"{source} holds no rows")])
     return DataFiles(source, tuple(paths), tuple(groups), tuple(schemas), filesystem, digest.hexdigest()[:16],
-                     stamp.hexdigest()[:16])
+                     stamp.hexdigest()[:16], tuple(file_schemas))
 
 
 def _list(source: str, what: str) -> tuple[pafs.FileSystem, list[str]]:

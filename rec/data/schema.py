@@ -55,25 +55,37 @@ class Findings:
 def data_findings(source: str, layout: DataLayout, policy: IdsPolicy, what: str = "--data",
                   sample_rows: int = SAMPLE_ROWS, ranks: int = 1, wording: Wording = TRAINING) -> Findings:
     """``data_problems``, and the notes on the sample's dense values and labels."""
+    unreadable: list[Problem] = []  # files left out, so that the others' problems are named too
     try:
-        files = open_data(source, what)
+        files = open_data(source, what, unreadable)
     except InputError as e:
         return Findings(list(e.problems))
-    problems = schema_problems(files, layout, what)
+    problems = unreadable + schema_problems(files, layout, what)
     if files.rows < ranks:
         problems.append(Problem(what, f"{source} holds {files.rows:,} row{'s' if files.rows != 1 else ''}, fewer "
                                       f"than the {ranks} ranks: each rank reads its share of every epoch"))
-    if layout.clashes(what) or any(schema.names.count(c) != 1 for _, schema in files.schemas for c in layout.columns):
-        return Findings(problems)  # the sample needs every column, each once and of one meaning
+    if layout.clashes(what):
+        return Findings(problems)  # the sample needs every column of one meaning
     named = {p.where for p in problems}
     said = {p.reason for p in problems}  # the sample meets a column's type again, not naming the file
-    found, sample = _sample(files, layout, policy, what, sample_rows, wording)
+    # The sample's values, from the files whose columns training can read: each column once, of its type
+    found, sample = _sample(files, layout, policy, what, sample_rows, wording, _readable_files(files, layout))
     problems += [p for p in found if p.where not in named and p.reason not in said]
     if sample is None:
         return Findings(problems)
     whole = len(sample) >= files.rows
     return Findings(problems, dense_scale_note(sample.dense, source, what),
                     one_class_note(sample.labels, source, what, whole))
+
+
+def _readable_files(files: DataFiles, layout: DataLayout) -> set[int]:
+    """The files (indexes of ``files.paths``) whose every column of ``layout`` is there once, of a type
+    training reads."""
+    weights = set(layout.weight_columns)
+    good = {k for k, (_, schema) in enumerate(files.schemas)
+            if all(schema.names.count(c) == 1 and type_problem(c, schema.field(c).type, layout.dense_in_features,
+                                                               c in weights) is None for c in layout.columns)}
+    return {file for file, k in enumerate(files.file_schemas) if k in good}
 
 
 def schema_problems(files: DataFiles, layout: DataLayout, what: str = "--data") -> list[Problem]:
@@ -141,12 +153,14 @@ def sample_problems(files: DataFiles, layout: DataLayout, policy: IdsPolicy, wha
     return _sample(files, layout, policy, what, sample_rows)[0]
 
 
-def _sample(files: DataFiles, layout: DataLayout, policy: IdsPolicy, what: str,
-            sample_rows: int, wording: Wording = TRAINING) -> tuple[list[Problem], Columns | None]:
-    """``sample_problems``, and the sample where every row of it converted."""
+def _sample(files: DataFiles, layout: DataLayout, policy: IdsPolicy, what: str, sample_rows: int,
+            wording: Wording = TRAINING, only: set[int] | None = None) -> tuple[list[Problem], Columns | None]:
+    """``sample_problems``, and the sample where every row of it converted; ``only``: of those files."""
     import pyarrow as pa
 
-    groups = files.row_groups
+    groups = files.row_groups if only is None else tuple(g for g in files.row_groups if g.file in only)
+    if not groups:
+        return [], None
     picked = np.unique(np.linspace(0, len(groups) - 1, min(SAMPLE_GROUPS, len(groups))).round().astype(int))
     each = max(1, sample_rows // len(picked))
     parts: list[tuple[pa.Table, Locate]] = []

@@ -142,6 +142,29 @@ def test_a_dense_width_that_one_file_of_several_gets_wrong_is_named_once_with_it
     assert problem.reason == "holds 4 values per row; --dense-in-features is 3"
 
 
+def test_every_files_problems_are_named_at_once_whatever_another_file_holds(tmp_path):
+    """A file that is no Parquet hid every other problem, and a file of a wrong type or a missing
+    column hid the bad values of the others: a user learned of them one run at a time."""
+    rows = table(range(0, 100), np.random.default_rng(0))
+    pq.write_table(rows.set_column(0, "label", pa.array(["0"] * 100)), tmp_path / "a.parquet")
+    pq.write_table(rows.drop_columns(["b2"]), tmp_path / "b.parquet")
+    (tmp_path / "c.parquet").write_text("not parquet")
+    ids = rows.column("row").to_pylist()
+    ids[7] = [5000]
+    pq.write_table(rows.set_column(rows.schema.get_field_index("row"), "row", pa.array(ids, pa.list_(pa.int32()))),
+                   tmp_path / "d.parquet")
+    found = {p.where: p.reason for p in data_problems(str(tmp_path), LAYOUT, IdsPolicy.ERROR)}
+    assert found.keys() == {f"--data {tmp_path / 'c.parquet'}", f"--data column 'label' of {tmp_path / 'a.parquet'}",
+                            f"--data {tmp_path / 'b.parquet'}", "--data column 'row'"}
+    assert "cannot read it as Parquet" in found[f"--data {tmp_path / 'c.parquet'}"]
+    assert "has no column 'b2'" in found[f"--data {tmp_path / 'b.parquet'}"]
+    assert f"first 5000 at row 7 of {tmp_path / 'd.parquet'}" in found["--data column 'row'"]
+    for name in ("a", "b", "d"):
+        (tmp_path / f"{name}.parquet").unlink()
+    with pytest.raises(InputError, match="cannot read it as Parquet"):  # no file left to read: that one's problem
+        open_data(str(tmp_path), unreadable=[])
+
+
 def test_non_finite_dense_a_repeated_column_and_fewer_rows_than_ranks_are_named(tmp_path):
     rows = table(range(0, 20), np.random.default_rng(0))
     dense = [[float(r), 0.0, 0.0] for r in range(20)]

@@ -24,7 +24,7 @@ from typing import TextIO
 
 from rec import progress
 from rec.disk_full import CheckpointWriteFailed, DiskFull, is_disk_full
-from rec.errors import ERROR_LINE
+from rec.errors import ERROR_LINE, InputError
 from rec.settings import to_flags
 from rec.stop_signals import Stopped as Stopped  # re-exported
 from rec.stop_signals import signals_stop
@@ -266,8 +266,13 @@ def failure_cause(launch: Launch, finished: Finished) -> Cause:
         first = next((e for e in errors if e.disk_full), None) or next(
             (e for e in errors if e.cause.startswith(f"{CheckpointWriteFailed.__name__}:")), errors[0])
         same = sorted(e.rank for e in errors if e.cause == first.cause)
-        others = len(errors) - len(same)
-        cause = first.cause
+        # other ranks' own bad input (each rank reads its share of the data): named too, not one run at a time
+        bad_input = [e for e in errors if e.rank not in same and _is_bad_input(e)] if _is_bad_input(first) else []
+        problems = first.problems + tuple(f"rank {e.rank}: {line}" for e in bad_input
+                                          for line in (e.problems or (e.cause.removeprefix(_INPUT_ERROR),)))
+        others = len(errors) - len(same) - len(bad_input)
+        cause = first.cause + (f" (and {_ranks(sorted(e.rank for e in bad_input))}'s own bad input, below)"
+                               if bad_input else "")
         if launch.nnodes > 1 and _PEER_LOST.search(cause):  # it named the surviving node's rank only
             cause = (f"lost the connection to a rank of another node, which stopped or crashed (see that node's "
                      f"output): {_BOILERPLATE.sub('', cause)}")
@@ -276,7 +281,7 @@ def failure_cause(launch: Launch, finished: Finished) -> Cause:
         if met_no_more:  # torchrun restarted the ranks (--max-restarts), and a node never came back
             text += (f"; restarting, the {launch.nnodes} nodes did not meet again at {launch.rdzv_endpoint} "
                      f"within {launch.join_timeout_s} s (--join-timeout)")
-        return Cause(text, first.deterministic, first.disk_full, first.problems)
+        return Cause(text, first.deterministic, first.disk_full, problems)
     if any("RendezvousConnectionError" in line for line in lines):
         return Cause(f"nothing answered at {launch.rdzv_endpoint} within {launch.join_timeout_s} s (--join-timeout): "
                      "start node 0 (--node-rank 0), whose machine hosts the rendezvous there, or give every node "
@@ -287,6 +292,13 @@ def failure_cause(launch: Launch, finished: Finished) -> Cause:
                      "and --rdzv-endpoint, each with its own --node-rank", False)
     error = next((line.strip() for line in reversed(lines) if ERROR_LINE.match(line.strip())), None)
     return Cause(error or f"torchrun exited with code {exit_code} (see {LOG_DIR}/)", False)
+
+
+_INPUT_ERROR = f"{InputError.__name__}: "  # how a rank's cause names bad input (``rank_log.one_line``)
+
+
+def _is_bad_input(error: RankError) -> bool:
+    return error.deterministic and error.cause.startswith(_INPUT_ERROR)
 
 
 def _failures(lines: list[str]) -> list[tuple[int, int]]:

@@ -498,7 +498,7 @@ def _text_ints(array: pa.Array, name: str, at: _Batch) -> np.ndarray:
         except pa.ArrowInvalid:
             bad.append(int(row))
     at.report(np.array(bad, np.int64), lambda r: f"{name} is {_text(array, r)}; an integer field holds an "
-                                                 "optional '-' and digits")
+                                                 "optional '-' and digits, within 64 bits (+-9.2e18)")
     return np.zeros(len(array), np.int64)
 
 

@@ -61,7 +61,8 @@ def test_bad_lines_exit_2_with_one_screen_naming_them(tmp_path, capfd):
         "shardflow: Cannot convert the Criteo logs:",
         f"  - {tsv} line 2: has 3 fields; a Criteo line has 40 tab-separated fields (label, 13 integers, "
         "26 categories)",
-        f"  - {tsv} line 3: int_2 is 'abc'; an integer field holds an optional '-' and digits",
+        f"  - {tsv} line 3: int_2 is 'abc'; an integer field holds an optional '-' and digits, "
+        "within 64 bits (+-9.2e18)",
     ]
     assert result.stdout == ""
     assert not out.exists()

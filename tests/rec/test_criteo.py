@@ -163,8 +163,10 @@ def test_bad_lines_are_named_by_file_and_line_and_nothing_is_written(tmp_path):
         f"{where} line 2: has 39 fields; a Criteo line has 40 tab-separated fields (label, 13 integers, 26 categories)",
         f"{where} line 6: the label is '2'; a label is 0 or 1",
         f"{where} line 9: the label is empty; a label is 0 or 1",
-        f"{where} line 11: int_0 is ' '; an integer field holds an optional '-' and digits",
-        f"{where} line 4: int_1 is 'x7'; an integer field holds an optional '-' and digits",
+        f"{where} line 11: int_0 is ' '; an integer field holds an optional '-' and digits, "
+        "within 64 bits (+-9.2e18)",
+        f"{where} line 4: int_1 is 'x7'; an integer field holds an optional '-' and digits, "
+        "within 64 bits (+-9.2e18)",
     ]
     assert not out.exists()
 

@@ -16,7 +16,7 @@ from rec import progress
 from rec.documents import DocumentError, load_json
 from rec.errors import InputError, Problem
 from rec.settings import check, knob
-from rec.train.config import TrainConfig
+from rec.train.config import COLLECTIVE_TIMEOUT_S, TrainConfig
 from rec.train.rank_log import log_dir
 from rec.units import counted
 from tasks.launch import EVAL_JOB, EVAL_RDZV_ID, Launch, failure_cause, run_training
@@ -30,6 +30,8 @@ class EvalCheckpointSettings:
     eval_batches: int = field(default=0, metadata=knob(
         "batches per rank to evaluate; 0: all of --data", minimum=0))
     ranks: Ranks = field(default_factory=Ranks)
+    collective_timeout: int = field(default=COLLECTIVE_TIMEOUT_S,
+                                    metadata=TrainConfig.__dataclass_fields__["collective_timeout"].metadata)
 
     def problems(self) -> list[Problem]:
         return self.ranks.problems()
@@ -75,7 +77,7 @@ def _evaluate(checkpoint: str, directory: Path, step: int, data: str, out_dir: s
         check_one_training(plan, model.spec, directory, title)
         at = step_dir(directory, step)
         check_index(at, model.spec, title)
-        config = replace(model.config(), batch_size=settings.batch_size)
+        config = replace(model.config(), batch_size=settings.batch_size, collective_timeout=settings.collective_timeout)
         problems = data_problems(data, model.layout, model.ids, "--data", wording=CHECKPOINT_EVALUATION)
         try:
             nproc = preflight(replace(settings.ranks.as_training(), job=config), plan.topology)

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from rec.sharding import ComputeDevice
+from rec.train.config import COLLECTIVE_TIMEOUT_S
 
 BACKENDS = {ComputeDevice.CUDA: "nccl", ComputeDevice.CPU: "gloo"}
 
@@ -33,21 +34,25 @@ def rank_device(compute_device: ComputeDevice | str) -> torch.device:
     return torch.device("cpu")
 
 
-# How long a rank waits in a collective for the others: NCCL's default, for gloo too (its own is 30
-# minutes: a frozen peer, a node stopped by SIGSTOP, held every node that long, its progress frozen).
-COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=10)
+# How long a rank waits in a collective for the others, unless --collective-timeout says: NCCL's default,
+# for gloo too (its own is 30 minutes: a frozen peer, a node stopped by SIGSTOP, held every node that
+# long, its progress frozen).
+COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=COLLECTIVE_TIMEOUT_S)
 
 
-def join(compute_device: ComputeDevice | str, store: dist.Store, rank: int, world_size: int) -> Group:
-    """Join the default process group of ``compute_device``'s ranks (NCCL on cuda, gloo on cpu)."""
+def join(compute_device: ComputeDevice | str, store: dist.Store, rank: int, world_size: int,
+         timeout: datetime.timedelta | None = None) -> Group:
+    """Join the default process group of ``compute_device``'s ranks (NCCL on cuda, gloo on cpu), whose
+    collectives wait ``timeout`` (``COLLECTIVE_TIMEOUT``) for the others."""
     device = rank_device(compute_device)
     backend = BACKENDS[ComputeDevice(compute_device)]
+    waits = timeout or COLLECTIVE_TIMEOUT
     if device.type == "cuda":
         torch.cuda.set_device(device)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, device_id=device,
-                                timeout=COLLECTIVE_TIMEOUT)
+                                timeout=waits)
     else:
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=COLLECTIVE_TIMEOUT)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=waits)
     return Group(device)
 
 

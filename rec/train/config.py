@@ -23,6 +23,7 @@ NODE_RANK_ENV = "SHARDFLOW_NODE_RANK"
 PLAN_ID_FLAG = "--plan-id"
 MAX_ITERATIONS = 10**9
 MAX_BATCH_SIZE = 1 << 20  # per rank; far beyond what fits a GPU, well inside int32 offsets
+COLLECTIVE_TIMEOUT_S = 600  # NCCL's default, for gloo too (its own is 30 minutes): rec.train.collectives
 
 
 class ModelKind(StrEnum):
@@ -120,6 +121,9 @@ class TrainConfig:
         "start from the newest checkpoint of a training with another plan (its output directory): "
         "tables are matched by name, a resized table keeps its old rows, added ones are initialized; "
         "none: start fresh", metavar="DIR", path=True))
+    collective_timeout: int = field(default=COLLECTIVE_TIMEOUT_S, metadata=knob(
+        "seconds a rank waits in a collective for the others (a peer frozen, or lost) before the training "
+        "fails (NCCL's default, gloo's too)", minimum=10, maximum=7 * 24 * 3600, metavar="SECONDS"))
 
     @property
     def model_target(self) -> str | None:

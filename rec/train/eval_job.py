@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     def work(output: RankOutput) -> None:
         output.progress("loading the plan")
         plan = read_plan(args.plan)
-        with process_group(plan.topology.compute_device) as group:
+        with process_group(plan.topology.compute_device, config.collective_timeout) as group:
             check_agreement(group, {**shared_settings(plan, config), "--checkpoint": os.path.abspath(args.checkpoint)})
             evaluate_checkpoint(plan, config, Path(args.checkpoint), args.out, output)
 

@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
             raise InputError("The plan changed after the launcher checked it:", [Problem(args.plan, (
                 f"holds plan {plan.plan_id}, not plan {args.plan_id}: another command wrote it since (two runs "
                 "sharing an --out?); give each run its own --out, or train again"))])
-        with process_group(plan.topology.compute_device) as group, user_code(config):
+        with process_group(plan.topology.compute_device, config.collective_timeout) as group, user_code(config):
             check_agreement(group, shared_settings(plan, config))
             train(plan, config, args.out, output, args.plan)
 

@@ -5,6 +5,7 @@ code and a cause for the launcher, and leave without the race of interpreter fin
 
 from __future__ import annotations
 
+import datetime
 import os
 import sys
 import traceback
@@ -90,16 +91,17 @@ def check_world_size(plan: Plan, world_size: int) -> None:
 
 
 @contextmanager
-def process_group(device: ComputeDevice | str) -> Iterator[Group]:
-    """The default process group for ``device``'s ranks (NCCL on cuda, gloo on cpu) for the block."""
-    group = init_process_group(device)
+def process_group(device: ComputeDevice | str, timeout_s: float | None = None) -> Iterator[Group]:
+    """The default process group for ``device``'s ranks (NCCL on cuda, gloo on cpu) for the block; its
+    collectives wait ``timeout_s`` for the others (None: ``collectives.COLLECTIVE_TIMEOUT``)."""
+    group = init_process_group(device, timeout_s)
     try:
         yield group
     finally:
         dist.destroy_process_group()
 
 
-def init_process_group(device: ComputeDevice | str) -> Group:
+def init_process_group(device: ComputeDevice | str, timeout_s: float | None = None) -> Group:
     """The default process group on a store prefixed by torchrun's restart count.
 
     After a rank dies and torchrun restarts the workers, env:// can hand the new workers the dead
@@ -109,4 +111,5 @@ def init_process_group(device: ComputeDevice | str) -> Group:
     agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
                           is_master=not agent_hosts_store and rank == 0, multi_tenant=True)
-    return join(device, dist.PrefixStore(f"shardflow/attempt_{restart_count()}", store), rank, world)
+    return join(device, dist.PrefixStore(f"shardflow/attempt_{restart_count()}", store), rank, world,
+                None if timeout_s is None else datetime.timedelta(seconds=timeout_s))

@@ -133,8 +133,8 @@ def _waiting_rank(rank, folder, timeout_s):
     from rec.train import collectives
 
     torch.set_num_threads(1)
-    collectives.COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=timeout_s)
-    group = collectives.join("cpu", dist.FileStore(str(folder / "store"), 2), rank, 2)
+    group = collectives.join("cpu", dist.FileStore(str(folder / "store"), 2), rank, 2,  # --collective-timeout's
+                             datetime.timedelta(seconds=timeout_s))
     began = time.monotonic()
     if rank == 1:
         time.sleep(5 * timeout_s)  # frozen, well past the timeout, then gone
@@ -153,8 +153,10 @@ def test_a_rank_waiting_for_a_frozen_peer_fails_after_the_collective_timeout_not
     import datetime
 
     from rec.train.collectives import COLLECTIVE_TIMEOUT
+    from rec.train.config import TrainConfig
     from tests.forked_ranks import forked_ranks
 
     assert COLLECTIVE_TIMEOUT == datetime.timedelta(minutes=10)  # NCCL's default, for gloo too
+    assert datetime.timedelta(seconds=TrainConfig().collective_timeout) == COLLECTIVE_TIMEOUT  # --collective-timeout's
     waited, _ = forked_ranks(_waiting_rank, tmp_path, 2, timeout_s=30)
     assert waited.startswith("failed after ") and int(waited.split()[2]) < 8, waited  # not when rank 1 left

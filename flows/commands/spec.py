@@ -45,7 +45,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                     "package.module:function or path/to/file.py:function; the function takes no arguments and "
                     "returns the model (built on the meta device, or any device), or a pair (model, constraints) "
                     "with TorchRec ParameterConstraints by table name (pooling factors, allowed sharding types and "
-                    "kernels). Modules shardflow does not plan (feature-processed, managed-collision, quantized) "
+                    "kernels), or the pair (model, batches) that train --model takes (the batches are not called). "
+                    "Modules shardflow does not plan (feature-processed, managed-collision, quantized) "
                     "are listed, one line each, and left out.")
     from_model.add_argument("target", metavar="TARGET", help="package.module:function or path/to/file.py:function")
     from_model.add_argument("--out", metavar="SPEC", required=True,

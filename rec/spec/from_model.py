@@ -4,7 +4,8 @@ rows with its ``module``; what shardflow does not plan is reported, not guessed 
 ``TARGET`` is ``package.module:function`` or ``path/to/file.py:function``; the function takes no
 arguments and returns the model (an ``nn.Module``, on the meta device or any other: nothing is
 read from its weights), or a pair (model, constraints) with TorchRec ``ParameterConstraints`` by
-table name. Imports torch and the user's code: the planning path never loads this module.
+table name, or the pair (model, batches) that ``train --model`` takes (the batches are not called).
+Imports torch and the user's code: the planning path never loads this module.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ def load_model(target: str) -> tuple[nn.Module, Mapping[str, Any]]:
     model, constraints = result, None
     if isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[0], nn.Module):
         model, constraints = result
+        if callable(constraints):  # train --model's factory: (model, batches), one function for both
+            constraints = None
     if not isinstance(model, nn.Module):
         raise bad_target(target, f"{target}() returned {kind_of(result)}, not a torch.nn.Module nor a pair "
                            "(model, constraints)")

@@ -31,11 +31,12 @@ MAX_MODULE_LENGTH = 512
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*")
 # A submodule's fully qualified name as torch's named_modules() gives it: attribute names, and the
 # indices of an nn.ModuleList or nn.Sequential, joined by '.'.
-_MODULE = re.compile(r"(?:[A-Za-z_][A-Za-z0-9_]*|[0-9]+)(?:\.(?:[A-Za-z_][A-Za-z0-9_]*|[0-9]+))*")
+# A part is an attribute name, a list index or a ModuleDict key ("user-tower": PyTorch takes any key without '.')
+_MODULE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*(?:\.[A-Za-z0-9_][A-Za-z0-9_-]*)*")
 MODULE_RULE = (
-    "a module's fully qualified name in the model, as named_modules() gives it: attribute names (letters, digits, "
-    f"'_', not starting with a digit) or list indices joined by '.', at most {MAX_MODULE_LENGTH} characters, "
-    "e.g. 'towers.0.user_ebc'"
+    "a module's fully qualified name in the model, as named_modules() gives it: attribute names, list indices "
+    "or ModuleDict keys (ASCII letters, digits, '_' and '-', not starting with '-') joined by '.', at most "
+    f"{MAX_MODULE_LENGTH} characters, e.g. 'towers.0.user_ebc'"
 )
 NAME_RULE = (
     f"use ASCII letters, digits, '_' and '-' (at most {MAX_NAME_LENGTH}, not starting with '-'): shardflow's rule, "

@@ -65,7 +65,27 @@ def load_user_model(target: str) -> UserModel:
         if not ok]
     if wrong:
         raise bad_target(target, f"{target}() returned a pair (model, batches), but {' and '.join(wrong)}: {wanted}")
+    refused = _refused_call(result[1])
+    if refused:  # said now, not as a TypeError in every rank after the launch (exit 1, retried)
+        raise bad_target(target, f"the batches {target}() returned cannot be called as batches(rank, world_size, "
+                                 f"batch_size, device): {refused}")
     return UserModel(result[0], result[1], target)
+
+
+def _refused_call(batches: Callable[..., Any]) -> str | None:
+    """Why ``batches`` cannot take the four arguments the ranks call it with; None where it can (or
+    its signature cannot be read: a builtin, called as the protocol says)."""
+    import inspect
+
+    try:
+        signature = inspect.signature(batches)
+    except (TypeError, ValueError):
+        return None
+    try:
+        signature.bind(0, 1, 1, "cpu")
+    except TypeError as e:
+        return f"{e} (its signature: {signature})"
+    return None
 
 
 @contextmanager
@@ -124,10 +144,19 @@ def raised_where(frame: tuple[str, int, str], target: str) -> str:
 
 def model_problems(model: nn.Module, spec: Spec, source: str) -> list[Problem]:
     """How ``model``'s embedding modules differ from the planned ones (``spec``: the plan's rows)."""
-    from rec.spec.from_model import model_spec, unsharded_modules
+    from rec.spec import spec_from_rows
+    from rec.spec.from_model import model_rows, model_spec, unsharded_modules
 
+    rows, _ = model_rows(model)
+    lists = {table_key(t.module, t.name): t for t in spec.tables}
+    for row in rows:  # the model's tables checked under the plan's allow-lists (a width-6 table on data_parallel)
+        t = lists.get(table_key(row["module"], row["name"]))
+        if t is not None and t.sharding_types:
+            row["sharding_types"] = [s.value for s in t.sharding_types]
+        if t is not None and t.compute_kernels:
+            row["compute_kernels"] = [k.value for k in t.compute_kernels]
     try:
-        found = model_spec(model, source=source).spec
+        found = spec_from_rows(rows, source=f"from {source}") if rows else model_spec(model, source=source).spec
     except InputError as e:
         return list(e.problems)
     problems = []

@@ -63,6 +63,14 @@ def model_only():
     return RecModel()
 
 
+def with_batches():
+    """What ``train --model`` takes: the model and its batches (never called by ``spec from-model``)."""
+    def batches(rank, world_size, batch_size, device):
+        raise AssertionError("spec from-model called the batches")
+
+    return RecModel(), batches
+
+
 def no_model():
     return None
 

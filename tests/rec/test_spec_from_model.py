@@ -61,6 +61,10 @@ def test_a_file_target_and_a_model_without_constraints(tmp_path, capsys):
     assert main(["spec", "from-model", f"{FACTORIES}:model_only", "--out", str(out)]) == 0
     spec = read_spec(out)
     assert len(spec) == 7 and {t.pooling_factor for t in spec.tables} == {1.0}
+    # train --model's factory, (model, batches): one function for both (it was "constraints as a function")
+    again = tmp_path / "again.parquet"
+    assert main(["spec", "from-model", f"{FACTORIES}:with_batches", "--out", str(again)]) == 0
+    assert read_spec(again).spec_hash == spec.spec_hash
 
 
 @pytest.mark.parametrize(("target", "reason"), [

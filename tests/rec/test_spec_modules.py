@@ -120,13 +120,15 @@ def _parquet_problems(rows: list[dict], tmp_path) -> list[str]:
     return [str(p) for p in e.value.problems]
 
 
-def test_a_module_path_is_a_dotted_name_of_attributes_and_list_indices():
-    ok = ["ebc", "model.sparse_arch.embedding_bag_collection", "towers.0.ebc", "0", "_private.x1"]
+def test_a_module_path_is_a_dotted_name_of_attributes_list_indices_and_module_dict_keys():
+    # ModuleDict keys as TorchRec plans them: "user-tower", "2tower" (spec from-model refused them)
+    ok = ["ebc", "model.sparse_arch.embedding_bag_collection", "towers.0.ebc", "0", "_private.x1",
+          "towers.user-tower.ebc", "2tower.ebc"]
     for path in ok:
         table = spec_from_rows([{"name": "a", "num_embeddings": 1, "embedding_dim": 4, "module": path}]).tables[0]
         assert table.module == path
     assert spec_from_rows([{"name": "a", "num_embeddings": 1, "embedding_dim": 4, "module": 3}]).tables[0].module == "3"
-    for path in [".ebc", "ebc.", "a..b", "a.b-c", "1a", "a b", "a/b", "x" * 513]:
+    for path in [".ebc", "ebc.", "a..b", "a.-b", "-a", "a b", "a/b", "a:b", "x" * 513]:
         assert any("is not a module path" in p for p in problems_of(
             [{"name": "a", "num_embeddings": 1, "embedding_dim": 4, "module": path}])), path
 

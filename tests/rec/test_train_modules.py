@@ -222,13 +222,41 @@ def test_a_user_model_that_differs_from_the_plan_is_named_difference_by_differen
     assert problems["module side.ebc"].endswith("DMP would leave it unsharded, whole on every rank")
 
 
+def test_a_table_of_a_width_the_plan_put_on_data_parallel_is_the_users_model_as_planned():
+    """A width-6 table plans only as data_parallel; the user's model was checked without the plan's
+    allow-list, and `train --model` refused the very plan, advising what it already did."""
+    import torch
+    from torch import nn
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    from rec.train.user_model import model_problems
+
+    model = nn.Module()
+    model.ebc = EmbeddingBagCollection([
+        EmbeddingBagConfig(name="odd", num_embeddings=100, embedding_dim=6, feature_names=["odd"]),
+        EmbeddingBagConfig(name="even", num_embeddings=100, embedding_dim=8, feature_names=["even"])],
+        device=torch.device("meta"))
+    rows = [dict(name="odd", num_embeddings=100, embedding_dim=6, feature_names=["odd"], module="ebc",
+                 sharding_types=["data_parallel"]),
+            dict(name="even", num_embeddings=100, embedding_dim=8, feature_names=["even"], module="ebc")]
+    assert model_problems(model, spec_from_rows(rows), "m.py:f") == []
+    model.ebc = EmbeddingBagCollection([EmbeddingBagConfig(name="odd", num_embeddings=100, embedding_dim=6,
+                                                           feature_names=["odd"])], device=torch.device("meta"))
+    (problem,) = model_problems(model, spec_from_rows([rows[1]]), "m.py:f")  # not planned: refused for its width
+    assert "embedding_dim 6 is not a multiple of 4" in problem.reason
+
+
 def test_a_factory_that_returns_no_model_and_batches_is_refused_in_one_line(tmp_path, monkeypatch):
     from rec.train.user_model import load_user_model
 
     (tmp_path / "factories.py").write_text("import torch\n"
                                            "def model_only():\n    return torch.nn.Linear(2, 2)\n"
                                            "def no_batches():\n    return torch.nn.Linear(2, 2), None\n"
-                                           "def broken():\n    raise ValueError('no data\\nhere')\n")
+                                           "def broken():\n    raise ValueError('no data\\nhere')\n"
+                                           "def one_argument():\n    return torch.nn.Linear(2, 2), lambda rank: []\n"
+                                           "def with_start():\n"
+                                           "    return torch.nn.Linear(2, 2), lambda r, w, b, d, start=0, *more: []\n")
     monkeypatch.chdir(tmp_path)
     with pytest.raises(InputError, match=r"not a pair \(model, batches\)"):
         load_user_model("factories.py:model_only")
@@ -236,6 +264,11 @@ def test_a_factory_that_returns_no_model_and_batches_is_refused_in_one_line(tmp_
         load_user_model("factories.py:no_batches")
     with pytest.raises(InputError, match=r"raised ValueError: no data$"):
         load_user_model("factories.py:broken")
+    # the ranks failed at launch with a TypeError (exit 1, retried)
+    with pytest.raises(InputError, match=r"cannot be called as batches\(rank, world_size, batch_size, device\): too "
+                                         r"many positional arguments \(its signature: \(rank\)\)$"):
+        load_user_model("factories.py:one_argument")
+    assert load_user_model("factories.py:with_start").target == "factories.py:with_start"
 
 
 # ---------------------------------------------------------------- resuming by table key

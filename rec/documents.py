@@ -5,10 +5,11 @@ is ~5x slower on big specs and recurses in C (100,000 nested ``[`` crash the pro
 PyYAML's safe loader this refuses a key written twice in one mapping (YAML keeps the last silently),
 nesting deeper than ``MAX_DEPTH``, aliases that expand the document far beyond what is written
 ("billion laughs"), recursive aliases and more than one document. Scalars are resolved and
-constructed as ``yaml.SafeLoader`` does, with two exceptions: a number with an exponent loads as a
+constructed as ``yaml.SafeLoader`` does, with three exceptions: a number with an exponent loads as a
 number whatever its spelling (``1e3``, ``2.5e-3``: YAML 1.2's and JSON's numbers; YAML 1.1 reads
-them as text), and a timestamp that is no time (month 13) loads as its text, so that the key's own
-check names it. Merge keys (``<<: *defaults``) work as in PyYAML.
+them as text), YAML 1.1's booleans other than true and false (``yes``, ``no``, ``on``, ``off``) load
+as text, as in YAML 1.2, and a timestamp that is no time (month 13) loads as its text, so that the
+key's own check names it. Merge keys (``<<: *defaults``) work as in PyYAML.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ _EXPONENT = re.compile(r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-+]?[0-9]+")
 _INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
 _DECIMAL = re.compile(r"[-+]?[0-9]+")
 _YAML11_ONLY = re.compile(r"[:_]|^[-+]?0b")  # base 60, digit separators, binary: numbers of YAML 1.1 alone
+_BOOL = "tag:yaml.org,2002:bool"
+_YAML12_BOOL = re.compile(r"true|True|TRUE|false|False|FALSE")  # YAML 1.1's yes, no, on, off are YAML 1.2 text
 _MERGE_KEY = object()  # the key "<<" stands for when it merges mappings (not the text "<<")
 _SCALAR_TAGS = frozenset(
     f"tag:yaml.org,2002:{t}" for t in ("null", "bool", "int", "float", "str", "timestamp", "binary")
@@ -188,6 +191,8 @@ class _Builder:
             value = int(event.value, 10)  # YAML 1.2's 010 is ten (YAML 1.1: eight)
         elif plain and tag in (_INT, _FLOAT) and _YAML11_ONLY.search(event.value):
             value = event.value  # YAML 1.1's 1:30 (ninety), 1_000 and 0b101: YAML 1.2 (and JSON) text
+        elif plain and tag == _BOOL and not _YAML12_BOOL.fullmatch(event.value):
+            value = event.value  # a table named NO, a feature named on: text, as in YAML 1.2 (and JSON)
         elif tag == _MERGE:
             value = _MERGE_KEY
         elif tag in _SCALAR_TAGS:

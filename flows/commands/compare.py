@@ -71,15 +71,24 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def run(args: argparse.Namespace) -> int:
-    from rec.errors import InputError, Problem
+    from rec.errors import InputError, Problem, show
+    from rec.hashing import HASH_CHARS
     from rec.settings import from_flags
     from tasks.outbox import Outbox, retry_command
+    from tasks.plan_fetch import PLAN_ID, plan_id_problems
     from tasks.records import ERROR
     from tasks.tracking import TrackingSettings, TrackingUnavailable, tracking_failure
     from tasks.tracking.store import open_read_only
 
-    if args.last < 1:
-        raise InputError("Cannot compare:", [Problem("--last", f"must be at least 1, got {args.last}")])
+    problems = [] if args.last >= 1 else [Problem("--last", f"must be at least 1, got {args.last}")]
+    # a prefix or a typo matched nothing and said only that no run matched, exit 0
+    if args.plan_id is not None:
+        problems += plan_id_problems(args.plan_id, "--plan-id")
+    if args.spec_hash is not None and not PLAN_ID.fullmatch(args.spec_hash):
+        problems.append(Problem(f"--spec-hash {show(args.spec_hash)}",
+                                f"is not a spec hash ({HASH_CHARS} hex digits, as `shardflow spec validate` says)"))
+    if problems:
+        raise InputError("Cannot compare:", problems)
     tracking = from_flags(TrackingSettings, args).resolve()
     filters = {k: v for k, v in (("spec_hash", args.spec_hash), ("plan_id", args.plan_id)) if v}
     try:  # read only: never creates, migrates or writes the store

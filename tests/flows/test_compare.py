@@ -244,3 +244,19 @@ def test_a_run_that_names_its_spec_is_shown_with_it_where_one_plan_came_from_two
     newest_plan_run = run(**{"spec.name": "serve_spec"})
     assert spec_shown(newest_plan_run, run(**{"spec.name": "cpu_demo", "batch_size": "32"})) == "cpu_demo"
     assert spec_shown(newest_plan_run, run(batch_size="32")) == "serve_spec"
+
+
+def test_a_plan_id_or_spec_hash_not_of_their_form_is_named_not_matched_against_nothing(tmp_path):
+    """A prefix or a typo printed "no ... runs matching", exit 0."""
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code, printed = cli("compare", "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--state-dir",
+                            str(tmp_path / "state"), "--plan-id", "e65a", "--spec-hash", "xyz", "--last", "0")
+    assert code == 2 and printed == ""
+    assert err.getvalue().splitlines() == [
+        "shardflow: Cannot compare:",
+        "  - --last: must be at least 1, got 0",
+        "  - --plan-id 'e65a': is not a plan_id (16 hex digits, as `shardflow show` and `shardflow compare` "
+        "print them)",
+        "  - --spec-hash 'xyz': is not a spec hash (16 hex digits, as `shardflow spec validate` says)"]
+    assert not (tmp_path / "mlflow.db").exists()

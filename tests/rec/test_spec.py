@@ -505,7 +505,11 @@ def test_yaml_scalars_and_merge_keys_load_as_pyyaml_safe_load_does():
     assert expected["ints"] == [31, 1000, 90, -15, 5, 5] and expected["floats"][4] == 685230.15
     expected["ints"] = [31, "1_000", "1:30", -17, 5, "0b101"]
     expected["floats"][4] = "190:20:30.15"
+    # YAML 1.1's yes, No and on are YAML 1.2 text: a table named NO once read "expected text, got False"
+    assert expected["others"][2:5] == [True, False, True]
+    expected["others"][2:5] = ["yes", "No", "on"]
     assert load_yaml(TRICKY_YAML) == expected
+    assert load_yaml("[true, True, TRUE, false, False, FALSE]") == [True] * 3 + [False] * 3
     assert load_yaml("") is None and load_yaml("# only a comment\n") is None
 
 

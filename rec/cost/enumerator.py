@@ -187,19 +187,20 @@ def _check_every_table_has_options(spec: Spec, blocks: list[_Block], device: Com
     for i in np.flatnonzero(~covered):
         t = spec.tables[i]
         offers = sharder_options(device, t.pooling.module_kind)
-        problems.add(
-            f"table {t.key}",
-            f"{_device_rules(t, device)}no sharding type and compute kernel left after its allow-lists "
-            f"(sharding_types={_names(t.sharding_types)}, compute_kernels={_names(t.compute_kernels)}); "
-            f"on {device.value} a table of an {t.pooling.module_kind.value} can be {_offers(offers)}",
-        )
+        for rule in _device_rules(t, device):  # a line each: one line cut at its end lost what the table can be
+            problems.add(f"table {t.key}", rule)
+        problems.add(f"table {t.key}", f"no sharding type and compute kernel left after its allow-lists "
+                                        f"(sharding_types={_names(t.sharding_types)}, "
+                                        f"compute_kernels={_names(t.compute_kernels)})")
+        problems.add(f"table {t.key}", f"on {device.value} a table of an {t.pooling.module_kind.value} can be "
+                                        f"{_offers(offers)}")
     problems.raise_if_any("Some tables have no sharding option on this topology")
 
 
-def _device_rules(t: TableSpec, device: ComputeDevice) -> str:
-    """What FBGEMM's kernels refuse of the table on ``device``, which the options left out (empty if nothing)."""
+def _device_rules(t: TableSpec, device: ComputeDevice) -> list[str]:
+    """What FBGEMM's kernels refuse of the table on ``device``, which the options left out."""
     if device is not ComputeDevice.CUDA:
-        return ""
+        return []
     rules = []
     if t.embedding_dim % CUDA_DIM_MULTIPLE:
         rules.append(f"its embedding_dim {t.embedding_dim} is no multiple of {CUDA_DIM_MULTIPLE}, which FBGEMM's "
@@ -207,11 +208,16 @@ def _device_rules(t: TableSpec, device: ComputeDevice) -> str:
     if t.embedding_dim > CUDA_MAX_SHARD_DIM:
         rules.append(f"FBGEMM's kernels on cuda take shards of at most {CUDA_MAX_SHARD_DIM:,} columns, and only "
                      f"column_wise and table_column_wise split its {t.embedding_dim:,}")
-    return "".join(f"{rule}; " for rule in rules)
+    return rules
 
 
 def _offers(options: dict[ShardingType, tuple[ComputeKernel, ...]]) -> str:
-    return "; ".join(f"{st.value} ({', '.join(ck.value for ck in kernels)})" for st, kernels in options.items())
+    """``table_wise, row_wise (fused, fused_uvm)``: the sharding types of the same kernels together."""
+    of_kernels: dict[tuple[ComputeKernel, ...], list[str]] = {}
+    for st, kernels in options.items():
+        of_kernels.setdefault(kernels, []).append(st.value)
+    return "; ".join(f"{', '.join(types)} ({', '.join(ck.value for ck in kernels)})"
+                     for kernels, types in of_kernels.items())
 
 
 def _names(values: tuple[StrEnum, ...] | None) -> str:

@@ -275,7 +275,12 @@ def test_no_option_left_raises_input_error_where_torchrec_raises():
         torchrec_options(spec, topology, CostConfig())
     with pytest.raises(InputError) as err:
         enumerate_options(spec, topology)
-    assert [p.where for p in err.value.problems] == ["table b"]
+    assert {p.where for p in err.value.problems} == {"table b"}
+    assert err.value.render().splitlines()[1:] == [
+        "  - table b: no sharding type and compute kernel left after its allow-lists (sharding_types=row_wise, "
+        "compute_kernels=any)",
+        "  - table b: on cpu a table of an EmbeddingBagCollection can be data_parallel (dense); table_wise, "
+        "column_wise, table_column_wise (fused)"]  # each line whole: a longer one was cut before its remedy
 
 
 # ---------------------------------------------------------------- user-meaningful properties

@@ -33,8 +33,10 @@ import math
 import sys
 import time
 import warnings
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -289,6 +291,40 @@ def run_one(w: W2, a) -> dict:
     return {"summary": s, "planners": res}
 
 
+def planners_brief(res: dict) -> str:
+    """Each planner's critical path (over HBM or DDR marked) and seconds, on one line."""
+    return " ".join(f"{k}=ERR" if "cp" not in v else
+                    f"{k}={v['cp']:.4g}{'(OVER)' if v['over'] else ''}{'(DDROVER)' if v['ddr_over'] else ''}"
+                    f"[{v['seconds']}s]" for k, v in res.items())
+
+
+def run_seeds(seeds: Iterable[int], a: argparse.Namespace, workload_of: Callable[[int], Any],
+              note: Callable[[Any, dict], None] | None = None) -> None:
+    """Plan and rate each of ``seeds`` not yet in ``a.out`` (none after ``a.deadline``), a line each;
+    ``note`` adds to a workload's summary."""
+    done = set()
+    if a.one is None and a.out.exists():
+        done = {json.loads(x)["summary"]["seed"] for x in a.out.read_text().splitlines() if x.strip()}
+    for s in seeds:
+        if s in done:
+            continue
+        if a.deadline and time.time() > a.deadline:
+            print("deadline reached", flush=True)
+            break
+        w = workload_of(s)
+        t0 = time.perf_counter()
+        line = run_one(w, a)
+        line["summary"]["wall_s"] = round(time.perf_counter() - t0, 1)
+        if note is not None:
+            note(w, line["summary"])
+        res, summ = line["planners"], line["summary"]
+        r = summ["ratio"]
+        print(f"{w.name:>22} {w.mode:>6} {len(w.tables):>3}t {w.world:>2}({w.local})x{w.hbm_gib:g}GiB b{w.batch:<5} "
+              f"x{w.times_hbm:.2f} {w.optim:>15} ratio={'None' if r is None else f'{r:.4f}'} {summ['flags']} "
+              f"{planners_brief(res)}", flush=True)
+        P.record(res, line, a.out, a.one)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--first-seed", type=int, default=60000)
@@ -312,28 +348,7 @@ def main() -> int:
                   {m: sum(t.module == m for t in w.tables) for m in ("ebc", "wbc", "ec")}, w.bw and
                   {k: f"{v / 1e6:.3g}" for k, v in w.bw.items()})
         return 0
-    done = set()
-    if a.one is None and a.out.exists():
-        done = {json.loads(x)["summary"]["seed"] for x in a.out.read_text().splitlines() if x.strip()}
-    for s in seeds:
-        if s in done:
-            continue
-        if a.deadline and time.time() > a.deadline:
-            print("deadline reached", flush=True)
-            break
-        w = workload(s)
-        t0 = time.perf_counter()
-        line = run_one(w, a)
-        line["summary"]["wall_s"] = round(time.perf_counter() - t0, 1)
-        res, summ = line["planners"], line["summary"]
-        brief = " ".join(f"{k}=ERR" if "cp" not in v else
-                         f"{k}={v['cp']:.4g}{'(OVER)' if v['over'] else ''}{'(DDROVER)' if v['ddr_over'] else ''}"
-                         f"[{v['seconds']}s]" for k, v in res.items())
-        r = summ["ratio"]
-        print(f"{w.name:>20} {w.mode:>6} {len(w.tables):>3}t {w.world:>2}({w.local})x{w.hbm_gib:g}GiB b{w.batch:<5} "
-              f"x{w.times_hbm:.1f} {w.optim:>15} ratio={'None' if r is None else f'{r:.4f}'} {summ['flags']} {brief}",
-              flush=True)
-        P.record(res, line, a.out, a.one)
+    run_seeds(seeds, a, workload)
     return 0
 
 

@@ -26,11 +26,9 @@ Seeds 70000-70999; family by ``seed % 5``:
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import sys
-import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -293,6 +291,11 @@ def workload(seed: int) -> W7:
 
 # ------------------------------------------------------------------ run
 
+def _note(w: W7, summary: dict) -> None:
+    summary["opt_of"] = w.opt_of
+    summary["modules"] = {m: sum(t.module == m for t in w.tables) for m in sorted({t.module for t in w.tables})}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--first-seed", type=int, default=70000)
@@ -319,31 +322,7 @@ def main() -> int:
                   f"x{w.times_hbm:.2f}", w.optim, w.opt_of, w.ddr_note,
                   {m: sum(t.module == m for t in w.tables) for m in sorted({t.module for t in w.tables})})
         return 0
-    done = set()
-    if a.one is None and a.out.exists():
-        done = {json.loads(x)["summary"]["seed"] for x in a.out.read_text().splitlines() if x.strip()}
-    for s in seeds:
-        if s in done:
-            continue
-        if a.deadline and time.time() > a.deadline:
-            print("deadline reached", flush=True)
-            break
-        w = workload(s)
-        t0 = time.perf_counter()
-        line = NF.run_one(w, a)
-        line["summary"]["wall_s"] = round(time.perf_counter() - t0, 1)
-        line["summary"]["opt_of"] = w.opt_of
-        line["summary"]["modules"] = {m: sum(t.module == m for t in w.tables)
-                                      for m in sorted({t.module for t in w.tables})}
-        res, summ = line["planners"], line["summary"]
-        brief = " ".join(f"{k}=ERR" if "cp" not in v else
-                         f"{k}={v['cp']:.4g}{'(OVER)' if v['over'] else ''}{'(DDROVER)' if v['ddr_over'] else ''}"
-                         f"[{v['seconds']}s]" for k, v in res.items())
-        r = summ["ratio"]
-        print(f"{w.name:>22} {w.mode:>6} {len(w.tables):>3}t {w.world:>2}({w.local})x{w.hbm_gib:g}GiB b{w.batch:<5} "
-              f"x{w.times_hbm:.2f} {w.optim:>15} ratio={'None' if r is None else f'{r:.4f}'} {summ['flags']} {brief}",
-              flush=True)
-        P.record(res, line, a.out, a.one)
+    NF.run_seeds(seeds, a, workload, note=_note)
     return 0
 
 

@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
-from rec.cost.enumerator import enumerate_options
+from rec.cost.enumerator import NoOptionLeft, enumerate_options
 from rec.cost.reservation import rank_capacity
 from rec.cost.types import Options
 
 __all__ = [
+    "NoOptionLeft",
     "Options",
     "enumerate_options",
     "rank_capacity",

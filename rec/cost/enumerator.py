@@ -51,7 +51,7 @@ from rec.cost.shards import layout
 from rec.cost.storage import kernel_storage, storage_parts
 from rec.cost.tables import TableArrays, table_arrays
 from rec.cost.types import Options
-from rec.errors import ProblemList
+from rec.errors import InputError, Problem, ProblemList
 from rec.sharding import CK_CODE, ST_CODE, ComputeDevice, ComputeKernel, ModuleKind, ShardingType, sharder_options
 from rec.spec.types import Spec, TableSpec
 from rec.topology.types import Topology
@@ -178,6 +178,14 @@ def _blocks(
     return blocks
 
 
+class NoOptionLeft(InputError):
+    """Tables (``tables``: their indexes in the spec) that have no sharding option on the topology."""
+
+    def __init__(self, title: str, problems: list[Problem], tables: np.ndarray) -> None:
+        super().__init__(title, problems)
+        self.tables = tables
+
+
 def _check_every_table_has_options(spec: Spec, blocks: list[_Block], device: ComputeDevice) -> None:
     """TorchRec raises RuntimeError for the first such table; report them all as user errors."""
     covered = np.zeros(len(spec.tables), dtype=bool)
@@ -194,7 +202,9 @@ def _check_every_table_has_options(spec: Spec, blocks: list[_Block], device: Com
                                         f"compute_kernels={_names(t.compute_kernels)})")
         problems.add(f"table {t.key}", f"on {device.value} a table of an {t.pooling.module_kind.value} can be "
                                         f"{_offers(offers)}")
-    problems.raise_if_any("Some tables have no sharding option on this topology")
+    if problems:
+        raise NoOptionLeft("Some tables have no sharding option on this topology", problems.items,
+                           np.flatnonzero(~covered))
 
 
 def _device_rules(t: TableSpec, device: ComputeDevice) -> list[str]:

@@ -19,6 +19,7 @@ from rec import progress
 from rec.config.cost import CostConfig
 from rec.config.search import SearchConfig
 from rec.cost.types import Options
+from rec.errors import InputError, Problem
 from rec.search.assignment import Assignment
 from rec.search.bound import LowerBound
 from rec.search.candidates import Ladder
@@ -42,11 +43,32 @@ def build_search_space(spec: Spec, topology: Topology, cost: CostConfig = CostCo
     """Enumerate and cost every option, and the ranks' usable capacity; ``load_factors`` (spec order,
     NaN: none) are cache sizes a plan chose; ``unstated``: (T,) the caches a plan gives no size
     (``rec.plan.load_factors.unstated_caches``; default: as before tables are placed)."""
-    from rec.cost import enumerate_options, rank_capacity
+    from rec.cost import NoOptionLeft, enumerate_options, rank_capacity
 
-    options = enumerate_options(spec, topology, cost, load_factors, unstated=unstated)
+    try:
+        options = enumerate_options(spec, topology, cost, load_factors, unstated=unstated)
+    except NoOptionLeft as e:  # named with what the other tables' checks find: one error for all
+        more = _other_tables_problems(e.tables, spec, topology, cost, load_factors, unstated)
+        raise InputError("Some tables cannot be placed on this topology" if more else e.title,
+                         [*e.problems, *more]) from None
     hbm_cap, ddr_cap = rank_capacity(spec, topology)
     return _checked_space(options, spec, topology, cost, load_factors, hbm_cap, ddr_cap, unstated)
+
+
+def _other_tables_problems(without: np.ndarray, spec: Spec, topology: Topology, cost: CostConfig,
+                           load_factors: np.ndarray | None, unstated: np.ndarray | None) -> list[Problem]:
+    """What ``build_search_space``'s checks find of the tables but ``without`` (a table that fits no
+    rank, no memory left for tables)."""
+    keep = np.setdiff1d(np.arange(len(spec.tables)), without)
+    if not len(keep):
+        return []
+    rest = replace(spec, tables=tuple(spec.tables[i] for i in keep))
+    try:
+        build_search_space(rest, topology, cost, None if load_factors is None else load_factors[keep],
+                           unstated=None if unstated is None else unstated[keep])
+    except InputError as e:
+        return list(e.problems)
+    return []
 
 
 def _checked_space(options: Options, spec: Spec, topology: Topology, cost: CostConfig,

@@ -306,6 +306,20 @@ def test_a_table_fbgemm_refuses_on_cuda_is_named_with_fbgemms_rule_not_only_its_
     assert "table fine" not in text
 
 
+def test_a_table_without_options_hides_no_other_tables_problem():
+    """A table FBGEMM refuses on cuda stopped the check before a table too large for any rank was named:
+    the user learned of the second one run later."""
+    from rec.search.pipeline import build_search_space
+
+    spec = make_spec(table("wide", dim=4096, sharding_types=(ShardingType.TABLE_WISE,)),
+                     table("huge", rows=1 << 40, dim=4), table("fine"))
+    with pytest.raises(InputError) as e:
+        build_search_space(spec, make_topology())
+    assert e.value.title == "Some tables cannot be placed on this topology"
+    assert [p.where for p in e.value.problems] == ["table wide"] * 3 + ["table huge"]
+    assert e.value.problems[-1].reason.startswith("does not fit: its best option")
+
+
 def test_table_wise_hbm_on_cuda_with_rowwise_adagrad_is_weights_plus_row_state_plus_io():
     rows, dim, pf, batch, world = 100_000, 64, 3.0, 512, 8
     spec = make_spec(table("a", rows=rows, dim=dim, pooling_factor=pf))

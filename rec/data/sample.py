@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rec import progress
-from rec.data.columns import BAD_DATA, read_ids
+from rec.data.columns import read_ids
 from rec.data.files import DataFiles, RowGroup, open_data
 from rec.data.schema import missing_named, repeated_columns
 from rec.errors import InputError, Problem
@@ -51,7 +51,8 @@ def read_sample(source: str, columns: tuple[str, ...], sample_rows: int, seed: i
     import pyarrow as pa
 
     files = open_data(source, what)
-    _check_schemas(files, columns, what)
+    # Each file's columns of a type that holds ids are read, whatever its others: one error names every problem
+    problems, readable = _schema_problems(files, columns, what)
     picks = pick_groups(files.row_groups, sample_rows, seed)
     total = sum(take for _, take in picks)
     lengths: dict[str, list[np.ndarray]] = {c: [] for c in columns}
@@ -61,16 +62,23 @@ def read_sample(source: str, columns: tuple[str, ...], sample_rows: int, seed: i
     unreadable: list[Problem] = []
     for g, take in picks:
         group = files.row_groups[g]
+        read = readable[group.file]
         try:
-            table = files.parquet_file(group.file).read_row_group(group.index, columns=list(columns))
+            table = files.parquet_file(group.file).read_row_group(group.index, columns=list(read))
         except (OSError, pa.ArrowException) as e:
             unreadable.append(files.unreadable(group, e))
             continue
         if take < table.num_rows:
             table = table.slice(0, take)
-        _read_columns(table, columns, lengths, ids, files, group.file, first_rows[g], what)
+        bad_values: list[Problem] = []
+        _read_columns(table, read, lengths, ids, files, group.file, first_rows[g], what, bad_values)
+        if bad_values:  # the first row group with bad values names them, beside every column's problem
+            problems += bad_values
+            break
         done += take
         progress.update(f"{done:,} of {total:,} rows", done, total)
+    if problems:
+        raise InputError(f"Cannot measure the data {files.source}:", [*unreadable, *problems])
     if unreadable:
         raise InputError(f"Cannot read the data {source}:", unreadable)
     return IdSample(total, {c: np.concatenate(lengths[c]) for c in columns}, ids, len(picks), files.rows)
@@ -101,11 +109,14 @@ def _first_rows(groups: tuple[RowGroup, ...]) -> list[int]:
     return first
 
 
-def _check_schemas(files: DataFiles, columns: tuple[str, ...], what: str) -> None:
-    """Every column missing from a file's schema or of a type that holds no ids, at once."""
+def _schema_problems(files: DataFiles, columns: tuple[str, ...], what: str
+                     ) -> tuple[list[Problem], dict[int, tuple[str, ...]]]:
+    """Every column missing from a file's schema or of a type that holds no ids, and of each file (by
+    its index in ``files.paths``) the columns that can be read."""
     import pyarrow as pa
 
     problems: list[Problem] = []
+    good: list[tuple[str, ...]] = []  # per schema of files.schemas
     several = len(files.schemas) > 1
     for file, schema in files.schemas:
         at = f" of {files.paths[file]}" if several else ""
@@ -115,20 +126,24 @@ def _check_schemas(files: DataFiles, columns: tuple[str, ...], what: str) -> Non
                 f"has no column {missing_named(missing, schema.names, columns)}: the ids of each feature name of "
                 "the spec's tables are a list<int64> column of that name")))
         problems += repeated_columns(files, file, schema, columns, what)
+        fine = []
         for c in columns:
             if schema.names.count(c) == 1:  # an empty column of the type gets the message reading it would
+                before = len(problems)
                 read_ids(pa.chunked_array([], type=schema.field(c).type), c, lambda _: "", what + at, problems)
-    if problems:
-        raise InputError(f"Cannot measure the data {files.source}:", problems)
+                if len(problems) == before:
+                    fine.append(c)
+        good.append(tuple(fine))
+    return problems, {file: good[k] for file, k in enumerate(files.file_schemas) if k >= 0}
 
 
 def _read_columns(table: pa.Table, columns: tuple[str, ...], lengths: dict[str, list[np.ndarray]],
-                  ids: dict[str, list[np.ndarray]], files: DataFiles, file: int, first: int, what: str) -> None:
-    problems: list[Problem] = []
+                  ids: dict[str, list[np.ndarray]], files: DataFiles, file: int, first: int, what: str,
+                  problems: list[Problem]) -> None:
+    """The ids of ``columns`` of one row group, added to ``lengths`` and ``ids``; their bad values to
+    ``problems``."""
     for c in columns:
         n, _, v = read_ids(table.column(c), c, lambda row: files.where(file, first + row), what, problems)
         lengths[c].append(n)
         ids[c].append(v)
-    if problems:
-        raise InputError(BAD_DATA, problems)
 

@@ -168,6 +168,18 @@ def test_a_missing_column_or_one_of_the_wrong_type_is_named(tmp_path):
     assert "has no column 'nope'" in text and "column 'label'" in text and "list<int64>" in text
 
 
+def test_a_column_of_the_wrong_type_hides_no_bad_ids_of_the_others(tmp_path):
+    """The type of one column stopped the check before the others' ids were read: a null id was named
+    only on the next run."""
+    table = pa.table({"a": pa.array([[1], None, [2, None]], pa.list_(pa.int64())),
+                      "label": pa.array(["x", "y", "z"])})
+    pq.write_table(table, tmp_path / "bad.parquet")
+    with pytest.raises(InputError) as caught:
+        read_sample(str(tmp_path / "bad.parquet"), ("a", "label"), 100, seed=0)
+    assert [p.where for p in caught.value.problems] == ["DATA column 'label'", "DATA column 'a'"]
+    assert "1 null id in 3 rows read, first at row 2 of" in caught.value.problems[1].reason
+
+
 # ---------------------------------------------------------------- the spec's columns
 
 

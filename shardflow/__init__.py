@@ -2,9 +2,9 @@
 packages ``rec``, ``tasks`` and ``flows``: names a Prefect project often gives its own modules
 (``flows.py``, ``tasks.py``). One of those earlier on PYTHONPATH (or, for ``python -m``, in the
 working directory) would take the place of shardflow's, and the command would fail at its first
-import of it: shardflow's own come first, as ``flows`` puts them for ``rec`` and ``tasks`` and the
-launcher for the ranks (``tasks.launch.job_environment``). The entry lives here, in a package of
-shardflow's name, because ``flows`` is one of those that can be hidden.
+import of it: shardflow's own come first (``own_packages_first``, which ``flows`` runs too), as the
+launcher puts them for the ranks (``tasks.launch.job_environment``). The entry lives here, in a
+package of shardflow's name, because ``flows`` is one of those that can be hidden.
 """
 
 from __future__ import annotations
@@ -30,10 +30,16 @@ def hidden() -> list[str]:
     return out
 
 
-def main() -> int:
-    """``shardflow``: ``flows.cli``'s command, with shardflow's own packages."""
+def own_packages_first() -> None:
+    """Put shardflow's home first on ``sys.path`` where another module hides one of its packages (the
+    entry here, and ``flows`` for those who import it otherwise: ``python -m flows.cli``, Prefect)."""
     if hidden():
         sys.path.insert(0, str(HOME))
+
+
+def main() -> int:
+    """``shardflow``: ``flows.cli``'s command, with shardflow's own packages."""
+    own_packages_first()
     from flows.cli import main as command
 
     return command()

@@ -167,6 +167,16 @@ def _dim(rng, lo=8, hi=512):
     return int(rng.choice(choices))
 
 
+def one_dim_per_ec(tables) -> None:
+    """The tables of each EmbeddingCollection module (``ec...``) at their widest dim: TorchRec's EC
+    takes one dim."""
+    for module in {t.module for t in tables if t.module.startswith("ec")}:
+        members = [t for t in tables if t.module == module]
+        dim = max(t.dim for t in members)
+        for t in members:
+            t.dim = dim
+
+
 def fam_criteo(rng) -> list[T]:
     """26 tables, power-law row counts (rank^-k), mixed dims, pooling 1 mostly."""
     k = rng.uniform(1.5, 3.0)
@@ -227,12 +237,7 @@ def fam_many_mid(rng) -> list[T]:
         out.append(T(f"f{i}", rows, _dim(rng), bool(rng.random() < 0.5), float(np.clip(rng.pareto(1.2) + 1, 1, 100)),
                      float(rng.uniform(0.5, 1.4)), module="ec" if rng.random() < 0.1 else "ebc",
                      scalable=rows > 100_000))
-    ecd = {t.dim for t in out if t.module == "ec"}
-    if ecd:  # an EC needs one dim
-        d = max(ecd)
-        for t in out:
-            if t.module == "ec":
-                t.dim = d
+    one_dim_per_ec(out)
     return out
 
 
@@ -252,13 +257,7 @@ def workload(seed: int) -> W:
     rng = np.random.default_rng(seed)
     family = list(FAMILIES)[seed % len(FAMILIES)]
     tables = FAMILIES[family](rng)
-    # EC tables must share one dim per module (TorchRec EC requires same dim)
-    ec_dims = {t.dim for t in tables if t.module == "ec"}
-    if len(ec_dims) > 1:
-        d = max(ec_dims)
-        for t in tables:
-            if t.module == "ec":
-                t.dim = d
+    one_dim_per_ec(tables)
     world = int(rng.choice(WORLDS))
     local = next(n for n in (8, 6, 4, 3, 2, 1) if world % n == 0 and n <= world)
     hbm_gib = float(np.round(np.exp(rng.uniform(math.log(1), math.log(80))), 2))
@@ -598,17 +597,23 @@ def bad_cache() -> None:
                           f"{' '.join(str(e).split())[:300]}")
 
 
-def main() -> int:
+def probe_parser(first_seed: int, count: int, out: str) -> argparse.ArgumentParser:
+    """The options every drop-in probe takes: its seeds, where their lines go, the planners' limits."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("--first-seed", type=int, default=50000)
-    ap.add_argument("--count", type=int, default=60)
-    ap.add_argument("--out", type=Path, default=Path("out/dropin_memory_tight_probe.jsonl"))
+    ap.add_argument("--first-seed", type=int, default=first_seed)
+    ap.add_argument("--count", type=int, default=count)
+    ap.add_argument("--out", type=Path, default=Path(out))
     ap.add_argument("--trec-timeout", type=int, default=60)
     ap.add_argument("--sf-timeout", type=float, default=None)
-    ap.add_argument("--bad-cache", action="store_true")
     ap.add_argument("--describe", action="store_true")
     ap.add_argument("--one", type=int)
     ap.add_argument("--which", default="shardflow,default,scaleup,scaleup_only,dp")
+    return ap
+
+
+def main() -> int:
+    ap = probe_parser(50000, 60, "out/dropin_memory_tight_probe.jsonl")
+    ap.add_argument("--bad-cache", action="store_true")
     ap.add_argument("--variant", default="mixed", choices=("mixed", "plain", "floors"))
     a = ap.parse_args()
     global VARIANT

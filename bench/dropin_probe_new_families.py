@@ -35,7 +35,6 @@ import time
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -224,12 +223,7 @@ def workload(seed: int) -> W2:
         local = min(world, 8)
         tables = {"uniform_skew": f_uniform_skew, "wide_narrow": f_wide_narrow, "tight_ddr": f_mixed_pop,
                   "partial_batch": f_partial}[fam](rng)
-    ec_dims = {t.dim for t in tables if t.module == "ec"}
-    if len(ec_dims) > 1:
-        d = max(ec_dims)
-        for t in tables:
-            if t.module == "ec":
-                t.dim = d
+    P.one_dim_per_ec(tables)
     hbm_gib = float(np.round(np.exp(rng.uniform(math.log(2), math.log(80))), 2))
     times = float(rng.uniform(2.0, 10.0))
     _scale(tables, times * world * hbm_gib * GiB)
@@ -325,18 +319,15 @@ def run_seeds(seeds: Iterable[int], a: argparse.Namespace, workload_of: Callable
         P.record(res, line, a.out, a.one)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--first-seed", type=int, default=60000)
-    ap.add_argument("--count", type=int, default=5)
-    ap.add_argument("--out", type=Path, default=Path("out/dropin_probe_new_families.jsonl"))
-    ap.add_argument("--trec-timeout", type=int, default=60)
-    ap.add_argument("--sf-timeout", type=float, default=None)
-    ap.add_argument("--one", type=int)
-    ap.add_argument("--describe", action="store_true")
+def probe_parser(first_seed: int, out: str) -> argparse.ArgumentParser:
+    """The old probe's options (``P.probe_parser``), five seeds by default, and a deadline."""
+    ap = P.probe_parser(first_seed, 5, out)
     ap.add_argument("--deadline", type=float, default=None, help="stop starting workloads after this unix time")
-    ap.add_argument("--which", default="shardflow,default,scaleup,scaleup_only,dp")
-    a = ap.parse_args()
+    return ap
+
+
+def main() -> int:
+    a = probe_parser(60000, "out/dropin_probe_new_families.jsonl").parse_args()
     logging.disable(logging.WARNING)
     warnings.simplefilter("ignore")
     seeds = [a.one] if a.one is not None else range(a.first_seed, a.first_seed + a.count)

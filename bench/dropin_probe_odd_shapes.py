@@ -25,13 +25,11 @@ Seeds 70000-70999; family by ``seed % 5``:
 
 from __future__ import annotations
 
-import argparse
 import logging
 import math
 import sys
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -119,15 +117,6 @@ P.constraints = constraints
 
 
 # ------------------------------------------------------------------ families
-
-def _ec_dims(tables):
-    """one dim per EC module"""
-    for mname in {t.module for t in tables if t.module.startswith("ec")}:
-        ts = [t for t in tables if t.module == mname]
-        d = max(t.dim for t in ts)
-        for t in ts:
-            t.dim = d
-
 
 def f_swarm_giants(rng, world, hbm):
     out = []
@@ -234,7 +223,7 @@ def workload(seed: int) -> W7:
     hbm_gib = float(np.round(np.exp(rng.uniform(math.log(2), math.log(80))), 2))
     tables = {"swarm_giants": f_swarm_giants, "seq_pool_heavy": f_seq_pool_heavy, "odd_dims_worlds": f_odd_dims,
               "barely_fits": f_barely, "multi_opt_feat": f_multi_opt_feat}[fam](rng, world, hbm_gib)
-    _ec_dims(tables)
+    P.one_dim_per_ec(tables)
     mods = sorted({t.module for t in tables})
     if fam in ("barely_fits", "multi_opt_feat"):
         opt_of = {m: str(rng.choice(OPTS)) for m in mods}
@@ -297,16 +286,7 @@ def _note(w: W7, summary: dict) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--first-seed", type=int, default=70000)
-    ap.add_argument("--count", type=int, default=5)
-    ap.add_argument("--out", type=Path, default=Path("out/dropin_probe_odd_shapes.jsonl"))
-    ap.add_argument("--trec-timeout", type=int, default=60)
-    ap.add_argument("--sf-timeout", type=float, default=None)
-    ap.add_argument("--one", type=int)
-    ap.add_argument("--describe", action="store_true")
-    ap.add_argument("--deadline", type=float, default=None, help="stop starting workloads after this unix time")
-    ap.add_argument("--which", default="shardflow,default,scaleup,scaleup_only,dp")
+    ap = NF.probe_parser(70000, "out/dropin_probe_odd_shapes.jsonl")
     ap.add_argument("--families", default=None, help="comma list: only these families")
     a = ap.parse_args()
     logging.disable(logging.WARNING)
